@@ -1,0 +1,131 @@
+# dsckpt — build, test and demo.
+#
+#   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
+#   make deps       install the Debian packages we build on (apt-get; sudo when not root)
+#   make check      unit + integration tests, then the same suite under ASan/UBSan
+#   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
+#   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
+#
+# Python: tests of the binding use Debian's /usr/bin/python3 (python3-torch, numpy).
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+BUILD ?= build
+CC ?= gcc
+CUDA_HOME ?= /usr/local/cuda
+SAN ?=
+
+DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
+	libxxhash-dev check
+
+CFLAGS_BASE := -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
+ifneq ($(SAN),)
+CFLAGS_BASE += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDSAN := -fsanitize=$(SAN)
+endif
+CFLAGS ?=
+override CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
+LIBS_COMMON := -lmsgpackc -lpthread
+
+# The CUDA runtime is linked statically where the toolkit exists; never -lcuda.
+ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart_static.a),)
+CUDA_CFLAGS := -DHAVE_CUDA -I$(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+endif
+
+PROTO_SRC := proto/proto.c
+DAEMON_SRC := $(wildcard daemon/*.c)
+LIB_SRC := $(wildcard client/lib/*.c)
+CTL_SRC := $(wildcard client/ctl/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+pic = $(patsubst %.c,$(BUILD)/pic/%.o,$(1))
+# Daemon objects other than main.o, linked into unit tests too.
+DAEMON_LIBOBJ := $(call obj,$(filter-out daemon/main.c,$(DAEMON_SRC)) $(PROTO_SRC))
+
+BINS := $(BUILD)/dsckptd $(BUILD)/dsckptctl $(BUILD)/libdsckpt.so $(BUILD)/libdsckpt.a \
+	$(BUILD)/dsckpt-example-trainer
+TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
+
+.PHONY: all deps check check-plain check-san demo install clean
+all: $(BINS)
+
+deps:
+	@need=""; for p in $(DEBIAN_PKGS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || need="$$need $$p"; \
+	done; \
+	if [ -n "$$need" ]; then \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		echo "installing:$$need"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$need; \
+	fi
+
+$(BUILD)/obj/daemon/%.o: daemon/%.c daemon/dsckptd.h proto/proto.h client/dsckpt.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC))
+	$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
+
+$(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC))
+	$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.0 -o $@ $^ $(LIBS_COMMON)
+
+$(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC))
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/dsckptctl: $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a
+	$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a -lcjson -lxxhash \
+		$(LIBS_COMMON) -lm
+
+$(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a
+	$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
+
+# Unit tests link the daemon's modules; integration tests use the binaries and the library.
+$(BUILD)/tests/check_%: tests/check_%.c tests/harness.h $(DAEMON_LIBOBJ) $(BUILD)/libdsckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< tests/harness.c $(DAEMON_LIBOBJ) \
+		$(BUILD)/libdsckpt.a \
+		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
+		$$(pkg-config --libs check)
+
+# Runs every check_* binary against the binaries of this build; prints Check's summaries.
+check-plain: deps all $(TESTS)
+	@BUILD=$(BUILD) tests/run-checks $(TESTS)
+
+check-san:
+	$(MAKE) BUILD=build/san SAN=address,undefined check-plain
+
+check: check-plain check-san
+
+demo: deps all
+	tests/demo.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib \
+		$(DESTDIR)$(PREFIX)/include $(DESTDIR)/etc/dsckptd \
+		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
+		$(DESTDIR)$(PREFIX)/lib/sysusers.d
+	install -m 0755 $(BUILD)/dsckptd $(DESTDIR)$(PREFIX)/sbin/dsckptd
+	install -m 0755 $(BUILD)/dsckptctl $(DESTDIR)$(PREFIX)/bin/dsckptctl
+	install -m 0755 $(BUILD)/libdsckpt.so $(DESTDIR)$(PREFIX)/lib/libdsckpt.so.0
+	ln -sf libdsckpt.so.0 $(DESTDIR)$(PREFIX)/lib/libdsckpt.so
+	install -m 0644 $(BUILD)/libdsckpt.a $(DESTDIR)$(PREFIX)/lib/libdsckpt.a
+	install -m 0644 client/dsckpt.h $(DESTDIR)$(PREFIX)/include/dsckpt.h
+	test -e $(DESTDIR)/etc/dsckptd/dsckptd.json || \
+		sed 's#"socket": *"[^"]*"#"socket": "/run/dsckptd/dsckptd.sock"#' conf/dsckptd.json \
+		> $(DESTDIR)/etc/dsckptd/dsckptd.json
+	sed 's#@SBINDIR@#$(PREFIX)/sbin#g' systemd/dsckptd.service \
+		> $(DESTDIR)$(PREFIX)/lib/systemd/system/dsckptd.service
+	install -m 0644 systemd/dsckptd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
+	install -m 0644 systemd/dsckptd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/dsckptd.conf
+	install -m 0644 systemd/dsckptd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/dsckptd.conf
+
+clean:
+	rm -rf build

@@ -1,0 +1,172 @@
+/*
+ * dsckpt.h — the client library trainer ranks link to hand tensors to dsckptd.
+ *
+ * A rank connects to the node's daemon, identifies itself (job, rank, world size), and for
+ * each checkpoint file opens a save, adds tensors and blobs by reference, and ends the save.
+ * save_end returns as soon as the daemon has validated the request (ACCEPTED); the daemon then
+ * pulls the bytes into its host cache (SNAPSHOT) and writes them to disk (DURABLE). One rank
+ * commits the checkpoint directory (COMMITTED) once every rank's files are durable.
+ *
+ * Every function returns 0 (or a non-negative count) on success and a negative DSCKPT_E* code
+ * on failure; none of them exits or prints. dsckpt_last_error() gives the daemon's message.
+ *
+ * Thread safety: a connection may be shared by threads; calls on it are serialised by an
+ * internal lock (one request on the wire at a time). A save belongs to one thread between
+ * dsckpt_save_begin and dsckpt_save_end; after that, dsckpt_wait/dsckpt_save_progress may be
+ * called from any thread. dsckpt_host_alloc/free are thread-safe.
+ */
+#ifndef DSCKPT_H
+#define DSCKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DSCKPT_EXTERN __attribute__((visibility("default")))
+#else
+#define DSCKPT_EXTERN
+#endif
+
+/* Library version; dsckpt_version() gives the one actually loaded. */
+#define DSCKPT_VERSION_MAJOR 0
+#define DSCKPT_VERSION_MINOR 1
+#define DSCKPT_VERSION_PATCH 0
+#define DSCKPT_VERSION_STRING "0.1.0"
+
+/* Socket used when neither an argument nor DSCKPT_SOCKET names one. */
+#define DSCKPT_DEFAULT_SOCKET "/run/dsckptd/dsckptd.sock"
+
+/*
+ * Error codes: XX(name, value, message). Values follow errno where one fits; the wire
+ * carries the same numbers. Never renumber an existing code.
+ */
+#define DSCKPT_ERRNO_MAP(XX)                                                   \
+	XX(EPERM, -1, "operation not permitted")                               \
+	XX(ENOENT, -2, "no such file or directory")                            \
+	XX(EIO, -5, "input/output error")                                      \
+	XX(EBADF, -9, "bad file descriptor")                                   \
+	XX(ENOMEM, -12, "out of memory")                                       \
+	XX(EACCES, -13, "permission denied")                                   \
+	XX(EBUSY, -16, "resource busy")                                        \
+	XX(EEXIST, -17, "already exists")                                      \
+	XX(EINVAL, -22, "invalid argument")                                    \
+	XX(ENOSPC, -28, "no space left on device")                             \
+	XX(EPIPE, -32, "connection to the daemon broken")                      \
+	XX(ERANGE, -34, "value out of range")                                  \
+	XX(ENAMETOOLONG, -36, "name too long")                                 \
+	XX(EPROTO, -71, "malformed message")                                   \
+	XX(EMSGSIZE, -90, "message too long")                                  \
+	XX(ENOTSUP, -95, "not supported")                                      \
+	XX(ETIMEDOUT, -110, "timed out")                                       \
+	XX(ECONNREFUSED, -111, "daemon not reachable")                         \
+	XX(EFAILED, -1000, "save failed")                                      \
+	XX(EVERSION, -1001, "protocol version mismatch")                       \
+	XX(ESTATE, -1002, "call out of order")                                 \
+	XX(ENOCUDA, -1003, "CUDA not available")                               \
+	XX(ECHECKSUM, -1004, "checksum mismatch")                              \
+	XX(EINCOMPLETE, -1005, "checkpoint incomplete")                        \
+	XX(ESHUTDOWN, -1006, "daemon shutting down")
+
+/* The error codes as an enum: DSCKPT_EINVAL, DSCKPT_EFAILED, ... */
+typedef enum {
+#define DSCKPT_XX_(name, value, msg) DSCKPT_##name = (value),
+	DSCKPT_ERRNO_MAP(DSCKPT_XX_)
+#undef DSCKPT_XX_
+	DSCKPT_OK = 0
+} dsckpt_errno_t;
+
+/* Levels of a save, in order. FAILED is terminal and carries a reason. */
+typedef enum {
+	DSCKPT_FAILED = -1,    /* any error; dsckpt_last_error() says which */
+	DSCKPT_NONE = 0,       /* not yet ended */
+	DSCKPT_ACCEPTED = 1,   /* validated, sources open; the daemon owns it now */
+	DSCKPT_SNAPSHOT = 2,   /* every byte is in the daemon: tensors may change */
+	DSCKPT_DURABLE = 3,    /* files written, fsynced and renamed into place */
+	DSCKPT_COMMITTED = 4   /* the checkpoint directory is committed (manifest, latest) */
+} dsckpt_level_t;
+
+/* A connection to the daemon (opaque). */
+typedef struct dsckpt_conn dsckpt_conn_t;
+/* One file being saved (opaque). */
+typedef struct dsckpt_save dsckpt_save_t;
+
+/* Progress of one save as last reported by the daemon. */
+typedef struct {
+	int level;                 /* a dsckpt_level_t */
+	uint64_t bytes_total;      /* tensor bytes in the save */
+	uint64_t bytes_snapshot;   /* bytes already in the host cache or on disk */
+	uint64_t bytes_flushed;    /* bytes already written to the file */
+} dsckpt_progress_t;
+
+/* Version of the loaded library, e.g. "0.1.0". */
+DSCKPT_EXTERN const char *dsckpt_version(void);
+/* Message for an error code (never NULL). */
+DSCKPT_EXTERN const char *dsckpt_strerror(int err);
+/* Name of an error code, e.g. "EINVAL" (never NULL). */
+DSCKPT_EXTERN const char *dsckpt_err_name(int err);
+/* Name of a level, e.g. "SNAPSHOT" (never NULL). */
+DSCKPT_EXTERN const char *dsckpt_level_name(int level);
+
+/* Connects to the daemon at path (NULL: $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET). */
+DSCKPT_EXTERN int dsckpt_connect(const char *path, dsckpt_conn_t **out);
+/* Identifies this process as rank of a job of world_size ranks; required before saving. */
+DSCKPT_EXTERN int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank,
+				  int world_size);
+/* Closes the connection; saves already ACCEPTED still complete in the daemon. */
+DSCKPT_EXTERN void dsckpt_close(dsckpt_conn_t *c);
+/* Detailed message of the last failed call on this connection (never NULL). */
+DSCKPT_EXTERN const char *dsckpt_last_error(dsckpt_conn_t *c);
+
+/*
+ * Opens a save of dir/file.safetensors (+ dir/file.meta when blobs are added). dir is the
+ * absolute checkpoint directory (<root>/<job path>/<tag>) under one of the daemon's allowed
+ * roots; file is a plain name ([A-Za-z0-9._-], no extension), e.g. "rank0" or "mp_rank_00".
+ */
+DSCKPT_EXTERN int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
+				    dsckpt_save_t **out);
+/*
+ * Adds a tensor by reference. dtype is a safetensors dtype name ("F32", "BF16", ...);
+ * shape has ndim entries and nbytes must equal their product times the dtype size.
+ * Memory from dsckpt_host_alloc is handed over without a copy and must stay unchanged until
+ * the save reaches SNAPSHOT; any other host memory is copied (staged) before this returns.
+ */
+DSCKPT_EXTERN int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const char *dtype,
+				    const int64_t *shape, int ndim, const void *ptr,
+				    size_t nbytes);
+/* Attaches an opaque named blob (copied now), stored in file.meta. */
+DSCKPT_EXTERN int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data,
+				  size_t len);
+/* Hands the save to the daemon; returns once it is ACCEPTED (about a millisecond). */
+DSCKPT_EXTERN int dsckpt_save_end(dsckpt_save_t *s);
+/*
+ * Waits until the save reaches level (timeout_ms < 0: forever). Returns the level reached
+ * (>= level), DSCKPT_ETIMEDOUT, or DSCKPT_EFAILED with the reason in dsckpt_last_error().
+ * Call dsckpt_wait(s, DSCKPT_SNAPSHOT, -1) right before the optimizer step.
+ */
+DSCKPT_EXTERN int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms);
+/* Asks the daemon for the save's progress without waiting. */
+DSCKPT_EXTERN int dsckpt_save_progress(dsckpt_save_t *s, dsckpt_progress_t *out);
+/* Frees the client-side handle (and any staging memory); the daemon keeps going. */
+DSCKPT_EXTERN void dsckpt_save_free(dsckpt_save_t *s);
+
+/*
+ * Commits the checkpoint directory dir: waits (up to timeout_ms, < 0 forever) until every
+ * save into dir that this daemon holds is DURABLE, checks that ranks 0..world_size-1 all
+ * have files there, then writes MANIFEST.json atomically and points <dir>/../latest at it.
+ * Multi-node: call it on one rank after a barrier that follows every rank's DURABLE wait.
+ */
+DSCKPT_EXTERN int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms);
+
+/* Allocates host memory the daemon can read without a copy (memfd-backed); NULL on failure. */
+DSCKPT_EXTERN void *dsckpt_host_alloc(size_t size);
+/* Frees memory from dsckpt_host_alloc. */
+DSCKPT_EXTERN void dsckpt_host_free(void *ptr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DSCKPT_H */

@@ -1,0 +1,170 @@
+/* harness.c — scratch directories and a real daemon for the Check suites. */
+#include "harness.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Makes a fresh scratch directory. */
+void h_tmpdir(char *out, size_t len)
+{
+	const char *t = getenv("TMPDIR");
+	snprintf(out, len, "%s/dsckpt-test.XXXXXX", t && *t ? t : "/tmp");
+	ck_assert_msg(mkdtemp(out) != NULL, "mkdtemp: %s", strerror(errno));
+}
+
+/* Removes a tree. */
+void h_rm_rf(const char *path)
+{
+	h_system("rm -rf '%s'", path);
+}
+
+/* Path of a built binary. */
+const char *h_bin(const char *name)
+{
+	static __thread char buf[512];
+	const char *b = getenv("BUILD");
+	snprintf(buf, sizeof(buf), "%s/%s", b && *b ? b : "build", name);
+	return buf;
+}
+
+/* Runs a shell command. */
+int h_system(const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	int st = system(cmd);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Whether path exists. */
+int h_exists(const char *path)
+{
+	struct stat st;
+	return lstat(path, &st) == 0;
+}
+
+/* Reads a whole file. */
+char *h_read_file(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *buf = malloc((size_t)n + 1);
+	if (fread(buf, 1, (size_t)n, f) != (size_t)n)
+		n = 0;
+	buf[n] = 0;
+	fclose(f);
+	if (len)
+		*len = (size_t)n;
+	return buf;
+}
+
+/* Whether something accepts connections on path. */
+static int socket_answers(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
+}
+
+/* Forks and execs the daemon on d's config, waiting for its socket. */
+static void spawn(struct hdaemon *d)
+{
+	unlink(d->socket);
+	d->pid = fork();
+	ck_assert_int_ge(d->pid, 0);
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0) {
+			dup2(fd, 2);
+			close(fd);
+		}
+		execl(h_bin("dsckptd"), "dsckptd", "-d", "-c", d->config, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 2000; i++) {
+		if (socket_answers(d->socket))
+			return;
+		int st;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			char *log = h_read_file(d->log, NULL);
+			ck_abort_msg("dsckptd exited during start-up: %s", log ? log : "");
+		}
+		struct timespec ts = {0, 5 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	ck_abort_msg("dsckptd did not answer on %s", d->socket);
+}
+
+/* Writes a config and starts the daemon on it. */
+void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
+{
+	memset(d, 0, sizeof(*d));
+	h_tmpdir(d->dir, sizeof(d->dir));
+	snprintf(d->root, sizeof(d->root), "%s/ckpt", d->dir);
+	snprintf(d->socket, sizeof(d->socket), "%s/d.sock", d->dir);
+	snprintf(d->config, sizeof(d->config), "%s/dsckptd.json", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/dsckptd.log", d->dir);
+	ck_assert_int_eq(mkdir(d->root, 0755), 0);
+	FILE *f = fopen(d->config, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f,
+		"{\n  \"socket\": \"%s\",\n  \"socket_mode\": \"0600\",\n"
+		"  \"allowed_roots\": [\"%s\"],\n  \"host_cache_size\": %g,\n"
+		"  \"flush_threads\": 2,\n  %s\n  \"log_level\": \"debug\"\n}\n",
+		d->socket, d->root, cache_gib, extra_json ? extra_json : "");
+	fclose(f);
+	spawn(d);
+}
+
+/* Starts the daemon again on the same directory. */
+void h_daemon_restart(struct hdaemon *d)
+{
+	spawn(d);
+}
+
+/* Signals the daemon and reaps it. */
+int h_daemon_kill(struct hdaemon *d, int sig)
+{
+	int st = 0;
+	if (d->pid <= 0)
+		return 0;
+	kill(d->pid, sig);
+	waitpid(d->pid, &st, 0);
+	d->pid = 0;
+	return st;
+}
+
+/* Stops the daemon and removes its scratch directory. */
+void h_daemon_stop(struct hdaemon *d)
+{
+	int st = h_daemon_kill(d, SIGTERM);
+	if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+		char *log = h_read_file(d->log, NULL);
+		fprintf(stderr, "dsckptd exit status %d; log:\n%s\n", st, log ? log : "");
+		free(log);
+	}
+	h_rm_rf(d->dir);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dsckptd did not exit cleanly");
+}

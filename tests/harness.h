@@ -1,0 +1,46 @@
+/*
+ * harness.h — helpers shared by the Check suites: scratch directories and a real dsckptd
+ * started on a temporary socket, the way a trainer finds it.
+ */
+#ifndef DSCKPT_HARNESS_H
+#define DSCKPT_HARNESS_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* A daemon under test. */
+struct hdaemon {
+	pid_t pid;
+	char dir[256];      /* scratch directory: config, socket, log */
+	char root[300];     /* dir/ckpt: the allowed root */
+	char socket[300];   /* dir/d.sock */
+	char config[300];   /* dir/dsckptd.json */
+	char log[300];      /* dir/dsckptd.log (daemon stderr) */
+};
+
+/* Makes a fresh scratch directory under $TMPDIR (or /tmp) into out (size >= 256). */
+void h_tmpdir(char *out, size_t len);
+/* Removes a tree (like rm -rf); ignores errors. */
+void h_rm_rf(const char *path);
+/* Path of a built binary: $BUILD/name (BUILD defaults to "build"). */
+const char *h_bin(const char *name);
+/*
+ * Writes a config into a new scratch directory and starts build/dsckptd -d -c on it.
+ * extra_json is spliced into the JSON object (e.g. "\"keep_last\": 2,") or NULL;
+ * cache_gib is host_cache_size. Waits until the socket answers. Fails the test on error.
+ */
+void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json);
+/* Starts the daemon again on the same directory and config (after a kill). */
+void h_daemon_restart(struct hdaemon *d);
+/* Sends sig and waits for the daemon to exit; returns its wait status. */
+int h_daemon_kill(struct hdaemon *d, int sig);
+/* SIGTERM, wait, remove the scratch directory. */
+void h_daemon_stop(struct hdaemon *d);
+/* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL if missing. */
+char *h_read_file(const char *path, size_t *len);
+/* Whether path exists. */
+int h_exists(const char *path);
+/* Runs a shell command, returns its exit status (-1 if it did not exit). */
+int h_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif
