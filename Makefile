@@ -71,7 +71,8 @@ $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC))
+# The daemon shares the error and level names with the library (client/lib/errors.c).
+$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) client/lib/errors.c)
 	$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC))

@@ -18,7 +18,7 @@
 
 #define DSCKPTD_VERSION DSCKPT_VERSION_STRING
 #define DSCKPTD_DEFAULT_CONFIG "/etc/dsckptd/dsckptd.json"
-#define ERRLEN 256
+#define ERRLEN 1024
 
 struct config;
 struct cache;
@@ -26,6 +26,9 @@ struct source;
 struct save;
 struct conn;
 struct store_file;
+struct uv_loop_s;
+struct msgpack_packer;
+struct proto_out;
 
 /* log.c */
 enum log_level { LOG_LVL_ERROR, LOG_LVL_WARN, LOG_LVL_INFO, LOG_LVL_DEBUG };
@@ -180,5 +183,147 @@ const char *gpu_init(void);
 void gpu_register_host(void *base, uint64_t len);
 /* Undoes gpu_register_host. */
 void gpu_unregister_host(void *base);
+
+/* notify.c */
+/* Tells systemd the daemon is ready (sd_notify READY=1 over $NOTIFY_SOCKET, abstract sockets with '@' too); no-op without it. */
+void notify_ready(void);
+/* Sends STATUS=/STOPPING=1/RELOADING=1 style lines; no-op without $NOTIFY_SOCKET. */
+void notify_send(const char *msg);
+/* Returns the listening fd handed over by systemd socket activation (LISTEN_PID == getpid(), LISTEN_FDS == 1 → fd 3, set CLOEXEC, unsetenv the vars), or -1. */
+int notify_listen_fd(void);
+
+/* main.c — the daemon's singletons, owned by the loop thread. */
+extern struct uv_loop_s *loop;
+extern struct config *config;   /* current config; replaced whole on SIGHUP */
+extern struct cache *cache;
+extern const char *gpu_line;    /* gpu_init()'s answer, for status */
+extern double start_time;       /* CLOCK_REALTIME seconds at start */
+/* Seconds on the monotonic clock. */
+double now_mono(void);
+/* Called by save.c when no save is left in flight (shutdown waits for this). */
+void daemon_maybe_exit(void);
+
+/* server.c — the listening socket. */
+/* Binds config->socket (or takes systemd's fd) and starts accepting; -1 with err. */
+int server_start(char *err, size_t errlen);
+/* Stops accepting and removes the socket path (when we created it). */
+void server_stop(void);
+
+/* conn.c — one client connection: frame I/O, descriptors, regions. */
+enum conn_role { CONN_NONE, CONN_TRAINER, CONN_CTL };
+/* Takes an accepted, non-blocking socket; reads peer credentials. */
+void conn_accept(int fd);
+/* Number of open connections. */
+unsigned conn_count(void);
+/* Closes every connection (shutdown). */
+void conn_close_all(void);
+/* Queues a finished frame for the client. */
+void conn_send(struct conn *c, struct proto_out *o);
+/* Sends ERROR {code, message}; closes the connection after it when fatal. */
+void conn_error(struct conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+/* Accessors. */
+uint64_t conn_id(const struct conn *c);
+pid_t conn_pid(const struct conn *c);
+uid_t conn_uid(const struct conn *c);
+gid_t conn_gid(const struct conn *c);
+int conn_role(const struct conn *c);
+const char *conn_job(const struct conn *c);
+unsigned conn_rank(const struct conn *c);
+unsigned conn_world(const struct conn *c);
+/* Records HELLO's identity. */
+void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
+		       unsigned world);
+/* Registers a source under a client-chosen id (takes the reference); -1 if taken. */
+int conn_region_add(struct conn *c, uint64_t id, struct source *s);
+/* Forgets a region; -1 if unknown. */
+int conn_region_del(struct conn *c, uint64_t id);
+/* Looks a region up (borrowed reference); NULL if unknown. */
+struct source *conn_region(struct conn *c, uint64_t id);
+
+/* request.c — decoding and handling of each message type. */
+struct proto_hdr;
+/* Handles one complete frame (fds are owned by the handler). */
+void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *body,
+		      int *fds, unsigned nfds);
+
+/* engine.c — copy threads (source → cache chunk) and flush threads (chunk → file). */
+struct job;
+/* One tensor of a job, in file order. */
+struct engine_tensor {
+	uint64_t off;        /* offset in the data region */
+	uint64_t nbytes;
+	struct source *src;  /* a reference the job owns */
+	uint64_t src_off;
+};
+/* What a save hands to the engine; the engine owns every pointer in it from submit on. */
+struct engine_req {
+	struct engine_tensor *t;
+	size_t n;
+	uint8_t *hdr;        /* header region with xxh3 slots (st_header_build) */
+	size_t hdr_len;
+	size_t *slots;       /* n + 1 slot positions */
+	struct store_file *file;
+	int dirfd;           /* for the .meta file */
+	char *meta_name;     /* "<file>.meta" or NULL when there are no blobs */
+	uint8_t *meta;
+	size_t meta_len;
+	uid_t uid;
+	gid_t gid;
+	void *owner;         /* the save, passed back in events */
+};
+enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
+/* Event callback on the loop thread; after DURABLE or FAILED the job is the loop's to free. */
+typedef void (*engine_cb)(void *owner, struct job *j, int event, const char *error);
+/* Starts the worker threads. */
+int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
+		 char *err, size_t errlen);
+/* Queues a job; never fails (a zero-byte job completes at once). */
+struct job *engine_submit(struct engine_req *r);
+/* Bytes copied into the cache and written to the file so far. */
+void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed);
+/* Per-tensor checksums once DURABLE (n entries). */
+const uint64_t *engine_checksums(struct job *j);
+/* Frees a finished job. */
+void engine_job_free(struct job *j);
+/* Stops and joins every thread (jobs must be finished). */
+void engine_stop(void);
+
+/* save.c — saves, their levels, waiters, commits; loop thread only. */
+/* Starts the engine with save.c's event handler, and the timer that forgets old saves. */
+int save_engine_start(char *err, size_t errlen);
+/* Opens a save for a client; returns its id or a negative DSCKPT_E* with err. */
+int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
+		   size_t errlen);
+/* Finds a save of this connection that is still open for adding; NULL otherwise. */
+struct save *save_find_open(struct conn *c, uint64_t id);
+/* Finds any save of this connection by id; NULL otherwise. */
+struct save *save_find(struct conn *c, uint64_t id);
+/* Adds a tensor (name, dtype, shape) from a region; negative DSCKPT_E* with err. */
+int save_add_tensor(struct save *s, const char *name, const char *dtype,
+		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
+		    uint64_t nbytes, char *err, size_t errlen);
+/* Appends to a named blob. */
+int save_add_blob(struct save *s, const char *name, const void *data, size_t len, char *err,
+		  size_t errlen);
+/* Abandons a save still open for adding (a bad SAVE_ADD). */
+void save_drop(struct save *s);
+/* Totals so far. */
+void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes);
+/* Plans the file and submits it to the engine (ACCEPTED); negative DSCKPT_E* with err. */
+int save_end(struct save *s, char *err, size_t errlen);
+/* Answers a WAIT now or when the level is reached, fails or timeout_ms passes. */
+void save_wait(struct conn *c, uint64_t req, struct save *s, int level, int64_t timeout_ms);
+/* Handles COMMIT: waits for dir's saves to be durable, then commits in the threadpool. */
+void save_commit(struct conn *c, uint64_t req, const char *dir, unsigned world,
+		 int64_t timeout_ms);
+/* Drops a connection's pending waits and its unfinished (not ended) saves. */
+void save_conn_gone(struct conn *c);
+/* Saves in flight (accepted, not yet durable or failed). */
+unsigned save_inflight(void);
+/* Packs the PENDING reply's "saves" array. */
+void save_pack_pending(struct msgpack_packer *pk);
+/* Frees every save (shutdown, once nothing is in flight). */
+void save_free_all(void);
 
 #endif /* DSCKPTD_H */

@@ -173,6 +173,91 @@ void proto_kv_f64(msgpack_packer *pk, const char *key, double val)
 	msgpack_pack_double(pk, val);
 }
 
+/* Big-endian integer of n bytes. */
+static uint64_t get_be(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < n; i++)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+/*
+ * Walks the msgpack encoding without allocating, checking that every length fits in what is
+ * left and that every array or map count is plausible (each element takes at least a byte).
+ * msgpack-c allocates an array's objects before reading them, so a 10-byte frame declaring
+ * 2^32 elements must be stopped here. Extension types are refused: the protocol has none.
+ */
+static int prescan(const uint8_t *p, size_t len, char *why, size_t whylen)
+{
+	size_t pos = 0;
+	uint64_t need = 1;	/* objects still to read */
+
+	while (need > 0) {
+		uint64_t count = 0, skip = 0;
+		int lenbytes = 0;
+		if (pos >= len)
+			goto truncated;
+		uint8_t b = p[pos++];
+		need--;
+		if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+			continue;
+		if ((b & 0xf0) == 0x80) {
+			count = 2ull * (b & 0x0f);
+		} else if ((b & 0xf0) == 0x90) {
+			count = b & 0x0f;
+		} else if ((b & 0xe0) == 0xa0) {
+			skip = b & 0x1f;
+		} else {
+			switch (b) {
+			case 0xc4: case 0xd9: lenbytes = 1; break;
+			case 0xc5: case 0xda: lenbytes = 2; break;
+			case 0xc6: case 0xdb: lenbytes = 4; break;
+			case 0xca: skip = 4; break;
+			case 0xcb: skip = 8; break;
+			case 0xcc: case 0xd0: skip = 1; break;
+			case 0xcd: case 0xd1: skip = 2; break;
+			case 0xce: case 0xd2: skip = 4; break;
+			case 0xcf: case 0xd3: skip = 8; break;
+			case 0xdc: case 0xde: lenbytes = -2; break;
+			case 0xdd: case 0xdf: lenbytes = -4; break;
+			default:
+				snprintf(why, whylen, "unsupported msgpack type 0x%02x at byte %zu", b,
+					 pos - 1);
+				return -1;
+			}
+			if (lenbytes) {
+				int n = lenbytes < 0 ? -lenbytes : lenbytes;
+				if (len - pos < (size_t)n)
+					goto truncated;
+				uint64_t v = get_be(p + pos, n);
+				pos += (size_t)n;
+				if (lenbytes > 0)
+					skip = v;
+				else
+					count = (b == 0xde || b == 0xdf) ? 2 * v : v;
+			}
+		}
+		if (skip > len - pos)
+			goto truncated;
+		pos += skip;
+		if (count > len - pos) {
+			snprintf(why, whylen, "container of %llu elements in %zu remaining bytes",
+				 (unsigned long long)count, len - pos);
+			return -1;
+		}
+		need += count;
+	}
+	if (pos != len) {
+		snprintf(why, whylen, "%zu trailing bytes after the body", len - pos);
+		return -1;
+	}
+	return 0;
+truncated:
+	snprintf(why, whylen, "body is truncated msgpack");
+	return -1;
+}
+
 /* Parses exactly one msgpack map. */
 int proto_in_parse(struct proto_in *in, const void *body, size_t len, char *why,
 		   size_t whylen)
@@ -181,6 +266,8 @@ int proto_in_parse(struct proto_in *in, const void *body, size_t len, char *why,
 
 	msgpack_unpacked_init(&in->up);
 	in->root = NULL;
+	if (prescan(body, len, why, whylen) < 0)
+		return -1;
 	msgpack_unpack_return r = msgpack_unpack_next(&in->up, body, len, &off);
 	if (r != MSGPACK_UNPACK_SUCCESS) {
 		snprintf(why, whylen, "body is not valid msgpack");

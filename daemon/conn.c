@@ -1,0 +1,418 @@
+/*
+ * conn.c — one client connection: non-blocking frame I/O with SCM_RIGHTS descriptors,
+ * peer credentials, the client's registered regions, and the reply queue.
+ *
+ * A connection is owned by the connection list from accept until conn_close's handle
+ * close callback frees it. Descriptors arrive in a FIFO and each frame claims as many as
+ * its header counts; unclaimed ones are closed with the connection.
+ */
+#include "dsckptd.h"
+#include "../proto/proto.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define FDQ_MAX 64
+#define OUT_MAX (64u << 20)  /* replies a client leaves unread before we drop it */
+
+/* A region the client registered. */
+struct region {
+	uint64_t id;
+	struct source *src;
+	struct region *next;
+};
+
+struct conn {
+	uv_poll_t poll;
+	int fd;
+	uint64_t id;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	int role;
+	char job[PROTO_MAX_NAME + 1];
+	unsigned rank, world;
+	uint8_t *in;            /* received bytes not yet handled */
+	size_t in_len, in_cap;
+	int fdq[FDQ_MAX];       /* received descriptors not yet claimed */
+	unsigned nfdq;
+	uint8_t *out;           /* replies not yet written */
+	size_t out_len, out_off, out_cap;
+	int closing;            /* close once out is written */
+	int dead;               /* closed; the handle is closing */
+	struct region *regions;
+	struct conn *next;
+};
+
+static struct conn *conns;
+static unsigned nconns;
+static uint64_t next_conn_id = 1;
+
+static void on_poll(uv_poll_t *p, int status, int events);
+
+/* Accessors. */
+uint64_t conn_id(const struct conn *c) { return c->id; }
+pid_t conn_pid(const struct conn *c) { return c->pid; }
+uid_t conn_uid(const struct conn *c) { return c->uid; }
+gid_t conn_gid(const struct conn *c) { return c->gid; }
+int conn_role(const struct conn *c) { return c->role; }
+const char *conn_job(const struct conn *c) { return c->job; }
+unsigned conn_rank(const struct conn *c) { return c->rank; }
+unsigned conn_world(const struct conn *c) { return c->world; }
+
+/* Number of open connections. */
+unsigned conn_count(void)
+{
+	return nconns;
+}
+
+/* Records HELLO's identity. */
+void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
+		       unsigned world)
+{
+	c->role = role;
+	snprintf(c->job, sizeof(c->job), "%s", job);
+	c->rank = rank;
+	c->world = world;
+}
+
+/* Frees a connection once libuv has closed its handle. */
+static void conn_freed(uv_handle_t *h)
+{
+	struct conn *c = h->data;
+	free(c->in);
+	free(c->out);
+	free(c);
+}
+
+/* Closes a connection now: its saves go on, its waits are dropped. */
+static void conn_close(struct conn *c)
+{
+	if (c->dead)
+		return;
+	c->dead = 1;
+	for (struct conn **p = &conns; *p; p = &(*p)->next) {
+		if (*p == c) {
+			*p = c->next;
+			break;
+		}
+	}
+	nconns--;
+	save_conn_gone(c);
+	while (c->regions) {
+		struct region *r = c->regions;
+		c->regions = r->next;
+		source_unref(r->src);
+		free(r);
+	}
+	for (unsigned i = 0; i < c->nfdq; i++)
+		close(c->fdq[i]);
+	log_debug("client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
+	uv_poll_stop(&c->poll);
+	close(c->fd);
+	uv_close((uv_handle_t *)&c->poll, conn_freed);
+}
+
+/* Takes an accepted socket and reads the peer's credentials. */
+void conn_accept(int fd)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	struct conn *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		log_warnx("out of memory accepting a client");
+		close(fd);
+		return;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		log_warn("SO_PEERCRED");
+		free(c);
+		close(fd);
+		return;
+	}
+	c->fd = fd;
+	c->id = next_conn_id++;
+	c->pid = cred.pid;
+	c->uid = cred.uid;
+	c->gid = cred.gid;
+	if (uv_poll_init(loop, &c->poll, fd) != 0) {
+		log_warnx("uv_poll_init failed for a client");
+		free(c);
+		close(fd);
+		return;
+	}
+	c->poll.data = c;
+	uv_poll_start(&c->poll, UV_READABLE, on_poll);
+	c->next = conns;
+	conns = c;
+	nconns++;
+	log_debug("client %llu connected: pid %d uid %d gid %d", (unsigned long long)c->id,
+		  (int)c->pid, (int)c->uid, (int)c->gid);
+}
+
+/* Writes as much queued output as the socket takes; closes when done and closing. */
+static void flush_out(struct conn *c)
+{
+	while (c->out_off < c->out_len) {
+		ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				break;
+			conn_close(c);
+			return;
+		}
+		c->out_off += (size_t)n;
+	}
+	if (c->out_off == c->out_len) {
+		c->out_off = c->out_len = 0;
+		if (c->closing) {
+			conn_close(c);
+			return;
+		}
+	}
+	int ev = c->closing ? 0 : UV_READABLE;
+	if (c->out_len)
+		ev |= UV_WRITABLE;
+	uv_poll_start(&c->poll, ev, on_poll);
+}
+
+/* Queues a finished frame for the client and frees it. */
+void conn_send(struct conn *c, struct proto_out *o)
+{
+	size_t len = proto_out_finish(o, 0);
+
+	if (c->dead) {
+		proto_out_free(o);
+		return;
+	}
+	if (c->out_len + len > OUT_MAX) {
+		log_warnx("client %llu does not read its replies; dropping it",
+			  (unsigned long long)c->id);
+		proto_out_free(o);
+		conn_close(c);
+		return;
+	}
+	if (c->out_len + len > c->out_cap) {
+		size_t cap = c->out_cap ? c->out_cap : 4096;
+		while (cap < c->out_len + len)
+			cap *= 2;
+		uint8_t *p = realloc(c->out, cap);
+		if (!p) {
+			proto_out_free(o);
+			conn_close(c);
+			return;
+		}
+		c->out = p;
+		c->out_cap = cap;
+	}
+	memcpy(c->out + c->out_len, o->sb.data, len);
+	c->out_len += len;
+	proto_out_free(o);
+	flush_out(c);
+}
+
+/* Sends ERROR {code, message}; when fatal, closes the connection after it. */
+void conn_error(struct conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+{
+	struct proto_out o;
+	char msg[ERRLEN + 512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_debug("client %llu: %s: %s", (unsigned long long)c->id, dsckpt_err_name(code), msg);
+	proto_out_init(&o, PROTO_ERROR, id);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_i64(&o.pk, "code", code);
+	proto_kv_str(&o.pk, "message", msg);
+	if (fatal) {
+		c->closing = 1;
+		log_warnx("client %llu (pid %d): closing after a bad frame: %s",
+			  (unsigned long long)c->id, (int)c->pid, msg);
+	}
+	conn_send(c, &o);
+}
+
+/* Answers a wrong protocol version with both versions and closes. */
+static void version_mismatch(struct conn *c, const struct proto_hdr *h)
+{
+	struct proto_out o;
+	char msg[160];
+
+	snprintf(msg, sizeof(msg), "protocol version mismatch: daemon speaks %d, client %u",
+		 PROTO_VERSION, h->version);
+	proto_out_init(&o, PROTO_ERROR, h->id);
+	msgpack_pack_map(&o.pk, 4);
+	proto_kv_i64(&o.pk, "code", DSCKPT_EVERSION);
+	proto_kv_str(&o.pk, "message", msg);
+	proto_kv_u64(&o.pk, "server_proto", PROTO_VERSION);
+	proto_kv_u64(&o.pk, "client_proto", h->version);
+	c->closing = 1;
+	log_warnx("client %llu (pid %d): %s", (unsigned long long)c->id, (int)c->pid, msg);
+	conn_send(c, &o);
+}
+
+/* Handles every complete frame in the input buffer. */
+static void handle_frames(struct conn *c)
+{
+	size_t off = 0;
+	char why[160];
+
+	while (!c->dead && !c->closing && c->in_len - off >= PROTO_HDR_SIZE) {
+		struct proto_hdr h;
+		if (proto_hdr_unpack(c->in + off, &h, why, sizeof(why)) < 0) {
+			int code = h.magic == PROTO_MAGIC && h.length > PROTO_MAX_BODY
+					   ? DSCKPT_EMSGSIZE : DSCKPT_EPROTO;
+			conn_error(c, h.id, code, 1, "%s", why);
+			break;
+		}
+		if (h.version != PROTO_VERSION) {
+			version_mismatch(c, &h);
+			break;
+		}
+		if (c->in_len - off < PROTO_HDR_SIZE + (size_t)h.length)
+			break;	/* body not complete yet */
+		if (h.nfds > c->nfdq) {
+			conn_error(c, h.id, DSCKPT_EPROTO, 1,
+				   "frame announces %u descriptors but %u arrived", h.nfds, c->nfdq);
+			break;
+		}
+		int fds[PROTO_MAX_FDS];
+		memcpy(fds, c->fdq, h.nfds * sizeof(int));
+		memmove(c->fdq, c->fdq + h.nfds, (c->nfdq - h.nfds) * sizeof(int));
+		c->nfdq -= h.nfds;
+		/* Ownership: the frame's descriptors now belong to the handler. */
+		request_dispatch(c, &h, c->in + off + PROTO_HDR_SIZE, fds, h.nfds);
+		off += PROTO_HDR_SIZE + h.length;
+	}
+	if (c->dead)
+		return;
+	memmove(c->in, c->in + off, c->in_len - off);
+	c->in_len -= off;
+}
+
+/* Reads what the socket has, collecting descriptors; -1 when the connection ended. */
+static int read_some(struct conn *c)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * PROTO_MAX_FDS)];
+		struct cmsghdr align;
+	} u;
+
+	if (c->in_cap - c->in_len < 65536) {
+		size_t cap = c->in_cap ? c->in_cap * 2 : 131072;
+		if (cap > PROTO_HDR_SIZE + PROTO_MAX_BODY + 131072)
+			cap = PROTO_HDR_SIZE + PROTO_MAX_BODY + 131072;
+		if (cap > c->in_cap) {
+			uint8_t *p = realloc(c->in, cap);
+			if (!p)
+				return -1;
+			c->in = p;
+			c->in_cap = cap;
+		}
+	}
+	struct iovec iov = {.iov_base = c->in + c->in_len, .iov_len = c->in_cap - c->in_len};
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			     .msg_controllen = sizeof(u.buf)};
+	ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -1;
+	int overflow = (msg.msg_flags & MSG_CTRUNC) != 0;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		int got[PROTO_MAX_FDS];
+		memcpy(got, CMSG_DATA(cm), k * sizeof(int));
+		for (size_t i = 0; i < k; i++) {
+			if (c->nfdq < FDQ_MAX)
+				c->fdq[c->nfdq++] = got[i];
+			else {
+				close(got[i]);
+				overflow = 1;
+			}
+		}
+	}
+	if (overflow) {
+		conn_error(c, 0, DSCKPT_EPROTO, 1, "too many file descriptors sent");
+		return 0;
+	}
+	if (n == 0)
+		return -1;
+	c->in_len += (size_t)n;
+	return 0;
+}
+
+/* Poll callback: reads and handles frames, writes pending replies. */
+static void on_poll(uv_poll_t *p, int status, int events)
+{
+	struct conn *c = p->data;
+
+	if (status < 0) {
+		conn_close(c);
+		return;
+	}
+	if (events & UV_WRITABLE)
+		flush_out(c);
+	if (c->dead || !(events & UV_READABLE) || c->closing)
+		return;
+	if (read_some(c) < 0) {
+		conn_close(c);
+		return;
+	}
+	handle_frames(c);
+}
+
+/* Closes every connection. */
+void conn_close_all(void)
+{
+	while (conns)
+		conn_close(conns);
+}
+
+/* Registers a source under a client-chosen id. */
+int conn_region_add(struct conn *c, uint64_t id, struct source *s)
+{
+	if (conn_region(c, id))
+		return -1;
+	struct region *r = calloc(1, sizeof(*r));
+	if (!r)
+		return -1;
+	r->id = id;
+	r->src = s;
+	r->next = c->regions;
+	c->regions = r;
+	return 0;
+}
+
+/* Forgets a region. */
+int conn_region_del(struct conn *c, uint64_t id)
+{
+	for (struct region **p = &c->regions; *p; p = &(*p)->next) {
+		if ((*p)->id == id) {
+			struct region *r = *p;
+			*p = r->next;
+			source_unref(r->src);
+			free(r);
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* Looks a region up. */
+struct source *conn_region(struct conn *c, uint64_t id)
+{
+	for (struct region *r = c->regions; r; r = r->next)
+		if (r->id == id)
+			return r->src;
+	return NULL;
+}

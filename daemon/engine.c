@@ -1,0 +1,489 @@
+/*
+ * engine.c — the copy engine and the flush threads.
+ *
+ * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned file offsets.
+ * Copy threads take a free cache chunk first and only then claim the next piece of a job
+ * (round robin over jobs, so no save starves another), fill it from the job's sources and
+ * mark it ready. Flush threads write each job's pieces in file order (so one streaming
+ * checksum per tensor suffices), return the chunk to the cache, and finish the file.
+ * A save larger than the cache streams through it: pieces are claimed only as chunks free up.
+ *
+ * Why claim after taking a chunk: a claimed piece always owns memory, so the in-order flush
+ * can never wait for a piece that waits for memory held by later pieces (no deadlock).
+ *
+ * Lock order: engine.lock, then the cache's own lock (cache_tryget/put take it briefly).
+ * The done queue has its own lock; async sends coalesce, so the loop drains all of it.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+#include <xxhash.h>
+
+/* One job; engine.lock guards the fields marked (L). */
+struct job {
+	struct engine_req r;
+	uint64_t data_len;         /* bytes of tensor data */
+	uint64_t chunk;            /* piece size */
+	uint64_t npieces;
+	uint64_t next_claim;       /* (L) first unclaimed piece */
+	uint64_t next_flush;       /* (L) next piece to write */
+	void **ready;              /* (L) npieces slots: the filled chunk, once copied */
+	int flushing;              /* (L) a flush thread holds this job */
+	int failed;                /* (L) */
+	int finished;              /* (L) final event posted */
+	char error[ERRLEN];        /* (L) first error */
+	uint64_t copied;           /* (L) pieces copied */
+	uint64_t bytes_snapshot;   /* atomic */
+	uint64_t bytes_flushed;    /* atomic */
+	uint64_t *xxh3;            /* per tensor (flush thread holding the job) */
+	XXH3_state_t *tstate;      /* current tensor's streaming hash */
+	XXH3_state_t *dstate;      /* whole data region's hash */
+	size_t hash_tensor;        /* tensor being hashed */
+	struct job *next;          /* (L) link in the active list */
+};
+
+/* A completion for the loop thread. */
+struct done {
+	struct job *job;
+	int event;
+	char error[ERRLEN];
+	struct done *next;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t copy_cv;    /* a job has unclaimed pieces */
+	pthread_cond_t flush_cv;   /* a job has a piece (or its end) ready to flush */
+	struct job *jobs;          /* active jobs, round robin from rr */
+	struct job *rr_copy;
+	struct job *rr_flush;
+	int stop;
+	struct cache *cache;
+	pthread_t *threads;
+	unsigned nthreads;
+	engine_cb cb;
+	pthread_mutex_t done_lock;
+	struct done *done_head, **done_tail;
+	uv_async_t async;
+} E;
+
+/* Hands an event to the loop thread. */
+static void post(struct job *j, int event, const char *error)
+{
+	struct done *d = calloc(1, sizeof(*d));
+	if (!d) {
+		log_error("out of memory posting a completion");
+		abort();
+	}
+	d->job = j;
+	d->event = event;
+	if (error)
+		snprintf(d->error, sizeof(d->error), "%s", error);
+	pthread_mutex_lock(&E.done_lock);
+	*E.done_tail = d;
+	E.done_tail = &d->next;
+	pthread_mutex_unlock(&E.done_lock);
+	uv_async_send(&E.async);
+}
+
+/* Loop side: swaps the done queue out and runs each completion outside the lock. */
+static void on_async(uv_async_t *a)
+{
+	pthread_mutex_lock(&E.done_lock);
+	struct done *d = E.done_head;
+	E.done_head = NULL;
+	E.done_tail = &E.done_head;
+	pthread_mutex_unlock(&E.done_lock);
+	while (d) {
+		struct done *next = d->next;
+		E.cb(d->job->r.owner, d->job, d->event, d->error);
+		free(d);
+		d = next;
+	}
+}
+
+/* Records the first error of a job (engine.lock held). */
+static void fail_locked(struct job *j, const char *error)
+{
+	if (!j->failed) {
+		j->failed = 1;
+		snprintf(j->error, sizeof(j->error), "%s", error);
+	}
+}
+
+/* Removes a job from the active list (engine.lock held). */
+static void unlink_locked(struct job *j)
+{
+	for (struct job **p = &E.jobs; *p; p = &(*p)->next) {
+		if (*p == j) {
+			*p = j->next;
+			break;
+		}
+	}
+	if (E.rr_copy == j)
+		E.rr_copy = NULL;
+	if (E.rr_flush == j)
+		E.rr_flush = NULL;
+}
+
+/* Picks the next job after cursor that satisfies ok (engine.lock held). */
+static struct job *pick(struct job **cursor, int (*ok)(const struct job *))
+{
+	struct job *start = *cursor && (*cursor)->next ? (*cursor)->next : E.jobs;
+	struct job *j = start;
+
+	if (!j)
+		return NULL;
+	do {
+		if (ok(j)) {
+			*cursor = j;
+			return j;
+		}
+		j = j->next ? j->next : E.jobs;
+	} while (j != start);
+	return NULL;
+}
+
+/* Whether a job has a piece to claim. */
+static int can_copy(const struct job *j)
+{
+	return !j->failed && j->next_claim < j->npieces;
+}
+
+/* Whether a job's next flush step can run now. */
+static int can_flush(const struct job *j)
+{
+	if (j->flushing || j->finished)
+		return 0;
+	if (j->next_flush < j->next_claim)
+		return j->ready[j->next_flush] != NULL;
+	/* Everything claimed has been flushed: the end, when nothing more will come. */
+	return j->failed || j->next_flush == j->npieces;
+}
+
+/* Copies one piece of a job from its sources into chunk; 0 or -1 with err. */
+static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
+{
+	uint64_t start = piece * j->chunk;
+	uint64_t end = start + j->chunk < j->data_len ? start + j->chunk : j->data_len;
+	size_t lo = 0, hi = j->r.n;
+
+	/* First tensor ending after start (tensors are in file order). */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (j->r.t[mid].off + j->r.t[mid].nbytes <= start)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t i = lo; i < j->r.n && j->r.t[i].off < end; i++) {
+		const struct engine_tensor *t = &j->r.t[i];
+		uint64_t a = t->off > start ? t->off : start;
+		uint64_t b = t->off + t->nbytes < end ? t->off + t->nbytes : end;
+		if (a >= b)
+			continue;
+		if (source_read(t->src, t->src_off + (a - t->off), chunk + (a - start), b - a,
+				err, errlen) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Copy thread: claims pieces as cache chunks free up and fills them. */
+static void copy_loop(void)
+{
+	char err[ERRLEN];
+
+	for (;;) {
+		pthread_mutex_lock(&E.lock);
+		while (!E.stop && !pick(&E.rr_copy, can_copy))
+			pthread_cond_wait(&E.copy_cv, &E.lock);
+		pthread_mutex_unlock(&E.lock);
+		void *chunk = cache_get(E.cache);
+		if (!chunk)
+			return;	/* cache shut down: stopping */
+		pthread_mutex_lock(&E.lock);
+		struct job *j = pick(&E.rr_copy, can_copy);
+		if (!j) {
+			pthread_mutex_unlock(&E.lock);
+			cache_put(E.cache, chunk);
+			continue;
+		}
+		uint64_t piece = j->next_claim++;
+		pthread_mutex_unlock(&E.lock);
+
+		int rc = copy_piece(j, piece, chunk, err, sizeof(err));
+		uint64_t len = j->chunk;
+		if (piece == j->npieces - 1)
+			len = j->data_len - piece * j->chunk;
+
+		pthread_mutex_lock(&E.lock);
+		/* Ownership: the chunk now belongs to the job until a flush thread returns it. */
+		j->ready[piece] = chunk;
+		if (rc < 0) {
+			fail_locked(j, err);
+		} else {
+			__atomic_add_fetch(&j->bytes_snapshot, len, __ATOMIC_RELAXED);
+			if (++j->copied == j->npieces && !j->failed)
+				post(j, ENGINE_SNAPSHOT, NULL);
+		}
+		pthread_cond_broadcast(&E.flush_cv);
+		pthread_mutex_unlock(&E.lock);
+	}
+}
+
+/* Feeds a piece to the per-tensor and whole-data checksums (data in file order). */
+static void hash_piece(struct job *j, uint64_t start, const uint8_t *p, uint64_t len)
+{
+	uint64_t end = start + len;
+
+	XXH3_64bits_update(j->dstate, p, len);
+	while (j->hash_tensor < j->r.n) {
+		const struct engine_tensor *t = &j->r.t[j->hash_tensor];
+		if (t->off >= end)
+			break;
+		uint64_t a = t->off > start ? t->off : start;
+		uint64_t b = t->off + t->nbytes < end ? t->off + t->nbytes : end;
+		if (a == t->off)
+			XXH3_64bits_reset(j->tstate);
+		if (b > a)
+			XXH3_64bits_update(j->tstate, p + (a - start), b - a);
+		if (b < t->off + t->nbytes)
+			break;	/* tensor continues in the next piece */
+		j->xxh3[j->hash_tensor++] = XXH3_64bits_digest(j->tstate);
+	}
+}
+
+/* Writes one piece (padded for O_DIRECT) and hashes it; 0 or -1 with err. */
+static int flush_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
+{
+	uint64_t start = piece * j->chunk;
+	uint64_t len = start + j->chunk < j->data_len ? j->chunk : j->data_len - start;
+	uint64_t wlen = len;
+
+	hash_piece(j, start, chunk, len);
+	if (store_file_direct(j->r.file) && (wlen & 4095)) {
+		wlen = (len + 4095) & ~(uint64_t)4095;
+		memset(chunk + len, 0, wlen - len);	/* truncated away at the end */
+	}
+	if (store_file_pwrite(j->r.file, chunk, wlen, j->r.hdr_len + start, err, errlen) < 0)
+		return -1;
+	__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
+	return 0;
+}
+
+/* Writes the final header and the .meta file, then makes the file durable. */
+static int finish_job(struct job *j, char *err, size_t errlen)
+{
+	/* Tensors of zero bytes never reach hash_piece: give them the empty hash. */
+	for (; j->hash_tensor < j->r.n; j->hash_tensor++)
+		j->xxh3[j->hash_tensor] = XXH3_64bits(NULL, 0);
+	for (size_t i = 0; i < j->r.n; i++)
+		st_header_set_xxh3(j->r.hdr, j->r.slots[i], j->xxh3[i]);
+	st_header_set_xxh3(j->r.hdr, j->r.slots[j->r.n], XXH3_64bits_digest(j->dstate));
+
+	void *aligned;
+	if (posix_memalign(&aligned, 4096, j->r.hdr_len) != 0) {
+		snprintf(err, errlen, "out of memory for the file header");
+		return -1;
+	}
+	memcpy(aligned, j->r.hdr, j->r.hdr_len);
+	int rc = store_file_pwrite(j->r.file, aligned, j->r.hdr_len, 0, err, errlen);
+	free(aligned);
+	if (rc < 0)
+		return -1;
+	if (j->r.meta_name &&
+	    store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta, j->r.meta_len, j->r.uid,
+			       j->r.gid, err, errlen) < 0)
+		return -1;
+	rc = store_file_finish(j->r.file, j->r.hdr_len + j->data_len, err, errlen);
+	j->r.file = NULL;	/* finish frees it, success or not */
+	return rc;
+}
+
+/* Flush thread: writes ready pieces in order and finishes jobs. */
+static void flush_loop(void)
+{
+	char err[ERRLEN];
+
+	pthread_mutex_lock(&E.lock);
+	for (;;) {
+		struct job *j = pick(&E.rr_flush, can_flush);
+		if (!j) {
+			if (E.stop && !E.jobs)
+				break;
+			pthread_cond_wait(&E.flush_cv, &E.lock);
+			continue;
+		}
+		j->flushing = 1;
+		if (j->next_flush < j->next_claim) {
+			uint64_t piece = j->next_flush;
+			uint8_t *chunk = j->ready[piece];
+			int failed = j->failed;
+			pthread_mutex_unlock(&E.lock);
+			int rc = failed ? 0 : flush_piece(j, piece, chunk, err, sizeof(err));
+			cache_put(E.cache, chunk);
+			pthread_mutex_lock(&E.lock);
+			j->ready[piece] = NULL;
+			j->next_flush++;
+			if (rc < 0)
+				fail_locked(j, err);
+			j->flushing = 0;
+			pthread_cond_broadcast(&E.copy_cv);	/* a chunk is free again */
+			pthread_cond_broadcast(&E.flush_cv);
+			continue;
+		}
+		/* The end: every claimed piece is flushed and nothing more will be claimed. */
+		int failed = j->failed;
+		pthread_mutex_unlock(&E.lock);
+		int rc = failed ? -1 : finish_job(j, err, sizeof(err));
+		pthread_mutex_lock(&E.lock);
+		if (rc < 0 && !failed)
+			fail_locked(j, err);
+		if (j->failed && j->r.file) {
+			store_file_abort(j->r.file);
+			j->r.file = NULL;
+		}
+		j->finished = 1;
+		j->flushing = 0;
+		unlink_locked(j);
+		/* Ownership: the job goes back to the loop with its final event. */
+		post(j, j->failed ? ENGINE_FAILED : ENGINE_DURABLE, j->failed ? j->error : NULL);
+		pthread_cond_broadcast(&E.flush_cv);
+	}
+	pthread_mutex_unlock(&E.lock);
+}
+
+/* Thread entry: the first copy_threads threads copy, the rest flush. */
+static void *thread_main(void *arg)
+{
+	if ((uintptr_t)arg)
+		copy_loop();
+	else
+		flush_loop();
+	return NULL;
+}
+
+/* Starts the worker threads. */
+int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
+		 char *err, size_t errlen)
+{
+	pthread_mutex_init(&E.lock, NULL);
+	pthread_mutex_init(&E.done_lock, NULL);
+	pthread_cond_init(&E.copy_cv, NULL);
+	pthread_cond_init(&E.flush_cv, NULL);
+	E.done_tail = &E.done_head;
+	E.cache = c;
+	E.cb = cb;
+	if (uv_async_init(loop, &E.async, on_async) != 0) {
+		snprintf(err, errlen, "uv_async_init failed");
+		return -1;
+	}
+	E.threads = calloc(copy_threads + flush_threads, sizeof(pthread_t));
+	if (!E.threads) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	for (unsigned i = 0; i < copy_threads + flush_threads; i++) {
+		int rc = pthread_create(&E.threads[i], NULL, thread_main,
+					(void *)(uintptr_t)(i < copy_threads));
+		if (rc != 0) {
+			snprintf(err, errlen, "pthread_create: %s", strerror(rc));
+			E.nthreads = i;
+			engine_stop();
+			return -1;
+		}
+		E.nthreads = i + 1;
+	}
+	return 0;
+}
+
+/* Queues a job. */
+struct job *engine_submit(struct engine_req *r)
+{
+	struct job *j = calloc(1, sizeof(*j));
+	if (!j) {
+		log_error("out of memory submitting a save");
+		abort();
+	}
+	j->r = *r;
+	j->chunk = cache_chunk(E.cache);
+	for (size_t i = 0; i < r->n; i++)
+		j->data_len = r->t[i].off + r->t[i].nbytes;
+	j->npieces = (j->data_len + j->chunk - 1) / j->chunk;
+	j->ready = calloc(j->npieces ? j->npieces : 1, sizeof(void *));
+	j->xxh3 = calloc(r->n ? r->n : 1, sizeof(uint64_t));
+	j->tstate = XXH3_createState();
+	j->dstate = XXH3_createState();
+	if (!j->ready || !j->xxh3 || !j->tstate || !j->dstate) {
+		log_error("out of memory submitting a save");
+		abort();
+	}
+	XXH3_64bits_reset(j->dstate);
+	pthread_mutex_lock(&E.lock);
+	j->next = E.jobs;
+	E.jobs = j;
+	if (j->npieces == 0)
+		post(j, ENGINE_SNAPSHOT, NULL);
+	pthread_cond_broadcast(&E.copy_cv);
+	pthread_cond_broadcast(&E.flush_cv);
+	pthread_mutex_unlock(&E.lock);
+	return j;
+}
+
+/* Bytes copied and written so far. */
+void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed)
+{
+	*snapshot = __atomic_load_n(&j->bytes_snapshot, __ATOMIC_RELAXED);
+	*flushed = __atomic_load_n(&j->bytes_flushed, __ATOMIC_RELAXED);
+}
+
+/* Per-tensor checksums once durable. */
+const uint64_t *engine_checksums(struct job *j)
+{
+	return j->xxh3;
+}
+
+/* Frees a finished job and everything its request owned. */
+void engine_job_free(struct job *j)
+{
+	for (size_t i = 0; i < j->r.n; i++)
+		source_unref(j->r.t[i].src);
+	free(j->r.t);
+	free(j->r.hdr);
+	free(j->r.slots);
+	if (j->r.file)
+		store_file_abort(j->r.file);
+	if (j->r.dirfd >= 0)
+		close(j->r.dirfd);
+	free(j->r.meta_name);
+	free(j->r.meta);
+	free(j->ready);
+	free(j->xxh3);
+	XXH3_freeState(j->tstate);
+	XXH3_freeState(j->dstate);
+	free(j);
+}
+
+/* Stops and joins every thread. */
+void engine_stop(void)
+{
+	pthread_mutex_lock(&E.lock);
+	E.stop = 1;
+	pthread_cond_broadcast(&E.copy_cv);
+	pthread_cond_broadcast(&E.flush_cv);
+	pthread_mutex_unlock(&E.lock);
+	cache_shutdown(E.cache);
+	for (unsigned i = 0; i < E.nthreads; i++)
+		pthread_join(E.threads[i], NULL);
+	free(E.threads);
+	E.threads = NULL;
+	E.nthreads = 0;
+	on_async(&E.async);	/* run what the workers posted last */
+	uv_close((uv_handle_t *)&E.async, NULL);
+}

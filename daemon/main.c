@@ -1,0 +1,240 @@
+/*
+ * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
+ *
+ * Start-up: config → recover leftovers on disk → CUDA probe → host cache (touched, pinned)
+ * → engine threads → socket → READY. Shutdown (SIGTERM/SIGINT): stop accepting, let every
+ * accepted save finish flushing, close connections, stop and join the workers, close every
+ * handle, and check uv_loop_close() == 0. A second SIGTERM exits at once.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+uv_loop_t *loop;
+struct config *config;
+struct cache *cache;
+const char *gpu_line = "none";
+double start_time;
+
+static const char *config_path = DSCKPTD_DEFAULT_CONFIG;
+static uv_signal_t sig_term, sig_int, sig_hup;
+static int draining;
+/* Replaced configs, freed at exit: a commit in the threadpool may still read one. */
+#define MAX_RETIRED 64
+static struct config *retired[MAX_RETIRED];
+static unsigned nretired;
+
+/* Seconds on the monotonic clock. */
+double now_mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Prints usage. */
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: dsckptd [-c CONFIG] [-n] [-d] [-v] [-h]\n"
+		"  -c CONFIG  configuration file (default %s)\n"
+		"  -n         check the configuration, print \"configuration OK\" or the errors\n"
+		"  -d         stay in the foreground (as under systemd)\n"
+		"  -v         print the version\n"
+		"  -h         this help, and every configuration option\n"
+		"signals: TERM/INT finish in-flight flushes then exit; HUP reloads the config\n\n",
+		DSCKPTD_DEFAULT_CONFIG);
+	config_print_help(f);
+}
+
+/* Closes what is left and leaves; called once nothing is in flight during a drain. */
+static void finish(void)
+{
+	conn_close_all();
+	engine_stop();
+	save_free_all();
+	uv_close((uv_handle_t *)&sig_term, NULL);
+	uv_close((uv_handle_t *)&sig_int, NULL);
+	uv_close((uv_handle_t *)&sig_hup, NULL);
+	uv_stop(loop);
+}
+
+/* Finishes the shutdown once the last in-flight save is done. */
+void daemon_maybe_exit(void)
+{
+	if (draining == 1 && save_inflight() == 0) {
+		draining = 2;
+		log_info("all saves finished; exiting");
+		finish();
+	}
+}
+
+/* Loads the config again; a bad one keeps the old. */
+static void reload(void)
+{
+	char err[4096];
+	struct config *n;
+
+	if (config_load(config_path, &n, err, sizeof(err)) < 0) {
+		log_error("reload of %s failed; keeping the old configuration:\n%s", config_path,
+			  err);
+		return;
+	}
+	/* What was built from these at start-up stays: say so and keep the running values. */
+	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
+	    n->host_cache_bytes != config->host_cache_bytes ||
+	    n->chunk_bytes != config->chunk_bytes || n->flush_threads != config->flush_threads ||
+	    n->copy_threads != config->copy_threads)
+		log_warnx("socket, socket_mode, host_cache_size, chunk_size and thread counts "
+			  "take effect at the next start");
+	free(n->socket);
+	n->socket = strdup(config->socket);
+	n->socket_mode = config->socket_mode;
+	n->host_cache_gib = config->host_cache_gib;
+	n->host_cache_bytes = config->host_cache_bytes;
+	n->chunk_bytes = config->chunk_bytes;
+	n->flush_threads = config->flush_threads;
+	n->copy_threads = config->copy_threads;
+	if (nretired == MAX_RETIRED) {	/* the oldest is long out of use */
+		config_free(retired[0]);
+		memmove(retired, retired + 1, (MAX_RETIRED - 1) * sizeof(*retired));
+		nretired--;
+	}
+	retired[nretired++] = config;
+	config = n;
+	log_set_level(config->log_level);
+	log_info("configuration reloaded from %s (%zu allowed roots, keep_last %u, log %s)",
+		 config_path, config->n_roots, config->keep_last,
+		 log_level_name(config->log_level));
+}
+
+/* The one signal switch. */
+static void on_signal(uv_signal_t *h, int signum)
+{
+	switch (signum) {
+	case SIGHUP:
+		notify_send("RELOADING=1");
+		reload();
+		notify_send("READY=1");
+		break;
+	case SIGTERM:
+	case SIGINT:
+		if (draining) {
+			log_warnx("second %s: exiting now; partial files are cleaned at the next start",
+				  strsignal(signum));
+			_exit(1);
+		}
+		draining = 1;
+		notify_send("STOPPING=1");
+		log_info("%s: no new clients; finishing %u saves in flight", strsignal(signum),
+			 save_inflight());
+		server_stop();
+		daemon_maybe_exit();
+		break;
+	}
+}
+
+/* Frees the retired configs. */
+static void free_retired(void)
+{
+	while (nretired > 0)
+		config_free(retired[--nretired]);
+}
+
+int main(int argc, char **argv)
+{
+	char err[4096];
+	int check_only = 0, foreground = 0, opt;
+	struct timespec ts;
+
+	while ((opt = getopt(argc, argv, "c:ndvh")) != -1) {
+		switch (opt) {
+		case 'c': config_path = optarg; break;
+		case 'n': check_only = 1; break;
+		case 'd': foreground = 1; break;
+		case 'v': printf("dsckptd %s\n", DSCKPTD_VERSION); return 0;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	log_init("dsckptd", LOG_LVL_INFO);
+	if (config_load(config_path, &config, err, sizeof(err)) < 0) {
+		fprintf(stderr, "dsckptd: %s:\n%s", config_path, err);
+		return 1;
+	}
+	if (check_only) {
+		printf("configuration OK\n");
+		config_free(config);
+		return 0;
+	}
+	log_set_level(config->log_level);
+	if (!foreground && daemon(0, 1) < 0) {
+		log_warn("daemon");
+		return 1;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	start_time = ts.tv_sec + ts.tv_nsec / 1e9;
+	signal(SIGPIPE, SIG_IGN);
+
+	store_recover(config);
+	gpu_line = gpu_init();
+	if (cache_create(config->host_cache_bytes, config->chunk_bytes, &cache, err,
+			 sizeof(err)) < 0) {
+		log_error("host cache: %s", err);
+		goto fail_config;
+	}
+	gpu_register_host(cache_base(cache), cache_total(cache));
+	loop = uv_default_loop();
+	if (save_engine_start(err, sizeof(err)) < 0) {
+		log_error("engine: %s", err);
+		goto fail_cache;
+	}
+	if (server_start(err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		goto fail_engine;
+	}
+	uv_signal_init(loop, &sig_term);
+	uv_signal_init(loop, &sig_int);
+	uv_signal_init(loop, &sig_hup);
+	uv_signal_start(&sig_term, on_signal, SIGTERM);
+	uv_signal_start(&sig_int, on_signal, SIGINT);
+	uv_signal_start(&sig_hup, on_signal, SIGHUP);
+
+	log_info("dsckptd %s ready on %s: cache %.2f GiB in %llu MiB chunks (touched in %.0f ms), "
+		 "%u copy + %u flush threads, CUDA: %s", DSCKPTD_VERSION, config->socket,
+		 cache_total(cache) / 1073741824.0,
+		 (unsigned long long)(cache_chunk(cache) >> 20), cache_touch_ms(cache),
+		 config->copy_threads, config->flush_threads, gpu_line);
+	notify_ready();
+	uv_run(loop, UV_RUN_DEFAULT);
+
+	uv_run(loop, UV_RUN_NOWAIT);	/* let the close callbacks run */
+	int rc = uv_loop_close(loop);
+	if (rc != 0)
+		log_error("event loop still had handles at exit: %s", uv_strerror(rc));
+	gpu_unregister_host(cache_base(cache));
+	cache_destroy(cache);
+	config_free(config);
+	free_retired();
+	log_info("stopped");
+	return rc == 0 ? 0 : 1;
+
+fail_engine:
+	engine_stop();
+fail_cache:
+	cache_destroy(cache);
+fail_config:
+	config_free(config);
+	return 1;
+}

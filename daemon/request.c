@@ -1,0 +1,372 @@
+/*
+ * request.c — decodes each request with the typed getters and a final end check, and acts.
+ * A malformed frame gets one EPROTO error and closes its connection; a well-formed request
+ * that cannot be served gets an error reply and the connection goes on.
+ */
+#include "dsckptd.h"
+#include "../proto/proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define MAX_ENTRIES 65536
+
+/* Closes descriptors nobody took. */
+static void close_fds(int *fds, unsigned nfds)
+{
+	for (unsigned i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+/* Replies with an empty map. */
+static void reply_empty(struct conn *c, uint64_t id)
+{
+	struct proto_out o;
+	proto_out_init(&o, PROTO_REPLY, id);
+	msgpack_pack_map(&o.pk, 0);
+	conn_send(c, &o);
+}
+
+/* Rejects a malformed frame and closes the connection. */
+static void malformed(struct conn *c, const struct proto_hdr *h, const char *why)
+{
+	conn_error(c, h->id, DSCKPT_EPROTO, 1, "malformed %s: %s", proto_type_name(h->type), why);
+}
+
+/* HELLO: identifies the client. */
+static void on_hello(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char role[16] = "", job[PROTO_MAX_NAME + 1] = "";
+	uint64_t rank = 0, world = 1, pid = 0;
+	struct proto_out o;
+
+	proto_get_str(m, "role", role, sizeof(role) - 1, 1);
+	proto_get_str(m, "job", job, PROTO_MAX_NAME, 0);
+	proto_get_u64(m, "rank", 65535, &rank, 0);
+	proto_get_u64(m, "world", 65536, &world, 0);
+	proto_get_u64(m, "pid", UINT32_MAX, &pid, 1);
+	if (!m->err && strcmp(role, "trainer") != 0 && strcmp(role, "ctl") != 0)
+		proto_map_fail(m, "role must be \"trainer\" or \"ctl\"");
+	if (!m->err && strcmp(role, "trainer") == 0 && (!*job || world == 0 || rank >= world))
+		proto_map_fail(m, "a trainer needs a job name and rank < world");
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	if (conn_role(c) != CONN_NONE)
+		return conn_error(c, h->id, DSCKPT_ESTATE, 0, "HELLO was already sent");
+	conn_set_identity(c, strcmp(role, "trainer") == 0 ? CONN_TRAINER : CONN_CTL, job,
+			  (unsigned)rank, (unsigned)world);
+	log_debug("client %llu is %s %s rank %llu/%llu (pid %d, says %llu)",
+		  (unsigned long long)conn_id(c), role, job, (unsigned long long)rank,
+		  (unsigned long long)world, (int)conn_pid(c), (unsigned long long)pid);
+	proto_out_init(&o, PROTO_REPLY, h->id);
+	msgpack_pack_map(&o.pk, 3);
+	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
+	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
+	proto_kv_u64(&o.pk, "client", conn_id(c));
+	conn_send(c, &o);
+}
+
+/* REGION_ADD: maps a client's memory as a source. */
+static void on_region_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m,
+			  int *fds, unsigned nfds)
+{
+	uint64_t region = 0, size = 0;
+	char kind[16] = "", err[ERRLEN];
+	struct source *s;
+
+	proto_get_u64(m, "region", UINT64_MAX, &region, 1);
+	proto_get_str(m, "kind", kind, sizeof(kind) - 1, 1);
+	proto_get_u64(m, "size", UINT64_MAX, &size, 1);
+	if (!m->err && strcmp(kind, "host") != 0)
+		return close_fds(fds, nfds),
+		       conn_error(c, h->id, DSCKPT_ENOTSUP, 0, "unknown region kind '%s'", kind);
+	if (!m->err && nfds != 1)
+		proto_map_fail(m, "a host region comes with exactly one descriptor");
+	if (proto_map_end(m) < 0)
+		return close_fds(fds, nfds), malformed(c, h, m->why);
+	if (conn_region(c, region))
+		return close_fds(fds, nfds),
+		       conn_error(c, h->id, DSCKPT_EEXIST, 0, "region %llu already registered",
+				  (unsigned long long)region);
+	if (source_host_open(fds[0], size, &s, err, sizeof(err)) < 0)
+		return conn_error(c, h->id, DSCKPT_EBADF, 0, "region %llu: %s",
+				  (unsigned long long)region, err);
+	if (conn_region_add(c, region, s) < 0) {
+		source_unref(s);
+		return conn_error(c, h->id, DSCKPT_ENOMEM, 0, "out of memory");
+	}
+	reply_empty(c, h->id);
+}
+
+/* REGION_DEL: forgets a region (accepted saves keep their reference). */
+static void on_region_del(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t region = 0;
+
+	proto_get_u64(m, "region", UINT64_MAX, &region, 1);
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	if (conn_region_del(c, region) < 0)
+		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no region %llu",
+				  (unsigned long long)region);
+	reply_empty(c, h->id);
+}
+
+/* SAVE_BEGIN: checks the path and opens a save. */
+static void on_save_begin(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
+	struct proto_out o;
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	int64_t id = save_begin(c, dir, file, err, sizeof(err));
+	if (id < 0)
+		return conn_error(c, h->id, (int)id, 0, "%s", err);
+	proto_out_init(&o, PROTO_REPLY, h->id);
+	msgpack_pack_map(&o.pk, 1);
+	proto_kv_u64(&o.pk, "save", (uint64_t)id);
+	conn_send(c, &o);
+}
+
+/* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
+static int add_tensor(struct conn *c, struct save *s, const msgpack_object *obj,
+		      struct proto_map *top, char *err, size_t errlen)
+{
+	struct proto_map m;
+	char name[PROTO_MAX_NAME + 1], dtype[16];
+	uint64_t region = 0, off = 0, nbytes = 0, shape[PROTO_MAX_DIMS];
+	const msgpack_object_array *dims = NULL;
+
+	proto_map_init(&m, obj);
+	proto_get_str(&m, "name", name, PROTO_MAX_NAME, 1);
+	proto_get_str(&m, "dtype", dtype, sizeof(dtype) - 1, 1);
+	proto_get_array(&m, "shape", &dims, PROTO_MAX_DIMS, 1);
+	proto_get_u64(&m, "region", UINT64_MAX, &region, 1);
+	proto_get_u64(&m, "offset", UINT64_MAX, &off, 1);
+	proto_get_u64(&m, "nbytes", UINT64_MAX, &nbytes, 1);
+	for (uint32_t i = 0; !m.err && i < dims->size; i++) {
+		if (dims->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+			proto_map_fail(&m, "shape entries must be unsigned integers");
+		else
+			shape[i] = dims->ptr[i].via.u64;
+	}
+	if (proto_map_end(&m) < 0) {
+		proto_map_fail(top, "tensor: %s", m.why);
+		return -1;
+	}
+	struct source *src = conn_region(c, region);
+	if (!src) {
+		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", name,
+			 (unsigned long long)region);
+		return DSCKPT_ENOENT;
+	}
+	return save_add_tensor(s, name, dtype, shape, dims->size, src, off, nbytes, err, errlen);
+}
+
+/* Decodes one blob piece and appends it. */
+static int add_blob(struct save *s, const msgpack_object *obj, struct proto_map *top,
+		    char *err, size_t errlen)
+{
+	struct proto_map m;
+	char name[PROTO_MAX_NAME + 1];
+	const void *data = NULL;
+	size_t len = 0;
+
+	proto_map_init(&m, obj);
+	proto_get_str(&m, "name", name, PROTO_MAX_NAME, 1);
+	proto_get_bin(&m, "data", &data, &len, PROTO_MAX_BODY, 1);
+	if (proto_map_end(&m) < 0) {
+		proto_map_fail(top, "blob: %s", m.why);
+		return -1;
+	}
+	return save_add_blob(s, name, data, len, err, errlen);
+}
+
+/* SAVE_ADD: tensors and blob pieces. */
+static void on_save_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0, nt, nbytes;
+	const msgpack_object_array *tensors = NULL, *blobs = NULL;
+	char err[ERRLEN] = "";
+	struct proto_out o;
+	int rc = 0;
+
+	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
+	proto_get_array(m, "tensors", &tensors, MAX_ENTRIES, 0);
+	proto_get_array(m, "blobs", &blobs, MAX_ENTRIES, 0);
+	if (m->err)
+		return malformed(c, h, m->why);
+	struct save *s = save_find_open(c, id);
+	if (!s) {
+		if (proto_map_end(m) < 0)
+			return malformed(c, h, m->why);
+		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
+				  (unsigned long long)id);
+	}
+	for (uint32_t i = 0; tensors && i < tensors->size && rc == 0; i++)
+		rc = add_tensor(c, s, &tensors->ptr[i], m, err, sizeof(err));
+	for (uint32_t i = 0; blobs && i < blobs->size && rc == 0; i++)
+		rc = add_blob(s, &blobs->ptr[i], m, err, sizeof(err));
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	if (rc < 0) {
+		/* A save missing some of what the client meant to add must never be written. */
+		save_drop(s);
+		return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
+				  (unsigned long long)id);
+	}
+	save_totals(s, &nt, &nbytes);
+	proto_out_init(&o, PROTO_REPLY, h->id);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_u64(&o.pk, "tensors", nt);
+	proto_kv_u64(&o.pk, "bytes", nbytes);
+	conn_send(c, &o);
+}
+
+/* SAVE_END: hands the save to the engine. */
+static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+	char err[ERRLEN];
+	struct proto_out o;
+
+	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	struct save *s = save_find_open(c, id);
+	if (!s)
+		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
+				  (unsigned long long)id);
+	int rc = save_end(s, err, sizeof(err));
+	if (rc < 0)
+		return conn_error(c, h->id, rc, 0, "%s", err);
+	proto_out_init(&o, PROTO_REPLY, h->id);
+	msgpack_pack_map(&o.pk, 1);
+	proto_kv_i64(&o.pk, "level", DSCKPT_ACCEPTED);
+	conn_send(c, &o);
+}
+
+/* WAIT: answers when the level is reached, the save fails or time is up. */
+static void on_wait(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+	int64_t level = 0, timeout = -1;
+
+	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
+	proto_get_i64(m, "level", 0, DSCKPT_COMMITTED, &level, 1);
+	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	struct save *s = save_find(c, id);
+	if (!s)
+		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no save %llu on this connection",
+				  (unsigned long long)id);
+	save_wait(c, h->id, s, (int)level, level == 0 ? 0 : timeout);
+}
+
+/* COMMIT: commits a checkpoint directory once its saves are durable. */
+static void on_commit(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1];
+	uint64_t world = 0;
+	int64_t timeout = -1;
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	proto_get_u64(m, "world", 65536, &world, 1);
+	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
+	if (!m->err && world == 0)
+		proto_map_fail(m, "world must be at least 1");
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	if (conn_role(c) != CONN_TRAINER)
+		return conn_error(c, h->id, DSCKPT_ESTATE, 0, "only an identified trainer may commit");
+	save_commit(c, h->id, dir, (unsigned)world, timeout);
+}
+
+/* STATUS: the daemon at a glance. */
+static void on_status(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	struct proto_out o;
+	struct timespec ts;
+
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	proto_out_init(&o, PROTO_REPLY, h->id);
+	msgpack_pack_map(&o.pk, 12);
+	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
+	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
+	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
+	proto_kv_u64(&o.pk, "uptime_s", (uint64_t)(ts.tv_sec + ts.tv_nsec / 1e9 - start_time));
+	proto_kv_u64(&o.pk, "cache_total", cache_total(cache));
+	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
+	proto_kv_u64(&o.pk, "chunk", cache_chunk(cache));
+	proto_kv_u64(&o.pk, "clients", conn_count());
+	proto_kv_u64(&o.pk, "saves", save_inflight());
+	proto_kv_u64(&o.pk, "flush_threads", config->flush_threads);
+	proto_kv_u64(&o.pk, "copy_threads", config->copy_threads);
+	proto_kv_str(&o.pk, "cuda", gpu_line);
+	conn_send(c, &o);
+}
+
+/* PENDING: every save the daemon still knows. */
+static void on_pending(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	struct proto_out o;
+
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	proto_out_init(&o, PROTO_REPLY, h->id);
+	msgpack_pack_map(&o.pk, 1);
+	proto_key(&o.pk, "saves");
+	save_pack_pending(&o.pk);
+	conn_send(c, &o);
+}
+
+/* Handles one complete frame. */
+void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *body,
+		      int *fds, unsigned nfds)
+{
+	struct proto_in in;
+	struct proto_map m;
+	char why[160];
+
+	if (proto_in_parse(&in, body, h->length, why, sizeof(why)) < 0) {
+		proto_in_free(&in);
+		close_fds(fds, nfds);
+		return malformed(c, h, why);
+	}
+	proto_map_init(&m, in.root);
+	if (h->type != PROTO_REGION_ADD && nfds > 0) {
+		close_fds(fds, nfds);
+		nfds = 0;
+		proto_map_fail(&m, "descriptors sent with a message that takes none");
+	}
+	if (h->type != PROTO_HELLO && conn_role(c) == CONN_NONE) {
+		close_fds(fds, nfds);
+		conn_error(c, h->id, DSCKPT_ESTATE, 1, "the first message must be HELLO");
+	} else {
+		switch (h->type) {
+		case PROTO_HELLO: on_hello(c, h, &m); break;
+		case PROTO_REGION_ADD: on_region_add(c, h, &m, fds, nfds); break;
+		case PROTO_REGION_DEL: on_region_del(c, h, &m); break;
+		case PROTO_SAVE_BEGIN: on_save_begin(c, h, &m); break;
+		case PROTO_SAVE_ADD: on_save_add(c, h, &m); break;
+		case PROTO_SAVE_END: on_save_end(c, h, &m); break;
+		case PROTO_WAIT: on_wait(c, h, &m); break;
+		case PROTO_COMMIT: on_commit(c, h, &m); break;
+		case PROTO_STATUS: on_status(c, h, &m); break;
+		case PROTO_PENDING: on_pending(c, h, &m); break;
+		default:
+			close_fds(fds, nfds);
+			conn_error(c, h->id, DSCKPT_EPROTO, 1, "unknown message type %u", h->type);
+		}
+	}
+	proto_in_free(&in);
+}
