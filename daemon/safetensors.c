@@ -19,7 +19,7 @@
 #define ST_SLOT "0000000000000000"
 
 /* A growing byte buffer; ok drops to 0 once an allocation failed. */
-struct sbuf {
+struct st_buf {
 	char *p;
 	size_t len;
 	size_t cap;
@@ -61,7 +61,7 @@ static int st_fail(char *err, size_t errlen, int code, const char *fmt, ...)
 }
 
 /* Makes room for n more bytes. */
-static int sbuf_grow(struct sbuf *b, size_t n)
+static int st_buf_grow(struct st_buf *b, size_t n)
 {
 	if (!b->ok)
 		return -1;
@@ -81,30 +81,30 @@ static int sbuf_grow(struct sbuf *b, size_t n)
 }
 
 /* Appends n bytes. */
-static void sbuf_add(struct sbuf *b, const void *s, size_t n)
+static void st_buf_add(struct st_buf *b, const void *s, size_t n)
 {
-	if (sbuf_grow(b, n) == 0) {
+	if (st_buf_grow(b, n) == 0) {
 		memcpy(b->p + b->len, s, n);
 		b->len += n;
 	}
 }
 
 /* Appends a C string. */
-static void sbuf_str(struct sbuf *b, const char *s)
+static void st_buf_str(struct st_buf *b, const char *s)
 {
-	sbuf_add(b, s, strlen(s));
+	st_buf_add(b, s, strlen(s));
 }
 
 /* Appends an unsigned decimal number. */
-static void sbuf_u64(struct sbuf *b, uint64_t v)
+static void st_buf_u64(struct st_buf *b, uint64_t v)
 {
 	char tmp[24];
 	int n = snprintf(tmp, sizeof(tmp), "%" PRIu64, v);
-	sbuf_add(b, tmp, (size_t)n);
+	st_buf_add(b, tmp, (size_t)n);
 }
 
 /* Appends s as the inside of a JSON string (quotes, backslashes, control characters escaped). */
-static void sbuf_escape(struct sbuf *b, const char *s)
+static void st_buf_escape(struct st_buf *b, const char *s)
 {
 	static const char hex[] = "0123456789abcdef";
 	const char *run = s;
@@ -112,25 +112,25 @@ static void sbuf_escape(struct sbuf *b, const char *s)
 		unsigned char c = (unsigned char)*s;
 		if (c >= 0x20 && c != '"' && c != '\\')
 			continue;
-		sbuf_add(b, run, (size_t)(s - run));
+		st_buf_add(b, run, (size_t)(s - run));
 		if (c == '"' || c == '\\') {
 			char e[2] = {'\\', (char)c};
-			sbuf_add(b, e, 2);
+			st_buf_add(b, e, 2);
 		} else {
 			char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-			sbuf_add(b, e, 6);
+			st_buf_add(b, e, 6);
 		}
 		run = s + 1;
 	}
-	sbuf_add(b, run, (size_t)(s - run));
+	st_buf_add(b, run, (size_t)(s - run));
 }
 
 /* Appends "s" (quoted and escaped). */
-static void sbuf_qstr(struct sbuf *b, const char *s)
+static void st_buf_qstr(struct st_buf *b, const char *s)
 {
-	sbuf_add(b, "\"", 1);
-	sbuf_escape(b, s);
-	sbuf_add(b, "\"", 1);
+	st_buf_add(b, "\"", 1);
+	st_buf_escape(b, s);
+	st_buf_add(b, "\"", 1);
 }
 
 /* Whether s is valid UTF-8 (the JSON header must be; safetensors refuses anything else). */
@@ -240,7 +240,7 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 		    size_t nmeta, uint8_t **hdr, size_t *hdr_len, size_t *slot_pos,
 		    char *err, size_t errlen)
 {
-	struct sbuf b = {.ok = 1};
+	struct st_buf b = {.ok = 1};
 	uint64_t off = 0;
 	int rc, nomem;
 
@@ -260,45 +260,45 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 	if ((rc = st_check_meta(meta, nmeta, err, errlen)) < 0)
 		return rc;
 
-	sbuf_add(&b, "\0\0\0\0\0\0\0\0{\"__metadata__\":{", 25);
+	st_buf_add(&b, "\0\0\0\0\0\0\0\0{\"__metadata__\":{", 25);
 	for (size_t i = 0; i < nmeta; i++) {
-		sbuf_qstr(&b, meta[2 * i]);
-		sbuf_add(&b, ":", 1);
-		sbuf_qstr(&b, meta[2 * i + 1]);
-		sbuf_add(&b, ",", 1);
+		st_buf_qstr(&b, meta[2 * i]);
+		st_buf_add(&b, ":", 1);
+		st_buf_qstr(&b, meta[2 * i + 1]);
+		st_buf_add(&b, ",", 1);
 	}
 	for (size_t i = 0; i <= n; i++) {
 		if (i < n) {
-			sbuf_str(&b, "\"dsckpt.xxh3.");
-			sbuf_escape(&b, t[i].name);
-			sbuf_str(&b, "\":\"");
+			st_buf_str(&b, "\"dsckpt.xxh3.");
+			st_buf_escape(&b, t[i].name);
+			st_buf_str(&b, "\":\"");
 		} else {
-			sbuf_str(&b, "\"dsckpt.data_xxh3\":\"");
+			st_buf_str(&b, "\"dsckpt.data_xxh3\":\"");
 		}
 		slot_pos[i] = b.len;
-		sbuf_str(&b, ST_SLOT "\"");
-		sbuf_add(&b, i < n ? "," : "}", 1);
+		st_buf_str(&b, ST_SLOT "\"");
+		st_buf_add(&b, i < n ? "," : "}", 1);
 	}
 	off = 0;
 	for (size_t i = 0; i < n; i++) {
-		sbuf_add(&b, ",", 1);
-		sbuf_qstr(&b, t[i].name);
-		sbuf_str(&b, ":{\"dtype\":\"");
-		sbuf_str(&b, t[i].dtype);
-		sbuf_str(&b, "\",\"shape\":[");
+		st_buf_add(&b, ",", 1);
+		st_buf_qstr(&b, t[i].name);
+		st_buf_str(&b, ":{\"dtype\":\"");
+		st_buf_str(&b, t[i].dtype);
+		st_buf_str(&b, "\",\"shape\":[");
 		for (unsigned d = 0; d < t[i].ndim; d++) {
 			if (d)
-				sbuf_add(&b, ",", 1);
-			sbuf_u64(&b, t[i].shape[d]);
+				st_buf_add(&b, ",", 1);
+			st_buf_u64(&b, t[i].shape[d]);
 		}
-		sbuf_str(&b, "],\"data_offsets\":[");
-		sbuf_u64(&b, off);
-		sbuf_add(&b, ",", 1);
+		st_buf_str(&b, "],\"data_offsets\":[");
+		st_buf_u64(&b, off);
+		st_buf_add(&b, ",", 1);
 		off += t[i].nbytes;
-		sbuf_u64(&b, off);
-		sbuf_str(&b, "]}");
+		st_buf_u64(&b, off);
+		st_buf_str(&b, "]}");
 	}
-	sbuf_add(&b, "}", 1);
+	st_buf_add(&b, "}", 1);
 	if (!b.ok)
 		return st_fail(err, errlen, DSCKPT_ENOMEM, "out of memory building the header");
 

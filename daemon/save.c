@@ -652,7 +652,8 @@ static void commit_after(uv_work_t *w, int status)
 {
 	struct commit *cm = w->data;
 
-	cm->running = 0;
+	/* cm stays "running" until commit_finish unlinks it, so set_level's re-check of
+	 * waiting commits below cannot start it a second time. */
 	if (cm->rc < 0) {
 		log_warnx("commit of %s failed: %s", cm->dir, cm->err);
 		commit_finish(cm, cm->rc, cm->err);

@@ -82,16 +82,20 @@ static int socket_answers(const char *path)
 {
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	size_t n = strlen(path);
+	if (n >= sizeof(sa.sun_path)) {
+		close(fd);
+		return 0;
+	}
+	memcpy(sa.sun_path, path, n + 1);
 	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
 	close(fd);
 	return ok;
 }
 
-/* Forks and execs the daemon on d's config, waiting for its socket. */
-static void spawn(struct hdaemon *d)
+/* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it. */
+static void spawn_keep(struct hdaemon *d)
 {
-	unlink(d->socket);
 	d->pid = fork();
 	ck_assert_int_ge(d->pid, 0);
 	if (d->pid == 0) {
@@ -115,6 +119,13 @@ static void spawn(struct hdaemon *d)
 		nanosleep(&ts, NULL);
 	}
 	ck_abort_msg("dsckptd did not answer on %s", d->socket);
+}
+
+/* Forks and execs the daemon on d's config after removing the socket path. */
+static void spawn(struct hdaemon *d)
+{
+	unlink(d->socket);
+	spawn_keep(d);
 }
 
 /* Writes a config and starts the daemon on it. */
@@ -142,6 +153,12 @@ void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
 void h_daemon_restart(struct hdaemon *d)
 {
 	spawn(d);
+}
+
+/* Starts the daemon again, leaving a stale socket file in its way. */
+void h_daemon_restart_stale(struct hdaemon *d)
+{
+	spawn_keep(d);
 }
 
 /* Signals the daemon and reaps it. */

@@ -32,6 +32,8 @@ const char *h_bin(const char *name);
 void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json);
 /* Starts the daemon again on the same directory and config (after a kill). */
 void h_daemon_restart(struct hdaemon *d);
+/* Starts the daemon again without removing the socket path first (stale-socket tests). */
+void h_daemon_restart_stale(struct hdaemon *d);
 /* Sends sig and waits for the daemon to exit; returns its wait status. */
 int h_daemon_kill(struct hdaemon *d, int sig);
 /* SIGTERM, wait, remove the scratch directory. */
