@@ -5,6 +5,7 @@
 #   make check      unit + integration tests, then the same suite under ASan/UBSan
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
+#   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
 # Python: tests of the binding use Debian's /usr/bin/python3 (python3-torch, numpy).
 
@@ -48,7 +49,7 @@ BINS := $(BUILD)/dsckptd $(BUILD)/dsckptctl $(BUILD)/libdsckpt.so $(BUILD)/libds
 	$(BUILD)/dsckpt-example-trainer
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
 
-.PHONY: all deps check check-plain check-san demo install clean
+.PHONY: all deps check check-plain check-san demo install clean fuzz
 all: $(BINS)
 
 deps:
@@ -88,13 +89,31 @@ $(BUILD)/dsckptctl: $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a
 $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a
 	$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
 
+# The daemon's modules as an archive, so a unit test pulls in only the ones it uses.
+$(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)
+	rm -f $@ && ar rcs $@ $^
+
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
-$(BUILD)/tests/check_%: tests/check_%.c tests/harness.h $(DAEMON_LIBOBJ) $(BUILD)/libdsckpt.a
+$(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
+		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< tests/harness.c $(DAEMON_LIBOBJ) \
+	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
 		$(BUILD)/libdsckpt.a \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)
+
+# libFuzzer targets for the frame decoder and the config loader (clang; not part of check).
+FUZZ_SECONDS ?= 60
+fuzz:
+	@dpkg-query -W -f='$${Status}' libclang-rt-14-dev 2>/dev/null | grep -q 'ok installed' || \
+		{ sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; $$sudo apt-get install -y -qq clang-14 libclang-rt-14-dev; }
+	@mkdir -p $(BUILD)/fuzz/corpus-proto $(BUILD)/fuzz/corpus-config
+	clang-14 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/proto \
+		tests/fuzz_proto.c proto/proto.c -lmsgpackc
+	clang-14 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/config \
+		tests/fuzz_config.c daemon/config.c daemon/log.c -lcjson -lpthread
+	$(BUILD)/fuzz/proto -max_total_time=$(FUZZ_SECONDS) $(BUILD)/fuzz/corpus-proto
+	$(BUILD)/fuzz/config -max_total_time=$(FUZZ_SECONDS) $(BUILD)/fuzz/corpus-config
 
 # Runs every check_* binary against the binaries of this build; prints Check's summaries.
 check-plain: deps all $(TESTS)
