@@ -1,0 +1,481 @@
+/*
+ * config.c — the JSON configuration: one table of options drives parsing, defaults,
+ * validation and --help. The only file that includes cJSON.h; the tree is freed as soon as
+ * the values are copied out. A load builds a fresh struct config; the caller swaps it in.
+ */
+#include "dsckptd.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define CONFIG_MAX_FILE (1 << 20)
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+/* How an option's JSON value is checked and where it is stored in struct config. */
+enum opt_type {
+	OPT_STRING, /* char *; min..max is the length */
+	OPT_OCTAL,  /* unsigned from an octal string; at most max */
+	OPT_DIRS,   /* allowed_roots/n_roots: absolute existing directories, min..max of them */
+	OPT_NUMBER, /* double */
+	OPT_MIB,    /* uint64_t bytes from a number of MiB */
+	OPT_UINT,   /* unsigned from an integral number */
+	OPT_LEVEL,  /* int from a log level name */
+	OPT_BOOL    /* int 0/1 */
+};
+
+struct option {
+	const char *name;
+	enum opt_type type;
+	double min, max;
+	const char *def; /* the default, written as in the file */
+	size_t off;      /* field in struct config */
+	const char *help;
+};
+
+#define OFF(field) offsetof(struct config, field)
+
+static const struct option options[] = {
+	{ "socket", OPT_STRING, 1, sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
+	  "\"/run/dsckptd/dsckptd.sock\"", OFF(socket), "path of the Unix socket" },
+	{ "socket_mode", OPT_OCTAL, 0, 0777, "\"0660\"", OFF(socket_mode),
+	  "permissions of the socket, an octal string" },
+	{ "allowed_roots", OPT_DIRS, 1, 64, "[\"/var/lib/dsckpt\"]", OFF(allowed_roots),
+	  "absolute existing directories clients may write checkpoints under" },
+	{ "host_cache_size", OPT_NUMBER, 1.0 / 1024, 4096, "4", OFF(host_cache_gib),
+	  "host cache in GiB, allocated and pinned at start; fractions allowed (0.25)" },
+	{ "chunk_size", OPT_MIB, 1, 1024, "64", OFF(chunk_bytes),
+	  "copy/flush unit in MiB, rounded down to 4 KiB and to a quarter of the cache" },
+	{ "flush_threads", OPT_UINT, 1, 64, "4", OFF(flush_threads),
+	  "threads writing the cache to files" },
+	{ "copy_threads", OPT_UINT, 1, 64, "2", OFF(copy_threads),
+	  "threads copying tensors into the cache" },
+	{ "keep_last", OPT_UINT, 0, 100000, "0", OFF(keep_last),
+	  "committed checkpoints kept per job (0 = all)" },
+	{ "log_level", OPT_LEVEL, 0, 0, "\"info\"", OFF(log_level),
+	  "error, warn, info or debug" },
+	{ "o_direct", OPT_BOOL, 0, 0, "true", OFF(o_direct),
+	  "write files with O_DIRECT where the filesystem allows it" },
+};
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+/* Appends one problem (a line) to err, truncating safely. */
+static void __attribute__((format(printf, 3, 4)))
+config_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	size_t used = strnlen(err, errlen);
+	va_list ap;
+
+	if (used + 1 >= errlen)
+		return;
+	if (used > 0) {
+		err[used++] = '\n';
+		err[used] = '\0';
+	}
+	va_start(ap, fmt);
+	vsnprintf(err + used, errlen - used, fmt, ap);
+	va_end(ap);
+}
+
+/* Name of a JSON value's type, for messages. */
+static const char *config_json_type(const cJSON *v)
+{
+	if (cJSON_IsString(v))
+		return "a string";
+	if (cJSON_IsNumber(v))
+		return "a number";
+	if (cJSON_IsBool(v))
+		return "a boolean";
+	if (cJSON_IsArray(v))
+		return "an array";
+	if (cJSON_IsObject(v))
+		return "an object";
+	return "null";
+}
+
+/* Parses a non-empty string of octal digits ("0660") into *mode; -1 if malformed. */
+static int config_octal(const char *s, unsigned *mode)
+{
+	if (*s == '\0')
+		return -1;
+	for (*mode = 0; *s != '\0'; s++) {
+		if (*s < '0' || *s > '7' || *mode > 07777)
+			return -1;
+		*mode = *mode * 8 + (unsigned)(*s - '0');
+	}
+	return 0;
+}
+
+/* Checks allowed_roots and stores the realpath of each; 0 or -1 with problems in err. */
+static int config_dirs(struct config *cfg, const struct option *o, const cJSON *v, char *err,
+		       size_t errlen)
+{
+	int n = cJSON_GetArraySize(v), bad = 0, i = 0;
+	const cJSON *item;
+
+	if (n < o->min || n > o->max) {
+		config_err(err, errlen, "option '%s': expected %g to %g directories, got %d",
+			   o->name, o->min, o->max, n);
+		return -1;
+	}
+	cfg->allowed_roots = calloc((size_t)n, sizeof(char *));
+	if (cfg->allowed_roots == NULL) {
+		config_err(err, errlen, "out of memory");
+		return -1;
+	}
+	cJSON_ArrayForEach(item, v) {
+		struct stat st;
+		char *real;
+
+		i++;
+		if (!cJSON_IsString(item)) {
+			config_err(err, errlen, "option '%s': entry %d: expected a string, got %s",
+				   o->name, i, config_json_type(item));
+			bad = 1;
+			continue;
+		}
+		if (item->valuestring[0] != '/') {
+			config_err(err, errlen, "option '%s': '%s' is not an absolute path",
+				   o->name, item->valuestring);
+			bad = 1;
+			continue;
+		}
+		if ((real = realpath(item->valuestring, NULL)) == NULL ||
+		    stat(real, &st) != 0) {
+			config_err(err, errlen, "option '%s': '%s': %s", o->name,
+				   item->valuestring, strerror(errno));
+			free(real);
+			bad = 1;
+			continue;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			config_err(err, errlen, "option '%s': '%s' is not a directory", o->name,
+				   item->valuestring);
+			free(real);
+			bad = 1;
+			continue;
+		}
+		cfg->allowed_roots[cfg->n_roots++] = real;
+	}
+	return bad ? -1 : 0;
+}
+
+/* Checks v against option o and stores it in cfg; 0 or -1 with the problem in err. */
+static int config_set(struct config *cfg, const struct option *o, const cJSON *v, char *err,
+		      size_t errlen)
+{
+	void *field = (char *)cfg + o->off;
+	const char *want = NULL;
+	unsigned mode;
+	double d;
+	int level;
+
+	switch (o->type) {
+	case OPT_STRING:
+		if (!cJSON_IsString(v)) {
+			want = "a string";
+			break;
+		}
+		if (strlen(v->valuestring) < o->min || strlen(v->valuestring) > o->max) {
+			config_err(err, errlen, "option '%s': length must be %g to %g", o->name,
+				   o->min, o->max);
+			return -1;
+		}
+		if ((*(char **)field = strdup(v->valuestring)) == NULL) {
+			config_err(err, errlen, "out of memory");
+			return -1;
+		}
+		return 0;
+	case OPT_OCTAL:
+		if (!cJSON_IsString(v)) {
+			want = "an octal string like \"0660\"";
+			break;
+		}
+		if (config_octal(v->valuestring, &mode) != 0 || mode > o->max) {
+			config_err(err, errlen, "option '%s': '%s' is not an octal mode up to %o",
+				   o->name, v->valuestring, (unsigned)o->max);
+			return -1;
+		}
+		*(unsigned *)field = mode;
+		return 0;
+	case OPT_DIRS:
+		if (!cJSON_IsArray(v)) {
+			want = "an array of directories";
+			break;
+		}
+		return config_dirs(cfg, o, v, err, errlen);
+	case OPT_NUMBER:
+	case OPT_MIB:
+	case OPT_UINT:
+		if (!cJSON_IsNumber(v)) {
+			want = o->type == OPT_UINT ? "an integer" : "a number";
+			break;
+		}
+		d = v->valuedouble;
+		if (!(d >= o->min && d <= o->max)) {
+			config_err(err, errlen, "option '%s': %g is out of range [%g, %g]", o->name,
+				   d, o->min, o->max);
+			return -1;
+		}
+		if (o->type == OPT_UINT && d != (double)(unsigned)d) {
+			config_err(err, errlen, "option '%s': %g is not an integer", o->name, d);
+			return -1;
+		}
+		if (o->type == OPT_NUMBER)
+			*(double *)field = d;
+		else if (o->type == OPT_MIB)
+			*(uint64_t *)field = (uint64_t)(d * MIB);
+		else
+			*(unsigned *)field = (unsigned)d;
+		return 0;
+	case OPT_LEVEL:
+		if (!cJSON_IsString(v)) {
+			want = "a string";
+			break;
+		}
+		if ((level = log_level_parse(v->valuestring)) < 0) {
+			config_err(err, errlen,
+				   "option '%s': '%s' is not one of error, warn, info, debug",
+				   o->name, v->valuestring);
+			return -1;
+		}
+		*(int *)field = level;
+		return 0;
+	case OPT_BOOL:
+		if (!cJSON_IsBool(v)) {
+			want = "a boolean";
+			break;
+		}
+		*(int *)field = cJSON_IsTrue(v);
+		return 0;
+	}
+	config_err(err, errlen, "option '%s': expected %s, got %s", o->name, want,
+		   config_json_type(v));
+	return -1;
+}
+
+/* Sets option o from its default (text in the table, parsed like the file). */
+static int config_set_default(struct config *cfg, const struct option *o, char *err,
+			      size_t errlen)
+{
+	cJSON *v = cJSON_Parse(o->def);
+	int rc;
+
+	if (v == NULL) {
+		config_err(err, errlen, "out of memory");
+		return -1;
+	}
+	rc = config_set(cfg, o, v, err, errlen);
+	cJSON_Delete(v);
+	return rc;
+}
+
+/* Derives chunk and cache sizes: at least 4 chunks, the cache a whole number of them. */
+static int config_sizes(struct config *cfg, char *err, size_t errlen)
+{
+	uint64_t bytes = (uint64_t)(cfg->host_cache_gib * GIB);
+	uint64_t chunk = cfg->chunk_bytes & ~(uint64_t)4095;
+
+	if (chunk > bytes / 4) {
+		chunk = (bytes / 4) & ~(uint64_t)4095;
+		log_info("chunk_size lowered to %llu KiB so the cache holds 4 chunks",
+			 (unsigned long long)chunk / 1024);
+	}
+	if (chunk < 4096) {
+		config_err(err, errlen, "host_cache_size %g GiB is too small for 4 chunks",
+			   cfg->host_cache_gib);
+		return -1;
+	}
+	cfg->chunk_bytes = chunk;
+	cfg->host_cache_bytes = bytes - bytes % chunk;
+	return 0;
+}
+
+/* Reads path into a NUL-terminated malloc'd buffer; NULL with the problem in err. */
+static char *config_read(const char *path, size_t *len, char *err, size_t errlen)
+{
+	struct stat st;
+	char *buf = NULL;
+	ssize_t n = 0;
+	int fd;
+
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+		config_err(err, errlen, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (fstat(fd, &st) != 0) {
+		config_err(err, errlen, "%s: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_size > CONFIG_MAX_FILE) {
+		config_err(err, errlen, "%s: not a regular file of at most %d bytes", path,
+			   CONFIG_MAX_FILE);
+		goto fail;
+	}
+	if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
+		config_err(err, errlen, "out of memory");
+		goto fail;
+	}
+	*len = 0;
+	while (*len < (size_t)st.st_size &&
+	       (n = read(fd, buf + *len, (size_t)st.st_size - *len)) > 0)
+		*len += (size_t)n;
+	if (n < 0) {
+		config_err(err, errlen, "%s: %s", path, strerror(errno));
+		goto fail;
+	}
+	buf[*len] = '\0';
+	close(fd);
+	return buf;
+fail:
+	free(buf);
+	close(fd);
+	return NULL;
+}
+
+/* Parses text into a JSON tree; NULL with the syntax error's line and column in err. */
+static cJSON *config_parse(const char *path, const char *text, size_t len, char *err,
+			   size_t errlen)
+{
+	const char *end = NULL;
+	cJSON *root;
+	unsigned line = 1, col = 1;
+
+	if (memchr(text, '\0', len) != NULL) {
+		config_err(err, errlen, "%s: contains a NUL byte", path);
+		return NULL;
+	}
+	/* The length includes the NUL so that trailing garbage is an error. */
+	root = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
+	if (root != NULL)
+		return root;
+	if (end == NULL || end < text || end > text + len) {
+		config_err(err, errlen, "%s: cannot parse JSON", path);
+		return NULL;
+	}
+	for (const char *p = text; p < end; p++) {
+		col++;
+		if (*p == '\n') {
+			line++;
+			col = 1;
+		}
+	}
+	config_err(err, errlen, "%s: JSON syntax error at line %u, column %u", path, line, col);
+	return NULL;
+}
+
+/* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
+int config_load(const char *path, struct config **out, char *err, size_t errlen)
+{
+	int seen[N_OPTIONS] = { 0 };
+	struct config *cfg;
+	const cJSON *item;
+	cJSON *root;
+	size_t len;
+	char *text;
+	int bad = 0;
+
+	if (errlen > 0)
+		err[0] = '\0';
+	*out = NULL;
+	if ((text = config_read(path, &len, err, errlen)) == NULL)
+		return -1;
+	root = config_parse(path, text, len, err, errlen);
+	free(text);
+	if (root == NULL)
+		return -1;
+	if (!cJSON_IsObject(root)) {
+		config_err(err, errlen, "%s: expected a JSON object, got %s", path,
+			   config_json_type(root));
+		goto fail_root;
+	}
+	if ((cfg = calloc(1, sizeof(*cfg))) == NULL) {
+		config_err(err, errlen, "out of memory");
+		goto fail_root;
+	}
+
+	cJSON_ArrayForEach(item, root) {
+		size_t i;
+		for (i = 0; i < N_OPTIONS; i++)
+			if (strcmp(item->string, options[i].name) == 0)
+				break;
+		if (i == N_OPTIONS) {
+			config_err(err, errlen, "unknown option '%s'", item->string);
+			bad = 1;
+		} else if (seen[i]++) {
+			config_err(err, errlen, "duplicate option '%s'", item->string);
+			bad = 1;
+		} else if (config_set(cfg, &options[i], item, err, errlen) != 0) {
+			bad = 1;
+		}
+	}
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (!seen[i] && config_set_default(cfg, &options[i], err, errlen) != 0)
+			bad = 1;
+	cJSON_Delete(root);
+
+	if (bad || config_sizes(cfg, err, errlen) != 0) {
+		config_free(cfg);
+		return -1;
+	}
+	*out = cfg;
+	return 0;
+
+fail_root:
+	cJSON_Delete(root);
+	return -1;
+}
+
+/* Frees a config. */
+void config_free(struct config *cfg)
+{
+	if (cfg == NULL)
+		return;
+	for (size_t i = 0; i < cfg->n_roots; i++)
+		free(cfg->allowed_roots[i]);
+	free(cfg->allowed_roots);
+	free(cfg->socket);
+	free(cfg);
+}
+
+/* Prints every option (name, type, range, default, help) for --help. */
+void config_print_help(FILE *f)
+{
+	fprintf(f, "Configuration (a JSON object; every key is optional):\n");
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct option *o = &options[i];
+		fprintf(f, "  %-16s ", o->name);
+		switch (o->type) {
+		case OPT_STRING:
+			fprintf(f, "string of %g to %g bytes", o->min, o->max);
+			break;
+		case OPT_OCTAL:
+			fprintf(f, "octal string up to \"%04o\"", (unsigned)o->max);
+			break;
+		case OPT_DIRS:
+			fprintf(f, "array of %g to %g absolute directories", o->min, o->max);
+			break;
+		case OPT_NUMBER:
+		case OPT_MIB:
+			fprintf(f, "number in [%g, %g]", o->min, o->max);
+			break;
+		case OPT_UINT:
+			fprintf(f, "integer in [%g, %g]", o->min, o->max);
+			break;
+		case OPT_LEVEL:
+			fprintf(f, "\"error\", \"warn\", \"info\" or \"debug\"");
+			break;
+		case OPT_BOOL:
+			fprintf(f, "true or false");
+			break;
+		}
+		fprintf(f, ", default %s\n  %-16s %s\n", o->def, "", o->help);
+	}
+}

@@ -1,0 +1,132 @@
+/*
+ * log.c — messages to stderr, which is the journal under systemd.
+ *
+ * Each line is written under stderr's stdio lock so lines from several threads never mix.
+ * Under the journal ($JOURNAL_STREAM names our stderr) lines carry a "<N>" syslog priority
+ * and no timestamp (journald adds both); elsewhere they start with an ISO 8601 time.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *const log_names[] = { "error", "warn", "info", "debug" };
+/* syslog priorities of the levels: LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG */
+static const int log_prio[] = { 3, 4, 6, 7 };
+
+static char log_prog[64] = "dsckptd";
+static atomic_int log_level = LOG_LVL_INFO;
+static int log_journal;
+
+/* Whether $JOURNAL_STREAM ("dev:ino") names the file our stderr is connected to. */
+static int log_stderr_is_journal(void)
+{
+	const char *e = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (e == NULL || sscanf(e, "%llu:%llu", &dev, &ino) != 2)
+		return 0;
+	if (fstat(STDERR_FILENO, &st) != 0)
+		return 0;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+/* Sets the program name and threshold; messages go to stderr (the journal under systemd). */
+void log_init(const char *prog, int level)
+{
+	snprintf(log_prog, sizeof(log_prog), "%s", prog);
+	log_journal = log_stderr_is_journal();
+	log_set_level(level);
+}
+
+/* Changes the threshold at run time (SIGHUP reload); out-of-range values are clamped. */
+void log_set_level(int level)
+{
+	if (level < LOG_LVL_ERROR)
+		level = LOG_LVL_ERROR;
+	if (level > LOG_LVL_DEBUG)
+		level = LOG_LVL_DEBUG;
+	atomic_store_explicit(&log_level, level, memory_order_relaxed);
+}
+
+/* Parses "error" … "debug"; -1 if unknown. */
+int log_level_parse(const char *s)
+{
+	for (int i = LOG_LVL_ERROR; i <= LOG_LVL_DEBUG; i++)
+		if (strcmp(s, log_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+/* Name of a level ("?" if out of range). */
+const char *log_level_name(int level)
+{
+	if (level < LOG_LVL_ERROR || level > LOG_LVL_DEBUG)
+		return "?";
+	return log_names[level];
+}
+
+/* Whether messages of level are currently written. */
+static int log_enabled(int level)
+{
+	return level <= atomic_load_explicit(&log_level, memory_order_relaxed);
+}
+
+/* Writes one line: prefix, message, and ": strerror(err)" when err is not 0. */
+static void log_vwrite(int level, int err, const char *fmt, va_list ap)
+{
+	char ebuf[128], tbuf[64];
+	const char *estr = err ? strerror_r(err, ebuf, sizeof(ebuf)) : NULL;
+
+	flockfile(stderr);
+	if (log_journal) {
+		fprintf(stderr, "<%d>%s: ", log_prio[level], log_names[level]);
+	} else {
+		struct timespec ts;
+		struct tm tm;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		localtime_r(&ts.tv_sec, &tm);
+		strftime(tbuf, sizeof(tbuf), "%Y-%m-%dT%H:%M:%S", &tm);
+		fprintf(stderr, "%s.%03ld", tbuf, ts.tv_nsec / 1000000);
+		strftime(tbuf, sizeof(tbuf), "%z", &tm);
+		fprintf(stderr, "%s %s[%ld]: %s: ", tbuf, log_prog, (long)getpid(),
+			log_names[level]);
+	}
+	vfprintf(stderr, fmt, ap);
+	if (estr != NULL)
+		fprintf(stderr, ": %s", estr);
+	fputc('\n', stderr);
+	fflush(stderr);
+	funlockfile(stderr);
+}
+
+/* Defines a logging function for level that appends strerror(errno) when with_errno. */
+#define LOG_FUNC(fname, level, with_errno)                          \
+	void fname(const char *fmt, ...)                            \
+	{                                                           \
+		int saved = errno;                                  \
+		va_list ap;                                         \
+		if (!log_enabled(level))                            \
+			return;                                     \
+		va_start(ap, fmt);                                  \
+		log_vwrite(level, (with_errno) ? saved : 0, fmt, ap); \
+		va_end(ap);                                         \
+		errno = saved;                                      \
+	}
+
+/* Logs at error level. */
+LOG_FUNC(log_error, LOG_LVL_ERROR, 0)
+/* Logs a warning followed by ": strerror(errno)"; errno is preserved. */
+LOG_FUNC(log_warn, LOG_LVL_WARN, 1)
+/* Logs a warning. */
+LOG_FUNC(log_warnx, LOG_LVL_WARN, 0)
+/* Logs at info level. */
+LOG_FUNC(log_info, LOG_LVL_INFO, 0)
+/* Logs at debug level (a single atomic load when debug is off). */
+LOG_FUNC(log_debug, LOG_LVL_DEBUG, 0)
