@@ -1,0 +1,79 @@
+/*
+ * ctl.h — dsckptctl's modules, one section each: the command line (main.c), queries to the
+ * daemon (query.c), offline listing (list.c) and verification (verify.c) of checkpoints, and
+ * the output helpers they share (output.c).
+ *
+ * Every command returns the process exit status: CTL_OK, CTL_FAIL (an error, already printed
+ * on stderr) or CTL_USAGE.
+ */
+#ifndef DSCKPTCTL_H
+#define DSCKPTCTL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#define CTL_OK 0
+#define CTL_FAIL 1
+#define CTL_USAGE 2
+
+/* The parsed command line. */
+struct ctl {
+	const char *socket;       /* -s, else $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET */
+	int json;                 /* --json: JSON on stdout instead of tables */
+	const char *arg;          /* the command's operand (list ROOT, verify DIR) */
+	const char *dir;          /* wait --dir */
+	double timeout;           /* wait --timeout in seconds; 0: none */
+	int allow_uncommitted;    /* verify --allow-uncommitted */
+};
+
+/* query.c */
+/* Prints the daemon's state (STATUS). */
+int query_status(struct ctl *ctl);
+/* Prints one row per save the daemon holds (PENDING). */
+int query_pending(struct ctl *ctl);
+/* Waits until no save (of ctl->dir) is below DURABLE; fails if one FAILED or on timeout. */
+int query_wait(struct ctl *ctl);
+
+/* list.c */
+/* Lists the checkpoint tags under ctl->arg without the daemon. */
+int list_run(struct ctl *ctl);
+
+/* verify.c */
+/* Re-reads and checks every file of the checkpoint directory ctl->arg without the daemon. */
+int verify_run(struct ctl *ctl);
+/*
+ * Reads dirfd's MANIFEST.json if it parses as a dsckpt manifest of a version this tool reads
+ * (a JSON object with format, version and a files array); else NULL with why, and *present
+ * saying whether the file is there at all.
+ */
+cJSON *verify_manifest_load(int dirfd, int *present, char *why, size_t whylen);
+
+/* output.c */
+/* Prints "dsckptctl: message" on stderr. */
+void out_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Formats a byte count in binary units ("512 B", "1.5 GiB") into buf. */
+const char *out_bytes(uint64_t n, char *buf, size_t len);
+/* Formats a rate in bytes/s in decimal units ("850.0 MB/s", "12.31 GB/s") into buf. */
+const char *out_rate(uint64_t bytes_per_s, char *buf, size_t len);
+/* Formats a duration in milliseconds ("850ms", "12.3s", "5m02s", "2h03m", "3d04h") into buf. */
+const char *out_duration(uint64_t ms, char *buf, size_t len);
+/* Prints a JSON document on stdout and frees it; CTL_FAIL if it could not be printed. */
+int out_json(cJSON *doc);
+
+/* A table of text cells printed with aligned columns; the last column is not padded. */
+struct table;
+/* Starts a table with ncols column headings (given as ncols strings). */
+struct table *table_new(unsigned ncols, ...);
+/* Right-aligns column col (numbers). */
+void table_right(struct table *t, unsigned col);
+/* Appends a row of ncols cells (copied). */
+void table_row(struct table *t, ...);
+/* Attaches a line printed indented below the last row (e.g. a failure's reason). */
+void table_note(struct table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints the table on f and frees it. */
+void table_print(struct table *t, FILE *f);
+
+#endif /* DSCKPTCTL_H */

@@ -1,0 +1,226 @@
+/* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk. */
+#include "ctl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LIST_MAX_DEPTH 8   /* levels of directories below ROOT searched */
+#define LATEST_MAX 4096    /* longest `latest` file read */
+
+/* One checkpoint tag directory. */
+struct tag {
+	char *path;          /* relative to ROOT; "." for ROOT itself */
+	const char *state;   /* "committed", "incomplete" or "corrupt" */
+	unsigned files;      /* regular files in it */
+	uint64_t bytes;      /* their total size */
+	int latest;          /* <job>/latest names it */
+	char *created;       /* the manifest's creation time, or NULL */
+};
+
+/* Every tag found. */
+struct tags {
+	struct tag *v;
+	size_t n, cap;
+	const char *root;
+};
+
+/* Whether name ends with suffix (and has something before it). */
+static int ends_with(const char *name, const char *suffix)
+{
+	size_t n = strlen(name), k = strlen(suffix);
+	return n > k && strcmp(name + n - k, suffix) == 0;
+}
+
+/* Whether the `latest` file beside tag directory fd names the tag name. */
+static int is_latest(int fd, const char *name)
+{
+	char buf[LATEST_MAX + 1];
+	struct stat st;
+	ssize_t n = -1;
+
+	/* fd was opened without following links, so .. is its real parent. */
+	int lf = openat(fd, "../latest", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (lf < 0)
+		return 0;
+	if (fstat(lf, &st) == 0 && S_ISREG(st.st_mode))
+		n = read(lf, buf, LATEST_MAX);
+	close(lf);
+	if (n <= 0)
+		return 0;
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ' || buf[n - 1] == '\r'))
+		n--;
+	buf[n] = 0;
+	return strcmp(buf, name) == 0;
+}
+
+/* Records directory fd (path rel, base name name) as a tag. */
+static int tag_add(struct tags *out, int fd, const char *rel, const char *name, unsigned files,
+		   uint64_t bytes, int partial)
+{
+	char why[300];
+	int present;
+
+	if (out->n == out->cap) {
+		size_t cap = out->cap ? 2 * out->cap : 16;
+		struct tag *v = realloc(out->v, cap * sizeof(*v));
+		if (!v)
+			return -1;
+		out->v = v;
+		out->cap = cap;
+	}
+	struct tag *t = &out->v[out->n];
+	memset(t, 0, sizeof(*t));
+	if (!(t->path = strdup(rel)))
+		return -1;
+	out->n++;
+	t->files = files;
+	t->bytes = bytes;
+	t->latest = is_latest(fd, name);
+	cJSON *m = verify_manifest_load(fd, &present, why, sizeof(why));
+	if (m) {
+		const char *c = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "created"));
+		t->created = c ? strdup(c) : NULL;
+		cJSON_Delete(m);
+	}
+	t->state = partial || !present ? "incomplete" : m ? "committed" : "corrupt";
+	return 0;
+}
+
+/* Searches directory fd (taken over), at path rel and depth, for tags; -1 when out of memory. */
+static int walk(struct tags *out, int fd, const char *rel, const char *name, unsigned depth)
+{
+	DIR *d = fdopendir(fd);
+	struct dirent *e;
+	unsigned files = 0;
+	uint64_t bytes = 0;
+	int tag = 0, partial = 0, rc = 0;
+
+	if (!d) {
+		out_err("cannot read %s/%s: %s", out->root, rel, strerror(errno));
+		close(fd);
+		return 0;
+	}
+	while (rc == 0 && (e = readdir(d))) {
+		struct stat st;
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+			out_err("cannot stat %s/%s/%s: %s", out->root, rel, e->d_name,
+				strerror(errno));
+			continue;
+		}
+		if (S_ISREG(st.st_mode)) {
+			files++;
+			bytes += (uint64_t)st.st_size;
+			partial |= ends_with(e->d_name, ".partial");
+			tag |= ends_with(e->d_name, ".safetensors") || ends_with(e->d_name, ".partial") ||
+			       strcmp(e->d_name, "MANIFEST.json") == 0;
+		} else if (S_ISDIR(st.st_mode) && depth < LIST_MAX_DEPTH) {
+			char *sub = NULL;
+			int sfd = openat(fd, e->d_name,
+					 O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+			if (sfd < 0) {
+				out_err("cannot open %s/%s/%s: %s", out->root, rel, e->d_name,
+					strerror(errno));
+				continue;
+			}
+			if (strcmp(rel, ".") == 0 ? !(sub = strdup(e->d_name))
+						  : asprintf(&sub, "%s/%s", rel, e->d_name) < 0) {
+				close(sfd);
+				rc = -1;
+				break;
+			}
+			rc = walk(out, sfd, sub, e->d_name, depth + 1);
+			free(sub);
+		}
+	}
+	if (rc == 0 && tag)
+		rc = tag_add(out, fd, rel, name, files, bytes, partial);
+	closedir(d);
+	return rc;
+}
+
+/* Orders tags by path. */
+static int tag_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct tag *)a)->path, ((const struct tag *)b)->path);
+}
+
+/* Prints the tags as a table, or as one JSON document. */
+static int list_print(const struct ctl *ctl, const struct tags *tags)
+{
+	if (ctl->json) {
+		cJSON *doc = cJSON_CreateObject();
+		cJSON_AddStringToObject(doc, "root", tags->root);
+		cJSON *a = cJSON_AddArrayToObject(doc, "tags");
+		for (size_t i = 0; i < tags->n; i++) {
+			const struct tag *t = &tags->v[i];
+			cJSON *o = cJSON_CreateObject();
+			cJSON_AddStringToObject(o, "path", t->path);
+			cJSON_AddStringToObject(o, "state", t->state);
+			cJSON_AddNumberToObject(o, "files", t->files);
+			cJSON_AddNumberToObject(o, "bytes", (double)t->bytes);
+			cJSON_AddBoolToObject(o, "latest", t->latest);
+			if (t->created)
+				cJSON_AddStringToObject(o, "created", t->created);
+			else
+				cJSON_AddNullToObject(o, "created");
+			cJSON_AddItemToArray(a, o);
+		}
+		return out_json(doc);
+	}
+	if (tags->n == 0) {
+		printf("no checkpoints under %s\n", tags->root);
+		return CTL_OK;
+	}
+	struct table *tb = table_new(6, "PATH", "STATE", "FILES", "SIZE", "CREATED", "LATEST");
+	table_right(tb, 2);
+	table_right(tb, 3);
+	for (size_t i = 0; i < tags->n; i++) {
+		const struct tag *t = &tags->v[i];
+		char files[16], size[32];
+		snprintf(files, sizeof(files), "%u", t->files);
+		table_row(tb, t->path, t->state, files, out_bytes(t->bytes, size, sizeof(size)),
+			  t->created ? t->created : "-", t->latest ? "latest" : "");
+	}
+	table_print(tb, stdout);
+	return CTL_OK;
+}
+
+/* Lists the checkpoint tags under ctl->arg. */
+int list_run(struct ctl *ctl)
+{
+	struct tags tags = {.root = ctl->arg};
+	char real[PATH_MAX];
+	int rc = CTL_FAIL;
+
+	int fd = open(ctl->arg, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		out_err("cannot open %s: %s", ctl->arg, strerror(errno));
+		return CTL_FAIL;
+	}
+	/* ROOT's own name, in case ROOT is itself a tag that <job>/latest names. */
+	if (!realpath(ctl->arg, real))
+		snprintf(real, sizeof(real), "%s", ctl->arg);
+	if (walk(&tags, fd, ".", basename(real), 0) != 0) {
+		out_err("out of memory");
+		goto out;
+	}
+	if (tags.n)
+		qsort(tags.v, tags.n, sizeof(*tags.v), tag_cmp);
+	rc = list_print(ctl, &tags);
+out:
+	for (size_t i = 0; i < tags.n; i++) {
+		free(tags.v[i].path);
+		free(tags.v[i].created);
+	}
+	free(tags.v);
+	return rc;
+}

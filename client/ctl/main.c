@@ -1,0 +1,228 @@
+/* main.c — dsckptctl's command line: global options, the command table and the manual. */
+#include "ctl.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../proto/proto.h"
+#include "../dsckpt.h"
+
+/* One command: its name, what it accepts, its manual entry and its handler. */
+struct command {
+	const char *name;
+	const char *synopsis;   /* operands and options after the name */
+	const char *opts;       /* letters of the command's own options (see long_opts) */
+	int nargs;              /* operands: 0 or 1 */
+	const char *help;       /* manual text, lines indented by two spaces */
+	int (*run)(struct ctl *ctl);
+};
+
+static const struct command commands[] = {
+	{"status", "", "", 0,
+	 "  Shows the daemon: version and protocol, pid, uptime, host cache used and total,\n"
+	 "  cache chunk size, connected clients, saves in flight, flush and copy threads and\n"
+	 "  what CUDA the daemon found.\n",
+	 query_status},
+	{"pending", "", "", 0,
+	 "  One row per save the daemon holds: id, rank, job, level (ACCEPTED, SNAPSHOT,\n"
+	 "  DURABLE, COMMITTED or FAILED), bytes snapshotted/flushed/total, rate since it was\n"
+	 "  accepted, age, and the file (dir/file). A FAILED save shows its reason below its\n"
+	 "  row. Finished saves stay listed for a minute.\n",
+	 query_pending},
+	{"wait", "[--dir DIR] [--timeout SEC]", "dt", 0,
+	 "  Polls the daemon every 100 ms until no save (of DIR, if given) is below DURABLE.\n"
+	 "  On a terminal a progress line shows bytes flushed of the total and the rate;\n"
+	 "  otherwise nothing is printed until the end. Fails (exit 1) if one of those saves\n"
+	 "  FAILED, printing each reason, or when SEC seconds pass first.\n"
+	 "    --dir DIR      only saves into the checkpoint directory DIR\n"
+	 "    --timeout SEC  give up after SEC seconds (fractions allowed; default: never)\n",
+	 query_wait},
+	{"list", "ROOT", "", 1,
+	 "  Offline (no daemon needed). Finds the checkpoint tags under ROOT: directories\n"
+	 "  holding *.safetensors, *.partial or MANIFEST.json, searched at most 8 levels deep\n"
+	 "  without following symbolic links. One row per tag, sorted by path: the path\n"
+	 "  relative to ROOT, its state, the number and total size of its files, the creation\n"
+	 "  time from its manifest, and \"latest\" where <job>/latest names it. States:\n"
+	 "    committed   MANIFEST.json is present and parses, no *.partial file\n"
+	 "    incomplete  no MANIFEST.json, or a *.partial file (an unfinished write)\n"
+	 "    corrupt     MANIFEST.json is present but is not a dsckpt manifest\n",
+	 list_run},
+	{"verify", "[--allow-uncommitted] DIR", "a", 1,
+	 "  Offline (no daemon needed). Re-reads every file of the checkpoint directory DIR.\n"
+	 "  For each *.safetensors file: the header length is sane, the header is JSON, every\n"
+	 "  dtype is known, shape x dtype size matches data_offsets, the tensors are packed\n"
+	 "  from 0 without gap or overlap, the file ends where the data ends, and the XXH3-64\n"
+	 "  of each tensor and of the whole data region match the dsckpt.xxh3.<name> and\n"
+	 "  dsckpt.data_xxh3 checksums of the header's __metadata__. If MANIFEST.json exists,\n"
+	 "  every file it lists must exist with its size, dtypes, shapes, offsets and\n"
+	 "  checksums (a .meta file's checksum covers the whole file), every rank below\n"
+	 "  world_size must have a file, and no *.safetensors or *.meta file may be missing\n"
+	 "  from it. Prints one line per file (OK, or MISMATCH and the reasons) and a\n"
+	 "  summary; exits 0 only when everything matched.\n"
+	 "    --allow-uncommitted  accept a directory without MANIFEST.json (it is reported\n"
+	 "                         as not committed and fails the check otherwise)\n",
+	 verify_run},
+};
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* Every option; a command accepts the global ones plus the letters in its opts. */
+static const struct option long_opts[] = {
+	{"socket", required_argument, NULL, 's'},
+	{"json", no_argument, NULL, 'j'},
+	{"help", no_argument, NULL, 'h'},
+	{"version", no_argument, NULL, 'V'},
+	{"dir", required_argument, NULL, 'd'},
+	{"timeout", required_argument, NULL, 't'},
+	{"allow-uncommitted", no_argument, NULL, 'a'},
+	{NULL, 0, NULL, 0},
+};
+
+/* Prints one command's usage line, and its manual text when full. */
+static void usage_command(FILE *f, const struct command *c, int full)
+{
+	fprintf(f, "dsckptctl [-s SOCKET] [--json] %s%s%s\n%s", c->name, *c->synopsis ? " " : "",
+		c->synopsis, full ? c->help : "");
+}
+
+/* Prints the whole manual: synopsis, options, commands, environment, exit status. */
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: dsckptctl [-s SOCKET] [--json] COMMAND [OPTIONS] [OPERAND]\n"
+		"\n"
+		"Queries dsckptd, the per-node checkpoint daemon, and checks the checkpoints it\n"
+		"writes. list and verify read the files directly and need no daemon.\n"
+		"\n"
+		"Options (before or after COMMAND):\n"
+		"  -s, --socket SOCKET  the daemon's socket (default: $DSCKPT_SOCKET, else\n"
+		"                       %s)\n"
+		"  --json               machine output: one JSON document on stdout\n"
+		"  -h, --help           this manual; COMMAND --help shows that command only\n"
+		"  -V, --version        dsckptctl's version and protocol version\n"
+		"\n"
+		"Commands:\n",
+		DSCKPT_DEFAULT_SOCKET);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		usage_command(f, &commands[i], 1);
+		fputc('\n', f);
+	}
+	fprintf(f,
+		"Environment:\n"
+		"  DSCKPT_SOCKET  the daemon's socket when -s is not given\n"
+		"\n"
+		"Output: tables for people by default; with --json, the same data as JSON (sizes\n"
+		"in bytes, rates in bytes/s, times in ms). Errors go to stderr.\n"
+		"\n"
+		"Exit status: 0 success, 1 failure (daemon unreachable, a save failed, a check\n"
+		"failed, a timeout), 2 usage error.\n");
+}
+
+/* Reports a usage error and returns CTL_USAGE. */
+static int usage_error(const char *fmt, const char *arg)
+{
+	fputs("dsckptctl: ", stderr);
+	fprintf(stderr, fmt, arg);
+	fputs("\nTry 'dsckptctl --help'.\n", stderr);
+	return CTL_USAGE;
+}
+
+/* Parses --timeout's value: seconds, positive and finite. */
+static int parse_timeout(const char *s, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v <= 0)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Handles one option for command c (NULL before the command); -1 to go on, else an exit. */
+static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const char *arg)
+{
+	switch (opt) {
+	case 's':
+		ctl->socket = arg;
+		return -1;
+	case 'j':
+		ctl->json = 1;
+		return -1;
+	case 'h':
+		if (c)
+			usage_command(stdout, c, 1);
+		else
+			usage(stdout);
+		return CTL_OK;
+	case 'V':
+		printf("dsckptctl %s (protocol %u)\n", DSCKPT_VERSION_STRING, PROTO_VERSION);
+		return CTL_OK;
+	case '?':   /* getopt said what was wrong */
+		fputs("Try 'dsckptctl --help'.\n", stderr);
+		return CTL_USAGE;
+	}
+	if (!c || !strchr(c->opts, opt)) {
+		const char *name = "?";
+		for (const struct option *o = long_opts; o->name; o++)
+			if (o->val == opt)
+				name = o->name;
+		return usage_error("option --%s does not apply here", name);
+	}
+	switch (opt) {
+	case 'd':
+		ctl->dir = arg;
+		break;
+	case 't':
+		if (parse_timeout(arg, &ctl->timeout) != 0)
+			return usage_error("--timeout wants positive seconds, not '%s'", arg);
+		break;
+	case 'a':
+		ctl->allow_uncommitted = 1;
+		break;
+	}
+	return -1;
+}
+
+/* Parses the command line and runs the command. */
+int main(int argc, char **argv)
+{
+	struct ctl ctl = {0};
+	int opt, rc;
+
+	/* Global options stop at the command ("+"); the command's options may be anywhere. */
+	while ((opt = getopt_long(argc, argv, "+s:jhV", long_opts, NULL)) != -1)
+		if ((rc = apply_opt(&ctl, NULL, opt, optarg)) >= 0)
+			return rc;
+	if (optind >= argc)
+		return usage_error("%s", "no command given");
+	const struct command *c = NULL;
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (strcmp(argv[optind], commands[i].name) == 0)
+			c = &commands[i];
+	if (!c)
+		return usage_error("unknown command '%s'", argv[optind]);
+
+	int cargc = argc - optind;
+	char **cargv = argv + optind;
+	optind = 1;
+	while ((opt = getopt_long(cargc, cargv, "s:jhV", long_opts, NULL)) != -1)
+		if ((rc = apply_opt(&ctl, c, opt, optarg)) >= 0)
+			return rc;
+	if (cargc - optind != c->nargs) {
+		fprintf(stderr, "dsckptctl: %s takes %s\nUsage: ", c->name,
+			c->nargs ? "one operand" : "no operands");
+		usage_command(stderr, c, 0);
+		return CTL_USAGE;
+	}
+	if (c->nargs)
+		ctl.arg = cargv[optind];
+	if (!ctl.socket)
+		ctl.socket = getenv("DSCKPT_SOCKET");
+	if (!ctl.socket || !*ctl.socket)
+		ctl.socket = DSCKPT_DEFAULT_SOCKET;
+	return c->run(&ctl);
+}
