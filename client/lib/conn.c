@@ -1,0 +1,461 @@
+/*
+ * conn.c — a connection to dsckptd: the socket, one request on the wire at a time under the
+ * connection's lock, the daemon's last error message, and the host regions registered on it.
+ *
+ * Lock order: the connection lock, then the registry lock of hostmem.c (taken inside
+ * lib_conn_use_host and lib_conn_sweep). Never the reverse.
+ *
+ * A connection is freed when its last reference goes: the user's (dsckpt_close) and one per
+ * live save, so that dsckpt_save_free may come after dsckpt_close.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+struct dsckpt_conn {
+	pthread_mutex_t lock;
+	int fd;                     /* -1 after dsckpt_close */
+	int broken;                 /* every request now fails with DSCKPT_EPIPE */
+	int refs;
+	int world;                  /* from dsckpt_identify; 0 before */
+	uint64_t next_id;
+	uint64_t req_id;            /* id of the request on the wire */
+	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
+	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
+	size_t nregs, capregs;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char err[LIB_ERRLEN];       /* message of the last failed call */
+	char dead[LIB_ERRLEN];      /* why the connection broke */
+};
+
+/* Message of the last failed dsckpt_connect in this thread (there is no connection to hold it). */
+static __thread char conn_tls_err[LIB_ERRLEN];
+/* This thread's copy of a connection's message, returned by dsckpt_last_error. */
+static __thread char conn_tls_copy[LIB_ERRLEN];
+
+/* Stores a connect failure for dsckpt_last_error(NULL) and returns err. */
+__attribute__((format(printf, 2, 3)))
+static int conn_tls_fail(int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(conn_tls_err, sizeof(conn_tls_err), fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+/* Connects to the daemon. */
+int dsckpt_connect(const char *path, dsckpt_conn_t **out)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	dsckpt_conn_t *c;
+	int e;
+
+	if (!out)
+		return conn_tls_fail(DSCKPT_EINVAL, "dsckpt_connect: out is NULL");
+	*out = NULL;
+	if (!path || !*path)
+		path = getenv("DSCKPT_SOCKET");
+	if (!path || !*path)
+		path = DSCKPT_DEFAULT_SOCKET;
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return conn_tls_fail(DSCKPT_ENAMETOOLONG,
+				     "socket path is longer than %zu bytes: %s",
+				     sizeof(sa.sun_path) - 1, path);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return conn_tls_fail(DSCKPT_ENOMEM, "out of memory");
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->fd < 0) {
+		e = conn_tls_fail(lib_errno(errno), "socket: %s", strerror(errno));
+		goto fail_alloc;
+	}
+	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int code = (errno == EACCES || errno == EPERM) ? DSCKPT_EACCES
+							       : DSCKPT_ECONNREFUSED;
+		e = conn_tls_fail(code, "cannot connect to dsckptd at %s: %s", path,
+				  strerror(errno));
+		goto fail_socket;
+	}
+	pthread_mutex_init(&c->lock, NULL);
+	c->refs = 1;
+	c->next_id = 1;
+	memcpy(c->path, path, strlen(path) + 1);
+	*out = c;
+	return 0;
+
+fail_socket:
+	close(c->fd);
+fail_alloc:
+	free(c);
+	return e;
+}
+
+/* Takes the connection's lock. */
+void lib_conn_lock(dsckpt_conn_t *c)
+{
+	pthread_mutex_lock(&c->lock);
+}
+
+/* Releases the connection's lock. */
+void lib_conn_unlock(dsckpt_conn_t *c)
+{
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Takes a reference for a save. */
+void lib_conn_ref(dsckpt_conn_t *c)
+{
+	lib_conn_lock(c);
+	c->refs++;
+	lib_conn_unlock(c);
+}
+
+/* Drops a reference; the last one frees the connection. */
+void lib_conn_unref(dsckpt_conn_t *c)
+{
+	lib_conn_lock(c);
+	int last = --c->refs == 0;
+	lib_conn_unlock(c);
+	if (!last)
+		return;
+	if (c->fd >= 0)
+		close(c->fd);
+	pthread_mutex_destroy(&c->lock);
+	free(c->regs);
+	free(c);
+}
+
+/* Closes the socket now (the daemon drops the registrations); saves keep their reference. */
+void dsckpt_close(dsckpt_conn_t *c)
+{
+	if (!c)
+		return;
+	lib_conn_lock(c);
+	if (c->fd >= 0)
+		close(c->fd);
+	c->fd = -1;
+	c->broken = 1;
+	snprintf(c->dead, sizeof(c->dead), "connection to dsckptd was closed");
+	lib_conn_unlock(c);
+	lib_conn_unref(c);
+}
+
+/* Detailed message of the last failed call, copied for this thread. */
+const char *dsckpt_last_error(dsckpt_conn_t *c)
+{
+	if (!c)
+		return conn_tls_err;
+	lib_conn_lock(c);
+	memcpy(conn_tls_copy, c->err, sizeof(conn_tls_copy));
+	lib_conn_unlock(c);
+	return conn_tls_copy;
+}
+
+/* Stores a message for dsckpt_last_error and returns err. */
+int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+/* Marks the connection broken with a message; every later request fails with EPIPE. */
+__attribute__((format(printf, 3, 4)))
+static int conn_break(dsckpt_conn_t *c, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	memcpy(c->dead, c->err, sizeof(c->dead));
+	c->broken = 1;
+	return err;
+}
+
+/* World size given to dsckpt_identify. */
+int lib_conn_world(dsckpt_conn_t *c)
+{
+	return c->world;
+}
+
+/* Whether requests can still go out. */
+int lib_conn_alive(dsckpt_conn_t *c)
+{
+	return !c->broken;
+}
+
+/* Starts a request frame with the next id. */
+void lib_conn_frame(dsckpt_conn_t *c, struct proto_out *o, unsigned type)
+{
+	c->req_id = c->next_id++;
+	proto_out_init(o, type, c->req_id);
+}
+
+/* Frees a decoded reply. */
+static void reply_free(struct lib_reply *r)
+{
+	proto_in_free(&r->in);
+	free(r->body);
+	r->body = NULL;
+}
+
+/* Decodes an ERROR body into the connection's message; returns the daemon's code. */
+static int conn_error(dsckpt_conn_t *c, struct lib_reply *r)
+{
+	char msg[PROTO_MAX_STR + 1] = "";
+	int64_t code = 0;
+	uint64_t server = 0, client = 0;
+
+	proto_get_i64(&r->m, "code", INT32_MIN, -1, &code, 1);
+	proto_get_str(&r->m, "message", msg, PROTO_MAX_STR, 1);
+	int vers = proto_get_u64(&r->m, "server_proto", UINT16_MAX, &server, 0);
+	proto_get_u64(&r->m, "client_proto", UINT16_MAX, &client, 0);
+	if (proto_map_end(&r->m) < 0) {
+		int e = conn_break(c, DSCKPT_EPROTO, "bad ERROR reply from dsckptd: %s",
+				   r->m.why);
+		reply_free(r);
+		return e;
+	}
+	reply_free(r);
+	if (vers == 1)
+		lib_conn_fail(c, (int)code, "%s (daemon protocol %" PRIu64
+			      ", library protocol %d)", msg, server, PROTO_VERSION);
+	else
+		lib_conn_fail(c, (int)code, "%s", msg);
+	/* The daemon closes the connection after these. */
+	if (code == DSCKPT_EVERSION || code == DSCKPT_EPROTO || code == DSCKPT_EMSGSIZE) {
+		c->broken = 1;
+		memcpy(c->dead, c->err, sizeof(c->dead));
+	}
+	return (int)code;
+}
+
+/* Sends a frame and reads its reply. */
+int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
+		  struct lib_reply *r)
+{
+	struct proto_hdr h;
+	char why[160];
+	int e;
+
+	memset(r, 0, sizeof(*r));
+	if (c->broken) {
+		proto_out_free(o);
+		return lib_conn_fail(c, DSCKPT_EPIPE, "%s", c->dead);
+	}
+	size_t len = proto_out_finish(o, nfds);
+	if (len - PROTO_HDR_SIZE > PROTO_MAX_BODY) {
+		proto_out_free(o);
+		return lib_conn_fail(c, DSCKPT_EMSGSIZE, "request of %zu bytes is too long",
+				     len);
+	}
+	e = proto_send(c->fd, o->sb.data, len, fds, nfds);
+	proto_out_free(o);
+	if (e < 0)
+		return conn_break(c, DSCKPT_EPIPE, "sending to dsckptd at %s: %s", c->path,
+				  strerror(-e));
+	e = proto_recv(c->fd, &h, &r->body, NULL, NULL, -1, why, sizeof(why));
+	if (e == -EPROTO)
+		return conn_break(c, DSCKPT_EPROTO, "bad frame from dsckptd: %s", why);
+	if (e == -EPIPE)
+		return conn_break(c, DSCKPT_EPIPE, "dsckptd at %s closed the connection",
+				  c->path);
+	if (e < 0)
+		return conn_break(c, DSCKPT_EPIPE, "receiving from dsckptd at %s: %s",
+				  c->path, strerror(-e));
+	if (h.id != c->req_id || (h.type != PROTO_REPLY && h.type != PROTO_ERROR)) {
+		free(r->body);
+		r->body = NULL;
+		return conn_break(c, DSCKPT_EPROTO, "unexpected %s frame (id %" PRIu64
+				  ") from dsckptd, expected the reply to request %" PRIu64,
+				  proto_type_name(h.type), h.id, c->req_id);
+	}
+	if (proto_in_parse(&r->in, r->body, h.length, why, sizeof(why)) < 0) {
+		reply_free(r);
+		return conn_break(c, DSCKPT_EPROTO, "bad reply body from dsckptd: %s", why);
+	}
+	proto_map_init(&r->m, r->in.root);
+	if (h.type == PROTO_ERROR)
+		return conn_error(c, r);
+	if (h.version != PROTO_VERSION) {
+		reply_free(r);
+		return conn_break(c, DSCKPT_EVERSION, "daemon protocol %u, library protocol %d",
+				  h.version, PROTO_VERSION);
+	}
+	return 0;
+}
+
+/* Checks that the reply was read completely and well, and frees it. */
+int lib_reply_end(dsckpt_conn_t *c, struct lib_reply *r, const char *what)
+{
+	int e = 0;
+	if (proto_map_end(&r->m) < 0)
+		e = lib_conn_fail(c, DSCKPT_EPROTO, "bad %s reply from dsckptd: %s", what,
+				  r->m.why);
+	reply_free(r);
+	return e;
+}
+
+/* Sends a request whose reply is {}. */
+int lib_conn_call_empty(dsckpt_conn_t *c, struct proto_out *o, const int *fds,
+			unsigned nfds, const char *what)
+{
+	struct lib_reply r;
+	int e = lib_conn_call(c, o, fds, nfds, &r);
+	if (e < 0)
+		return e;
+	return lib_reply_end(c, &r, what);
+}
+
+/* Identifies this process as a trainer rank (HELLO). */
+int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
+{
+	char version[PROTO_MAX_STR + 1];
+	struct proto_out o;
+	struct lib_reply r;
+	uint64_t proto, client;
+	int e;
+
+	if (!c)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(c);
+	if (c->world > 0) {
+		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify was already called");
+		goto out;
+	}
+	if (!job || !*job || strlen(job) > PROTO_MAX_NAME) {
+		e = lib_conn_fail(c, DSCKPT_EINVAL, "job name must have 1 to %d bytes",
+				  PROTO_MAX_NAME);
+		goto out;
+	}
+	if (world_size < 1 || world_size > 65536 || rank < 0 || rank >= world_size) {
+		e = lib_conn_fail(c, DSCKPT_EINVAL,
+				  "rank %d of world %d: need 0 <= rank < world <= 65536", rank,
+				  world_size);
+		goto out;
+	}
+	lib_conn_frame(c, &o, PROTO_HELLO);
+	msgpack_pack_map(&o.pk, 5);
+	proto_kv_str(&o.pk, "role", "trainer");
+	proto_kv_str(&o.pk, "job", job);
+	proto_kv_u64(&o.pk, "rank", (uint64_t)rank);
+	proto_kv_u64(&o.pk, "world", (uint64_t)world_size);
+	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
+	e = lib_conn_call(c, &o, NULL, 0, &r);
+	if (e < 0)
+		goto out;
+	proto_get_str(&r.m, "version", version, PROTO_MAX_STR, 1);
+	proto_get_u64(&r.m, "proto", UINT16_MAX, &proto, 1);
+	proto_get_u64(&r.m, "client", UINT64_MAX, &client, 1);
+	e = lib_reply_end(c, &r, "HELLO");
+	if (e == 0)
+		c->world = world_size;
+out:
+	lib_conn_unlock(c);
+	return e;
+}
+
+/* Registers a host memfd as a region (REGION_ADD). */
+int lib_conn_region_add(dsckpt_conn_t *c, uint64_t region, int fd, uint64_t size)
+{
+	struct proto_out o;
+
+	lib_conn_frame(c, &o, PROTO_REGION_ADD);
+	msgpack_pack_map(&o.pk, 3);
+	proto_kv_u64(&o.pk, "region", region);
+	proto_kv_str(&o.pk, "kind", "host");
+	proto_kv_u64(&o.pk, "size", size);
+	return lib_conn_call_empty(c, &o, &fd, 1, "REGION_ADD");
+}
+
+/* Unregisters a region (REGION_DEL). */
+int lib_conn_region_del(dsckpt_conn_t *c, uint64_t region)
+{
+	struct proto_out o;
+
+	lib_conn_frame(c, &o, PROTO_REGION_DEL);
+	msgpack_pack_map(&o.pk, 1);
+	proto_kv_u64(&o.pk, "region", region);
+	return lib_conn_call_empty(c, &o, NULL, 0, "REGION_DEL");
+}
+
+/* Index in c->regs where region is or would go. */
+static size_t conn_reg_search(dsckpt_conn_t *c, uint64_t region)
+{
+	size_t lo = 0, hi = c->nregs;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (c->regs[mid].region < region)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Registers a dsckpt_host_alloc block unless it already is. */
+int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h)
+{
+	size_t at = conn_reg_search(c, h->region);
+	int e;
+
+	if (at < c->nregs && c->regs[at].region == h->region)
+		return 0;
+	if (c->nregs == c->capregs) {
+		size_t cap = c->capregs ? c->capregs * 2 : 16;
+		struct lib_hostref *n = realloc(c->regs, cap * sizeof(*n));
+		if (!n)
+			return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
+		c->regs = n;
+		c->capregs = cap;
+	}
+	int fd = lib_host_dup(h);
+	if (fd == DSCKPT_ENOENT)
+		return lib_conn_fail(c, DSCKPT_EINVAL, "host memory freed while being added");
+	if (fd < 0)
+		return lib_conn_fail(c, fd, "cannot duplicate a host memory fd: %s",
+				     dsckpt_strerror(fd));
+	e = lib_conn_region_add(c, h->region, fd, h->size);
+	close(fd);
+	if (e < 0)
+		return e;
+	memmove(c->regs + at + 1, c->regs + at, (c->nregs - at) * sizeof(*c->regs));
+	c->regs[at] = *h;
+	c->nregs++;
+	return 0;
+}
+
+/* Unregisters the blocks freed since the last sweep. */
+int lib_conn_sweep(dsckpt_conn_t *c)
+{
+	uint64_t gen = lib_host_generation();
+	size_t i = 0;
+
+	if (gen == c->swept_gen)
+		return 0;
+	while (i < c->nregs) {
+		if (lib_host_alive(&c->regs[i])) {
+			i++;
+			continue;
+		}
+		int e = lib_conn_region_del(c, c->regs[i].region);
+		if (e < 0)
+			return e;
+		c->nregs--;
+		memmove(c->regs + i, c->regs + i + 1, (c->nregs - i) * sizeof(*c->regs));
+	}
+	c->swept_gen = gen;
+	return 0;
+}

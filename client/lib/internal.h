@@ -1,0 +1,101 @@
+/*
+ * internal.h — libdsckpt's internal API, one section per file. Nothing here is exported: the
+ * library is built with -fvisibility=hidden and only DSCKPT_EXTERN functions are public.
+ * Internal names are prefixed lib_ so that they never clash with the daemon's modules, which
+ * unit tests link beside the static library.
+ *
+ * Lock order: a connection's lock (conn.c) before the host-memory registry lock (hostmem.c).
+ * hostmem.c never takes a connection lock, and nothing waits on the socket while holding the
+ * registry lock.
+ */
+#ifndef DSCKPT_INTERNAL_H
+#define DSCKPT_INTERNAL_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../dsckpt.h"
+#include "../../proto/proto.h"
+
+#define LIB_ERRLEN 512
+
+/* errors.c */
+/* Maps an errno value to the closest DSCKPT_E* code. */
+int lib_errno(int e);
+
+/* conn.c — the socket, request/reply, last error and registered regions of a connection. */
+/* A decoded REPLY; the caller reads m with proto_get_* and then calls lib_reply_end. */
+struct lib_reply {
+	uint8_t *body;       /* the frame body; msgpack strings point into it */
+	struct proto_in in;
+	struct proto_map m;
+};
+/* Takes and releases the connection's lock. */
+void lib_conn_lock(dsckpt_conn_t *c);
+void lib_conn_unlock(dsckpt_conn_t *c);
+/* Takes a reference for a save; lib_conn_unref drops it (the last one frees c). */
+void lib_conn_ref(dsckpt_conn_t *c);
+void lib_conn_unref(dsckpt_conn_t *c);
+/* Stores a message for dsckpt_last_error and returns err (lock held). */
+int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* World size given to dsckpt_identify, 0 before it (lock held). */
+int lib_conn_world(dsckpt_conn_t *c);
+/* Whether the connection can still carry requests (lock held). */
+int lib_conn_alive(dsckpt_conn_t *c);
+/* Starts a request frame of type with the connection's next request id (lock held). */
+void lib_conn_frame(dsckpt_conn_t *c, struct proto_out *o, unsigned type);
+/*
+ * Sends frame o (freed here) with fds and reads the reply (lock held). REPLY: 0 with the map
+ * in *r; ERROR: the daemon's code, its message kept for dsckpt_last_error. A broken stream
+ * gives DSCKPT_EPIPE now and for every later request.
+ */
+int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
+		  struct lib_reply *r);
+/* Checks that every key of the reply was read well and frees it; 0 or DSCKPT_EPROTO. */
+int lib_reply_end(dsckpt_conn_t *c, struct lib_reply *r, const char *what);
+/* Sends a request whose reply is {} (lock held). */
+int lib_conn_call_empty(dsckpt_conn_t *c, struct proto_out *o, const int *fds,
+			unsigned nfds, const char *what);
+/* Registers a host memfd of size bytes as region on the connection (lock held). */
+int lib_conn_region_add(dsckpt_conn_t *c, uint64_t region, int fd, uint64_t size);
+/* Unregisters a region (lock held). */
+int lib_conn_region_del(dsckpt_conn_t *c, uint64_t region);
+struct lib_hostref;
+/* Registers a dsckpt_host_alloc block on the connection unless it already is (lock held). */
+int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h);
+/* Unregisters blocks freed since the last sweep, before a SAVE_ADD (lock held). */
+int lib_conn_sweep(dsckpt_conn_t *c);
+
+/* hostmem.c — dsckpt_host_alloc blocks and the process-wide registry of them. */
+/* One block as found in the registry. */
+struct lib_hostref {
+	uint64_t region;   /* region id, unique in the process */
+	uintptr_t base;
+	uint64_t size;     /* mapped bytes (the memfd's size) */
+};
+/* A fresh region id, unique in the process (host blocks and staging arenas share them). */
+uint64_t lib_region_id(void);
+/* Creates a memfd of size bytes (CLOEXEC) mapped shared read-write; 0 or DSCKPT_E*. */
+int lib_memfd_map(const char *name, size_t size, int *fd, void **base);
+/* Finds the block holding [p, p + n): 1 found, 0 none, DSCKPT_EINVAL if the range leaves it. */
+int lib_host_find(const void *p, size_t n, struct lib_hostref *out);
+/* A duplicate (CLOEXEC) of the block's memfd; DSCKPT_ENOENT if it was freed meanwhile. */
+int lib_host_dup(const struct lib_hostref *h);
+/* Whether the block is still allocated. */
+int lib_host_alive(const struct lib_hostref *h);
+/* A counter bumped by every dsckpt_host_free (lets connections skip needless sweeps). */
+uint64_t lib_host_generation(void);
+
+/* save.c */
+/* Size in bytes of a safetensors dtype name; 0 if unknown. */
+unsigned lib_dtype_size(const char *dtype);
+/* Checks a tensor's name, dtype, shape and size; 0 or DSCKPT_E* with why. */
+int lib_tensor_check(const char *name, const char *dtype, const int64_t *shape, int ndim,
+		     const void *ptr, size_t nbytes, char *why, size_t whylen);
+/* Checks a blob's name and data; 0 or DSCKPT_E* with why. */
+int lib_blob_check(const char *name, const void *data, size_t len, char *why, size_t whylen);
+
+#endif /* DSCKPT_INTERNAL_H */

@@ -1,0 +1,662 @@
+/*
+ * save.c — one file being saved: local validation, where each tensor's bytes come from
+ * (a dsckpt_host_alloc block without a copy, else a copy in a staging arena), and the
+ * SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT / COMMIT requests.
+ *
+ * add_tensor validates a tensor, places its bytes and encodes its SAVE_ADD entry; save_end
+ * sends the encoded entries in as few SAVE_ADD frames as fit and then SAVE_END, so that the
+ * hand-over costs two round trips and a copy of the encoded entries.
+ * Staging arenas are memfds of at least STAGE_MIN bytes owned by the save; sub-allocations
+ * are 4096-aligned. They are registered on the connection when created and unregistered by
+ * dsckpt_save_free (the daemon keeps its own mapping for a save still in flight).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define STAGE_MIN ((size_t)64 << 20)
+#define STAGE_ALIGN 4096
+#define BLOB_PIECE ((size_t)4 << 20)
+#define FRAME_BUDGET ((size_t)4 << 20)   /* estimated SAVE_ADD body, well under 16 MiB */
+#define FRAME_MAX_ENTRIES 65536
+#define FILE_MAX 128
+
+/* Safetensors dtypes and their sizes. */
+static const struct {
+	const char *name;
+	unsigned size;
+} save_dtypes[] = {
+	{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
+	{"I16", 2}, {"I8", 1}, {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},
+	{"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+};
+
+/* A staging arena: a memfd the save copies foreign host memory into. */
+struct save_stage {
+	uint64_t region;
+	int fd;
+	uint8_t *base;
+	size_t size, used;
+};
+
+/* A set of names (open addressing, power-of-two capacity); owns its copies. */
+struct save_names {
+	char **slot;
+	size_t cap, n;
+};
+
+enum save_state { SAVE_OPEN, SAVE_ENDED, SAVE_BROKEN };
+
+struct dsckpt_save {
+	dsckpt_conn_t *c;      /* holds a reference */
+	uint64_t id;           /* the daemon's save id */
+	enum save_state state;
+	msgpack_sbuffer enc;   /* the SAVE_ADD tensor entries, encoded by add_tensor */
+	msgpack_packer pk;
+	size_t *ends;          /* ends[i]: end of entry i in enc */
+	size_t nt, capt;
+	struct save_names tnames, bnames;
+	struct save_stage *stages;
+	size_t nstages;
+};
+
+/* Size in bytes of a safetensors dtype name. */
+unsigned lib_dtype_size(const char *dtype)
+{
+	for (size_t i = 0; i < sizeof(save_dtypes) / sizeof(save_dtypes[0]); i++)
+		if (strcmp(save_dtypes[i].name, dtype) == 0)
+			return save_dtypes[i].size;
+	return 0;
+}
+
+/* Checks a tensor or blob name. */
+static int save_name_check(const char *what, const char *name, char *why, size_t whylen)
+{
+	if (!name || !*name) {
+		snprintf(why, whylen, "%s name is empty", what);
+		return DSCKPT_EINVAL;
+	}
+	if (strlen(name) > PROTO_MAX_NAME) {
+		snprintf(why, whylen, "%s name is longer than %d bytes", what, PROTO_MAX_NAME);
+		return DSCKPT_ENAMETOOLONG;
+	}
+	return 0;
+}
+
+/* Checks a tensor's name, dtype, shape and size. */
+int lib_tensor_check(const char *name, const char *dtype, const int64_t *shape, int ndim,
+		     const void *ptr, size_t nbytes, char *why, size_t whylen)
+{
+	uint64_t n = 1;
+	unsigned size;
+	int e = save_name_check("tensor", name, why, whylen);
+
+	if (e < 0)
+		return e;
+	if (strcmp(name, "__metadata__") == 0) {
+		snprintf(why, whylen, "tensor name __metadata__ is reserved by safetensors");
+		return DSCKPT_EINVAL;
+	}
+	if (!dtype || (size = lib_dtype_size(dtype)) == 0) {
+		snprintf(why, whylen, "tensor %s: unknown dtype %s", name, dtype ? dtype : "NULL");
+		return DSCKPT_EINVAL;
+	}
+	if (ndim < 0 || ndim > PROTO_MAX_DIMS || (ndim > 0 && !shape)) {
+		snprintf(why, whylen, "tensor %s: ndim %d is not in 0..%d (with a shape)", name,
+			 ndim, PROTO_MAX_DIMS);
+		return DSCKPT_EINVAL;
+	}
+	for (int i = 0; i < ndim; i++) {
+		if (shape[i] < 0) {
+			snprintf(why, whylen, "tensor %s: dimension %d is negative", name, i);
+			return DSCKPT_EINVAL;
+		}
+		if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n)) {
+			snprintf(why, whylen, "tensor %s: shape overflows 64 bits", name);
+			return DSCKPT_ERANGE;
+		}
+	}
+	if (__builtin_mul_overflow(n, size, &n)) {
+		snprintf(why, whylen, "tensor %s: size overflows 64 bits", name);
+		return DSCKPT_ERANGE;
+	}
+	if (n != nbytes) {
+		snprintf(why, whylen, "tensor %s: nbytes %zu, but shape and dtype %s make %" PRIu64,
+			 name, nbytes, dtype, n);
+		return DSCKPT_EINVAL;
+	}
+	if (!ptr && nbytes > 0) {
+		snprintf(why, whylen, "tensor %s: pointer is NULL", name);
+		return DSCKPT_EINVAL;
+	}
+	return 0;
+}
+
+/* Checks a blob's name and data. */
+int lib_blob_check(const char *name, const void *data, size_t len, char *why, size_t whylen)
+{
+	int e = save_name_check("blob", name, why, whylen);
+	if (e < 0)
+		return e;
+	if (!data && len > 0) {
+		snprintf(why, whylen, "blob %s: data is NULL", name);
+		return DSCKPT_EINVAL;
+	}
+	return 0;
+}
+
+/* FNV-1a hash of a name. */
+static uint64_t names_hash(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+	return h;
+}
+
+/* Slot where name is, or the empty slot where it would go (cap > 0). */
+static size_t names_slot(const struct save_names *ns, const char *name)
+{
+	size_t i = (size_t)names_hash(name) & (ns->cap - 1);
+	while (ns->slot[i] && strcmp(ns->slot[i], name) != 0)
+		i = (i + 1) & (ns->cap - 1);
+	return i;
+}
+
+/* Whether name is in the set. */
+static int names_has(const struct save_names *ns, const char *name)
+{
+	return ns->cap > 0 && ns->slot[names_slot(ns, name)] != NULL;
+}
+
+/* Adds a copy of a name not yet in the set; returns the copy, NULL when out of memory. */
+static const char *names_add(struct save_names *ns, const char *name)
+{
+	if (2 * (ns->n + 1) > ns->cap) {
+		size_t cap = ns->cap ? ns->cap * 2 : 64;
+		struct save_names bigger = {calloc(cap, sizeof(char *)), cap, ns->n};
+		if (!bigger.slot)
+			return NULL;
+		for (size_t i = 0; i < ns->cap; i++)
+			if (ns->slot[i])
+				bigger.slot[names_slot(&bigger, ns->slot[i])] = ns->slot[i];
+		free(ns->slot);
+		*ns = bigger;
+	}
+	char *copy = strdup(name);
+	if (!copy)
+		return NULL;
+	ns->slot[names_slot(ns, name)] = copy;
+	ns->n++;
+	return copy;
+}
+
+/* Frees the set and its names. */
+static void names_free(struct save_names *ns)
+{
+	for (size_t i = 0; i < ns->cap; i++)
+		free(ns->slot[i]);
+	free(ns->slot);
+}
+
+/* Checks a file name: [A-Za-z0-9._-]{1,128}, not starting with a dot. */
+static int save_file_ok(const char *file)
+{
+	size_t n = strlen(file);
+	if (n == 0 || n > FILE_MAX || file[0] == '.')
+		return 0;
+	return strspn(file, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+			    "0123456789._-") == n;
+}
+
+/* Checks a checkpoint directory: absolute, at most PROTO_MAX_STR bytes. */
+static int save_dir_check(dsckpt_conn_t *c, const char *dir)
+{
+	if (!dir || dir[0] != '/')
+		return lib_conn_fail(c, DSCKPT_EINVAL, "checkpoint directory must be absolute");
+	if (strlen(dir) > PROTO_MAX_STR)
+		return lib_conn_fail(c, DSCKPT_ENAMETOOLONG,
+				     "checkpoint directory is longer than %d bytes",
+				     PROTO_MAX_STR);
+	return 0;
+}
+
+/* Opens a save of dir/file (SAVE_BEGIN). */
+int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
+		      dsckpt_save_t **out)
+{
+	struct proto_out o;
+	struct lib_reply r;
+	dsckpt_save_t *s;
+	int e;
+
+	if (!c || !out)
+		return DSCKPT_EINVAL;
+	*out = NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return DSCKPT_ENOMEM;
+	lib_conn_lock(c);
+	if ((e = save_dir_check(c, dir)) < 0)
+		goto fail;
+	if (!file || !save_file_ok(file)) {
+		e = lib_conn_fail(c, DSCKPT_EINVAL, "file name must match [A-Za-z0-9._-]{1,%d} "
+				  "and not start with a dot", FILE_MAX);
+		goto fail;
+	}
+	if (lib_conn_world(c) == 0) {
+		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before saving");
+		goto fail;
+	}
+	lib_conn_frame(c, &o, PROTO_SAVE_BEGIN);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_str(&o.pk, "dir", dir);
+	proto_kv_str(&o.pk, "file", file);
+	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+		goto fail;
+	proto_get_u64(&r.m, "save", UINT64_MAX, &s->id, 1);
+	if ((e = lib_reply_end(c, &r, "SAVE_BEGIN")) < 0)
+		goto fail;
+	lib_conn_unlock(c);
+	lib_conn_ref(c);
+	s->c = c;
+	msgpack_sbuffer_init(&s->enc);
+	msgpack_packer_init(&s->pk, &s->enc, msgpack_sbuffer_write);
+	*out = s;
+	return 0;
+
+fail:
+	lib_conn_unlock(c);
+	free(s);
+	return e;
+}
+
+/* Copies bytes into the save's staging arena, creating (and registering) one if needed. */
+static int save_stage(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t *region,
+		      uint64_t *offset)
+{
+	struct save_stage *st = s->nstages ? &s->stages[s->nstages - 1] : NULL;
+	size_t at = st ? (st->used + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN : 0;
+	int e;
+
+	if (!st || at > st->size || nbytes > st->size - at) {
+		struct save_stage n = {.region = lib_region_id()};
+		void *base;
+		if (nbytes > SIZE_MAX - STAGE_ALIGN)
+			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "tensor too large to stage");
+		n.size = (nbytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+		if (n.size < STAGE_MIN)
+			n.size = STAGE_MIN;
+		st = realloc(s->stages, (s->nstages + 1) * sizeof(*st));
+		if (!st)
+			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
+		s->stages = st;
+		if ((e = lib_memfd_map("dsckpt-stage", n.size, &n.fd, &base)) < 0)
+			return lib_conn_fail(s->c, e, "staging memory of %zu bytes: %s", n.size,
+					     strerror(errno));
+		n.base = base;
+		if ((e = lib_conn_region_add(s->c, n.region, n.fd, n.size)) < 0) {
+			munmap(n.base, n.size);
+			close(n.fd);
+			return e;
+		}
+		st = &s->stages[s->nstages++];
+		*st = n;
+		at = 0;
+	}
+	if (nbytes > 0)
+		memcpy(st->base + at, ptr, nbytes);
+	st->used = at + nbytes;
+	*region = st->region;
+	*offset = at;
+	return 0;
+}
+
+/*
+ * Decides where the daemon reads a tensor's bytes from: a dsckpt_host_alloc block as is,
+ * else a copy staged now. (CUDA memory gets its own transport here, before staging.)
+ */
+static int save_place(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t *region,
+		      uint64_t *offset)
+{
+	struct lib_hostref h;
+	int r = lib_host_find(ptr, nbytes, &h);
+
+	if (r < 0)
+		return lib_conn_fail(s->c, r, "tensor of %zu bytes runs past the end of its "
+				     "dsckpt_host_alloc block", nbytes);
+	if (r == 1) {
+		int e = lib_conn_use_host(s->c, &h);
+		if (e < 0)
+			return e;
+		*region = h.region;
+		*offset = (uintptr_t)ptr - h.base;
+		return 0;
+	}
+	return save_stage(s, ptr, nbytes, region, offset);
+}
+
+/* Fails a call on a save that is not open. */
+static int save_not_open(dsckpt_save_t *s)
+{
+	return lib_conn_fail(s->c, DSCKPT_ESTATE, s->state == SAVE_ENDED
+			     ? "the save has already ended" : "the save failed earlier");
+}
+
+/*
+ * Adds a tensor by reference: validated, its bytes placed, and its SAVE_ADD entry encoded
+ * now, so that save_end only has to frame the encoded entries.
+ */
+int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const char *dtype,
+		      const int64_t *shape, int ndim, const void *ptr, size_t nbytes)
+{
+	char why[LIB_ERRLEN];
+	uint64_t region = 0, offset = 0;
+	int e;
+
+	if (!s)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	if (s->state != SAVE_OPEN) {
+		e = save_not_open(s);
+		goto out;
+	}
+	if ((e = lib_tensor_check(name, dtype, shape, ndim, ptr, nbytes, why,
+				  sizeof(why))) < 0) {
+		lib_conn_fail(s->c, e, "%s", why);
+		goto out;
+	}
+	if (names_has(&s->tnames, name)) {
+		e = lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save", name);
+		goto out;
+	}
+	if (s->nt == s->capt) {
+		size_t cap = s->capt ? s->capt * 2 : 64;
+		size_t *ends = realloc(s->ends, cap * sizeof(*ends));
+		if (!ends) {
+			e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
+			goto out;
+		}
+		s->ends = ends;
+		s->capt = cap;
+	}
+	if ((e = save_place(s, ptr, nbytes, &region, &offset)) < 0)
+		goto out;
+	if (!names_add(&s->tnames, name)) {
+		e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
+		goto out;
+	}
+	msgpack_pack_map(&s->pk, 6);
+	proto_kv_str(&s->pk, "name", name);
+	proto_kv_str(&s->pk, "dtype", dtype);
+	proto_key(&s->pk, "shape");
+	msgpack_pack_array(&s->pk, (size_t)ndim);
+	for (int i = 0; i < ndim; i++)
+		msgpack_pack_uint64(&s->pk, (uint64_t)shape[i]);
+	proto_kv_u64(&s->pk, "region", region);
+	proto_kv_u64(&s->pk, "offset", offset);
+	proto_kv_u64(&s->pk, "nbytes", nbytes);
+	s->ends[s->nt++] = s->enc.size;
+out:
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Sends a SAVE_ADD frame the caller built and reads the totals in its reply (lock held). */
+static int save_add_call(dsckpt_save_t *s, struct proto_out *o)
+{
+	struct lib_reply r;
+	uint64_t tensors, bytes;
+	int e = lib_conn_call(s->c, o, NULL, 0, &r);
+
+	if (e < 0)
+		return e;
+	proto_get_u64(&r.m, "tensors", UINT64_MAX, &tensors, 1);
+	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
+	return lib_reply_end(s->c, &r, "SAVE_ADD");
+}
+
+/* Attaches a named blob: sent now, in pieces of at most BLOB_PIECE bytes. */
+int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t len)
+{
+	char why[LIB_ERRLEN];
+	size_t off = 0;
+	int e;
+
+	if (!s)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	if (s->state != SAVE_OPEN) {
+		e = save_not_open(s);
+		goto out;
+	}
+	if ((e = lib_blob_check(name, data, len, why, sizeof(why))) < 0) {
+		lib_conn_fail(s->c, e, "%s", why);
+		goto out;
+	}
+	if (names_has(&s->bnames, name)) {
+		e = lib_conn_fail(s->c, DSCKPT_EEXIST, "blob %s is already in the save", name);
+		goto out;
+	}
+	if (!names_add(&s->bnames, name)) {
+		e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
+		goto out;
+	}
+	do {
+		struct proto_out o;
+		size_t n = len - off < BLOB_PIECE ? len - off : BLOB_PIECE;
+		lib_conn_frame(s->c, &o, PROTO_SAVE_ADD);
+		msgpack_pack_map(&o.pk, 2);
+		proto_kv_u64(&o.pk, "save", s->id);
+		proto_key(&o.pk, "blobs");
+		msgpack_pack_array(&o.pk, 1);
+		msgpack_pack_map(&o.pk, 2);
+		proto_kv_str(&o.pk, "name", name);
+		proto_kv_bin(&o.pk, "data", n ? (const uint8_t *)data + off : (const void *)"", n);
+		if ((e = save_add_call(s, &o)) < 0) {
+			s->state = SAVE_BROKEN;   /* the daemon may hold part of the blob */
+			goto out;
+		}
+		off += n;
+	} while (off < len);
+out:
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Sends the encoded tensor entries as SAVE_ADD frames of about FRAME_BUDGET bytes at most
+ * (one entry is under 1 KiB, far below the 16 MiB frame limit) (lock held). */
+static int save_flush(dsckpt_save_t *s)
+{
+	size_t i = 0;
+
+	while (i < s->nt) {
+		struct proto_out o;
+		size_t start = i ? s->ends[i - 1] : 0, j = i + 1;
+		while (j < s->nt && j - i < FRAME_MAX_ENTRIES &&
+		       s->ends[j] - start <= FRAME_BUDGET)
+			j++;
+		lib_conn_frame(s->c, &o, PROTO_SAVE_ADD);
+		msgpack_pack_map(&o.pk, 2);
+		proto_kv_u64(&o.pk, "save", s->id);
+		proto_key(&o.pk, "tensors");
+		msgpack_pack_array(&o.pk, j - i);
+		msgpack_sbuffer_write(&o.sb, s->enc.data + start, s->ends[j - 1] - start);
+		int e = save_add_call(s, &o);
+		if (e < 0)
+			return e;
+		i = j;
+	}
+	return 0;
+}
+
+/* Hands the save to the daemon: the buffered tensors, then SAVE_END. */
+int dsckpt_save_end(dsckpt_save_t *s)
+{
+	struct proto_out o;
+	struct lib_reply r;
+	int64_t level = 0;
+	int e;
+
+	if (!s)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	if (s->state != SAVE_OPEN) {
+		e = save_not_open(s);
+		goto out;
+	}
+	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s)) < 0)
+		goto fail;
+	lib_conn_frame(s->c, &o, PROTO_SAVE_END);
+	msgpack_pack_map(&o.pk, 1);
+	proto_kv_u64(&o.pk, "save", s->id);
+	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
+		goto fail;
+	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_COMMITTED, &level, 1);
+	if ((e = lib_reply_end(s->c, &r, "SAVE_END")) < 0)
+		goto fail;
+	s->state = SAVE_ENDED;
+	goto out;
+fail:
+	s->state = SAVE_BROKEN;
+out:
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Sends WAIT {save, level, timeout_ms} and decodes the progress (lock held). */
+static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progress_t *p)
+{
+	char error[PROTO_MAX_STR + 1] = "";
+	struct proto_out o;
+	struct lib_reply r;
+	uint64_t id = 0;
+	int64_t reached = 0;
+	int e;
+
+	if (s->state != SAVE_ENDED)
+		return lib_conn_fail(s->c, DSCKPT_ESTATE, s->state == SAVE_OPEN
+				     ? "dsckpt_save_end must come first"
+				     : "the save failed before it was handed over");
+	lib_conn_frame(s->c, &o, PROTO_WAIT);
+	msgpack_pack_map(&o.pk, 3);
+	proto_kv_u64(&o.pk, "save", s->id);
+	proto_kv_i64(&o.pk, "level", level);
+	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms < 0 ? -1 : timeout_ms);
+	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
+		return e;
+	proto_get_u64(&r.m, "save", UINT64_MAX, &id, 1);
+	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_COMMITTED, &reached, 1);
+	proto_get_u64(&r.m, "bytes_total", UINT64_MAX, &p->bytes_total, 1);
+	proto_get_u64(&r.m, "bytes_snapshot", UINT64_MAX, &p->bytes_snapshot, 1);
+	proto_get_u64(&r.m, "bytes_flushed", UINT64_MAX, &p->bytes_flushed, 1);
+	proto_get_str(&r.m, "error", error, PROTO_MAX_STR, 0);
+	if (id != s->id)
+		proto_map_fail(&r.m, "reply names save %" PRIu64 ", not %" PRIu64, id, s->id);
+	if ((e = lib_reply_end(s->c, &r, "WAIT")) < 0)
+		return e;
+	p->level = (int)reached;
+	if (reached == DSCKPT_FAILED)
+		lib_conn_fail(s->c, DSCKPT_EFAILED, "%s", *error ? error : "save failed");
+	return 0;
+}
+
+/* Waits until the save reaches level. */
+int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
+{
+	dsckpt_progress_t p;
+	int e;
+
+	if (!s)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	if (level < DSCKPT_NONE || level > DSCKPT_COMMITTED)
+		e = lib_conn_fail(s->c, DSCKPT_EINVAL, "level %d is not in 0..%d", level,
+				  DSCKPT_COMMITTED);
+	else if ((e = save_query(s, level, timeout_ms, &p)) < 0)
+		;
+	else if (p.level == DSCKPT_FAILED)
+		e = DSCKPT_EFAILED;
+	else if (p.level < level)
+		e = lib_conn_fail(s->c, DSCKPT_ETIMEDOUT, "save is %s after %d ms, not %s",
+				  dsckpt_level_name(p.level), timeout_ms,
+				  dsckpt_level_name(level));
+	else
+		e = p.level;
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Asks the daemon for the save's progress without waiting (a FAILED save reports -1). */
+int dsckpt_save_progress(dsckpt_save_t *s, dsckpt_progress_t *out)
+{
+	if (!s || !out)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	int e = save_query(s, DSCKPT_NONE, 0, out);
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Frees the handle and its staging arenas; the daemon keeps going. */
+void dsckpt_save_free(dsckpt_save_t *s)
+{
+	if (!s)
+		return;
+	lib_conn_lock(s->c);
+	for (size_t i = 0; i < s->nstages; i++) {
+		struct save_stage *st = &s->stages[i];
+		if (lib_conn_alive(s->c))
+			lib_conn_region_del(s->c, st->region);
+		munmap(st->base, st->size);
+		close(st->fd);
+	}
+	lib_conn_unlock(s->c);
+	lib_conn_unref(s->c);
+	free(s->stages);
+	msgpack_sbuffer_destroy(&s->enc);
+	free(s->ends);
+	names_free(&s->tnames);
+	names_free(&s->bnames);
+	free(s);
+}
+
+/* Commits the checkpoint directory (COMMIT). */
+int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
+{
+	char tag[PROTO_MAX_STR + 1];
+	struct proto_out o;
+	struct lib_reply r;
+	int64_t level;
+	uint64_t files, bytes;
+	int e;
+
+	if (!c)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(c);
+	if ((e = save_dir_check(c, dir)) < 0)
+		goto out;
+	if (lib_conn_world(c) == 0) {
+		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before commit");
+		goto out;
+	}
+	lib_conn_frame(c, &o, PROTO_COMMIT);
+	msgpack_pack_map(&o.pk, 3);
+	proto_kv_str(&o.pk, "dir", dir);
+	proto_kv_u64(&o.pk, "world", (uint64_t)lib_conn_world(c));
+	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms < 0 ? -1 : timeout_ms);
+	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+		goto out;
+	proto_get_i64(&r.m, "level", DSCKPT_COMMITTED, DSCKPT_COMMITTED, &level, 1);
+	proto_get_str(&r.m, "tag", tag, PROTO_MAX_STR, 1);
+	proto_get_u64(&r.m, "files", UINT64_MAX, &files, 1);
+	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
+	e = lib_reply_end(c, &r, "COMMIT");
+out:
+	lib_conn_unlock(c);
+	return e;
+}
