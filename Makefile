@@ -19,7 +19,7 @@ SAN ?=
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
 	libxxhash-dev check
 
-CFLAGS_BASE := -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
 ifneq ($(SAN),)
 CFLAGS_BASE += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -62,7 +62,7 @@ deps:
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$need; \
 	fi
 
-$(BUILD)/obj/daemon/%.o: daemon/%.c daemon/dsckptd.h proto/proto.h client/dsckpt.h
+$(BUILD)/obj/daemon/%.o: daemon/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
 $(BUILD)/obj/%.o: %.c
@@ -149,3 +149,5 @@ install: all
 
 clean:
 	rm -rf build
+
+-include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

@@ -118,7 +118,8 @@ DSCKPT_EXTERN int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank,
 				  int world_size);
 /* Closes the connection; saves already ACCEPTED still complete in the daemon. */
 DSCKPT_EXTERN void dsckpt_close(dsckpt_conn_t *c);
-/* Detailed message of the last failed call on this connection (never NULL). */
+/* Detailed message of the last failed call on this connection (never NULL); with c NULL,
+ * the message of this thread's last failed dsckpt_connect. */
 DSCKPT_EXTERN const char *dsckpt_last_error(dsckpt_conn_t *c);
 
 /*
@@ -148,7 +149,8 @@ DSCKPT_EXTERN int dsckpt_save_end(dsckpt_save_t *s);
  * Call dsckpt_wait(s, DSCKPT_SNAPSHOT, -1) right before the optimizer step.
  */
 DSCKPT_EXTERN int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms);
-/* Asks the daemon for the save's progress without waiting. */
+/* Asks the daemon for the save's progress without waiting; a failed save reports level
+ * DSCKPT_FAILED with the reason in dsckpt_last_error(). */
 DSCKPT_EXTERN int dsckpt_save_progress(dsckpt_save_t *s, dsckpt_progress_t *out);
 /* Frees the client-side handle (and any staging memory); the daemon keeps going. */
 DSCKPT_EXTERN void dsckpt_save_free(dsckpt_save_t *s);

@@ -285,6 +285,13 @@ static void handle_frames(struct conn *c)
 				   "frame announces %u descriptors but %u arrived", h.nfds, c->nfdq);
 			break;
 		}
+		/* With no byte after this frame, every queued descriptor came with it or before. */
+		if (c->nfdq > h.nfds && c->in_len - off == PROTO_HDR_SIZE + (size_t)h.length) {
+			conn_error(c, h.id, DSCKPT_EPROTO, 1,
+				   "%u descriptors arrived with a frame that announces %u",
+				   c->nfdq, h.nfds);
+			break;
+		}
 		int fds[PROTO_MAX_FDS];
 		memcpy(fds, c->fdq, h.nfds * sizeof(int));
 		memmove(c->fdq, c->fdq + h.nfds, (c->nfdq - h.nfds) * sizeof(int));

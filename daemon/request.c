@@ -252,6 +252,22 @@ static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_
 	conn_send(c, &o);
 }
 
+/* SAVE_ABORT: forgets a save that was never ended. */
+static void on_save_abort(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+
+	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
+	if (proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	struct save *s = save_find_open(c, id);
+	if (!s)
+		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
+				  (unsigned long long)id);
+	save_drop(s);
+	reply_empty(c, h->id);
+}
+
 /* WAIT: answers when the level is reached, the save fails or time is up. */
 static void on_wait(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
 {
@@ -359,6 +375,7 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 		case PROTO_SAVE_BEGIN: on_save_begin(c, h, &m); break;
 		case PROTO_SAVE_ADD: on_save_add(c, h, &m); break;
 		case PROTO_SAVE_END: on_save_end(c, h, &m); break;
+		case PROTO_SAVE_ABORT: on_save_abort(c, h, &m); break;
 		case PROTO_WAIT: on_wait(c, h, &m); break;
 		case PROTO_COMMIT: on_commit(c, h, &m); break;
 		case PROTO_STATUS: on_status(c, h, &m); break;

@@ -39,6 +39,7 @@ enum proto_type {
 	PROTO_SAVE_END = 34,
 	PROTO_WAIT = 35,
 	PROTO_COMMIT = 36,
+	PROTO_SAVE_ABORT = 37,
 	/* 64-95: control queries (dsckptctl) */
 	PROTO_STATUS = 64,
 	PROTO_PENDING = 65,

@@ -41,7 +41,8 @@ uint64_t lib_region_id(void)
 int lib_memfd_map(const char *name, size_t size, int *fd, void **base)
 {
 	int e;
-	int f = memfd_create(name, MFD_CLOEXEC);
+	/* Sealing allowed: the daemon seals against shrinking, so a read can never fault. */
+	int f = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (f < 0)
 		return lib_errno(errno);
 	if (ftruncate(f, (off_t)size) < 0)

@@ -608,6 +608,14 @@ void dsckpt_save_free(dsckpt_save_t *s)
 	if (!s)
 		return;
 	lib_conn_lock(s->c);
+	if (s->state == SAVE_OPEN && lib_conn_alive(s->c)) {
+		/* Never handed over: let the daemon forget it now rather than at disconnect. */
+		struct proto_out o;
+		lib_conn_frame(s->c, &o, PROTO_SAVE_ABORT);
+		msgpack_pack_map(&o.pk, 1);
+		proto_kv_u64(&o.pk, "save", s->id);
+		lib_conn_call_empty(s->c, &o, NULL, 0, "SAVE_ABORT");
+	}
 	for (size_t i = 0; i < s->nstages; i++) {
 		struct save_stage *st = &s->stages[i];
 		if (lib_conn_alive(s->c))
