@@ -860,6 +860,30 @@ START_TEST(test_saves_in_flight)
 }
 END_TEST
 
+/* SIGTERM right after ACCEPTED: the daemon finishes the flush, then exits 0. */
+START_TEST(test_sigterm_drains)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	const char *dir = P("%s/term/t1", D->root);
+	dsckpt_conn_t *c = conn_open("term", 0, 1);
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", 64 * MIB + 3, 11, &mem);
+	dsckpt_progress_t pr;
+	CK_DS(c, dsckpt_save_progress(s, &pr));
+	ck_assert_int_lt(pr.level, DSCKPT_DURABLE);	/* still in flight when the signal lands */
+	int st = d_kill(SIGTERM);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dsckptd exit status %d", st);
+	ck_assert(!has_partial(dir));
+	check_pattern_file(dir, "rank0", 64 * MIB + 3, 11);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_restart(0);	/* a durable, uncommitted tag: recovery removes it, nothing else */
+	ck_assert(!h_exists(P("%s/rank0.safetensors", dir)));
+	d_stop();
+}
+END_TEST
+
 /* After wait(SNAPSHOT) the trainer overwrites its tensor; the file keeps the old bytes. */
 START_TEST(test_lazy_snapshot)
 {
@@ -1604,6 +1628,7 @@ static Suite *daemon_suite(void)
 		{"bigger than cache", test_bigger_than_cache, 90},
 		{"saves in flight", test_saves_in_flight, 60},
 		{"lazy snapshot", test_lazy_snapshot, 30},
+		{"sigterm drains", test_sigterm_drains, 60},
 		{"client killed", test_client_killed, 60},
 		{"daemon killed", test_daemon_killed, 90},
 		{"bad paths", test_bad_paths, 30},
