@@ -132,8 +132,11 @@ DSCKPT_EXTERN int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const cha
 /*
  * Adds a tensor by reference. dtype is a safetensors dtype name ("F32", "BF16", ...);
  * shape has ndim entries and nbytes must equal their product times the dtype size.
- * Memory from dsckpt_host_alloc is handed over without a copy and must stay unchanged until
- * the save reaches SNAPSHOT; any other host memory is copied (staged) before this returns.
+ * GPU memory (cudaMalloc or PyTorch's caching allocator: a legacy IPC handle; cuMemCreate or
+ * PyTorch's expandable segments: VMM file descriptors) and memory from dsckpt_host_alloc are
+ * handed over without a copy and must stay unchanged until the save reaches SNAPSHOT; each
+ * allocation's handle is sent once per connection. Managed memory is refused (ENOTSUP).
+ * Any other host memory is copied (staged) before this returns.
  */
 DSCKPT_EXTERN int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const char *dtype,
 				    const int64_t *shape, int ndim, const void *ptr,
@@ -141,6 +144,12 @@ DSCKPT_EXTERN int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const ch
 /* Attaches an opaque named blob (copied now), stored in file.meta. */
 DSCKPT_EXTERN int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data,
 				  size_t len);
+/*
+ * Names the CUDA stream (a cudaStream_t or CUstream) whose queued work writes this save's GPU
+ * tensors; at dsckpt_save_end an interprocess event is recorded on it and the daemon's copies
+ * wait for that event, so nobody synchronizes the device. Default: the legacy default stream.
+ */
+DSCKPT_EXTERN int dsckpt_save_set_stream(dsckpt_save_t *s, void *stream);
 /* Hands the save to the daemon; returns once it is ACCEPTED (about a millisecond). */
 DSCKPT_EXTERN int dsckpt_save_end(dsckpt_save_t *s);
 /*

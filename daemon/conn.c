@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define FDQ_MAX 64
+#define FDQ_MAX 256
 #define OUT_MAX (64u << 20)  /* replies a client leaves unread before we drop it */
 
 /* A region the client registered. */

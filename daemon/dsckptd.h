@@ -176,6 +176,30 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 /* At start-up: reports and removes *.partial files and manifest-less tags under the roots. */
 void store_recover(const struct config *cfg);
 
+/* cuda.c — the CUDA transports (static runtime; driver calls via cudaGetDriverEntryPoint). */
+struct cuda_fence;
+/* Opens a legacy IPC handle of a whole size-byte allocation on the GPU with this UUID. */
+int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t size,
+			 struct source **out, char *err, size_t errlen);
+/* Creates a VMM source: reserves size bytes of address space on the GPU with this UUID. */
+int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **out,
+			 char *err, size_t errlen);
+/* Imports n exported allocations (fds, always taken) of the given sizes, maps them one after
+ * another from byte at, and enables read access; negative DSCKPT_E* with err. */
+int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size, uint64_t at,
+			const int *fds, const uint64_t *sizes, unsigned n, char *err,
+			size_t errlen);
+/* Whether every byte of the source can be read (a VMM range may still be mapping). */
+int source_complete(const struct source *s);
+/* Imports a client's interprocess event and orders a daemon-owned fence after its latest
+ * record (so later re-records by the client do not matter); the import is dropped. */
+int cuda_fence_import(const uint8_t uuid[16], const uint8_t handle[64],
+		      struct cuda_fence **out, char *err, size_t errlen);
+/* Makes the calling thread's copy stream for the fence's device wait for the fence. */
+int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen);
+/* Frees a fence. */
+void cuda_fence_free(struct cuda_fence *f);
+
 /* gpu.c — optional CUDA (runtime linked statically; no -lcuda). */
 /* Probes for a driver and devices; returns a line for status ("none: <reason>" or names). */
 const char *gpu_init(void);
@@ -270,6 +294,7 @@ struct engine_req {
 	size_t meta_len;
 	uid_t uid;
 	gid_t gid;
+	struct cuda_fence *fence;  /* copies wait for it (GPU saves), or NULL */
 	void *owner;         /* the save, passed back in events */
 };
 enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
