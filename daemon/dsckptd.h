@@ -50,6 +50,9 @@ void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Logs at debug level (cheap when debug is off). */
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Formats a message into err (when err is not NULL) and returns code. */
+int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 /* config.c */
 /* A validated configuration; replaced whole on reload, never edited in place. */
@@ -178,6 +181,21 @@ void store_recover(const struct config *cfg);
 
 /* cuda.c — the CUDA transports (static runtime; driver calls via cudaGetDriverEntryPoint). */
 struct cuda_fence;
+/* What a kind of source does: source.c dispatches through it, cuda.c adds the CUDA kinds. */
+struct source_ops {
+	const char *name;
+	/* Copies [off, off+len), already within the source's size, into dst; <0 with err. */
+	int (*read)(void *priv, uint64_t off, void *dst, uint64_t len, char *err,
+		    size_t errlen);
+	/* Whether every byte can be read; NULL means always. */
+	int (*complete)(const void *priv);
+	/* Releases the kind's state of a size-byte source. */
+	void (*close)(void *priv, uint64_t size);
+};
+/* (source.c) Makes a source (one reference) of size bytes of a kind; NULL without memory. */
+struct source *source_new(const struct source_ops *ops, void *priv, uint64_t size);
+/* (source.c) Returns the kind's state when s is of kind ops, else NULL. */
+void *source_priv(struct source *s, const struct source_ops *ops);
 /* Opens a legacy IPC handle of a whole size-byte allocation on the GPU with this UUID. */
 int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t size,
 			 struct source **out, char *err, size_t errlen);
@@ -195,12 +213,14 @@ int source_complete(const struct source *s);
  * record (so later re-records by the client do not matter); the import is dropped. */
 int cuda_fence_import(const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen);
+/* Waits for the device copies this thread queued with source_read (no-op without any). */
+int cuda_copy_sync(char *err, size_t errlen);
 /* Makes the calling thread's copy stream for the fence's device wait for the fence. */
 int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen);
 /* Frees a fence. */
 void cuda_fence_free(struct cuda_fence *f);
 
-/* gpu.c — optional CUDA (runtime linked statically; no -lcuda). */
+/* gpu (in cuda.c) — optional CUDA (runtime linked statically; no -lcuda). */
 /* Probes for a driver and devices; returns a line for status ("none: <reason>" or names). */
 const char *gpu_init(void);
 /* Pins [base, base+len) for fast device copies when CUDA is usable; no-op otherwise. */
@@ -335,8 +355,9 @@ int save_add_blob(struct save *s, const char *name, const void *data, size_t len
 void save_drop(struct save *s);
 /* Totals so far. */
 void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes);
-/* Plans the file and submits it to the engine (ACCEPTED); negative DSCKPT_E* with err. */
-int save_end(struct save *s, char *err, size_t errlen);
+/* Plans the file and submits it to the engine (ACCEPTED), its copies ordered after fence
+ * (taken, may be NULL); negative DSCKPT_E* with err. */
+int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen);
 /* Answers a WAIT now or when the level is reached, fails or timeout_ms passes. */
 void save_wait(struct conn *c, uint64_t req, struct save *s, int level, int64_t timeout_ms);
 /* Handles COMMIT: waits for dir's saves to be durable, then commits in the threadpool. */

@@ -173,6 +173,9 @@ static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, 
 	uint64_t end = start + j->chunk < j->data_len ? start + j->chunk : j->data_len;
 	size_t lo = 0, hi = j->r.n;
 
+	/* GPU sources: this thread's copy stream waits for the producer's writes. */
+	if (j->r.fence && cuda_fence_wait(j->r.fence, err, errlen) < 0)
+		return -1;
 	/* First tensor ending after start (tensors are in file order). */
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
@@ -188,10 +191,13 @@ static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, 
 		if (a >= b)
 			continue;
 		if (source_read(t->src, t->src_off + (a - t->off), chunk + (a - start), b - a,
-				err, errlen) < 0)
+				err, errlen) < 0) {
+			cuda_copy_sync(NULL, 0);	/* never leave a copy into the chunk behind */
 			return -1;
+		}
 	}
-	return 0;
+	/* Device reads are only queued: the piece is in the chunk once they are done. */
+	return cuda_copy_sync(err, errlen);
 }
 
 /* Copy thread: claims pieces as cache chunks free up and fills them. */
@@ -463,6 +469,8 @@ void engine_job_free(struct job *j)
 		close(j->r.dirfd);
 	free(j->r.meta_name);
 	free(j->r.meta);
+	if (j->r.fence)
+		cuda_fence_free(j->r.fence);
 	free(j->ready);
 	free(j->xxh3);
 	XXH3_freeState(j->tstate);

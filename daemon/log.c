@@ -130,3 +130,16 @@ LOG_FUNC(log_warnx, LOG_LVL_WARN, 0)
 LOG_FUNC(log_info, LOG_LVL_INFO, 0)
 /* Logs at debug level (a single atomic load when debug is off). */
 LOG_FUNC(log_debug, LOG_LVL_DEBUG, 0)
+
+/* Formats a message into err (when err is not NULL) and returns code. */
+int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}

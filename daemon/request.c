@@ -69,31 +69,113 @@ static void on_hello(struct conn *c, const struct proto_hdr *h, struct proto_map
 	conn_send(c, &o);
 }
 
-/* REGION_ADD: maps a client's memory as a source. */
+/* REGION_ADD of a cuda_vmm range: the first frame creates it, later ones continue it. */
+static void region_add_vmm(struct conn *c, const struct proto_hdr *h, struct proto_map *m,
+			   uint64_t region, uint64_t size, const uint8_t *uuid, int *fds,
+			   unsigned nfds)
+{
+	const msgpack_object_array *maps = NULL;
+	uint64_t at = 0, sizes[PROTO_MAX_FDS];
+	struct source *s;
+	char err[ERRLEN];
+	int rc;
+
+	proto_get_u64(m, "at", UINT64_MAX, &at, 1);
+	proto_get_array(m, "maps", &maps, PROTO_MAX_FDS, 1);
+	for (uint32_t i = 0; !m->err && i < maps->size; i++) {
+		if (maps->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+			proto_map_fail(m, "maps entries must be unsigned integers");
+		else
+			sizes[i] = maps->ptr[i].via.u64;
+	}
+	if (!m->err && (maps->size == 0 || maps->size != nfds))
+		proto_map_fail(m, "%u maps need as many descriptors (got %u)", maps->size, nfds);
+	if (proto_map_end(m) < 0) {
+		close_fds(fds, nfds);
+		return malformed(c, h, m->why);
+	}
+	s = conn_region(c, region);
+	if (at == 0) {
+		if (s) {
+			close_fds(fds, nfds);
+			return conn_error(c, h->id, DSCKPT_EEXIST, 0,
+					  "region %llu already registered",
+					  (unsigned long long)region);
+		}
+		if ((rc = source_cuda_vmm_open(uuid, size, &s, err, sizeof(err))) < 0) {
+			close_fds(fds, nfds);
+			return conn_error(c, h->id, rc, 0, "region %llu: %s",
+					  (unsigned long long)region, err);
+		}
+		if (conn_region_add(c, region, s) < 0) {
+			source_unref(s);
+			close_fds(fds, nfds);
+			return conn_error(c, h->id, DSCKPT_ENOMEM, 0, "out of memory");
+		}
+	} else if (!s) {
+		close_fds(fds, nfds);
+		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no region %llu to continue",
+				  (unsigned long long)region);
+	}
+	/* Ownership: the descriptors go to the source, which closes them on every path. */
+	rc = source_cuda_vmm_map(s, uuid, size, at, fds, sizes, nfds, err, sizeof(err));
+	if (rc < 0) {
+		conn_region_del(c, region);	/* a half-mapped range is never used */
+		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
+				  err);
+	}
+	reply_empty(c, h->id);
+}
+
+/* REGION_ADD: registers a source of bytes (host memfd, CUDA IPC handle, CUDA VMM fds). */
 static void on_region_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m,
 			  int *fds, unsigned nfds)
 {
 	uint64_t region = 0, size = 0;
 	char kind[16] = "", err[ERRLEN];
-	struct source *s;
+	const void *uuid = NULL, *handle = NULL;
+	size_t uuid_len = 0, handle_len = 0;
+	struct source *s = NULL;
+	int rc;
 
 	proto_get_u64(m, "region", UINT64_MAX, &region, 1);
 	proto_get_str(m, "kind", kind, sizeof(kind) - 1, 1);
 	proto_get_u64(m, "size", UINT64_MAX, &size, 1);
-	if (!m->err && strcmp(kind, "host") != 0)
-		return close_fds(fds, nfds),
-		       conn_error(c, h->id, DSCKPT_ENOTSUP, 0, "unknown region kind '%s'", kind);
-	if (!m->err && nfds != 1)
-		proto_map_fail(m, "a host region comes with exactly one descriptor");
-	if (proto_map_end(m) < 0)
-		return close_fds(fds, nfds), malformed(c, h, m->why);
-	if (conn_region(c, region))
-		return close_fds(fds, nfds),
-		       conn_error(c, h->id, DSCKPT_EEXIST, 0, "region %llu already registered",
+	if (!m->err && strcmp(kind, "host") != 0) {
+		proto_get_bin(m, "uuid", &uuid, &uuid_len, 16, 1);
+		if (!m->err && uuid_len != 16)
+			proto_map_fail(m, "uuid must be 16 bytes");
+	}
+	if (!m->err && strcmp(kind, "cuda_vmm") == 0)
+		return region_add_vmm(c, h, m, region, size, uuid, fds, nfds);
+	if (!m->err && strcmp(kind, "cuda_ipc") == 0) {
+		proto_get_bin(m, "handle", &handle, &handle_len, 64, 1);
+		if (!m->err && handle_len != 64)
+			proto_map_fail(m, "handle must be 64 bytes");
+		if (!m->err && nfds != 0)
+			proto_map_fail(m, "a cuda_ipc region takes no descriptors");
+	} else if (!m->err && strcmp(kind, "host") == 0) {
+		if (nfds != 1)
+			proto_map_fail(m, "a host region comes with exactly one descriptor");
+	} else if (!m->err) {
+		proto_map_fail(m, "unknown region kind '%s'", kind);
+	}
+	if (proto_map_end(m) < 0) {
+		close_fds(fds, nfds);
+		return malformed(c, h, m->why);
+	}
+	if (conn_region(c, region)) {
+		close_fds(fds, nfds);
+		return conn_error(c, h->id, DSCKPT_EEXIST, 0, "region %llu already registered",
 				  (unsigned long long)region);
-	if (source_host_open(fds[0], size, &s, err, sizeof(err)) < 0)
-		return conn_error(c, h->id, DSCKPT_EBADF, 0, "region %llu: %s",
-				  (unsigned long long)region, err);
+	}
+	if (strcmp(kind, "host") == 0)
+		rc = source_host_open(fds[0], size, &s, err, sizeof(err));
+	else
+		rc = source_cuda_ipc_open(uuid, handle, size, &s, err, sizeof(err));
+	if (rc < 0)
+		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
+				  err);
 	if (conn_region_add(c, region, s) < 0) {
 		source_unref(s);
 		return conn_error(c, h->id, DSCKPT_ENOMEM, 0, "out of memory");
@@ -229,21 +311,37 @@ static void on_save_add(struct conn *c, const struct proto_hdr *h, struct proto_
 	conn_send(c, &o);
 }
 
-/* SAVE_END: hands the save to the engine. */
+/* SAVE_END: hands the save to the engine, ordered after the client's event if any. */
 static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	char err[ERRLEN];
 	struct proto_out o;
+	const void *event = NULL, *uuid = NULL;
+	size_t event_len = 0, uuid_len = 0;
+	struct cuda_fence *fence = NULL;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
+	int has_event = proto_get_bin(m, "event", &event, &event_len, 64, 0);
+	int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuid_len, 16, 0);
+	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
+								 uuid_len != 16))))
+		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
 	if (proto_map_end(m) < 0)
 		return malformed(c, h, m->why);
 	struct save *s = save_find_open(c, id);
 	if (!s)
 		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
 				  (unsigned long long)id);
-	int rc = save_end(s, err, sizeof(err));
+	if (has_event > 0) {
+		int rc = cuda_fence_import(uuid, event, &fence, err, sizeof(err));
+		if (rc < 0) {
+			save_drop(s);
+			return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
+					  (unsigned long long)id);
+		}
+	}
+	int rc = save_end(s, fence, err, sizeof(err));
 	if (rc < 0)
 		return conn_error(c, h->id, rc, 0, "%s", err);
 	proto_out_init(&o, PROTO_REPLY, h->id);
@@ -352,6 +450,7 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 	struct proto_in in;
 	struct proto_map m;
 	char why[160];
+	double t0 = now_mono();
 
 	if (proto_in_parse(&in, body, h->length, why, sizeof(why)) < 0) {
 		proto_in_free(&in);
@@ -386,4 +485,7 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 		}
 	}
 	proto_in_free(&in);
+	log_debug("client %llu: %s of %u bytes handled in %.3f ms",
+		  (unsigned long long)conn_id(c), proto_type_name(h->type), h->length,
+		  (now_mono() - t0) * 1e3);
 }

@@ -304,8 +304,8 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	char d[PROTO_MAX_STR + 1];
 
 	if (conn_role(c) != CONN_TRAINER) {
-		snprintf(err, errlen, "only an identified trainer may save");
-		return DSCKPT_ESTATE;
+		return seterr(err, errlen, DSCKPT_ESTATE,
+				      "only an identified trainer may save");
 	}
 	if (!valid_file(file)) {
 		snprintf(err, errlen,
@@ -318,9 +318,9 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 		int busy = s->level == DSCKPT_NONE || s->level == DSCKPT_ACCEPTED ||
 			   s->level == DSCKPT_SNAPSHOT;
 		if (busy && strcmp(s->dir, d) == 0 && strcmp(s->file, file) == 0) {
-			snprintf(err, errlen, "%s/%s is already being saved (save %llu)", d, file,
+			return seterr(err, errlen, DSCKPT_EBUSY,
+					      "%s/%s is already being saved (save %llu)", d, file,
 				 (unsigned long long)s->id);
-			return DSCKPT_EBUSY;
 		}
 	}
 	int fd = store_open_dir(config, d, conn_uid(c), conn_gid(c), err, errlen);
@@ -329,8 +329,7 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	struct save *s = calloc(1, sizeof(*s));
 	if (!s) {
 		close(fd);
-		snprintf(err, errlen, "out of memory");
-		return DSCKPT_ENOMEM;
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	}
 	s->id = next_save_id++;
 	s->client = conn_id(c);
@@ -375,24 +374,27 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	uint64_t count = 1;
 
 	if (!*name) {
-		snprintf(err, errlen, "tensor with an empty name");
-		return DSCKPT_EINVAL;
+		return seterr(err, errlen, DSCKPT_EINVAL, "tensor with an empty name");
 	}
 	if (esize == 0) {
-		snprintf(err, errlen, "tensor '%s': unknown dtype '%s'", name, dtype);
-		return DSCKPT_EINVAL;
+		return seterr(err, errlen, DSCKPT_EINVAL,
+				      "tensor '%s': unknown dtype '%s'", name, dtype);
 	}
 	for (unsigned i = 0; i < ndim; i++) {
 		if (shape[i] && count > UINT64_MAX / shape[i]) {
-			snprintf(err, errlen, "tensor '%s': shape overflows", name);
-			return DSCKPT_ERANGE;
+			return seterr(err, errlen, DSCKPT_ERANGE,
+					      "tensor '%s': shape overflows", name);
 		}
 		count *= shape[i];
 	}
 	if (count > UINT64_MAX / esize || count * esize != nbytes) {
-		snprintf(err, errlen, "tensor '%s': nbytes %llu does not match its shape and dtype",
+		return seterr(err, errlen, DSCKPT_EINVAL,
+				      "tensor '%s': nbytes %llu does not match its shape and dtype",
 			 name, (unsigned long long)nbytes);
-		return DSCKPT_EINVAL;
+	}
+	if (!source_complete(src)) {
+		return seterr(err, errlen, DSCKPT_ESTATE,
+				      "tensor '%s': its region is not fully mapped yet", name);
 	}
 	if (off > source_size(src) || nbytes > source_size(src) - off) {
 		snprintf(err, errlen,
@@ -402,15 +404,14 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		return DSCKPT_ERANGE;
 	}
 	if (s->n >= MAX_TENSORS) {
-		snprintf(err, errlen, "more than %u tensors in one save", MAX_TENSORS);
-		return DSCKPT_ERANGE;
+		return seterr(err, errlen, DSCKPT_ERANGE,
+				      "more than %u tensors in one save", MAX_TENSORS);
 	}
 	if (s->n == s->cap) {
 		size_t cap = s->cap ? s->cap * 2 : 64;
 		struct tensor_in *t = realloc(s->t, cap * sizeof(*t));
 		if (!t) {
-			snprintf(err, errlen, "out of memory");
-			return DSCKPT_ENOMEM;
+			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 		}
 		s->t = t;
 		s->cap = cap;
@@ -419,8 +420,7 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	memset(t, 0, sizeof(*t));
 	t->name = strdup(name);
 	if (!t->name) {
-		snprintf(err, errlen, "out of memory");
-		return DSCKPT_ENOMEM;
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	}
 	snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
 	memcpy(t->shape, shape, ndim * sizeof(*shape));
@@ -447,33 +447,28 @@ int save_add_blob(struct save *s, const char *name, const void *data, size_t len
 			b = &s->b[i];
 	}
 	if (!*name) {
-		snprintf(err, errlen, "blob with an empty name");
-		return DSCKPT_EINVAL;
+		return seterr(err, errlen, DSCKPT_EINVAL, "blob with an empty name");
 	}
 	if (total > MAX_BLOB_BYTES) {
-		snprintf(err, errlen, "blobs of one save exceed %llu bytes",
+		return seterr(err, errlen, DSCKPT_ERANGE, "blobs of one save exceed %llu bytes",
 			 (unsigned long long)MAX_BLOB_BYTES);
-		return DSCKPT_ERANGE;
 	}
 	if (!b) {
 		struct blob *nb = realloc(s->b, (s->nb + 1) * sizeof(*nb));
 		if (!nb) {
-			snprintf(err, errlen, "out of memory");
-			return DSCKPT_ENOMEM;
+			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 		}
 		s->b = nb;
 		b = &s->b[s->nb];
 		memset(b, 0, sizeof(*b));
 		if (!(b->name = strdup(name))) {
-			snprintf(err, errlen, "out of memory");
-			return DSCKPT_ENOMEM;
+			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 		}
 		s->nb++;
 	}
 	uint8_t *d = realloc(b->data, b->len + len + 1);
 	if (!d) {
-		snprintf(err, errlen, "out of memory");
-		return DSCKPT_ENOMEM;
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	}
 	memcpy(d + b->len, data, len);
 	b->data = d;
@@ -508,11 +503,11 @@ static int pack_meta(struct save *s, uint8_t **out, size_t *len)
 }
 
 /* Plans the file and submits it to the engine. */
-int save_end(struct save *s, char *err, size_t errlen)
+int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 {
 	struct st_tensor *st = calloc(s->n ? s->n : 1, sizeof(*st));
 	struct engine_req r = {.n = s->n, .dirfd = -1, .uid = s->uid, .gid = s->gid,
-			       .owner = s};
+			       .fence = fence, .owner = s};
 	char rank[16], world[16], name[160];
 	const char *meta[] = {"format", "pt", "dsckpt.version", DSCKPTD_VERSION,
 			      "dsckpt.job", s->jobname, "dsckpt.rank", rank, "dsckpt.world", world};
@@ -565,6 +560,8 @@ int save_end(struct save *s, char *err, size_t errlen)
 		  (unsigned long long)s->bytes);
 	return 0;
 fail:
+	if (fence)
+		cuda_fence_free(fence);
 	free(st);
 	free(r.t);
 	free(r.slots);

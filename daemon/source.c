@@ -1,8 +1,7 @@
 /*
  * source.c — transports: where the bytes of a save come from. A source is refcounted
- * (a save and the copy threads reading it each hold a reference) and dispatches through
- * per-kind operations. Only host memory (a client's memfd) exists now; CUDA IPC and VMM fds
- * become further kinds with their own open function and ops.
+ * (a save and the copy threads reading it each hold a reference) and dispatches through its
+ * kind's operations: host memory (a client's memfd) here, CUDA IPC and VMM ranges in cuda.c.
  */
 #include "dsckptd.h"
 
@@ -15,55 +14,61 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum source_type { SOURCE_HOST };
-
 struct source {
 	atomic_uint refs;
-	enum source_type type;
 	uint64_t size;
-	void *mapping; /* host: our read-only mapping of the client's fd */
-};
-
-/* What each kind of source does. */
-struct source_ops {
-	const char *name;
-	/* Copies [off, off+len), already bounds-checked, into dst. */
-	int (*read)(struct source *s, uint64_t off, void *dst, uint64_t len, char *err,
-		    size_t errlen);
-	/* Releases what the source holds (not the struct). */
-	void (*close)(struct source *s);
+	const struct source_ops *ops;
+	void *priv; /* the kind's state; host: our read-only mapping of the client's fd */
 };
 
 /* Copies host bytes; the fd is sealed against shrinking so the mapping stays backed. */
-static int source_host_read(struct source *s, uint64_t off, void *dst, uint64_t len,
-			    char *err, size_t errlen)
+static int source_host_read(void *priv, uint64_t off, void *dst, uint64_t len, char *err,
+			    size_t errlen)
 {
-	memcpy(dst, (const unsigned char *)s->mapping + off, len);
+	memcpy(dst, (const unsigned char *)priv + off, len);
 	return 0;
 }
 
 /* Unmaps the client's memory. */
-static void source_host_close(struct source *s)
+static void source_host_close(void *priv, uint64_t size)
 {
-	munmap(s->mapping, s->size);
+	munmap(priv, size);
 }
 
-static const struct source_ops source_ops[] = {
-	[SOURCE_HOST] = { "host", source_host_read, source_host_close },
+static const struct source_ops source_host_ops = {
+	.name = "host", .read = source_host_read, .close = source_host_close,
 };
+
+/* Makes a source (one reference) of size bytes of a kind; NULL when out of memory. */
+struct source *source_new(const struct source_ops *ops, void *priv, uint64_t size)
+{
+	struct source *s = calloc(1, sizeof(*s));
+
+	if (s == NULL)
+		return NULL;
+	atomic_init(&s->refs, 1);
+	s->size = size;
+	s->ops = ops;
+	s->priv = priv;
+	return s;
+}
+
+/* Returns the kind's state when s is of kind ops, else NULL. */
+void *source_priv(struct source *s, const struct source_ops *ops)
+{
+	return s->ops == ops ? s->priv : NULL;
+}
 
 /* Maps a client's host memory fd (takes ownership of fd) of at least size bytes. */
 int source_host_open(int fd, uint64_t size, struct source **out, char *err, size_t errlen)
 {
-	struct source *s;
 	struct stat st;
 	void *map;
 	int rc;
 
 	*out = NULL;
 	if (size == 0) {
-		snprintf(err, errlen, "host source: bad size %llu", (unsigned long long)size);
-		rc = DSCKPT_EINVAL;
+		rc = seterr(err, errlen, DSCKPT_EINVAL, "host source: bad size 0");
 		goto fail;
 	}
 	/*
@@ -73,41 +78,34 @@ int source_host_open(int fd, uint64_t size, struct source **out, char *err, size
 	 */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
 		if (errno != EPERM && errno != EINVAL) {
-			snprintf(err, errlen, "host source: cannot seal: %s", strerror(errno));
-			rc = DSCKPT_EBADF;
+			rc = seterr(err, errlen, DSCKPT_EBADF, "host source: cannot seal: %s",
+				    strerror(errno));
 			goto fail;
 		}
 		log_debug("host source fd %d not sealed against shrinking: %s", fd,
 			  strerror(errno));
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "host source: not a regular file or memfd");
-		rc = DSCKPT_EBADF;
+		rc = seterr(err, errlen, DSCKPT_EBADF, "host source: not a regular file or memfd");
 		goto fail;
 	}
 	if ((uint64_t)st.st_size < size) {
-		snprintf(err, errlen, "host source: %llu bytes wanted, the fd has %lld",
-			 (unsigned long long)size, (long long)st.st_size);
-		rc = DSCKPT_EINVAL;
+		rc = seterr(err, errlen, DSCKPT_EINVAL,
+			    "host source: %llu bytes wanted, the fd has %lld",
+			    (unsigned long long)size, (long long)st.st_size);
 		goto fail;
 	}
 	map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED) {
-		snprintf(err, errlen, "host source: mmap: %s", strerror(errno));
-		rc = errno == ENOMEM ? DSCKPT_ENOMEM : DSCKPT_EINVAL;
+		rc = seterr(err, errlen, errno == ENOMEM ? DSCKPT_ENOMEM : DSCKPT_EINVAL,
+			    "host source: mmap: %s", strerror(errno));
 		goto fail;
 	}
 	close(fd);
-	if ((s = calloc(1, sizeof(*s))) == NULL) {
+	if ((*out = source_new(&source_host_ops, map, size)) == NULL) {
 		munmap(map, (size_t)size);
-		snprintf(err, errlen, "out of memory");
-		return DSCKPT_ENOMEM;
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	}
-	atomic_init(&s->refs, 1);
-	s->type = SOURCE_HOST;
-	s->size = size;
-	s->mapping = map;
-	*out = s;
 	return 0;
 
 fail:
@@ -121,11 +119,17 @@ int source_read(struct source *s, uint64_t off, void *dst, uint64_t len, char *e
 {
 	if (off > s->size || len > s->size - off) {
 		snprintf(err, errlen, "%s source: read of %llu bytes at %llu past its %llu bytes",
-			 source_ops[s->type].name, (unsigned long long)len,
-			 (unsigned long long)off, (unsigned long long)s->size);
+			 s->ops->name, (unsigned long long)len, (unsigned long long)off,
+			 (unsigned long long)s->size);
 		return -1;
 	}
-	return source_ops[s->type].read(s, off, dst, len, err, errlen);
+	return s->ops->read(s->priv, off, dst, len, err, errlen) < 0 ? -1 : 0;
+}
+
+/* Whether every byte of the source can be read (a VMM range may still be mapping). */
+int source_complete(const struct source *s)
+{
+	return s->ops->complete == NULL || s->ops->complete(s->priv);
 }
 
 /* Size of the source in bytes. */
@@ -134,10 +138,10 @@ uint64_t source_size(const struct source *s)
 	return s->size;
 }
 
-/* Kind name ("host"). */
+/* Kind name ("host", "cuda_ipc", "cuda_vmm"). */
 const char *source_kind(const struct source *s)
 {
-	return source_ops[s->type].name;
+	return s->ops->name;
 }
 
 /* Takes a reference (thread-safe). */
@@ -151,6 +155,6 @@ void source_unref(struct source *s)
 {
 	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	source_ops[s->type].close(s);
+	s->ops->close(s->priv, s->size);
 	free(s);
 }

@@ -56,20 +56,6 @@ struct store_rstats {
 	unsigned tags;
 };
 
-/* Formats a message into err and returns code. */
-static int store_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int store_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	va_list ap;
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
-
 /* Maps an errno value to the closest DSCKPT_E* code. */
 static int store_errno_code(int e)
 {
@@ -98,9 +84,9 @@ static int store_errno_code(int e)
 static int store_io_fail(char *err, size_t errlen, int e, const char *what, const char *name)
 {
 	if (e == ENOSPC || e == EDQUOT)
-		return store_fail(err, errlen, DSCKPT_ENOSPC, "no space left on device writing %s",
+		return seterr(err, errlen, DSCKPT_ENOSPC, "no space left on device writing %s",
 				  name);
-	return store_fail(err, errlen, DSCKPT_EIO, "%s %s: %s", what, name, strerror(e));
+	return seterr(err, errlen, DSCKPT_EIO, "%s %s: %s", what, name, strerror(e));
 }
 
 /* Whether s ends with suffix (and has something before it). */
@@ -227,30 +213,30 @@ static int store_open_fail(int fd, const char *c, const char *path, char *err, s
 	struct stat st;
 	if (e == ELOOP ||
 	    (e == ENOTDIR && fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)))
-		return store_fail(err, errlen, DSCKPT_EACCES, "symbolic link in path: %s", path);
+		return seterr(err, errlen, DSCKPT_EACCES, "symbolic link in path: %s", path);
 	if (e == ENOTDIR)
-		return store_fail(err, errlen, DSCKPT_EINVAL, "%s is not a directory", path);
+		return seterr(err, errlen, DSCKPT_EINVAL, "%s is not a directory", path);
 	if (e == ENOENT)
-		return store_fail(err, errlen, DSCKPT_ENOENT, "no such directory: %s", path);
-	return store_fail(err, errlen, store_errno_code(e), "%s: %s", path, strerror(e));
+		return seterr(err, errlen, DSCKPT_ENOENT, "no such directory: %s", path);
+	return seterr(err, errlen, store_errno_code(e), "%s: %s", path, strerror(e));
 }
 
 /* Checks the form of path (absolute, no empty, ".", ".." or over-long components). */
 static int store_check_path(const char *path, char *err, size_t errlen)
 {
 	if (path[0] != '/')
-		return store_fail(err, errlen, DSCKPT_EINVAL, "%s is not an absolute path", path);
+		return seterr(err, errlen, DSCKPT_EINVAL, "%s is not an absolute path", path);
 	for (const char *c = path + 1;;) {
 		const char *e = strchrnul(c, '/');
 		size_t n = (size_t)(e - c);
 		if (n == 0)
-			return store_fail(err, errlen, DSCKPT_EINVAL, "empty component in %s",
+			return seterr(err, errlen, DSCKPT_EINVAL, "empty component in %s",
 					  path);
 		if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
-			return store_fail(err, errlen, DSCKPT_EINVAL,
+			return seterr(err, errlen, DSCKPT_EINVAL,
 					  "\".\" or \"..\" component in %s", path);
 		if (n > NAME_MAX)
-			return store_fail(err, errlen, DSCKPT_ENAMETOOLONG,
+			return seterr(err, errlen, DSCKPT_ENAMETOOLONG,
 					  "component longer than %d bytes in %s", NAME_MAX, path);
 		if (!*e)
 			return 0;
@@ -288,9 +274,9 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 	int fd, prev = -1, rc;
 
 	if (len == 0)
-		return store_fail(err, errlen, DSCKPT_EINVAL, "empty directory path");
+		return seterr(err, errlen, DSCKPT_EINVAL, "empty directory path");
 	if (len >= sizeof(path))
-		return store_fail(err, errlen, DSCKPT_ENAMETOOLONG, "directory path too long");
+		return seterr(err, errlen, DSCKPT_ENAMETOOLONG, "directory path too long");
 	memcpy(path, dir, len + 1);
 	while (len > 1 && path[len - 1] == '/')
 		path[--len] = '\0';
@@ -298,10 +284,10 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 		return rc;
 	const char *root = store_root(cfg, path, &rootlen);
 	if (!root)
-		return store_fail(err, errlen, DSCKPT_EACCES,
+		return seterr(err, errlen, DSCKPT_EACCES,
 				  "%s is not below an allowed root", path);
 	if ((fd = open(root, STORE_DIR_FLAGS)) < 0)
-		return store_fail(err, errlen, store_errno_code(errno), "allowed root %s: %s",
+		return seterr(err, errlen, store_errno_code(errno), "allowed root %s: %s",
 				  root, strerror(errno));
 
 	for (char *c = path + rootlen + 1;;) {
@@ -316,12 +302,12 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 				created = 1;
 				if (geteuid() == 0 &&
 				    fchownat(fd, c, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
-					rc = store_fail(err, errlen, store_errno_code(errno),
+					rc = seterr(err, errlen, store_errno_code(errno),
 							"chown %s: %s", path, strerror(errno));
 					goto fail;
 				}
 			} else if (errno != EEXIST) {
-				rc = store_fail(err, errlen, store_errno_code(errno),
+				rc = seterr(err, errlen, store_errno_code(errno),
 						"mkdir %s: %s", path, strerror(errno));
 				goto fail;
 			}
@@ -332,7 +318,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 			goto fail;
 		}
 		if (!created && uid != 0 && (fstat(next, &st) < 0 || st.st_uid != uid)) {
-			rc = store_fail(err, errlen, DSCKPT_EACCES, "%s is not owned by uid %u",
+			rc = seterr(err, errlen, DSCKPT_EACCES, "%s is not owned by uid %u",
 					path, (unsigned)uid);
 			close(next);
 			goto fail;
@@ -394,21 +380,21 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, int o_d
 	int rc;
 
 	if (n == 0 || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-		return store_fail(err, errlen, DSCKPT_EINVAL, "bad file name \"%s\"",
+		return seterr(err, errlen, DSCKPT_EINVAL, "bad file name \"%s\"",
 				  name ? name : "");
 	if (n + strlen(STORE_PARTIAL) > NAME_MAX)
-		return store_fail(err, errlen, DSCKPT_ENAMETOOLONG, "file name %s too long", name);
+		return seterr(err, errlen, DSCKPT_ENAMETOOLONG, "file name %s too long", name);
 	store_partial_name(name, partial);
 
 	if (!(f = calloc(1, sizeof(*f))))
-		return store_fail(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	f->fd = f->dirfd = -1;
 	if (!(f->name = strdup(name))) {
-		rc = store_fail(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 		goto fail;
 	}
 	if ((f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
-		rc = store_fail(err, errlen, DSCKPT_EBADF, "dup directory: %s", strerror(errno));
+		rc = seterr(err, errlen, DSCKPT_EBADF, "dup directory: %s", strerror(errno));
 		goto fail;
 	}
 	if (unlinkat(dirfd, partial, 0) == 0)
@@ -420,12 +406,12 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, int o_d
 	if (f->fd < 0 && (!o_direct || errno == EINVAL))
 		f->fd = openat(dirfd, partial, flags, 0644);
 	if (f->fd < 0) {
-		rc = store_fail(err, errlen, store_errno_code(errno), "create %s: %s", partial,
+		rc = seterr(err, errlen, store_errno_code(errno), "create %s: %s", partial,
 				strerror(errno));
 		goto fail;
 	}
 	if (geteuid() == 0 && fchown(f->fd, uid, gid) < 0) {
-		rc = store_fail(err, errlen, store_errno_code(errno), "chown %s: %s", partial,
+		rc = seterr(err, errlen, store_errno_code(errno), "chown %s: %s", partial,
 				strerror(errno));
 		goto fail_chown;
 	}
@@ -522,33 +508,33 @@ static int store_read_header(int dirfd, const char *name, cJSON **out, uint64_t 
 	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0)
-		return store_fail(err, errlen, DSCKPT_EIO, "open %s: %s", name, strerror(errno));
+		return seterr(err, errlen, DSCKPT_EIO, "open %s: %s", name, strerror(errno));
 	if (fstat(fd, &st) < 0 || store_pread_full(fd, lenb, 8, 0) < 0) {
 		close(fd);
-		return store_fail(err, errlen, DSCKPT_EIO, "read %s: %s", name, strerror(errno));
+		return seterr(err, errlen, DSCKPT_EIO, "read %s: %s", name, strerror(errno));
 	}
 	for (int i = 7; i >= 0; i--)
 		n = (n << 8) | lenb[i];
 	if (n == 0 || n > STORE_MAX_HEADER || n > (uint64_t)st.st_size - 8) {
 		close(fd);
-		return store_fail(err, errlen, DSCKPT_EIO, "%s: bad header length %" PRIu64, name,
+		return seterr(err, errlen, DSCKPT_EIO, "%s: bad header length %" PRIu64, name,
 				  n);
 	}
 	if (!(js = malloc(n))) {
 		close(fd);
-		return store_fail(err, errlen, DSCKPT_ENOMEM, "out of memory reading %s", name);
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory reading %s", name);
 	}
 	if (store_pread_full(fd, js, n, 8) < 0) {
 		free(js);
 		close(fd);
-		return store_fail(err, errlen, DSCKPT_EIO, "read %s: %s", name, strerror(errno));
+		return seterr(err, errlen, DSCKPT_EIO, "read %s: %s", name, strerror(errno));
 	}
 	close(fd);
 	*out = cJSON_ParseWithLength(js, n);
 	free(js);
 	if (!cJSON_IsObject(*out)) {
 		cJSON_Delete(*out);
-		return store_fail(err, errlen, DSCKPT_EIO, "%s: header is not a JSON object",
+		return seterr(err, errlen, DSCKPT_EIO, "%s: header is not a JSON object",
 				  name);
 	}
 	*size = (uint64_t)st.st_size;
@@ -656,7 +642,7 @@ static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t
 	errno = 0;
 	f->rank = rank ? strtol(rank, &rest, 10) : -1;
 	if (!dx || !rank || !*rank || *rest || errno || f->rank < 0) {
-		rc = store_fail(err, errlen, DSCKPT_EIO,
+		rc = seterr(err, errlen, DSCKPT_EIO,
 				"%s has no dsckpt metadata (not written by dsckptd)", f->name);
 		goto out;
 	}
@@ -674,14 +660,14 @@ static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t
 			continue;
 		cJSON *o = store_describe_tensor(t, md, &slot, &end);
 		if (!o) {
-			rc = store_fail(err, errlen, DSCKPT_EIO, "%s: bad header entry for tensor %s",
+			rc = seterr(err, errlen, DSCKPT_EIO, "%s: bad header entry for tensor %s",
 					f->name, t->string);
 			goto out;
 		}
 		cJSON_AddItemToArray(ts, o);
 	}
 	if (start + end != f->size)
-		rc = store_fail(err, errlen, DSCKPT_EIO, "%s is %" PRIu64 " bytes but its header "
+		rc = seterr(err, errlen, DSCKPT_EIO, "%s is %" PRIu64 " bytes but its header "
 				"describes %" PRIu64, f->name, f->size, start + end);
 out:
 	cJSON_Delete(h);
@@ -697,11 +683,11 @@ static int store_describe_meta(int dirfd, struct store_entry *f, char *err, size
 	ssize_t r;
 
 	if (!xs || !buf) {
-		rc = store_fail(err, errlen, DSCKPT_ENOMEM, "out of memory hashing %s", f->name);
+		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory hashing %s", f->name);
 		goto out;
 	}
 	if ((fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
-		rc = store_fail(err, errlen, DSCKPT_EIO, "open %s: %s", f->name, strerror(errno));
+		rc = seterr(err, errlen, DSCKPT_EIO, "open %s: %s", f->name, strerror(errno));
 		goto out;
 	}
 	XXH3_64bits_reset(xs);
@@ -710,7 +696,7 @@ static int store_describe_meta(int dirfd, struct store_entry *f, char *err, size
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
-			rc = store_fail(err, errlen, DSCKPT_EIO, "read %s: %s", f->name,
+			rc = seterr(err, errlen, DSCKPT_EIO, "read %s: %s", f->name,
 					strerror(errno));
 			goto out;
 		}
@@ -741,7 +727,7 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 
 	for (size_t i = 0; i < n; i++) {
 		if (store_has_suffix(names[i], STORE_PARTIAL))
-			return store_fail(err, errlen, DSCKPT_EINCOMPLETE,
+			return seterr(err, errlen, DSCKPT_EINCOMPLETE,
 					  "%s/%s is still being written", path, names[i]);
 		if ((store_has_suffix(names[i], ".safetensors") ||
 		     store_has_suffix(names[i], ".meta")) && store_is_regular(dfd, names[i]))
@@ -764,7 +750,7 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 				ents[i].rank = ents[j].rank;
 		}
 		if (ents[i].rank < 0)
-			return store_fail(err, errlen, DSCKPT_EINCOMPLETE,
+			return seterr(err, errlen, DSCKPT_EINCOMPLETE,
 					  "%s/%s has no .safetensors file beside it", path,
 					  ents[i].name);
 		if ((rc = store_describe_meta(dfd, &ents[i], err, errlen)) < 0)
@@ -933,7 +919,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	int dfd, jobfd, rc;
 
 	if (world == 0)
-		return store_fail(err, errlen, DSCKPT_EINVAL, "world size must be at least 1");
+		return seterr(err, errlen, DSCKPT_EINVAL, "world size must be at least 1");
 	if ((dfd = store_walk(cfg, dir, uid, gid, 0, &jobfd, err, errlen)) < 0)
 		return dfd;
 	/* store_walk accepted dir, so it is absolute and fits; drop trailing slashes. */
@@ -945,18 +931,18 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	*tag++ = '\0'; /* path is now the job directory */
 
 	if (store_list(dfd, &names, &n) < 0) {
-		rc = store_fail(err, errlen, DSCKPT_EIO, "list %s/%s: %s", path, tag,
+		rc = seterr(err, errlen, DSCKPT_EIO, "list %s/%s: %s", path, tag,
 				strerror(errno));
 		goto out_list;
 	}
 	if (!(ents = calloc(n ? n : 1, sizeof(*ents))) || !(seen = calloc(world, 1))) {
-		rc = store_fail(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 		goto out;
 	}
 	if ((rc = store_describe_all(dfd, path, names, n, ents, &nents, err, errlen)) < 0)
 		goto out;
 	if (nents == 0) {
-		rc = store_fail(err, errlen, DSCKPT_EINCOMPLETE, "no checkpoint files in %s/%s",
+		rc = seterr(err, errlen, DSCKPT_EINCOMPLETE, "no checkpoint files in %s/%s",
 				path, tag);
 		goto out;
 	}
@@ -965,7 +951,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		if (!store_has_suffix(ents[i].name, ".safetensors"))
 			continue;
 		if ((unsigned long)ents[i].rank >= world) {
-			rc = store_fail(err, errlen, DSCKPT_EINVAL, "%s/%s/%s is from rank %ld but "
+			rc = seterr(err, errlen, DSCKPT_EINVAL, "%s/%s/%s is from rank %ld but "
 					"the world size is %u", path, tag, ents[i].name,
 					ents[i].rank, world);
 			goto out;
@@ -974,7 +960,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	}
 	for (unsigned r = 0; r < world; r++) {
 		if (!seen[r]) {
-			rc = store_fail(err, errlen, DSCKPT_EINCOMPLETE,
+			rc = seterr(err, errlen, DSCKPT_EINCOMPLETE,
 					"rank %u of %u has no file in %s/%s", r, world, path, tag);
 			goto out;
 		}
@@ -983,7 +969,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	clock_gettime(CLOCK_REALTIME, &now);
 	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 	if (!(text = store_manifest(tag, world, ents, nents, created_ns, total))) {
-		rc = store_fail(err, errlen, DSCKPT_ENOMEM, "out of memory writing the manifest");
+		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, STORE_MANIFEST, text, strlen(text), uid, gid, err,
