@@ -15,6 +15,11 @@ BUILD ?= build
 CC ?= gcc
 CUDA_HOME ?= /usr/local/cuda
 SAN ?=
+V ?= 0
+# Quiet by default; V=1 shows every command.
+ifeq ($(V),0)
+Q := @
+endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
 	libxxhash-dev check
@@ -64,40 +69,50 @@ deps:
 
 $(BUILD)/obj/daemon/%.o: daemon/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
+	@[ -n "$(Q)" ] && echo "  CC      $<" || true
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@[ -n "$(Q)" ] && echo "  CC      $<" || true
+	$(Q)$(CC) $(CFLAGS) -c $< -o $@
 $(BUILD)/pic/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+	@[ -n "$(Q)" ] && echo "  CC      $< (pic)" || true
+	$(Q)$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
 # The daemon shares the error and level names with the library (client/lib/errors.c).
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) client/lib/errors.c)
-	$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC))
-	$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.0 -o $@ $^ $(LIBS_COMMON)
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.0 -o $@ $^ $(LIBS_COMMON)
 
 $(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC))
-	rm -f $@ && ar rcs $@ $^
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/dsckptctl: $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a
-	$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a -lcjson -lxxhash \
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a -lcjson -lxxhash \
 		$(LIBS_COMMON) -lm
 
 $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a
-	$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
 
 # The daemon's modules as an archive, so a unit test pulls in only the ones it uses.
 $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)
-	rm -f $@ && ar rcs $@ $^
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
 $(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
 		$(BUILD)/libdsckpt.a \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)
