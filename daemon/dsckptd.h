@@ -304,13 +304,15 @@ struct engine_tensor {
 struct engine_req {
 	struct engine_tensor *t;
 	size_t n;
-	uint8_t *hdr;        /* header region with xxh3 slots (st_header_build) */
-	size_t hdr_len;
-	size_t *slots;       /* n + 1 slot positions */
+	/* The header's description, borrowed from the save (which outlives its job); the
+	 * header itself is built by a flush thread, off the request path. */
+	const struct st_tensor *st;
+	const char *const *meta;
+	size_t nmeta;
 	struct store_file *file;
 	int dirfd;           /* for the .meta file */
 	char *meta_name;     /* "<file>.meta" or NULL when there are no blobs */
-	uint8_t *meta;
+	uint8_t *meta_bytes;  /* the .meta file's contents */
 	size_t meta_len;
 	uid_t uid;
 	gid_t gid;

@@ -40,6 +40,9 @@ struct job {
 	uint64_t copied;           /* (L) pieces copied */
 	uint64_t bytes_snapshot;   /* atomic */
 	uint64_t bytes_flushed;    /* atomic */
+	uint8_t *hdr;              /* header region with xxh3 slots (flush thread) */
+	size_t hdr_len;            /* data start in the file */
+	size_t *slots;             /* n + 1 slot positions in hdr */
 	uint64_t *xxh3;            /* per tensor (flush thread holding the job) */
 	XXH3_state_t *tstate;      /* current tensor's streaming hash */
 	XXH3_state_t *dstate;      /* whole data region's hash */
@@ -277,7 +280,7 @@ static int flush_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err,
 		wlen = (len + 4095) & ~(uint64_t)4095;
 		memset(chunk + len, 0, wlen - len);	/* truncated away at the end */
 	}
-	if (store_file_pwrite(j->r.file, chunk, wlen, j->r.hdr_len + start, err, errlen) < 0)
+	if (store_file_pwrite(j->r.file, chunk, wlen, j->hdr_len + start, err, errlen) < 0)
 		return -1;
 	__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
 	return 0;
@@ -290,24 +293,18 @@ static int finish_job(struct job *j, char *err, size_t errlen)
 	for (; j->hash_tensor < j->r.n; j->hash_tensor++)
 		j->xxh3[j->hash_tensor] = XXH3_64bits(NULL, 0);
 	for (size_t i = 0; i < j->r.n; i++)
-		st_header_set_xxh3(j->r.hdr, j->r.slots[i], j->xxh3[i]);
-	st_header_set_xxh3(j->r.hdr, j->r.slots[j->r.n], XXH3_64bits_digest(j->dstate));
+		st_header_set_xxh3(j->hdr, j->slots[i], j->xxh3[i]);
+	st_header_set_xxh3(j->hdr, j->slots[j->r.n], XXH3_64bits_digest(j->dstate));
 
-	void *aligned;
-	if (posix_memalign(&aligned, 4096, j->r.hdr_len) != 0) {
-		snprintf(err, errlen, "out of memory for the file header");
-		return -1;
-	}
-	memcpy(aligned, j->r.hdr, j->r.hdr_len);
-	int rc = store_file_pwrite(j->r.file, aligned, j->r.hdr_len, 0, err, errlen);
-	free(aligned);
+	/* The header buffer is 4096-aligned and padded: fit for O_DIRECT as it is. */
+	int rc = store_file_pwrite(j->r.file, j->hdr, j->hdr_len, 0, err, errlen);
 	if (rc < 0)
 		return -1;
 	if (j->r.meta_name &&
-	    store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta, j->r.meta_len, j->r.uid,
-			       j->r.gid, err, errlen) < 0)
+	    store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta_bytes, j->r.meta_len,
+			       j->r.uid, j->r.gid, err, errlen) < 0)
 		return -1;
-	rc = store_file_finish(j->r.file, j->r.hdr_len + j->data_len, err, errlen);
+	rc = store_file_finish(j->r.file, j->hdr_len + j->data_len, err, errlen);
 	j->r.file = NULL;	/* finish frees it, success or not */
 	return rc;
 }
@@ -327,6 +324,17 @@ static void flush_loop(void)
 			continue;
 		}
 		j->flushing = 1;
+		if (!j->hdr && !j->failed) {
+			/* First visit: lay the header out (where the data starts). */
+			pthread_mutex_unlock(&E.lock);
+			int rc = st_header_build(j->r.st, j->r.n, j->r.meta, j->r.nmeta, &j->hdr,
+						 &j->hdr_len, j->slots, err, sizeof(err));
+			pthread_mutex_lock(&E.lock);
+			if (rc < 0)
+				fail_locked(j, err);
+			j->flushing = 0;
+			continue;
+		}
 		if (j->next_flush < j->next_claim) {
 			uint64_t piece = j->next_flush;
 			uint8_t *chunk = j->ready[piece];
@@ -424,9 +432,10 @@ struct job *engine_submit(struct engine_req *r)
 	j->npieces = (j->data_len + j->chunk - 1) / j->chunk;
 	j->ready = calloc(j->npieces ? j->npieces : 1, sizeof(void *));
 	j->xxh3 = calloc(r->n ? r->n : 1, sizeof(uint64_t));
+	j->slots = calloc(r->n + 1, sizeof(size_t));
 	j->tstate = XXH3_createState();
 	j->dstate = XXH3_createState();
-	if (!j->ready || !j->xxh3 || !j->tstate || !j->dstate) {
+	if (!j->ready || !j->xxh3 || !j->slots || !j->tstate || !j->dstate) {
 		log_error("out of memory submitting a save");
 		abort();
 	}
@@ -461,14 +470,14 @@ void engine_job_free(struct job *j)
 	for (size_t i = 0; i < j->r.n; i++)
 		source_unref(j->r.t[i].src);
 	free(j->r.t);
-	free(j->r.hdr);
-	free(j->r.slots);
+	free(j->hdr);
+	free(j->slots);
 	if (j->r.file)
 		store_file_abort(j->r.file);
 	if (j->r.dirfd >= 0)
 		close(j->r.dirfd);
 	free(j->r.meta_name);
-	free(j->r.meta);
+	free(j->r.meta_bytes);
 	if (j->r.fence)
 		cuda_fence_free(j->r.fence);
 	free(j->ready);

@@ -14,9 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 #include <uv.h>
+#include <xxhash.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
-#define MAX_TENSORS (1u << 20) /* per save */
+#define MAX_TENSORS (1u << 24) /* per save */
 #define MAX_BLOB_BYTES (1ull << 30)
 
 /* A tensor as the client described it. */
@@ -80,10 +81,15 @@ struct save {
 	char error[ERRLEN];
 	struct tensor_in *t;
 	size_t n, cap;
+	uint32_t *names;         /* open-addressing set of tensor indexes + 1, by name */
+	size_t names_cap;        /* a power of two, at least twice n */
 	uint64_t bytes;
 	struct blob *b;
 	size_t nb;
 	struct job *job;
+	struct st_tensor *st;    /* the header's description, lent to the job */
+	const char *meta[10];    /* __metadata__ pairs, lent to the job */
+	char rank_str[16], world_str[16];
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
 	struct waiter *waiters;
@@ -106,6 +112,7 @@ static void save_free(struct save *s)
 			source_unref(s->t[i].src);
 	}
 	free(s->t);
+	free(s->names);
 	for (size_t i = 0; i < s->nb; i++) {
 		free(s->b[i].name);
 		free(s->b[i].data);
@@ -115,6 +122,7 @@ static void save_free(struct save *s)
 		close(s->dirfd);
 	if (s->job)
 		engine_job_free(s->job);
+	free(s->st);
 	free(s);
 }
 
@@ -365,6 +373,35 @@ struct save *save_find_open(struct conn *c, uint64_t id)
 	return s && s->level == DSCKPT_NONE ? s : NULL;
 }
 
+/* Slot of name in the set: where it is, or the empty slot where it would go. */
+static size_t name_slot(const struct save *s, const char *name)
+{
+	size_t mask = s->names_cap - 1;
+	size_t i = XXH3_64bits(name, strlen(name)) & mask;
+
+	while (s->names[i] && strcmp(s->t[s->names[i] - 1].name, name) != 0)
+		i = (i + 1) & mask;
+	return i;
+}
+
+/* Grows the name set to hold at least twice n + 1 names; -1 when out of memory. */
+static int names_grow(struct save *s)
+{
+	if (2 * (s->n + 1) <= s->names_cap)
+		return 0;
+	size_t cap = s->names_cap ? s->names_cap * 2 : 256;
+	uint32_t *old = s->names;
+	if (!(s->names = calloc(cap, sizeof(*s->names)))) {
+		s->names = old;
+		return -1;
+	}
+	s->names_cap = cap;
+	for (size_t i = 0; i < s->n; i++)
+		s->names[name_slot(s, s->t[i].name)] = (uint32_t)i + 1;
+	free(old);
+	return 0;
+}
+
 /* Adds a tensor to an open save. */
 int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
@@ -407,6 +444,11 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		return seterr(err, errlen, DSCKPT_ERANGE,
 				      "more than %u tensors in one save", MAX_TENSORS);
 	}
+	if (names_grow(s) < 0)
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+	size_t slot = name_slot(s, name);
+	if (s->names[slot])
+		return seterr(err, errlen, DSCKPT_EINVAL, "tensor '%s' is named twice", name);
 	if (s->n == s->cap) {
 		size_t cap = s->cap ? s->cap * 2 : 64;
 		struct tensor_in *t = realloc(s->t, cap * sizeof(*t));
@@ -429,6 +471,7 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	t->off = off;
 	t->src = src;
 	source_ref(src);
+	s->names[slot] = (uint32_t)s->n + 1;
 	s->n++;
 	s->bytes += nbytes;
 	return 0;
@@ -502,41 +545,40 @@ static int pack_meta(struct save *s, uint8_t **out, size_t *len)
 	return sb.data ? 0 : -1;
 }
 
-/* Plans the file and submits it to the engine. */
+/* Plans the file and submits it to the engine; the header is laid out by a flush thread. */
 int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 {
-	struct st_tensor *st = calloc(s->n ? s->n : 1, sizeof(*st));
 	struct engine_req r = {.n = s->n, .dirfd = -1, .uid = s->uid, .gid = s->gid,
 			       .fence = fence, .owner = s};
-	char rank[16], world[16], name[160];
-	const char *meta[] = {"format", "pt", "dsckpt.version", DSCKPTD_VERSION,
-			      "dsckpt.job", s->jobname, "dsckpt.rank", rank, "dsckpt.world", world};
+	char name[160];
 	int rc = DSCKPT_ENOMEM;
 
-	snprintf(rank, sizeof(rank), "%u", s->rank);
-	snprintf(world, sizeof(world), "%u", s->world);
+	snprintf(s->rank_str, sizeof(s->rank_str), "%u", s->rank);
+	snprintf(s->world_str, sizeof(s->world_str), "%u", s->world);
+	const char *meta[] = {"format", "pt", "dsckpt.version", DSCKPTD_VERSION,
+			      "dsckpt.job", s->jobname, "dsckpt.rank", s->rank_str,
+			      "dsckpt.world", s->world_str};
+	memcpy(s->meta, meta, sizeof(meta));
+	s->st = calloc(s->n ? s->n : 1, sizeof(*s->st));
 	r.t = calloc(s->n ? s->n : 1, sizeof(*r.t));
-	r.slots = calloc(s->n + 1, sizeof(size_t));
-	if (!st || !r.t || !r.slots) {
-		snprintf(err, errlen, "out of memory");
+	if (!s->st || !r.t) {
+		seterr(err, errlen, rc, "out of memory");
 		goto fail;
 	}
 	uint64_t off = 0;
 	for (size_t i = 0; i < s->n; i++) {
-		st[i] = (struct st_tensor){s->t[i].name, s->t[i].dtype, s->t[i].shape,
-					   s->t[i].ndim, s->t[i].nbytes};
+		s->st[i] = (struct st_tensor){s->t[i].name, s->t[i].dtype, s->t[i].shape,
+					      s->t[i].ndim, s->t[i].nbytes};
 		r.t[i] = (struct engine_tensor){off, s->t[i].nbytes, s->t[i].src, s->t[i].off};
 		off += s->t[i].nbytes;
 	}
-	rc = st_header_build(st, s->n, meta, sizeof(meta) / sizeof(meta[0]) / 2, &r.hdr,
-			     &r.hdr_len, r.slots, err, errlen);
-	if (rc < 0)
-		goto fail;
+	r.st = s->st;
+	r.meta = s->meta;
+	r.nmeta = sizeof(meta) / sizeof(meta[0]) / 2;
 	if (s->nb > 0) {
 		snprintf(name, sizeof(name), "%s.meta", s->file);
-		if (!(r.meta_name = strdup(name)) || pack_meta(s, &r.meta, &r.meta_len) < 0) {
-			rc = DSCKPT_ENOMEM;
-			snprintf(err, errlen, "out of memory");
+		if (!(r.meta_name = strdup(name)) || pack_meta(s, &r.meta_bytes, &r.meta_len) < 0) {
+			seterr(err, errlen, rc, "out of memory");
 			goto fail;
 		}
 	}
@@ -545,8 +587,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 			       errlen);
 	if (rc < 0)
 		goto fail;
-	free(st);
-	/* Ownership: sources, header, file and directory go to the engine. */
+	/* Ownership: sources, file, directory and fence go to the engine. */
 	for (size_t i = 0; i < s->n; i++)
 		s->t[i].src = NULL;
 	r.dirfd = s->dirfd;
@@ -562,12 +603,11 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 fail:
 	if (fence)
 		cuda_fence_free(fence);
-	free(st);
+	free(s->st);
+	s->st = NULL;
 	free(r.t);
-	free(r.slots);
-	free(r.hdr);
 	free(r.meta_name);
-	free(r.meta);
+	free(r.meta_bytes);
 	return rc;
 }
 
