@@ -242,6 +242,7 @@ START_TEST(test_null_handles)
 	ck_assert_int_eq(dsckpt_add_tensor(NULL, "t", "U8", shape, 1, "", 1), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_add_blob(NULL, "b", "", 0), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_save_end(NULL), DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_save_set_stream(NULL, NULL), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_wait(NULL, DSCKPT_SNAPSHOT, 0), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_save_progress(NULL, &p), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_commit(NULL, "/x", 0), DSCKPT_EINVAL);
@@ -417,9 +418,15 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		proto_kv_u64(&o.pk, "tensors", ntensors);
 		proto_kv_u64(&o.pk, "bytes", 0);
 		break;
-	case PROTO_SAVE_END:
+	case PROTO_SAVE_END: {
+		const void *ev, *uuid;
+		size_t evlen = 0, uuidlen = 0;
 		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
-		fprintf(log, "save_end %" PRIu64 "\n", u1);
+		int has_ev = proto_get_bin(m, "event", &ev, &evlen, 64, 0);
+		int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuidlen, 16, 0);
+		if (has_ev != has_uuid || (has_ev == 1 && (evlen != 64 || uuidlen != 16)))
+			fprintf(log, "BAD save_end event\n");
+		fprintf(log, "save_end %" PRIu64 "%s\n", u1, has_ev == 1 ? " event" : "");
 		if (fo.close_on_end) {
 			proto_out_free(&o);
 			return -1;
@@ -427,6 +434,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		msgpack_pack_map(&o.pk, 1);
 		proto_kv_i64(&o.pk, "level", DSCKPT_ACCEPTED);
 		break;
+	}
 	case PROTO_WAIT:
 		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
 		proto_get_i64(m, "level", INT64_MIN, INT64_MAX, &i1, 1);
@@ -766,6 +774,63 @@ START_TEST(test_fake_split)
 }
 END_TEST
 
+/*
+ * Without a CUDA driver (or in a process that never initialised CUDA) memory the library did
+ * not allocate is host memory, wherever it lies: a device-looking mapping far from the heap
+ * is staged, the stream is only stored, and SAVE_END carries no event.
+ */
+START_TEST(test_fake_no_gpu)
+{
+	struct fake f;
+	dsckpt_conn_t *c = fake_connect(&f);
+	dsckpt_save_t *s, *s2;
+	struct lib_gpu_ref g;
+	size_t n = 1 << 20;
+	int64_t shape[1] = {(int64_t)n};
+	char line[160];
+	uint8_t *far = mmap((void *)0x7f0000000000ull, n, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	ck_assert(far != MAP_FAILED);
+	for (size_t i = 0; i < n; i++)
+		far[i] = (uint8_t)(i * 31 + 7);
+	uint64_t sum = fnv(far, n);
+	lib_conn_lock(c);
+	ck_assert_int_eq(lib_cuda_place(c, far, n, -1, &g), 0);
+	ck_assert_int_eq(lib_cuda_place(c, NULL, 0, 0, &g), 0);
+	lib_conn_unlock(c);
+
+	ck_assert_int_eq(dsckpt_save_begin(c, "/ck/j/t1", "r0", &s), 0);
+	ck_assert_int_eq(dsckpt_save_set_stream(s, (void *)0x1234), 0);
+	ck_assert_int_eq(dsckpt_add_tensor(s, "far", "U8", shape, 1, far, n), 0);
+	ck_assert_int_eq(dsckpt_save_set_stream(s, NULL), 0);
+	ck_assert_int_eq(dsckpt_save_end(s), 0);
+	ck_assert_int_eq(dsckpt_save_set_stream(s, NULL), DSCKPT_ESTATE);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "already ended"));
+	dsckpt_save_free(s);
+	/* A save that failed refuses a stream too. */
+	ck_assert_int_eq(dsckpt_save_begin(c, "/ck/j/t2", "r0", &s2), 0);
+	ck_assert_int_eq(dsckpt_add_tensor(s2, "far", "U8", shape, 1, far, n), 0);
+	dsckpt_close(c);
+	ck_assert_int_eq(dsckpt_save_end(s2), DSCKPT_EPIPE);
+	ck_assert_int_eq(dsckpt_save_set_stream(s2, NULL), DSCKPT_ESTATE);
+	dsckpt_save_free(s2);
+	munmap(far, n);
+
+	char *log = fake_finish(&f);
+	/* Each save staged the bytes in an arena of its own; only the first reached SAVE_END,
+	 * without an event. */
+	ck_assert_int_eq(count(log, "region_add"), 2);
+	ck_assert_int_eq(count(log, "region_del"), 1);
+	snprintf(line, sizeof(line), "offset=0 nbytes=%zu fnv=%016" PRIx64, n, sum);
+	ck_assert_int_eq(count(log, line), 1);
+	ck_assert_int_eq(count(log, "tensor far U8 ndim=1"), 1);
+	ck_assert_int_eq(count(log, "save_end"), 1);
+	ck_assert_ptr_nonnull(strstr(log, "save_end 7\n"));
+	free(log);
+}
+END_TEST
+
 /* Calls out of order are refused locally; names and paths are checked before sending. */
 START_TEST(test_fake_state)
 {
@@ -929,6 +994,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, test_fake_version);
 	tcase_add_test(tc, test_fake_hangup);
 	tcase_add_test(tc, test_fake_bad_id);
+	tcase_add_test(tc, test_fake_no_gpu);
 	tcase_add_loop_test(tc, test_fake_wait, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;

@@ -30,6 +30,7 @@ struct dsckpt_conn {
 	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
 	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
 	size_t nregs, capregs;
+	struct lib_cuda *cuda;      /* GPU regions and events (cuda.c); NULL until needed */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char err[LIB_ERRLEN];       /* message of the last failed call */
 	char dead[LIB_ERRLEN];      /* why the connection broke */
@@ -131,6 +132,7 @@ void lib_conn_unref(dsckpt_conn_t *c)
 	if (c->fd >= 0)
 		close(c->fd);
 	pthread_mutex_destroy(&c->lock);
+	lib_cuda_free(c->cuda);
 	free(c->regs);
 	free(c);
 }
@@ -169,6 +171,18 @@ int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
 	return err;
+}
+
+/* The message of the last failure. */
+const char *lib_conn_error(dsckpt_conn_t *c)
+{
+	return c->err;
+}
+
+/* The connection's CUDA state. */
+struct lib_cuda **lib_conn_cuda(dsckpt_conn_t *c)
+{
+	return &c->cuda;
 }
 
 /* Marks the connection broken with a message; every later request fails with EPIPE. */

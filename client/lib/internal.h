@@ -41,6 +41,11 @@ void lib_conn_unref(dsckpt_conn_t *c);
 /* Stores a message for dsckpt_last_error and returns err (lock held). */
 int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* The message stored by the last failure (lock held). */
+const char *lib_conn_error(dsckpt_conn_t *c);
+struct lib_cuda;
+/* The connection's CUDA state (cuda.c creates it on first need; freed with the connection). */
+struct lib_cuda **lib_conn_cuda(dsckpt_conn_t *c);
 /* World size given to dsckpt_identify, 0 before it (lock held). */
 int lib_conn_world(dsckpt_conn_t *c);
 /* Whether the connection can still carry requests (lock held). */
@@ -88,6 +93,29 @@ int lib_host_dup(const struct lib_hostref *h);
 int lib_host_alive(const struct lib_hostref *h);
 /* A counter bumped by every dsckpt_host_free (lets connections skip needless sweeps). */
 uint64_t lib_host_generation(void);
+
+/* cuda.c — GPU memory as regions (legacy IPC handles, VMM file descriptors) and the
+ * interprocess event of save_end, through libcuda.so.1 loaded at run time. */
+/* Where a tensor in GPU memory lies. */
+struct lib_gpu_ref {
+	uint64_t region, offset;
+	int device;    /* the GPU's ordinal */
+	void *ctx;     /* the CUcontext the save's event is recorded in */
+};
+/*
+ * Places [ptr, ptr + n) if it is GPU memory: 1 with *out set (the allocation registered on c
+ * unless it already was), 0 if it is not GPU memory or CUDA is absent (the host paths apply),
+ * or DSCKPT_E*: DSCKPT_ENOTSUP for managed memory and for memory on another GPU than gpu
+ * (-1: any), as SAVE_END carries one event (lock held).
+ */
+int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
+		   struct lib_gpu_ref *out);
+/* Records the connection's interprocess event of ctx on stream (NULL: the legacy default
+ * stream) and gives the event's handle and the GPU's UUID (lock held). */
+int lib_cuda_record(dsckpt_conn_t *c, int device, void *ctx, void *stream,
+		    uint8_t event[64], uint8_t uuid[16]);
+/* Frees a connection's CUDA state: its events and the contexts it retained. */
+void lib_cuda_free(struct lib_cuda *st);
 
 /* save.c */
 /* Size in bytes of a safetensors dtype name; 0 if unknown. */

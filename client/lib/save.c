@@ -1,7 +1,8 @@
 /*
  * save.c — one file being saved: local validation, where each tensor's bytes come from
- * (a dsckpt_host_alloc block without a copy, else a copy in a staging arena), and the
- * SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT / COMMIT requests.
+ * (a dsckpt_host_alloc block without a copy, GPU memory through its own transport (cuda.c),
+ * else a copy in a staging arena), and the SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT / COMMIT
+ * requests. A save's GPU tensors are all on one GPU: SAVE_END carries one event.
  *
  * add_tensor validates a tensor, places its bytes and encodes its SAVE_ADD entry; save_end
  * sends the encoded entries in as few SAVE_ADD frames as fit and then SAVE_END, so that the
@@ -62,6 +63,9 @@ struct dsckpt_save {
 	struct save_names tnames, bnames;
 	struct save_stage *stages;
 	size_t nstages;
+	int gpu;               /* ordinal of the GPU of the save's tensors; -1: none */
+	void *gpu_ctx;         /* the CUcontext its event is recorded in */
+	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
 };
 
 /* Size in bytes of a safetensors dtype name. */
@@ -264,6 +268,7 @@ int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 	lib_conn_unlock(c);
 	lib_conn_ref(c);
 	s->c = c;
+	s->gpu = -1;
 	msgpack_sbuffer_init(&s->enc);
 	msgpack_packer_init(&s->pk, &s->enc, msgpack_sbuffer_write);
 	*out = s;
@@ -317,13 +322,14 @@ static int save_stage(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t
 }
 
 /*
- * Decides where the daemon reads a tensor's bytes from: a dsckpt_host_alloc block as is,
- * else a copy staged now. (CUDA memory gets its own transport here, before staging.)
+ * Decides where the daemon reads a tensor's bytes from: a dsckpt_host_alloc block as is, GPU
+ * memory through its handle, else a copy staged now.
  */
 static int save_place(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t *region,
 		      uint64_t *offset)
 {
 	struct lib_hostref h;
+	struct lib_gpu_ref g;
 	int r = lib_host_find(ptr, nbytes, &h);
 
 	if (r < 0)
@@ -337,7 +343,17 @@ static int save_place(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t
 		*offset = (uintptr_t)ptr - h.base;
 		return 0;
 	}
-	return save_stage(s, ptr, nbytes, region, offset);
+	if ((r = lib_cuda_place(s->c, ptr, nbytes, s->gpu, &g)) < 0)
+		return r;
+	if (r == 0)
+		return save_stage(s, ptr, nbytes, region, offset);
+	if (s->gpu < 0) {
+		s->gpu = g.device;
+		s->gpu_ctx = g.ctx;
+	}
+	*region = g.region;
+	*offset = g.offset;
+	return 0;
 }
 
 /* Fails a call on a save that is not open. */
@@ -494,9 +510,29 @@ static int save_flush(dsckpt_save_t *s)
 	return 0;
 }
 
-/* Hands the save to the daemon: the buffered tensors, then SAVE_END. */
+/* Names the stream whose work writes the save's GPU tensors. */
+int dsckpt_save_set_stream(dsckpt_save_t *s, void *stream)
+{
+	int e = 0;
+
+	if (!s)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	if (s->state != SAVE_OPEN)
+		e = save_not_open(s);
+	else
+		s->stream = stream;
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/*
+ * Hands the save to the daemon: the buffered tensors, then SAVE_END, with the event recorded
+ * on the save's stream right before it when the save has GPU tensors.
+ */
 int dsckpt_save_end(dsckpt_save_t *s)
 {
+	uint8_t event[64], uuid[16];
 	struct proto_out o;
 	struct lib_reply r;
 	int64_t level = 0;
@@ -511,9 +547,16 @@ int dsckpt_save_end(dsckpt_save_t *s)
 	}
 	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s)) < 0)
 		goto fail;
+	if (s->gpu >= 0 &&
+	    (e = lib_cuda_record(s->c, s->gpu, s->gpu_ctx, s->stream, event, uuid)) < 0)
+		goto fail;
 	lib_conn_frame(s->c, &o, PROTO_SAVE_END);
-	msgpack_pack_map(&o.pk, 1);
+	msgpack_pack_map(&o.pk, s->gpu >= 0 ? 3 : 1);
 	proto_kv_u64(&o.pk, "save", s->id);
+	if (s->gpu >= 0) {
+		proto_kv_bin(&o.pk, "event", event, sizeof(event));
+		proto_kv_bin(&o.pk, "uuid", uuid, sizeof(uuid));
+	}
 	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
 		goto fail;
 	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_COMMITTED, &level, 1);
