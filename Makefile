@@ -5,6 +5,7 @@
 #   make check      unit + integration tests, then the same suite under ASan/UBSan
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
+#   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
 # Python: tests of the binding use Debian's /usr/bin/python3 (python3-torch, numpy).
@@ -164,5 +165,7 @@ install: all
 
 clean:
 	rm -rf build
+
+include tests/gpu/gpu.mk
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

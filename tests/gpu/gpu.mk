@@ -1,0 +1,89 @@
+# tests/gpu/gpu.mk — the GPU bundle, GPU checks and GPU benchmark (included by the Makefile,
+# after its source lists).
+#
+#   make gpu-bundle   (here: Debian, CUDA toolkit, no GPU needed) builds build/gpu/: dsckptd,
+#                     dsckptctl, lib/libdsckpt.so.0 and the GPU test programs, with libuv,
+#                     msgpack-c, xxhash and the CUDA runtime linked statically and libcjson.so.1
+#                     copied into build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
+#                     runs on a GPU node that has none of the build dependencies.
+#   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu
+#   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
+#
+# gpu-check and bench-gpu compile nothing once build/gpu/BUNDLE exists. The objects are built
+# by a recursive make with BUILD=build/gpu-obj (the Makefile's own compile rules and flags) and
+# stay out of build/gpu, which is what travels.
+
+GPU_DIR := build/gpu
+GPU_OBJ := build/gpu-obj
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+GPU_ARCH := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+GPU_NVCCFLAGS := -std=c++17 -O2 -g -lineinfo $(GPU_ARCH) -Iclient -Xcompiler -Wall,-Wextra,-Werror
+# Static archives of the build dependencies (Debian names; libuv's static archive is libuv_a.a),
+# looked up only when a bundle is linked.
+GPU_STATIC = $(shell $(CC) -print-file-name=libuv_a.a) \
+	$(shell $(CC) -print-file-name=libxxhash.a) $(shell $(CC) -print-file-name=libmsgpackc.a)
+GPU_RPATH := -Wl,-rpath,'$$ORIGIN/lib' -Wl,--as-needed
+GPU_SYSLIBS := -lpthread -ldl -lrt -lm
+GPU_BINS := $(GPU_DIR)/dsckptd $(GPU_DIR)/dsckptctl $(GPU_DIR)/lib/libdsckpt.so.0 \
+	$(GPU_DIR)/gpu-trainer $(GPU_DIR)/gpu-bench
+
+.PHONY: gpu-bundle gpu-bundle-files gpu-check bench-gpu
+
+gpu-bundle:
+	@$(MAKE) --no-print-directory BUILD=$(GPU_OBJ) SAN= gpu-bundle-files
+
+# Runs inside the recursive make (BUILD=$(GPU_OBJ)); checks what each binary needs at run time.
+gpu-bundle-files: $(GPU_BINS)
+	@bad=0; for f in $(GPU_BINS); do \
+		if readelf -d $$f | grep -q 'NEEDED.*libcuda\.so'; then echo "$$f needs libcuda.so" >&2; bad=1; fi; \
+		for lib in $$(LD_LIBRARY_PATH= ldd $$f | awk '{print $$1}'); do \
+			case "$$lib" in linux-vdso.so.*|libc.so.6|libm.so.6|libpthread.so.0|libdl.so.2|\
+			librt.so.1|libgcc_s.so.1|libstdc++.so.6|/lib64/ld-linux-x86-64.so.2|\
+			ld-linux-x86-64.so.2|libdsckpt.so.0|libcjson.so.1) ;; \
+			*) echo "$$f needs $$lib, which the bundle does not carry" >&2; bad=1 ;; esac; \
+		done; \
+		if LD_LIBRARY_PATH= ldd $$f | grep -q 'not found'; then ldd $$f >&2; bad=1; fi; \
+		if LD_LIBRARY_PATH= ldd $$f | grep -E 'lib(dsckpt|cjson)\.so' | grep -vq '$(GPU_DIR)/lib/'; then \
+			echo "$$f does not find the bundled libraries" >&2; bad=1; fi; \
+	done; [ $$bad -eq 0 ]
+	@{ echo "dsckpt GPU bundle"; echo "built: $$(date -u +%FT%TZ) on $$(hostname)"; \
+		echo "commit: $$(git describe --always --dirty 2>/dev/null || echo unknown)"; \
+		echo "nvcc: $$($(NVCC) --version | tail -n 1)"; } > $(GPU_DIR)/BUNDLE
+	@du -sh $(GPU_DIR) | awk '{print "gpu-bundle: " $$2 " is " $$1 "; carry it with the tree (carry: [\"$(GPU_DIR)\"])"}'
+
+# libcJSON has no static archive on Debian: the shared library travels in the bundle.
+$(GPU_DIR)/lib/libcjson.so.1:
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CP      $@" || true
+	$(Q)cp -L "$$($(CC) -print-file-name=libcjson.so.1)" $@
+
+$(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) client/lib/errors.c) \
+		$(GPU_DIR)/lib/libcjson.so.1
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) \
+		$(CUDA_LIBS) $(GPU_SYSLIBS)
+
+$(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC))
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) -shared -Wl,-soname,libdsckpt.so.0 -Wl,--exclude-libs,ALL -Wl,--no-undefined -o $@ \
+		$^ -Wl,--as-needed $(GPU_STATIC) $(CUDA_LIBS) $(GPU_SYSLIBS)
+
+$(GPU_DIR)/dsckptctl: $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a $(GPU_DIR)/lib/libcjson.so.1
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) -o $@ $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a $(GPU_RPATH) \
+		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) $(CUDA_LIBS) $(GPU_SYSLIBS)
+
+# The test programs: CUDA runtime static (nvcc's default), driver API through
+# cudaGetDriverEntryPointByVersion (no -lcuda), libdsckpt and libcjson from the bundle.
+$(GPU_DIR)/gpu-%: tests/gpu/gpu_%.cu tests/gpu/gpu_common.h client/dsckpt.h \
+		$(GPU_DIR)/lib/libdsckpt.so.0 $(GPU_DIR)/lib/libcjson.so.1
+	@[ -n "$(Q)" ] && echo "  NVCC    $<" || true
+	$(Q)$(NVCC) $(GPU_NVCCFLAGS) -o $@ $< -L$(GPU_DIR)/lib -l:libdsckpt.so.0 -l:libcjson.so.1 \
+		-Xlinker -rpath,'$$ORIGIN/lib' -Xlinker --as-needed -lrt -ldl
+
+gpu-check: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-gpu-checks $(GPU_DIR)
+
+bench-gpu: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-bench $(GPU_DIR)
