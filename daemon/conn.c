@@ -104,6 +104,7 @@ static void conn_close(struct conn *c)
 	}
 	nconns--;
 	save_conn_gone(c);
+	cuda_fence_forget(c);
 	while (c->regions) {
 		struct region *r = c->regions;
 		c->regions = r->next;

@@ -63,6 +63,21 @@ struct cuda_fence {
 	cudaEvent_t event;
 };
 
+/*
+ * A client's interprocess event, opened once (the client re-records the same event at every
+ * save_end), with a stream of that client's own that carries the waits: one client's fence
+ * never waits for another client's events. Loop thread only.
+ */
+struct cuda_import {
+	const void *owner;      /* the connection */
+	uint8_t handle[64];
+	int dev;
+	cudaEvent_t event;
+	cudaStream_t stream;
+	struct cuda_import *next;
+};
+static struct cuda_import *imports;
+
 /* Device memory a source reads: an opened IPC allocation or a reserved VMM range. */
 struct cuda_mem {
 	int dev;
@@ -551,63 +566,101 @@ out:
 	return rc;
 }
 
-/* Imports a client's interprocess event and orders a daemon-owned fence after its latest
- * record (so later re-records by the client do not matter); the import is dropped. */
-int cuda_fence_import(const uint8_t uuid[16], const uint8_t handle[64],
+/* Finds or opens owner's import of an event handle on dev; NULL with err on failure. */
+static struct cuda_import *cuda_import_get(const void *owner, int dev,
+					   const uint8_t handle[64], char *err, size_t errlen)
+{
+	struct cuda_import *im;
+	cudaIpcEventHandle_t h;
+	cudaError_t e;
+
+	for (im = imports; im; im = im->next)
+		if (im->owner == owner && im->dev == dev && !memcmp(im->handle, handle, 64))
+			return im;
+	if ((im = calloc(1, sizeof(*im))) == NULL) {
+		seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return NULL;
+	}
+	im->owner = owner;
+	im->dev = dev;
+	memcpy(im->handle, handle, 64);
+	memcpy(&h, handle, sizeof(h));
+	if ((e = cudaSetDevice(dev)) != cudaSuccess) {
+		cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		goto fail;
+	}
+	if ((e = cudaIpcOpenEventHandle(&im->event, h)) != cudaSuccess) {
+		cuda_fail(err, errlen, DSCKPT_EINVAL, "cudaIpcOpenEventHandle", e);
+		goto fail;
+	}
+	if ((e = cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+		cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamCreateWithFlags", e);
+		cudaEventDestroy(im->event);
+		goto fail;
+	}
+	im->next = imports;
+	imports = im;
+	return im;
+fail:
+	free(im);
+	return NULL;
+}
+
+/* Closes a client's imported events (the connection is gone). */
+void cuda_fence_forget(const void *owner)
+{
+	for (struct cuda_import **p = &imports; *p;) {
+		struct cuda_import *im = *p;
+		if (im->owner != owner) {
+			p = &im->next;
+			continue;
+		}
+		*p = im->next;
+		cudaSetDevice(im->dev);
+		cudaStreamDestroy(im->stream);	/* queued work still completes */
+		cudaEventDestroy(im->event);
+		free(im);
+	}
+}
+
+/* Orders a daemon-owned fence after the latest record of owner's interprocess event, as of
+ * now (so later re-records by the client do not matter). */
+int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen)
 {
-	cudaIpcEventHandle_t h;
+	struct cuda_import *im;
 	struct cuda_fence *f;
-	cudaEvent_t ev;
-	cudaStream_t st;
 	cudaError_t e;
 	int dev, rc;
 
 	*out = NULL;
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		return rc;
+	if ((im = cuda_import_get(owner, dev, handle, err, errlen)) == NULL)
+		return DSCKPT_EINVAL;
 	if ((f = calloc(1, sizeof(*f))) == NULL)
 		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	f->dev = dev;
-	/* A stream of its own carries the wait and the fence's record, so one client's fence
-	 * never waits for another client's events (destroyed at once; work still completes). */
 	if ((e = cudaSetDevice(dev)) != cudaSuccess) {
 		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
 		goto fail_free;
 	}
-	if ((e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamCreateWithFlags", e);
-		goto fail_free;
-	}
-	memcpy(&h, handle, sizeof(h));
-	if ((e = cudaIpcOpenEventHandle(&ev, h)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EINVAL, "cudaIpcOpenEventHandle", e);
-		goto fail_stream;
-	}
-	if ((e = cudaStreamWaitEvent(st, ev, 0)) != cudaSuccess) {
+	if ((e = cudaStreamWaitEvent(im->stream, im->event, 0)) != cudaSuccess) {
 		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamWaitEvent", e);
-		goto fail_event;
+		goto fail_free;
 	}
 	if ((e = cudaEventCreateWithFlags(&f->event, cudaEventDisableTiming)) != cudaSuccess) {
 		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaEventCreateWithFlags", e);
-		goto fail_event;
+		goto fail_free;
 	}
-	if ((e = cudaEventRecord(f->event, st)) != cudaSuccess) {
+	if ((e = cudaEventRecord(f->event, im->stream)) != cudaSuccess) {
 		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaEventRecord", e);
 		cudaEventDestroy(f->event);
-		goto fail_event;
+		goto fail_free;
 	}
-	/* The wait is enqueued: destroying the import and the stream leaves it in effect. */
-	if ((e = cudaEventDestroy(ev)) != cudaSuccess)
-		log_warnx("cudaEventDestroy: %s", cudaGetErrorName(e));
-	cudaStreamDestroy(st);
 	*out = f;
 	return 0;
 
-fail_event:
-	cudaEventDestroy(ev);
-fail_stream:
-	cudaStreamDestroy(st);
 fail_free:
 	free(f);
 	return rc;
@@ -712,8 +765,13 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 	return seterr(err, errlen, DSCKPT_ENOCUDA, NOCUDA);
 }
 
-/* Imports an interprocess event: this build has no CUDA. */
-int cuda_fence_import(const uint8_t uuid[16], const uint8_t handle[64],
+/* Without CUDA no event was ever imported. */
+void cuda_fence_forget(const void *owner)
+{
+}
+
+/* Without CUDA no event can be imported. */
+int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen)
 {
 	*out = NULL;

@@ -209,10 +209,12 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 			size_t errlen);
 /* Whether every byte of the source can be read (a VMM range may still be mapping). */
 int source_complete(const struct source *s);
-/* Imports a client's interprocess event and orders a daemon-owned fence after its latest
- * record (so later re-records by the client do not matter); the import is dropped. */
-int cuda_fence_import(const uint8_t uuid[16], const uint8_t handle[64],
+/* Orders a daemon-owned fence after the latest record, as of now, of a client's
+ * interprocess event (opened once per owner, a connection); later re-records do not matter. */
+int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen);
+/* Closes the events imported for owner (its connection is gone). */
+void cuda_fence_forget(const void *owner);
 /* Waits for the device copies this thread queued with source_read (no-op without any). */
 int cuda_copy_sync(char *err, size_t errlen);
 /* Makes the calling thread's copy stream for the fence's device wait for the fence. */

@@ -270,18 +270,37 @@ static int add_blob(struct save *s, const msgpack_object *obj, struct proto_map 
 	return save_add_blob(s, name, data, len, err, errlen);
 }
 
+/*
+ * Reads the optional "tensors" and "blobs" arrays of SAVE_ADD or SAVE_END and adds them to s.
+ * Returns 0; -1 for a malformed body (why in m); or an error code (err set, save abandoned).
+ */
+static int add_entries(struct conn *c, struct save *s, struct proto_map *m, char *err,
+		       size_t errlen)
+{
+	const msgpack_object_array *tensors = NULL, *blobs = NULL;
+	int rc = 0;
+
+	proto_get_array(m, "tensors", &tensors, MAX_ENTRIES, 0);
+	proto_get_array(m, "blobs", &blobs, MAX_ENTRIES, 0);
+	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++)
+		rc = add_tensor(c, s, &tensors->ptr[i], m, err, errlen);
+	for (uint32_t i = 0; !m->err && blobs && i < blobs->size && rc == 0; i++)
+		rc = add_blob(s, &blobs->ptr[i], m, err, errlen);
+	if (m->err)
+		return -1;
+	if (rc < 0)	/* a save missing part of what the client meant must never be written */
+		save_drop(s);
+	return rc;
+}
+
 /* SAVE_ADD: tensors and blob pieces. */
 static void on_save_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0, nt, nbytes;
-	const msgpack_object_array *tensors = NULL, *blobs = NULL;
 	char err[ERRLEN] = "";
 	struct proto_out o;
-	int rc = 0;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	proto_get_array(m, "tensors", &tensors, MAX_ENTRIES, 0);
-	proto_get_array(m, "blobs", &blobs, MAX_ENTRIES, 0);
 	if (m->err)
 		return malformed(c, h, m->why);
 	struct save *s = save_find_open(c, id);
@@ -291,18 +310,12 @@ static void on_save_add(struct conn *c, const struct proto_hdr *h, struct proto_
 		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
 				  (unsigned long long)id);
 	}
-	for (uint32_t i = 0; tensors && i < tensors->size && rc == 0; i++)
-		rc = add_tensor(c, s, &tensors->ptr[i], m, err, sizeof(err));
-	for (uint32_t i = 0; blobs && i < blobs->size && rc == 0; i++)
-		rc = add_blob(s, &blobs->ptr[i], m, err, sizeof(err));
-	if (proto_map_end(m) < 0)
+	int rc = add_entries(c, s, m, err, sizeof(err));
+	if (rc == -1 || proto_map_end(m) < 0)
 		return malformed(c, h, m->why);
-	if (rc < 0) {
-		/* A save missing some of what the client meant to add must never be written. */
-		save_drop(s);
+	if (rc < 0)
 		return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
 				  (unsigned long long)id);
-	}
 	save_totals(s, &nt, &nbytes);
 	proto_out_init(&o, PROTO_REPLY, h->id);
 	msgpack_pack_map(&o.pk, 2);
@@ -327,21 +340,31 @@ static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_
 	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
 								 uuid_len != 16))))
 		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
-	if (proto_map_end(m) < 0)
+	if (m->err)
 		return malformed(c, h, m->why);
 	struct save *s = save_find_open(c, id);
-	if (!s)
+	if (!s) {
+		if (proto_map_end(m) < 0)
+			return malformed(c, h, m->why);
 		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
 				  (unsigned long long)id);
+	}
+	/* The last batch of tensors may come with SAVE_END itself. */
+	int rc = add_entries(c, s, m, err, sizeof(err));
+	if (rc == -1 || proto_map_end(m) < 0)
+		return malformed(c, h, m->why);
+	if (rc < 0)
+		return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
+				  (unsigned long long)id);
 	if (has_event > 0) {
-		int rc = cuda_fence_import(uuid, event, &fence, err, sizeof(err));
+		rc = cuda_fence_import(c, uuid, event, &fence, err, sizeof(err));
 		if (rc < 0) {
 			save_drop(s);
 			return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
 					  (unsigned long long)id);
 		}
 	}
-	int rc = save_end(s, fence, err, sizeof(err));
+	rc = save_end(s, fence, err, sizeof(err));
 	if (rc < 0)
 		return conn_error(c, h->id, rc, 0, "%s", err);
 	proto_out_init(&o, PROTO_REPLY, h->id);

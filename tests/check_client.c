@@ -394,8 +394,12 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		break;
 	case PROTO_SAVE_ADD:
 		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
+		/* fall through: SAVE_END may carry the last batch of entries too */
+	entries:
 		proto_get_array(m, "tensors", &arr, 65536, 0);
 		proto_get_array(m, "blobs", &blobs, 65536, 0);
+		if (h->type == PROTO_SAVE_END && !arr && !blobs)
+			goto end;
 		fprintf(log, "save_add len=%u tensors=%u blobs=%u\n", h->length,
 			arr ? arr->size : 0, blobs ? blobs->size : 0);
 		for (uint32_t i = 0; arr && i < arr->size; i++)
@@ -414,14 +418,18 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 					fnv(data, len));
 		}
 		ntensors += arr ? arr->size : 0;
+		if (h->type == PROTO_SAVE_END)
+			goto end;
 		msgpack_pack_map(&o.pk, 2);
 		proto_kv_u64(&o.pk, "tensors", ntensors);
 		proto_kv_u64(&o.pk, "bytes", 0);
 		break;
 	case PROTO_SAVE_END: {
+		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
+		goto entries;
+	end:;
 		const void *ev, *uuid;
 		size_t evlen = 0, uuidlen = 0;
-		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
 		int has_ev = proto_get_bin(m, "event", &ev, &evlen, 64, 0);
 		int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuidlen, 16, 0);
 		if (has_ev != has_uuid || (has_ev == 1 && (evlen != 64 || uuidlen != 16)))

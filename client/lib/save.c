@@ -484,18 +484,24 @@ out:
 	return e;
 }
 
-/* Sends the encoded tensor entries as SAVE_ADD frames of about FRAME_BUDGET bytes at most
- * (one entry is under 1 KiB, far below the 16 MiB frame limit) (lock held). */
-static int save_flush(dsckpt_save_t *s)
+/*
+ * Sends the buffered tensors in SAVE_ADD frames of at most FRAME_BUDGET bytes, all but the
+ * last batch, whose first entry index goes to *last: SAVE_END carries it (one round trip less).
+ */
+static int save_flush(dsckpt_save_t *s, size_t *last)
 {
 	size_t i = 0;
 
-	while (i < s->nt) {
-		struct proto_out o;
+	for (;;) {
 		size_t start = i ? s->ends[i - 1] : 0, j = i + 1;
 		while (j < s->nt && j - i < FRAME_MAX_ENTRIES &&
 		       s->ends[j] - start <= FRAME_BUDGET)
 			j++;
+		if (j >= s->nt) {
+			*last = i;
+			return 0;
+		}
+		struct proto_out o;
 		lib_conn_frame(s->c, &o, PROTO_SAVE_ADD);
 		msgpack_pack_map(&o.pk, 2);
 		proto_kv_u64(&o.pk, "save", s->id);
@@ -507,7 +513,6 @@ static int save_flush(dsckpt_save_t *s)
 			return e;
 		i = j;
 	}
-	return 0;
 }
 
 /* Names the stream whose work writes the save's GPU tensors. */
@@ -536,6 +541,7 @@ int dsckpt_save_end(dsckpt_save_t *s)
 	struct proto_out o;
 	struct lib_reply r;
 	int64_t level = 0;
+	size_t last = 0;
 	int e;
 
 	if (!s)
@@ -545,14 +551,20 @@ int dsckpt_save_end(dsckpt_save_t *s)
 		e = save_not_open(s);
 		goto out;
 	}
-	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s)) < 0)
+	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s, &last)) < 0)
 		goto fail;
 	if (s->gpu >= 0 &&
 	    (e = lib_cuda_record(s->c, s->gpu, s->gpu_ctx, s->stream, event, uuid)) < 0)
 		goto fail;
 	lib_conn_frame(s->c, &o, PROTO_SAVE_END);
-	msgpack_pack_map(&o.pk, s->gpu >= 0 ? 3 : 1);
+	msgpack_pack_map(&o.pk, (s->gpu >= 0 ? 3 : 1) + (last < s->nt));
 	proto_kv_u64(&o.pk, "save", s->id);
+	if (last < s->nt) {
+		size_t start = last ? s->ends[last - 1] : 0;
+		proto_key(&o.pk, "tensors");
+		msgpack_pack_array(&o.pk, s->nt - last);
+		msgpack_sbuffer_write(&o.sb, s->enc.data + start, s->ends[s->nt - 1] - start);
+	}
 	if (s->gpu >= 0) {
 		proto_kv_bin(&o.pk, "event", event, sizeof(event));
 		proto_kv_bin(&o.pk, "uuid", uuid, sizeof(uuid));

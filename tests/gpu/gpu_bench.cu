@@ -23,6 +23,11 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
 
 #include "gpu_common.h"
 
@@ -375,6 +380,52 @@ static dsckpt_save_t *bn_save_weights(dsckpt_conn_t *c, const char *tag, char *w
 	return s;
 }
 
+/*
+ * Commits checkpoint tags off the training thread, on a connection of its own: COMMIT waits
+ * in the daemon until every save of the tag is durable, so the loop never waits for the disk.
+ */
+struct bn_committer {
+	std::mutex mu;
+	std::condition_variable cv;
+	std::deque<std::string> tags;
+	bool done = false;
+	std::thread th;
+	double max_ms = 0;
+
+	void run(const char *sock, const char *job)
+	{
+		dsckpt_conn_t *c = tg_connect(sock, job, 0, 1);
+		for (;;) {
+			std::unique_lock<std::mutex> lk(mu);
+			cv.wait(lk, [&] { return done || !tags.empty(); });
+			if (tags.empty())
+				break;
+			std::string tag = tags.front();
+			tags.pop_front();
+			lk.unlock();
+			double t0 = tg_now();
+			TG_DS(c, dsckpt_commit(c, tag.c_str(), BN_TIMEOUT_MS));
+			max_ms = std::max(max_ms, (tg_now() - t0) * 1e3);
+		}
+		dsckpt_close(c);
+	}
+	void push(const char *tag)
+	{
+		std::lock_guard<std::mutex> lk(mu);
+		tags.push_back(tag);
+		cv.notify_one();
+	}
+	void finish()
+	{
+		{
+			std::lock_guard<std::mutex> lk(mu);
+			done = true;
+		}
+		cv.notify_one();
+		th.join();
+	}
+};
+
 /* Mode train: iteration time with and without checkpoints, and the time blocked per save. */
 static void bn_trainer(const struct bn_opts *o)
 {
@@ -419,16 +470,17 @@ static void bn_trainer(const struct bn_opts *o)
 		base[it] = (tg_now() - t0) * 1e3;
 		sum_base += base[it];
 	}
+	bn_committer com;
+	com.th = std::thread([&] { com.run(o->socket, o->job); });
 	for (int it = 0; it < o->iters; it++) {       /* with checkpoints */
 		double tb = 0;
 		int saving = it % o->every == 0;
 		t0 = tg_now();
 		if (saving) {
 			double d0 = tg_now();
-			if (cur) {  /* the previous checkpoint: durable by now, commit it */
-				bn_wait(c, cur, DSCKPT_DURABLE);
+			if (cur) {  /* the previous checkpoint: the committer thread commits it */
 				dsckpt_save_free(cur);
-				TG_DS(c, dsckpt_commit(c, tag, BN_TIMEOUT_MS));
+				com.push(tag);
 			}
 			durwait[nck] = (tg_now() - d0) * 1e3;
 			snprintf(tag, sizeof(tag), "%s/train/step%d", o->dir, it);
@@ -451,16 +503,19 @@ static void bn_trainer(const struct bn_opts *o)
 		if (saving)
 			ckit[ncki++] = ck[it];
 	}
+	double tend = tg_now();
 	if (cur) {
-		bn_wait(c, cur, DSCKPT_DURABLE);
 		dsckpt_save_free(cur);
-		TG_DS(c, dsckpt_commit(c, tag, BN_TIMEOUT_MS));
+		com.push(tag);
 	}
+	com.finish();
 	printf("train: iteration %.1f ms without checkpoints, %.1f ms with (median); %.1f ms on "
-	       "checkpointing iterations; blocked per save: median %.2f ms, max %.2f ms; waiting "
-	       "for the previous DURABLE + commit: median %.2f ms\n", tg_median(base, o->iters),
-	       tg_median(ck, o->iters), tg_median(ckit, ncki), tg_median(blocked, nck),
-	       *std::max_element(blocked, blocked + nck), tg_median(durwait, nck));
+	       "checkpointing iterations; blocked per save: median %.2f ms, max %.2f ms "
+	       "(handing the previous tag to the committer: median %.3f ms); the last commit "
+	       "landed %.0f ms after the loop ended (longest commit wait %.0f ms)\n",
+	       tg_median(base, o->iters), tg_median(ck, o->iters), tg_median(ckit, ncki),
+	       tg_median(blocked, nck), *std::max_element(blocked, blocked + nck),
+	       tg_median(durwait, nck), (tg_now() - tend) * 1e3, com.max_ms);
 	bn_result("train_iter_base_ms", sum_base / o->iters);
 	bn_result("train_iter_ckpt_ms", sum_ck / o->iters);
 	bn_result("train_slowdown_pct", (sum_ck - sum_base) / sum_base * 100);

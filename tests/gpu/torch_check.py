@@ -14,6 +14,7 @@ back exactly the values the stream wrote (compared bit for bit).
 Exit status: 0 passed, 1 failed, 77 skipped (no torch, no safetensors, no GPU).
 """
 import ctypes
+import time
 import os
 import sys
 
@@ -118,12 +119,16 @@ def save_step(lib, root, job, step, tensors, side):
                   f"dsckpt_add_tensor {name}")
     lib.check(lib.lib.dsckpt_save_set_stream(save, side.cuda_stream), "dsckpt_save_set_stream")
     with torch.cuda.stream(side):
-        torch.cuda._sleep(300_000_000)  # ~150 ms of spinning before the new values
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning before the new values
         for x in tensors.values():
             x.normal_()
+    t0 = time.monotonic()
     lib.check(lib.lib.dsckpt_save_end(save), "dsckpt_save_end")
+    took = (time.monotonic() - t0) * 1e3
     if side.query():
-        fail("the side stream was idle when save_end returned: ordering not exercised")
+        fail(f"the side stream was idle when save_end returned ({took:.1f} ms): "
+             "ordering not exercised")
+    print(f"  save_end {took:.2f} ms with the side stream still busy")
     with torch.cuda.stream(side):  # queued behind the writes: the expected values
         expected = {n: x.clone() for n, x in tensors.items()}
     lib.check(lib.lib.dsckpt_wait(save, SNAPSHOT, TIMEOUT_MS), "wait SNAPSHOT", SNAPSHOT)
