@@ -2,13 +2,13 @@
 #
 #   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
-#   make check      unit + integration tests, then the same suite under ASan/UBSan
+#   make check      unit + integration tests, the same under ASan/UBSan, then the Python binding's
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
 #   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
-# Python: tests of the binding use Debian's /usr/bin/python3 (python3-torch, numpy).
+# Python: the binding's tests use Debian's /usr/bin/python3 (tests/python/python.mk says why).
 
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -138,7 +138,7 @@ check-plain: deps all $(TESTS)
 check-san:
 	$(MAKE) BUILD=build/san SAN=address,undefined check-plain
 
-check: check-plain check-san
+check: check-plain check-san check-python
 
 demo: deps all
 	tests/demo.sh $(BUILD)
@@ -167,5 +167,6 @@ clean:
 	rm -rf build
 
 include tests/gpu/gpu.mk
+include tests/python/python.mk
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

@@ -1,0 +1,27 @@
+"""dsckpt — Python binding of libdsckpt, the client of the per-node checkpoint daemon dsckptd.
+
+Three layers, each usable alone:
+
+* ``dsckpt`` (this module): a ctypes binding of ``client/dsckpt.h`` — :class:`Connection`,
+  :class:`Save`, :class:`Level`, :class:`HostBuffer` and :class:`DsckptError`. No compile
+  step; the shared library is found next to the package, in the repository's ``build/``, or
+  through ``$DSCKPT_LIB`` (see ``dsckpt._lib``).
+* ``dsckpt.torch``: ``save(state_dict, dir)`` / ``load(dir)`` of nested PyTorch state dicts
+  as plain safetensors files, and ``commit(dir, group)`` across torch.distributed ranks.
+* ``dsckpt.deepspeed``: a DeepSpeed checkpoint engine (imports without DeepSpeed).
+
+Importing ``dsckpt`` does not load the shared library; the first call does.
+"""
+from .core import (Connection, HostBuffer, Level, Save, SaveProgress, err_name, strerror,
+                   version)
+from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, DsckptTimeout,
+                     Errno, InvalidArgument, NotSupported, PermissionDenied, SaveFailed)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Connection", "Save", "Level", "SaveProgress", "HostBuffer", "version", "strerror",
+    "err_name", "DsckptError", "Errno", "DaemonUnavailable", "SaveFailed",
+    "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",
+    "NotSupported",
+]

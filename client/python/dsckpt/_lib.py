@@ -1,0 +1,107 @@
+"""_lib.py — finds libdsckpt.so and declares the C signatures of client/dsckpt.h for ctypes.
+
+The library is searched in this order, first hit wins:
+
+1. ``$DSCKPT_LIB`` (a path to the shared object);
+2. next to the package: ``dsckpt/libdsckpt.so.0`` or ``dsckpt/libdsckpt.so`` (what an
+   installed wheel or a copied bundle carries);
+3. the repository's build tree: ``<repo>/build/libdsckpt.so`` (the package lives in
+   ``<repo>/client/python/dsckpt``);
+4. the system loader: ``libdsckpt.so.0`` (``make install`` puts it in ``$PREFIX/lib``).
+
+Nothing is compiled: ctypes releases the GIL around every foreign call, so a blocking
+``dsckpt_wait`` lets other Python threads run.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import List, Optional, Tuple
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Progress(ctypes.Structure):
+    """dsckpt_progress_t: level and byte counters of one save."""
+
+    _fields_ = [
+        ("level", ctypes.c_int),
+        ("bytes_total", ctypes.c_uint64),
+        ("bytes_snapshot", ctypes.c_uint64),
+        ("bytes_flushed", ctypes.c_uint64),
+    ]
+
+
+_vp, _cp, _i, _sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
+
+# name: (restype, argtypes), exactly as client/dsckpt.h declares them.
+_SIGNATURES = {
+    "dsckpt_version": (_cp, []),
+    "dsckpt_strerror": (_cp, [_i]),
+    "dsckpt_err_name": (_cp, [_i]),
+    "dsckpt_level_name": (_cp, [_i]),
+    "dsckpt_connect": (_i, [_cp, ctypes.POINTER(_vp)]),
+    "dsckpt_identify": (_i, [_vp, _cp, _i, _i]),
+    "dsckpt_close": (None, [_vp]),
+    "dsckpt_last_error": (_cp, [_vp]),
+    "dsckpt_save_begin": (_i, [_vp, _cp, _cp, ctypes.POINTER(_vp)]),
+    "dsckpt_add_tensor": (_i, [_vp, _cp, _cp, ctypes.POINTER(ctypes.c_int64), _i, _vp, _sz]),
+    "dsckpt_add_blob": (_i, [_vp, _cp, _vp, _sz]),
+    "dsckpt_save_set_stream": (_i, [_vp, _vp]),
+    "dsckpt_save_end": (_i, [_vp]),
+    "dsckpt_wait": (_i, [_vp, _i, _i]),
+    "dsckpt_save_progress": (_i, [_vp, ctypes.POINTER(Progress)]),
+    "dsckpt_save_free": (None, [_vp]),
+    "dsckpt_commit": (_i, [_vp, _cp, _i]),
+    "dsckpt_host_alloc": (_vp, [_sz]),
+    "dsckpt_host_free": (None, [_vp]),
+}
+
+
+def candidates() -> List[str]:
+    """Paths tried for libdsckpt, in order (see the module docstring)."""
+    env = os.environ.get("DSCKPT_LIB")
+    if env:
+        return [env]  # an explicit choice is never second-guessed
+    repo = os.path.normpath(os.path.join(_HERE, "..", "..", ".."))
+    return [
+        os.path.join(_HERE, "libdsckpt.so.0"),
+        os.path.join(_HERE, "libdsckpt.so"),
+        os.path.join(repo, "build", "libdsckpt.so"),
+        "libdsckpt.so.0",
+    ]
+
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+path: Optional[str] = None  # the file actually loaded, once lib() has run
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library with its signatures declared (loaded once, on first use)."""
+    global _lib, path
+    with _lock:
+        if _lib is None:
+            _lib, path = _load()
+        return _lib
+
+
+def _load() -> Tuple[ctypes.CDLL, str]:
+    """Loads the first candidate that exists and declares every function's signature."""
+    tried = []
+    for cand in candidates():
+        if os.sep in cand and not os.path.exists(cand):
+            tried.append(f"{cand} (missing)")
+            continue
+        try:
+            handle = ctypes.CDLL(cand)
+        except OSError as e:
+            tried.append(f"{cand} ({e})")
+            continue
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+        return handle, cand
+    raise ImportError("libdsckpt not found; set DSCKPT_LIB or build it with make. Tried: "
+                      + "; ".join(tried))

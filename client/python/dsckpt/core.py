@@ -1,0 +1,337 @@
+"""core.py — the Pythonic face of libdsckpt: Connection, Save, Level, HostBuffer.
+
+A trainer rank connects to its node's daemon, identifies itself, and for each checkpoint
+file opens a :class:`Save`, adds tensors by address and blobs by value, ends it (ACCEPTED,
+about a millisecond), and later waits for SNAPSHOT (before the optimizer step) and DURABLE.
+One rank then commits the directory::
+
+    with dsckpt.Connection(job="llama", rank=0, world_size=1) as conn:
+        with conn.save("/var/lib/dsckpt/llama/step100", "rank0") as s:
+            s.add_tensor("w", "F32", (1024,), ptr, 4096)
+            s.add_blob("skeleton", b"...")
+        # leaving the block ended the save; the handle stays usable
+        s.wait(dsckpt.Level.SNAPSHOT)
+        s.wait(dsckpt.Level.DURABLE)
+        conn.commit("/var/lib/dsckpt/llama/step100")
+
+Every failure raises :class:`dsckpt.DsckptError` (see errors.py). Timeouts are in seconds
+(``None``: no limit).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import os
+from typing import Optional, Sequence, Union
+
+from . import _lib
+from .errors import DsckptError, Errno, error_for
+
+BytesLike = Union[bytes, bytearray, memoryview]
+
+
+class Level(enum.IntEnum):
+    """Levels of a save, in order (dsckpt_level_t); FAILED is terminal."""
+
+    FAILED = -1
+    NONE = 0
+    ACCEPTED = 1
+    SNAPSHOT = 2
+    DURABLE = 3
+    COMMITTED = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveProgress:
+    """Progress of one save as last reported by the daemon."""
+
+    level: Level
+    bytes_total: int
+    bytes_snapshot: int
+    bytes_flushed: int
+
+
+def version() -> str:
+    """Version of the loaded libdsckpt, e.g. ``"0.1.0"``."""
+    return _lib.lib().dsckpt_version().decode()
+
+
+def strerror(code: int) -> str:
+    """The library's message for an error code."""
+    return _lib.lib().dsckpt_strerror(code).decode()
+
+
+def err_name(code: int) -> str:
+    """The name of an error code, e.g. ``"EINVAL"``."""
+    return _lib.lib().dsckpt_err_name(code).decode()
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    """Seconds (None: forever) as the library's milliseconds (-1: forever)."""
+    if timeout is None or timeout < 0:
+        return -1
+    return min(int(timeout * 1000), 2**31 - 1)
+
+
+def _encode(s: Union[str, bytes, "os.PathLike[str]"], what: str) -> bytes:
+    """A str or path as UTF-8 bytes for the C API (NUL bytes are refused here)."""
+    b = os.fsencode(s) if not isinstance(s, bytes) else s
+    if b"\0" in b:
+        raise error_for(Errno.EINVAL, "EINVAL", f"{what} contains a NUL byte")
+    return b
+
+
+def _raise(handle: Optional[int], rc: int) -> None:
+    """Raises the exception for a negative return code, with the library's message."""
+    lib = _lib.lib()
+    msg = lib.dsckpt_last_error(handle).decode(errors="replace")
+    raise error_for(rc, lib.dsckpt_err_name(rc).decode(), msg or strerror(rc))
+
+
+class Connection:
+    """A connection to dsckptd, shareable by threads (calls are serialised by the library).
+
+    ``socket`` defaults to ``$DSCKPT_SOCKET``, then ``/run/dsckptd/dsckptd.sock``. Pass
+    ``job`` (with ``rank`` and ``world_size``) to identify at once; a trainer must be
+    identified before saving. Closing leaves saves already ACCEPTED to the daemon.
+    """
+
+    def __init__(self, socket: Optional[str] = None, *, job: Optional[str] = None,
+                 rank: int = 0, world_size: int = 1):
+        lib = _lib.lib()
+        handle = ctypes.c_void_p()
+        rc = lib.dsckpt_connect(_encode(socket, "socket") if socket else None,
+                                ctypes.byref(handle))
+        if rc < 0:
+            _raise(None, rc)
+        self._h: Optional[int] = handle.value
+        self.socket = socket or os.environ.get("DSCKPT_SOCKET") or "/run/dsckptd/dsckptd.sock"
+        self.job: Optional[str] = None
+        self.rank = rank
+        self.world_size = world_size
+        if job is not None:
+            try:
+                self.identify(job, rank, world_size)
+            except BaseException:
+                self.close()
+                raise
+
+    def _handle(self) -> int:
+        """The C handle; raises EPIPE once closed."""
+        if self._h is None:
+            raise error_for(Errno.EPIPE, "EPIPE", "connection to dsckptd was closed")
+        return self._h
+
+    def _check(self, rc: int) -> int:
+        """Returns rc, or raises for a negative one with this connection's message."""
+        if rc < 0:
+            _raise(self._h, rc)
+        return rc
+
+    def identify(self, job: str, rank: int, world_size: int) -> None:
+        """Identifies this process as ``rank`` of a ``world_size``-rank job."""
+        self._check(_lib.lib().dsckpt_identify(self._handle(), _encode(job, "job"),
+                                               int(rank), int(world_size)))
+        self.job, self.rank, self.world_size = job, int(rank), int(world_size)
+
+    def save(self, dir: str, file: str) -> "Save":
+        """Opens a save of ``dir/file.safetensors`` (+ ``.meta`` when blobs are added)."""
+        out = ctypes.c_void_p()
+        self._check(_lib.lib().dsckpt_save_begin(self._handle(), _encode(dir, "dir"),
+                                                 _encode(file, "file"), ctypes.byref(out)))
+        return Save(self, out.value, str(dir), str(file))
+
+    def commit(self, dir: str, timeout: Optional[float] = None) -> None:
+        """Commits ``dir`` (MANIFEST.json, then ``latest``) once every save into it that
+        this daemon holds is DURABLE and ranks 0..world_size-1 all have files there.
+        Across nodes: call it on one rank after every rank's DURABLE wait."""
+        self._check(_lib.lib().dsckpt_commit(self._handle(), _encode(dir, "dir"),
+                                             _timeout_ms(timeout)))
+
+    @property
+    def last_error(self) -> str:
+        """The message of the last failed call on this connection."""
+        return _lib.lib().dsckpt_last_error(self._h).decode(errors="replace")
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._h is None
+
+    def close(self) -> None:
+        """Closes the connection (idempotent); open saves keep it alive until freed."""
+        if self._h is not None:
+            _lib.lib().dsckpt_close(self._h)
+            self._h = None
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None and _lib is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h is None else f"job={self.job!r} rank={self.rank}"
+        return f"<dsckpt.Connection {self.socket} {state}>"
+
+
+class Save:
+    """One file being saved. Add tensors and blobs, then :meth:`end` it (or leave a
+    ``with`` block: a clean exit ends the save, an exception abandons it). After the end the
+    handle stays valid for :meth:`wait` and :meth:`progress` until :meth:`close`."""
+
+    def __init__(self, conn: Connection, handle: int, dir: str, file: str):
+        self.conn = conn
+        self.dir = dir
+        self.file = file
+        self._h: Optional[int] = handle
+        self.ended = False
+        self.level = Level.NONE
+
+    @property
+    def path(self) -> str:
+        """The tensor file this save writes."""
+        return os.path.join(self.dir, self.file + ".safetensors")
+
+    def _handle(self) -> int:
+        """The C handle; raises ESTATE once closed."""
+        if self._h is None:
+            raise error_for(Errno.ESTATE, "ESTATE", f"save {self.file} was closed")
+        return self._h
+
+    def add_tensor(self, name: str, dtype: str, shape: Sequence[int], ptr: int,
+                   nbytes: int) -> None:
+        """Adds ``nbytes`` at address ``ptr`` (host, dsckpt host memory or CUDA) as tensor
+        ``name`` of safetensors ``dtype`` and ``shape``. CUDA and dsckpt host memory are
+        handed over by reference and must stay unchanged until SNAPSHOT; other host memory
+        is copied before this returns."""
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*[int(d) for d in shape])
+        self.conn._check(_lib.lib().dsckpt_add_tensor(
+            self._handle(), _encode(name, "tensor name"), _encode(dtype, "dtype"), dims,
+            len(shape), ptr or None, int(nbytes)))
+
+    def add_array(self, name: str, array) -> None:
+        """Adds a C-contiguous numpy array (copied unless it lies in a HostBuffer)."""
+        if not array.flags["C_CONTIGUOUS"]:
+            raise error_for(Errno.EINVAL, "EINVAL", f"array {name} is not C-contiguous")
+        dtype = NUMPY_DTYPES.get(array.dtype.str.lstrip("<|="))
+        if dtype is None:
+            raise error_for(Errno.EINVAL, "EINVAL",
+                            f"array {name}: numpy dtype {array.dtype} has no safetensors name")
+        self.add_tensor(name, dtype, array.shape, array.ctypes.data, array.nbytes)
+
+    def add_blob(self, name: str, data: BytesLike) -> None:
+        """Attaches an opaque named blob (copied now), stored in ``file.meta``."""
+        data = bytes(data)
+        self.conn._check(_lib.lib().dsckpt_add_blob(self._handle(), _encode(name, "blob name"),
+                                                    data, len(data)))
+
+    def set_stream(self, stream: int) -> None:
+        """Names the CUDA stream (``torch.cuda.Stream.cuda_stream``) whose queued work
+        writes this save's GPU tensors; the daemon's copies wait for it."""
+        self.conn._check(_lib.lib().dsckpt_save_set_stream(self._handle(), stream or None))
+
+    def end(self) -> Level:
+        """Hands the save to the daemon; returns ACCEPTED (about a millisecond)."""
+        self.conn._check(_lib.lib().dsckpt_save_end(self._handle()))
+        self.ended = True
+        self.level = Level.ACCEPTED
+        return self.level
+
+    def wait(self, level: Level = Level.DURABLE, timeout: Optional[float] = None) -> Level:
+        """Waits until the save reaches ``level``; returns the level reached. Raises
+        :class:`~dsckpt.errors.SaveFailed` with the daemon's reason, or
+        :class:`~dsckpt.errors.DsckptTimeout`."""
+        rc = _lib.lib().dsckpt_wait(self._handle(), int(level), _timeout_ms(timeout))
+        if rc == Errno.EFAILED:
+            self.level = Level.FAILED
+        self.conn._check(rc)
+        self.level = Level(rc)
+        return self.level
+
+    def progress(self) -> SaveProgress:
+        """The save's level and byte counters now, without waiting (FAILED does not raise:
+        the reason is in ``conn.last_error``)."""
+        p = _lib.Progress()
+        self.conn._check(_lib.lib().dsckpt_save_progress(self._handle(), ctypes.byref(p)))
+        self.level = Level(p.level)
+        return SaveProgress(Level(p.level), p.bytes_total, p.bytes_snapshot, p.bytes_flushed)
+
+    def close(self) -> None:
+        """Frees the client-side handle (idempotent). A save never ended is abandoned; an
+        ended one goes on in the daemon."""
+        if self._h is not None:
+            _lib.lib().dsckpt_save_free(self._h)
+            self._h = None
+
+    def __enter__(self) -> "Save":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.close()
+        elif not self.ended:
+            self.end()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None and _lib is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<dsckpt.Save {self.path} {self.level.name}>"
+
+
+class HostBuffer:
+    """Host memory the daemon reads without a copy (``dsckpt_host_alloc``, a memfd).
+
+    Tensors placed in it are handed over by reference, so a save of them costs no copy in
+    the trainer; they must stay unchanged until SNAPSHOT. View it with :meth:`numpy`,
+    ``torch.frombuffer(buf.ctypes_array(), dtype=...)`` or :func:`dsckpt.torch.host_empty`.
+    The memory is freed when the buffer and every view of it are gone.
+    """
+
+    def __init__(self, size: int):
+        if size <= 0:
+            raise ValueError("HostBuffer size must be positive")
+        ptr = _lib.lib().dsckpt_host_alloc(int(size))
+        if not ptr:
+            raise MemoryError(f"dsckpt_host_alloc({size}) failed")
+        self.ptr: int = ptr
+        self.size = int(size)
+
+    def ctypes_array(self) -> ctypes.Array:
+        """The bytes as a ctypes array (buffer protocol). The array, and every numpy or
+        torch view made from it, keeps this buffer (and so the memory) alive."""
+        if not self.ptr:
+            raise ValueError("HostBuffer was freed")
+        array = (ctypes.c_uint8 * self.size).from_address(self.ptr)
+        array._owner = self
+        return array
+
+    def numpy(self, dtype="uint8"):
+        """A writable numpy view of the whole buffer with ``dtype``."""
+        import numpy as np
+        return np.frombuffer(self.ctypes_array(), dtype=dtype)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __del__(self) -> None:
+        if getattr(self, "ptr", None) and _lib is not None:
+            _lib.lib().dsckpt_host_free(self.ptr)
+            self.ptr = 0
+
+
+# numpy dtype.str (without byte order) → safetensors dtype.
+NUMPY_DTYPES = {
+    "f8": "F64", "f4": "F32", "f2": "F16", "i8": "I64", "i4": "I32", "i2": "I16",
+    "i1": "I8", "u8": "U64", "u4": "U32", "u2": "U16", "u1": "U8", "b1": "BOOL",
+}
+
+__all__ = ["Connection", "Save", "Level", "SaveProgress", "HostBuffer", "DsckptError",
+           "version", "strerror", "err_name"]

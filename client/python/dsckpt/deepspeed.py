@@ -1,0 +1,392 @@
+"""dsckpt.deepspeed — a DeepSpeed checkpoint engine that saves through dsckptd.
+
+It has DeepSpeed's ``CheckpointEngine`` interface (create / save / load / commit / makedirs
+/ is_data_parallel_writer / is_decoupled / get_commit_info / cleanup /
+preserves_storage_sharing) and subclasses DeepSpeed's class when DeepSpeed is installed; the
+module imports without DeepSpeed. Plug it into an engine after ``deepspeed.initialize`` (on
+every rank: it makes a gloo group for its commits)::
+
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config, ...)
+    dsckpt.deepspeed.install(engine)           # reads ds_config["dsckpt"] or ["datastates_ckpt"]
+    ...
+    engine.save_checkpoint(save_dir)           # returns after ~1 ms per file
+    ...
+    engine.load_checkpoint(save_dir)           # follows `latest`, reads our files
+
+When each thing happens (DeepSpeed's decoupled-engine protocol, which this engine asks for by
+answering ``is_decoupled() == True``):
+
+* ``save_checkpoint`` → ``create(info)``, then ``save(state_dict, path)`` for each file: the
+  tensors are handed to the daemon by reference and ``save`` returns once ACCEPTED.
+* The next ``engine.step()`` at a gradient-accumulation boundary calls ``commit(info)``
+  right before the optimizer step: that is where this engine waits for SNAPSHOT (usually
+  long reached while forward/backward ran). It then queues the rest to a background thread
+  and returns: wait until this rank's files are DURABLE, agree across ranks (all-reduce on
+  the engine's own gloo group, so training collectives are never interleaved), and rank 0
+  asks its daemon to commit (MANIFEST.json, then ``latest``). ``get_commit_info`` reports
+  ``save_latest=False`` to DeepSpeed so that DeepSpeed does not write ``latest`` before the
+  daemon has committed: the daemon writes it.
+* ``cleanup()`` (DeepSpeed's ``destroy``) commits what is pending and waits for the
+  background commits; :meth:`DsckptCheckpointEngine.wait_committed` does the same on demand
+  and raises the first failure. A failed checkpoint is logged, never raised into
+  ``engine.step()``: training goes on and the previous ``latest`` stays.
+
+Files: DeepSpeed's path ``<dir>/mp_rank_00_model_states.pt`` becomes
+``<dir>/mp_rank_00_model_states.pt.safetensors`` (+ ``.meta``), and once the file is
+DURABLE a relative symlink at the original path points at it, so DeepSpeed's globbing and
+existence checks find it. Every rank contributes at least one file to a tag directory
+(an empty ``dsckpt_rank<N>`` file for a rank DeepSpeed gave nothing), as the daemon's
+commit requires.
+
+Configuration: a block ``"dsckpt"`` (or, so existing configs keep working,
+``"datastates_ckpt"``) of the DeepSpeed config. Keys: ``socket`` (else $DSCKPT_SOCKET),
+``job`` (else $DSCKPT_JOB, else ``"deepspeed"``), ``timeout`` (seconds for waits and
+commits; default none). ``host_cache_size`` is the daemon's setting (dsckptd.json) and is
+only logged here; any other key is logged and ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any, List, Optional, Tuple, Union
+
+import torch
+
+from . import torch as dtorch
+from .core import Connection, Level
+from .errors import DsckptError, Errno, error_for
+
+log = logging.getLogger("dsckpt.deepspeed")
+
+try:  # DeepSpeed ≥ 0.16 (CheckpointCommitInfo); older ones pass tags as strings.
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import \
+        CheckpointEngine as _Base
+except ImportError:
+    _Base = object
+try:
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo
+except ImportError:
+    @dataclasses.dataclass
+    class CheckpointCommitInfo:  # type: ignore[no-redef]
+        """What DeepSpeed tells a checkpoint engine about a tag being saved."""
+
+        tag: str
+        save_dir: Optional[str]
+        save_latest: bool
+
+KNOWN_KEYS = {"socket", "job", "timeout", "enabled"}
+DAEMON_KEYS = {"host_cache_size"}
+MARKER = "dsckpt_rank{rank}"
+
+
+def config_block(config_params: Any) -> dict:
+    """The ``dsckpt`` (else ``datastates_ckpt``) block of a DeepSpeed config: a
+    DeepSpeedConfig, a config dict, or the block itself as a dict."""
+    if config_params is None:
+        return {}
+    params = getattr(config_params, "_param_dict", config_params)
+    if not isinstance(params, dict):
+        return {}
+    for key in ("dsckpt", "datastates_ckpt"):
+        if key in params:
+            return dict(params[key] or {})
+    if set(params) <= KNOWN_KEYS | DAEMON_KEYS or not params:
+        return dict(params)
+    return {}
+
+
+def _info_of(info: Any) -> Optional[CheckpointCommitInfo]:
+    """A CheckpointCommitInfo from what DeepSpeed passed (an info, a tag string, None)."""
+    if info is None or isinstance(info, CheckpointCommitInfo):
+        return info
+    if isinstance(info, str):
+        return CheckpointCommitInfo(tag=info, save_dir=None, save_latest=True)
+    return CheckpointCommitInfo(tag=info.tag, save_dir=info.save_dir,
+                                save_latest=info.save_latest)
+
+
+@dataclasses.dataclass
+class _Job:
+    """One tag handed to the committer thread."""
+
+    tag: str
+    tag_dir: Optional[str]
+    saves: List[Tuple[str, dtorch.SaveHandle]]  # (DeepSpeed's path, handle)
+
+
+class DsckptCheckpointEngine(_Base):
+    """DeepSpeed checkpoint engine over dsckptd (see the module docstring)."""
+
+    def __init__(self, config_params: Any = None, rank: Optional[int] = None, *,
+                 config: Optional[dict] = None, conn: Optional[Connection] = None):
+        if _Base is not object:
+            super().__init__(config_params)
+        self.name = "DsckptCheckpointEngine"
+        block = dict(config) if config is not None else config_block(config_params)
+        self._read_config(block)
+        dist = torch.distributed
+        self._dist = dist.is_available() and dist.is_initialized()
+        # The job's rank: torch.distributed's when initialized, else rank, $RANK or 0.
+        self.rank, self.world_size = dtorch.dist_rank_world()
+        if not self._dist and rank is not None:
+            self.rank = int(rank)
+        self.group = dist.new_group(backend="gloo") if self._dist else None
+        self.conn = conn or Connection(self.socket, job=self.job, rank=self.rank,
+                                       world_size=self.world_size)
+        self._commit_conn: Optional[Connection] = None
+        self.commit_info: Optional[CheckpointCommitInfo] = None
+        self._saves: List[Tuple[str, dtorch.SaveHandle]] = []  # of the current tag
+        self._unsnapped: List[dtorch.SaveHandle] = []           # below SNAPSHOT, maybe
+        self.failures: List[DsckptError] = []
+        self.committed: List[str] = []
+        # _Job: a tag to commit; Event: set it when reached; None: stop.
+        self._jobs: "queue.Queue[Union[_Job, threading.Event, None]]" = queue.Queue()
+        self._thread = threading.Thread(target=self._committer, name="dsckpt-commit",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read_config(self, block: dict) -> None:
+        """Takes our keys from the config block; logs the daemon's and unknown ones."""
+        self.socket: Optional[str] = block.get("socket")
+        self.job: str = block.get("job") or os.environ.get("DSCKPT_JOB") or "deepspeed"
+        t = block.get("timeout")
+        self.timeout: Optional[float] = float(t) if t is not None else None
+        for key in sorted(set(block) - KNOWN_KEYS):
+            if key in DAEMON_KEYS:
+                log.info("dsckpt: %s=%r is set in the daemon's dsckptd.json, not here",
+                         key, block[key])
+            else:
+                log.warning("dsckpt: unknown config key %r ignored", key)
+
+    # -- DeepSpeed's interface ----------------------------------------------------------
+
+    def create(self, info: Any) -> None:
+        """Starts a tag; a tag still pending from an earlier save is committed first."""
+        info = _info_of(info)
+        if self.commit_info is not None and info is not None and info != self.commit_info:
+            self.commit(self.commit_info)
+        self.commit_info = info
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """Creates a directory (the daemon also creates missing ones at save time)."""
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        """Hands state_dict to the daemon as ``path.safetensors``; returns once ACCEPTED."""
+        path = os.path.abspath(path)
+        handle = dtorch.save(state_dict, os.path.dirname(path), conn=self.conn,
+                             file=os.path.basename(path), track=False)
+        self._saves.append((path, handle))
+        self._unsnapped.append(handle)
+
+    def load(self, path: str, map_location=None) -> Any:
+        """Loads a file this engine saved (or, failing that, a torch.save file)."""
+        path = os.path.abspath(path)
+        for saved, handle in self._saves:
+            if saved == path:
+                handle.wait_durable(self.timeout)
+        if os.path.exists(path + ".safetensors"):
+            return dtorch.load(os.path.dirname(path), os.path.basename(path), map_location)
+        return torch.load(path, map_location=map_location)
+
+    def commit(self, info: Any) -> bool:
+        """Waits for SNAPSHOT of every save so far (DeepSpeed calls this right before the
+        optimizer step) and queues the DURABLE wait and the commit to the background."""
+        info = _info_of(info)
+        self.wait_snapshot()
+        if info is None:
+            return False
+        tag_dir = os.path.abspath(os.path.join(info.save_dir, info.tag)) \
+            if info.save_dir is not None else None
+        self._jobs.put(_Job(info.tag, tag_dir, self._saves))
+        self._saves = []
+        if self.commit_info is not None and self.commit_info.tag == info.tag:
+            self.commit_info = None
+        return True
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        """Data-parallel rank 0 writes the replicated state (DeepSpeed's default)."""
+        return dp_rank == 0
+
+    def is_decoupled(self) -> bool:
+        """True: DeepSpeed defers commit() to the next step, which is when we must wait."""
+        return True
+
+    def set_commit_info(self, info: Any) -> None:
+        """Sets the tag pending commit."""
+        self.commit_info = _info_of(info)
+
+    def get_commit_info(self) -> Optional[CheckpointCommitInfo]:
+        """The pending tag, with save_latest False: the daemon writes ``latest`` itself, at
+        commit, and DeepSpeed must not point it at a tag before that."""
+        if self.commit_info is None:
+            return None
+        return dataclasses.replace(self.commit_info, save_latest=False)
+
+    def cleanup(self) -> None:
+        """Commits what is pending and waits for every background commit."""
+        if self.commit_info is not None:
+            self.commit(self.commit_info)
+        self._drain()
+
+    def preserves_storage_sharing(self) -> bool:
+        """False: tensors go by reference as views, so DeepSpeed need not clone them."""
+        return False
+
+    # -- ours ---------------------------------------------------------------------------
+
+    def wait_snapshot(self) -> None:
+        """Waits until every save so far is in the daemon (tensors may change after);
+        a failed save is logged and reported by wait_committed()."""
+        pending, self._unsnapped = self._unsnapped, []
+        for handle in pending:
+            try:
+                handle.wait_snapshot(self.timeout)
+            except DsckptError as e:
+                log.error("dsckpt: save %s failed: %s", handle.path, e)
+
+    def wait_committed(self) -> List[str]:
+        """Commits what is pending, waits for the background commits, and returns the
+        tag directories committed so far; raises the first failure (once)."""
+        self.cleanup()
+        if self.failures:
+            first, self.failures = self.failures[0], []
+            raise first
+        return list(self.committed)
+
+    def close(self) -> None:
+        """cleanup(), then stops the committer thread and closes the connections."""
+        self.cleanup()
+        self._jobs.put(None)
+        self._thread.join()
+        self.conn.close()
+        if self._commit_conn is not None:
+            self._commit_conn.close()
+
+    def _drain(self) -> None:
+        """Waits until the committer thread has finished every queued tag."""
+        done = threading.Event()
+        self._jobs.put(done)
+        done.wait()
+
+    # -- the committer thread -----------------------------------------------------------
+
+    def _committer(self) -> None:
+        """Runs queued tags in order (every rank queues the same tags in the same order,
+        so the collectives of the engine's gloo group match up)."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if isinstance(job, threading.Event):
+                job.set()
+                continue
+            try:
+                self._commit_job(job)
+            except DsckptError as e:
+                log.error("dsckpt: checkpoint %s not committed: %s", job.tag_dir or job.tag, e)
+                self.failures.append(e)
+            except Exception as e:  # never let the thread die: later tags must still agree
+                log.exception("dsckpt: checkpoint %s not committed", job.tag_dir or job.tag)
+                self.failures.append(error_for(Errno.EIO, "EIO", repr(e)))
+
+    def _min(self, *values: int) -> List[int]:
+        """Element-wise minimum over the engine's group (identity without one)."""
+        if self.group is None:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.int64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        return [int(v) for v in t.tolist()]
+
+    def _durable(self, handle: dtorch.SaveHandle) -> Optional[DsckptError]:
+        """Polls a save until DURABLE without blocking the shared connection; its error."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        delay = 0.002
+        while True:
+            try:
+                p = handle.progress()
+            except DsckptError as e:
+                return e
+            if p.level == Level.FAILED:
+                return error_for(Errno.EFAILED, "EFAILED",
+                                 f"{handle.path}: {self.conn.last_error}")
+            if p.level >= Level.DURABLE:
+                return None
+            if deadline is not None and time.monotonic() > deadline:
+                return error_for(Errno.ETIMEDOUT, "ETIMEDOUT",
+                                 f"{handle.path} is {p.level.name} after {self.timeout} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _commit_job(self, job: _Job) -> None:
+        """DURABLE here, agreement everywhere, then rank 0 commits; raises on failure."""
+        error: Optional[DsckptError] = None
+        for path, handle in job.saves:
+            error = error or self._durable(handle)
+            if error is None:
+                _link(path, handle.path)
+        tag_dir = job.tag_dir or next((h.dir for _, h in job.saves
+                                       if os.path.basename(h.dir) == job.tag), None)
+        mine = any(os.path.normpath(h.dir) == tag_dir for _, h in job.saves)
+        ok, no_writer = self._min(int(error is None), -int(mine))
+        if ok and no_writer == 0:
+            return  # nothing went into the tag directory (e.g. save_16bit_model)
+        if ok and not mine and tag_dir is not None:
+            marker = dtorch.save({}, tag_dir, conn=self.conn, file=MARKER.format(rank=self.rank),
+                                 track=False)
+            error = self._durable(marker)
+        (ok,) = self._min(int(error is None))
+        if error is not None:
+            raise error
+        if not ok:
+            raise error_for(Errno.EFAILED, "EFAILED", f"a save into {tag_dir} failed on "
+                            "another rank")
+        code, failure = 0, None
+        if self.rank == 0:
+            try:
+                if self._commit_conn is None:
+                    self._commit_conn = Connection(self.socket, job=self.job, rank=self.rank,
+                                                   world_size=self.world_size)
+                self._commit_conn.commit(tag_dir, self.timeout)
+            except DsckptError as e:
+                code, failure = e.code, e
+        (code,) = self._min(code)
+        if failure is not None:
+            raise failure
+        if code < 0:
+            raise error_for(code, Errno(code).name if code in Errno._value2member_map_
+                            else str(code), f"commit of {tag_dir} failed on rank 0")
+        self.committed.append(tag_dir)
+        log.info("dsckpt: committed %s", tag_dir)
+
+
+def _link(path: str, target: str) -> None:
+    """Points DeepSpeed's file name at our safetensors file (a relative symlink)."""
+    if os.path.realpath(path) == os.path.realpath(target):
+        return
+    tmp = f"{path}.dsckpt-link"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(os.path.basename(target), tmp)
+    os.replace(tmp, path)
+
+
+def install(engine: Any, config: Optional[dict] = None) -> DsckptCheckpointEngine:
+    """Replaces a DeepSpeed engine's checkpoint engine with ours (call on every rank).
+    The config block comes from ``config`` or the engine's DeepSpeed config."""
+    ours = DsckptCheckpointEngine(getattr(engine, "_config", None),
+                                  rank=torch.distributed.get_rank()
+                                  if torch.distributed.is_initialized() else 0,
+                                  config=config)
+    old = getattr(engine, "checkpoint_engine", None)
+    if old is not None and hasattr(old, "cleanup") and old.is_decoupled():
+        old.cleanup()
+    engine.checkpoint_engine = ours
+    return ours
+
+
+__all__ = ["DsckptCheckpointEngine", "CheckpointCommitInfo", "install", "config_block"]

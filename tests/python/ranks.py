@@ -1,0 +1,39 @@
+"""ranks.py — runs a function on several torch.distributed ranks (gloo, one machine)."""
+import os
+import tempfile
+import time
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank, world, rendezvous, fn, args):
+    """One spawned rank: joins the gloo group, runs fn(rank, world, *args), leaves."""
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
+                            world_size=world)
+    try:
+        fn(rank, world, *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world, *args, timeout=120):
+    """Spawns world processes running fn; re-raises the first rank's exception; kills all
+    of them when they do not finish within timeout seconds (a hang fails, not blocks)."""
+    fd, rendezvous = tempfile.mkstemp(prefix="dsckpt-rdzv.")
+    os.close(fd)
+    os.unlink(rendezvous)  # init_method=file:// wants a path nobody uses yet
+    ctx = mp.start_processes(_entry, args=(world, rendezvous, fn, args), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} ranks did not finish within {timeout} s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        if os.path.exists(rendezvous):
+            os.unlink(rendezvous)

@@ -1,0 +1,228 @@
+"""dsckpt.deepspeed without DeepSpeed: a fake engine driver makes the calls DeepSpeed's
+DeepSpeedEngine makes (runtime/engine.py: save_checkpoint, _commit_decoupled_checkpoint at
+the next step, load_checkpoint following `latest` and globbing file names)."""
+import copy
+import glob
+import importlib.util
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+import dsckpt
+import dsckpt.deepspeed as dd
+from ranks import run_ranks
+
+T = 60
+
+
+class FakeDeepSpeed:
+    """The checkpoint-engine calls of DeepSpeedEngine, in DeepSpeed's order."""
+
+    def __init__(self, ce, rank, world, zero=True):
+        torch.manual_seed(1)
+        self.ce, self.rank, self.world, self.zero = ce, rank, world, zero
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
+        self.global_steps = 0
+
+    def barrier(self):
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+    def train_step(self):
+        """forward, backward, then engine.step(): commit of a pending tag, optimizer step."""
+        loss = self.model(torch.randn(4, 8)).sum()
+        loss.backward()
+        if self.ce.is_decoupled():
+            self._commit_decoupled_checkpoint()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.global_steps += 1
+
+    def save_checkpoint(self, save_dir, tag=None, save_latest=True):
+        if self.rank == 0:
+            self.ce.makedirs(save_dir, exist_ok=True)
+        self.barrier()
+        tag = str(tag or f"global_step{self.global_steps}")
+        info = dd.CheckpointCommitInfo(tag=tag, save_dir=save_dir, save_latest=save_latest)
+        self.ce.create(info)
+        self.ce.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+        if self.ce.is_data_parallel_writer(self.rank):
+            state = {"module": self.model.state_dict(), "global_steps": self.global_steps,
+                     "optimizer": None if self.zero else self.optimizer.state_dict(),
+                     "param_shapes": {k: v.shape for k, v in self.model.state_dict().items()}}
+            if self.ce.preserves_storage_sharing():
+                state = copy.deepcopy(state)
+            self.ce.save(state, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
+        if self.zero:
+            self.ce.save({"optimizer_state_dict": self.optimizer.state_dict(),
+                          "ds_config": {"zero_optimization": {"stage": 1}}},
+                         os.path.join(save_dir, tag,
+                                      f"zero_pp_rank_{self.rank}_mp_rank_00_optim_states.pt"))
+        if not self.ce.is_decoupled():
+            self.ce.commit(info)
+            if save_latest and self.rank == 0:
+                with open(os.path.join(save_dir, "latest"), "w") as f:
+                    f.write(tag)
+        self.barrier()
+
+    def _commit_decoupled_checkpoint(self):
+        info = self.ce.get_commit_info()
+        if info is None:
+            return
+        self.ce.commit(info)
+        if self.rank == 0 and info.save_latest:
+            with open(os.path.join(info.save_dir, "latest"), "w") as f:
+                f.write(info.tag)
+        self.barrier()
+
+    def save_16bit_model(self, save_dir, name="pytorch_model.bin"):
+        info = dd.CheckpointCommitInfo(tag=f"global_step{self.global_steps}",
+                                       save_dir=save_dir, save_latest=False)
+        self.ce.create(info)
+        if self.rank == 0:
+            self.ce.makedirs(save_dir, exist_ok=True)
+            self.ce.save(self.model.state_dict(), os.path.join(save_dir, name))
+        self.ce.commit(info)
+
+    def load_checkpoint(self, load_dir):
+        with open(os.path.join(load_dir, "latest")) as f:
+            tag = f.read().strip()
+        files = sorted(glob.glob(os.path.join(load_dir, tag, "mp_rank_*_model_states.pt")))
+        assert files, f"no model states file found in {load_dir}/{tag}"
+        sd = self.ce.load(files[0], map_location=lambda storage, loc: storage)
+        self.model.load_state_dict(sd["module"])
+        if self.zero:
+            name = os.path.join(load_dir, tag,
+                                f"zero_pp_rank_{self.rank}_mp_rank_00_optim_states.pt")
+            assert os.path.exists(name)
+            self.optimizer.load_state_dict(self.ce.load(name, "cpu")["optimizer_state_dict"])
+        else:
+            self.optimizer.load_state_dict(sd["optimizer"])
+        self.global_steps = sd["global_steps"]
+        return tag
+
+
+def snapshot(ds):
+    """A deep copy of what a checkpoint must hold."""
+    return copy.deepcopy({"model": ds.model.state_dict(), "opt": ds.optimizer.state_dict()})
+
+
+def same(a, b):
+    """Equality of nested dicts/lists of tensors and values."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def run_scenario(rank, world, socket, root, zero):
+    """Train, checkpoint, train on (the commit happens in the step), resume and compare."""
+    ce = dd.DsckptCheckpointEngine({"dsckpt": {"socket": socket, "job": "ds", "timeout": T}})
+    assert ce.is_decoupled() and not ce.preserves_storage_sharing()
+    ds = FakeDeepSpeed(ce, rank, world, zero=zero)
+    save_dir = os.path.join(root, "ds", "zero" if zero else "plain")
+    for _ in range(2):
+        ds.train_step()
+    saved = snapshot(ds)
+    ds.save_checkpoint(save_dir)  # global_step2
+    tag_dir = os.path.join(save_dir, "global_step2")
+    assert not os.path.exists(os.path.join(tag_dir, "MANIFEST.json"))
+    assert not os.path.exists(os.path.join(save_dir, "latest"))
+    ds.train_step()  # waits SNAPSHOT, queues the commit, then changes the weights
+    assert not same(snapshot(ds)["model"], saved["model"])
+    assert ce.wait_committed() == [tag_dir]
+    with open(os.path.join(save_dir, "latest")) as f:
+        assert f.read() == "global_step2"
+    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
+        ranks = {f["rank"] for f in json.load(f)["files"]}
+    assert ranks == set(range(world))
+    link = os.path.join(tag_dir, "mp_rank_00_model_states.pt")
+    assert os.path.islink(link) and os.readlink(link) == "mp_rank_00_model_states.pt.safetensors"
+    if not zero and world > 1:  # DeepSpeed gave rank 1 nothing: it left a marker file
+        assert os.path.exists(os.path.join(tag_dir, "dsckpt_rank1.safetensors"))
+
+    fresh = FakeDeepSpeed(ce, rank, world, zero=zero)
+    for p in fresh.model.parameters():
+        torch.nn.init.zeros_(p)
+    assert fresh.load_checkpoint(save_dir) == "global_step2"
+    assert fresh.global_steps == 2
+    assert same(snapshot(fresh), saved)
+
+    ds.save_16bit_model(save_dir)  # a file outside any tag: durable, no manifest, no latest
+    ce.wait_committed()
+    if rank == 0:
+        assert os.path.islink(os.path.join(save_dir, "pytorch_model.bin"))
+        assert same(ce.load(os.path.join(save_dir, "pytorch_model.bin")),
+                    ds.model.state_dict())
+    with open(os.path.join(save_dir, "latest")) as f:
+        assert f.read() == "global_step2"
+    ce.close()
+
+
+def test_import_without_deepspeed():
+    if importlib.util.find_spec("deepspeed") is None:
+        assert dd._Base is object
+    info = dd.CheckpointCommitInfo(tag="t", save_dir="/x", save_latest=True)
+    assert info.tag == "t"
+
+
+def test_config_block_from_datastates_and_ours():
+    assert dd.config_block(None) == {}
+    assert dd.config_block({"train_batch_size": 8}) == {}
+    assert dd.config_block({"datastates_ckpt": {"host_cache_size": 16}}) == \
+        {"host_cache_size": 16}
+    both = {"dsckpt": {"job": "a"}, "datastates_ckpt": {"host_cache_size": 16}}
+    assert dd.config_block(both) == {"job": "a"}
+
+    class DeepSpeedConfigLike:
+        _param_dict = {"datastates_ckpt": {"host_cache_size": 0.5}}
+    assert dd.config_block(DeepSpeedConfigLike()) == {"host_cache_size": 0.5}
+
+
+def test_engine_logs_daemon_and_unknown_keys(daemon, caplog):
+    caplog.set_level(logging.INFO, logger="dsckpt.deepspeed")
+    ce = dd.DsckptCheckpointEngine({"datastates_ckpt": {
+        "host_cache_size": 16, "parser_threads": 8, "socket": daemon.socket}})
+    try:
+        assert ce.job == "deepspeed" and ce.socket == daemon.socket
+        text = caplog.text
+        assert "host_cache_size=16" in text and "dsckptd.json" in text
+        assert "unknown config key 'parser_threads' ignored" in text
+    finally:
+        ce.close()
+
+
+def test_engine_single_rank_decoupled(daemon):
+    run_scenario(0, 1, daemon.socket, daemon.root, zero=True)
+
+
+def test_engine_failure_is_logged_not_raised_into_step(daemon, caplog):
+    ce = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": T})
+    ds = FakeDeepSpeed(ce, 0, 1)
+    save_dir = os.path.join(daemon.root, "ds", "bad")
+    os.makedirs(os.path.join(save_dir, "global_step0", "mp_rank_00_model_states.pt"
+                             ".safetensors"))
+    ds.save_checkpoint(save_dir)
+    ds.train_step()  # must not raise
+    with pytest.raises(dsckpt.SaveFailed):
+        ce.wait_committed()
+    assert "not committed" in caplog.text
+    assert not os.path.exists(os.path.join(save_dir, "latest"))
+    ce.close()
+
+
+def _two_ranks(rank, world, socket, root):
+    """ZeRO-style (every rank writes) and plain (only rank 0 writes) checkpoints."""
+    run_scenario(rank, world, socket, root, zero=True)
+    run_scenario(rank, world, socket, root, zero=False)
+
+
+def test_engine_two_ranks_gloo(daemon):
+    run_ranks(_two_ranks, 2, daemon.socket, daemon.root)

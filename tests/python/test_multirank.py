@@ -1,0 +1,76 @@
+"""dsckpt.torch.commit across 4 gloo ranks on two daemons (two simulated nodes, one root):
+ranks 0-1 talk to daemon A, ranks 2-3 to daemon B, and all write one tag directory."""
+import json
+import os
+import time
+
+import pytest
+import torch
+
+import dsckpt
+import dsckpt.torch as dt
+from ranks import run_ranks
+
+T = 60
+
+
+def state_of(rank):
+    """What rank saves: its own values, so a mix-up shows."""
+    return {"rank": rank, "w": torch.full((4096,), float(rank)),
+            "layers": [torch.arange(10, dtype=torch.int64) * rank]}
+
+
+def _four_ranks(rank, world, sockets, root):
+    """The scenarios, run by every rank in the same order."""
+    conn = dsckpt.Connection(sockets[rank // 2], job="mr", rank=rank, world_size=world)
+    dt.set_default_connection(conn)
+    job = os.path.join(root, "mr")
+
+    # 1. Committed only once every rank is DURABLE: rank 3 saves late; meanwhile the
+    #    others are inside commit() and no manifest may appear.
+    d1 = os.path.join(job, "step1")
+    if rank == 3:
+        time.sleep(1.0)
+        assert not os.path.exists(os.path.join(d1, "MANIFEST.json")), "committed too early"
+    dt.save(state_of(rank), d1)
+    dt.commit(d1, timeout=T)
+    with open(os.path.join(d1, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    ranks = sorted(f["rank"] for f in manifest["files"] if f["kind"] == "safetensors")
+    assert ranks == [0, 1, 2, 3] and manifest["world_size"] == 4
+    with open(os.path.join(job, "latest")) as f:
+        assert f.read() == "step1"
+    back = dt.load(d1)  # file rank{rank} of this rank
+    assert back["rank"] == rank and torch.equal(back["w"], state_of(rank)["w"])
+    assert torch.equal(back["layers"][0], state_of(rank)["layers"][0])
+
+    # 2. A failed save anywhere fails the commit everywhere (rank 1's file cannot be
+    #    renamed into place); latest stays at step1.
+    d2 = os.path.join(job, "step2")
+    if rank == 1:
+        os.makedirs(os.path.join(d2, "rank1.safetensors"))
+    torch.distributed.barrier()
+    dt.save(state_of(rank), d2)
+    with pytest.raises(dsckpt.SaveFailed) as info:
+        dt.commit(d2, timeout=T)
+    if rank != 1:
+        assert "another rank" in info.value.message
+    assert not os.path.exists(os.path.join(d2, "MANIFEST.json"))
+
+    # 3. A rank without a file: rank 0's daemon refuses, and every rank hears it.
+    d3 = os.path.join(job, "step3")
+    if rank != 2:
+        dt.save(state_of(rank), d3)
+    with pytest.raises(dsckpt.CheckpointIncomplete):
+        dt.commit(d3, timeout=T)
+    with open(os.path.join(job, "latest")) as f:
+        assert f.read() == "step1"
+    conn.close()
+
+
+def test_commit_four_ranks_two_daemons(make_daemon):
+    a = make_daemon()
+    b = make_daemon(root=a.root)
+    run_ranks(_four_ranks, 4, [a.socket, b.socket], a.root)
+    # Both daemons really took saves: each logged its two ranks' files.
+    assert "rank0" in a.read_log() and "rank2" in b.read_log()
