@@ -272,7 +272,7 @@ static int add_blob(struct save *s, const msgpack_object *obj, struct proto_map 
 
 /*
  * Reads the optional "tensors" and "blobs" arrays of SAVE_ADD or SAVE_END and adds them to s.
- * Returns 0; -1 for a malformed body (why in m); or an error code (err set, save abandoned).
+ * Returns 0, or an error: m->err set for a malformed body, else err set and save abandoned.
  */
 static int add_entries(struct conn *c, struct save *s, struct proto_map *m, char *err,
 		       size_t errlen)
@@ -287,35 +287,54 @@ static int add_entries(struct conn *c, struct save *s, struct proto_map *m, char
 	for (uint32_t i = 0; !m->err && blobs && i < blobs->size && rc == 0; i++)
 		rc = add_blob(s, &blobs->ptr[i], m, err, errlen);
 	if (m->err)
-		return -1;
+		return DSCKPT_EPROTO;
 	if (rc < 0)	/* a save missing part of what the client meant must never be written */
 		save_drop(s);
 	return rc;
+}
+
+/* Finds the open save id and adds the frame's entries, ending the map; NULL once answered
+ * (malformed frame, unknown save, or a refused entry that abandoned the save). */
+static struct save *open_save_add(struct conn *c, const struct proto_hdr *h,
+				  struct proto_map *m, uint64_t id)
+{
+	char err[ERRLEN] = "";
+
+	if (m->err) {
+		malformed(c, h, m->why);
+		return NULL;
+	}
+	struct save *s = save_find_open(c, id);
+	if (!s) {
+		if (proto_map_end(m) < 0)
+			malformed(c, h, m->why);
+		else
+			conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
+				   (unsigned long long)id);
+		return NULL;
+	}
+	int rc = add_entries(c, s, m, err, sizeof(err));
+	if (m->err || proto_map_end(m) < 0) {
+		malformed(c, h, m->why);
+		return NULL;
+	}
+	if (rc < 0) {
+		conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err, (unsigned long long)id);
+		return NULL;
+	}
+	return s;
 }
 
 /* SAVE_ADD: tensors and blob pieces. */
 static void on_save_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0, nt, nbytes;
-	char err[ERRLEN] = "";
 	struct proto_out o;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	if (m->err)
-		return malformed(c, h, m->why);
-	struct save *s = save_find_open(c, id);
-	if (!s) {
-		if (proto_map_end(m) < 0)
-			return malformed(c, h, m->why);
-		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
-				  (unsigned long long)id);
-	}
-	int rc = add_entries(c, s, m, err, sizeof(err));
-	if (rc == -1 || proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	if (rc < 0)
-		return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
-				  (unsigned long long)id);
+	struct save *s = open_save_add(c, h, m, id);
+	if (!s)
+		return;
 	save_totals(s, &nt, &nbytes);
 	proto_out_init(&o, PROTO_REPLY, h->id);
 	msgpack_pack_map(&o.pk, 2);
@@ -340,22 +359,11 @@ static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_
 	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
 								 uuid_len != 16))))
 		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
-	if (m->err)
-		return malformed(c, h, m->why);
-	struct save *s = save_find_open(c, id);
-	if (!s) {
-		if (proto_map_end(m) < 0)
-			return malformed(c, h, m->why);
-		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
-				  (unsigned long long)id);
-	}
 	/* The last batch of tensors may come with SAVE_END itself. */
-	int rc = add_entries(c, s, m, err, sizeof(err));
-	if (rc == -1 || proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	if (rc < 0)
-		return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
-				  (unsigned long long)id);
+	struct save *s = open_save_add(c, h, m, id);
+	if (!s)
+		return;
+	int rc;
 	if (has_event > 0) {
 		rc = cuda_fence_import(c, uuid, event, &fence, err, sizeof(err));
 		if (rc < 0) {
