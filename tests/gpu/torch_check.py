@@ -6,8 +6,8 @@ allocations, slices of one flat buffer, an odd-sized tensor, a 256 MiB one) as P
 them: with the default caching allocator (legacy CUDA IPC), or with expandable segments (VMM
 file descriptors) when PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is set by the caller.
 For each of two steps: the tensors get new values from kernels queued on a side stream right
-before save_end (behind torch.cuda._sleep, so they are still running when save_end returns),
-the daemon must order its copies after them; after SNAPSHOT the tensors are overwritten at once;
+before save_end (behind about a second of matrix products, so they are still running when
+save_end returns), the daemon must order its copies after them; after SNAPSHOT the tensors are overwritten at once;
 after DURABLE the checkpoint is committed and safetensors.safe_open(framework="pt") must give
 back exactly the values the stream wrote (compared bit for bit).
 
@@ -118,8 +118,11 @@ def save_step(lib, root, job, step, tensors, side):
                                             shape, x.dim(), x.data_ptr(), nbytes),
                   f"dsckpt_add_tensor {name}")
     lib.check(lib.lib.dsckpt_save_set_stream(save, side.cuda_stream), "dsckpt_save_set_stream")
+    busy = torch.randn(8192, 8192, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning before the new values
+        for _ in range(40):  # ~1 s of matrix products queued before the new values
+            busy = busy @ busy.clamp(-1, 1)
         for x in tensors.values():
             x.normal_()
     t0 = time.monotonic()
