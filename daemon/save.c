@@ -312,8 +312,7 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	char d[PROTO_MAX_STR + 1];
 
 	if (conn_role(c) != CONN_TRAINER) {
-		return seterr(err, errlen, DSCKPT_ESTATE,
-				      "only an identified trainer may save");
+		return seterr(err, errlen, DSCKPT_ESTATE, "only an identified trainer may save");
 	}
 	if (!valid_file(file)) {
 		snprintf(err, errlen,
@@ -327,8 +326,8 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 			   s->level == DSCKPT_SNAPSHOT;
 		if (busy && strcmp(s->dir, d) == 0 && strcmp(s->file, file) == 0) {
 			return seterr(err, errlen, DSCKPT_EBUSY,
-					      "%s/%s is already being saved (save %llu)", d, file,
-				 (unsigned long long)s->id);
+				      "%s/%s is already being saved (save %llu)", d, file,
+				      (unsigned long long)s->id);
 		}
 	}
 	int fd = store_open_dir(config, d, conn_uid(c), conn_gid(c), err, errlen);
@@ -414,24 +413,24 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		return seterr(err, errlen, DSCKPT_EINVAL, "tensor with an empty name");
 	}
 	if (esize == 0) {
-		return seterr(err, errlen, DSCKPT_EINVAL,
-				      "tensor '%s': unknown dtype '%s'", name, dtype);
+		return seterr(err, errlen, DSCKPT_EINVAL, "tensor '%s': unknown dtype '%s'",
+			      name, dtype);
 	}
 	for (unsigned i = 0; i < ndim; i++) {
 		if (shape[i] && count > UINT64_MAX / shape[i]) {
-			return seterr(err, errlen, DSCKPT_ERANGE,
-					      "tensor '%s': shape overflows", name);
+			return seterr(err, errlen, DSCKPT_ERANGE, "tensor '%s': shape overflows",
+				      name);
 		}
 		count *= shape[i];
 	}
 	if (count > UINT64_MAX / esize || count * esize != nbytes) {
 		return seterr(err, errlen, DSCKPT_EINVAL,
-				      "tensor '%s': nbytes %llu does not match its shape and dtype",
-			 name, (unsigned long long)nbytes);
+			      "tensor '%s': nbytes %llu does not match its shape and dtype", name,
+			      (unsigned long long)nbytes);
 	}
 	if (!source_complete(src)) {
 		return seterr(err, errlen, DSCKPT_ESTATE,
-				      "tensor '%s': its region is not fully mapped yet", name);
+			      "tensor '%s': its region is not fully mapped yet", name);
 	}
 	if (off > source_size(src) || nbytes > source_size(src) - off) {
 		snprintf(err, errlen,
@@ -441,8 +440,8 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		return DSCKPT_ERANGE;
 	}
 	if (s->n >= MAX_TENSORS) {
-		return seterr(err, errlen, DSCKPT_ERANGE,
-				      "more than %u tensors in one save", MAX_TENSORS);
+		return seterr(err, errlen, DSCKPT_ERANGE, "more than %u tensors in one save",
+			      MAX_TENSORS);
 	}
 	if (names_grow(s) < 0)
 		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
