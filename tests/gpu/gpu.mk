@@ -8,6 +8,7 @@
 #                     runs on a GPU node that has none of the build dependencies.
 #   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
+#   make bench-train  (on the GPU node) tests/gpu/run-train build/gpu
 #
 # gpu-check and bench-gpu compile nothing once build/gpu/BUNDLE exists. The objects are built
 # by a recursive make with BUILD=build/gpu-obj (the Makefile's own compile rules and flags) and
@@ -87,3 +88,9 @@ gpu-check: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 
 bench-gpu: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-bench $(GPU_DIR)
+
+# A PyTorch training loop checkpointed with nothing, dsckpt, torch.save and DCP async_save
+# (tests/gpu/bench_train.py; python3 with torch on the GPU node).
+.PHONY: bench-train
+bench-train: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-train $(GPU_DIR)

@@ -1,0 +1,604 @@
+#!/usr/bin/env python3
+"""bench_train.py — checkpointing a real PyTorch training loop, four ways, in one run.
+
+A GPT-style decoder (hand-written causal attention + MLP, fp32 weights, bf16 autocast on the
+GPU, random tokens, cross-entropy, AdamW) is trained for the same ITERS iterations in each
+mode, with a checkpoint of {"model": model.state_dict(), "optim": optimizer.state_dict()}
+after every EVERY-th optimizer step:
+
+  baseline     no checkpoint;
+  dsckpt       dsckpt.torch.save right after optimizer.step() (tensors by reference),
+               wait_snapshot() right before the next optimizer.step(), commit of each tag in a
+               background thread on a connection of its own (the daemon's COMMIT waits for
+               DURABLE); then a restore check: the last checkpoint that has 3 iterations after
+               it is loaded into a fresh model + optimizer, which runs those 3 iterations on the
+               same batches: the losses must equal the uninterrupted run's;
+  torch.save   blocking torch.save of the state into the checkpoint root;
+  dcp          torch.distributed.checkpoint.async_save (single-process gloo group), waiting for
+               the previous save's future before the next save (SKIP where unavailable).
+
+Each mode starts from the same seeded model and sees the same batches. Blocked time per
+checkpoint = time inside the save call + every wait the loop makes for it. Prints progress,
+then a table last; writes every number to $OUT/train.json when OUT is set. Exit status 1 when
+the restore check fails or a mode fails, 2 on bad usage or a missing daemon.
+
+--smoke: a tiny model on the CPU (torch 1.13 works), for checking the paths end to end.
+"""
+import argparse
+import gc
+import json
+import os
+import queue
+import shutil
+import statistics
+import sys
+import threading
+import time
+import traceback
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import dsckpt  # noqa: E402
+import dsckpt.torch as dt  # noqa: E402
+
+RESUME_ITERS = 3  # iterations compared after the restore
+
+
+def log(msg):
+    """Prints one progress line at once."""
+    print(msg, flush=True)
+
+
+class Block(nn.Module):
+    """One pre-norm decoder block: causal multi-head attention, then a 4x GELU MLP."""
+
+    def __init__(self, d, heads, device):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d, device=device)
+        self.qkv = nn.Linear(d, 3 * d, device=device)
+        self.proj = nn.Linear(d, d, device=device)
+        self.ln2 = nn.LayerNorm(d, device=device)
+        self.fc1 = nn.Linear(d, 4 * d, device=device)
+        self.fc2 = nn.Linear(4 * d, d, device=device)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, d // self.heads) \
+            .permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5
+        att = att.masked_fill(mask, float("-inf")).softmax(-1).to(v.dtype)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """Token + position embeddings, decoder blocks, final norm, untied output head."""
+
+    def __init__(self, vocab, seq, d, layers, heads, device):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d, device=device)
+        self.pos = nn.Embedding(seq, d, device=device)
+        self.blocks = nn.ModuleList(Block(d, heads, device) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d, device=device)
+        self.head = nn.Linear(d, vocab, bias=False, device=device)
+        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool, device=device)
+                             .triu(1), persistent=False)
+
+    def forward(self, idx):
+        s = idx.shape[1]
+        x = self.tok(idx) + self.pos.weight[:s]
+        for blk in self.blocks:
+            x = blk(x, self.mask[:s, :s])
+        return self.head(self.ln_f(x))
+
+
+class Trainer:
+    """A seeded model + AdamW and the step of one iteration."""
+
+    def __init__(self, cfg, dev):
+        torch.manual_seed(cfg.seed)
+        self.dev = dev
+        self.cfg = cfg
+        self.model = GPT(cfg.vocab, cfg.seq, cfg.d_model, cfg.layers, cfg.heads, dev)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.1)
+
+    def forward_backward(self, batch):
+        """Loss of one batch (a 0-d tensor), gradients left in .grad."""
+        self.opt.zero_grad(set_to_none=True)
+        inp, tgt = batch[:, :-1], batch[:, 1:]
+        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.dev.type == "cuda"):
+            logits = self.model(inp)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+        loss.backward()
+        return loss
+
+    def state(self):
+        """The checkpointed state: references to the live tensors."""
+        return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
+
+
+def sync(dev):
+    """Waits for the device's queued work."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def state_bytes(obj):
+    """Bytes of every tensor in a nested dict/list/tuple."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
+def free_memory(dev):
+    """Drops unreachable objects and returns cached device memory."""
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def median(xs):
+    """Median, or None for no values."""
+    return statistics.median(xs) if xs else None
+
+
+class Mode:
+    """How one mode checkpoints: save() after a step, before_step() before the next step,
+    finish() after the loop (not on the critical path), cleanup() to delete its files."""
+
+    name = "?"
+
+    def save(self, it, trainer):
+        pass
+
+    def before_step(self, it):
+        pass
+
+    def finish(self):
+        pass
+
+    def cleanup(self):
+        pass
+
+
+class NoCkpt(Mode):
+    name = "baseline"
+
+
+class TorchSave(Mode):
+    """Blocking torch.save into root/torchsave/step<N>.pt."""
+
+    name = "torch.save"
+
+    def __init__(self, root):
+        self.dir = os.path.join(root, "torchsave")
+        os.makedirs(self.dir, exist_ok=True)
+
+    def save(self, it, trainer):
+        torch.save(trainer.state(), os.path.join(self.dir, f"step{it}.pt"))
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class DcpAsync(Mode):
+    """torch.distributed.checkpoint.async_save into root/dcp/step<N>; the previous save's
+    future is waited for before the next save (the staging future, where async_save returns
+    one, before the next optimizer step)."""
+
+    name = "dcp.async_save"
+
+    def __init__(self, root):
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        if not hasattr(dcp, "async_save"):
+            raise NotImplementedError(f"torch {torch.__version__} has no "
+                                      "torch.distributed.checkpoint.async_save")
+        self.dist, self.dcp = dist, dcp
+        self.dir = os.path.join(root, "dcp")
+        os.makedirs(self.dir, exist_ok=True)
+        self.own_group = False
+        if not dist.is_initialized():
+            store = os.path.join(root, "dcp-pg-store")
+            if os.path.exists(store):
+                os.unlink(store)
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            self.own_group = True
+        self.upload = None
+        self.staging = None
+
+    def save(self, it, trainer):
+        if self.upload is not None:
+            self.upload.result()
+        r = self.dcp.async_save(self.state(trainer), checkpoint_id=os.path.join(self.dir, f"step{it}"))
+        if hasattr(r, "upload_completion"):
+            self.staging, self.upload = r.staging_completion, r.upload_completion
+        else:
+            self.upload = r
+
+    def state(self, trainer):
+        """The state as DCP wants it: get_state_dict's FQN-keyed dicts where this torch has
+        it, else the plain state dicts."""
+        try:
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+        except ImportError:
+            return trainer.state()
+        model_sd, optim_sd = get_state_dict(trainer.model, trainer.opt)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def before_step(self, it):
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
+
+    def finish(self):
+        if self.upload is not None:
+            self.upload.result()
+            self.upload = None
+
+    def cleanup(self):
+        if self.own_group:
+            self.dist.destroy_process_group()
+            self.own_group = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Dsckpt(Mode):
+    """dsckpt.torch.save after the step, wait_snapshot before the next step, commits in a
+    background thread on a second connection."""
+
+    name = "dsckpt"
+
+    def __init__(self, root, socket, job):
+        self.root = os.path.join(root, job)
+        self.conn = dsckpt.Connection(socket, job=job, rank=0, world_size=1)
+        self.commit_conn = dsckpt.Connection(socket, job=job, rank=0, world_size=1)
+        self.handle = None
+        self.tags = []
+        self.saved_at = {}
+        self.committed = {}   # tag -> seconds from save to COMMITTED
+        self.errors = []
+        self.queue = queue.Queue()
+        self.thread = threading.Thread(target=self._committer, name="dsckpt-commit", daemon=True)
+        self.thread.start()
+
+    def tag_dir(self, it):
+        return os.path.join(self.root, f"step{it}")
+
+    def _committer(self):
+        """Commits each tag handed over, in order (COMMIT waits until it is DURABLE)."""
+        while True:
+            tag = self.queue.get()
+            if tag is None:
+                return
+            try:
+                self.commit_conn.commit(tag, timeout=300)
+                self.committed[tag] = time.perf_counter() - self.saved_at[tag]
+            except Exception as e:  # reported by finish()
+                self.errors.append(f"commit {tag}: {e}")
+
+    def save(self, it, trainer):
+        d = self.tag_dir(it)
+        self.saved_at[d] = time.perf_counter()
+        self.handle = dt.save(trainer.state(), d, conn=self.conn, file="rank0", track=False)
+        self.nbytes = self.handle.nbytes
+        self.tags.append(d)
+        self.queue.put(d)
+
+    def before_step(self, it):
+        if self.handle is not None:
+            self.handle.wait_snapshot(timeout=300)
+            self.handle = None
+
+    def finish(self):
+        self.before_step(None)
+        self.queue.put(None)
+        self.thread.join(timeout=600)
+        if self.thread.is_alive():
+            self.errors.append("commit thread still running after 600 s")
+        if self.errors:
+            raise RuntimeError("; ".join(self.errors))
+
+    def close(self):
+        for c in (self.conn, self.commit_conn):
+            if not c.closed:
+                c.close()
+
+    def cleanup(self, keep=None):
+        self.close()
+        if keep is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        for d in self.tags:
+            if d != keep:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+
+def run_mode(mode, cfg, dev, batches, ckpt_iters):
+    """Trains cfg.iters iterations with mode's checkpoints; returns its numbers, the trainer
+    and the loss of every iteration."""
+    trainer = Trainer(cfg, dev)
+    sync(dev)
+    iter_s, blocked, save_s, wait_s, losses = [], [], [], [], {}
+    nbytes, waiting = None, False
+    t_loop = time.perf_counter()
+    for it in range(1, cfg.iters + 1):
+        t0 = time.perf_counter()
+        loss = trainer.forward_backward(batches[it - 1])
+        w0 = time.perf_counter()
+        mode.before_step(it)
+        if waiting:  # the wait before this step belongs to the previous checkpoint
+            w = time.perf_counter() - w0
+            blocked[-1] += w
+            wait_s.append(w)
+            waiting = False
+        trainer.opt.step()
+        if it in ckpt_iters and not isinstance(mode, NoCkpt):
+            if nbytes is None:
+                nbytes = state_bytes(trainer.state())
+            s0 = time.perf_counter()
+            mode.save(it, trainer)
+            s = time.perf_counter() - s0
+            save_s.append(s)
+            blocked.append(s)
+            waiting = True
+        losses[it] = loss.item()
+        sync(dev)
+        iter_s.append(time.perf_counter() - t0)
+        log(f"  [{mode.name}] iter {it:3d} loss {losses[it]:.6f} {iter_s[-1] * 1e3:9.1f} ms"
+            + ("  checkpoint" if it in ckpt_iters else ""))
+    loop_s = time.perf_counter() - t_loop
+    f0 = time.perf_counter()
+    mode.finish()
+    drain_s = time.perf_counter() - f0
+    steady = iter_s[1:] if len(iter_s) > 1 else iter_s  # the first iteration warms up
+    res = {
+        "mode": mode.name, "iters": cfg.iters, "checkpoint_iters": sorted(ckpt_iters),
+        "iter_ms": [x * 1e3 for x in iter_s], "losses": [losses[i] for i in sorted(losses)],
+        "iter_ms_median": median(steady) * 1e3, "iter_ms_mean": statistics.mean(steady) * 1e3,
+        "loop_s": loop_s, "loop_s_after_first": sum(steady), "drain_s": drain_s,
+        "ckpt_bytes": nbytes, "save_call_ms": [x * 1e3 for x in save_s],
+        "wait_ms": [x * 1e3 for x in wait_s], "blocked_ms": [x * 1e3 for x in blocked],
+        "blocked_ms_median": median(blocked) * 1e3 if blocked else None,
+        "blocked_ms_max": max(blocked) * 1e3 if blocked else None,
+        "effective_gbps": None,
+    }
+    if blocked and nbytes and median(blocked) > 0:
+        res["effective_gbps"] = nbytes / median(blocked) / 1e9
+    log(f"  [{mode.name}] median iteration {res['iter_ms_median']:.1f} ms; blocked per "
+        f"checkpoint {', '.join(f'{x:.1f}' for x in res['blocked_ms']) or '-'} ms; "
+        f"drain after the loop {drain_s:.2f} s")
+    return res, trainer, losses
+
+
+def restore_check(cfg, dev, batches, tag, start, ref_losses):
+    """Loads tag into a fresh model + optimizer, runs iterations start+1..start+RESUME_ITERS
+    on the same batches and compares the losses with the uninterrupted run's."""
+    t0 = time.perf_counter()
+    state = dt.load(tag, "rank0")  # tensors go back to the devices they were saved from
+    load_s = time.perf_counter() - t0
+    trainer = Trainer(cfg, dev)
+    trainer.model.load_state_dict(state["model"])
+    trainer.opt.load_state_dict(state["optim"])
+    del state
+    free_memory(dev)
+    rows, ok = [], True
+    for it in range(start + 1, start + RESUME_ITERS + 1):
+        got = trainer.forward_backward(batches[it - 1]).item()
+        trainer.opt.step()
+        want = ref_losses[it]
+        rel = abs(got - want) / max(abs(want), 1e-30)
+        good = got == want or rel <= 1e-6
+        ok = ok and good
+        rows.append({"iter": it, "restored": got, "uninterrupted": want, "rel_diff": rel,
+                     "exact": got == want})
+        log(f"  restore iter {it}: restored loss {got!r}  uninterrupted {want!r}  "
+            f"rel diff {rel:.3g}  {'exact' if got == want else 'OK' if good else 'MISMATCH'}")
+    del trainer
+    free_memory(dev)
+    return rows, ok, load_s
+
+
+def make_batches(cfg, dev):
+    """The seeded random token batches of every iteration, shared by all modes."""
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    return [torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=g).to(dev)
+            for _ in range(cfg.iters)]
+
+
+def fmt(v, spec):
+    """v formatted, '-' (as wide) for None."""
+    width = int(spec.split(".")[0].lstrip("+") or 0)
+    return f"{'-':>{width}}" if v is None else format(v, spec)
+
+
+def table(results, base):
+    """The summary table (printed last)."""
+    lines = [f"{'mode':<16} {'iter ms (med)':>13} {'blocked/ckpt ms (med)':>22} "
+             f"{'ckpt GB':>8} {'eff. GB/s':>10} {'slowdown':>9}"]
+    for r in results:
+        if r.get("skipped") or r.get("error"):
+            lines.append(f"{r['mode']:<16} {'SKIP: ' + r['skipped'] if r.get('skipped') else 'FAILED: ' + r['error']}")
+            continue
+        slow = None
+        if base is not None:
+            slow = 100.0 * (r["loop_s_after_first"] / base["loop_s_after_first"] - 1)
+            r["slowdown_pct"] = slow
+        gb = r["ckpt_bytes"] / 1e9 if r["ckpt_bytes"] else None
+        lines.append(f"{r['mode']:<16} {fmt(r['iter_ms_median'], '13.1f')} "
+                     f"{fmt(r['blocked_ms_median'], '22.2f')} {fmt(gb, '8.3f')} "
+                     f"{fmt(r['effective_gbps'], '10.1f')} "
+                     f"{(fmt(slow, '+8.1f') + '%') if slow is not None else '-':>9}")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    """Command line: sizes default to the GPU run, --smoke to a tiny CPU run."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--socket", required=True, help="dsckptd's socket")
+    p.add_argument("--dir", required=True, help="checkpoint root (one of the daemon's roots)")
+    p.add_argument("--smoke", action="store_true", help="tiny model on the CPU")
+    p.add_argument("--iters", type=int)
+    p.add_argument("--every", type=int)
+    p.add_argument("--d-model", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--vocab", type=int)
+    p.add_argument("--seq", type=int)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--modes", default="baseline,dsckpt,torch.save,dcp",
+                   help="comma-separated, run in this order")
+    p.add_argument("--budget", type=float, default=420.0,
+                   help="seconds; a mode is skipped once less than a quarter is left")
+    a = p.parse_args(argv)
+    if a.smoke:
+        dflt = dict(iters=11, every=4, d_model=64, layers=2, heads=4, vocab=128, seq=16, batch=4)
+    else:  # 2048 x 32 layers, vocab 32000: 1.74 B params, 20.9 GB of weights + AdamW state
+        dflt = dict(iters=40, every=16, d_model=2048, layers=32, heads=16, vocab=32000,
+                    seq=512, batch=16)
+    for k, v in dflt.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.iters < 1 or a.every < 1 or a.d_model % a.heads:
+        p.error("need --iters >= 1, --every >= 1 and --d-model divisible by --heads")
+    return a
+
+
+def main(argv):
+    cfg = parse_args(argv)
+    t_start = time.monotonic()
+    if cfg.smoke:
+        dev = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        log("bench-train: SKIP: torch sees no CUDA device (use --smoke for the CPU)")
+        return 0
+    else:
+        dev = torch.device("cuda", 0)
+        torch.cuda.set_device(dev)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det = getattr(torch.utils, "deterministic", None)
+    if det is not None and hasattr(det, "fill_uninitialized_memory"):
+        det.fill_uninitialized_memory = False  # no NaN fill of every torch.empty
+    if not os.path.isdir(cfg.dir):
+        log(f"bench-train: checkpoint root {cfg.dir} does not exist")
+        return 2
+    try:
+        with dsckpt.Connection(cfg.socket) as c:
+            del c
+    except Exception as e:
+        log(f"bench-train: cannot reach dsckptd at {cfg.socket}: {e}")
+        return 2
+
+    ckpt_iters = set(range(cfg.every, cfg.iters + 1, cfg.every))
+    resumable = [c for c in sorted(ckpt_iters) if c + RESUME_ITERS <= cfg.iters]
+    params = 12 * cfg.layers * cfg.d_model ** 2 + 13 * cfg.layers * cfg.d_model \
+        + (2 * cfg.vocab + cfg.seq + 2) * cfg.d_model
+    info = {"torch": torch.__version__, "device": torch.cuda.get_device_name(dev)
+            if dev.type == "cuda" else "cpu", "params": params, "config": vars(cfg),
+            "checkpoint_iters": sorted(ckpt_iters), "dsckpt_lib": dsckpt._lib.path}
+    log(f"bench-train: torch {info['torch']} on {info['device']}; ~{params / 1e9:.3f} B params "
+        f"(~{params * 12 / 1e9:.2f} GB weights + AdamW state); d_model {cfg.d_model}, "
+        f"{cfg.layers} layers, {cfg.heads} heads, vocab {cfg.vocab}, batch {cfg.batch} x "
+        f"seq {cfg.seq}; {cfg.iters} iterations, checkpoints after {sorted(ckpt_iters)}")
+    batches = make_batches(cfg, dev)
+    results, base, restore, failures = [], None, None, 0
+    for name in [m.strip() for m in cfg.modes.split(",") if m.strip()]:
+        left = cfg.budget - (time.monotonic() - t_start)
+        if left < cfg.budget / 4:
+            log(f"== {name}: SKIP: only {left:.0f} s of the {cfg.budget:.0f} s budget left")
+            results.append({"mode": name, "skipped": f"out of time ({left:.0f} s left)"})
+            continue
+        log(f"== {name}")
+        mode = trainer = None
+        try:
+            if name == "baseline":
+                mode = NoCkpt()
+            elif name == "torch.save":
+                mode = TorchSave(cfg.dir)
+            elif name == "dcp":
+                try:
+                    mode = DcpAsync(cfg.dir)
+                except (ImportError, NotImplementedError, AttributeError) as e:
+                    log(f"  SKIP: dcp.async_save unavailable: {e}")
+                    results.append({"mode": "dcp.async_save", "skipped": str(e)})
+                    continue
+            elif name == "dsckpt":
+                mode = Dsckpt(cfg.dir, cfg.socket, "bench-train")
+            else:
+                raise ValueError(f"unknown mode {name!r}")
+            res, trainer, losses = run_mode(mode, cfg, dev, batches, ckpt_iters)
+            results.append(res)
+            if name == "baseline":
+                base = res
+            if name == "dsckpt":
+                res["commit_s"] = {os.path.basename(k): v for k, v in mode.committed.items()}
+                log(f"  [dsckpt] seconds from save to COMMITTED: {res['commit_s']}")
+                del trainer
+                trainer = None
+                free_memory(dev)
+                if not resumable:
+                    log(f"  restore check: FAILED: no checkpoint with {RESUME_ITERS} "
+                        "iterations after it (raise --iters)")
+                    restore = {"ok": False, "error": "no resumable checkpoint"}
+                else:
+                    start = resumable[-1]
+                    tag = mode.tag_dir(start)
+                    mode.cleanup(keep=tag)
+                    log(f"  restore check: {tag} into a fresh model + optimizer, "
+                        f"iterations {start + 1}..{start + RESUME_ITERS}")
+                    rows, ok, load_s = restore_check(cfg, dev, batches, tag, start, losses)
+                    restore = {"ok": ok, "tag": tag, "load_s": load_s, "iters": rows}
+                    log(f"  restore check: {'PASS' if ok else 'FAILED'} "
+                        f"(load {load_s:.2f} s)")
+        except Exception as e:
+            traceback.print_exc()
+            log(f"  {name}: FAILED: {type(e).__name__}: {e}")
+            results.append({"mode": getattr(mode, "name", name), "error": f"{type(e).__name__}"})
+            failures += 1
+            if name == "dsckpt":
+                restore = {"ok": False, "error": str(e)}
+        finally:
+            trainer = None
+            if mode is not None:
+                try:
+                    if isinstance(mode, DcpAsync):
+                        mode.finish()
+                    mode.cleanup()
+                except Exception as e:
+                    log(f"  {name}: cleanup failed: {e}")
+            mode = None
+            free_memory(dev)
+    if restore is None and "dsckpt" in cfg.modes:
+        restore = {"ok": False, "error": "dsckpt mode did not run"}
+    summary = table(results, base)
+    info.update(results=results, restore=restore, failures=failures,
+                wall_s=time.monotonic() - t_start)
+    out = os.environ.get("OUT")
+    if out and os.path.isdir(out):
+        with open(os.path.join(out, "train.json"), "w") as f:
+            json.dump(info, f, indent=1)
+    log("")
+    log(f"== bench-train summary ({info['device']}, {params * 12 / 1e9:.1f} GB state, "
+        f"checkpoint every {cfg.every} of {cfg.iters} iterations; slowdown = loop time after "
+        "the first iteration vs baseline)")
+    log(summary)
+    if restore is not None:
+        log(f"restore check: {'PASS' if restore.get('ok') else 'FAILED'}"
+            + (f" ({restore['error']})" if restore.get("error") else ""))
+    return 1 if failures or (restore is not None and not restore.get("ok")) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
