@@ -141,6 +141,22 @@ DSCKPT_EXTERN int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const cha
 DSCKPT_EXTERN int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const char *dtype,
 				    const int64_t *shape, int ndim, const void *ptr,
 				    size_t nbytes);
+/* One tensor of dsckpt_add_tensors: the arguments of dsckpt_add_tensor. */
+typedef struct dsckpt_tensor {
+	const char *name;
+	const char *dtype;
+	const int64_t *shape;
+	int ndim;
+	const void *ptr;
+	size_t nbytes;
+} dsckpt_tensor_t;
+/*
+ * Adds n tensors as n dsckpt_add_tensor calls would, in one call (for bindings whose calls
+ * are dear, such as Python's ctypes). Stops at the first tensor that fails and returns its
+ * error; *added (when not NULL) is the number added before it. 0 when all were added.
+ */
+DSCKPT_EXTERN int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors,
+				     size_t n, size_t *added);
 /* Attaches an opaque named blob (copied now), stored in file.meta. */
 DSCKPT_EXTERN int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data,
 				  size_t len);

@@ -876,6 +876,47 @@ START_TEST(test_fake_state)
 }
 END_TEST
 
+/* dsckpt_add_tensors adds a batch as single calls would and stops at the first bad one. */
+START_TEST(test_fake_add_tensors)
+{
+	struct fake f;
+	dsckpt_conn_t *c = fake_connect(&f);
+	dsckpt_save_t *s;
+	uint8_t *host = dsckpt_host_alloc(4096);
+	int64_t sh[2] = {4, 4}, bad[1] = {-1};
+	dsckpt_tensor_t t[4] = {
+		{"a", "F32", sh, 2, host, 64},
+		{"b", "U8", sh, 2, host + 64, 16},
+		{"c", "F32", bad, 1, host, 0},
+		{"d", "F32", sh, 2, host, 64},
+	};
+	size_t added = 99;
+
+	ck_assert_int_eq(dsckpt_save_begin(c, "/ck/job/batch", "rank0", &s), 0);
+	ck_assert_int_eq(dsckpt_add_tensors(s, NULL, 1, &added), DSCKPT_EINVAL);
+	ck_assert_uint_eq(added, 0);
+	ck_assert_int_eq(dsckpt_add_tensors(s, t, 0, NULL), 0);
+	ck_assert_int_eq(dsckpt_add_tensors(s, t, 4, &added), DSCKPT_EINVAL);
+	ck_assert_uint_eq(added, 2);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "tensor c"));
+	ck_assert_int_eq(dsckpt_add_tensors(s, t, 1, &added), DSCKPT_EEXIST);
+	ck_assert_uint_eq(added, 0);
+	ck_assert_int_eq(dsckpt_add_tensors(s, t + 3, 1, &added), 0);
+	ck_assert_uint_eq(added, 1);
+	ck_assert_int_eq(dsckpt_save_end(s), 0);
+	ck_assert_int_eq(dsckpt_add_tensors(s, t + 3, 1, &added), DSCKPT_ESTATE);
+	ck_assert_uint_eq(added, 0);
+	dsckpt_save_free(s);
+	dsckpt_close(c);
+	char *log = fake_finish(&f);
+	ck_assert_int_eq(count(log, "tensors=3 blobs=0"), 1);
+	ck_assert_ptr_nonnull(strstr(log, "tensor d F32 ndim=2"));
+	ck_assert_ptr_null(strstr(log, "tensor c "));
+	free(log);
+	dsckpt_host_free(host);
+}
+END_TEST
+
 /* An ERROR reply gives its code and message. */
 START_TEST(test_fake_error_reply)
 {
@@ -998,6 +1039,7 @@ static Suite *client_suite(void)
 	tcase_add_test(tc, test_fake_region_del);
 	tcase_add_test(tc, test_fake_split);
 	tcase_add_test(tc, test_fake_state);
+	tcase_add_test(tc, test_fake_add_tensors);
 	tcase_add_test(tc, test_fake_error_reply);
 	tcase_add_test(tc, test_fake_version);
 	tcase_add_test(tc, test_fake_hangup);

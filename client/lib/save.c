@@ -364,61 +364,81 @@ static int save_not_open(dsckpt_save_t *s)
 }
 
 /*
- * Adds a tensor by reference: validated, its bytes placed, and its SAVE_ADD entry encoded
- * now, so that save_end only has to frame the encoded entries.
+ * Adds one tensor by reference (lock held): validated, its bytes placed, and its SAVE_ADD
+ * entry encoded now, so that save_end only has to frame the encoded entries.
  */
-int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const char *dtype,
-		      const int64_t *shape, int ndim, const void *ptr, size_t nbytes)
+static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 {
 	char why[LIB_ERRLEN];
 	uint64_t region = 0, offset = 0;
 	int e;
 
-	if (!s)
-		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN) {
-		e = save_not_open(s);
-		goto out;
-	}
-	if ((e = lib_tensor_check(name, dtype, shape, ndim, ptr, nbytes, why,
-				  sizeof(why))) < 0) {
-		lib_conn_fail(s->c, e, "%s", why);
-		goto out;
-	}
-	if (names_has(&s->tnames, name)) {
-		e = lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save", name);
-		goto out;
-	}
+	if (s->state != SAVE_OPEN)
+		return save_not_open(s);
+	if ((e = lib_tensor_check(t->name, t->dtype, t->shape, t->ndim, t->ptr, t->nbytes, why,
+				  sizeof(why))) < 0)
+		return lib_conn_fail(s->c, e, "%s", why);
+	if (names_has(&s->tnames, t->name))
+		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
+				     t->name);
 	if (s->nt == s->capt) {
 		size_t cap = s->capt ? s->capt * 2 : 64;
 		size_t *ends = realloc(s->ends, cap * sizeof(*ends));
-		if (!ends) {
-			e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-			goto out;
-		}
+		if (!ends)
+			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
 		s->ends = ends;
 		s->capt = cap;
 	}
-	if ((e = save_place(s, ptr, nbytes, &region, &offset)) < 0)
-		goto out;
-	if (!names_add(&s->tnames, name)) {
-		e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-		goto out;
-	}
+	if ((e = save_place(s, t->ptr, t->nbytes, &region, &offset)) < 0)
+		return e;
+	if (!names_add(&s->tnames, t->name))
+		return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
 	msgpack_pack_map(&s->pk, 6);
-	proto_kv_str(&s->pk, "name", name);
-	proto_kv_str(&s->pk, "dtype", dtype);
+	proto_kv_str(&s->pk, "name", t->name);
+	proto_kv_str(&s->pk, "dtype", t->dtype);
 	proto_key(&s->pk, "shape");
-	msgpack_pack_array(&s->pk, (size_t)ndim);
-	for (int i = 0; i < ndim; i++)
-		msgpack_pack_uint64(&s->pk, (uint64_t)shape[i]);
+	msgpack_pack_array(&s->pk, (size_t)t->ndim);
+	for (int i = 0; i < t->ndim; i++)
+		msgpack_pack_uint64(&s->pk, (uint64_t)t->shape[i]);
 	proto_kv_u64(&s->pk, "region", region);
 	proto_kv_u64(&s->pk, "offset", offset);
-	proto_kv_u64(&s->pk, "nbytes", nbytes);
+	proto_kv_u64(&s->pk, "nbytes", t->nbytes);
 	s->ends[s->nt++] = s->enc.size;
-out:
+	return 0;
+}
+
+/* Adds a tensor by reference. */
+int dsckpt_add_tensor(dsckpt_save_t *s, const char *name, const char *dtype,
+		      const int64_t *shape, int ndim, const void *ptr, size_t nbytes)
+{
+	dsckpt_tensor_t t = {name, dtype, shape, ndim, ptr, nbytes};
+	int e;
+
+	if (!s)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	e = save_add_one(s, &t);
 	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Adds n tensors under one lock; stops at the first that fails. */
+int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors, size_t n,
+		       size_t *added)
+{
+	size_t i = 0;
+	int e = 0;
+
+	if (added)
+		*added = 0;
+	if (!s || (!tensors && n))
+		return DSCKPT_EINVAL;
+	lib_conn_lock(s->c);
+	for (; i < n && e == 0; i++)
+		e = save_add_one(s, &tensors[i]);
+	lib_conn_unlock(s->c);
+	if (added)
+		*added = e < 0 ? i - 1 : i;
 	return e;
 }
 

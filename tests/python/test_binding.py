@@ -60,6 +60,45 @@ def test_bad_file_name_and_dtype(conn, daemon):
             s.add_tensor("nul\0name", "F32", (0,), 0, 0)
 
 
+def test_add_tensors_in_one_call(conn, daemon):
+    d = os.path.join(daemon.root, "job", "batch")
+    a = np.arange(12, dtype=np.float32)
+    b = np.arange(6, dtype=np.int64)
+    with conn.save(d, "rank0") as s:
+        s.add_tensors([("a", "F32", (3, 4), a.ctypes.data, 48),
+                       ("b", "I64", [6], b.ctypes.data, 48),
+                       ("scalar", "F32", (), a.ctypes.data + 4, 4),
+                       ("empty", "BF16", (0, 7), 0, 0)])
+        s.add_tensors([])
+    s.wait(timeout=30)
+    with open(os.path.join(d, "rank0.safetensors"), "rb") as f:
+        raw = f.read()
+    hlen = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + hlen])
+    assert header["a"]["shape"] == [3, 4] and header["b"]["dtype"] == "I64"
+    assert header["scalar"]["shape"] == [] and header["empty"]["shape"] == [0, 7]
+    begin, end = header["b"]["data_offsets"]
+    assert np.array_equal(np.frombuffer(raw[8 + hlen + begin:8 + hlen + end], np.int64), b)
+    begin, end = header["scalar"]["data_offsets"]
+    assert np.frombuffer(raw[8 + hlen + begin:8 + hlen + end], np.float32)[0] == 1.0
+
+
+def test_add_tensors_stops_at_the_bad_one(conn, daemon):
+    a = np.zeros(4, dtype=np.float32)
+    with conn.save(os.path.join(daemon.root, "job", "batchbad"), "rank0") as s:
+        with pytest.raises(dsckpt.InvalidArgument) as info:
+            s.add_tensors([("ok", "F32", (4,), a.ctypes.data, 16),
+                           ("bad", "F32", (5,), a.ctypes.data, 16)])
+        assert "bad" in info.value.message and "nbytes" in info.value.message
+        with pytest.raises(dsckpt.DsckptError) as info:  # "ok" went in before "bad"
+            s.add_tensors([("ok", "F32", (4,), a.ctypes.data, 16)])
+        assert info.value.name == "EEXIST"
+        with pytest.raises(dsckpt.InvalidArgument):
+            s.add_tensors([("nul\0name", "F32", (0,), 0, 0)])
+        with pytest.raises(dsckpt.InvalidArgument):
+            s.add_tensors([("neg", "F32", (-1,), 0, 0)])
+
+
 def test_save_not_identified(daemon):
     with dsckpt.Connection(daemon.socket) as c:
         with pytest.raises(dsckpt.DsckptError) as info:

@@ -47,6 +47,7 @@ _SIGNATURES = {
     "dsckpt_last_error": (_cp, [_vp]),
     "dsckpt_save_begin": (_i, [_vp, _cp, _cp, ctypes.POINTER(_vp)]),
     "dsckpt_add_tensor": (_i, [_vp, _cp, _cp, ctypes.POINTER(ctypes.c_int64), _i, _vp, _sz]),
+    "dsckpt_add_tensors": (_i, [_vp, _vp, _sz, ctypes.POINTER(_sz)]),
     "dsckpt_add_blob": (_i, [_vp, _cp, _vp, _sz]),
     "dsckpt_save_set_stream": (_i, [_vp, _vp]),
     "dsckpt_save_end": (_i, [_vp]),

@@ -143,11 +143,24 @@ def _extent(shape, stride) -> int:
 
 
 def _storage_key(t: torch.Tensor):
-    """Identity of a tensor's storage, or None when it holds no bytes."""
-    st = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    if st.data_ptr() == 0 or (st.nbytes() if hasattr(st, "nbytes") else st.size()) == 0:
+    """Identity of a tensor's storage (its device and first byte), or None when it holds no
+    bytes. Computed from the tensor alone: asking for the storage object costs more."""
+    ptr = t.data_ptr()
+    if ptr == 0:
         return None
-    return (str(t.device), st.data_ptr())
+    return (t.device, ptr - t.storage_offset() * t.element_size())
+
+
+_DTYPE_NAMES: Dict[torch.dtype, str] = {d: str(d)[6:] for d in DTYPES}
+_device_names: Dict[torch.device, str] = {}
+
+
+def _device_name(device: torch.device) -> str:
+    """str(device), remembered (it is asked once per tensor)."""
+    name = _device_names.get(device)
+    if name is None:
+        name = _device_names.setdefault(device, str(device))
+    return name
 
 
 def _short_name(name: str) -> str:
@@ -173,45 +186,46 @@ class _Flattener:
         self.memo: Dict[int, Any] = {}        # id(container) → walked container
         self.hold: List[Any] = []             # keeps walked objects (and their ids) alive
 
-    def name(self, path: List[str]) -> str:
+    def name(self, path: str) -> str:
         """A unique tensor name for a key path."""
-        base = _short_name(".".join(path) or "tensor")
+        base = _short_name(path or "tensor")
         name, n = base, 1
         while name in self.names or name == "__metadata__":
             name, n = f"{base}~{n}", n + 1
         self.names.add(name)
         return name
 
-    def tensor(self, t: torch.Tensor, path: List[str]) -> Any:
+    def tensor(self, t: torch.Tensor, path: str) -> Any:
         """The placeholder for a tensor (or the tensor itself when it stays in the pickle)."""
-        if id(t) in self.by_object:
-            return _TensorRef(self.by_object[id(t)])
-        if t.dtype not in DTYPES or t.layout != torch.strided or t.device.type == "meta":
+        known = self.by_object.get(id(t))
+        if known is not None:
+            return _TensorRef(known)
+        dtype = t.dtype
+        if dtype not in DTYPES or t.layout != torch.strided or t.is_meta:
             return t  # pickled with the skeleton, by torch's own reduction
         skey = _storage_key(t)
-        shape, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
-        vkey = (skey, t.dtype, offset, shape, stride) if skey else None
-        if vkey is not None and vkey in self.by_view:
-            vi = self.by_view[vkey]
-        else:
-            gkey = (skey, t.dtype) if skey else ("lone", len(self.views))
+        shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+        vkey = (skey, dtype, offset, shape, stride) if skey else None
+        vi = self.by_view.get(vkey) if vkey is not None else None
+        if vi is None:
+            gkey = (skey, dtype) if skey else ("lone", len(self.views))
             group = self.groups.setdefault(gkey, len(self.groups))
             vi = len(self.views)
-            self.views.append({"name": self.name(path), "dtype": str(t.dtype)[6:],
+            self.views.append({"name": self.name(path), "dtype": _DTYPE_NAMES[dtype],
                                "shape": shape, "stride": stride, "offset": offset,
-                               "group": group, "device": str(t.device)})
-            self.payload.append(t.detach() if t.is_contiguous() else t.detach().contiguous())
+                               "group": group, "device": _device_name(t.device)})
+            self.payload.append(t if t.is_contiguous() else t.detach().contiguous())
             if vkey is not None:
                 self.by_view[vkey] = vi
-        self.entries.append({"view": vi, "param": isinstance(t, torch.nn.Parameter),
-                             "requires_grad": t.requires_grad})
+        param = type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)
+        self.entries.append({"view": vi, "param": param, "requires_grad": t.requires_grad})
         self.by_object[id(t)] = len(self.entries) - 1
         self.hold.append(t)
         return _TensorRef(len(self.entries) - 1)
 
-    def walk(self, obj: Any, path: List[str]) -> Any:
+    def walk(self, obj: Any, path: str) -> Any:
         """obj with every tensor inside dicts, lists and tuples replaced by a placeholder;
-        containers without tensors are returned as they are."""
+        containers without tensors are returned as they are. path: the dotted key path."""
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj, path)
         if not isinstance(obj, (dict, list, tuple)):
@@ -219,8 +233,9 @@ class _Flattener:
         if id(obj) in self.memo:
             return self.memo[id(obj)]
         self.hold.append(obj)
+        pre = path + "." if path else ""
         if isinstance(obj, dict):
-            items = {k: self.walk(v, path + [str(k)]) for k, v in obj.items()}
+            items = {k: self.walk(v, pre + str(k)) for k, v in obj.items()}
             if all(items[k] is v for k, v in obj.items()):
                 out = obj
             else:
@@ -228,7 +243,7 @@ class _Flattener:
                 for k, v in items.items():
                     out[k] = v
         else:
-            items = [self.walk(v, path + [str(i)]) for i, v in enumerate(obj)]
+            items = [self.walk(v, pre + str(i)) for i, v in enumerate(obj)]
             if all(a is b for a, b in zip(items, obj)):
                 out = obj
             elif isinstance(obj, list):
@@ -344,24 +359,27 @@ def save(state_dict: Any, path_dir: str, *, conn: Optional[Connection] = None,
     conn = conn or default_connection(path_dir)
     file = file if file is not None else f"rank{conn.rank}"
     flat = _Flattener()
-    skeleton = flat.walk(state_dict, [])
+    skeleton = flat.walk(state_dict, "")
     blob = pickle.dumps({"format": BLOB, "version": FORMAT_VERSION,
                          "torch": torch.__version__, "views": flat.views,
                          "entries": flat.entries,
                          "skeleton": pickle.dumps(skeleton, protocol=4)}, protocol=4)
     s = conn.save(path_dir, file)
     keep: List[torch.Tensor] = []
+    specs = []
     nbytes = 0
     cuda_device = None
+    for view, data in zip(flat.views, flat.payload):
+        size = data.numel() * data.element_size()
+        specs.append((view["name"], DTYPES[data.dtype], view["shape"],
+                      data.data_ptr() if size else 0, size))
+        nbytes += size
+        if data.is_cuda:
+            keep.append(data)
+            if cuda_device is None:
+                cuda_device = data.device
     try:
-        for view, data in zip(flat.views, flat.payload):
-            size = data.numel() * data.element_size()
-            s.add_tensor(view["name"], DTYPES[data.dtype], view["shape"],
-                         data.data_ptr() if size else 0, size)
-            nbytes += size
-            if data.is_cuda:
-                keep.append(data)
-                cuda_device = cuda_device if cuda_device is not None else data.device
+        s.add_tensors(specs)
         s.add_blob(BLOB, blob)
         if stream is None and cuda_device is not None:
             stream = torch.cuda.current_stream(cuda_device)
