@@ -22,7 +22,8 @@ checkpoint = time inside the save call + every wait the loop makes for it. Print
 then a table last; writes every number to $OUT/train.json when OUT is set. Exit status 1 when
 the restore check fails or a mode fails, 2 on bad usage or a missing daemon.
 
---smoke: a tiny model on the CPU (torch 1.13 works), for checking the paths end to end.
+--preset picks sizes and schedule (PRESETS below): checkpoint-every-16 (default), steady, smoke
+(a tiny model on the CPU, torch 1.13 works, for checking the paths end to end; also --smoke).
 """
 import argparse
 import gc
@@ -344,8 +345,10 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters):
             waiting = False
         trainer.opt.step()
         if it in ckpt_iters and not isinstance(mode, NoCkpt):
-            if nbytes is None:
+            if nbytes is None:  # counted once, outside the iteration's time
+                c0 = time.perf_counter()
                 nbytes = state_bytes(trainer.state())
+                t0 += time.perf_counter() - c0
             s0 = time.perf_counter()
             mode.save(it, trainer)
             s = time.perf_counter() - s0
@@ -362,6 +365,7 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters):
     mode.finish()
     drain_s = time.perf_counter() - f0
     steady = iter_s[1:] if len(iter_s) > 1 else iter_s  # the first iteration warms up
+    overhead = ckpt_overhead(iter_s, ckpt_iters) if not isinstance(mode, NoCkpt) else None
     res = {
         "mode": mode.name, "iters": cfg.iters, "checkpoint_iters": sorted(ckpt_iters),
         "iter_ms": [x * 1e3 for x in iter_s], "losses": [losses[i] for i in sorted(losses)],
@@ -372,6 +376,9 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters):
         "blocked_ms_median": median(blocked) * 1e3 if blocked else None,
         "blocked_ms_max": max(blocked) * 1e3 if blocked else None,
         "effective_gbps": None,
+        "ckpt_overhead_ms": overhead and overhead["ms"],
+        "quiet_iter_ms": overhead and overhead["quiet_ms"],
+        "ckpt_overhead_pct": overhead and overhead["pct"],
     }
     if blocked and nbytes and median(blocked) > 0:
         res["effective_gbps"] = nbytes / median(blocked) / 1e9
@@ -379,6 +386,22 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters):
         f"checkpoint {', '.join(f'{x:.1f}' for x in res['blocked_ms']) or '-'} ms; "
         f"drain after the loop {drain_s:.2f} s")
     return res, trainer, losses
+
+
+def ckpt_overhead(iter_s, ckpt_iters):
+    """What each checkpoint added to the loop: the time of its iteration and of the next one
+    (where wait_snapshot falls) minus two quiet iterations (the median of those touching no
+    checkpoint, after the first). As a share of one quiet iteration it is the slowdown a
+    checkpoint in every iteration would cost while the flush keeps up."""
+    touched = {i for c in ckpt_iters for i in (c, c + 1)}
+    quiet = [t for i, t in enumerate(iter_s, 1) if i > 1 and i not in touched]
+    if not quiet:
+        return None
+    q = median(quiet)
+    ms = [(iter_s[c - 1] + (iter_s[c] if c < len(iter_s) else q) - 2 * q) * 1e3
+          for c in sorted(ckpt_iters) if c <= len(iter_s)]
+    return {"ms": ms, "quiet_ms": q * 1e3,
+            "pct": 100.0 * median(ms) / (q * 1e3) if ms else None}
 
 
 def restore_check(cfg, dev, batches, tag, start, ref_losses):
@@ -425,7 +448,7 @@ def fmt(v, spec):
 def table(results, base):
     """The summary table (printed last)."""
     lines = [f"{'mode':<16} {'iter ms (med)':>13} {'blocked/ckpt ms (med)':>22} "
-             f"{'ckpt GB':>8} {'eff. GB/s':>10} {'slowdown':>9}"]
+             f"{'ckpt GB':>8} {'eff. GB/s':>10} {'slowdown':>9} {'per-ckpt':>9}"]
     for r in results:
         if r.get("skipped") or r.get("error"):
             lines.append(f"{r['mode']:<16} {'SKIP: ' + r['skipped'] if r.get('skipped') else 'FAILED: ' + r['error']}")
@@ -435,11 +458,30 @@ def table(results, base):
             slow = 100.0 * (r["loop_s_after_first"] / base["loop_s_after_first"] - 1)
             r["slowdown_pct"] = slow
         gb = r["ckpt_bytes"] / 1e9 if r["ckpt_bytes"] else None
+        per = r.get("ckpt_overhead_pct")
         lines.append(f"{r['mode']:<16} {fmt(r['iter_ms_median'], '13.1f')} "
                      f"{fmt(r['blocked_ms_median'], '22.2f')} {fmt(gb, '8.3f')} "
                      f"{fmt(r['effective_gbps'], '10.1f')} "
-                     f"{(fmt(slow, '+8.1f') + '%') if slow is not None else '-':>9}")
+                     f"{(fmt(slow, '+8.1f') + '%') if slow is not None else '-':>9} "
+                     f"{(fmt(per, '+8.1f') + '%') if per is not None else '-':>9}")
     return "\n".join(lines)
+
+
+# Sizes and schedules. The GPU presets train a 2048 x 32-layer GPT (vocab 32000): 1.74 B
+# params, 20.9 GB of weights + AdamW state, a 380 ms snapshot at 55 GB/s.
+#   checkpoint-every-16  batch 16 (280 ms iterations): all four modes, two checkpoints;
+#   steady               batch 32, so that forward+backward outlasts the snapshot, a
+#                        checkpoint every 32 iterations (the 1.3-1.5 GB/s flush of this
+#                        machine's /dev/shm needs ~15 s per checkpoint): baseline + dsckpt;
+#   smoke                a tiny model on the CPU (torch 1.13 works), all modes.
+_GPT = dict(d_model=2048, layers=32, heads=16, vocab=32000, seq=512)
+PRESETS = {
+    "checkpoint-every-16": dict(_GPT, iters=40, every=16, batch=16,
+                                modes="baseline,dsckpt,torch.save,dcp"),
+    "steady": dict(_GPT, iters=100, every=32, batch=32, modes="baseline,dsckpt"),
+    "smoke": dict(iters=11, every=4, d_model=64, layers=2, heads=4, vocab=128, seq=16,
+                  batch=4, modes="baseline,dsckpt,torch.save,dcp"),
+}
 
 
 def parse_args(argv):
@@ -447,7 +489,9 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--socket", required=True, help="dsckptd's socket")
     p.add_argument("--dir", required=True, help="checkpoint root (one of the daemon's roots)")
-    p.add_argument("--smoke", action="store_true", help="tiny model on the CPU")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="checkpoint-every-16",
+                   help="sizes and schedule (each option below overrides its value)")
+    p.add_argument("--smoke", action="store_true", help="same as --preset smoke")
     p.add_argument("--iters", type=int)
     p.add_argument("--every", type=int)
     p.add_argument("--d-model", type=int)
@@ -458,16 +502,14 @@ def parse_args(argv):
     p.add_argument("--batch", type=int)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--modes", default="baseline,dsckpt,torch.save,dcp",
-                   help="comma-separated, run in this order")
+    p.add_argument("--modes", help="comma-separated, run in this order")
     p.add_argument("--budget", type=float, default=420.0,
                    help="seconds; a mode is skipped once less than a quarter is left")
     a = p.parse_args(argv)
     if a.smoke:
-        dflt = dict(iters=11, every=4, d_model=64, layers=2, heads=4, vocab=128, seq=16, batch=4)
-    else:  # 2048 x 32 layers, vocab 32000: 1.74 B params, 20.9 GB of weights + AdamW state
-        dflt = dict(iters=40, every=16, d_model=2048, layers=32, heads=16, vocab=32000,
-                    seq=512, batch=16)
+        a.preset = "smoke"
+    a.smoke = a.preset == "smoke"
+    dflt = PRESETS[a.preset]
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -590,9 +632,11 @@ def main(argv):
         with open(os.path.join(out, "train.json"), "w") as f:
             json.dump(info, f, indent=1)
     log("")
-    log(f"== bench-train summary ({info['device']}, {params * 12 / 1e9:.1f} GB state, "
-        f"checkpoint every {cfg.every} of {cfg.iters} iterations; slowdown = loop time after "
-        "the first iteration vs baseline)")
+    log(f"== bench-train summary, preset {cfg.preset} ({info['device']}, "
+        f"{params * 12 / 1e9:.1f} GB state, batch {cfg.batch}, checkpoint every {cfg.every} "
+        f"of {cfg.iters} iterations; slowdown = loop time after the first iteration vs "
+        "baseline; per-ckpt = median time a checkpoint added to its iteration and the next, "
+        "as a share of one iteration: the slowdown of a checkpoint every iteration)")
     log(summary)
     if restore is not None:
         log(f"restore check: {'PASS' if restore.get('ok') else 'FAILED'}"
