@@ -1,90 +1,291 @@
 /*
  * cache.c — the host cache: one anonymous mapping allocated, touched and locked at start,
- * cut into equal chunks handed out from a free stack. Copy threads take chunks, flush
+ * cut into equal chunks handed out from free stacks. Copy threads take chunks, flush
  * threads give them back; cache_get waits while none is free.
+ *
+ * NUMA: where the machine has several nodes with CPUs, the mapping is cut into one pool per
+ * node (consecutive slices of whole chunks), each bound to its node with mbind and faulted
+ * in by threads pinned to that node's CPUs. cache_get prefers the pool of a given node (the
+ * node of the GPU a piece is copied from) and falls back to any pool, so a caller never waits
+ * while any chunk is free. With one node there is a single pool, as before.
  */
 #include "dsckptd.h"
 
 #include <errno.h>
+#include <linux/mempolicy.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define CACHE_PAGE 4096
 #define CACHE_MAX_TOUCH_THREADS 8
+#define CACHE_MAX_NODES 64    /* node ids the one-word mbind mask holds */
+
+/* Where the NUMA topology is read; tests point it at a fake tree. */
+static const char *sysfs_root = "/sys";
+
+/* The chunks of one NUMA node (or of the whole cache when it is not split). */
+struct cache_pool {
+	int node;              /* NUMA node, or -1 when the cache is not split */
+	unsigned char *base;   /* its slice of the mapping */
+	size_t nchunks;
+	void **free_stack;     /* (lock) free chunks of the pool; nfree of them */
+	size_t nfree;          /* (lock) */
+};
 
 struct cache {
-	pthread_mutex_t lock;  /* protects free_stack, nfree, out, shutdown */
+	pthread_mutex_t lock;  /* protects the pools' free stacks, nfree, out, shutdown */
 	pthread_cond_t freed;  /* signalled when a chunk is put back or at shutdown */
-	void **free_stack;     /* free chunks; nfree of them */
-	size_t nfree;
+	size_t nfree;          /* free chunks over every pool */
 	unsigned char *out;    /* per chunk: 1 while handed out */
 	int shutdown;
 
-	unsigned char *base;   /* immutable after cache_create */
+	struct cache_pool *pools; /* immutable after cache_create but for the (lock) fields */
+	unsigned npools;
+	unsigned char *base;
 	uint64_t total;
 	uint64_t chunk;
 	size_t nchunks;
 	double touch_ms;
 };
 
-/* A slice of the mapping one touch thread faults in. */
+/* A slice of the mapping one touch thread faults in, on the CPUs of its pool's node. */
 struct cache_touch {
 	unsigned char *start;
 	uint64_t len;
+	const cpu_set_t *cpus; /* NULL: anywhere */
 	pthread_t thread;
 	int started;
 };
 
-/* Writes one byte of every page of a slice so the kernel backs it now, not on first copy. */
+/* Test hook: reads the NUMA topology under root instead of /sys (NULL restores /sys). */
+void cache_set_sysfs(const char *root)
+{
+	sysfs_root = root ? root : "/sys";
+}
+
+/* Reads the first line of sysfs_root/<path> into buf (newline dropped); -1 if unreadable. */
+static int sysfs_line(char *buf, size_t len, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int sysfs_line(char *buf, size_t len, const char *fmt, ...)
+{
+	char rel[256], path[512];
+	va_list ap;
+	FILE *f;
+
+	va_start(ap, fmt);
+	vsnprintf(rel, sizeof(rel), fmt, ap);
+	va_end(ap);
+	snprintf(path, sizeof(path), "%s/%s", sysfs_root, rel);
+	if ((f = fopen(path, "re")) == NULL)
+		return -1;
+	if (fgets(buf, (int)len, f) == NULL)
+		buf[0] = '\0';
+	fclose(f);
+	buf[strcspn(buf, "\n")] = '\0';
+	return 0;
+}
+
+/* Parses a kernel list ("0-3,8,10-11", "" is empty) into set (CPUs, or node ids); -1 if bad. */
+static int cache_parse_list(const char *s, cpu_set_t *set)
+{
+	CPU_ZERO(set);
+	while (*s) {
+		char *end;
+		unsigned long a = strtoul(s, &end, 10), b = a;
+		if (end == s)
+			return -1;
+		if (*end == '-') {
+			s = end + 1;
+			b = strtoul(s, &end, 10);
+			if (end == s || b < a)
+				return -1;
+		}
+		if (b >= CPU_SETSIZE)
+			return -1;
+		for (unsigned long i = a; i <= b; i++)
+			CPU_SET(i, set);
+		s = end;
+		if (*s == ',')
+			s++;
+		else if (*s)
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * Finds the NUMA nodes to split the cache over: online nodes that have CPUs (memory-only
+ * nodes, such as a Grace Hopper GPU's own memory, are left out), with their CPUs. Returns how
+ * many (ids in nodes[], ascending); 0 or 1 means the cache is not split.
+ */
+static unsigned cache_nodes(int nodes[CACHE_MAX_NODES], cpu_set_t cpus[CACHE_MAX_NODES])
+{
+	char line[4096];
+	cpu_set_t online;
+	unsigned n = 0;
+
+	if (sysfs_line(line, sizeof(line), "devices/system/node/online") < 0 ||
+	    cache_parse_list(line, &online) < 0)
+		return 0;
+	for (int i = 0; i < CPU_SETSIZE; i++) {
+		if (!CPU_ISSET(i, &online))
+			continue;
+		if (i >= CACHE_MAX_NODES) {
+			log_warnx("NUMA node %d is beyond the %d supported: one cache pool", i,
+				  CACHE_MAX_NODES);
+			return 0;
+		}
+		if (sysfs_line(line, sizeof(line), "devices/system/node/node%d/cpulist", i) < 0 ||
+		    cache_parse_list(line, &cpus[n]) < 0 || CPU_COUNT(&cpus[n]) == 0)
+			continue;
+		nodes[n++] = i;
+	}
+	return n;
+}
+
+/* NUMA node of a PCI device ("0000:3b:00.0", any case) from sysfs; -1 if unknown. */
+int cache_pci_node(const char *busid)
+{
+	char id[32], line[32], *end;
+	long node;
+	size_t i;
+
+	for (i = 0; busid[i] && i < sizeof(id) - 1; i++)
+		id[i] = (char)(busid[i] >= 'A' && busid[i] <= 'F' ? busid[i] - 'A' + 'a' : busid[i]);
+	id[i] = '\0';
+	if (sysfs_line(line, sizeof(line), "bus/pci/devices/%s/numa_node", id) < 0)
+		return -1;
+	node = strtol(line, &end, 10);
+	return end == line || *end || node < 0 || node >= CACHE_MAX_NODES ? -1 : (int)node;
+}
+
+/* Binds [p, p+len) to node (before it is touched); a failure only costs locality. */
+static void cache_bind(void *p, uint64_t len, int node)
+{
+	unsigned long mask = 1UL << node;
+
+	/* maxnode counts one past the bits the kernel reads (it decrements it first). */
+	if (syscall(SYS_mbind, p, (unsigned long)len, MPOL_BIND, &mask,
+		    (unsigned long)CACHE_MAX_NODES + 1, 0UL) != 0)
+		log_warn("cannot bind %llu MiB of the cache to NUMA node %d",
+			 (unsigned long long)(len >> 20), node);
+}
+
+/* Writes one byte of every page of a slice (from its node's CPUs) so the kernel backs it
+ * now, not on first copy. */
 static void *cache_touch_slice(void *arg)
 {
 	struct cache_touch *t = arg;
+
+	if (t->cpus && sched_setaffinity(0, sizeof(*t->cpus), t->cpus) != 0)
+		log_debug("touch thread: sched_setaffinity: %s", strerror(errno));
 	for (uint64_t off = 0; off < t->len; off += CACHE_PAGE)
 		t->start[off] = 0;
 	return NULL;
 }
 
-/* Faults in the whole mapping with min(nproc, 8) threads; returns the time taken in ms. */
-static double cache_touch(unsigned char *base, uint64_t len)
+/* Cuts a pool's slice into up to nthreads touch slices at t; returns how many. */
+static unsigned cache_touch_plan(const struct cache *c, const struct cache_pool *p,
+				 const cpu_set_t *cpus, unsigned nthreads, struct cache_touch *t)
 {
-	struct cache_touch t[CACHE_MAX_TOUCH_THREADS];
-	long nproc = sysconf(_SC_NPROCESSORS_ONLN);
-	uint64_t pages = len / CACHE_PAGE, per;
-	struct timespec t0, t1;
-	unsigned n;
+	uint64_t pages = (uint64_t)p->nchunks * c->chunk / CACHE_PAGE, per;
 
-	n = nproc < 1 ? 1 : nproc > CACHE_MAX_TOUCH_THREADS ? CACHE_MAX_TOUCH_THREADS
-							    : (unsigned)nproc;
-	if (n > pages)
-		n = (unsigned)pages;
-	per = (pages + n - 1) / n;
+	if (nthreads > pages)
+		nthreads = (unsigned)pages;
+	per = (pages + nthreads - 1) / nthreads;
+	for (unsigned i = 0; i < nthreads; i++) {
+		uint64_t first = i * per, count = first + per > pages ? pages - first : per;
+		t[i].start = p->base + first * CACHE_PAGE;
+		t[i].len = count * CACHE_PAGE;
+		t[i].cpus = cpus;
+	}
+	return nthreads;
+}
+
+/* Faults every pool in at once, up to 8 threads per pool (each on its node's CPUs);
+ * returns the time taken in ms, or -1 without memory. */
+static double cache_touch(struct cache *c, const cpu_set_t *cpus)
+{
+	long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+	struct cache_touch *t = calloc((size_t)c->npools * CACHE_MAX_TOUCH_THREADS, sizeof(*t));
+	struct timespec t0, t1;
+	unsigned n = 0;
+
+	if (t == NULL)
+		return -1;
+	for (unsigned i = 0; i < c->npools; i++) {
+		long cores = cpus ? CPU_COUNT(&cpus[i]) : nproc;
+		unsigned k = cores < 1 ? 1 : cores > CACHE_MAX_TOUCH_THREADS
+					     ? CACHE_MAX_TOUCH_THREADS : (unsigned)cores;
+		n += cache_touch_plan(c, &c->pools[i], cpus ? &cpus[i] : NULL, k, t + n);
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (unsigned i = 0; i < n; i++) {
-		uint64_t first = i * per, count = first + per > pages ? pages - first : per;
-		t[i].start = base + first * CACHE_PAGE;
-		t[i].len = count * CACHE_PAGE;
 		/* A thread that cannot be started is replaced by doing its share here. */
 		t[i].started = pthread_create(&t[i].thread, NULL, cache_touch_slice, &t[i]) == 0;
-		if (!t[i].started)
+		if (!t[i].started) {
+			t[i].cpus = NULL;	/* never pin the calling thread */
 			cache_touch_slice(&t[i]);
+		}
 	}
 	for (unsigned i = 0; i < n; i++)
 		if (t[i].started)
 			pthread_join(t[i].thread, NULL);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
+	free(t);
 	return (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
 }
 
-/* Maps bytes of host memory, touches it with several threads and locks it (best effort). */
+/* Cuts the mapping into npools pools of nearly equal whole chunks (nodes: their NUMA nodes,
+ * or NULL for one unbound pool); -1 without memory. */
+static int cache_pools_make(struct cache *c, unsigned npools, const int *nodes)
+{
+	unsigned char *at = c->base;
+
+	if ((c->pools = calloc(npools, sizeof(*c->pools))) == NULL)
+		return -1;
+	c->npools = npools;
+	for (unsigned i = 0; i < npools; i++) {
+		struct cache_pool *p = &c->pools[i];
+		p->node = nodes ? nodes[i] : -1;
+		p->base = at;
+		p->nchunks = c->nchunks / npools + (i < c->nchunks % npools);
+		if ((p->free_stack = calloc(p->nchunks, sizeof(void *))) == NULL)
+			return -1;
+		/* Pushed in reverse so that the first chunks handed out are at the start. */
+		for (size_t k = p->nchunks; k-- > 0;)
+			p->free_stack[p->nfree++] = p->base + (uint64_t)k * c->chunk;
+		at += (uint64_t)p->nchunks * c->chunk;
+	}
+	c->nfree = c->nchunks;
+	return 0;
+}
+
+/* Frees the pools' arrays. */
+static void cache_pools_free(struct cache *c)
+{
+	for (unsigned i = 0; c->pools && i < c->npools; i++)
+		free(c->pools[i].free_stack);
+	free(c->pools);
+}
+
+/* Maps bytes of host memory (one pool per NUMA node with CPUs, each bound to its node),
+ * touches it with several threads and locks it (best effort). */
 int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char *err,
 		 size_t errlen)
 {
 	static atomic_flag warned_mlock = ATOMIC_FLAG_INIT;
+	cpu_set_t cpus[CACHE_MAX_NODES];
+	int nodes[CACHE_MAX_NODES];
+	unsigned nnodes;
 	struct cache *c;
 	void *base;
 
@@ -100,31 +301,36 @@ int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char 
 	c->chunk = chunk_bytes;
 	c->nchunks = (size_t)(bytes / chunk_bytes);
 	c->total = (uint64_t)c->nchunks * chunk_bytes;
-	c->free_stack = calloc(c->nchunks, sizeof(void *));
-	c->out = calloc(c->nchunks, 1);
-	if (c->free_stack == NULL || c->out == NULL)
+	nnodes = cache_nodes(nodes, cpus);
+	if (nnodes > c->nchunks)
+		nnodes = (unsigned)c->nchunks;	/* every pool holds a chunk at least */
+	if ((c->out = calloc(c->nchunks, 1)) == NULL)
 		goto fail_arrays;
 
 	base = mmap(NULL, c->total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (base == MAP_FAILED)
 		goto fail_arrays;
 	c->base = base;
+	if (cache_pools_make(c, nnodes > 1 ? nnodes : 1, nnodes > 1 ? nodes : NULL) < 0)
+		goto fail_map;
 	if (madvise(base, c->total, MADV_HUGEPAGE) != 0)
 		log_debug("madvise(MADV_HUGEPAGE) on the cache: %s", strerror(errno));
-	c->touch_ms = cache_touch(c->base, c->total);
+	for (unsigned i = 0; nnodes > 1 && i < c->npools; i++)
+		cache_bind(c->pools[i].base, (uint64_t)c->pools[i].nchunks * c->chunk,
+			   c->pools[i].node);
+	if ((c->touch_ms = cache_touch(c, nnodes > 1 ? cpus : NULL)) < 0)
+		goto fail_map;
 	if (mlock(base, c->total) != 0 && !atomic_flag_test_and_set(&warned_mlock))
 		log_warnx("cannot lock the cache (raise LimitMEMLOCK)");
-
-	/* Pushed in reverse so that the first chunks handed out are at the start. */
-	for (size_t i = c->nchunks; i-- > 0;)
-		c->free_stack[c->nfree++] = c->base + (uint64_t)i * chunk_bytes;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->freed, NULL);
 	*out = c;
 	return 0;
 
+fail_map:
+	munmap(c->base, c->total);
 fail_arrays:
-	free(c->free_stack);
+	cache_pools_free(c);
 	free(c->out);
 	free(c);
 fail_struct:
@@ -145,21 +351,38 @@ void cache_destroy(struct cache *c)
 	munmap(c->base, c->total);
 	pthread_cond_destroy(&c->freed);
 	pthread_mutex_destroy(&c->lock);
-	free(c->free_stack);
+	cache_pools_free(c);
 	free(c->out);
 	free(c);
 }
 
-/* Pops a free chunk; the lock must be held and nfree > 0. */
-static void *cache_pop(struct cache *c)
+/* Pops a free chunk from node's pool when it has one, else from the pool with the most free
+ * chunks; the lock must be held and c->nfree > 0. */
+static void *cache_pop(struct cache *c, int node)
 {
-	void *p = c->free_stack[--c->nfree];
+	struct cache_pool *best = NULL;
+	void *p;
+
+	for (unsigned i = 0; i < c->npools; i++) {
+		struct cache_pool *q = &c->pools[i];
+		if (q->nfree == 0)
+			continue;
+		if (node >= 0 && q->node == node) {
+			best = q;
+			break;
+		}
+		if (best == NULL || q->nfree > best->nfree)
+			best = q;
+	}
+	p = best->free_stack[--best->nfree];
+	c->nfree--;
 	c->out[((unsigned char *)p - c->base) / c->chunk] = 1;
 	return p;
 }
 
-/* Takes a free chunk, waiting while none is free; NULL once cache_shutdown was called. */
-void *cache_get(struct cache *c)
+/* Takes a free chunk, node's first (-1: any), waiting while none is free at all; NULL once
+ * cache_shutdown was called. */
+void *cache_get(struct cache *c, int node)
 {
 	void *p = NULL;
 
@@ -167,40 +390,44 @@ void *cache_get(struct cache *c)
 	while (c->nfree == 0 && !c->shutdown)
 		pthread_cond_wait(&c->freed, &c->lock);
 	if (!c->shutdown)
-		p = cache_pop(c);
+		p = cache_pop(c, node);
 	pthread_mutex_unlock(&c->lock);
 	return p;
 }
 
-/* Takes a free chunk if one is free now (and not shut down), else NULL. */
-void *cache_tryget(struct cache *c)
+/* Takes a free chunk, node's first (-1: any), if one is free now (and not shut down). */
+void *cache_tryget(struct cache *c, int node)
 {
 	void *p = NULL;
 
 	pthread_mutex_lock(&c->lock);
 	if (c->nfree > 0 && !c->shutdown)
-		p = cache_pop(c);
+		p = cache_pop(c, node);
 	pthread_mutex_unlock(&c->lock);
 	return p;
 }
 
-/* Returns a chunk; a pointer that is not a chunk handed out by c aborts. */
+/* Returns a chunk to its pool; a pointer that is not a chunk handed out by c aborts. */
 void cache_put(struct cache *c, void *chunk)
 {
 	uintptr_t p = (uintptr_t)chunk, base = (uintptr_t)c->base;
 	size_t i = (size_t)((p - base) / c->chunk);
+	struct cache_pool *pool = c->pools;
 
 	if (p < base || p - base >= c->total || (p - base) % c->chunk != 0) {
 		log_error("cache_put of %p, not a chunk of the cache", chunk);
 		abort();
 	}
+	while ((unsigned char *)chunk >= pool->base + (uint64_t)pool->nchunks * c->chunk)
+		pool++;
 	pthread_mutex_lock(&c->lock);
 	if (!c->out[i]) {
 		log_error("cache_put of chunk %zu, which is not in use", i);
 		abort();
 	}
 	c->out[i] = 0;
-	c->free_stack[c->nfree++] = chunk;
+	pool->free_stack[pool->nfree++] = chunk;
+	c->nfree++;
 	pthread_cond_signal(&c->freed);
 	pthread_mutex_unlock(&c->lock);
 }
@@ -235,6 +462,28 @@ uint64_t cache_used(struct cache *c)
 	used = (uint64_t)(c->nchunks - c->nfree) * c->chunk;
 	pthread_mutex_unlock(&c->lock);
 	return used;
+}
+
+/* Number of pools: one per NUMA node the cache is split over, or 1. */
+unsigned cache_pools(struct cache *c)
+{
+	return c->npools;
+}
+
+/* Pool i's NUMA node (-1: not split), size and bytes handed out (any may be NULL). */
+void cache_pool_info(struct cache *c, unsigned i, int *node, uint64_t *total, uint64_t *used)
+{
+	const struct cache_pool *p = &c->pools[i];
+
+	if (node)
+		*node = p->node;
+	if (total)
+		*total = (uint64_t)p->nchunks * c->chunk;
+	if (used) {
+		pthread_mutex_lock(&c->lock);
+		*used = (uint64_t)(p->nchunks - p->nfree) * c->chunk;
+		pthread_mutex_unlock(&c->lock);
+	}
 }
 
 /* Size of one chunk. */

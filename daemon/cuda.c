@@ -7,10 +7,13 @@
  * cudaGetDriverEntryPointByVersion, so the same binary starts on a node without a driver and
  * then serves the host transport only (every function here fails with DSCKPT_ENOCUDA).
  *
- * Threads and streams: every thread that touches a device (the loop thread importing fences,
- * each copy thread reading) gets its own non-blocking stream per device, created on first use
- * and destroyed when the thread exits. A copy thread's reads are synchronous on its stream, so
- * copy_threads copies are in flight at once, one per thread.
+ * Devices, threads and streams: each device is reached through its primary context
+ * (cudaSetDevice before every call that touches it). Every copy thread gets its own
+ * non-blocking stream per device, created on first use and destroyed when the thread exits; a
+ * read from device d goes to the thread's stream on d, which first waits for the piece's fence
+ * (an event may be waited for from another device's stream). A copy thread waits for its
+ * reads at the end of each piece, so copy_threads copies are in flight at once, one per
+ * thread, whatever the devices. The cache is pinned portable: pinned for every device.
  */
 #include "dsckptd.h"
 
@@ -36,9 +39,10 @@ static struct {
 	pthread_once_t once;
 	int count;                 /* usable devices; 0 when CUDA is not usable */
 	uint8_t (*uuid)[16];       /* per device ordinal */
+	int *node;                 /* per device ordinal: its NUMA node, or -1 if unknown */
 	char why[256];             /* "CUDA not available: …" when count is 0 */
 	char line[512];            /* gpu_init's answer */
-	pthread_key_t streams;     /* the calling thread's cudaStream_t per device */
+	pthread_key_t thread;      /* the calling thread's struct cuda_thread */
 	void *registered;          /* base pinned by gpu_register_host, or NULL */
 } G = { .once = PTHREAD_ONCE_INIT };
 
@@ -56,6 +60,16 @@ static struct {
 	PFN_cuMemSetAccess_v10020 MemSetAccess;
 	PFN_cuMemRelease_v10020 MemRelease;
 } drv;
+
+/* A copy thread's streams, one per device (made lazily), and the fence its reads wait for
+ * until the next cuda_copy_sync. */
+struct cuda_thread {
+	struct cuda_fence *fence;  /* NULL: none */
+	struct {
+		cudaStream_t stream;
+		int fenced;        /* the stream already waits for fence */
+	} dev[];
+};
 
 /* A daemon-owned event ordered after a client's producer stream. */
 struct cuda_fence {
@@ -119,15 +133,15 @@ static void cuda_uuid_str(const uint8_t u[16], char out[41])
 }
 
 /* Destroys a finished thread's streams (pthread key destructor). */
-static void cuda_streams_free(void *p)
+static void cuda_thread_free(void *p)
 {
-	cudaStream_t *st = p;
+	struct cuda_thread *th = p;
 
 	for (int d = 0; d < G.count; d++) {
-		if (st[d] && cudaSetDevice(d) == cudaSuccess)
-			cudaStreamDestroy(st[d]);
+		if (th->dev[d].stream && cudaSetDevice(d) == cudaSuccess)
+			cudaStreamDestroy(th->dev[d].stream);
 	}
-	free(st);
+	free(th);
 }
 
 /* Looks every driver function up; 0, or -1 with the reason in G.why. */
@@ -169,6 +183,7 @@ static int cuda_resolve(void)
 static void cuda_probe(void)
 {
 	int n = 0, driver = 0;
+	char bus[32];
 	size_t len;
 	cudaError_t e = cudaGetDeviceCount(&n);
 
@@ -185,8 +200,9 @@ static void cuda_probe(void)
 		snprintf(G.line, sizeof(G.line), "none: no CUDA devices");
 		return;
 	}
-	if (cuda_resolve() < 0 || pthread_key_create(&G.streams, cuda_streams_free) != 0 ||
-	    (G.uuid = calloc((size_t)n, sizeof(*G.uuid))) == NULL) {
+	if (cuda_resolve() < 0 || pthread_key_create(&G.thread, cuda_thread_free) != 0 ||
+	    (G.uuid = calloc((size_t)n, sizeof(*G.uuid))) == NULL ||
+	    (G.node = calloc((size_t)n, sizeof(*G.node))) == NULL) {
 		if (G.why[0] == '\0')
 			snprintf(G.why, sizeof(G.why), "CUDA not available: out of resources");
 		snprintf(G.line, sizeof(G.line), "none: %s", G.why);
@@ -206,6 +222,11 @@ static void cuda_probe(void)
 		}
 		memcpy(G.uuid[i], p.uuid.bytes, 16);
 		cuda_uuid_str(G.uuid[i], u);
+		/* sysfs names the device by its PCI address, lowercase, function 0. */
+		snprintf(bus, sizeof(bus), "%04x:%02x:%02x.0", (unsigned)p.pciDomainID,
+			 (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);
+		G.node[i] = cache_pci_node(bus);
+		log_info("cuda: device %d (%s) at PCI %s, NUMA node %d", i, u, bus, G.node[i]);
 		if (len < sizeof(G.line))
 			len += (size_t)snprintf(G.line + len, sizeof(G.line) - len, "%s %s (%s)",
 						i == 0 ? ":" : ",", p.name, u);
@@ -231,28 +252,50 @@ static int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errle
 	return seterr(err, errlen, DSCKPT_ENOENT, "no GPU with UUID %s", u);
 }
 
-/* Makes dev current on this thread and returns the thread's stream for it (made lazily). */
+/* The calling thread's CUDA state, made on first use; NULL with err without memory. */
+static struct cuda_thread *cuda_thread(char *err, size_t errlen)
+{
+	struct cuda_thread *th = pthread_getspecific(G.thread);
+
+	if (th)
+		return th;
+	th = calloc(1, sizeof(*th) + (size_t)G.count * sizeof(th->dev[0]));
+	if (th == NULL) {
+		seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return NULL;
+	}
+	if (pthread_setspecific(G.thread, th) != 0) {
+		free(th);
+		seterr(err, errlen, DSCKPT_ENOMEM, "pthread_setspecific failed");
+		return NULL;
+	}
+	return th;
+}
+
+/* Makes dev current on this thread and returns the thread's stream for it (made lazily),
+ * ordered after the thread's fence. */
 static int cuda_stream(int dev, cudaStream_t *out, char *err, size_t errlen)
 {
-	cudaStream_t *st = pthread_getspecific(G.streams);
+	struct cuda_thread *th = cuda_thread(err, errlen);
 	cudaError_t e;
 
+	if (th == NULL)
+		return DSCKPT_ENOMEM;
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
 		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
-	if (st == NULL) {
-		if ((st = calloc((size_t)G.count, sizeof(*st))) == NULL)
-			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
-		if (pthread_setspecific(G.streams, st) != 0) {
-			free(st);
-			return seterr(err, errlen, DSCKPT_ENOMEM, "pthread_setspecific failed");
-		}
-	}
-	if (st[dev] == NULL &&
-	    (e = cudaStreamCreateWithFlags(&st[dev], cudaStreamNonBlocking)) != cudaSuccess) {
-		st[dev] = NULL;
+	if (th->dev[dev].stream == NULL &&
+	    (e = cudaStreamCreateWithFlags(&th->dev[dev].stream, cudaStreamNonBlocking)) !=
+		    cudaSuccess) {
+		th->dev[dev].stream = NULL;
 		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamCreateWithFlags", e);
 	}
-	*out = st[dev];
+	if (th->fence && !th->dev[dev].fenced) {
+		if ((e = cudaStreamWaitEvent(th->dev[dev].stream, th->fence->event, 0)) !=
+		    cudaSuccess)
+			return cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamWaitEvent", e);
+		th->dev[dev].fenced = 1;
+	}
+	*out = th->dev[dev].stream;
 	return 0;
 }
 
@@ -262,7 +305,7 @@ static int cuda_mem_read(void *priv, uint64_t off, void *dst, uint64_t len, char
 {
 	struct cuda_mem *m = priv;
 	uint64_t mapped = atomic_load_explicit(&m->mapped, memory_order_acquire);
-	cudaStream_t st;
+	cudaStream_t st = NULL;
 	cudaError_t e;
 	int rc;
 
@@ -282,19 +325,25 @@ static int cuda_mem_read(void *priv, uint64_t off, void *dst, uint64_t len, char
 	return 0;
 }
 
-/* Waits for every copy this thread queued (one wait per piece, not one per tensor). */
+/* Waits for every copy this thread queued, on every device (one wait per piece, not one per
+ * tensor), and drops the thread's fence. */
 int cuda_copy_sync(char *err, size_t errlen)
 {
-	cudaStream_t *st = G.count > 0 ? pthread_getspecific(G.streams) : NULL;
+	struct cuda_thread *th = G.count > 0 ? pthread_getspecific(G.thread) : NULL;
 	cudaError_t e;
+	int rc = 0;
 
-	for (int d = 0; st && d < G.count; d++) {
-		if (!st[d])
-			continue;
-		if ((e = cudaStreamSynchronize(st[d])) != cudaSuccess)
-			return cuda_fail(err, errlen, DSCKPT_EIO, "cudaMemcpyAsync", e);
+	if (th == NULL)
+		return 0;
+	th->fence = NULL;
+	for (int d = 0; d < G.count; d++) {
+		th->dev[d].fenced = 0;
+		/* Every stream is waited for, even after an error: no copy is left in flight. */
+		if (th->dev[d].stream && (e = cudaStreamSynchronize(th->dev[d].stream)) !=
+		    cudaSuccess && rc == 0)
+			rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaMemcpyAsync", e);
 	}
-	return 0;
+	return rc;
 }
 
 /* Closes an opened IPC allocation. */
@@ -307,6 +356,14 @@ static void cuda_ipc_close(void *priv, uint64_t size)
 	    (e = cudaIpcCloseMemHandle((void *)(uintptr_t)m->base)) != cudaSuccess)
 		log_warnx("cudaIpcCloseMemHandle: %s", cudaGetErrorName(e));
 	free(m);
+}
+
+/* NUMA node of the device the memory is on (-1 if unknown). */
+static int cuda_mem_node(const void *priv)
+{
+	const struct cuda_mem *m = priv;
+
+	return G.node[m->dev];
 }
 
 /* Whether a VMM range is mapped up to its end. */
@@ -338,11 +395,12 @@ static void cuda_vmm_close(void *priv, uint64_t size)
 }
 
 static const struct source_ops cuda_ipc_ops = {
-	.name = "cuda_ipc", .read = cuda_mem_read, .close = cuda_ipc_close,
+	.name = "cuda_ipc", .read = cuda_mem_read, .node = cuda_mem_node,
+	.close = cuda_ipc_close,
 };
 static const struct source_ops cuda_vmm_ops = {
 	.name = "cuda_vmm", .read = cuda_mem_read, .complete = cuda_vmm_complete,
-	.close = cuda_vmm_close,
+	.node = cuda_mem_node, .close = cuda_vmm_close,
 };
 
 /* Opens a legacy IPC handle of a whole size-byte allocation on the GPU with this UUID. */
@@ -666,17 +724,17 @@ fail_free:
 	return rc;
 }
 
-/* Makes the calling thread's copy stream for the fence's device wait for the fence. */
+/* Orders the calling thread's next reads, on whichever devices they touch, after the fence
+ * (until cuda_copy_sync): each device's stream waits for it before its first read. */
 int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen)
 {
-	cudaStream_t st;
-	cudaError_t e;
-	int rc;
+	struct cuda_thread *th = cuda_thread(err, errlen);
 
-	if ((rc = cuda_stream(f->dev, &st, err, errlen)) < 0)
-		return rc;
-	if ((e = cudaStreamWaitEvent(st, f->event, 0)) != cudaSuccess)
-		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamWaitEvent", e);
+	if (th == NULL)
+		return DSCKPT_ENOMEM;
+	th->fence = f;
+	for (int d = 0; d < G.count; d++)
+		th->dev[d].fenced = 0;
 	return 0;
 }
 
@@ -709,7 +767,8 @@ void gpu_register_host(void *base, uint64_t len)
 	if (G.count == 0)
 		return;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	e = cudaHostRegister(base, (size_t)len, cudaHostRegisterDefault);
+	/* Portable: pinned for every device's context, not only the current one. */
+	e = cudaHostRegister(base, (size_t)len, cudaHostRegisterPortable);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	if (e != cudaSuccess) {
 		log_warnx("cannot pin the cache for CUDA (cudaHostRegister): %s",

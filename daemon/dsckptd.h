@@ -78,20 +78,22 @@ void config_free(struct config *cfg);
 void config_print_help(FILE *f);
 
 /* cache.c */
-/* Maps bytes of host memory, touches it with several threads and locks it (best effort). */
+/* Maps bytes of host memory (split into one pool per NUMA node with CPUs, each bound to its
+ * node), touches it with several threads (on each node's CPUs) and locks it (best effort). */
 int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char *err,
 		 size_t errlen);
 /* Unmaps the cache; every chunk must be back. */
 void cache_destroy(struct cache *c);
-/* Takes a free chunk, waiting while none is free; NULL once cache_shutdown was called. */
-void *cache_get(struct cache *c);
-/* Takes a free chunk if one is free now, else NULL. */
-void *cache_tryget(struct cache *c);
+/* Takes a free chunk, from node's pool first (-1: any node), else from any pool; waits only
+ * while no chunk is free at all; NULL once cache_shutdown was called. */
+void *cache_get(struct cache *c, int node);
+/* Takes a free chunk (node's first, as cache_get) if one is free now, else NULL. */
+void *cache_tryget(struct cache *c, int node);
 /* Returns a chunk. */
 void cache_put(struct cache *c, void *chunk);
 /* Wakes every waiter of cache_get; they get NULL from now on. */
 void cache_shutdown(struct cache *c);
-/* Base address and length of the whole mapping (for pinning with CUDA). */
+/* Base address and length of the whole mapping, every pool (for pinning with CUDA). */
 void *cache_base(struct cache *c);
 uint64_t cache_total(struct cache *c);
 /* Bytes currently handed out. */
@@ -99,6 +101,14 @@ uint64_t cache_used(struct cache *c);
 uint64_t cache_chunk(struct cache *c);
 /* Milliseconds the start-up touch took. */
 double cache_touch_ms(struct cache *c);
+/* Number of pools: one per NUMA node the cache is split over, or 1. */
+unsigned cache_pools(struct cache *c);
+/* Pool i's NUMA node (-1: not split), size and bytes handed out (any may be NULL). */
+void cache_pool_info(struct cache *c, unsigned i, int *node, uint64_t *total, uint64_t *used);
+/* NUMA node of a PCI device ("0000:3b:00.0", any case), from sysfs; -1 if unknown. */
+int cache_pci_node(const char *busid);
+/* Test hook: reads the NUMA topology under root instead of /sys (NULL restores /sys). */
+void cache_set_sysfs(const char *root);
 
 /* source.c — transports: a source of bytes the daemon pulls from (host memfd now). */
 /* Maps a client's host memory fd (takes ownership of fd) of at least size bytes. */
@@ -110,6 +120,8 @@ int source_read(struct source *s, uint64_t off, void *dst, uint64_t len, char *e
 uint64_t source_size(const struct source *s);
 /* Kind name ("host"). */
 const char *source_kind(const struct source *s);
+/* NUMA node the source's memory is near (a GPU's), or -1 for any (host memory, unknown). */
+int source_node(const struct source *s);
 /* Takes a reference (thread-safe). */
 void source_ref(struct source *s);
 /* Drops a reference; the last one unmaps and closes. */
@@ -189,6 +201,8 @@ struct source_ops {
 		    size_t errlen);
 	/* Whether every byte can be read; NULL means always. */
 	int (*complete)(const void *priv);
+	/* NUMA node near the memory; NULL means -1 (any). */
+	int (*node)(const void *priv);
 	/* Releases the kind's state of a size-byte source. */
 	void (*close)(void *priv, uint64_t size);
 };
@@ -215,9 +229,11 @@ int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t h
 		      struct cuda_fence **out, char *err, size_t errlen);
 /* Closes the events imported for owner (its connection is gone). */
 void cuda_fence_forget(const void *owner);
-/* Waits for the device copies this thread queued with source_read (no-op without any). */
+/* Waits for the device copies this thread queued with source_read, on every device (no-op
+ * without any), and ends the thread's cuda_fence_wait. */
 int cuda_copy_sync(char *err, size_t errlen);
-/* Makes the calling thread's copy stream for the fence's device wait for the fence. */
+/* Orders the calling thread's next device reads (until cuda_copy_sync), on whichever devices
+ * they touch, after the fence. */
 int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen);
 /* Frees a fence. */
 void cuda_fence_free(struct cuda_fence *f);

@@ -2,9 +2,10 @@
  * engine.c — the copy engine and the flush threads.
  *
  * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned file offsets.
- * Copy threads take a free cache chunk first and only then claim the next piece of a job
- * (round robin over jobs, so no save starves another), fill it from the job's sources and
- * mark it ready. Flush threads write each job's pieces in file order (so one streaming
+ * Copy threads take a free cache chunk first (near the NUMA node of the GPU the next piece
+ * comes from, when one is free there) and only then claim the next piece of a job (round
+ * robin over jobs, so no save starves another), fill it from the job's sources and mark it
+ * ready. Flush threads write each job's pieces in file order (so one streaming
  * checksum per tensor suffices), return the chunk to the cache, and finish the file.
  * A save larger than the cache streams through it: pieces are claimed only as chunks free up.
  *
@@ -169,17 +170,12 @@ static int can_flush(const struct job *j)
 	return j->failed || j->next_flush == j->npieces;
 }
 
-/* Copies one piece of a job from its sources into chunk; 0 or -1 with err. */
-static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
+/* Index of a job's first tensor ending after data offset start (tensors are in file order);
+ * n when none does. */
+static size_t first_tensor(const struct job *j, uint64_t start)
 {
-	uint64_t start = piece * j->chunk;
-	uint64_t end = start + j->chunk < j->data_len ? start + j->chunk : j->data_len;
 	size_t lo = 0, hi = j->r.n;
 
-	/* GPU sources: this thread's copy stream waits for the producer's writes. */
-	if (j->r.fence && cuda_fence_wait(j->r.fence, err, errlen) < 0)
-		return -1;
-	/* First tensor ending after start (tensors are in file order). */
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 		if (j->r.t[mid].off + j->r.t[mid].nbytes <= start)
@@ -187,7 +183,27 @@ static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, 
 		else
 			hi = mid;
 	}
-	for (size_t i = lo; i < j->r.n && j->r.t[i].off < end; i++) {
+	return lo;
+}
+
+/* NUMA node near a piece's bytes: that of its first tensor's source (-1: any node). */
+static int piece_node(const struct job *j, uint64_t piece)
+{
+	size_t i = first_tensor(j, piece * j->chunk);
+
+	return i < j->r.n ? source_node(j->r.t[i].src) : -1;
+}
+
+/* Copies one piece of a job from its sources into chunk; 0 or -1 with err. */
+static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
+{
+	uint64_t start = piece * j->chunk;
+	uint64_t end = start + j->chunk < j->data_len ? start + j->chunk : j->data_len;
+
+	/* GPU sources: this thread's copy streams wait for the producer's writes. */
+	if (j->r.fence && cuda_fence_wait(j->r.fence, err, errlen) < 0)
+		return -1;
+	for (size_t i = first_tensor(j, start); i < j->r.n && j->r.t[i].off < end; i++) {
 		const struct engine_tensor *t = &j->r.t[i];
 		uint64_t a = t->off > start ? t->off : start;
 		uint64_t b = t->off + t->nbytes < end ? t->off + t->nbytes : end;
@@ -209,11 +225,22 @@ static void copy_loop(void)
 	char err[ERRLEN];
 
 	for (;;) {
+		struct job *next = NULL, *cursor;
+		int node = -1;
+
 		pthread_mutex_lock(&E.lock);
-		while (!E.stop && !pick(&E.rr_copy, can_copy))
+		/* Peek (the cursor stays) at the job whose turn it is, for its NUMA node. */
+		for (;;) {
+			cursor = E.rr_copy;
+			if (E.stop || (next = pick(&cursor, can_copy)) != NULL)
+				break;
 			pthread_cond_wait(&E.copy_cv, &E.lock);
+		}
+		if (next)
+			node = piece_node(next, next->next_claim);
 		pthread_mutex_unlock(&E.lock);
-		void *chunk = cache_get(E.cache);
+		/* A chunk near that node if one is free, else any: a preference, never a wait. */
+		void *chunk = cache_get(E.cache, node);
 		if (!chunk)
 			return;	/* cache shut down: stopping */
 		pthread_mutex_lock(&E.lock);

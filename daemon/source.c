@@ -144,6 +144,12 @@ const char *source_kind(const struct source *s)
 	return s->ops->name;
 }
 
+/* NUMA node the source's memory is near (a GPU's), or -1 for any (host memory, unknown). */
+int source_node(const struct source *s)
+{
+	return s->ops->node ? s->ops->node(s->priv) : -1;
+}
+
 /* Takes a reference (thread-safe). */
 void source_ref(struct source *s)
 {
