@@ -444,7 +444,7 @@ static void on_status(struct conn *c, const struct proto_hdr *h, struct proto_ma
 		return malformed(c, h, m->why);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 12);
+	msgpack_pack_map(&o.pk, 13);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
@@ -457,6 +457,17 @@ static void on_status(struct conn *c, const struct proto_hdr *h, struct proto_ma
 	proto_kv_u64(&o.pk, "flush_threads", config->flush_threads);
 	proto_kv_u64(&o.pk, "copy_threads", config->copy_threads);
 	proto_kv_str(&o.pk, "cuda", gpu_line);
+	proto_key(&o.pk, "cache_pools");
+	msgpack_pack_array(&o.pk, cache_pools(cache));
+	for (unsigned i = 0; i < cache_pools(cache); i++) {
+		int node;
+		uint64_t total, used;
+		cache_pool_info(cache, i, &node, &total, &used);
+		msgpack_pack_map(&o.pk, 3);
+		proto_kv_i64(&o.pk, "node", node);
+		proto_kv_u64(&o.pk, "total", total);
+		proto_kv_u64(&o.pk, "used", used);
+	}
 	conn_send(c, &o);
 }
 

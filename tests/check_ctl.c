@@ -646,7 +646,7 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		proto_kv_u64(&o.pk, "client", 7);
 	} else if (h->type == PROTO_STATUS) {
 		proto_out_init(&o, PROTO_REPLY, h->id);
-		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 13 : 11);
+		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 14 : 11);
 		proto_kv_str(&o.pk, "version", "9.9.9");
 		proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 		proto_kv_u64(&o.pk, "pid", 4242);
@@ -661,6 +661,14 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		if (mode == FAKE_GOOD) {
 			proto_kv_str(&o.pk, "cuda", "NVIDIA H200");
 			proto_kv_str(&o.pk, "added_later", "tolerated");
+			proto_key(&o.pk, "cache_pools");
+			msgpack_pack_array(&o.pk, 2);
+			for (int n = 0; n < 2; n++) {
+				msgpack_pack_map(&o.pk, 3);
+				proto_kv_i64(&o.pk, "node", n);
+				proto_kv_u64(&o.pk, "total", 2ull << 30);
+				proto_kv_u64(&o.pk, "used", (uint64_t)n << 30);
+			}
 		}
 	} else {
 		proto_out_init(&o, PROTO_REPLY, h->id);
@@ -735,11 +743,15 @@ START_TEST(test_query_replies)
 	ck_out_has("1.00 GiB used of 4.00 GiB (25%), chunk 64.0 MiB");
 	ck_out_has("4 flush, 2 copy");
 	ck_out_has("NVIDIA H200");
+	ck_out_has("  node 1   1.00 GiB used of 2.00 GiB");
 
 	ck_assert_int_eq(ctl("-s %s --json status", sock), 0);
 	cJSON *doc = cJSON_Parse(out);
 	ck_assert_msg(doc != NULL, "not JSON: %s", out);
 	ck_assert_int_eq(cJSON_GetObjectItem(doc, "uptime_s")->valueint, 7384);
+	const cJSON *pools = cJSON_GetObjectItem(doc, "cache_pools");
+	ck_assert_int_eq(cJSON_GetArraySize(pools), 2);
+	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(pools, 1), "node")->valueint, 1);
 	cJSON_Delete(doc);
 
 	ck_assert_int_eq(ctl("-s %s pending", sock), 0);

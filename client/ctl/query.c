@@ -190,6 +190,35 @@ static int conn_query(struct conn *c, unsigned type, struct reply *r)
 	return conn_request(c, &o, id, proto_type_name(type), r);
 }
 
+
+#define MAX_POOLS 64
+
+/* One NUMA pool of the daemon's host cache, from a STATUS reply. */
+struct pool {
+	int64_t node;
+	uint64_t total, used;
+};
+
+/* Reads STATUS's optional cache_pools (absent from older daemons); the number read. */
+static size_t pools_decode(struct proto_map *pm, struct pool *out)
+{
+	const msgpack_object_array *a = NULL;
+	size_t n = 0;
+
+	if (proto_get_array(pm, "cache_pools", &a, MAX_POOLS, 0) < 0 || a == NULL)
+		return 0;
+	for (; n < a->size && !pm->err; n++) {
+		struct proto_map sub;
+		proto_map_init(&sub, &a->ptr[n]);
+		proto_get_i64(&sub, "node", -1, INT32_MAX, &out[n].node, 1);
+		proto_get_u64(&sub, "total", UINT64_MAX, &out[n].total, 1);
+		proto_get_u64(&sub, "used", UINT64_MAX, &out[n].used, 1);
+		if (sub.err)
+			proto_map_fail(pm, "cache_pools[%zu]: %s", n, sub.why);
+	}
+	return pm->err ? 0 : n;
+}
+
 /* Prints the daemon's state. */
 int query_status(struct ctl *ctl)
 {
@@ -199,6 +228,8 @@ int query_status(struct ctl *ctl)
 	char version[PROTO_MAX_NAME + 1] = "", cuda[PROTO_MAX_STR + 1] = "";
 	uint64_t proto = 0, pid = 0, uptime = 0, total = 0, used = 0, chunk = 0, clients = 0,
 		 saves = 0, flush = 0, copy = 0;
+	struct pool pools[MAX_POOLS];
+	size_t np;
 
 	if (conn_open(ctl, &c) != 0)
 		return CTL_FAIL;
@@ -219,6 +250,7 @@ int query_status(struct ctl *ctl)
 	proto_get_u64(&pm, "flush_threads", UINT32_MAX, &flush, 1);
 	proto_get_u64(&pm, "copy_threads", UINT32_MAX, &copy, 1);
 	proto_get_str(&pm, "cuda", cuda, PROTO_MAX_STR, 1);
+	np = pools_decode(&pm, pools);
 	reply_free(&r);
 	/* No proto_map_end: a later daemon may add keys, which ctl tolerates. */
 	if (pm.err) {
@@ -240,6 +272,14 @@ int query_status(struct ctl *ctl)
 		cJSON_AddNumberToObject(o, "flush_threads", (double)flush);
 		cJSON_AddNumberToObject(o, "copy_threads", (double)copy);
 		cJSON_AddStringToObject(o, "cuda", cuda);
+		cJSON *a = cJSON_AddArrayToObject(o, "cache_pools");
+		for (size_t i = 0; i < np; i++) {
+			cJSON *p = cJSON_CreateObject();
+			cJSON_AddNumberToObject(p, "node", (double)pools[i].node);
+			cJSON_AddNumberToObject(p, "total", (double)pools[i].total);
+			cJSON_AddNumberToObject(p, "used", (double)pools[i].used);
+			cJSON_AddItemToArray(a, p);
+		}
 		return out_json(o);
 	}
 	char b1[32], b2[32], b3[32];
@@ -248,6 +288,10 @@ int query_status(struct ctl *ctl)
 	printf("cache     %s used of %s (%.0f%%), chunk %s\n", out_bytes(used, b1, sizeof(b1)),
 	       out_bytes(total, b2, sizeof(b2)), total ? 100.0 * (double)used / (double)total : 0,
 	       out_bytes(chunk, b3, sizeof(b3)));
+	for (size_t i = 0; np > 1 && i < np; i++)
+		printf("  node %-3" PRId64 " %s used of %s\n", pools[i].node,
+		       out_bytes(pools[i].used, b1, sizeof(b1)),
+		       out_bytes(pools[i].total, b2, sizeof(b2)));
 	printf("clients   %" PRIu64 "\n", clients);
 	printf("saves     %" PRIu64 " in flight\n", saves);
 	printf("threads   %" PRIu64 " flush, %" PRIu64 " copy\n", flush, copy);
