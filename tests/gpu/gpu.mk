@@ -90,7 +90,10 @@ bench-gpu: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-bench $(GPU_DIR)
 
 # A PyTorch training loop checkpointed with nothing, dsckpt, torch.save and DCP async_save
-# (tests/gpu/bench_train.py; python3 with torch on the GPU node).
+# (tests/gpu/bench_train.py; python3 with torch on the GPU node). TRAIN_ARGS go to the
+# script, e.g. TRAIN_ARGS="--preset steady".
 .PHONY: bench-train
 bench-train: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
-	tests/gpu/run-train $(GPU_DIR)
+	tests/gpu/run-train $(GPU_DIR) $(TRAIN_ARGS)
+
+include tests/gpu/node.mk

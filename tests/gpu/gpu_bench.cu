@@ -15,19 +15,38 @@
  *       a matmul "training" loop of ~200 ms iterations with and without a checkpoint of
  *       --weights GiB every --every iterations: time blocked in add_tensor + save_end +
  *       wait(SNAPSHOT) per save, and the slowdown of the loop
+ *   gpu-bench baseline-node [--gib 4] [--gpus G]
+ *       the in-process device -> pinned host copy of --gib GiB on each GPU, one GPU at a time
+ *       (alone) and on every GPU at once, one thread per GPU released together (together): a
+ *       shared PCIe switch or host link shows as together < alone
+ *   gpu-bench node --socket S --dir DIR [--ranks N] [--gpus G] [--gib 4] [--reps 3] [--ctl C]
+ *       N rank processes (default one per GPU; rank r on GPU r % G), each on its own connection
+ *       as rank r of one job, save --gib GiB of 256 MiB cudaMalloc tensors at once, released
+ *       from a common start: per-rank, per-GPU and aggregate snapshot GB/s (start -> SNAPSHOT),
+ *       the time to the last SNAPSHOT, and the aggregate flush (start -> last DURABLE). With
+ *       --ctl (a dsckptctl), prints `C -s S pending` once every rank has returned from
+ *       save_end and once every rank is at SNAPSHOT (first rep only).
  *
- * Results are printed as "RESULT key value" lines (GB = 1e9 bytes); sizes are GiB.
+ * Results are printed as "RESULT key value" lines (GB = 1e9 bytes); sizes are GiB. Without a
+ * usable GPU the two node modes print one SKIP line and exit 0.
  */
 #include <getopt.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gpu_common.h"
 
@@ -38,13 +57,16 @@
 #define BN_MAX_REPS 64
 #define BN_TIMEOUT_MS (600 * 1000)
 #define BN_MATN 4096
+#define BN_MAX_RANKS 64
+#define BN_MAX_GPUS 64
 
 /* Options. */
 struct bn_opts {
-	const char *socket, *dir, *label, *job;
+	const char *socket, *dir, *label, *job, *ctl;
 	double list[BN_MAX_LIST];  /* --sizes (GiB) or --counts */
 	int nlist, reps, iters, every;
-	double weights;
+	int ranks, gpus;           /* node modes; 0: one rank per GPU, every GPU */
+	double weights, gib;
 };
 
 /* Parses a comma-separated list of numbers; returns how many, -1 if malformed. */
@@ -86,14 +108,16 @@ static uint64_t bn_free_bytes(const char *path)
 	return (uint64_t)v.f_bavail * v.f_frsize;
 }
 
-/* Removes a save's file and its tag directory (the benchmark keeps nothing). */
-static void bn_remove(const char *dir)
+/* Removes the files rank0..rank<nranks-1> of a save and its tag directory (keeps nothing). */
+static void bn_remove(const char *dir, int nranks)
 {
 	char path[4200];
 
-	snprintf(path, sizeof(path), "%s/rank0.safetensors", dir);
-	if (unlink(path) != 0 && errno != ENOENT)
-		tg_fail("unlink %s: %s", path, strerror(errno));
+	for (int r = 0; r < nranks; r++) {
+		snprintf(path, sizeof(path), "%s/rank%d.safetensors", dir, r);
+		if (unlink(path) != 0 && errno != ENOENT)
+			tg_fail("unlink %s: %s", path, strerror(errno));
+	}
 	if (rmdir(dir) != 0 && errno != ENOENT)
 		tg_fail("rmdir %s: %s", dir, strerror(errno));
 }
@@ -106,6 +130,18 @@ static void bn_wait(dsckpt_conn_t *c, dsckpt_save_t *s, int level)
 	if (lv < level)
 		tg_fail("wait %s: %s (%s)", dsckpt_level_name(level), dsckpt_err_name(lv),
 			dsckpt_last_error(c));
+}
+
+/* Copies size bytes at dev into the host ring (wrapping) in chunks over the streams; waits. */
+static void bn_d2h(char *host, size_t hsize, const char *dev, size_t size, cudaStream_t *st)
+{
+	for (size_t off = 0, k = 0; off < size; off += BN_CHUNK, k++) {
+		size_t n = std::min((size_t)BN_CHUNK, size - off);
+		TG_CUDA(cudaMemcpyAsync(host + off % hsize, dev + off, n, cudaMemcpyDeviceToHost,
+					st[k % BN_STREAMS]));
+	}
+	for (int j = 0; j < BN_STREAMS; j++)
+		TG_CUDA(cudaStreamSynchronize(st[j]));
 }
 
 /* Mode baseline: device -> pinned host bandwidth with several chunks in flight. */
@@ -133,13 +169,7 @@ static void bn_baseline(const struct bn_opts *o)
 		double best = 0;
 		for (int r = 0; r < (i < 0 ? 1 : 3); r++) {
 			double t0 = tg_now();
-			for (size_t off = 0, k = 0; off < size; off += BN_CHUNK, k++) {
-				size_t n = std::min((size_t)BN_CHUNK, size - off);
-				TG_CUDA(cudaMemcpyAsync(host + off % hsize, (char *)dev + off, n,
-							cudaMemcpyDeviceToHost, st[k % BN_STREAMS]));
-			}
-			for (int j = 0; j < BN_STREAMS; j++)
-				TG_CUDA(cudaStreamSynchronize(st[j]));
+			bn_d2h(host, hsize, (char *)dev, size, st);
 			best = std::max(best, size / (tg_now() - t0) / 1e9);
 		}
 		if (i >= 0) {
@@ -201,7 +231,7 @@ static void bn_snapshot(const struct bn_opts *o)
 	TG_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 	snprintf(tag, sizeof(tag), "%s/warmup", o->dir);
 	bn_save_big(c, tag, dev, (int)std::min<size_t>(4, max / BN_TENSOR), st, t); /* warm-up */
-	bn_remove(tag);
+	bn_remove(tag, 1);
 	for (int i = 0; i < o->nlist; i++) {
 		size_t size = (size_t)(o->list[i] * TG_GIB);
 		int ntensors = (int)((size + BN_TENSOR - 1) / BN_TENSOR);
@@ -216,7 +246,7 @@ static void bn_snapshot(const struct bn_opts *o)
 		for (int r = 0; r < o->reps; r++) {
 			snprintf(tag, sizeof(tag), "%s/s%gg-%d", o->dir, o->list[i], r);
 			bn_save_big(c, tag, dev, ntensors, st, t);
-			bn_remove(tag);
+			bn_remove(tag, 1);
 			end[r] = t[0] * 1e3;
 			full[r] = size / t[1] / 1e9;
 			snap[r] = size / t[2] / 1e9;
@@ -260,7 +290,7 @@ static void bn_save_small(dsckpt_conn_t *c, const char *tag, char **ptr, int n, 
 	*e = (t2 - t1) * 1e3;
 	bn_wait(c, s, DSCKPT_DURABLE);
 	dsckpt_save_free(s);
-	bn_remove(tag);
+	bn_remove(tag, 1);
 }
 
 /* Mode latency: save_end with many tensors, cold and warm handle caches. */
@@ -530,13 +560,464 @@ static void bn_trainer(const struct bn_opts *o)
 	TG_CUDA(cudaFree(w));
 }
 
+/* Counts the usable CUDA devices; 0, with the reason in why, when there are none. */
+static int bn_gpu_count(char *why, size_t len)
+{
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess) {
+		snprintf(why, len, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+		return 0;
+	}
+	if (n == 0)
+		snprintf(why, len, "no CUDA devices");
+	return n;
+}
+
+/* One GPU's side of the node baseline: its tensor bytes, its pinned host ring, its streams. */
+struct bn_gpu {
+	int dev;
+	size_t size, hsize;
+	char *buf, *host;
+	cudaStream_t st[BN_STREAMS];
+	double alone, together;  /* GB/s */
+};
+
+/* Allocates and fills g's device bytes and pins its host ring, then warms the copy up. */
+static void bn_gpu_setup(struct bn_gpu *g)
+{
+	TG_CUDA(cudaSetDevice(g->dev));
+	g->hsize = std::min(g->size, (size_t)(4 * TG_GIB));
+	g->host = (char *)aligned_alloc(4096, g->hsize);
+	if (g->host == NULL)
+		tg_fail("out of memory");
+	memset(g->host, 1, g->hsize);  /* touched by this thread: first-touch NUMA placement */
+	TG_CUDA(cudaHostRegister(g->host, g->hsize, cudaHostRegisterDefault));
+	TG_CUDA(cudaMalloc(&g->buf, g->size));
+	bn_fill(g->buf, g->size, 10 + g->dev);
+	for (int i = 0; i < BN_STREAMS; i++)
+		TG_CUDA(cudaStreamCreateWithFlags(&g->st[i], cudaStreamNonBlocking));
+	bn_d2h(g->host, g->hsize, g->buf, std::min(g->size, (size_t)TG_GIB), g->st);
+}
+
+/* Frees what bn_gpu_setup made. */
+static void bn_gpu_teardown(struct bn_gpu *g)
+{
+	TG_CUDA(cudaSetDevice(g->dev));
+	for (int i = 0; i < BN_STREAMS; i++)
+		TG_CUDA(cudaStreamDestroy(g->st[i]));
+	TG_CUDA(cudaFree(g->buf));
+	TG_CUDA(cudaHostUnregister(g->host));
+	free(g->host);
+}
+
+/* Copies on every GPU at once, one thread each, released together; returns aggregate GB/s. */
+static double bn_together(std::vector<struct bn_gpu> &g, double *per)
+{
+	std::atomic<int> arrived{0};
+	std::atomic<bool> go{false};
+	std::vector<double> end(g.size());
+	std::vector<std::thread> th;
+	double t0, last = 0, bytes = 0;
+
+	for (size_t i = 0; i < g.size(); i++) {
+		th.emplace_back([&, i] {
+			TG_CUDA(cudaSetDevice(g[i].dev));
+			arrived++;
+			while (!go.load())
+				;
+			bn_d2h(g[i].host, g[i].hsize, g[i].buf, g[i].size, g[i].st);
+			end[i] = tg_now();
+		});
+	}
+	while (arrived.load() < (int)g.size())
+		sched_yield();
+	t0 = tg_now();
+	go.store(true);
+	for (auto &t : th)
+		t.join();
+	for (size_t i = 0; i < g.size(); i++) {
+		per[i] = g[i].size / (end[i] - t0) / 1e9;
+		last = std::max(last, end[i] - t0);
+		bytes += g[i].size;
+	}
+	return bytes / last / 1e9;
+}
+
+/* Mode baseline-node: each GPU's device -> pinned host copy alone, then every GPU's at once. */
+static void bn_baseline_node(const struct bn_opts *o)
+{
+	char why[256], key[64];
+	int n = bn_gpu_count(why, sizeof(why)), gpus = o->gpus ? o->gpus : std::min(n, BN_MAX_GPUS);
+	double sum = 0, agg = 0, per[BN_MAX_GPUS];
+
+	if (n == 0) {
+		printf("gpu-bench baseline-node: SKIP: no GPU (%s)\n", why);
+		return;
+	}
+	if (gpus > n)
+		tg_fail("--gpus %d: only %d GPU(s) visible", gpus, n);
+	std::vector<struct bn_gpu> g(gpus);
+	std::vector<std::thread> th;
+	for (int i = 0; i < gpus; i++) {
+		g[i].dev = i;
+		g[i].size = (size_t)(o->gib * TG_GIB) / BN_CHUNK * BN_CHUNK;
+		th.emplace_back(bn_gpu_setup, &g[i]);
+	}
+	for (auto &t : th)
+		t.join();
+	printf("baseline-node: %d GPU(s), %g GiB device -> pinned host on each (own ring, 64 MiB "
+	       "chunks on %d streams), best of 3\n", gpus, g[0].size / (double)TG_GIB, BN_STREAMS);
+	for (int i = 0; i < gpus; i++) {
+		TG_CUDA(cudaSetDevice(i));
+		g[i].alone = 0;
+		for (int r = 0; r < 3; r++) {
+			double t0 = tg_now();
+			bn_d2h(g[i].host, g[i].hsize, g[i].buf, g[i].size, g[i].st);
+			g[i].alone = std::max(g[i].alone, g[i].size / (tg_now() - t0) / 1e9);
+		}
+		sum += g[i].alone;
+	}
+	for (int r = 0; r < 3; r++) {
+		double a = bn_together(g, per);
+		if (a > agg) {
+			agg = a;
+			for (int i = 0; i < gpus; i++)
+				g[i].together = per[i];
+		}
+	}
+	for (int i = 0; i < gpus; i++) {
+		printf("baseline-node GPU %d: alone %.1f GB/s, together %.1f GB/s (%.0f%%)\n", i,
+		       g[i].alone, g[i].together, 100 * g[i].together / g[i].alone);
+		snprintf(key, sizeof(key), "nodebase_g%d_alone_gbps", i);
+		bn_result(key, g[i].alone);
+		snprintf(key, sizeof(key), "nodebase_g%d_together_gbps", i);
+		bn_result(key, g[i].together);
+	}
+	printf("baseline-node aggregate: %.1f GB/s with %d GPU(s) together; the GPUs alone add up "
+	       "to %.1f GB/s\n", agg, gpus, sum);
+	bn_result("nodebase_gpus", gpus);
+	bn_result("nodebase_agg_gbps", agg);
+	bn_result("nodebase_alone_sum_gbps", sum);
+	for (auto &x : g)
+		bn_gpu_teardown(&x);
+}
+
+/* What the node mode's parent and its rank processes share (MAP_SHARED); counters count
+ * arrivals over all reps, so rep k is complete at (k + 1) * ranks. */
+struct bn_node_shared {
+	int failed;
+	int ngpus;                       /* the probe's device count */
+	char why[256];                   /* why it is 0 */
+	int ready, ended, snapped, durable;
+	int go;                          /* reps released so far */
+	double t0[BN_MAX_REPS];          /* each rep's common start (CLOCK_MONOTONIC) */
+	struct {
+		double end_ms;           /* save_end */
+		double snap, dur;        /* SNAPSHOT and DURABLE, seconds after t0 */
+	} t[BN_MAX_REPS][BN_MAX_RANKS];
+};
+
+static struct bn_node_shared *bn_sh;
+static pid_t bn_parent, bn_pids[BN_MAX_RANKS];
+static int bn_npids;
+
+/* tg_fail's hook: flags the failure; in the parent, also kills the ranks still running. */
+static void bn_node_fail(void)
+{
+	__atomic_store_n(&bn_sh->failed, 1, __ATOMIC_SEQ_CST);
+	if (getpid() != bn_parent)
+		return;
+	for (int i = 0; i < bn_npids; i++)
+		if (bn_pids[i] > 0)
+			kill(bn_pids[i], SIGKILL);
+}
+
+/* Counts one arrival at a shared counter. */
+static void bn_node_arrive(int *counter)
+{
+	__atomic_add_fetch(counter, 1, __ATOMIC_SEQ_CST);
+}
+
+/* One rank: fills its tensors on its GPU, opens every handle with a small save, then per rep
+ * waits for the common start, saves everything and records when SNAPSHOT and DURABLE came. */
+static void bn_node_rank(const struct bn_opts *o, int rank, int gpu, int ntensors)
+{
+	int64_t shape[2] = {(int64_t)(BN_TENSOR / 4 / 1024), 1024}, small[1] = {1024};
+	std::vector<char *> buf(ntensors);
+	char tag[4096], file[32], name[32];
+	dsckpt_save_t *s;
+	dsckpt_conn_t *c;
+	cudaStream_t st;
+
+	snprintf(tg_who, sizeof(tg_who), "gpu-bench node rank %d", rank);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != bn_parent)
+		tg_fail("the parent is gone");
+	TG_CUDA(cudaSetDevice(gpu));
+	TG_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	for (int i = 0; i < ntensors; i++) {
+		TG_CUDA(cudaMalloc(&buf[i], BN_TENSOR));
+		tg_fill(buf[i], BN_TENSOR, tg_key(0x5eed, rank, i, 0, 0), st);
+	}
+	TG_CUDA(cudaStreamSynchronize(st));
+	c = tg_connect(o->socket, o->job, rank, o->ranks);
+	snprintf(file, sizeof(file), "rank%d", rank);
+	snprintf(tag, sizeof(tag), "%s/node-warmup", o->dir);
+	TG_DS(c, dsckpt_save_begin(c, tag, file, &s));   /* 4 KiB of each allocation */
+	for (int i = 0; i < ntensors; i++) {
+		snprintf(name, sizeof(name), "w%d", i);
+		TG_DS(c, dsckpt_add_tensor(s, name, "F32", small, 1, buf[i], 4096));
+	}
+	TG_DS(c, dsckpt_save_set_stream(s, (void *)st));
+	TG_DS(c, dsckpt_save_end(s));
+	bn_wait(c, s, DSCKPT_DURABLE);
+	dsckpt_save_free(s);
+	for (int rep = 0; rep < o->reps; rep++) {
+		auto *t = &bn_sh->t[rep][rank];
+		bn_node_arrive(&bn_sh->ready);
+		while (__atomic_load_n(&bn_sh->go, __ATOMIC_SEQ_CST) <= rep) {
+			if (__atomic_load_n(&bn_sh->failed, __ATOMIC_SEQ_CST))
+				tg_fail("another process failed");
+			sched_yield();
+		}
+		double t0 = bn_sh->t0[rep], e;
+		snprintf(tag, sizeof(tag), "%s/node-%d", o->dir, rep);
+		TG_DS(c, dsckpt_save_begin(c, tag, file, &s));
+		for (int i = 0; i < ntensors; i++) {
+			snprintf(name, sizeof(name), "w%d", i);
+			TG_DS(c, dsckpt_add_tensor(s, name, "F32", shape, 2, buf[i], BN_TENSOR));
+		}
+		TG_DS(c, dsckpt_save_set_stream(s, (void *)st));
+		e = tg_now();
+		TG_DS(c, dsckpt_save_end(s));
+		t->end_ms = (tg_now() - e) * 1e3;
+		bn_node_arrive(&bn_sh->ended);
+		bn_wait(c, s, DSCKPT_SNAPSHOT);
+		t->snap = tg_now() - t0;
+		bn_node_arrive(&bn_sh->snapped);
+		bn_wait(c, s, DSCKPT_DURABLE);
+		t->dur = tg_now() - t0;
+		bn_node_arrive(&bn_sh->durable);
+		dsckpt_save_free(s);
+	}
+	dsckpt_close(c);
+	for (int i = 0; i < ntensors; i++)
+		TG_CUDA(cudaFree(buf[i]));
+	TG_CUDA(cudaStreamDestroy(st));
+}
+
+/* Forks a child that runs fn, then _exits 0 (fn reports failure through tg_fail); returns
+ * the child's pid. */
+template <typename F> static pid_t bn_spawn(F fn)
+{
+	pid_t p;
+
+	fflush(stdout);
+	fflush(stderr);
+	if ((p = fork()) < 0)
+		tg_fail("fork: %s", strerror(errno));
+	if (p == 0) {
+		fn();
+		fflush(stdout);
+		_exit(0);
+	}
+	return p;
+}
+
+/* Waits for a child; fails unless it exited 0. */
+static void bn_reap(pid_t p, const char *what)
+{
+	int st;
+
+	while (waitpid(p, &st, 0) < 0)
+		if (errno != EINTR)
+			tg_fail("waitpid: %s", strerror(errno));
+	for (int i = 0; i < bn_npids; i++)
+		if (bn_pids[i] == p)
+			bn_pids[i] = 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		tg_fail("%s: %s %d", what, WIFSIGNALED(st) ? "killed by signal" : "exit status",
+			WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+}
+
+/* Waits until *counter reaches n; fails when a rank failed or died, when every rank has ended
+ * short of n, or on timeout. A rank that exited 0 has finished its last rep: it is reaped. */
+static void bn_node_await(int *counter, int n, const char *what)
+{
+	double t0 = tg_now(), checked = t0;
+	int st;
+
+	while (__atomic_load_n(counter, __ATOMIC_SEQ_CST) < n) {
+		if (__atomic_load_n(&bn_sh->failed, __ATOMIC_SEQ_CST))
+			tg_fail("a rank failed (while waiting for %s)", what);
+		if (tg_now() - checked > 0.02) {  /* a rank that died without saying so */
+			int live = 0;
+			for (int i = 0; i < bn_npids; i++) {
+				if (bn_pids[i] > 0 && waitpid(bn_pids[i], &st, WNOHANG) == bn_pids[i]) {
+					bn_pids[i] = 0;
+					if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+						tg_fail("rank %d ended (%s %d) while waiting for %s", i,
+							WIFSIGNALED(st) ? "signal" : "exit status",
+							WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st),
+							what);
+				}
+				live += bn_pids[i] > 0;
+			}
+			if (live == 0 && __atomic_load_n(counter, __ATOMIC_SEQ_CST) < n)
+				tg_fail("every rank ended before %s", what);
+			checked = tg_now();
+		}
+		if (tg_now() - t0 > BN_TIMEOUT_MS / 1e3)
+			tg_fail("timed out waiting for %s", what);
+		usleep(200);
+	}
+}
+
+/* Runs `CTL -s SOCKET pending` into our output, headed by when it ran. */
+static void bn_node_pending(const struct bn_opts *o, const char *when, double t0)
+{
+	printf("node: `dsckptctl pending` %.0f ms after the start, %s:\n", (tg_now() - t0) * 1e3,
+	       when);
+	pid_t p = bn_spawn([&] {
+		execl(o->ctl, "dsckptctl", "-s", o->socket, "pending", (char *)NULL);
+		tg_fail("exec %s: %s", o->ctl, strerror(errno));
+	});
+	bn_reap(p, "dsckptctl pending");
+}
+
+/* Mode node: N rank processes save at once from a common start; see the top of the file. */
+static void bn_node(const struct bn_opts *oin)
+{
+	struct bn_opts o = *oin;
+	int ntensors = (int)((o.gib * TG_GIB + BN_TENSOR - 1) / BN_TENSOR);
+	size_t rbytes = (size_t)ntensors * BN_TENSOR;
+	char tag[4096], key[64];
+	pid_t probe;
+
+	bn_sh = (struct bn_node_shared *)mmap(NULL, sizeof(*bn_sh), PROT_READ | PROT_WRITE,
+					      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (bn_sh == MAP_FAILED)
+		tg_fail("mmap: %s", strerror(errno));
+	memset(bn_sh, 0, sizeof(*bn_sh));
+	bn_parent = getpid();
+	tg_on_fail = bn_node_fail;
+	o.job = "gpu-bench-node";  /* a job of its own: N ranks, unlike the other modes' one */
+	/* CUDA does not survive fork: the parent never initialises it; a child counts the GPUs. */
+	probe = bn_spawn([] { bn_sh->ngpus = bn_gpu_count(bn_sh->why, sizeof(bn_sh->why)); });
+	bn_reap(probe, "GPU probe");
+	if (bn_sh->ngpus == 0) {
+		printf("gpu-bench node: SKIP: no GPU (%s)\n", bn_sh->why);
+		return;
+	}
+	if (o.gpus > bn_sh->ngpus)
+		tg_fail("--gpus %d: only %d GPU(s) visible", o.gpus, bn_sh->ngpus);
+	o.gpus = o.gpus ? o.gpus : std::min(bn_sh->ngpus, BN_MAX_GPUS);
+	o.ranks = o.ranks ? o.ranks : std::min(o.gpus, BN_MAX_RANKS);
+	if (bn_free_bytes(o.dir) < o.ranks * rbytes + TG_GIB) {
+		printf("node: skipped, %.1f GiB free in %s, %d ranks x %g GiB need %.1f\n",
+		       bn_free_bytes(o.dir) / (double)TG_GIB, o.dir, o.ranks, rbytes / (double)TG_GIB,
+		       (o.ranks * rbytes + TG_GIB) / (double)TG_GIB);
+		return;
+	}
+	printf("node: %d rank(s) on %d GPU(s) (rank r on GPU r %% %d), each %d x 256 MiB cudaMalloc "
+	       "tensors (%g GiB), one job, %d rep(s) into %s\n", o.ranks, o.gpus, o.gpus, ntensors,
+	       rbytes / (double)TG_GIB, o.reps, o.dir);
+	for (int r = 0; r < o.ranks; r++) {
+		bn_pids[r] = bn_spawn([&] { bn_node_rank(&o, r, r % o.gpus, ntensors); });
+		bn_npids = r + 1;
+	}
+	bn_node_await(&bn_sh->ready, o.ranks, "every rank's tensors and warm-up save");
+	snprintf(tag, sizeof(tag), "%s/node-warmup", o.dir);
+	bn_remove(tag, o.ranks);
+
+	std::vector<std::vector<double>> rsnap(o.ranks), gsnap(o.gpus);
+	std::vector<double> agg, last, first, fair, flush, dlast, endmax;
+	for (int rep = 0; rep < o.reps; rep++) {
+		int k = (rep + 1) * o.ranks;
+		double t0 = tg_now(), lo = 1e30, hi = 0, dhi = 0, emax = 0;
+		bn_sh->t0[rep] = t0;
+		__atomic_store_n(&bn_sh->go, rep + 1, __ATOMIC_SEQ_CST);
+		bn_node_await(&bn_sh->ended, k, "save_end");
+		if (rep == 0 && o.ctl)
+			bn_node_pending(&o, "every rank has returned from save_end", t0);
+		bn_node_await(&bn_sh->snapped, k, "SNAPSHOT");
+		if (rep == 0 && o.ctl)
+			bn_node_pending(&o, "every rank at SNAPSHOT", t0);
+		bn_node_await(&bn_sh->durable, k, "DURABLE");
+		for (int r = 0; r < o.ranks; r++) {
+			auto *t = &bn_sh->t[rep][r];
+			rsnap[r].push_back(rbytes / t->snap / 1e9);
+			lo = std::min(lo, t->snap);
+			hi = std::max(hi, t->snap);
+			dhi = std::max(dhi, t->dur);
+			emax = std::max(emax, t->end_ms);
+			printf("node #%d: rank %d on GPU %d: save_end %.3f ms, SNAPSHOT at %.1f ms "
+			       "(%.1f GB/s), DURABLE at %.0f ms\n", rep, r, r % o.gpus, t->end_ms,
+			       t->snap * 1e3, rbytes / t->snap / 1e9, t->dur * 1e3);
+		}
+		for (int g = 0; g < o.gpus && g < o.ranks; g++) {
+			double ghi = 0, gb = 0;
+			for (int r = g; r < o.ranks; r += o.gpus) {
+				ghi = std::max(ghi, bn_sh->t[rep][r].snap);
+				gb += rbytes;
+			}
+			gsnap[g].push_back(gb / ghi / 1e9);
+			if (o.ranks > o.gpus)
+				printf("node #%d: GPU %d: %.1f GB/s from its %d rank(s)\n", rep, g,
+				       gb / ghi / 1e9, (int)(gb / rbytes));
+		}
+		agg.push_back(o.ranks * rbytes / hi / 1e9);
+		last.push_back(hi * 1e3);
+		first.push_back(lo * 1e3);
+		fair.push_back(100 * lo / hi);
+		flush.push_back(o.ranks * rbytes / dhi / 1e9);
+		dlast.push_back(dhi * 1e3);
+		endmax.push_back(emax);
+		printf("node #%d: aggregate snapshot %.1f GB/s (first SNAPSHOT at %.1f ms, last at "
+		       "%.1f ms), flush %.2f GB/s (last DURABLE at %.0f ms)\n", rep, agg.back(),
+		       lo * 1e3, hi * 1e3, flush.back(), dhi * 1e3);
+		snprintf(tag, sizeof(tag), "%s/node-%d", o.dir, rep);
+		bn_remove(tag, o.ranks);
+		if (rep + 1 < o.reps)
+			bn_node_await(&bn_sh->ready, k + o.ranks, "every rank ready");
+	}
+	for (int r = 0; r < o.ranks; r++)
+		if (bn_pids[r] > 0)  /* else reaped by bn_node_await */
+			bn_reap(bn_pids[r], "rank");
+	bn_result("node_ranks", o.ranks);
+	bn_result("node_gpus", o.gpus);
+	bn_result("node_gib", rbytes / (double)TG_GIB);
+	for (int r = 0; r < o.ranks; r++) {
+		snprintf(key, sizeof(key), "node_rank%d_gpu", r);
+		bn_result(key, r % o.gpus);
+		snprintf(key, sizeof(key), "node_rank%d_snap_gbps", r);
+		bn_result(key, tg_median(rsnap[r].data(), o.reps));
+	}
+	for (int g = 0; g < o.gpus && g < o.ranks; g++) {
+		snprintf(key, sizeof(key), "node_gpu%d_snap_gbps", g);
+		bn_result(key, tg_median(gsnap[g].data(), o.reps));
+	}
+	bn_result("node_agg_snap_gbps", tg_median(agg.data(), o.reps));
+	bn_result("node_last_snap_ms", tg_median(last.data(), o.reps));
+	bn_result("node_first_snap_ms", tg_median(first.data(), o.reps));
+	bn_result("node_fair_pct", tg_median(fair.data(), o.reps));
+	bn_result("node_agg_flush_gbps", tg_median(flush.data(), o.reps));
+	bn_result("node_last_durable_ms", tg_median(dlast.data(), o.reps));
+	bn_result("node_save_end_max_ms", tg_median(endmax.data(), o.reps));
+}
+
 /* Prints usage to f. */
 static void bn_usage(FILE *f)
 {
 	fprintf(f, "usage: gpu-bench baseline [--sizes GIB,...]\n"
 		   "       gpu-bench snapshot --socket S --dir DIR --label L [--sizes GIB,...] [--reps N]\n"
 		   "       gpu-bench latency --socket S --dir DIR [--counts N,...] [--reps N]\n"
-		   "       gpu-bench train --socket S --dir DIR [--weights GIB] [--iters N] [--every N]\n");
+		   "       gpu-bench train --socket S --dir DIR [--weights GIB] [--iters N] [--every N]\n"
+		   "       gpu-bench baseline-node [--gib GIB] [--gpus G]\n"
+		   "       gpu-bench node --socket S --dir DIR [--ranks N] [--gpus G] [--gib GIB] [--reps N]\n"
+		   "                      [--ctl DSCKPTCTL]\n");
 }
 
 /* Parses the mode and options and runs the mode. */
@@ -547,7 +1028,9 @@ int main(int argc, char **argv)
 		{"label", required_argument, NULL, 'l'},  {"sizes", required_argument, NULL, 'z'},
 		{"counts", required_argument, NULL, 'z'}, {"reps", required_argument, NULL, 'r'},
 		{"weights", required_argument, NULL, 'w'}, {"iters", required_argument, NULL, 'i'},
-		{"every", required_argument, NULL, 'e'},  {"help", no_argument, NULL, 'h'},
+		{"every", required_argument, NULL, 'e'},  {"ranks", required_argument, NULL, 'n'},
+		{"gpus", required_argument, NULL, 'g'},   {"gib", required_argument, NULL, 'G'},
+		{"ctl", required_argument, NULL, 'c'},    {"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	struct bn_opts o;
@@ -561,6 +1044,7 @@ int main(int argc, char **argv)
 	o.iters = 20;
 	o.every = 5;
 	o.weights = 4;
+	o.gib = 4;
 	if (argc < 2) {
 		bn_usage(stderr);
 		return 2;
@@ -578,17 +1062,31 @@ int main(int argc, char **argv)
 		case 'w': o.weights = atof(optarg); break;
 		case 'i': o.iters = atoi(optarg); break;
 		case 'e': o.every = atoi(optarg); break;
+		case 'n': o.ranks = atoi(optarg); break;
+		case 'g': o.gpus = atoi(optarg); break;
+		case 'G': o.gib = atof(optarg); break;
+		case 'c': o.ctl = optarg; break;
 		case 'h': bn_usage(stdout); return 0;
 		default: bn_usage(stderr); return 2;
 		}
 	}
 	if (optind != argc || o.nlist < 1 || o.reps < 1 || o.reps > BN_MAX_REPS ||
 	    o.iters < 1 || o.iters > BN_MAX_REPS * 4 || o.every < 1 || o.weights < 0.25 ||
-	    (strcmp(mode, "baseline") != 0 && (o.socket == NULL || o.dir == NULL))) {
+	    o.ranks < 0 || o.ranks > BN_MAX_RANKS || o.gpus < 0 || o.gpus > BN_MAX_GPUS ||
+	    o.gib < 0.25 || (strcmp(mode, "baseline") != 0 && strcmp(mode, "baseline-node") != 0 &&
+			     (o.socket == NULL || o.dir == NULL))) {
 		bn_usage(stderr);
 		return 2;
 	}
 	snprintf(tg_who, sizeof(tg_who), "gpu-bench %s", mode);
+	if (strcmp(mode, "baseline-node") == 0) {
+		bn_baseline_node(&o);
+		return 0;
+	}
+	if (strcmp(mode, "node") == 0) {  /* before any CUDA call: it forks its ranks */
+		bn_node(&o);
+		return 0;
+	}
 	TG_CUDA(cudaSetDevice(0));
 	if (strcmp(mode, "baseline") == 0)
 		bn_baseline(&o);
