@@ -198,7 +198,7 @@ class DcpAsync(Mode):
 
     name = "dcp.async_save"
 
-    def __init__(self, root):
+    def __init__(self, root, group=None):
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         if not hasattr(dcp, "async_save"):
@@ -216,11 +216,15 @@ class DcpAsync(Mode):
             self.own_group = True
         self.upload = None
         self.staging = None
+        # DCP's collectives run in its background thread: a group of their own keeps them
+        # apart from the training's (several ranks).
+        self.group_kw = {"process_group": group} if group is not None else {}
 
     def save(self, it, trainer):
         if self.upload is not None:
             self.upload.result()
-        r = self.dcp.async_save(self.state(trainer), checkpoint_id=os.path.join(self.dir, f"step{it}"))
+        r = self.dcp.async_save(self.state(trainer), **self.group_kw,
+                                checkpoint_id=os.path.join(self.dir, f"step{it}"))
         if hasattr(r, "upload_completion"):
             self.staging, self.upload = r.staging_completion, r.upload_completion
         else:
@@ -255,14 +259,17 @@ class DcpAsync(Mode):
 
 class Dsckpt(Mode):
     """dsckpt.torch.save after the step, wait_snapshot before the next step, commits in a
-    background thread on a second connection."""
+    background thread on a second connection. With several ranks each saves its own file
+    rank<r> and the commit goes through dsckpt.torch.commit over group (a group of its own:
+    the commit thread's collectives must not meet the training's)."""
 
     name = "dsckpt"
 
-    def __init__(self, root, socket, job):
+    def __init__(self, root, socket, job, rank=0, world=1, group=None):
         self.root = os.path.join(root, job)
-        self.conn = dsckpt.Connection(socket, job=job, rank=0, world_size=1)
-        self.commit_conn = dsckpt.Connection(socket, job=job, rank=0, world_size=1)
+        self.rank, self.group = rank, group
+        self.conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
+        self.commit_conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
         self.handle = None
         self.tags = []
         self.saved_at = {}
@@ -282,7 +289,10 @@ class Dsckpt(Mode):
             if tag is None:
                 return
             try:
-                self.commit_conn.commit(tag, timeout=300)
+                if self.group is None:
+                    self.commit_conn.commit(tag, timeout=300)
+                else:
+                    dt.commit(tag, self.group, conn=self.commit_conn, timeout=300)
                 self.committed[tag] = time.perf_counter() - self.saved_at[tag]
             except Exception as e:  # reported by finish()
                 self.errors.append(f"commit {tag}: {e}")
@@ -290,7 +300,8 @@ class Dsckpt(Mode):
     def save(self, it, trainer):
         d = self.tag_dir(it)
         self.saved_at[d] = time.perf_counter()
-        self.handle = dt.save(trainer.state(), d, conn=self.conn, file="rank0", track=False)
+        self.handle = dt.save(trainer.state(), d, conn=self.conn, file=f"rank{self.rank}",
+                              track=False)
         self.nbytes = self.handle.nbytes
         self.tags.append(d)
         self.queue.put(d)
@@ -325,10 +336,11 @@ class Dsckpt(Mode):
 
 
 
-def run_mode(mode, cfg, dev, batches, ckpt_iters):
-    """Trains cfg.iters iterations with mode's checkpoints; returns its numbers, the trainer
-    and the loss of every iteration."""
-    trainer = Trainer(cfg, dev)
+def run_mode(mode, cfg, dev, batches, ckpt_iters, make_trainer=None, verbose=True):
+    """Trains cfg.iters iterations of a fresh make_trainer(cfg, dev) (default Trainer) with
+    mode's checkpoints; returns its numbers, the trainer and the loss of every iteration.
+    verbose: log every iteration."""
+    trainer = (make_trainer or Trainer)(cfg, dev)
     sync(dev)
     iter_s, blocked, save_s, wait_s, losses = [], [], [], [], {}
     nbytes, waiting = None, False
@@ -358,8 +370,9 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters):
         losses[it] = loss.item()
         sync(dev)
         iter_s.append(time.perf_counter() - t0)
-        log(f"  [{mode.name}] iter {it:3d} loss {losses[it]:.6f} {iter_s[-1] * 1e3:9.1f} ms"
-            + ("  checkpoint" if it in ckpt_iters else ""))
+        if verbose:
+            log(f"  [{mode.name}] iter {it:3d} loss {losses[it]:.6f} {iter_s[-1] * 1e3:9.1f} ms"
+                + ("  checkpoint" if it in ckpt_iters else ""))
     loop_s = time.perf_counter() - t_loop
     f0 = time.perf_counter()
     mode.finish()
@@ -382,9 +395,10 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters):
     }
     if blocked and nbytes and median(blocked) > 0:
         res["effective_gbps"] = nbytes / median(blocked) / 1e9
-    log(f"  [{mode.name}] median iteration {res['iter_ms_median']:.1f} ms; blocked per "
-        f"checkpoint {', '.join(f'{x:.1f}' for x in res['blocked_ms']) or '-'} ms; "
-        f"drain after the loop {drain_s:.2f} s")
+    if verbose:
+        log(f"  [{mode.name}] median iteration {res['iter_ms_median']:.1f} ms; blocked per "
+            f"checkpoint {', '.join(f'{x:.1f}' for x in res['blocked_ms']) or '-'} ms; "
+            f"drain after the loop {drain_s:.2f} s")
     return res, trainer, losses
 
 
