@@ -516,7 +516,7 @@ def _target(device: str, map_location: MapLocation) -> torch.device:
         return torch.device(map_location)
     if isinstance(map_location, dict):
         return torch.device(map_location.get(device, device))
-    moved = map_location(torch.empty(0).storage(), device)
+    moved = map_location(torch.UntypedStorage(0), device)
     return torch.device(moved.device) if moved is not None else torch.device(device)
 
 
