@@ -97,3 +97,4 @@ bench-train: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-train $(GPU_DIR) $(TRAIN_ARGS)
 
 include tests/gpu/node.mk
+include tests/gpu/deepspeed.mk

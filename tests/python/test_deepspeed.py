@@ -1,12 +1,15 @@
 """dsckpt.deepspeed without DeepSpeed: a fake engine driver makes the calls DeepSpeed's
-DeepSpeedEngine makes (runtime/engine.py: save_checkpoint, _commit_decoupled_checkpoint at
-the next step, load_checkpoint following `latest` and globbing file names)."""
+DeepSpeedEngine makes (0.19.8's runtime/engine.py: save_checkpoint, which also copies
+zero_to_fp32.py into the tag; _commit_decoupled_checkpoint at the next step; load_checkpoint
+following `latest` and globbing file names; destroy() calling cleanup()). Real DeepSpeed runs
+in tests/gpu/ds_train.py."""
 import copy
 import glob
 import importlib.util
 import json
 import logging
 import os
+import threading
 
 import pytest
 import torch
@@ -53,21 +56,33 @@ class FakeDeepSpeed:
         if self.ce.is_data_parallel_writer(self.rank):
             state = {"module": self.model.state_dict(), "global_steps": self.global_steps,
                      "optimizer": None if self.zero else self.optimizer.state_dict(),
-                     "param_shapes": {k: v.shape for k, v in self.model.state_dict().items()}}
+                     "param_shapes": {k: v.shape for k, v in self.model.state_dict().items()},
+                     # ZeRO-3 puts partitioned parameters in as empty placeholders
+                     "frozen_param_fragments": {"placeholder": torch.empty(0)},
+                     "ds_version": "0.19.8"}
             if self.ce.preserves_storage_sharing():
                 state = copy.deepcopy(state)
-            self.ce.save(state, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
+            self.ce.save(state_dict=state,
+                         path=os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
         if self.zero:
             self.ce.save({"optimizer_state_dict": self.optimizer.state_dict(),
                           "ds_config": {"zero_optimization": {"stage": 1}}},
                          os.path.join(save_dir, tag,
                                       f"zero_pp_rank_{self.rank}_mp_rank_00_optim_states.pt"))
+            if self.rank == 0:  # _copy_recovery_script: a plain file in the tag directory
+                with open(os.path.join(save_dir, tag, "zero_to_fp32.py"), "w") as f:
+                    f.write("# recovery script\n")
         if not self.ce.is_decoupled():
             self.ce.commit(info)
             if save_latest and self.rank == 0:
                 with open(os.path.join(save_dir, "latest"), "w") as f:
                     f.write(tag)
         self.barrier()
+
+    def destroy(self):
+        """DeepSpeedEngine.destroy(): a decoupled engine is cleaned up."""
+        if self.ce.is_decoupled():
+            self.ce.cleanup()
 
     def _commit_decoupled_checkpoint(self):
         info = self.ce.get_commit_info()
@@ -104,6 +119,14 @@ class FakeDeepSpeed:
             self.optimizer.load_state_dict(sd["optimizer"])
         self.global_steps = sd["global_steps"]
         return tag
+
+
+def returns_soon(fn, seconds=10):
+    """Runs fn in a thread; fails (instead of hanging) when it has not returned in time."""
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{fn.__qualname__} still waiting after {seconds} s"
 
 
 def snapshot(ds):
@@ -164,6 +187,7 @@ def run_scenario(rank, world, socket, root, zero):
     with open(os.path.join(save_dir, "latest")) as f:
         assert f.read() == "global_step2"
     ce.close()
+    returns_soon(ds.destroy)  # DeepSpeed may clean up after close()
 
 
 def test_import_without_deepspeed():
@@ -226,3 +250,22 @@ def _two_ranks(rank, world, socket, root):
 
 def test_engine_two_ranks_gloo(daemon):
     run_ranks(_two_ranks, 2, daemon.socket, daemon.root)
+
+
+class EngineLike:
+    """What install() touches of a DeepSpeedEngine."""
+
+    def __init__(self, socket):
+        self._config = type("Config", (), {"_param_dict": {"dsckpt": {"socket": socket}}})()
+        self.checkpoint_engine = None
+
+
+def test_install_takes_config_over_the_engines(daemon):
+    engine = EngineLike("/nonexistent/socket")
+    ce = dd.install(engine, {"socket": daemon.socket, "job": "inst", "timeout": T})
+    try:
+        assert engine.checkpoint_engine is ce
+        assert ce.socket == daemon.socket and ce.job == "inst" and ce.timeout == T
+    finally:
+        ce.close()
+    returns_soon(ce.wait_committed)  # after close: nothing pending, nothing to wait for
