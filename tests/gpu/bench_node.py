@@ -416,6 +416,8 @@ def parse_args(argv):
     p.add_argument("--vocab", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--batch", type=int, help="per rank")
+    p.add_argument("--accum", type=int, default=1,
+                   help="micro-batches of --batch per iteration (gradient accumulation)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--modes", default="baseline,dsckpt,dcp",
@@ -434,9 +436,10 @@ def parse_args(argv):
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    if a.iters < 1 or a.every < 1 or a.d_model % a.heads or (a.ranks is not None and a.ranks < 1):
-        p.error("need --iters >= 1, --every >= 1, --ranks >= 1 and --d-model divisible by "
-                "--heads")
+    if a.iters < 1 or a.every < 1 or a.accum < 1 or a.d_model % a.heads or \
+            (a.ranks is not None and a.ranks < 1):
+        p.error("need --iters >= 1, --every >= 1, --accum >= 1, --ranks >= 1 and --d-model "
+                "divisible by --heads")
     return a
 
 

@@ -108,15 +108,21 @@ class Trainer:
         self.model = GPT(cfg.vocab, cfg.seq, cfg.d_model, cfg.layers, cfg.heads, dev)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.1)
 
-    def forward_backward(self, batch):
-        """Loss of one batch (a 0-d tensor), gradients left in .grad."""
+    def forward_backward(self, batches):
+        """Mean loss of one iteration's micro-batches (a 0-d tensor); their gradients,
+        accumulated, left in .grad."""
         self.opt.zero_grad(set_to_none=True)
-        inp, tgt = batch[:, :-1], batch[:, 1:]
-        with torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.dev.type == "cuda"):
-            logits = self.model(inp)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1))
-        loss.backward()
-        return loss
+        total = None
+        for batch in batches:
+            inp, tgt = batch[:, :-1], batch[:, 1:]
+            with torch.autocast(self.dev.type, dtype=torch.bfloat16,
+                                enabled=self.dev.type == "cuda"):
+                logits = self.model(inp)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                   tgt.reshape(-1)) / len(batches)
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        return total
 
     def state(self):
         """The checkpointed state: references to the live tensors."""
@@ -447,10 +453,11 @@ def restore_check(cfg, dev, batches, tag, start, ref_losses):
 
 
 def make_batches(cfg, dev):
-    """The seeded random token batches of every iteration, shared by all modes."""
+    """The seeded random token micro-batches of every iteration (accum x batch x seq+1),
+    shared by all modes."""
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    return [torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), generator=g).to(dev)
-            for _ in range(cfg.iters)]
+    return [torch.randint(0, cfg.vocab, (cfg.accum, cfg.batch, cfg.seq + 1), generator=g)
+            .to(dev) for _ in range(cfg.iters)]
 
 
 def fmt(v, spec):
@@ -465,7 +472,8 @@ def table(results, base):
              f"{'ckpt GB':>8} {'eff. GB/s':>10} {'slowdown':>9} {'per-ckpt':>9}"]
     for r in results:
         if r.get("skipped") or r.get("error"):
-            lines.append(f"{r['mode']:<16} {'SKIP: ' + r['skipped'] if r.get('skipped') else 'FAILED: ' + r['error']}")
+            why = f"SKIP: {r['skipped']}" if r.get("skipped") else f"FAILED: {r['error']}"
+            lines.append(f"{r['mode']:<16} {why}")
             continue
         slow = None
         if base is not None:
@@ -487,14 +495,20 @@ def table(results, base):
 #   steady               batch 32, so that forward+backward outlasts the snapshot, a
 #                        checkpoint every 32 iterations (the 1.3-1.5 GB/s flush of this
 #                        machine's /dev/shm needs ~15 s per checkpoint): baseline + dsckpt;
+#   every-iteration      a checkpoint after every iteration: 8 layers (0.53 B params, 6.4 GB of
+#                        state), 24 micro-batches of 32 x 512 per iteration (393 K tokens, a
+#                        global batch of the usual size), so that the flush (1.3-3 GB/s here)
+#                        keeps up with 6.4 GB per ~4 s iteration: baseline + dsckpt;
 #   smoke                a tiny model on the CPU (torch 1.13 works), all modes.
-_GPT = dict(d_model=2048, layers=32, heads=16, vocab=32000, seq=512)
+_GPT = dict(d_model=2048, layers=32, heads=16, vocab=32000, seq=512, accum=1)
 PRESETS = {
     "checkpoint-every-16": dict(_GPT, iters=40, every=16, batch=16,
                                 modes="baseline,dsckpt,torch.save,dcp"),
     "steady": dict(_GPT, iters=100, every=32, batch=32, modes="baseline,dsckpt"),
+    "every-iteration": dict(_GPT, layers=8, iters=12, every=1, batch=32, accum=24,
+                            modes="baseline,dsckpt"),
     "smoke": dict(iters=11, every=4, d_model=64, layers=2, heads=4, vocab=128, seq=16,
-                  batch=4, modes="baseline,dsckpt,torch.save,dcp"),
+                  batch=4, accum=1, modes="baseline,dsckpt,torch.save,dcp"),
 }
 
 
@@ -514,6 +528,7 @@ def parse_args(argv):
     p.add_argument("--vocab", type=int)
     p.add_argument("--seq", type=int)
     p.add_argument("--batch", type=int)
+    p.add_argument("--accum", type=int, help="micro-batches of --batch per iteration")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--modes", help="comma-separated, run in this order")
@@ -527,8 +542,8 @@ def parse_args(argv):
     for k, v in dflt.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    if a.iters < 1 or a.every < 1 or a.d_model % a.heads:
-        p.error("need --iters >= 1, --every >= 1 and --d-model divisible by --heads")
+    if a.iters < 1 or a.every < 1 or a.accum < 1 or a.d_model % a.heads:
+        p.error("need --iters, --every, --accum >= 1 and --d-model divisible by --heads")
     return a
 
 
@@ -566,8 +581,9 @@ def main(argv):
             "checkpoint_iters": sorted(ckpt_iters), "dsckpt_lib": dsckpt._lib.path}
     log(f"bench-train: torch {info['torch']} on {info['device']}; ~{params / 1e9:.3f} B params "
         f"(~{params * 12 / 1e9:.2f} GB weights + AdamW state); d_model {cfg.d_model}, "
-        f"{cfg.layers} layers, {cfg.heads} heads, vocab {cfg.vocab}, batch {cfg.batch} x "
-        f"seq {cfg.seq}; {cfg.iters} iterations, checkpoints after {sorted(ckpt_iters)}")
+        f"{cfg.layers} layers, {cfg.heads} heads, vocab {cfg.vocab}, {cfg.accum} x batch "
+        f"{cfg.batch} x seq {cfg.seq}; {cfg.iters} iterations, checkpoints after "
+        f"{sorted(ckpt_iters)}")
     batches = make_batches(cfg, dev)
     results, base, restore, failures = [], None, None, 0
     for name in [m.strip() for m in cfg.modes.split(",") if m.strip()]:
@@ -647,8 +663,8 @@ def main(argv):
             json.dump(info, f, indent=1)
     log("")
     log(f"== bench-train summary, preset {cfg.preset} ({info['device']}, "
-        f"{params * 12 / 1e9:.1f} GB state, batch {cfg.batch}, checkpoint every {cfg.every} "
-        f"of {cfg.iters} iterations; slowdown = loop time after the first iteration vs "
+        f"{params * 12 / 1e9:.1f} GB state, {cfg.accum} x batch {cfg.batch}, checkpoint "
+        f"every {cfg.every} of {cfg.iters} iterations; slowdown = loop time after the first iteration vs "
         "baseline; per-ckpt = median time a checkpoint added to its iteration and the next, "
         "as a share of one iteration: the slowdown of a checkpoint every iteration)")
     log(summary)
