@@ -757,6 +757,13 @@ const char *gpu_init(void)
 	return G.line;
 }
 
+/* Number of usable GPUs (0 without CUDA). */
+int gpu_count(void)
+{
+	pthread_once(&G.once, cuda_probe);
+	return G.count;
+}
+
 /* Pins [base, base+len) for fast device copies when CUDA is usable; no-op otherwise. */
 void gpu_register_host(void *base, uint64_t len)
 {
@@ -858,6 +865,12 @@ void cuda_fence_free(struct cuda_fence *f)
 const char *gpu_init(void)
 {
 	return "none: built without CUDA";
+}
+
+/* No GPUs without CUDA. */
+int gpu_count(void)
+{
+	return 0;
 }
 
 /* Pins host memory for CUDA: nothing to do without CUDA. */

@@ -241,6 +241,8 @@ void cuda_fence_free(struct cuda_fence *f);
 /* gpu (in cuda.c) — optional CUDA (runtime linked statically; no -lcuda). */
 /* Probes for a driver and devices; returns a line for status ("none: <reason>" or names). */
 const char *gpu_init(void);
+/* Number of usable GPUs (0 without CUDA); gpu_init must have run. */
+int gpu_count(void);
 /* Pins [base, base+len) for fast device copies when CUDA is usable; no-op otherwise. */
 void gpu_register_host(void *base, uint64_t len);
 /* Undoes gpu_register_host. */

@@ -76,6 +76,19 @@ void daemon_maybe_exit(void)
 	}
 }
 
+/* copy_threads 0 ("auto"): two copies in flight per GPU, at least four with a GPU (one H200
+ * needs four to reach its PCIe limit), two without one. */
+static unsigned copy_threads_for(unsigned configured)
+{
+	int gpus = gpu_count();
+
+	if (configured)
+		return configured;
+	if (gpus == 0)
+		return 2;
+	return gpus > 32 ? 64 : gpus < 2 ? 4 : 2 * (unsigned)gpus;
+}
+
 /* Loads the config again; a bad one keeps the old. */
 static void reload(void)
 {
@@ -87,6 +100,7 @@ static void reload(void)
 			  err);
 		return;
 	}
+	n->copy_threads = copy_threads_for(n->copy_threads);
 	/* What was built from these at start-up stays: say so and keep the running values. */
 	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
 	    n->host_cache_bytes != config->host_cache_bytes ||
@@ -189,6 +203,7 @@ int main(int argc, char **argv)
 
 	store_recover(config);
 	gpu_line = gpu_init();
+	config->copy_threads = copy_threads_for(config->copy_threads);
 	if (cache_create(config->host_cache_bytes, config->chunk_bytes, &cache, err,
 			 sizeof(err)) < 0) {
 		log_error("host cache: %s", err);

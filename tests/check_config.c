@@ -80,7 +80,7 @@ START_TEST(test_defaults)
 	ck_assert_uint_eq(cfg->chunk_bytes, 64 * MIB);
 	ck_assert_uint_eq(cfg->host_cache_bytes, 4 * GIB);
 	ck_assert_uint_eq(cfg->flush_threads, 4);
-	ck_assert_uint_eq(cfg->copy_threads, 2);
+	ck_assert_uint_eq(cfg->copy_threads, 0);  /* auto: the daemon picks by GPU count */
 	ck_assert_uint_eq(cfg->keep_last, 0);
 	ck_assert_int_eq(cfg->log_level, LOG_LVL_INFO);
 	ck_assert_int_eq(cfg->o_direct, 1);

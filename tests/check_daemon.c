@@ -1586,6 +1586,14 @@ START_TEST(test_cli)
 	ck_assert_msg(strstr(file_text(out), DSCKPT_VERSION_STRING), "-v said: %s",
 		      file_text(out));
 
+	/* copy_threads is not in the config: 0, auto, is 2 copy threads without a GPU. */
+	char *status;
+	ck_assert_int_eq(ctl(&status, "status"), 0);
+	if (strstr(status, "cuda      none"))
+		ck_assert_msg(strstr(status, "threads   2 flush, 2 copy"), "status said: %s",
+			      status);
+	free(status);
+
 	int rc = h_system("timeout 10 %s -d -c '%s' >'%s' 2>&1", h_bin("dsckptd"), D->config, out);
 	ck_assert_msg(rc != 0 && rc != 124, "a second daemon on a live socket: status %d", rc);
 	check_alive();

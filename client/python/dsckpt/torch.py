@@ -142,15 +142,6 @@ def _extent(shape, stride) -> int:
     return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
 
 
-def _storage_key(t: torch.Tensor):
-    """Identity of a tensor's storage (its device and first byte), or None when it holds no
-    bytes. Computed from the tensor alone: asking for the storage object costs more."""
-    ptr = t.data_ptr()
-    if ptr == 0:
-        return None
-    return (t.device, ptr - t.storage_offset() * t.element_size())
-
-
 _DTYPE_NAMES: Dict[torch.dtype, str] = {d: str(d)[6:] for d in DTYPES}
 _device_names: Dict[torch.device, str] = {}
 
@@ -178,6 +169,9 @@ class _Flattener:
     def __init__(self):
         self.views: List[dict] = []       # one per distinct view: goes to the file
         self.payload: List[torch.Tensor] = []  # contiguous data of each view
+        self.specs: List[tuple] = []      # each view's (name, dtype, shape, ptr, nbytes)
+        self.nbytes = 0                   # bytes of every view
+        self.gpu: List[torch.Tensor] = []  # the CUDA ones of payload
         self.entries: List[dict] = []     # one per distinct tensor object
         self.names: set = set()
         self.by_object: Dict[int, int] = {}   # id(tensor) → entry
@@ -196,25 +190,37 @@ class _Flattener:
         return name
 
     def tensor(self, t: torch.Tensor, path: str) -> Any:
-        """The placeholder for a tensor (or the tensor itself when it stays in the pickle)."""
+        """The placeholder for a tensor (or the tensor itself when it stays in the pickle).
+        Runs once per tensor of every save: each attribute is asked for once (a PyTorch
+        attribute costs a few hundred nanoseconds)."""
         known = self.by_object.get(id(t))
         if known is not None:
             return _TensorRef(known)
         dtype = t.dtype
         if dtype not in DTYPES or t.layout != torch.strided or t.is_meta:
             return t  # pickled with the skeleton, by torch's own reduction
-        skey = _storage_key(t)
-        shape, stride, offset = tuple(t.shape), t.stride(), t.storage_offset()
+        ptr, offset, esz, device = t.data_ptr(), t.storage_offset(), t.element_size(), t.device
+        skey = (device, ptr - offset * esz) if ptr else None  # the storage's identity
+        shape, stride = tuple(t.shape), t.stride()
         vkey = (skey, dtype, offset, shape, stride) if skey else None
         vi = self.by_view.get(vkey) if vkey is not None else None
         if vi is None:
             gkey = (skey, dtype) if skey else ("lone", len(self.views))
             group = self.groups.setdefault(gkey, len(self.groups))
             vi = len(self.views)
-            self.views.append({"name": self.name(path), "dtype": _DTYPE_NAMES[dtype],
-                               "shape": shape, "stride": stride, "offset": offset,
-                               "group": group, "device": _device_name(t.device)})
-            self.payload.append(t if t.is_contiguous() else t.detach().contiguous())
+            name, dname = self.name(path), _device_name(device)
+            self.views.append({"name": name, "dtype": _DTYPE_NAMES[dtype], "shape": shape,
+                               "stride": stride, "offset": offset, "group": group,
+                               "device": dname})
+            data = t if t.is_contiguous() else t.detach().contiguous()
+            nbytes = data.numel() * esz
+            self.specs.append((name, DTYPES[dtype], shape,
+                               (data.data_ptr() if data is not t else ptr) if nbytes else 0,
+                               nbytes))
+            self.payload.append(data)
+            self.nbytes += nbytes
+            if dname.startswith("cuda"):
+                self.gpu.append(data)
             if vkey is not None:
                 self.by_view[vkey] = vi
         param = type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)
@@ -365,31 +371,18 @@ def save(state_dict: Any, path_dir: str, *, conn: Optional[Connection] = None,
                          "entries": flat.entries,
                          "skeleton": pickle.dumps(skeleton, protocol=4)}, protocol=4)
     s = conn.save(path_dir, file)
-    keep: List[torch.Tensor] = []
-    specs = []
-    nbytes = 0
-    cuda_device = None
-    for view, data in zip(flat.views, flat.payload):
-        size = data.numel() * data.element_size()
-        specs.append((view["name"], DTYPES[data.dtype], view["shape"],
-                      data.data_ptr() if size else 0, size))
-        nbytes += size
-        if data.is_cuda:
-            keep.append(data)
-            if cuda_device is None:
-                cuda_device = data.device
     try:
-        s.add_tensors(specs)
+        s.add_tensors(flat.specs)
         s.add_blob(BLOB, blob)
-        if stream is None and cuda_device is not None:
-            stream = torch.cuda.current_stream(cuda_device)
+        if stream is None and flat.gpu:
+            stream = torch.cuda.current_stream(flat.gpu[0].device)
         if stream is not None:
             s.set_stream(getattr(stream, "cuda_stream", stream))
         s.end()
     except BaseException:
         s.close()
         raise
-    handle = SaveHandle(s, keep, len(flat.views), nbytes)
+    handle = SaveHandle(s, flat.gpu, len(flat.views), flat.nbytes)  # gpu: read until SNAPSHOT
     if track:
         _pending(conn).add(handle)
     return handle
