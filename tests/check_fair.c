@@ -10,34 +10,18 @@
 
 #include <check.h>
 #include <cjson/cJSON.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 #define CACHE_4M (4.0 / 1024)          /* host_cache_size: four chunks of 1 MiB */
 #define BIG (256 * MIB)                /* rank 0: 64 times the cache */
 
-/* The daemon of the running test; a copy in shared memory for cleaning up after a failure. */
+/* The daemon of the running test (h_run_suite cleans up after a failed one). */
 static struct hdaemon daemon_;
 static struct hdaemon *const D = &daemon_;
-static struct hdaemon *left;
-
-/* Kills and removes what a failed test left behind (runs before each test and at the end). */
-static void leftovers(void)
-{
-	if (left->pid > 0) {
-		fprintf(stderr, "--- the end of %s:\n", left->log);
-		h_system("tail -n 25 '%s' >&2", left->log);
-		kill(left->pid, SIGKILL);
-	}
-	if (left->dir[0])
-		h_rm_rf(left->dir);
-	memset(left, 0, sizeof(*left));
-}
 
 /* One rank: its connection, its save and the bytes it saves. */
 struct rank {
@@ -138,9 +122,8 @@ START_TEST(test_small_save_not_starved)
 	struct rank a, b;
 	dsckpt_progress_t pa;
 
-	/* The harness's config has two flush threads; two copy threads is the default. */
+	/* The harness's config has two flush threads; copy threads are auto: two without a GPU. */
 	h_daemon_start(D, CACHE_4M, "\"chunk_size\": 1,");
-	*left = *D;
 	char *dir = malloc(strlen(D->root) + 32);
 	ck_assert_ptr_nonnull(dir);
 	sprintf(dir, "%s/fair/step1", D->root);
@@ -175,7 +158,6 @@ START_TEST(test_small_save_not_starved)
 	rank_free(&b);
 	free(dir);
 	h_daemon_stop(D);
-	memset(left, 0, sizeof(*left));
 }
 END_TEST
 
@@ -186,7 +168,7 @@ static Suite *fair_suite(void)
 	TCase *tc = tcase_create("fair");
 
 	tcase_set_timeout(tc, 120);
-	tcase_add_checked_fixture(tc, leftovers, NULL);
+	tcase_add_checked_fixture(tc, h_leftovers, NULL);
 	tcase_add_loop_test(tc, test_small_save_not_starved, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
@@ -195,16 +177,5 @@ static Suite *fair_suite(void)
 /* Runs the suite; non-zero on failure. */
 int main(void)
 {
-	signal(SIGPIPE, SIG_IGN);
-	left = mmap(NULL, sizeof(*left), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-		    0);
-	if (left == MAP_FAILED)
-		return 2;
-	memset(left, 0, sizeof(*left));
-	SRunner *sr = srunner_create(fair_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	leftovers();
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return h_run_suite(fair_suite(), NULL);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -93,6 +94,18 @@ static int socket_answers(const char *path)
 	return ok;
 }
 
+/* The daemon of the running test, in memory shared across Check's fork (NULL outside
+ * h_run_suite), and what to do before its directory is removed. */
+static struct hdaemon *h_left;
+static void (*h_before_rm)(const struct hdaemon *d);
+
+/* Notes d as the running test's daemon (a copy, for h_leftovers). */
+static void h_note(const struct hdaemon *d)
+{
+	if (h_left)
+		*h_left = *d;
+}
+
 /* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it. */
 static void spawn_keep(struct hdaemon *d)
 {
@@ -107,6 +120,7 @@ static void spawn_keep(struct hdaemon *d)
 		execl(h_bin("dsckptd"), "dsckptd", "-d", "-c", d->config, (char *)NULL);
 		_exit(127);
 	}
+	h_note(d);
 	for (int i = 0; i < 2000; i++) {
 		if (socket_answers(d->socket))
 			return;
@@ -137,6 +151,7 @@ void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
 	snprintf(d->socket, sizeof(d->socket), "%s/d.sock", d->dir);
 	snprintf(d->config, sizeof(d->config), "%s/dsckptd.json", d->dir);
 	snprintf(d->log, sizeof(d->log), "%s/dsckptd.log", d->dir);
+	h_note(d);
 	ck_assert_int_eq(mkdir(d->root, 0755), 0);
 	FILE *f = fopen(d->config, "w");
 	ck_assert_ptr_nonnull(f);
@@ -170,6 +185,7 @@ int h_daemon_kill(struct hdaemon *d, int sig)
 	kill(d->pid, sig);
 	waitpid(d->pid, &st, 0);
 	d->pid = 0;
+	h_note(d);
 	return st;
 }
 
@@ -183,5 +199,53 @@ void h_daemon_stop(struct hdaemon *d)
 		free(log);
 	}
 	h_rm_rf(d->dir);
+	if (h_left)
+		memset(h_left, 0, sizeof(*h_left));
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dsckptd did not exit cleanly");
+}
+
+/* Cleans up after a test that failed (a failed assertion ends its process on the spot). */
+void h_leftovers(void)
+{
+	char comm[64], path[64];
+	FILE *f;
+
+	if (!h_left)
+		return;
+	if (h_left->pid > 0) {
+		fprintf(stderr, "--- the end of %s:\n", h_left->log);
+		fflush(stderr);
+		h_system("tail -n 25 '%s' >&2", h_left->log);
+		/* Only if the pid is still a dsckptd: Check may have reaped it already. */
+		snprintf(path, sizeof(path), "/proc/%d/comm", (int)h_left->pid);
+		if ((f = fopen(path, "r")) != NULL) {
+			if (fgets(comm, sizeof(comm), f) && strcmp(comm, "dsckptd\n") == 0)
+				kill(h_left->pid, SIGKILL);
+			fclose(f);
+		}
+	}
+	if (h_left->dir[0]) {
+		if (h_before_rm)
+			h_before_rm(h_left);
+		h_rm_rf(h_left->dir);
+	}
+	memset(h_left, 0, sizeof(*h_left));
+}
+
+/* Runs a suite with leftovers tracked across Check's fork. */
+int h_run_suite(Suite *s, void (*before_rm)(const struct hdaemon *d))
+{
+	signal(SIGPIPE, SIG_IGN);
+	h_left = mmap(NULL, sizeof(*h_left), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+		      -1, 0);
+	if (h_left == MAP_FAILED)
+		return 2;
+	memset(h_left, 0, sizeof(*h_left));
+	h_before_rm = before_rm;
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	h_leftovers();
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
 }

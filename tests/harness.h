@@ -5,6 +5,7 @@
 #ifndef DSCKPT_HARNESS_H
 #define DSCKPT_HARNESS_H
 
+#include <check.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -44,5 +45,17 @@ char *h_read_file(const char *path, size_t *len);
 int h_exists(const char *path);
 /* Runs a shell command, returns its exit status (-1 if it did not exit). */
 int h_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/*
+ * Runs a suite (Check's fork mode) so that a test that fails with its daemon running leaves
+ * nothing behind: the h_daemon_* calls note the test's daemon in memory shared with this
+ * process, and h_leftovers (a checked fixture of every test case, and run at the end) shows
+ * the end of its log, kills it and removes its scratch directory. before_rm, when not NULL,
+ * runs on that daemon first (e.g. to unmount something under its root). Returns main's exit
+ * status.
+ */
+int h_run_suite(Suite *s, void (*before_rm)(const struct hdaemon *d));
+/* Cleans up what the last test's daemon left (see h_run_suite). */
+void h_leftovers(void);
 
 #endif
