@@ -36,8 +36,6 @@
 /* The daemon of the running test (each test runs in its own process). */
 static struct hdaemon daemon_;
 static struct hdaemon *const D = &daemon_;
-/* A copy of D in memory shared with the runner, for cleaning up after a failed test. */
-static struct hdaemon *left;
 
 /* Sleeps ms milliseconds. */
 static void sleep_ms(int ms)
@@ -593,32 +591,16 @@ static int raw_add_bad(int fd, uint64_t save, const char *dtype, uint64_t dim, u
 	return raw_expect_error(fd);
 }
 
-/*
- * Cleans up after a test that failed (a failed assertion ends its process on the spot):
- * shows the end of its daemon's log, kills the daemon if Check did not already, unmounts the
- * disk-full tmpfs and removes the scratch directory.
- */
-static void leftovers(void)
+/* Before a failed test's scratch directory goes: unmounts the disk-full tmpfs. */
+static void unmount_small(const struct hdaemon *d)
 {
-	if (left->pid > 0) {
-		fprintf(stderr, "--- the end of %s:\n", left->log);
-		fflush(stderr);
-		h_system("tail -n 25 '%s' >&2", left->log);
-		if (strcmp(file_text(P("/proc/%d/comm", (int)left->pid)), "dsckptd\n") == 0)
-			kill(left->pid, SIGKILL);
-	}
-	if (left->dir[0]) {
-		umount2(P("%s/small", left->root), MNT_DETACH);
-		h_rm_rf(left->dir);
-	}
-	memset(left, 0, sizeof(*left));
+	umount2(P("%s/small", d->root), MNT_DETACH);
 }
 
-/* Starts this test's daemon (see h_daemon_start) and notes it for leftovers. */
+/* Starts this test's daemon (see h_daemon_start). */
 static void d_start(double cache_gib, const char *extra_json)
 {
 	h_daemon_start(D, cache_gib, extra_json);
-	*left = *D;
 }
 
 /* Restarts the daemon, leaving a stale socket file in its way if asked. */
@@ -628,22 +610,18 @@ static void d_restart(int stale)
 		h_daemon_restart_stale(D);
 	else
 		h_daemon_restart(D);
-	*left = *D;
 }
 
 /* Signals the daemon and reaps it; returns its wait status. */
 static int d_kill(int sig)
 {
-	int st = h_daemon_kill(D, sig);
-	*left = *D;
-	return st;
+	return h_daemon_kill(D, sig);
 }
 
 /* Stops the daemon (it must exit 0) and removes its scratch directory. */
 static void d_stop(void)
 {
 	h_daemon_stop(D);
-	memset(left, 0, sizeof(*left));
 }
 
 /* ---- tests: a trainer's saves ---- */
@@ -1648,13 +1626,13 @@ static Suite *daemon_suite(void)
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);
-		tcase_add_checked_fixture(tc, leftovers, NULL);
+		tcase_add_checked_fixture(tc, h_leftovers, NULL);
 		tcase_set_timeout(tc, cases[i].timeout);
 		tcase_add_test(tc, cases[i].t);
 		suite_add_tcase(s, tc);
 	}
 	TCase *tc = tcase_create("malformed");
-	tcase_add_checked_fixture(tc, leftovers, NULL);
+	tcase_add_checked_fixture(tc, h_leftovers, NULL);
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_malformed, 0, (int)(sizeof(malformed) / sizeof(malformed[0])));
 	suite_add_tcase(s, tc);
@@ -1664,16 +1642,5 @@ static Suite *daemon_suite(void)
 /* Runs the suite; non-zero exit status when a test failed. */
 int main(void)
 {
-	signal(SIGPIPE, SIG_IGN);
-	left = mmap(NULL, sizeof(*left), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-		    0);
-	if (left == MAP_FAILED)
-		return 2;
-	memset(left, 0, sizeof(*left));
-	SRunner *sr = srunner_create(daemon_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	leftovers();
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return h_run_suite(daemon_suite(), unmount_small);
 }
