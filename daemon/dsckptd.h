@@ -188,7 +188,18 @@ struct store_commit_info {
  */
 int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
 		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen);
-/* At start-up: reports and removes *.partial files and manifest-less tags under the roots. */
+/*
+ * This machine's name (gethostname(), read once, at most 255 bytes of printable ASCII); every
+ * safetensors file dsckptd writes records it as "dsckpt.host".
+ */
+const char *store_host(void);
+/* Test hook: makes store_host() answer host from now on. */
+void store_set_host(const char *host);
+/*
+ * At start-up: reports and removes what this host left under the roots: *.partial files and
+ * the files of manifest-less tags whose "dsckpt.host" is ours (or absent, from older versions);
+ * a partial naming no host only once unchanged for 15 minutes. Other hosts' files are left.
+ */
 void store_recover(const struct config *cfg);
 
 /* cuda.c — the CUDA transports (static runtime; driver calls via cudaGetDriverEntryPoint). */

@@ -352,10 +352,17 @@ static void flush_loop(void)
 		}
 		j->flushing = 1;
 		if (!j->hdr && !j->failed) {
-			/* First visit: lay the header out (where the data starts). */
+			/*
+			 * First visit: lay the header out (where the data starts) and write it,
+			 * checksum slots still zero, so that a partial file names its host
+			 * ("dsckpt.host") from the start; finish_job writes it again, filled.
+			 */
 			pthread_mutex_unlock(&E.lock);
 			int rc = st_header_build(j->r.st, j->r.n, j->r.meta, j->r.nmeta, &j->hdr,
 						 &j->hdr_len, j->slots, err, sizeof(err));
+			if (rc == 0)
+				rc = store_file_pwrite(j->r.file, j->hdr, j->hdr_len, 0, err,
+						       sizeof(err));
 			pthread_mutex_lock(&E.lock);
 			if (rc < 0)
 				fail_locked(j, err);

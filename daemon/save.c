@@ -88,7 +88,7 @@ struct save {
 	size_t nb;
 	struct job *job;
 	struct st_tensor *st;    /* the header's description, lent to the job */
-	const char *meta[10];    /* __metadata__ pairs, lent to the job */
+	const char *meta[12];    /* __metadata__ pairs, lent to the job */
 	char rank_str[16], world_str[16];
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
@@ -556,7 +556,8 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	snprintf(s->world_str, sizeof(s->world_str), "%u", s->world);
 	const char *meta[] = {"format", "pt", "dsckpt.version", DSCKPTD_VERSION,
 			      "dsckpt.job", s->jobname, "dsckpt.rank", s->rank_str,
-			      "dsckpt.world", s->world_str};
+			      "dsckpt.world", s->world_str, "dsckpt.host", store_host()};
+	_Static_assert(sizeof(meta) == sizeof(s->meta), "struct save's meta holds these pairs");
 	memcpy(s->meta, meta, sizeof(meta));
 	s->st = calloc(s->n ? s->n : 1, sizeof(*s->st));
 	r.t = calloc(s->n ? s->n : 1, sizeof(*r.t));

@@ -68,8 +68,12 @@ static cJSON *parse_header(const uint8_t *hdr, size_t hdr_len)
 	return j;
 }
 
-/* Writes <dir>/<file>.safetensors as dsckptd would (checksums filled), and a .meta if asked. */
-static void write_ckpt(const char *dir, const char *file, int rank, const char *meta_blob)
+/*
+ * Writes <dir>/<file>.safetensors as dsckptd would (checksums filled), and a .meta if asked;
+ * "dsckpt.host" is host, or absent when host is NULL (files of earlier versions).
+ */
+static void write_ckpt_host(const char *dir, const char *file, int rank, const char *meta_blob,
+			    const char *host)
 {
 	char err[ERRLEN], name[256], rs[16];
 	static const uint64_t shape_a[2] = {2, 3}, shape_b[1] = {5};
@@ -78,10 +82,11 @@ static void write_ckpt(const char *dir, const char *file, int rank, const char *
 	struct st_tensor t[2] = {{"layer.0.weight", "F32", shape_a, 2, sizeof(a)},
 				 {"step", "I16", shape_b, 1, sizeof(b)}};
 	snprintf(rs, sizeof(rs), "%d", rank);
-	const char *meta[] = {"dsckpt.version", DSCKPTD_VERSION, "dsckpt.rank", rs};
+	const char *meta[] = {"dsckpt.version", DSCKPTD_VERSION, "dsckpt.rank", rs,
+			      "dsckpt.host", host};
 	uint8_t *hdr;
 	size_t hdr_len, slots[3];
-	ck_assert_int_eq(st_header_build(t, 2, meta, 2, &hdr, &hdr_len, slots, err,
+	ck_assert_int_eq(st_header_build(t, 2, meta, host ? 3 : 2, &hdr, &hdr_len, slots, err,
 					 sizeof(err)), 0);
 	st_header_set_xxh3(hdr, slots[0], XXH3_64bits(a, sizeof(a)));
 	st_header_set_xxh3(hdr, slots[1], XXH3_64bits(b, sizeof(b)));
@@ -105,6 +110,30 @@ static void write_ckpt(const char *dir, const char *file, int rank, const char *
 	}
 	free(hdr);
 	close(dfd);
+}
+
+/* Writes <dir>/<file>.safetensors (and .meta) as this host's dsckptd would. */
+static void write_ckpt(const char *dir, const char *file, int rank, const char *meta_blob)
+{
+	write_ckpt_host(dir, file, rank, meta_blob, store_host());
+}
+
+/* Sets the modification time of path secs seconds back. */
+static void backdate(const char *path, int secs)
+{
+	struct timespec t[2];
+	clock_gettime(CLOCK_REALTIME, &t[0]);
+	t[0].tv_sec -= secs;
+	t[1] = t[0];
+	ck_assert_int_eq(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+/* Renames path to path.partial: a file caught before its rename. */
+static void make_partial(const char *path)
+{
+	char p[PATH_MAX + 64];
+	snprintf(p, sizeof(p), "%s.partial", path);
+	ck_assert_int_eq(rename(path, p), 0);
 }
 
 /* Writes a small safetensors file that dsckptd did not write (no dsckpt metadata). */
@@ -718,9 +747,12 @@ START_TEST(test_recover)
 	write_ckpt(rpath("%s", "job/done"), "rank0", 0, "m");
 	commit_ok(rpath("%s", "job/done"), 1);
 	write_text(rpath("%s", "job/done/rank1.safetensors.partial"), "half");
+	backdate(rpath("%s", "job/done/rank1.safetensors.partial"), 3600);
 	write_text(rpath("%s", "job/latest.partial"), "x");
+	backdate(rpath("%s", "job/latest.partial"), 3600);
 	write_ckpt(rpath("%s", "job/crashed"), "rank0", 0, "m");
-	write_ckpt(rpath("%s", "job/crashed"), "rank1", 1, NULL);
+	write_ckpt_host(rpath("%s", "job/crashed"), "rank1", 1, NULL, NULL);
+	backdate(rpath("%s", "job/crashed"), 3600);
 	write_ckpt(rpath("%s", "job/mixed"), "rank0", 0, NULL);
 	write_foreign(rpath("%s", "job/mixed/theirs.safetensors"));
 	ck_assert_int_eq(mkdir(rpath("%s", "other"), 0755), 0);
@@ -752,6 +784,88 @@ START_TEST(test_recover)
 }
 END_TEST
 
+START_TEST(test_host)
+{
+	char longname[300];
+	const char *h = store_host();
+	ck_assert_uint_gt(strlen(h), 0);
+	ck_assert_uint_lt(strlen(h), 256);
+	for (const char *c = h; *c; c++)
+		ck_assert(*c > ' ' && *c < 0x7f);
+	ck_assert_ptr_eq(store_host(), h);
+	store_set_host("node a\n\xc3\xa9");
+	ck_assert_str_eq(store_host(), "node?a???");
+	memset(longname, 'n', sizeof(longname) - 1);
+	longname[sizeof(longname) - 1] = 0;
+	store_set_host(longname);
+	ck_assert_uint_eq(strlen(store_host()), 255);
+}
+END_TEST
+
+/* A shared root: only what this host left goes; other hosts' and recent unnamed files stay. */
+START_TEST(test_recover_hosts)
+{
+	const char *t = rpath("%s", "job/t1");
+	store_set_host("node-b");
+	write_ckpt_host(t, "rank0", 0, "m", "node-a");  /* durable, another node's */
+	write_ckpt_host(t, "rank1", 1, "m", "node-b");  /* durable, ours */
+	write_ckpt_host(t, "rank2", 2, "m", NULL);      /* durable, from before hosts */
+	write_ckpt_host(t, "rank3", 3, NULL, "node-a"); /* another node's, before its rename */
+	make_partial(rpath("%s", "job/t1/rank3.safetensors"));
+	write_text(rpath("%s", "job/t1/rank3.meta.partial"), "m");
+	write_ckpt_host(t, "rank4", 4, NULL, "node-b"); /* ours, before the rename */
+	make_partial(rpath("%s", "job/t1/rank4.safetensors"));
+	write_text(rpath("%s", "job/t1/rank4.meta.partial"), "m");
+	write_ckpt_host(t, "rank5", 5, NULL, NULL);     /* an earlier version's, just written */
+	make_partial(rpath("%s", "job/t1/rank5.safetensors"));
+	char zeros[8192] = {0};                         /* data written, header not yet */
+	write_bytes(rpath("%s", "job/t1/rank6.safetensors.partial"), zeros, sizeof(zeros));
+	write_bytes(rpath("%s", "job/t1/rank7.safetensors.partial"), zeros, sizeof(zeros));
+	backdate(rpath("%s", "job/t1/rank7.safetensors.partial"), 3600);
+	write_text(rpath("%s", "job/t1/rank8.meta.partial"), "m");
+	write_text(rpath("%s", "job/t1/MANIFEST.json.partial"), "{");
+	ck_assert_int_eq(mkdir(rpath("%s", "old"), 0755), 0);
+	write_text(rpath("%s", "old/latest.partial"), "t0");
+	backdate(rpath("%s", "old/latest.partial"), 3600);
+	write_ckpt(rpath("%s", "job/gone"), "rank0", 0, "m");   /* an old tag of ours */
+	backdate(rpath("%s", "job/gone"), 3600);
+	write_ckpt(rpath("%s", "job/fresh"), "rank0", 0, "m");  /* a recent tag of ours */
+	write_ckpt_host(rpath("%s", "job/done"), "rank0", 0, NULL, "node-a");
+	commit_ok(rpath("%s", "job/done"), 1);
+	write_text(rpath("%s", "job/latest.partial"), "t1");
+
+	store_recover(&cfg);
+
+	static const char *const kept[] = {
+		"rank0.safetensors", "rank0.meta", "rank3.safetensors.partial", "rank3.meta.partial",
+		"rank5.safetensors.partial", "rank6.safetensors.partial", "rank8.meta.partial",
+		"MANIFEST.json.partial"};
+	static const char *const removed[] = {
+		"rank1.safetensors", "rank1.meta", "rank2.safetensors", "rank2.meta",
+		"rank4.safetensors.partial", "rank4.meta.partial", "rank7.safetensors.partial"};
+	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
+		ck_assert_msg(h_exists(rpath("job/t1/%s", kept[i])), "%s was removed", kept[i]);
+	for (size_t i = 0; i < sizeof(removed) / sizeof(removed[0]); i++)
+		ck_assert_msg(!h_exists(rpath("job/t1/%s", removed[i])), "%s is left", removed[i]);
+	ck_assert(h_exists(rpath("%s", "job/latest.partial")));
+	ck_assert(!h_exists(rpath("%s", "old/latest.partial")));
+	ck_assert(!h_exists(rpath("%s", "job/gone")));
+	ck_assert(!h_exists(rpath("%s", "job/fresh/rank0.safetensors")));
+	ck_assert(h_exists(rpath("%s", "job/fresh")));  /* another node may be about to fill it */
+	ck_assert(h_exists(rpath("%s", "job/done/MANIFEST.json")));
+
+	/* Node A's daemon restarts later: its own files go, the recent unnamed partials stay. */
+	store_set_host("node-a");
+	store_recover(&cfg);
+	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.safetensors")));
+	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.meta")));
+	ck_assert(!h_exists(rpath("%s", "job/t1/rank3.safetensors.partial")));
+	ck_assert(!h_exists(rpath("%s", "job/t1/rank3.meta.partial")));
+	ck_assert(h_exists(rpath("%s", "job/t1/rank6.safetensors.partial")));
+	ck_assert(h_exists(rpath("%s", "job/done/rank0.safetensors")));
+}
+END_TEST
+
 /* Builds the suite. */
 static Suite *store_suite(void)
 {
@@ -780,6 +894,8 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_commit_rejects);
 	tcase_add_test(tc, test_keep_last);
 	tcase_add_test(tc, test_recover);
+	tcase_add_test(tc, test_host);
+	tcase_add_test(tc, test_recover_hosts);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;
