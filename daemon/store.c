@@ -776,7 +776,9 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 	int rc;
 
 	for (size_t i = 0; i < n; i++) {
-		if (store_has_suffix(names[i], STORE_PARTIAL))
+		/* A MANIFEST.json.partial is an interrupted commit's: this commit replaces it. */
+		if (store_has_suffix(names[i], STORE_PARTIAL) &&
+		    strcmp(names[i], STORE_MANIFEST STORE_PARTIAL) != 0)
 			return seterr(err, errlen, DSCKPT_EINCOMPLETE,
 					  "%s/%s is still being written", path, names[i]);
 		if ((store_has_suffix(names[i], ".safetensors") ||

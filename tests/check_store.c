@@ -705,6 +705,13 @@ START_TEST(test_commit_rejects)
 	ck_assert_ptr_nonnull(strstr(err, "header describes"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 	ck_assert(!h_exists(rpath("%s", "job/latest")));
+
+	/* An interrupted commit's MANIFEST.json.partial does not stop the next commit. */
+	write_ckpt(dir, "rank2", 2, NULL);
+	write_text(rpath("%s", "job/s1/MANIFEST.json.partial"), "{\"half\":");
+	commit_ok(dir, 3);
+	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json.partial")));
+	ck_assert(h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 }
 END_TEST
 
