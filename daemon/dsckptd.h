@@ -150,7 +150,11 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 /* Writes h as 16 lowercase hex digits at hdr + pos. */
 void st_header_set_xxh3(uint8_t *hdr, size_t pos, uint64_t h);
 
-/* store.c — directories, files, commits, retention and start-up recovery on disk. */
+/* store.c — directories, files, commits and retention on disk. */
+#define STORE_MANIFEST "MANIFEST.json"
+#define STORE_PARTIAL ".partial"
+#define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+#define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
 /*
  * Opens (creating what is missing) the absolute directory dir for a client uid/gid: dir must
  * lie under one of cfg's allowed roots, contain no "." or ".." component and no symbolic link
@@ -195,12 +199,27 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 const char *store_host(void);
 /* Test hook: makes store_host() answer host from now on. */
 void store_set_host(const char *host);
+/* Who wrote the safetensors file (or partial) dirfd/name: -1 not a readable dsckpt file,
+ * 0 dsckpt before hosts were recorded, 1 with its "dsckpt.host" (printable) in host. */
+int store_st_host(int dirfd, const char *name, char *host, size_t hostlen);
+/* Whether s ends with suffix (and has something before it). */
+int store_has_suffix(const char *s, const char *suffix);
+/* Whether name is one of the *.partial files dsckptd writes. */
+int store_is_our_partial(const char *name);
+/* Whether dirfd/name is a regular file (not following a link). */
+int store_is_regular(int dirfd, const char *name);
+/* Lists the entries of a directory but . and .., sorted by name; 0, or -1 with errno set. */
+int store_list(int dirfd, char ***out, size_t *count);
+/* Frees a list from store_list. */
+void store_list_free(char **names, size_t n);
+
+/* recover.c — start-up recovery of what an interrupted daemon left. */
 /*
  * At start-up: reports and removes what this host left under the roots: *.partial files and
  * the files of manifest-less tags whose "dsckpt.host" is ours (or absent, from older versions);
  * a partial naming no host only once unchanged for 15 minutes. Other hosts' files are left.
  */
-void store_recover(const struct config *cfg);
+void recover_run(const struct config *cfg);
 
 /* cuda.c — the CUDA transports (static runtime; driver calls via cudaGetDriverEntryPoint). */
 struct cuda_fence;

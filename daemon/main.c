@@ -201,7 +201,7 @@ int main(int argc, char **argv)
 	start_time = ts.tv_sec + ts.tv_nsec / 1e9;
 	signal(SIGPIPE, SIG_IGN);
 
-	store_recover(config);
+	recover_run(config);
 	gpu_line = gpu_init();
 	config->copy_threads = copy_threads_for(config->copy_threads);
 	if (cache_create(config->host_cache_bytes, config->chunk_bytes, &cache, err,

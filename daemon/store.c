@@ -1,12 +1,12 @@
 /*
  * store.c — the on-disk layout: checked directories, files written as *.partial and renamed
- * into place, commits (MANIFEST.json, then latest), retention and start-up recovery.
+ * into place, commits (MANIFEST.json, then latest) and retention.
  *
  * Directories are walked one component at a time with O_NOFOLLOW from an allowed root, so a
  * symbolic link planted anywhere below the root is refused instead of followed. A tag is
  * committed exactly when its MANIFEST.json exists: the manifest is written last and deleted
- * first. The roots may be a filesystem every node of a job shares, so start-up recovery removes
- * only what this host wrote, as the "dsckpt.host" of a safetensors header says.
+ * first. Every safetensors file records the host that wrote it ("dsckpt.host"), which start-up
+ * recovery (recover.c) reads.
  */
 #include "dsckptd.h"
 
@@ -26,15 +26,9 @@
 #include <cjson/cJSON.h>
 #include <xxhash.h>
 
-#define STORE_MANIFEST "MANIFEST.json"
 #define STORE_LATEST "latest"
-#define STORE_PARTIAL ".partial"
 #define STORE_MAX_HEADER 100000000u /* safetensors' own limit on the JSON header */
 #define STORE_MAX_MANIFEST (1u << 30)
-#define STORE_RECOVER_DEPTH 8
-#define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-#define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
-#define STORE_STALE_S 900  /* a *.partial of unknown host younger than this may be in use */
 
 /* A file being written as dirfd/name.partial. */
 struct store_file {
@@ -50,24 +44,6 @@ struct store_entry {
 	cJSON *json;
 	uint64_t size;
 	long rank;
-};
-
-/* Counters of one recovery pass. */
-struct store_rstats {
-	unsigned dirs;
-	unsigned partials;
-	unsigned files;
-	unsigned tags;
-	unsigned left;  /* files another host wrote */
-	unsigned fresh; /* partial files of unknown host, too recent to remove */
-};
-
-/* Who wrote a file, as its safetensors header says. */
-enum store_writer {
-	STORE_UNKNOWN, /* no readable header with dsckpt metadata */
-	STORE_OLD,     /* dsckpt metadata without "dsckpt.host" (written before it existed) */
-	STORE_MINE,    /* "dsckpt.host" is this machine */
-	STORE_OTHER,   /* "dsckpt.host" is another machine */
 };
 
 /* This machine's name for "dsckpt.host", set once (see store_host). */
@@ -140,14 +116,14 @@ static int store_io_fail(char *err, size_t errlen, int e, const char *what, cons
 }
 
 /* Whether s ends with suffix (and has something before it). */
-static int store_has_suffix(const char *s, const char *suffix)
+int store_has_suffix(const char *s, const char *suffix)
 {
 	size_t n = strlen(s), m = strlen(suffix);
 	return n > m && strcmp(s + n - m, suffix) == 0;
 }
 
 /* Whether name is one of the *.partial files dsckptd writes. */
-static int store_is_our_partial(const char *name)
+int store_is_our_partial(const char *name)
 {
 	size_t n = strlen(name), m = strlen(STORE_PARTIAL);
 	if (!store_has_suffix(name, STORE_PARTIAL))
@@ -166,7 +142,7 @@ static int store_is_ours(const char *name)
 }
 
 /* Whether dirfd/name is a regular file (not following a link). */
-static int store_is_regular(int dirfd, const char *name)
+int store_is_regular(int dirfd, const char *name)
 {
 	struct stat st;
 	return fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
@@ -179,7 +155,7 @@ static int store_name_cmp(const void *a, const void *b)
 }
 
 /* Frees a list from store_list. */
-static void store_list_free(char **names, size_t n)
+void store_list_free(char **names, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -187,7 +163,7 @@ static void store_list_free(char **names, size_t n)
 }
 
 /* Lists the entries of a directory but . and .., sorted by name; 0, or -1 with errno set. */
-static int store_list(int dirfd, char ***out, size_t *count)
+int store_list(int dirfd, char ***out, size_t *count)
 {
 	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
@@ -596,6 +572,31 @@ static int store_read_header(int dirfd, const char *name, cJSON **out, uint64_t 
 static const char *store_str(const cJSON *o, const char *key)
 {
 	return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+/*
+ * Who wrote the safetensors file (or partial) dirfd/name: -1 when it has no readable header
+ * with dsckpt metadata, 0 when dsckpt wrote it before hosts were recorded, 1 with the writer's
+ * "dsckpt.host" copied into host (printable, hostlen bytes at most).
+ */
+int store_st_host(int dirfd, const char *name, char *host, size_t hostlen)
+{
+	uint64_t size, start;
+	char err[ERRLEN];
+	cJSON *h;
+	int rc = -1;
+
+	if (store_read_header(dirfd, name, &h, &size, &start, err, sizeof(err)) < 0)
+		return -1;
+	const cJSON *md = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
+	const char *w = store_str(md, "dsckpt.host");
+	if (store_str(md, "dsckpt.version")) {
+		rc = w != NULL;
+		if (w)
+			store_printable(host, hostlen, w);
+	}
+	cJSON_Delete(h);
+	return rc;
 }
 
 /* Whether j is a whole number in [0, 2^53] (exact in a double); stores it in *v. */
@@ -1051,241 +1052,4 @@ out_list:
 	close(jobfd);
 	close(dfd);
 	return rc;
-}
-
-/* Which host wrote the safetensors file (or partial) dirfd/name; another's name into host. */
-static enum store_writer store_writer(int dirfd, const char *name, char *host, size_t hostlen)
-{
-	enum store_writer r = STORE_UNKNOWN;
-	uint64_t size, start;
-	char err[ERRLEN];
-	cJSON *h;
-
-	if (store_read_header(dirfd, name, &h, &size, &start, err, sizeof(err)) < 0)
-		return STORE_UNKNOWN;
-	const cJSON *md = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
-	const char *w = store_str(md, "dsckpt.host");
-	if (store_str(md, "dsckpt.version"))
-		r = !w ? STORE_OLD : strcmp(w, store_host()) == 0 ? STORE_MINE : STORE_OTHER;
-	if (r == STORE_OTHER)
-		store_printable(host, hostlen, w);
-	cJSON_Delete(h);
-	return r;
-}
-
-/*
- * Which host wrote our partial file dirfd/name. A safetensors partial says so once its header
- * is written; a .meta partial is written while its safetensors sibling holds its final header,
- * so the sibling answers for it. MANIFEST.json and latest partials name no host.
- */
-static enum store_writer store_partial_writer(int dirfd, const char *name, char *host,
-					      size_t hostlen)
-{
-	static const char *const sibs[] = {".safetensors" STORE_PARTIAL, ".safetensors"};
-	char stem[NAME_MAX + 1], sib[NAME_MAX + 1];
-	size_t n = strlen(name) - strlen(STORE_PARTIAL);
-
-	snprintf(stem, sizeof(stem), "%.*s", (int)n, name);
-	if (store_has_suffix(stem, ".safetensors"))
-		return store_writer(dirfd, name, host, hostlen);
-	if (!store_has_suffix(stem, ".meta"))
-		return STORE_UNKNOWN;
-	stem[n - strlen(".meta")] = '\0';
-	for (size_t i = 0; i < sizeof(sibs) / sizeof(sibs[0]); i++) {
-		int len = snprintf(sib, sizeof(sib), "%s%s", stem, sibs[i]);
-		if (len < 0 || (size_t)len >= sizeof(sib) || !store_is_regular(dirfd, sib))
-			continue;
-		enum store_writer w = store_writer(dirfd, sib, host, hostlen);
-		if (w != STORE_UNKNOWN)
-			return w;
-	}
-	return STORE_UNKNOWN;
-}
-
-/* Whether st was last modified STORE_STALE_S or more ago (a time in the future is recent). */
-static int store_is_stale(const struct stat *st)
-{
-	struct timespec now;
-	clock_gettime(CLOCK_REALTIME, &now);
-	return now.tv_sec - st->st_mtim.tv_sec >= STORE_STALE_S;
-}
-
-/* Removes dirfd/name (a leftover of ours) and logs why; 1 if it was removed. */
-static int store_recover_unlink(int dirfd, const char *path, const char *name, const char *why)
-{
-	if (unlinkat(dirfd, name, 0) < 0) {
-		log_warn("recovery: cannot remove %s/%s", path, name);
-		return 0;
-	}
-	log_warnx("removed %s %s/%s", why, path, name);
-	return 1;
-}
-
-/* What recovery left in one directory because another node may be writing it. */
-struct store_left {
-	unsigned files;            /* files whose header names another host */
-	unsigned fresh;            /* partial files of unknown host, modified recently */
-	int several;               /* the files name more than one host */
-	char host[STORE_HOST_MAX]; /* the first host named */
-};
-
-/* Counts one file of host as left. */
-static void store_left_add(struct store_left *l, const char *host)
-{
-	if (l->files++ == 0)
-		snprintf(l->host, sizeof(l->host), "%s", host);
-	else if (strcmp(l->host, host) != 0)
-		l->several = 1;
-}
-
-/*
- * Removes our partial file dirfd/name (stat st) if this host wrote it, or if it names no host
- * and has not been modified for STORE_STALE_S; 1 if it was removed. A partial this host left
- * before any header was in it (a crash before the first flush), or a MANIFEST.json or latest
- * partial, looks like one another node is writing: it stays until a restart after the grace
- * period, or until the same file is written again (store_file_create replaces it). Left there
- * it is never reported as committed.
- */
-static int store_recover_partial(int fd, const char *path, const char *name,
-				 const struct stat *st, struct store_left *l)
-{
-	char host[STORE_HOST_MAX];
-	enum store_writer w = store_partial_writer(fd, name, host, sizeof(host));
-
-	if (w == STORE_OTHER) {
-		store_left_add(l, host);
-		return 0;
-	}
-	if (w != STORE_MINE && !store_is_stale(st)) {
-		l->fresh++;
-		return 0;
-	}
-	return store_recover_unlink(fd, path, name, w == STORE_MINE ?
-				    "partial file left by an interrupted write:" :
-				    "stale partial file that names no host:");
-}
-
-/*
- * Removes the files of the manifest-less tag in fd that this host wrote (or that name no host,
- * from before hosts were recorded): each safetensors file and its .meta. Files of another host
- * are counted in l and left. Returns how many files it removed.
- */
-static unsigned store_recover_tag(int fd, const char *path, char **names, size_t n,
-				  struct store_left *l)
-{
-	char host[STORE_HOST_MAX], meta[NAME_MAX + 1];
-	unsigned removed = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		if (!store_has_suffix(names[i], ".safetensors") || !store_is_regular(fd, names[i]))
-			continue;
-		enum store_writer w = store_writer(fd, names[i], host, sizeof(host));
-		if (w == STORE_UNKNOWN)
-			continue;
-		size_t base = strlen(names[i]) - strlen(".safetensors");
-		snprintf(meta, sizeof(meta), "%.*s.meta", (int)base, names[i]);
-		int has_meta = store_is_regular(fd, meta);
-		if (w == STORE_OTHER) {
-			store_left_add(l, host);
-			if (has_meta)
-				store_left_add(l, host);
-			continue;
-		}
-		removed += (unsigned)store_recover_unlink(fd, path, names[i],
-						  "file of an uncommitted checkpoint:");
-		if (has_meta)
-			removed += (unsigned)store_recover_unlink(fd, path, meta,
-							  "file of an uncommitted checkpoint:");
-	}
-	return removed;
-}
-
-/*
- * Cleans one directory and, up to the depth limit, those below it: our *.partial files and the
- * files of a tag without a manifest, where this host wrote them (see store_recover). Returns
- * whether it removed anything here, so that the caller may remove the directory once it is
- * empty: only a directory unmodified for STORE_STALE_S, which no other node is filling.
- */
-static int store_recover_dir(int fd, const char *path, int depth, struct store_rstats *s)
-{
-	struct store_left l = {0};
-	char **names, sub[PATH_MAX];
-	size_t n;
-	int removed = 0, manifest = 0, tensors = 0;
-
-	s->dirs++;
-	if (store_list(fd, &names, &n) < 0) {
-		log_warn("recovery: cannot list %s", path);
-		return 0;
-	}
-	for (size_t i = 0; i < n; i++) {
-		struct stat st;
-		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue;
-		if (S_ISDIR(st.st_mode) && depth < STORE_RECOVER_DEPTH) {
-			int cfd = openat(fd, names[i], STORE_DIR_FLAGS);
-			if (cfd < 0)
-				continue;
-			snprintf(sub, sizeof(sub), "%s/%s", path, names[i]);
-			int emptied = store_recover_dir(cfd, sub, depth + 1, s);
-			close(cfd);
-			if (emptied && store_is_stale(&st) &&
-			    unlinkat(fd, names[i], AT_REMOVEDIR) == 0)
-				log_warnx("removed empty directory %s", sub);
-		} else if (S_ISREG(st.st_mode)) {
-			if (store_is_our_partial(names[i])) {
-				int r = store_recover_partial(fd, path, names[i], &st, &l);
-				s->partials += (unsigned)r;
-				removed |= r;
-			}
-			manifest |= strcmp(names[i], STORE_MANIFEST) == 0;
-			tensors |= store_has_suffix(names[i], ".safetensors");
-		}
-	}
-	if (tensors && !manifest) {
-		unsigned r = store_recover_tag(fd, path, names, n, &l);
-		if (r > 0) {
-			s->files += r;
-			s->tags++;
-			removed = 1;
-		}
-	}
-	if (l.files > 0)
-		log_info("recovery: left %u files of host %s%s in %s: another node may be writing "
-			 "it", l.files, l.host, l.several ? " and others" : "", path);
-	if (l.fresh > 0)
-		log_info("recovery: left %u partial files in %s that name no host and changed in "
-			 "the last %d s: another node may be writing them", l.fresh, path,
-			 STORE_STALE_S);
-	s->left += l.files;
-	s->fresh += l.fresh;
-	store_list_free(names, n);
-	return removed;
-}
-
-/*
- * Reports and cleans what this host left under every allowed root. The roots may be a shared
- * filesystem where other nodes' daemons write the same tags right now, so a file is removed
- * only when this host wrote it ("dsckpt.host" in its header, or the header of its safetensors
- * sibling), when it is a durable file from before hosts were recorded, or when it is a partial
- * file that names no host and has not changed for STORE_STALE_S.
- */
-void store_recover(const struct config *cfg)
-{
-	struct store_rstats s = {0};
-	const char *host = store_host();
-
-	for (size_t i = 0; i < cfg->n_roots; i++) {
-		int fd = open(cfg->allowed_roots[i], STORE_DIR_FLAGS);
-		if (fd < 0) {
-			log_warn("recovery: cannot open allowed root %s", cfg->allowed_roots[i]);
-			continue;
-		}
-		store_recover_dir(fd, cfg->allowed_roots[i], 0, &s);
-		close(fd);
-	}
-	log_info("recovery (host %s): checked %u directories under %zu roots, removed %u partial "
-		 "files and %u files of %u uncommitted checkpoints; left %u files of other hosts "
-		 "and %u recent partial files", host, s.dirs, cfg->n_roots, s.partials, s.files,
-		 s.tags, s.left, s.fresh);
 }

@@ -773,7 +773,7 @@ START_TEST(test_recover)
 	write_text(p, "outside");
 	ck_assert_int_eq(symlink(outside, rpath("%s", "job/link")), 0);
 
-	store_recover(&cfg);
+	recover_run(&cfg);
 
 	ck_assert(!h_exists(rpath("%s", "job/done/rank1.safetensors.partial")));
 	ck_assert(!h_exists(rpath("%s", "job/latest.partial")));
@@ -841,7 +841,7 @@ START_TEST(test_recover_hosts)
 	commit_ok(rpath("%s", "job/done"), 1);
 	write_text(rpath("%s", "job/latest.partial"), "t1");
 
-	store_recover(&cfg);
+	recover_run(&cfg);
 
 	static const char *const kept[] = {
 		"rank0.safetensors", "rank0.meta", "rank3.safetensors.partial", "rank3.meta.partial",
@@ -863,7 +863,7 @@ START_TEST(test_recover_hosts)
 
 	/* Node A's daemon restarts later: its own files go, the recent unnamed partials stay. */
 	store_set_host("node-a");
-	store_recover(&cfg);
+	recover_run(&cfg);
 	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.safetensors")));
 	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.meta")));
 	ck_assert(!h_exists(rpath("%s", "job/t1/rank3.safetensors.partial")));
