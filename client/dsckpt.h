@@ -188,6 +188,16 @@ DSCKPT_EXTERN void dsckpt_save_free(dsckpt_save_t *s);
  */
 DSCKPT_EXTERN int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms);
 
+/*
+ * Lets the daemon let go of the GPU memory this connection handed it: every allocation's
+ * handle is unregistered, and the daemon closes each as soon as no save in flight reads it
+ * (saves past SNAPSHOT read nothing); a later save sends the handles again (about a
+ * millisecond each on the daemon's side). Call it before freeing GPU memory that saves used
+ * (torch.cuda.empty_cache(), cudaFree): CUDA calls freeing memory that another process still
+ * has open undefined behaviour. Host memory needs no such call.
+ */
+DSCKPT_EXTERN int dsckpt_release_gpu(dsckpt_conn_t *c);
+
 /* Allocates host memory the daemon can read without a copy (memfd-backed); NULL on failure. */
 DSCKPT_EXTERN void *dsckpt_host_alloc(size_t size);
 /* Frees memory from dsckpt_host_alloc. */

@@ -355,6 +355,9 @@ static void cuda_ipc_close(void *priv, uint64_t size)
 	if ((e = cudaSetDevice(m->dev)) != cudaSuccess ||
 	    (e = cudaIpcCloseMemHandle((void *)(uintptr_t)m->base)) != cudaSuccess)
 		log_warnx("cudaIpcCloseMemHandle: %s", cudaGetErrorName(e));
+	else
+		log_debug("cuda_ipc: closed %llu bytes on device %d", (unsigned long long)size,
+			  m->dev);
 	free(m);
 }
 
@@ -390,6 +393,7 @@ static void cuda_vmm_close(void *priv, uint64_t size)
 	}
 	if ((r = drv.MemAddressFree(m->base, m->size)) != CUDA_SUCCESS)
 		log_warnx("cuMemAddressFree: CUDA error %d", (int)r);
+	log_debug("cuda_vmm: released %llu bytes on device %d", (unsigned long long)size, m->dev);
 	free(m->maps);
 	free(m);
 }

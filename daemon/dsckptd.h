@@ -383,6 +383,9 @@ void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed);
 const uint64_t *engine_checksums(struct job *j);
 /* Frees a finished job. */
 void engine_job_free(struct job *j);
+/* Drops the job's references to its sources once it reached SNAPSHOT (nothing reads them any
+ * more), so that memory its client unregistered is let go now rather than at DURABLE. */
+void engine_release_sources(struct job *j);
 /* Stops and joins every thread (jobs must be finished). */
 void engine_stop(void);
 

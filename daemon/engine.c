@@ -498,11 +498,21 @@ const uint64_t *engine_checksums(struct job *j)
 	return j->xxh3;
 }
 
+/* Drops the sources of a job past SNAPSHOT (loop thread): every piece is copied. */
+void engine_release_sources(struct job *j)
+{
+	for (size_t i = 0; i < j->r.n; i++) {
+		if (j->r.t[i].src) {
+			source_unref(j->r.t[i].src);
+			j->r.t[i].src = NULL;
+		}
+	}
+}
+
 /* Frees a finished job and everything its request owned. */
 void engine_job_free(struct job *j)
 {
-	for (size_t i = 0; i < j->r.n; i++)
-		source_unref(j->r.t[i].src);
+	engine_release_sources(j);
 	free(j->r.t);
 	free(j->hdr);
 	free(j->slots);

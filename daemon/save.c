@@ -245,6 +245,7 @@ static void on_engine(void *owner, struct job *j, int event, const char *error)
 
 	switch (event) {
 	case ENGINE_SNAPSHOT:
+		engine_release_sources(j);	/* a source its client let go of closes now */
 		if (s->level == DSCKPT_ACCEPTED)
 			set_level(s, DSCKPT_SNAPSHOT, NULL);
 		return;

@@ -906,12 +906,15 @@ START_TEST(test_fake_add_tensors)
 	ck_assert_int_eq(dsckpt_save_end(s), 0);
 	ck_assert_int_eq(dsckpt_add_tensors(s, t + 3, 1, &added), DSCKPT_ESTATE);
 	ck_assert_uint_eq(added, 0);
+	ck_assert_int_eq(dsckpt_release_gpu(NULL), DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_release_gpu(c), 0);  /* no GPU memory here: nothing to send */
 	dsckpt_save_free(s);
 	dsckpt_close(c);
 	char *log = fake_finish(&f);
 	ck_assert_int_eq(count(log, "tensors=3 blobs=0"), 1);
 	ck_assert_ptr_nonnull(strstr(log, "tensor d F32 ndim=2"));
 	ck_assert_ptr_null(strstr(log, "tensor c "));
+	ck_assert_int_eq(count(log, "region_del"), 0);
 	free(log);
 	dsckpt_host_free(host);
 }

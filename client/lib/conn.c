@@ -333,6 +333,17 @@ int lib_conn_call_empty(dsckpt_conn_t *c, struct proto_out *o, const int *fds,
 	return lib_reply_end(c, &r, what);
 }
 
+/* Unregisters every GPU allocation the connection registered (REGION_DEL each). */
+int dsckpt_release_gpu(dsckpt_conn_t *c)
+{
+	if (!c)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(c);
+	int e = lib_cuda_release(c);
+	lib_conn_unlock(c);
+	return e;
+}
+
 /* Identifies this process as a trainer rank (HELLO). */
 int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
 {

@@ -759,6 +759,24 @@ int lib_cuda_record(dsckpt_conn_t *c, int device, void *ctx, void *stream,
 	return 0;
 }
 
+/* Unregisters every cached GPU region, newest first; stops at the first failure. */
+int lib_cuda_release(dsckpt_conn_t *c)
+{
+	struct lib_cuda *st = *lib_conn_cuda(c);
+
+	while (st && st->nregs > 0) {
+		struct cuda_region *r = &st->regs[st->nregs - 1];
+		int e = lib_conn_region_del(c, r->region);
+		if (e < 0)
+			return e;
+		free(r->maps);
+		st->nregs--;
+	}
+	if (st)
+		st->maxsize = 0;
+	return 0;
+}
+
 /* Frees a connection's CUDA state: destroys its events, releases the contexts it retained. */
 void lib_cuda_free(struct lib_cuda *st)
 {

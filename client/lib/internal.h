@@ -114,6 +114,8 @@ int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
  * stream) and gives the event's handle and the GPU's UUID (lock held). */
 int lib_cuda_record(dsckpt_conn_t *c, int device, void *ctx, void *stream,
 		    uint8_t event[64], uint8_t uuid[16]);
+/* Unregisters every GPU region cached on c (lock held); a later save registers them anew. */
+int lib_cuda_release(dsckpt_conn_t *c);
 /* Frees a connection's CUDA state: its events and the contexts it retained. */
 void lib_cuda_free(struct lib_cuda *st);
 

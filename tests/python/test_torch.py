@@ -247,6 +247,33 @@ def test_cuda_round_trip(daemon, conn):
 
 
 @cuda
+def test_cuda_release_then_free(daemon, conn):
+    """After release_gpu the trainer may free what it saved; later saves register anew."""
+    for step in range(3):
+        state = {"w": torch.full((1024, 1024), float(step), device="cuda"),
+                 "b": torch.arange(4096, device="cuda", dtype=torch.int32) + step}
+        h = dt.save(state, os.path.join(daemon.root, "job", f"rel{step}"), conn=conn)
+        h.wait_snapshot(T)
+        closed = daemon.read_log().count("cuda_ipc: closed")
+        dt.release_gpu(conn)  # past SNAPSHOT nothing reads them: closed before this returns
+        assert daemon.read_log().count("cuda_ipc: closed") > closed
+        del state
+        torch.cuda.empty_cache()  # the segments go back to the driver
+        h.wait_durable(T)
+        back = dt.load(h.dir, "rank0", map_location="cpu")
+        assert torch.equal(back["w"], torch.full((1024, 1024), float(step)))
+        assert torch.equal(back["b"], torch.arange(4096, dtype=torch.int32) + step)
+
+
+def test_release_gpu_without_gpu_memory(daemon, conn):
+    dt.release_gpu(conn)  # nothing registered: a no-op
+    h = dt.save({"x": torch.ones(3)}, os.path.join(daemon.root, "job", "rel"), conn=conn)
+    h.wait_durable(T)
+    conn.release_gpu()
+    dt.release_gpu()  # no shared connection made yet, or made: both fine
+
+
+@cuda
 def test_cuda_lazy_window_and_stream_order(daemon, conn):
     side = torch.cuda.Stream()
     w = torch.zeros(4096, 1024, device="cuda")

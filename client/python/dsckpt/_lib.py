@@ -55,6 +55,7 @@ _SIGNATURES = {
     "dsckpt_save_progress": (_i, [_vp, ctypes.POINTER(Progress)]),
     "dsckpt_save_free": (None, [_vp]),
     "dsckpt_commit": (_i, [_vp, _cp, _i]),
+    "dsckpt_release_gpu": (_i, [_vp]),
     "dsckpt_host_alloc": (_vp, [_sz]),
     "dsckpt_host_free": (None, [_vp]),
 }

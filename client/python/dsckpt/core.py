@@ -157,6 +157,13 @@ class Connection:
         self._check(_lib.lib().dsckpt_commit(self._handle(), _encode(dir, "dir"),
                                              _timeout_ms(timeout)))
 
+    def release_gpu(self) -> None:
+        """Lets the daemon let go of every GPU allocation this connection handed it (closed
+        as soon as no save in flight reads it; a later save sends the handles again). Call
+        it before freeing GPU memory that saves used, e.g. before torch.cuda.empty_cache():
+        CUDA calls freeing memory another process still has open undefined behaviour."""
+        self._check(_lib.lib().dsckpt_release_gpu(self._handle()))
+
     @property
     def last_error(self) -> str:
         """The message of the last failed call on this connection."""

@@ -388,6 +388,15 @@ def save(state_dict: Any, path_dir: str, *, conn: Optional[Connection] = None,
     return handle
 
 
+def release_gpu(conn: Optional[Connection] = None) -> None:
+    """Lets the daemon let go of the GPU memory saves handed it (see Connection.release_gpu);
+    call it before torch.cuda.empty_cache(). Without ``conn``: the process's shared
+    connection, if it was made."""
+    conn = conn or _default_conn
+    if conn is not None and not conn.closed:
+        conn.release_gpu()
+
+
 # ---------------------------------------------------------------------------------------
 # Committing across ranks
 
@@ -597,6 +606,6 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         _resolving.table = None
 
 
-__all__ = ["save", "load", "commit", "SaveHandle", "host_empty", "default_connection",
-           "set_default_connection", "dist_rank_world", "read_safetensors", "read_meta",
-           "DTYPES", "ST_DTYPES"]
+__all__ = ["save", "load", "commit", "release_gpu", "SaveHandle", "host_empty",
+           "default_connection", "set_default_connection", "dist_rank_world",
+           "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
