@@ -204,27 +204,18 @@ def combine(name, ranks, ckpt_iters):
 
 def table(results, base):
     """The summary table (printed last); adds each mode's slowdown against baseline."""
-    lines = [f"{'mode':<15} {'iter ms: plain':>14} {'ckpt':>7} {'next':>7} "
-             f"{'blocked/ckpt ms: med':>21} {'max':>9} {'GB/ckpt':>8} {'eff. GB/s':>10} "
-             f"{'vs base':>8}"]
-    for r in results:
-        if r.get("skipped") or r.get("error"):
-            what = f"SKIP: {r['skipped']}" if r.get("skipped") else f"FAILED: {r['error']}"
-            lines.append(f"{r['mode']:<15} {what}")
-            continue
-        slow = None
-        if base is not None:
-            slow = 100.0 * (r["loop_s_after_first"] / base["loop_s_after_first"] - 1)
-            r["slowdown_pct"] = slow
+    def row(r, slow):
         gb = r["ckpt_bytes_all_ranks"] / 1e9 if r["ckpt_bytes_all_ranks"] and r["blocked_ms"] \
             else None
-        lines.append(f"{r['mode']:<15} {bt.fmt(r['iter_ms_plain'], '14.1f')} "
-                     f"{bt.fmt(r['iter_ms_ckpt'], '7.1f')} {bt.fmt(r['iter_ms_after'], '7.1f')} "
-                     f"{bt.fmt(r['blocked_ms_median'], '21.2f')} "
-                     f"{bt.fmt(r['blocked_ms_max'], '9.2f')} {bt.fmt(gb, '8.3f')} "
-                     f"{bt.fmt(r['effective_gbps'], '10.1f')} "
-                     f"{(bt.fmt(slow, '+6.1f') + '%') if slow is not None else '-':>8}")
-    return "\n".join(lines)
+        return (f"{r['mode']:<16} {bt.fmt(r['iter_ms_plain'], '14.1f')} "
+                f"{bt.fmt(r['iter_ms_ckpt'], '7.1f')} {bt.fmt(r['iter_ms_after'], '7.1f')} "
+                f"{bt.fmt(r['blocked_ms_median'], '21.2f')} "
+                f"{bt.fmt(r['blocked_ms_max'], '9.2f')} {bt.fmt(gb, '8.3f')} "
+                f"{bt.fmt(r['effective_gbps'], '10.1f')} {bt.pct(slow, 8)}")
+    return bt.table_of(results, base,
+                       f"{'mode':<16} {'iter ms: plain':>14} {'ckpt':>7} {'next':>7} "
+                       f"{'blocked/ckpt ms: med':>21} {'max':>9} {'GB/ckpt':>8} "
+                       f"{'eff. GB/s':>10} {'vs base':>8}", row)
 
 
 def make_mode(name, cfg, node):

@@ -466,10 +466,16 @@ def fmt(v, spec):
     return f"{'-':>{width}}" if v is None else format(v, spec)
 
 
-def table(results, base):
-    """The summary table (printed last)."""
-    lines = [f"{'mode':<16} {'iter ms (med)':>13} {'blocked/ckpt ms (med)':>22} "
-             f"{'ckpt GB':>8} {'eff. GB/s':>10} {'slowdown':>9} {'per-ckpt':>9}"]
+def pct(v, width):
+    """v as a signed percentage right-aligned in width columns, '-' for None."""
+    return f"{(fmt(v, f'+{width - 1}.1f') + '%') if v is not None else '-':>{width}}"
+
+
+def table_of(results, base, header, row):
+    """A summary table: the header, then per mode its SKIP/FAILED line or row(r, slowdown),
+    the slowdown being its loop time after the first iteration against base's, in percent
+    (also stored in r)."""
+    lines = [header]
     for r in results:
         if r.get("skipped") or r.get("error"):
             why = f"SKIP: {r['skipped']}" if r.get("skipped") else f"FAILED: {r['error']}"
@@ -479,14 +485,21 @@ def table(results, base):
         if base is not None:
             slow = 100.0 * (r["loop_s_after_first"] / base["loop_s_after_first"] - 1)
             r["slowdown_pct"] = slow
-        gb = r["ckpt_bytes"] / 1e9 if r["ckpt_bytes"] else None
-        per = r.get("ckpt_overhead_pct")
-        lines.append(f"{r['mode']:<16} {fmt(r['iter_ms_median'], '13.1f')} "
-                     f"{fmt(r['blocked_ms_median'], '22.2f')} {fmt(gb, '8.3f')} "
-                     f"{fmt(r['effective_gbps'], '10.1f')} "
-                     f"{(fmt(slow, '+8.1f') + '%') if slow is not None else '-':>9} "
-                     f"{(fmt(per, '+8.1f') + '%') if per is not None else '-':>9}")
+        lines.append(row(r, slow))
     return "\n".join(lines)
+
+
+def table(results, base):
+    """The summary table (printed last)."""
+    def row(r, slow):
+        gb = r["ckpt_bytes"] / 1e9 if r["ckpt_bytes"] else None
+        return (f"{r['mode']:<16} {fmt(r['iter_ms_median'], '13.1f')} "
+                f"{fmt(r['blocked_ms_median'], '22.2f')} {fmt(gb, '8.3f')} "
+                f"{fmt(r['effective_gbps'], '10.1f')} {pct(slow, 9)} "
+                f"{pct(r.get('ckpt_overhead_pct'), 9)}")
+    return table_of(results, base,
+                    f"{'mode':<16} {'iter ms (med)':>13} {'blocked/ckpt ms (med)':>22} "
+                    f"{'ckpt GB':>8} {'eff. GB/s':>10} {'slowdown':>9} {'per-ckpt':>9}", row)
 
 
 # Sizes and schedules. The GPU presets train a 2048 x 32-layer GPT (vocab 32000): 1.74 B
@@ -642,7 +655,7 @@ def main(argv):
             if name == "dsckpt":
                 restore = {"ok": False, "error": str(e)}
         finally:
-            trainer = None
+            del trainer  # its GPU memory goes before the next mode
             if mode is not None:
                 try:
                     if isinstance(mode, DcpAsync):
