@@ -603,6 +603,7 @@ enum fake_mode {
 	FAKE_GOOD,       /* well-formed STATUS and PENDING replies (with an extra key) */
 	FAKE_BAD,        /* STATUS lacks "cuda"; PENDING's saves is not an array */
 	FAKE_EMPTY,      /* PENDING lists no save */
+	FAKE_BADPOOLS,   /* STATUS's cache_pools holds a pool whose node is a string */
 };
 
 /* Packs one save of a PENDING reply. */
@@ -646,7 +647,7 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		proto_kv_u64(&o.pk, "client", 7);
 	} else if (h->type == PROTO_STATUS) {
 		proto_out_init(&o, PROTO_REPLY, h->id);
-		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 14 : 11);
+		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 14 : mode == FAKE_BADPOOLS ? 13 : 11);
 		proto_kv_str(&o.pk, "version", "9.9.9");
 		proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 		proto_kv_u64(&o.pk, "pid", 4242);
@@ -669,6 +670,14 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 				proto_kv_u64(&o.pk, "total", 2ull << 30);
 				proto_kv_u64(&o.pk, "used", (uint64_t)n << 30);
 			}
+		} else if (mode == FAKE_BADPOOLS) {
+			proto_kv_str(&o.pk, "cuda", "NVIDIA H200");
+			proto_key(&o.pk, "cache_pools");
+			msgpack_pack_array(&o.pk, 1);
+			msgpack_pack_map(&o.pk, 3);
+			proto_kv_str(&o.pk, "node", "zero");
+			proto_kv_u64(&o.pk, "total", 1);
+			proto_kv_u64(&o.pk, "used", 0);
 		}
 	} else {
 		proto_out_init(&o, PROTO_REPLY, h->id);
@@ -803,6 +812,16 @@ START_TEST(test_query_malformed)
 }
 END_TEST
 
+/* A NUMA pool of the wrong shape makes STATUS malformed too, with the pool named. */
+START_TEST(test_query_bad_pools)
+{
+	const char *sock = fake_start(FAKE_BADPOOLS);
+	ck_assert_int_eq(ctl("-s %s --json status", sock), 1);
+	ck_out_has("malformed STATUS reply from dsckptd");
+	ck_out_has("cache_pools[0]");
+}
+END_TEST
+
 /* Usage errors exit 2; --help documents every command and exits 0. */
 START_TEST(test_usage)
 {
@@ -849,6 +868,7 @@ static Suite *ctl_suite(void)
 	tcase_add_test(tc, test_query_replies);
 	tcase_add_test(tc, test_query_empty);
 	tcase_add_test(tc, test_query_malformed);
+	tcase_add_test(tc, test_query_bad_pools);
 	tcase_add_test(tc, test_usage);
 	suite_add_tcase(s, tc);
 	return s;
