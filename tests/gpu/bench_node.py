@@ -457,14 +457,7 @@ def main(argv):
         per_layer, fixed = params_of(cfg, 1) - params_of(cfg, 0), params_of(cfg, 0)
         cfg.layers = max(1, round((cfg.state_gb * 1e9 / per_gpu / 12 - fixed) / per_layer))
     cfg.params = params_of(cfg, cfg.layers)
-    if not os.path.isdir(cfg.dir):
-        log(f"bench-node: checkpoint root {cfg.dir} does not exist")
-        return 2
-    try:
-        with dsckpt.Connection(cfg.socket) as c:
-            del c
-    except Exception as e:
-        log(f"bench-node: cannot reach dsckptd at {cfg.socket}: {e}")
+    if not bt.ready(cfg, "bench-node"):
         return 2
     backend = "gloo" if cfg.smoke or cfg.ranks > cfg.gpus else "nccl"
     log(f"bench-node: torch {torch.__version__}, {cfg.ranks} ranks on {cfg.device} "

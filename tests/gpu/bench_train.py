@@ -452,6 +452,20 @@ def restore_check(cfg, dev, batches, tag, start, ref_losses):
     return rows, ok, load_s
 
 
+def ready(cfg, who):
+    """Whether the checkpoint root exists and the daemon answers (else says why)."""
+    if not os.path.isdir(cfg.dir):
+        log(f"{who}: checkpoint root {cfg.dir} does not exist")
+        return False
+    try:
+        with dsckpt.Connection(cfg.socket):
+            pass
+    except Exception as e:
+        log(f"{who}: cannot reach dsckptd at {cfg.socket}: {e}")
+        return False
+    return True
+
+
 def make_batches(cfg, dev):
     """The seeded random token micro-batches of every iteration (accum x batch x seq+1),
     shared by all modes."""
@@ -575,14 +589,7 @@ def main(argv):
     det = getattr(torch.utils, "deterministic", None)
     if det is not None and hasattr(det, "fill_uninitialized_memory"):
         det.fill_uninitialized_memory = False  # no NaN fill of every torch.empty
-    if not os.path.isdir(cfg.dir):
-        log(f"bench-train: checkpoint root {cfg.dir} does not exist")
-        return 2
-    try:
-        with dsckpt.Connection(cfg.socket) as c:
-            del c
-    except Exception as e:
-        log(f"bench-train: cannot reach dsckptd at {cfg.socket}: {e}")
+    if not ready(cfg, "bench-train"):
         return 2
 
     ckpt_iters = set(range(cfg.every, cfg.iters + 1, cfg.every))
