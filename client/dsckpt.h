@@ -69,7 +69,8 @@ extern "C" {
 	XX(ENOCUDA, -1003, "CUDA not available")                               \
 	XX(ECHECKSUM, -1004, "checksum mismatch")                              \
 	XX(EINCOMPLETE, -1005, "checkpoint incomplete")                        \
-	XX(ESHUTDOWN, -1006, "daemon shutting down")
+	XX(ESHUTDOWN, -1006, "daemon shutting down")                           \
+	XX(ELIMIT, -1007, "per-user limit of the daemon reached")
 
 /* The error codes as an enum: DSCKPT_EINVAL, DSCKPT_EFAILED, ... */
 typedef enum {

@@ -15,7 +15,8 @@ Importing ``dsckpt`` does not load the shared library; the first call does.
 from .core import (Connection, HostBuffer, Level, Save, SaveProgress, err_name, strerror,
                    version)
 from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, DsckptTimeout,
-                     Errno, InvalidArgument, NotSupported, PermissionDenied, SaveFailed)
+                     Errno, InvalidArgument, LimitReached, NotSupported, PermissionDenied,
+                     SaveFailed)
 
 __version__ = "0.1.0"
 
@@ -23,5 +24,5 @@ __all__ = [
     "Connection", "Save", "Level", "SaveProgress", "HostBuffer", "version", "strerror",
     "err_name", "DsckptError", "Errno", "DaemonUnavailable", "SaveFailed",
     "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",
-    "NotSupported",
+    "NotSupported", "LimitReached",
 ]

@@ -39,6 +39,7 @@ class Errno(enum.IntEnum):
     ECHECKSUM = -1004
     EINCOMPLETE = -1005
     ESHUTDOWN = -1006
+    ELIMIT = -1007
 
 
 class DsckptError(Exception):
@@ -86,6 +87,10 @@ class PermissionDenied(DsckptError, PermissionError):
     """A path outside the allowed roots, or owned by someone else."""
 
 
+class LimitReached(DsckptError):
+    """A per-user limit of the daemon (open saves, regions, bytes, tensors) was reached."""
+
+
 class NotSupported(DsckptError):
     """Memory or an operation the library cannot hand over (managed memory, no CUDA)."""
 
@@ -105,6 +110,7 @@ _CLASSES: Dict[int, Type[DsckptError]] = {
     Errno.EACCES: PermissionDenied,
     Errno.ENOTSUP: NotSupported,
     Errno.ENOCUDA: NotSupported,
+    Errno.ELIMIT: LimitReached,
 }
 
 
