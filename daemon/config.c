@@ -63,6 +63,24 @@ static const struct option options[] = {
 	  "error, warn, info or debug" },
 	{ "o_direct", OPT_BOOL, 0, 0, "true", OFF(o_direct),
 	  "write files with O_DIRECT where the filesystem allows it" },
+	{ "file_mode", OPT_OCTAL, 0, 0666, "\"0600\"", OFF(file_mode),
+	  "permissions of the files dsckptd writes (private to their owner by default)" },
+	{ "dir_mode", OPT_OCTAL, 0, 0777, "\"0700\"", OFF(dir_mode),
+	  "permissions of the directories dsckptd creates (owner read/write/search is added)" },
+	{ "max_conns_per_user", OPT_UINT, 1, 1000000, "64", OFF(max_conns_per_user),
+	  "connections one user may hold open" },
+	{ "max_saves_per_user", OPT_UINT, 1, 1000000, "256", OFF(max_saves_per_user),
+	  "saves one user may have begun and not yet durable or failed" },
+	{ "max_regions_per_user", OPT_UINT, 1, 10000000, "4096", OFF(max_regions_per_user),
+	  "memory regions (host memfds, GPU handles) the daemon holds open for one user" },
+	{ "max_region_gib_per_user", OPT_NUMBER, 0, 1048576, "0", OFF(max_region_gib),
+	  "GiB of host memory the daemon maps for one user; 0: the machine's RAM" },
+	{ "max_unread_mib_per_user", OPT_MIB, 1, 1048576, "256", OFF(max_unread_bytes),
+	  "MiB of unfinished requests and unread replies buffered for one user's connections" },
+	{ "max_blob_mib_per_user", OPT_MIB, 1, 1048576, "1024", OFF(max_blob_bytes),
+	  "MiB of blobs (.meta contents) held for one user's saves not yet durable" },
+	{ "max_tensors_per_save", OPT_UINT, 1, 16777216, "262144", OFF(max_tensors_per_save),
+	  "tensors in one save (a save's header must also fit safetensors' 100 MB limit)" },
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -295,6 +313,12 @@ static int config_sizes(struct config *cfg, char *err, size_t errlen)
 	}
 	cfg->chunk_bytes = chunk;
 	cfg->host_cache_bytes = bytes - bytes % chunk;
+	cfg->max_region_bytes = (uint64_t)(cfg->max_region_gib * GIB);
+	if (cfg->max_region_bytes == 0) {
+		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+		cfg->max_region_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
+							      : UINT64_MAX;
+	}
 	return 0;
 }
 
@@ -451,7 +475,7 @@ void config_print_help(FILE *f)
 	fprintf(f, "Configuration (a JSON object; every key is optional):\n");
 	for (size_t i = 0; i < N_OPTIONS; i++) {
 		const struct option *o = &options[i];
-		fprintf(f, "  %-16s ", o->name);
+		fprintf(f, "  %-24s ", o->name);
 		switch (o->type) {
 		case OPT_STRING:
 			fprintf(f, "string of %g to %g bytes", o->min, o->max);
@@ -476,6 +500,6 @@ void config_print_help(FILE *f)
 			fprintf(f, "true or false");
 			break;
 		}
-		fprintf(f, ", default %s\n  %-16s %s\n", o->def, "", o->help);
+		fprintf(f, ", default %s\n  %-24s %s\n", o->def, "", o->help);
 	}
 }

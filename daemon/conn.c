@@ -19,6 +19,7 @@
 
 #define FDQ_MAX 256
 #define OUT_MAX (64u << 20)  /* replies a client leaves unread before we drop it */
+#define IN_BASE 131072       /* the input buffer between large frames */
 
 /* A region the client registered. */
 struct region {
@@ -43,6 +44,8 @@ struct conn {
 	unsigned nfdq;
 	uint8_t *out;           /* replies not yet written */
 	size_t out_len, out_off, out_cap;
+	uint64_t charged;       /* in_cap + out_cap, charged to uid as QUOTA_UNREAD */
+	int counted;            /* one QUOTA_CONNS charged to uid */
 	int closing;            /* close once out is written */
 	int dead;               /* closed; the handle is closing */
 	struct region *regions;
@@ -81,13 +84,38 @@ void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
 	c->world = world;
 }
 
-/* Frees a connection once libuv has closed its handle. */
+/* Frees a connection once libuv has closed its handle, giving back what it was charged. */
 static void conn_freed(uv_handle_t *h)
 {
 	struct conn *c = h->data;
+	quota_give(c->uid, QUOTA_UNREAD, c->charged);
+	if (c->counted)
+		quota_give(c->uid, QUOTA_CONNS, 1);
 	free(c->in);
 	free(c->out);
 	free(c);
+}
+
+/* Resizes one of c's buffers to cap bytes, charging the growth to its user; 0, or -1 (the
+ * user's unread limit, or out of memory) with err. */
+static int conn_resize(struct conn *c, uint8_t **buf, size_t *bufcap, size_t cap, char *err,
+		       size_t errlen)
+{
+	size_t grow = cap > *bufcap ? cap - *bufcap : 0;
+
+	if (grow && quota_take(c->uid, QUOTA_UNREAD, grow, err, errlen) < 0)
+		return -1;
+	uint8_t *p = realloc(*buf, cap);
+	if (!p) {
+		quota_give(c->uid, QUOTA_UNREAD, grow);
+		return grow ? seterr(err, errlen, -1, "out of memory") : 0;
+	}
+	if (!grow)
+		quota_give(c->uid, QUOTA_UNREAD, *bufcap - cap);
+	c->charged = c->charged + cap - *bufcap;
+	*buf = p;
+	*bufcap = cap;
+	return 0;
 }
 
 /* Closes a connection now: its saves go on, its waits are dropped. */
@@ -119,9 +147,25 @@ static void conn_close(struct conn *c)
 	uv_close((uv_handle_t *)&c->poll, conn_freed);
 }
 
+/* Tells a client refused at accept why, in one ERROR frame, without waiting for it. */
+static void conn_refuse(int fd, const char *msg)
+{
+	struct proto_out o;
+
+	proto_out_init(&o, PROTO_ERROR, 0);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_i64(&o.pk, "code", DSCKPT_ELIMIT);
+	proto_kv_str(&o.pk, "message", msg);
+	size_t len = proto_out_finish(&o, 0);
+	if (send(fd, o.sb.data, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		log_debug("refusing a client: %s", strerror(errno));
+	proto_out_free(&o);
+}
+
 /* Takes an accepted socket and reads the peer's credentials. */
 void conn_accept(int fd)
 {
+	char err[ERRLEN];
 	struct ucred cred;
 	socklen_t len = sizeof(cred);
 	struct conn *c = calloc(1, sizeof(*c));
@@ -142,7 +186,16 @@ void conn_accept(int fd)
 	c->pid = cred.pid;
 	c->uid = cred.uid;
 	c->gid = cred.gid;
+	if (quota_take(c->uid, QUOTA_CONNS, 1, err, sizeof(err)) < 0) {
+		conn_refuse(fd, err);
+		log_warnx("client pid %d uid %u refused: %s", (int)c->pid, (unsigned)c->uid, err);
+		free(c);
+		close(fd);
+		return;
+	}
+	c->counted = 1;
 	if (uv_poll_init(loop, &c->poll, fd) != 0) {
+		quota_give(c->uid, QUOTA_CONNS, 1);
 		log_warnx("uv_poll_init failed for a client");
 		free(c);
 		close(fd);
@@ -202,16 +255,16 @@ void conn_send(struct conn *c, struct proto_out *o)
 	}
 	if (c->out_len + len > c->out_cap) {
 		size_t cap = c->out_cap ? c->out_cap : 4096;
+		char err[ERRLEN];
 		while (cap < c->out_len + len)
 			cap *= 2;
-		uint8_t *p = realloc(c->out, cap);
-		if (!p) {
+		if (conn_resize(c, &c->out, &c->out_cap, cap, err, sizeof(err)) < 0) {
+			log_warnx("client %llu (uid %u) dropped with its replies unread: %s",
+				  (unsigned long long)c->id, (unsigned)c->uid, err);
 			proto_out_free(o);
 			conn_close(c);
 			return;
 		}
-		c->out = p;
-		c->out_cap = cap;
 	}
 	memcpy(c->out + c->out_len, o->sb.data, len);
 	c->out_len += len;
@@ -305,6 +358,9 @@ static void handle_frames(struct conn *c)
 		return;
 	memmove(c->in, c->in + off, c->in_len - off);
 	c->in_len -= off;
+	/* A large frame is handled: give its memory back (to the user's unread limit too). */
+	if (c->in_cap > IN_BASE && c->in_len <= IN_BASE / 2)
+		conn_resize(c, &c->in, &c->in_cap, IN_BASE, why, sizeof(why));
 }
 
 /* Reads what the socket has, collecting descriptors; -1 when the connection ended. */
@@ -316,15 +372,14 @@ static int read_some(struct conn *c)
 	} u;
 
 	if (c->in_cap - c->in_len < 65536) {
-		size_t cap = c->in_cap ? c->in_cap * 2 : 131072;
-		if (cap > PROTO_HDR_SIZE + PROTO_MAX_BODY + 131072)
-			cap = PROTO_HDR_SIZE + PROTO_MAX_BODY + 131072;
-		if (cap > c->in_cap) {
-			uint8_t *p = realloc(c->in, cap);
-			if (!p)
-				return -1;
-			c->in = p;
-			c->in_cap = cap;
+		size_t cap = c->in_cap ? c->in_cap * 2 : IN_BASE;
+		char err[ERRLEN];
+		if (cap > PROTO_HDR_SIZE + PROTO_MAX_BODY + IN_BASE)
+			cap = PROTO_HDR_SIZE + PROTO_MAX_BODY + IN_BASE;
+		if (cap > c->in_cap &&
+		    conn_resize(c, &c->in, &c->in_cap, cap, err, sizeof(err)) < 0) {
+			conn_error(c, 0, DSCKPT_ELIMIT, 1, "%s", err);
+			return 0;
 		}
 	}
 	struct iovec iov = {.iov_base = c->in + c->in_len, .iov_len = c->in_cap - c->in_len};
@@ -386,14 +441,20 @@ void conn_close_all(void)
 		conn_close(conns);
 }
 
-/* Registers a source under a client-chosen id. */
-int conn_region_add(struct conn *c, uint64_t id, struct source *s)
+/* Registers a source under a client-chosen id, charged to the client's user. */
+int conn_region_add(struct conn *c, uint64_t id, struct source *s, char *err, size_t errlen)
 {
 	if (conn_region(c, id))
-		return -1;
+		return seterr(err, errlen, DSCKPT_EEXIST, "region %llu already registered",
+			      (unsigned long long)id);
 	struct region *r = calloc(1, sizeof(*r));
 	if (!r)
-		return -1;
+		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+	int rc = source_charge(s, c->uid, err, errlen);
+	if (rc < 0) {
+		free(r);
+		return rc;
+	}
 	r->id = id;
 	r->src = s;
 	r->next = c->regions;

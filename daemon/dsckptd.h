@@ -69,6 +69,17 @@ struct config {
 	unsigned keep_last;        /* 0 = keep all */
 	int log_level;             /* enum log_level */
 	int o_direct;              /* write files with O_DIRECT where the filesystem allows */
+	unsigned file_mode;        /* of the files dsckptd writes */
+	unsigned dir_mode;         /* of the directories it creates */
+	/* Per-user limits (quota.c); a user is a uid, over all of its connections. */
+	unsigned max_conns_per_user;
+	unsigned max_saves_per_user;
+	unsigned max_regions_per_user;
+	double max_region_gib;     /* as written; 0 = the machine's RAM */
+	uint64_t max_region_bytes; /* host memory mapped for one user */
+	uint64_t max_unread_bytes; /* buffered input and output of one user's connections */
+	uint64_t max_blob_bytes;   /* blobs of one user's saves in flight */
+	unsigned max_tensors_per_save;
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -76,6 +87,25 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);
+
+/* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
+enum quota_kind {
+	QUOTA_CONNS,        /* open connections */
+	QUOTA_SAVES,        /* saves begun, not yet durable or failed */
+	QUOTA_REGIONS,      /* sources held open (regions, and those saves still read) */
+	QUOTA_REGION_BYTES, /* host memory those sources map */
+	QUOTA_UNREAD,       /* bytes buffered for unfinished frames and unread replies */
+	QUOTA_BLOB,         /* blob bytes of saves not yet durable */
+	QUOTA_N
+};
+/* Sets the limits from a config (start, reload); none are enforced before the first call. */
+void quota_set_limits(const struct config *cfg);
+/* Charges n of kind to uid within its limit; 0, or DSCKPT_ELIMIT naming the key in err. */
+int quota_take(uid_t uid, int kind, uint64_t n, char *err, size_t errlen);
+/* Gives back n of kind that quota_take charged to uid. */
+void quota_give(uid_t uid, int kind, uint64_t n);
+/* What uid holds of kind now. */
+uint64_t quota_used(uid_t uid, int kind);
 
 /* cache.c */
 /* Maps bytes of host memory (split into one pool per NUMA node with CPUs, each bound to its
@@ -111,7 +141,8 @@ int cache_pci_node(const char *busid);
 void cache_set_sysfs(const char *root);
 
 /* source.c — transports: a source of bytes the daemon pulls from (host memfd now). */
-/* Maps a client's host memory fd (takes ownership of fd) of at least size bytes. */
+/* Takes a client's host memory fd (ownership too) of at least size bytes: only a memfd that
+ * is sealed (here, if not yet) against shrinking; read with pread, never mapped. */
 int source_host_open(int fd, uint64_t size, struct source **out, char *err, size_t errlen);
 /* Copies len bytes at off of the source into dst (a cache chunk); 0 or -1 with err. */
 int source_read(struct source *s, uint64_t off, void *dst, uint64_t len, char *err,
@@ -122,6 +153,8 @@ uint64_t source_size(const struct source *s);
 const char *source_kind(const struct source *s);
 /* NUMA node the source's memory is near (a GPU's), or -1 for any (host memory, unknown). */
 int source_node(const struct source *s);
+/* Charges the source to uid (a region; host bytes too) until its last reference goes. */
+int source_charge(struct source *s, uid_t uid, char *err, size_t errlen);
 /* Takes a reference (thread-safe). */
 void source_ref(struct source *s);
 /* Drops a reference; the last one unmaps and closes. */
@@ -135,6 +168,13 @@ struct st_tensor {
 	unsigned ndim;
 	uint64_t nbytes;
 };
+/* safetensors' own limit on the JSON header (readers refuse a longer one). */
+#define ST_MAX_HEADER 100000000u
+/* Room for the header's fixed part (__metadata__ pairs, braces, alignment padding). */
+#define ST_HEADER_FIXED (64u << 10)
+/* At most how many header bytes one tensor adds; a save keeps the sum below the limit, so
+ * that every save accepted can also be read back (and committed). */
+size_t st_tensor_header_bytes(const char *name, const char *dtype, unsigned ndim);
 /* Size in bytes of a safetensors dtype ("F32" → 4); 0 if unknown. */
 unsigned st_dtype_size(const char *dtype);
 /*
@@ -155,17 +195,27 @@ void st_header_set_xxh3(uint8_t *hdr, size_t pos, uint64_t h);
 #define STORE_PARTIAL ".partial"
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
+/* The identity of an allowed root a directory was opened under. */
+struct store_root {
+	dev_t dev;
+	ino_t ino;
+};
 /*
  * Opens (creating what is missing) the absolute directory dir for a client uid/gid: dir must
- * lie under one of cfg's allowed roots, contain no "." or ".." component and no symbolic link
- * below the root; created directories are owned by uid/gid; existing ones below the root must
- * be owned by uid unless uid is 0. Returns an O_DIRECTORY fd, or a negative DSCKPT_E* with err.
+ * be <root>/<job>/<tag> or deeper under one of cfg's allowed roots, contain no "." or ".."
+ * component and no symbolic link below the root; created directories are made private, then
+ * chowned to uid/gid and given cfg->dir_mode through their descriptor; existing ones below the
+ * root must be owned by uid unless uid is 0. Returns an O_DIRECTORY fd (and the root's
+ * identity in root when not NULL), or a negative DSCKPT_E* with err.
  */
 int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
-		   char *err, size_t errlen);
-/* Creates dirfd/name.partial (exclusive, O_DIRECT when asked and possible), owned by uid/gid. */
-int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, int o_direct,
-		      struct store_file **out, char *err, size_t errlen);
+		   struct store_root *root, char *err, size_t errlen);
+/* Whether dirfd still lies below root (a client may have moved it); 0 or DSCKPT_EACCES. */
+int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen);
+/* Creates dirfd/name.partial (exclusive, O_DIRECT when asked and possible), owned by uid/gid
+ * with mode (owner read/write always), both set on the descriptor. */
+int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigned mode,
+		      int o_direct, struct store_file **out, char *err, size_t errlen);
 /* Whether the file was opened with O_DIRECT (writes must then be 4096-aligned). */
 int store_file_direct(const struct store_file *f);
 /* Writes len bytes at off (retrying short writes); negative DSCKPT_E* with err. */
@@ -177,7 +227,7 @@ int store_file_finish(struct store_file *f, uint64_t size, char *err, size_t err
 void store_file_abort(struct store_file *f);
 /* Writes dirfd/name atomically (partial, fsync, rename, dir fsync), owned by uid/gid. */
 int store_write_atomic(int dirfd, const char *name, const void *buf, size_t len, uid_t uid,
-		       gid_t gid, char *err, size_t errlen);
+		       gid_t gid, unsigned mode, char *err, size_t errlen);
 /* Result of a commit. */
 struct store_commit_info {
 	char tag[256];
@@ -328,8 +378,9 @@ unsigned conn_world(const struct conn *c);
 /* Records HELLO's identity. */
 void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
 		       unsigned world);
-/* Registers a source under a client-chosen id (takes the reference); -1 if taken. */
-int conn_region_add(struct conn *c, uint64_t id, struct source *s);
+/* Registers a source under a client-chosen id (takes the reference on success), charged to
+ * the client's user; negative DSCKPT_E* (EEXIST, ELIMIT, ENOMEM) with err. */
+int conn_region_add(struct conn *c, uint64_t id, struct source *s, char *err, size_t errlen);
 /* Forgets a region; -1 if unknown. */
 int conn_region_del(struct conn *c, uint64_t id);
 /* Looks a region up (borrowed reference); NULL if unknown. */
@@ -366,6 +417,10 @@ struct engine_req {
 	size_t meta_len;
 	uid_t uid;
 	gid_t gid;
+	unsigned mode;       /* of the .meta file */
+	char *meta_xxh3;     /* 17 bytes of the save's, where the .meta's checksum goes (the
+			      * flush thread fills it before laying out the header), or NULL */
+	struct store_root root;    /* the files are renamed into place only below it */
 	struct cuda_fence *fence;  /* copies wait for it (GPU saves), or NULL */
 	void *owner;         /* the save, passed back in events */
 };
@@ -422,8 +477,8 @@ void save_commit(struct conn *c, uint64_t req, const char *dir, unsigned world,
 void save_conn_gone(struct conn *c);
 /* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void);
-/* Packs the PENDING reply's "saves" array. */
-void save_pack_pending(struct msgpack_packer *pk);
+/* Packs the PENDING reply's "saves" array: uid's saves (every save for root). */
+void save_pack_pending(struct msgpack_packer *pk, uid_t uid);
 /* Frees every save (shutdown, once nothing is in flight). */
 void save_free_all(void);
 

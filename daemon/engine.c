@@ -327,9 +327,12 @@ static int finish_job(struct job *j, char *err, size_t errlen)
 	int rc = store_file_pwrite(j->r.file, j->hdr, j->hdr_len, 0, err, errlen);
 	if (rc < 0)
 		return -1;
+	/* Nothing is renamed into a directory its client moved out of the allowed root. */
+	if (store_dir_within(j->r.dirfd, &j->r.root, err, errlen) < 0)
+		return -1;
 	if (j->r.meta_name &&
 	    store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta_bytes, j->r.meta_len,
-			       j->r.uid, j->r.gid, err, errlen) < 0)
+			       j->r.uid, j->r.gid, j->r.mode, err, errlen) < 0)
 		return -1;
 	rc = store_file_finish(j->r.file, j->hdr_len + j->data_len, err, errlen);
 	j->r.file = NULL;	/* finish frees it, success or not */
@@ -358,6 +361,9 @@ static void flush_loop(void)
 			 * ("dsckpt.host") from the start; finish_job writes it again, filled.
 			 */
 			pthread_mutex_unlock(&E.lock);
+			if (j->r.meta_xxh3)
+				snprintf(j->r.meta_xxh3, 17, "%016llx", (unsigned long long)
+					 XXH3_64bits(j->r.meta_bytes, j->r.meta_len));
 			int rc = st_header_build(j->r.st, j->r.n, j->r.meta, j->r.nmeta, &j->hdr,
 						 &j->hdr_len, j->slots, err, sizeof(err));
 			if (rc == 0)

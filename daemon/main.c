@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -89,6 +90,22 @@ static unsigned copy_threads_for(unsigned configured)
 	return gpus > 32 ? 64 : gpus < 2 ? 4 : 2 * (unsigned)gpus;
 }
 
+/*
+ * Raises the descriptor limit to its hard maximum (the unit sets it): each user's regions and
+ * saves hold descriptors, bounded per user by the quota limits, so that one user's share never
+ * runs the daemon out of them for everyone.
+ */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			log_warn("raising the descriptor limit");
+	}
+}
+
 /* Loads the config again; a bad one keeps the old. */
 static void reload(void)
 {
@@ -124,6 +141,7 @@ static void reload(void)
 	retired[nretired++] = config;
 	config = n;
 	log_set_level(config->log_level);
+	quota_set_limits(config);
 	log_info("configuration reloaded from %s (%zu allowed roots, keep_last %u, log %s)",
 		 config_path, config->n_roots, config->keep_last,
 		 log_level_name(config->log_level));
@@ -200,6 +218,11 @@ int main(int argc, char **argv)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	start_time = ts.tv_sec + ts.tv_nsec / 1e9;
 	signal(SIGPIPE, SIG_IGN);
+	raise_nofile();
+	quota_set_limits(config);
+	/* Commits run in libuv's threadpool, one per user at a time (save.c): room for 16 users'
+	 * commits at once instead of libuv's 4. */
+	setenv("UV_THREADPOOL_SIZE", "16", 0);
 
 	recover_run(config);
 	gpu_line = gpu_init();

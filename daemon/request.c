@@ -107,10 +107,11 @@ static void region_add_vmm(struct conn *c, const struct proto_hdr *h, struct pro
 			return conn_error(c, h->id, rc, 0, "region %llu: %s",
 					  (unsigned long long)region, err);
 		}
-		if (conn_region_add(c, region, s) < 0) {
+		if ((rc = conn_region_add(c, region, s, err, sizeof(err))) < 0) {
 			source_unref(s);
 			close_fds(fds, nfds);
-			return conn_error(c, h->id, DSCKPT_ENOMEM, 0, "out of memory");
+			return conn_error(c, h->id, rc, 0, "region %llu: %s",
+					  (unsigned long long)region, err);
 		}
 	} else if (!s) {
 		close_fds(fds, nfds);
@@ -176,9 +177,10 @@ static void on_region_add(struct conn *c, const struct proto_hdr *h, struct prot
 	if (rc < 0)
 		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
 				  err);
-	if (conn_region_add(c, region, s) < 0) {
+	if ((rc = conn_region_add(c, region, s, err, sizeof(err))) < 0) {
 		source_unref(s);
-		return conn_error(c, h->id, DSCKPT_ENOMEM, 0, "out of memory");
+		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
+				  err);
 	}
 	reply_empty(c, h->id);
 }
@@ -471,7 +473,7 @@ static void on_status(struct conn *c, const struct proto_hdr *h, struct proto_ma
 	conn_send(c, &o);
 }
 
-/* PENDING: every save the daemon still knows. */
+/* PENDING: the saves the daemon still knows, of this client's user (all of them for root). */
 static void on_pending(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	struct proto_out o;
@@ -481,7 +483,7 @@ static void on_pending(struct conn *c, const struct proto_hdr *h, struct proto_m
 	proto_out_init(&o, PROTO_REPLY, h->id);
 	msgpack_pack_map(&o.pk, 1);
 	proto_key(&o.pk, "saves");
-	save_pack_pending(&o.pk);
+	save_pack_pending(&o.pk, conn_uid(c));
 	conn_send(c, &o);
 }
 

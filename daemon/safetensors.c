@@ -111,6 +111,25 @@ static void st_buf_escape(struct st_buf *b, const char *s)
 	st_buf_add(b, run, (size_t)(s - run));
 }
 
+/* Length of s once escaped as the inside of a JSON string (st_buf_escape). */
+static size_t st_escaped_len(const char *s)
+{
+	size_t n = 0;
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		n += c == '"' || c == '\\' ? 2 : c < 0x20 ? 6 : 1;
+	}
+	return n;
+}
+
+/* At most how many header bytes tensor t adds (its checksum slot and its entry). */
+size_t st_tensor_header_bytes(const char *name, const char *dtype, unsigned ndim)
+{
+	/* slot: "dsckpt.xxh3.<name>":"<16>",  entry: ,"<name>":{"dtype":"<dtype>",
+	 * "shape":[<ndim numbers>],"data_offsets":[<20>,<20>]} — numbers at most 20 digits. */
+	return 2 * st_escaped_len(name) + strlen(dtype) + 21 * (size_t)ndim + 140;
+}
+
 /* Appends "s" (quoted and escaped). */
 static void st_buf_qstr(struct st_buf *b, const char *s)
 {

@@ -17,7 +17,6 @@
 #include <xxhash.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
-#define MAX_TENSORS (1u << 24) /* per save */
 #define MAX_BLOB_BYTES (1ull << 30)
 
 /* A tensor as the client described it. */
@@ -77,6 +76,7 @@ struct save {
 	char dir[PROTO_MAX_STR + 1];
 	char file[129];
 	int dirfd;
+	struct store_root root;  /* the allowed root dirfd was opened under */
 	int level;
 	char error[ERRLEN];
 	struct tensor_in *t;
@@ -84,12 +84,17 @@ struct save {
 	uint32_t *names;         /* open-addressing set of tensor indexes + 1, by name */
 	size_t names_cap;        /* a power of two, at least twice n */
 	uint64_t bytes;
+	uint64_t hdr_bytes;      /* at most this much header for the tensors so far */
 	struct blob *b;
 	size_t nb;
+	uint64_t blob_bytes;     /* charged to uid as QUOTA_BLOB until DURABLE or FAILED */
+	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
 	struct job *job;
 	struct st_tensor *st;    /* the header's description, lent to the job */
-	const char *meta[12];    /* __metadata__ pairs, lent to the job */
+	const char *meta[16];    /* __metadata__ pairs, lent to the job */
 	char rank_str[16], world_str[16];
+	char meta_size[24];      /* the .meta file's size, recorded in the header */
+	char meta_xxh3[17];      /* its checksum, filled in by the flush thread */
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
 	struct waiter *waiters;
@@ -103,9 +108,33 @@ static uv_timer_t *gc_timer;
 
 static void commits_check(void);
 
+/* Gives back what the save holds of its user's limits (at DURABLE or FAILED, or when it is
+ * forgotten before that). */
+static void save_uncharge(struct save *s)
+{
+	quota_give(s->uid, QUOTA_BLOB, s->blob_bytes);
+	s->blob_bytes = 0;
+	if (s->counted)
+		quota_give(s->uid, QUOTA_SAVES, 1);
+	s->counted = 0;
+}
+
+/* Frees the blobs (packed into the .meta file's bytes at SAVE_END). */
+static void save_free_blobs(struct save *s)
+{
+	for (size_t i = 0; i < s->nb; i++) {
+		free(s->b[i].name);
+		free(s->b[i].data);
+	}
+	free(s->b);
+	s->b = NULL;
+	s->nb = 0;
+}
+
 /* Frees a save's client-side description. */
 static void save_free(struct save *s)
 {
+	save_uncharge(s);
 	for (size_t i = 0; i < s->n; i++) {
 		free(s->t[i].name);
 		if (s->t[i].src)
@@ -113,11 +142,7 @@ static void save_free(struct save *s)
 	}
 	free(s->t);
 	free(s->names);
-	for (size_t i = 0; i < s->nb; i++) {
-		free(s->b[i].name);
-		free(s->b[i].data);
-	}
-	free(s->b);
+	save_free_blobs(s);
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	if (s->job)
@@ -226,6 +251,8 @@ static void set_level(struct save *s, int level, const char *error)
 		return;
 	s->level = level;
 	s->t_change = now_mono();
+	if (level == DSCKPT_FAILED || level >= DSCKPT_DURABLE)
+		save_uncharge(s);
 	if (level == DSCKPT_FAILED) {
 		snprintf(s->error, sizeof(s->error), "%s", error ? error : "unknown error");
 		log_warnx("save %llu (%s/%s, rank %u) failed: %s", (unsigned long long)s->id,
@@ -331,14 +358,22 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 				      (unsigned long long)s->id);
 		}
 	}
-	int fd = store_open_dir(config, d, conn_uid(c), conn_gid(c), err, errlen);
-	if (fd < 0)
+	int rc = quota_take(conn_uid(c), QUOTA_SAVES, 1, err, errlen);
+	if (rc < 0)
+		return rc;
+	struct store_root root;
+	int fd = store_open_dir(config, d, conn_uid(c), conn_gid(c), &root, err, errlen);
+	if (fd < 0) {
+		quota_give(conn_uid(c), QUOTA_SAVES, 1);
 		return fd;
+	}
 	struct save *s = calloc(1, sizeof(*s));
 	if (!s) {
+		quota_give(conn_uid(c), QUOTA_SAVES, 1);
 		close(fd);
 		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	}
+	s->counted = 1;
 	s->id = next_save_id++;
 	s->client = conn_id(c);
 	s->conn = c;
@@ -351,6 +386,7 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	snprintf(s->dir, sizeof(s->dir), "%s", d);
 	snprintf(s->file, sizeof(s->file), "%s", file);
 	s->dirfd = fd;
+	s->root = root;
 	s->t_change = now_mono();
 	s->next = saves;
 	saves = s;
@@ -440,9 +476,16 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 			 (unsigned long long)source_size(src));
 		return DSCKPT_ERANGE;
 	}
-	if (s->n >= MAX_TENSORS) {
-		return seterr(err, errlen, DSCKPT_ERANGE, "more than %u tensors in one save",
-			      MAX_TENSORS);
+	if (s->n >= config->max_tensors_per_save) {
+		return seterr(err, errlen, DSCKPT_ELIMIT, "tensor '%s': a save holds at most "
+			      "max_tensors_per_save (%u) tensors", name,
+			      config->max_tensors_per_save);
+	}
+	uint64_t hdr = st_tensor_header_bytes(name, dtype, ndim);
+	if (s->hdr_bytes + hdr > ST_MAX_HEADER - ST_HEADER_FIXED) {
+		return seterr(err, errlen, DSCKPT_ELIMIT, "tensor '%s': the file's header would "
+			      "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
+			      ST_MAX_HEADER, s->n);
 	}
 	if (names_grow(s) < 0)
 		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
@@ -474,6 +517,7 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	s->names[slot] = (uint32_t)s->n + 1;
 	s->n++;
 	s->bytes += nbytes;
+	s->hdr_bytes += hdr;
 	return 0;
 }
 
@@ -496,6 +540,10 @@ int save_add_blob(struct save *s, const char *name, const void *data, size_t len
 		return seterr(err, errlen, DSCKPT_ERANGE, "blobs of one save exceed %llu bytes",
 			 (unsigned long long)MAX_BLOB_BYTES);
 	}
+	int rc = quota_take(s->uid, QUOTA_BLOB, len, err, errlen);
+	if (rc < 0)
+		return rc;
+	s->blob_bytes += len;
 	if (!b) {
 		struct blob *nb = realloc(s->b, (s->nb + 1) * sizeof(*nb));
 		if (!nb) {
@@ -549,15 +597,31 @@ static int pack_meta(struct save *s, uint8_t **out, size_t *len)
 int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 {
 	struct engine_req r = {.n = s->n, .dirfd = -1, .uid = s->uid, .gid = s->gid,
-			       .fence = fence, .owner = s};
+			       .mode = config->file_mode, .root = s->root, .fence = fence,
+			       .owner = s};
 	char name[160];
 	int rc = DSCKPT_ENOMEM;
 
+	if ((rc = store_dir_within(s->dirfd, &s->root, err, errlen)) < 0)
+		goto fail;
+	rc = DSCKPT_ENOMEM;
 	snprintf(s->rank_str, sizeof(s->rank_str), "%u", s->rank);
 	snprintf(s->world_str, sizeof(s->world_str), "%u", s->world);
+	if (s->nb > 0) {
+		snprintf(name, sizeof(name), "%s.meta", s->file);
+		if (!(r.meta_name = strdup(name)) || pack_meta(s, &r.meta_bytes, &r.meta_len) < 0) {
+			seterr(err, errlen, rc, "out of memory");
+			goto fail;
+		}
+		snprintf(s->meta_size, sizeof(s->meta_size), "%zu", r.meta_len);
+		r.meta_xxh3 = s->meta_xxh3;
+	}
+	/* The .meta file's size and checksum travel in the header: a commit checks the file
+	 * against them instead of hashing whatever a client left in its place. */
 	const char *meta[] = {"format", "pt", "dsckpt.version", DSCKPTD_VERSION,
 			      "dsckpt.job", s->jobname, "dsckpt.rank", s->rank_str,
-			      "dsckpt.world", s->world_str, "dsckpt.host", store_host()};
+			      "dsckpt.world", s->world_str, "dsckpt.host", store_host(),
+			      "dsckpt.meta_size", s->meta_size, "dsckpt.meta_xxh3", s->meta_xxh3};
 	_Static_assert(sizeof(meta) == sizeof(s->meta), "struct save's meta holds these pairs");
 	memcpy(s->meta, meta, sizeof(meta));
 	s->st = calloc(s->n ? s->n : 1, sizeof(*s->st));
@@ -575,17 +639,10 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	}
 	r.st = s->st;
 	r.meta = s->meta;
-	r.nmeta = sizeof(meta) / sizeof(meta[0]) / 2;
-	if (s->nb > 0) {
-		snprintf(name, sizeof(name), "%s.meta", s->file);
-		if (!(r.meta_name = strdup(name)) || pack_meta(s, &r.meta_bytes, &r.meta_len) < 0) {
-			seterr(err, errlen, rc, "out of memory");
-			goto fail;
-		}
-	}
+	r.nmeta = (sizeof(meta) / sizeof(meta[0])) / 2 - (s->meta_size[0] ? 0 : 2);
 	snprintf(name, sizeof(name), "%s.safetensors", s->file);
-	rc = store_file_create(s->dirfd, name, s->uid, s->gid, config->o_direct, &r.file, err,
-			       errlen);
+	rc = store_file_create(s->dirfd, name, s->uid, s->gid, config->file_mode,
+			       config->o_direct, &r.file, err, errlen);
 	if (rc < 0)
 		goto fail;
 	/* Ownership: sources, file, directory and fence go to the engine. */
@@ -597,6 +654,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	s->level = DSCKPT_ACCEPTED;
 	s->t_change = s->t_accept;
 	s->job = engine_submit(&r);
+	save_free_blobs(s);	/* their bytes went to the engine as the .meta file's */
 	log_debug("save %llu accepted: %s/%s, %zu tensors, %llu bytes",
 		  (unsigned long long)s->id, s->dir, s->file, s->n,
 		  (unsigned long long)s->bytes);
@@ -695,6 +753,7 @@ static void commit_after(uv_work_t *w, int status)
 	if (cm->rc < 0) {
 		log_warnx("commit of %s failed: %s", cm->dir, cm->err);
 		commit_finish(cm, cm->rc, cm->err);
+		commits_check();
 		return;
 	}
 	log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
@@ -703,6 +762,7 @@ static void commit_after(uv_work_t *w, int status)
 		if (s->level == DSCKPT_DURABLE && strcmp(s->dir, cm->dir) == 0)
 			set_level(s, DSCKPT_COMMITTED, NULL);
 	commit_finish(cm, 0, NULL);
+	commits_check();	/* the user's next commit may start */
 }
 
 /* Starts every waiting commit whose saves are all durable; fails those with a failed save. */
@@ -714,7 +774,12 @@ static void commits_check(void)
 		next = cm->next;
 		if (cm->running)
 			continue;
-		int waiting = 0;
+		/* One commit per user at a time: a user's expensive commits queue behind each
+		 * other and never hold every threadpool thread against other users. */
+		int busy = 0;
+		for (struct commit *o = commits; o; o = o->next)
+			busy |= o->running && o->uid == cm->uid;
+		int waiting = busy;
 		struct save *bad = NULL;
 		for (struct save *s = saves; s; s = s->next) {
 			if (strcmp(s->dir, cm->dir) != 0)
@@ -807,17 +872,23 @@ unsigned save_inflight(void)
 	return n;
 }
 
-/* Packs the PENDING reply's "saves" array. */
-void save_pack_pending(struct msgpack_packer *pk)
+/* Whether PENDING shows save s to a client of uid: its own saves, every save to root. */
+static int pending_shows(const struct save *s, uid_t uid)
+{
+	return s->level != DSCKPT_NONE && (uid == 0 || s->uid == uid);
+}
+
+/* Packs the PENDING reply's "saves" array: uid's saves (every save for root). */
+void save_pack_pending(struct msgpack_packer *pk, uid_t uid)
 {
 	unsigned n = 0;
 	double now = now_mono();
 
 	for (struct save *s = saves; s; s = s->next)
-		n += s->level != DSCKPT_NONE;
+		n += pending_shows(s, uid);
 	msgpack_pack_array(pk, n);
 	for (struct save *s = saves; s; s = s->next) {
-		if (s->level == DSCKPT_NONE)
+		if (!pending_shows(s, uid))
 			continue;
 		uint64_t snap = s->snap, flushed = s->flushed;
 		if (s->job)

@@ -1,7 +1,7 @@
 /*
  * source.c — transports: where the bytes of a save come from. A source is refcounted
  * (a save and the copy threads reading it each hold a reference) and dispatches through its
- * kind's operations: host memory (a client's memfd) here, CUDA IPC and VMM ranges in cuda.c.
+ * kind's operations: host memory (a client's sealed memfd, read with pread) here, CUDA IPC and VMM ranges in cuda.c.
  */
 #include "dsckptd.h"
 
@@ -10,7 +10,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,21 +17,43 @@ struct source {
 	atomic_uint refs;
 	uint64_t size;
 	const struct source_ops *ops;
-	void *priv; /* the kind's state; host: our read-only mapping of the client's fd */
+	void *priv;         /* the kind's state; host: the client's fd (cast) */
+	uid_t owner;        /* charged by source_charge, given back at the last unref */
+	uint64_t charged;   /* host bytes charged to owner */
+	int counted;        /* one region charged to owner */
 };
 
-/* Copies host bytes; the fd is sealed against shrinking so the mapping stays backed. */
+/*
+ * Reads host bytes with pread, not through a mapping: a read of memory the client emptied
+ * (a punched hole) allocates nothing in the daemon and a short file is an error for this one
+ * save instead of a SIGBUS for the whole daemon. The fd is sealed against shrinking, so a
+ * short read means the client broke its promise.
+ */
 static int source_host_read(void *priv, uint64_t off, void *dst, uint64_t len, char *err,
 			    size_t errlen)
 {
-	memcpy(dst, (const unsigned char *)priv + off, len);
+	int fd = (int)(intptr_t)priv;
+	uint8_t *p = dst;
+
+	while (len > 0) {
+		ssize_t r = pread(fd, p, len, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return seterr(err, errlen, -1, "host source: %s at byte %llu",
+				      r < 0 ? strerror(errno) : "ended early",
+				      (unsigned long long)off);
+		p += r;
+		off += (uint64_t)r;
+		len -= (uint64_t)r;
+	}
 	return 0;
 }
 
-/* Unmaps the client's memory. */
+/* Closes the client's fd. */
 static void source_host_close(void *priv, uint64_t size)
 {
-	munmap(priv, size);
+	close((int)(intptr_t)priv);
 }
 
 static const struct source_ops source_host_ops = {
@@ -59,31 +80,30 @@ void *source_priv(struct source *s, const struct source_ops *ops)
 	return s->ops == ops ? s->priv : NULL;
 }
 
-/* Maps a client's host memory fd (takes ownership of fd) of at least size bytes. */
+/* Takes a client's host memory fd (ownership too) of at least size bytes: a memfd that is
+ * sealed, here if not already, against shrinking; anything else is refused. */
 int source_host_open(int fd, uint64_t size, struct source **out, char *err, size_t errlen)
 {
 	struct stat st;
-	void *map;
-	int rc;
+	int rc, seals;
 
 	*out = NULL;
-	if (size == 0) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL, "host source: bad size 0");
+	if (size == 0 || size > INT64_MAX) {
+		rc = seterr(err, errlen, DSCKPT_EINVAL, "host source: bad size %llu",
+			    (unsigned long long)size);
 		goto fail;
 	}
-	/*
-	 * Seal against shrinking first, so that the size checked below stays true and a read
-	 * never hits a truncated page (SIGBUS). Memfds without MFD_ALLOW_SEALING (EPERM) and
-	 * files without seals (EINVAL) are accepted unsealed.
-	 */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-		if (errno != EPERM && errno != EINVAL) {
-			rc = seterr(err, errlen, DSCKPT_EBADF, "host source: cannot seal: %s",
-				    strerror(errno));
-			goto fail;
-		}
-		log_debug("host source fd %d not sealed against shrinking: %s", fd,
-			  strerror(errno));
+	/* Seal first, so that the size checked below stays true for the region's life. */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM && errno != EINVAL) {
+		rc = seterr(err, errlen, DSCKPT_EBADF, "host source: cannot seal: %s",
+			    strerror(errno));
+		goto fail;
+	}
+	if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK)) {
+		rc = seterr(err, errlen, DSCKPT_EINVAL,
+			    "host source: the descriptor cannot be sealed against shrinking; "
+			    "host memory must be a memfd created with MFD_ALLOW_SEALING");
+		goto fail;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
 		rc = seterr(err, errlen, DSCKPT_EBADF, "host source: not a regular file or memfd");
@@ -95,22 +115,34 @@ int source_host_open(int fd, uint64_t size, struct source **out, char *err, size
 			    (unsigned long long)size, (long long)st.st_size);
 		goto fail;
 	}
-	map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		rc = seterr(err, errlen, errno == ENOMEM ? DSCKPT_ENOMEM : DSCKPT_EINVAL,
-			    "host source: mmap: %s", strerror(errno));
+	if ((*out = source_new(&source_host_ops, (void *)(intptr_t)fd, size)) == NULL) {
+		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 		goto fail;
-	}
-	close(fd);
-	if ((*out = source_new(&source_host_ops, map, size)) == NULL) {
-		munmap(map, (size_t)size);
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
 	}
 	return 0;
 
 fail:
 	close(fd);
 	return rc;
+}
+
+/* Charges the source to uid (one region, and its bytes when it is host memory) until its
+ * last reference goes; 0, or DSCKPT_ELIMIT with err. */
+int source_charge(struct source *s, uid_t uid, char *err, size_t errlen)
+{
+	uint64_t bytes = s->ops == &source_host_ops ? s->size : 0;
+	int rc = quota_take(uid, QUOTA_REGIONS, 1, err, errlen);
+
+	if (rc < 0)
+		return rc;
+	if (bytes && (rc = quota_take(uid, QUOTA_REGION_BYTES, bytes, err, errlen)) < 0) {
+		quota_give(uid, QUOTA_REGIONS, 1);
+		return rc;
+	}
+	s->owner = uid;
+	s->charged = bytes;
+	s->counted = 1;
+	return 0;
 }
 
 /* Copies len bytes at off of the source into dst (a cache chunk); 0 or -1 with err. */
@@ -162,5 +194,9 @@ void source_unref(struct source *s)
 	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
 	s->ops->close(s->priv, s->size);
+	if (s->counted) {
+		quota_give(s->owner, QUOTA_REGIONS, 1);
+		quota_give(s->owner, QUOTA_REGION_BYTES, s->charged);
+	}
 	free(s);
 }

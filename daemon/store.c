@@ -27,7 +27,6 @@
 #include <xxhash.h>
 
 #define STORE_LATEST "latest"
-#define STORE_MAX_HEADER 100000000u /* safetensors' own limit on the JSON header */
 #define STORE_MAX_MANIFEST (1u << 30)
 
 /* A file being written as dirfd/name.partial. */
@@ -44,7 +43,13 @@ struct store_entry {
 	cJSON *json;
 	uint64_t size;
 	long rank;
+	char meta_xxh3[17];     /* safetensors: its .meta's checksum as recorded, or "" */
+	uint64_t meta_size;     /* and size */
 };
+
+/* .meta files of older versions record no checksum in their header: they are hashed at
+ * commit, up to the most blob bytes a save may carry plus msgpack's framing. */
+#define STORE_MAX_OLD_META ((1ull << 30) + (64ull << 20))
 
 /* This machine's name for "dsckpt.host", set once (see store_host). */
 static char store_hostname[STORE_HOST_MAX];
@@ -293,7 +298,8 @@ static const char *store_root(const struct config *cfg, const char *path, size_t
  * missing components when create is set. With parent, also returns the fd of dir's parent.
  */
 static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
-		      int create, int *parent, char *err, size_t errlen)
+		      int create, int *parent, struct store_root *rootid, char *err,
+		      size_t errlen)
 {
 	char path[PATH_MAX];
 	size_t len = dir ? strlen(dir) : 0, rootlen = 0;
@@ -312,9 +318,25 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 	if (!root)
 		return seterr(err, errlen, DSCKPT_EACCES,
 				  "%s is not below an allowed root", path);
+	if (!strchr(path + rootlen + 1, '/'))
+		return seterr(err, errlen, DSCKPT_EINVAL,
+			      "%s: a checkpoint directory must be <root>/<job>/<tag>, at least two "
+			      "levels below its allowed root, so that its job directory (and "
+			      "latest) belongs to its owner alone", path);
 	if ((fd = open(root, STORE_DIR_FLAGS)) < 0)
 		return seterr(err, errlen, store_errno_code(errno), "allowed root %s: %s",
 				  root, strerror(errno));
+	if (rootid) {
+		struct stat st;
+		if (fstat(fd, &st) < 0) {
+			rc = seterr(err, errlen, DSCKPT_EIO, "allowed root %s: %s", root,
+				    strerror(errno));
+			close(fd);
+			return rc;
+		}
+		rootid->dev = st.st_dev;
+		rootid->ino = st.st_ino;
+	}
 
 	for (char *c = path + rootlen + 1;;) {
 		char *end = strchrnul(c, '/');
@@ -324,20 +346,28 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 		*end = '\0'; /* path now names this component, for messages */
 		next = openat(fd, c, STORE_DIR_FLAGS);
 		if (next < 0 && errno == ENOENT && create) {
-			if (mkdirat(fd, c, 0755) == 0) {
+			/* Created private to us, then opened without following anything, and
+			 * only that descriptor is chowned: a name swapped in between is never
+			 * acted on. */
+			if (mkdirat(fd, c, 0700) == 0)
 				created = 1;
-				if (geteuid() == 0 &&
-				    fchownat(fd, c, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
-					rc = seterr(err, errlen, store_errno_code(errno),
-							"chown %s: %s", path, strerror(errno));
-					goto fail;
-				}
-			} else if (errno != EEXIST) {
+			else if (errno != EEXIST) {
 				rc = seterr(err, errlen, store_errno_code(errno),
 						"mkdir %s: %s", path, strerror(errno));
 				goto fail;
 			}
 			next = openat(fd, c, STORE_DIR_FLAGS);
+		}
+		if (next >= 0 && created) {
+			if (fstat(next, &st) < 0 || st.st_uid != geteuid()) {
+				created = 0;	/* not ours any more: checked as an existing one */
+			} else if ((geteuid() == 0 && fchown(next, uid, gid) < 0) ||
+				   fchmod(next, (cfg->dir_mode | 0700) & 07777) < 0) {
+				rc = seterr(err, errlen, store_errno_code(errno),
+						"chown %s: %s", path, strerror(errno));
+				close(next);
+				goto fail;
+			}
 		}
 		if (next < 0) {
 			rc = store_open_fail(fd, c, path, err, errlen);
@@ -373,9 +403,42 @@ fail:
 
 /* Opens (creating what is missing) a client's directory below an allowed root. */
 int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
-		   char *err, size_t errlen)
+		   struct store_root *root, char *err, size_t errlen)
 {
-	return store_walk(cfg, dir, uid, gid, 1, NULL, err, errlen);
+	return store_walk(cfg, dir, uid, gid, 1, NULL, root, err, errlen);
+}
+
+/* Whether the directory dirfd still lies below the allowed root it was opened under: walks
+ * ".." up to the root (dirfd may have been renamed since). 0, or DSCKPT_EACCES with err.
+ * A check, not a lock: it catches a directory moved away before the call. */
+int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen)
+{
+	struct stat st, up;
+	int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0), rc = 0;
+
+	if (fd < 0)
+		return seterr(err, errlen, DSCKPT_EBADF, "dup directory: %s", strerror(errno));
+	for (int depth = 0;; depth++) {
+		if (fstat(fd, &st) < 0) {
+			rc = seterr(err, errlen, DSCKPT_EIO, "stat: %s", strerror(errno));
+			break;
+		}
+		if (st.st_dev == root->dev && st.st_ino == root->ino)
+			break;
+		int parent = openat(fd, "..", STORE_DIR_FLAGS);
+		if (parent < 0 || fstat(parent, &up) < 0 || depth > PATH_MAX / 2 ||
+		    (up.st_dev == st.st_dev && up.st_ino == st.st_ino)) {
+			rc = seterr(err, errlen, DSCKPT_EACCES, "the checkpoint directory was moved "
+				    "out of its allowed root");
+			if (parent >= 0)
+				close(parent);
+			break;
+		}
+		close(fd);
+		fd = parent;
+	}
+	close(fd);
+	return rc;
 }
 
 /* Writes f's partial name into buf (NAME_MAX + 1 bytes). */
@@ -396,8 +459,8 @@ static void store_file_free(struct store_file *f)
 }
 
 /* Creates dirfd/name.partial, replacing one a crash left behind. */
-int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, int o_direct,
-		      struct store_file **out, char *err, size_t errlen)
+int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigned mode,
+		      int o_direct, struct store_file **out, char *err, size_t errlen)
 {
 	const int flags = O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC;
 	char partial[NAME_MAX + 1];
@@ -426,17 +489,19 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, int o_d
 	if (unlinkat(dirfd, partial, 0) == 0)
 		log_warnx("removed stale %s before writing it again", partial);
 	if (o_direct) {
-		f->fd = openat(dirfd, partial, flags | O_DIRECT, 0644);
+		f->fd = openat(dirfd, partial, flags | O_DIRECT, 0600);
 		f->direct = f->fd >= 0;
 	}
 	if (f->fd < 0 && (!o_direct || errno == EINVAL))
-		f->fd = openat(dirfd, partial, flags, 0644);
+		f->fd = openat(dirfd, partial, flags, 0600);
 	if (f->fd < 0) {
 		rc = seterr(err, errlen, store_errno_code(errno), "create %s: %s", partial,
 				strerror(errno));
 		goto fail;
 	}
-	if (geteuid() == 0 && fchown(f->fd, uid, gid) < 0) {
+	/* Created 0600 (whatever the umask), then owner and mode set on the descriptor. */
+	if ((geteuid() == 0 && fchown(f->fd, uid, gid) < 0) ||
+	    fchmod(f->fd, (mode | 0600) & 0666) < 0) {
 		rc = seterr(err, errlen, store_errno_code(errno), "chown %s: %s", partial,
 				strerror(errno));
 		goto fail_chown;
@@ -510,10 +575,10 @@ void store_file_abort(struct store_file *f)
 
 /* Writes a small file atomically. */
 int store_write_atomic(int dirfd, const char *name, const void *buf, size_t len, uid_t uid,
-		       gid_t gid, char *err, size_t errlen)
+		       gid_t gid, unsigned mode, char *err, size_t errlen)
 {
 	struct store_file *f;
-	int rc = store_file_create(dirfd, name, uid, gid, 0, &f, err, errlen);
+	int rc = store_file_create(dirfd, name, uid, gid, mode, 0, &f, err, errlen);
 	if (rc < 0)
 		return rc;
 	if ((rc = store_file_pwrite(f, buf, len, 0, err, errlen)) < 0) {
@@ -541,7 +606,7 @@ static int store_read_header(int dirfd, const char *name, cJSON **out, uint64_t 
 	}
 	for (int i = 7; i >= 0; i--)
 		n = (n << 8) | lenb[i];
-	if (n == 0 || n > STORE_MAX_HEADER || n > (uint64_t)st.st_size - 8) {
+	if (n == 0 || n > ST_MAX_HEADER || n > (uint64_t)st.st_size - 8) {
 		close(fd);
 		return seterr(err, errlen, DSCKPT_EIO, "%s: bad header length %" PRIu64, name,
 				  n);
@@ -690,6 +755,11 @@ static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t
 		return rc;
 	const cJSON *md = cJSON_GetObjectItemCaseSensitive(h, "__metadata__");
 	const char *rank = store_str(md, "dsckpt.rank"), *dx = store_str(md, "dsckpt.data_xxh3");
+	const char *msize = store_str(md, "dsckpt.meta_size"), *mx = store_str(md, "dsckpt.meta_xxh3");
+	if (msize && mx && strlen(mx) == 16) {
+		snprintf(f->meta_xxh3, sizeof(f->meta_xxh3), "%s", mx);
+		f->meta_size = strtoull(msize, NULL, 10);
+	}
 	errno = 0;
 	f->rank = rank ? strtol(rank, &rest, 10) : -1;
 	if (!dx || !rank || !*rank || *rest || errno || f->rank < 0) {
@@ -725,36 +795,60 @@ out:
 	return rc;
 }
 
-/* Describes the blob file dirfd/name for the manifest, hashing its contents. */
-static int store_describe_meta(int dirfd, struct store_entry *f, char *err, size_t errlen)
+/*
+ * Describes the blob file dirfd/name for the manifest. Its checksum comes from the header of
+ * its .safetensors sibling st, where the flush thread recorded it with its size: a file of
+ * another size was changed after dsckptd wrote it and is refused, without reading it (a
+ * client could leave a terabyte there). Only files of older versions are hashed.
+ */
+static int store_describe_meta(int dirfd, struct store_entry *f, const struct store_entry *st,
+			       char *err, size_t errlen)
 {
-	XXH3_state_t *xs = XXH3_createState();
-	char *buf = malloc(1 << 20), hex[17];
-	int rc = 0, fd = -1;
+	XXH3_state_t *xs = NULL;
+	char *buf = NULL, hex[17];
+	struct stat sb;
+	int rc = 0, fd;
 	ssize_t r;
 
-	if (!xs || !buf) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory hashing %s", f->name);
-		goto out;
-	}
-	if ((fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+	if ((fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+	    fstat(fd, &sb) < 0) {
 		rc = seterr(err, errlen, DSCKPT_EIO, "open %s: %s", f->name, strerror(errno));
 		goto out;
 	}
-	XXH3_64bits_reset(xs);
-	f->size = 0;
-	while ((r = read(fd, buf, 1 << 20)) != 0) {
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			rc = seterr(err, errlen, DSCKPT_EIO, "read %s: %s", f->name,
-					strerror(errno));
+	f->size = (uint64_t)sb.st_size;
+	if (st->meta_xxh3[0]) {
+		if (!S_ISREG(sb.st_mode) || f->size != st->meta_size) {
+			rc = seterr(err, errlen, DSCKPT_EIO, "%s changed after dsckptd wrote it "
+				    "(%" PRIu64 " bytes, %s records %" PRIu64 ")", f->name, f->size,
+				    st->name, st->meta_size);
 			goto out;
 		}
-		XXH3_64bits_update(xs, buf, (size_t)r);
-		f->size += (uint64_t)r;
+		snprintf(hex, sizeof(hex), "%s", st->meta_xxh3);
+	} else {
+		if (f->size > STORE_MAX_OLD_META) {
+			rc = seterr(err, errlen, DSCKPT_EIO, "%s: %" PRIu64 " bytes is more than "
+				    "dsckptd ever writes", f->name, f->size);
+			goto out;
+		}
+		if (!(xs = XXH3_createState()) || !(buf = malloc(1 << 20))) {
+			rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory hashing %s", f->name);
+			goto out;
+		}
+		XXH3_64bits_reset(xs);
+		f->size = 0;
+		while ((r = read(fd, buf, 1 << 20)) != 0 && f->size <= STORE_MAX_OLD_META) {
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r < 0) {
+				rc = seterr(err, errlen, DSCKPT_EIO, "read %s: %s", f->name,
+					    strerror(errno));
+				goto out;
+			}
+			XXH3_64bits_update(xs, buf, (size_t)r);
+			f->size += (uint64_t)r;
+		}
+		snprintf(hex, sizeof(hex), "%016" PRIx64, (uint64_t)XXH3_64bits_digest(xs));
 	}
-	snprintf(hex, sizeof(hex), "%016" PRIx64, (uint64_t)XXH3_64bits_digest(xs));
 	f->json = cJSON_CreateObject();
 	cJSON_AddStringToObject(f->json, "name", f->name);
 	cJSON_AddStringToObject(f->json, "kind", "meta");
@@ -797,16 +891,18 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 		if (!store_has_suffix(ents[i].name, ".meta"))
 			continue;
 		size_t base = strlen(ents[i].name) - strlen(".meta");
+		const struct store_entry *st = NULL;
 		for (size_t j = 0; j < k; j++) {
 			if (strncmp(ents[j].name, ents[i].name, base) == 0 &&
 			    strcmp(ents[j].name + base, ".safetensors") == 0)
-				ents[i].rank = ents[j].rank;
+				st = &ents[j];
 		}
-		if (ents[i].rank < 0)
+		if (!st)
 			return seterr(err, errlen, DSCKPT_EINCOMPLETE,
 					  "%s/%s has no .safetensors file beside it", path,
 					  ents[i].name);
-		if ((rc = store_describe_meta(dfd, &ents[i], err, errlen)) < 0)
+		ents[i].rank = st->rank;
+		if ((rc = store_describe_meta(dfd, &ents[i], st, err, errlen)) < 0)
 			return rc;
 	}
 	return 0;
@@ -973,7 +1069,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 
 	if (world == 0)
 		return seterr(err, errlen, DSCKPT_EINVAL, "world size must be at least 1");
-	if ((dfd = store_walk(cfg, dir, uid, gid, 0, &jobfd, err, errlen)) < 0)
+	if ((dfd = store_walk(cfg, dir, uid, gid, 0, &jobfd, NULL, err, errlen)) < 0)
 		return dfd;
 	/* store_walk accepted dir, so it is absolute and fits; drop trailing slashes. */
 	len = strlen(dir);
@@ -1025,10 +1121,10 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
-	if ((rc = store_write_atomic(dfd, STORE_MANIFEST, text, strlen(text), uid, gid, err,
-				     errlen)) < 0 ||
-	    (rc = store_write_atomic(jobfd, STORE_LATEST, tag, strlen(tag), uid, gid, err,
-				     errlen)) < 0)
+	if ((rc = store_write_atomic(dfd, STORE_MANIFEST, text, strlen(text), uid, gid,
+				     cfg->file_mode, err, errlen)) < 0 ||
+	    (rc = store_write_atomic(jobfd, STORE_LATEST, tag, strlen(tag), uid, gid,
+				     cfg->file_mode, err, errlen)) < 0)
 		goto out;
 	log_info("committed %s/%s: %zu files, %" PRIu64 " bytes, world %u", path, tag, nents,
 		 total, world);

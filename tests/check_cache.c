@@ -455,7 +455,7 @@ START_TEST(test_source_read)
 	unsigned char buf[4096];
 
 	ck_assert_msg(source_host_open(fd, size, &s, err, sizeof(err)) == 0, "%s", err);
-	ck_assert(!fd_open(fd)); /* the source closed its fd after mapping it */
+	ck_assert(fd_open(fd)); /* the source reads through the fd, never a mapping */
 	ck_assert_uint_eq(source_size(s), size);
 	ck_assert_str_eq(source_kind(s), "host");
 
@@ -474,28 +474,43 @@ START_TEST(test_source_read)
 	ck_assert_int_eq(source_read(s, UINT64_MAX, buf, 2, err, sizeof(err)), -1);
 	ck_assert_int_eq(source_read(s, 2, buf, UINT64_MAX, err, sizeof(err)), -1);
 
-	/* The memfd is sealed: the client can no longer shrink it under the mapping. */
+	/* The memfd is sealed: the client can no longer shrink it under the daemon. */
 	ck_assert_int_eq(ftruncate(keep, 10), -1);
 	ck_assert_int_eq(errno, EPERM);
 	ck_assert_int_eq(ftruncate(keep, (off_t)(2 * MIB)), 0);
+	/* A hole punched into it reads as zeros: nothing allocated, no signal. */
+	ck_assert_int_eq(fallocate(keep, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192), 0);
+	ck_assert_int_eq(source_read(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
+	ck_assert_uint_eq(buf[7], 0);
 	source_unref(s);
+	ck_assert(!fd_open(fd)); /* the last reference closed it */
 	close(keep);
 }
 END_TEST
 
 START_TEST(test_source_unsealable)
 {
-	/* A memfd without MFD_ALLOW_SEALING is accepted as it is. */
+	/* Memory that could shrink under the daemon is refused, naming the remedy: a memfd
+	 * without MFD_ALLOW_SEALING, a plain file, one sealed without F_SEAL_SHRINK. */
 	int fd = mkmemfd(8192, 0);
 	struct source *s;
 	unsigned char b;
+	char path[] = "/tmp/check_cache.XXXXXX";
 
-	ck_assert_msg(source_host_open(fd, 8192, &s, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_int_eq(source_read(s, 8191, &b, 1, err, sizeof(err)), 0);
-	ck_assert_uint_eq(b, (unsigned char)(8191 * 7));
-	source_unref(s);
+	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_msg(strstr(err, "MFD_ALLOW_SEALING") != NULL, "%s", err);
+	ck_assert(!fd_open(fd));
+	fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	unlink(path);
+	ck_assert_int_eq(ftruncate(fd, 8192), 0);
+	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_msg(strstr(err, "sealed against shrinking") != NULL, "%s", err);
+	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
+	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL), 0);
+	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), DSCKPT_EINVAL);
 
-	/* So is a smaller size than the file's. */
+	/* A smaller size than the file's is fine. */
 	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
 	ck_assert_msg(source_host_open(fd, 10, &s, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_uint_eq(source_size(s), 10);
@@ -520,15 +535,15 @@ START_TEST(test_source_rejects)
 	ck_assert(!fd_open(fd));
 
 	ck_assert_int_eq(pipe(p), 0);
-	ck_assert_int_eq(source_host_open(p[0], 1, &s, err, sizeof(err)), DSCKPT_EBADF);
-	ck_assert_msg(strstr(err, "not a regular file") != NULL, "%s", err);
+	ck_assert_int_eq(source_host_open(p[0], 1, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_msg(strstr(err, "sealed against shrinking") != NULL, "%s", err);
 	ck_assert(!fd_open(p[0]));
 	close(p[1]);
 
 	ck_assert_int_eq(source_host_open(-1, 1, &s, err, sizeof(err)), DSCKPT_EBADF);
 
 	fd = open("/tmp", O_RDONLY | O_DIRECTORY);
-	ck_assert_int_eq(source_host_open(fd, 1, &s, err, sizeof(err)), DSCKPT_EBADF);
+	ck_assert_int_eq(source_host_open(fd, 1, &s, err, sizeof(err)), DSCKPT_EINVAL);
 }
 END_TEST
 
@@ -543,10 +558,10 @@ START_TEST(test_source_refcount)
 	source_ref(s);
 	source_unref(s);
 	source_unref(s);
-	/* One reference left: still mapped. */
+	/* One reference left: still open. */
 	ck_assert_int_eq(source_read(s, 4095, &b, 1, err, sizeof(err)), 0);
 	ck_assert_uint_eq(b, (unsigned char)(4095 * 7));
-	source_unref(s); /* the last one: unmapped and freed (ASan/LSan check the rest) */
+	source_unref(s); /* the last one: closed and freed (ASan/LSan check the rest) */
 }
 END_TEST
 

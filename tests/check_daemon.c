@@ -534,7 +534,7 @@ static void check_alive(void)
 static void raw_region(int fd)
 {
 	struct proto_out o;
-	int mfd = memfd_create("raw", MFD_CLOEXEC);
+	int mfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	ck_assert_int_ge(mfd, 0);
 	ck_assert_int_eq(ftruncate(mfd, 4096), 0);
 	out_map(&o, PROTO_REGION_ADD, 3);

@@ -35,6 +35,8 @@ static void setup(void)
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.allowed_roots = roots;
 	cfg.n_roots = 1;
+	cfg.file_mode = 0640;
+	cfg.dir_mode = 0750;
 }
 
 /* Removes the scratch directory (and the tmpfs test_enospc may have left mounted). */
@@ -95,18 +97,18 @@ static void write_ckpt_host(const char *dir, const char *file, int rank, const c
 	memcpy(data + sizeof(a), b, sizeof(b));
 	st_header_set_xxh3(hdr, slots[2], XXH3_64bits(data, sizeof(data)));
 
-	int dfd = store_open_dir(&cfg, dir, 0, 0, err, sizeof(err));
+	int dfd = store_open_dir(&cfg, dir, 0, 0, NULL, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
 	struct store_file *f;
 	snprintf(name, sizeof(name), "%s.safetensors", file);
-	ck_assert_int_eq(store_file_create(dfd, name, 0, 0, 0, &f, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_file_create(dfd, name, 0, 0, 0644, 0, &f, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_file_pwrite(f, hdr, hdr_len, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_file_pwrite(f, data, sizeof(data), hdr_len, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_file_finish(f, hdr_len + sizeof(data), err, sizeof(err)), 0);
 	if (meta_blob) {
 		snprintf(name, sizeof(name), "%s.meta", file);
 		ck_assert_int_eq(store_write_atomic(dfd, name, meta_blob, strlen(meta_blob), 0, 0,
-						    err, sizeof(err)), 0);
+						    0644, err, sizeof(err)), 0);
 	}
 	free(hdr);
 	close(dfd);
@@ -342,11 +344,12 @@ START_TEST(test_open_dir_nested)
 {
 	char err[ERRLEN];
 	struct stat st;
-	int fd = store_open_dir(&cfg, rpath("%s", "job/a/b/step10"), 1234, 4321, err,
+	int fd = store_open_dir(&cfg, rpath("%s", "job/a/b/step10"), 1234, 4321, NULL, err,
 				sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
 	ck_assert_int_eq(fstat(fd, &st), 0);
 	ck_assert(S_ISDIR(st.st_mode));
+	ck_assert_uint_eq(st.st_mode & 07777, 0750);	/* cfg.dir_mode, whatever the umask */
 	if (geteuid() == 0) {
 		ck_assert_uint_eq(st.st_uid, 1234);
 		ck_assert_uint_eq(st.st_gid, 4321);
@@ -355,16 +358,17 @@ START_TEST(test_open_dir_nested)
 	}
 	close(fd);
 	/* Existing directories owned by the client, a trailing slash: fine. */
-	fd = store_open_dir(&cfg, rpath("%s", "job/a/b/step10/"), 1234, 4321, err, sizeof(err));
+	fd = store_open_dir(&cfg, rpath("%s", "job/a/b/step10/"), 1234, 4321, NULL, err,
+			    sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
 	close(fd);
 	/* ... but not for another user, unless root. */
 	if (geteuid() == 0) {
-		ck_assert_int_eq(store_open_dir(&cfg, rpath("%s", "job/a"), 999, 999, err,
+		ck_assert_int_eq(store_open_dir(&cfg, rpath("%s", "job/a"), 999, 999, NULL, err,
 						sizeof(err)), DSCKPT_EACCES);
 		ck_assert_ptr_nonnull(strstr(err, "not owned by uid 999"));
 	}
-	fd = store_open_dir(&cfg, rpath("%s", "job/a"), 0, 0, err, sizeof(err));
+	fd = store_open_dir(&cfg, rpath("%s", "job/a"), 0, 0, NULL, err, sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
 	close(fd);
 }
@@ -403,14 +407,14 @@ START_TEST(test_open_dir_rejects)
 		{rootslash, DSCKPT_EACCES, "allowed root"},
 		{sibling, DSCKPT_EACCES, "allowed root"},
 		{rpath("%s", "out_link/step"), DSCKPT_EACCES, "symbolic link in path"},
-		{rpath("%s", "in_link"), DSCKPT_EACCES, "symbolic link in path"},
+		{rpath("%s", "in"), DSCKPT_EINVAL, "<root>/<job>/<tag>"},
 		{rpath("%s", "in_link/step"), DSCKPT_EACCES, "symbolic link in path"},
 		{rpath("%s", "file/step"), DSCKPT_EINVAL, "not a directory"},
 		{rpath("job/%s", longname), DSCKPT_ENAMETOOLONG, "longer than"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		err[0] = 0;
-		int rc = store_open_dir(&cfg, cases[i].dir, 0, 0, err, sizeof(err));
+		int rc = store_open_dir(&cfg, cases[i].dir, 0, 0, NULL, err, sizeof(err));
 		ck_assert_msg(rc == cases[i].rc, "case %zu (%s): rc %d %s", i, cases[i].dir, rc,
 			      err);
 		ck_assert_msg(strstr(err, cases[i].want), "case %zu: %s", i, err);
@@ -424,17 +428,50 @@ START_TEST(test_open_dir_rejects)
 }
 END_TEST
 
+/* A file's mode is set on its descriptor; a directory moved out of its root is noticed. */
+START_TEST(test_modes_and_moved_dir)
+{
+	char err[ERRLEN], away[PATH_MAX + 16];
+	struct store_root rid;
+	struct store_file *f;
+	struct stat st;
+	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, &rid, err, sizeof(err));
+
+	ck_assert_msg(dfd >= 0, "%s", err);
+	ck_assert_int_eq(stat(root, &st), 0);
+	ck_assert(st.st_dev == rid.dev && st.st_ino == rid.ino);
+	ck_assert_int_eq(store_dir_within(dfd, &rid, err, sizeof(err)), 0);
+	umask(0);
+	ck_assert_int_eq(store_file_create(dfd, "m.safetensors", 0, 0, 0640, 0, &f, err,
+					   sizeof(err)), 0);
+	ck_assert_int_eq(store_file_finish(f, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(stat(rpath("%s", "job/t/m.safetensors"), &st), 0);
+	ck_assert_uint_eq(st.st_mode & 07777, 0640);
+	ck_assert_int_eq(store_write_atomic(dfd, "latest", "t", 1, 0, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(stat(rpath("%s", "job/t/latest"), &st), 0);
+	ck_assert_uint_eq(st.st_mode & 07777, 0600);	/* the owner always reads and writes */
+
+	snprintf(away, sizeof(away), "%s/away", scratch);
+	ck_assert_int_eq(rename(rpath("%s", "job/t"), away), 0);
+	ck_assert_int_eq(store_dir_within(dfd, &rid, err, sizeof(err)), DSCKPT_EACCES);
+	ck_assert_msg(strstr(err, "moved out of its allowed root") != NULL, "%s", err);
+	ck_assert_int_eq(rename(away, rpath("%s", "job/deeper")), 0);
+	ck_assert_int_eq(store_dir_within(dfd, &rid, err, sizeof(err)), 0);
+	close(dfd);
+}
+END_TEST
+
 START_TEST(test_file_write)
 {
 	char err[ERRLEN], *buf;
 	size_t len;
 	struct store_file *f;
-	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, err, sizeof(err));
+	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(dfd, 0);
 
 	/* A partial left by a crash is replaced. */
 	write_text(rpath("%s", "job/t/x.safetensors.partial"), "stale");
-	ck_assert_int_eq(store_file_create(dfd, "x.safetensors", 0, 0, 0, &f, err, sizeof(err)),
+	ck_assert_int_eq(store_file_create(dfd, "x.safetensors", 0, 0, 0644, 0, &f, err, sizeof(err)),
 			 0);
 	ck_assert_int_eq(store_file_direct(f), 0);
 	ck_assert_int_eq(store_file_pwrite(f, "world", 5, 6, err, sizeof(err)), 0);
@@ -452,7 +489,7 @@ START_TEST(test_file_write)
 	void *page;
 	ck_assert_int_eq(posix_memalign(&page, 4096, 8192), 0);
 	memset(page, 'z', 8192);
-	ck_assert_int_eq(store_file_create(dfd, "y.safetensors", 0, 0, 1, &f, err, sizeof(err)),
+	ck_assert_int_eq(store_file_create(dfd, "y.safetensors", 0, 0, 0644, 1, &f, err, sizeof(err)),
 			 0);
 	ck_assert_int_eq(store_file_pwrite(f, page, 8192, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_file_finish(f, 5000, err, sizeof(err)), 0);
@@ -463,8 +500,8 @@ START_TEST(test_file_write)
 	free(page);
 
 	/* Atomic small files replace what was there. */
-	ck_assert_int_eq(store_write_atomic(dfd, "latest", "one", 3, 0, 0, err, sizeof(err)), 0);
-	ck_assert_int_eq(store_write_atomic(dfd, "latest", "two!", 4, 0, 0, err, sizeof(err)),
+	ck_assert_int_eq(store_write_atomic(dfd, "latest", "one", 3, 0, 0, 0644, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_write_atomic(dfd, "latest", "two!", 4, 0, 0, 0644, err, sizeof(err)),
 			 0);
 	buf = h_read_file(rpath("%s", "job/t/latest"), &len);
 	ck_assert_str_eq(buf, "two!");
@@ -472,16 +509,16 @@ START_TEST(test_file_write)
 	ck_assert(!h_exists(rpath("%s", "job/t/latest.partial")));
 
 	/* Bad names. */
-	ck_assert_int_eq(store_file_create(dfd, "a/b", 0, 0, 0, &f, err, sizeof(err)),
+	ck_assert_int_eq(store_file_create(dfd, "a/b", 0, 0, 0644, 0, &f, err, sizeof(err)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(store_file_create(dfd, "", 0, 0, 0, &f, err, sizeof(err)),
+	ck_assert_int_eq(store_file_create(dfd, "", 0, 0, 0644, 0, &f, err, sizeof(err)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(store_file_create(dfd, "..", 0, 0, 0, &f, err, sizeof(err)),
+	ck_assert_int_eq(store_file_create(dfd, "..", 0, 0, 0644, 0, &f, err, sizeof(err)),
 			 DSCKPT_EINVAL);
 	char longname[NAME_MAX];
 	memset(longname, 'n', sizeof(longname) - 1);
 	longname[sizeof(longname) - 1] = 0;
-	ck_assert_int_eq(store_file_create(dfd, longname, 0, 0, 0, &f, err, sizeof(err)),
+	ck_assert_int_eq(store_file_create(dfd, longname, 0, 0, 0644, 0, &f, err, sizeof(err)),
 			 DSCKPT_ENAMETOOLONG);
 	close(dfd);
 }
@@ -491,9 +528,9 @@ START_TEST(test_file_abort)
 {
 	char err[ERRLEN];
 	struct store_file *f;
-	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, err, sizeof(err));
+	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(dfd, 0);
-	ck_assert_int_eq(store_file_create(dfd, "r.meta", 0, 0, 0, &f, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_file_create(dfd, "r.meta", 0, 0, 0644, 0, &f, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_file_pwrite(f, "abc", 3, 0, err, sizeof(err)), 0);
 	store_file_abort(f);
 	ck_assert(!h_exists(rpath("%s", "job/t/r.meta.partial")));
@@ -510,10 +547,10 @@ START_TEST(test_enospc)
 		printf("SKIP: needs root to mount tmpfs (%s)\n", strerror(errno));
 		return;
 	}
-	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, err, sizeof(err));
+	int dfd = store_open_dir(&cfg, rpath("%s", "job/t"), 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(dfd, 0);
 	char *big = calloc(1, 2 << 20);
-	ck_assert_int_eq(store_file_create(dfd, "rank0.safetensors", 0, 0, 0, &f, err,
+	ck_assert_int_eq(store_file_create(dfd, "rank0.safetensors", 0, 0, 0644, 0, &f, err,
 					   sizeof(err)), 0);
 	int rc = store_file_pwrite(f, big, 2 << 20, 0, err, sizeof(err));
 	ck_assert_int_eq(rc, DSCKPT_ENOSPC);
@@ -521,7 +558,7 @@ START_TEST(test_enospc)
 	store_file_abort(f);
 	ck_assert(!h_exists(rpath("%s", "job/t/rank0.safetensors.partial")));
 	/* The same write through the atomic path fails the same way and leaves nothing. */
-	rc = store_write_atomic(dfd, "MANIFEST.json", big, 2 << 20, 0, 0, err, sizeof(err));
+	rc = store_write_atomic(dfd, "MANIFEST.json", big, 2 << 20, 0, 0, 0644, err, sizeof(err));
 	ck_assert_int_eq(rc, DSCKPT_ENOSPC);
 	ck_assert(!h_exists(rpath("%s", "job/t/MANIFEST.json.partial")));
 	ck_assert(!h_exists(rpath("%s", "job/t/MANIFEST.json")));
@@ -632,9 +669,9 @@ START_TEST(test_commit_many)
 		t[i] = (struct st_tensor){names[i], "F32", shape, 1, 0};
 	}
 	ck_assert_int_eq(st_header_build(t, N, meta, 2, &hdr, &len, slots, err, sizeof(err)), 0);
-	int dfd = store_open_dir(&cfg, rpath("%s", "job/big"), 0, 0, err, sizeof(err));
+	int dfd = store_open_dir(&cfg, rpath("%s", "job/big"), 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(dfd, 0);
-	ck_assert_int_eq(store_write_atomic(dfd, "rank0.safetensors", hdr, len, 0, 0, err,
+	ck_assert_int_eq(store_write_atomic(dfd, "rank0.safetensors", hdr, len, 0, 0, 0644, err,
 					    sizeof(err)), 0);
 	close(dfd);
 	clock_gettime(CLOCK_MONOTONIC, &a);
@@ -659,7 +696,7 @@ START_TEST(test_commit_rejects)
 
 	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
 			 DSCKPT_ENOENT);
-	int fd = store_open_dir(&cfg, dir, 0, 0, err, sizeof(err));
+	int fd = store_open_dir(&cfg, dir, 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(fd, 0);
 	close(fd);
 	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
@@ -889,6 +926,7 @@ static Suite *store_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_open_dir_nested);
 	tcase_add_test(tc, test_open_dir_rejects);
+	tcase_add_test(tc, test_modes_and_moved_dir);
 	tcase_add_test(tc, test_file_write);
 	tcase_add_test(tc, test_file_abort);
 	tcase_add_test(tc, test_enospc);
