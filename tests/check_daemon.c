@@ -1600,6 +1600,74 @@ START_TEST(test_cli)
 }
 END_TEST
 
+/* Per-user limits answer DSCKPT_ELIMIT naming their key, and what is given back is usable. */
+START_TEST(test_limits)
+{
+	d_start(CACHE_16M, "\"max_conns_per_user\": 3, \"max_saves_per_user\": 2, "
+		"\"max_tensors_per_save\": 3, \"max_blob_mib_per_user\": 1,");
+	dsckpt_conn_t *c = conn_open("lim", 0, 1), *c2 = conn_open("lim", 0, 1), *c3 = NULL;
+	dsckpt_save_t *s[3] = {NULL, NULL, NULL};
+	int64_t one[1] = {1};
+	static uint8_t byte[4096];
+	void *mem;
+
+	/* The fourth connection of this uid (dsckptctl's would count too) is refused. */
+	ck_assert_int_eq(dsckpt_connect(D->socket, &c3), 0);
+	ck_assert_int_eq(dsckpt_identify(c3, "lim", 0, 1), 0);
+	dsckpt_conn_t *c4 = NULL;
+	int rc = dsckpt_connect(D->socket, &c4);
+	if (rc == 0)
+		rc = dsckpt_identify(c4, "lim", 0, 1);
+	ck_assert_msg(rc == DSCKPT_ELIMIT, "4th connection: %s", dsckpt_err_name(rc));
+	if (c4) {
+		ck_assert_msg(strstr(dsckpt_last_error(c4), "max_conns_per_user"), "%s",
+			      dsckpt_last_error(c4));
+		dsckpt_close(c4);
+	}
+	dsckpt_close(c3);
+
+	/* Two saves open at once, not three; a durable one gives its place back. */
+	CK_DS(c, dsckpt_save_begin(c, P("%s/lim/t1", D->root), "rank0", &s[0]));
+	CK_DS(c2, dsckpt_save_begin(c2, P("%s/lim/t1", D->root), "rank1", &s[1]));
+	ck_assert_int_eq(dsckpt_save_begin(c, P("%s/lim/t1", D->root), "rank2", &s[2]),
+			 DSCKPT_ELIMIT);
+	ck_assert_msg(strstr(dsckpt_last_error(c), "max_saves_per_user"), "%s",
+		      dsckpt_last_error(c));
+	/* Tensors and blobs past their limits abandon the save that asked. */
+	for (int i = 0; i < 3; i++) {
+		char name[8];
+		snprintf(name, sizeof(name), "t%d", i);
+		CK_DS(c, dsckpt_add_tensor(s[0], name, "U8", one, 1, byte + i, 1));
+	}
+	rc = dsckpt_add_tensor(s[0], "t3", "U8", one, 1, byte + 3, 1);
+	if (rc == 0)
+		rc = dsckpt_save_end(s[0]);
+	ck_assert_int_eq(rc, DSCKPT_ELIMIT);
+	ck_assert_msg(strstr(dsckpt_last_error(c), "max_tensors_per_save"), "%s",
+		      dsckpt_last_error(c));
+	dsckpt_save_free(s[0]);
+	uint8_t *blob = calloc(1, 1536 * 1024);
+	rc = dsckpt_add_blob(s[1], "big", blob, 1536 * 1024);
+	if (rc == 0)
+		rc = dsckpt_save_end(s[1]);
+	ck_assert_int_eq(rc, DSCKPT_ELIMIT);
+	ck_assert_msg(strstr(dsckpt_last_error(c2), "max_blob_mib_per_user"), "%s",
+		      dsckpt_last_error(c2));
+	free(blob);
+	dsckpt_save_free(s[1]);
+	/* Both places are free again: a whole save goes through and commits. */
+	s[2] = save_pattern(c, P("%s/lim/t2", D->root), "rank0", 64 * 1024, 7, &mem);
+	wait_level(c, s[2], DSCKPT_DURABLE, 30000);
+	dsckpt_save_free(s[2]);
+	dsckpt_host_free(mem);
+	CK_DS(c, dsckpt_commit(c, P("%s/lim/t2", D->root), 30000));
+	check_pattern_file(P("%s/lim/t2", D->root), "rank0", 64 * 1024, 7);
+	dsckpt_close(c2);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* Builds the suite: one test case per group, each with a time limit that fits it. */
 static Suite *daemon_suite(void)
 {
@@ -1623,6 +1691,7 @@ static Suite *daemon_suite(void)
 		{"reload", test_reload, 30},
 		{"timeout and incomplete", test_timeout_incomplete, 90},
 		{"cli", test_cli, 60},
+		{"limits", test_limits, 30},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		TCase *tc = tcase_create(cases[i].name);

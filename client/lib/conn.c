@@ -225,8 +225,9 @@ static void reply_free(struct lib_reply *r)
 	r->body = NULL;
 }
 
-/* Decodes an ERROR body into the connection's message; returns the daemon's code. */
-static int conn_error(dsckpt_conn_t *c, struct lib_reply *r)
+/* Decodes an ERROR body into the connection's message; returns the daemon's code. A
+ * connection-level one (id 0) means the daemon closed the connection. */
+static int conn_error(dsckpt_conn_t *c, struct lib_reply *r, int conn_level)
 {
 	char msg[PROTO_MAX_STR + 1] = "";
 	int64_t code = 0;
@@ -249,7 +250,8 @@ static int conn_error(dsckpt_conn_t *c, struct lib_reply *r)
 	else
 		lib_conn_fail(c, (int)code, "%s", msg);
 	/* The daemon closes the connection after these. */
-	if (code == DSCKPT_EVERSION || code == DSCKPT_EPROTO || code == DSCKPT_EMSGSIZE) {
+	if (code == DSCKPT_EVERSION || code == DSCKPT_EPROTO || code == DSCKPT_EMSGSIZE ||
+	    conn_level) {
 		c->broken = 1;
 		memcpy(c->dead, c->err, sizeof(c->dead));
 	}
@@ -289,7 +291,11 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 	if (e < 0)
 		return conn_break(c, DSCKPT_EPIPE, "receiving from dsckptd at %s: %s",
 				  c->path, strerror(-e));
-	if (h.id != c->req_id || (h.type != PROTO_REPLY && h.type != PROTO_ERROR)) {
+	/* An ERROR of id 0 is about the connection itself (refused at accept, or closed for a
+	 * per-user limit): it answers whatever was asked. */
+	int conn_level = h.type == PROTO_ERROR && h.id == 0;
+	if ((h.id != c->req_id && !conn_level) ||
+	    (h.type != PROTO_REPLY && h.type != PROTO_ERROR)) {
 		free(r->body);
 		r->body = NULL;
 		return conn_break(c, DSCKPT_EPROTO, "unexpected %s frame (id %" PRIu64
@@ -302,7 +308,7 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 	}
 	proto_map_init(&r->m, r->in.root);
 	if (h.type == PROTO_ERROR)
-		return conn_error(c, r);
+		return conn_error(c, r, conn_level);
 	if (h.version != PROTO_VERSION) {
 		reply_free(r);
 		return conn_break(c, DSCKPT_EVERSION, "daemon protocol %u, library protocol %d",
