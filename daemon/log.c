@@ -4,6 +4,10 @@
  * Each line is written under stderr's stdio lock so lines from several threads never mix.
  * Under the journal ($JOURNAL_STREAM names our stderr) lines carry a "<N>" syslog priority
  * and no timestamp (journald adds both); elsewhere they start with an ISO 8601 time.
+ * Messages often carry client-chosen names, so every message is written escaped: bytes
+ * below 0x20, 0x7f and 0x80 and up as \xHH, newline, tab and backslash as \n, \t and \\.
+ * A line break in a message (a directory named "a\n...: error: forged") can then never
+ * start a line of its own, and the log reads back unambiguously.
  */
 #include "dsckptd.h"
 
@@ -18,6 +22,9 @@
 static const char *const log_names[] = { "error", "warn", "info", "debug" };
 /* syslog priorities of the levels: LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG */
 static const int log_prio[] = { 3, 4, 6, 7 };
+
+/* Longest message written whole; the rest is left off and counted after "...". */
+#define LOG_MAX_MSG (64 * 1024)
 
 static char log_prog[64] = "dsckptd";
 static atomic_int log_level = LOG_LVL_INFO;
@@ -78,11 +85,86 @@ static int log_enabled(int level)
 	return level <= atomic_load_explicit(&log_level, memory_order_relaxed);
 }
 
-/* Writes one line: prefix, message, and ": strerror(err)" when err is not 0. */
+/* Writes len bytes of s escaped, so one message is always one unambiguous line. */
+static void log_put_escaped(const char *s, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t run = 0;	/* start of the bytes not yet written that need no escape */
+
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+		char esc[4] = { '\\', 0, 0, 0 };
+		size_t n = 2;
+
+		if (c >= 0x20 && c < 0x7f && c != '\\')
+			continue;
+		fwrite(s + run, 1, i - run, stderr);
+		run = i + 1;
+		if (c == '\n')
+			esc[1] = 'n';
+		else if (c == '\t')
+			esc[1] = 't';
+		else if (c == '\\')
+			esc[1] = '\\';
+		else {
+			esc[1] = 'x';
+			esc[2] = hex[c >> 4];
+			esc[3] = hex[c & 0xf];
+			n = 4;
+		}
+		fwrite(esc, 1, n, stderr);
+	}
+	fwrite(s + run, 1, len - run, stderr);
+}
+
+/*
+ * Formats fmt into buf (size bytes) or, when it does not fit, into a malloc'd buffer of at
+ * most LOG_MAX_MSG bytes; returns the text (free it if it is not buf), its length in *len and
+ * in *cut how many bytes were left off (0 when whole).
+ */
+static char *log_format(char *buf, size_t size, size_t *len, size_t *cut, const char *fmt,
+			va_list ap)
+{
+	va_list ap2;
+	char *big;
+	int n;
+
+	va_copy(ap2, ap);
+	n = vsnprintf(buf, size, fmt, ap);
+	*cut = 0;
+	if (n < 0) {
+		va_end(ap2);
+		*len = (size_t)snprintf(buf, size, "(unprintable log message: %s)", fmt);
+		if (*len >= size)
+			*len = size - 1;
+		return buf;
+	}
+	if ((size_t)n < size) {
+		va_end(ap2);
+		*len = (size_t)n;
+		return buf;
+	}
+	*len = (size_t)n < LOG_MAX_MSG ? (size_t)n : LOG_MAX_MSG;
+	*cut = (size_t)n - *len;
+	if ((big = malloc(*len + 1)) == NULL) {
+		/* keep what fitted in buf */
+		*cut += *len - (size - 1);
+		*len = size - 1;
+		va_end(ap2);
+		return buf;
+	}
+	vsnprintf(big, *len + 1, fmt, ap2);
+	va_end(ap2);
+	return big;
+}
+
+/* Writes one line: prefix, message, and ": strerror(err)" when err is not 0, all escaped. */
 static void log_vwrite(int level, int err, const char *fmt, va_list ap)
 {
-	char ebuf[128], tbuf[64];
+	char ebuf[128], tbuf[64], mbuf[1024];
 	const char *estr = err ? strerror_r(err, ebuf, sizeof(ebuf)) : NULL;
+	size_t len, cut;
+	char *msg = log_format(mbuf, sizeof(mbuf), &len, &cut, fmt, ap);
 
 	flockfile(stderr);
 	if (log_journal) {
@@ -98,12 +180,18 @@ static void log_vwrite(int level, int err, const char *fmt, va_list ap)
 		fprintf(stderr, "%s %s[%ld]: %s: ", tbuf, log_prog, (long)getpid(),
 			log_names[level]);
 	}
-	vfprintf(stderr, fmt, ap);
-	if (estr != NULL)
-		fprintf(stderr, ": %s", estr);
+	log_put_escaped(msg, len);
+	if (cut)
+		fprintf(stderr, "...(%zu more bytes)", cut);
+	if (estr != NULL) {
+		fputs(": ", stderr);
+		log_put_escaped(estr, strlen(estr));
+	}
 	fputc('\n', stderr);
 	fflush(stderr);
 	funlockfile(stderr);
+	if (msg != mbuf)
+		free(msg);
 }
 
 /* Defines a logging function for level that appends strerror(errno) when with_errno. */
