@@ -27,8 +27,9 @@ void h_rm_rf(const char *path);
 const char *h_bin(const char *name);
 /*
  * Writes a config into a new scratch directory and starts build/dsckptd -d -c on it.
- * extra_json is spliced into the JSON object (e.g. "\"keep_last\": 2,") or NULL;
- * cache_gib is host_cache_size. Waits until the socket answers. Fails the test on error.
+ * extra_json is spliced into the JSON object (e.g. "\"keep_last\": 2,") or NULL; when it
+ * sets "socket_mode" the harness's own "0600" is left out. cache_gib is host_cache_size.
+ * Waits until the socket answers. Fails the test on error.
  */
 void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json);
 /* Starts the daemon again on the same directory and config (after a kill). */
@@ -43,6 +44,12 @@ void h_daemon_stop(struct hdaemon *d);
 char *h_read_file(const char *path, size_t *len);
 /* Whether path exists. */
 int h_exists(const char *path);
+/*
+ * Makes sure a system user exists (useradd -r -M -s /usr/sbin/nologin name, only when
+ * getpwnam does not know it) and gives its uid and gid. Returns 0, or -1 when that is not
+ * possible here (not root, no useradd, useradd failed).
+ */
+int h_user(const char *name, uid_t *uid, gid_t *gid);
 /* Runs a shell command, returns its exit status (-1 if it did not exit). */
 int h_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
