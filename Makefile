@@ -2,7 +2,8 @@
 #
 #   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
-#   make check      unit + integration tests, the same under ASan/UBSan, then the Python binding's
+#   make check      unit + integration tests, the same under ASan/UBSan, the Python binding's
+#                   tests, and 20 s of each libFuzzer target (make check-fuzz, FUZZ_SECONDS=20)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
 #   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
@@ -23,7 +24,7 @@ Q := @
 endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
-	libxxhash-dev check
+	libxxhash-dev check clang-14 libclang-rt-14-dev
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -55,7 +56,7 @@ BINS := $(BUILD)/dsckptd $(BUILD)/dsckptctl $(BUILD)/libdsckpt.so $(BUILD)/libds
 	$(BUILD)/dsckpt-example-trainer
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
 
-.PHONY: all deps check check-plain check-san demo install clean fuzz
+.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz
 all: $(BINS)
 
 deps:
@@ -118,18 +119,31 @@ $(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)
 
-# libFuzzer targets for the frame decoder and the config loader (clang; not part of check).
-FUZZ_SECONDS ?= 60
-fuzz:
-	@dpkg-query -W -f='$${Status}' libclang-rt-14-dev 2>/dev/null | grep -q 'ok installed' || \
-		{ sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; $$sudo apt-get install -y -qq clang-14 libclang-rt-14-dev; }
-	@mkdir -p $(BUILD)/fuzz/corpus-proto $(BUILD)/fuzz/corpus-config
-	clang-14 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/proto \
-		tests/fuzz_proto.c proto/proto.c -lmsgpackc
-	clang-14 -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -o $(BUILD)/fuzz/config \
-		tests/fuzz_config.c daemon/config.c daemon/log.c -lcjson -lpthread
-	$(BUILD)/fuzz/proto -max_total_time=$(FUZZ_SECONDS) $(BUILD)/fuzz/corpus-proto
-	$(BUILD)/fuzz/config -max_total_time=$(FUZZ_SECONDS) $(BUILD)/fuzz/corpus-config
+# libFuzzer targets for the frame decoder and the config loader (clang-14 from make deps).
+# tests/run-fuzz runs each for FUZZ_SECONDS, growing a corpus in build/fuzz/corpus-<name>
+# from tests/fuzz_seeds/<name>, and prints one line per target; a crash fails the target.
+FUZZ_CC := clang-14
+FUZZ_CFLAGS := -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
+FUZZERS := $(BUILD)/fuzz/proto $(BUILD)/fuzz/config
+
+$(BUILD)/fuzz/proto: tests/fuzz_proto.c proto/proto.c proto/proto.h | deps
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c proto/proto.c -lmsgpackc
+$(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/log.c daemon/dsckptd.h | deps
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_config.c daemon/config.c daemon/log.c \
+		-lcjson -lpthread
+
+fuzz: FUZZ_SECONDS ?= 60
+fuzz: $(FUZZERS)
+	@BUILD=$(BUILD) tests/run-fuzz $(FUZZ_SECONDS) $(FUZZERS)
+
+# The bounded run that make check includes.
+check-fuzz: FUZZ_SECONDS ?= 20
+check-fuzz: $(FUZZERS)
+	@BUILD=$(BUILD) tests/run-fuzz $(FUZZ_SECONDS) $(FUZZERS)
 
 # Runs every check_* binary against the binaries of this build; prints Check's summaries.
 check-plain: deps all $(TESTS)
@@ -138,7 +152,7 @@ check-plain: deps all $(TESTS)
 check-san:
 	$(MAKE) BUILD=build/san SAN=address,undefined check-plain
 
-check: check-plain check-san check-python
+check: check-plain check-san check-python check-fuzz
 
 demo: deps all
 	tests/demo.sh $(BUILD)
