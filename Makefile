@@ -34,6 +34,9 @@ LDSAN := -fsanitize=$(SAN)
 endif
 CFLAGS ?=
 override CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
+# The one version number, in the public header; the daemon gets it from here.
+VERSION := $(shell sed -n 's/^\#define DSCKPT_VERSION_STRING "\(.*\)"/\1/p' client/dsckpt.h)
+VERSION_DEF := -DDSCKPTD_VERSION='"$(VERSION)"'
 LIBS_COMMON := -lmsgpackc -lpthread
 
 # The CUDA runtime is linked statically where the toolkit exists; never -lcuda.
@@ -43,6 +46,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 endif
 
 PROTO_SRC := proto/proto.c
+FORMAT_SRC := $(wildcard format/*.c)
 DAEMON_SRC := $(wildcard daemon/*.c)
 LIB_SRC := $(wildcard client/lib/*.c)
 CTL_SRC := $(wildcard client/ctl/*.c)
@@ -50,7 +54,7 @@ CTL_SRC := $(wildcard client/ctl/*.c)
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 pic = $(patsubst %.c,$(BUILD)/pic/%.o,$(1))
 # Daemon objects other than main.o, linked into unit tests too.
-DAEMON_LIBOBJ := $(call obj,$(filter-out daemon/main.c,$(DAEMON_SRC)) $(PROTO_SRC))
+DAEMON_LIBOBJ := $(call obj,$(filter-out daemon/main.c,$(DAEMON_SRC)) $(PROTO_SRC) $(FORMAT_SRC))
 
 BINS := $(BUILD)/dsckptd $(BUILD)/dsckptctl $(BUILD)/libdsckpt.so $(BUILD)/libdsckpt.a \
 	$(BUILD)/dsckpt-example-trainer
@@ -72,7 +76,7 @@ deps:
 $(BUILD)/obj/daemon/%.o: daemon/%.c
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  CC      $<" || true
-	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -c $< -o $@
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  CC      $<" || true
@@ -82,16 +86,15 @@ $(BUILD)/pic/%.o: %.c
 	@[ -n "$(Q)" ] && echo "  CC      $< (pic)" || true
 	$(Q)$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-# The daemon shares the error and level names with the library (client/lib/errors.c).
-$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) client/lib/errors.c)
+$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
 
-$(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC))
+$(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.0 -o $@ $^ $(LIBS_COMMON)
 
-$(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC))
+$(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)rm -f $@ && ar rcs $@ $^
 
@@ -114,7 +117,7 @@ $(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
 		$(BUILD)/libdsckpt.a \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)

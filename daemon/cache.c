@@ -294,7 +294,7 @@ int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char 
 	    bytes / chunk_bytes > SIZE_MAX / sizeof(void *)) {
 		snprintf(err, errlen, "bad cache geometry: %llu bytes in chunks of %llu",
 			 (unsigned long long)bytes, (unsigned long long)chunk_bytes);
-		return DSCKPT_EINVAL;
+		return ERR_EINVAL;
 	}
 	if ((c = calloc(1, sizeof(*c))) == NULL)
 		goto fail_struct;
@@ -336,7 +336,7 @@ fail_arrays:
 fail_struct:
 	snprintf(err, errlen, "cannot allocate a host cache of %llu bytes: %s",
 		 (unsigned long long)bytes, strerror(errno));
-	return DSCKPT_ENOMEM;
+	return ERR_ENOMEM;
 }
 
 /* Unmaps the cache; every chunk must be back (a broken invariant aborts). */

@@ -154,7 +154,7 @@ static void conn_refuse(int fd, const char *msg)
 
 	proto_out_init(&o, PROTO_ERROR, 0);
 	msgpack_pack_map(&o.pk, 2);
-	proto_kv_i64(&o.pk, "code", DSCKPT_ELIMIT);
+	proto_kv_i64(&o.pk, "code", ERR_ELIMIT);
 	proto_kv_str(&o.pk, "message", msg);
 	size_t len = proto_out_finish(&o, 0);
 	if (send(fd, o.sb.data, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
@@ -282,7 +282,7 @@ void conn_error(struct conn *c, uint64_t id, int code, int fatal, const char *fm
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	log_debug("client %llu: %s: %s", (unsigned long long)c->id, dsckpt_err_name(code), msg);
+	log_debug("client %llu: %s: %s", (unsigned long long)c->id, err_name(code), msg);
 	proto_out_init(&o, PROTO_ERROR, id);
 	msgpack_pack_map(&o.pk, 2);
 	proto_kv_i64(&o.pk, "code", code);
@@ -305,7 +305,7 @@ static void version_mismatch(struct conn *c, const struct proto_hdr *h)
 		 PROTO_VERSION, h->version);
 	proto_out_init(&o, PROTO_ERROR, h->id);
 	msgpack_pack_map(&o.pk, 4);
-	proto_kv_i64(&o.pk, "code", DSCKPT_EVERSION);
+	proto_kv_i64(&o.pk, "code", ERR_EVERSION);
 	proto_kv_str(&o.pk, "message", msg);
 	proto_kv_u64(&o.pk, "server_proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "client_proto", h->version);
@@ -324,7 +324,7 @@ static void handle_frames(struct conn *c)
 		struct proto_hdr h;
 		if (proto_hdr_unpack(c->in + off, &h, why, sizeof(why)) < 0) {
 			int code = h.magic == PROTO_MAGIC && h.length > PROTO_MAX_BODY
-					   ? DSCKPT_EMSGSIZE : DSCKPT_EPROTO;
+					   ? ERR_EMSGSIZE : ERR_EPROTO;
 			conn_error(c, h.id, code, 1, "%s", why);
 			break;
 		}
@@ -335,13 +335,13 @@ static void handle_frames(struct conn *c)
 		if (c->in_len - off < PROTO_HDR_SIZE + (size_t)h.length)
 			break;	/* body not complete yet */
 		if (h.nfds > c->nfdq) {
-			conn_error(c, h.id, DSCKPT_EPROTO, 1,
+			conn_error(c, h.id, ERR_EPROTO, 1,
 				   "frame announces %u descriptors but %u arrived", h.nfds, c->nfdq);
 			break;
 		}
 		/* With no byte after this frame, every queued descriptor came with it or before. */
 		if (c->nfdq > h.nfds && c->in_len - off == PROTO_HDR_SIZE + (size_t)h.length) {
-			conn_error(c, h.id, DSCKPT_EPROTO, 1,
+			conn_error(c, h.id, ERR_EPROTO, 1,
 				   "%u descriptors arrived with a frame that announces %u",
 				   c->nfdq, h.nfds);
 			break;
@@ -378,7 +378,7 @@ static int read_some(struct conn *c)
 			cap = PROTO_HDR_SIZE + PROTO_MAX_BODY + IN_BASE;
 		if (cap > c->in_cap &&
 		    conn_resize(c, &c->in, &c->in_cap, cap, err, sizeof(err)) < 0) {
-			conn_error(c, 0, DSCKPT_ELIMIT, 1, "%s", err);
+			conn_error(c, 0, ERR_ELIMIT, 1, "%s", err);
 			return 0;
 		}
 	}
@@ -405,7 +405,7 @@ static int read_some(struct conn *c)
 		}
 	}
 	if (overflow) {
-		conn_error(c, 0, DSCKPT_EPROTO, 1, "too many file descriptors sent");
+		conn_error(c, 0, ERR_EPROTO, 1, "too many file descriptors sent");
 		return 0;
 	}
 	if (n == 0)
@@ -445,11 +445,11 @@ void conn_close_all(void)
 int conn_region_add(struct conn *c, uint64_t id, struct source *s, char *err, size_t errlen)
 {
 	if (conn_region(c, id))
-		return seterr(err, errlen, DSCKPT_EEXIST, "region %llu already registered",
+		return seterr(err, errlen, ERR_EEXIST, "region %llu already registered",
 			      (unsigned long long)id);
 	struct region *r = calloc(1, sizeof(*r));
 	if (!r)
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	int rc = source_charge(s, c->uid, err, errlen);
 	if (rc < 0) {
 		free(r);

@@ -5,7 +5,7 @@
  * Built with HAVE_CUDA where the toolkit exists, with the runtime linked statically
  * (libcudart_static) and never -lcuda: driver functions are looked up through
  * cudaGetDriverEntryPointByVersion, so the same binary starts on a node without a driver and
- * then serves the host transport only (every function here fails with DSCKPT_ENOCUDA).
+ * then serves the host transport only (every function here fails with ERR_ENOCUDA).
  *
  * Devices, threads and streams: each device is reached through its primary context
  * (cudaSetDevice before every call that touches it). Every copy thread gets its own
@@ -234,14 +234,14 @@ static void cuda_probe(void)
 	G.count = n;
 }
 
-/* The ordinal of the GPU with this UUID: DSCKPT_ENOCUDA or DSCKPT_ENOENT with err. */
+/* The ordinal of the GPU with this UUID: ERR_ENOCUDA or ERR_ENOENT with err. */
 static int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errlen)
 {
 	char u[41];
 
 	pthread_once(&G.once, cuda_probe);
 	if (G.count == 0)
-		return seterr(err, errlen, DSCKPT_ENOCUDA, "%s", G.why);
+		return seterr(err, errlen, ERR_ENOCUDA, "%s", G.why);
 	for (int i = 0; i < G.count; i++) {
 		if (memcmp(G.uuid[i], uuid, 16) == 0) {
 			*dev = i;
@@ -249,7 +249,7 @@ static int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errle
 		}
 	}
 	cuda_uuid_str(uuid, u);
-	return seterr(err, errlen, DSCKPT_ENOENT, "no GPU with UUID %s", u);
+	return seterr(err, errlen, ERR_ENOENT, "no GPU with UUID %s", u);
 }
 
 /* The calling thread's CUDA state, made on first use; NULL with err without memory. */
@@ -261,12 +261,12 @@ static struct cuda_thread *cuda_thread(char *err, size_t errlen)
 		return th;
 	th = calloc(1, sizeof(*th) + (size_t)G.count * sizeof(th->dev[0]));
 	if (th == NULL) {
-		seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	if (pthread_setspecific(G.thread, th) != 0) {
 		free(th);
-		seterr(err, errlen, DSCKPT_ENOMEM, "pthread_setspecific failed");
+		seterr(err, errlen, ERR_ENOMEM, "pthread_setspecific failed");
 		return NULL;
 	}
 	return th;
@@ -280,19 +280,19 @@ static int cuda_stream(int dev, cudaStream_t *out, char *err, size_t errlen)
 	cudaError_t e;
 
 	if (th == NULL)
-		return DSCKPT_ENOMEM;
+		return ERR_ENOMEM;
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
-		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 	if (th->dev[dev].stream == NULL &&
 	    (e = cudaStreamCreateWithFlags(&th->dev[dev].stream, cudaStreamNonBlocking)) !=
 		    cudaSuccess) {
 		th->dev[dev].stream = NULL;
-		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamCreateWithFlags", e);
+		return cuda_fail(err, errlen, ERR_EIO, "cudaStreamCreateWithFlags", e);
 	}
 	if (th->fence && !th->dev[dev].fenced) {
 		if ((e = cudaStreamWaitEvent(th->dev[dev].stream, th->fence->event, 0)) !=
 		    cudaSuccess)
-			return cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamWaitEvent", e);
+			return cuda_fail(err, errlen, ERR_EIO, "cudaStreamWaitEvent", e);
 		th->dev[dev].fenced = 1;
 	}
 	*out = th->dev[dev].stream;
@@ -311,7 +311,7 @@ static int cuda_mem_read(void *priv, uint64_t off, void *dst, uint64_t len, char
 
 	/* Never touch unmapped addresses: a fault would poison the device for every client. */
 	if (off + len > mapped) {
-		return seterr(err, errlen, DSCKPT_ESTATE,
+		return seterr(err, errlen, ERR_ESTATE,
 			      "cuda source: bytes [%llu, +%llu) are not mapped (%llu are)",
 			      (unsigned long long)off, (unsigned long long)len,
 			      (unsigned long long)mapped);
@@ -321,7 +321,7 @@ static int cuda_mem_read(void *priv, uint64_t off, void *dst, uint64_t len, char
 	e = cudaMemcpyAsync(dst, (const void *)(uintptr_t)(m->base + off), (size_t)len,
 			    cudaMemcpyDeviceToHost, st);
 	if (e != cudaSuccess)
-		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaMemcpyAsync", e);
+		return cuda_fail(err, errlen, ERR_EIO, "cudaMemcpyAsync", e);
 	return 0;
 }
 
@@ -341,7 +341,7 @@ int cuda_copy_sync(char *err, size_t errlen)
 		/* Every stream is waited for, even after an error: no copy is left in flight. */
 		if (th->dev[d].stream && (e = cudaStreamSynchronize(th->dev[d].stream)) !=
 		    cudaSuccess && rc == 0)
-			rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaMemcpyAsync", e);
+			rc = cuda_fail(err, errlen, ERR_EIO, "cudaMemcpyAsync", e);
 	}
 	return rc;
 }
@@ -424,30 +424,30 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		return rc;
 	if (size == 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "cuda_ipc: bad size 0");
+		return seterr(err, errlen, ERR_EINVAL, "cuda_ipc: bad size 0");
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
-		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 	memcpy(&h, handle, sizeof(h));
 	e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
 	if (e != cudaSuccess) {
 		return cuda_fail(err, errlen,
-				 e == cudaErrorAlreadyMapped ? DSCKPT_EEXIST : DSCKPT_EINVAL,
+				 e == cudaErrorAlreadyMapped ? ERR_EEXIST : ERR_EINVAL,
 				 "cudaIpcOpenMemHandle", e);
 	}
 	/* A size past the allocation would make the copy engine fault: check it now. */
 	r = drv.MemGetAddressRange(&abase, &asize, (CUdeviceptr)(uintptr_t)ptr);
 	if (r != CUDA_SUCCESS) {
-		rc = cuda_drv_fail(err, errlen, DSCKPT_EIO, "cuMemGetAddressRange", r);
+		rc = cuda_drv_fail(err, errlen, ERR_EIO, "cuMemGetAddressRange", r);
 		goto fail_close;
 	}
 	if (size > asize - ((CUdeviceptr)(uintptr_t)ptr - abase)) {
-		rc = seterr(err, errlen, DSCKPT_ERANGE,
+		rc = seterr(err, errlen, ERR_ERANGE,
 			    "cuda_ipc: %llu bytes wanted, the allocation has %zu",
 			    (unsigned long long)size, asize);
 		goto fail_close;
 	}
 	if ((m = calloc(1, sizeof(*m))) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_close;
 	}
 	m->dev = dev;
@@ -456,7 +456,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 	m->size = size;
 	atomic_init(&m->mapped, size);
 	if ((*out = source_new(&cuda_ipc_ops, m, size)) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free;
 	}
 	log_debug("cuda_ipc: opened %llu bytes on device %d at %p", (unsigned long long)size,
@@ -490,22 +490,22 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		return rc;
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
-		return cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 	prop.location.id = dev;
 	r = drv.MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
 	if (r != CUDA_SUCCESS)
-		return cuda_drv_fail(err, errlen, DSCKPT_EIO, "cuMemGetAllocationGranularity", r);
+		return cuda_drv_fail(err, errlen, ERR_EIO, "cuMemGetAllocationGranularity", r);
 	/* Mappings come whole from cuMemCreate, so a complete range is a multiple of gran. */
 	if (size == 0 || gran == 0 || size % gran != 0) {
-		return seterr(err, errlen, DSCKPT_EINVAL,
+		return seterr(err, errlen, ERR_EINVAL,
 			      "cuda_vmm: size %llu is not a positive multiple of the GPU's "
 			      "%zu-byte granularity", (unsigned long long)size, gran);
 	}
 	if ((r = drv.MemAddressReserve(&base, (size_t)size, gran, 0, 0)) != CUDA_SUCCESS) {
-		return cuda_drv_fail(err, errlen, DSCKPT_ENOMEM, "cuMemAddressReserve", r);
+		return cuda_drv_fail(err, errlen, ERR_ENOMEM, "cuMemAddressReserve", r);
 	}
 	if ((m = calloc(1, sizeof(*m))) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free_va;
 	}
 	m->dev = dev;
@@ -515,7 +515,7 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 	m->gran = gran;
 	atomic_init(&m->mapped, 0);
 	if ((*out = source_new(&cuda_vmm_ops, m, size)) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free;
 	}
 	return 0;
@@ -543,13 +543,13 @@ static int cuda_vmm_map_one(struct cuda_mem *m, int fd, uint64_t len, char *err,
 	r = drv.MemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
 					     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	if (r != CUDA_SUCCESS)
-		return cuda_drv_fail(err, errlen, DSCKPT_EINVAL, "cuMemImportFromShareableHandle", r);
+		return cuda_drv_fail(err, errlen, ERR_EINVAL, "cuMemImportFromShareableHandle", r);
 	if ((r = drv.MemMap(at, (size_t)len, 0, h, 0)) != CUDA_SUCCESS) {
-		rc = cuda_drv_fail(err, errlen, DSCKPT_EINVAL, "cuMemMap", r);
+		rc = cuda_drv_fail(err, errlen, ERR_EINVAL, "cuMemMap", r);
 		goto fail_release;
 	}
 	if ((r = drv.MemSetAccess(at, (size_t)len, &access, 1)) != CUDA_SUCCESS) {
-		rc = cuda_drv_fail(err, errlen, DSCKPT_EIO, "cuMemSetAccess", r);
+		rc = cuda_drv_fail(err, errlen, ERR_EIO, "cuMemSetAccess", r);
 		goto fail_unmap;
 	}
 	/* The mapping keeps the memory alive: the handle is not needed any more. */
@@ -565,7 +565,7 @@ fail_release:
 }
 
 /* Imports n exported allocations (fds, always taken) of the given sizes, maps them one after
- * another from byte at, and enables read access; negative DSCKPT_E* with err. */
+ * another from byte at, and enables read access; negative ERR_E* with err. */
 int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size, uint64_t at,
 			const int *fds, const uint64_t *sizes, unsigned n, char *err,
 			size_t errlen)
@@ -578,35 +578,35 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		goto out;
 	if ((m = source_priv(s, &cuda_vmm_ops)) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL, "cuda_vmm: the region is of kind %s",
+		rc = seterr(err, errlen, ERR_EINVAL, "cuda_vmm: the region is of kind %s",
 			    source_kind(s));
 		goto out;
 	}
 	mapped = atomic_load_explicit(&m->mapped, memory_order_relaxed);
 	if (memcmp(uuid, m->uuid, 16) != 0 || size != m->size) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL,
+		rc = seterr(err, errlen, ERR_EINVAL,
 			    "cuda_vmm: uuid or size (%llu) differ from the region's (%llu)",
 			    (unsigned long long)size, (unsigned long long)m->size);
 		goto out;
 	}
 	if (at != mapped || n == 0) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL,
+		rc = seterr(err, errlen, ERR_EINVAL,
 			    "cuda_vmm: %u mappings at %llu, but %llu bytes are mapped", n,
 			    (unsigned long long)at, (unsigned long long)mapped);
 		goto out;
 	}
 	if ((maps = realloc(m->maps, (m->nmaps + n) * sizeof(*maps))) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto out;
 	}
 	m->maps = maps;
 	if ((e = cudaSetDevice(m->dev)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		rc = cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 		goto out;
 	}
 	for (unsigned i = 0; i < n; i++) {
 		if (sizes[i] == 0 || sizes[i] % m->gran != 0 || sizes[i] > m->size - mapped) {
-			rc = seterr(err, errlen, DSCKPT_EINVAL,
+			rc = seterr(err, errlen, ERR_EINVAL,
 				    "cuda_vmm: mapping of %llu bytes at %llu does not fit the "
 				    "%llu-byte range in %zu-byte units",
 				    (unsigned long long)sizes[i], (unsigned long long)mapped,
@@ -640,7 +640,7 @@ static struct cuda_import *cuda_import_get(const void *owner, int dev,
 		if (im->owner == owner && im->dev == dev && !memcmp(im->handle, handle, 64))
 			return im;
 	if ((im = calloc(1, sizeof(*im))) == NULL) {
-		seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	im->owner = owner;
@@ -648,15 +648,15 @@ static struct cuda_import *cuda_import_get(const void *owner, int dev,
 	memcpy(im->handle, handle, 64);
 	memcpy(&h, handle, sizeof(h));
 	if ((e = cudaSetDevice(dev)) != cudaSuccess) {
-		cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 		goto fail;
 	}
 	if ((e = cudaIpcOpenEventHandle(&im->event, h)) != cudaSuccess) {
-		cuda_fail(err, errlen, DSCKPT_EINVAL, "cudaIpcOpenEventHandle", e);
+		cuda_fail(err, errlen, ERR_EINVAL, "cudaIpcOpenEventHandle", e);
 		goto fail;
 	}
 	if ((e = cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking)) != cudaSuccess) {
-		cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamCreateWithFlags", e);
+		cuda_fail(err, errlen, ERR_EIO, "cudaStreamCreateWithFlags", e);
 		cudaEventDestroy(im->event);
 		goto fail;
 	}
@@ -699,24 +699,24 @@ int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t h
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		return rc;
 	if ((im = cuda_import_get(owner, dev, handle, err, errlen)) == NULL)
-		return DSCKPT_EINVAL;
+		return ERR_EINVAL;
 	if ((f = calloc(1, sizeof(*f))) == NULL)
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	f->dev = dev;
 	if ((e = cudaSetDevice(dev)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaSetDevice", e);
+		rc = cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 		goto fail_free;
 	}
 	if ((e = cudaStreamWaitEvent(im->stream, im->event, 0)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaStreamWaitEvent", e);
+		rc = cuda_fail(err, errlen, ERR_EIO, "cudaStreamWaitEvent", e);
 		goto fail_free;
 	}
 	if ((e = cudaEventCreateWithFlags(&f->event, cudaEventDisableTiming)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaEventCreateWithFlags", e);
+		rc = cuda_fail(err, errlen, ERR_EIO, "cudaEventCreateWithFlags", e);
 		goto fail_free;
 	}
 	if ((e = cudaEventRecord(f->event, im->stream)) != cudaSuccess) {
-		rc = cuda_fail(err, errlen, DSCKPT_EIO, "cudaEventRecord", e);
+		rc = cuda_fail(err, errlen, ERR_EIO, "cudaEventRecord", e);
 		cudaEventDestroy(f->event);
 		goto fail_free;
 	}
@@ -735,7 +735,7 @@ int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen)
 	struct cuda_thread *th = cuda_thread(err, errlen);
 
 	if (th == NULL)
-		return DSCKPT_ENOMEM;
+		return ERR_ENOMEM;
 	th->fence = f;
 	for (int d = 0; d < G.count; d++)
 		th->dev[d].fenced = 0;
@@ -814,7 +814,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 			 struct source **out, char *err, size_t errlen)
 {
 	*out = NULL;
-	return seterr(err, errlen, DSCKPT_ENOCUDA, NOCUDA);
+	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Creates a VMM source: this build has no CUDA. */
@@ -822,7 +822,7 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 			 char *err, size_t errlen)
 {
 	*out = NULL;
-	return seterr(err, errlen, DSCKPT_ENOCUDA, NOCUDA);
+	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Maps VMM allocations: this build has no CUDA; the fds are closed. */
@@ -832,7 +832,7 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 {
 	for (unsigned i = 0; i < n; i++)
 		close(fds[i]);
-	return seterr(err, errlen, DSCKPT_ENOCUDA, NOCUDA);
+	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Without CUDA no event was ever imported. */
@@ -845,7 +845,7 @@ int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t h
 		      struct cuda_fence **out, char *err, size_t errlen)
 {
 	*out = NULL;
-	return seterr(err, errlen, DSCKPT_ENOCUDA, NOCUDA);
+	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Without CUDA no copy is ever queued. */
@@ -857,7 +857,7 @@ int cuda_copy_sync(char *err, size_t errlen)
 /* Without CUDA no fence exists to wait for. */
 int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen)
 {
-	return seterr(err, errlen, DSCKPT_ENOCUDA, NOCUDA);
+	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Frees a fence: there are none without CUDA. */

@@ -14,9 +14,9 @@
 #include <stdio.h>
 #include <sys/types.h>
 
-#include "../client/dsckpt.h"
+#include "../format/errors.h"
 
-#define DSCKPTD_VERSION DSCKPT_VERSION_STRING
+/* DSCKPTD_VERSION comes from the Makefile, read out of client/dsckpt.h (one version). */
 #define DSCKPTD_DEFAULT_CONFIG "/etc/dsckptd/dsckptd.json"
 #define ERRLEN 1024
 
@@ -100,7 +100,7 @@ enum quota_kind {
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */
 void quota_set_limits(const struct config *cfg);
-/* Charges n of kind to uid within its limit; 0, or DSCKPT_ELIMIT naming the key in err. */
+/* Charges n of kind to uid within its limit; 0, or ERR_ELIMIT naming the key in err. */
 int quota_take(uid_t uid, int kind, uint64_t n, char *err, size_t errlen);
 /* Gives back n of kind that quota_take charged to uid. */
 void quota_give(uid_t uid, int kind, uint64_t n);
@@ -206,11 +206,11 @@ struct store_root {
  * component and no symbolic link below the root; created directories are made private, then
  * chowned to uid/gid and given cfg->dir_mode through their descriptor; existing ones below the
  * root must be owned by uid unless uid is 0. Returns an O_DIRECTORY fd (and the root's
- * identity in root when not NULL), or a negative DSCKPT_E* with err.
+ * identity in root when not NULL), or a negative ERR_E* with err.
  */
 int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		   struct store_root *root, char *err, size_t errlen);
-/* Whether dirfd still lies below root (a client may have moved it); 0 or DSCKPT_EACCES. */
+/* Whether dirfd still lies below root (a client may have moved it); 0 or ERR_EACCES. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen);
 /* Creates dirfd/name.partial (exclusive, O_DIRECT when asked and possible), owned by uid/gid
  * with mode (owner read/write always), both set on the descriptor. */
@@ -218,7 +218,7 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 		      int o_direct, struct store_file **out, char *err, size_t errlen);
 /* Whether the file was opened with O_DIRECT (writes must then be 4096-aligned). */
 int store_file_direct(const struct store_file *f);
-/* Writes len bytes at off (retrying short writes); negative DSCKPT_E* with err. */
+/* Writes len bytes at off (retrying short writes); negative ERR_E* with err. */
 int store_file_pwrite(struct store_file *f, const void *buf, size_t len, uint64_t off,
 		      char *err, size_t errlen);
 /* Truncates to size, fsyncs, renames name.partial → name, fsyncs the directory; frees f. */
@@ -297,7 +297,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **out,
 			 char *err, size_t errlen);
 /* Imports n exported allocations (fds, always taken) of the given sizes, maps them one after
- * another from byte at, and enables read access; negative DSCKPT_E* with err. */
+ * another from byte at, and enables read access; negative ERR_E* with err. */
 int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size, uint64_t at,
 			const int *fds, const uint64_t *sizes, unsigned n, char *err,
 			size_t errlen);
@@ -379,7 +379,7 @@ unsigned conn_world(const struct conn *c);
 void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
 		       unsigned world);
 /* Registers a source under a client-chosen id (takes the reference on success), charged to
- * the client's user; negative DSCKPT_E* (EEXIST, ELIMIT, ENOMEM) with err. */
+ * the client's user; negative ERR_E* (EEXIST, ELIMIT, ENOMEM) with err. */
 int conn_region_add(struct conn *c, uint64_t id, struct source *s, char *err, size_t errlen);
 /* Forgets a region; -1 if unknown. */
 int conn_region_del(struct conn *c, uint64_t id);
@@ -447,14 +447,14 @@ void engine_stop(void);
 /* save.c — saves, their levels, waiters, commits; loop thread only. */
 /* Starts the engine with save.c's event handler, and the timer that forgets old saves. */
 int save_engine_start(char *err, size_t errlen);
-/* Opens a save for a client; returns its id or a negative DSCKPT_E* with err. */
+/* Opens a save for a client; returns its id or a negative ERR_E* with err. */
 int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 		   size_t errlen);
 /* Finds a save of this connection that is still open for adding; NULL otherwise. */
 struct save *save_find_open(struct conn *c, uint64_t id);
 /* Finds any save of this connection by id; NULL otherwise. */
 struct save *save_find(struct conn *c, uint64_t id);
-/* Adds a tensor (name, dtype, shape) from a region; negative DSCKPT_E* with err. */
+/* Adds a tensor (name, dtype, shape) from a region; negative ERR_E* with err. */
 int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen);
@@ -466,7 +466,7 @@ void save_drop(struct save *s);
 /* Totals so far. */
 void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes);
 /* Plans the file and submits it to the engine (ACCEPTED), its copies ordered after fence
- * (taken, may be NULL); negative DSCKPT_E* with err. */
+ * (taken, may be NULL); negative ERR_E* with err. */
 int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen);
 /* Answers a WAIT now or when the level is reached, fails or timeout_ms passes. */
 void save_wait(struct conn *c, uint64_t req, struct save *s, int level, int64_t timeout_ms);

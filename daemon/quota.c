@@ -2,7 +2,7 @@
  * quota.c — per-user limits. Every user (uid) on the node may talk to the root daemon, so
  * what a request holds in the daemon (connections, saves in flight, open regions and the host
  * memory they map, buffered frames, blobs) is charged to its uid and refused with
- * DSCKPT_ELIMIT past the configured limit: one user can exhaust only their own share, never
+ * ERR_ELIMIT past the configured limit: one user can exhaust only their own share, never
  * another user's descriptors, mappings or memory.
  *
  * The limits are set from the config at start and on reload (quota_set_limits).
@@ -90,7 +90,7 @@ static void quota_drop_idle(struct quota_user *u)
 	}
 }
 
-/* Charges n of kind to uid within its limit; 0, or DSCKPT_ELIMIT / ENOMEM with err. */
+/* Charges n of kind to uid within its limit; 0, or ERR_ELIMIT / ENOMEM with err. */
 int quota_take(uid_t uid, int kind, uint64_t n, char *err, size_t errlen)
 {
 	int rc = 0;
@@ -99,9 +99,9 @@ int quota_take(uid_t uid, int kind, uint64_t n, char *err, size_t errlen)
 	uint64_t limit = quota_limits[kind];
 	struct quota_user *u = quota_find(uid, 1);
 	if (!u) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	} else if (n > limit || u->used[kind] > limit - n) {
-		rc = seterr(err, errlen, DSCKPT_ELIMIT,
+		rc = seterr(err, errlen, ERR_ELIMIT,
 			    "per-user limit %s reached: uid %u holds %llu of %llu%s and asks for "
 			    "%llu more", quota_keys[kind], (unsigned)uid,
 			    (unsigned long long)u->used[kind], (unsigned long long)limit,

@@ -33,7 +33,7 @@ static void reply_empty(struct conn *c, uint64_t id)
 /* Rejects a malformed frame and closes the connection. */
 static void malformed(struct conn *c, const struct proto_hdr *h, const char *why)
 {
-	conn_error(c, h->id, DSCKPT_EPROTO, 1, "malformed %s: %s", proto_type_name(h->type), why);
+	conn_error(c, h->id, ERR_EPROTO, 1, "malformed %s: %s", proto_type_name(h->type), why);
 }
 
 /* HELLO: identifies the client. */
@@ -55,7 +55,7 @@ static void on_hello(struct conn *c, const struct proto_hdr *h, struct proto_map
 	if (proto_map_end(m) < 0)
 		return malformed(c, h, m->why);
 	if (conn_role(c) != CONN_NONE)
-		return conn_error(c, h->id, DSCKPT_ESTATE, 0, "HELLO was already sent");
+		return conn_error(c, h->id, ERR_ESTATE, 0, "HELLO was already sent");
 	conn_set_identity(c, strcmp(role, "trainer") == 0 ? CONN_TRAINER : CONN_CTL, job,
 			  (unsigned)rank, (unsigned)world);
 	log_debug("client %llu is %s %s rank %llu/%llu (pid %d, says %llu)",
@@ -98,7 +98,7 @@ static void region_add_vmm(struct conn *c, const struct proto_hdr *h, struct pro
 	if (at == 0) {
 		if (s) {
 			close_fds(fds, nfds);
-			return conn_error(c, h->id, DSCKPT_EEXIST, 0,
+			return conn_error(c, h->id, ERR_EEXIST, 0,
 					  "region %llu already registered",
 					  (unsigned long long)region);
 		}
@@ -115,7 +115,7 @@ static void region_add_vmm(struct conn *c, const struct proto_hdr *h, struct pro
 		}
 	} else if (!s) {
 		close_fds(fds, nfds);
-		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no region %llu to continue",
+		return conn_error(c, h->id, ERR_ENOENT, 0, "no region %llu to continue",
 				  (unsigned long long)region);
 	}
 	/* Ownership: the descriptors go to the source, which closes them on every path. */
@@ -167,7 +167,7 @@ static void on_region_add(struct conn *c, const struct proto_hdr *h, struct prot
 	}
 	if (conn_region(c, region)) {
 		close_fds(fds, nfds);
-		return conn_error(c, h->id, DSCKPT_EEXIST, 0, "region %llu already registered",
+		return conn_error(c, h->id, ERR_EEXIST, 0, "region %llu already registered",
 				  (unsigned long long)region);
 	}
 	if (strcmp(kind, "host") == 0)
@@ -194,7 +194,7 @@ static void on_region_del(struct conn *c, const struct proto_hdr *h, struct prot
 	if (proto_map_end(m) < 0)
 		return malformed(c, h, m->why);
 	if (conn_region_del(c, region) < 0)
-		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no region %llu",
+		return conn_error(c, h->id, ERR_ENOENT, 0, "no region %llu",
 				  (unsigned long long)region);
 	reply_empty(c, h->id);
 }
@@ -248,7 +248,7 @@ static int add_tensor(struct conn *c, struct save *s, const msgpack_object *obj,
 	if (!src) {
 		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", name,
 			 (unsigned long long)region);
-		return DSCKPT_ENOENT;
+		return ERR_ENOENT;
 	}
 	return save_add_tensor(s, name, dtype, shape, dims->size, src, off, nbytes, err, errlen);
 }
@@ -289,7 +289,7 @@ static int add_entries(struct conn *c, struct save *s, struct proto_map *m, char
 	for (uint32_t i = 0; !m->err && blobs && i < blobs->size && rc == 0; i++)
 		rc = add_blob(s, &blobs->ptr[i], m, err, errlen);
 	if (m->err)
-		return DSCKPT_EPROTO;
+		return ERR_EPROTO;
 	if (rc < 0)	/* a save missing part of what the client meant must never be written */
 		save_drop(s);
 	return rc;
@@ -311,7 +311,7 @@ static struct save *open_save_add(struct conn *c, const struct proto_hdr *h,
 		if (proto_map_end(m) < 0)
 			malformed(c, h, m->why);
 		else
-			conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
+			conn_error(c, h->id, ERR_ENOENT, 0, "no open save %llu on this connection",
 				   (unsigned long long)id);
 		return NULL;
 	}
@@ -379,7 +379,7 @@ static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_
 		return conn_error(c, h->id, rc, 0, "%s", err);
 	proto_out_init(&o, PROTO_REPLY, h->id);
 	msgpack_pack_map(&o.pk, 1);
-	proto_kv_i64(&o.pk, "level", DSCKPT_ACCEPTED);
+	proto_kv_i64(&o.pk, "level", LEVEL_ACCEPTED);
 	conn_send(c, &o);
 }
 
@@ -393,7 +393,7 @@ static void on_save_abort(struct conn *c, const struct proto_hdr *h, struct prot
 		return malformed(c, h, m->why);
 	struct save *s = save_find_open(c, id);
 	if (!s)
-		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no open save %llu on this connection",
+		return conn_error(c, h->id, ERR_ENOENT, 0, "no open save %llu on this connection",
 				  (unsigned long long)id);
 	save_drop(s);
 	reply_empty(c, h->id);
@@ -406,13 +406,13 @@ static void on_wait(struct conn *c, const struct proto_hdr *h, struct proto_map 
 	int64_t level = 0, timeout = -1;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	proto_get_i64(m, "level", 0, DSCKPT_COMMITTED, &level, 1);
+	proto_get_i64(m, "level", 0, LEVEL_COMMITTED, &level, 1);
 	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
 	if (proto_map_end(m) < 0)
 		return malformed(c, h, m->why);
 	struct save *s = save_find(c, id);
 	if (!s)
-		return conn_error(c, h->id, DSCKPT_ENOENT, 0, "no save %llu on this connection",
+		return conn_error(c, h->id, ERR_ENOENT, 0, "no save %llu on this connection",
 				  (unsigned long long)id);
 	save_wait(c, h->id, s, (int)level, level == 0 ? 0 : timeout);
 }
@@ -432,7 +432,7 @@ static void on_commit(struct conn *c, const struct proto_hdr *h, struct proto_ma
 	if (proto_map_end(m) < 0)
 		return malformed(c, h, m->why);
 	if (conn_role(c) != CONN_TRAINER)
-		return conn_error(c, h->id, DSCKPT_ESTATE, 0, "only an identified trainer may commit");
+		return conn_error(c, h->id, ERR_ESTATE, 0, "only an identified trainer may commit");
 	save_commit(c, h->id, dir, (unsigned)world, timeout);
 }
 
@@ -509,7 +509,7 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 	}
 	if (h->type != PROTO_HELLO && conn_role(c) == CONN_NONE) {
 		close_fds(fds, nfds);
-		conn_error(c, h->id, DSCKPT_ESTATE, 1, "the first message must be HELLO");
+		conn_error(c, h->id, ERR_ESTATE, 1, "the first message must be HELLO");
 	} else {
 		switch (h->type) {
 		case PROTO_HELLO: on_hello(c, h, &m); break;
@@ -525,7 +525,7 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 		case PROTO_PENDING: on_pending(c, h, &m); break;
 		default:
 			close_fds(fds, nfds);
-			conn_error(c, h->id, DSCKPT_EPROTO, 1, "unknown message type %u", h->type);
+			conn_error(c, h->id, ERR_EPROTO, 1, "unknown message type %u", h->type);
 		}
 	}
 	proto_in_free(&in);

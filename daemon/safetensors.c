@@ -196,26 +196,26 @@ static long st_find_duplicate(const struct st_tensor *t, size_t n, int *nomem)
 static int st_check_tensor(const struct st_tensor *t, char *err, size_t errlen)
 {
 	if (!t->name || !*t->name)
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor with an empty name");
+		return seterr(err, errlen, ERR_EINVAL, "tensor with an empty name");
 	if (!st_utf8_valid(t->name))
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor name is not valid UTF-8");
+		return seterr(err, errlen, ERR_EINVAL, "tensor name is not valid UTF-8");
 	if (strcmp(t->name, "__metadata__") == 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor name __metadata__ is reserved");
+		return seterr(err, errlen, ERR_EINVAL, "tensor name __metadata__ is reserved");
 	unsigned size = st_dtype_size(t->dtype);
 	if (size == 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor %s: unknown dtype %s", t->name,
+		return seterr(err, errlen, ERR_EINVAL, "tensor %s: unknown dtype %s", t->name,
 			       t->dtype ? t->dtype : "(null)");
 	if (t->ndim > ST_MAX_NDIM)
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor %s: %u dimensions (at most %d)",
+		return seterr(err, errlen, ERR_EINVAL, "tensor %s: %u dimensions (at most %d)",
 			       t->name, t->ndim, ST_MAX_NDIM);
 	uint64_t bytes = size;
 	for (unsigned d = 0; d < t->ndim; d++) {
 		if (__builtin_mul_overflow(bytes, t->shape[d], &bytes))
-			return seterr(err, errlen, DSCKPT_EINVAL, "tensor %s: shape overflows",
+			return seterr(err, errlen, ERR_EINVAL, "tensor %s: shape overflows",
 				       t->name);
 	}
 	if (bytes != t->nbytes)
-		return seterr(err, errlen, DSCKPT_EINVAL,
+		return seterr(err, errlen, ERR_EINVAL,
 			       "tensor %s: %" PRIu64 " bytes given, shape and %s make %" PRIu64,
 			       t->name, t->nbytes, t->dtype, bytes);
 	return 0;
@@ -227,13 +227,13 @@ static int st_check_meta(const char *const *meta, size_t nmeta, char *err, size_
 	for (size_t i = 0; i < nmeta; i++) {
 		const char *k = meta[2 * i], *v = meta[2 * i + 1];
 		if (!k || !v || !st_utf8_valid(k) || !st_utf8_valid(v))
-			return seterr(err, errlen, DSCKPT_EINVAL, "metadata entry %zu is not a "
+			return seterr(err, errlen, ERR_EINVAL, "metadata entry %zu is not a "
 				       "UTF-8 string pair", i);
 		if (strncmp(k, "dsckpt.xxh3.", 12) == 0 || strcmp(k, "dsckpt.data_xxh3") == 0)
-			return seterr(err, errlen, DSCKPT_EINVAL, "metadata key %s is reserved", k);
+			return seterr(err, errlen, ERR_EINVAL, "metadata key %s is reserved", k);
 		for (size_t j = 0; j < i; j++) {
 			if (strcmp(meta[2 * j], k) == 0)
-				return seterr(err, errlen, DSCKPT_EINVAL,
+				return seterr(err, errlen, ERR_EINVAL,
 					       "duplicate metadata key %s", k);
 		}
 	}
@@ -253,14 +253,14 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 		if ((rc = st_check_tensor(&t[i], err, errlen)) < 0)
 			return rc;
 		if (__builtin_add_overflow(off, t[i].nbytes, &off))
-			return seterr(err, errlen, DSCKPT_EINVAL, "tensors add up to over 2^64 "
+			return seterr(err, errlen, ERR_EINVAL, "tensors add up to over 2^64 "
 				       "bytes");
 	}
 	long dup = st_find_duplicate(t, n, &nomem);
 	if (nomem)
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory checking names");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory checking names");
 	if (dup >= 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "duplicate tensor name %s",
+		return seterr(err, errlen, ERR_EINVAL, "duplicate tensor name %s",
 			       t[dup].name);
 	if ((rc = st_check_meta(meta, nmeta, err, errlen)) < 0)
 		return rc;
@@ -305,13 +305,13 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 	}
 	st_buf_add(&b, "}", 1);
 	if (!b.ok)
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory building the header");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory building the header");
 
 	size_t total = (b.len + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN;
 	void *out;
 	if (posix_memalign(&out, ST_ALIGN, total) != 0) {
 		free(b.p);
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory building the header");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory building the header");
 	}
 	memcpy(out, b.p, b.len);
 	memset((char *)out + b.len, ' ', total - b.len);

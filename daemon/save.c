@@ -177,7 +177,7 @@ static void on_gc(uv_timer_t *t)
 
 	for (; s; s = next) {
 		next = s->next;
-		int done = s->level == DSCKPT_FAILED || s->level >= DSCKPT_DURABLE;
+		int done = s->level == LEVEL_FAILED || s->level >= LEVEL_DURABLE;
 		if (done && !s->waiters && now - s->t_change > LINGER_S)
 			save_forget(s);
 	}
@@ -204,13 +204,13 @@ static void send_state(struct conn *c, uint64_t req, struct save *s)
 	if (s->job)
 		engine_progress(s->job, &snap, &flushed);
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, s->level == DSCKPT_FAILED ? 6 : 5);
+	msgpack_pack_map(&o.pk, s->level == LEVEL_FAILED ? 6 : 5);
 	proto_kv_u64(&o.pk, "save", s->id);
 	proto_kv_i64(&o.pk, "level", s->level);
 	proto_kv_u64(&o.pk, "bytes_total", s->bytes);
 	proto_kv_u64(&o.pk, "bytes_snapshot", snap);
 	proto_kv_u64(&o.pk, "bytes_flushed", flushed);
-	if (s->level == DSCKPT_FAILED)
+	if (s->level == LEVEL_FAILED)
 		proto_kv_str(&o.pk, "error", s->error);
 	conn_send(c, &o);
 }
@@ -239,7 +239,7 @@ static void wake(struct save *s)
 
 	for (; w; w = next) {
 		next = w->next;
-		if (s->level == DSCKPT_FAILED || s->level >= w->level)
+		if (s->level == LEVEL_FAILED || s->level >= w->level)
 			waiter_finish(w, 1);
 	}
 }
@@ -247,19 +247,19 @@ static void wake(struct save *s)
 /* Moves s to level (or FAILED with error) and tells whoever waits. */
 static void set_level(struct save *s, int level, const char *error)
 {
-	if (s->level == DSCKPT_FAILED)
+	if (s->level == LEVEL_FAILED)
 		return;
 	s->level = level;
 	s->t_change = now_mono();
-	if (level == DSCKPT_FAILED || level >= DSCKPT_DURABLE)
+	if (level == LEVEL_FAILED || level >= LEVEL_DURABLE)
 		save_uncharge(s);
-	if (level == DSCKPT_FAILED) {
+	if (level == LEVEL_FAILED) {
 		snprintf(s->error, sizeof(s->error), "%s", error ? error : "unknown error");
 		log_warnx("save %llu (%s/%s, rank %u) failed: %s", (unsigned long long)s->id,
 			  s->dir, s->file, s->rank, s->error);
 	} else {
 		log_debug("save %llu (%s/%s) %s", (unsigned long long)s->id, s->dir, s->file,
-			  dsckpt_level_name(level));
+			  level_name(level));
 	}
 	wake(s);
 	commits_check();
@@ -273,8 +273,8 @@ static void on_engine(void *owner, struct job *j, int event, const char *error)
 	switch (event) {
 	case ENGINE_SNAPSHOT:
 		engine_release_sources(j);	/* a source its client let go of closes now */
-		if (s->level == DSCKPT_ACCEPTED)
-			set_level(s, DSCKPT_SNAPSHOT, NULL);
+		if (s->level == LEVEL_ACCEPTED)
+			set_level(s, LEVEL_SNAPSHOT, NULL);
 		return;
 	case ENGINE_DURABLE:
 	case ENGINE_FAILED:
@@ -285,9 +285,9 @@ static void on_engine(void *owner, struct job *j, int event, const char *error)
 			log_info("save %llu durable: %s/%s.safetensors, %llu bytes in %.3f s",
 				 (unsigned long long)s->id, s->dir, s->file,
 				 (unsigned long long)s->bytes, now_mono() - s->t_accept);
-			set_level(s, DSCKPT_DURABLE, NULL);
+			set_level(s, LEVEL_DURABLE, NULL);
 		} else {
-			set_level(s, DSCKPT_FAILED, error);
+			set_level(s, LEVEL_FAILED, error);
 		}
 		daemon_maybe_exit();
 		return;
@@ -340,20 +340,20 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	char d[PROTO_MAX_STR + 1];
 
 	if (conn_role(c) != CONN_TRAINER) {
-		return seterr(err, errlen, DSCKPT_ESTATE, "only an identified trainer may save");
+		return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may save");
 	}
 	if (!valid_file(file)) {
 		snprintf(err, errlen,
 			 "file name '%s' must be 1-128 characters of [A-Za-z0-9._-], not "
 			 "starting with '.'", file);
-		return DSCKPT_EINVAL;
+		return ERR_EINVAL;
 	}
 	norm_dir(d, sizeof(d), dir);
 	for (struct save *s = saves; s; s = s->next) {
-		int busy = s->level == DSCKPT_NONE || s->level == DSCKPT_ACCEPTED ||
-			   s->level == DSCKPT_SNAPSHOT;
+		int busy = s->level == LEVEL_NONE || s->level == LEVEL_ACCEPTED ||
+			   s->level == LEVEL_SNAPSHOT;
 		if (busy && strcmp(s->dir, d) == 0 && strcmp(s->file, file) == 0) {
-			return seterr(err, errlen, DSCKPT_EBUSY,
+			return seterr(err, errlen, ERR_EBUSY,
 				      "%s/%s is already being saved (save %llu)", d, file,
 				      (unsigned long long)s->id);
 		}
@@ -371,7 +371,7 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	if (!s) {
 		quota_give(conn_uid(c), QUOTA_SAVES, 1);
 		close(fd);
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	s->counted = 1;
 	s->id = next_save_id++;
@@ -406,7 +406,7 @@ struct save *save_find(struct conn *c, uint64_t id)
 struct save *save_find_open(struct conn *c, uint64_t id)
 {
 	struct save *s = save_find(c, id);
-	return s && s->level == DSCKPT_NONE ? s : NULL;
+	return s && s->level == LEVEL_NONE ? s : NULL;
 }
 
 /* Slot of name in the set: where it is, or the empty slot where it would go. */
@@ -447,26 +447,26 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	uint64_t count = 1;
 
 	if (!*name) {
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor with an empty name");
+		return seterr(err, errlen, ERR_EINVAL, "tensor with an empty name");
 	}
 	if (esize == 0) {
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor '%s': unknown dtype '%s'",
+		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'",
 			      name, dtype);
 	}
 	for (unsigned i = 0; i < ndim; i++) {
 		if (shape[i] && count > UINT64_MAX / shape[i]) {
-			return seterr(err, errlen, DSCKPT_ERANGE, "tensor '%s': shape overflows",
+			return seterr(err, errlen, ERR_ERANGE, "tensor '%s': shape overflows",
 				      name);
 		}
 		count *= shape[i];
 	}
 	if (count > UINT64_MAX / esize || count * esize != nbytes) {
-		return seterr(err, errlen, DSCKPT_EINVAL,
+		return seterr(err, errlen, ERR_EINVAL,
 			      "tensor '%s': nbytes %llu does not match its shape and dtype", name,
 			      (unsigned long long)nbytes);
 	}
 	if (!source_complete(src)) {
-		return seterr(err, errlen, DSCKPT_ESTATE,
+		return seterr(err, errlen, ERR_ESTATE,
 			      "tensor '%s': its region is not fully mapped yet", name);
 	}
 	if (off > source_size(src) || nbytes > source_size(src) - off) {
@@ -474,29 +474,29 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 			 "tensor '%s': bytes [%llu, +%llu) lie outside its %llu-byte region", name,
 			 (unsigned long long)off, (unsigned long long)nbytes,
 			 (unsigned long long)source_size(src));
-		return DSCKPT_ERANGE;
+		return ERR_ERANGE;
 	}
 	if (s->n >= config->max_tensors_per_save) {
-		return seterr(err, errlen, DSCKPT_ELIMIT, "tensor '%s': a save holds at most "
+		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
 			      "max_tensors_per_save (%u) tensors", name,
 			      config->max_tensors_per_save);
 	}
 	uint64_t hdr = st_tensor_header_bytes(name, dtype, ndim);
 	if (s->hdr_bytes + hdr > ST_MAX_HEADER - ST_HEADER_FIXED) {
-		return seterr(err, errlen, DSCKPT_ELIMIT, "tensor '%s': the file's header would "
+		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "
 			      "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
 			      ST_MAX_HEADER, s->n);
 	}
 	if (names_grow(s) < 0)
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	size_t slot = name_slot(s, name);
 	if (s->names[slot])
-		return seterr(err, errlen, DSCKPT_EINVAL, "tensor '%s' is named twice", name);
+		return seterr(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
 	if (s->n == s->cap) {
 		size_t cap = s->cap ? s->cap * 2 : 64;
 		struct tensor_in *t = realloc(s->t, cap * sizeof(*t));
 		if (!t) {
-			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		s->t = t;
 		s->cap = cap;
@@ -505,7 +505,7 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	memset(t, 0, sizeof(*t));
 	t->name = strdup(name);
 	if (!t->name) {
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
 	memcpy(t->shape, shape, ndim * sizeof(*shape));
@@ -534,10 +534,10 @@ int save_add_blob(struct save *s, const char *name, const void *data, size_t len
 			b = &s->b[i];
 	}
 	if (!*name) {
-		return seterr(err, errlen, DSCKPT_EINVAL, "blob with an empty name");
+		return seterr(err, errlen, ERR_EINVAL, "blob with an empty name");
 	}
 	if (total > MAX_BLOB_BYTES) {
-		return seterr(err, errlen, DSCKPT_ERANGE, "blobs of one save exceed %llu bytes",
+		return seterr(err, errlen, ERR_ERANGE, "blobs of one save exceed %llu bytes",
 			 (unsigned long long)MAX_BLOB_BYTES);
 	}
 	int rc = quota_take(s->uid, QUOTA_BLOB, len, err, errlen);
@@ -547,19 +547,19 @@ int save_add_blob(struct save *s, const char *name, const void *data, size_t len
 	if (!b) {
 		struct blob *nb = realloc(s->b, (s->nb + 1) * sizeof(*nb));
 		if (!nb) {
-			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		s->b = nb;
 		b = &s->b[s->nb];
 		memset(b, 0, sizeof(*b));
 		if (!(b->name = strdup(name))) {
-			return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		s->nb++;
 	}
 	uint8_t *d = realloc(b->data, b->len + len + 1);
 	if (!d) {
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	memcpy(d + b->len, data, len);
 	b->data = d;
@@ -600,11 +600,11 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 			       .mode = config->file_mode, .root = s->root, .fence = fence,
 			       .owner = s};
 	char name[160];
-	int rc = DSCKPT_ENOMEM;
+	int rc = ERR_ENOMEM;
 
 	if ((rc = store_dir_within(s->dirfd, &s->root, err, errlen)) < 0)
 		goto fail;
-	rc = DSCKPT_ENOMEM;
+	rc = ERR_ENOMEM;
 	snprintf(s->rank_str, sizeof(s->rank_str), "%u", s->rank);
 	snprintf(s->world_str, sizeof(s->world_str), "%u", s->world);
 	if (s->nb > 0) {
@@ -651,7 +651,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	r.dirfd = s->dirfd;
 	s->dirfd = -1;
 	s->t_accept = now_mono();
-	s->level = DSCKPT_ACCEPTED;
+	s->level = LEVEL_ACCEPTED;
 	s->t_change = s->t_accept;
 	s->job = engine_submit(&r);
 	save_free_blobs(s);	/* their bytes went to the engine as the .meta file's */
@@ -679,14 +679,14 @@ static void on_wait_timeout(uv_timer_t *t)
 /* Answers a WAIT now or later. */
 void save_wait(struct conn *c, uint64_t req, struct save *s, int level, int64_t timeout_ms)
 {
-	if (s->level == DSCKPT_FAILED || s->level >= level || timeout_ms == 0 ||
-	    s->level == DSCKPT_NONE) {
+	if (s->level == LEVEL_FAILED || s->level >= level || timeout_ms == 0 ||
+	    s->level == LEVEL_NONE) {
 		send_state(c, req, s);
 		return;
 	}
 	struct waiter *w = calloc(1, sizeof(*w));
 	if (!w) {
-		conn_error(c, req, DSCKPT_ENOMEM, 0, "out of memory");
+		conn_error(c, req, ERR_ENOMEM, 0, "out of memory");
 		return;
 	}
 	w->conn = c;
@@ -723,7 +723,7 @@ static void commit_finish(struct commit *cm, int code, const char *msg)
 			struct proto_out o;
 			proto_out_init(&o, PROTO_REPLY, cm->req);
 			msgpack_pack_map(&o.pk, 4);
-			proto_kv_i64(&o.pk, "level", DSCKPT_COMMITTED);
+			proto_kv_i64(&o.pk, "level", LEVEL_COMMITTED);
 			proto_kv_str(&o.pk, "tag", cm->info.tag);
 			proto_kv_u64(&o.pk, "files", cm->info.files);
 			proto_kv_u64(&o.pk, "bytes", cm->info.bytes);
@@ -759,8 +759,8 @@ static void commit_after(uv_work_t *w, int status)
 	log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
 		 (unsigned long long)cm->info.bytes);
 	for (struct save *s = saves; s; s = s->next)
-		if (s->level == DSCKPT_DURABLE && strcmp(s->dir, cm->dir) == 0)
-			set_level(s, DSCKPT_COMMITTED, NULL);
+		if (s->level == LEVEL_DURABLE && strcmp(s->dir, cm->dir) == 0)
+			set_level(s, LEVEL_COMMITTED, NULL);
 	commit_finish(cm, 0, NULL);
 	commits_check();	/* the user's next commit may start */
 }
@@ -784,16 +784,16 @@ static void commits_check(void)
 		for (struct save *s = saves; s; s = s->next) {
 			if (strcmp(s->dir, cm->dir) != 0)
 				continue;
-			if (s->level == DSCKPT_FAILED)
+			if (s->level == LEVEL_FAILED)
 				bad = s;
-			else if (s->level < DSCKPT_DURABLE)
+			else if (s->level < LEVEL_DURABLE)
 				waiting = 1;
 		}
 		if (bad) {
 			char msg[ERRLEN + 300];
 			snprintf(msg, sizeof(msg), "save of %s (rank %u) failed: %s", bad->file,
 				 bad->rank, bad->error);
-			commit_finish(cm, DSCKPT_EFAILED, msg);
+			commit_finish(cm, ERR_EFAILED, msg);
 		} else if (!waiting) {
 			cm->running = 1;
 			uv_timer_stop(&cm->timer);
@@ -808,7 +808,7 @@ static void on_commit_timeout(uv_timer_t *t)
 {
 	struct commit *cm = t->data;
 	if (!cm->running)
-		commit_finish(cm, DSCKPT_ETIMEDOUT, "timed out waiting for saves to be durable");
+		commit_finish(cm, ERR_ETIMEDOUT, "timed out waiting for saves to be durable");
 }
 
 /* Handles COMMIT. */
@@ -817,7 +817,7 @@ void save_commit(struct conn *c, uint64_t req, const char *dir, unsigned world,
 {
 	struct commit *cm = calloc(1, sizeof(*cm));
 	if (!cm) {
-		conn_error(c, req, DSCKPT_ENOMEM, 0, "out of memory");
+		conn_error(c, req, ERR_ENOMEM, 0, "out of memory");
 		return;
 	}
 	cm->conn = c;
@@ -850,7 +850,7 @@ void save_conn_gone(struct conn *c)
 		if (s->conn != c)
 			continue;
 		s->conn = NULL;
-		if (s->level == DSCKPT_NONE) {
+		if (s->level == LEVEL_NONE) {
 			log_debug("save %llu dropped: client left before SAVE_END",
 				  (unsigned long long)s->id);
 			save_forget(s);
@@ -875,7 +875,7 @@ unsigned save_inflight(void)
 /* Whether PENDING shows save s to a client of uid: its own saves, every save to root. */
 static int pending_shows(const struct save *s, uid_t uid)
 {
-	return s->level != DSCKPT_NONE && (uid == 0 || s->uid == uid);
+	return s->level != LEVEL_NONE && (uid == 0 || s->uid == uid);
 }
 
 /* Packs the PENDING reply's "saves" array: uid's saves (every save for root). */
@@ -895,7 +895,7 @@ void save_pack_pending(struct msgpack_packer *pk, uid_t uid)
 			engine_progress(s->job, &snap, &flushed);
 		double age = now - s->t_accept;
 		double busy = (s->job ? now : s->t_change) - s->t_accept;
-		msgpack_pack_map(pk, s->level == DSCKPT_FAILED ? 15 : 14);
+		msgpack_pack_map(pk, s->level == LEVEL_FAILED ? 15 : 14);
 		proto_kv_u64(pk, "id", s->id);
 		proto_kv_u64(pk, "client", s->client);
 		proto_kv_u64(pk, "pid", (uint64_t)s->pid);
@@ -910,7 +910,7 @@ void save_pack_pending(struct msgpack_packer *pk, uid_t uid)
 		proto_kv_u64(pk, "rate", busy > 0 ? (uint64_t)(flushed / busy) : 0);
 		proto_kv_u64(pk, "age_ms", (uint64_t)(age * 1000));
 		proto_kv_bool(pk, "client_alive", s->conn != NULL);
-		if (s->level == DSCKPT_FAILED)
+		if (s->level == LEVEL_FAILED)
 			proto_kv_str(pk, "error", s->error);
 	}
 }
@@ -926,7 +926,7 @@ void save_free_all(void)
 		save_forget(saves);
 	}
 	while (commits)
-		commit_finish(commits, DSCKPT_ESHUTDOWN, "daemon shutting down");
+		commit_finish(commits, ERR_ESHUTDOWN, "daemon shutting down");
 	if (gc_timer) {
 		uv_close((uv_handle_t *)gc_timer, handle_free);
 		gc_timer = NULL;

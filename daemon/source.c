@@ -89,34 +89,34 @@ int source_host_open(int fd, uint64_t size, struct source **out, char *err, size
 
 	*out = NULL;
 	if (size == 0 || size > INT64_MAX) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL, "host source: bad size %llu",
+		rc = seterr(err, errlen, ERR_EINVAL, "host source: bad size %llu",
 			    (unsigned long long)size);
 		goto fail;
 	}
 	/* Seal first, so that the size checked below stays true for the region's life. */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM && errno != EINVAL) {
-		rc = seterr(err, errlen, DSCKPT_EBADF, "host source: cannot seal: %s",
+		rc = seterr(err, errlen, ERR_EBADF, "host source: cannot seal: %s",
 			    strerror(errno));
 		goto fail;
 	}
 	if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK)) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL,
+		rc = seterr(err, errlen, ERR_EINVAL,
 			    "host source: the descriptor cannot be sealed against shrinking; "
 			    "host memory must be a memfd created with MFD_ALLOW_SEALING");
 		goto fail;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		rc = seterr(err, errlen, DSCKPT_EBADF, "host source: not a regular file or memfd");
+		rc = seterr(err, errlen, ERR_EBADF, "host source: not a regular file or memfd");
 		goto fail;
 	}
 	if ((uint64_t)st.st_size < size) {
-		rc = seterr(err, errlen, DSCKPT_EINVAL,
+		rc = seterr(err, errlen, ERR_EINVAL,
 			    "host source: %llu bytes wanted, the fd has %lld",
 			    (unsigned long long)size, (long long)st.st_size);
 		goto fail;
 	}
 	if ((*out = source_new(&source_host_ops, (void *)(intptr_t)fd, size)) == NULL) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	return 0;
@@ -127,7 +127,7 @@ fail:
 }
 
 /* Charges the source to uid (one region, and its bytes when it is host memory) until its
- * last reference goes; 0, or DSCKPT_ELIMIT with err. */
+ * last reference goes; 0, or ERR_ELIMIT with err. */
 int source_charge(struct source *s, uid_t uid, char *err, size_t errlen)
 {
 	uint64_t bytes = s->ops == &source_host_ops ? s->size : 0;

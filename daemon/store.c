@@ -87,37 +87,13 @@ void store_set_host(const char *host)
 	store_printable(store_hostname, sizeof(store_hostname), host);
 }
 
-/* Maps an errno value to the closest DSCKPT_E* code. */
-static int store_errno_code(int e)
-{
-	switch (e) {
-	case ENOENT:
-		return DSCKPT_ENOENT;
-	case EACCES:
-	case EPERM:
-	case EROFS:
-		return DSCKPT_EACCES;
-	case ENOSPC:
-	case EDQUOT:
-		return DSCKPT_ENOSPC;
-	case ENAMETOOLONG:
-		return DSCKPT_ENAMETOOLONG;
-	case ENOMEM:
-		return DSCKPT_ENOMEM;
-	case EEXIST:
-		return DSCKPT_EEXIST;
-	default:
-		return DSCKPT_EIO;
-	}
-}
-
 /* Reports a failed write-path call on file name: ENOSPC gets its own code and message. */
 static int store_io_fail(char *err, size_t errlen, int e, const char *what, const char *name)
 {
 	if (e == ENOSPC || e == EDQUOT)
-		return seterr(err, errlen, DSCKPT_ENOSPC, "no space left on device writing %s",
+		return seterr(err, errlen, ERR_ENOSPC, "no space left on device writing %s",
 				  name);
-	return seterr(err, errlen, DSCKPT_EIO, "%s %s: %s", what, name, strerror(e));
+	return seterr(err, errlen, ERR_EIO, "%s %s: %s", what, name, strerror(e));
 }
 
 /* Whether s ends with suffix (and has something before it). */
@@ -237,37 +213,37 @@ static int store_pread_full(int fd, void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
-/* Explains why openat of component c (below fd) failed, as a DSCKPT_E* code. */
+/* Explains why openat of component c (below fd) failed, as a ERR_E* code. */
 static int store_open_fail(int fd, const char *c, const char *path, char *err, size_t errlen)
 {
 	int e = errno;
 	struct stat st;
 	if (e == ELOOP ||
 	    (e == ENOTDIR && fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)))
-		return seterr(err, errlen, DSCKPT_EACCES, "symbolic link in path: %s", path);
+		return seterr(err, errlen, ERR_EACCES, "symbolic link in path: %s", path);
 	if (e == ENOTDIR)
-		return seterr(err, errlen, DSCKPT_EINVAL, "%s is not a directory", path);
+		return seterr(err, errlen, ERR_EINVAL, "%s is not a directory", path);
 	if (e == ENOENT)
-		return seterr(err, errlen, DSCKPT_ENOENT, "no such directory: %s", path);
-	return seterr(err, errlen, store_errno_code(e), "%s: %s", path, strerror(e));
+		return seterr(err, errlen, ERR_ENOENT, "no such directory: %s", path);
+	return seterr(err, errlen, err_from_errno(e), "%s: %s", path, strerror(e));
 }
 
 /* Checks the form of path (absolute, no empty, ".", ".." or over-long components). */
 static int store_check_path(const char *path, char *err, size_t errlen)
 {
 	if (path[0] != '/')
-		return seterr(err, errlen, DSCKPT_EINVAL, "%s is not an absolute path", path);
+		return seterr(err, errlen, ERR_EINVAL, "%s is not an absolute path", path);
 	for (const char *c = path + 1;;) {
 		const char *e = strchrnul(c, '/');
 		size_t n = (size_t)(e - c);
 		if (n == 0)
-			return seterr(err, errlen, DSCKPT_EINVAL, "empty component in %s",
+			return seterr(err, errlen, ERR_EINVAL, "empty component in %s",
 					  path);
 		if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
-			return seterr(err, errlen, DSCKPT_EINVAL,
+			return seterr(err, errlen, ERR_EINVAL,
 					  "\".\" or \"..\" component in %s", path);
 		if (n > NAME_MAX)
-			return seterr(err, errlen, DSCKPT_ENAMETOOLONG,
+			return seterr(err, errlen, ERR_ENAMETOOLONG,
 					  "component longer than %d bytes in %s", NAME_MAX, path);
 		if (!*e)
 			return 0;
@@ -306,9 +282,9 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 	int fd, prev = -1, rc;
 
 	if (len == 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "empty directory path");
+		return seterr(err, errlen, ERR_EINVAL, "empty directory path");
 	if (len >= sizeof(path))
-		return seterr(err, errlen, DSCKPT_ENAMETOOLONG, "directory path too long");
+		return seterr(err, errlen, ERR_ENAMETOOLONG, "directory path too long");
 	memcpy(path, dir, len + 1);
 	while (len > 1 && path[len - 1] == '/')
 		path[--len] = '\0';
@@ -316,20 +292,20 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 		return rc;
 	const char *root = store_root(cfg, path, &rootlen);
 	if (!root)
-		return seterr(err, errlen, DSCKPT_EACCES,
+		return seterr(err, errlen, ERR_EACCES,
 				  "%s is not below an allowed root", path);
 	if (!strchr(path + rootlen + 1, '/'))
-		return seterr(err, errlen, DSCKPT_EINVAL,
+		return seterr(err, errlen, ERR_EINVAL,
 			      "%s: a checkpoint directory must be <root>/<job>/<tag>, at least two "
 			      "levels below its allowed root, so that its job directory (and "
 			      "latest) belongs to its owner alone", path);
 	if ((fd = open(root, STORE_DIR_FLAGS)) < 0)
-		return seterr(err, errlen, store_errno_code(errno), "allowed root %s: %s",
+		return seterr(err, errlen, err_from_errno(errno), "allowed root %s: %s",
 				  root, strerror(errno));
 	if (rootid) {
 		struct stat st;
 		if (fstat(fd, &st) < 0) {
-			rc = seterr(err, errlen, DSCKPT_EIO, "allowed root %s: %s", root,
+			rc = seterr(err, errlen, ERR_EIO, "allowed root %s: %s", root,
 				    strerror(errno));
 			close(fd);
 			return rc;
@@ -352,7 +328,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 			if (mkdirat(fd, c, 0700) == 0)
 				created = 1;
 			else if (errno != EEXIST) {
-				rc = seterr(err, errlen, store_errno_code(errno),
+				rc = seterr(err, errlen, err_from_errno(errno),
 						"mkdir %s: %s", path, strerror(errno));
 				goto fail;
 			}
@@ -363,7 +339,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 				created = 0;	/* not ours any more: checked as an existing one */
 			} else if ((geteuid() == 0 && fchown(next, uid, gid) < 0) ||
 				   fchmod(next, (cfg->dir_mode | 0700) & 07777) < 0) {
-				rc = seterr(err, errlen, store_errno_code(errno),
+				rc = seterr(err, errlen, err_from_errno(errno),
 						"chown %s: %s", path, strerror(errno));
 				close(next);
 				goto fail;
@@ -374,7 +350,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 			goto fail;
 		}
 		if (!created && uid != 0 && (fstat(next, &st) < 0 || st.st_uid != uid)) {
-			rc = seterr(err, errlen, DSCKPT_EACCES, "%s is not owned by uid %u",
+			rc = seterr(err, errlen, ERR_EACCES, "%s is not owned by uid %u",
 					path, (unsigned)uid);
 			close(next);
 			goto fail;
@@ -409,7 +385,7 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
 }
 
 /* Whether the directory dirfd still lies below the allowed root it was opened under: walks
- * ".." up to the root (dirfd may have been renamed since). 0, or DSCKPT_EACCES with err.
+ * ".." up to the root (dirfd may have been renamed since). 0, or ERR_EACCES with err.
  * A check, not a lock: it catches a directory moved away before the call. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen)
 {
@@ -417,10 +393,10 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 	int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0), rc = 0;
 
 	if (fd < 0)
-		return seterr(err, errlen, DSCKPT_EBADF, "dup directory: %s", strerror(errno));
+		return seterr(err, errlen, ERR_EBADF, "dup directory: %s", strerror(errno));
 	for (int depth = 0;; depth++) {
 		if (fstat(fd, &st) < 0) {
-			rc = seterr(err, errlen, DSCKPT_EIO, "stat: %s", strerror(errno));
+			rc = seterr(err, errlen, ERR_EIO, "stat: %s", strerror(errno));
 			break;
 		}
 		if (st.st_dev == root->dev && st.st_ino == root->ino)
@@ -428,7 +404,7 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 		int parent = openat(fd, "..", STORE_DIR_FLAGS);
 		if (parent < 0 || fstat(parent, &up) < 0 || depth > PATH_MAX / 2 ||
 		    (up.st_dev == st.st_dev && up.st_ino == st.st_ino)) {
-			rc = seterr(err, errlen, DSCKPT_EACCES, "the checkpoint directory was moved "
+			rc = seterr(err, errlen, ERR_EACCES, "the checkpoint directory was moved "
 				    "out of its allowed root");
 			if (parent >= 0)
 				close(parent);
@@ -469,21 +445,21 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	int rc;
 
 	if (n == 0 || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "bad file name \"%s\"",
+		return seterr(err, errlen, ERR_EINVAL, "bad file name \"%s\"",
 				  name ? name : "");
 	if (n + strlen(STORE_PARTIAL) > NAME_MAX)
-		return seterr(err, errlen, DSCKPT_ENAMETOOLONG, "file name %s too long", name);
+		return seterr(err, errlen, ERR_ENAMETOOLONG, "file name %s too long", name);
 	store_partial_name(name, partial);
 
 	if (!(f = calloc(1, sizeof(*f))))
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	f->fd = f->dirfd = -1;
 	if (!(f->name = strdup(name))) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	if ((f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
-		rc = seterr(err, errlen, DSCKPT_EBADF, "dup directory: %s", strerror(errno));
+		rc = seterr(err, errlen, ERR_EBADF, "dup directory: %s", strerror(errno));
 		goto fail;
 	}
 	if (unlinkat(dirfd, partial, 0) == 0)
@@ -495,14 +471,14 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	if (f->fd < 0 && (!o_direct || errno == EINVAL))
 		f->fd = openat(dirfd, partial, flags, 0600);
 	if (f->fd < 0) {
-		rc = seterr(err, errlen, store_errno_code(errno), "create %s: %s", partial,
+		rc = seterr(err, errlen, err_from_errno(errno), "create %s: %s", partial,
 				strerror(errno));
 		goto fail;
 	}
 	/* Created 0600 (whatever the umask), then owner and mode set on the descriptor. */
 	if ((geteuid() == 0 && fchown(f->fd, uid, gid) < 0) ||
 	    fchmod(f->fd, (mode | 0600) & 0666) < 0) {
-		rc = seterr(err, errlen, store_errno_code(errno), "chown %s: %s", partial,
+		rc = seterr(err, errlen, err_from_errno(errno), "chown %s: %s", partial,
 				strerror(errno));
 		goto fail_chown;
 	}
@@ -599,33 +575,33 @@ static int store_read_header(int dirfd, const char *name, cJSON **out, uint64_t 
 	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0)
-		return seterr(err, errlen, DSCKPT_EIO, "open %s: %s", name, strerror(errno));
+		return seterr(err, errlen, ERR_EIO, "open %s: %s", name, strerror(errno));
 	if (fstat(fd, &st) < 0 || store_pread_full(fd, lenb, 8, 0) < 0) {
 		close(fd);
-		return seterr(err, errlen, DSCKPT_EIO, "read %s: %s", name, strerror(errno));
+		return seterr(err, errlen, ERR_EIO, "read %s: %s", name, strerror(errno));
 	}
 	for (int i = 7; i >= 0; i--)
 		n = (n << 8) | lenb[i];
 	if (n == 0 || n > ST_MAX_HEADER || n > (uint64_t)st.st_size - 8) {
 		close(fd);
-		return seterr(err, errlen, DSCKPT_EIO, "%s: bad header length %" PRIu64, name,
+		return seterr(err, errlen, ERR_EIO, "%s: bad header length %" PRIu64, name,
 				  n);
 	}
 	if (!(js = malloc(n))) {
 		close(fd);
-		return seterr(err, errlen, DSCKPT_ENOMEM, "out of memory reading %s", name);
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory reading %s", name);
 	}
 	if (store_pread_full(fd, js, n, 8) < 0) {
 		free(js);
 		close(fd);
-		return seterr(err, errlen, DSCKPT_EIO, "read %s: %s", name, strerror(errno));
+		return seterr(err, errlen, ERR_EIO, "read %s: %s", name, strerror(errno));
 	}
 	close(fd);
 	*out = cJSON_ParseWithLength(js, n);
 	free(js);
 	if (!cJSON_IsObject(*out)) {
 		cJSON_Delete(*out);
-		return seterr(err, errlen, DSCKPT_EIO, "%s: header is not a JSON object",
+		return seterr(err, errlen, ERR_EIO, "%s: header is not a JSON object",
 				  name);
 	}
 	*size = (uint64_t)st.st_size;
@@ -763,7 +739,7 @@ static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t
 	errno = 0;
 	f->rank = rank ? strtol(rank, &rest, 10) : -1;
 	if (!dx || !rank || !*rank || *rest || errno || f->rank < 0) {
-		rc = seterr(err, errlen, DSCKPT_EIO,
+		rc = seterr(err, errlen, ERR_EIO,
 				"%s has no dsckpt metadata (not written by dsckptd)", f->name);
 		goto out;
 	}
@@ -781,14 +757,14 @@ static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t
 			continue;
 		cJSON *o = store_describe_tensor(t, md, &slot, &end);
 		if (!o) {
-			rc = seterr(err, errlen, DSCKPT_EIO, "%s: bad header entry for tensor %s",
+			rc = seterr(err, errlen, ERR_EIO, "%s: bad header entry for tensor %s",
 					f->name, t->string);
 			goto out;
 		}
 		cJSON_AddItemToArray(ts, o);
 	}
 	if (start + end != f->size)
-		rc = seterr(err, errlen, DSCKPT_EIO, "%s is %" PRIu64 " bytes but its header "
+		rc = seterr(err, errlen, ERR_EIO, "%s is %" PRIu64 " bytes but its header "
 				"describes %" PRIu64, f->name, f->size, start + end);
 out:
 	cJSON_Delete(h);
@@ -812,13 +788,13 @@ static int store_describe_meta(int dirfd, struct store_entry *f, const struct st
 
 	if ((fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
 	    fstat(fd, &sb) < 0) {
-		rc = seterr(err, errlen, DSCKPT_EIO, "open %s: %s", f->name, strerror(errno));
+		rc = seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, strerror(errno));
 		goto out;
 	}
 	f->size = (uint64_t)sb.st_size;
 	if (st->meta_xxh3[0]) {
 		if (!S_ISREG(sb.st_mode) || f->size != st->meta_size) {
-			rc = seterr(err, errlen, DSCKPT_EIO, "%s changed after dsckptd wrote it "
+			rc = seterr(err, errlen, ERR_EIO, "%s changed after dsckptd wrote it "
 				    "(%" PRIu64 " bytes, %s records %" PRIu64 ")", f->name, f->size,
 				    st->name, st->meta_size);
 			goto out;
@@ -826,12 +802,12 @@ static int store_describe_meta(int dirfd, struct store_entry *f, const struct st
 		snprintf(hex, sizeof(hex), "%s", st->meta_xxh3);
 	} else {
 		if (f->size > STORE_MAX_OLD_META) {
-			rc = seterr(err, errlen, DSCKPT_EIO, "%s: %" PRIu64 " bytes is more than "
+			rc = seterr(err, errlen, ERR_EIO, "%s: %" PRIu64 " bytes is more than "
 				    "dsckptd ever writes", f->name, f->size);
 			goto out;
 		}
 		if (!(xs = XXH3_createState()) || !(buf = malloc(1 << 20))) {
-			rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory hashing %s", f->name);
+			rc = seterr(err, errlen, ERR_ENOMEM, "out of memory hashing %s", f->name);
 			goto out;
 		}
 		XXH3_64bits_reset(xs);
@@ -840,7 +816,7 @@ static int store_describe_meta(int dirfd, struct store_entry *f, const struct st
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r < 0) {
-				rc = seterr(err, errlen, DSCKPT_EIO, "read %s: %s", f->name,
+				rc = seterr(err, errlen, ERR_EIO, "read %s: %s", f->name,
 					    strerror(errno));
 				goto out;
 			}
@@ -874,7 +850,7 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 		/* A MANIFEST.json.partial is an interrupted commit's: this commit replaces it. */
 		if (store_has_suffix(names[i], STORE_PARTIAL) &&
 		    strcmp(names[i], STORE_MANIFEST STORE_PARTIAL) != 0)
-			return seterr(err, errlen, DSCKPT_EINCOMPLETE,
+			return seterr(err, errlen, ERR_EINCOMPLETE,
 					  "%s/%s is still being written", path, names[i]);
 		if ((store_has_suffix(names[i], ".safetensors") ||
 		     store_has_suffix(names[i], ".meta")) && store_is_regular(dfd, names[i]))
@@ -898,7 +874,7 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 				st = &ents[j];
 		}
 		if (!st)
-			return seterr(err, errlen, DSCKPT_EINCOMPLETE,
+			return seterr(err, errlen, ERR_EINCOMPLETE,
 					  "%s/%s has no .safetensors file beside it", path,
 					  ents[i].name);
 		ents[i].rank = st->rank;
@@ -1068,7 +1044,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	int dfd, jobfd, rc;
 
 	if (world == 0)
-		return seterr(err, errlen, DSCKPT_EINVAL, "world size must be at least 1");
+		return seterr(err, errlen, ERR_EINVAL, "world size must be at least 1");
 	if ((dfd = store_walk(cfg, dir, uid, gid, 0, &jobfd, NULL, err, errlen)) < 0)
 		return dfd;
 	/* store_walk accepted dir, so it is absolute and fits; drop trailing slashes. */
@@ -1080,18 +1056,18 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	*tag++ = '\0'; /* path is now the job directory */
 
 	if (store_list(dfd, &names, &n) < 0) {
-		rc = seterr(err, errlen, DSCKPT_EIO, "list %s/%s: %s", path, tag,
+		rc = seterr(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag,
 				strerror(errno));
 		goto out_list;
 	}
 	if (!(ents = calloc(n ? n : 1, sizeof(*ents))) || !(seen = calloc(world, 1))) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto out;
 	}
 	if ((rc = store_describe_all(dfd, path, names, n, ents, &nents, err, errlen)) < 0)
 		goto out;
 	if (nents == 0) {
-		rc = seterr(err, errlen, DSCKPT_EINCOMPLETE, "no checkpoint files in %s/%s",
+		rc = seterr(err, errlen, ERR_EINCOMPLETE, "no checkpoint files in %s/%s",
 				path, tag);
 		goto out;
 	}
@@ -1100,7 +1076,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		if (!store_has_suffix(ents[i].name, ".safetensors"))
 			continue;
 		if ((unsigned long)ents[i].rank >= world) {
-			rc = seterr(err, errlen, DSCKPT_EINVAL, "%s/%s/%s is from rank %ld but "
+			rc = seterr(err, errlen, ERR_EINVAL, "%s/%s/%s is from rank %ld but "
 					"the world size is %u", path, tag, ents[i].name,
 					ents[i].rank, world);
 			goto out;
@@ -1109,7 +1085,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	}
 	for (unsigned r = 0; r < world; r++) {
 		if (!seen[r]) {
-			rc = seterr(err, errlen, DSCKPT_EINCOMPLETE,
+			rc = seterr(err, errlen, ERR_EINCOMPLETE,
 					"rank %u of %u has no file in %s/%s", r, world, path, tag);
 			goto out;
 		}
@@ -1118,7 +1094,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	clock_gettime(CLOCK_REALTIME, &now);
 	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 	if (!(text = store_manifest(tag, world, ents, nents, created_ns, total))) {
-		rc = seterr(err, errlen, DSCKPT_ENOMEM, "out of memory writing the manifest");
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, STORE_MANIFEST, text, strlen(text), uid, gid,

@@ -88,14 +88,14 @@ START_TEST(test_geometry)
 	ck_assert_uint_eq(cache_total(c), 4096);
 	cache_destroy(c);
 
-	ck_assert_int_eq(cache_create(4 * MIB, 0, &c, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(cache_create(4 * MIB, 0, &c, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_ptr_null(c);
-	ck_assert_int_eq(cache_create(4 * MIB, 1000, &c, err, sizeof(err)), DSCKPT_EINVAL);
-	ck_assert_int_eq(cache_create(MIB, 2 * MIB, &c, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(cache_create(4 * MIB, 1000, &c, err, sizeof(err)), ERR_EINVAL);
+	ck_assert_int_eq(cache_create(MIB, 2 * MIB, &c, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_msg(strstr(err, "bad cache geometry") != NULL, "%s", err);
 	/* More than the address space: mmap fails whatever the overcommit policy. */
 	ck_assert_int_eq(cache_create(1ULL << 48, 1ULL << 30, &c, err, sizeof(err)),
-			 DSCKPT_ENOMEM);
+			 ERR_ENOMEM);
 	ck_assert_msg(strstr(err, "cannot allocate") != NULL, "%s", err);
 }
 END_TEST
@@ -497,18 +497,18 @@ START_TEST(test_source_unsealable)
 	unsigned char b;
 	char path[] = "/tmp/check_cache.XXXXXX";
 
-	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_msg(strstr(err, "MFD_ALLOW_SEALING") != NULL, "%s", err);
 	ck_assert(!fd_open(fd));
 	fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	unlink(path);
 	ck_assert_int_eq(ftruncate(fd, 8192), 0);
-	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_msg(strstr(err, "sealed against shrinking") != NULL, "%s", err);
 	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
 	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL), 0);
-	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), ERR_EINVAL);
 
 	/* A smaller size than the file's is fine. */
 	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
@@ -525,25 +525,25 @@ START_TEST(test_source_rejects)
 	int fd = mkmemfd(4096, MFD_ALLOW_SEALING), p[2];
 
 	/* Larger than the file: rejected, and the fd is closed all the same. */
-	ck_assert_int_eq(source_host_open(fd, 4097, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(fd, 4097, &s, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_ptr_null(s);
 	ck_assert(!fd_open(fd));
 	ck_assert_msg(strstr(err, "4097 bytes wanted") != NULL, "%s", err);
 
 	fd = mkmemfd(4096, MFD_ALLOW_SEALING);
-	ck_assert_int_eq(source_host_open(fd, 0, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(fd, 0, &s, err, sizeof(err)), ERR_EINVAL);
 	ck_assert(!fd_open(fd));
 
 	ck_assert_int_eq(pipe(p), 0);
-	ck_assert_int_eq(source_host_open(p[0], 1, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(p[0], 1, &s, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_msg(strstr(err, "sealed against shrinking") != NULL, "%s", err);
 	ck_assert(!fd_open(p[0]));
 	close(p[1]);
 
-	ck_assert_int_eq(source_host_open(-1, 1, &s, err, sizeof(err)), DSCKPT_EBADF);
+	ck_assert_int_eq(source_host_open(-1, 1, &s, err, sizeof(err)), ERR_EBADF);
 
 	fd = open("/tmp", O_RDONLY | O_DIRECTORY);
-	ck_assert_int_eq(source_host_open(fd, 1, &s, err, sizeof(err)), DSCKPT_EINVAL);
+	ck_assert_int_eq(source_host_open(fd, 1, &s, err, sizeof(err)), ERR_EINVAL);
 }
 END_TEST
 

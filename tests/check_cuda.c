@@ -1,7 +1,7 @@
 /*
  * check_cuda.c — the CUDA transports where no GPU can be used: every entry point fails
- * cleanly with DSCKPT_ENOCUDA, takes the descriptors it was given, and gpu_init says why.
- * On a machine with a GPU the same calls name an unknown UUID (DSCKPT_ENOENT) instead.
+ * cleanly with ERR_ENOCUDA, takes the descriptors it was given, and gpu_init says why.
+ * On a machine with a GPU the same calls name an unknown UUID (ERR_ENOENT) instead.
  */
 #include "../daemon/dsckptd.h"
 
@@ -36,12 +36,12 @@ static int have_gpu(void)
 static void expect_unavailable(int rc)
 {
 	if (have_gpu()) {
-		ck_assert_int_eq(rc, DSCKPT_ENOENT);
+		ck_assert_int_eq(rc, ERR_ENOENT);
 		ck_assert_msg(strstr(err, "no GPU with UUID "
 				     "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f") != NULL,
 			      "err: %s", err);
 	} else {
-		ck_assert_int_eq(rc, DSCKPT_ENOCUDA);
+		ck_assert_int_eq(rc, ERR_ENOCUDA);
 		ck_assert_msg(strncmp(err, "CUDA not available: ", 20) == 0, "err: %s", err);
 		ck_assert_uint_gt(strlen(err), 20);
 	}

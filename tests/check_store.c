@@ -293,7 +293,7 @@ START_TEST(test_header_rejects)
 		char err[ERRLEN] = "";
 		int rc = st_header_build(cases[i].t, cases[i].n, cases[i].meta, cases[i].nmeta,
 					 &hdr, &len, slots, err, sizeof(err));
-		ck_assert_msg(rc == DSCKPT_EINVAL, "case %zu: rc %d", i, rc);
+		ck_assert_msg(rc == ERR_EINVAL, "case %zu: rc %d", i, rc);
 		ck_assert_msg(strstr(err, cases[i].want), "case %zu: %s", i, err);
 		ck_assert_ptr_null(hdr);
 	}
@@ -332,7 +332,7 @@ START_TEST(test_header_many)
 	/* A duplicate at the very end is still found. */
 	t[N - 1].name = names[17];
 	ck_assert_int_eq(st_header_build(t, N, NULL, 0, &hdr, &len, slots, err, sizeof(err)),
-			 DSCKPT_EINVAL);
+			 ERR_EINVAL);
 	ck_assert_ptr_nonnull(strstr(err, "model.layers.17.w"));
 	free(slots);
 	free(names);
@@ -365,7 +365,7 @@ START_TEST(test_open_dir_nested)
 	/* ... but not for another user, unless root. */
 	if (geteuid() == 0) {
 		ck_assert_int_eq(store_open_dir(&cfg, rpath("%s", "job/a"), 999, 999, NULL, err,
-						sizeof(err)), DSCKPT_EACCES);
+						sizeof(err)), ERR_EACCES);
 		ck_assert_ptr_nonnull(strstr(err, "not owned by uid 999"));
 	}
 	fd = store_open_dir(&cfg, rpath("%s", "job/a"), 0, 0, NULL, err, sizeof(err));
@@ -395,22 +395,22 @@ START_TEST(test_open_dir_rejects)
 		int rc;
 		const char *want;
 	} cases[] = {
-		{"", DSCKPT_EINVAL, "empty"},
-		{NULL, DSCKPT_EINVAL, "empty"},
-		{"job/step", DSCKPT_EINVAL, "absolute"},
-		{rpath("%s", "job/../../etc"), DSCKPT_EINVAL, "\"..\""},
-		{rpath("%s", "./job"), DSCKPT_EINVAL, "\"..\""},
-		{rpath("%s", "job//step"), DSCKPT_EINVAL, "empty component"},
-		{"/etc/dsckpt", DSCKPT_EACCES, "allowed root"},
-		{outside, DSCKPT_EACCES, "allowed root"},
-		{root, DSCKPT_EACCES, "allowed root"},
-		{rootslash, DSCKPT_EACCES, "allowed root"},
-		{sibling, DSCKPT_EACCES, "allowed root"},
-		{rpath("%s", "out_link/step"), DSCKPT_EACCES, "symbolic link in path"},
-		{rpath("%s", "in"), DSCKPT_EINVAL, "<root>/<job>/<tag>"},
-		{rpath("%s", "in_link/step"), DSCKPT_EACCES, "symbolic link in path"},
-		{rpath("%s", "file/step"), DSCKPT_EINVAL, "not a directory"},
-		{rpath("job/%s", longname), DSCKPT_ENAMETOOLONG, "longer than"},
+		{"", ERR_EINVAL, "empty"},
+		{NULL, ERR_EINVAL, "empty"},
+		{"job/step", ERR_EINVAL, "absolute"},
+		{rpath("%s", "job/../../etc"), ERR_EINVAL, "\"..\""},
+		{rpath("%s", "./job"), ERR_EINVAL, "\"..\""},
+		{rpath("%s", "job//step"), ERR_EINVAL, "empty component"},
+		{"/etc/dsckpt", ERR_EACCES, "allowed root"},
+		{outside, ERR_EACCES, "allowed root"},
+		{root, ERR_EACCES, "allowed root"},
+		{rootslash, ERR_EACCES, "allowed root"},
+		{sibling, ERR_EACCES, "allowed root"},
+		{rpath("%s", "out_link/step"), ERR_EACCES, "symbolic link in path"},
+		{rpath("%s", "in"), ERR_EINVAL, "<root>/<job>/<tag>"},
+		{rpath("%s", "in_link/step"), ERR_EACCES, "symbolic link in path"},
+		{rpath("%s", "file/step"), ERR_EINVAL, "not a directory"},
+		{rpath("job/%s", longname), ERR_ENAMETOOLONG, "longer than"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		err[0] = 0;
@@ -453,7 +453,7 @@ START_TEST(test_modes_and_moved_dir)
 
 	snprintf(away, sizeof(away), "%s/away", scratch);
 	ck_assert_int_eq(rename(rpath("%s", "job/t"), away), 0);
-	ck_assert_int_eq(store_dir_within(dfd, &rid, err, sizeof(err)), DSCKPT_EACCES);
+	ck_assert_int_eq(store_dir_within(dfd, &rid, err, sizeof(err)), ERR_EACCES);
 	ck_assert_msg(strstr(err, "moved out of its allowed root") != NULL, "%s", err);
 	ck_assert_int_eq(rename(away, rpath("%s", "job/deeper")), 0);
 	ck_assert_int_eq(store_dir_within(dfd, &rid, err, sizeof(err)), 0);
@@ -510,16 +510,16 @@ START_TEST(test_file_write)
 
 	/* Bad names. */
 	ck_assert_int_eq(store_file_create(dfd, "a/b", 0, 0, 0644, 0, &f, err, sizeof(err)),
-			 DSCKPT_EINVAL);
+			 ERR_EINVAL);
 	ck_assert_int_eq(store_file_create(dfd, "", 0, 0, 0644, 0, &f, err, sizeof(err)),
-			 DSCKPT_EINVAL);
+			 ERR_EINVAL);
 	ck_assert_int_eq(store_file_create(dfd, "..", 0, 0, 0644, 0, &f, err, sizeof(err)),
-			 DSCKPT_EINVAL);
+			 ERR_EINVAL);
 	char longname[NAME_MAX];
 	memset(longname, 'n', sizeof(longname) - 1);
 	longname[sizeof(longname) - 1] = 0;
 	ck_assert_int_eq(store_file_create(dfd, longname, 0, 0, 0644, 0, &f, err, sizeof(err)),
-			 DSCKPT_ENAMETOOLONG);
+			 ERR_ENAMETOOLONG);
 	close(dfd);
 }
 END_TEST
@@ -553,13 +553,13 @@ START_TEST(test_enospc)
 	ck_assert_int_eq(store_file_create(dfd, "rank0.safetensors", 0, 0, 0644, 0, &f, err,
 					   sizeof(err)), 0);
 	int rc = store_file_pwrite(f, big, 2 << 20, 0, err, sizeof(err));
-	ck_assert_int_eq(rc, DSCKPT_ENOSPC);
+	ck_assert_int_eq(rc, ERR_ENOSPC);
 	ck_assert_str_eq(err, "no space left on device writing rank0.safetensors");
 	store_file_abort(f);
 	ck_assert(!h_exists(rpath("%s", "job/t/rank0.safetensors.partial")));
 	/* The same write through the atomic path fails the same way and leaves nothing. */
 	rc = store_write_atomic(dfd, "MANIFEST.json", big, 2 << 20, 0, 0, 0644, err, sizeof(err));
-	ck_assert_int_eq(rc, DSCKPT_ENOSPC);
+	ck_assert_int_eq(rc, ERR_ENOSPC);
 	ck_assert(!h_exists(rpath("%s", "job/t/MANIFEST.json.partial")));
 	ck_assert(!h_exists(rpath("%s", "job/t/MANIFEST.json")));
 	free(big);
@@ -647,7 +647,7 @@ START_TEST(test_commit)
 	commit_ok(dir, 2);
 	/* World size 1 now sees rank 1 as a stranger. */
 	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EINVAL);
+			 ERR_EINVAL);
 	ck_assert_ptr_nonnull(strstr(err, "rank 1"));
 }
 END_TEST
@@ -695,50 +695,50 @@ START_TEST(test_commit_rejects)
 	const char *dir = rpath("%s", "job/s1");
 
 	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_ENOENT);
+			 ERR_ENOENT);
 	int fd = store_open_dir(&cfg, dir, 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(fd, 0);
 	close(fd);
 	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EINCOMPLETE);
+			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "no checkpoint files"));
 	ck_assert_int_eq(store_commit(&cfg, dir, 0, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EINVAL);
+			 ERR_EINVAL);
 	ck_assert_int_eq(store_commit(&cfg, "/etc", 1, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EACCES);
+			 ERR_EACCES);
 
 	write_ckpt(dir, "rank0", 0, NULL);
 	write_ckpt(dir, "rank1", 1, NULL);
 	write_ckpt(dir, "rank2", 2, NULL);
 	ck_assert_int_eq(store_commit(&cfg, dir, 4, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EINCOMPLETE);
+			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "rank 3 of 4 has no file in"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 
 	write_text(rpath("%s", "job/s1/rank3.safetensors.partial"), "x");
 	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EINCOMPLETE);
+			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "still being written"));
 	unlink(rpath("%s", "job/s1/rank3.safetensors.partial"));
 
 	/* A .meta without its safetensors. */
 	write_text(rpath("%s", "job/s1/rank9.meta"), "x");
 	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
-			 DSCKPT_EINCOMPLETE);
+			 ERR_EINCOMPLETE);
 	unlink(rpath("%s", "job/s1/rank9.meta"));
 
 	/* Not ours, garbage, truncated. */
 	write_foreign(rpath("%s", "job/s1/foreign.safetensors"));
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), DSCKPT_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	ck_assert_ptr_nonnull(strstr(err, "no dsckpt metadata"));
 	unlink(rpath("%s", "job/s1/foreign.safetensors"));
 	write_text(rpath("%s", "job/s1/junk.safetensors"), "\xff\xff\xff\xff\xff\xff\xff\xff{}");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), DSCKPT_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	write_bytes(rpath("%s", "job/s1/junk.safetensors"), "\x04\0\0\0\0\0\0\0{,}}", 12);
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), DSCKPT_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	unlink(rpath("%s", "job/s1/junk.safetensors"));
 	ck_assert_int_eq(truncate(rpath("%s", "job/s1/rank2.safetensors"), 4100), 0);
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), DSCKPT_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	ck_assert_ptr_nonnull(strstr(err, "header describes"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 	ck_assert(!h_exists(rpath("%s", "job/latest")));

@@ -58,13 +58,13 @@ $(GPU_DIR)/lib/libcjson.so.1:
 	@[ -n "$(Q)" ] && echo "  CP      $@" || true
 	$(Q)cp -L "$$($(CC) -print-file-name=libcjson.so.1)" $@
 
-$(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) client/lib/errors.c) \
+$(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC)) \
 		$(GPU_DIR)/lib/libcjson.so.1
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) \
 		$(CUDA_LIBS) $(GPU_SYSLIBS)
 
-$(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC))
+$(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -shared -Wl,-soname,libdsckpt.so.0 -Wl,--exclude-libs,ALL -Wl,--no-undefined -o $@ \
