@@ -47,6 +47,10 @@ endif
 
 PROTO_SRC := proto/proto.c
 FORMAT_SRC := $(wildcard format/*.c)
+# The part of format/ that libdsckpt links: it links msgpack only, neither cJSON nor xxhash
+# (which the header and manifest code use); dsckptctl links the rest itself.
+FORMAT_LIB_SRC := format/errors.c format/dtype.c
+FORMAT_CTL_SRC := $(filter-out $(FORMAT_LIB_SRC),$(FORMAT_SRC))
 DAEMON_SRC := $(wildcard daemon/*.c)
 LIB_SRC := $(wildcard client/lib/*.c)
 CTL_SRC := $(wildcard client/ctl/*.c)
@@ -90,17 +94,18 @@ $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
 
-$(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_SRC))
+$(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.0 -o $@ $^ $(LIBS_COMMON)
 
-$(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_SRC))
+$(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/dsckptctl: $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a
+$(BUILD)/dsckptctl: $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a -lcjson -lxxhash \
+	$(Q)$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a \
+		-lcjson -lxxhash \
 		$(LIBS_COMMON) -lm
 
 $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include "../format/errors.h"
+#include "../format/format.h"
 
 /* DSCKPTD_VERSION comes from the Makefile, read out of client/dsckpt.h (one version). */
 #define DSCKPTD_DEFAULT_CONFIG "/etc/dsckptd/dsckptd.json"
@@ -160,41 +161,11 @@ void source_ref(struct source *s);
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s);
 
-/* safetensors.c — the file image of one save. */
-struct st_tensor {
-	const char *name;
-	const char *dtype;
-	const uint64_t *shape;
-	unsigned ndim;
-	uint64_t nbytes;
-};
-/* safetensors' own limit on the JSON header (readers refuse a longer one). */
-#define ST_MAX_HEADER 100000000u
-/* Room for the header's fixed part (__metadata__ pairs, braces, alignment padding). */
-#define ST_HEADER_FIXED (64u << 10)
-/* At most how many header bytes one tensor adds; a save keeps the sum below the limit, so
- * that every save accepted can also be read back (and committed). */
-size_t st_tensor_header_bytes(const char *name, const char *dtype, unsigned ndim);
-/* Size in bytes of a safetensors dtype ("F32" → 4); 0 if unknown. */
-unsigned st_dtype_size(const char *dtype);
-/*
- * Builds the header region: 8-byte length + JSON + spaces so that data starts at a multiple
- * of 4096. Tensors are packed in the given order. __metadata__ holds meta (key/value pairs,
- * nmeta of them), plus "dsckpt.xxh3.<name>" for every tensor and "dsckpt.data_xxh3", each a
- * 16-hex-digit slot filled later by st_header_set_xxh3. *hdr is malloc'd; *hdr_len is the data
- * start; slot_pos[i] (n + 1 entries, the last for data_xxh3) locates each slot in *hdr.
- */
-int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta,
-		    size_t nmeta, uint8_t **hdr, size_t *hdr_len, size_t *slot_pos,
-		    char *err, size_t errlen);
-/* Writes h as 16 lowercase hex digits at hdr + pos. */
-void st_header_set_xxh3(uint8_t *hdr, size_t pos, uint64_t h);
-
-/* store.c — directories, files, commits and retention on disk. */
-#define STORE_MANIFEST "MANIFEST.json"
-#define STORE_PARTIAL ".partial"
+/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, retention.c —
+ * the checkpoint directories on disk (their format is format/'s). */
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
+/* store_path.c — opening a client's directory below an allowed root. */
 /* The identity of an allowed root a directory was opened under. */
 struct store_root {
 	dev_t dev;
@@ -210,8 +181,13 @@ struct store_root {
  */
 int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		   struct store_root *root, char *err, size_t errlen);
+/* Opens the existing directory dir (checked as store_open_dir does, nothing created) and its
+ * parent, the job directory, into *jobfd; an O_DIRECTORY fd or a negative ERR_E* with err. */
+int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
+		   char *err, size_t errlen);
 /* Whether dirfd still lies below root (a client may have moved it); 0 or ERR_EACCES. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen);
+/* store_file.c — files written as <name>.partial, renamed into place once whole. */
 /* Creates dirfd/name.partial (exclusive, O_DIRECT when asked and possible), owned by uid/gid
  * with mode (owner read/write always), both set on the descriptor. */
 int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigned mode,
@@ -228,6 +204,7 @@ void store_file_abort(struct store_file *f);
 /* Writes dirfd/name atomically (partial, fsync, rename, dir fsync), owned by uid/gid. */
 int store_write_atomic(int dirfd, const char *name, const void *buf, size_t len, uid_t uid,
 		       gid_t gid, unsigned mode, char *err, size_t errlen);
+/* store_commit.c — MANIFEST.json and latest. */
 /* Result of a commit. */
 struct store_commit_info {
 	char tag[256];
@@ -242,6 +219,12 @@ struct store_commit_info {
  */
 int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
 		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen);
+/* retention.c — keep_last. */
+/* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
+ * never current (committed at current_ns) nor a directory uid does not own (uid 0: any). */
+void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
+		     uid_t uid, unsigned keep);
+/* store_host.c — which machine wrote a file. */
 /*
  * This machine's name (gethostname(), read once, at most 255 bytes of printable ASCII); every
  * safetensors file dsckptd writes records it as "dsckpt.host".
@@ -252,10 +235,13 @@ void store_set_host(const char *host);
 /* Who wrote the safetensors file (or partial) dirfd/name: -1 not a readable dsckpt file,
  * 0 dsckpt before hosts were recorded, 1 with its "dsckpt.host" (printable) in host. */
 int store_st_host(int dirfd, const char *name, char *host, size_t hostlen);
+/* store_list.c — names of our files, directory listings. */
 /* Whether s ends with suffix (and has something before it). */
 int store_has_suffix(const char *s, const char *suffix);
 /* Whether name is one of the *.partial files dsckptd writes. */
 int store_is_our_partial(const char *name);
+/* Whether name is a kind of file dsckptd writes into a tag directory. */
+int store_is_ours(const char *name);
 /* Whether dirfd/name is a regular file (not following a link). */
 int store_is_regular(int dirfd, const char *name);
 /* Lists the entries of a directory but . and .., sorted by name; 0, or -1 with errno set. */

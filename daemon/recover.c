@@ -61,16 +61,16 @@ static enum recover_writer recover_writer(int dirfd, const char *name, char *hos
 static enum recover_writer recover_partial_writer(int dirfd, const char *name, char *host,
 					      size_t hostlen)
 {
-	static const char *const sibs[] = {".safetensors" STORE_PARTIAL, ".safetensors"};
+	static const char *const sibs[] = {FMT_SAFETENSORS FMT_PARTIAL, FMT_SAFETENSORS};
 	char stem[NAME_MAX + 1], sib[NAME_MAX + 1];
-	size_t n = strlen(name) - strlen(STORE_PARTIAL);
+	size_t n = strlen(name) - strlen(FMT_PARTIAL);
 
 	snprintf(stem, sizeof(stem), "%.*s", (int)n, name);
-	if (store_has_suffix(stem, ".safetensors"))
+	if (store_has_suffix(stem, FMT_SAFETENSORS))
 		return recover_writer(dirfd, name, host, hostlen);
-	if (!store_has_suffix(stem, ".meta"))
+	if (!store_has_suffix(stem, FMT_META))
 		return RECOVER_UNKNOWN;
-	stem[n - strlen(".meta")] = '\0';
+	stem[n - strlen(FMT_META)] = '\0';
 	for (size_t i = 0; i < sizeof(sibs) / sizeof(sibs[0]); i++) {
 		int len = snprintf(sib, sizeof(sib), "%s%s", stem, sibs[i]);
 		if (len < 0 || (size_t)len >= sizeof(sib) || !store_is_regular(dirfd, sib))
@@ -157,12 +157,12 @@ static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
 	unsigned removed = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		if (!store_has_suffix(names[i], ".safetensors") || !store_is_regular(fd, names[i]))
+		if (!store_has_suffix(names[i], FMT_SAFETENSORS) || !store_is_regular(fd, names[i]))
 			continue;
 		enum recover_writer w = recover_writer(fd, names[i], host, sizeof(host));
 		if (w == RECOVER_UNKNOWN)
 			continue;
-		size_t base = strlen(names[i]) - strlen(".safetensors");
+		size_t base = strlen(names[i]) - strlen(FMT_SAFETENSORS);
 		snprintf(meta, sizeof(meta), "%.*s.meta", (int)base, names[i]);
 		int has_meta = store_is_regular(fd, meta);
 		if (w == RECOVER_OTHER) {
@@ -218,8 +218,8 @@ static int recover_dir(int fd, const char *path, int depth, struct recover_stats
 				s->partials += (unsigned)r;
 				removed |= r;
 			}
-			manifest |= strcmp(names[i], STORE_MANIFEST) == 0;
-			tensors |= store_has_suffix(names[i], ".safetensors");
+			manifest |= strcmp(names[i], FMT_MANIFEST) == 0;
+			tensors |= store_has_suffix(names[i], FMT_SAFETENSORS);
 		}
 	}
 	if (tensors && !manifest) {

@@ -443,7 +443,7 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen)
 {
-	unsigned esize = st_dtype_size(dtype);
+	unsigned esize = dtype_size(dtype);
 	uint64_t count = 1;
 
 	if (!*name) {

@@ -1,5 +1,7 @@
 /* errors.c — names and messages of the error codes and levels, and the errno map. */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 
 #include "errors.h"
 
@@ -85,4 +87,17 @@ const char *level_name(int level)
 		return "COMMITTED";
 	}
 	return "UNKNOWN";
+}
+
+/* Formats a message into err (when err is not NULL) and returns code. */
+int err_set(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err, errlen, fmt, ap);
+		va_end(ap);
+	}
+	return code;
 }

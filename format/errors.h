@@ -7,6 +7,8 @@
 #ifndef DSCKPT_FORMAT_ERRORS_H
 #define DSCKPT_FORMAT_ERRORS_H
 
+#include <stddef.h>
+
 /* XX(name, value, message). Values follow errno where one fits. Never renumber a code. */
 #define ERR_TABLE(XX)                                                          \
 	XX(EPERM, -1, "operation not permitted")                               \
@@ -62,5 +64,8 @@ const char *err_name(int code);
 int err_from_errno(int e);
 /* Name of a level ("DURABLE"; "UNKNOWN" for others). */
 const char *level_name(int level);
+/* Formats a message into err (when err is not NULL) and returns code. */
+int err_set(char *err, size_t errlen, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 #endif /* DSCKPT_FORMAT_ERRORS_H */

@@ -64,15 +64,16 @@ $(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC)) \
 	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) \
 		$(CUDA_LIBS) $(GPU_SYSLIBS)
 
-$(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_SRC))
+$(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -shared -Wl,-soname,libdsckpt.so.0 -Wl,--exclude-libs,ALL -Wl,--no-undefined -o $@ \
 		$^ -Wl,--as-needed $(GPU_STATIC) $(CUDA_LIBS) $(GPU_SYSLIBS)
 
-$(GPU_DIR)/dsckptctl: $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a $(GPU_DIR)/lib/libcjson.so.1
+$(GPU_DIR)/dsckptctl: $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a \
+		$(GPU_DIR)/lib/libcjson.so.1
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) -o $@ $(call obj,$(CTL_SRC)) $(BUILD)/libdsckpt.a $(GPU_RPATH) \
+	$(Q)$(CC) -o $@ $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a $(GPU_RPATH) \
 		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) $(CUDA_LIBS) $(GPU_SYSLIBS)
 
 # The test programs: CUDA runtime static (nvcc's default), driver API through

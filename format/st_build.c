@@ -1,21 +1,19 @@
 /*
- * safetensors.c — the header region of a safetensors file, written by hand.
+ * st_build.c — the header region of a safetensors file dsckptd writes, built by hand.
  *
  * Layout: 8-byte little-endian length N, then N bytes of JSON padded with spaces so that the
  * tensor data starts at a multiple of 4096 (what O_DIRECT wants). "__metadata__" comes first
  * and holds fixed-width checksum slots that the flush path fills in once the bytes are known.
  */
-#include "dsckptd.h"
-
 #include <inttypes.h>
-#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <xxhash.h>
 
-#define ST_ALIGN 4096
-#define ST_MAX_NDIM 16
+#include "format.h"
+
 #define ST_SLOT "0000000000000000"
 
 /* A growing byte buffer; ok drops to 0 once an allocation failed. */
@@ -25,26 +23,6 @@ struct st_buf {
 	size_t cap;
 	int ok;
 };
-
-/* The safetensors dtypes and their sizes. */
-static const struct {
-	const char *name;
-	unsigned size;
-} st_dtypes[] = {
-	{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
-	{"I32", 4}, {"I16", 2}, {"I8", 1},  {"U64", 8},  {"U32", 4},
-	{"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
-};
-
-/* Size in bytes of a safetensors dtype; 0 if unknown. */
-unsigned st_dtype_size(const char *dtype)
-{
-	for (size_t i = 0; dtype && i < sizeof(st_dtypes) / sizeof(st_dtypes[0]); i++) {
-		if (strcmp(dtype, st_dtypes[i].name) == 0)
-			return st_dtypes[i].size;
-	}
-	return 0;
-}
 
 /* Makes room for n more bytes. */
 static int st_buf_grow(struct st_buf *b, size_t n)
@@ -196,26 +174,26 @@ static long st_find_duplicate(const struct st_tensor *t, size_t n, int *nomem)
 static int st_check_tensor(const struct st_tensor *t, char *err, size_t errlen)
 {
 	if (!t->name || !*t->name)
-		return seterr(err, errlen, ERR_EINVAL, "tensor with an empty name");
+		return err_set(err, errlen, ERR_EINVAL, "tensor with an empty name");
 	if (!st_utf8_valid(t->name))
-		return seterr(err, errlen, ERR_EINVAL, "tensor name is not valid UTF-8");
+		return err_set(err, errlen, ERR_EINVAL, "tensor name is not valid UTF-8");
 	if (strcmp(t->name, "__metadata__") == 0)
-		return seterr(err, errlen, ERR_EINVAL, "tensor name __metadata__ is reserved");
-	unsigned size = st_dtype_size(t->dtype);
+		return err_set(err, errlen, ERR_EINVAL, "tensor name __metadata__ is reserved");
+	unsigned size = dtype_size(t->dtype);
 	if (size == 0)
-		return seterr(err, errlen, ERR_EINVAL, "tensor %s: unknown dtype %s", t->name,
+		return err_set(err, errlen, ERR_EINVAL, "tensor %s: unknown dtype %s", t->name,
 			       t->dtype ? t->dtype : "(null)");
 	if (t->ndim > ST_MAX_NDIM)
-		return seterr(err, errlen, ERR_EINVAL, "tensor %s: %u dimensions (at most %d)",
+		return err_set(err, errlen, ERR_EINVAL, "tensor %s: %u dimensions (at most %d)",
 			       t->name, t->ndim, ST_MAX_NDIM);
 	uint64_t bytes = size;
 	for (unsigned d = 0; d < t->ndim; d++) {
 		if (__builtin_mul_overflow(bytes, t->shape[d], &bytes))
-			return seterr(err, errlen, ERR_EINVAL, "tensor %s: shape overflows",
+			return err_set(err, errlen, ERR_EINVAL, "tensor %s: shape overflows",
 				       t->name);
 	}
 	if (bytes != t->nbytes)
-		return seterr(err, errlen, ERR_EINVAL,
+		return err_set(err, errlen, ERR_EINVAL,
 			       "tensor %s: %" PRIu64 " bytes given, shape and %s make %" PRIu64,
 			       t->name, t->nbytes, t->dtype, bytes);
 	return 0;
@@ -227,20 +205,20 @@ static int st_check_meta(const char *const *meta, size_t nmeta, char *err, size_
 	for (size_t i = 0; i < nmeta; i++) {
 		const char *k = meta[2 * i], *v = meta[2 * i + 1];
 		if (!k || !v || !st_utf8_valid(k) || !st_utf8_valid(v))
-			return seterr(err, errlen, ERR_EINVAL, "metadata entry %zu is not a "
+			return err_set(err, errlen, ERR_EINVAL, "metadata entry %zu is not a "
 				       "UTF-8 string pair", i);
-		if (strncmp(k, "dsckpt.xxh3.", 12) == 0 || strcmp(k, "dsckpt.data_xxh3") == 0)
-			return seterr(err, errlen, ERR_EINVAL, "metadata key %s is reserved", k);
+		if (checksum_key_reserved(k))
+			return err_set(err, errlen, ERR_EINVAL, "metadata key %s is reserved", k);
 		for (size_t j = 0; j < i; j++) {
 			if (strcmp(meta[2 * j], k) == 0)
-				return seterr(err, errlen, ERR_EINVAL,
+				return err_set(err, errlen, ERR_EINVAL,
 					       "duplicate metadata key %s", k);
 		}
 	}
 	return 0;
 }
 
-/* Builds the header region (see dsckptd.h). */
+/* Builds the header region (see format.h). */
 int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta,
 		    size_t nmeta, uint8_t **hdr, size_t *hdr_len, size_t *slot_pos,
 		    char *err, size_t errlen)
@@ -253,14 +231,14 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 		if ((rc = st_check_tensor(&t[i], err, errlen)) < 0)
 			return rc;
 		if (__builtin_add_overflow(off, t[i].nbytes, &off))
-			return seterr(err, errlen, ERR_EINVAL, "tensors add up to over 2^64 "
+			return err_set(err, errlen, ERR_EINVAL, "tensors add up to over 2^64 "
 				       "bytes");
 	}
 	long dup = st_find_duplicate(t, n, &nomem);
 	if (nomem)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory checking names");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory checking names");
 	if (dup >= 0)
-		return seterr(err, errlen, ERR_EINVAL, "duplicate tensor name %s",
+		return err_set(err, errlen, ERR_EINVAL, "duplicate tensor name %s",
 			       t[dup].name);
 	if ((rc = st_check_meta(meta, nmeta, err, errlen)) < 0)
 		return rc;
@@ -274,11 +252,11 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 	}
 	for (size_t i = 0; i <= n; i++) {
 		if (i < n) {
-			st_buf_str(&b, "\"dsckpt.xxh3.");
+			st_buf_str(&b, "\"" CHECKSUM_KEY_TENSOR);
 			st_buf_escape(&b, t[i].name);
 			st_buf_str(&b, "\":\"");
 		} else {
-			st_buf_str(&b, "\"dsckpt.data_xxh3\":\"");
+			st_buf_str(&b, "\"" CHECKSUM_KEY_DATA "\":\"");
 		}
 		slot_pos[i] = b.len;
 		st_buf_str(&b, ST_SLOT "\"");
@@ -305,13 +283,13 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 	}
 	st_buf_add(&b, "}", 1);
 	if (!b.ok)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory building the header");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory building the header");
 
 	size_t total = (b.len + ST_ALIGN - 1) / ST_ALIGN * ST_ALIGN;
 	void *out;
 	if (posix_memalign(&out, ST_ALIGN, total) != 0) {
 		free(b.p);
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory building the header");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory building the header");
 	}
 	memcpy(out, b.p, b.len);
 	memset((char *)out + b.len, ' ', total - b.len);
@@ -327,7 +305,7 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 /* Writes h as 16 lowercase hex digits at hdr + pos. */
 void st_header_set_xxh3(uint8_t *hdr, size_t pos, uint64_t h)
 {
-	static const char hex[] = "0123456789abcdef";
-	for (int i = 15; i >= 0; i--, h >>= 4)
-		hdr[pos + (size_t)i] = (uint8_t)hex[h & 15];
+	char hex[CHECKSUM_HEX + 1];
+	checksum_hex(h, hex);
+	memcpy(hdr + pos, hex, CHECKSUM_HEX);
 }

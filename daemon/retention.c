@@ -1,0 +1,120 @@
+/*
+ * retention.c — keep_last: after a commit, the committed tags of the job directory beyond
+ * the newest keep are deleted, their manifest first (so that a tag half deleted reads as
+ * not committed), then the files dsckptd writes, then the directory if nothing else is left.
+ * The tag just committed is never deleted, nor a directory of another user.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A committed tag and when it was committed. */
+struct retention_tag {
+	char *name;
+	uint64_t created_ns;
+};
+
+/* When the tag dirfd was committed (its manifest's created_ns, else the manifest's mtime);
+ * 0 if it holds no manifest of ours. */
+static uint64_t retention_created(int dirfd)
+{
+	char why[300];
+	struct stat st;
+	int present;
+	struct manifest *m = manifest_load(dirfd, &present, why, sizeof(why));
+	uint64_t ns;
+
+	if (!m)
+		return 0;
+	ns = m->created_ns;
+	manifest_free(m);
+	if (ns == 0 && fstatat(dirfd, FMT_MANIFEST, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		ns = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
+	return ns;
+}
+
+/* Deletes the files dsckptd writes in jobfd/tag, the manifest first, then the directory. */
+static void retention_delete(int jobfd, const char *jobpath, const char *tag)
+{
+	char **names;
+	size_t n;
+	int fd = openat(jobfd, tag, STORE_DIR_FLAGS);
+
+	if (fd < 0 || (unlinkat(fd, FMT_MANIFEST, 0) < 0 && errno != ENOENT) ||
+	    store_list(fd, &names, &n) < 0) {
+		log_warn("keep_last: cannot delete %s/%s", jobpath, tag);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (store_is_ours(names[i]) && store_is_regular(fd, names[i]) &&
+		    unlinkat(fd, names[i], 0) < 0)
+			log_warn("keep_last: cannot delete %s/%s/%s", jobpath, tag, names[i]);
+	}
+	store_list_free(names, n);
+	close(fd);
+	if (unlinkat(jobfd, tag, AT_REMOVEDIR) == 0)
+		log_info("keep_last: deleted checkpoint %s/%s", jobpath, tag);
+	else if (errno == ENOTEMPTY || errno == EEXIST)
+		log_warnx("keep_last: deleted checkpoint %s/%s but kept the directory: it holds "
+			  "files dsckptd did not write", jobpath, tag);
+	else
+		log_warn("keep_last: cannot remove %s/%s", jobpath, tag);
+}
+
+/* Orders tags newest first (ties by name, descending). */
+static int retention_cmp(const void *a, const void *b)
+{
+	const struct retention_tag *x = a, *y = b;
+	if (x->created_ns != y->created_ns)
+		return x->created_ns < y->created_ns ? 1 : -1;
+	return -strcmp(x->name, y->name);
+}
+
+/* Applies keep_last in the job directory: deletes committed tags beyond the newest keep. */
+void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
+		     uid_t uid, unsigned keep)
+{
+	struct retention_tag *tags;
+	char **names;
+	size_t n, k = 0;
+
+	if (store_list(jobfd, &names, &n) < 0) {
+		log_warn("keep_last: cannot list %s", jobpath);
+		return;
+	}
+	if (!(tags = calloc(n ? n : 1, sizeof(*tags)))) {
+		log_warnx("keep_last: out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct stat st;
+		uint64_t ns = current_ns;
+		if (strcmp(names[i], current) != 0) {
+			int fd = fstatat(jobfd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+				 S_ISDIR(st.st_mode) && (uid == 0 || st.st_uid == uid) ?
+				 openat(jobfd, names[i], STORE_DIR_FLAGS) : -1;
+			if (fd < 0)
+				continue;
+			ns = retention_created(fd);
+			close(fd);
+			if (ns == 0)
+				continue;
+		}
+		tags[k++] = (struct retention_tag){names[i], ns};
+	}
+	qsort(tags, k, sizeof(*tags), retention_cmp);
+	for (size_t i = keep; i < k; i++) {
+		if (strcmp(tags[i].name, current) != 0)
+			retention_delete(jobfd, jobpath, tags[i].name);
+	}
+	free(tags);
+out:
+	store_list_free(names, n);
+}

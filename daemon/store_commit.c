@@ -1,0 +1,369 @@
+/*
+ * store_commit.c — committing a checkpoint directory: every file described from the headers
+ * dsckptd wrote, MANIFEST.json written atomically, then the job's latest, then retention.
+ *
+ * A tag is committed exactly when its MANIFEST.json exists: the manifest is written last and
+ * deleted first (retention.c). The manifest's layout is format/manifest.c's.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
+
+/* .meta files of older versions record no checksum in their header: they are hashed at
+ * commit, up to the most blob bytes a save may carry plus msgpack's framing. */
+#define STORE_MAX_OLD_META ((1ull << 30) + (64ull << 20))
+
+/* One file of a checkpoint as its manifest will describe it. */
+struct store_entry {
+	const char *name;
+	uint64_t size;
+	long rank;
+	/* safetensors */
+	struct st_header *h;             /* its parsed header */
+	struct manifest_tensor *t;       /* its tensors, as the manifest lists them */
+	const char *data_xxh3;           /* borrowed from h */
+	char meta_xxh3[CHECKSUM_HEX + 1]; /* its .meta's checksum as recorded, or "" */
+	uint64_t meta_size;              /* and size */
+	/* meta */
+	char xxh3[CHECKSUM_HEX + 1];
+};
+
+/* The first problem a header read reports, kept for the commit's error. */
+struct store_problem {
+	char msg[512];
+	int seen;
+};
+
+/* Keeps the first problem reported (st_problem_fn). */
+static void store_first_problem(void *arg, const char *msg)
+{
+	struct store_problem *p = arg;
+	if (!p->seen)
+		snprintf(p->msg, sizeof(p->msg), "%s", msg);
+	p->seen = 1;
+}
+
+/* Reads the header of dsckptd's safetensors file dirfd/f->name and f->size. */
+static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t errlen)
+{
+	struct store_problem p = {.seen = 0};
+	uint64_t start;
+	struct stat st;
+	int fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, strerror(errno));
+	if (fstat(fd, &st) < 0) {
+		close(fd);
+		return seterr(err, errlen, ERR_EIO, "stat %s: %s", f->name, strerror(errno));
+	}
+	f->size = (uint64_t)st.st_size;
+	f->h = st_header_read(fd, f->size, &start, store_first_problem, &p);
+	close(fd);
+	if (!f->h)
+		return seterr(err, errlen, ERR_EIO, "%s: %s", f->name, p.msg);
+	return 0;
+}
+
+/* Describes dsckptd's safetensors file dirfd/name for the manifest from its header. */
+static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t errlen)
+{
+	uint64_t end = 0;
+	char *rest;
+	int rc = store_read_header(dirfd, f, err, errlen);
+	if (rc < 0)
+		return rc;
+	const struct st_header *h = f->h;
+	const char *rank = st_header_meta(h, KEY_RANK);
+	const char *msize = st_header_meta(h, KEY_META_SIZE);
+	const char *mx = st_header_meta(h, CHECKSUM_KEY_META);
+	f->data_xxh3 = st_header_meta(h, CHECKSUM_KEY_DATA);
+	if (msize && mx && strlen(mx) == CHECKSUM_HEX) {
+		snprintf(f->meta_xxh3, sizeof(f->meta_xxh3), "%s", mx);
+		f->meta_size = strtoull(msize, NULL, 10);
+	}
+	errno = 0;
+	f->rank = rank ? strtol(rank, &rest, 10) : -1;
+	if (!f->data_xxh3 || !rank || !*rank || *rest || errno || f->rank < 0)
+		return seterr(err, errlen, ERR_EIO,
+			      "%s has no dsckpt metadata (not written by dsckptd)", f->name);
+	if (!(f->t = calloc(h->n ? h->n : 1, sizeof(*f->t))))
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory describing %s", f->name);
+	for (size_t i = 0; i < h->n; i++) {
+		const struct st_entry *e = &h->t[i];
+		if (!e->xxh3)
+			return seterr(err, errlen, ERR_EIO, "%s: bad header entry for tensor %s "
+				      "(no checksum)", f->name, e->name);
+		f->t[i] = (struct manifest_tensor){.name = e->name, .dtype = e->dtype,
+						   .shape = e->shape, .ndim = e->ndim,
+						   .has_shape = 1, .begin = e->begin,
+						   .end = e->end, .xxh3 = e->xxh3};
+		if (e->end > end)
+			end = e->end;
+	}
+	if (h->data_start + end != f->size)
+		return seterr(err, errlen, ERR_EIO, "%s is %" PRIu64 " bytes but its header "
+			      "describes %" PRIu64, f->name, f->size, h->data_start + end);
+	return 0;
+}
+
+/* Hashes the whole file fd of an older version (its header records no checksum of it). */
+static int store_hash_old_meta(int fd, struct store_entry *f, char *err, size_t errlen)
+{
+	XXH3_state_t *xs = NULL;
+	char *buf = NULL;
+	ssize_t r;
+	int rc = 0;
+
+	if (f->size > STORE_MAX_OLD_META)
+		return seterr(err, errlen, ERR_EIO, "%s: %" PRIu64 " bytes is more than dsckptd "
+			      "ever writes", f->name, f->size);
+	if (!(xs = XXH3_createState()) || !(buf = malloc(1 << 20))) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory hashing %s", f->name);
+		goto out;
+	}
+	XXH3_64bits_reset(xs);
+	f->size = 0;
+	while ((r = read(fd, buf, 1 << 20)) != 0 && f->size <= STORE_MAX_OLD_META) {
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			rc = seterr(err, errlen, ERR_EIO, "read %s: %s", f->name, strerror(errno));
+			goto out;
+		}
+		XXH3_64bits_update(xs, buf, (size_t)r);
+		f->size += (uint64_t)r;
+	}
+	checksum_hex(XXH3_64bits_digest(xs), f->xxh3);
+out:
+	free(buf);
+	XXH3_freeState(xs);
+	return rc;
+}
+
+/*
+ * Describes the blob file dirfd/name for the manifest. Its checksum comes from the header of
+ * its .safetensors sibling st, where the flush thread recorded it with its size: a file of
+ * another size was changed after dsckptd wrote it and is refused, without reading it (a
+ * client could leave a terabyte there). Only files of older versions are hashed.
+ */
+static int store_describe_meta(int dirfd, struct store_entry *f, const struct store_entry *st,
+			       char *err, size_t errlen)
+{
+	struct stat sb;
+	int rc = 0, fd;
+
+	if ((fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+	    fstat(fd, &sb) < 0) {
+		rc = seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, strerror(errno));
+		goto out;
+	}
+	f->size = (uint64_t)sb.st_size;
+	if (!st->meta_xxh3[0])
+		rc = store_hash_old_meta(fd, f, err, errlen);
+	else if (!S_ISREG(sb.st_mode) || f->size != st->meta_size)
+		rc = seterr(err, errlen, ERR_EIO, "%s changed after dsckptd wrote it (%" PRIu64
+			    " bytes, %s records %" PRIu64 ")", f->name, f->size, st->name,
+			    st->meta_size);
+	else
+		snprintf(f->xxh3, sizeof(f->xxh3), "%s", st->meta_xxh3);
+out:
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+/* Describes every *.safetensors and *.meta file of a tag directory (names sorted). */
+static int store_describe_all(int dfd, const char *path, char **names, size_t n,
+			      struct store_entry *ents, size_t *nents, char *err, size_t errlen)
+{
+	size_t k = 0;
+	int rc;
+
+	for (size_t i = 0; i < n; i++) {
+		/* A MANIFEST.json.partial is an interrupted commit's: this commit replaces it. */
+		if (store_has_suffix(names[i], FMT_PARTIAL) &&
+		    strcmp(names[i], FMT_MANIFEST FMT_PARTIAL) != 0)
+			return seterr(err, errlen, ERR_EINCOMPLETE,
+				      "%s/%s is still being written", path, names[i]);
+		if ((store_has_suffix(names[i], FMT_SAFETENSORS) ||
+		     store_has_suffix(names[i], FMT_META)) && store_is_regular(dfd, names[i]))
+			ents[k++] = (struct store_entry){.name = names[i], .rank = -1};
+	}
+	*nents = k;
+	/* Safetensors first: a .meta file takes the rank of its .safetensors sibling. */
+	for (size_t i = 0; i < k; i++) {
+		if (store_has_suffix(ents[i].name, FMT_SAFETENSORS) &&
+		    (rc = store_describe_st(dfd, &ents[i], err, errlen)) < 0)
+			return rc;
+	}
+	for (size_t i = 0; i < k; i++) {
+		if (!store_has_suffix(ents[i].name, FMT_META))
+			continue;
+		size_t base = strlen(ents[i].name) - strlen(FMT_META);
+		const struct store_entry *st = NULL;
+		for (size_t j = 0; j < k; j++) {
+			if (strncmp(ents[j].name, ents[i].name, base) == 0 &&
+			    strcmp(ents[j].name + base, FMT_SAFETENSORS) == 0)
+				st = &ents[j];
+		}
+		if (!st)
+			return seterr(err, errlen, ERR_EINCOMPLETE,
+				      "%s/%s has no .safetensors file beside it", path,
+				      ents[i].name);
+		ents[i].rank = st->rank;
+		if ((rc = store_describe_meta(dfd, &ents[i], st, err, errlen)) < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* Checks that the safetensors files cover ranks 0..world-1 (and no other); adds up sizes. */
+static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned world,
+			     const char *path, const char *tag, uint64_t *total, char *err,
+			     size_t errlen)
+{
+	unsigned char *seen = calloc(world, 1);
+	int rc = 0;
+
+	if (!seen)
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	*total = 0;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		*total += ents[i].size;
+		if (!ents[i].h)
+			continue;
+		if ((unsigned long)ents[i].rank >= world)
+			rc = seterr(err, errlen, ERR_EINVAL, "%s/%s/%s is from rank %ld but the "
+				    "world size is %u", path, tag, ents[i].name, ents[i].rank, world);
+		else
+			seen[ents[i].rank] = 1;
+	}
+	for (unsigned r = 0; r < world && rc == 0; r++) {
+		if (!seen[r])
+			rc = seterr(err, errlen, ERR_EINCOMPLETE, "rank %u of %u has no file in "
+				    "%s/%s", r, world, path, tag);
+	}
+	free(seen);
+	return rc;
+}
+
+/* The manifest text of tag from its described files; NULL without memory. */
+static char *store_manifest_text(const char *tag, unsigned world, const struct store_entry *ents,
+				 size_t n, uint64_t created_ns, uint64_t total)
+{
+	struct manifest_file *files = calloc(n ? n : 1, sizeof(*files));
+	char *text;
+
+	if (!files)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		const struct store_entry *e = &ents[i];
+		files[i] = (struct manifest_file){.name = e->name, .size = e->size,
+						  .rank = (uint64_t)e->rank};
+		if (e->h) {
+			files[i].kind = MANIFEST_KIND_ST;
+			files[i].header_len = e->h->data_start;
+			files[i].data_xxh3 = e->data_xxh3;
+			files[i].t = e->t;
+			files[i].nt = e->h->n;
+		} else {
+			files[i].kind = MANIFEST_KIND_META;
+			files[i].xxh3 = e->xxh3;
+		}
+	}
+	struct manifest m = {.tag = tag, .dsckptd_version = DSCKPTD_VERSION,
+			     .created_ns = created_ns, .world_size = world, .total_bytes = total,
+			     .files = files, .nfiles = n};
+	text = manifest_write(&m);
+	free(files);
+	return text;
+}
+
+/* Commits a checkpoint directory: manifest, latest, retention. */
+int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
+		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen)
+{
+	char path[PATH_MAX], **names, *text = NULL, *tag;
+	struct store_entry *ents = NULL;
+	size_t n, nents = 0, len;
+	uint64_t total = 0, created_ns;
+	struct timespec now;
+	int dfd, jobfd, rc;
+
+	if (world == 0)
+		return seterr(err, errlen, ERR_EINVAL, "world size must be at least 1");
+	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0)
+		return dfd;
+	/* store_open_tag accepted dir, so it is absolute and fits; drop trailing slashes. */
+	len = strlen(dir);
+	memcpy(path, dir, len + 1);
+	while (len > 1 && path[len - 1] == '/')
+		path[--len] = '\0';
+	tag = strrchr(path, '/');
+	*tag++ = '\0'; /* path is now the job directory */
+
+	if (store_list(dfd, &names, &n) < 0) {
+		rc = seterr(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
+		goto out_list;
+	}
+	if (!(ents = calloc(n ? n : 1, sizeof(*ents)))) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = store_describe_all(dfd, path, names, n, ents, &nents, err, errlen)) < 0)
+		goto out;
+	if (nents == 0) {
+		rc = seterr(err, errlen, ERR_EINCOMPLETE, "no checkpoint files in %s/%s", path,
+			    tag);
+		goto out;
+	}
+	if ((rc = store_check_ranks(ents, nents, world, path, tag, &total, err, errlen)) < 0)
+		goto out;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+	if (!(text = store_manifest_text(tag, world, ents, nents, created_ns, total))) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
+		goto out;
+	}
+	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, strlen(text), uid, gid,
+				     cfg->file_mode, err, errlen)) < 0 ||
+	    (rc = store_write_atomic(jobfd, FMT_LATEST, tag, strlen(tag), uid, gid,
+				     cfg->file_mode, err, errlen)) < 0)
+		goto out;
+	log_info("committed %s/%s: %zu files, %" PRIu64 " bytes, world %u", path, tag, nents,
+		 total, world);
+	if (cfg->keep_last > 0)
+		retention_apply(jobfd, path, tag, created_ns, uid, cfg->keep_last);
+	if (info) {
+		snprintf(info->tag, sizeof(info->tag), "%s", tag);
+		info->files = (unsigned)nents;
+		info->bytes = total;
+	}
+	rc = 0;
+
+out:
+	for (size_t i = 0; i < nents; i++) {
+		st_header_free(ents[i].h);
+		free(ents[i].t);
+	}
+	free(text);
+	free(ents);
+	store_list_free(names, n);
+out_list:
+	close(jobfd);
+	close(dfd);
+	return rc;
+}

@@ -1,0 +1,179 @@
+/*
+ * store_file.c — files written as <name>.partial, then truncated, fsynced and renamed into
+ * place (and the directory fsynced): a file has its final name only once it is whole.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A file being written as dirfd/name.partial. */
+struct store_file {
+	int dirfd;  /* our own dup of the directory */
+	int fd;
+	char *name; /* final name */
+	int direct; /* opened with O_DIRECT */
+};
+
+/* Reports a failed write-path call on file name: ENOSPC gets its own code and message. */
+static int store_io_fail(char *err, size_t errlen, int e, const char *what, const char *name)
+{
+	if (e == ENOSPC || e == EDQUOT)
+		return seterr(err, errlen, ERR_ENOSPC, "no space left on device writing %s",
+				  name);
+	return seterr(err, errlen, ERR_EIO, "%s %s: %s", what, name, strerror(e));
+}
+
+/* Writes f's partial name into buf (NAME_MAX + 1 bytes). */
+static void store_partial_name(const char *name, char *buf)
+{
+	snprintf(buf, NAME_MAX + 1, "%s" FMT_PARTIAL, name);
+}
+
+/* Closes and frees a store_file (not touching what is on disk). */
+static void store_file_free(struct store_file *f)
+{
+	if (f->fd >= 0)
+		close(f->fd);
+	if (f->dirfd >= 0)
+		close(f->dirfd);
+	free(f->name);
+	free(f);
+}
+
+/* Creates dirfd/name.partial, replacing one a crash left behind. */
+int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigned mode,
+		      int o_direct, struct store_file **out, char *err, size_t errlen)
+{
+	const int flags = O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC;
+	char partial[NAME_MAX + 1];
+	size_t n = name ? strlen(name) : 0;
+	struct store_file *f;
+	int rc;
+
+	if (n == 0 || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return seterr(err, errlen, ERR_EINVAL, "bad file name \"%s\"",
+				  name ? name : "");
+	if (n + strlen(FMT_PARTIAL) > NAME_MAX)
+		return seterr(err, errlen, ERR_ENAMETOOLONG, "file name %s too long", name);
+	store_partial_name(name, partial);
+
+	if (!(f = calloc(1, sizeof(*f))))
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	f->fd = f->dirfd = -1;
+	if (!(f->name = strdup(name))) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		goto fail;
+	}
+	if ((f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		rc = seterr(err, errlen, ERR_EBADF, "dup directory: %s", strerror(errno));
+		goto fail;
+	}
+	if (unlinkat(dirfd, partial, 0) == 0)
+		log_warnx("removed stale %s before writing it again", partial);
+	if (o_direct) {
+		f->fd = openat(dirfd, partial, flags | O_DIRECT, 0600);
+		f->direct = f->fd >= 0;
+	}
+	if (f->fd < 0 && (!o_direct || errno == EINVAL))
+		f->fd = openat(dirfd, partial, flags, 0600);
+	if (f->fd < 0) {
+		rc = seterr(err, errlen, err_from_errno(errno), "create %s: %s", partial,
+				strerror(errno));
+		goto fail;
+	}
+	/* Created 0600 (whatever the umask), then owner and mode set on the descriptor. */
+	if ((geteuid() == 0 && fchown(f->fd, uid, gid) < 0) ||
+	    fchmod(f->fd, (mode | 0600) & 0666) < 0) {
+		rc = seterr(err, errlen, err_from_errno(errno), "chown %s: %s", partial,
+				strerror(errno));
+		goto fail_chown;
+	}
+	*out = f;
+	return 0;
+
+fail_chown:
+	unlinkat(dirfd, partial, 0);
+fail:
+	store_file_free(f);
+	return rc;
+}
+
+/* Whether the file was opened with O_DIRECT. */
+int store_file_direct(const struct store_file *f)
+{
+	return f->direct;
+}
+
+/* Writes len bytes at off, retrying short writes and EINTR. */
+int store_file_pwrite(struct store_file *f, const void *buf, size_t len, uint64_t off,
+		      char *err, size_t errlen)
+{
+	const char *p = buf;
+	while (len > 0) {
+		ssize_t w = pwrite(f->fd, p, len, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return store_io_fail(err, errlen, w < 0 ? errno : EIO, "writing", f->name);
+		p += w;
+		len -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
+}
+
+/* Truncates, fsyncs and renames the file into place, then fsyncs the directory; frees f. */
+int store_file_finish(struct store_file *f, uint64_t size, char *err, size_t errlen)
+{
+	char partial[NAME_MAX + 1];
+	int rc = 0;
+
+	store_partial_name(f->name, partial);
+	if (ftruncate(f->fd, (off_t)size) < 0)
+		rc = store_io_fail(err, errlen, errno, "truncating", f->name);
+	else if (fsync(f->fd) < 0)
+		rc = store_io_fail(err, errlen, errno, "syncing", f->name);
+	if (close(f->fd) < 0 && rc == 0)
+		rc = store_io_fail(err, errlen, errno, "closing", f->name);
+	f->fd = -1;
+	if (rc == 0 && renameat(f->dirfd, partial, f->dirfd, f->name) < 0)
+		rc = store_io_fail(err, errlen, errno, "renaming", partial);
+	if (rc < 0)
+		unlinkat(f->dirfd, partial, 0);
+	else if (fsync(f->dirfd) < 0)
+		rc = store_io_fail(err, errlen, errno, "syncing the directory of", f->name);
+	store_file_free(f);
+	return rc;
+}
+
+/* Unlinks name.partial and frees f. */
+void store_file_abort(struct store_file *f)
+{
+	char partial[NAME_MAX + 1];
+	store_partial_name(f->name, partial);
+	unlinkat(f->dirfd, partial, 0);
+	store_file_free(f);
+}
+
+/* Writes a small file atomically. */
+int store_write_atomic(int dirfd, const char *name, const void *buf, size_t len, uid_t uid,
+		       gid_t gid, unsigned mode, char *err, size_t errlen)
+{
+	struct store_file *f;
+	int rc = store_file_create(dirfd, name, uid, gid, mode, 0, &f, err, errlen);
+	if (rc < 0)
+		return rc;
+	if ((rc = store_file_pwrite(f, buf, len, 0, err, errlen)) < 0) {
+		store_file_abort(f);
+		return rc;
+	}
+	return store_file_finish(f, len, err, errlen);
+}
+

@@ -1,0 +1,228 @@
+/*
+ * store_path.c — opening a client's checkpoint directory below an allowed root.
+ *
+ * Directories are walked one component at a time with O_NOFOLLOW from an allowed root, so a
+ * symbolic link planted anywhere below the root is refused instead of followed; directories
+ * created on the way are made private first and chowned through their descriptor.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Explains why openat of component c (below fd) failed, as a ERR_E* code. */
+static int store_open_fail(int fd, const char *c, const char *path, char *err, size_t errlen)
+{
+	int e = errno;
+	struct stat st;
+	if (e == ELOOP ||
+	    (e == ENOTDIR && fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)))
+		return seterr(err, errlen, ERR_EACCES, "symbolic link in path: %s", path);
+	if (e == ENOTDIR)
+		return seterr(err, errlen, ERR_EINVAL, "%s is not a directory", path);
+	if (e == ENOENT)
+		return seterr(err, errlen, ERR_ENOENT, "no such directory: %s", path);
+	return seterr(err, errlen, err_from_errno(e), "%s: %s", path, strerror(e));
+}
+
+/* Checks the form of path (absolute, no empty, ".", ".." or over-long components). */
+static int store_check_path(const char *path, char *err, size_t errlen)
+{
+	if (path[0] != '/')
+		return seterr(err, errlen, ERR_EINVAL, "%s is not an absolute path", path);
+	for (const char *c = path + 1;;) {
+		const char *e = strchrnul(c, '/');
+		size_t n = (size_t)(e - c);
+		if (n == 0)
+			return seterr(err, errlen, ERR_EINVAL, "empty component in %s",
+					  path);
+		if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+			return seterr(err, errlen, ERR_EINVAL,
+					  "\".\" or \"..\" component in %s", path);
+		if (n > NAME_MAX)
+			return seterr(err, errlen, ERR_ENAMETOOLONG,
+					  "component longer than %d bytes in %s", NAME_MAX, path);
+		if (!*e)
+			return 0;
+		c = e + 1;
+	}
+}
+
+/* Finds the longest allowed root that path lies strictly below; NULL if none. */
+static const char *store_root(const struct config *cfg, const char *path, size_t *rootlen)
+{
+	const char *best = NULL;
+	for (size_t i = 0; i < cfg->n_roots; i++) {
+		const char *r = cfg->allowed_roots[i];
+		size_t n = strlen(r);
+		while (n > 0 && r[n - 1] == '/')
+			n--;
+		if (strncmp(path, r, n) == 0 && path[n] == '/' && path[n + 1] != '\0' &&
+		    (!best || n > *rootlen)) {
+			best = r;
+			*rootlen = n;
+		}
+	}
+	return best;
+}
+
+/*
+ * Opens dir below its allowed root one component at a time (see store_open_dir), creating
+ * missing components when create is set. With parent, also returns the fd of dir's parent.
+ */
+static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+		      int create, int *parent, struct store_root *rootid, char *err,
+		      size_t errlen)
+{
+	char path[PATH_MAX];
+	size_t len = dir ? strlen(dir) : 0, rootlen = 0;
+	int fd, prev = -1, rc;
+
+	if (len == 0)
+		return seterr(err, errlen, ERR_EINVAL, "empty directory path");
+	if (len >= sizeof(path))
+		return seterr(err, errlen, ERR_ENAMETOOLONG, "directory path too long");
+	memcpy(path, dir, len + 1);
+	while (len > 1 && path[len - 1] == '/')
+		path[--len] = '\0';
+	if ((rc = store_check_path(path, err, errlen)) < 0)
+		return rc;
+	const char *root = store_root(cfg, path, &rootlen);
+	if (!root)
+		return seterr(err, errlen, ERR_EACCES,
+				  "%s is not below an allowed root", path);
+	if (!strchr(path + rootlen + 1, '/'))
+		return seterr(err, errlen, ERR_EINVAL,
+			      "%s: a checkpoint directory must be <root>/<job>/<tag>, at least two "
+			      "levels below its allowed root, so that its job directory (and "
+			      "latest) belongs to its owner alone", path);
+	if ((fd = open(root, STORE_DIR_FLAGS)) < 0)
+		return seterr(err, errlen, err_from_errno(errno), "allowed root %s: %s",
+				  root, strerror(errno));
+	if (rootid) {
+		struct stat st;
+		if (fstat(fd, &st) < 0) {
+			rc = seterr(err, errlen, ERR_EIO, "allowed root %s: %s", root,
+				    strerror(errno));
+			close(fd);
+			return rc;
+		}
+		rootid->dev = st.st_dev;
+		rootid->ino = st.st_ino;
+	}
+
+	for (char *c = path + rootlen + 1;;) {
+		char *end = strchrnul(c, '/');
+		int last = *end == '\0', created = 0, next;
+		struct stat st;
+
+		*end = '\0'; /* path now names this component, for messages */
+		next = openat(fd, c, STORE_DIR_FLAGS);
+		if (next < 0 && errno == ENOENT && create) {
+			/* Created private to us, then opened without following anything, and
+			 * only that descriptor is chowned: a name swapped in between is never
+			 * acted on. */
+			if (mkdirat(fd, c, 0700) == 0)
+				created = 1;
+			else if (errno != EEXIST) {
+				rc = seterr(err, errlen, err_from_errno(errno),
+						"mkdir %s: %s", path, strerror(errno));
+				goto fail;
+			}
+			next = openat(fd, c, STORE_DIR_FLAGS);
+		}
+		if (next >= 0 && created) {
+			if (fstat(next, &st) < 0 || st.st_uid != geteuid()) {
+				created = 0;	/* not ours any more: checked as an existing one */
+			} else if ((geteuid() == 0 && fchown(next, uid, gid) < 0) ||
+				   fchmod(next, (cfg->dir_mode | 0700) & 07777) < 0) {
+				rc = seterr(err, errlen, err_from_errno(errno),
+						"chown %s: %s", path, strerror(errno));
+				close(next);
+				goto fail;
+			}
+		}
+		if (next < 0) {
+			rc = store_open_fail(fd, c, path, err, errlen);
+			goto fail;
+		}
+		if (!created && uid != 0 && (fstat(next, &st) < 0 || st.st_uid != uid)) {
+			rc = seterr(err, errlen, ERR_EACCES, "%s is not owned by uid %u",
+					path, (unsigned)uid);
+			close(next);
+			goto fail;
+		}
+		if (prev >= 0)
+			close(prev);
+		prev = fd;
+		fd = next;
+		if (last)
+			break;
+		*end = '/';
+		c = end + 1;
+	}
+	if (parent)
+		*parent = prev;
+	else
+		close(prev);
+	return fd;
+
+fail:
+	if (prev >= 0)
+		close(prev);
+	close(fd);
+	return rc;
+}
+
+/* Opens the existing tag directory dir, checked as store_open_dir does, and its job
+ * directory into *jobfd. */
+int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
+		   char *err, size_t errlen)
+{
+	return store_walk(cfg, dir, uid, gid, 0, jobfd, NULL, err, errlen);
+}
+
+/* Opens (creating what is missing) a client's directory below an allowed root. */
+int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+		   struct store_root *root, char *err, size_t errlen)
+{
+	return store_walk(cfg, dir, uid, gid, 1, NULL, root, err, errlen);
+}
+
+/* Whether the directory dirfd still lies below the allowed root it was opened under: walks
+ * ".." up to the root (dirfd may have been renamed since). 0, or ERR_EACCES with err.
+ * A check, not a lock: it catches a directory moved away before the call. */
+int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen)
+{
+	struct stat st, up;
+	int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0), rc = 0;
+
+	if (fd < 0)
+		return seterr(err, errlen, ERR_EBADF, "dup directory: %s", strerror(errno));
+	for (int depth = 0;; depth++) {
+		if (fstat(fd, &st) < 0) {
+			rc = seterr(err, errlen, ERR_EIO, "stat: %s", strerror(errno));
+			break;
+		}
+		if (st.st_dev == root->dev && st.st_ino == root->ino)
+			break;
+		int parent = openat(fd, "..", STORE_DIR_FLAGS);
+		if (parent < 0 || fstat(parent, &up) < 0 || depth > PATH_MAX / 2 ||
+		    (up.st_dev == st.st_dev && up.st_ino == st.st_ino)) {
+			rc = seterr(err, errlen, ERR_EACCES, "the checkpoint directory was moved "
+				    "out of its allowed root");
+			if (parent >= 0)
+				close(parent);
+			break;
+		}
+		close(fd);
+		fd = parent;
+	}
+	close(fd);
+	return rc;
+}

@@ -1,0 +1,203 @@
+/*
+ * format.h — the on-disk format of a checkpoint, one section per file of format/: the
+ * safetensors dtypes, the checksums and other dsckpt keys of a header's __metadata__, the
+ * safetensors header (built by the daemon, parsed by the daemon and dsckptctl) and
+ * MANIFEST.json (written by the daemon, read by the daemon and dsckptctl).
+ *
+ * format/ depends on libc, cJSON and xxhash only, never on daemon/ or client/. libdsckpt
+ * links only errors.c and dtype.c (it links neither cJSON nor xxhash; see the Makefile's
+ * FORMAT_LIB_SRC). Bump the manifest's version, and keep reading the old one, if you change
+ * what a file holds.
+ *
+ * Layout of a checkpoint directory <root>/<job>/<tag>/:
+ *   <file>.safetensors   8-byte little-endian length N, N bytes of JSON padded with spaces
+ *                        (data starts at a multiple of 4096), then the tensors packed in order
+ *   <file>.meta          the save's blobs (msgpack), checksummed in the header beside it
+ *   <name>.partial       a file still being written; never part of a checkpoint
+ *   MANIFEST.json        written last, deleted first: a tag is committed exactly when it exists
+ *   ../latest            the name of the job's newest committed tag
+ */
+#ifndef DSCKPT_FORMAT_H
+#define DSCKPT_FORMAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "errors.h"
+
+/* File names of a checkpoint directory (see the layout above). */
+#define FMT_SAFETENSORS ".safetensors"
+#define FMT_META ".meta"
+#define FMT_PARTIAL ".partial"
+#define FMT_MANIFEST "MANIFEST.json"
+#define FMT_LATEST "latest"
+
+/* dtype.c — the safetensors dtypes. */
+/* XX(name, size in bytes): every dtype a tensor may have. */
+#define DTYPE_TABLE(XX)                                                        \
+	XX(BOOL, 1) XX(U8, 1) XX(I8, 1) XX(F8_E4M3, 1) XX(F8_E5M2, 1)          \
+	XX(U16, 2) XX(I16, 2) XX(F16, 2) XX(BF16, 2)                           \
+	XX(U32, 4) XX(I32, 4) XX(F32, 4)                                       \
+	XX(U64, 8) XX(I64, 8) XX(F64, 8)
+/* Size in bytes of a dtype by its exact name ("F32" → 4); 0 for unknown names and NULL. */
+unsigned dtype_size(const char *name);
+
+/* checksum.c — checksums (XXH3-64) and the other dsckpt keys of __metadata__. */
+#define CHECKSUM_ALGO "xxh3-64"          /* the manifest's "checksum" */
+#define CHECKSUM_HEX 16                  /* a checksum is written as 16 lowercase hex digits */
+#define CHECKSUM_KEY_TENSOR "dsckpt.xxh3." /* + tensor name: that tensor's bytes */
+#define CHECKSUM_KEY_DATA "dsckpt.data_xxh3" /* the whole data region */
+#define CHECKSUM_KEY_META "dsckpt.meta_xxh3" /* the .meta file beside it ("" if none) */
+#define KEY_META_SIZE "dsckpt.meta_size" /* and its size in bytes, in decimal */
+#define KEY_VERSION "dsckpt.version"     /* the dsckptd version that wrote the file */
+#define KEY_JOB "dsckpt.job"
+#define KEY_RANK "dsckpt.rank"           /* decimal */
+#define KEY_WORLD "dsckpt.world"         /* decimal */
+#define KEY_HOST "dsckpt.host"           /* the machine that wrote it (start-up recovery) */
+/* Writes h as CHECKSUM_HEX lowercase hex digits and a NUL into out. */
+void checksum_hex(uint64_t h, char out[CHECKSUM_HEX + 1]);
+/* Parses exactly CHECKSUM_HEX lowercase hex digits; 0, or -1 if s (maybe NULL) is not that. */
+int checksum_parse(const char *s, uint64_t *out);
+/* The tensor name a "dsckpt.xxh3.<name>" key is the checksum of; NULL for any other key. */
+const char *checksum_key_tensor(const char *key);
+/* Whether key is one that the header builder adds itself (so that a caller may not). */
+int checksum_key_reserved(const char *key);
+
+/* st_build.c — building the header of a safetensors file dsckptd writes. */
+struct st_tensor {
+	const char *name;
+	const char *dtype;
+	const uint64_t *shape;
+	unsigned ndim;
+	uint64_t nbytes;
+};
+#define ST_ALIGN 4096       /* the data region starts at a multiple of this */
+#define ST_MAX_NDIM 16
+/* safetensors' own limit on the JSON header (readers refuse a longer one). */
+#define ST_MAX_HEADER 100000000u
+/* Room for the header's fixed part (__metadata__ pairs, braces, alignment padding). */
+#define ST_HEADER_FIXED (64u << 10)
+/* At most how many header bytes one tensor adds; a save keeps the sum below the limit, so
+ * that every save accepted can also be read back (and committed). */
+size_t st_tensor_header_bytes(const char *name, const char *dtype, unsigned ndim);
+/*
+ * Builds the header region: 8-byte length + JSON + spaces so that data starts at a multiple
+ * of ST_ALIGN. Tensors are packed in the given order. __metadata__ holds meta (key/value
+ * pairs, nmeta of them), plus CHECKSUM_KEY_TENSOR<name> for every tensor and
+ * CHECKSUM_KEY_DATA, each a 16-hex-digit slot filled later by st_header_set_xxh3. *hdr is
+ * ST_ALIGN-aligned and malloc'd; *hdr_len is the data start; slot_pos[i] (n + 1 entries, the
+ * last for the data region) locates each slot in *hdr. 0, or ERR_EINVAL / ERR_ENOMEM with err.
+ */
+int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta,
+		    size_t nmeta, uint8_t **hdr, size_t *hdr_len, size_t *slot_pos,
+		    char *err, size_t errlen);
+/* Writes h as 16 lowercase hex digits at hdr + pos. */
+void st_header_set_xxh3(uint8_t *hdr, size_t pos, uint64_t h);
+
+/* st_parse.c — reading the header of any safetensors file (needs cJSON). */
+/* One tensor of a parsed header; strings point into the header. */
+struct st_entry {
+	const char *name;
+	const char *dtype;        /* a known dtype */
+	const uint64_t *shape;
+	unsigned ndim;
+	uint64_t begin, end;      /* data_offsets, relative to the data start; end - begin is
+				   * the size that shape and dtype make */
+	const char *xxh3;         /* its CHECKSUM_KEY_TENSOR entry in __metadata__, or NULL */
+};
+/* A parsed header. */
+struct st_header {
+	uint64_t data_start;      /* 8 + the JSON's length */
+	struct st_entry *t;       /* in the header's order */
+	size_t n;
+	const char *const *meta;  /* __metadata__ as key/value pairs, nmeta of them, in order */
+	size_t nmeta;
+};
+/* Called once per problem found; msg is only valid during the call. */
+typedef void st_problem_fn(void *arg, const char *msg);
+/*
+ * Parses the JSON of a header (json, len bytes, spaces allowed after it). Every problem is
+ * reported through problem (parsing goes on past a bad tensor so that all are named):
+ * invalid JSON, not an object, a tensor without dtype/shape/data_offsets, an unknown dtype,
+ * a shape that is not non-negative integers or overflows, offsets that are not [begin, end]
+ * or do not match the shape, a non-string __metadata__ entry, a duplicate tensor name.
+ * Returns the header, or NULL once there was a problem or no memory (reported too).
+ */
+struct st_header *st_header_parse(const char *json, size_t len, st_problem_fn *problem,
+				  void *arg);
+/*
+ * Reads and parses the header of the safetensors file open as fd, size bytes long (see
+ * st_header_parse). *data_start is set once the length is sane (even if the JSON is not),
+ * else left alone.
+ */
+struct st_header *st_header_read(int fd, uint64_t size, uint64_t *data_start,
+				 st_problem_fn *problem, void *arg);
+/* The string value of __metadata__ key, or NULL. */
+const char *st_header_meta(const struct st_header *h, const char *key);
+/* Index in h->t of the tensor called name, or -1. */
+long st_header_find(const struct st_header *h, const char *name);
+/* Frees a parsed header (NULL is fine). */
+void st_header_free(struct st_header *h);
+
+/* manifest.c — MANIFEST.json (needs cJSON). */
+#define MANIFEST_FORMAT "dsckpt-manifest"
+#define MANIFEST_VERSION 1
+#define MANIFEST_MAX_BYTES (1u << 30)   /* larger manifests are refused */
+#define MANIFEST_KIND_ST "safetensors"
+#define MANIFEST_KIND_META "meta"
+/* Reading: a number that is absent or not an exact non-negative integer (at most 2^53). */
+#define MANIFEST_BAD UINT64_MAX
+/* One tensor of a safetensors file's entry. Reading: NULL strings were absent or not
+ * strings; has_shape is 0 when shape was not an array of integers. */
+struct manifest_tensor {
+	const char *name;
+	const char *dtype;
+	const uint64_t *shape;
+	unsigned ndim;
+	int has_shape;
+	uint64_t begin, end;      /* data_offsets */
+	const char *xxh3;
+};
+/* One file of the checkpoint (kind MANIFEST_KIND_ST or MANIFEST_KIND_META). */
+struct manifest_file {
+	const char *name;
+	const char *kind;
+	uint64_t size;
+	uint64_t rank;
+	/* safetensors: where data starts, its data region's checksum and its tensors */
+	uint64_t header_len;
+	const char *data_xxh3;
+	const struct manifest_tensor *t;
+	size_t nt;
+	int has_tensors;          /* reading: 0 when there was no tensors array */
+	/* meta: the whole file's checksum */
+	const char *xxh3;
+};
+/* A checkpoint's manifest. */
+struct manifest {
+	const char *tag;
+	const char *dsckptd_version;
+	const char *created;      /* reading: the UTC time written ("2026-01-31T12:00:00Z") */
+	uint64_t created_ns;      /* reading: to within 256 ns (a double), 0 if absent */
+	uint64_t world_size;
+	const char *checksum;     /* reading: the algorithm named (CHECKSUM_ALGO is written) */
+	uint64_t total_bytes;
+	const struct manifest_file *files;
+	size_t nfiles;
+};
+/* The text of m (created from created_ns; format, version and checksum are the current
+ * ones); malloc'd, NULL without memory. Sizes and offsets are written exactly (not doubles). */
+char *manifest_write(const struct manifest *m);
+/*
+ * Parses a manifest's text if it is a dsckpt manifest of the version this tree reads: a JSON
+ * object with format MANIFEST_FORMAT, version MANIFEST_VERSION and a files array. Else NULL
+ * with why. Fields of the wrong type read as MANIFEST_BAD or NULL (see the structs).
+ */
+struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t whylen);
+/* Reads dirfd's MANIFEST.json (see manifest_parse); NULL with why, and *present saying
+ * whether the file is there at all. */
+struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen);
+/* Frees a parsed manifest (NULL is fine). */
+void manifest_free(struct manifest *m);
+
+#endif /* DSCKPT_FORMAT_H */

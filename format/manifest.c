@@ -1,0 +1,340 @@
+/*
+ * manifest.c — MANIFEST.json: written by the daemon when it commits a tag, read back by its
+ * retention and by dsckptctl (list, verify). The layout, version 1:
+ *
+ *   {"format": "dsckpt-manifest", "version": 1, "dsckptd_version": "...", "tag": "...",
+ *    "created": "<UTC>", "created_ns": N, "world_size": N, "checksum": "xxh3-64",
+ *    "total_bytes": N, "files": [
+ *      {"name", "kind": "safetensors", "size", "rank", "header_len", "data_xxh3",
+ *       "tensors": [{"name", "dtype", "shape", "data_offsets": [b, e], "xxh3"}, ...]},
+ *      {"name", "kind": "meta", "size", "rank", "xxh3"}, ...]}
+ *
+ * Sizes, offsets and created_ns are printed exactly (cJSON would print doubles).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "format.h"
+
+#define MANIFEST_JSON_INT_LIMIT 9007199254740992.0 /* 2^53 */
+
+/* A parsed manifest and what its pointers point into; m comes first (manifest_free). */
+struct manifest_doc {
+	struct manifest m;
+	cJSON *json;
+	struct manifest_file *files;
+	struct manifest_tensor *tensors;
+	uint64_t *dims;
+};
+
+/* A JSON number printed exactly; NULL without memory. */
+static cJSON *manifest_u64_item(uint64_t v)
+{
+	char tmp[24];
+	snprintf(tmp, sizeof(tmp), "%" PRIu64, v);
+	return cJSON_CreateRaw(tmp);
+}
+
+/* Adds v to object o as an exact number; 0 without memory. */
+static int manifest_add_u64(cJSON *o, const char *key, uint64_t v)
+{
+	cJSON *item = manifest_u64_item(v);
+	if (!item)
+		return 0;
+	return cJSON_AddItemToObject(o, key, item) ? 1 : (cJSON_Delete(item), 0);
+}
+
+/* Adds v to array a as an exact number; 0 without memory. */
+static int manifest_push_u64(cJSON *a, uint64_t v)
+{
+	cJSON *item = manifest_u64_item(v);
+	if (!item)
+		return 0;
+	return cJSON_AddItemToArray(a, item) ? 1 : (cJSON_Delete(item), 0);
+}
+
+/* One tensor's entry; NULL without memory. */
+static cJSON *manifest_tensor_json(const struct manifest_tensor *t)
+{
+	cJSON *o = cJSON_CreateObject(), *shape, *offs;
+	int ok = o && cJSON_AddStringToObject(o, "name", t->name) &&
+		 cJSON_AddStringToObject(o, "dtype", t->dtype) &&
+		 (shape = cJSON_AddArrayToObject(o, "shape")) != NULL;
+	for (unsigned d = 0; ok && d < t->ndim; d++)
+		ok = manifest_push_u64(shape, t->shape[d]);
+	ok = ok && (offs = cJSON_AddArrayToObject(o, "data_offsets")) != NULL &&
+	     manifest_push_u64(offs, t->begin) && manifest_push_u64(offs, t->end) &&
+	     cJSON_AddStringToObject(o, "xxh3", t->xxh3);
+	if (!ok) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* One file's entry; NULL without memory. */
+static cJSON *manifest_file_json(const struct manifest_file *f)
+{
+	cJSON *o = cJSON_CreateObject(), *ts;
+	int st = strcmp(f->kind, MANIFEST_KIND_ST) == 0;
+	int ok = o && cJSON_AddStringToObject(o, "name", f->name) &&
+		 cJSON_AddStringToObject(o, "kind", f->kind) &&
+		 manifest_add_u64(o, "size", f->size) &&
+		 cJSON_AddNumberToObject(o, "rank", (double)f->rank);
+	if (ok && st) {
+		ok = manifest_add_u64(o, "header_len", f->header_len) &&
+		     cJSON_AddStringToObject(o, "data_xxh3", f->data_xxh3) &&
+		     (ts = cJSON_AddArrayToObject(o, "tensors")) != NULL;
+		for (size_t i = 0; ok && i < f->nt; i++) {
+			cJSON *t = manifest_tensor_json(&f->t[i]);
+			ok = t && cJSON_AddItemToArray(ts, t);
+		}
+	} else if (ok) {
+		ok = cJSON_AddStringToObject(o, "xxh3", f->xxh3) != NULL;
+	}
+	if (!ok) {
+		cJSON_Delete(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* The text of a manifest (see format.h). */
+char *manifest_write(const struct manifest *m)
+{
+	time_t secs = (time_t)(m->created_ns / 1000000000u);
+	struct tm tm;
+	char when[32], *text = NULL;
+	cJSON *files;
+
+	gmtime_r(&secs, &tm);
+	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	cJSON *doc = cJSON_CreateObject();
+	int ok = doc && cJSON_AddStringToObject(doc, "format", MANIFEST_FORMAT) &&
+		 cJSON_AddNumberToObject(doc, "version", MANIFEST_VERSION) &&
+		 cJSON_AddStringToObject(doc, "dsckptd_version", m->dsckptd_version) &&
+		 cJSON_AddStringToObject(doc, "tag", m->tag) &&
+		 cJSON_AddStringToObject(doc, "created", when) &&
+		 manifest_add_u64(doc, "created_ns", m->created_ns) &&
+		 cJSON_AddNumberToObject(doc, "world_size", (double)m->world_size) &&
+		 cJSON_AddStringToObject(doc, "checksum", CHECKSUM_ALGO) &&
+		 manifest_add_u64(doc, "total_bytes", m->total_bytes) &&
+		 (files = cJSON_AddArrayToObject(doc, "files")) != NULL;
+	for (size_t i = 0; ok && i < m->nfiles; i++) {
+		cJSON *f = manifest_file_json(&m->files[i]);
+		ok = f && cJSON_AddItemToArray(files, f);
+	}
+	if (ok)
+		text = cJSON_Print(doc);
+	cJSON_Delete(doc);
+	return text;
+}
+
+/* The string at key of o, or NULL. */
+static const char *manifest_str(const cJSON *o, const char *key)
+{
+	return cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+/* The value of v if it is an exact non-negative integer below 2^53, else MANIFEST_BAD. */
+static uint64_t manifest_num(const cJSON *v)
+{
+	if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < MANIFEST_JSON_INT_LIMIT) ||
+	    (double)(uint64_t)v->valuedouble != v->valuedouble)
+		return MANIFEST_BAD;
+	return (uint64_t)v->valuedouble;
+}
+
+/* The integer at key of o (see manifest_num). */
+static uint64_t manifest_u64(const cJSON *o, const char *key)
+{
+	return manifest_num(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+/* Reads tensor entry o into t, its shape into dims (room for o's shape). */
+static void manifest_read_tensor(const cJSON *o, struct manifest_tensor *t, uint64_t *dims)
+{
+	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(o, "shape"), *d;
+	const cJSON *offs = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
+
+	t->name = manifest_str(o, "name");
+	t->dtype = manifest_str(o, "dtype");
+	t->xxh3 = manifest_str(o, "xxh3");
+	t->shape = dims;
+	t->has_shape = cJSON_IsArray(shape);
+	cJSON_ArrayForEach(d, shape) {
+		if ((dims[t->ndim++] = manifest_num(d)) == MANIFEST_BAD)
+			t->has_shape = 0;
+	}
+	t->begin = t->end = MANIFEST_BAD;
+	if (cJSON_IsArray(offs) && cJSON_GetArraySize(offs) == 2) {
+		t->begin = manifest_num(offs->child);
+		t->end = manifest_num(offs->child->next);
+	}
+}
+
+/* Reads file entry o into f, its tensors into d's arrays from *nt and *ndims on. */
+static void manifest_read_file(struct manifest_doc *d, const cJSON *o, struct manifest_file *f,
+			       size_t *nt, size_t *ndims)
+{
+	const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "tensors"), *e;
+
+	f->name = manifest_str(o, "name");
+	f->kind = manifest_str(o, "kind");
+	f->size = manifest_u64(o, "size");
+	f->rank = manifest_u64(o, "rank");
+	f->header_len = manifest_u64(o, "header_len");
+	f->data_xxh3 = manifest_str(o, "data_xxh3");
+	f->xxh3 = manifest_str(o, "xxh3");
+	f->has_tensors = cJSON_IsArray(ts);
+	if (!f->has_tensors)
+		return;
+	f->t = d->tensors + *nt;
+	cJSON_ArrayForEach(e, ts) {
+		struct manifest_tensor *t = &d->tensors[*nt + f->nt++];
+		manifest_read_tensor(e, t, d->dims + *ndims);
+		*ndims += t->ndim;
+	}
+	*nt += f->nt;
+}
+
+/* Allocates d's arrays for the files, tensors and dims of its files array. */
+static int manifest_alloc(struct manifest_doc *d, const cJSON *files)
+{
+	size_t nt = 0, ndims = 0;
+	const cJSON *f, *t;
+
+	cJSON_ArrayForEach(f, files) {
+		const cJSON *ts = cJSON_GetObjectItemCaseSensitive(f, "tensors");
+		if (!cJSON_IsArray(ts))
+			continue;
+		cJSON_ArrayForEach(t, ts) {
+			const cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+			nt++;
+			ndims += cJSON_IsArray(shape) ? (size_t)cJSON_GetArraySize(shape) : 0;
+		}
+	}
+	size_t n = (size_t)cJSON_GetArraySize(files);
+	d->files = calloc(n ? n : 1, sizeof(*d->files));
+	d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
+	d->dims = calloc(ndims ? ndims : 1, sizeof(*d->dims));
+	return d->files && d->tensors && d->dims ? 0 : -1;
+}
+
+/* Parses a manifest's text (see format.h). */
+struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t whylen)
+{
+	struct manifest_doc *d = calloc(1, sizeof(*d));
+	size_t nt = 0, ndims = 0;
+	const cJSON *files, *f, *c;
+
+	if (!d) {
+		snprintf(why, whylen, "out of memory");
+		return NULL;
+	}
+	if (!(d->json = cJSON_ParseWithLength(text, len))) {
+		snprintf(why, whylen, "not valid JSON");
+		goto fail;
+	}
+	const char *format = manifest_str(d->json, "format");
+	const cJSON *version = cJSON_GetObjectItemCaseSensitive(d->json, "version");
+	files = cJSON_GetObjectItemCaseSensitive(d->json, "files");
+	if (!format || strcmp(format, MANIFEST_FORMAT) != 0) {
+		snprintf(why, whylen, "not a dsckpt manifest (format is not \"%s\")",
+			 MANIFEST_FORMAT);
+		goto fail;
+	}
+	if (!cJSON_IsNumber(version) || version->valuedouble != MANIFEST_VERSION) {
+		snprintf(why, whylen, "manifest version is not %d, the one this dsckpt reads",
+			 MANIFEST_VERSION);
+		goto fail;
+	}
+	if (!cJSON_IsArray(files)) {
+		snprintf(why, whylen, "manifest has no files array");
+		goto fail;
+	}
+	if (manifest_alloc(d, files) < 0) {
+		snprintf(why, whylen, "out of memory");
+		goto fail;
+	}
+	d->m.tag = manifest_str(d->json, "tag");
+	d->m.dsckptd_version = manifest_str(d->json, "dsckptd_version");
+	d->m.created = manifest_str(d->json, "created");
+	c = cJSON_GetObjectItemCaseSensitive(d->json, "created_ns");
+	/* created_ns exceeds 2^53: the double is off by up to 256 ns, enough to order. */
+	d->m.created_ns = cJSON_IsNumber(c) && c->valuedouble >= 1 && c->valuedouble < 1.8e19 ?
+			  (uint64_t)c->valuedouble : 0;
+	d->m.world_size = manifest_u64(d->json, "world_size");
+	d->m.checksum = manifest_str(d->json, "checksum");
+	d->m.total_bytes = manifest_u64(d->json, "total_bytes");
+	d->m.files = d->files;
+	cJSON_ArrayForEach(f, files)
+		manifest_read_file(d, f, &d->files[d->m.nfiles++], &nt, &ndims);
+	return &d->m;
+
+fail:
+	manifest_free(&d->m);
+	return NULL;
+}
+
+/* Reads dirfd's MANIFEST.json (see format.h). */
+struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen)
+{
+	struct manifest *m = NULL;
+	struct stat st;
+	char *buf = NULL;
+	size_t got = 0;
+
+	int fd = openat(dirfd, FMT_MANIFEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	*present = fd >= 0 || errno != ENOENT;
+	if (fd < 0) {
+		snprintf(why, whylen, "cannot open: %s", strerror(errno));
+		return NULL;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MANIFEST_MAX_BYTES) {
+		snprintf(why, whylen, "not a regular file of at most %u bytes", MANIFEST_MAX_BYTES);
+		goto out;
+	}
+	if (!(buf = malloc((size_t)st.st_size + 1))) {
+		snprintf(why, whylen, "out of memory");
+		goto out;
+	}
+	while (got < (size_t)st.st_size) {
+		ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			snprintf(why, whylen, "read error: %s", r == 0 ? "file shrank" :
+				 strerror(errno));
+			goto out;
+		}
+		got += (size_t)r;
+	}
+	m = manifest_parse(buf, got, why, whylen);
+out:
+	free(buf);
+	close(fd);
+	return m;
+}
+
+/* Frees a parsed manifest. */
+void manifest_free(struct manifest *m)
+{
+	struct manifest_doc *d = (struct manifest_doc *)m;
+	if (!d)
+		return;
+	cJSON_Delete(d->json);
+	free(d->files);
+	free(d->tensors);
+	free(d->dims);
+	free(d);
+}
