@@ -1,6 +1,6 @@
 /*
  * ctl.h — dsckptctl's modules, one section each: the command line (main.c), queries to the
- * daemon (query.c), offline listing (list.c) and verification (verify.c) of checkpoints, and
+ * daemon (query.c), offline listing (list.c) and verification (verify*.c) of checkpoints, and
  * the output helpers they share (output.c).
  *
  * Every command returns the process exit status: CTL_OK, CTL_FAIL (an error, already printed
@@ -42,14 +42,9 @@ int query_wait(struct ctl *ctl);
 int list_run(struct ctl *ctl);
 
 /* verify.c */
-/* Re-reads and checks every file of the checkpoint directory ctl->arg without the daemon. */
+/* Re-reads and checks every file of the checkpoint directory ctl->arg without the daemon
+ * (its parts: verify.h). */
 int verify_run(struct ctl *ctl);
-/*
- * Reads dirfd's MANIFEST.json if it parses as a dsckpt manifest of a version this tool reads
- * (a JSON object with format, version and a files array); else NULL with why, and *present
- * saying whether the file is there at all.
- */
-cJSON *verify_manifest_load(int dirfd, int *present, char *why, size_t whylen);
 
 /* output.c */
 /* Prints "dsckptctl: message" on stderr. */

@@ -1,6 +1,8 @@
 /* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk. */
 #include "ctl.h"
 
+#include "../../format/format.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -46,7 +48,7 @@ static int is_latest(int fd, const char *name)
 	ssize_t n = -1;
 
 	/* fd was opened without following links, so .. is its real parent. */
-	int lf = openat(fd, "../latest", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int lf = openat(fd, "../" FMT_LATEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (lf < 0)
 		return 0;
 	if (fstat(lf, &st) == 0 && S_ISREG(st.st_mode))
@@ -83,11 +85,10 @@ static int tag_add(struct tags *out, int fd, const char *rel, const char *name, 
 	t->files = files;
 	t->bytes = bytes;
 	t->latest = is_latest(fd, name);
-	cJSON *m = verify_manifest_load(fd, &present, why, sizeof(why));
+	struct manifest *m = manifest_load(fd, &present, why, sizeof(why));
 	if (m) {
-		const char *c = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(m, "created"));
-		t->created = c ? strdup(c) : NULL;
-		cJSON_Delete(m);
+		t->created = m->created ? strdup(m->created) : NULL;
+		manifest_free(m);
 	}
 	t->state = partial || !present ? "incomplete" : m ? "committed" : "corrupt";
 	return 0;
@@ -119,9 +120,9 @@ static int walk(struct tags *out, int fd, const char *rel, const char *name, uns
 		if (S_ISREG(st.st_mode)) {
 			files++;
 			bytes += (uint64_t)st.st_size;
-			partial |= ends_with(e->d_name, ".partial");
-			tag |= ends_with(e->d_name, ".safetensors") || ends_with(e->d_name, ".partial") ||
-			       strcmp(e->d_name, "MANIFEST.json") == 0;
+			partial |= ends_with(e->d_name, FMT_PARTIAL);
+			tag |= ends_with(e->d_name, FMT_SAFETENSORS) ||
+			       ends_with(e->d_name, FMT_PARTIAL) || strcmp(e->d_name, FMT_MANIFEST) == 0;
 		} else if (S_ISDIR(st.st_mode) && depth < LIST_MAX_DEPTH) {
 			char *sub = NULL;
 			int sfd = openat(fd, e->d_name,
