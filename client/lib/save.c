@@ -12,6 +12,7 @@
  * dsckpt_save_free (the daemon keeps its own mapping for a save still in flight).
  */
 #include "internal.h"
+#include "../../format/format.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,16 +26,6 @@
 #define FRAME_BUDGET ((size_t)4 << 20)   /* estimated SAVE_ADD body, well under 16 MiB */
 #define FRAME_MAX_ENTRIES 65536
 #define FILE_MAX 128
-
-/* Safetensors dtypes and their sizes. */
-static const struct {
-	const char *name;
-	unsigned size;
-} save_dtypes[] = {
-	{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-	{"I16", 2}, {"I8", 1}, {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1},
-	{"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
-};
 
 /* A staging arena: a memfd the save copies foreign host memory into. */
 struct save_stage {
@@ -68,13 +59,10 @@ struct dsckpt_save {
 	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
 };
 
-/* Size in bytes of a safetensors dtype name. */
+/* Size in bytes of a safetensors dtype name (format/dtype.c's table, the daemon's too). */
 unsigned lib_dtype_size(const char *dtype)
 {
-	for (size_t i = 0; i < sizeof(save_dtypes) / sizeof(save_dtypes[0]); i++)
-		if (strcmp(save_dtypes[i].name, dtype) == 0)
-			return save_dtypes[i].size;
-	return 0;
+	return dtype_size(dtype);
 }
 
 /* Checks a tensor or blob name. */
