@@ -245,8 +245,9 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 		if (!ents[i].h)
 			continue;
 		if ((unsigned long)ents[i].rank >= world)
-			rc = seterr(err, errlen, ERR_EINVAL, "%s/%s/%s is from rank %ld but the "
-				    "world size is %u", path, tag, ents[i].name, ents[i].rank, world);
+			rc = seterr(err, errlen, ERR_EINVAL, "%s/%s/%s is from rank %ld but "
+				    "the world size is %u", path, tag, ents[i].name, ents[i].rank,
+				    world);
 		else
 			seen[ents[i].rank] = 1;
 	}

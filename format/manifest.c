@@ -148,7 +148,8 @@ static const char *manifest_str(const cJSON *o, const char *key)
 /* The value of v if it is an exact non-negative integer below 2^53, else MANIFEST_BAD. */
 static uint64_t manifest_num(const cJSON *v)
 {
-	if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < MANIFEST_JSON_INT_LIMIT) ||
+	if (!cJSON_IsNumber(v) ||
+	    !(v->valuedouble >= 0 && v->valuedouble < MANIFEST_JSON_INT_LIMIT) ||
 	    (double)(uint64_t)v->valuedouble != v->valuedouble)
 		return MANIFEST_BAD;
 	return (uint64_t)v->valuedouble;

@@ -182,20 +182,20 @@ static int st_check_tensor(const struct st_tensor *t, char *err, size_t errlen)
 	unsigned size = dtype_size(t->dtype);
 	if (size == 0)
 		return err_set(err, errlen, ERR_EINVAL, "tensor %s: unknown dtype %s", t->name,
-			       t->dtype ? t->dtype : "(null)");
+			        t->dtype ? t->dtype : "(null)");
 	if (t->ndim > ST_MAX_NDIM)
 		return err_set(err, errlen, ERR_EINVAL, "tensor %s: %u dimensions (at most %d)",
-			       t->name, t->ndim, ST_MAX_NDIM);
+			        t->name, t->ndim, ST_MAX_NDIM);
 	uint64_t bytes = size;
 	for (unsigned d = 0; d < t->ndim; d++) {
 		if (__builtin_mul_overflow(bytes, t->shape[d], &bytes))
 			return err_set(err, errlen, ERR_EINVAL, "tensor %s: shape overflows",
-				       t->name);
+				        t->name);
 	}
 	if (bytes != t->nbytes)
 		return err_set(err, errlen, ERR_EINVAL,
-			       "tensor %s: %" PRIu64 " bytes given, shape and %s make %" PRIu64,
-			       t->name, t->nbytes, t->dtype, bytes);
+			        "tensor %s: %" PRIu64 " bytes given, shape and %s make %" PRIu64,
+			        t->name, t->nbytes, t->dtype, bytes);
 	return 0;
 }
 
@@ -206,13 +206,13 @@ static int st_check_meta(const char *const *meta, size_t nmeta, char *err, size_
 		const char *k = meta[2 * i], *v = meta[2 * i + 1];
 		if (!k || !v || !st_utf8_valid(k) || !st_utf8_valid(v))
 			return err_set(err, errlen, ERR_EINVAL, "metadata entry %zu is not a "
-				       "UTF-8 string pair", i);
+				        "UTF-8 string pair", i);
 		if (checksum_key_reserved(k))
 			return err_set(err, errlen, ERR_EINVAL, "metadata key %s is reserved", k);
 		for (size_t j = 0; j < i; j++) {
 			if (strcmp(meta[2 * j], k) == 0)
 				return err_set(err, errlen, ERR_EINVAL,
-					       "duplicate metadata key %s", k);
+					        "duplicate metadata key %s", k);
 		}
 	}
 	return 0;
@@ -232,14 +232,14 @@ int st_header_build(const struct st_tensor *t, size_t n, const char *const *meta
 			return rc;
 		if (__builtin_add_overflow(off, t[i].nbytes, &off))
 			return err_set(err, errlen, ERR_EINVAL, "tensors add up to over 2^64 "
-				       "bytes");
+				        "bytes");
 	}
 	long dup = st_find_duplicate(t, n, &nomem);
 	if (nomem)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory checking names");
 	if (dup >= 0)
 		return err_set(err, errlen, ERR_EINVAL, "duplicate tensor name %s",
-			       t[dup].name);
+			        t[dup].name);
 	if ((rc = st_check_meta(meta, nmeta, err, errlen)) < 0)
 		return rc;
 

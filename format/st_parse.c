@@ -102,8 +102,8 @@ static int st_parse_tensor(const cJSON *m, struct st_entry *t, uint64_t *dims,
 	}
 	if (__builtin_mul_overflow(count, es, &nbytes) || nbytes != t->end - t->begin) {
 		st_problem(problem, arg,
-			   "tensor '%s': %" PRIu64 " elements of %s (%u bytes each) do not fill its "
-			   "data_offsets [%" PRIu64 ", %" PRIu64 "] (%" PRIu64 " bytes)",
+			   "tensor '%s': %" PRIu64 " elements of %s (%u bytes each) do not "
+			   "fill its data_offsets [%" PRIu64 ", %" PRIu64 "] (%" PRIu64 " bytes)",
 			   t->name, count, t->dtype, es, t->begin, t->end, t->end - t->begin);
 		return -1;
 	}
@@ -178,7 +178,8 @@ struct st_header *st_header_parse(const char *json, size_t len, st_problem_fn *p
 	}
 	for (const char *p = end; p < json + len; p++) {
 		if (*p != ' ') {
-			st_problem(problem, arg, "header has bytes other than spaces after its JSON");
+			st_problem(problem, arg, "header has bytes other than spaces after "
+				   "its JSON");
 			goto fail;
 		}
 	}

@@ -353,7 +353,8 @@ START_TEST(test_header_parse_rejects)
 		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}",
 		 "data_offsets that are not [begin, end]"},
 		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", "lacks a dtype string"},
-		{"{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", "lacks a dtype string"},
+		{"{\"a\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "lacks a dtype string"},
 		{"{\"a\":[]}", "lacks a dtype string"},
 		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
 		 "\"data_offsets\":[0,4]}}",
