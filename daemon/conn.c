@@ -132,7 +132,7 @@ static void conn_close(struct conn *c)
 	}
 	nconns--;
 	save_conn_gone(c);
-	cuda_fence_forget(c);
+	cuda_fence_forget(c->id);
 	while (c->regions) {
 		struct region *r = c->regions;
 		c->regions = r->next;

@@ -83,7 +83,7 @@ struct cuda_fence {
  * never waits for another client's events. Loop thread only.
  */
 struct cuda_import {
-	const void *owner;      /* the connection */
+	uint64_t owner;         /* the connection's id */
 	uint8_t handle[64];
 	int dev;
 	cudaEvent_t event;
@@ -629,7 +629,7 @@ out:
 }
 
 /* Finds or opens owner's import of an event handle on dev; NULL with err on failure. */
-static struct cuda_import *cuda_import_get(const void *owner, int dev,
+static struct cuda_import *cuda_import_get(uint64_t owner, int dev,
 					   const uint8_t handle[64], char *err, size_t errlen)
 {
 	struct cuda_import *im;
@@ -669,7 +669,7 @@ fail:
 }
 
 /* Closes a client's imported events (the connection is gone). */
-void cuda_fence_forget(const void *owner)
+void cuda_fence_forget(uint64_t owner)
 {
 	for (struct cuda_import **p = &imports; *p;) {
 		struct cuda_import *im = *p;
@@ -687,7 +687,7 @@ void cuda_fence_forget(const void *owner)
 
 /* Orders a daemon-owned fence after the latest record of owner's interprocess event, as of
  * now (so later re-records by the client do not matter). */
-int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t handle[64],
+int cuda_fence_import(uint64_t owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen)
 {
 	struct cuda_import *im;
@@ -836,12 +836,12 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 }
 
 /* Without CUDA no event was ever imported. */
-void cuda_fence_forget(const void *owner)
+void cuda_fence_forget(uint64_t owner)
 {
 }
 
 /* Without CUDA no event can be imported. */
-int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t handle[64],
+int cuda_fence_import(uint64_t owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen)
 {
 	*out = NULL;

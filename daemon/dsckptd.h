@@ -291,10 +291,10 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 int source_complete(const struct source *s);
 /* Orders a daemon-owned fence after the latest record, as of now, of a client's
  * interprocess event (opened once per owner, a connection); later re-records do not matter. */
-int cuda_fence_import(const void *owner, const uint8_t uuid[16], const uint8_t handle[64],
+int cuda_fence_import(uint64_t owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen);
-/* Closes the events imported for owner (its connection is gone). */
-void cuda_fence_forget(const void *owner);
+/* Closes the events imported for owner (a connection id; the connection is gone). */
+void cuda_fence_forget(uint64_t owner);
 /* Waits for the device copies this thread queued with source_read, on every device (no-op
  * without any), and ends the thread's cuda_fence_wait. */
 int cuda_copy_sync(char *err, size_t errlen);
@@ -411,13 +411,18 @@ struct engine_req {
 	void *owner;         /* the save, passed back in events */
 };
 enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
-/* Event callback on the loop thread; after DURABLE or FAILED the job is the loop's to free. */
-typedef void (*engine_cb)(void *owner, struct job *j, int event, const char *error);
+/* Event callback on the loop thread; after DURABLE or FAILED the job is the loop's to free.
+ * FAILED comes with a negative ERR_E* code and its message; other events with 0 and NULL. */
+typedef void (*engine_cb)(void *owner, struct job *j, int event, int code, const char *error);
 /* Starts the worker threads. */
 int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
 		 char *err, size_t errlen);
-/* Queues a job; never fails (a zero-byte job completes at once). */
-struct job *engine_submit(struct engine_req *r);
+/* Queues a job (a zero-byte job completes at once): 0 and the engine owns r's pointers, or a
+ * negative ERR_E* with err and r still the caller's. */
+int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errlen);
+/* Fails a job that has not finished (loop thread): no new piece is claimed, its partial file
+ * is removed, and its FAILED event carries code and why. */
+void engine_cancel(struct job *j, int code, const char *why);
 /* Bytes copied into the cache and written to the file so far. */
 void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed);
 /* Per-tensor checksums once DURABLE (n entries). */

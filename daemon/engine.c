@@ -37,6 +37,7 @@ struct job {
 	int flushing;              /* (L) a flush thread holds this job */
 	int failed;                /* (L) */
 	int finished;              /* (L) final event posted */
+	int code;                  /* (L) first error's ERR_E* */
 	char error[ERRLEN];        /* (L) first error */
 	uint64_t copied;           /* (L) pieces copied */
 	uint64_t bytes_snapshot;   /* atomic */
@@ -55,6 +56,7 @@ struct job {
 struct done {
 	struct job *job;
 	int event;
+	int code;
 	char error[ERRLEN];
 	struct done *next;
 };
@@ -77,7 +79,7 @@ static struct {
 } E;
 
 /* Hands an event to the loop thread. */
-static void post(struct job *j, int event, const char *error)
+static void post(struct job *j, int event, int code, const char *error)
 {
 	struct done *d = calloc(1, sizeof(*d));
 	if (!d) {
@@ -86,6 +88,7 @@ static void post(struct job *j, int event, const char *error)
 	}
 	d->job = j;
 	d->event = event;
+	d->code = code;
 	if (error)
 		snprintf(d->error, sizeof(d->error), "%s", error);
 	pthread_mutex_lock(&E.done_lock);
@@ -105,17 +108,19 @@ static void on_async(uv_async_t *a)
 	pthread_mutex_unlock(&E.done_lock);
 	while (d) {
 		struct done *next = d->next;
-		E.cb(d->job->r.owner, d->job, d->event, d->error);
+		E.cb(d->job->r.owner, d->job, d->event, d->code,
+		     d->event == ENGINE_FAILED ? d->error : NULL);
 		free(d);
 		d = next;
 	}
 }
 
 /* Records the first error of a job (engine.lock held). */
-static void fail_locked(struct job *j, const char *error)
+static void fail_locked(struct job *j, int code, const char *error)
 {
 	if (!j->failed) {
 		j->failed = 1;
+		j->code = code < 0 ? code : ERR_EIO;	/* every failure carries a code */
 		snprintf(j->error, sizeof(j->error), "%s", error);
 	}
 }
@@ -194,25 +199,28 @@ static int piece_node(const struct job *j, uint64_t piece)
 	return i < j->r.n ? source_node(j->r.t[i].src) : -1;
 }
 
-/* Copies one piece of a job from its sources into chunk; 0 or -1 with err. */
+/* Copies one piece of a job from its sources into chunk; 0 or a negative ERR_E* with err. */
 static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
 {
 	uint64_t start = piece * j->chunk;
 	uint64_t end = start + j->chunk < j->data_len ? start + j->chunk : j->data_len;
 
 	/* GPU sources: this thread's copy streams wait for the producer's writes. */
-	if (j->r.fence && cuda_fence_wait(j->r.fence, err, errlen) < 0)
-		return -1;
+	int rc;
+
+	if (j->r.fence && (rc = cuda_fence_wait(j->r.fence, err, errlen)) < 0)
+		return rc;
 	for (size_t i = first_tensor(j, start); i < j->r.n && j->r.t[i].off < end; i++) {
 		const struct engine_tensor *t = &j->r.t[i];
 		uint64_t a = t->off > start ? t->off : start;
 		uint64_t b = t->off + t->nbytes < end ? t->off + t->nbytes : end;
 		if (a >= b)
 			continue;
-		if (source_read(t->src, t->src_off + (a - t->off), chunk + (a - start), b - a,
-				err, errlen) < 0) {
+		rc = source_read(t->src, t->src_off + (a - t->off), chunk + (a - start), b - a,
+				 err, errlen);
+		if (rc < 0) {
 			cuda_copy_sync(NULL, 0);	/* never leave a copy into the chunk behind */
-			return -1;
+			return rc;
 		}
 	}
 	/* Device reads are only queued: the piece is in the chunk once they are done. */
@@ -262,11 +270,11 @@ static void copy_loop(void)
 		/* Ownership: the chunk now belongs to the job until a flush thread returns it. */
 		j->ready[piece] = chunk;
 		if (rc < 0) {
-			fail_locked(j, err);
+			fail_locked(j, rc, err);
 		} else {
 			__atomic_add_fetch(&j->bytes_snapshot, len, __ATOMIC_RELAXED);
 			if (++j->copied == j->npieces && !j->failed)
-				post(j, ENGINE_SNAPSHOT, NULL);
+				post(j, ENGINE_SNAPSHOT, 0, NULL);
 		}
 		pthread_cond_broadcast(&E.flush_cv);
 		pthread_mutex_unlock(&E.lock);
@@ -295,7 +303,7 @@ static void hash_piece(struct job *j, uint64_t start, const uint8_t *p, uint64_t
 	}
 }
 
-/* Writes one piece (padded for O_DIRECT) and hashes it; 0 or -1 with err. */
+/* Writes one piece (padded for O_DIRECT) and hashes it; 0 or a negative ERR_E* with err. */
 static int flush_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
 {
 	uint64_t start = piece * j->chunk;
@@ -307,8 +315,9 @@ static int flush_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err,
 		wlen = (len + 4095) & ~(uint64_t)4095;
 		memset(chunk + len, 0, wlen - len);	/* truncated away at the end */
 	}
-	if (store_file_pwrite(j->r.file, chunk, wlen, j->hdr_len + start, err, errlen) < 0)
-		return -1;
+	int rc = store_file_pwrite(j->r.file, chunk, wlen, j->hdr_len + start, err, errlen);
+	if (rc < 0)
+		return rc;
 	__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
 	return 0;
 }
@@ -326,14 +335,14 @@ static int finish_job(struct job *j, char *err, size_t errlen)
 	/* The header buffer is 4096-aligned and padded: fit for O_DIRECT as it is. */
 	int rc = store_file_pwrite(j->r.file, j->hdr, j->hdr_len, 0, err, errlen);
 	if (rc < 0)
-		return -1;
+		return rc;
 	/* Nothing is renamed into a directory its client moved out of the allowed root. */
-	if (store_dir_within(j->r.dirfd, &j->r.root, err, errlen) < 0)
-		return -1;
+	if ((rc = store_dir_within(j->r.dirfd, &j->r.root, err, errlen)) < 0)
+		return rc;
 	if (j->r.meta_name &&
-	    store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta_bytes, j->r.meta_len,
-			       j->r.uid, j->r.gid, j->r.mode, err, errlen) < 0)
-		return -1;
+	    (rc = store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta_bytes, j->r.meta_len,
+				     j->r.uid, j->r.gid, j->r.mode, err, errlen)) < 0)
+		return rc;
 	rc = store_file_finish(j->r.file, j->hdr_len + j->data_len, err, errlen);
 	j->r.file = NULL;	/* finish frees it, success or not */
 	return rc;
@@ -371,7 +380,7 @@ static void flush_loop(void)
 						       sizeof(err));
 			pthread_mutex_lock(&E.lock);
 			if (rc < 0)
-				fail_locked(j, err);
+				fail_locked(j, rc, err);
 			j->flushing = 0;
 			continue;
 		}
@@ -386,7 +395,7 @@ static void flush_loop(void)
 			j->ready[piece] = NULL;
 			j->next_flush++;
 			if (rc < 0)
-				fail_locked(j, err);
+				fail_locked(j, rc, err);
 			j->flushing = 0;
 			pthread_cond_broadcast(&E.copy_cv);	/* a chunk is free again */
 			pthread_cond_broadcast(&E.flush_cv);
@@ -395,10 +404,10 @@ static void flush_loop(void)
 		/* The end: every claimed piece is flushed and nothing more will be claimed. */
 		int failed = j->failed;
 		pthread_mutex_unlock(&E.lock);
-		int rc = failed ? -1 : finish_job(j, err, sizeof(err));
+		int rc = failed ? ERR_EFAILED : finish_job(j, err, sizeof(err));
 		pthread_mutex_lock(&E.lock);
 		if (rc < 0 && !failed)
-			fail_locked(j, err);
+			fail_locked(j, rc, err);
 		if (j->failed && j->r.file) {
 			store_file_abort(j->r.file);
 			j->r.file = NULL;
@@ -407,7 +416,8 @@ static void flush_loop(void)
 		j->flushing = 0;
 		unlink_locked(j);
 		/* Ownership: the job goes back to the loop with its final event. */
-		post(j, j->failed ? ENGINE_FAILED : ENGINE_DURABLE, j->failed ? j->error : NULL);
+		post(j, j->failed ? ENGINE_FAILED : ENGINE_DURABLE, j->failed ? j->code : 0,
+		     j->failed ? j->error : NULL);
 		pthread_cond_broadcast(&E.flush_cv);
 	}
 	pthread_mutex_unlock(&E.lock);
@@ -457,14 +467,23 @@ int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads,
 	return 0;
 }
 
-/* Queues a job. */
-struct job *engine_submit(struct engine_req *r)
+/* Frees what engine_submit allocated for a job (r's pointers stay the caller's). */
+static void job_free_own(struct job *j)
+{
+	free(j->ready);
+	free(j->xxh3);
+	free(j->slots);
+	XXH3_freeState(j->tstate);
+	XXH3_freeState(j->dstate);
+	free(j);
+}
+
+/* Queues a job; on failure nothing of r is taken. */
+int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errlen)
 {
 	struct job *j = calloc(1, sizeof(*j));
-	if (!j) {
-		log_error("out of memory submitting a save");
-		abort();
-	}
+	if (!j)
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	j->r = *r;
 	j->chunk = cache_chunk(E.cache);
 	for (size_t i = 0; i < r->n; i++)
@@ -476,19 +495,30 @@ struct job *engine_submit(struct engine_req *r)
 	j->tstate = XXH3_createState();
 	j->dstate = XXH3_createState();
 	if (!j->ready || !j->xxh3 || !j->slots || !j->tstate || !j->dstate) {
-		log_error("out of memory submitting a save");
-		abort();
+		job_free_own(j);
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	}
 	XXH3_64bits_reset(j->dstate);
 	pthread_mutex_lock(&E.lock);
 	j->next = E.jobs;
 	E.jobs = j;
 	if (j->npieces == 0)
-		post(j, ENGINE_SNAPSHOT, NULL);
+		post(j, ENGINE_SNAPSHOT, 0, NULL);
 	pthread_cond_broadcast(&E.copy_cv);
 	pthread_cond_broadcast(&E.flush_cv);
 	pthread_mutex_unlock(&E.lock);
-	return j;
+	*out = j;
+	return 0;
+}
+
+/* Fails an unfinished job: nothing more is claimed and the flush side ends it FAILED. */
+void engine_cancel(struct job *j, int code, const char *why)
+{
+	pthread_mutex_lock(&E.lock);
+	if (!j->finished)
+		fail_locked(j, code, why);
+	pthread_cond_broadcast(&E.flush_cv);
+	pthread_mutex_unlock(&E.lock);
 }
 
 /* Bytes copied and written so far. */
@@ -521,7 +551,6 @@ void engine_job_free(struct job *j)
 	engine_release_sources(j);
 	free(j->r.t);
 	free(j->hdr);
-	free(j->slots);
 	if (j->r.file)
 		store_file_abort(j->r.file);
 	if (j->r.dirfd >= 0)
@@ -530,11 +559,7 @@ void engine_job_free(struct job *j)
 	free(j->r.meta_bytes);
 	if (j->r.fence)
 		cuda_fence_free(j->r.fence);
-	free(j->ready);
-	free(j->xxh3);
-	XXH3_freeState(j->tstate);
-	XXH3_freeState(j->dstate);
-	free(j);
+	job_free_own(j);
 }
 
 /* Stops and joins every thread. */

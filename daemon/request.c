@@ -367,7 +367,7 @@ static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_
 		return;
 	int rc;
 	if (has_event > 0) {
-		rc = cuda_fence_import(c, uuid, event, &fence, err, sizeof(err));
+		rc = cuda_fence_import(conn_id(c), uuid, event, &fence, err, sizeof(err));
 		if (rc < 0) {
 			save_drop(s);
 			return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,

@@ -266,7 +266,7 @@ static void set_level(struct save *s, int level, const char *error)
 }
 
 /* Engine events, on the loop thread. */
-static void on_engine(void *owner, struct job *j, int event, const char *error)
+static void on_engine(void *owner, struct job *j, int event, int code, const char *error)
 {
 	struct save *s = owner;
 
@@ -645,15 +645,18 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 			       config->o_direct, &r.file, err, errlen);
 	if (rc < 0)
 		goto fail;
-	/* Ownership: sources, file, directory and fence go to the engine. */
+	r.dirfd = s->dirfd;
+	if ((rc = engine_submit(&r, &s->job, err, errlen)) < 0) {
+		store_file_abort(r.file);
+		goto fail;
+	}
+	/* Ownership: sources, file, directory and fence went to the engine. */
 	for (size_t i = 0; i < s->n; i++)
 		s->t[i].src = NULL;
-	r.dirfd = s->dirfd;
 	s->dirfd = -1;
 	s->t_accept = now_mono();
 	s->level = LEVEL_ACCEPTED;
 	s->t_change = s->t_accept;
-	s->job = engine_submit(&r);
 	save_free_blobs(s);	/* their bytes went to the engine as the .meta file's */
 	log_debug("save %llu accepted: %s/%s, %zu tensors, %llu bytes",
 		  (unsigned long long)s->id, s->dir, s->file, s->n,

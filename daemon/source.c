@@ -40,7 +40,8 @@ static int source_host_read(void *priv, uint64_t off, void *dst, uint64_t len, c
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
-			return seterr(err, errlen, -1, "host source: %s at byte %llu",
+			return seterr(err, errlen, r < 0 ? err_from_errno(errno) : ERR_EIO,
+				      "host source: %s at byte %llu",
 				      r < 0 ? strerror(errno) : "ended early",
 				      (unsigned long long)off);
 		p += r;

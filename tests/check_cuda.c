@@ -133,7 +133,7 @@ START_TEST(test_fence_import)
 {
 	struct cuda_fence *f = (struct cuda_fence *)&f;
 
-	expect_unavailable(cuda_fence_import(NULL, uuid, handle, &f, err, sizeof(err)));
+	expect_unavailable(cuda_fence_import(1, uuid, handle, &f, err, sizeof(err)));
 	ck_assert_ptr_null(f);
 	cuda_fence_free(NULL);
 }
