@@ -1,10 +1,14 @@
 /*
- * conn.c — one client connection: non-blocking frame I/O with SCM_RIGHTS descriptors,
- * peer credentials, the client's registered regions, and the reply queue.
+ * conn.c — the connection layer: non-blocking frame I/O with SCM_RIGHTS descriptors, peer
+ * credentials read at accept, and the reply queue. It knows no handler: each complete frame
+ * goes to the dispatch callback and a closing connection to the disconnect callback, both set
+ * once by conn_init (as tmux's proc.c does). It encodes only its own framing errors.
  *
  * A connection is owned by the connection list from accept until conn_close's handle
  * close callback frees it. Descriptors arrive in a FIFO and each frame claims as many as
- * its header counts; unclaimed ones are closed with the connection.
+ * its header counts; unclaimed ones are closed with the connection. The layer above keeps
+ * its per-connection state in conn_data and lets go of it in the disconnect callback; what
+ * outlives a frame refers to a connection by its id (conn_find), never by pointer.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -21,13 +25,6 @@
 #define OUT_MAX (64u << 20)  /* replies a client leaves unread before we drop it */
 #define IN_BASE 131072       /* the input buffer between large frames */
 
-/* A region the client registered. */
-struct region {
-	uint64_t id;
-	struct source *src;
-	struct region *next;
-};
-
 struct conn {
 	uv_poll_t poll;
 	int fd;
@@ -35,9 +32,7 @@ struct conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	int role;
-	char job[PROTO_MAX_NAME + 1];
-	unsigned rank, world;
+	void *data;             /* the layer above's state (conn_set_data) */
 	uint8_t *in;            /* received bytes not yet handled */
 	size_t in_len, in_cap;
 	int fdq[FDQ_MAX];       /* received descriptors not yet claimed */
@@ -48,13 +43,16 @@ struct conn {
 	int counted;            /* one QUOTA_CONNS charged to uid */
 	int closing;            /* close once out is written */
 	int dead;               /* closed; the handle is closing */
-	struct region *regions;
+	int dispatching;        /* a frame is being handled: closing waits until it returns */
+	int close_now;          /* close as soon as the frame's handler returns */
 	struct conn *next;
 };
 
 static struct conn *conns;
 static unsigned nconns;
 static uint64_t next_conn_id = 1;
+static conn_dispatch_cb dispatch;
+static conn_gone_cb gone;
 
 static void on_poll(uv_poll_t *p, int status, int events);
 
@@ -63,10 +61,15 @@ uint64_t conn_id(const struct conn *c) { return c->id; }
 pid_t conn_pid(const struct conn *c) { return c->pid; }
 uid_t conn_uid(const struct conn *c) { return c->uid; }
 gid_t conn_gid(const struct conn *c) { return c->gid; }
-int conn_role(const struct conn *c) { return c->role; }
-const char *conn_job(const struct conn *c) { return c->job; }
-unsigned conn_rank(const struct conn *c) { return c->rank; }
-unsigned conn_world(const struct conn *c) { return c->world; }
+void *conn_data(const struct conn *c) { return c->data; }
+void conn_set_data(struct conn *c, void *data) { c->data = data; }
+
+/* Sets the callbacks every frame and every disconnect go to (before the first accept). */
+void conn_init(conn_dispatch_cb on_frame, conn_gone_cb on_gone)
+{
+	dispatch = on_frame;
+	gone = on_gone;
+}
 
 /* Number of open connections. */
 unsigned conn_count(void)
@@ -74,14 +77,13 @@ unsigned conn_count(void)
 	return nconns;
 }
 
-/* Records HELLO's identity. */
-void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
-		       unsigned world)
+/* The open connection with this id, or NULL once it is gone. */
+struct conn *conn_find(uint64_t id)
 {
-	c->role = role;
-	snprintf(c->job, sizeof(c->job), "%s", job);
-	c->rank = rank;
-	c->world = world;
+	for (struct conn *c = conns; c; c = c->next)
+		if (c->id == id)
+			return c;
+	return NULL;
 }
 
 /* Frees a connection once libuv has closed its handle, giving back what it was charged. */
@@ -118,11 +120,16 @@ static int conn_resize(struct conn *c, uint8_t **buf, size_t *bufcap, size_t cap
 	return 0;
 }
 
-/* Closes a connection now: its saves go on, its waits are dropped. */
+/* Closes a connection now; the layer above forgets it in the disconnect callback. */
 static void conn_close(struct conn *c)
 {
 	if (c->dead)
 		return;
+	if (c->dispatching) {	/* the handler may still use what the gone callback frees */
+		c->close_now = 1;
+		c->closing = 1;
+		return;
+	}
 	c->dead = 1;
 	for (struct conn **p = &conns; *p; p = &(*p)->next) {
 		if (*p == c) {
@@ -131,14 +138,8 @@ static void conn_close(struct conn *c)
 		}
 	}
 	nconns--;
-	save_conn_gone(c);
-	cuda_fence_forget(c->id);
-	while (c->regions) {
-		struct region *r = c->regions;
-		c->regions = r->next;
-		source_unref(r->src);
-		free(r);
-	}
+	gone(c);
+	c->data = NULL;
 	for (unsigned i = 0; i < c->nfdq; i++)
 		close(c->fdq[i]);
 	log_debug("client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
@@ -242,7 +243,7 @@ void conn_send(struct conn *c, struct proto_out *o)
 {
 	size_t len = proto_out_finish(o, 0);
 
-	if (c->dead) {
+	if (c->dead || c->close_now) {
 		proto_out_free(o);
 		return;
 	}
@@ -272,8 +273,16 @@ void conn_send(struct conn *c, struct proto_out *o)
 	flush_out(c);
 }
 
-/* Sends ERROR {code, message}; when fatal, closes the connection after it. */
-void conn_error(struct conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
+/* Closes the connection once its queued replies are written; reads nothing more. */
+void conn_close_after(struct conn *c)
+{
+	c->closing = 1;
+	if (!c->dead)
+		flush_out(c);
+}
+
+/* A framing error of this layer: sends ERROR {code, message} and closes after it. */
+static void conn_fail(struct conn *c, uint64_t id, int code, const char *fmt, ...)
 {
 	struct proto_out o;
 	char msg[ERRLEN + 512];
@@ -282,16 +291,13 @@ void conn_error(struct conn *c, uint64_t id, int code, int fatal, const char *fm
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	log_debug("client %llu: %s: %s", (unsigned long long)c->id, err_name(code), msg);
 	proto_out_init(&o, PROTO_ERROR, id);
 	msgpack_pack_map(&o.pk, 2);
 	proto_kv_i64(&o.pk, "code", code);
 	proto_kv_str(&o.pk, "message", msg);
-	if (fatal) {
-		c->closing = 1;
-		log_warnx("client %llu (pid %d): closing after a bad frame: %s",
-			  (unsigned long long)c->id, (int)c->pid, msg);
-	}
+	c->closing = 1;
+	log_warnx("client %llu (pid %d): closing after a bad frame: %s",
+		  (unsigned long long)c->id, (int)c->pid, msg);
 	conn_send(c, &o);
 }
 
@@ -325,7 +331,7 @@ static void handle_frames(struct conn *c)
 		if (proto_hdr_unpack(c->in + off, &h, why, sizeof(why)) < 0) {
 			int code = h.magic == PROTO_MAGIC && h.length > PROTO_MAX_BODY
 					   ? ERR_EMSGSIZE : ERR_EPROTO;
-			conn_error(c, h.id, code, 1, "%s", why);
+			conn_fail(c, h.id, code, "%s", why);
 			break;
 		}
 		if (h.version != PROTO_VERSION) {
@@ -335,14 +341,12 @@ static void handle_frames(struct conn *c)
 		if (c->in_len - off < PROTO_HDR_SIZE + (size_t)h.length)
 			break;	/* body not complete yet */
 		if (h.nfds > c->nfdq) {
-			conn_error(c, h.id, ERR_EPROTO, 1,
-				   "frame announces %u descriptors but %u arrived", h.nfds, c->nfdq);
+			conn_fail(c, h.id, ERR_EPROTO, "frame announces %u descriptors but %u arrived", h.nfds, c->nfdq);
 			break;
 		}
 		/* With no byte after this frame, every queued descriptor came with it or before. */
 		if (c->nfdq > h.nfds && c->in_len - off == PROTO_HDR_SIZE + (size_t)h.length) {
-			conn_error(c, h.id, ERR_EPROTO, 1,
-				   "%u descriptors arrived with a frame that announces %u",
+			conn_fail(c, h.id, ERR_EPROTO, "%u descriptors arrived with a frame that announces %u",
 				   c->nfdq, h.nfds);
 			break;
 		}
@@ -351,8 +355,14 @@ static void handle_frames(struct conn *c)
 		memmove(c->fdq, c->fdq + h.nfds, (c->nfdq - h.nfds) * sizeof(int));
 		c->nfdq -= h.nfds;
 		/* Ownership: the frame's descriptors now belong to the handler. */
-		request_dispatch(c, &h, c->in + off + PROTO_HDR_SIZE, fds, h.nfds);
+		c->dispatching = 1;
+		dispatch(c, &h, c->in + off + PROTO_HDR_SIZE, fds, h.nfds);
+		c->dispatching = 0;
 		off += PROTO_HDR_SIZE + h.length;
+		if (c->close_now) {
+			conn_close(c);
+			return;
+		}
 	}
 	if (c->dead)
 		return;
@@ -378,7 +388,7 @@ static int read_some(struct conn *c)
 			cap = PROTO_HDR_SIZE + PROTO_MAX_BODY + IN_BASE;
 		if (cap > c->in_cap &&
 		    conn_resize(c, &c->in, &c->in_cap, cap, err, sizeof(err)) < 0) {
-			conn_error(c, 0, ERR_ELIMIT, 1, "%s", err);
+			conn_fail(c, 0, ERR_ELIMIT, "%s", err);
 			return 0;
 		}
 	}
@@ -405,7 +415,7 @@ static int read_some(struct conn *c)
 		}
 	}
 	if (overflow) {
-		conn_error(c, 0, ERR_EPROTO, 1, "too many file descriptors sent");
+		conn_fail(c, 0, ERR_EPROTO, "too many file descriptors sent");
 		return 0;
 	}
 	if (n == 0)
@@ -439,49 +449,4 @@ void conn_close_all(void)
 {
 	while (conns)
 		conn_close(conns);
-}
-
-/* Registers a source under a client-chosen id, charged to the client's user. */
-int conn_region_add(struct conn *c, uint64_t id, struct source *s, char *err, size_t errlen)
-{
-	if (conn_region(c, id))
-		return seterr(err, errlen, ERR_EEXIST, "region %llu already registered",
-			      (unsigned long long)id);
-	struct region *r = calloc(1, sizeof(*r));
-	if (!r)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-	int rc = source_charge(s, c->uid, err, errlen);
-	if (rc < 0) {
-		free(r);
-		return rc;
-	}
-	r->id = id;
-	r->src = s;
-	r->next = c->regions;
-	c->regions = r;
-	return 0;
-}
-
-/* Forgets a region. */
-int conn_region_del(struct conn *c, uint64_t id)
-{
-	for (struct region **p = &c->regions; *p; p = &(*p)->next) {
-		if ((*p)->id == id) {
-			struct region *r = *p;
-			*p = r->next;
-			source_unref(r->src);
-			free(r);
-			return 0;
-		}
-	}
-	return -1;
-}
-
-/* Looks a region up. */
-struct source *conn_region(struct conn *c, uint64_t id)
-{
-	for (struct region *r = c->regions; r; r = r->next)
-		if (r->id == id)
-			return r->src;
-	return NULL;
 }

@@ -28,7 +28,6 @@ struct save;
 struct conn;
 struct store_file;
 struct uv_loop_s;
-struct msgpack_packer;
 struct proto_out;
 
 /* log.c */
@@ -187,6 +186,10 @@ int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t g
 		   char *err, size_t errlen);
 /* Whether dirfd still lies below root (a client may have moved it); 0 or ERR_EACCES. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen);
+/* Whether f is a file name a client may choose: 1-128 of [A-Za-z0-9._-], no leading '.'. */
+int store_valid_file(const char *f);
+/* Copies dir without trailing slashes (so "a/b/" and "a/b" name one checkpoint). */
+void store_norm_dir(char *out, size_t len, const char *dir);
 /* store_file.c — files written as <name>.partial, renamed into place once whole. */
 /* Creates dirfd/name.partial (exclusive, O_DIRECT when asked and possible), owned by uid/gid
  * with mode (owner read/write always), both set on the descriptor. */
@@ -330,8 +333,6 @@ extern const char *gpu_line;    /* gpu_init()'s answer, for status */
 extern double start_time;       /* CLOCK_REALTIME seconds at start */
 /* Seconds on the monotonic clock. */
 double now_mono(void);
-/* Called by save.c when no save is left in flight (shutdown waits for this). */
-void daemon_maybe_exit(void);
 
 /* server.c — the listening socket. */
 /* Binds config->socket (or takes systemd's fd) and starts accepting; -1 with err. */
@@ -339,44 +340,81 @@ int server_start(char *err, size_t errlen);
 /* Stops accepting and removes the socket path (when we created it). */
 void server_stop(void);
 
-/* conn.c — one client connection: frame I/O, descriptors, regions. */
-enum conn_role { CONN_NONE, CONN_TRAINER, CONN_CTL };
+/* conn.c — the connection layer: frame I/O, descriptors, credentials; knows no handler. */
+struct proto_hdr;
+/* Gets each complete frame of c; the descriptors (nfds) are the callee's. */
+typedef void (*conn_dispatch_cb)(struct conn *c, const struct proto_hdr *h,
+				 const uint8_t *body, int *fds, unsigned nfds);
+/* Told that c is closing; whatever refers to it must be let go (conn_data too). */
+typedef void (*conn_gone_cb)(struct conn *c);
+/* Sets the two callbacks, once, before the first accept. */
+void conn_init(conn_dispatch_cb on_frame, conn_gone_cb on_gone);
 /* Takes an accepted, non-blocking socket; reads peer credentials. */
 void conn_accept(int fd);
 /* Number of open connections. */
 unsigned conn_count(void);
+/* The open connection with this id, or NULL once it is gone. */
+struct conn *conn_find(uint64_t id);
 /* Closes every connection (shutdown). */
 void conn_close_all(void);
-/* Queues a finished frame for the client. */
+/* Queues a finished frame for the client (and frees it). */
 void conn_send(struct conn *c, struct proto_out *o);
-/* Sends ERROR {code, message}; closes the connection after it when fatal. */
-void conn_error(struct conn *c, uint64_t id, int code, int fatal, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-/* Accessors. */
+/* Closes c once its queued replies are written; reads nothing more from it. */
+void conn_close_after(struct conn *c);
+/* Accessors: the id (never reused), the peer's kernel credentials, the layer above's data. */
 uint64_t conn_id(const struct conn *c);
 pid_t conn_pid(const struct conn *c);
 uid_t conn_uid(const struct conn *c);
 gid_t conn_gid(const struct conn *c);
-int conn_role(const struct conn *c);
-const char *conn_job(const struct conn *c);
-unsigned conn_rank(const struct conn *c);
-unsigned conn_world(const struct conn *c);
-/* Records HELLO's identity. */
-void conn_set_identity(struct conn *c, int role, const char *job, unsigned rank,
-		       unsigned world);
-/* Registers a source under a client-chosen id (takes the reference on success), charged to
- * the client's user; negative ERR_E* (EEXIST, ELIMIT, ENOMEM) with err. */
-int conn_region_add(struct conn *c, uint64_t id, struct source *s, char *err, size_t errlen);
-/* Forgets a region; -1 if unknown. */
-int conn_region_del(struct conn *c, uint64_t id);
-/* Looks a region up (borrowed reference); NULL if unknown. */
-struct source *conn_region(struct conn *c, uint64_t id);
+void *conn_data(const struct conn *c);
+void conn_set_data(struct conn *c, void *data);
 
-/* request.c — decoding and handling of each message type. */
-struct proto_hdr;
-/* Handles one complete frame (fds are owned by the handler). */
+/* request.c — the request layer: decodes frames, checks them, acts, answers via reply.c. */
+/* conn_dispatch_cb: handles one complete frame (a client's state is made at its first). */
 void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *body,
 		      int *fds, unsigned nfds);
+/* conn_gone_cb: forgets a departed client's waits, open saves, events and regions. */
+void request_conn_gone(struct conn *c);
+
+/* client.c — a connected client above the connection: identity and regions. */
+struct client;
+enum client_role { CLIENT_NONE, CLIENT_TRAINER, CLIENT_CTL };
+/* A newly connected client (no role yet) of connection id; NULL without memory. */
+struct client *client_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid);
+/* Frees a client and drops its regions (NULL: nothing). */
+void client_free(struct client *cl);
+/* Accessors; the id is the connection's. */
+uint64_t client_id(const struct client *cl);
+pid_t client_pid(const struct client *cl);
+uid_t client_uid(const struct client *cl);
+gid_t client_gid(const struct client *cl);
+int client_role(const struct client *cl);
+const char *client_job(const struct client *cl);
+unsigned client_rank(const struct client *cl);
+unsigned client_world(const struct client *cl);
+/* Records HELLO's identity. */
+void client_set_identity(struct client *cl, int role, const char *job, unsigned rank,
+			 unsigned world);
+/* Registers a source under a client-chosen id (takes the reference on success), charged to
+ * the client's user; negative ERR_E* (EEXIST, ELIMIT, ENOMEM) with err. */
+int client_region_add(struct client *cl, uint64_t id, struct source *s, char *err,
+		      size_t errlen);
+/* Forgets a region; -1 if unknown. */
+int client_region_del(struct client *cl, uint64_t id);
+/* Looks a region up (borrowed reference); NULL if unknown. */
+struct source *client_region(const struct client *cl, uint64_t id);
+
+/* auth.c — who may do what: the one home of the permission checks. */
+enum auth_action {
+	AUTH_REQUEST,  /* any message but HELLO: HELLO must have come first */
+	AUTH_HELLO,    /* HELLO: only once */
+	AUTH_SAVE,     /* SAVE_BEGIN: an identified trainer */
+	AUTH_COMMIT    /* COMMIT: an identified trainer */
+};
+/* Whether client cl may perform action a; 0, or a negative ERR_E* with err. */
+int auth_check(const struct client *cl, enum auth_action a, char *err, size_t errlen);
+/* Whether a client of uid viewer may see a save of uid owner (PENDING). */
+int auth_sees(uid_t viewer, uid_t owner);
 
 /* engine.c — copy threads (source → cache chunk) and flush threads (chunk → file). */
 struct job;
@@ -435,16 +473,52 @@ void engine_release_sources(struct job *j);
 /* Stops and joins every thread (jobs must be finished). */
 void engine_stop(void);
 
-/* save.c — saves, their levels, waiters, commits; loop thread only. */
+/* blob.c — a save's named blobs, charged to its user, packed as the .meta file. */
+struct blobs;
+/* An empty set charged to uid; NULL without memory. */
+struct blobs *blobs_new(uid_t uid);
+/* Appends len bytes to blob name (made when new); negative ERR_E* (EINVAL, ERANGE, ELIMIT,
+ * ENOMEM) with err. */
+int blobs_add(struct blobs *bs, const char *name, const void *data, size_t len, char *err,
+	      size_t errlen);
+/* Number of blobs. */
+size_t blobs_count(const struct blobs *bs);
+/* The .meta file's bytes (*out, the caller frees); 0, or -1 without memory. */
+int blobs_pack(const struct blobs *bs, uint8_t **out, size_t *len);
+/* Frees the bytes (once packed); the charge stays until blobs_uncharge. */
+void blobs_clear(struct blobs *bs);
+/* Gives the charge back (the packed bytes are written or dropped). */
+void blobs_uncharge(struct blobs *bs);
+/* Frees the set and gives its charge back (NULL: nothing). */
+void blobs_free(struct blobs *bs);
+
+/* save.c — the registry of saves and their levels; loop thread only. */
+/* What a reply or a listing shows of a save (strings borrowed from it). */
+struct save_view {
+	uint64_t id, client;
+	pid_t pid;
+	uid_t uid;
+	const char *job, *dir, *file;
+	unsigned rank;
+	int level;
+	int code;                /* FAILED: its ERR_E*; else 0 */
+	const char *error;       /* FAILED: the reason; else NULL */
+	uint64_t bytes_total, bytes_snapshot, bytes_flushed;
+	double age_s, busy_s;    /* since ACCEPTED; busy stops at the final level */
+};
+/* Told of every change of a save's level. */
+typedef void (*save_change_cb)(struct save *s);
 /* Starts the engine with save.c's event handler, and the timer that forgets old saves. */
 int save_engine_start(char *err, size_t errlen);
-/* Opens a save for a client; returns its id or a negative ERR_E* with err. */
-int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
+/* Registers an observer of level changes (at start-up; a few at most). */
+void save_observe(save_change_cb cb);
+/* Opens a save for client c; returns its id or a negative ERR_E* with err. */
+int64_t save_begin(const struct client *c, const char *dir, const char *file, char *err,
 		   size_t errlen);
-/* Finds a save of this connection that is still open for adding; NULL otherwise. */
-struct save *save_find_open(struct conn *c, uint64_t id);
-/* Finds any save of this connection by id; NULL otherwise. */
-struct save *save_find(struct conn *c, uint64_t id);
+/* Finds a save of client (a connection id) that is still open for adding; NULL otherwise. */
+struct save *save_find_open(uint64_t client, uint64_t id);
+/* Finds any save of client by id; NULL otherwise. */
+struct save *save_find(uint64_t client, uint64_t id);
 /* Adds a tensor (name, dtype, shape) from a region; negative ERR_E* with err. */
 int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
@@ -459,18 +533,68 @@ void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes);
 /* Plans the file and submits it to the engine (ACCEPTED), its copies ordered after fence
  * (taken, may be NULL); negative ERR_E* with err. */
 int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen);
-/* Answers a WAIT now or when the level is reached, fails or timeout_ms passes. */
-void save_wait(struct conn *c, uint64_t req, struct save *s, int level, int64_t timeout_ms);
-/* Handles COMMIT: waits for dir's saves to be durable, then commits in the threadpool. */
-void save_commit(struct conn *c, uint64_t req, const char *dir, unsigned world,
-		 int64_t timeout_ms);
-/* Drops a connection's pending waits and its unfinished (not ended) saves. */
-void save_conn_gone(struct conn *c);
+/* A save's id, level, directory and client. */
+uint64_t save_id(const struct save *s);
+int save_level(const struct save *s);
+const char *save_dir(const struct save *s);
+uint64_t save_client(const struct save *s);
+/* Fills v with what a reply shows of s, progress as of now. */
+void save_view(const struct save *s, struct save_view *v);
+/* The save after s (the first for NULL); NULL at the end. */
+struct save *save_next(const struct save *s);
+/* Keeps s from being forgotten until the matching save_release. */
+void save_hold(struct save *s);
+void save_release(struct save *s);
+/* Drops a departed client's saves that were never ended. */
+void save_client_gone(uint64_t client);
 /* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void);
-/* Packs the PENDING reply's "saves" array: uid's saves (every save for root). */
-void save_pack_pending(struct msgpack_packer *pk, uid_t uid);
-/* Frees every save (shutdown, once nothing is in flight). */
+/* dir's first failed save (or NULL); *pending: whether any save into dir is short of DURABLE. */
+struct save *save_dir_state(const char *dir, int *pending);
+/* Marks dir's DURABLE saves COMMITTED. */
+void save_mark_committed(const char *dir);
+/* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
+
+/* wait.c — WAITs in progress, by connection id; loop thread only. */
+/* Answers a WAIT for s now or when the level is reached, it fails or timeout_ms passes. */
+void wait_add(uint64_t conn, uint64_t req, struct save *s, int level, int64_t timeout_ms);
+/* save_change_cb: answers the waiters of s whose level is reached. */
+void wait_on_save(struct save *s);
+/* Drops a departed client's waits unanswered. */
+void wait_client_gone(uint64_t conn);
+/* Drops every wait unanswered (shutdown). */
+void wait_free_all(void);
+
+/* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
+/* Handles COMMIT of dir for client cl, answered when done, failed or timed out. */
+void commit_request(const struct client *cl, uint64_t req, const char *dir, unsigned world,
+		    int64_t timeout_ms);
+/* save_change_cb: a save becoming DURABLE or FAILED may let a commit go on. */
+void commit_on_save(struct save *s);
+/* Commits in the threadpool now. */
+unsigned commit_running(void);
+/* Fails every commit not running (shutdown, nothing in flight). */
+void commit_free_all(void);
+
+/* reply.c — the one place that encodes replies; each names its client by connection id and
+ * is dropped when that connection is gone. */
+struct store_commit_info;
+/* ERROR {code, message} to request req; the connection goes on. */
+void reply_error(uint64_t conn, uint64_t req, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* ERROR for a frame that breaks the protocol; the connection closes after it. */
+void reply_fatal(uint64_t conn, uint64_t req, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+/* The replies of PROTOCOL.md, one per message. */
+void reply_empty(uint64_t conn, uint64_t req);
+void reply_hello(uint64_t conn, uint64_t req);
+void reply_save_begun(uint64_t conn, uint64_t req, uint64_t save);
+void reply_save_totals(uint64_t conn, uint64_t req, uint64_t tensors, uint64_t bytes);
+void reply_save_accepted(uint64_t conn, uint64_t req);
+void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v);
+void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info *info);
+void reply_status(uint64_t conn, uint64_t req);
+void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
 
 #endif /* DSCKPTD_H */

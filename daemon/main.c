@@ -2,9 +2,11 @@
  * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
  *
  * Start-up: config → recover leftovers on disk → CUDA probe → host cache (touched, pinned)
- * → engine threads → socket → READY. Shutdown (SIGTERM/SIGINT): stop accepting, let every
- * accepted save finish flushing, close connections, stop and join the workers, close every
- * handle, and check uv_loop_close() == 0. A second SIGTERM exits at once.
+ * → engine threads → wiring (connections to the request layer, save levels to waits and
+ * commits) → socket → READY. Shutdown (SIGTERM/SIGINT): stop accepting, let every accepted
+ * save finish flushing and every running commit end (a check handle looks after each loop
+ * turn), close connections, stop and join the workers, close every handle, and check
+ * uv_loop_close() == 0. A second SIGTERM exits at once.
  */
 #include "dsckptd.h"
 
@@ -26,6 +28,7 @@ double start_time;
 
 static const char *config_path = DSCKPTD_DEFAULT_CONFIG;
 static uv_signal_t sig_term, sig_int, sig_hup;
+static uv_check_t drain_check;  /* active while draining */
 static int draining;
 /* Replaced configs, freed at exit: a commit in the threadpool may still read one. */
 #define MAX_RETIRED 64
@@ -60,18 +63,21 @@ static void finish(void)
 {
 	conn_close_all();
 	engine_stop();
+	wait_free_all();
+	commit_free_all();
 	save_free_all();
+	uv_close((uv_handle_t *)&drain_check, NULL);
 	uv_close((uv_handle_t *)&sig_term, NULL);
 	uv_close((uv_handle_t *)&sig_int, NULL);
 	uv_close((uv_handle_t *)&sig_hup, NULL);
 	uv_stop(loop);
 }
 
-/* Finishes the shutdown once the last in-flight save is done. */
-void daemon_maybe_exit(void)
+/* While draining, after every loop turn: finishes once no save or commit is in flight. */
+static void on_drain_check(uv_check_t *h)
 {
-	if (draining == 1 && save_inflight() == 0) {
-		draining = 2;
+	if (save_inflight() == 0 && commit_running() == 0) {
+		uv_check_stop(h);
 		log_info("all saves finished; exiting");
 		finish();
 	}
@@ -166,9 +172,10 @@ static void on_signal(uv_signal_t *h, int signum)
 		draining = 1;
 		notify_send("STOPPING=1");
 		log_info("%s: no new clients; finishing %u saves in flight", strsignal(signum),
-			 save_inflight());
+			 save_inflight() + commit_running());
 		server_stop();
-		daemon_maybe_exit();
+		uv_check_start(&drain_check, on_drain_check);
+		on_drain_check(&drain_check);
 		break;
 	}
 }
@@ -238,6 +245,11 @@ int main(int argc, char **argv)
 		log_error("engine: %s", err);
 		goto fail_cache;
 	}
+	/* The wiring: frames go up to the request layer; level changes to waits and commits. */
+	conn_init(request_dispatch, request_conn_gone);
+	save_observe(wait_on_save);
+	save_observe(commit_on_save);
+	uv_check_init(loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);
 		goto fail_engine;

@@ -1,7 +1,10 @@
 /*
- * request.c — decodes each request with the typed getters and a final end check, and acts.
- * A malformed frame gets one EPROTO error and closes its connection; a well-formed request
- * that cannot be served gets an error reply and the connection goes on.
+ * request.c — the request layer: the connection layer's dispatch and disconnect callbacks.
+ * Decodes each request with the typed getters and a final end check, checks it with auth.c,
+ * and hands it to the state machines (save.c, wait.c, commit.c) or the client's regions
+ * (client.c); every answer goes out through reply.c. A malformed frame gets one EPROTO error
+ * and closes its connection; a well-formed request that cannot be served gets an error reply
+ * and the connection goes on.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -21,27 +24,22 @@ static void close_fds(int *fds, unsigned nfds)
 			close(fds[i]);
 }
 
-/* Replies with an empty map. */
-static void reply_empty(struct conn *c, uint64_t id)
+/* Rejects a malformed frame and closes the connection. */
+static void request_malformed(struct client *c, const struct proto_hdr *h, const char *why)
 {
-	struct proto_out o;
-	proto_out_init(&o, PROTO_REPLY, id);
-	msgpack_pack_map(&o.pk, 0);
-	conn_send(c, &o);
+	reply_fatal(client_id(c), h->id, ERR_EPROTO, "malformed %s: %s",
+		    proto_type_name(h->type), why);
 }
 
-/* Rejects a malformed frame and closes the connection. */
-static void malformed(struct conn *c, const struct proto_hdr *h, const char *why)
-{
-	conn_error(c, h->id, ERR_EPROTO, 1, "malformed %s: %s", proto_type_name(h->type), why);
-}
+/* Answers request h of client c with ERROR {code, message}. */
+#define request_error(c, h, code, ...) reply_error(client_id(c), (h)->id, (code), __VA_ARGS__)
 
 /* HELLO: identifies the client. */
-static void on_hello(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_hello(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char role[16] = "", job[PROTO_MAX_NAME + 1] = "";
 	uint64_t rank = 0, world = 1, pid = 0;
-	struct proto_out o;
+	char err[ERRLEN];
 
 	proto_get_str(m, "role", role, sizeof(role) - 1, 1);
 	proto_get_str(m, "job", job, PROTO_MAX_NAME, 0);
@@ -53,24 +51,20 @@ static void on_hello(struct conn *c, const struct proto_hdr *h, struct proto_map
 	if (!m->err && strcmp(role, "trainer") == 0 && (!*job || world == 0 || rank >= world))
 		proto_map_fail(m, "a trainer needs a job name and rank < world");
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	if (conn_role(c) != CONN_NONE)
-		return conn_error(c, h->id, ERR_ESTATE, 0, "HELLO was already sent");
-	conn_set_identity(c, strcmp(role, "trainer") == 0 ? CONN_TRAINER : CONN_CTL, job,
-			  (unsigned)rank, (unsigned)world);
+		return request_malformed(c, h, m->why);
+	int rc = auth_check(c, AUTH_HELLO, err, sizeof(err));
+	if (rc < 0)
+		return request_error(c, h, rc, "%s", err);
+	client_set_identity(c, strcmp(role, "trainer") == 0 ? CLIENT_TRAINER : CLIENT_CTL, job,
+			    (unsigned)rank, (unsigned)world);
 	log_debug("client %llu is %s %s rank %llu/%llu (pid %d, says %llu)",
-		  (unsigned long long)conn_id(c), role, job, (unsigned long long)rank,
-		  (unsigned long long)world, (int)conn_pid(c), (unsigned long long)pid);
-	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 3);
-	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
-	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
-	proto_kv_u64(&o.pk, "client", conn_id(c));
-	conn_send(c, &o);
+		  (unsigned long long)client_id(c), role, job, (unsigned long long)rank,
+		  (unsigned long long)world, (int)client_pid(c), (unsigned long long)pid);
+	reply_hello(client_id(c), h->id);
 }
 
 /* REGION_ADD of a cuda_vmm range: the first frame creates it, later ones continue it. */
-static void region_add_vmm(struct conn *c, const struct proto_hdr *h, struct proto_map *m,
+static void region_add_vmm(struct client *c, const struct proto_hdr *h, struct proto_map *m,
 			   uint64_t region, uint64_t size, const uint8_t *uuid, int *fds,
 			   unsigned nfds)
 {
@@ -92,44 +86,44 @@ static void region_add_vmm(struct conn *c, const struct proto_hdr *h, struct pro
 		proto_map_fail(m, "%u maps need as many descriptors (got %u)", maps->size, nfds);
 	if (proto_map_end(m) < 0) {
 		close_fds(fds, nfds);
-		return malformed(c, h, m->why);
+		return request_malformed(c, h, m->why);
 	}
-	s = conn_region(c, region);
+	s = client_region(c, region);
 	if (at == 0) {
 		if (s) {
 			close_fds(fds, nfds);
-			return conn_error(c, h->id, ERR_EEXIST, 0,
+			return request_error(c, h, ERR_EEXIST,
 					  "region %llu already registered",
 					  (unsigned long long)region);
 		}
 		if ((rc = source_cuda_vmm_open(uuid, size, &s, err, sizeof(err))) < 0) {
 			close_fds(fds, nfds);
-			return conn_error(c, h->id, rc, 0, "region %llu: %s",
+			return request_error(c, h, rc, "region %llu: %s",
 					  (unsigned long long)region, err);
 		}
-		if ((rc = conn_region_add(c, region, s, err, sizeof(err))) < 0) {
+		if ((rc = client_region_add(c, region, s, err, sizeof(err))) < 0) {
 			source_unref(s);
 			close_fds(fds, nfds);
-			return conn_error(c, h->id, rc, 0, "region %llu: %s",
+			return request_error(c, h, rc, "region %llu: %s",
 					  (unsigned long long)region, err);
 		}
 	} else if (!s) {
 		close_fds(fds, nfds);
-		return conn_error(c, h->id, ERR_ENOENT, 0, "no region %llu to continue",
+		return request_error(c, h, ERR_ENOENT, "no region %llu to continue",
 				  (unsigned long long)region);
 	}
 	/* Ownership: the descriptors go to the source, which closes them on every path. */
 	rc = source_cuda_vmm_map(s, uuid, size, at, fds, sizes, nfds, err, sizeof(err));
 	if (rc < 0) {
-		conn_region_del(c, region);	/* a half-mapped range is never used */
-		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
+		client_region_del(c, region);	/* a half-mapped range is never used */
+		return request_error(c, h, rc, "region %llu: %s", (unsigned long long)region,
 				  err);
 	}
-	reply_empty(c, h->id);
+	reply_empty(client_id(c), h->id);
 }
 
 /* REGION_ADD: registers a source of bytes (host memfd, CUDA IPC handle, CUDA VMM fds). */
-static void on_region_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m,
+static void on_region_add(struct client *c, const struct proto_hdr *h, struct proto_map *m,
 			  int *fds, unsigned nfds)
 {
 	uint64_t region = 0, size = 0;
@@ -163,11 +157,11 @@ static void on_region_add(struct conn *c, const struct proto_hdr *h, struct prot
 	}
 	if (proto_map_end(m) < 0) {
 		close_fds(fds, nfds);
-		return malformed(c, h, m->why);
+		return request_malformed(c, h, m->why);
 	}
-	if (conn_region(c, region)) {
+	if (client_region(c, region)) {
 		close_fds(fds, nfds);
-		return conn_error(c, h->id, ERR_EEXIST, 0, "region %llu already registered",
+		return request_error(c, h, ERR_EEXIST, "region %llu already registered",
 				  (unsigned long long)region);
 	}
 	if (strcmp(kind, "host") == 0)
@@ -175,51 +169,49 @@ static void on_region_add(struct conn *c, const struct proto_hdr *h, struct prot
 	else
 		rc = source_cuda_ipc_open(uuid, handle, size, &s, err, sizeof(err));
 	if (rc < 0)
-		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
+		return request_error(c, h, rc, "region %llu: %s", (unsigned long long)region,
 				  err);
-	if ((rc = conn_region_add(c, region, s, err, sizeof(err))) < 0) {
+	if ((rc = client_region_add(c, region, s, err, sizeof(err))) < 0) {
 		source_unref(s);
-		return conn_error(c, h->id, rc, 0, "region %llu: %s", (unsigned long long)region,
+		return request_error(c, h, rc, "region %llu: %s", (unsigned long long)region,
 				  err);
 	}
-	reply_empty(c, h->id);
+	reply_empty(client_id(c), h->id);
 }
 
 /* REGION_DEL: forgets a region (accepted saves keep their reference). */
-static void on_region_del(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_region_del(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t region = 0;
 
 	proto_get_u64(m, "region", UINT64_MAX, &region, 1);
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	if (conn_region_del(c, region) < 0)
-		return conn_error(c, h->id, ERR_ENOENT, 0, "no region %llu",
+		return request_malformed(c, h, m->why);
+	if (client_region_del(c, region) < 0)
+		return request_error(c, h, ERR_ENOENT, "no region %llu",
 				  (unsigned long long)region);
-	reply_empty(c, h->id);
+	reply_empty(client_id(c), h->id);
 }
 
 /* SAVE_BEGIN: checks the path and opens a save. */
-static void on_save_begin(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
-	struct proto_out o;
 
 	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
 	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	int64_t id = save_begin(c, dir, file, err, sizeof(err));
+		return request_malformed(c, h, m->why);
+	int64_t id = auth_check(c, AUTH_SAVE, err, sizeof(err));
+	if (id == 0)
+		id = save_begin(c, dir, file, err, sizeof(err));
 	if (id < 0)
-		return conn_error(c, h->id, (int)id, 0, "%s", err);
-	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 1);
-	proto_kv_u64(&o.pk, "save", (uint64_t)id);
-	conn_send(c, &o);
+		return request_error(c, h, (int)id, "%s", err);
+	reply_save_begun(client_id(c), h->id, (uint64_t)id);
 }
 
 /* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
-static int add_tensor(struct conn *c, struct save *s, const msgpack_object *obj,
+static int add_tensor(struct client *c, struct save *s, const msgpack_object *obj,
 		      struct proto_map *top, char *err, size_t errlen)
 {
 	struct proto_map m;
@@ -244,7 +236,7 @@ static int add_tensor(struct conn *c, struct save *s, const msgpack_object *obj,
 		proto_map_fail(top, "tensor: %s", m.why);
 		return -1;
 	}
-	struct source *src = conn_region(c, region);
+	struct source *src = client_region(c, region);
 	if (!src) {
 		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", name,
 			 (unsigned long long)region);
@@ -276,7 +268,7 @@ static int add_blob(struct save *s, const msgpack_object *obj, struct proto_map 
  * Reads the optional "tensors" and "blobs" arrays of SAVE_ADD or SAVE_END and adds them to s.
  * Returns 0, or an error: m->err set for a malformed body, else err set and save abandoned.
  */
-static int add_entries(struct conn *c, struct save *s, struct proto_map *m, char *err,
+static int add_entries(struct client *c, struct save *s, struct proto_map *m, char *err,
 		       size_t errlen)
 {
 	const msgpack_object_array *tensors = NULL, *blobs = NULL;
@@ -297,60 +289,54 @@ static int add_entries(struct conn *c, struct save *s, struct proto_map *m, char
 
 /* Finds the open save id and adds the frame's entries, ending the map; NULL once answered
  * (malformed frame, unknown save, or a refused entry that abandoned the save). */
-static struct save *open_save_add(struct conn *c, const struct proto_hdr *h,
+static struct save *open_save_add(struct client *c, const struct proto_hdr *h,
 				  struct proto_map *m, uint64_t id)
 {
 	char err[ERRLEN] = "";
 
 	if (m->err) {
-		malformed(c, h, m->why);
+		request_malformed(c, h, m->why);
 		return NULL;
 	}
-	struct save *s = save_find_open(c, id);
+	struct save *s = save_find_open(client_id(c), id);
 	if (!s) {
 		if (proto_map_end(m) < 0)
-			malformed(c, h, m->why);
+			request_malformed(c, h, m->why);
 		else
-			conn_error(c, h->id, ERR_ENOENT, 0, "no open save %llu on this connection",
+			request_error(c, h, ERR_ENOENT, "no open save %llu on this connection",
 				   (unsigned long long)id);
 		return NULL;
 	}
 	int rc = add_entries(c, s, m, err, sizeof(err));
 	if (m->err || proto_map_end(m) < 0) {
-		malformed(c, h, m->why);
+		request_malformed(c, h, m->why);
 		return NULL;
 	}
 	if (rc < 0) {
-		conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err, (unsigned long long)id);
+		request_error(c, h, rc, "%s (save %llu abandoned)", err, (unsigned long long)id);
 		return NULL;
 	}
 	return s;
 }
 
 /* SAVE_ADD: tensors and blob pieces. */
-static void on_save_add(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0, nt, nbytes;
-	struct proto_out o;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
 	struct save *s = open_save_add(c, h, m, id);
 	if (!s)
 		return;
 	save_totals(s, &nt, &nbytes);
-	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 2);
-	proto_kv_u64(&o.pk, "tensors", nt);
-	proto_kv_u64(&o.pk, "bytes", nbytes);
-	conn_send(c, &o);
+	reply_save_totals(client_id(c), h->id, nt, nbytes);
 }
 
 /* SAVE_END: hands the save to the engine, ordered after the client's event if any. */
-static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_end(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	char err[ERRLEN];
-	struct proto_out o;
 	const void *event = NULL, *uuid = NULL;
 	size_t event_len = 0, uuid_len = 0;
 	struct cuda_fence *fence = NULL;
@@ -367,40 +353,37 @@ static void on_save_end(struct conn *c, const struct proto_hdr *h, struct proto_
 		return;
 	int rc;
 	if (has_event > 0) {
-		rc = cuda_fence_import(conn_id(c), uuid, event, &fence, err, sizeof(err));
+		rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err));
 		if (rc < 0) {
 			save_drop(s);
-			return conn_error(c, h->id, rc, 0, "%s (save %llu abandoned)", err,
+			return request_error(c, h, rc, "%s (save %llu abandoned)", err,
 					  (unsigned long long)id);
 		}
 	}
 	rc = save_end(s, fence, err, sizeof(err));
 	if (rc < 0)
-		return conn_error(c, h->id, rc, 0, "%s", err);
-	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 1);
-	proto_kv_i64(&o.pk, "level", LEVEL_ACCEPTED);
-	conn_send(c, &o);
+		return request_error(c, h, rc, "%s", err);
+	reply_save_accepted(client_id(c), h->id);
 }
 
 /* SAVE_ABORT: forgets a save that was never ended. */
-static void on_save_abort(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_abort(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	struct save *s = save_find_open(c, id);
+		return request_malformed(c, h, m->why);
+	struct save *s = save_find_open(client_id(c), id);
 	if (!s)
-		return conn_error(c, h->id, ERR_ENOENT, 0, "no open save %llu on this connection",
+		return request_error(c, h, ERR_ENOENT, "no open save %llu on this connection",
 				  (unsigned long long)id);
 	save_drop(s);
-	reply_empty(c, h->id);
+	reply_empty(client_id(c), h->id);
 }
 
 /* WAIT: answers when the level is reached, the save fails or time is up. */
-static void on_wait(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_wait(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	int64_t level = 0, timeout = -1;
@@ -409,18 +392,18 @@ static void on_wait(struct conn *c, const struct proto_hdr *h, struct proto_map 
 	proto_get_i64(m, "level", 0, LEVEL_COMMITTED, &level, 1);
 	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	struct save *s = save_find(c, id);
+		return request_malformed(c, h, m->why);
+	struct save *s = save_find(client_id(c), id);
 	if (!s)
-		return conn_error(c, h->id, ERR_ENOENT, 0, "no save %llu on this connection",
-				  (unsigned long long)id);
-	save_wait(c, h->id, s, (int)level, level == 0 ? 0 : timeout);
+		return request_error(c, h, ERR_ENOENT, "no save %llu on this connection",
+				     (unsigned long long)id);
+	wait_add(client_id(c), h->id, s, (int)level, level == 0 ? 0 : timeout);
 }
 
 /* COMMIT: commits a checkpoint directory once its saves are durable. */
-static void on_commit(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_commit(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
-	char dir[PROTO_MAX_STR + 1];
+	char dir[PROTO_MAX_STR + 1], err[ERRLEN];
 	uint64_t world = 0;
 	int64_t timeout = -1;
 
@@ -430,76 +413,42 @@ static void on_commit(struct conn *c, const struct proto_hdr *h, struct proto_ma
 	if (!m->err && world == 0)
 		proto_map_fail(m, "world must be at least 1");
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	if (conn_role(c) != CONN_TRAINER)
-		return conn_error(c, h->id, ERR_ESTATE, 0, "only an identified trainer may commit");
-	save_commit(c, h->id, dir, (unsigned)world, timeout);
+		return request_malformed(c, h, m->why);
+	int rc = auth_check(c, AUTH_COMMIT, err, sizeof(err));
+	if (rc < 0)
+		return request_error(c, h, rc, "%s", err);
+	commit_request(c, h->id, dir, (unsigned)world, timeout);
 }
 
 /* STATUS: the daemon at a glance. */
-static void on_status(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_status(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
-	struct proto_out o;
-	struct timespec ts;
-
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 13);
-	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
-	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
-	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
-	proto_kv_u64(&o.pk, "uptime_s", (uint64_t)(ts.tv_sec + ts.tv_nsec / 1e9 - start_time));
-	proto_kv_u64(&o.pk, "cache_total", cache_total(cache));
-	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
-	proto_kv_u64(&o.pk, "chunk", cache_chunk(cache));
-	proto_kv_u64(&o.pk, "clients", conn_count());
-	proto_kv_u64(&o.pk, "saves", save_inflight());
-	proto_kv_u64(&o.pk, "flush_threads", config->flush_threads);
-	proto_kv_u64(&o.pk, "copy_threads", config->copy_threads);
-	proto_kv_str(&o.pk, "cuda", gpu_line);
-	proto_key(&o.pk, "cache_pools");
-	msgpack_pack_array(&o.pk, cache_pools(cache));
-	for (unsigned i = 0; i < cache_pools(cache); i++) {
-		int node;
-		uint64_t total, used;
-		cache_pool_info(cache, i, &node, &total, &used);
-		msgpack_pack_map(&o.pk, 3);
-		proto_kv_i64(&o.pk, "node", node);
-		proto_kv_u64(&o.pk, "total", total);
-		proto_kv_u64(&o.pk, "used", used);
-	}
-	conn_send(c, &o);
+		return request_malformed(c, h, m->why);
+	reply_status(client_id(c), h->id);
 }
 
 /* PENDING: the saves the daemon still knows, of this client's user (all of them for root). */
-static void on_pending(struct conn *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_pending(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
-	struct proto_out o;
-
 	if (proto_map_end(m) < 0)
-		return malformed(c, h, m->why);
-	proto_out_init(&o, PROTO_REPLY, h->id);
-	msgpack_pack_map(&o.pk, 1);
-	proto_key(&o.pk, "saves");
-	save_pack_pending(&o.pk, conn_uid(c));
-	conn_send(c, &o);
+		return request_malformed(c, h, m->why);
+	reply_pending(client_id(c), h->id, client_uid(c));
 }
 
-/* Handles one complete frame. */
-void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *body,
-		      int *fds, unsigned nfds)
+/* Handles one frame of a client. */
+static void request_handle(struct client *c, const struct proto_hdr *h, const uint8_t *body,
+			   int *fds, unsigned nfds)
 {
 	struct proto_in in;
 	struct proto_map m;
-	char why[160];
+	char why[160], err[ERRLEN];
 	double t0 = now_mono();
 
 	if (proto_in_parse(&in, body, h->length, why, sizeof(why)) < 0) {
 		proto_in_free(&in);
 		close_fds(fds, nfds);
-		return malformed(c, h, why);
+		return request_malformed(c, h, why);
 	}
 	proto_map_init(&m, in.root);
 	if (h->type != PROTO_REGION_ADD && nfds > 0) {
@@ -507,9 +456,10 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 		nfds = 0;
 		proto_map_fail(&m, "descriptors sent with a message that takes none");
 	}
-	if (h->type != PROTO_HELLO && conn_role(c) == CONN_NONE) {
+	int rc = h->type == PROTO_HELLO ? 0 : auth_check(c, AUTH_REQUEST, err, sizeof(err));
+	if (rc < 0) {
 		close_fds(fds, nfds);
-		conn_error(c, h->id, ERR_ESTATE, 1, "the first message must be HELLO");
+		reply_fatal(client_id(c), h->id, rc, "%s", err);
 	} else {
 		switch (h->type) {
 		case PROTO_HELLO: on_hello(c, h, &m); break;
@@ -525,11 +475,43 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 		case PROTO_PENDING: on_pending(c, h, &m); break;
 		default:
 			close_fds(fds, nfds);
-			conn_error(c, h->id, ERR_EPROTO, 1, "unknown message type %u", h->type);
+			reply_fatal(client_id(c), h->id, ERR_EPROTO, "unknown message type %u",
+				    h->type);
 		}
 	}
 	proto_in_free(&in);
 	log_debug("client %llu: %s of %u bytes handled in %.3f ms",
-		  (unsigned long long)conn_id(c), proto_type_name(h->type), h->length,
+		  (unsigned long long)client_id(c), proto_type_name(h->type), h->length,
 		  (now_mono() - t0) * 1e3);
+}
+
+/* The connection layer's dispatch callback: one complete frame (its descriptors are ours).
+ * A client's state is made at its first frame. */
+void request_dispatch(struct conn *conn, const struct proto_hdr *h, const uint8_t *body,
+		      int *fds, unsigned nfds)
+{
+	struct client *c = conn_data(conn);
+
+	if (!c) {
+		c = client_new(conn_id(conn), conn_pid(conn), conn_uid(conn), conn_gid(conn));
+		if (!c) {
+			close_fds(fds, nfds);
+			reply_fatal(conn_id(conn), h->id, ERR_ENOMEM, "out of memory");
+			return;
+		}
+		conn_set_data(conn, c);
+	}
+	request_handle(c, h, body, fds, nfds);
+}
+
+/* The connection layer's disconnect callback: forgets the client's waits, its saves not yet
+ * ended, its imported events and its regions; ended saves and commits go on without it. */
+void request_conn_gone(struct conn *conn)
+{
+	uint64_t id = conn_id(conn);
+
+	wait_client_gone(id);
+	save_client_gone(id);
+	cuda_fence_forget(id);
+	client_free(conn_data(conn));
 }

@@ -1,15 +1,18 @@
 /*
- * save.c — saves and their levels (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED, or FAILED),
- * waiters, commits and the PENDING listing. Everything here runs on the loop thread.
+ * save.c — the registry of saves: validation of what a client adds, the plan handed to the
+ * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED, or FAILED with a
+ * code and a reason). Everything here runs on the loop thread. It encodes no reply and knows
+ * no connection: saves name their client by id, and every change of level goes to the
+ * observers registered with save_observe (waits, commits, the drain), which act on it.
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
- * last change once finished, or at once when its client leaves before SAVE_END. From SAVE_END
- * to its final event its job belongs to the engine; the save keeps only the handle.
+ * last change once finished and no longer held (a WAIT holds it), or at once when its client
+ * leaves before SAVE_END. From SAVE_END to its final event its job belongs to the engine; the
+ * save keeps only the handle.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
 
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,7 +20,7 @@
 #include <xxhash.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
-#define MAX_BLOB_BYTES (1ull << 30)
+#define MAX_OBSERVERS 4
 
 /* A tensor as the client described it. */
 struct tensor_in {
@@ -30,44 +33,9 @@ struct tensor_in {
 	uint64_t off;
 };
 
-/* A named blob, appended piecewise. */
-struct blob {
-	char *name;
-	uint8_t *data;
-	size_t len;
-};
-
-/* A WAIT in progress. */
-struct waiter {
-	struct conn *conn;
-	uint64_t req;
-	int level;
-	struct save *save;
-	uv_timer_t timer;
-	struct waiter *next;
-};
-
-/* A COMMIT in progress (waiting for durability, then in the threadpool). */
-struct commit {
-	struct conn *conn;    /* NULL once the client left */
-	uint64_t req;
-	char dir[PROTO_MAX_STR + 1];
-	unsigned world;
-	uid_t uid;
-	gid_t gid;
-	int running;          /* in the threadpool */
-	int rc;
-	char err[ERRLEN];
-	struct store_commit_info info;
-	uv_timer_t timer;
-	uv_work_t work;
-	struct commit *next;
-};
-
 struct save {
 	uint64_t id;
-	uint64_t client;
-	struct conn *conn;    /* NULL once the client left */
+	uint64_t client;         /* the connection's id */
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
@@ -78,6 +46,7 @@ struct save {
 	int dirfd;
 	struct store_root root;  /* the allowed root dirfd was opened under */
 	int level;
+	int code;                /* FAILED: its ERR_E* */
 	char error[ERRLEN];
 	struct tensor_in *t;
 	size_t n, cap;
@@ -85,9 +54,7 @@ struct save {
 	size_t names_cap;        /* a power of two, at least twice n */
 	uint64_t bytes;
 	uint64_t hdr_bytes;      /* at most this much header for the tensors so far */
-	struct blob *b;
-	size_t nb;
-	uint64_t blob_bytes;     /* charged to uid as QUOTA_BLOB until DURABLE or FAILED */
+	struct blobs *blobs;     /* charged to uid until DURABLE or FAILED */
 	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
 	struct job *job;
 	struct st_tensor *st;    /* the header's description, lent to the job */
@@ -97,38 +64,25 @@ struct save {
 	char meta_xxh3[17];      /* its checksum, filled in by the flush thread */
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
-	struct waiter *waiters;
+	unsigned holds;          /* save_hold without save_release: not forgotten */
 	struct save *next;
 };
 
 static struct save *saves;
-static struct commit *commits;
 static uint64_t next_save_id = 1;
 static uv_timer_t *gc_timer;
-
-static void commits_check(void);
+static save_change_cb observers[MAX_OBSERVERS];
+static unsigned nobservers;
 
 /* Gives back what the save holds of its user's limits (at DURABLE or FAILED, or when it is
  * forgotten before that). */
 static void save_uncharge(struct save *s)
 {
-	quota_give(s->uid, QUOTA_BLOB, s->blob_bytes);
-	s->blob_bytes = 0;
+	if (s->blobs)
+		blobs_uncharge(s->blobs);
 	if (s->counted)
 		quota_give(s->uid, QUOTA_SAVES, 1);
 	s->counted = 0;
-}
-
-/* Frees the blobs (packed into the .meta file's bytes at SAVE_END). */
-static void save_free_blobs(struct save *s)
-{
-	for (size_t i = 0; i < s->nb; i++) {
-		free(s->b[i].name);
-		free(s->b[i].data);
-	}
-	free(s->b);
-	s->b = NULL;
-	s->nb = 0;
 }
 
 /* Frees a save's client-side description. */
@@ -142,7 +96,7 @@ static void save_free(struct save *s)
 	}
 	free(s->t);
 	free(s->names);
-	save_free_blobs(s);
+	blobs_free(s->blobs);
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	if (s->job)
@@ -178,15 +132,9 @@ static void on_gc(uv_timer_t *t)
 	for (; s; s = next) {
 		next = s->next;
 		int done = s->level == LEVEL_FAILED || s->level >= LEVEL_DURABLE;
-		if (done && !s->waiters && now - s->t_change > LINGER_S)
+		if (done && !s->holds && now - s->t_change > LINGER_S)
 			save_forget(s);
 	}
-}
-
-/* Frees a closed waiter (its timer's data). */
-static void waiter_closed(uv_handle_t *h)
-{
-	free(h->data);
 }
 
 /* Frees a closed handle that was malloc'd on its own. */
@@ -195,57 +143,18 @@ static void handle_free(uv_handle_t *h)
 	free(h);
 }
 
-/* Packs the WAIT reply for s. */
-static void send_state(struct conn *c, uint64_t req, struct save *s)
+/* Registers a function told of every change of a save's level (loop thread, at start-up). */
+void save_observe(save_change_cb cb)
 {
-	struct proto_out o;
-	uint64_t snap = s->snap, flushed = s->flushed;
-
-	if (s->job)
-		engine_progress(s->job, &snap, &flushed);
-	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, s->level == LEVEL_FAILED ? 6 : 5);
-	proto_kv_u64(&o.pk, "save", s->id);
-	proto_kv_i64(&o.pk, "level", s->level);
-	proto_kv_u64(&o.pk, "bytes_total", s->bytes);
-	proto_kv_u64(&o.pk, "bytes_snapshot", snap);
-	proto_kv_u64(&o.pk, "bytes_flushed", flushed);
-	if (s->level == LEVEL_FAILED)
-		proto_kv_str(&o.pk, "error", s->error);
-	conn_send(c, &o);
-}
-
-/* Answers and removes a waiter. */
-static void waiter_finish(struct waiter *w, int reply)
-{
-	struct save *s = w->save;
-
-	for (struct waiter **p = &s->waiters; *p; p = &(*p)->next) {
-		if (*p == w) {
-			*p = w->next;
-			break;
-		}
+	if (nobservers == MAX_OBSERVERS) {
+		log_error("save_observe: more than %d observers", MAX_OBSERVERS);
+		abort();	/* a broken invariant of the wiring in main.c */
 	}
-	if (reply && w->conn)
-		send_state(w->conn, w->req, s);
-	uv_timer_stop(&w->timer);
-	uv_close((uv_handle_t *)&w->timer, waiter_closed);
+	observers[nobservers++] = cb;
 }
 
-/* Answers every waiter of s whose level is reached (or all, on failure). */
-static void wake(struct save *s)
-{
-	struct waiter *w = s->waiters, *next;
-
-	for (; w; w = next) {
-		next = w->next;
-		if (s->level == LEVEL_FAILED || s->level >= w->level)
-			waiter_finish(w, 1);
-	}
-}
-
-/* Moves s to level (or FAILED with error) and tells whoever waits. */
-static void set_level(struct save *s, int level, const char *error)
+/* Moves s to level (or FAILED with code and error) and tells the observers. */
+static void set_level(struct save *s, int level, int code, const char *error)
 {
 	if (s->level == LEVEL_FAILED)
 		return;
@@ -254,6 +163,7 @@ static void set_level(struct save *s, int level, const char *error)
 	if (level == LEVEL_FAILED || level >= LEVEL_DURABLE)
 		save_uncharge(s);
 	if (level == LEVEL_FAILED) {
+		s->code = code < 0 ? code : ERR_EFAILED;
 		snprintf(s->error, sizeof(s->error), "%s", error ? error : "unknown error");
 		log_warnx("save %llu (%s/%s, rank %u) failed: %s", (unsigned long long)s->id,
 			  s->dir, s->file, s->rank, s->error);
@@ -261,8 +171,8 @@ static void set_level(struct save *s, int level, const char *error)
 		log_debug("save %llu (%s/%s) %s", (unsigned long long)s->id, s->dir, s->file,
 			  level_name(level));
 	}
-	wake(s);
-	commits_check();
+	for (unsigned i = 0; i < nobservers; i++)
+		observers[i](s);
 }
 
 /* Engine events, on the loop thread. */
@@ -274,7 +184,7 @@ static void on_engine(void *owner, struct job *j, int event, int code, const cha
 	case ENGINE_SNAPSHOT:
 		engine_release_sources(j);	/* a source its client let go of closes now */
 		if (s->level == LEVEL_ACCEPTED)
-			set_level(s, LEVEL_SNAPSHOT, NULL);
+			set_level(s, LEVEL_SNAPSHOT, 0, NULL);
 		return;
 	case ENGINE_DURABLE:
 	case ENGINE_FAILED:
@@ -285,11 +195,10 @@ static void on_engine(void *owner, struct job *j, int event, int code, const cha
 			log_info("save %llu durable: %s/%s.safetensors, %llu bytes in %.3f s",
 				 (unsigned long long)s->id, s->dir, s->file,
 				 (unsigned long long)s->bytes, now_mono() - s->t_accept);
-			set_level(s, LEVEL_DURABLE, NULL);
+			set_level(s, LEVEL_DURABLE, 0, NULL);
 		} else {
-			set_level(s, LEVEL_FAILED, error);
+			set_level(s, LEVEL_FAILED, code, error);
 		}
-		daemon_maybe_exit();
 		return;
 	}
 }
@@ -309,46 +218,19 @@ int save_engine_start(char *err, size_t errlen)
 			    errlen);
 }
 
-/* Whether name is a plain file name we accept. */
-static int valid_file(const char *f)
-{
-	size_t n = strlen(f);
-	if (n == 0 || n > 128 || f[0] == '.')
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		char ch = f[i];
-		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
-			return 0;
-	}
-	return 1;
-}
-
-/* Copies dir without trailing slashes (so "a/b/" and "a/b" name one checkpoint). */
-static void norm_dir(char *out, size_t len, const char *dir)
-{
-	snprintf(out, len, "%s", dir);
-	size_t n = strlen(out);
-	while (n > 1 && out[n - 1] == '/')
-		out[--n] = 0;
-}
-
-/* Opens a save for a client. */
-int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
+/* Opens a save for a client (auth_check'ed for AUTH_SAVE by the caller). */
+int64_t save_begin(const struct client *c, const char *dir, const char *file, char *err,
 		   size_t errlen)
 {
 	char d[PROTO_MAX_STR + 1];
 
-	if (conn_role(c) != CONN_TRAINER) {
-		return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may save");
-	}
-	if (!valid_file(file)) {
+	if (!store_valid_file(file)) {
 		snprintf(err, errlen,
 			 "file name '%s' must be 1-128 characters of [A-Za-z0-9._-], not "
 			 "starting with '.'", file);
 		return ERR_EINVAL;
 	}
-	norm_dir(d, sizeof(d), dir);
+	store_norm_dir(d, sizeof(d), dir);
 	for (struct save *s = saves; s; s = s->next) {
 		int busy = s->level == LEVEL_NONE || s->level == LEVEL_ACCEPTED ||
 			   s->level == LEVEL_SNAPSHOT;
@@ -358,31 +240,34 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 				      (unsigned long long)s->id);
 		}
 	}
-	int rc = quota_take(conn_uid(c), QUOTA_SAVES, 1, err, errlen);
+	int rc = quota_take(client_uid(c), QUOTA_SAVES, 1, err, errlen);
 	if (rc < 0)
 		return rc;
 	struct store_root root;
-	int fd = store_open_dir(config, d, conn_uid(c), conn_gid(c), &root, err, errlen);
+	int fd = store_open_dir(config, d, client_uid(c), client_gid(c), &root, err, errlen);
 	if (fd < 0) {
-		quota_give(conn_uid(c), QUOTA_SAVES, 1);
+		quota_give(client_uid(c), QUOTA_SAVES, 1);
 		return fd;
 	}
 	struct save *s = calloc(1, sizeof(*s));
+	if (s && !(s->blobs = blobs_new(client_uid(c)))) {
+		free(s);
+		s = NULL;
+	}
 	if (!s) {
-		quota_give(conn_uid(c), QUOTA_SAVES, 1);
+		quota_give(client_uid(c), QUOTA_SAVES, 1);
 		close(fd);
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	s->counted = 1;
 	s->id = next_save_id++;
-	s->client = conn_id(c);
-	s->conn = c;
-	s->pid = conn_pid(c);
-	s->uid = conn_uid(c);
-	s->gid = conn_gid(c);
-	snprintf(s->jobname, sizeof(s->jobname), "%s", conn_job(c));
-	s->rank = conn_rank(c);
-	s->world = conn_world(c);
+	s->client = client_id(c);
+	s->pid = client_pid(c);
+	s->uid = client_uid(c);
+	s->gid = client_gid(c);
+	snprintf(s->jobname, sizeof(s->jobname), "%s", client_job(c));
+	s->rank = client_rank(c);
+	s->world = client_world(c);
 	snprintf(s->dir, sizeof(s->dir), "%s", d);
 	snprintf(s->file, sizeof(s->file), "%s", file);
 	s->dirfd = fd;
@@ -393,19 +278,19 @@ int64_t save_begin(struct conn *c, const char *dir, const char *file, char *err,
 	return (int64_t)s->id;
 }
 
-/* Finds a save of this connection by id. */
-struct save *save_find(struct conn *c, uint64_t id)
+/* Finds a save of this client (a connection id) by id. */
+struct save *save_find(uint64_t client, uint64_t id)
 {
 	for (struct save *s = saves; s; s = s->next)
-		if (s->id == id && s->client == conn_id(c))
+		if (s->id == id && s->client == client)
 			return s;
 	return NULL;
 }
 
-/* Finds a save of this connection still open for adding. */
-struct save *save_find_open(struct conn *c, uint64_t id)
+/* Finds a save of this client still open for adding. */
+struct save *save_find_open(uint64_t client, uint64_t id)
 {
-	struct save *s = save_find(c, id);
+	struct save *s = save_find(client, id);
 	return s && s->level == LEVEL_NONE ? s : NULL;
 }
 
@@ -525,46 +410,7 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 int save_add_blob(struct save *s, const char *name, const void *data, size_t len, char *err,
 		  size_t errlen)
 {
-	struct blob *b = NULL;
-	uint64_t total = len;
-
-	for (size_t i = 0; i < s->nb; i++) {
-		total += s->b[i].len;
-		if (strcmp(s->b[i].name, name) == 0)
-			b = &s->b[i];
-	}
-	if (!*name) {
-		return seterr(err, errlen, ERR_EINVAL, "blob with an empty name");
-	}
-	if (total > MAX_BLOB_BYTES) {
-		return seterr(err, errlen, ERR_ERANGE, "blobs of one save exceed %llu bytes",
-			 (unsigned long long)MAX_BLOB_BYTES);
-	}
-	int rc = quota_take(s->uid, QUOTA_BLOB, len, err, errlen);
-	if (rc < 0)
-		return rc;
-	s->blob_bytes += len;
-	if (!b) {
-		struct blob *nb = realloc(s->b, (s->nb + 1) * sizeof(*nb));
-		if (!nb) {
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-		}
-		s->b = nb;
-		b = &s->b[s->nb];
-		memset(b, 0, sizeof(*b));
-		if (!(b->name = strdup(name))) {
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-		}
-		s->nb++;
-	}
-	uint8_t *d = realloc(b->data, b->len + len + 1);
-	if (!d) {
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-	}
-	memcpy(d + b->len, data, len);
-	b->data = d;
-	b->len += len;
-	return 0;
+	return blobs_add(s->blobs, name, data, len, err, errlen);
 }
 
 /* Totals so far. */
@@ -572,25 +418,6 @@ void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes)
 {
 	*tensors = s->n;
 	*bytes = s->bytes;
-}
-
-/* Packs the blobs as the .meta file: a msgpack map name → bin. */
-static int pack_meta(struct save *s, uint8_t **out, size_t *len)
-{
-	msgpack_sbuffer sb;
-	msgpack_packer pk;
-
-	msgpack_sbuffer_init(&sb);
-	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-	msgpack_pack_map(&pk, s->nb);
-	for (size_t i = 0; i < s->nb; i++) {
-		proto_str(&pk, s->b[i].name);
-		msgpack_pack_bin(&pk, s->b[i].len);
-		msgpack_pack_bin_body(&pk, s->b[i].data, s->b[i].len);
-	}
-	*out = (uint8_t *)sb.data;
-	*len = sb.size;
-	return sb.data ? 0 : -1;
 }
 
 /* Plans the file and submits it to the engine; the header is laid out by a flush thread. */
@@ -607,9 +434,10 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	rc = ERR_ENOMEM;
 	snprintf(s->rank_str, sizeof(s->rank_str), "%u", s->rank);
 	snprintf(s->world_str, sizeof(s->world_str), "%u", s->world);
-	if (s->nb > 0) {
-		snprintf(name, sizeof(name), "%s.meta", s->file);
-		if (!(r.meta_name = strdup(name)) || pack_meta(s, &r.meta_bytes, &r.meta_len) < 0) {
+	if (blobs_count(s->blobs) > 0) {
+		snprintf(name, sizeof(name), "%s" FMT_META, s->file);
+		if (!(r.meta_name = strdup(name)) ||
+		    blobs_pack(s->blobs, &r.meta_bytes, &r.meta_len) < 0) {
 			seterr(err, errlen, rc, "out of memory");
 			goto fail;
 		}
@@ -657,7 +485,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	s->t_accept = now_mono();
 	s->level = LEVEL_ACCEPTED;
 	s->t_change = s->t_accept;
-	save_free_blobs(s);	/* their bytes went to the engine as the .meta file's */
+	blobs_clear(s->blobs);	/* their bytes went to the engine as the .meta file's */
 	log_debug("save %llu accepted: %s/%s, %zu tensors, %llu bytes",
 		  (unsigned long long)s->id, s->dir, s->file, s->n,
 		  (unsigned long long)s->bytes);
@@ -673,263 +501,110 @@ fail:
 	return rc;
 }
 
-/* Fires when a WAIT's time is up: answers with the level reached so far. */
-static void on_wait_timeout(uv_timer_t *t)
+/* A save's id, level, directory and client. */
+uint64_t save_id(const struct save *s) { return s->id; }
+int save_level(const struct save *s) { return s->level; }
+const char *save_dir(const struct save *s) { return s->dir; }
+uint64_t save_client(const struct save *s) { return s->client; }
+
+/* Keeps s from being forgotten until save_release (a WAIT in progress). */
+void save_hold(struct save *s)
 {
-	waiter_finish(t->data, 1);
+	s->holds++;
 }
 
-/* Answers a WAIT now or later. */
-void save_wait(struct conn *c, uint64_t req, struct save *s, int level, int64_t timeout_ms)
+/* Undoes one save_hold. */
+void save_release(struct save *s)
 {
-	if (s->level == LEVEL_FAILED || s->level >= level || timeout_ms == 0 ||
-	    s->level == LEVEL_NONE) {
-		send_state(c, req, s);
-		return;
-	}
-	struct waiter *w = calloc(1, sizeof(*w));
-	if (!w) {
-		conn_error(c, req, ERR_ENOMEM, 0, "out of memory");
-		return;
-	}
-	w->conn = c;
-	w->req = req;
-	w->level = level;
-	w->save = s;
-	uv_timer_init(loop, &w->timer);
-	w->timer.data = w;
-	if (timeout_ms > 0)
-		uv_timer_start(&w->timer, on_wait_timeout, (uint64_t)timeout_ms, 0);
-	w->next = s->waiters;
-	s->waiters = w;
+	s->holds--;
 }
 
-/* Frees a commit once its timer is closed. */
-static void commit_closed(uv_handle_t *h)
+/* Fills v with what a reply or a listing shows of s, progress as of now. */
+void save_view(const struct save *s, struct save_view *v)
 {
-	free(h->data);
+	double now = now_mono();
+
+	v->id = s->id;
+	v->client = s->client;
+	v->pid = s->pid;
+	v->uid = s->uid;
+	v->job = s->jobname;
+	v->rank = s->rank;
+	v->dir = s->dir;
+	v->file = s->file;
+	v->level = s->level;
+	v->code = s->level == LEVEL_FAILED ? s->code : 0;
+	v->error = s->level == LEVEL_FAILED ? s->error : NULL;
+	v->bytes_total = s->bytes;
+	v->bytes_snapshot = s->snap;
+	v->bytes_flushed = s->flushed;
+	if (s->job)
+		engine_progress(s->job, &v->bytes_snapshot, &v->bytes_flushed);
+	v->age_s = now - s->t_accept;
+	v->busy_s = (s->job ? now : s->t_change) - s->t_accept;
 }
 
-/* Unlinks, answers (when its client is still there) and frees a commit. */
-static void commit_finish(struct commit *cm, int code, const char *msg)
+/* The save after s in the registry (the first for NULL); NULL at the end. */
+struct save *save_next(const struct save *s)
 {
-	for (struct commit **p = &commits; *p; p = &(*p)->next) {
-		if (*p == cm) {
-			*p = cm->next;
-			break;
-		}
-	}
-	if (cm->conn) {
-		if (code < 0) {
-			conn_error(cm->conn, cm->req, code, 0, "%s", msg);
-		} else {
-			struct proto_out o;
-			proto_out_init(&o, PROTO_REPLY, cm->req);
-			msgpack_pack_map(&o.pk, 4);
-			proto_kv_i64(&o.pk, "level", LEVEL_COMMITTED);
-			proto_kv_str(&o.pk, "tag", cm->info.tag);
-			proto_kv_u64(&o.pk, "files", cm->info.files);
-			proto_kv_u64(&o.pk, "bytes", cm->info.bytes);
-			conn_send(cm->conn, &o);
-		}
-	}
-	uv_timer_stop(&cm->timer);
-	uv_close((uv_handle_t *)&cm->timer, commit_closed);
-	daemon_maybe_exit();
+	return s ? s->next : saves;
 }
 
-/* Threadpool: writes the manifest, latest and retention. */
-static void commit_work(uv_work_t *w)
-{
-	struct commit *cm = w->data;
-	cm->rc = store_commit(config, cm->dir, cm->world, cm->uid, cm->gid, &cm->info, cm->err,
-			      sizeof(cm->err));
-}
-
-/* Loop: the commit is done; marks the directory's saves COMMITTED. */
-static void commit_after(uv_work_t *w, int status)
-{
-	struct commit *cm = w->data;
-
-	/* cm stays "running" until commit_finish unlinks it, so set_level's re-check of
-	 * waiting commits below cannot start it a second time. */
-	if (cm->rc < 0) {
-		log_warnx("commit of %s failed: %s", cm->dir, cm->err);
-		commit_finish(cm, cm->rc, cm->err);
-		commits_check();
-		return;
-	}
-	log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
-		 (unsigned long long)cm->info.bytes);
-	for (struct save *s = saves; s; s = s->next)
-		if (s->level == LEVEL_DURABLE && strcmp(s->dir, cm->dir) == 0)
-			set_level(s, LEVEL_COMMITTED, NULL);
-	commit_finish(cm, 0, NULL);
-	commits_check();	/* the user's next commit may start */
-}
-
-/* Starts every waiting commit whose saves are all durable; fails those with a failed save. */
-static void commits_check(void)
-{
-	struct commit *cm = commits, *next;
-
-	for (; cm; cm = next) {
-		next = cm->next;
-		if (cm->running)
-			continue;
-		/* One commit per user at a time: a user's expensive commits queue behind each
-		 * other and never hold every threadpool thread against other users. */
-		int busy = 0;
-		for (struct commit *o = commits; o; o = o->next)
-			busy |= o->running && o->uid == cm->uid;
-		int waiting = busy;
-		struct save *bad = NULL;
-		for (struct save *s = saves; s; s = s->next) {
-			if (strcmp(s->dir, cm->dir) != 0)
-				continue;
-			if (s->level == LEVEL_FAILED)
-				bad = s;
-			else if (s->level < LEVEL_DURABLE)
-				waiting = 1;
-		}
-		if (bad) {
-			char msg[ERRLEN + 300];
-			snprintf(msg, sizeof(msg), "save of %s (rank %u) failed: %s", bad->file,
-				 bad->rank, bad->error);
-			commit_finish(cm, ERR_EFAILED, msg);
-		} else if (!waiting) {
-			cm->running = 1;
-			uv_timer_stop(&cm->timer);
-			cm->work.data = cm;
-			uv_queue_work(loop, &cm->work, commit_work, commit_after);
-		}
-	}
-}
-
-/* Fires when a commit waited too long for durability. */
-static void on_commit_timeout(uv_timer_t *t)
-{
-	struct commit *cm = t->data;
-	if (!cm->running)
-		commit_finish(cm, ERR_ETIMEDOUT, "timed out waiting for saves to be durable");
-}
-
-/* Handles COMMIT. */
-void save_commit(struct conn *c, uint64_t req, const char *dir, unsigned world,
-		 int64_t timeout_ms)
-{
-	struct commit *cm = calloc(1, sizeof(*cm));
-	if (!cm) {
-		conn_error(c, req, ERR_ENOMEM, 0, "out of memory");
-		return;
-	}
-	cm->conn = c;
-	cm->req = req;
-	norm_dir(cm->dir, sizeof(cm->dir), dir);
-	cm->world = world;
-	cm->uid = conn_uid(c);
-	cm->gid = conn_gid(c);
-	uv_timer_init(loop, &cm->timer);
-	cm->timer.data = cm;
-	if (timeout_ms >= 0)
-		uv_timer_start(&cm->timer, on_commit_timeout, (uint64_t)timeout_ms, 0);
-	cm->next = commits;
-	commits = cm;
-	commits_check();
-}
-
-/* Drops a departed connection's waits, open saves and commit replies. */
-void save_conn_gone(struct conn *c)
+/* A departed client's saves not yet ended are dropped; ended ones go on without it. */
+void save_client_gone(uint64_t client)
 {
 	struct save *s = saves, *next;
 
 	for (; s; s = next) {
 		next = s->next;
-		for (struct waiter *w = s->waiters, *wn; w; w = wn) {
-			wn = w->next;
-			if (w->conn == c)
-				waiter_finish(w, 0);
-		}
-		if (s->conn != c)
-			continue;
-		s->conn = NULL;
-		if (s->level == LEVEL_NONE) {
+		if (s->client == client && s->level == LEVEL_NONE) {
 			log_debug("save %llu dropped: client left before SAVE_END",
 				  (unsigned long long)s->id);
 			save_forget(s);
 		}
 	}
-	for (struct commit *cm = commits; cm; cm = cm->next)
-		if (cm->conn == c)
-			cm->conn = NULL;
 }
 
-/* Saves in flight, plus running commits. */
+/* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void)
 {
 	unsigned n = 0;
 	for (struct save *s = saves; s; s = s->next)
 		n += s->job != NULL;
-	for (struct commit *cm = commits; cm; cm = cm->next)
-		n += cm->running;
 	return n;
 }
 
-/* Whether PENDING shows save s to a client of uid: its own saves, every save to root. */
-static int pending_shows(const struct save *s, uid_t uid)
+/* The state of dir's saves: the first failed one (or NULL), and whether any (ended or still
+ * open) is not yet DURABLE. */
+struct save *save_dir_state(const char *dir, int *pending)
 {
-	return s->level != LEVEL_NONE && (uid == 0 || s->uid == uid);
-}
+	struct save *bad = NULL;
 
-/* Packs the PENDING reply's "saves" array: uid's saves (every save for root). */
-void save_pack_pending(struct msgpack_packer *pk, uid_t uid)
-{
-	unsigned n = 0;
-	double now = now_mono();
-
-	for (struct save *s = saves; s; s = s->next)
-		n += pending_shows(s, uid);
-	msgpack_pack_array(pk, n);
+	*pending = 0;
 	for (struct save *s = saves; s; s = s->next) {
-		if (!pending_shows(s, uid))
+		if (strcmp(s->dir, dir) != 0)
 			continue;
-		uint64_t snap = s->snap, flushed = s->flushed;
-		if (s->job)
-			engine_progress(s->job, &snap, &flushed);
-		double age = now - s->t_accept;
-		double busy = (s->job ? now : s->t_change) - s->t_accept;
-		msgpack_pack_map(pk, s->level == LEVEL_FAILED ? 15 : 14);
-		proto_kv_u64(pk, "id", s->id);
-		proto_kv_u64(pk, "client", s->client);
-		proto_kv_u64(pk, "pid", (uint64_t)s->pid);
-		proto_kv_str(pk, "job", s->jobname);
-		proto_kv_u64(pk, "rank", s->rank);
-		proto_kv_str(pk, "dir", s->dir);
-		proto_kv_str(pk, "file", s->file);
-		proto_kv_i64(pk, "level", s->level);
-		proto_kv_u64(pk, "bytes_total", s->bytes);
-		proto_kv_u64(pk, "bytes_snapshot", snap);
-		proto_kv_u64(pk, "bytes_flushed", flushed);
-		proto_kv_u64(pk, "rate", busy > 0 ? (uint64_t)(flushed / busy) : 0);
-		proto_kv_u64(pk, "age_ms", (uint64_t)(age * 1000));
-		proto_kv_bool(pk, "client_alive", s->conn != NULL);
-		if (s->level == LEVEL_FAILED)
-			proto_kv_str(pk, "error", s->error);
+		if (s->level == LEVEL_FAILED && !bad)
+			bad = s;
+		else if (s->level < LEVEL_DURABLE)
+			*pending = 1;
 	}
+	return bad;
 }
 
-/* Frees every save and commit (shutdown, nothing in flight). */
+/* Marks dir's DURABLE saves COMMITTED (its manifest is written). */
+void save_mark_committed(const char *dir)
+{
+	for (struct save *s = saves; s; s = s->next)
+		if (s->level == LEVEL_DURABLE && strcmp(s->dir, dir) == 0)
+			set_level(s, LEVEL_COMMITTED, 0, NULL);
+}
+
+/* Frees every save (shutdown, once nothing is in flight and nothing holds one). */
 void save_free_all(void)
 {
-	while (saves) {
-		for (struct waiter *w = saves->waiters, *wn; w; w = wn) {
-			wn = w->next;
-			waiter_finish(w, 0);
-		}
+	while (saves)
 		save_forget(saves);
-	}
-	while (commits)
-		commit_finish(commits, ERR_ESHUTDOWN, "daemon shutting down");
 	if (gc_timer) {
 		uv_close((uv_handle_t *)gc_timer, handle_free);
 		gc_timer = NULL;

@@ -226,3 +226,27 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 	close(fd);
 	return rc;
 }
+
+/* Whether f is a file name a client may choose: 1-128 of [A-Za-z0-9._-], no leading '.'. */
+int store_valid_file(const char *f)
+{
+	size_t n = strlen(f);
+	if (n == 0 || n > 128 || f[0] == '.')
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char ch = f[i];
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
+			return 0;
+	}
+	return 1;
+}
+
+/* Copies dir without trailing slashes (so "a/b/" and "a/b" name one checkpoint). */
+void store_norm_dir(char *out, size_t len, const char *dir)
+{
+	snprintf(out, len, "%s", dir);
+	size_t n = strlen(out);
+	while (n > 1 && out[n - 1] == '/')
+		out[--n] = 0;
+}

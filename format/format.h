@@ -42,6 +42,17 @@
 /* Size in bytes of a dtype by its exact name ("F32" → 4); 0 for unknown names and NULL. */
 unsigned dtype_size(const char *name);
 
+/* meta.c — the <file>.meta file: a save's named blobs. */
+/* One blob: a name and its bytes. */
+struct meta_blob {
+	char *name;
+	uint8_t *data;
+	size_t len;
+};
+/* Packs n blobs as a msgpack map name → bin into a fresh buffer (*out, the caller frees);
+ * 0, or -1 without memory. */
+int meta_pack(const struct meta_blob *b, size_t n, uint8_t **out, size_t *len);
+
 /* checksum.c — checksums (XXH3-64) and the other dsckpt keys of __metadata__. */
 #define CHECKSUM_ALGO "xxh3-64"          /* the manifest's "checksum" */
 #define CHECKSUM_HEX 16                  /* a checksum is written as 16 lowercase hex digits */
