@@ -1,9 +1,24 @@
 /*
  * dsckptd.h — the daemon's internal API, one section per subsystem (file named for it).
  *
+ * Data and control go one way, each layer calling only the ones below it:
+ *
+ *   server.c (listening socket) → conn.c (frames, descriptors, credentials)
+ *     → request.c (decode; auth.c checks; client.c: identity and regions)
+ *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
+ *         → engine.c (copy + flush threads) → source.c/cuda*.c (bytes in) · cache.c (chunks)
+ *           → store_*.c, retention.c (files on disk; their format is format/'s)
+ *
+ * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
+ * thread), save levels to their observers (wait.c, commit.c; wired in main.c), and every
+ * answer to the client through reply.c, by connection id. conn.c knows no handler: main.c
+ * hands it request.c's dispatch and disconnect callbacks. Below the request layer nothing
+ * holds a connection pointer.
+ *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
- * completions back to the loop through engine.c's locked queue + uv_async_send.
+ * completions back to the loop through engine.c's locked queue + uv_async_send; commits run
+ * store_commit in libuv's threadpool.
  */
 #ifndef DSCKPTD_H
 #define DSCKPTD_H
@@ -251,6 +266,15 @@ int store_is_regular(int dirfd, const char *name);
 int store_list(int dirfd, char ***out, size_t *count);
 /* Frees a list from store_list. */
 void store_list_free(char **names, size_t n);
+
+/* lock.c — one daemon per socket and per root on this host (flock'ed files). */
+/* Takes <socket>.lock; 0, or -1 with err naming the daemon that holds it. */
+int lock_socket(const struct config *cfg, char *err, size_t errlen);
+/* Holds the lock of every root of cfg (taking new ones, letting dropped ones go); 0, or -1
+ * with err naming the root another daemon of this host holds (nothing changed then). */
+int lock_roots(const struct config *cfg, char *err, size_t errlen);
+/* Lets go of every lock. */
+void lock_release(void);
 
 /* recover.c — start-up recovery of what an interrupted daemon left. */
 /*

@@ -1,7 +1,8 @@
 /*
  * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
  *
- * Start-up: config → recover leftovers on disk → CUDA probe → host cache (touched, pinned)
+ * Start-up: config → locks (one daemon per socket and root) → recover leftovers on disk →
+ * CUDA probe → host cache (touched, pinned)
  * → engine threads → wiring (connections to the request layer, save levels to waits and
  * commits) → socket → READY. Shutdown (SIGTERM/SIGINT): stop accepting, let every accepted
  * save finish flushing and every running commit end (a check handle looks after each loop
@@ -124,6 +125,12 @@ static void reload(void)
 		return;
 	}
 	n->copy_threads = copy_threads_for(n->copy_threads);
+	if (lock_roots(n, err, sizeof(err)) < 0) {
+		log_error("reload of %s failed; keeping the old configuration: %s", config_path,
+			  err);
+		config_free(n);
+		return;
+	}
 	/* What was built from these at start-up stays: say so and keep the running values. */
 	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
 	    n->host_cache_bytes != config->host_cache_bytes ||
@@ -231,13 +238,18 @@ int main(int argc, char **argv)
 	 * commits at once instead of libuv's 4. */
 	setenv("UV_THREADPOOL_SIZE", "16", 0);
 
+	/* One daemon per socket and per root: a second one touches nothing, not even the cache. */
+	if (lock_socket(config, err, sizeof(err)) < 0 || lock_roots(config, err, sizeof(err)) < 0) {
+		log_error("%s; not starting", err);
+		goto fail_locks;
+	}
 	recover_run(config);
 	gpu_line = gpu_init();
 	config->copy_threads = copy_threads_for(config->copy_threads);
 	if (cache_create(config->host_cache_bytes, config->chunk_bytes, &cache, err,
 			 sizeof(err)) < 0) {
 		log_error("host cache: %s", err);
-		goto fail_config;
+		goto fail_locks;
 	}
 	gpu_register_host(cache_base(cache), cache_total(cache));
 	loop = uv_default_loop();
@@ -277,6 +289,7 @@ int main(int argc, char **argv)
 	cache_destroy(cache);
 	config_free(config);
 	free_retired();
+	lock_release();
 	log_info("stopped");
 	return rc == 0 ? 0 : 1;
 
@@ -284,7 +297,8 @@ fail_engine:
 	engine_stop();
 fail_cache:
 	cache_destroy(cache);
-fail_config:
+fail_locks:
+	lock_release();
 	config_free(config);
 	return 1;
 }

@@ -1,0 +1,169 @@
+/*
+ * check_single.c — one daemon per socket and per root: a second dsckptd on the same config, or
+ * on another config sharing a root, touches nothing (no recovery, no cache) and says why.
+ * Real daemons on real sockets; the bait is a stale partial file that any recovery deletes.
+ */
+#include "harness.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#define CACHE_GIB 0.0078125 /* 8 MiB */
+
+static struct hdaemon D;
+static char bait[512];
+
+/* Plants a partial file naming no host, an hour old: start-up recovery removes it. */
+static void plant_bait(const struct hdaemon *d)
+{
+	char dir[400];
+	struct timeval old[2];
+
+	snprintf(dir, sizeof(dir), "%s/job", d->root);
+	mkdir(dir, 0755);
+	snprintf(dir, sizeof(dir), "%s/job/t1", d->root);
+	mkdir(dir, 0755);
+	snprintf(bait, sizeof(bait), "%s/rank9.safetensors.partial", dir);
+	int fd = open(bait, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "half a file", 11), 11);
+	close(fd);
+	gettimeofday(&old[0], NULL);
+	old[0].tv_sec -= 3600;
+	old[1] = old[0];
+	ck_assert_int_eq(utimes(bait, old), 0);
+}
+
+/* Runs dsckptd -d -c config to its end (it must not start); returns its exit status and
+ * leaves its stderr in out. */
+static int start_second(const char *config, const char *out)
+{
+	return h_system("timeout 20 %s -d -c '%s' >'%s' 2>&1", h_bin("dsckptd"), config, out);
+}
+
+/* Starts dsckptd -d -c config (stderr into out), waits until it answers STATUS on socket,
+ * then stops it; the exit status of that, 0 when it served. */
+static int start_serving(const char *config, const char *socket, const char *out)
+{
+	char daemon[512];
+
+	snprintf(daemon, sizeof(daemon), "%s", h_bin("dsckptd")); /* h_bin's buffer is reused */
+	return h_system("timeout 20 sh -c \"%s -d -c '%s' >'%s' 2>&1 & "
+			"for i in \\$(seq 200); do %s -s '%s' status >/dev/null 2>&1 && "
+			"kill \\$! && wait && exit 0; sleep 0.05; done; exit 1\"",
+			daemon, config, out, h_bin("dsckptctl"), socket);
+}
+
+/* Writes a copy of d's config with another socket (and root, when root is not NULL). */
+static void config_variant(const struct hdaemon *d, const char *path, const char *socket,
+			   const char *root)
+{
+	size_t len;
+	char *cfg = h_read_file(d->config, &len);
+	ck_assert_ptr_nonnull(cfg);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	for (char *p = cfg; *p;) {
+		if (strncmp(p, d->socket, strlen(d->socket)) == 0) {
+			fputs(socket, f);
+			p += strlen(d->socket);
+		} else if (root && strncmp(p, d->root, strlen(d->root)) == 0) {
+			fputs(root, f);
+			p += strlen(d->root);
+		} else {
+			fputc(*p++, f);
+		}
+	}
+	fclose(f);
+	free(cfg);
+}
+
+/* Whether file contains s. */
+static int file_has(const char *file, const char *s)
+{
+	char *text = h_read_file(file, NULL);
+	int has = text && strstr(text, s);
+	free(text);
+	return has;
+}
+
+/* A second daemon on the same config, started 200 times against a running one: each exits
+ * at once saying why, and the bait every recovery deletes is still there. */
+START_TEST(test_same_config)
+{
+	char out[512];
+
+	h_daemon_start(&D, CACHE_GIB, NULL);
+	plant_bait(&D);
+	snprintf(out, sizeof(out), "%s/second.log", D.dir);
+	for (int i = 0; i < 200; i++) {
+		int st = start_second(D.config, out);
+		ck_assert_msg(st != 0, "a second daemon on the same socket started (try %d)", i);
+		ck_assert_msg(h_exists(bait), "the second daemon (try %d) ran recovery", i);
+	}
+	ck_assert_msg(file_has(out, "another dsckptd"), "no reason given");
+	ck_assert_msg(!file_has(out, "recovery") && !file_has(out, "ready"),
+		      "the second daemon went on past its locks");
+	/* The first one still serves. */
+	ck_assert_int_eq(h_system("%s -s '%s' status >/dev/null", h_bin("dsckptctl"), D.socket),
+			 0);
+	h_daemon_stop(&D);
+}
+END_TEST
+
+/* Another socket on the same root: refused, nothing touched. Another root: it starts. And
+ * once the first daemon is gone the same config starts and its recovery takes the bait. */
+START_TEST(test_shared_root)
+{
+	char cfg2[512], sock2[512], out[512], root3[512], cfg3[512], sock3[512];
+
+	h_daemon_start(&D, CACHE_GIB, NULL);
+	plant_bait(&D);
+	snprintf(cfg2, sizeof(cfg2), "%s/second.json", D.dir);
+	snprintf(sock2, sizeof(sock2), "%s/second.sock", D.dir);
+	snprintf(out, sizeof(out), "%s/second.log", D.dir);
+	config_variant(&D, cfg2, sock2, NULL);
+	ck_assert_int_ne(start_second(cfg2, out), 0);
+	ck_assert_msg(file_has(out, "serves the root"), "no reason given");
+	ck_assert(h_exists(bait));
+	ck_assert(!h_exists(sock2));
+
+	/* A daemon with its own root and socket is not held back. */
+	snprintf(root3, sizeof(root3), "%s/other-root", D.dir);
+	snprintf(sock3, sizeof(sock3), "%s/third.sock", D.dir);
+	snprintf(cfg3, sizeof(cfg3), "%s/third.json", D.dir);
+	ck_assert_int_eq(mkdir(root3, 0755), 0);
+	config_variant(&D, cfg3, sock3, root3);
+	snprintf(out, sizeof(out), "%s/third.log", D.dir);
+	ck_assert_msg(start_serving(cfg3, sock3, out) == 0, "a daemon of its own root did not "
+		      "start: %s", h_read_file(out, NULL));
+	ck_assert(h_exists(bait));
+
+	/* The first daemon gone, the second config starts, and its recovery removes the bait:
+	 * what the refused starts left alone, a real start would have deleted. */
+	h_daemon_kill(&D, SIGTERM);
+	snprintf(out, sizeof(out), "%s/second.log", D.dir);
+	ck_assert_msg(start_serving(cfg2, sock2, out) == 0, "the second config did not start "
+		      "after the first daemon left: %s", h_read_file(out, NULL));
+	ck_assert_msg(!h_exists(bait), "recovery of a real start kept the bait");
+	h_rm_rf(D.dir);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("single");
+	TCase *tc = tcase_create("single");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_same_config);
+	tcase_add_test(tc, test_shared_root);
+	suite_add_tcase(s, tc);
+	return h_run_suite(s, NULL);
+}
