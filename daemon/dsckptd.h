@@ -237,9 +237,27 @@ struct store_commit_info {
  */
 int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
 		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen);
+/* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
+/* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
+int store_job_lock(int jobfd, char *err, size_t errlen);
+/* Lets it go. */
+void store_job_unlock(int jobfd);
+/* When jobfd/tag was committed (manifest's created_ns); 0 when it is not committed. */
+uint64_t store_tag_committed(int jobfd, const char *tag);
+/* The tag `latest` names (into tag) and when it was committed; 0 if none committed. */
+uint64_t store_latest_get(int jobfd, char *tag, size_t len);
+/* Points `latest` at tag (committed at ns) unless it names a later commit; the lock is held. */
+int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
+			 uid_t uid, gid_t gid, char *err, size_t errlen);
+/* Renames a whole MANIFEST.json.partial (every file there, sizes right) into place in the tag
+ * dirfd; 1 when the tag is committed now, else 0. */
+int store_finish_manifest(int dirfd, const char *path);
+/* Under the job lock: `latest` to the newest committed tag, keep_last applied again. */
+void store_job_repair(const struct config *cfg, int jobfd, const char *path);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
- * never current (committed at current_ns) nor a directory uid does not own (uid 0: any). */
+ * never current (committed at current_ns), nor latest's, nor a directory uid does not own
+ * (uid 0: any). The job lock is held. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		     uid_t uid, unsigned keep);
 /* store_host.c — which machine wrote a file. */

@@ -6,7 +6,9 @@
  * remain. The roots may be a filesystem every node of a job shares, where other nodes' daemons
  * write the same tags right now, so recovery removes only what this host wrote, as the
  * "dsckpt.host" of a safetensors header (store_st_host) says, and what is old enough that no
- * one can still be writing it.
+ * one can still be writing it. A tag whose commit was interrupted after its manifest was
+ * written whole is finished instead, and each job's `latest` and keep_last are repaired
+ * (store_latest.c): `latest` then names the newest committed tag.
  */
 #include "dsckptd.h"
 
@@ -186,18 +188,23 @@ static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
  * whether it removed anything here, so that the caller may remove the directory once it is
  * empty: only a directory unmodified for RECOVER_STALE_S, which no other node is filling.
  */
-static int recover_dir(int fd, const char *path, int depth, struct recover_stats *s)
+static int recover_dir(const struct config *cfg, int fd, const char *path, int depth,
+		       struct recover_stats *s)
 {
 	struct recover_left l = {0};
 	char **names, sub[PATH_MAX];
 	size_t n;
-	int removed = 0, manifest = 0, tensors = 0;
+	int removed = 0, manifest = 0, tensors = 0, committed_tags = 0;
 
 	s->dirs++;
 	if (store_list(fd, &names, &n) < 0) {
 		log_warn("recovery: cannot list %s", path);
 		return 0;
 	}
+	/* An interrupted commit whose manifest is whole is finished, not cleaned up. */
+	if (faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) < 0 &&
+	    faccessat(fd, FMT_MANIFEST FMT_PARTIAL, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		manifest = store_finish_manifest(fd, path);
 	for (size_t i = 0; i < n; i++) {
 		struct stat st;
 		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
@@ -207,7 +214,8 @@ static int recover_dir(int fd, const char *path, int depth, struct recover_stats
 			if (cfd < 0)
 				continue;
 			snprintf(sub, sizeof(sub), "%s/%s", path, names[i]);
-			int emptied = recover_dir(cfd, sub, depth + 1, s);
+			int emptied = recover_dir(cfg, cfd, sub, depth + 1, s);
+			committed_tags |= store_tag_committed(fd, names[i]) != 0;
 			close(cfd);
 			if (emptied && recover_is_stale(&st) &&
 			    unlinkat(fd, names[i], AT_REMOVEDIR) == 0)
@@ -230,6 +238,8 @@ static int recover_dir(int fd, const char *path, int depth, struct recover_stats
 			removed = 1;
 		}
 	}
+	if (committed_tags)
+		store_job_repair(cfg, fd, path);
 	if (l.files > 0)
 		log_info("recovery: left %u files of host %s%s in %s: another node may be writing "
 			 "it", l.files, l.host, l.several ? " and others" : "", path);
@@ -261,7 +271,7 @@ void recover_run(const struct config *cfg)
 			log_warn("recovery: cannot open allowed root %s", cfg->allowed_roots[i]);
 			continue;
 		}
-		recover_dir(fd, cfg->allowed_roots[i], 0, &s);
+		recover_dir(cfg, fd, cfg->allowed_roots[i], 0, &s);
 		close(fd);
 	}
 	log_info("recovery (host %s): checked %u directories under %zu roots, removed %u partial "

@@ -2,12 +2,14 @@
  * retention.c — keep_last: after a commit, the committed tags of the job directory beyond
  * the newest keep are deleted, their manifest first (so that a tag half deleted reads as
  * not committed), then the files dsckptd writes, then the directory if nothing else is left.
- * The tag just committed is never deleted, nor a directory of another user.
+ * The tag just committed is never deleted, nor the one `latest` names, nor a directory of
+ * another user. It runs under the job directory's commit lock (store_latest.c).
  */
 #include "dsckptd.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,25 +20,6 @@ struct retention_tag {
 	char *name;
 	uint64_t created_ns;
 };
-
-/* When the tag dirfd was committed (its manifest's created_ns, else the manifest's mtime);
- * 0 if it holds no manifest of ours. */
-static uint64_t retention_created(int dirfd)
-{
-	char why[300];
-	struct stat st;
-	int present;
-	struct manifest *m = manifest_load(dirfd, &present, why, sizeof(why));
-	uint64_t ns;
-
-	if (!m)
-		return 0;
-	ns = m->created_ns;
-	manifest_free(m);
-	if (ns == 0 && fstatat(dirfd, FMT_MANIFEST, &st, AT_SYMLINK_NOFOLLOW) == 0)
-		ns = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
-	return ns;
-}
 
 /* Deletes the files dsckptd writes in jobfd/tag, the manifest first, then the directory. */
 static void retention_delete(int jobfd, const char *jobpath, const char *tag)
@@ -82,9 +65,10 @@ void retention_apply(int jobfd, const char *jobpath, const char *current, uint64
 		     uid_t uid, unsigned keep)
 {
 	struct retention_tag *tags;
-	char **names;
+	char **names, latest[NAME_MAX + 1];
 	size_t n, k = 0;
 
+	store_latest_get(jobfd, latest, sizeof(latest));
 	if (store_list(jobfd, &names, &n) < 0) {
 		log_warn("keep_last: cannot list %s", jobpath);
 		return;
@@ -97,21 +81,17 @@ void retention_apply(int jobfd, const char *jobpath, const char *current, uint64
 		struct stat st;
 		uint64_t ns = current_ns;
 		if (strcmp(names[i], current) != 0) {
-			int fd = fstatat(jobfd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-				 S_ISDIR(st.st_mode) && (uid == 0 || st.st_uid == uid) ?
-				 openat(jobfd, names[i], STORE_DIR_FLAGS) : -1;
-			if (fd < 0)
+			if (fstatat(jobfd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+			    !S_ISDIR(st.st_mode) || (uid != 0 && st.st_uid != uid))
 				continue;
-			ns = retention_created(fd);
-			close(fd);
-			if (ns == 0)
+			if ((ns = store_tag_committed(jobfd, names[i])) == 0)
 				continue;
 		}
 		tags[k++] = (struct retention_tag){names[i], ns};
 	}
 	qsort(tags, k, sizeof(*tags), retention_cmp);
 	for (size_t i = keep; i < k; i++) {
-		if (strcmp(tags[i].name, current) != 0)
+		if (strcmp(tags[i].name, current) != 0 && strcmp(tags[i].name, latest) != 0)
 			retention_delete(jobfd, jobpath, tags[i].name);
 	}
 	free(tags);

@@ -13,6 +13,7 @@
 #include "dsckptd.h"
 #include "../proto/proto.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -245,6 +246,11 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		return rc;
 	struct store_root root;
 	int fd = store_open_dir(config, d, client_uid(c), client_gid(c), &root, err, errlen);
+	if (fd >= 0 && faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+		close(fd);	/* a new file would silently break what was committed */
+		fd = seterr(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
+			    "takes no more saves", d);
+	}
 	if (fd < 0) {
 		quota_give(client_uid(c), QUOTA_SAVES, 1);
 		return fd;

@@ -3,7 +3,9 @@
  * dsckptd wrote, MANIFEST.json written atomically, then the job's latest, then retention.
  *
  * A tag is committed exactly when its MANIFEST.json exists: the manifest is written last and
- * deleted first (retention.c). The manifest's layout is format/manifest.c's.
+ * deleted first (retention.c). The manifest's layout is format/manifest.c's. Commits of one job
+ * run one at a time under the job directory's lock (store_latest.c); a commit that returns an
+ * error has left no manifest behind, and committing a committed tag again changes nothing.
  */
 #include "dsckptd.h"
 
@@ -292,6 +294,38 @@ static char *store_manifest_text(const char *tag, unsigned world, const struct s
 	return text;
 }
 
+/*
+ * A commit of tag, whose manifest exists already: answered from that manifest (and `latest`
+ * repaired forward) without writing it again; 1 when the tag is not committed yet, 0 when it
+ * is (info filled), or a negative ERR_E* (another world size, an unreadable manifest).
+ */
+static int store_commit_again(const struct config *cfg, int dfd, int jobfd, const char *tag,
+			      unsigned world, uid_t uid, gid_t gid,
+			      struct store_commit_info *info, char *err, size_t errlen)
+{
+	char why[300];
+	int present, rc = 0;
+	struct manifest *m = manifest_load(dfd, &present, why, sizeof(why));
+
+	if (!present)
+		return 1;
+	if (!m)
+		return seterr(err, errlen, ERR_EIO, "%s/%s: %s", tag, FMT_MANIFEST, why);
+	if (m->world_size != world)
+		rc = seterr(err, errlen, ERR_EEXIST, "%s is committed already, with world size "
+			    "%" PRIu64 ", not %u", tag, m->world_size, world);
+	else
+		rc = store_latest_advance(cfg, jobfd, tag, store_tag_committed(jobfd, tag), uid,
+					  gid, err, errlen);
+	if (rc == 0 && info) {
+		snprintf(info->tag, sizeof(info->tag), "%s", tag);
+		info->files = (unsigned)m->nfiles;
+		info->bytes = m->total_bytes;
+	}
+	manifest_free(m);
+	return rc;
+}
+
 /* Commits a checkpoint directory: manifest, latest, retention. */
 int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
 		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen)
@@ -314,6 +348,11 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		path[--len] = '\0';
 	tag = strrchr(path, '/');
 	*tag++ = '\0'; /* path is now the job directory */
+	if ((rc = store_job_lock(jobfd, err, errlen)) < 0)
+		goto out_lock;
+	if ((rc = store_commit_again(cfg, dfd, jobfd, tag, world, uid, gid, info, err,
+				     errlen)) != 1)
+		goto out_lock;
 
 	if (store_list(dfd, &names, &n) < 0) {
 		rc = seterr(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
@@ -340,10 +379,15 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, strlen(text), uid, gid,
-				     cfg->file_mode, err, errlen)) < 0 ||
-	    (rc = store_write_atomic(jobfd, FMT_LATEST, tag, strlen(tag), uid, gid,
 				     cfg->file_mode, err, errlen)) < 0)
 		goto out;
+	if ((rc = store_latest_advance(cfg, jobfd, tag, created_ns, uid, gid, err,
+				       errlen)) < 0) {
+		/* A reported error means not committed: take the manifest back. */
+		if (unlinkat(dfd, FMT_MANIFEST, 0) < 0 || fsync(dfd) < 0)
+			log_warn("commit of %s/%s: cannot take the manifest back", path, tag);
+		goto out;
+	}
 	log_info("committed %s/%s: %zu files, %" PRIu64 " bytes, world %u", path, tag, nents,
 		 total, world);
 	if (cfg->keep_last > 0)
@@ -364,6 +408,8 @@ out:
 	free(ents);
 	store_list_free(names, n);
 out_list:
+	store_job_unlock(jobfd);
+out_lock:
 	close(jobfd);
 	close(dfd);
 	return rc;

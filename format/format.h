@@ -208,6 +208,9 @@ struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t 
 /* Reads dirfd's MANIFEST.json (see manifest_parse); NULL with why, and *present saying
  * whether the file is there at all. */
 struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen);
+/* The same for the file dirfd/name (e.g. an interrupted commit's MANIFEST.json.partial). */
+struct manifest *manifest_load_at(int dirfd, const char *name, int *present, char *why,
+				  size_t whylen);
 /* Frees a parsed manifest (NULL is fine). */
 void manifest_free(struct manifest *m);
 

@@ -290,12 +290,19 @@ fail:
 /* Reads dirfd's MANIFEST.json (see format.h). */
 struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen)
 {
+	return manifest_load_at(dirfd, FMT_MANIFEST, present, why, whylen);
+}
+
+/* Reads and parses dirfd/name as a manifest (an interrupted commit's partial, say). */
+struct manifest *manifest_load_at(int dirfd, const char *name, int *present, char *why,
+				  size_t whylen)
+{
 	struct manifest *m = NULL;
 	struct stat st;
 	char *buf = NULL;
 	size_t got = 0;
 
-	int fd = openat(dirfd, FMT_MANIFEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	*present = fd >= 0 || errno != ENOENT;
 	if (fd < 0) {
 		snprintf(why, whylen, "cannot open: %s", strerror(errno));

@@ -466,12 +466,17 @@ START_TEST(test_commit)
 	ck_assert(!h_exists(rpath("%s", "job/step100/MANIFEST.json.partial")));
 	ck_assert(h_exists(rpath("%s", "job/step100/notes.txt")));
 
-	/* Committing again rewrites the manifest. */
+	/* Committing again changes nothing and answers the same; another world size is
+	 * refused: a committed tag is never rewritten. */
+	char *before = h_read_file(rpath("%s", "job/step100/MANIFEST.json"), NULL);
 	commit_ok(dir, 2);
-	/* World size 1 now sees rank 1 as a stranger. */
+	char *after = h_read_file(rpath("%s", "job/step100/MANIFEST.json"), NULL);
+	ck_assert_str_eq(before, after);
+	free(before);
+	free(after);
 	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
-			 ERR_EINVAL);
-	ck_assert_ptr_nonnull(strstr(err, "rank 1"));
+			 ERR_EEXIST);
+	ck_assert_ptr_nonnull(strstr(err, "committed already"));
 }
 END_TEST
 
