@@ -17,6 +17,7 @@
 #include <uv.h>
 
 struct commit {
+	struct config *cfg;   /* a reference: the config as of the request, across reloads */
 	uint64_t conn;
 	uint64_t req;
 	char dir[PROTO_MAX_STR + 1];
@@ -39,7 +40,9 @@ static void commits_check(void);
 /* Frees a commit once its timer is closed. */
 static void commit_closed(uv_handle_t *h)
 {
-	free(h->data);
+	struct commit *cm = h->data;
+	config_unref(cm->cfg);
+	free(cm);
 }
 
 /* Unlinks, answers and frees a commit. */
@@ -63,7 +66,7 @@ static void commit_finish(struct commit *cm, int code, const char *msg)
 static void commit_work(uv_work_t *w)
 {
 	struct commit *cm = w->data;
-	cm->rc = store_commit(config, cm->dir, cm->world, cm->uid, cm->gid, &cm->info, cm->err,
+	cm->rc = store_commit(cm->cfg, cm->dir, cm->world, cm->uid, cm->gid, &cm->info, cm->err,
 			      sizeof(cm->err));
 }
 
@@ -148,6 +151,7 @@ void commit_request(const struct client *cl, uint64_t req, const char *dir, unsi
 		reply_error(client_id(cl), req, ERR_ENOMEM, "out of memory");
 		return;
 	}
+	cm->cfg = config_ref(config);
 	cm->conn = client_id(cl);
 	cm->req = req;
 	store_norm_dir(cm->dir, sizeof(cm->dir), dir);

@@ -424,6 +424,7 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 		config_err(err, errlen, "out of memory");
 		goto fail_root;
 	}
+	cfg->refs = 1;
 
 	cJSON_ArrayForEach(item, root) {
 		size_t i;
@@ -457,7 +458,21 @@ fail_root:
 	return -1;
 }
 
-/* Frees a config. */
+/* Takes a reference to cfg for work that outlives a reload (loop thread); returns cfg. */
+struct config *config_ref(struct config *cfg)
+{
+	cfg->refs++;
+	return cfg;
+}
+
+/* Drops a reference (loop thread); the last one frees the config. */
+void config_unref(struct config *cfg)
+{
+	if (cfg && --cfg->refs == 0)
+		config_free(cfg);
+}
+
+/* Frees a config, whatever its references. */
 void config_free(struct config *cfg)
 {
 	if (cfg == NULL)

@@ -70,8 +70,10 @@ int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
 /* config.c */
-/* A validated configuration; replaced whole on reload, never edited in place. */
+/* A validated configuration; replaced whole on reload, never edited in place, and kept alive
+ * by references (config_ref) for work that runs past a reload, such as a commit. */
 struct config {
+	unsigned refs;             /* loop thread only; 1 from config_load */
 	char *socket;              /* path of the Unix socket */
 	unsigned socket_mode;      /* from an octal string, e.g. "0660" */
 	char **allowed_roots;      /* absolute, canonical (realpath) directories */
@@ -98,7 +100,11 @@ struct config {
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
-/* Frees a config. */
+/* Takes a reference to cfg (loop thread); returns cfg. */
+struct config *config_ref(struct config *cfg);
+/* Drops a reference (loop thread); the last one frees it. NULL is fine. */
+void config_unref(struct config *cfg);
+/* Frees a config whatever its references (start-up errors, tools). */
 void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);

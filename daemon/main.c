@@ -31,10 +31,6 @@ static const char *config_path = DSCKPTD_DEFAULT_CONFIG;
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_check_t drain_check;  /* active while draining */
 static int draining;
-/* Replaced configs, freed at exit: a commit in the threadpool may still read one. */
-#define MAX_RETIRED 64
-static struct config *retired[MAX_RETIRED];
-static unsigned nretired;
 
 /* Seconds on the monotonic clock. */
 double now_mono(void)
@@ -146,12 +142,8 @@ static void reload(void)
 	n->chunk_bytes = config->chunk_bytes;
 	n->flush_threads = config->flush_threads;
 	n->copy_threads = config->copy_threads;
-	if (nretired == MAX_RETIRED) {	/* the oldest is long out of use */
-		config_free(retired[0]);
-		memmove(retired, retired + 1, (MAX_RETIRED - 1) * sizeof(*retired));
-		nretired--;
-	}
-	retired[nretired++] = config;
+	/* Work that reads the old one (a commit in the threadpool) holds a reference to it. */
+	config_unref(config);
 	config = n;
 	log_set_level(config->log_level);
 	quota_set_limits(config);
@@ -185,13 +177,6 @@ static void on_signal(uv_signal_t *h, int signum)
 		on_drain_check(&drain_check);
 		break;
 	}
-}
-
-/* Frees the retired configs. */
-static void free_retired(void)
-{
-	while (nretired > 0)
-		config_free(retired[--nretired]);
 }
 
 int main(int argc, char **argv)
@@ -287,8 +272,7 @@ int main(int argc, char **argv)
 		log_error("event loop still had handles at exit: %s", uv_strerror(rc));
 	gpu_unregister_host(cache_base(cache));
 	cache_destroy(cache);
-	config_free(config);
-	free_retired();
+	config_unref(config);
 	lock_release();
 	log_info("stopped");
 	return rc == 0 ? 0 : 1;
