@@ -1,7 +1,7 @@
 /*
- * harness_daemon.h — what the integration suites (check_daemon_*.c) share: the running
- * test's daemon, dsckptctl run against it, a trainer's saves through libdsckpt, and a small
- * safetensors reader of our own that checks every file the daemon writes.
+ * harness_daemon.h — what the integration suites (check_daemon_*.c, check_hostile_*.c) share:
+ * the running test's daemon, dsckptctl run against it, a trainer's saves through libdsckpt,
+ * and a small safetensors reader of our own that checks every file the daemon writes.
  */
 #ifndef DSCKPT_HARNESS_DAEMON_H
 #define DSCKPT_HARNESS_DAEMON_H
