@@ -117,13 +117,18 @@ $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# What the suites share (tests/harness*.c), as an archive: a suite links the helpers it uses.
+$(BUILD)/libtest-harness.a: $(call obj,$(wildcard tests/harness*.c))
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
-$(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
+$(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/libtest-harness.a \
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
-		$(BUILD)/libdsckpt.a \
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $< $(BUILD)/libtest-harness.a \
+		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)
 

@@ -100,20 +100,106 @@ char *h_read_file(const char *path, size_t *len)
 	return buf;
 }
 
-/* Whether something accepts connections on path. */
-static int socket_answers(const char *path)
+/* ---- shared by the suites: connecting, waiting, paths, byte patterns, cases ---- */
+
+/* Connects a Unix stream socket to path; the fd, or -errno. */
+int h_connect(const char *path)
 {
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	size_t n = strlen(path);
-	if (n >= sizeof(sa.sun_path)) {
+
+	if (fd < 0)
+		return -errno;
+	if (strlen(path) >= sizeof(sa.sun_path)) {
 		close(fd);
-		return 0;
+		return -ENAMETOOLONG;
 	}
-	memcpy(sa.sun_path, path, n + 1);
-	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+/* Sleeps ms milliseconds. */
+void h_sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+/* Formats into the next of 32 static buffers. */
+const char *h_path(const char *fmt, ...)
+{
+	static char bufs[32][1024];
+	static int next;
+	char *b = bufs[next++ % 32];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(b, sizeof(bufs[0]), fmt, ap);
+	va_end(ap);
+	return b;
+}
+
+/* splitmix64: the word of a pattern at one index. */
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Fills n bytes with seed's pattern. */
+void h_pattern_fill(void *buf, size_t n, uint64_t seed)
+{
+	uint8_t *p = buf;
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t w = mix64((seed << 40) ^ (i / 8));
+		memcpy(p + i, &w, n - i < 8 ? n - i : 8);
+	}
+}
+
+/* Index of the first byte that differs from seed's pattern, or n. */
+size_t h_pattern_diff(const void *buf, size_t n, uint64_t seed)
+{
+	const uint8_t *p = buf;
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t w = mix64((seed << 40) ^ (i / 8));
+		size_t k = n - i < 8 ? n - i : 8;
+		if (memcmp(p + i, &w, k) != 0) {
+			const uint8_t *wb = (const uint8_t *)&w;
+			for (size_t j = 0; j < k; j++)
+				if (p[i + j] != wb[j])
+					return i + j;
+		}
+	}
+	return n;
+}
+
+/* Adds a test case with the leftovers fixture. */
+void h_add_case(Suite *s, const char *name, const TTest *t, int timeout, int loops)
+{
+	TCase *tc = tcase_create(name);
+	tcase_add_checked_fixture(tc, h_leftovers, NULL);
+	tcase_set_timeout(tc, timeout);
+	tcase_add_loop_test(tc, t, 0, loops);
+	suite_add_tcase(s, tc);
+}
+
+/* ---- the daemon under test ---- */
+
+/* Whether something accepts connections on path. */
+static int socket_answers(const char *path)
+{
+	int fd = h_connect(path);
+	if (fd < 0)
+		return 0;
 	close(fd);
-	return ok;
+	return 1;
 }
 
 /* The daemon of the running test, in memory shared across Check's fork (NULL outside

@@ -7,6 +7,7 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* A daemon under test. */
@@ -52,6 +53,25 @@ int h_exists(const char *path);
 int h_user(const char *name, uid_t *uid, gid_t *gid);
 /* Runs a shell command, returns its exit status (-1 if it did not exit). */
 int h_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- shared by the suites: connecting, waiting, paths, byte patterns, cases ---- */
+
+/* Connects a Unix stream socket to path; the descriptor, or a negative errno. */
+int h_connect(const char *path);
+/* Sleeps ms milliseconds. */
+void h_sleep_ms(int ms);
+/* Formats a path (or any short text) into a static rotating buffer, 32 live at a time. */
+const char *h_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Fills n bytes with a pseudo-random pattern (splitmix64) that depends only on seed. */
+void h_pattern_fill(void *buf, size_t n, uint64_t seed);
+/* Index of the first byte of buf that differs from seed's pattern, or n. */
+size_t h_pattern_diff(const void *buf, size_t n, uint64_t seed);
+
+/*
+ * Adds a test case named name to s: test t looped over [0, loops), timeout seconds, with
+ * h_leftovers as its checked fixture (see h_run_suite).
+ */
+void h_add_case(Suite *s, const char *name, const TTest *t, int timeout, int loops);
 
 /*
  * Runs a suite (Check's fork mode) so that a test that fails with its daemon running leaves

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """bench_train.py — checkpointing a real PyTorch training loop, four ways, in one run.
 
+Over 600 lines: one self-contained script, run as is on the GPU node (tests/gpu/run-train); its
+four modes share one model, one batch stream and one timing harness.
+
 A GPT-style decoder (hand-written causal attention + MLP, fp32 weights, bf16 autocast on the
 GPU, random tokens, cross-entropy, AdamW) is trained for the same ITERS iterations in each
 mode, with a checkpoint of {"model": model.state_dict(), "optim": optimizer.state_dict()}

@@ -1,6 +1,8 @@
 /*
  * gpu_bench.cu — the GPU benchmark's measurements, one mode per run (tests/gpu/run-bench runs
  * them all against one daemon and prints the table).
+ * Over 600 lines: one self-contained program (gpu.mk builds one .cu per binary) whose six modes
+ * share the bn_* helpers.
  *
  *   gpu-bench baseline [--sizes 1,4,16]
  *       in-process cudaMemcpyAsync device -> pinned host, 64 MiB chunks on 4 streams: the

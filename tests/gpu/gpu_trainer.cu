@@ -1,6 +1,8 @@
 /*
  * gpu_trainer.cu — the GPU checks' trainer: ranks save CUDA tensors through libdsckpt, then
  * every byte of every file is checked against the pattern the ranks wrote.
+ * Over 600 lines: one self-contained program (gpu.mk builds one .cu per binary); its ranks and its
+ * checks share one tensor layout (tr_*).
  *
  *   gpu-trainer --socket S --root DIR --job JOB --scenario NAME [--ranks N] [--inline]
  *               [--timeout SEC] [--seed N]

@@ -1,0 +1,147 @@
+/*
+ * check_daemon_ops.c — the operator's side: retention (keep_last), SIGHUP reloads (a broken
+ * config keeps the old one), and the command line (dsckptd -n, -v, a second daemon on a live
+ * socket, a stale socket file, a regular file where the socket should go).
+ */
+#include "harness_frames.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* keep_last 2 after four commits: the two newest tags remain, latest is the newest. */
+START_TEST(test_keep_last)
+{
+	d_start(CACHE_8M, CHUNK_1M "\"keep_last\": 2,");
+	dsckpt_conn_t *c = conn_open("kl", 0, 1);
+	for (int i = 1; i <= 4; i++)
+		save_and_commit(c, h_path("%s/kl/step%d", D->root, i), 70 + (uint64_t)i);
+	for (int i = 1; i <= 2; i++)
+		ck_assert_msg(!h_exists(h_path("%s/kl/step%d", D->root, i)), "step%d kept", i);
+	for (int i = 3; i <= 4; i++) {
+		ck_assert(h_exists(h_path("%s/kl/step%d/MANIFEST.json", D->root, i)));
+		check_pattern_file(h_path("%s/kl/step%d", D->root, i), "rank0", 64 * 1024,
+				   70 + (uint64_t)i);
+	}
+	ck_assert_str_eq(file_text(h_path("%s/kl/latest", D->root)), "step4");
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/* SIGHUP with a broken config keeps the old one; SIGHUP with keep_last 1 applies it. */
+START_TEST(test_reload)
+{
+	d_start(CACHE_8M, CHUNK_1M);
+	char *good = h_read_file(D->config, NULL);
+	ck_assert_ptr_nonnull(good);
+	dsckpt_conn_t *c = conn_open("hup", 0, 1);
+	for (int i = 1; i <= 2; i++)
+		save_and_commit(c, h_path("%s/hup/s%d", D->root, i), 80 + (uint64_t)i);
+
+	FILE *f = fopen(D->config, "w");
+	fputs("{ \"socket\": ", f);
+	fclose(f);
+	ck_assert_int_eq(kill(D->pid, SIGHUP), 0);
+	h_sleep_ms(300);
+	ck_assert_int_eq(kill(D->pid, 0), 0);
+	check_alive();
+	save_and_commit(c, h_path("%s/hup/s3", D->root), 83);
+	for (int i = 1; i <= 3; i++)
+		ck_assert(h_exists(h_path("%s/hup/s%d/MANIFEST.json", D->root, i)));
+
+	f = fopen(D->config, "w");
+	fprintf(f, "{\n  \"keep_last\": 1,%s", strchr(good, '{') + 1);
+	fclose(f);
+	ck_assert_int_eq(kill(D->pid, SIGHUP), 0);
+	h_sleep_ms(300);
+	save_and_commit(c, h_path("%s/hup/s4", D->root), 84);
+	for (int i = 1; i <= 3; i++)
+		ck_assert_msg(!h_exists(h_path("%s/hup/s%d", D->root, i)), "s%d kept after reload",
+			      i);
+	check_pattern_file(h_path("%s/hup/s4", D->root), "rank0", 64 * 1024, 84);
+	free(good);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/* dsckptd -n and -v; a second daemon on a live socket; a stale socket file is replaced. */
+START_TEST(test_cli)
+{
+	d_start(CACHE_8M, CHUNK_1M);
+	const char *out = h_path("%s/cli.out", D->dir);
+	const char *bad = h_path("%s/bad.json", D->dir);
+
+	ck_assert_int_eq(h_system("%s -n -c '%s' >'%s' 2>&1", h_bin("dsckptd"), D->config, out),
+			 0);
+	ck_assert_msg(strstr(file_text(out), "configuration OK"), "-n said: %s", file_text(out));
+	FILE *f = fopen(bad, "w");
+	fprintf(f, "{\"socket\": \"%s/x.sock\", \"host_cache_size\": -1, \"nonsense\": 1}\n",
+		D->dir);
+	fclose(f);
+	ck_assert_int_eq(h_system("%s -n -c '%s' >'%s' 2>&1", h_bin("dsckptd"), bad, out), 1);
+	ck_assert_msg(!strstr(file_text(out), "configuration OK") && file_text(out)[0],
+		      "-n on a bad config said: %s", file_text(out));
+	ck_assert_int_eq(h_system("%s -n -c '%s/missing.json' >/dev/null 2>&1", h_bin("dsckptd"),
+				  D->dir),
+			 1);
+	ck_assert_int_eq(h_system("%s -v >'%s' 2>&1", h_bin("dsckptd"), out), 0);
+	ck_assert_msg(strstr(file_text(out), DSCKPT_VERSION_STRING), "-v said: %s",
+		      file_text(out));
+
+	/* copy_threads is not in the config: 0, auto, is 2 copy threads without a GPU. */
+	char *status;
+	ck_assert_int_eq(ctl(&status, "status"), 0);
+	if (strstr(status, "cuda      none"))
+		ck_assert_msg(strstr(status, "threads   2 flush, 2 copy"), "status said: %s",
+			      status);
+	free(status);
+
+	int rc = h_system("timeout 10 %s -d -c '%s' >'%s' 2>&1", h_bin("dsckptd"), D->config, out);
+	ck_assert_msg(rc != 0 && rc != 124, "a second daemon on a live socket: status %d", rc);
+	check_alive();
+
+	d_kill(SIGKILL);
+	struct stat st;
+	ck_assert_int_eq(lstat(D->socket, &st), 0);
+	ck_assert(S_ISSOCK(st.st_mode));
+	d_restart(1);
+	check_alive();
+
+	/* A regular file where the socket should go is not the daemon's to remove. */
+	char *cfg = h_read_file(D->config, NULL);
+	f = fopen(h_path("%s/other.json", D->dir), "w");
+	fprintf(f, "{\n  \"socket\": \"%s/regular\",%s", D->dir, strchr(cfg, ',') + 1);
+	fclose(f);
+	free(cfg);
+	f = fopen(h_path("%s/regular", D->dir), "w");
+	fputs("keep me\n", f);
+	fclose(f);
+	rc = h_system("timeout 10 %s -d -c '%s/other.json' >'%s' 2>&1", h_bin("dsckptd"), D->dir,
+		      out);
+	ck_assert_msg(rc != 0 && rc != 124, "started over a regular file: status %d", rc);
+	ck_assert_str_eq(file_text(h_path("%s/regular", D->dir)), "keep me\n");
+	d_stop();
+}
+END_TEST
+
+/* Builds the suite: one test case per group, each with a time limit that fits it. */
+static Suite *daemon_ops_suite(void)
+{
+	Suite *s = suite_create("daemon ops");
+	h_add_case(s, "keep_last", test_keep_last, 30, 1);
+	h_add_case(s, "reload", test_reload, 30, 1);
+	h_add_case(s, "cli", test_cli, 60, 1);
+	return s;
+}
+
+/* Runs the suite; non-zero exit status when a test failed. */
+int main(void)
+{
+	return h_run_suite(daemon_ops_suite(), NULL);
+}

@@ -1,0 +1,260 @@
+/* check_store_commit.c — commits (MANIFEST.json, latest), what they refuse, and keep_last. */
+#include "harness_store.h"
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+/* A commit writes MANIFEST.json (files, tensors, checksums) and <job>/latest. */
+START_TEST(test_commit)
+{
+	char err[ERRLEN], *text;
+	size_t len;
+	struct store_commit_info info;
+	const char *dir = rpath("%s", "job/step100");
+
+	write_ckpt(dir, "rank1", 1, NULL);
+	write_ckpt(dir, "rank0", 0, "pickled-skeleton");
+	write_text(rpath("%s", "job/step100/notes.txt"), "not ours");
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, 0, 0, &info, err, sizeof(err)), 0);
+	ck_assert_str_eq(info.tag, "step100");
+	ck_assert_uint_eq(info.files, 3);
+
+	text = h_read_file(rpath("%s", "job/latest"), &len);
+	ck_assert_str_eq(text, "step100");
+	free(text);
+	text = h_read_file(rpath("%s", "job/step100/MANIFEST.json"), &len);
+	cJSON *m = cJSON_Parse(text);
+	ck_assert_ptr_nonnull(m);
+	ck_assert_ptr_nonnull(strstr(text, "\"created_ns\":\t1")); /* exact, not 1.7e+18 */
+	free(text);
+	ck_assert_str_eq(cJSON_GetObjectItem(m, "format")->valuestring, "dsckpt-manifest");
+	ck_assert_int_eq(cJSON_GetObjectItem(m, "version")->valueint, 1);
+	ck_assert_str_eq(cJSON_GetObjectItem(m, "dsckptd_version")->valuestring,
+			 DSCKPTD_VERSION);
+	ck_assert_str_eq(cJSON_GetObjectItem(m, "tag")->valuestring, "step100");
+	ck_assert_int_eq(cJSON_GetObjectItem(m, "world_size")->valueint, 2);
+	ck_assert_str_eq(cJSON_GetObjectItem(m, "checksum")->valuestring, "xxh3-64");
+	ck_assert_uint_eq(strlen(cJSON_GetObjectItem(m, "created")->valuestring), 20);
+	ck_assert_uint_eq(cJSON_GetObjectItem(m, "total_bytes")->valuedouble, info.bytes);
+
+	cJSON *files = cJSON_GetObjectItem(m, "files");
+	ck_assert_int_eq(cJSON_GetArraySize(files), 3);
+	const char *names[3] = {"rank0.meta", "rank0.safetensors", "rank1.safetensors"};
+	const int ranks[3] = {0, 0, 1};
+	uint64_t total = 0;
+	for (int i = 0; i < 3; i++) {
+		cJSON *f = cJSON_GetArrayItem(files, i);
+		struct stat st;
+		ck_assert_str_eq(cJSON_GetObjectItem(f, "name")->valuestring, names[i]);
+		ck_assert_int_eq(cJSON_GetObjectItem(f, "rank")->valueint, ranks[i]);
+		ck_assert_int_eq(stat(rpath("job/step100/%s", names[i]), &st), 0);
+		ck_assert_uint_eq(cJSON_GetObjectItem(f, "size")->valuedouble, st.st_size);
+		total += (uint64_t)st.st_size;
+	}
+	ck_assert_uint_eq(total, info.bytes);
+
+	cJSON *meta = cJSON_GetArrayItem(files, 0);
+	char hex[17];
+	snprintf(hex, sizeof(hex), "%016" PRIx64, (uint64_t)XXH3_64bits("pickled-skeleton", 16));
+	ck_assert_str_eq(cJSON_GetObjectItem(meta, "kind")->valuestring, "meta");
+	ck_assert_str_eq(cJSON_GetObjectItem(meta, "xxh3")->valuestring, hex);
+
+	cJSON *st0 = cJSON_GetArrayItem(files, 1);
+	ck_assert_str_eq(cJSON_GetObjectItem(st0, "kind")->valuestring, "safetensors");
+	ck_assert_int_eq(cJSON_GetObjectItem(st0, "header_len")->valueint, 4096);
+	cJSON *tensors = cJSON_GetObjectItem(st0, "tensors");
+	ck_assert_int_eq(cJSON_GetArraySize(tensors), 2);
+	cJSON *t0 = cJSON_GetArrayItem(tensors, 0), *t1 = cJSON_GetArrayItem(tensors, 1);
+	ck_assert_str_eq(cJSON_GetObjectItem(t0, "name")->valuestring, "layer.0.weight");
+	ck_assert_str_eq(cJSON_GetObjectItem(t0, "dtype")->valuestring, "F32");
+	ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(t0, "shape"), 1)->valueint, 3);
+	ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "data_offsets"), 0)->valueint,
+			 24);
+	ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(t1, "data_offsets"), 1)->valueint,
+			 34);
+	float a[6] = {1, 2, 3, 4, 5, 6};
+	snprintf(hex, sizeof(hex), "%016" PRIx64, (uint64_t)XXH3_64bits(a, sizeof(a)));
+	ck_assert_str_eq(cJSON_GetObjectItem(t0, "xxh3")->valuestring, hex);
+	ck_assert_uint_eq(strlen(cJSON_GetObjectItem(st0, "data_xxh3")->valuestring), 16);
+	cJSON_Delete(m);
+	ck_assert(!h_exists(rpath("%s", "job/step100/MANIFEST.json.partial")));
+	ck_assert(h_exists(rpath("%s", "job/step100/notes.txt")));
+
+	/* Committing again changes nothing and answers the same; another world size is
+	 * refused: a committed tag is never rewritten. */
+	char *before = h_read_file(rpath("%s", "job/step100/MANIFEST.json"), NULL);
+	commit_ok(dir, 2);
+	char *after = h_read_file(rpath("%s", "job/step100/MANIFEST.json"), NULL);
+	ck_assert_str_eq(before, after);
+	free(before);
+	free(after);
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+			 ERR_EEXIST);
+	ck_assert_ptr_nonnull(strstr(err, "committed already"));
+}
+END_TEST
+
+/* A commit of one file of 100,000 tensors takes less than 5 s. */
+START_TEST(test_commit_many)
+{
+	enum { N = 100000 };
+	static const uint64_t shape[1] = {0};
+	struct st_tensor *t = calloc(N, sizeof(*t));
+	char (*names)[32] = calloc(N, 32), err[ERRLEN];
+	const char *meta[] = {"dsckpt.version", DSCKPTD_VERSION, "dsckpt.rank", "0"};
+	size_t *slots = calloc(N + 1, sizeof(*slots)), len;
+	uint8_t *hdr;
+	struct store_commit_info info;
+	struct timespec a, b;
+
+	for (int i = 0; i < N; i++) {
+		snprintf(names[i], 32, "opt.state.%d", i);
+		t[i] = (struct st_tensor){names[i], "F32", shape, 1, 0};
+	}
+	ck_assert_int_eq(st_header_build(t, N, meta, 2, &hdr, &len, slots, err, sizeof(err)), 0);
+	int dfd = store_open_dir(&cfg, rpath("%s", "job/big"), 0, 0, NULL, err, sizeof(err));
+	ck_assert_int_ge(dfd, 0);
+	ck_assert_int_eq(store_write_atomic(dfd, "rank0.safetensors", hdr, len, 0, 0, 0644, err,
+					    sizeof(err)), 0);
+	close(dfd);
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	ck_assert_int_eq(store_commit(&cfg, rpath("%s", "job/big"), 1, 0, 0, &info, err,
+				      sizeof(err)), 0);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+	ck_assert_msg(ms < 5000, "commit of 100k tensors took %.0f ms", ms);
+	ck_assert_uint_eq(info.bytes, len);
+	free(hdr);
+	free(slots);
+	free(names);
+	free(t);
+}
+END_TEST
+
+/* Missing ranks, files still written, foreign or broken files: the commit is refused. */
+START_TEST(test_commit_rejects)
+{
+	char err[ERRLEN];
+	struct store_commit_info info;
+	const char *dir = rpath("%s", "job/s1");
+
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+			 ERR_ENOENT);
+	int fd = store_open_dir(&cfg, dir, 0, 0, NULL, err, sizeof(err));
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+			 ERR_EINCOMPLETE);
+	ck_assert_ptr_nonnull(strstr(err, "no checkpoint files"));
+	ck_assert_int_eq(store_commit(&cfg, dir, 0, 0, 0, &info, err, sizeof(err)),
+			 ERR_EINVAL);
+	ck_assert_int_eq(store_commit(&cfg, "/etc", 1, 0, 0, &info, err, sizeof(err)),
+			 ERR_EACCES);
+
+	write_ckpt(dir, "rank0", 0, NULL);
+	write_ckpt(dir, "rank1", 1, NULL);
+	write_ckpt(dir, "rank2", 2, NULL);
+	ck_assert_int_eq(store_commit(&cfg, dir, 4, 0, 0, &info, err, sizeof(err)),
+			 ERR_EINCOMPLETE);
+	ck_assert_ptr_nonnull(strstr(err, "rank 3 of 4 has no file in"));
+	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
+
+	write_text(rpath("%s", "job/s1/rank3.safetensors.partial"), "x");
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
+			 ERR_EINCOMPLETE);
+	ck_assert_ptr_nonnull(strstr(err, "still being written"));
+	unlink(rpath("%s", "job/s1/rank3.safetensors.partial"));
+
+	/* A .meta without its safetensors. */
+	write_text(rpath("%s", "job/s1/rank9.meta"), "x");
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
+			 ERR_EINCOMPLETE);
+	unlink(rpath("%s", "job/s1/rank9.meta"));
+
+	/* Not ours, garbage, truncated. */
+	write_foreign(rpath("%s", "job/s1/foreign.safetensors"));
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_ptr_nonnull(strstr(err, "no dsckpt metadata"));
+	unlink(rpath("%s", "job/s1/foreign.safetensors"));
+	write_text(rpath("%s", "job/s1/junk.safetensors"), "\xff\xff\xff\xff\xff\xff\xff\xff{}");
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	write_bytes(rpath("%s", "job/s1/junk.safetensors"), "\x04\0\0\0\0\0\0\0{,}}", 12);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	unlink(rpath("%s", "job/s1/junk.safetensors"));
+	ck_assert_int_eq(truncate(rpath("%s", "job/s1/rank2.safetensors"), 4100), 0);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_ptr_nonnull(strstr(err, "header describes"));
+	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
+	ck_assert(!h_exists(rpath("%s", "job/latest")));
+
+	/* An interrupted commit's MANIFEST.json.partial does not stop the next commit. */
+	write_ckpt(dir, "rank2", 2, NULL);
+	write_text(rpath("%s", "job/s1/MANIFEST.json.partial"), "{\"half\":");
+	commit_ok(dir, 3);
+	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json.partial")));
+	ck_assert(h_exists(rpath("%s", "job/s1/MANIFEST.json")));
+}
+END_TEST
+
+/* keep_last 2 removes the older tags' own files only; re-committing an old tag keeps it. */
+START_TEST(test_keep_last)
+{
+	char *text;
+	const char *tags[4] = {"t1", "t2", "t3", "t4"};
+	cfg.keep_last = 2;
+
+	write_ckpt(rpath("%s", "job/uncommitted"), "rank0", 0, NULL);
+	for (int i = 0; i < 4; i++) {
+		const char *dir = rpath("job/%s", tags[i]);
+		write_ckpt(dir, "rank0", 0, "m");
+		if (i == 0)
+			write_text(rpath("%s", "job/t1/notes.txt"), "someone else's");
+		commit_ok(dir, 1);
+	}
+	ck_assert(h_exists(rpath("%s", "job/t1/notes.txt")));
+	ck_assert(!h_exists(rpath("%s", "job/t1/MANIFEST.json")));
+	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.safetensors")));
+	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.meta")));
+	ck_assert(!h_exists(rpath("%s", "job/t2")));
+	ck_assert(h_exists(rpath("%s", "job/t3/MANIFEST.json")));
+	ck_assert(h_exists(rpath("%s", "job/t4/rank0.safetensors")));
+	ck_assert(h_exists(rpath("%s", "job/uncommitted/rank0.safetensors")));
+	text = h_read_file(rpath("%s", "job/latest"), NULL);
+	ck_assert_str_eq(text, "t4");
+	free(text);
+
+	/* Re-committing an older tag keeps it and the newest keep_last others. */
+	commit_ok(rpath("%s", "job/t3"), 1);
+	ck_assert(h_exists(rpath("%s", "job/t3/MANIFEST.json")));
+	ck_assert(h_exists(rpath("%s", "job/t4/MANIFEST.json")));
+}
+END_TEST
+
+/* Builds the suite. */
+static Suite *store_suite(void)
+{
+	Suite *s = suite_create("store commit");
+	TCase *tc = tcase_create("commit");
+	tcase_add_checked_fixture(tc, scratch_setup, scratch_teardown);
+	tcase_add_test(tc, test_commit);
+	tcase_add_test(tc, test_commit_many);
+	tcase_add_test(tc, test_commit_rejects);
+	tcase_add_test(tc, test_keep_last);
+	tcase_set_timeout(tc, 20);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+/* Runs the suite; non-zero exit status when a test failed. */
+int main(void)
+{
+	return h_run_suite(store_suite(), NULL);
+}
