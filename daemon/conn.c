@@ -24,6 +24,8 @@
 #define FDQ_MAX 256
 #define OUT_MAX (64u << 20)  /* replies a client leaves unread before we drop it */
 #define IN_BASE 131072       /* the input buffer between large frames */
+#define REFUSED_MAX 64       /* refused sockets kept open until their client has read */
+#define REFUSED_MS 2000      /* and for at most this long */
 
 struct conn {
 	uv_poll_t poll;
@@ -48,8 +50,24 @@ struct conn {
 	struct conn *next;
 };
 
+/*
+ * A socket refused at accept, kept open (write side shut) until its client has read the
+ * ERROR: closed at once with the client's HELLO unread, it would reset the connection and the
+ * client would read ECONNRESET instead of the reason. Owned by the refused list until its
+ * handles' close callbacks.
+ */
+struct refused {
+	uv_poll_t poll;
+	uv_timer_t timer;
+	int fd;
+	int handles;            /* still open: the refused is freed when both are closed */
+	struct refused *next;
+};
+
 static struct conn *conns;
 static unsigned nconns;
+static struct refused *refused_list;
+static unsigned nrefused;
 static uint64_t next_conn_id = 1;
 static conn_dispatch_cb dispatch;
 static conn_gone_cb gone;
@@ -148,7 +166,50 @@ static void conn_close(struct conn *c)
 	uv_close((uv_handle_t *)&c->poll, conn_freed);
 }
 
-/* Tells a client refused at accept why, in one ERROR frame, without waiting for it. */
+/* Frees a refused socket's record once both its handles are closed. */
+static void refused_closed(uv_handle_t *h)
+{
+	struct refused *r = h->data;
+	if (--r->handles == 0)
+		free(r);
+}
+
+/* Closes a refused socket for good. */
+static void refused_close(struct refused *r)
+{
+	for (struct refused **p = &refused_list; *p; p = &(*p)->next) {
+		if (*p == r) {
+			*p = r->next;
+			break;
+		}
+	}
+	nrefused--;
+	uv_poll_stop(&r->poll);
+	uv_timer_stop(&r->timer);
+	close(r->fd);
+	uv_close((uv_handle_t *)&r->poll, refused_closed);
+	uv_close((uv_handle_t *)&r->timer, refused_closed);
+}
+
+/* A refused client sent something (discarded) or left: closes once it has left. */
+static void on_refused_poll(uv_poll_t *p, int status, int events)
+{
+	struct refused *r = p->data;
+	char buf[4096];
+	ssize_t n = recv(r->fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+	if (status < 0 || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+		refused_close(r);
+}
+
+/* A refused client took too long to leave. */
+static void on_refused_timer(uv_timer_t *t)
+{
+	refused_close(t->data);
+}
+
+/* Tells a client refused at accept why, in one ERROR frame, without waiting for it to read;
+ * the socket (ours from here) is closed once the client leaves, or after REFUSED_MS. */
 static void conn_refuse(int fd, const char *msg)
 {
 	struct proto_out o;
@@ -161,6 +222,22 @@ static void conn_refuse(int fd, const char *msg)
 	if (send(fd, o.sb.data, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		log_debug("refusing a client: %s", strerror(errno));
 	proto_out_free(&o);
+	shutdown(fd, SHUT_WR);
+	struct refused *r = nrefused < REFUSED_MAX ? calloc(1, sizeof(*r)) : NULL;
+	if (!r || uv_poll_init(loop, &r->poll, fd) != 0) {
+		free(r);
+		close(fd);
+		return;
+	}
+	uv_timer_init(loop, &r->timer);
+	r->fd = fd;
+	r->handles = 2;
+	r->poll.data = r->timer.data = r;
+	uv_poll_start(&r->poll, UV_READABLE, on_refused_poll);
+	uv_timer_start(&r->timer, on_refused_timer, REFUSED_MS, 0);
+	r->next = refused_list;
+	refused_list = r;
+	nrefused++;
 }
 
 /* Takes an accepted socket and reads the peer's credentials. */
@@ -188,10 +265,9 @@ void conn_accept(int fd)
 	c->uid = cred.uid;
 	c->gid = cred.gid;
 	if (quota_take(c->uid, QUOTA_CONNS, 1, err, sizeof(err)) < 0) {
-		conn_refuse(fd, err);
 		log_warnx("client pid %d uid %u refused: %s", (int)c->pid, (unsigned)c->uid, err);
 		free(c);
-		close(fd);
+		conn_refuse(fd, err);	/* Ownership: the descriptor is the refused list's */
 		return;
 	}
 	c->counted = 1;
@@ -449,4 +525,6 @@ void conn_close_all(void)
 {
 	while (conns)
 		conn_close(conns);
+	while (refused_list)
+		refused_close(refused_list);
 }
