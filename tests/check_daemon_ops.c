@@ -1,7 +1,8 @@
 /*
  * check_daemon_ops.c — the operator's side: retention (keep_last), SIGHUP reloads (a broken
  * config keeps the old one), and the command line (dsckptd -n, -v, a second daemon on a live
- * socket, a stale socket file, a regular file where the socket should go).
+ * socket, a stale socket file, a regular file where the socket should go), and a committed
+ * tag taking no more saves.
  */
 #include "harness_frames.h"
 
@@ -28,6 +29,34 @@ START_TEST(test_keep_last)
 				   70 + (uint64_t)i);
 	}
 	ck_assert_str_eq(file_text(h_path("%s/kl/latest", D->root)), "step4");
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/* A save into a committed tag is refused (EEXIST, naming the tag), and the committed
+ * checkpoint still verifies; committing it again answers COMMITTED and changes nothing. */
+START_TEST(test_committed_is_final)
+{
+	d_start(CACHE_8M, CHUNK_1M);
+	dsckpt_conn_t *c = conn_open("fin", 0, 1);
+	const char *dir = h_path("%s/fin/t1", D->root);
+	save_and_commit(c, dir, 91);
+	char *before = h_read_file(h_path("%s/MANIFEST.json", dir), NULL);
+	dsckpt_save_t *s = NULL;
+	for (int i = 0; i < 2; i++) {
+		int rc = dsckpt_save_begin(c, dir, i ? "rank1" : "rank0", &s);
+		ck_assert_msg(rc == DSCKPT_EEXIST, "save %d into a committed tag: %s", i,
+			      dsckpt_err_name(rc));
+		ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "committed"));
+	}
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	char *after = h_read_file(h_path("%s/MANIFEST.json", dir), NULL);
+	ck_assert_str_eq(before, after);
+	free(before);
+	free(after);
+	check_pattern_file(dir, "rank0", 64 * 1024, 91);
+	ctl_verify(dir);
 	dsckpt_close(c);
 	d_stop();
 }
@@ -137,6 +166,7 @@ static Suite *daemon_ops_suite(void)
 	h_add_case(s, "keep_last", test_keep_last, 30, 1);
 	h_add_case(s, "reload", test_reload, 30, 1);
 	h_add_case(s, "cli", test_cli, 60, 1);
+	h_add_case(s, "committed is final", test_committed_is_final, 30, 1);
 	return s;
 }
 
