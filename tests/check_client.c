@@ -948,7 +948,8 @@ START_TEST(test_fake_version)
 	fake_start(&f);
 	ck_assert_int_eq(dsckpt_connect(f.path, &c), 0);
 	ck_assert_int_eq(dsckpt_identify(c, "j", 0, 1), DSCKPT_EVERSION);
-	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "daemon protocol 9"));
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "protocol version mismatch: dsckptd "
+				     "speaks protocol 9, this libdsckpt speaks protocol 1"));
 	ck_assert_int_eq(dsckpt_identify(c, "j", 0, 1), DSCKPT_EPIPE);
 	dsckpt_close(c);
 	free(fake_finish(&f));

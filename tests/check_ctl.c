@@ -604,6 +604,7 @@ enum fake_mode {
 	FAKE_BAD,        /* STATUS lacks "cuda"; PENDING's saves is not an array */
 	FAKE_EMPTY,      /* PENDING lists no save */
 	FAKE_BADPOOLS,   /* STATUS's cache_pools holds a pool whose node is a string */
+	FAKE_LIMIT,      /* every connection is refused at accept: ERROR ELIMIT of id 0 */
 };
 
 /* Packs one save of a PENDING reply. */
@@ -699,6 +700,20 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 	proto_out_free(&o);
 }
 
+/* Refuses connection c at accept as a daemon over max_conns_per_user does: an ERROR of id 0,
+ * sent before any request arrives (the caller then closes c). */
+static void fake_refuse(int c)
+{
+	struct proto_out o;
+	proto_out_init(&o, PROTO_ERROR, 0);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_i64(&o.pk, "code", -1007);
+	proto_kv_str(&o.pk, "message", "connection refused: max_conns_per_user (1) reached");
+	size_t len = proto_out_finish(&o, 0);
+	proto_send(c, o.sb.data, len, NULL, 0);
+	proto_out_free(&o);
+}
+
 /* Starts a fake daemon on scratch/fake.sock answering every connection per mode. */
 static const char *fake_start(enum fake_mode mode)
 {
@@ -721,6 +736,11 @@ static const char *fake_start(enum fake_mode mode)
 			int fds[PROTO_MAX_FDS];
 			unsigned nfds;
 			char why[160];
+			if (mode == FAKE_LIMIT) {
+				fake_refuse(c);
+				close(c);
+				continue;
+			}
 			while (c >= 0 &&
 			       proto_recv(c, &h, &body, fds, &nfds, 5000, why, sizeof(why)) == 0) {
 				free(body);
@@ -740,6 +760,16 @@ START_TEST(test_query_version_mismatch)
 	ck_assert_int_eq(ctl("-s %s status", sock), 1);
 	ck_out_has("protocol version mismatch: dsckptd speaks protocol 99, this dsckptctl "
 		   "speaks protocol 1");
+}
+END_TEST
+
+/* A connection refused for a per-user limit: the daemon's reason and ELIMIT, exit 1. */
+START_TEST(test_query_limit)
+{
+	const char *sock = fake_start(FAKE_LIMIT);
+	ck_assert_int_eq(ctl("-s %s pending", sock), 1);
+	ck_out_has("dsckptd refused HELLO: connection refused: max_conns_per_user (1) reached "
+		   "(ELIMIT)");
 }
 END_TEST
 
@@ -865,6 +895,7 @@ static Suite *ctl_suite(void)
 	tcase_add_test(tc, test_list);
 	tcase_add_test(tc, test_status_no_daemon);
 	tcase_add_test(tc, test_query_version_mismatch);
+	tcase_add_test(tc, test_query_limit);
 	tcase_add_test(tc, test_query_replies);
 	tcase_add_test(tc, test_query_empty);
 	tcase_add_test(tc, test_query_malformed);

@@ -73,6 +73,19 @@ struct lib_hostref;
 int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h);
 /* Unregisters blocks freed since the last sweep, before a SAVE_ADD (lock held). */
 int lib_conn_sweep(dsckpt_conn_t *c);
+/*
+ * For dsckptctl, which links the static library; each takes the connection's lock. A failure
+ * leaves its message for dsckpt_last_error(c), in the words a trainer gets.
+ */
+/* Introduces c as dsckptctl (HELLO as "ctl"); every reply is awaited at most timeout_ms. */
+int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms);
+/* Sends a query of type without arguments ({}: STATUS, PENDING) and reads its reply. */
+int lib_conn_query(dsckpt_conn_t *c, unsigned type, struct lib_reply *r);
+/* Frees a query's reply; DSCKPT_EPROTO if a key read from it was malformed. Keys nobody read
+ * are allowed: a later daemon may add some. */
+int lib_conn_query_end(dsckpt_conn_t *c, struct lib_reply *r);
+/* Whether the last failure was the daemon's ERROR reply (its message is the daemon's). */
+int lib_conn_refused(dsckpt_conn_t *c);
 
 /* hostmem.c — dsckpt_host_alloc blocks and the process-wide registry of them. */
 /* One block as found in the registry. */
