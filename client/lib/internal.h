@@ -108,7 +108,8 @@ int lib_host_alive(const struct lib_hostref *h);
 uint64_t lib_host_generation(void);
 
 /* cuda.c — GPU memory as regions (legacy IPC handles, VMM file descriptors) and the
- * interprocess event of save_end, through libcuda.so.1 loaded at run time. */
+ * interprocess event of save_end, through the driver that cudrv.c loads at run time (its
+ * API in cudrv.h, which only cuda.c and cudrv.c include). */
 /* Where a tensor in GPU memory lies. */
 struct lib_gpu_ref {
 	uint64_t region, offset;
