@@ -159,74 +159,74 @@ START_TEST(test_tensor_check)
 	int64_t big[17];
 	uint8_t buf[64];
 
-	ck_assert_uint_eq(lib_dtype_size("F64"), 8);
-	ck_assert_uint_eq(lib_dtype_size("F32"), 4);
-	ck_assert_uint_eq(lib_dtype_size("BF16"), 2);
-	ck_assert_uint_eq(lib_dtype_size("F16"), 2);
-	ck_assert_uint_eq(lib_dtype_size("I64"), 8);
-	ck_assert_uint_eq(lib_dtype_size("U32"), 4);
-	ck_assert_uint_eq(lib_dtype_size("I16"), 2);
-	ck_assert_uint_eq(lib_dtype_size("U8"), 1);
-	ck_assert_uint_eq(lib_dtype_size("BOOL"), 1);
-	ck_assert_uint_eq(lib_dtype_size("F8_E4M3"), 1);
-	ck_assert_uint_eq(lib_dtype_size("F8_E5M2"), 1);
-	ck_assert_uint_eq(lib_dtype_size("f32"), 0);
-	ck_assert_uint_eq(lib_dtype_size(""), 0);
-	ck_assert_uint_eq(lib_dtype_size("F32 "), 0);
+	ck_assert_uint_eq(lib_check_dtype("F64"), 8);
+	ck_assert_uint_eq(lib_check_dtype("F32"), 4);
+	ck_assert_uint_eq(lib_check_dtype("BF16"), 2);
+	ck_assert_uint_eq(lib_check_dtype("F16"), 2);
+	ck_assert_uint_eq(lib_check_dtype("I64"), 8);
+	ck_assert_uint_eq(lib_check_dtype("U32"), 4);
+	ck_assert_uint_eq(lib_check_dtype("I16"), 2);
+	ck_assert_uint_eq(lib_check_dtype("U8"), 1);
+	ck_assert_uint_eq(lib_check_dtype("BOOL"), 1);
+	ck_assert_uint_eq(lib_check_dtype("F8_E4M3"), 1);
+	ck_assert_uint_eq(lib_check_dtype("F8_E5M2"), 1);
+	ck_assert_uint_eq(lib_check_dtype("f32"), 0);
+	ck_assert_uint_eq(lib_check_dtype(""), 0);
+	ck_assert_uint_eq(lib_check_dtype("F32 "), 0);
 
-	ck_assert_int_eq(lib_tensor_check("w", "F32", s2, 2, buf, 60, why, sizeof(why)), 0);
-	ck_assert_int_eq(lib_tensor_check("w", "U8", NULL, 0, buf, 1, why, sizeof(why)), 0);
-	ck_assert_int_eq(lib_tensor_check("w", "U8", s2, 0, buf, 1, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_tensor("w", "F32", s2, 2, buf, 60, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_tensor("w", "U8", NULL, 0, buf, 1, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_tensor("w", "U8", s2, 0, buf, 1, why, sizeof(why)), 0);
 	int64_t zero[1] = {0};
-	ck_assert_int_eq(lib_tensor_check("w", "F32", zero, 1, NULL, 0, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_tensor("w", "F32", zero, 1, NULL, 0, why, sizeof(why)), 0);
 
-	ck_assert_int_eq(lib_tensor_check(NULL, "F32", s2, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor(NULL, "F32", s2, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("", "F32", s2, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("", "F32", s2, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
 	memset(name, 'n', sizeof(name));
 	name[PROTO_MAX_NAME] = 0;
-	ck_assert_int_eq(lib_tensor_check(name, "F32", s2, 2, buf, 60, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_tensor(name, "F32", s2, 2, buf, 60, why, sizeof(why)), 0);
 	name[PROTO_MAX_NAME] = 'n';
 	name[PROTO_MAX_NAME + 1] = 0;
-	ck_assert_int_eq(lib_tensor_check(name, "F32", s2, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor(name, "F32", s2, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_ENAMETOOLONG);
-	ck_assert_int_eq(lib_tensor_check("__metadata__", "F32", s2, 2, buf, 60, why,
+	ck_assert_int_eq(lib_check_tensor("__metadata__", "F32", s2, 2, buf, 60, why,
 					  sizeof(why)), DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("w", "F31", s2, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F31", s2, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
 	ck_assert_ptr_nonnull(strstr(why, "F31"));
-	ck_assert_int_eq(lib_tensor_check("w", NULL, s2, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", NULL, s2, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("w", "F32", s2, -1, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F32", s2, -1, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
 	for (int i = 0; i < 17; i++)
 		big[i] = 1;
-	ck_assert_int_eq(lib_tensor_check("w", "U8", big, 16, buf, 1, why, sizeof(why)), 0);
-	ck_assert_int_eq(lib_tensor_check("w", "U8", big, 17, buf, 1, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "U8", big, 16, buf, 1, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_tensor("w", "U8", big, 17, buf, 1, why, sizeof(why)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("w", "F32", NULL, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F32", NULL, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("w", "F32", neg, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F32", neg, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("w", "U8", huge, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "U8", huge, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_ERANGE);
 	int64_t h1[1] = {INT64_MAX / 2 + 1};   /* 2^62 elements of 4 bytes */
-	ck_assert_int_eq(lib_tensor_check("w", "F32", h1, 1, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F32", h1, 1, buf, 60, why, sizeof(why)),
 			 DSCKPT_ERANGE);
-	ck_assert_int_eq(lib_tensor_check("w", "F32", s2, 2, buf, 59, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F32", s2, 2, buf, 59, why, sizeof(why)),
 			 DSCKPT_EINVAL);
 	ck_assert_ptr_nonnull(strstr(why, "60"));
-	ck_assert_int_eq(lib_tensor_check("w", "BF16", s2, 2, buf, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "BF16", s2, 2, buf, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_tensor_check("w", "F32", s2, 2, NULL, 60, why, sizeof(why)),
+	ck_assert_int_eq(lib_check_tensor("w", "F32", s2, 2, NULL, 60, why, sizeof(why)),
 			 DSCKPT_EINVAL);
 
-	ck_assert_int_eq(lib_blob_check("meta", buf, 3, why, sizeof(why)), 0);
-	ck_assert_int_eq(lib_blob_check("meta", NULL, 0, why, sizeof(why)), 0);
-	ck_assert_int_eq(lib_blob_check("meta", NULL, 3, why, sizeof(why)), DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_blob_check("", buf, 3, why, sizeof(why)), DSCKPT_EINVAL);
-	ck_assert_int_eq(lib_blob_check(name, buf, 3, why, sizeof(why)), DSCKPT_ENAMETOOLONG);
+	ck_assert_int_eq(lib_check_blob("meta", buf, 3, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_blob("meta", NULL, 0, why, sizeof(why)), 0);
+	ck_assert_int_eq(lib_check_blob("meta", NULL, 3, why, sizeof(why)), DSCKPT_EINVAL);
+	ck_assert_int_eq(lib_check_blob("", buf, 3, why, sizeof(why)), DSCKPT_EINVAL);
+	ck_assert_int_eq(lib_check_blob(name, buf, 3, why, sizeof(why)), DSCKPT_ENAMETOOLONG);
 }
 END_TEST
 

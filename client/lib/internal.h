@@ -133,13 +133,42 @@ int lib_cuda_release(dsckpt_conn_t *c);
 /* Frees a connection's CUDA state: its events and the contexts it retained. */
 void lib_cuda_free(struct lib_cuda *st);
 
-/* save.c */
+/* check.c — arguments checked before anything is sent. */
 /* Size in bytes of a safetensors dtype name; 0 if unknown. */
-unsigned lib_dtype_size(const char *dtype);
+unsigned lib_check_dtype(const char *dtype);
 /* Checks a tensor's name, dtype, shape and size; 0 or DSCKPT_E* with why. */
-int lib_tensor_check(const char *name, const char *dtype, const int64_t *shape, int ndim,
+int lib_check_tensor(const char *name, const char *dtype, const int64_t *shape, int ndim,
 		     const void *ptr, size_t nbytes, char *why, size_t whylen);
 /* Checks a blob's name and data; 0 or DSCKPT_E* with why. */
-int lib_blob_check(const char *name, const void *data, size_t len, char *why, size_t whylen);
+int lib_check_blob(const char *name, const void *data, size_t len, char *why, size_t whylen);
+/* Checks a file name, [A-Za-z0-9._-]{1,128} not starting with a dot (lock held). */
+int lib_check_file(dsckpt_conn_t *c, const char *file);
+/* Checks a checkpoint directory: absolute, at most PROTO_MAX_STR bytes (lock held). */
+int lib_check_dir(dsckpt_conn_t *c, const char *dir);
+
+/* names.c — a set of names owning copies of them; zero-initialised it is empty. */
+struct lib_names {
+	char **slot;
+	size_t cap, n;
+};
+/* Whether name is in the set. */
+int lib_names_has(const struct lib_names *ns, const char *name);
+/* Adds a copy of a name not yet in the set; returns the copy, NULL when out of memory. */
+const char *lib_names_add(struct lib_names *ns, const char *name);
+/* Frees the set and its names. */
+void lib_names_free(struct lib_names *ns);
+
+/* stage.c — a save's staging arenas; zero-initialised there are none. */
+struct lib_stage;
+struct lib_stages {
+	struct lib_stage *v;
+	size_t n;
+};
+/* Copies nbytes at ptr into an arena (created and registered when none has room) and gives
+ * where they are (lock held). */
+int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, size_t nbytes,
+		   uint64_t *region, uint64_t *offset);
+/* Unregisters (while the connection is alive) and frees every arena (lock held). */
+void lib_stage_free(dsckpt_conn_t *c, struct lib_stages *ss);
 
 #endif /* DSCKPT_INTERNAL_H */
