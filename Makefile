@@ -45,7 +45,7 @@ CUDA_CFLAGS := -DHAVE_CUDA -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 endif
 
-PROTO_SRC := proto/proto.c
+PROTO_SRC := $(wildcard proto/*.c)
 FORMAT_SRC := $(wildcard format/*.c)
 # The part of format/ that libdsckpt links: it links msgpack only, neither cJSON nor xxhash
 # (which the header and manifest code use); dsckptctl links the rest itself.
@@ -134,10 +134,10 @@ FUZZ_CC := clang-14
 FUZZ_CFLAGS := -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
 FUZZERS := $(BUILD)/fuzz/proto $(BUILD)/fuzz/config
 
-$(BUILD)/fuzz/proto: tests/fuzz_proto.c proto/proto.c proto/proto.h | deps
+$(BUILD)/fuzz/proto: tests/fuzz_proto.c $(PROTO_SRC) proto/proto.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c proto/proto.c -lmsgpackc
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) -lmsgpackc
 $(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/log.c daemon/dsckptd.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
