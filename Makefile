@@ -118,14 +118,18 @@ $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
+# A test links every .c it depends on: the client suites share the fake daemon below.
 $(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $< tests/harness.c $(BUILD)/libdsckptd-core.a \
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $(filter %.c,$^) $(BUILD)/libdsckptd-core.a \
 		$(BUILD)/libdsckpt.a \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)
+
+$(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail: tests/fake_peer.c \
+	tests/fake_peer.h
 
 # libFuzzer targets for the frame decoder and the config loader (clang-14 from make deps).
 # tests/run-fuzz runs each for FUZZ_SECONDS, growing a corpus in build/fuzz/corpus-<name>
