@@ -130,6 +130,7 @@ $(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
 
 $(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail: tests/fake_peer.c \
 	tests/fake_peer.h
+$(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 
 # libFuzzer targets for the frame decoder and the config loader (clang-14 from make deps).
 # tests/run-fuzz runs each for FUZZ_SECONDS, growing a corpus in build/fuzz/corpus-<name>
