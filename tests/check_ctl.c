@@ -352,9 +352,5 @@ static Suite *ctl_suite(void)
 /* Runs the suite; non-zero on failure. */
 int main(void)
 {
-	SRunner *sr = srunner_create(ctl_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return h_run_suite(ctl_suite(), NULL);
 }

@@ -530,14 +530,10 @@ int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h)
 
 	if (at < c->nregs && c->regs[at].region == h->region)
 		return 0;
-	if (c->nregs == c->capregs) {
-		size_t cap = c->capregs ? c->capregs * 2 : 16;
-		struct lib_hostref *n = realloc(c->regs, cap * sizeof(*n));
-		if (!n)
-			return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
-		c->regs = n;
-		c->capregs = cap;
-	}
+	struct lib_hostref *regs = lib_grow(c->regs, &c->capregs, c->nregs, sizeof(*regs));
+	if (!regs)
+		return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
+	c->regs = regs;
 	int fd = lib_host_dup(h);
 	if (fd == DSCKPT_ENOENT)
 		return lib_conn_fail(c, DSCKPT_EINVAL, "host memory freed while being added");

@@ -177,14 +177,10 @@ static ssize_t cuda_map_find(const struct cuda_map *m, size_t n, CUdeviceptr bas
 /* Makes room for one more cached region, so that caching a registered one cannot fail. */
 static int cuda_reserve(dsckpt_conn_t *c, struct lib_cuda *st)
 {
-	if (st->nregs < st->capregs)
-		return 0;
-	size_t cap = st->capregs ? st->capregs * 2 : 64;
-	struct cuda_region *n = realloc(st->regs, cap * sizeof(*n));
+	struct cuda_region *n = lib_grow(st->regs, &st->capregs, st->nregs, sizeof(*n));
 	if (!n)
 		return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
 	st->regs = n;
-	st->capregs = cap;
 	return 0;
 }
 
@@ -304,14 +300,10 @@ static int cuda_run(dsckpt_conn_t *c, struct lib_cuda *st, const struct lib_cudr
 		if (m.map_size == 0 || at < m.map_base || at - m.map_base >= m.map_size)
 			return lib_conn_fail(c, DSCKPT_EINVAL, "GPU memory at 0x%llx is not "
 					     "mapped", at);
-		if (k == st->caprun) {
-			size_t cap = st->caprun ? st->caprun * 2 : 16;
-			struct cuda_map *r = realloc(st->run, cap * sizeof(*r));
-			if (!r)
-				return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
-			st->run = r;
-			st->caprun = cap;
-		}
+		struct cuda_map *run = lib_grow(st->run, &st->caprun, k, sizeof(*run));
+		if (!run)
+			return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
+		st->run = run;
 		st->run[k++] = (struct cuda_map){m.map_base, m.map_size, m.block};
 		at = m.map_base + m.map_size;
 		if (at - p >= n)

@@ -25,6 +25,12 @@
 /* Maps an errno value to the closest DSCKPT_E* code. */
 int lib_errno(int e);
 
+/* grow.c */
+/* Room for element n (at most *cap) of size bytes in v, of capacity *cap (doubled when n
+ * reaches it): v itself, or its elements moved to a larger block; NULL when out of memory
+ * (v and *cap are then as they were). */
+void *lib_grow(void *v, size_t *cap, size_t n, size_t size);
+
 /* conn.c — the socket, request/reply, last error and registered regions of a connection. */
 /* A decoded REPLY; the caller reads m with proto_get_* and then calls lib_reply_end. */
 struct lib_reply {

@@ -124,6 +124,14 @@ static int save_not_open(dsckpt_save_t *s)
 			     ? "the save has already ended" : "the save failed earlier");
 }
 
+/* Takes the connection's lock for a call that needs the save open; DSCKPT_ESTATE if it is
+ * not (the lock is held either way). */
+static int save_enter(dsckpt_save_t *s)
+{
+	lib_conn_lock(s->c);
+	return s->state == SAVE_OPEN ? 0 : save_not_open(s);
+}
+
 /*
  * Adds one tensor by reference (lock held): validated, its bytes placed, and its SAVE_ADD
  * entry encoded now, so that save_end only has to frame the encoded entries.
@@ -142,14 +150,10 @@ static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 	if (lib_names_has(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
 				     t->name);
-	if (s->nt == s->capt) {
-		size_t cap = s->capt ? s->capt * 2 : 64;
-		size_t *ends = realloc(s->ends, cap * sizeof(*ends));
-		if (!ends)
-			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-		s->ends = ends;
-		s->capt = cap;
-	}
+	size_t *ends = lib_grow(s->ends, &s->capt, s->nt, sizeof(*ends));
+	if (!ends)
+		return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
+	s->ends = ends;
 	if ((e = save_place(s, t->ptr, t->nbytes, &region, &offset)) < 0)
 		return e;
 	if (!lib_names_add(&s->tnames, t->name))
@@ -226,11 +230,8 @@ int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t
 
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN) {
-		e = save_not_open(s);
+	if ((e = save_enter(s)) < 0)
 		goto out;
-	}
 	if ((e = lib_check_blob(name, data, len, why, sizeof(why))) < 0) {
 		lib_conn_fail(s->c, e, "%s", why);
 		goto out;
@@ -299,14 +300,10 @@ static int save_flush(dsckpt_save_t *s, size_t *last)
 /* Names the stream whose work writes the save's GPU tensors. */
 int dsckpt_save_set_stream(dsckpt_save_t *s, void *stream)
 {
-	int e = 0;
-
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN)
-		e = save_not_open(s);
-	else
+	int e = save_enter(s);
+	if (e == 0)
 		s->stream = stream;
 	lib_conn_unlock(s->c);
 	return e;
@@ -327,11 +324,8 @@ int dsckpt_save_end(dsckpt_save_t *s)
 
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN) {
-		e = save_not_open(s);
+	if ((e = save_enter(s)) < 0)
 		goto out;
-	}
 	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s, &last)) < 0)
 		goto fail;
 	if (s->gpu >= 0 &&
