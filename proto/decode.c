@@ -58,8 +58,8 @@ static int prescan(const uint8_t *p, size_t len, char *why, size_t whylen)
 			case 0xdc: case 0xde: lenbytes = -2; break;
 			case 0xdd: case 0xdf: lenbytes = -4; break;
 			default:
-				snprintf(why, whylen, "unsupported msgpack type 0x%02x at byte %zu", b,
-					 pos - 1);
+				snprintf(why, whylen, "unsupported msgpack type 0x%02x at byte %zu",
+					 b, pos - 1);
 				return -1;
 			}
 			if (lenbytes) {
