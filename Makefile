@@ -118,7 +118,8 @@ $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
-# A test links every .c it depends on: the client suites share the fake daemon below.
+# A test links every .c it depends on: harness.c, and the helpers that the suites named
+# below share (the client suites' fake daemon, the ctl suites' dsckptctl runner).
 $(BUILD)/tests/check_%: tests/check_%.c tests/harness.c tests/harness.h \
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
