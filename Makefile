@@ -45,7 +45,7 @@ CUDA_CFLAGS := -DHAVE_CUDA -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
 endif
 
-PROTO_SRC := proto/proto.c
+PROTO_SRC := $(wildcard proto/*.c)
 FORMAT_SRC := $(wildcard format/*.c)
 # The part of format/ that libdsckpt links: it links msgpack only, neither cJSON nor xxhash
 # (which the header and manifest code use); dsckptctl links the rest itself.
@@ -123,14 +123,20 @@ $(BUILD)/libtest-harness.a: $(call obj,$(wildcard tests/harness*.c))
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
+# A test links the shared helpers (the harness archive) and every other .c it depends on:
+# the client suites' fake daemon, the ctl suites' dsckptctl runner (named below).
 $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/libtest-harness.a \
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $< $(BUILD)/libtest-harness.a \
-		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $(filter %.c,$^) \
+		$(BUILD)/libtest-harness.a $(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
 		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
 		$$(pkg-config --libs check)
+
+$(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail: tests/fake_peer.c \
+	tests/fake_peer.h
+$(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 
 # libFuzzer targets for the frame decoder and the config loader (clang-14 from make deps).
 # tests/run-fuzz runs each for FUZZ_SECONDS, growing a corpus in build/fuzz/corpus-<name>
@@ -139,10 +145,10 @@ FUZZ_CC := clang-14
 FUZZ_CFLAGS := -g -O1 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
 FUZZERS := $(BUILD)/fuzz/proto $(BUILD)/fuzz/config
 
-$(BUILD)/fuzz/proto: tests/fuzz_proto.c proto/proto.c proto/proto.h | deps
+$(BUILD)/fuzz/proto: tests/fuzz_proto.c $(PROTO_SRC) proto/proto.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c proto/proto.c -lmsgpackc
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) -lmsgpackc
 $(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/log.c daemon/dsckptd.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true

@@ -4,6 +4,7 @@
  *
  * A frame is a fixed 24-byte header followed by a msgpack body (one map with string keys).
  * File descriptors travel with SCM_RIGHTS on the frame's first byte; the header counts them.
+ * proto.c builds frames and moves them over the socket; decode.c checks and reads bodies.
  */
 #ifndef DSCKPT_PROTO_H
 #define DSCKPT_PROTO_H
@@ -96,7 +97,7 @@ void proto_kv_bin(msgpack_packer *pk, const char *key, const void *p, size_t len
 /* Packs key: double. */
 void proto_kv_f64(msgpack_packer *pk, const char *key, double val);
 
-/* A decoded body: owns the msgpack zone the objects live in. */
+/* Decoding a body (decode.c). A decoded body owns the msgpack zone the objects live in. */
 struct proto_in {
 	msgpack_unpacked up;
 	const msgpack_object *root;
@@ -150,7 +151,8 @@ void proto_map_fail(struct proto_map *pm, const char *fmt, ...)
 /* Final check: 0 if no error and every key was consumed, else -1 with pm->why set. */
 int proto_map_end(struct proto_map *pm);
 
-/* Writes a whole frame with optional fds on a blocking socket; 0 or -errno. */
+/* Frame I/O (proto.c). Writes a whole frame with optional fds on a blocking socket; 0 or
+ * -errno. */
 int proto_send(int fd, const void *buf, size_t len, const int *fds, unsigned nfds);
 /*
  * Reads one whole frame on a blocking socket: header into h, body into a malloc'd *body.

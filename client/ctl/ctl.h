@@ -1,7 +1,8 @@
 /*
- * ctl.h — dsckptctl's modules, one section each: the command line (main.c), queries to the
- * daemon (query.c), offline listing (list.c) and verification (verify*.c) of checkpoints, and
- * the output helpers they share (output.c).
+ * ctl.h — dsckptctl's modules, one section each: the command line (main.c), the connection
+ * to the daemon and status (query.c), the saves it holds (pending.c), offline listing
+ * (list.c) and verification (verify*.c) of checkpoints, and the output helpers they share
+ * (output.c).
  *
  * Every command returns the process exit status: CTL_OK, CTL_FAIL (an error, already printed
  * on stderr) or CTL_USAGE.
@@ -14,6 +15,8 @@
 #include <stdio.h>
 
 #include <cjson/cJSON.h>
+
+#include "../dsckpt.h"
 
 #define CTL_OK 0
 #define CTL_FAIL 1
@@ -29,13 +32,23 @@ struct ctl {
 	int allow_uncommitted;    /* verify --allow-uncommitted */
 };
 
-/* query.c */
+/* query.c — the daemon's socket, through libdsckpt's connection code (client/lib/conn.c). */
+struct lib_reply;
+/* Connects to ctl->socket and introduces dsckptctl (HELLO); NULL once why is printed. */
+dsckpt_conn_t *query_open(const struct ctl *ctl);
+/* Sends a query without arguments (STATUS, PENDING) and reads its reply; 0, or -1 once why
+ * is printed. */
+int query_send(dsckpt_conn_t *c, unsigned type, struct lib_reply *r);
+/* Frees a query's reply; 0, or -1 once the malformed key is printed. */
+int query_end(dsckpt_conn_t *c, struct lib_reply *r);
 /* Prints the daemon's state (STATUS). */
 int query_status(struct ctl *ctl);
+
+/* pending.c */
 /* Prints one row per save the daemon holds (PENDING). */
-int query_pending(struct ctl *ctl);
+int pending_run(struct ctl *ctl);
 /* Waits until no save (of ctl->dir) is below DURABLE; fails if one FAILED or on timeout. */
-int query_wait(struct ctl *ctl);
+int pending_wait(struct ctl *ctl);
 
 /* list.c */
 /* Lists the checkpoint tags under ctl->arg without the daemon. */

@@ -122,7 +122,8 @@ static int walk(struct tags *out, int fd, const char *rel, const char *name, uns
 			bytes += (uint64_t)st.st_size;
 			partial |= ends_with(e->d_name, FMT_PARTIAL);
 			tag |= ends_with(e->d_name, FMT_SAFETENSORS) ||
-			       ends_with(e->d_name, FMT_PARTIAL) || strcmp(e->d_name, FMT_MANIFEST) == 0;
+			       ends_with(e->d_name, FMT_PARTIAL) ||
+			       strcmp(e->d_name, FMT_MANIFEST) == 0;
 		} else if (S_ISDIR(st.st_mode) && depth < LIST_MAX_DEPTH) {
 			char *sub = NULL;
 			int sfd = openat(fd, e->d_name,

@@ -31,7 +31,7 @@ static const struct command commands[] = {
 	 "  DURABLE, COMMITTED or FAILED), bytes snapshotted/flushed/total, rate since it was\n"
 	 "  accepted, age, and the file (dir/file). A FAILED save shows its reason below its\n"
 	 "  row. Finished saves stay listed for a minute.\n",
-	 query_pending},
+	 pending_run},
 	{"wait", "[--dir DIR] [--timeout SEC]", "dt", 0,
 	 "  Polls the daemon every 100 ms until no save (of DIR, if given) is below DURABLE.\n"
 	 "  On a terminal a progress line shows bytes flushed of the total and the rate;\n"
@@ -39,7 +39,7 @@ static const struct command commands[] = {
 	 "  FAILED, printing each reason, or when SEC seconds pass first.\n"
 	 "    --dir DIR      only saves into the checkpoint directory DIR\n"
 	 "    --timeout SEC  give up after SEC seconds (fractions allowed; default: never)\n",
-	 query_wait},
+	 pending_wait},
 	{"list", "ROOT", "", 1,
 	 "  Offline (no daemon needed). Finds the checkpoint tags under ROOT: directories\n"
 	 "  holding *.safetensors, *.partial or MANIFEST.json, searched at most 8 levels deep\n"
@@ -82,14 +82,14 @@ static const struct option long_opts[] = {
 };
 
 /* Prints one command's usage line, and its manual text when full. */
-static void usage_command(FILE *f, const struct command *c, int full)
+static void main_usage_command(FILE *f, const struct command *c, int full)
 {
 	fprintf(f, "dsckptctl [-s SOCKET] [--json] %s%s%s\n%s", c->name, *c->synopsis ? " " : "",
 		c->synopsis, full ? c->help : "");
 }
 
 /* Prints the whole manual: synopsis, options, commands, environment, exit status. */
-static void usage(FILE *f)
+static void main_usage(FILE *f)
 {
 	fprintf(f,
 		"Usage: dsckptctl [-s SOCKET] [--json] COMMAND [OPTIONS] [OPERAND]\n"
@@ -107,7 +107,7 @@ static void usage(FILE *f)
 		"Commands:\n",
 		DSCKPT_DEFAULT_SOCKET);
 	for (size_t i = 0; i < NCOMMANDS; i++) {
-		usage_command(f, &commands[i], 1);
+		main_usage_command(f, &commands[i], 1);
 		fputc('\n', f);
 	}
 	fprintf(f,
@@ -122,7 +122,7 @@ static void usage(FILE *f)
 }
 
 /* Reports a usage error and returns CTL_USAGE. */
-static int usage_error(const char *fmt, const char *arg)
+static int main_usage_error(const char *fmt, const char *arg)
 {
 	fputs("dsckptctl: ", stderr);
 	fprintf(stderr, fmt, arg);
@@ -154,9 +154,9 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 		return -1;
 	case 'h':
 		if (c)
-			usage_command(stdout, c, 1);
+			main_usage_command(stdout, c, 1);
 		else
-			usage(stdout);
+			main_usage(stdout);
 		return CTL_OK;
 	case 'V':
 		printf("dsckptctl %s (protocol %u)\n", DSCKPT_VERSION_STRING, PROTO_VERSION);
@@ -170,7 +170,7 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 		for (const struct option *o = long_opts; o->name; o++)
 			if (o->val == opt)
 				name = o->name;
-		return usage_error("option --%s does not apply here", name);
+		return main_usage_error("option --%s does not apply here", name);
 	}
 	switch (opt) {
 	case 'd':
@@ -178,7 +178,7 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 		break;
 	case 't':
 		if (parse_timeout(arg, &ctl->timeout) != 0)
-			return usage_error("--timeout wants positive seconds, not '%s'", arg);
+			return main_usage_error("--timeout wants positive seconds, not '%s'", arg);
 		break;
 	case 'a':
 		ctl->allow_uncommitted = 1;
@@ -198,13 +198,13 @@ int main(int argc, char **argv)
 		if ((rc = apply_opt(&ctl, NULL, opt, optarg)) >= 0)
 			return rc;
 	if (optind >= argc)
-		return usage_error("%s", "no command given");
+		return main_usage_error("%s", "no command given");
 	const struct command *c = NULL;
 	for (size_t i = 0; i < NCOMMANDS; i++)
 		if (strcmp(argv[optind], commands[i].name) == 0)
 			c = &commands[i];
 	if (!c)
-		return usage_error("unknown command '%s'", argv[optind]);
+		return main_usage_error("unknown command '%s'", argv[optind]);
 
 	int cargc = argc - optind;
 	char **cargv = argv + optind;
@@ -215,7 +215,7 @@ int main(int argc, char **argv)
 	if (cargc - optind != c->nargs) {
 		fprintf(stderr, "dsckptctl: %s takes %s\nUsage: ", c->name,
 			c->nargs ? "one operand" : "no operands");
-		usage_command(stderr, c, 0);
+		main_usage_command(stderr, c, 0);
 		return CTL_USAGE;
 	}
 	if (c->nargs)

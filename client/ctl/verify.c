@@ -176,7 +176,8 @@ static int scan(struct verify *v, const char *dir)
 			f->size = (uint64_t)st.st_size;
 		}
 		if (kind == VK_PARTIAL)
-			verify_problem(f, "unfinished write (a .partial file is never part of a checkpoint)");
+			verify_problem(f, "unfinished write (a .partial file is never part of "
+				       "a checkpoint)");
 	}
 	closedir(d);
 	return 0;
@@ -216,7 +217,8 @@ static void report_human(struct verify *v, const char *dir, int committed, int o
 		}
 		cJSON_ArrayForEach(p, f->problems) {
 			if (shown == PROBLEMS_SHOWN) {
-				snprintf(text + len, sizeof(text) - len, "; and %d more", np - shown);
+				snprintf(text + len, sizeof(text) - len, "; and %d more",
+					 np - shown);
 				break;
 			}
 			int w = snprintf(text + len, sizeof(text) - len, "%s%s", shown ? "; " : "",

@@ -1,6 +1,8 @@
 /*
  * conn.c — a connection to dsckptd: the socket, one request on the wire at a time under the
  * connection's lock, the daemon's last error message, and the host regions registered on it.
+ * A trainer's connection (dsckpt_identify) and dsckptctl's (lib_conn_ctl_hello) share the
+ * HELLO and every request/reply, so both report a failure in the same words.
  *
  * Lock order: the connection lock, then the registry lock of hostmem.c (taken inside
  * lib_conn_use_host and lib_conn_sweep). Never the reverse.
@@ -25,8 +27,12 @@ struct dsckpt_conn {
 	int broken;                 /* every request now fails with DSCKPT_EPIPE */
 	int refs;
 	int world;                  /* from dsckpt_identify; 0 before */
+	int timeout_ms;             /* longest wait for a reply; -1: no limit */
+	int refused;                /* the last failure is the daemon's ERROR reply */
+	const char *self;           /* this end in messages: "libdsckpt" or "dsckptctl" */
 	uint64_t next_id;
 	uint64_t req_id;            /* id of the request on the wire */
+	unsigned req_type;          /* its type */
 	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
 	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
 	size_t nregs, capregs;
@@ -43,7 +49,7 @@ static __thread char conn_tls_copy[LIB_ERRLEN];
 
 /* Stores a connect failure for dsckpt_last_error(NULL) and returns err. */
 __attribute__((format(printf, 2, 3)))
-static int conn_tls_fail(int err, const char *fmt, ...)
+static int lib_conn_tls_fail(int err, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -60,35 +66,37 @@ int dsckpt_connect(const char *path, dsckpt_conn_t **out)
 	int e;
 
 	if (!out)
-		return conn_tls_fail(DSCKPT_EINVAL, "dsckpt_connect: out is NULL");
+		return lib_conn_tls_fail(DSCKPT_EINVAL, "dsckpt_connect: out is NULL");
 	*out = NULL;
 	if (!path || !*path)
 		path = getenv("DSCKPT_SOCKET");
 	if (!path || !*path)
 		path = DSCKPT_DEFAULT_SOCKET;
 	if (strlen(path) >= sizeof(sa.sun_path))
-		return conn_tls_fail(DSCKPT_ENAMETOOLONG,
-				     "socket path is longer than %zu bytes: %s",
-				     sizeof(sa.sun_path) - 1, path);
+		return lib_conn_tls_fail(DSCKPT_ENAMETOOLONG,
+					 "socket path is longer than %zu bytes: %s",
+					 sizeof(sa.sun_path) - 1, path);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 
 	c = calloc(1, sizeof(*c));
 	if (!c)
-		return conn_tls_fail(DSCKPT_ENOMEM, "out of memory");
+		return lib_conn_tls_fail(DSCKPT_ENOMEM, "out of memory");
 	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->fd < 0) {
-		e = conn_tls_fail(lib_errno(errno), "socket: %s", strerror(errno));
+		e = lib_conn_tls_fail(lib_errno(errno), "socket: %s", strerror(errno));
 		goto fail_alloc;
 	}
 	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		int code = (errno == EACCES || errno == EPERM) ? DSCKPT_EACCES
 							       : DSCKPT_ECONNREFUSED;
-		e = conn_tls_fail(code, "cannot connect to dsckptd at %s: %s", path,
-				  strerror(errno));
+		e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: %s", path,
+				      strerror(errno));
 		goto fail_socket;
 	}
 	pthread_mutex_init(&c->lock, NULL);
 	c->refs = 1;
+	c->timeout_ms = -1;
+	c->self = "libdsckpt";
 	c->next_id = 1;
 	memcpy(c->path, path, strlen(path) + 1);
 	*out = c;
@@ -170,6 +178,7 @@ int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
+	c->refused = 0;
 	return err;
 }
 
@@ -187,12 +196,13 @@ struct lib_cuda **lib_conn_cuda(dsckpt_conn_t *c)
 
 /* Marks the connection broken with a message; every later request fails with EPIPE. */
 __attribute__((format(printf, 3, 4)))
-static int conn_break(dsckpt_conn_t *c, int err, const char *fmt, ...)
+static int lib_conn_break(dsckpt_conn_t *c, int err, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
+	c->refused = 0;
 	memcpy(c->dead, c->err, sizeof(c->dead));
 	c->broken = 1;
 	return err;
@@ -214,44 +224,52 @@ int lib_conn_alive(dsckpt_conn_t *c)
 void lib_conn_frame(dsckpt_conn_t *c, struct proto_out *o, unsigned type)
 {
 	c->req_id = c->next_id++;
+	c->req_type = type;
 	proto_out_init(o, type, c->req_id);
 }
 
 /* Frees a decoded reply. */
-static void reply_free(struct lib_reply *r)
+static void lib_conn_reply_free(struct lib_reply *r)
 {
 	proto_in_free(&r->in);
 	free(r->body);
 	r->body = NULL;
 }
 
+/* Fails with a protocol version mismatch, naming both versions; the connection is broken. */
+static int lib_conn_mismatch(dsckpt_conn_t *c, uint64_t server)
+{
+	return lib_conn_break(c, DSCKPT_EVERSION, "protocol version mismatch: dsckptd speaks "
+			      "protocol %" PRIu64 ", this %s speaks protocol %d", server, c->self,
+			      PROTO_VERSION);
+}
+
 /* Decodes an ERROR body into the connection's message; returns the daemon's code. A
  * connection-level one (id 0) means the daemon closed the connection. */
-static int conn_error(dsckpt_conn_t *c, struct lib_reply *r, int conn_level)
+static int lib_conn_reply_error(dsckpt_conn_t *c, struct lib_reply *r, uint64_t server,
+				int conn_level)
 {
 	char msg[PROTO_MAX_STR + 1] = "";
 	int64_t code = 0;
-	uint64_t server = 0, client = 0;
+	uint64_t client = 0;
 
 	proto_get_i64(&r->m, "code", INT32_MIN, -1, &code, 1);
 	proto_get_str(&r->m, "message", msg, PROTO_MAX_STR, 1);
-	int vers = proto_get_u64(&r->m, "server_proto", UINT16_MAX, &server, 0);
+	proto_get_u64(&r->m, "server_proto", UINT16_MAX, &server, 0);
 	proto_get_u64(&r->m, "client_proto", UINT16_MAX, &client, 0);
 	if (proto_map_end(&r->m) < 0) {
-		int e = conn_break(c, DSCKPT_EPROTO, "bad ERROR reply from dsckptd: %s",
-				   r->m.why);
-		reply_free(r);
+		int e = lib_conn_break(c, DSCKPT_EPROTO, "dsckptd answered %s with a malformed "
+				       "error: %s", proto_type_name(c->req_type), r->m.why);
+		lib_conn_reply_free(r);
 		return e;
 	}
-	reply_free(r);
-	if (vers == 1)
-		lib_conn_fail(c, (int)code, "%s (daemon protocol %" PRIu64
-			      ", library protocol %d)", msg, server, PROTO_VERSION);
-	else
-		lib_conn_fail(c, (int)code, "%s", msg);
+	lib_conn_reply_free(r);
+	if (code == DSCKPT_EVERSION)
+		return lib_conn_mismatch(c, server);
+	lib_conn_fail(c, (int)code, "%s", msg);
+	c->refused = 1;
 	/* The daemon closes the connection after these. */
-	if (code == DSCKPT_EVERSION || code == DSCKPT_EPROTO || code == DSCKPT_EMSGSIZE ||
-	    conn_level) {
+	if (code == DSCKPT_EPROTO || code == DSCKPT_EMSGSIZE || conn_level) {
 		c->broken = 1;
 		memcpy(c->dead, c->err, sizeof(c->dead));
 	}
@@ -262,6 +280,7 @@ static int conn_error(dsckpt_conn_t *c, struct lib_reply *r, int conn_level)
 int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
 		  struct lib_reply *r)
 {
+	const char *what = proto_type_name(c->req_type);
 	struct proto_hdr h;
 	char why[160];
 	int e;
@@ -277,20 +296,30 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 		return lib_conn_fail(c, DSCKPT_EMSGSIZE, "request of %zu bytes is too long",
 				     len);
 	}
-	e = proto_send(c->fd, o->sb.data, len, fds, nfds);
+	int sent = proto_send(c->fd, o->sb.data, len, fds, nfds);
 	proto_out_free(o);
-	if (e < 0)
-		return conn_break(c, DSCKPT_EPIPE, "sending to dsckptd at %s: %s", c->path,
-				  strerror(-e));
-	e = proto_recv(c->fd, &h, &r->body, NULL, NULL, -1, why, sizeof(why));
+	/* A daemon that refused the connection at accept may have closed it before the request
+	 * arrived; its ERROR of id 0, already here, says why. */
+	e = proto_recv(c->fd, &h, &r->body, NULL, NULL, sent < 0 ? 0 : c->timeout_ms, why,
+		       sizeof(why));
+	if (sent < 0 && (e < 0 || h.type != PROTO_ERROR || h.id != 0)) {
+		free(r->body);
+		r->body = NULL;
+		return lib_conn_break(c, DSCKPT_EPIPE, "sending %s to dsckptd at %s: %s", what,
+				      c->path, strerror(-sent));
+	}
+	if (e == -ETIMEDOUT)
+		return lib_conn_break(c, DSCKPT_ETIMEDOUT, "dsckptd at %s did not answer %s within "
+				      "%d s", c->path, what, c->timeout_ms / 1000);
 	if (e == -EPROTO)
-		return conn_break(c, DSCKPT_EPROTO, "bad frame from dsckptd: %s", why);
+		return lib_conn_break(c, DSCKPT_EPROTO, "malformed reply to %s from dsckptd: %s",
+				      what, why);
 	if (e == -EPIPE)
-		return conn_break(c, DSCKPT_EPIPE, "dsckptd at %s closed the connection",
-				  c->path);
+		return lib_conn_break(c, DSCKPT_EPIPE, "dsckptd at %s closed the connection "
+				      "instead of answering %s", c->path, what);
 	if (e < 0)
-		return conn_break(c, DSCKPT_EPIPE, "receiving from dsckptd at %s: %s",
-				  c->path, strerror(-e));
+		return lib_conn_break(c, DSCKPT_EPIPE, "reading the reply to %s from dsckptd: %s",
+				      what, strerror(-e));
 	/* An ERROR of id 0 is about the connection itself (refused at accept, or closed for a
 	 * per-user limit): it answers whatever was asked. */
 	int conn_level = h.type == PROTO_ERROR && h.id == 0;
@@ -298,21 +327,21 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 	    (h.type != PROTO_REPLY && h.type != PROTO_ERROR)) {
 		free(r->body);
 		r->body = NULL;
-		return conn_break(c, DSCKPT_EPROTO, "unexpected %s frame (id %" PRIu64
-				  ") from dsckptd, expected the reply to request %" PRIu64,
-				  proto_type_name(h.type), h.id, c->req_id);
+		return lib_conn_break(c, DSCKPT_EPROTO, "dsckptd answered %s (request %" PRIu64
+				      ") with a %s frame of request %" PRIu64, what, c->req_id,
+				      proto_type_name(h.type), h.id);
 	}
 	if (proto_in_parse(&r->in, r->body, h.length, why, sizeof(why)) < 0) {
-		reply_free(r);
-		return conn_break(c, DSCKPT_EPROTO, "bad reply body from dsckptd: %s", why);
+		lib_conn_reply_free(r);
+		return lib_conn_break(c, DSCKPT_EPROTO, "malformed reply to %s from dsckptd: %s",
+				      what, why);
 	}
 	proto_map_init(&r->m, r->in.root);
 	if (h.type == PROTO_ERROR)
-		return conn_error(c, r, conn_level);
+		return lib_conn_reply_error(c, r, h.version, conn_level);
 	if (h.version != PROTO_VERSION) {
-		reply_free(r);
-		return conn_break(c, DSCKPT_EVERSION, "daemon protocol %u, library protocol %d",
-				  h.version, PROTO_VERSION);
+		lib_conn_reply_free(r);
+		return lib_conn_mismatch(c, h.version);
 	}
 	return 0;
 }
@@ -322,9 +351,9 @@ int lib_reply_end(dsckpt_conn_t *c, struct lib_reply *r, const char *what)
 {
 	int e = 0;
 	if (proto_map_end(&r->m) < 0)
-		e = lib_conn_fail(c, DSCKPT_EPROTO, "bad %s reply from dsckptd: %s", what,
+		e = lib_conn_fail(c, DSCKPT_EPROTO, "malformed %s reply from dsckptd: %s", what,
 				  r->m.why);
-	reply_free(r);
+	lib_conn_reply_free(r);
 	return e;
 }
 
@@ -350,13 +379,36 @@ int dsckpt_release_gpu(dsckpt_conn_t *c)
 	return e;
 }
 
-/* Identifies this process as a trainer rank (HELLO). */
-int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
+/* Introduces the connection (HELLO) as role; a trainer gives job, rank and world (lock held). */
+static int lib_conn_hello(dsckpt_conn_t *c, const char *role, const char *job, int rank,
+			  int world)
 {
 	char version[PROTO_MAX_STR + 1];
 	struct proto_out o;
 	struct lib_reply r;
 	uint64_t proto, client;
+	int e;
+
+	lib_conn_frame(c, &o, PROTO_HELLO);
+	msgpack_pack_map(&o.pk, job ? 5 : 2);
+	proto_kv_str(&o.pk, "role", role);
+	if (job) {
+		proto_kv_str(&o.pk, "job", job);
+		proto_kv_u64(&o.pk, "rank", (uint64_t)rank);
+		proto_kv_u64(&o.pk, "world", (uint64_t)world);
+	}
+	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
+	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+		return e;
+	proto_get_str(&r.m, "version", version, PROTO_MAX_STR, 1);
+	proto_get_u64(&r.m, "proto", UINT16_MAX, &proto, 1);
+	proto_get_u64(&r.m, "client", UINT64_MAX, &client, 1);
+	return lib_reply_end(c, &r, "HELLO");
+}
+
+/* Identifies this process as a trainer rank (HELLO). */
+int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
+{
 	int e;
 
 	if (!c)
@@ -377,25 +429,59 @@ int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
 				  world_size);
 		goto out;
 	}
-	lib_conn_frame(c, &o, PROTO_HELLO);
-	msgpack_pack_map(&o.pk, 5);
-	proto_kv_str(&o.pk, "role", "trainer");
-	proto_kv_str(&o.pk, "job", job);
-	proto_kv_u64(&o.pk, "rank", (uint64_t)rank);
-	proto_kv_u64(&o.pk, "world", (uint64_t)world_size);
-	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
-	e = lib_conn_call(c, &o, NULL, 0, &r);
-	if (e < 0)
-		goto out;
-	proto_get_str(&r.m, "version", version, PROTO_MAX_STR, 1);
-	proto_get_u64(&r.m, "proto", UINT16_MAX, &proto, 1);
-	proto_get_u64(&r.m, "client", UINT64_MAX, &client, 1);
-	e = lib_reply_end(c, &r, "HELLO");
+	e = lib_conn_hello(c, "trainer", job, rank, world_size);
 	if (e == 0)
 		c->world = world_size;
 out:
 	lib_conn_unlock(c);
 	return e;
+}
+
+/* Introduces the connection as dsckptctl (HELLO as "ctl"), replies awaited timeout_ms. */
+int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms)
+{
+	lib_conn_lock(c);
+	c->self = "dsckptctl";
+	c->timeout_ms = timeout_ms;
+	int e = lib_conn_hello(c, "ctl", NULL, 0, 0);
+	lib_conn_unlock(c);
+	return e;
+}
+
+/* Sends a query of type without arguments and reads its reply. */
+int lib_conn_query(dsckpt_conn_t *c, unsigned type, struct lib_reply *r)
+{
+	struct proto_out o;
+
+	lib_conn_lock(c);
+	lib_conn_frame(c, &o, type);
+	msgpack_pack_map(&o.pk, 0);
+	int e = lib_conn_call(c, &o, NULL, 0, r);
+	lib_conn_unlock(c);
+	return e;
+}
+
+/* Frees a query's reply; DSCKPT_EPROTO if a key read from it was malformed. */
+int lib_conn_query_end(dsckpt_conn_t *c, struct lib_reply *r)
+{
+	int e = 0;
+
+	lib_conn_lock(c);
+	if (r->m.err)
+		e = lib_conn_fail(c, DSCKPT_EPROTO, "malformed %s reply from dsckptd: %s",
+				  proto_type_name(c->req_type), r->m.why);
+	lib_conn_reply_free(r);
+	lib_conn_unlock(c);
+	return e;
+}
+
+/* Whether the last failure was the daemon's ERROR reply. */
+int lib_conn_refused(dsckpt_conn_t *c)
+{
+	lib_conn_lock(c);
+	int refused = c->refused;
+	lib_conn_unlock(c);
+	return refused;
 }
 
 /* Registers a host memfd as a region (REGION_ADD). */
@@ -423,7 +509,7 @@ int lib_conn_region_del(dsckpt_conn_t *c, uint64_t region)
 }
 
 /* Index in c->regs where region is or would go. */
-static size_t conn_reg_search(dsckpt_conn_t *c, uint64_t region)
+static size_t lib_conn_reg_search(dsckpt_conn_t *c, uint64_t region)
 {
 	size_t lo = 0, hi = c->nregs;
 	while (lo < hi) {
@@ -439,19 +525,15 @@ static size_t conn_reg_search(dsckpt_conn_t *c, uint64_t region)
 /* Registers a dsckpt_host_alloc block unless it already is. */
 int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h)
 {
-	size_t at = conn_reg_search(c, h->region);
+	size_t at = lib_conn_reg_search(c, h->region);
 	int e;
 
 	if (at < c->nregs && c->regs[at].region == h->region)
 		return 0;
-	if (c->nregs == c->capregs) {
-		size_t cap = c->capregs ? c->capregs * 2 : 16;
-		struct lib_hostref *n = realloc(c->regs, cap * sizeof(*n));
-		if (!n)
-			return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
-		c->regs = n;
-		c->capregs = cap;
-	}
+	struct lib_hostref *regs = lib_grow(c->regs, &c->capregs, c->nregs, sizeof(*regs));
+	if (!regs)
+		return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
+	c->regs = regs;
 	int fd = lib_host_dup(h);
 	if (fd == DSCKPT_ENOENT)
 		return lib_conn_fail(c, DSCKPT_EINVAL, "host memory freed while being added");

@@ -93,19 +93,15 @@ void *dsckpt_host_alloc(size_t size)
 	b.region = lib_region_id();
 
 	pthread_mutex_lock(&host_lock);
-	if (host_n == host_cap) {
-		size_t cap = host_cap ? host_cap * 2 : 64;
-		struct host_block *nb = realloc(host_blocks, cap * sizeof(*nb));
-		if (!nb) {
-			pthread_mutex_unlock(&host_lock);
-			munmap(base, b.size);
-			close(b.fd);
-			errno = ENOMEM;
-			return NULL;
-		}
-		host_blocks = nb;
-		host_cap = cap;
+	struct host_block *nb = lib_grow(host_blocks, &host_cap, host_n, sizeof(*nb));
+	if (!nb) {
+		pthread_mutex_unlock(&host_lock);
+		munmap(base, b.size);
+		close(b.fd);
+		errno = ENOMEM;
+		return NULL;
 	}
+	host_blocks = nb;
 	size_t at = (size_t)(host_search(b.base) + 1);
 	memmove(host_blocks + at + 1, host_blocks + at, (host_n - at) * sizeof(b));
 	host_blocks[at] = b;

@@ -25,6 +25,12 @@
 /* Maps an errno value to the closest DSCKPT_E* code. */
 int lib_errno(int e);
 
+/* grow.c */
+/* Room for element n (at most *cap) of size bytes in v, of capacity *cap (doubled when n
+ * reaches it): v itself, or its elements moved to a larger block; NULL when out of memory
+ * (v and *cap are then as they were). */
+void *lib_grow(void *v, size_t *cap, size_t n, size_t size);
+
 /* conn.c — the socket, request/reply, last error and registered regions of a connection. */
 /* A decoded REPLY; the caller reads m with proto_get_* and then calls lib_reply_end. */
 struct lib_reply {
@@ -73,6 +79,19 @@ struct lib_hostref;
 int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h);
 /* Unregisters blocks freed since the last sweep, before a SAVE_ADD (lock held). */
 int lib_conn_sweep(dsckpt_conn_t *c);
+/*
+ * For dsckptctl, which links the static library; each takes the connection's lock. A failure
+ * leaves its message for dsckpt_last_error(c), in the words a trainer gets.
+ */
+/* Introduces c as dsckptctl (HELLO as "ctl"); every reply is awaited at most timeout_ms. */
+int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms);
+/* Sends a query of type without arguments ({}: STATUS, PENDING) and reads its reply. */
+int lib_conn_query(dsckpt_conn_t *c, unsigned type, struct lib_reply *r);
+/* Frees a query's reply; DSCKPT_EPROTO if a key read from it was malformed. Keys nobody read
+ * are allowed: a later daemon may add some. */
+int lib_conn_query_end(dsckpt_conn_t *c, struct lib_reply *r);
+/* Whether the last failure was the daemon's ERROR reply (its message is the daemon's). */
+int lib_conn_refused(dsckpt_conn_t *c);
 
 /* hostmem.c — dsckpt_host_alloc blocks and the process-wide registry of them. */
 /* One block as found in the registry. */
@@ -95,7 +114,8 @@ int lib_host_alive(const struct lib_hostref *h);
 uint64_t lib_host_generation(void);
 
 /* cuda.c — GPU memory as regions (legacy IPC handles, VMM file descriptors) and the
- * interprocess event of save_end, through libcuda.so.1 loaded at run time. */
+ * interprocess event of save_end, through the driver that cudrv.c loads at run time (its
+ * API in cudrv.h, which only cuda.c and cudrv.c include). */
 /* Where a tensor in GPU memory lies. */
 struct lib_gpu_ref {
 	uint64_t region, offset;
@@ -119,13 +139,42 @@ int lib_cuda_release(dsckpt_conn_t *c);
 /* Frees a connection's CUDA state: its events and the contexts it retained. */
 void lib_cuda_free(struct lib_cuda *st);
 
-/* save.c */
+/* check.c — arguments checked before anything is sent. */
 /* Size in bytes of a safetensors dtype name; 0 if unknown. */
-unsigned lib_dtype_size(const char *dtype);
+unsigned lib_check_dtype(const char *dtype);
 /* Checks a tensor's name, dtype, shape and size; 0 or DSCKPT_E* with why. */
-int lib_tensor_check(const char *name, const char *dtype, const int64_t *shape, int ndim,
+int lib_check_tensor(const char *name, const char *dtype, const int64_t *shape, int ndim,
 		     const void *ptr, size_t nbytes, char *why, size_t whylen);
 /* Checks a blob's name and data; 0 or DSCKPT_E* with why. */
-int lib_blob_check(const char *name, const void *data, size_t len, char *why, size_t whylen);
+int lib_check_blob(const char *name, const void *data, size_t len, char *why, size_t whylen);
+/* Checks a file name, [A-Za-z0-9._-]{1,128} not starting with a dot (lock held). */
+int lib_check_file(dsckpt_conn_t *c, const char *file);
+/* Checks a checkpoint directory: absolute, at most PROTO_MAX_STR bytes (lock held). */
+int lib_check_dir(dsckpt_conn_t *c, const char *dir);
+
+/* names.c — a set of names owning copies of them; zero-initialised it is empty. */
+struct lib_names {
+	char **slot;
+	size_t cap, n;
+};
+/* Whether name is in the set. */
+int lib_names_has(const struct lib_names *ns, const char *name);
+/* Adds a copy of a name not yet in the set; returns the copy, NULL when out of memory. */
+const char *lib_names_add(struct lib_names *ns, const char *name);
+/* Frees the set and its names. */
+void lib_names_free(struct lib_names *ns);
+
+/* stage.c — a save's staging arenas; zero-initialised there are none. */
+struct lib_stage;
+struct lib_stages {
+	struct lib_stage *v;
+	size_t n;
+};
+/* Copies nbytes at ptr into an arena (created and registered when none has room) and gives
+ * where they are (lock held). */
+int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, size_t nbytes,
+		   uint64_t *region, uint64_t *offset);
+/* Unregisters (while the connection is alive) and frees every arena (lock held). */
+void lib_stage_free(dsckpt_conn_t *c, struct lib_stages *ss);
 
 #endif /* DSCKPT_INTERNAL_H */

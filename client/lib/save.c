@@ -1,45 +1,23 @@
 /*
- * save.c — one file being saved: local validation, where each tensor's bytes come from
- * (a dsckpt_host_alloc block without a copy, GPU memory through its own transport (cuda.c),
- * else a copy in a staging arena), and the SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT / COMMIT
- * requests. A save's GPU tensors are all on one GPU: SAVE_END carries one event.
+ * save.c — one file being saved: where each tensor's bytes come from (a dsckpt_host_alloc
+ * block without a copy, GPU memory through its own transport (cuda.c), else a copy in a
+ * staging arena (stage.c)), and the SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT requests. A
+ * save's GPU tensors are all on one GPU: SAVE_END carries one event.
  *
  * add_tensor validates a tensor, places its bytes and encodes its SAVE_ADD entry; save_end
  * sends the encoded entries in as few SAVE_ADD frames as fit and then SAVE_END, so that the
- * hand-over costs two round trips and a copy of the encoded entries.
- * Staging arenas are memfds of at least STAGE_MIN bytes owned by the save; sub-allocations
- * are 4096-aligned. They are registered on the connection when created and unregistered by
- * dsckpt_save_free (the daemon keeps its own mapping for a save still in flight).
+ * hand-over costs two round trips and a copy of the encoded entries. Arguments are checked
+ * first (check.c), and each tensor or blob name is allowed once (names.c).
  */
 #include "internal.h"
-#include "../../format/format.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
-#define STAGE_MIN ((size_t)64 << 20)
-#define STAGE_ALIGN 4096
 #define BLOB_PIECE ((size_t)4 << 20)
 #define FRAME_BUDGET ((size_t)4 << 20)   /* estimated SAVE_ADD body, well under 16 MiB */
 #define FRAME_MAX_ENTRIES 65536
-#define FILE_MAX 128
-
-/* A staging arena: a memfd the save copies foreign host memory into. */
-struct save_stage {
-	uint64_t region;
-	int fd;
-	uint8_t *base;
-	size_t size, used;
-};
-
-/* A set of names (open addressing, power-of-two capacity); owns its copies. */
-struct save_names {
-	char **slot;
-	size_t cap, n;
-};
 
 enum save_state { SAVE_OPEN, SAVE_ENDED, SAVE_BROKEN };
 
@@ -51,171 +29,12 @@ struct dsckpt_save {
 	msgpack_packer pk;
 	size_t *ends;          /* ends[i]: end of entry i in enc */
 	size_t nt, capt;
-	struct save_names tnames, bnames;
-	struct save_stage *stages;
-	size_t nstages;
+	struct lib_names tnames, bnames;
+	struct lib_stages stages;   /* host memory the library did not allocate, copied */
 	int gpu;               /* ordinal of the GPU of the save's tensors; -1: none */
 	void *gpu_ctx;         /* the CUcontext its event is recorded in */
 	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
 };
-
-/* Size in bytes of a safetensors dtype name (format/dtype.c's table, the daemon's too). */
-unsigned lib_dtype_size(const char *dtype)
-{
-	return dtype_size(dtype);
-}
-
-/* Checks a tensor or blob name. */
-static int save_name_check(const char *what, const char *name, char *why, size_t whylen)
-{
-	if (!name || !*name) {
-		snprintf(why, whylen, "%s name is empty", what);
-		return DSCKPT_EINVAL;
-	}
-	if (strlen(name) > PROTO_MAX_NAME) {
-		snprintf(why, whylen, "%s name is longer than %d bytes", what, PROTO_MAX_NAME);
-		return DSCKPT_ENAMETOOLONG;
-	}
-	return 0;
-}
-
-/* Checks a tensor's name, dtype, shape and size. */
-int lib_tensor_check(const char *name, const char *dtype, const int64_t *shape, int ndim,
-		     const void *ptr, size_t nbytes, char *why, size_t whylen)
-{
-	uint64_t n = 1;
-	unsigned size;
-	int e = save_name_check("tensor", name, why, whylen);
-
-	if (e < 0)
-		return e;
-	if (strcmp(name, "__metadata__") == 0) {
-		snprintf(why, whylen, "tensor name __metadata__ is reserved by safetensors");
-		return DSCKPT_EINVAL;
-	}
-	if (!dtype || (size = lib_dtype_size(dtype)) == 0) {
-		snprintf(why, whylen, "tensor %s: unknown dtype %s", name, dtype ? dtype : "NULL");
-		return DSCKPT_EINVAL;
-	}
-	if (ndim < 0 || ndim > PROTO_MAX_DIMS || (ndim > 0 && !shape)) {
-		snprintf(why, whylen, "tensor %s: ndim %d is not in 0..%d (with a shape)", name,
-			 ndim, PROTO_MAX_DIMS);
-		return DSCKPT_EINVAL;
-	}
-	for (int i = 0; i < ndim; i++) {
-		if (shape[i] < 0) {
-			snprintf(why, whylen, "tensor %s: dimension %d is negative", name, i);
-			return DSCKPT_EINVAL;
-		}
-		if (__builtin_mul_overflow(n, (uint64_t)shape[i], &n)) {
-			snprintf(why, whylen, "tensor %s: shape overflows 64 bits", name);
-			return DSCKPT_ERANGE;
-		}
-	}
-	if (__builtin_mul_overflow(n, size, &n)) {
-		snprintf(why, whylen, "tensor %s: size overflows 64 bits", name);
-		return DSCKPT_ERANGE;
-	}
-	if (n != nbytes) {
-		snprintf(why, whylen, "tensor %s: nbytes %zu, but shape and dtype %s make %" PRIu64,
-			 name, nbytes, dtype, n);
-		return DSCKPT_EINVAL;
-	}
-	if (!ptr && nbytes > 0) {
-		snprintf(why, whylen, "tensor %s: pointer is NULL", name);
-		return DSCKPT_EINVAL;
-	}
-	return 0;
-}
-
-/* Checks a blob's name and data. */
-int lib_blob_check(const char *name, const void *data, size_t len, char *why, size_t whylen)
-{
-	int e = save_name_check("blob", name, why, whylen);
-	if (e < 0)
-		return e;
-	if (!data && len > 0) {
-		snprintf(why, whylen, "blob %s: data is NULL", name);
-		return DSCKPT_EINVAL;
-	}
-	return 0;
-}
-
-/* FNV-1a hash of a name. */
-static uint64_t names_hash(const char *s)
-{
-	uint64_t h = 0xcbf29ce484222325ull;
-	for (; *s; s++)
-		h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-	return h;
-}
-
-/* Slot where name is, or the empty slot where it would go (cap > 0). */
-static size_t names_slot(const struct save_names *ns, const char *name)
-{
-	size_t i = (size_t)names_hash(name) & (ns->cap - 1);
-	while (ns->slot[i] && strcmp(ns->slot[i], name) != 0)
-		i = (i + 1) & (ns->cap - 1);
-	return i;
-}
-
-/* Whether name is in the set. */
-static int names_has(const struct save_names *ns, const char *name)
-{
-	return ns->cap > 0 && ns->slot[names_slot(ns, name)] != NULL;
-}
-
-/* Adds a copy of a name not yet in the set; returns the copy, NULL when out of memory. */
-static const char *names_add(struct save_names *ns, const char *name)
-{
-	if (2 * (ns->n + 1) > ns->cap) {
-		size_t cap = ns->cap ? ns->cap * 2 : 64;
-		struct save_names bigger = {calloc(cap, sizeof(char *)), cap, ns->n};
-		if (!bigger.slot)
-			return NULL;
-		for (size_t i = 0; i < ns->cap; i++)
-			if (ns->slot[i])
-				bigger.slot[names_slot(&bigger, ns->slot[i])] = ns->slot[i];
-		free(ns->slot);
-		*ns = bigger;
-	}
-	char *copy = strdup(name);
-	if (!copy)
-		return NULL;
-	ns->slot[names_slot(ns, name)] = copy;
-	ns->n++;
-	return copy;
-}
-
-/* Frees the set and its names. */
-static void names_free(struct save_names *ns)
-{
-	for (size_t i = 0; i < ns->cap; i++)
-		free(ns->slot[i]);
-	free(ns->slot);
-}
-
-/* Checks a file name: [A-Za-z0-9._-]{1,128}, not starting with a dot. */
-static int save_file_ok(const char *file)
-{
-	size_t n = strlen(file);
-	if (n == 0 || n > FILE_MAX || file[0] == '.')
-		return 0;
-	return strspn(file, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-			    "0123456789._-") == n;
-}
-
-/* Checks a checkpoint directory: absolute, at most PROTO_MAX_STR bytes. */
-static int save_dir_check(dsckpt_conn_t *c, const char *dir)
-{
-	if (!dir || dir[0] != '/')
-		return lib_conn_fail(c, DSCKPT_EINVAL, "checkpoint directory must be absolute");
-	if (strlen(dir) > PROTO_MAX_STR)
-		return lib_conn_fail(c, DSCKPT_ENAMETOOLONG,
-				     "checkpoint directory is longer than %d bytes",
-				     PROTO_MAX_STR);
-	return 0;
-}
 
 /* Opens a save of dir/file (SAVE_BEGIN). */
 int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
@@ -233,13 +52,8 @@ int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 	if (!s)
 		return DSCKPT_ENOMEM;
 	lib_conn_lock(c);
-	if ((e = save_dir_check(c, dir)) < 0)
+	if ((e = lib_check_dir(c, dir)) < 0 || (e = lib_check_file(c, file)) < 0)
 		goto fail;
-	if (!file || !save_file_ok(file)) {
-		e = lib_conn_fail(c, DSCKPT_EINVAL, "file name must match [A-Za-z0-9._-]{1,%d} "
-				  "and not start with a dot", FILE_MAX);
-		goto fail;
-	}
 	if (lib_conn_world(c) == 0) {
 		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before saving");
 		goto fail;
@@ -268,47 +82,6 @@ fail:
 	return e;
 }
 
-/* Copies bytes into the save's staging arena, creating (and registering) one if needed. */
-static int save_stage(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t *region,
-		      uint64_t *offset)
-{
-	struct save_stage *st = s->nstages ? &s->stages[s->nstages - 1] : NULL;
-	size_t at = st ? (st->used + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN : 0;
-	int e;
-
-	if (!st || at > st->size || nbytes > st->size - at) {
-		struct save_stage n = {.region = lib_region_id()};
-		void *base;
-		if (nbytes > SIZE_MAX - STAGE_ALIGN)
-			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "tensor too large to stage");
-		n.size = (nbytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
-		if (n.size < STAGE_MIN)
-			n.size = STAGE_MIN;
-		st = realloc(s->stages, (s->nstages + 1) * sizeof(*st));
-		if (!st)
-			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-		s->stages = st;
-		if ((e = lib_memfd_map("dsckpt-stage", n.size, &n.fd, &base)) < 0)
-			return lib_conn_fail(s->c, e, "staging memory of %zu bytes: %s", n.size,
-					     strerror(errno));
-		n.base = base;
-		if ((e = lib_conn_region_add(s->c, n.region, n.fd, n.size)) < 0) {
-			munmap(n.base, n.size);
-			close(n.fd);
-			return e;
-		}
-		st = &s->stages[s->nstages++];
-		*st = n;
-		at = 0;
-	}
-	if (nbytes > 0)
-		memcpy(st->base + at, ptr, nbytes);
-	st->used = at + nbytes;
-	*region = st->region;
-	*offset = at;
-	return 0;
-}
-
 /*
  * Decides where the daemon reads a tensor's bytes from: a dsckpt_host_alloc block as is, GPU
  * memory through its handle, else a copy staged now.
@@ -334,7 +107,7 @@ static int save_place(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t
 	if ((r = lib_cuda_place(s->c, ptr, nbytes, s->gpu, &g)) < 0)
 		return r;
 	if (r == 0)
-		return save_stage(s, ptr, nbytes, region, offset);
+		return lib_stage_copy(s->c, &s->stages, ptr, nbytes, region, offset);
 	if (s->gpu < 0) {
 		s->gpu = g.device;
 		s->gpu_ctx = g.ctx;
@@ -351,6 +124,14 @@ static int save_not_open(dsckpt_save_t *s)
 			     ? "the save has already ended" : "the save failed earlier");
 }
 
+/* Takes the connection's lock for a call that needs the save open; DSCKPT_ESTATE if it is
+ * not (the lock is held either way). */
+static int save_enter(dsckpt_save_t *s)
+{
+	lib_conn_lock(s->c);
+	return s->state == SAVE_OPEN ? 0 : save_not_open(s);
+}
+
 /*
  * Adds one tensor by reference (lock held): validated, its bytes placed, and its SAVE_ADD
  * entry encoded now, so that save_end only has to frame the encoded entries.
@@ -363,23 +144,19 @@ static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 
 	if (s->state != SAVE_OPEN)
 		return save_not_open(s);
-	if ((e = lib_tensor_check(t->name, t->dtype, t->shape, t->ndim, t->ptr, t->nbytes, why,
+	if ((e = lib_check_tensor(t->name, t->dtype, t->shape, t->ndim, t->ptr, t->nbytes, why,
 				  sizeof(why))) < 0)
 		return lib_conn_fail(s->c, e, "%s", why);
-	if (names_has(&s->tnames, t->name))
+	if (lib_names_has(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
 				     t->name);
-	if (s->nt == s->capt) {
-		size_t cap = s->capt ? s->capt * 2 : 64;
-		size_t *ends = realloc(s->ends, cap * sizeof(*ends));
-		if (!ends)
-			return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-		s->ends = ends;
-		s->capt = cap;
-	}
+	size_t *ends = lib_grow(s->ends, &s->capt, s->nt, sizeof(*ends));
+	if (!ends)
+		return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
+	s->ends = ends;
 	if ((e = save_place(s, t->ptr, t->nbytes, &region, &offset)) < 0)
 		return e;
-	if (!names_add(&s->tnames, t->name))
+	if (!lib_names_add(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
 	msgpack_pack_map(&s->pk, 6);
 	proto_kv_str(&s->pk, "name", t->name);
@@ -453,20 +230,17 @@ int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t
 
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN) {
-		e = save_not_open(s);
+	if ((e = save_enter(s)) < 0)
 		goto out;
-	}
-	if ((e = lib_blob_check(name, data, len, why, sizeof(why))) < 0) {
+	if ((e = lib_check_blob(name, data, len, why, sizeof(why))) < 0) {
 		lib_conn_fail(s->c, e, "%s", why);
 		goto out;
 	}
-	if (names_has(&s->bnames, name)) {
+	if (lib_names_has(&s->bnames, name)) {
 		e = lib_conn_fail(s->c, DSCKPT_EEXIST, "blob %s is already in the save", name);
 		goto out;
 	}
-	if (!names_add(&s->bnames, name)) {
+	if (!lib_names_add(&s->bnames, name)) {
 		e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
 		goto out;
 	}
@@ -526,14 +300,10 @@ static int save_flush(dsckpt_save_t *s, size_t *last)
 /* Names the stream whose work writes the save's GPU tensors. */
 int dsckpt_save_set_stream(dsckpt_save_t *s, void *stream)
 {
-	int e = 0;
-
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN)
-		e = save_not_open(s);
-	else
+	int e = save_enter(s);
+	if (e == 0)
 		s->stream = stream;
 	lib_conn_unlock(s->c);
 	return e;
@@ -554,11 +324,8 @@ int dsckpt_save_end(dsckpt_save_t *s)
 
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (s->state != SAVE_OPEN) {
-		e = save_not_open(s);
+	if ((e = save_enter(s)) < 0)
 		goto out;
-	}
 	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s, &last)) < 0)
 		goto fail;
 	if (s->gpu >= 0 &&
@@ -679,55 +446,12 @@ void dsckpt_save_free(dsckpt_save_t *s)
 		proto_kv_u64(&o.pk, "save", s->id);
 		lib_conn_call_empty(s->c, &o, NULL, 0, "SAVE_ABORT");
 	}
-	for (size_t i = 0; i < s->nstages; i++) {
-		struct save_stage *st = &s->stages[i];
-		if (lib_conn_alive(s->c))
-			lib_conn_region_del(s->c, st->region);
-		munmap(st->base, st->size);
-		close(st->fd);
-	}
+	lib_stage_free(s->c, &s->stages);
 	lib_conn_unlock(s->c);
 	lib_conn_unref(s->c);
-	free(s->stages);
 	msgpack_sbuffer_destroy(&s->enc);
 	free(s->ends);
-	names_free(&s->tnames);
-	names_free(&s->bnames);
+	lib_names_free(&s->tnames);
+	lib_names_free(&s->bnames);
 	free(s);
-}
-
-/* Commits the checkpoint directory (COMMIT). */
-int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
-{
-	char tag[PROTO_MAX_STR + 1];
-	struct proto_out o;
-	struct lib_reply r;
-	int64_t level;
-	uint64_t files, bytes;
-	int e;
-
-	if (!c)
-		return DSCKPT_EINVAL;
-	lib_conn_lock(c);
-	if ((e = save_dir_check(c, dir)) < 0)
-		goto out;
-	if (lib_conn_world(c) == 0) {
-		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before commit");
-		goto out;
-	}
-	lib_conn_frame(c, &o, PROTO_COMMIT);
-	msgpack_pack_map(&o.pk, 3);
-	proto_kv_str(&o.pk, "dir", dir);
-	proto_kv_u64(&o.pk, "world", (uint64_t)lib_conn_world(c));
-	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms < 0 ? -1 : timeout_ms);
-	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
-		goto out;
-	proto_get_i64(&r.m, "level", DSCKPT_COMMITTED, DSCKPT_COMMITTED, &level, 1);
-	proto_get_str(&r.m, "tag", tag, PROTO_MAX_STR, 1);
-	proto_get_u64(&r.m, "files", UINT64_MAX, &files, 1);
-	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
-	e = lib_reply_end(c, &r, "COMMIT");
-out:
-	lib_conn_unlock(c);
-	return e;
 }

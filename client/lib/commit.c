@@ -1,0 +1,39 @@
+/* commit.c — dsckpt_commit: the COMMIT request that completes a checkpoint directory for the
+ * whole job (a save is save.c's; a commit names only the directory). */
+#include "internal.h"
+
+/* Commits the checkpoint directory (COMMIT). */
+int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
+{
+	char tag[PROTO_MAX_STR + 1];
+	struct proto_out o;
+	struct lib_reply r;
+	int64_t level;
+	uint64_t files, bytes;
+	int e;
+
+	if (!c)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(c);
+	if ((e = lib_check_dir(c, dir)) < 0)
+		goto out;
+	if (lib_conn_world(c) == 0) {
+		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before commit");
+		goto out;
+	}
+	lib_conn_frame(c, &o, PROTO_COMMIT);
+	msgpack_pack_map(&o.pk, 3);
+	proto_kv_str(&o.pk, "dir", dir);
+	proto_kv_u64(&o.pk, "world", (uint64_t)lib_conn_world(c));
+	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms < 0 ? -1 : timeout_ms);
+	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+		goto out;
+	proto_get_i64(&r.m, "level", DSCKPT_COMMITTED, DSCKPT_COMMITTED, &level, 1);
+	proto_get_str(&r.m, "tag", tag, PROTO_MAX_STR, 1);
+	proto_get_u64(&r.m, "files", UINT64_MAX, &files, 1);
+	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
+	e = lib_reply_end(c, &r, "COMMIT");
+out:
+	lib_conn_unlock(c);
+	return e;
+}

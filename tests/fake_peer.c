@@ -1,0 +1,332 @@
+/*
+ * fake_peer.c — the scripted fake dsckptd of the client suites (fake_peer.h): HELLO,
+ * REGION_ADD/DEL (it maps host regions and logs a checksum of each tensor's bytes),
+ * SAVE_BEGIN/ADD/END, WAIT, COMMIT and SAVE_ABORT, misbehaving as fake_opts says.
+ */
+#include "fake_peer.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+struct fake_opts fake_opts;
+
+/* FNV-1a over bytes. */
+uint64_t fake_fnv(const uint8_t *p, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 0x100000001b3ull;
+	return h;
+}
+
+/* One region the fake peer mapped. */
+struct fake_region {
+	uint64_t id, size;
+	const uint8_t *p;
+};
+
+/* Reads one SAVE_ADD tensor entry, logs it with the checksum of its bytes. */
+static void fake_tensor(const msgpack_object *obj, struct fake_region *regs, int nregs,
+			FILE *log)
+{
+	struct proto_map m;
+	const msgpack_object_array *shape;
+	char name[PROTO_MAX_NAME + 1], dtype[16];
+	uint64_t region, offset, nbytes;
+
+	proto_map_init(&m, obj);
+	proto_get_str(&m, "name", name, PROTO_MAX_NAME, 1);
+	proto_get_str(&m, "dtype", dtype, 15, 1);
+	proto_get_array(&m, "shape", &shape, PROTO_MAX_DIMS, 1);
+	proto_get_u64(&m, "region", UINT64_MAX, &region, 1);
+	proto_get_u64(&m, "offset", UINT64_MAX, &offset, 1);
+	proto_get_u64(&m, "nbytes", UINT64_MAX, &nbytes, 1);
+	if (proto_map_end(&m) < 0) {
+		fprintf(log, "BAD tensor: %s\n", m.why);
+		return;
+	}
+	for (int i = 0; i < nregs; i++) {
+		if (regs[i].id != region)
+			continue;
+		if (offset > regs[i].size || nbytes > regs[i].size - offset)
+			break;
+		fprintf(log, "tensor %s %s ndim=%u region=%" PRIu64 " offset=%" PRIu64
+			" nbytes=%" PRIu64 " fnv=%016" PRIx64 "\n", name, dtype, shape->size,
+			region, offset, nbytes, fake_fnv(regs[i].p + offset, nbytes));
+		return;
+	}
+	fprintf(log, "BAD tensor %s: region %" PRIu64 " unknown or too small\n", name, region);
+}
+
+/* Handles one request; returns 0 to go on, -1 to hang up. */
+static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, int *fds,
+			unsigned nfds, struct fake_region *regs, int *nregs, FILE *log)
+{
+	static uint64_t ntensors;
+	struct proto_out o;
+	char s1[PROTO_MAX_STR + 1], s2[PROTO_MAX_STR + 1];
+	uint64_t u1 = 0, u2 = 0, u3 = 0;
+	int64_t i1 = 0, i2 = 0;
+	const msgpack_object_array *arr = NULL, *blobs = NULL;
+	uint64_t id = fake_opts.bad_id ? h->id + 1 : h->id;
+
+	proto_out_init(&o, PROTO_REPLY, id);
+	switch (h->type) {
+	case PROTO_HELLO:
+		proto_get_str(m, "role", s1, 16, 1);
+		proto_get_str(m, "job", s2, PROTO_MAX_NAME, 1);
+		proto_get_u64(m, "rank", UINT64_MAX, &u1, 1);
+		proto_get_u64(m, "world", UINT64_MAX, &u2, 1);
+		proto_get_u64(m, "pid", UINT64_MAX, &u3, 1);
+		fprintf(log, "hello %s %s %" PRIu64 "/%" PRIu64 "\n", s1, s2, u1, u2);
+		if (fake_opts.hello_version) {
+			proto_out_free(&o);
+			proto_out_init(&o, PROTO_ERROR, id);
+			msgpack_pack_map(&o.pk, 4);
+			proto_kv_i64(&o.pk, "code", DSCKPT_EVERSION);
+			proto_kv_str(&o.pk, "message", "protocol mismatch");
+			proto_kv_u64(&o.pk, "server_proto", 9);
+			proto_kv_u64(&o.pk, "client_proto", PROTO_VERSION);
+			break;
+		}
+		msgpack_pack_map(&o.pk, 3);
+		proto_kv_str(&o.pk, "version", "fake");
+		proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
+		proto_kv_u64(&o.pk, "client", 1);
+		break;
+	case PROTO_REGION_ADD:
+		proto_get_u64(m, "region", UINT64_MAX, &u1, 1);
+		proto_get_str(m, "kind", s1, 16, 1);
+		proto_get_u64(m, "size", UINT64_MAX, &u2, 1);
+		if (nfds != 1 || strcmp(s1, "host") != 0 || *nregs == 64) {
+			fprintf(log, "BAD region_add\n");
+			break;
+		}
+		regs[*nregs].id = u1;
+		regs[*nregs].size = u2;
+		regs[*nregs].p = mmap(NULL, u2, PROT_READ, MAP_SHARED, fds[0], 0);
+		close(fds[0]);
+		if (regs[*nregs].p == MAP_FAILED)
+			fprintf(log, "BAD mmap\n");
+		(*nregs)++;
+		fprintf(log, "region_add %" PRIu64 " %" PRIu64 "\n", u1, u2);
+		msgpack_pack_map(&o.pk, 0);
+		break;
+	case PROTO_REGION_DEL:
+		proto_get_u64(m, "region", UINT64_MAX, &u1, 1);
+		fprintf(log, "region_del %" PRIu64 "\n", u1);
+		msgpack_pack_map(&o.pk, 0);
+		break;
+	case PROTO_SAVE_BEGIN:
+		proto_get_str(m, "dir", s1, PROTO_MAX_STR, 1);
+		proto_get_str(m, "file", s2, PROTO_MAX_STR, 1);
+		fprintf(log, "save_begin %s %s\n", s1, s2);
+		if (fake_opts.begin_error) {
+			proto_out_free(&o);
+			proto_out_init(&o, PROTO_ERROR, id);
+			msgpack_pack_map(&o.pk, 2);
+			proto_kv_i64(&o.pk, "code", DSCKPT_EACCES);
+			proto_kv_str(&o.pk, "message", "not under an allowed root");
+			break;
+		}
+		msgpack_pack_map(&o.pk, 1);
+		proto_kv_u64(&o.pk, "save", 7);
+		break;
+	case PROTO_SAVE_ADD:
+		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
+		/* fall through: SAVE_END may carry the last batch of entries too */
+	entries:
+		proto_get_array(m, "tensors", &arr, 65536, 0);
+		proto_get_array(m, "blobs", &blobs, 65536, 0);
+		if (h->type == PROTO_SAVE_END && !arr && !blobs)
+			goto end;
+		fprintf(log, "save_add len=%u tensors=%u blobs=%u\n", h->length,
+			arr ? arr->size : 0, blobs ? blobs->size : 0);
+		for (uint32_t i = 0; arr && i < arr->size; i++)
+			fake_tensor(&arr->ptr[i], regs, *nregs, log);
+		for (uint32_t i = 0; blobs && i < blobs->size; i++) {
+			struct proto_map b;
+			const void *data;
+			size_t len;
+			proto_map_init(&b, &blobs->ptr[i]);
+			proto_get_str(&b, "name", s1, PROTO_MAX_NAME, 1);
+			proto_get_bin(&b, "data", &data, &len, PROTO_MAX_BODY, 1);
+			if (proto_map_end(&b) < 0)
+				fprintf(log, "BAD blob: %s\n", b.why);
+			else
+				fprintf(log, "blob %s len=%zu fnv=%016" PRIx64 "\n", s1, len,
+					fake_fnv(data, len));
+		}
+		ntensors += arr ? arr->size : 0;
+		if (h->type == PROTO_SAVE_END)
+			goto end;
+		msgpack_pack_map(&o.pk, 2);
+		proto_kv_u64(&o.pk, "tensors", ntensors);
+		proto_kv_u64(&o.pk, "bytes", 0);
+		break;
+	case PROTO_SAVE_END: {
+		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
+		goto entries;
+	end:;
+		const void *ev, *uuid;
+		size_t evlen = 0, uuidlen = 0;
+		int has_ev = proto_get_bin(m, "event", &ev, &evlen, 64, 0);
+		int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuidlen, 16, 0);
+		if (has_ev != has_uuid || (has_ev == 1 && (evlen != 64 || uuidlen != 16)))
+			fprintf(log, "BAD save_end event\n");
+		fprintf(log, "save_end %" PRIu64 "%s\n", u1, has_ev == 1 ? " event" : "");
+		if (fake_opts.close_on_end) {
+			proto_out_free(&o);
+			return -1;
+		}
+		msgpack_pack_map(&o.pk, 1);
+		proto_kv_i64(&o.pk, "level", DSCKPT_ACCEPTED);
+		break;
+	}
+	case PROTO_WAIT:
+		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
+		proto_get_i64(m, "level", INT64_MIN, INT64_MAX, &i1, 1);
+		proto_get_i64(m, "timeout_ms", INT64_MIN, INT64_MAX, &i2, 1);
+		fprintf(log, "wait %" PRIu64 " %" PRId64 " %" PRId64 "\n", u1, i1, i2);
+		i1 = fake_opts.wait_level ? fake_opts.wait_level : i1 ? i1 : DSCKPT_SNAPSHOT;
+		msgpack_pack_map(&o.pk, i1 == DSCKPT_FAILED ? 6 : 5);
+		proto_kv_u64(&o.pk, "save", u1);
+		proto_kv_i64(&o.pk, "level", i1);
+		proto_kv_u64(&o.pk, "bytes_total", 100);
+		proto_kv_u64(&o.pk, "bytes_snapshot", 60);
+		proto_kv_u64(&o.pk, "bytes_flushed", 20);
+		if (i1 == DSCKPT_FAILED)
+			proto_kv_str(&o.pk, "error", "disk full");
+		break;
+	case PROTO_COMMIT:
+		proto_get_str(m, "dir", s1, PROTO_MAX_STR, 1);
+		proto_get_u64(m, "world", UINT64_MAX, &u1, 1);
+		proto_get_i64(m, "timeout_ms", INT64_MIN, INT64_MAX, &i1, 1);
+		fprintf(log, "commit %s %" PRIu64 " %" PRId64 "\n", s1, u1, i1);
+		msgpack_pack_map(&o.pk, 4);
+		proto_kv_i64(&o.pk, "level", DSCKPT_COMMITTED);
+		proto_kv_str(&o.pk, "tag", "step1");
+		proto_kv_u64(&o.pk, "files", 1);
+		proto_kv_u64(&o.pk, "bytes", 100);
+		break;
+	default:
+		fprintf(log, "BAD type %u\n", h->type);
+		break;
+	}
+	if (proto_map_end(m) < 0)
+		fprintf(log, "BAD %s: %s\n", proto_type_name(h->type), m->why);
+	size_t len = proto_out_finish(&o, 0);
+	int e = proto_send(fd, o.sb.data, len, NULL, 0);
+	proto_out_free(&o);
+	return e < 0 ? -1 : 0;
+}
+
+/* The fake peer's process: one connection, requests until EOF. */
+static void fake_serve(int lfd, const char *logpath)
+{
+	FILE *log = fopen(logpath, "w");
+	struct fake_region regs[64];
+	int nregs = 0;
+	int fd = accept(lfd, NULL, NULL);
+
+	if (!log || fd < 0)
+		_exit(2);
+	setvbuf(log, NULL, _IOLBF, 0);
+	for (;;) {
+		struct proto_hdr h;
+		struct proto_in in;
+		struct proto_map m;
+		uint8_t *body;
+		int fds[PROTO_MAX_FDS];
+		unsigned nfds = 0;
+		char why[160];
+
+		if (proto_recv(fd, &h, &body, fds, &nfds, -1, why, sizeof(why)) < 0)
+			break;
+		if (h.version != PROTO_VERSION || h.nfds != nfds ||
+		    proto_in_parse(&in, body, h.length, why, sizeof(why)) < 0) {
+			fprintf(log, "BAD frame\n");
+			break;
+		}
+		proto_map_init(&m, in.root);
+		int r = fake_request(fd, &h, &m, fds, nfds, regs, &nregs, log);
+		proto_in_free(&in);
+		free(body);
+		if (r < 0)
+			break;
+	}
+	fprintf(log, "eof\n");
+	fclose(log);
+	_exit(0);
+}
+
+/* Starts a fake peer listening on a fresh socket. */
+void fake_start(struct fake *f)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int lfd;
+
+	h_tmpdir(f->dir, sizeof(f->dir));
+	snprintf(f->path, sizeof(f->path), "%s/d.sock", f->dir);
+	snprintf(f->log, sizeof(f->log), "%s/log", f->dir);
+	ck_assert_uint_lt(strlen(f->path), sizeof(sa.sun_path));
+	memcpy(sa.sun_path, f->path, strlen(f->path) + 1);
+	lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_ge(lfd, 0);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 1), 0);
+	f->pid = fork();
+	ck_assert_int_ge(f->pid, 0);
+	if (f->pid == 0)
+		fake_serve(lfd, f->log);
+	close(lfd);
+}
+
+/* Waits for the fake peer to finish (the client closed) and returns its log. */
+char *fake_finish(struct fake *f)
+{
+	int st;
+	ck_assert_int_eq(waitpid(f->pid, &st, 0), f->pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	char *log = h_read_file(f->log, NULL);
+	ck_assert_ptr_nonnull(log);
+	ck_assert_msg(strstr(log, "BAD") == NULL, "fake peer saw: %s", log);
+	h_rm_rf(f->dir);
+	return log;
+}
+
+/* Connects to a fake peer and identifies as rank 0 of 2. */
+dsckpt_conn_t *fake_connect(struct fake *f)
+{
+	dsckpt_conn_t *c;
+	fake_start(f);
+	ck_assert_int_eq(dsckpt_connect(f->path, &c), 0);
+	ck_assert_int_eq(dsckpt_identify(c, "job", 0, 2), 0);
+	return c;
+}
+
+/* Counts the lines of a log that contain needle (line by line: strstr over a long log is
+ * quadratic under ASan). */
+int fake_count(const char *log, const char *needle)
+{
+	size_t nl = strlen(needle);
+	int n = 0;
+	for (const char *p = log; *p;) {
+		const char *end = p;
+		while (*end && *end != '\n')
+			end++;
+		if (memmem(p, (size_t)(end - p), needle, nl))
+			n++;
+		p = *end ? end + 1 : end;
+	}
+	return n;
+}
