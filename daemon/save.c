@@ -59,10 +59,7 @@ struct save {
 	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
 	struct job *job;
 	struct st_tensor *st;    /* the header's description, lent to the job */
-	const char *meta[16];    /* __metadata__ pairs, lent to the job */
-	char rank_str[16], world_str[16];
-	char meta_size[24];      /* the .meta file's size, recorded in the header */
-	char meta_xxh3[17];      /* its checksum, filled in by the flush thread */
+	struct st_origin origin; /* the header's __metadata__ pairs, lent to the job */
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
 	unsigned holds;          /* save_hold without save_release: not forgotten */
@@ -106,8 +103,8 @@ static void save_free(struct save *s)
 	free(s);
 }
 
-/* Unlinks and frees a save. */
-static void save_forget(struct save *s)
+/* Unlinks and frees a save (one still open for adding: abandoned, a bad SAVE_ADD). */
+void save_drop(struct save *s)
 {
 	for (struct save **p = &saves; *p; p = &(*p)->next) {
 		if (*p == s) {
@@ -116,12 +113,6 @@ static void save_forget(struct save *s)
 		}
 	}
 	save_free(s);
-}
-
-/* Abandons a save still open for adding. */
-void save_drop(struct save *s)
-{
-	save_forget(s);
 }
 
 /* Drops finished saves nobody waits on after LINGER_S. */
@@ -134,7 +125,7 @@ static void on_gc(uv_timer_t *t)
 		next = s->next;
 		int done = s->level == LEVEL_FAILED || s->level >= LEVEL_DURABLE;
 		if (done && !s->holds && now - s->t_change > LINGER_S)
-			save_forget(s);
+			save_drop(s);
 	}
 }
 
@@ -438,8 +429,6 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	if ((rc = store_dir_within(s->dirfd, &s->root, err, errlen)) < 0)
 		goto fail;
 	rc = ERR_ENOMEM;
-	snprintf(s->rank_str, sizeof(s->rank_str), "%u", s->rank);
-	snprintf(s->world_str, sizeof(s->world_str), "%u", s->world);
 	if (blobs_count(s->blobs) > 0) {
 		snprintf(name, sizeof(name), "%s" FMT_META, s->file);
 		if (!(r.meta_name = strdup(name)) ||
@@ -447,17 +436,13 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 			seterr(err, errlen, rc, "out of memory");
 			goto fail;
 		}
-		snprintf(s->meta_size, sizeof(s->meta_size), "%zu", r.meta_len);
-		r.meta_xxh3 = s->meta_xxh3;
+		r.meta_xxh3 = s->origin.meta_xxh3;
 	}
-	/* The .meta file's size and checksum travel in the header: a commit checks the file
-	 * against them instead of hashing whatever a client left in its place. */
-	const char *meta[] = {"format", "pt", "dsckpt.version", DSCKPTD_VERSION,
-			      "dsckpt.job", s->jobname, "dsckpt.rank", s->rank_str,
-			      "dsckpt.world", s->world_str, "dsckpt.host", store_host(),
-			      "dsckpt.meta_size", s->meta_size, "dsckpt.meta_xxh3", s->meta_xxh3};
-	_Static_assert(sizeof(meta) == sizeof(s->meta), "struct save's meta holds these pairs");
-	memcpy(s->meta, meta, sizeof(meta));
+	s->origin = (struct st_origin){.version = DSCKPTD_VERSION, .job = s->jobname,
+				       .host = store_host()};
+	r.nmeta = st_origin_pairs(&s->origin, s->rank, s->world,
+				  r.meta_name ? (int64_t)r.meta_len : -1);
+	r.meta = s->origin.pairs;
 	s->st = calloc(s->n ? s->n : 1, sizeof(*s->st));
 	r.t = calloc(s->n ? s->n : 1, sizeof(*r.t));
 	if (!s->st || !r.t) {
@@ -472,8 +457,6 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		off += s->t[i].nbytes;
 	}
 	r.st = s->st;
-	r.meta = s->meta;
-	r.nmeta = (sizeof(meta) / sizeof(meta[0])) / 2 - (s->meta_size[0] ? 0 : 2);
 	snprintf(name, sizeof(name), "%s.safetensors", s->file);
 	rc = store_file_create(s->dirfd, name, s->uid, s->gid, config->file_mode,
 			       config->o_direct, &r.file, err, errlen);
@@ -566,7 +549,7 @@ void save_client_gone(uint64_t client)
 		if (s->client == client && s->level == LEVEL_NONE) {
 			log_debug("save %llu dropped: client left before SAVE_END",
 				  (unsigned long long)s->id);
-			save_forget(s);
+			save_drop(s);
 		}
 	}
 }
@@ -610,7 +593,7 @@ void save_mark_committed(const char *dir)
 void save_free_all(void)
 {
 	while (saves)
-		save_forget(saves);
+		save_drop(saves);
 	if (gc_timer) {
 		uv_close((uv_handle_t *)gc_timer, handle_free);
 		gc_timer = NULL;

@@ -1,4 +1,5 @@
-/* checksum.c — how checksums are written and named in a header's __metadata__. */
+/* checksum.c — how checksums and a file's origin are written and named in __metadata__. */
+#include <stdio.h>
 #include <string.h>
 
 #include "format.h"
@@ -42,4 +43,22 @@ const char *checksum_key_tensor(const char *key)
 int checksum_key_reserved(const char *key)
 {
 	return checksum_key_tensor(key) != NULL || strcmp(key, CHECKSUM_KEY_DATA) == 0;
+}
+
+/* Lays out the origin pairs of a header's __metadata__: the .meta file's size and checksum
+ * come last, and only when there is one (a commit checks the file against them instead of
+ * hashing whatever a client left in its place). */
+size_t st_origin_pairs(struct st_origin *o, unsigned rank, unsigned world, int64_t meta_size)
+{
+	snprintf(o->rank, sizeof(o->rank), "%u", rank);
+	snprintf(o->world, sizeof(o->world), "%u", world);
+	o->meta_size[0] = '\0';
+	if (meta_size >= 0)
+		snprintf(o->meta_size, sizeof(o->meta_size), "%lld", (long long)meta_size);
+	const char *pairs[] = {"format", "pt", KEY_VERSION, o->version, KEY_JOB, o->job,
+			       KEY_RANK, o->rank, KEY_WORLD, o->world, KEY_HOST, o->host,
+			       KEY_META_SIZE, o->meta_size, CHECKSUM_KEY_META, o->meta_xxh3};
+	_Static_assert(sizeof(pairs) == sizeof(o->pairs), "st_origin holds these pairs");
+	memcpy(o->pairs, pairs, sizeof(pairs));
+	return ST_ORIGIN_PAIRS - (meta_size >= 0 ? 0 : 2);
 }

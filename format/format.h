@@ -65,6 +65,18 @@ int meta_pack(const struct meta_blob *b, size_t n, uint8_t **out, size_t *len);
 #define KEY_RANK "dsckpt.rank"           /* decimal */
 #define KEY_WORLD "dsckpt.world"         /* decimal */
 #define KEY_HOST "dsckpt.host"           /* the machine that wrote it (start-up recovery) */
+/* What dsckptd records of a file's origin in its header's __metadata__ ("format": "pt" and the
+ * KEY_* and CHECKSUM_KEY_META pairs above); the strings are borrowed but for the numbers'. */
+#define ST_ORIGIN_PAIRS 8
+struct st_origin {
+	const char *version, *job, *host;
+	char rank[16], world[16];
+	char meta_size[24];                /* "" when the file has no .meta beside it */
+	char meta_xxh3[CHECKSUM_HEX + 1];  /* filled in before the header is built */
+	const char *pairs[2 * ST_ORIGIN_PAIRS];
+};
+/* Lays o's key/value pairs out in o->pairs (meta_size < 0: no .meta); returns how many. */
+size_t st_origin_pairs(struct st_origin *o, unsigned rank, unsigned world, int64_t meta_size);
 /* Writes h as CHECKSUM_HEX lowercase hex digits and a NUL into out. */
 void checksum_hex(uint64_t h, char out[CHECKSUM_HEX + 1]);
 /* Parses exactly CHECKSUM_HEX lowercase hex digits; 0, or -1 if s (maybe NULL) is not that. */
