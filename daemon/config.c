@@ -45,6 +45,9 @@ struct option {
 static const struct option options[] = {
 	{ "socket", OPT_STRING, 1, sizeof(((struct sockaddr_un *)0)->sun_path) - 1,
 	  "\"/run/dsckptd/dsckptd.sock\"", OFF(socket), "path of the Unix socket" },
+	{ "host", OPT_STRING, 0, STORE_HOST_MAX - 1, "\"\"", OFF(host),
+	  "this node's name, recorded in files as dsckpt.host (one daemon per root on a node); "
+	  "\"\": the machine's hostname" },
 	{ "socket_mode", OPT_OCTAL, 0, 0777, "\"0660\"", OFF(socket_mode),
 	  "permissions of the socket, an octal string" },
 	{ "allowed_roots", OPT_DIRS, 1, 64, "[\"/var/lib/dsckpt\"]", OFF(allowed_roots),
@@ -446,6 +449,13 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 			bad = 1;
 	cJSON_Delete(root);
 
+	for (const char *h = cfg->host; h && *h; h++) {
+		if (*h <= ' ' || *h > '~' || *h == '/') {
+			config_err(err, errlen, "option 'host': printable ASCII without spaces or '/'");
+			bad = 1;
+			break;
+		}
+	}
 	if (bad || config_sizes(cfg, err, errlen) != 0) {
 		config_free(cfg);
 		return -1;
@@ -481,6 +491,7 @@ void config_free(struct config *cfg)
 		free(cfg->allowed_roots[i]);
 	free(cfg->allowed_roots);
 	free(cfg->socket);
+	free(cfg->host);
 	free(cfg);
 }
 

@@ -75,6 +75,7 @@ int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 struct config {
 	unsigned refs;             /* loop thread only; 1 from config_load */
 	char *socket;              /* path of the Unix socket */
+	char *host;                /* this node's name; "" for the hostname (store_host) */
 	unsigned socket_mode;      /* from an octal string, e.g. "0660" */
 	char **allowed_roots;      /* absolute, canonical (realpath) directories */
 	size_t n_roots;

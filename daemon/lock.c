@@ -2,8 +2,9 @@
  * lock.c — one daemon per socket and per root on this host. Before it touches anything (no
  * recovery, no pinning, no bind), a daemon takes an exclusive flock on <socket>.lock and on
  * one lock file per allowed root, named by the root's device and inode (so two spellings of a
- * root are one root) in a directory only root may write (/run/dsckptd; /tmp/dsckptd-<uid>
- * for a daemon run as another user). A second daemon on the same socket, or on another config
+ * root are one root) and by this node's name (store_host: the config's "host", by default the
+ * hostname, so that simulated nodes on one machine may share a root), in a directory only
+ * root may write (/run/dsckptd; /tmp/dsckptd-<uid> for a daemon run as another user). A second daemon on the same socket, or on another config
  * sharing a root, fails at once and says which daemon holds what. The kernel drops the locks
  * when the daemon exits, however it exits. Daemons of other hosts sharing a root (Lustre,
  * NFS) are not excluded: each host's /run is its own.
@@ -19,6 +20,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define LOCK_MAX_ROOTS 256
 
@@ -129,8 +131,9 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 			want[n++].fd = roots[held].fd;
 			continue;
 		}
-		snprintf(path, sizeof(path), "%s/root-%llx-%llx.lock", dir,
-			 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+		snprintf(path, sizeof(path), "%s/root-%llx-%llx-%016llx.lock", dir,
+			 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+			 (unsigned long long)XXH3_64bits(store_host(), strlen(store_host())));
 		if ((want[n].fd = lock_file(path)) < 0) {
 			if (errno == EWOULDBLOCK)
 				seterr(err, errlen, -1, "another dsckptd (pid %d) on this host serves "

@@ -131,8 +131,8 @@ static void reload(void)
 	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
 	    n->host_cache_bytes != config->host_cache_bytes ||
 	    n->chunk_bytes != config->chunk_bytes || n->flush_threads != config->flush_threads ||
-	    n->copy_threads != config->copy_threads)
-		log_warnx("socket, socket_mode, host_cache_size, chunk_size and thread counts "
+	    n->copy_threads != config->copy_threads || strcmp(n->host, config->host) != 0)
+		log_warnx("socket, socket_mode, host, host_cache_size, chunk_size and thread counts "
 			  "take effect at the next start");
 	free(n->socket);
 	n->socket = strdup(config->socket);
@@ -142,6 +142,8 @@ static void reload(void)
 	n->chunk_bytes = config->chunk_bytes;
 	n->flush_threads = config->flush_threads;
 	n->copy_threads = config->copy_threads;
+	free(n->host);
+	n->host = strdup(config->host);
 	/* Work that reads the old one (a commit in the threadpool) holds a reference to it. */
 	config_unref(config);
 	config = n;
@@ -223,6 +225,8 @@ int main(int argc, char **argv)
 	 * commits at once instead of libuv's 4. */
 	setenv("UV_THREADPOOL_SIZE", "16", 0);
 
+	if (config->host[0])
+		store_set_host(config->host);
 	/* One daemon per socket and per root: a second one touches nothing, not even the cache. */
 	if (lock_socket(config, err, sizeof(err)) < 0 || lock_roots(config, err, sizeof(err)) < 0) {
 		log_error("%s; not starting", err);

@@ -98,8 +98,9 @@ START_TEST(test_every_key)
 	ck_assert_msg(load("{\"socket\": \"/tmp/x.sock\", \"socket_mode\": \"0600\","
 			   " \"allowed_roots\": [\"%s\", \"%s/\"], \"host_cache_size\": 2,"
 			   " \"chunk_size\": 8, \"flush_threads\": 64, \"copy_threads\": 1,"
-			   " \"keep_last\": 100000, \"log_level\": \"debug\", \"o_direct\": false}",
-			   dir, lnk) == 0, "%s", err);
+			   " \"keep_last\": 100000, \"log_level\": \"debug\", \"o_direct\": false,"
+			   " \"host\": \"node-7.rack2\"}", dir, lnk) == 0, "%s", err);
+	ck_assert_str_eq(cfg->host, "node-7.rack2");
 	ck_assert_str_eq(cfg->socket, "/tmp/x.sock");
 	ck_assert_uint_eq(cfg->socket_mode, 0600);
 	ck_assert_uint_eq(cfg->n_roots, 2);
@@ -210,6 +211,9 @@ START_TEST(test_wrong_types)
 		{ "\"host_cache_size\": 4097", "out of range" },
 		{ "\"host_cache_size\": 1e999", "out of range" },
 		{ "\"chunk_size\": 0.5", "option 'chunk_size': 0.5 is out of range [1, 1024]" },
+		{ "\"host\": \"a b\"", "option 'host': printable ASCII without spaces or '/'" },
+		{ "\"host\": \"../x\"", "option 'host': printable ASCII" },
+		{ "\"host\": 7", "option 'host': expected a string" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		ck_assert_int_eq(load("{%s}", cases[i].json), -1);

@@ -85,6 +85,21 @@ static void config_variant(const struct hdaemon *d, const char *path, const char
 	free(cfg);
 }
 
+/* Writes a copy of the config at path with "host": host added. */
+static void config_add_host(const char *path, const char *host)
+{
+	size_t len;
+	char *cfg = h_read_file(path, &len);
+	ck_assert_ptr_nonnull(cfg);
+	char *brace = strchr(cfg, '{');
+	ck_assert_ptr_nonnull(brace);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "{\n  \"host\": \"%s\",%s", host, brace + 1);
+	fclose(f);
+	free(cfg);
+}
+
 /* Whether file contains s. */
 static int file_has(const char *file, const char *s)
 {
@@ -134,6 +149,19 @@ START_TEST(test_shared_root)
 	ck_assert_msg(file_has(out, "serves the root"), "no reason given");
 	ck_assert(h_exists(bait));
 	ck_assert(!h_exists(sock2));
+
+	/* Another node's daemon (its own node name, as a simulated node on this machine) shares
+	 * the root and starts; a stale partial that names no host is anyone's to remove. */
+	char cfg4[512], sock4[512];
+	snprintf(cfg4, sizeof(cfg4), "%s/node.json", D.dir);
+	snprintf(sock4, sizeof(sock4), "%s/node.sock", D.dir);
+	config_variant(&D, cfg4, sock4, NULL);
+	config_add_host(cfg4, "node-x");
+	snprintf(out, sizeof(out), "%s/node.log", D.dir);
+	ck_assert_msg(start_serving(cfg4, sock4, out) == 0, "another node's daemon did not start: "
+		      "%s", h_read_file(out, NULL));
+	ck_assert_msg(!h_exists(bait), "the other node's recovery did not run");
+	plant_bait(&D);
 
 	/* A daemon with its own root and socket is not held back. */
 	snprintf(root3, sizeof(root3), "%s/other-root", D.dir);

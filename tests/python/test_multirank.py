@@ -1,5 +1,6 @@
 """dsckpt.torch.commit across 4 gloo ranks on two daemons (two simulated nodes, one root):
-ranks 0-1 talk to daemon A, ranks 2-3 to daemon B, and all write one tag directory."""
+ranks 0-1 talk to daemon A, ranks 2-3 to daemon B, and all write one tag directory. Each
+daemon has its own node name ("host"): on one machine, one daemon per root per node."""
 import json
 import os
 import time
@@ -69,8 +70,8 @@ def _four_ranks(rank, world, sockets, root):
 
 
 def test_commit_four_ranks_two_daemons(make_daemon):
-    a = make_daemon()
-    b = make_daemon(root=a.root)
+    a = make_daemon(host="node-a")
+    b = make_daemon(root=a.root, host="node-b")
     run_ranks(_four_ranks, 4, [a.socket, b.socket], a.root)
     # Both daemons really took saves: each logged its two ranks' files.
     assert "rank0" in a.read_log() and "rank2" in b.read_log()
