@@ -122,6 +122,9 @@ DSCKPT_EXTERN void dsckpt_close(dsckpt_conn_t *c);
 /* Detailed message of the last failed call on this connection (never NULL); with c NULL,
  * the message of this thread's last failed dsckpt_connect. */
 DSCKPT_EXTERN const char *dsckpt_last_error(dsckpt_conn_t *c);
+/* The code behind the last DSCKPT_EFAILED on this connection: why the save failed
+ * (DSCKPT_ENOSPC for a full disk, DSCKPT_EACCES, DSCKPT_EIO, ...), or 0 when unknown. */
+DSCKPT_EXTERN int dsckpt_last_cause(dsckpt_conn_t *c);
 
 /*
  * Opens a save of dir/file.safetensors (+ dir/file.meta when blobs are added). dir is the

@@ -135,14 +135,16 @@ void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, v->level == LEVEL_FAILED ? 6 : 5);
+	msgpack_pack_map(&o.pk, v->level == LEVEL_FAILED ? 7 : 5);
 	proto_kv_u64(&o.pk, "save", v->id);
 	proto_kv_i64(&o.pk, "level", v->level);
 	proto_kv_u64(&o.pk, "bytes_total", v->bytes_total);
 	proto_kv_u64(&o.pk, "bytes_snapshot", v->bytes_snapshot);
 	proto_kv_u64(&o.pk, "bytes_flushed", v->bytes_flushed);
-	if (v->level == LEVEL_FAILED)
+	if (v->level == LEVEL_FAILED) {
+		proto_kv_i64(&o.pk, "code", v->code);
 		proto_kv_str(&o.pk, "error", v->error);
+	}
 	reply_send(conn, &o, 0);
 }
 
@@ -204,7 +206,7 @@ static int pending_shows(const struct save_view *v, uid_t uid)
 /* Packs one save of the PENDING listing. */
 static void pack_pending_save(msgpack_packer *pk, const struct save_view *v)
 {
-	msgpack_pack_map(pk, v->level == LEVEL_FAILED ? 15 : 14);
+	msgpack_pack_map(pk, v->level == LEVEL_FAILED ? 16 : 14);
 	proto_kv_u64(pk, "id", v->id);
 	proto_kv_u64(pk, "client", v->client);
 	proto_kv_u64(pk, "pid", (uint64_t)v->pid);
@@ -219,8 +221,10 @@ static void pack_pending_save(msgpack_packer *pk, const struct save_view *v)
 	proto_kv_u64(pk, "rate", v->busy_s > 0 ? (uint64_t)(v->bytes_flushed / v->busy_s) : 0);
 	proto_kv_u64(pk, "age_ms", (uint64_t)(v->age_s * 1000));
 	proto_kv_bool(pk, "client_alive", conn_find(v->client) != NULL);
-	if (v->level == LEVEL_FAILED)
+	if (v->level == LEVEL_FAILED) {
+		proto_kv_i64(pk, "code", v->code);
 		proto_kv_str(pk, "error", v->error);
+	}
 }
 
 /* Answers PENDING: the saves the daemon still knows that uid may see (all, for root). */

@@ -77,8 +77,10 @@ START_TEST(test_fake_version)
 	fake_start(&f);
 	ck_assert_int_eq(dsckpt_connect(f.path, &c), 0);
 	ck_assert_int_eq(dsckpt_identify(c, "j", 0, 1), DSCKPT_EVERSION);
-	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "protocol version mismatch: dsckptd "
-				     "speaks protocol 9, this libdsckpt speaks protocol 1"));
+	char want[160];
+	snprintf(want, sizeof(want), "protocol version mismatch: dsckptd speaks protocol 9, this "
+		 "libdsckpt speaks protocol %d", PROTO_VERSION);
+	ck_assert_msg(strstr(dsckpt_last_error(c), want), "%s", dsckpt_last_error(c));
 	ck_assert_int_eq(dsckpt_identify(c, "j", 0, 1), DSCKPT_EPIPE);
 	dsckpt_close(c);
 	free(fake_finish(&f));

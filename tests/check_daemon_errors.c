@@ -89,6 +89,7 @@ START_TEST(test_disk_full)
 	int rc = dsckpt_wait(s, DSCKPT_DURABLE, 60000);
 	char msg[512];
 	snprintf(msg, sizeof(msg), "%s", dsckpt_last_error(c));
+	int cause = dsckpt_last_cause(c);
 	int partial = has_partial(small);
 	dsckpt_save_free(s);
 	dsckpt_host_free(mem);
@@ -98,6 +99,7 @@ START_TEST(test_disk_full)
 
 	ck_assert_msg(rc == DSCKPT_EFAILED, "wait returned %s", dsckpt_err_name(rc));
 	ck_assert_msg(strcasestr(msg, "no space"), "message: '%s'", msg);
+	ck_assert_msg(cause == DSCKPT_ENOSPC, "the cause is %s, not ENOSPC", dsckpt_err_name(cause));
 	ck_assert_msg(!partial, "a *.partial was left on the full disk");
 	ck_assert_int_eq(umounted, 0);
 	check_pattern_file(h_path("%s/ok/t1", D->root), "rank0", 64 * 1024, 61);

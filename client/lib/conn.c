@@ -29,6 +29,7 @@ struct dsckpt_conn {
 	int world;                  /* from dsckpt_identify; 0 before */
 	int timeout_ms;             /* longest wait for a reply; -1: no limit */
 	int refused;                /* the last failure is the daemon's ERROR reply */
+	int cause;                  /* the code behind the last DSCKPT_EFAILED, or 0 */
 	const char *self;           /* this end in messages: "libdsckpt" or "dsckptctl" */
 	uint64_t next_id;
 	uint64_t req_id;            /* id of the request on the wire */
@@ -171,6 +172,23 @@ const char *dsckpt_last_error(dsckpt_conn_t *c)
 	return conn_tls_copy;
 }
 
+/* The code behind the last DSCKPT_EFAILED on c (DSCKPT_ENOSPC, ...), or 0. */
+int dsckpt_last_cause(dsckpt_conn_t *c)
+{
+	if (!c)
+		return 0;
+	lib_conn_lock(c);
+	int cause = c->cause;
+	lib_conn_unlock(c);
+	return cause;
+}
+
+/* Records the code behind the failure just stored with lib_conn_fail (lock held). */
+void lib_conn_set_cause(dsckpt_conn_t *c, int cause)
+{
+	c->cause = cause < 0 ? cause : 0;
+}
+
 /* Stores a message for dsckpt_last_error and returns err. */
 int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
 {
@@ -179,6 +197,7 @@ int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
 	vsnprintf(c->err, sizeof(c->err), fmt, ap);
 	va_end(ap);
 	c->refused = 0;
+	c->cause = 0;
 	return err;
 }
 

@@ -44,7 +44,9 @@ void lib_conn_unlock(dsckpt_conn_t *c);
 /* Takes a reference for a save; lib_conn_unref drops it (the last one frees c). */
 void lib_conn_ref(dsckpt_conn_t *c);
 void lib_conn_unref(dsckpt_conn_t *c);
-/* Stores a message for dsckpt_last_error and returns err (lock held). */
+/* Records the code behind the DSCKPT_EFAILED just stored (lock held). */
+void lib_conn_set_cause(dsckpt_conn_t *c, int cause);
+/* Stores a message for dsckpt_last_error and returns err (lock held); clears the cause. */
 int lib_conn_fail(dsckpt_conn_t *c, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* The message stored by the last failure (lock held). */

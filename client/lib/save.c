@@ -365,7 +365,7 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	struct proto_out o;
 	struct lib_reply r;
 	uint64_t id = 0;
-	int64_t reached = 0;
+	int64_t reached = 0, cause = 0;
 	int e;
 
 	if (s->state != SAVE_ENDED)
@@ -385,13 +385,16 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	proto_get_u64(&r.m, "bytes_snapshot", UINT64_MAX, &p->bytes_snapshot, 1);
 	proto_get_u64(&r.m, "bytes_flushed", UINT64_MAX, &p->bytes_flushed, 1);
 	proto_get_str(&r.m, "error", error, PROTO_MAX_STR, 0);
+	proto_get_i64(&r.m, "code", INT32_MIN, 0, &cause, 0);
 	if (id != s->id)
 		proto_map_fail(&r.m, "reply names save %" PRIu64 ", not %" PRIu64, id, s->id);
 	if ((e = lib_reply_end(s->c, &r, "WAIT")) < 0)
 		return e;
 	p->level = (int)reached;
-	if (reached == DSCKPT_FAILED)
+	if (reached == DSCKPT_FAILED) {
 		lib_conn_fail(s->c, DSCKPT_EFAILED, "%s", *error ? error : "save failed");
+		lib_conn_set_cause(s->c, (int)cause);
+	}
 	return 0;
 }
 

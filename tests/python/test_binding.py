@@ -200,7 +200,8 @@ def test_closed_connection_raises(daemon):
 
 def test_errors_pickle():
     import pickle
-    e = pickle.loads(pickle.dumps(dsckpt.errors.error_for(-1000, "EFAILED", "disk full")))
+    e = pickle.loads(pickle.dumps(dsckpt.errors.error_for(-1000, "EFAILED", "disk full", -28)))
+    assert e.cause == dsckpt.errors.Errno.ENOSPC
     assert type(e) is dsckpt.SaveFailed and e.message == "disk full" and e.code == -1000
 
 

@@ -218,6 +218,7 @@ def test_failed_save_raises_with_reason(daemon, conn):
     with pytest.raises(dsckpt.SaveFailed) as info:
         h.wait_durable(T)
     assert info.value.name == "EFAILED" and "rank0.safetensors" in info.value.message
+    assert info.value.cause is not None and info.value.cause != dsckpt.errors.Errno.EFAILED
     assert h.level == Level.FAILED
     with pytest.raises(dsckpt.SaveFailed):
         dt.commit(d, conn=conn, timeout=T)

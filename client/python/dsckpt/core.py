@@ -94,7 +94,8 @@ def _raise(handle: Optional[int], rc: int) -> None:
     """Raises the exception for a negative return code, with the library's message."""
     lib = _lib.lib()
     msg = lib.dsckpt_last_error(handle).decode(errors="replace")
-    raise error_for(rc, lib.dsckpt_err_name(rc).decode(), msg or strerror(rc))
+    cause = lib.dsckpt_last_cause(handle) if rc == Errno.EFAILED and handle else 0
+    raise error_for(rc, lib.dsckpt_err_name(rc).decode(), msg or strerror(rc), cause)
 
 
 class Connection:

@@ -8,7 +8,7 @@ built-in exception where one fits, so ``except TimeoutError`` or ``except ValueE
 from __future__ import annotations
 
 import enum
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 
 class Errno(enum.IntEnum):
@@ -50,6 +50,7 @@ class DsckptError(Exception):
         self.code = code
         self.name = name
         self.message = message
+        self.cause: Optional[Errno] = None
 
     @property
     def errno_enum(self) -> Errno:
@@ -60,7 +61,8 @@ class DsckptError(Exception):
         return f"{self.name}: {self.message}"
 
     def __reduce__(self):
-        return (error_for, (self.code, self.name, self.message))
+        return (error_for, (self.code, self.name, self.message,
+                            int(self.cause) if self.cause is not None else 0))
 
 
 class DaemonUnavailable(DsckptError, ConnectionError):
@@ -68,7 +70,8 @@ class DaemonUnavailable(DsckptError, ConnectionError):
 
 
 class SaveFailed(DsckptError):
-    """A save reached FAILED; ``message`` is the daemon's reason."""
+    """A save reached FAILED; ``message`` is the daemon's reason (the file and what went
+    wrong) and ``cause`` the code behind it, e.g. ``Errno.ENOSPC`` for a full disk."""
 
 
 class CheckpointIncomplete(DsckptError):
@@ -114,6 +117,10 @@ _CLASSES: Dict[int, Type[DsckptError]] = {
 }
 
 
-def error_for(code: int, name: str, message: str) -> DsckptError:
-    """The exception object for a code: the most specific subclass, else DsckptError."""
-    return _CLASSES.get(code, DsckptError)(code, name, message)
+def error_for(code: int, name: str, message: str, cause: int = 0) -> DsckptError:
+    """The exception object for a code: the most specific subclass, else DsckptError;
+    ``cause`` (a negative code, 0 for none) is why a save failed."""
+    e = _CLASSES.get(code, DsckptError)(code, name, message)
+    if cause in Errno._value2member_map_:
+        e.cause = Errno(cause)
+    return e
