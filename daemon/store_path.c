@@ -213,8 +213,8 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 			break;
 		}
 		if (st.st_nlink == 0) {
-			rc = seterr(err, errlen, ERR_ENOENT, "the checkpoint directory (or one above "
-				    "it) was removed");
+			rc = seterr(err, errlen, ERR_ENOENT,
+				    "the checkpoint directory (or one above it) was removed");
 			break;
 		}
 		if (st.st_dev == root->dev && st.st_ino == root->ino)

@@ -614,8 +614,8 @@ START_TEST(test_many_saves)
 	for (unsigned k = 0; k < n; k++) {
 		char file[32];
 		snprintf(file, sizeof(file), "rank%u", k);
-		plan(&jobs[k], file, k % 7 == 0 ? 0 : 1 + k % MAXT, k % 6 == 5 ? size_big : size_mixed,
-		     k, k % 2);
+		plan(&jobs[k], file, k % 7 == 0 ? 0 : 1 + k % MAXT,
+		     k % 6 == 5 ? size_big : size_mixed, k, k % 2);
 		jobs[k].src[0].delay_us = k % 5 == 0 ? 200 : 0;
 		submit(&jobs[k], dfd, g[_i].o_direct);
 	}
