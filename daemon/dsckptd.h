@@ -436,7 +436,8 @@ struct engine_req {
 };
 enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
 /* Event callback on the loop thread; after DURABLE or FAILED the job is the loop's to free.
- * FAILED comes with a negative ERR_E* code and its message; other events with 0 and NULL. */
+ * FAILED comes with a negative ERR_E* code and its message (valid for the whole call, even
+ * once the job is freed); other events with 0 and NULL. */
 typedef void (*engine_cb)(void *owner, struct job *j, int event, int code, const char *error);
 /* Starts the worker threads. */
 int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,

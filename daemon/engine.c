@@ -138,10 +138,14 @@ static void on_async(uv_async_t *a)
 		if (ev & EVENT_BIT(ENGINE_SNAPSHOT))
 			E.cb(j->r.owner, j, ENGINE_SNAPSHOT, 0, NULL);
 		/* Ownership: with its final event the job goes to the loop (which frees it). */
-		if (ev & EVENT_BIT(ENGINE_DURABLE))
+		if (ev & EVENT_BIT(ENGINE_DURABLE)) {
 			E.cb(j->r.owner, j, ENGINE_DURABLE, 0, NULL);
-		else if (ev & EVENT_BIT(ENGINE_FAILED))
-			E.cb(j->r.owner, j, ENGINE_FAILED, j->code, j->error);
+		} else if (ev & EVENT_BIT(ENGINE_FAILED)) {
+			/* The message outlives the job: the callback may free it first. */
+			char why[ERRLEN];
+			snprintf(why, sizeof(why), "%s", j->error);
+			E.cb(j->r.owner, j, ENGINE_FAILED, j->code, why);
+		}
 	}
 }
 

@@ -240,7 +240,6 @@ static void on_event(void *owner, struct job *j, int event, int code, const char
 	}
 	ck_assert(event == ENGINE_DURABLE || event == ENGINE_FAILED);
 	t->code = code;
-	snprintf(t->error, sizeof(t->error), "%s", error ? error : "");
 	engine_progress(j, &t->snap, &t->flushed);
 	if (event == ENGINE_DURABLE) {
 		ck_assert_int_eq(code, 0);
@@ -258,6 +257,9 @@ static void on_event(void *owner, struct job *j, int event, int code, const char
 	if (t->cancel_when_final)
 		engine_cancel(j, ERR_EIO, "too late");
 	engine_job_free(j);
+	/* As save.c does: the message is used after the job is freed (the sanitizer builds
+	 * catch a message that lives in the job). */
+	snprintf(t->error, sizeof(t->error), "%s", error ? error : "");
 	t->job = NULL;
 	t->done = 1;
 	ndone++;
