@@ -201,11 +201,9 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen)
 {
 	struct stat st, up;
-	int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0), rc = 0;
+	int fd = dirfd, rc = 0;
 
-	if (fd < 0)
-		return seterr(err, errlen, err_from_errno(errno), "dup directory: %s",
-			      strerror(errno));
+	/* Walks up from dirfd itself; every parent opened on the way is closed. */
 	for (int depth = 0;; depth++) {
 		if (fstat(fd, &st) < 0) {
 			rc = seterr(err, errlen, err_from_errno(errno), "stat: %s",
@@ -228,9 +226,11 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 				close(parent);
 			break;
 		}
-		close(fd);
+		if (fd != dirfd)
+			close(fd);
 		fd = parent;
 	}
-	close(fd);
+	if (fd != dirfd)
+		close(fd);
 	return rc;
 }
