@@ -72,10 +72,7 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
-	/* dup, not F_DUPFD_CLOEXEC: ThreadSanitizer knows descriptors that dup makes (not
-	 * fcntl's) and takes a flush thread's close of a reused number for a race otherwise;
-	 * the daemon never forks, so the moment before FD_CLOEXEC is harmless. */
-	if ((f->dirfd = dup(dirfd)) < 0 || fcntl(f->dirfd, F_SETFD, FD_CLOEXEC) < 0) {
+	if ((f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
 		rc = seterr(err, errlen, err_from_errno(errno), "dup directory: %s",
 			    strerror(errno));
 		goto fail;
