@@ -13,6 +13,12 @@
  * Devices are reached through their primary contexts (cudaSetDevice before every call that
  * touches one). The probe runs once (pthread_once) and its results are read-only afterwards.
  * The cache is pinned portable: pinned for every device.
+ *
+ * Copies (cuda_copier.c): every copy thread's copier has its own non-blocking stream per
+ * device, made on first use; a read from device d is queued on the copier's stream on d, which
+ * waits for the piece's fence before its first read (an event may be waited for from another
+ * device's stream). A copy thread syncs once per piece, on every device, so copy_threads
+ * copies are in flight at once, one per thread, whatever the devices.
  */
 #include "dsckptd.h"
 
