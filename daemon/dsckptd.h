@@ -309,6 +309,7 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size, uint64_t at,
 			const int *fds, const uint64_t *sizes, unsigned n, char *err,
 			size_t errlen);
+
 /* cuda_copier.c — a copier's device part (streams per device) and fences. */
 /* Makes a copier's device part (*out NULL without GPUs: there is nothing to hold). */
 int cuda_copier_new(struct cuda_copier **out, char *err, size_t errlen);
