@@ -170,7 +170,8 @@ check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
 check-tsan-run: deps all $(TSAN_CHECKS)
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 \
-		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) tests/run-checks $(TSAN_CHECKS)
+		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
+		tests/run-checks $(TSAN_CHECKS)
 
 check: check-plain check-san check-tsan check-python check-fuzz
 
