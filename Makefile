@@ -2,8 +2,9 @@
 #
 #   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
-#   make check      unit + integration tests, the same under ASan/UBSan, the Python binding's
-#                   tests, and 20 s of each libFuzzer target (make check-fuzz, FUZZ_SECONDS=20)
+#   make check      unit + integration tests, the same under ASan/UBSan, the threaded parts under
+#                   TSan (make check-tsan), the Python binding's tests, and 20 s of each
+#                   libFuzzer target (make check-fuzz, FUZZ_SECONDS=20)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
 #   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
@@ -171,7 +172,19 @@ check-plain: deps all $(TESTS)
 check-san:
 	$(MAKE) BUILD=build/san SAN=address,undefined check-plain
 
-check: check-plain check-san check-python check-fuzz
+# ThreadSanitizer over the threaded modules' suites and the integration suites, whose
+# harness starts the TSan-built dsckptd of this build (tests/tsan.supp: what, and why).
+TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine.c \
+	tests/check_cache.c tests/check_daemon*.c tests/check_fair.c))
+.PHONY: check-tsan check-tsan-run
+check-tsan:
+	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
+check-tsan-run: deps all $(TSAN_CHECKS)
+	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 \
+		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
+		tests/run-checks $(TSAN_CHECKS)
+
+check: check-plain check-san check-tsan check-python check-fuzz
 
 demo: deps all
 	tests/demo.sh $(BUILD)

@@ -162,16 +162,33 @@ int cache_pci_node(const char *busid);
 /* Test hook: reads the NUMA topology under root instead of /sys (NULL restores /sys). */
 void cache_set_sysfs(const char *root);
 
-/* source.c — transports: a source of bytes the daemon pulls from (host memfd now). */
+/* source.c — transports: sources of bytes the daemon pulls from, and the copiers that read
+ * them (one per copy thread). */
+struct copier;
+struct cuda_copier;
+struct cuda_fence;
 /* Takes a client's host memory fd (ownership too) of at least size bytes: only a memfd that
  * is sealed (here, if not yet) against shrinking; read with pread, never mapped. */
 int source_host_open(int fd, uint64_t size, struct source **out, char *err, size_t errlen);
-/* Copies len bytes at off of the source into dst (a cache chunk); 0 or -1 with err. */
-int source_read(struct source *s, uint64_t off, void *dst, uint64_t len, char *err,
-		size_t errlen);
+/* Makes a copy thread's copier (its device part when there are GPUs); negative ERR_E*. */
+int copier_new(struct copier **out, char *err, size_t errlen);
+/* Frees a copier whose reads were synced; NULL is fine. */
+void copier_free(struct copier *cp);
+/* Orders the copier's next reads (until copier_sync), on whichever devices they touch, after
+ * a client's fence (NULL: none). */
+void copier_fence(struct copier *cp, struct cuda_fence *f);
+/* Frees a client's fence (a job's, once no copier waits for it). */
+void copier_fence_free(struct cuda_fence *f);
+/* Reads len bytes at off of s into dst (a cache chunk), or queues the read (device kinds)
+ * until copier_sync; 0 or a negative ERR_E* with err (ERR_ERANGE past the source's end). */
+int copier_read(struct copier *cp, struct source *s, uint64_t off, void *dst, uint64_t len,
+		char *err, size_t errlen);
+/* Waits for every read the copier queued, on every device, even after an error, and ends its
+ * fence; 0 or the first failure's ERR_E* with err. */
+int copier_sync(struct copier *cp, char *err, size_t errlen);
 /* Size of the source in bytes. */
 uint64_t source_size(const struct source *s);
-/* Kind name ("host"). */
+/* Kind name ("host", "cuda_ipc", "cuda_vmm"). */
 const char *source_kind(const struct source *s);
 /* NUMA node the source's memory is near (a GPU's), or -1 for any (host memory, unknown). */
 int source_node(const struct source *s);
@@ -181,6 +198,28 @@ int source_charge(struct source *s, uid_t uid, char *err, size_t errlen);
 void source_ref(struct source *s);
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s);
+/* What a kind of source does: source.c dispatches through it, cuda_source.c adds the CUDA
+ * kinds, tests add fakes. */
+struct source_ops {
+	const char *name;
+	/* Copies [off, off+len), already within the source's size, into dst, or queues the
+	 * copy on the reading copier's device part cc (device kinds; NULL without GPUs), which
+	 * its copier_sync waits for; a negative ERR_E* with err. */
+	int (*read)(void *priv, struct cuda_copier *cc, uint64_t off, void *dst, uint64_t len,
+		    char *err, size_t errlen);
+	/* Whether every byte can be read; NULL means always. */
+	int (*complete)(const void *priv);
+	/* NUMA node near the memory; NULL means -1 (any). */
+	int (*node)(const void *priv);
+	/* Releases the kind's state of a size-byte source. */
+	void (*close)(void *priv, uint64_t size);
+};
+/* Makes a source (one reference) of size bytes of a kind; NULL without memory. */
+struct source *source_new(const struct source_ops *ops, void *priv, uint64_t size);
+/* Returns the kind's state when s is of kind ops, else NULL. */
+void *source_priv(struct source *s, const struct source_ops *ops);
+/* Whether every byte of the source can be read (a VMM range may still be mapping). */
+int source_complete(const struct source *s);
 
 /* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, retention.c —
  * the checkpoint directories on disk (their format is format/'s). */
@@ -309,25 +348,8 @@ void lock_release(void);
  */
 void recover_run(const struct config *cfg);
 
-/* cuda.c — the CUDA transports (static runtime; driver calls via cudaGetDriverEntryPoint). */
-struct cuda_fence;
-/* What a kind of source does: source.c dispatches through it, cuda.c adds the CUDA kinds. */
-struct source_ops {
-	const char *name;
-	/* Copies [off, off+len), already within the source's size, into dst; <0 with err. */
-	int (*read)(void *priv, uint64_t off, void *dst, uint64_t len, char *err,
-		    size_t errlen);
-	/* Whether every byte can be read; NULL means always. */
-	int (*complete)(const void *priv);
-	/* NUMA node near the memory; NULL means -1 (any). */
-	int (*node)(const void *priv);
-	/* Releases the kind's state of a size-byte source. */
-	void (*close)(void *priv, uint64_t size);
-};
-/* (source.c) Makes a source (one reference) of size bytes of a kind; NULL without memory. */
-struct source *source_new(const struct source_ops *ops, void *priv, uint64_t size);
-/* (source.c) Returns the kind's state when s is of kind ops, else NULL. */
-void *source_priv(struct source *s, const struct source_ops *ops);
+/* cuda_source.c — the CUDA transports (static runtime; driver calls via
+ * cudaGetDriverEntryPoint, probed by cuda.c). */
 /* Opens a legacy IPC handle of a whole size-byte allocation on the GPU with this UUID. */
 int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint64_t size,
 			 struct source **out, char *err, size_t errlen);
@@ -339,24 +361,27 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size, uint64_t at,
 			const int *fds, const uint64_t *sizes, unsigned n, char *err,
 			size_t errlen);
-/* Whether every byte of the source can be read (a VMM range may still be mapping). */
-int source_complete(const struct source *s);
+
+/* cuda_copier.c — a copier's device part (streams per device) and fences. */
+/* Makes a copier's device part (*out NULL without GPUs: there is nothing to hold). */
+int cuda_copier_new(struct cuda_copier **out, char *err, size_t errlen);
+/* Destroys its streams and frees it; NULL is fine. */
+void cuda_copier_free(struct cuda_copier *cc);
+/* Orders the next device reads through cc, on every device they touch, after f. */
+void cuda_copier_fence(struct cuda_copier *cc, struct cuda_fence *f);
+/* Waits for every copy queued through cc, on every device, even after an error, and ends its
+ * fence; 0 or ERR_EIO with err. */
+int cuda_copier_sync(struct cuda_copier *cc, char *err, size_t errlen);
 /* Orders a daemon-owned fence after the latest record, as of now, of a client's
  * interprocess event (opened once per owner, a connection); later re-records do not matter. */
 int cuda_fence_import(uint64_t owner, const uint8_t uuid[16], const uint8_t handle[64],
 		      struct cuda_fence **out, char *err, size_t errlen);
 /* Closes the events imported for owner (a connection id; the connection is gone). */
 void cuda_fence_forget(uint64_t owner);
-/* Waits for the device copies this thread queued with source_read, on every device (no-op
- * without any), and ends the thread's cuda_fence_wait. */
-int cuda_copy_sync(char *err, size_t errlen);
-/* Orders the calling thread's next device reads (until cuda_copy_sync), on whichever devices
- * they touch, after the fence. */
-int cuda_fence_wait(struct cuda_fence *f, char *err, size_t errlen);
 /* Frees a fence. */
 void cuda_fence_free(struct cuda_fence *f);
 
-/* gpu (in cuda.c) — optional CUDA (runtime linked statically; no -lcuda). */
+/* cuda.c — optional CUDA (runtime linked statically; no -lcuda): probe, devices, pinning. */
 /* Probes for a driver and devices; returns a line for status ("none: <reason>" or names). */
 const char *gpu_init(void);
 /* Number of usable GPUs (0 without CUDA); gpu_init must have run. */
@@ -499,7 +524,8 @@ struct engine_req {
 };
 enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
 /* Event callback on the loop thread; after DURABLE or FAILED the job is the loop's to free.
- * FAILED comes with a negative ERR_E* code and its message; other events with 0 and NULL. */
+ * FAILED comes with a negative ERR_E* code and its message (valid for the whole call, even
+ * once the job is freed); other events with 0 and NULL. */
 typedef void (*engine_cb)(void *owner, struct job *j, int event, int code, const char *error);
 /* Starts the worker threads. */
 int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,

@@ -4,20 +4,30 @@
  * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned file offsets.
  * Copy threads take a free cache chunk first (near the NUMA node of the GPU the next piece
  * comes from, when one is free there) and only then claim the next piece of a job (round
- * robin over jobs, so no save starves another), fill it from the job's sources and mark it
- * ready. Flush threads write each job's pieces in file order (so one streaming
- * checksum per tensor suffices), return the chunk to the cache, and finish the file.
- * A save larger than the cache streams through it: pieces are claimed only as chunks free up.
+ * robin over jobs, so no save starves another), fill it from the job's sources through the
+ * thread's own copier (source.c: it hides whether bytes come from CUDA IPC, a VMM mapping or
+ * a memfd, and orders device reads after the job's fence) and mark it ready. Flush threads
+ * write each job's pieces in file order (so one streaming checksum per tensor suffices),
+ * return the chunk to the cache, and finish the file. A save larger than the cache streams
+ * through it: pieces are claimed only as chunks free up.
  *
  * Why claim after taking a chunk: a claimed piece always owns memory, so the in-order flush
  * can never wait for a piece that waits for memory held by later pieces (no deadlock).
  *
- * Lock order: engine.lock, then the cache's own lock (cache_tryget/put take it briefly).
- * The done queue has its own lock; async sends coalesce, so the loop drains all of it.
+ * Events: a job posts at most one SNAPSHOT (every piece copied), always before its one final
+ * DURABLE or FAILED, by setting the event's bit in the job and linking the job into the post
+ * queue (its own link: posting allocates nothing and cannot fail). uv_async_send coalesces
+ * several sends into one callback, so the loop takes the whole queue at once, under the post
+ * lock, into its delivery list and runs the callbacks outside the lock, SNAPSHOT first.
+ *
+ * Lock order: engine.lock, then the cache's own lock (cache_tryget/put take it briefly) or
+ * engine.post_lock (post is called with engine.lock held). engine.lock guards the job list,
+ * the cursors, stop and every job field marked (L); post_lock guards the post queue and the
+ * fields marked (P); fields marked (loop) are the loop thread's alone. A copier belongs to one
+ * copy thread from engine_start to engine_stop.
  */
 #include "dsckptd.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +46,8 @@ struct job {
 	void **ready;              /* (L) npieces slots: the filled chunk, once copied */
 	int flushing;              /* (L) a flush thread holds this job */
 	int failed;                /* (L) */
-	int finished;              /* (L) final event posted */
+	int finishing;             /* (L) the file is being finished: too late to cancel */
+	int finished;              /* (L) final event posted; code and error stay as they are */
 	int code;                  /* (L) first error's ERR_E* */
 	char error[ERRLEN];        /* (L) first error */
 	uint64_t copied;           /* (L) pieces copied */
@@ -50,16 +61,14 @@ struct job {
 	XXH3_state_t *dstate;      /* whole data region's hash */
 	size_t hash_tensor;        /* tensor being hashed */
 	struct job *next;          /* (L) link in the active list */
+	unsigned posted;           /* (P) bits of the events posted, not yet taken by the loop */
+	struct job *post_next;     /* (P) link in the post queue while posted != 0 */
+	unsigned deliver;          /* (loop) bits taken from posted, not yet delivered */
+	struct job *deliver_next;  /* (loop) link in the delivery list while deliver != 0 */
 };
 
-/* A completion for the loop thread. */
-struct done {
-	struct job *job;
-	int event;
-	int code;
-	char error[ERRLEN];
-	struct done *next;
-};
+/* An event's bit in a job's posted and deliver sets. */
+#define EVENT_BIT(event) (1u << (event))
 
 static struct {
 	pthread_mutex_t lock;
@@ -72,46 +81,71 @@ static struct {
 	struct cache *cache;
 	pthread_t *threads;
 	unsigned nthreads;
+	struct copier **copiers;   /* one per copy thread, handed to it at its start */
+	unsigned ncopiers;
 	engine_cb cb;
-	pthread_mutex_t done_lock;
-	struct done *done_head, **done_tail;
+	pthread_mutex_t post_lock;
+	struct job *post_head;     /* (P) jobs with events posted, in posting order */
+	struct job **post_tail;    /* (P) */
+	struct job *deliver_head;  /* (loop) jobs whose events are being delivered */
+	struct job **deliver_tail; /* (loop) */
 	uv_async_t async;
 } E;
 
-/* Hands an event to the loop thread. */
-static void post(struct job *j, int event, int code, const char *error)
+/* Hands an event to the loop thread (engine.lock held): sets its bit and queues the job. */
+static void post(struct job *j, int event)
 {
-	struct done *d = calloc(1, sizeof(*d));
-	if (!d) {
-		log_error("out of memory posting a completion");
-		abort();
+	pthread_mutex_lock(&E.post_lock);
+	if (j->posted == 0) {
+		j->post_next = NULL;
+		*E.post_tail = j;
+		E.post_tail = &j->post_next;
 	}
-	d->job = j;
-	d->event = event;
-	d->code = code;
-	if (error)
-		snprintf(d->error, sizeof(d->error), "%s", error);
-	pthread_mutex_lock(&E.done_lock);
-	*E.done_tail = d;
-	E.done_tail = &d->next;
-	pthread_mutex_unlock(&E.done_lock);
-	uv_async_send(&E.async);
+	j->posted |= EVENT_BIT(event);
+	pthread_mutex_unlock(&E.post_lock);
+	uv_async_send(&E.async);	/* sends coalesce: on_async takes the whole queue */
 }
 
-/* Loop side: swaps the done queue out and runs each completion outside the lock. */
+/*
+ * Loop side: moves the post queue into the delivery list under the lock, then delivers
+ * outside it, SNAPSHOT before the final event. A job is taken off the list before its
+ * callbacks run, so a callback that runs this again (engine_stop from a final event) carries
+ * on with the rest of the list instead of delivering anything twice.
+ */
 static void on_async(uv_async_t *a)
 {
-	pthread_mutex_lock(&E.done_lock);
-	struct done *d = E.done_head;
-	E.done_head = NULL;
-	E.done_tail = &E.done_head;
-	pthread_mutex_unlock(&E.done_lock);
-	while (d) {
-		struct done *next = d->next;
-		E.cb(d->job->r.owner, d->job, d->event, d->code,
-		     d->event == ENGINE_FAILED ? d->error : NULL);
-		free(d);
-		d = next;
+	struct job *j;
+
+	pthread_mutex_lock(&E.post_lock);
+	for (j = E.post_head; j; j = j->post_next) {
+		if (j->deliver == 0) {
+			j->deliver_next = NULL;
+			*E.deliver_tail = j;
+			E.deliver_tail = &j->deliver_next;
+		}
+		j->deliver |= j->posted;
+		j->posted = 0;
+	}
+	E.post_head = NULL;
+	E.post_tail = &E.post_head;
+	pthread_mutex_unlock(&E.post_lock);
+	while ((j = E.deliver_head) != NULL) {
+		unsigned ev = j->deliver;
+		E.deliver_head = j->deliver_next;
+		if (E.deliver_head == NULL)
+			E.deliver_tail = &E.deliver_head;
+		j->deliver = 0;
+		if (ev & EVENT_BIT(ENGINE_SNAPSHOT))
+			E.cb(j->r.owner, j, ENGINE_SNAPSHOT, 0, NULL);
+		/* Ownership: with its final event the job goes to the loop (which frees it). */
+		if (ev & EVENT_BIT(ENGINE_DURABLE)) {
+			E.cb(j->r.owner, j, ENGINE_DURABLE, 0, NULL);
+		} else if (ev & EVENT_BIT(ENGINE_FAILED)) {
+			/* The message outlives the job: the callback may free it first. */
+			char why[ERRLEN];
+			snprintf(why, sizeof(why), "%s", j->error);
+			E.cb(j->r.owner, j, ENGINE_FAILED, j->code, why);
+		}
 	}
 }
 
@@ -199,36 +233,37 @@ static int piece_node(const struct job *j, uint64_t piece)
 	return i < j->r.n ? source_node(j->r.t[i].src) : -1;
 }
 
-/* Copies one piece of a job from its sources into chunk; 0 or a negative ERR_E* with err. */
-static int copy_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
+/* Copies one piece of a job from its sources into chunk through cp; 0 or a negative ERR_E*
+ * with err. */
+static int copy_piece(struct copier *cp, struct job *j, uint64_t piece, uint8_t *chunk,
+		      char *err, size_t errlen)
 {
 	uint64_t start = piece * j->chunk;
 	uint64_t end = start + j->chunk < j->data_len ? start + j->chunk : j->data_len;
-
-	/* GPU sources: this thread's copy streams wait for the producer's writes. */
 	int rc;
 
-	if (j->r.fence && (rc = cuda_fence_wait(j->r.fence, err, errlen)) < 0)
-		return rc;
+	/* GPU sources: the copier's device reads wait for the producer's writes. */
+	copier_fence(cp, j->r.fence);
 	for (size_t i = first_tensor(j, start); i < j->r.n && j->r.t[i].off < end; i++) {
 		const struct engine_tensor *t = &j->r.t[i];
 		uint64_t a = t->off > start ? t->off : start;
 		uint64_t b = t->off + t->nbytes < end ? t->off + t->nbytes : end;
 		if (a >= b)
 			continue;
-		rc = source_read(t->src, t->src_off + (a - t->off), chunk + (a - start), b - a,
-				 err, errlen);
+		rc = copier_read(cp, t->src, t->src_off + (a - t->off), chunk + (a - start),
+				 b - a, err, errlen);
 		if (rc < 0) {
-			cuda_copy_sync(NULL, 0);	/* never leave a copy into the chunk behind */
+			/* Never leave a copy into the chunk behind. */
+			copier_sync(cp, NULL, 0);
 			return rc;
 		}
 	}
 	/* Device reads are only queued: the piece is in the chunk once they are done. */
-	return cuda_copy_sync(err, errlen);
+	return copier_sync(cp, err, errlen);
 }
 
-/* Copy thread: claims pieces as cache chunks free up and fills them. */
-static void copy_loop(void)
+/* Copy thread: claims pieces as cache chunks free up and fills them through its copier. */
+static void copy_loop(struct copier *cp)
 {
 	char err[ERRLEN];
 
@@ -261,7 +296,7 @@ static void copy_loop(void)
 		uint64_t piece = j->next_claim++;
 		pthread_mutex_unlock(&E.lock);
 
-		int rc = copy_piece(j, piece, chunk, err, sizeof(err));
+		int rc = copy_piece(cp, j, piece, chunk, err, sizeof(err));
 		uint64_t len = j->chunk;
 		if (piece == j->npieces - 1)
 			len = j->data_len - piece * j->chunk;
@@ -274,7 +309,7 @@ static void copy_loop(void)
 		} else {
 			__atomic_add_fetch(&j->bytes_snapshot, len, __ATOMIC_RELAXED);
 			if (++j->copied == j->npieces && !j->failed)
-				post(j, ENGINE_SNAPSHOT, 0, NULL);
+				post(j, ENGINE_SNAPSHOT);
 		}
 		pthread_cond_broadcast(&E.flush_cv);
 		pthread_mutex_unlock(&E.lock);
@@ -403,10 +438,11 @@ static void flush_loop(void)
 		}
 		/* The end: every claimed piece is flushed and nothing more will be claimed. */
 		int failed = j->failed;
+		j->finishing = !failed;
 		pthread_mutex_unlock(&E.lock);
-		int rc = failed ? ERR_EFAILED : finish_job(j, err, sizeof(err));
+		int rc = failed ? 0 : finish_job(j, err, sizeof(err));
 		pthread_mutex_lock(&E.lock);
-		if (rc < 0 && !failed)
+		if (rc < 0)
 			fail_locked(j, rc, err);
 		if (j->failed && j->r.file) {
 			store_file_abort(j->r.file);
@@ -416,55 +452,63 @@ static void flush_loop(void)
 		j->flushing = 0;
 		unlink_locked(j);
 		/* Ownership: the job goes back to the loop with its final event. */
-		post(j, j->failed ? ENGINE_FAILED : ENGINE_DURABLE, j->failed ? j->code : 0,
-		     j->failed ? j->error : NULL);
+		post(j, j->failed ? ENGINE_FAILED : ENGINE_DURABLE);
 		pthread_cond_broadcast(&E.flush_cv);
 	}
 	pthread_mutex_unlock(&E.lock);
 }
 
-/* Thread entry: the first copy_threads threads copy, the rest flush. */
+/* Thread entry: a copy thread gets its copier, a flush thread NULL. */
 static void *thread_main(void *arg)
 {
-	if ((uintptr_t)arg)
-		copy_loop();
+	if (arg)
+		copy_loop(arg);
 	else
 		flush_loop();
 	return NULL;
 }
 
-/* Starts the worker threads. */
+/* Starts the worker threads, each copy thread with a copier of its own. */
 int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
 		 char *err, size_t errlen)
 {
+	int rc;
+
 	pthread_mutex_init(&E.lock, NULL);
-	pthread_mutex_init(&E.done_lock, NULL);
+	pthread_mutex_init(&E.post_lock, NULL);
 	pthread_cond_init(&E.copy_cv, NULL);
 	pthread_cond_init(&E.flush_cv, NULL);
-	E.done_tail = &E.done_head;
+	E.post_tail = &E.post_head;
+	E.deliver_tail = &E.deliver_head;
 	E.cache = c;
 	E.cb = cb;
-	if (uv_async_init(loop, &E.async, on_async) != 0) {
-		snprintf(err, errlen, "uv_async_init failed");
-		return -1;
-	}
+	if ((rc = uv_async_init(loop, &E.async, on_async)) != 0)
+		return seterr(err, errlen, ERR_EIO, "uv_async_init: %s", uv_strerror(rc));
 	E.threads = calloc(copy_threads + flush_threads, sizeof(pthread_t));
-	if (!E.threads) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
+	E.copiers = calloc(copy_threads ? copy_threads : 1, sizeof(*E.copiers));
+	if (!E.threads || !E.copiers) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (E.ncopiers = 0; E.ncopiers < copy_threads; E.ncopiers++) {
+		if ((rc = copier_new(&E.copiers[E.ncopiers], err, errlen)) < 0)
+			goto fail;
 	}
 	for (unsigned i = 0; i < copy_threads + flush_threads; i++) {
-		int rc = pthread_create(&E.threads[i], NULL, thread_main,
-					(void *)(uintptr_t)(i < copy_threads));
+		rc = pthread_create(&E.threads[i], NULL, thread_main,
+				    i < copy_threads ? E.copiers[i] : NULL);
 		if (rc != 0) {
-			snprintf(err, errlen, "pthread_create: %s", strerror(rc));
-			E.nthreads = i;
-			engine_stop();
-			return -1;
+			rc = seterr(err, errlen, err_from_errno(rc), "pthread_create: %s",
+				    strerror(rc));
+			goto fail;
 		}
 		E.nthreads = i + 1;
 	}
 	return 0;
+
+fail:
+	engine_stop();
+	return rc;
 }
 
 /* Frees what engine_submit allocated for a job (r's pointers stay the caller's). */
@@ -503,7 +547,7 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 	j->next = E.jobs;
 	E.jobs = j;
 	if (j->npieces == 0)
-		post(j, ENGINE_SNAPSHOT, 0, NULL);
+		post(j, ENGINE_SNAPSHOT);
 	pthread_cond_broadcast(&E.copy_cv);
 	pthread_cond_broadcast(&E.flush_cv);
 	pthread_mutex_unlock(&E.lock);
@@ -511,11 +555,12 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 	return 0;
 }
 
-/* Fails an unfinished job: nothing more is claimed and the flush side ends it FAILED. */
+/* Fails an unfinished job: nothing more is claimed and the flush side ends it FAILED. A job
+ * already finishing its file (or finished) goes on as it would have. */
 void engine_cancel(struct job *j, int code, const char *why)
 {
 	pthread_mutex_lock(&E.lock);
-	if (!j->finished)
+	if (!j->finished && !j->finishing)
 		fail_locked(j, code, why);
 	pthread_cond_broadcast(&E.flush_cv);
 	pthread_mutex_unlock(&E.lock);
@@ -558,7 +603,7 @@ void engine_job_free(struct job *j)
 	free(j->r.meta_name);
 	free(j->r.meta_bytes);
 	if (j->r.fence)
-		cuda_fence_free(j->r.fence);
+		copier_fence_free(j->r.fence);
 	job_free_own(j);
 }
 
@@ -576,6 +621,12 @@ void engine_stop(void)
 	free(E.threads);
 	E.threads = NULL;
 	E.nthreads = 0;
+	/* Ownership: the copiers come back from their joined threads. */
+	for (unsigned i = 0; i < E.ncopiers; i++)
+		copier_free(E.copiers[i]);
+	free(E.copiers);
+	E.copiers = NULL;
+	E.ncopiers = 0;
 	on_async(&E.async);	/* run what the workers posted last */
 	uv_close((uv_handle_t *)&E.async, NULL);
 }

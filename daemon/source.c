@@ -1,7 +1,15 @@
 /*
- * source.c — transports: where the bytes of a save come from. A source is refcounted
- * (a save and the copy threads reading it each hold a reference) and dispatches through its
- * kind's operations: host memory (a client's sealed memfd, read with pread) here, CUDA IPC and VMM ranges in cuda.c.
+ * source.c — transports: where the bytes of a save come from, and the copiers that read them.
+ *
+ * A source is refcounted (a save and the copy threads reading it each hold a reference) and
+ * dispatches through its kind's operations: host memory (a client's sealed memfd, read with
+ * pread) here, CUDA IPC handles and VMM ranges in cuda_source.c.
+ *
+ * A copier is one copy thread's reader, never shared (no lock): whatever the kinds of the
+ * sources a piece spans, the thread orders its reads after a client's fence (copier_fence),
+ * reads (copier_read) and waits for them (copier_sync). Host reads are done when copier_read
+ * returns; device reads are only queued on the copier's device part (cuda_copier.c: a stream
+ * per device), which each source_ops read receives, and are done at copier_sync.
  */
 #include "dsckptd.h"
 
@@ -23,14 +31,19 @@ struct source {
 	int counted;        /* one region charged to owner */
 };
 
+/* A copy thread's reader: the device part holds its streams and fence (NULL without GPUs). */
+struct copier {
+	struct cuda_copier *cuda;
+};
+
 /*
  * Reads host bytes with pread, not through a mapping: a read of memory the client emptied
  * (a punched hole) allocates nothing in the daemon and a short file is an error for this one
  * save instead of a SIGBUS for the whole daemon. The fd is sealed against shrinking, so a
  * short read means the client broke its promise.
  */
-static int source_host_read(void *priv, uint64_t off, void *dst, uint64_t len, char *err,
-			    size_t errlen)
+static int source_host_read(void *priv, struct cuda_copier *cc, uint64_t off, void *dst,
+			    uint64_t len, char *err, size_t errlen)
 {
 	int fd = (int)(intptr_t)priv;
 	uint8_t *p = dst;
@@ -146,17 +159,63 @@ int source_charge(struct source *s, uid_t uid, char *err, size_t errlen)
 	return 0;
 }
 
-/* Copies len bytes at off of the source into dst (a cache chunk); 0 or -1 with err. */
-int source_read(struct source *s, uint64_t off, void *dst, uint64_t len, char *err,
-		size_t errlen)
+/* Makes a copier (its device part too when there are GPUs; streams come with the first read). */
+int copier_new(struct copier **out, char *err, size_t errlen)
 {
-	if (off > s->size || len > s->size - off) {
-		snprintf(err, errlen, "%s source: read of %llu bytes at %llu past its %llu bytes",
-			 s->ops->name, (unsigned long long)len, (unsigned long long)off,
-			 (unsigned long long)s->size);
-		return -1;
+	struct copier *cp = calloc(1, sizeof(*cp));
+	int rc;
+
+	*out = NULL;
+	if (cp == NULL)
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	if ((rc = cuda_copier_new(&cp->cuda, err, errlen)) < 0) {
+		free(cp);
+		return rc;
 	}
-	return s->ops->read(s->priv, off, dst, len, err, errlen) < 0 ? -1 : 0;
+	*out = cp;
+	return 0;
+}
+
+/* Frees a copier (synced: nothing of its own in flight); NULL is fine. */
+void copier_free(struct copier *cp)
+{
+	if (cp == NULL)
+		return;
+	cuda_copier_free(cp->cuda);
+	free(cp);
+}
+
+/* Orders the copier's next reads (until copier_sync), on whichever devices they touch, after
+ * the fence (NULL: none); host reads need no ordering. */
+void copier_fence(struct copier *cp, struct cuda_fence *f)
+{
+	cuda_copier_fence(cp->cuda, f);
+}
+
+/* Frees a client's fence once no copier waits for it any more. */
+void copier_fence_free(struct cuda_fence *f)
+{
+	cuda_fence_free(f);
+}
+
+/* Reads len bytes at off of the source into dst (a cache chunk), or queues the read (device
+ * kinds) until copier_sync; 0 or a negative ERR_E* with err. */
+int copier_read(struct copier *cp, struct source *s, uint64_t off, void *dst, uint64_t len,
+		char *err, size_t errlen)
+{
+	if (off > s->size || len > s->size - off)
+		return seterr(err, errlen, ERR_ERANGE,
+			      "%s source: read of %llu bytes at %llu past its %llu bytes",
+			      s->ops->name, (unsigned long long)len, (unsigned long long)off,
+			      (unsigned long long)s->size);
+	return s->ops->read(s->priv, cp->cuda, off, dst, len, err, errlen);
+}
+
+/* Waits for the reads the copier queued, on every device, even after an error (none is left
+ * in flight), and ends its fence; 0 or the first failure's ERR_E* with err. */
+int copier_sync(struct copier *cp, char *err, size_t errlen)
+{
+	return cuda_copier_sync(cp->cuda, err, errlen);
 }
 
 /* Whether every byte of the source can be read (a VMM range may still be mapping). */

@@ -21,13 +21,14 @@ struct store_file {
 	int direct; /* opened with O_DIRECT */
 };
 
-/* Reports a failed write-path call on file name: ENOSPC gets its own code and message. */
+/* Reports a failed write-path call on file name with the code closest to errno e (ENOSPC,
+ * EACCES, ENOENT, EIO, ...); a full disk gets its own message. */
 static int store_io_fail(char *err, size_t errlen, int e, const char *what, const char *name)
 {
 	if (e == ENOSPC || e == EDQUOT)
 		return seterr(err, errlen, ERR_ENOSPC, "no space left on device writing %s",
 				  name);
-	return seterr(err, errlen, ERR_EIO, "%s %s: %s", what, name, strerror(e));
+	return seterr(err, errlen, err_from_errno(e), "%s %s: %s", what, name, strerror(e));
 }
 
 /* Writes f's partial name into buf (NAME_MAX + 1 bytes). */
@@ -72,7 +73,8 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 		goto fail;
 	}
 	if ((f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
-		rc = seterr(err, errlen, ERR_EBADF, "dup directory: %s", strerror(errno));
+		rc = seterr(err, errlen, err_from_errno(errno), "dup directory: %s",
+			    strerror(errno));
 		goto fail;
 	}
 	if (unlinkat(dirfd, partial, 0) == 0)

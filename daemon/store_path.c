@@ -107,8 +107,8 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 	if (rootid) {
 		struct stat st;
 		if (fstat(fd, &st) < 0) {
-			rc = seterr(err, errlen, ERR_EIO, "allowed root %s: %s", root,
-				    strerror(errno));
+			rc = seterr(err, errlen, err_from_errno(errno), "allowed root %s: %s",
+				    root, strerror(errno));
 			close(fd);
 			return rc;
 		}
@@ -195,18 +195,24 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
 }
 
 /* Whether the directory dirfd still lies below the allowed root it was opened under: walks
- * ".." up to the root (dirfd may have been renamed since). 0, or ERR_EACCES with err.
- * A check, not a lock: it catches a directory moved away before the call. */
+ * ".." up to the root (dirfd may have been renamed since). 0, ERR_EACCES (moved out) or
+ * ERR_ENOENT (removed) with err. A check, not a lock: it catches a directory moved away or
+ * removed before the call. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen)
 {
 	struct stat st, up;
-	int fd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0), rc = 0;
+	int fd = dirfd, rc = 0;
 
-	if (fd < 0)
-		return seterr(err, errlen, ERR_EBADF, "dup directory: %s", strerror(errno));
+	/* Walks up from dirfd itself; every parent opened on the way is closed. */
 	for (int depth = 0;; depth++) {
 		if (fstat(fd, &st) < 0) {
-			rc = seterr(err, errlen, ERR_EIO, "stat: %s", strerror(errno));
+			rc = seterr(err, errlen, err_from_errno(errno), "stat: %s",
+				    strerror(errno));
+			break;
+		}
+		if (st.st_nlink == 0) {
+			rc = seterr(err, errlen, ERR_ENOENT,
+				    "the checkpoint directory (or one above it) was removed");
 			break;
 		}
 		if (st.st_dev == root->dev && st.st_ino == root->ino)
@@ -220,10 +226,12 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 				close(parent);
 			break;
 		}
-		close(fd);
+		if (fd != dirfd)
+			close(fd);
 		fd = parent;
 	}
-	close(fd);
+	if (fd != dirfd)
+		close(fd);
 	return rc;
 }
 
