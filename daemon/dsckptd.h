@@ -6,7 +6,8 @@
  *   server.c (listening socket) → conn.c (frames, descriptors, credentials)
  *     → request.c (decode; auth.c checks; client.c: identity and regions)
  *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
- *         → engine.c (copy + flush threads) → source.c/cuda*.c (bytes in) · cache.c (chunks)
+ *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
+ *           → cache.c (chunks) → flush threads (flush.c: a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk; their format is format/'s)
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
@@ -547,6 +548,26 @@ void engine_job_free(struct job *j);
 void engine_release_sources(struct job *j);
 /* Stops and joins every thread (jobs must be finished). */
 void engine_stop(void);
+
+/* flush.c — one save's file as the flush threads write it (header, pieces, finish). */
+struct flush_file;
+/* The state for writing a file of n tensors; NULL without memory. */
+struct flush_file *flush_file_new(size_t n);
+/* Frees it (NULL is fine). */
+void flush_file_free(struct flush_file *f);
+/* Whether the header has been laid out and written. */
+int flush_file_started(const struct flush_file *f);
+/* Lays out and writes r's header (checksum slots zero; the .meta checksum filled in first). */
+int flush_file_begin(struct flush_file *f, const struct engine_req *r, char *err,
+		     size_t errlen);
+/* Hashes and writes len data bytes at data offset start from chunk (pieces in file order). */
+int flush_file_piece(struct flush_file *f, const struct engine_req *r, uint64_t start,
+		     uint8_t *chunk, uint64_t len, char *err, size_t errlen);
+/* The filled header, the .meta file, then the file durable under its name (r->file freed). */
+int flush_file_finish(struct flush_file *f, struct engine_req *r, uint64_t data_len, char *err,
+		      size_t errlen);
+/* The per-tensor checksums, once finished. */
+const uint64_t *flush_file_checksums(const struct flush_file *f);
 
 /* blob.c — a save's named blobs, charged to its user, packed as the .meta file. */
 struct blobs;

@@ -7,8 +7,8 @@
  * robin over jobs, so no save starves another), fill it from the job's sources through the
  * thread's own copier (source.c: it hides whether bytes come from CUDA IPC, a VMM mapping or
  * a memfd, and orders device reads after the job's fence) and mark it ready. Flush threads
- * write each job's pieces in file order (so one streaming checksum per tensor suffices),
- * return the chunk to the cache, and finish the file. A save larger than the cache streams
+ * write each job's pieces in file order (so one streaming checksum per tensor suffices;
+ * flush.c does the file's part), return the chunk to the cache, and finish the file. A save larger than the cache streams
  * through it: pieces are claimed only as chunks free up.
  *
  * Why claim after taking a chunk: a claimed piece always owns memory, so the in-order flush
@@ -33,7 +33,6 @@
 #include <string.h>
 #include <unistd.h>
 #include <uv.h>
-#include <xxhash.h>
 
 /* One job; engine.lock guards the fields marked (L). */
 struct job {
@@ -53,13 +52,7 @@ struct job {
 	uint64_t copied;           /* (L) pieces copied */
 	uint64_t bytes_snapshot;   /* atomic */
 	uint64_t bytes_flushed;    /* atomic */
-	uint8_t *hdr;              /* header region with xxh3 slots (flush thread) */
-	size_t hdr_len;            /* data start in the file */
-	size_t *slots;             /* n + 1 slot positions in hdr */
-	uint64_t *xxh3;            /* per tensor (flush thread holding the job) */
-	XXH3_state_t *tstate;      /* current tensor's streaming hash */
-	XXH3_state_t *dstate;      /* whole data region's hash */
-	size_t hash_tensor;        /* tensor being hashed */
+	struct flush_file *ff;     /* the file's header and checksums (flush thread holding it) */
 	struct job *next;          /* (L) link in the active list */
 	unsigned posted;           /* (P) bits of the events posted, not yet taken by the loop */
 	struct job *post_next;     /* (P) link in the post queue while posted != 0 */
@@ -316,73 +309,6 @@ static void copy_loop(struct copier *cp)
 	}
 }
 
-/* Feeds a piece to the per-tensor and whole-data checksums (data in file order). */
-static void hash_piece(struct job *j, uint64_t start, const uint8_t *p, uint64_t len)
-{
-	uint64_t end = start + len;
-
-	XXH3_64bits_update(j->dstate, p, len);
-	while (j->hash_tensor < j->r.n) {
-		const struct engine_tensor *t = &j->r.t[j->hash_tensor];
-		if (t->off >= end)
-			break;
-		uint64_t a = t->off > start ? t->off : start;
-		uint64_t b = t->off + t->nbytes < end ? t->off + t->nbytes : end;
-		if (a == t->off)
-			XXH3_64bits_reset(j->tstate);
-		if (b > a)
-			XXH3_64bits_update(j->tstate, p + (a - start), b - a);
-		if (b < t->off + t->nbytes)
-			break;	/* tensor continues in the next piece */
-		j->xxh3[j->hash_tensor++] = XXH3_64bits_digest(j->tstate);
-	}
-}
-
-/* Writes one piece (padded for O_DIRECT) and hashes it; 0 or a negative ERR_E* with err. */
-static int flush_piece(struct job *j, uint64_t piece, uint8_t *chunk, char *err, size_t errlen)
-{
-	uint64_t start = piece * j->chunk;
-	uint64_t len = start + j->chunk < j->data_len ? j->chunk : j->data_len - start;
-	uint64_t wlen = len;
-
-	hash_piece(j, start, chunk, len);
-	if (store_file_direct(j->r.file) && (wlen & 4095)) {
-		wlen = (len + 4095) & ~(uint64_t)4095;
-		memset(chunk + len, 0, wlen - len);	/* truncated away at the end */
-	}
-	int rc = store_file_pwrite(j->r.file, chunk, wlen, j->hdr_len + start, err, errlen);
-	if (rc < 0)
-		return rc;
-	__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
-	return 0;
-}
-
-/* Writes the final header and the .meta file, then makes the file durable. */
-static int finish_job(struct job *j, char *err, size_t errlen)
-{
-	/* Tensors of zero bytes never reach hash_piece: give them the empty hash. */
-	for (; j->hash_tensor < j->r.n; j->hash_tensor++)
-		j->xxh3[j->hash_tensor] = XXH3_64bits(NULL, 0);
-	for (size_t i = 0; i < j->r.n; i++)
-		st_header_set_xxh3(j->hdr, j->slots[i], j->xxh3[i]);
-	st_header_set_xxh3(j->hdr, j->slots[j->r.n], XXH3_64bits_digest(j->dstate));
-
-	/* The header buffer is 4096-aligned and padded: fit for O_DIRECT as it is. */
-	int rc = store_file_pwrite(j->r.file, j->hdr, j->hdr_len, 0, err, errlen);
-	if (rc < 0)
-		return rc;
-	/* Nothing is renamed into a directory its client moved out of the allowed root. */
-	if ((rc = store_dir_within(j->r.dirfd, &j->r.root, err, errlen)) < 0)
-		return rc;
-	if (j->r.meta_name &&
-	    (rc = store_write_atomic(j->r.dirfd, j->r.meta_name, j->r.meta_bytes, j->r.meta_len,
-				     j->r.uid, j->r.gid, j->r.mode, err, errlen)) < 0)
-		return rc;
-	rc = store_file_finish(j->r.file, j->hdr_len + j->data_len, err, errlen);
-	j->r.file = NULL;	/* finish frees it, success or not */
-	return rc;
-}
-
 /* Flush thread: writes ready pieces in order and finishes jobs. */
 static void flush_loop(void)
 {
@@ -398,21 +324,11 @@ static void flush_loop(void)
 			continue;
 		}
 		j->flushing = 1;
-		if (!j->hdr && !j->failed) {
-			/*
-			 * First visit: lay the header out (where the data starts) and write it,
-			 * checksum slots still zero, so that a partial file names its host
-			 * ("dsckpt.host") from the start; finish_job writes it again, filled.
-			 */
+		if (!flush_file_started(j->ff) && !j->failed) {
+			/* First visit: the header goes first, so that a partial file names its
+			 * host ("dsckpt.host") from the start (flush.c). */
 			pthread_mutex_unlock(&E.lock);
-			if (j->r.meta_xxh3)
-				snprintf(j->r.meta_xxh3, 17, "%016llx", (unsigned long long)
-					 XXH3_64bits(j->r.meta_bytes, j->r.meta_len));
-			int rc = st_header_build(j->r.st, j->r.n, j->r.meta, j->r.nmeta, &j->hdr,
-						 &j->hdr_len, j->slots, err, sizeof(err));
-			if (rc == 0)
-				rc = store_file_pwrite(j->r.file, j->hdr, j->hdr_len, 0, err,
-						       sizeof(err));
+			int rc = flush_file_begin(j->ff, &j->r, err, sizeof(err));
 			pthread_mutex_lock(&E.lock);
 			if (rc < 0)
 				fail_locked(j, rc, err);
@@ -424,7 +340,13 @@ static void flush_loop(void)
 			uint8_t *chunk = j->ready[piece];
 			int failed = j->failed;
 			pthread_mutex_unlock(&E.lock);
-			int rc = failed ? 0 : flush_piece(j, piece, chunk, err, sizeof(err));
+			uint64_t start = piece * j->chunk;
+			uint64_t len = start + j->chunk < j->data_len ? j->chunk
+								       : j->data_len - start;
+			int rc = failed ? 0 : flush_file_piece(j->ff, &j->r, start, chunk, len, err,
+							       sizeof(err));
+			if (rc == 0 && !failed)
+				__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
 			cache_put(E.cache, chunk);
 			pthread_mutex_lock(&E.lock);
 			j->ready[piece] = NULL;
@@ -440,7 +362,8 @@ static void flush_loop(void)
 		int failed = j->failed;
 		j->finishing = !failed;
 		pthread_mutex_unlock(&E.lock);
-		int rc = failed ? 0 : finish_job(j, err, sizeof(err));
+		int rc = failed ? 0 : flush_file_finish(j->ff, &j->r, j->data_len, err,
+							sizeof(err));
 		pthread_mutex_lock(&E.lock);
 		if (rc < 0)
 			fail_locked(j, rc, err);
@@ -515,10 +438,7 @@ fail:
 static void job_free_own(struct job *j)
 {
 	free(j->ready);
-	free(j->xxh3);
-	free(j->slots);
-	XXH3_freeState(j->tstate);
-	XXH3_freeState(j->dstate);
+	flush_file_free(j->ff);
 	free(j);
 }
 
@@ -534,15 +454,11 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 		j->data_len = r->t[i].off + r->t[i].nbytes;
 	j->npieces = (j->data_len + j->chunk - 1) / j->chunk;
 	j->ready = calloc(j->npieces ? j->npieces : 1, sizeof(void *));
-	j->xxh3 = calloc(r->n ? r->n : 1, sizeof(uint64_t));
-	j->slots = calloc(r->n + 1, sizeof(size_t));
-	j->tstate = XXH3_createState();
-	j->dstate = XXH3_createState();
-	if (!j->ready || !j->xxh3 || !j->slots || !j->tstate || !j->dstate) {
+	j->ff = flush_file_new(r->n);
+	if (!j->ready || !j->ff) {
 		job_free_own(j);
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	}
-	XXH3_64bits_reset(j->dstate);
 	pthread_mutex_lock(&E.lock);
 	j->next = E.jobs;
 	E.jobs = j;
@@ -576,7 +492,7 @@ void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed)
 /* Per-tensor checksums once durable. */
 const uint64_t *engine_checksums(struct job *j)
 {
-	return j->xxh3;
+	return flush_file_checksums(j->ff);
 }
 
 /* Drops the sources of a job past SNAPSHOT (loop thread): every piece is copied. */
@@ -595,7 +511,6 @@ void engine_job_free(struct job *j)
 {
 	engine_release_sources(j);
 	free(j->r.t);
-	free(j->hdr);
 	if (j->r.file)
 		store_file_abort(j->r.file);
 	if (j->r.dirfd >= 0)
