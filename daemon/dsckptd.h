@@ -1,5 +1,6 @@
 /*
- * dsckptd.h — the daemon's internal API, one section per subsystem (file named for it).
+ * dsckptd.h — the daemon's internal API, one section per subsystem (file named for it). It
+ * is over 600 lines on purpose: it is the one page a reader learns the daemon from.
  *
  * Data and control go one way, each layer calling only the ones below it:
  *
