@@ -193,6 +193,15 @@ DSCKPT_EXTERN void dsckpt_save_free(dsckpt_save_t *s);
 DSCKPT_EXTERN int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms);
 
 /*
+ * Seals dir for this rank: it will save nothing more there (a later save into dir is
+ * refused). Once every rank of the job has sealed and every sealed file is DURABLE, the
+ * daemons commit dir themselves (MANIFEST.json, then latest), even if every trainer has died
+ * by then; dsckpt_commit may still be called to wait for it. Returns 0 (1 when dir is already
+ * committed) right away, or an error.
+ */
+DSCKPT_EXTERN int dsckpt_seal(dsckpt_conn_t *c, const char *dir);
+
+/*
  * Lets the daemon let go of the GPU memory this connection handed it: every allocation's
  * handle is unregistered, and the daemon closes each as soon as no save in flight reads it
  * (saves past SNAPSHOT read nothing); a later save sends the handles again (about a

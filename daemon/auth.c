@@ -31,6 +31,10 @@ int auth_check(const struct client *cl, enum auth_action a, char *err, size_t er
 			return seterr(err, errlen, ERR_ESTATE,
 				      "only an identified trainer may commit");
 		return 0;
+	case AUTH_SEAL:
+		if (role != CLIENT_TRAINER)
+			return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may seal");
+		return 0;
 	}
 	return seterr(err, errlen, ERR_EPERM, "operation not permitted");
 }

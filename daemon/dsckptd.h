@@ -227,6 +227,7 @@ int source_complete(const struct source *s);
  * the checkpoint directories on disk (their format is format/'s). */
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
+#define STORE_XATTR_HOST "user.dsckpt.host" /* on a partial from its creation: its node */
 /* store_path.c — opening a client's directory below an allowed root. */
 /* The identity of an allowed root a directory was opened under. */
 struct store_root {
@@ -302,6 +303,14 @@ int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, u
 int store_finish_manifest(int dirfd, const char *path);
 /* Under the job lock: `latest` to the newest committed tag, keep_last applied again. */
 void store_job_repair(const struct config *cfg, int jobfd, const char *path);
+/* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */
+/* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
+int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
+		     uid_t uid, gid_t gid, char *err, size_t errlen);
+/* Reads the record dirfd/name into r (seal_record_free); 0, or -1 when unsound. */
+int store_seal_read(int dirfd, const char *name, struct seal_record *r);
+/* Marks in have (world bytes) every rank of job the tag's records name; how many, or -1. */
+int store_seal_scan(int dirfd, const char *job, unsigned world, uint8_t *have);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
  * never current (committed at current_ns), nor latest's, nor a directory uid does not own
@@ -319,6 +328,11 @@ void store_set_host(const char *host);
 /* Who wrote the safetensors file (or partial) dirfd/name: -1 not a readable dsckpt file,
  * 0 dsckpt before hosts were recorded, 1 with its "dsckpt.host" (printable) in host. */
 int store_st_host(int dirfd, const char *name, char *host, size_t hostlen);
+/* Its "dsckpt.rank" likewise, and any other key of its __metadata__. */
+int store_st_rank(int dirfd, const char *name, char *rank, size_t ranklen);
+int store_st_key(int dirfd, const char *name, const char *key, char *out, size_t outlen);
+/* The node that created the partial dirfd/name (its STORE_XATTR_HOST): 1, or -1 if unknown. */
+int store_xattr_host(int dirfd, const char *name, char *host, size_t hostlen);
 /* store_list.c — names of our files, directory listings. */
 /* Whether s ends with suffix (and has something before it). */
 int store_has_suffix(const char *s, const char *suffix);
@@ -348,7 +362,10 @@ void lock_release(void);
  * the files of manifest-less tags whose "dsckpt.host" is ours (or absent, from older versions);
  * a partial naming no host only once unchanged for 15 minutes. Other hosts' files are left.
  */
-void recover_run(const struct config *cfg);
+/* Told of each tag this node had sealed but not committed (its record, the record's owner). */
+typedef void (*recover_sealed_cb)(const char *dir, const struct seal_record *r, uid_t uid,
+				  gid_t gid);
+void recover_run(const struct config *cfg, recover_sealed_cb on_sealed);
 
 /* cuda_source.c — the CUDA transports (static runtime; driver calls via
  * cudaGetDriverEntryPoint, probed by cuda.c). */
@@ -485,7 +502,8 @@ enum auth_action {
 	AUTH_REQUEST,  /* any message but HELLO: HELLO must have come first */
 	AUTH_HELLO,    /* HELLO: only once */
 	AUTH_SAVE,     /* SAVE_BEGIN: an identified trainer */
-	AUTH_COMMIT    /* COMMIT: an identified trainer */
+	AUTH_COMMIT,   /* COMMIT: an identified trainer */
+	AUTH_SEAL      /* SEAL: an identified trainer */
 };
 /* Whether client cl may perform action a; 0, or a negative ERR_E* with err. */
 int auth_check(const struct client *cl, enum auth_action a, char *err, size_t errlen);
@@ -674,6 +692,21 @@ unsigned commit_running(void);
 /* Fails every commit not running (shutdown, nothing in flight). */
 void commit_free_all(void);
 
+/* seal.c — SEAL, and the commits the daemons make once every rank has sealed. */
+struct seal_record;
+/* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
+void seal_request(const struct client *cl, uint64_t req, const char *dir);
+/* Whether rank of job sealed dir through this daemon (it may save there no more). */
+int seal_holds(const char *dir, const char *job, unsigned rank);
+/* save_change_cb: a save becoming DURABLE or FAILED may let its tag go on. */
+void seal_on_save(struct save *s);
+/* Takes up a tag this node sealed before a restart (its record r, the files' uid/gid). */
+void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t gid);
+/* Seals at work in the threadpool now. */
+unsigned seal_running(void);
+/* Forgets every tag (shutdown, nothing running). */
+void seal_free_all(void);
+
 /* reply.c — the one place that encodes replies; each names its client by connection id and
  * is dropped when that connection is gone. */
 struct store_commit_info;
@@ -691,6 +724,7 @@ void reply_save_totals(uint64_t conn, uint64_t req, uint64_t tensors, uint64_t b
 void reply_save_accepted(uint64_t conn, uint64_t req);
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v);
 void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info *info);
+void reply_sealed(uint64_t conn, uint64_t req, int committed);
 void reply_status(uint64_t conn, uint64_t req);
 void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
 

@@ -62,6 +62,7 @@ static void finish(void)
 	engine_stop();
 	wait_free_all();
 	commit_free_all();
+	seal_free_all();
 	save_free_all();
 	uv_close((uv_handle_t *)&drain_check, NULL);
 	uv_close((uv_handle_t *)&sig_term, NULL);
@@ -73,7 +74,7 @@ static void finish(void)
 /* While draining, after every loop turn: finishes once no save or commit is in flight. */
 static void on_drain_check(uv_check_t *h)
 {
-	if (save_inflight() == 0 && commit_running() == 0) {
+	if (save_inflight() == 0 && commit_running() == 0 && seal_running() == 0) {
 		uv_check_stop(h);
 		log_info("all saves finished; exiting");
 		finish();
@@ -232,7 +233,8 @@ int main(int argc, char **argv)
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
-	recover_run(config);
+	loop = uv_default_loop();	/* recovery hands sealed tags to seal.c, which uses it */
+	recover_run(config, seal_resume);
 	gpu_line = gpu_init();
 	config->copy_threads = copy_threads_for(config->copy_threads);
 	if (cache_create(config->host_cache_bytes, config->chunk_bytes, &cache, err,
@@ -241,7 +243,6 @@ int main(int argc, char **argv)
 		goto fail_locks;
 	}
 	gpu_register_host(cache_base(cache), cache_total(cache));
-	loop = uv_default_loop();
 	if (save_engine_start(err, sizeof(err)) < 0) {
 		log_error("engine: %s", err);
 		goto fail_cache;
@@ -250,6 +251,7 @@ int main(int argc, char **argv)
 	conn_init(request_dispatch, request_conn_gone);
 	save_observe(wait_on_save);
 	save_observe(commit_on_save);
+	save_observe(seal_on_save);
 	uv_check_init(loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);

@@ -8,7 +8,9 @@
  * "dsckpt.host" of a safetensors header (store_st_host) says, and what is old enough that no
  * one can still be writing it. A tag whose commit was interrupted after its manifest was
  * written whole is finished instead, and each job's `latest` and keep_last are repaired
- * (store_latest.c): `latest` then names the newest committed tag.
+ * (store_latest.c): `latest` then names the newest committed tag. The files of ranks this
+ * node's seal record names stay (the tag may still be completed and committed by the daemons:
+ * the record is handed to the caller to take up), and only the unsealed ranks' files go.
  */
 #include "dsckptd.h"
 
@@ -31,6 +33,7 @@ struct recover_stats {
 	unsigned tags;
 	unsigned left;  /* files another host wrote */
 	unsigned fresh; /* partial files of unknown host, too recent to remove */
+	recover_sealed_cb on_sealed;
 };
 
 /* Who wrote a file, as its safetensors header says. */
@@ -68,8 +71,18 @@ static enum recover_writer recover_partial_writer(int dirfd, const char *name, c
 	size_t n = strlen(name) - strlen(FMT_PARTIAL);
 
 	snprintf(stem, sizeof(stem), "%.*s", (int)n, name);
-	if (store_has_suffix(stem, FMT_SAFETENSORS))
-		return recover_writer(dirfd, name, host, hostlen);
+	if (store_has_suffix(stem, FMT_SAFETENSORS)) {
+		enum recover_writer w = recover_writer(dirfd, name, host, hostlen);
+		/* No header yet (killed before the first flush): the xattr set at its creation. */
+		if (w == RECOVER_UNKNOWN && store_xattr_host(dirfd, name, host, hostlen) == 1)
+			w = strcmp(host, store_host()) == 0 ? RECOVER_MINE : RECOVER_OTHER;
+		return w;
+	}
+	if (seal_record_name(stem)) {	/* SEAL.<host>.json: its name says whose */
+		size_t hl = strlen(stem) - strlen(FMT_SEAL_PREFIX FMT_SEAL_SUFFIX);
+		snprintf(host, hostlen, "%.*s", (int)hl, stem + strlen(FMT_SEAL_PREFIX));
+		return strcmp(host, store_host()) == 0 ? RECOVER_MINE : RECOVER_OTHER;
+	}
 	if (!store_has_suffix(stem, FMT_META))
 		return RECOVER_UNKNOWN;
 	stem[n - strlen(FMT_META)] = '\0';
@@ -147,13 +160,40 @@ static int recover_partial(int fd, const char *path, const char *name,
 				    "stale partial file that names no host:");
 }
 
+/* Reads this node's seal record in the tag fd into r; 1 when there is a sound one. */
+static int recover_seal_record(int fd, struct seal_record *r)
+{
+	char name[STORE_HOST_MAX + 16];
+
+	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, store_host());
+	if (faccessat(fd, name, F_OK, AT_SYMLINK_NOFOLLOW) < 0)
+		return 0;
+	return store_seal_read(fd, name, r) == 0;
+}
+
+/* Whether the safetensors file fd/name is of a rank the seal record names (NULL: none). */
+static int recover_sealed(int fd, const char *name, const struct seal_record *sealed)
+{
+	char rank[16];
+
+	if (!sealed || store_st_rank(fd, name, rank, sizeof(rank)) < 0)
+		return 0;
+	for (unsigned i = 0; i < sealed->nranks; i++) {
+		char r[16];
+		snprintf(r, sizeof(r), "%u", sealed->ranks[i]);
+		if (strcmp(r, rank) == 0)
+			return 1;
+	}
+	return 0;
+}
+
 /*
  * Removes the files of the manifest-less tag in fd that this host wrote (or that name no host,
  * from before hosts were recorded): each safetensors file and its .meta. Files of another host
  * are counted in l and left. Returns how many files it removed.
  */
 static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
-				  struct recover_left *l)
+				  const struct seal_record *sealed, struct recover_left *l)
 {
 	char host[STORE_HOST_MAX], meta[NAME_MAX + 1];
 	unsigned removed = 0;
@@ -162,7 +202,7 @@ static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
 		if (!store_has_suffix(names[i], FMT_SAFETENSORS) || !store_is_regular(fd, names[i]))
 			continue;
 		enum recover_writer w = recover_writer(fd, names[i], host, sizeof(host));
-		if (w == RECOVER_UNKNOWN)
+		if (w == RECOVER_UNKNOWN || recover_sealed(fd, names[i], sealed))
 			continue;
 		size_t base = strlen(names[i]) - strlen(FMT_SAFETENSORS);
 		snprintf(meta, sizeof(meta), "%.*s.meta", (int)base, names[i]);
@@ -191,6 +231,7 @@ static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
 static int recover_dir(const struct config *cfg, int fd, const char *path, int depth,
 		       struct recover_stats *s)
 {
+	struct seal_record sealed = {0};
 	struct recover_left l = {0};
 	char **names, sub[PATH_MAX];
 	size_t n;
@@ -231,7 +272,17 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 		}
 	}
 	if (tensors && !manifest) {
-		unsigned r = recover_tag(fd, path, names, n, &l);
+		int has_seal = recover_seal_record(fd, &sealed);
+		unsigned r = recover_tag(fd, path, names, n, has_seal ? &sealed : NULL, &l);
+		if (has_seal && s->on_sealed) {
+			struct stat rs;
+			char name[STORE_HOST_MAX + 16];
+			snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX,
+				 store_host());
+			if (fstatat(fd, name, &rs, AT_SYMLINK_NOFOLLOW) == 0)
+				s->on_sealed(path, &sealed, rs.st_uid, rs.st_gid);
+		}
+		seal_record_free(&sealed);
 		if (r > 0) {
 			s->files += r;
 			s->tags++;
@@ -260,9 +311,9 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
  * sibling), when it is a durable file from before hosts were recorded, or when it is a partial
  * file that names no host and has not changed for RECOVER_STALE_S.
  */
-void recover_run(const struct config *cfg)
+void recover_run(const struct config *cfg, recover_sealed_cb on_sealed)
 {
-	struct recover_stats s = {0};
+	struct recover_stats s = {.on_sealed = on_sealed};
 	const char *host = store_host();
 
 	for (size_t i = 0; i < cfg->n_roots; i++) {

@@ -162,6 +162,17 @@ void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info
 	reply_send(conn, &o, 0);
 }
 
+/* Answers SEAL: the seal is taken; committed says the tag is committed already. */
+void reply_sealed(uint64_t conn, uint64_t req, int committed)
+{
+	struct proto_out o;
+
+	proto_out_init(&o, PROTO_REPLY, req);
+	msgpack_pack_map(&o.pk, 1);
+	proto_kv_bool(&o.pk, "committed", committed);
+	reply_send(conn, &o, 0);
+}
+
 /* Answers STATUS: the daemon at a glance. */
 void reply_status(uint64_t conn, uint64_t req)
 {
@@ -179,7 +190,7 @@ void reply_status(uint64_t conn, uint64_t req)
 	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
 	proto_kv_u64(&o.pk, "chunk", cache_chunk(cache));
 	proto_kv_u64(&o.pk, "clients", conn_count());
-	proto_kv_u64(&o.pk, "saves", save_inflight() + commit_running());
+	proto_kv_u64(&o.pk, "saves", save_inflight() + commit_running() + seal_running());
 	proto_kv_u64(&o.pk, "flush_threads", config->flush_threads);
 	proto_kv_u64(&o.pk, "copy_threads", config->copy_threads);
 	proto_kv_str(&o.pk, "cuda", gpu_line);

@@ -420,6 +420,20 @@ static void on_commit(struct client *c, const struct proto_hdr *h, struct proto_
 	commit_request(c, h->id, dir, (unsigned)world, timeout);
 }
 
+/* SEAL: this rank saves nothing more into dir; the daemons commit dir once every rank has. */
+static void on_seal(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1], err[ERRLEN];
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	int rc = auth_check(c, AUTH_SEAL, err, sizeof(err));
+	if (rc < 0)
+		return request_error(c, h, rc, "%s", err);
+	seal_request(c, h->id, dir);
+}
+
 /* STATUS: the daemon at a glance. */
 static void on_status(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
@@ -471,6 +485,7 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 		case PROTO_SAVE_ABORT: on_save_abort(c, h, &m); break;
 		case PROTO_WAIT: on_wait(c, h, &m); break;
 		case PROTO_COMMIT: on_commit(c, h, &m); break;
+		case PROTO_SEAL: on_seal(c, h, &m); break;
 		case PROTO_STATUS: on_status(c, h, &m); break;
 		case PROTO_PENDING: on_pending(c, h, &m); break;
 		default:

@@ -241,6 +241,10 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		close(fd);	/* a new file would silently break what was committed */
 		fd = seterr(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
 			    "takes no more saves", d);
+	} else if (fd >= 0 && seal_holds(d, client_job(c), client_rank(c))) {
+		close(fd);
+		fd = seterr(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
+			    "there", client_rank(c), d);
 	}
 	if (fd < 0) {
 		quota_give(client_uid(c), QUOTA_SAVES, 1);

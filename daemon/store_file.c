@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* A file being written as dirfd/name.partial. */
@@ -97,6 +98,11 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 				strerror(errno));
 		goto fail_chown;
 	}
+	/* Which node writes it, before any byte is: a crash before the header still leaves a
+	 * partial that start-up recovery knows for its own (best effort: not every filesystem
+	 * takes user xattrs). */
+	if (fsetxattr(f->fd, STORE_XATTR_HOST, store_host(), strlen(store_host()), 0) < 0)
+		log_debug("%s: no %s: %s", partial, STORE_XATTR_HOST, strerror(errno));
 	*out = f;
 	return 0;
 

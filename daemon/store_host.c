@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 /* This machine's name for "dsckpt.host", set once (see store_host). */
@@ -59,6 +60,37 @@ static void store_host_ignore(void *arg, const char *msg)
  */
 int store_st_host(int dirfd, const char *name, char *host, size_t hostlen)
 {
+	return store_st_key(dirfd, name, KEY_HOST, host, hostlen);
+}
+
+/* The node that created the partial dirfd/name, from its STORE_XATTR_HOST (printable) into
+ * host: 1, or -1 when it has none (or the filesystem takes no xattrs). */
+int store_xattr_host(int dirfd, const char *name, char *host, size_t hostlen)
+{
+	char buf[STORE_HOST_MAX];
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+
+	if (fd < 0)
+		return -1;
+	ssize_t n = fgetxattr(fd, STORE_XATTR_HOST, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	store_printable(host, hostlen, buf);
+	return 1;
+}
+
+/* The "dsckpt.rank" of dsckptd's safetensors file dirfd/name, as store_st_host. */
+int store_st_rank(int dirfd, const char *name, char *rank, size_t ranklen)
+{
+	return store_st_key(dirfd, name, KEY_RANK, rank, ranklen);
+}
+
+/* Reads key of the header of dsckptd's safetensors file (or partial) dirfd/name: -1 when it
+ * has no readable header with dsckpt metadata, 0 without key, 1 with it (printable) in out. */
+int store_st_key(int dirfd, const char *name, const char *key, char *out, size_t outlen)
+{
 	struct st_header *h = NULL;
 	uint64_t start;
 	struct stat st;
@@ -72,11 +104,11 @@ int store_st_host(int dirfd, const char *name, char *host, size_t hostlen)
 	close(fd);
 	if (!h)
 		return -1;
-	const char *w = st_header_meta(h, KEY_HOST);
+	const char *w = st_header_meta(h, key);
 	if (st_header_meta(h, KEY_VERSION)) {
 		rc = w != NULL;
 		if (w)
-			store_printable(host, hostlen, w);
+			store_printable(out, outlen, w);
 	}
 	st_header_free(h);
 	return rc;

@@ -14,6 +14,7 @@
  *                        (data starts at a multiple of 4096), then the tensors packed in order
  *   <file>.meta          the save's blobs (msgpack), checksummed in the header beside it
  *   <name>.partial       a file still being written; never part of a checkpoint
+ *   SEAL.<host>.json     the ranks this node's daemon saw seal the tag (seal.c)
  *   MANIFEST.json        written last, deleted first: a tag is committed exactly when it exists
  *   ../latest            the name of the job's newest committed tag
  */
@@ -31,6 +32,8 @@
 #define FMT_PARTIAL ".partial"
 #define FMT_MANIFEST "MANIFEST.json"
 #define FMT_LATEST "latest"
+#define FMT_SEAL_PREFIX "SEAL."
+#define FMT_SEAL_SUFFIX ".json"
 
 /* dtype.c — the safetensors dtypes. */
 /* XX(name, size in bytes): every dtype a tensor may have. */
@@ -41,6 +44,25 @@
 	XX(U64, 8) XX(I64, 8) XX(F64, 8)
 /* Size in bytes of a dtype by its exact name ("F32" → 4); 0 for unknown names and NULL. */
 unsigned dtype_size(const char *name);
+
+/* seal.c — a node's seal record SEAL.<host>.json: the ranks it saw seal the tag. */
+#define SEAL_MAX_WORLD 65536
+struct seal_record {
+	const char *host;
+	const char *job;
+	unsigned world;
+	unsigned *ranks;
+	unsigned nranks;
+};
+/* The text of a record (malloc'd), or NULL without memory. */
+char *seal_record_write(const struct seal_record *r);
+/* Parses a record into r (seal_record_free frees it); 0, or -1 with why. */
+int seal_record_parse(const char *text, size_t len, struct seal_record *r, char *why,
+		      size_t whylen);
+/* Frees what seal_record_parse allocated. */
+void seal_record_free(struct seal_record *r);
+/* Whether name is a seal record's file name. */
+int seal_record_name(const char *name);
 
 /* meta.c — the <file>.meta file: a save's named blobs. */
 /* One blob: a name and its bytes. */

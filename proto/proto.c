@@ -25,6 +25,7 @@ const char *proto_type_name(unsigned type)
 	case PROTO_SAVE_END: return "SAVE_END";
 	case PROTO_WAIT: return "WAIT";
 	case PROTO_COMMIT: return "COMMIT";
+	case PROTO_SEAL: return "SEAL";
 	case PROTO_SAVE_ABORT: return "SAVE_ABORT";
 	case PROTO_STATUS: return "STATUS";
 	case PROTO_PENDING: return "PENDING";

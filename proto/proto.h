@@ -41,6 +41,7 @@ enum proto_type {
 	PROTO_WAIT = 35,
 	PROTO_COMMIT = 36,
 	PROTO_SAVE_ABORT = 37,
+	PROTO_SEAL = 38,
 	/* 64-95: control queries (dsckptctl) */
 	PROTO_STATUS = 64,
 	PROTO_PENDING = 65,

@@ -128,7 +128,7 @@ START_TEST(test_recover_latest)
 	commit_ok(rpath("%s", "job/t2"), 1);
 	write_text(rpath("%s", "job/latest"), "t1");	/* as if killed before latest moved */
 	cfg.keep_last = 1;
-	recover_run(&cfg);
+	recover_run(&cfg, NULL);
 	latest_of("job", latest, sizeof(latest));
 	ck_assert_str_eq(latest, "t2");
 	ck_assert(committed("job", "t2"));
@@ -136,7 +136,7 @@ START_TEST(test_recover_latest)
 
 	/* latest naming a tag that is gone: repaired too. */
 	write_text(rpath("%s", "job/latest"), "t0");
-	recover_run(&cfg);
+	recover_run(&cfg, NULL);
 	latest_of("job", latest, sizeof(latest));
 	ck_assert_str_eq(latest, "t2");
 }
@@ -163,7 +163,7 @@ START_TEST(test_recover_whole_manifest)
 	free(text);
 	write_text(rpath("%s", "job/latest"), "t1");
 
-	recover_run(&cfg);
+	recover_run(&cfg, NULL);
 
 	ck_assert(committed("job", "t2"));
 	ck_assert(!h_exists(rpath("%s", "job/t2/MANIFEST.json.partial")));

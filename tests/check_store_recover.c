@@ -34,7 +34,7 @@ START_TEST(test_recover)
 	write_text(p, "outside");
 	ck_assert_int_eq(symlink(outside, rpath("%s", "job/link")), 0);
 
-	recover_run(&cfg);
+	recover_run(&cfg, NULL);
 
 	ck_assert(!h_exists(rpath("%s", "job/done/rank1.safetensors.partial")));
 	ck_assert(!h_exists(rpath("%s", "job/latest.partial")));
@@ -103,7 +103,7 @@ START_TEST(test_recover_hosts)
 	commit_ok(rpath("%s", "job/done"), 1);
 	write_text(rpath("%s", "job/latest.partial"), "t1");
 
-	recover_run(&cfg);
+	recover_run(&cfg, NULL);
 
 	static const char *const kept[] = {
 		"rank0.safetensors", "rank0.meta", "rank3.safetensors.partial",
@@ -126,7 +126,7 @@ START_TEST(test_recover_hosts)
 
 	/* Node A's daemon restarts later: its own files go, the recent unnamed partials stay. */
 	store_set_host("node-a");
-	recover_run(&cfg);
+	recover_run(&cfg, NULL);
 	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.safetensors")));
 	ck_assert(!h_exists(rpath("%s", "job/t1/rank0.meta")));
 	ck_assert(!h_exists(rpath("%s", "job/t1/rank3.safetensors.partial")));

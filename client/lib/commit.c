@@ -1,5 +1,5 @@
-/* commit.c — dsckpt_commit: the COMMIT request that completes a checkpoint directory for the
- * whole job (a save is save.c's; a commit names only the directory). */
+/* commit.c — dsckpt_seal and dsckpt_commit: the SEAL and COMMIT requests that complete a
+ * checkpoint directory for the whole job (a save is save.c's; these name only the directory). */
 #include "internal.h"
 
 /* Commits the checkpoint directory (COMMIT). */
@@ -33,6 +33,35 @@ int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
 	proto_get_u64(&r.m, "files", UINT64_MAX, &files, 1);
 	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
 	e = lib_reply_end(c, &r, "COMMIT");
+out:
+	lib_conn_unlock(c);
+	return e;
+}
+
+/* Seals the checkpoint directory for this rank (SEAL): 1 when it is committed already. */
+int dsckpt_seal(dsckpt_conn_t *c, const char *dir)
+{
+	struct proto_out o;
+	struct lib_reply r;
+	int committed = 0, e;
+
+	if (!c)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(c);
+	if ((e = lib_check_dir(c, dir)) < 0)
+		goto out;
+	if (lib_conn_world(c) == 0) {
+		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before seal");
+		goto out;
+	}
+	lib_conn_frame(c, &o, PROTO_SEAL);
+	msgpack_pack_map(&o.pk, 1);
+	proto_kv_str(&o.pk, "dir", dir);
+	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+		goto out;
+	proto_get_bool(&r.m, "committed", &committed, 1);
+	if ((e = lib_reply_end(c, &r, "SEAL")) == 0)
+		e = committed != 0;
 out:
 	lib_conn_unlock(c);
 	return e;

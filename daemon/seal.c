@@ -1,0 +1,324 @@
+/*
+ * seal.c — seals, and the commits the daemons make of them. A rank seals a tag (SEAL): it will
+ * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
+ * DURABLE, the daemon writes its node's seal record (store_seal.c) and reads everyone's; when
+ * the records name every rank 0..world-1, it commits the tag (store_commit: manifest, then
+ * latest, then retention) — with no trainer left alive, if need be. On one node this daemon
+ * sees every rank; on several nodes sharing a root, whichever daemon completes the set
+ * commits, under the job directory's lock, and committing a committed tag changes nothing.
+ * A daemon whose record leaves the set incomplete looks again a few times (1 s, 2 s, ... up to
+ * about a minute): another node's record may land in the same instant.
+ *
+ * Loop thread only, but for seal_work (libuv's threadpool), which touches only the tag's
+ * work fields while busy. A tag is owned by the list from its first seal until it lingers
+ * out after its end (committed or failed).
+ */
+#include "dsckptd.h"
+#include "../proto/proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define SEAL_TRIES 6           /* looks at the other nodes' records after ours */
+#define SEAL_LINGER_MS 60000   /* an ended tag is forgotten this long after */
+
+struct seal_tag {
+	char dir[PROTO_MAX_STR + 1];
+	char job[PROTO_MAX_NAME + 1];
+	unsigned world;
+	uid_t uid;
+	gid_t gid;
+	uint8_t *sealed;            /* world entries: ranks sealed through this daemon */
+	unsigned nsealed;
+	unsigned written;           /* nsealed when our record was last written */
+	unsigned tries;             /* looks left at the others' records */
+	int busy;                   /* seal_work runs */
+	int ended;                  /* committed, or failed for good */
+	uv_timer_t timer;
+	/* seal_work's: in (cfg, write) and out */
+	uv_work_t work;
+	struct config *cfg;         /* a reference, while busy */
+	int write;                  /* write our record (nsealed ranks) before looking */
+	unsigned *ranks;            /* the ranks to write */
+	int rc;                     /* < 0: failed; 1: committed; 0: not complete yet */
+	int have;                   /* ranks the records name */
+	char err[ERRLEN];
+	struct store_commit_info info;
+	struct seal_tag *next;
+};
+
+static struct seal_tag *tags;
+
+static void seal_check(struct seal_tag *t);
+
+/* Frees a tag once its timer is closed. */
+static void seal_closed(uv_handle_t *h)
+{
+	struct seal_tag *t = h->data;
+	free(t->sealed);
+	free(t->ranks);
+	free(t);
+}
+
+/* Unlinks and frees a tag. */
+static void seal_free(struct seal_tag *t)
+{
+	for (struct seal_tag **p = &tags; *p; p = &(*p)->next) {
+		if (*p == t) {
+			*p = t->next;
+			break;
+		}
+	}
+	uv_timer_stop(&t->timer);
+	uv_close((uv_handle_t *)&t->timer, seal_closed);
+}
+
+/* Timer: another look at the records, or an ended tag's linger is over. */
+static void on_seal_timer(uv_timer_t *h)
+{
+	struct seal_tag *t = h->data;
+
+	if (t->ended)
+		seal_free(t);
+	else
+		seal_check(t);
+}
+
+/* Ends a tag (committed, or failed for good); it is forgotten after SEAL_LINGER_MS. */
+static void seal_end(struct seal_tag *t)
+{
+	t->ended = 1;
+	uv_timer_start(&t->timer, on_seal_timer, SEAL_LINGER_MS, 0);
+}
+
+/* Threadpool: writes our record (when asked), reads everyone's, commits when complete. */
+static void seal_work(uv_work_t *w)
+{
+	struct seal_tag *t = w->data;
+	uint8_t *have = calloc(t->world, 1);
+	int jobfd, dfd;
+
+	t->rc = 0;
+	if (!have) {
+		t->rc = seterr(t->err, sizeof(t->err), ERR_ENOMEM, "out of memory");
+		return;
+	}
+	dfd = store_open_tag(t->cfg, t->dir, t->uid, t->gid, &jobfd, t->err, sizeof(t->err));
+	if (dfd < 0) {
+		t->rc = dfd;
+		free(have);
+		return;
+	}
+	/* Our record and the look at everyone's happen under the job's lock: of two nodes
+	 * writing at once, the second sees the first's record. */
+	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
+		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->nsealed};
+		if (t->write)
+			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
+						 sizeof(t->err));
+		if (t->rc == 0)
+			t->have = store_seal_scan(dfd, t->job, t->world, have);
+		store_job_unlock(jobfd);
+	}
+	close(dfd);
+	close(jobfd);
+	free(have);
+	if (t->rc == 0 && t->have == (int)t->world) {
+		t->rc = store_commit(t->cfg, t->dir, t->world, t->uid, t->gid, &t->info, t->err,
+				     sizeof(t->err));
+		if (t->rc == 0)
+			t->rc = 1;
+	}
+}
+
+/* Loop: what seal_work found. */
+static void seal_after(uv_work_t *w, int status)
+{
+	struct seal_tag *t = w->data;
+
+	t->busy = 0;
+	config_unref(t->cfg);
+	t->cfg = NULL;
+	if (t->rc < 0) {
+		log_warnx("seal of %s: %s", t->dir, t->err);
+		seal_end(t);
+	} else if (t->rc == 1) {
+		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
+			 t->job, t->info.files, (unsigned long long)t->info.bytes);
+		save_mark_committed(t->dir);
+		seal_end(t);
+	} else if (t->written != t->nsealed) {
+		seal_check(t);	/* more ranks sealed meanwhile */
+	} else if (t->tries > 0) {
+		log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have, t->world);
+		uv_timer_start(&t->timer, on_seal_timer, 1000u << (SEAL_TRIES - t->tries), 0);
+		t->tries--;
+	}
+}
+
+/* Whether a save (viewed) belongs to a rank t holds sealed. */
+static int seal_covers(const struct seal_tag *t, const struct save_view *v)
+{
+	return strcmp(v->dir, t->dir) == 0 && strcmp(v->job, t->job) == 0 &&
+	       v->rank < t->world && t->sealed[v->rank];
+}
+
+/* Moves a tag on: waits for its sealed ranks' saves, then writes our record and looks. */
+static void seal_check(struct seal_tag *t)
+{
+	struct save_view v;
+
+	if (t->busy || t->ended)
+		return;
+	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
+		save_view(s, &v);
+		if (!seal_covers(t, &v))
+			continue;
+		if (v.level == LEVEL_FAILED) {
+			log_warnx("seal of %s: the save of %s (rank %u) failed, so the tag will not be "
+				  "committed: %s", t->dir, v.file, v.rank, v.error);
+			seal_end(t);
+			return;
+		}
+		if (v.level < LEVEL_DURABLE)
+			return;	/* seal_on_save calls again */
+	}
+	t->write = t->written != t->nsealed;
+	if (t->write) {
+		unsigned k = 0;
+		for (unsigned r = 0; r < t->world; r++)
+			if (t->sealed[r])
+				t->ranks[k++] = r;
+		t->written = t->nsealed;
+		t->tries = SEAL_TRIES;
+	}
+	uv_timer_stop(&t->timer);
+	t->busy = 1;
+	t->cfg = config_ref(config);
+	t->work.data = t;
+	uv_queue_work(loop, &t->work, seal_work, seal_after);
+}
+
+/* The tag of dir (normalized), or NULL. */
+static struct seal_tag *seal_find(const char *dir)
+{
+	for (struct seal_tag *t = tags; t; t = t->next)
+		if (strcmp(t->dir, dir) == 0)
+			return t;
+	return NULL;
+}
+
+/* A new tag of job (world ranks) owned by uid/gid; NULL without memory. */
+static struct seal_tag *seal_new(const char *dir, const char *job, unsigned world, uid_t uid,
+				 gid_t gid)
+{
+	struct seal_tag *t = calloc(1, sizeof(*t));
+
+	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned)))) {
+		if (t) {
+			free(t->sealed);
+			free(t);
+		}
+		return NULL;
+	}
+	snprintf(t->dir, sizeof(t->dir), "%s", dir);
+	snprintf(t->job, sizeof(t->job), "%s", job);
+	t->world = world;
+	t->uid = uid;
+	t->gid = gid;
+	uv_timer_init(loop, &t->timer);
+	t->timer.data = t;
+	t->next = tags;
+	tags = t;
+	return t;
+}
+
+/* Handles SEAL of dir by client cl (an identified trainer, auth_check'ed by the caller). */
+void seal_request(const struct client *cl, uint64_t req, const char *dir)
+{
+	char d[PROTO_MAX_STR + 1], err[ERRLEN];
+	unsigned rank = client_rank(cl), world = client_world(cl);
+	int jobfd;
+
+	store_norm_dir(d, sizeof(d), dir);
+	int dfd = store_open_tag(config, d, client_uid(cl), client_gid(cl), &jobfd, err,
+				 sizeof(err));
+	if (dfd < 0)
+		return reply_error(client_id(cl), req, dfd, "%s", err);
+	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+	close(dfd);
+	close(jobfd);
+	struct seal_tag *t = seal_find(d);
+	if (t && (t->world != world || strcmp(t->job, client_job(cl)) != 0 ||
+		  t->uid != client_uid(cl)))
+		return reply_error(client_id(cl), req, ERR_EBUSY, "%s is sealed by job %s of %u "
+				   "ranks (uid %u)", d, t->job, t->world, (unsigned)t->uid);
+	if (!committed && !t &&
+	    !(t = seal_new(d, client_job(cl), world, client_uid(cl), client_gid(cl))))
+		return reply_error(client_id(cl), req, ERR_ENOMEM, "out of memory");
+	if (t && !t->sealed[rank]) {
+		t->sealed[rank] = 1;
+		t->nsealed++;
+		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
+			  t->nsealed, world);
+	}
+	reply_sealed(client_id(cl), req, committed || (t && t->ended && t->rc == 1));
+	if (t)
+		seal_check(t);
+}
+
+/* Whether rank of job has sealed dir through this daemon (it may save there no more). */
+int seal_holds(const char *dir, const char *job, unsigned rank)
+{
+	struct seal_tag *t = seal_find(dir);
+	return t && strcmp(t->job, job) == 0 && rank < t->world && t->sealed[rank];
+}
+
+/* save_change_cb: a save becoming DURABLE or failing may let its tag go on. */
+void seal_on_save(struct save *s)
+{
+	int level = save_level(s);
+
+	if (level != LEVEL_DURABLE && level != LEVEL_FAILED)
+		return;
+	struct seal_tag *t = seal_find(save_dir(s));
+	if (t)
+		seal_check(t);
+}
+
+/* Takes up a tag this node sealed before a restart: its record r is on disk already, so the
+ * daemons' look at the records (and the commit, if complete) goes on where it stopped. */
+void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t gid)
+{
+	struct seal_tag *t = seal_find(dir);
+
+	if (t || !(t = seal_new(dir, r->job, r->world, uid, gid)))
+		return;
+	for (unsigned i = 0; i < r->nranks; i++) {
+		t->nsealed += !t->sealed[r->ranks[i]];
+		t->sealed[r->ranks[i]] = 1;
+	}
+	t->written = t->nsealed;
+	t->tries = SEAL_TRIES;
+	log_info("resuming the seals of %s: %u of %u ranks sealed here", dir, t->nsealed,
+		 t->world);
+	seal_check(t);
+}
+
+/* Seals at work in the threadpool now. */
+unsigned seal_running(void)
+{
+	unsigned n = 0;
+	for (struct seal_tag *t = tags; t; t = t->next)
+		n += t->busy;
+	return n;
+}
+
+/* Forgets every tag (shutdown, nothing running). */
+void seal_free_all(void)
+{
+	while (tags)
+		seal_free(tags);
+}

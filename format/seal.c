@@ -1,0 +1,116 @@
+/*
+ * seal.c — a node's seal record, SEAL.<host>.json in a tag directory: the ranks of a job that
+ * this node's daemon saw declare (seal) that they save nothing more into the tag, once each of
+ * their files there was durable. The tag is complete, and the daemons commit it, when the
+ * records of all nodes together name every rank 0..world-1: one record per node, so a job of
+ * 1,000 nodes costs 1,000 small files, not one per rank.
+ *
+ *   {"format": "dsckpt-seal", "version": 1, "host": "node-7", "job": "gpt",
+ *    "world": 4096, "ranks": [0, 1, 2, 3, 4, 5, 6, 7]}
+ */
+#include "format.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SEAL_FORMAT "dsckpt-seal"
+#define SEAL_VERSION 1
+
+/* The text of a record (malloc'd), or NULL without memory. */
+char *seal_record_write(const struct seal_record *r)
+{
+	cJSON *o = cJSON_CreateObject(), *ranks = cJSON_CreateArray();
+	char *text = NULL;
+
+	if (!o || !ranks)
+		goto out;
+	cJSON_AddStringToObject(o, "format", SEAL_FORMAT);
+	cJSON_AddNumberToObject(o, "version", SEAL_VERSION);
+	cJSON_AddStringToObject(o, "host", r->host);
+	cJSON_AddStringToObject(o, "job", r->job);
+	cJSON_AddNumberToObject(o, "world", r->world);
+	for (unsigned i = 0; i < r->nranks; i++)
+		cJSON_AddItemToArray(ranks, cJSON_CreateNumber(r->ranks[i]));
+	cJSON_AddItemToObject(o, "ranks", ranks);
+	ranks = NULL;
+	text = cJSON_PrintUnformatted(o);
+out:
+	cJSON_Delete(ranks);
+	cJSON_Delete(o);
+	return text;
+}
+
+/* Parses a record; 0, or -1 with why. The strings of r point into r itself (seal_record_free). */
+int seal_record_parse(const char *text, size_t len, struct seal_record *r, char *why,
+		      size_t whylen)
+{
+	cJSON *o = cJSON_ParseWithLength(text, len);
+	const cJSON *f, *v, *h, *j, *w, *ranks, *e;
+	int rc = -1;
+
+	memset(r, 0, sizeof(*r));
+	if (!o || !cJSON_IsObject(o)) {
+		snprintf(why, whylen, "not a JSON object");
+		goto out;
+	}
+	f = cJSON_GetObjectItemCaseSensitive(o, "format");
+	v = cJSON_GetObjectItemCaseSensitive(o, "version");
+	h = cJSON_GetObjectItemCaseSensitive(o, "host");
+	j = cJSON_GetObjectItemCaseSensitive(o, "job");
+	w = cJSON_GetObjectItemCaseSensitive(o, "world");
+	ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
+	if (!cJSON_IsString(f) || strcmp(f->valuestring, SEAL_FORMAT) != 0 ||
+	    !cJSON_IsNumber(v) || v->valuedouble != SEAL_VERSION) {
+		snprintf(why, whylen, "not a %s record of version %d", SEAL_FORMAT, SEAL_VERSION);
+		goto out;
+	}
+	if (!cJSON_IsString(h) || !cJSON_IsString(j) || !cJSON_IsNumber(w) ||
+	    w->valuedouble < 1 || w->valuedouble > SEAL_MAX_WORLD ||
+	    w->valuedouble != (unsigned)w->valuedouble || !cJSON_IsArray(ranks)) {
+		snprintf(why, whylen, "host, job, world (1..%d) and ranks are required",
+			 SEAL_MAX_WORLD);
+		goto out;
+	}
+	r->world = (unsigned)w->valuedouble;
+	r->host = strdup(h->valuestring);
+	r->job = strdup(j->valuestring);
+	r->ranks = calloc((size_t)cJSON_GetArraySize(ranks) + 1, sizeof(*r->ranks));
+	if (!r->host || !r->job || !r->ranks) {
+		snprintf(why, whylen, "out of memory");
+		goto out;
+	}
+	cJSON_ArrayForEach(e, ranks) {
+		if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= r->world ||
+		    e->valuedouble != (unsigned)e->valuedouble) {
+			snprintf(why, whylen, "rank entries must be integers in 0..%u", r->world - 1);
+			goto out;
+		}
+		r->ranks[r->nranks++] = (unsigned)e->valuedouble;
+	}
+	rc = 0;
+out:
+	cJSON_Delete(o);
+	if (rc < 0)
+		seal_record_free(r);
+	return rc;
+}
+
+/* Frees what seal_record_parse allocated. */
+void seal_record_free(struct seal_record *r)
+{
+	free((char *)r->host);
+	free((char *)r->job);
+	free(r->ranks);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Whether name is a seal record's file name (SEAL.<host>.json). */
+int seal_record_name(const char *name)
+{
+	size_t n = strlen(name);
+	return n > strlen(FMT_SEAL_PREFIX FMT_SEAL_SUFFIX) &&
+	       strncmp(name, FMT_SEAL_PREFIX, strlen(FMT_SEAL_PREFIX)) == 0 &&
+	       strcmp(name + n - strlen(FMT_SEAL_SUFFIX), FMT_SEAL_SUFFIX) == 0;
+}

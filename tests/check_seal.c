@@ -1,0 +1,186 @@
+/*
+ * check_seal.c — seal, then the daemon commits: every rank of a job saves and seals a tag and
+ * is SIGKILLed at once, and the daemon commits the tag by itself; a rank that never seals
+ * keeps the tag uncommitted (also across a restart, which keeps only the sealed rank's file);
+ * a daemon SIGKILLed mid-flush after the seal leaves the tag incomplete and the previous one
+ * `latest`; a sealed rank saves nothing more there; sealing a committed tag says so.
+ */
+#include "harness_daemon.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define WORLD 2
+#define N_BYTES (256 * 1024)
+#define HOST_A "\"host\": \"node-a\","
+
+/* Waits up to ms for path to exist; whether it does. */
+static int wait_for(const char *path, int ms)
+{
+	for (int i = 0; i < ms / 20 && !h_exists(path); i++)
+		h_sleep_ms(20);
+	return h_exists(path);
+}
+
+/* A trainer process of rank: saves its pattern into dir, seals dir when told to, and is
+ * SIGKILLed (by itself) right after; exits 1 on any error. */
+static pid_t trainer(const char *dir, int rank, int seal, size_t n)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid)
+		return pid;
+	dsckpt_conn_t *c;
+	dsckpt_save_t *s;
+	void *mem;
+	char file[16];
+	int64_t shape[1] = {(int64_t)n};
+	snprintf(file, sizeof(file), "rank%d", rank);
+	if (dsckpt_connect(D->socket, &c) < 0 || dsckpt_identify(c, "sj", rank, WORLD) < 0 ||
+	    !(mem = dsckpt_host_alloc(n)))
+		_exit(1);
+	h_pattern_fill(mem, n, 500 + (uint64_t)rank);
+	if (dsckpt_save_begin(c, dir, file, &s) < 0 ||
+	    dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, n) < 0 || dsckpt_save_end(s) < 0)
+		_exit(1);
+	if (!seal) {
+		if (dsckpt_wait(s, DSCKPT_DURABLE, 30000) < 0)
+			_exit(1);
+		_exit(0);
+	}
+	if (dsckpt_seal(c, dir) < 0)
+		_exit(1);
+	kill(getpid(), SIGKILL);	/* gone right after the seal: nothing waits for anything */
+	_exit(1);
+}
+
+/* Waits for a trainer; asserts it was SIGKILLed (sealed) or exited 0 (did not seal). */
+static void reap(pid_t pid, int sealed)
+{
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	if (sealed)
+		ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "trainer status %d", st);
+	else
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "trainer status %d", st);
+}
+
+/* Every rank saves, seals and dies: the daemon commits the tag by itself. */
+START_TEST(test_daemon_commits)
+{
+	d_start(CACHE_8M, CHUNK_1M HOST_A);
+	const char *dir = h_path("%s/sj/t1", D->root);
+	pid_t p[WORLD];
+	for (int r = 0; r < WORLD; r++)
+		p[r] = trainer(dir, r, 1, N_BYTES);
+	for (int r = 0; r < WORLD; r++)
+		reap(p[r], 1);
+	ck_assert_msg(wait_for(h_path("%s/MANIFEST.json", dir), 30000),
+		      "no trainer left, and the daemon did not commit %s", dir);
+	ck_assert_str_eq(file_text(h_path("%s/sj/latest", D->root)), "t1");
+	for (int r = 0; r < WORLD; r++)
+		check_pattern_file(dir, h_path("rank%d", r), N_BYTES, 500 + (uint64_t)r);
+	ctl_verify(dir);
+	char *rec = h_read_file(h_path("%s/SEAL.%s.json", dir, "node-a"), NULL);
+	ck_assert_msg(rec && strstr(rec, "\"ranks\":[0,1]"), "seal record: %s", rec ? rec : "none");
+	free(rec);
+	d_stop();
+}
+END_TEST
+
+/* One rank never seals: never committed, also after a restart, which keeps the sealed
+ * rank's file (the tag may still complete) and removes the unsealed one's. */
+START_TEST(test_unsealed_rank)
+{
+	d_start(CACHE_8M, CHUNK_1M HOST_A);
+	const char *dir = h_path("%s/sj/t2", D->root);
+	pid_t p0 = trainer(dir, 0, 1, N_BYTES), p1 = trainer(dir, 1, 0, N_BYTES);
+	reap(p0, 1);
+	reap(p1, 0);
+	ck_assert_msg(wait_for(h_path("%s/SEAL.node-a.json", dir), 10000), "no seal record");
+	h_sleep_ms(1500);
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
+	ck_assert_int_eq(d_kill(SIGTERM), 0);
+	d_restart(0);
+	h_sleep_ms(1500);
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
+	ck_assert_msg(h_exists(h_path("%s/rank0.safetensors", dir)), "a sealed file was removed");
+	ck_assert_msg(!h_exists(h_path("%s/rank1.safetensors", dir)), "an unsealed file stayed");
+	ck_assert(!h_exists(h_path("%s/sj/latest", D->root)));
+	d_stop();
+}
+END_TEST
+
+/* The daemon is SIGKILLed mid-flush after the seal: after the restart the tag is
+ * incomplete (its bytes were only in the cache) and the previous tag stays latest. */
+START_TEST(test_daemon_killed_after_seal)
+{
+	d_start(CACHE_8M, CHUNK_1M HOST_A "\"o_direct\": false,");
+	const char *t1 = h_path("%s/sj/t1", D->root), *t2 = h_path("%s/sj/t2", D->root);
+	pid_t p[WORLD];
+	for (int r = 0; r < WORLD; r++)
+		p[r] = trainer(t1, r, 1, N_BYTES);
+	for (int r = 0; r < WORLD; r++)
+		reap(p[r], 1);
+	ck_assert(wait_for(h_path("%s/MANIFEST.json", t1), 30000));
+	/* 64 MiB each through an 8 MiB cache: the kill lands while they stream. */
+	for (int r = 0; r < WORLD; r++)
+		p[r] = trainer(t2, r, 1, 64 * MIB);
+	for (int r = 0; r < WORLD; r++)
+		reap(p[r], 1);
+	d_kill(SIGKILL);
+	ck_assert_msg(!h_exists(h_path("%s/MANIFEST.json", t2)), "committed before the kill: "
+		      "make the saves bigger");
+	d_restart(1);
+	h_sleep_ms(1000);
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", t2)));
+	ck_assert(!has_partial(t2));
+	ck_assert_str_eq(file_text(h_path("%s/sj/latest", D->root)), "t1");
+	ctl_verify(t1);
+	d_stop();
+}
+END_TEST
+
+/* After its seal a rank saves nothing more there; sealing a committed tag answers 1. */
+START_TEST(test_seal_rules)
+{
+	d_start(CACHE_8M, CHUNK_1M HOST_A);
+	dsckpt_conn_t *c = conn_open("solo", 0, 1);
+	const char *dir = h_path("%s/solo/t1", D->root);
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", N_BYTES, 9, &mem);
+	ck_assert_int_eq(dsckpt_seal(c, dir), 0);
+	dsckpt_save_t *s2 = NULL;
+	int rc = dsckpt_save_begin(c, dir, "extra", &s2);
+	ck_assert_msg(rc == DSCKPT_ESTATE, "a save after the seal: %s", dsckpt_err_name(rc));
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "sealed"));
+	ck_assert_int_ge(dsckpt_wait(s, DSCKPT_COMMITTED, 30000), DSCKPT_COMMITTED);
+	ck_assert_int_eq(dsckpt_seal(c, dir), 1);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/* The suite. */
+static Suite *seal_suite(void)
+{
+	Suite *s = suite_create("seal");
+	h_add_case(s, "daemon commits", test_daemon_commits, 60, 1);
+	h_add_case(s, "unsealed rank", test_unsealed_rank, 60, 1);
+	h_add_case(s, "daemon killed after seal", test_daemon_killed_after_seal, 90, 1);
+	h_add_case(s, "seal rules", test_seal_rules, 60, 1);
+	return s;
+}
+
+int main(void)
+{
+	return h_run_suite(seal_suite(), NULL);
+}
