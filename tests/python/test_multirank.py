@@ -2,7 +2,9 @@
 ranks 0-1 talk to daemon A, ranks 2-3 to daemon B, and all write one tag directory. Each
 daemon has its own node name ("host"): on one machine, one daemon per root per node."""
 import json
+import multiprocessing
 import os
+import signal
 import time
 
 import pytest
@@ -75,3 +77,42 @@ def test_commit_four_ranks_two_daemons(make_daemon):
     run_ranks(_four_ranks, 4, [a.socket, b.socket], a.root)
     # Both daemons really took saves: each logged its two ranks' files.
     assert "rank0" in a.read_log() and "rank2" in b.read_log()
+
+
+def _save_seal_die(rank, world, socket, tag_dir):
+    """A rank that saves, seals and is SIGKILLed at once: nothing waits for anything."""
+    conn = dsckpt.Connection(socket, job="gone", rank=rank, world_size=world)
+    dt.save(state_of(rank), tag_dir, conn=conn)
+    conn.seal(tag_dir)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_seal_then_every_rank_dies(make_daemon):
+    """4 ranks on two daemons (two nodes, one root) save, seal and are killed; the daemons
+    commit the tag between them: one manifest, every rank's file, latest, loads equal."""
+    a = make_daemon(host="node-a")
+    b = make_daemon(root=a.root, host="node-b")
+    tag_dir = os.path.join(a.root, "gone", "step7")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_save_seal_die, args=(r, 4, (a, b)[r // 2].socket, tag_dir))
+             for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(T)
+        assert p.exitcode == -signal.SIGKILL
+    deadline = time.monotonic() + T
+    while not os.path.exists(os.path.join(tag_dir, "MANIFEST.json")):
+        assert time.monotonic() < deadline, "the daemons did not commit the sealed tag"
+        time.sleep(0.05)
+    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    ranks = sorted(f["rank"] for f in manifest["files"] if f["kind"] == "safetensors")
+    assert ranks == [0, 1, 2, 3] and manifest["world_size"] == 4
+    assert sorted(n for n in os.listdir(tag_dir) if n.startswith("SEAL.")) == \
+        ["SEAL.node-a.json", "SEAL.node-b.json"]
+    with open(os.path.join(a.root, "gone", "latest")) as f:
+        assert f.read() == "step7"
+    for r in range(4):
+        back = dt.load(tag_dir, f"rank{r}")
+        assert back["rank"] == r and torch.equal(back["w"], state_of(r)["w"])

@@ -46,6 +46,7 @@ _SIGNATURES = {
     "dsckpt_close": (None, [_vp]),
     "dsckpt_last_error": (_cp, [_vp]),
     "dsckpt_last_cause": (_i, [_vp]),
+    "dsckpt_seal": (_i, [_vp, _cp]),
     "dsckpt_save_begin": (_i, [_vp, _cp, _cp, ctypes.POINTER(_vp)]),
     "dsckpt_add_tensor": (_i, [_vp, _cp, _cp, ctypes.POINTER(ctypes.c_int64), _i, _vp, _sz]),
     "dsckpt_add_tensors": (_i, [_vp, _vp, _sz, ctypes.POINTER(_sz)]),

@@ -158,6 +158,13 @@ class Connection:
         self._check(_lib.lib().dsckpt_commit(self._handle(), _encode(dir, "dir"),
                                              _timeout_ms(timeout)))
 
+    def seal(self, dir: str) -> bool:
+        """Declares that this rank saves nothing more into ``dir``. Once every rank of the job
+        has sealed it and every sealed file is DURABLE, the daemons commit ``dir`` themselves
+        (MANIFEST.json, then ``latest``), even if every trainer has died by then. Returns at
+        once: True when ``dir`` is committed already."""
+        return self._check(_lib.lib().dsckpt_seal(self._handle(), _encode(dir, "dir"))) == 1
+
     def release_gpu(self) -> None:
         """Lets the daemon let go of every GPU allocation this connection handed it (closed
         as soon as no save in flight reads it; a later save sends the handles again). Call

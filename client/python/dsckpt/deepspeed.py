@@ -348,6 +348,11 @@ class DsckptCheckpointEngine(_Base):
             marker = dtorch.save({}, tag_dir, conn=self.conn, file=MARKER.format(rank=self.rank),
                                  track=False)
             error = self._durable(marker)
+        if error is None and tag_dir is not None:
+            try:  # from here the daemons commit the tag even if every trainer dies
+                self.conn.seal(tag_dir)
+            except DsckptError as e:
+                error = e
         (ok,) = self._min(int(error is None))
         if error is not None:
             raise error

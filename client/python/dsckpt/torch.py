@@ -405,8 +405,10 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
            timeout: Optional[float] = None) -> None:
     """Commits checkpoint directory ``dir`` for the whole job; call it on every rank.
 
-    Each rank waits until its own saves into ``dir`` are DURABLE; the ranks agree through
-    ``group`` (an all-reduce of a success flag, so a failure anywhere fails everywhere);
+    Each rank first seals ``dir`` (it saves nothing more there): from then on the daemons
+    commit the tag by themselves once every rank's files are DURABLE, even if the trainers
+    die. Then each rank waits until its own saves into ``dir`` are DURABLE; the ranks agree
+    through ``group`` (an all-reduce of a success flag, so a failure anywhere fails everywhere);
     then rank 0 of the group asks its daemon to write MANIFEST.json and point ``latest`` at
     the tag, and every rank learns the outcome. Every rank of the job must have saved at
     least one file into ``dir`` (``save({}, dir)`` for a rank with nothing to save).
@@ -414,6 +416,10 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
     """
     conn = conn or default_connection(dir)
     error: Optional[DsckptError] = None
+    try:
+        conn.seal(dir)
+    except DsckptError as e:
+        error = e
     for handle in _pending(conn).take(dir):
         try:
             handle.wait_durable(timeout)
