@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ROUNDS 150
@@ -176,6 +177,62 @@ START_TEST(test_recover_whole_manifest)
 }
 END_TEST
 
+/* Seconds on the monotonic clock. */
+static double mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* 1,000 simulated nodes of one rank each seal one tag: one record per node; the last one to
+ * write reads all 1,000, finds the set complete and commits 1,000 files. Prints the cost. */
+START_TEST(test_thousand_nodes)
+{
+	enum { NODES = 1000 };
+	char err[ERRLEN], host[32];
+	uint8_t have[NODES];
+	struct store_commit_info info;
+	const char *tag = rpath("%s", "job/big");
+	int jobfd;
+
+	for (unsigned r = 0; r < NODES; r++) {
+		char file[16];
+		snprintf(file, sizeof(file), "rank%u", r);
+		write_ckpt(tag, file, (int)r, NULL);
+	}
+	int dfd = store_open_tag(&cfg, tag, 0, 0, &jobfd, err, sizeof(err));
+	ck_assert_msg(dfd >= 0, "%s", err);
+	double t0 = mono(), scan = 0;
+	for (unsigned r = 0; r < NODES; r++) {
+		unsigned rank = r;
+		snprintf(host, sizeof(host), "node-%04u", r);
+		struct seal_record rec = {host, "job", NODES, &rank, 1};
+		ck_assert_int_eq(store_seal_write(&cfg, dfd, &rec, 0, 0, err, sizeof(err)), 0);
+		if (r == NODES - 2 || r == NODES - 1) {
+			double s0 = mono();
+			int got = store_seal_scan(dfd, "job", NODES, have);
+			scan = mono() - s0;
+			ck_assert_int_eq(got, (int)r + 1);	/* complete only with the last */
+		}
+	}
+	double written = mono() - t0;
+	t0 = mono();
+	ck_assert_msg(store_commit(&cfg, tag, NODES, 0, 0, &info, err, sizeof(err)) == 0, "%s",
+		      err);
+	double commit = mono() - t0;
+	ck_assert_uint_eq(info.files, NODES);
+	char latest[NAME_MAX + 1];
+	latest_of("job", latest, sizeof(latest));
+	ck_assert_str_eq(latest, "big");
+	printf("1000 nodes sealing one tag: %u records written in %.0f ms (%.2f ms each); the "
+	       "last node reads all 1000 in %.1f ms; the commit of %u files takes %.0f ms\n",
+	       NODES, written * 1e3, written * 1e3 / NODES, scan * 1e3, NODES, commit * 1e3);
+	close(dfd);
+	close(jobfd);
+}
+END_TEST
+
 /* The suite. */
 static Suite *latest_suite(void)
 {
@@ -187,6 +244,7 @@ static Suite *latest_suite(void)
 	tcase_add_test(tc, test_latest_forward);
 	tcase_add_test(tc, test_recover_latest);
 	tcase_add_test(tc, test_recover_whole_manifest);
+	tcase_add_test(tc, test_thousand_nodes);
 	tcase_set_timeout(tc, 60);
 	suite_add_tcase(s, tc);
 	return s;
