@@ -14,8 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SEAL_MAX_BYTES (1u << 20)
-
 /* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
 		     uid_t uid, gid_t gid, char *err, size_t errlen)
@@ -35,24 +33,12 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 /* Reads the record dirfd/name; 0, or -1 (not a sound record: logged). */
 int store_seal_read(int dirfd, const char *name, struct seal_record *r)
 {
-	char why[200], *buf = NULL;
-	struct stat st;
-	int rc = -1, fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	char why[200];
 
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > SEAL_MAX_BYTES ||
-	    !(buf = malloc((size_t)st.st_size + 1)))
-		goto out;
-	if (pread(fd, buf, (size_t)st.st_size, 0) != st.st_size)
-		goto out;
-	if (seal_record_parse(buf, (size_t)st.st_size, r, why, sizeof(why)) < 0)
-		log_warnx("seal record %s is unreadable: %s", name, why);
-	else
-		rc = 0;
-out:
-	free(buf);
-	if (fd >= 0)
-		close(fd);
-	return rc;
+	if (seal_record_load(dirfd, name, r, why, sizeof(why)) == 0)
+		return 0;
+	log_warnx("seal record %s is unreadable: %s", name, why);
+	return -1;
 }
 
 /* Reads every seal record of job (world ranks) in the tag dirfd into have (world bytes, set

@@ -59,6 +59,9 @@ char *seal_record_write(const struct seal_record *r);
 /* Parses a record into r (seal_record_free frees it); 0, or -1 with why. */
 int seal_record_parse(const char *text, size_t len, struct seal_record *r, char *why,
 		      size_t whylen);
+/* Reads and parses the record dirfd/name; 0, or -1 with why. */
+int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *why,
+		     size_t whylen);
 /* Frees what seal_record_parse allocated. */
 void seal_record_free(struct seal_record *r);
 /* Whether name is a seal record's file name. */

@@ -11,9 +11,12 @@
 #include "format.h"
 
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define SEAL_FORMAT "dsckpt-seal"
 #define SEAL_VERSION 1
@@ -113,4 +116,30 @@ int seal_record_name(const char *name)
 	return n > strlen(FMT_SEAL_PREFIX FMT_SEAL_SUFFIX) &&
 	       strncmp(name, FMT_SEAL_PREFIX, strlen(FMT_SEAL_PREFIX)) == 0 &&
 	       strcmp(name + n - strlen(FMT_SEAL_SUFFIX), FMT_SEAL_SUFFIX) == 0;
+}
+
+/* Reads and parses the record dirfd/name (a regular file of at most 1 MiB, not followed
+ * through a link); 0, or -1 with why. */
+int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *why,
+		     size_t whylen)
+{
+	struct stat st;
+	char *buf = NULL;
+	int rc = -1, fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
+		snprintf(why, whylen, "not a regular file of at most 1 MiB");
+		goto out;
+	}
+	if (!(buf = malloc((size_t)st.st_size + 1)) ||
+	    pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
+		snprintf(why, whylen, "cannot read it");
+		goto out;
+	}
+	rc = seal_record_parse(buf, (size_t)st.st_size, r, why, whylen);
+out:
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	return rc;
 }

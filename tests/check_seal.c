@@ -112,6 +112,10 @@ START_TEST(test_unsealed_rank)
 	ck_assert_msg(h_exists(h_path("%s/rank0.safetensors", dir)), "a sealed file was removed");
 	ck_assert_msg(!h_exists(h_path("%s/rank1.safetensors", dir)), "an unsealed file stayed");
 	ck_assert(!h_exists(h_path("%s/sj/latest", D->root)));
+	char *out = NULL;
+	ck_assert_int_eq(ctl(&out, "list %s", D->root), 0);
+	ck_assert_msg(strstr(out, "incomplete: sealed 1/2, missing 1"), "list: %s", out);
+	free(out);
 	d_stop();
 }
 END_TEST

@@ -1,4 +1,5 @@
-/* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk. */
+/* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk; for
+ * an incomplete tag, how many ranks sealed it (its SEAL.<host>.json records) and which not. */
 #include "ctl.h"
 
 #include "../../format/format.h"
@@ -24,6 +25,9 @@ struct tag {
 	uint64_t bytes;      /* their total size */
 	int latest;          /* <job>/latest names it */
 	char *created;       /* the manifest's creation time, or NULL */
+	unsigned world;      /* from its seal records; 0 when it has none */
+	unsigned sealed;     /* ranks they name */
+	char missing[96];    /* the first ranks not sealed, "2, 5, ..." */
 };
 
 /* Every tag found. */
@@ -62,6 +66,52 @@ static int is_latest(int fd, const char *name)
 	return strcmp(buf, name) == 0;
 }
 
+/* Reads the seal records of tag directory fd into t: the world size, how many ranks they
+ * name, and the first missing ones. */
+static void tag_seals(int fd, struct tag *t)
+{
+	char why[200];
+	uint8_t *have = NULL;
+	int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	struct dirent *e;
+
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
+		return;
+	}
+	while ((e = readdir(d))) {
+		struct seal_record r;
+		if (!seal_record_name(e->d_name))
+			continue;
+		if (seal_record_load(fd, e->d_name, &r, why, sizeof(why)) < 0) {
+			out_err("%s/%s: %s", t->path, e->d_name, why);
+			continue;
+		}
+		if (!have && (have = calloc(r.world, 1)))
+			t->world = r.world;
+		for (unsigned i = 0; have && r.world == t->world && i < r.nranks; i++) {
+			t->sealed += !have[r.ranks[i]];
+			have[r.ranks[i]] = 1;
+		}
+		seal_record_free(&r);
+	}
+	closedir(d);
+	size_t n = 0;
+	unsigned shown = 0;
+	for (unsigned r = 0; have && r < t->world && n + 16 < sizeof(t->missing); r++) {
+		if (!have[r]) {
+			n += (size_t)snprintf(t->missing + n, sizeof(t->missing) - n, "%s%u",
+					      n ? ", " : "", r);
+			shown++;
+		}
+	}
+	if (shown < t->world - t->sealed)
+		snprintf(t->missing + n, sizeof(t->missing) - n, ", ...");
+	free(have);
+}
+
 /* Records directory fd (path rel, base name name) as a tag. */
 static int tag_add(struct tags *out, int fd, const char *rel, const char *name, unsigned files,
 		   uint64_t bytes, int partial)
@@ -91,6 +141,8 @@ static int tag_add(struct tags *out, int fd, const char *rel, const char *name, 
 		manifest_free(m);
 	}
 	t->state = partial || !present ? "incomplete" : m ? "committed" : "corrupt";
+	if (!present)
+		tag_seals(fd, t);
 	return 0;
 }
 
@@ -174,6 +226,10 @@ static int list_print(const struct ctl *ctl, const struct tags *tags)
 				cJSON_AddStringToObject(o, "created", t->created);
 			else
 				cJSON_AddNullToObject(o, "created");
+			if (t->world) {
+				cJSON_AddNumberToObject(o, "sealed", t->sealed);
+				cJSON_AddNumberToObject(o, "world", t->world);
+			}
 			cJSON_AddItemToArray(a, o);
 		}
 		return out_json(doc);
@@ -187,9 +243,17 @@ static int list_print(const struct ctl *ctl, const struct tags *tags)
 	table_right(tb, 3);
 	for (size_t i = 0; i < tags->n; i++) {
 		const struct tag *t = &tags->v[i];
-		char files[16], size[32];
+		char files[16], size[32], state[160];
 		snprintf(files, sizeof(files), "%u", t->files);
-		table_row(tb, t->path, t->state, files, out_bytes(t->bytes, size, sizeof(size)),
+		if (t->world && t->sealed < t->world)
+			snprintf(state, sizeof(state), "%s: sealed %u/%u, missing %s", t->state,
+				 t->sealed, t->world, t->missing);
+		else if (t->world)
+			snprintf(state, sizeof(state), "%s: sealed %u/%u", t->state, t->sealed,
+				 t->world);
+		else
+			snprintf(state, sizeof(state), "%s", t->state);
+		table_row(tb, t->path, state, files, out_bytes(t->bytes, size, sizeof(size)),
 			  t->created ? t->created : "-", t->latest ? "latest" : "");
 	}
 	table_print(tb, stdout);
