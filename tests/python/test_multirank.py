@@ -116,3 +116,35 @@ def test_seal_then_every_rank_dies(make_daemon):
     for r in range(4):
         back = dt.load(tag_dir, f"rank{r}")
         assert back["rank"] == r and torch.equal(back["w"], state_of(r)["w"])
+
+
+def _node_local(rank, world, sockets, roots):
+    """Two nodes with roots of their own: step1 sealed by both ranks, step2 by rank 0 only;
+    every rank agrees on step1, and what it holds of step1 loads back."""
+    conn = dsckpt.Connection(sockets[rank], job="local", rank=rank, world_size=world)
+    job = os.path.join(roots[rank], "local")
+    for step, sealers in (("step1", (0, 1)), ("step2", (0,))):
+        d = os.path.join(job, step)
+        h = dt.save(state_of(rank), d, conn=conn)
+        h.wait_durable(T)
+        if rank in sealers:
+            conn.seal(d)
+    torch.distributed.barrier()
+    deadline = time.monotonic() + T
+    while not any(n.startswith("SEAL.") for n in os.listdir(os.path.join(job, "step1"))):
+        assert time.monotonic() < deadline, "no seal record"
+        time.sleep(0.02)
+    tag = dt.find_latest(job)
+    assert tag == "step1", f"rank {rank} chose {tag}"
+    back = dt.load(os.path.join(job, tag), f"rank{rank}")
+    assert back["rank"] == rank and torch.equal(back["w"], state_of(rank)["w"])
+    assert not os.path.exists(os.path.join(job, "step1", "MANIFEST.json"))  # node-local
+    conn.close()
+
+
+def test_find_latest_node_local(make_daemon):
+    """Node-local roots: no manifest can be written; a restarted job agrees through its
+    process group on the newest tag every rank sealed, never on one a rank did not seal."""
+    a = make_daemon(host="node-a")
+    b = make_daemon(host="node-b")
+    run_ranks(_node_local, 2, [a.socket, b.socket], [a.root, b.root])

@@ -35,6 +35,7 @@ import torch
 from ._files import DTYPES, ST_DTYPES, read_meta, read_safetensors
 from .core import Connection, HostBuffer, Level, Save, SaveProgress
 from .errors import DsckptError, Errno, error_for
+from .resume import find_latest
 
 BLOB = "dsckpt.torch"
 FORMAT_VERSION = 1
@@ -546,6 +547,6 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         _resolving.table = None
 
 
-__all__ = ["save", "load", "commit", "release_gpu", "SaveHandle", "host_empty",
+__all__ = ["save", "load", "commit", "find_latest", "release_gpu", "SaveHandle", "host_empty",
            "default_connection", "set_default_connection", "dist_rank_world",
            "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]

@@ -1,0 +1,88 @@
+"""resume.py — which checkpoint a restarted job loads: ``find_latest``.
+
+On a root every node shares, the daemons commit a tag once every rank has sealed it, and
+``<job>/latest`` names the newest committed tag. On node-local roots no single directory
+holds every rank's files, so no manifest is ever written there: each node holds its own
+ranks' files and its daemon's seal record (``SEAL.<host>.json``, written once the sealed
+files were durable). A restarted job then agrees over its process group on the newest tag
+that every rank holds complete, and loads that.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Optional
+
+import torch
+
+MANIFEST = "MANIFEST.json"
+SEAL_PREFIX, SEAL_SUFFIX = "SEAL.", ".json"
+
+
+def _sealed_ranks(tag_dir: str) -> Dict[int, float]:
+    """Ranks the seal records of tag_dir name, each with the time its record was written."""
+    ranks: Dict[int, float] = {}
+    try:
+        names = os.listdir(tag_dir)
+    except OSError:
+        return ranks
+    for name in names:
+        if not (name.startswith(SEAL_PREFIX) and name.endswith(SEAL_SUFFIX)):
+            continue
+        path = os.path.join(tag_dir, name)
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            when = os.stat(path).st_mtime
+        except (OSError, ValueError):
+            continue
+        if record.get("format") != "dsckpt-seal":
+            continue
+        for r in record.get("ranks", []):
+            if isinstance(r, int):
+                ranks[r] = max(ranks.get(r, 0.0), when)
+    return ranks
+
+
+def local_complete(job_dir: str, rank: int) -> Dict[str, float]:
+    """The tags of job_dir this rank holds complete, each with when it became so: committed
+    ones (their manifest's time), and ones whose seal records name this rank (its files were
+    durable when the record was written)."""
+    tags: Dict[str, float] = {}
+    try:
+        names = os.listdir(job_dir)
+    except OSError:
+        return tags
+    for name in names:
+        tag_dir = os.path.join(job_dir, name)
+        if not os.path.isdir(tag_dir):
+            continue
+        manifest = os.path.join(tag_dir, MANIFEST)
+        if os.path.isfile(manifest):
+            tags[name] = os.stat(manifest).st_mtime
+            continue
+        sealed = _sealed_ranks(tag_dir)
+        if rank in sealed:
+            tags[name] = sealed[rank]
+    return tags
+
+
+def find_latest(job_dir: str, group=None) -> Optional[str]:
+    """The newest tag of ``job_dir`` that every rank of ``group`` holds complete (committed,
+    or sealed by that rank with its files durable), or None. Call it on every rank after a
+    restart: the ranks agree (an all-gather over torch.distributed, when initialized) and
+    all return the same tag, the one that became complete last on the slowest rank."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank(group)
+        mine = local_complete(job_dir, rank)
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, mine, group=group)
+    else:
+        everyone = [local_complete(job_dir, int(os.environ.get("RANK", 0)))]
+    common = set(everyone[0])
+    for tags in everyone[1:]:
+        common &= set(tags)
+    if not common:
+        return None
+    return max(common, key=lambda t: (max(tags[t] for tags in everyone), t))
