@@ -3,7 +3,7 @@
  * on another config sharing a root, touches nothing (no recovery, no cache) and says why.
  * Real daemons on real sockets; the bait is a stale partial file that any recovery deletes.
  */
-#include "harness.h"
+#include "harness_daemon.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -13,11 +13,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#define CACHE_GIB 0.0078125 /* 8 MiB */
-
-static struct hdaemon D;
 static char bait[512];
 
 /* Plants a partial file naming no host, an hour old: start-up recovery removes it. */
@@ -109,27 +107,67 @@ static int file_has(const char *file, const char *s)
 	return has;
 }
 
-/* A second daemon on the same config, started 200 times against a running one: each exits
- * at once saying why, and the bait every recovery deletes is still there. */
+/* A trainer (a child) that saves 16 MiB files through the daemon, one after another, until
+ * the file stop appears; it exits with the number of saves that became DURABLE. */
+static pid_t busy_trainer(const char *stop)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid)
+		return pid;
+	dsckpt_conn_t *c;
+	size_t n = 16 * MIB;
+	int64_t shape[1] = {(int64_t)n};
+	void *mem = dsckpt_host_alloc(n);
+	int done = 0;
+	if (!mem || dsckpt_connect(D->socket, &c) < 0 || dsckpt_identify(c, "busy", 0, 1) < 0)
+		_exit(0);
+	while (!h_exists(stop) && done < 250) {
+		dsckpt_save_t *s;
+		h_pattern_fill(mem, n, 900 + (uint64_t)done);
+		if (dsckpt_save_begin(c, h_path("%s/busy/t%03d", D->root, done), "rank0", &s) < 0 ||
+		    dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, n) < 0 ||
+		    dsckpt_save_end(s) < 0 || dsckpt_wait(s, DSCKPT_DURABLE, 30000) < 0)
+			_exit(done);
+		dsckpt_save_free(s);
+		done++;
+	}
+	_exit(done);
+}
+
+/* A second daemon on the same config, started 200 times against a running one busy with a
+ * trainer's saves: each exits at once saying why, the bait every recovery deletes is still
+ * there, and every save of the trainer is whole. */
 START_TEST(test_same_config)
 {
-	char out[512];
+	char out[512], stop[512];
+	int st;
 
-	h_daemon_start(&D, CACHE_GIB, NULL);
-	plant_bait(&D);
-	snprintf(out, sizeof(out), "%s/second.log", D.dir);
+	d_start(CACHE_8M, CHUNK_1M);
+	plant_bait(D);
+	snprintf(out, sizeof(out), "%s/second.log", D->dir);
+	snprintf(stop, sizeof(stop), "%s/stop", D->dir);
+	pid_t trainer = busy_trainer(stop);
 	for (int i = 0; i < 200; i++) {
-		int st = start_second(D.config, out);
-		ck_assert_msg(st != 0, "a second daemon on the same socket started (try %d)", i);
+		int rc = start_second(D->config, out);
+		ck_assert_msg(rc != 0, "a second daemon on the same socket started (try %d)", i);
 		ck_assert_msg(h_exists(bait), "the second daemon (try %d) ran recovery", i);
 	}
 	ck_assert_msg(file_has(out, "another dsckptd"), "no reason given");
 	ck_assert_msg(!file_has(out, "recovery") && !file_has(out, "ready"),
 		      "the second daemon went on past its locks");
+	close(open(stop, O_CREAT | O_WRONLY, 0600));
+	ck_assert_int_eq(waitpid(trainer, &st, 0), trainer);
+	int saves = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	ck_assert_msg(saves > 0, "the trainer's saves failed (status %d)", st);
+	for (int i = 0; i < saves; i++)
+		check_pattern_file(h_path("%s/busy/t%03d", D->root, i), "rank0", 16 * MIB,
+				   900 + (uint64_t)i);
+	printf("200 second daemons refused while %d saves of 16 MiB went through\n", saves);
 	/* The first one still serves. */
-	ck_assert_int_eq(h_system("%s -s '%s' status >/dev/null", h_bin("dsckptctl"), D.socket),
+	ck_assert_int_eq(h_system("%s -s '%s' status >/dev/null", h_bin("dsckptctl"), D->socket),
 			 0);
-	h_daemon_stop(&D);
+	d_stop();
 }
 END_TEST
 
@@ -139,12 +177,12 @@ START_TEST(test_shared_root)
 {
 	char cfg2[512], sock2[512], out[512], root3[512], cfg3[512], sock3[512];
 
-	h_daemon_start(&D, CACHE_GIB, NULL);
-	plant_bait(&D);
-	snprintf(cfg2, sizeof(cfg2), "%s/second.json", D.dir);
-	snprintf(sock2, sizeof(sock2), "%s/second.sock", D.dir);
-	snprintf(out, sizeof(out), "%s/second.log", D.dir);
-	config_variant(&D, cfg2, sock2, NULL);
+	d_start(CACHE_8M, NULL);
+	plant_bait(D);
+	snprintf(cfg2, sizeof(cfg2), "%s/second.json", D->dir);
+	snprintf(sock2, sizeof(sock2), "%s/second.sock", D->dir);
+	snprintf(out, sizeof(out), "%s/second.log", D->dir);
+	config_variant(D, cfg2, sock2, NULL);
 	ck_assert_int_ne(start_second(cfg2, out), 0);
 	ck_assert_msg(file_has(out, "serves the root"), "no reason given");
 	ck_assert(h_exists(bait));
@@ -153,35 +191,35 @@ START_TEST(test_shared_root)
 	/* Another node's daemon (its own node name, as a simulated node on this machine) shares
 	 * the root and starts; a stale partial that names no host is anyone's to remove. */
 	char cfg4[512], sock4[512];
-	snprintf(cfg4, sizeof(cfg4), "%s/node.json", D.dir);
-	snprintf(sock4, sizeof(sock4), "%s/node.sock", D.dir);
-	config_variant(&D, cfg4, sock4, NULL);
+	snprintf(cfg4, sizeof(cfg4), "%s/node.json", D->dir);
+	snprintf(sock4, sizeof(sock4), "%s/node.sock", D->dir);
+	config_variant(D, cfg4, sock4, NULL);
 	config_add_host(cfg4, "node-x");
-	snprintf(out, sizeof(out), "%s/node.log", D.dir);
+	snprintf(out, sizeof(out), "%s/node.log", D->dir);
 	ck_assert_msg(start_serving(cfg4, sock4, out) == 0, "another node's daemon did not start: "
 		      "%s", h_read_file(out, NULL));
 	ck_assert_msg(!h_exists(bait), "the other node's recovery did not run");
-	plant_bait(&D);
+	plant_bait(D);
 
 	/* A daemon with its own root and socket is not held back. */
-	snprintf(root3, sizeof(root3), "%s/other-root", D.dir);
-	snprintf(sock3, sizeof(sock3), "%s/third.sock", D.dir);
-	snprintf(cfg3, sizeof(cfg3), "%s/third.json", D.dir);
+	snprintf(root3, sizeof(root3), "%s/other-root", D->dir);
+	snprintf(sock3, sizeof(sock3), "%s/third.sock", D->dir);
+	snprintf(cfg3, sizeof(cfg3), "%s/third.json", D->dir);
 	ck_assert_int_eq(mkdir(root3, 0755), 0);
-	config_variant(&D, cfg3, sock3, root3);
-	snprintf(out, sizeof(out), "%s/third.log", D.dir);
+	config_variant(D, cfg3, sock3, root3);
+	snprintf(out, sizeof(out), "%s/third.log", D->dir);
 	ck_assert_msg(start_serving(cfg3, sock3, out) == 0, "a daemon of its own root did not "
 		      "start: %s", h_read_file(out, NULL));
 	ck_assert(h_exists(bait));
 
 	/* The first daemon gone, the second config starts, and its recovery removes the bait:
 	 * what the refused starts left alone, a real start would have deleted. */
-	h_daemon_kill(&D, SIGTERM);
-	snprintf(out, sizeof(out), "%s/second.log", D.dir);
+	d_kill(SIGTERM);
+	snprintf(out, sizeof(out), "%s/second.log", D->dir);
 	ck_assert_msg(start_serving(cfg2, sock2, out) == 0, "the second config did not start "
 		      "after the first daemon left: %s", h_read_file(out, NULL));
 	ck_assert_msg(!h_exists(bait), "recovery of a real start kept the bait");
-	h_rm_rf(D.dir);
+	h_rm_rf(D->dir);
 }
 END_TEST
 
