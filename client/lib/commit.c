@@ -2,6 +2,22 @@
  * checkpoint directory for the whole job (a save is save.c's; these name only the directory). */
 #include "internal.h"
 
+/* Takes the connection's lock for a request about the directory dir (what: "commit",
+ * "seal"); 0, or an error (the lock is let go then). */
+static int commit_enter(dsckpt_conn_t *c, const char *dir, const char *what)
+{
+	int e;
+
+	if (!c)
+		return DSCKPT_EINVAL;
+	lib_conn_lock(c);
+	if ((e = lib_check_dir(c, dir)) == 0 && lib_conn_world(c) == 0)
+		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before %s", what);
+	if (e < 0)
+		lib_conn_unlock(c);
+	return e;
+}
+
 /* Commits the checkpoint directory (COMMIT). */
 int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
 {
@@ -12,15 +28,8 @@ int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
 	uint64_t files, bytes;
 	int e;
 
-	if (!c)
-		return DSCKPT_EINVAL;
-	lib_conn_lock(c);
-	if ((e = lib_check_dir(c, dir)) < 0)
-		goto out;
-	if (lib_conn_world(c) == 0) {
-		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before commit");
-		goto out;
-	}
+	if ((e = commit_enter(c, dir, "commit")) < 0)
+		return e;
 	lib_conn_frame(c, &o, PROTO_COMMIT);
 	msgpack_pack_map(&o.pk, 3);
 	proto_kv_str(&o.pk, "dir", dir);
@@ -45,15 +54,8 @@ int dsckpt_seal(dsckpt_conn_t *c, const char *dir)
 	struct lib_reply r;
 	int committed = 0, e;
 
-	if (!c)
-		return DSCKPT_EINVAL;
-	lib_conn_lock(c);
-	if ((e = lib_check_dir(c, dir)) < 0)
-		goto out;
-	if (lib_conn_world(c) == 0) {
-		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before seal");
-		goto out;
-	}
+	if ((e = commit_enter(c, dir, "seal")) < 0)
+		return e;
 	lib_conn_frame(c, &o, PROTO_SEAL);
 	msgpack_pack_map(&o.pk, 1);
 	proto_kv_str(&o.pk, "dir", dir);
