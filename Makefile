@@ -178,7 +178,8 @@ check-san:
 # ThreadSanitizer over the threaded modules' suites and the integration suites, whose
 # harness starts the TSan-built dsckptd of this build (tests/tsan.supp: what, and why).
 TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine*.c \
-	tests/check_cache.c tests/check_daemon*.c tests/check_fair.c tests/check_store_latest.c))
+	tests/check_cache*.c tests/check_source.c tests/check_daemon*.c tests/check_fair.c \
+	tests/check_store_latest.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
