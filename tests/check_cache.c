@@ -20,6 +20,7 @@
 
 #define MIB (1024ULL * 1024)
 
+/* The message of the last failed call. */
 static char err[ERRLEN];
 
 /* Quiet logs in every forked test. */
@@ -43,6 +44,7 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Every chunk handed out is aligned, in the mapping, apart from the others, then back. */
 START_TEST(test_get_put_all)
 {
 	struct cache *c = mkcache(4 * MIB, MIB);
@@ -79,6 +81,7 @@ START_TEST(test_get_put_all)
 }
 END_TEST
 
+/* The tail that is no whole chunk is dropped; bad geometries and huge sizes are refused. */
 START_TEST(test_geometry)
 {
 	struct cache *c = mkcache(5 * MIB + 100, MIB); /* the tail that is no chunk is dropped */
@@ -101,6 +104,7 @@ START_TEST(test_geometry)
 }
 END_TEST
 
+/* A thread taking a chunk: the cache, the node it prefers, what it got and when. */
 struct waiter {
 	struct cache *c;
 	int node;   /* preferred NUMA node (-1: any) */
@@ -117,6 +121,7 @@ static void *waiter_run(void *arg)
 	return NULL;
 }
 
+/* cache_get waits while every chunk is out and takes the one put back. */
 START_TEST(test_get_blocks_until_put)
 {
 	struct waiter w = { .c = mkcache(2 * MIB, MIB), .node = -1 };
@@ -136,6 +141,7 @@ START_TEST(test_get_blocks_until_put)
 }
 END_TEST
 
+/* cache_shutdown wakes every waiter empty-handed; chunks still come back after it. */
 START_TEST(test_shutdown_wakes_waiters)
 {
 	struct cache *c = mkcache(MIB, 256 * 1024);
@@ -166,6 +172,7 @@ START_TEST(test_shutdown_wakes_waiters)
 }
 END_TEST
 
+/* Putting back memory that is not the cache's aborts. */
 START_TEST(test_put_foreign_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -174,6 +181,7 @@ START_TEST(test_put_foreign_aborts)
 }
 END_TEST
 
+/* Putting back a pointer inside a chunk, not its start, aborts. */
 START_TEST(test_put_misaligned_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -182,6 +190,7 @@ START_TEST(test_put_misaligned_aborts)
 }
 END_TEST
 
+/* Putting back a chunk twice aborts. */
 START_TEST(test_put_twice_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -191,6 +200,7 @@ START_TEST(test_put_twice_aborts)
 }
 END_TEST
 
+/* Destroying the cache with a chunk still out aborts. */
 START_TEST(test_destroy_in_use_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);

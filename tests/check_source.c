@@ -17,6 +17,7 @@
 
 #define MIB (1024ULL * 1024)
 
+/* The message of the last failed call. */
 static char err[ERRLEN];
 
 /* Quiet logs in every forked test. */
@@ -68,6 +69,7 @@ static int fd_open(int fd)
 	return fcntl(fd, F_GETFD) != -1;
 }
 
+/* A sealed memfd reads back through the copier, within its bounds only, holes as zeros. */
 START_TEST(test_source_read)
 {
 	size_t size = MIB + 123;
@@ -109,6 +111,7 @@ START_TEST(test_source_read)
 }
 END_TEST
 
+/* Memory that could shrink under the daemon is refused; a size below the file's is fine. */
 START_TEST(test_source_unsealable)
 {
 	/* Memory that could shrink under the daemon is refused, naming the remedy: a memfd
@@ -140,6 +143,7 @@ START_TEST(test_source_unsealable)
 }
 END_TEST
 
+/* Refused: a size past the file or zero, a pipe, no fd, a directory; the fd closed all the same. */
 START_TEST(test_source_rejects)
 {
 	struct source *s = (struct source *)1;
@@ -168,6 +172,7 @@ START_TEST(test_source_rejects)
 }
 END_TEST
 
+/* The source stays open while a reference is left; the last one closes it. */
 START_TEST(test_source_refcount)
 {
 	int fd = mkmemfd(4096, MFD_ALLOW_SEALING);
@@ -186,6 +191,7 @@ START_TEST(test_source_refcount)
 }
 END_TEST
 
+/* A source read into cache chunks, one chunk-sized piece each, as a copy thread does. */
 START_TEST(test_source_into_cache)
 {
 	struct cache *c = mkcache(MIB, 256 * 1024);
