@@ -138,6 +138,9 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 $(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail: tests/fake_peer.c \
 	tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
+# The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
+# pwrite for the whole binary, so it is linked into these alone, never into the harness archive.
+$(BUILD)/tests/check_engine_cancel $(BUILD)/tests/check_engine_fail: tests/engine_hooks.c
 
 # libFuzzer targets for the frame decoder and the config loader (clang-14 from make deps).
 # tests/run-fuzz runs each for FUZZ_SECONDS, growing a corpus in build/fuzz/corpus-<name>
@@ -174,8 +177,9 @@ check-san:
 
 # ThreadSanitizer over the threaded modules' suites and the integration suites, whose
 # harness starts the TSan-built dsckptd of this build (tests/tsan.supp: what, and why).
-TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine.c \
-	tests/check_cache.c tests/check_daemon*.c tests/check_fair.c tests/check_store_latest.c))
+TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine*.c \
+	tests/check_cache*.c tests/check_source.c tests/check_daemon*.c tests/check_fair.c \
+	tests/check_store_latest.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

@@ -1,24 +1,26 @@
-/* check_cache.c — the host cache (chunks, waiting, shutdown, NUMA pools on a fake sysfs tree)
- * and host memory sources. */
+/*
+ * check_cache.c — the pinned host cache (daemon/cache.c): chunks handed out and back, its
+ * geometry, takers waiting for a chunk and woken at shutdown, the misuses that abort, and its
+ * NUMA pools on a fake sysfs tree (one per node with CPUs, preferences and fallbacks, each pool
+ * bound to its node, a PCI device's node). Host memory sources are check_source.c's.
+ */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 
 #include <check.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <linux/mempolicy.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MIB (1024ULL * 1024)
 
+/* The message of the last failed call. */
 static char err[ERRLEN];
 
 /* Quiet logs in every forked test. */
@@ -42,6 +44,7 @@ static void sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Every chunk handed out is aligned, in the mapping, apart from the others, then back. */
 START_TEST(test_get_put_all)
 {
 	struct cache *c = mkcache(4 * MIB, MIB);
@@ -78,6 +81,7 @@ START_TEST(test_get_put_all)
 }
 END_TEST
 
+/* The tail that is no whole chunk is dropped; bad geometries and huge sizes are refused. */
 START_TEST(test_geometry)
 {
 	struct cache *c = mkcache(5 * MIB + 100, MIB); /* the tail that is no chunk is dropped */
@@ -100,6 +104,7 @@ START_TEST(test_geometry)
 }
 END_TEST
 
+/* A thread taking a chunk: the cache, the node it prefers, what it got and when. */
 struct waiter {
 	struct cache *c;
 	int node;   /* preferred NUMA node (-1: any) */
@@ -116,6 +121,7 @@ static void *waiter_run(void *arg)
 	return NULL;
 }
 
+/* cache_get waits while every chunk is out and takes the one put back. */
 START_TEST(test_get_blocks_until_put)
 {
 	struct waiter w = { .c = mkcache(2 * MIB, MIB), .node = -1 };
@@ -135,6 +141,7 @@ START_TEST(test_get_blocks_until_put)
 }
 END_TEST
 
+/* cache_shutdown wakes every waiter empty-handed; chunks still come back after it. */
 START_TEST(test_shutdown_wakes_waiters)
 {
 	struct cache *c = mkcache(MIB, 256 * 1024);
@@ -165,6 +172,7 @@ START_TEST(test_shutdown_wakes_waiters)
 }
 END_TEST
 
+/* Putting back memory that is not the cache's aborts. */
 START_TEST(test_put_foreign_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -173,6 +181,7 @@ START_TEST(test_put_foreign_aborts)
 }
 END_TEST
 
+/* Putting back a pointer inside a chunk, not its start, aborts. */
 START_TEST(test_put_misaligned_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -181,6 +190,7 @@ START_TEST(test_put_misaligned_aborts)
 }
 END_TEST
 
+/* Putting back a chunk twice aborts. */
 START_TEST(test_put_twice_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -190,6 +200,7 @@ START_TEST(test_put_twice_aborts)
 }
 END_TEST
 
+/* Destroying the cache with a chunk still out aborts. */
 START_TEST(test_destroy_in_use_aborts)
 {
 	struct cache *c = mkcache(2 * MIB, MIB);
@@ -427,183 +438,6 @@ START_TEST(test_numa_pci_node)
 }
 END_TEST
 
-/* A memfd of size bytes filled with the pattern i * 7 (mod 256). */
-static int mkmemfd(size_t size, unsigned flags)
-{
-	int fd = memfd_create("check_cache", MFD_CLOEXEC | flags);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
-	unsigned char *p = mmap(NULL, size, PROT_WRITE, MAP_SHARED, fd, 0);
-	ck_assert(p != MAP_FAILED);
-	for (size_t i = 0; i < size; i++)
-		p[i] = (unsigned char)(i * 7);
-	munmap(p, size);
-	return fd;
-}
-
-/* Reads a source at once, as a copy thread does: through a copier, then its sync. */
-static int read_src(struct source *s, uint64_t off, void *dst, uint64_t len, char *e,
-		    size_t elen)
-{
-	struct copier *cp;
-	int rc = copier_new(&cp, e, elen);
-
-	if (rc < 0)
-		return rc;
-	rc = copier_read(cp, s, off, dst, len, e, elen);
-	int rs = copier_sync(cp, rc < 0 ? NULL : e, elen);
-	copier_free(cp);
-	return rc < 0 ? rc : rs;
-}
-
-/* Whether fd is open. */
-static int fd_open(int fd)
-{
-	return fcntl(fd, F_GETFD) != -1;
-}
-
-START_TEST(test_source_read)
-{
-	size_t size = MIB + 123;
-	int fd = mkmemfd(size, MFD_ALLOW_SEALING), keep = dup(fd);
-	struct source *s;
-	unsigned char buf[4096];
-
-	ck_assert_msg(source_host_open(fd, size, &s, err, sizeof(err)) == 0, "%s", err);
-	ck_assert(fd_open(fd)); /* the source reads through the fd, never a mapping */
-	ck_assert_uint_eq(source_size(s), size);
-	ck_assert_str_eq(source_kind(s), "host");
-
-	ck_assert_int_eq(read_src(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
-	for (size_t i = 0; i < sizeof(buf); i++)
-		ck_assert_uint_eq(buf[i], (unsigned char)(i * 7));
-	ck_assert_int_eq(read_src(s, size - 100, buf, 100, err, sizeof(err)), 0);
-	for (size_t i = 0; i < 100; i++)
-		ck_assert_uint_eq(buf[i], (unsigned char)((size - 100 + i) * 7));
-	ck_assert_int_eq(read_src(s, size, buf, 0, err, sizeof(err)), 0);
-
-	/* Out of bounds, including off + len wrapping around. */
-	ck_assert_int_eq(read_src(s, size - 100, buf, 101, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_msg(strstr(err, "past its") != NULL, "%s", err);
-	ck_assert_int_eq(read_src(s, size + 1, buf, 0, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_int_eq(read_src(s, UINT64_MAX, buf, 2, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_int_eq(read_src(s, 2, buf, UINT64_MAX, err, sizeof(err)), ERR_ERANGE);
-
-	/* The memfd is sealed: the client can no longer shrink it under the daemon. */
-	ck_assert_int_eq(ftruncate(keep, 10), -1);
-	ck_assert_int_eq(errno, EPERM);
-	ck_assert_int_eq(ftruncate(keep, (off_t)(2 * MIB)), 0);
-	/* A hole punched into it reads as zeros: nothing allocated, no signal. */
-	ck_assert_int_eq(fallocate(keep, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192), 0);
-	ck_assert_int_eq(read_src(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
-	ck_assert_uint_eq(buf[7], 0);
-	source_unref(s);
-	ck_assert(!fd_open(fd)); /* the last reference closed it */
-	close(keep);
-}
-END_TEST
-
-START_TEST(test_source_unsealable)
-{
-	/* Memory that could shrink under the daemon is refused, naming the remedy: a memfd
-	 * without MFD_ALLOW_SEALING, a plain file, one sealed without F_SEAL_SHRINK. */
-	int fd = mkmemfd(8192, 0);
-	struct source *s;
-	unsigned char b;
-	char path[] = "/tmp/check_cache.XXXXXX";
-
-	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), ERR_EINVAL);
-	ck_assert_msg(strstr(err, "MFD_ALLOW_SEALING") != NULL, "%s", err);
-	ck_assert(!fd_open(fd));
-	fd = mkstemp(path);
-	ck_assert_int_ge(fd, 0);
-	unlink(path);
-	ck_assert_int_eq(ftruncate(fd, 8192), 0);
-	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), ERR_EINVAL);
-	ck_assert_msg(strstr(err, "sealed against shrinking") != NULL, "%s", err);
-	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
-	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL), 0);
-	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), ERR_EINVAL);
-
-	/* A smaller size than the file's is fine. */
-	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
-	ck_assert_msg(source_host_open(fd, 10, &s, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_uint_eq(source_size(s), 10);
-	ck_assert_int_eq(read_src(s, 0, &b, 11, err, sizeof(err)), ERR_ERANGE);
-	source_unref(s);
-}
-END_TEST
-
-START_TEST(test_source_rejects)
-{
-	struct source *s = (struct source *)1;
-	int fd = mkmemfd(4096, MFD_ALLOW_SEALING), p[2];
-
-	/* Larger than the file: rejected, and the fd is closed all the same. */
-	ck_assert_int_eq(source_host_open(fd, 4097, &s, err, sizeof(err)), ERR_EINVAL);
-	ck_assert_ptr_null(s);
-	ck_assert(!fd_open(fd));
-	ck_assert_msg(strstr(err, "4097 bytes wanted") != NULL, "%s", err);
-
-	fd = mkmemfd(4096, MFD_ALLOW_SEALING);
-	ck_assert_int_eq(source_host_open(fd, 0, &s, err, sizeof(err)), ERR_EINVAL);
-	ck_assert(!fd_open(fd));
-
-	ck_assert_int_eq(pipe(p), 0);
-	ck_assert_int_eq(source_host_open(p[0], 1, &s, err, sizeof(err)), ERR_EINVAL);
-	ck_assert_msg(strstr(err, "sealed against shrinking") != NULL, "%s", err);
-	ck_assert(!fd_open(p[0]));
-	close(p[1]);
-
-	ck_assert_int_eq(source_host_open(-1, 1, &s, err, sizeof(err)), ERR_EBADF);
-
-	fd = open("/tmp", O_RDONLY | O_DIRECTORY);
-	ck_assert_int_eq(source_host_open(fd, 1, &s, err, sizeof(err)), ERR_EINVAL);
-}
-END_TEST
-
-START_TEST(test_source_refcount)
-{
-	int fd = mkmemfd(4096, MFD_ALLOW_SEALING);
-	struct source *s;
-	unsigned char b;
-
-	ck_assert_int_eq(source_host_open(fd, 4096, &s, err, sizeof(err)), 0);
-	source_ref(s);
-	source_ref(s);
-	source_unref(s);
-	source_unref(s);
-	/* One reference left: still open. */
-	ck_assert_int_eq(read_src(s, 4095, &b, 1, err, sizeof(err)), 0);
-	ck_assert_uint_eq(b, (unsigned char)(4095 * 7));
-	source_unref(s); /* the last one: closed and freed (ASan/LSan check the rest) */
-}
-END_TEST
-
-START_TEST(test_source_into_cache)
-{
-	struct cache *c = mkcache(MIB, 256 * 1024);
-	int fd = mkmemfd(MIB, MFD_ALLOW_SEALING);
-	unsigned char *chunks[4];
-	struct source *s;
-
-	ck_assert_int_eq(source_host_open(fd, MIB, &s, err, sizeof(err)), 0);
-	for (int i = 0; i < 4; i++) {
-		uint64_t off = (uint64_t)i * cache_chunk(c);
-		chunks[i] = cache_tryget(c, -1);
-		ck_assert_ptr_nonnull(chunks[i]);
-		ck_assert_int_eq(read_src(s, off, chunks[i], cache_chunk(c), err, sizeof(err)),
-				 0);
-		ck_assert_uint_eq(chunks[i][5], (unsigned char)((off + 5) * 7));
-	}
-	ck_assert_uint_eq(cache_used(c), MIB);
-	source_unref(s);
-	for (int i = 0; i < 4; i++)
-		cache_put(c, chunks[i]);
-	cache_destroy(c);
-}
-END_TEST
-
 /* The suite. */
 static Suite *cache_suite(void)
 {
@@ -628,15 +462,6 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_numa_single);
 	tcase_add_test(tc, test_numa_bound);
 	tcase_add_test(tc, test_numa_pci_node);
-	suite_add_tcase(s, tc);
-
-	tc = tcase_create("source");
-	tcase_add_checked_fixture(tc, setup, NULL);
-	tcase_add_test(tc, test_source_read);
-	tcase_add_test(tc, test_source_unsealable);
-	tcase_add_test(tc, test_source_rejects);
-	tcase_add_test(tc, test_source_refcount);
-	tcase_add_test(tc, test_source_into_cache);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,7 +1,8 @@
 /*
- * harness_store.h — what the store suites (check_store_*.c) share: a scratch directory with
- * one allowed root and a config for it, a fresh one per test (a checked fixture), and files
- * written below it as dsckptd would write them, or as someone else would.
+ * harness_store.h — what the store suites (check_store_*.c) share, the engine's
+ * (harness_engine.h) its scratch root too: a scratch directory with one allowed root and a
+ * config for it, a fresh one per test (a checked fixture), and files written below it as
+ * dsckptd would write them, or as someone else would.
  */
 #ifndef DSCKPT_HARNESS_STORE_H
 #define DSCKPT_HARNESS_STORE_H
