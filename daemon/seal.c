@@ -6,8 +6,9 @@
  * latest, then retention) — with no trainer left alive, if need be. On one node this daemon
  * sees every rank; on several nodes sharing a root, whichever daemon completes the set
  * commits, under the job directory's lock, and committing a committed tag changes nothing.
- * A daemon whose record leaves the set incomplete looks again a few times (1 s, 2 s, ... up to
- * about a minute): another node's record may land in the same instant.
+ * A daemon whose record leaves the set incomplete looks again (1 s, 2 s, ... then every 30 s,
+ * for about an hour): another node's record may land in the same instant, or later, and its
+ * own saves become COMMITTED only when it sees the commit.
  *
  * Loop thread only, but for seal_work (libuv's threadpool), which touches only the tag's
  * work fields while busy. A tag is owned by the list from its first seal until it lingers
@@ -21,7 +22,8 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define SEAL_TRIES 6           /* looks at the other nodes' records after ours */
+#define SEAL_TRIES 126         /* looks at the other nodes' records after ours: */
+#define SEAL_BACKOFF_MAX 30000 /* 1, 2, 4, ... 16 s, then every 30 s: about an hour */
 #define SEAL_LINGER_MS 60000   /* an ended tag is forgotten this long after */
 
 struct seal_tag {
@@ -153,7 +155,9 @@ static void seal_after(uv_work_t *w, int status)
 		seal_check(t);	/* more ranks sealed meanwhile */
 	} else if (t->tries > 0) {
 		log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have, t->world);
-		uv_timer_start(&t->timer, on_seal_timer, 1000u << (SEAL_TRIES - t->tries), 0);
+		unsigned k = SEAL_TRIES - t->tries;
+		uv_timer_start(&t->timer, on_seal_timer,
+			       k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
 		t->tries--;
 	}
 }
