@@ -9,6 +9,7 @@
 #   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
 #   make bench-train  (on the GPU node) tests/gpu/run-train build/gpu
+#   make bench-load   (on the GPU node) tests/gpu/run-bench-load build/gpu: loading onto a GPU
 #
 # gpu-check and bench-gpu compile nothing once build/gpu/BUNDLE exists. The objects are built
 # by a recursive make with BUILD=build/gpu-obj (the Makefile's own compile rules and flags) and
@@ -28,7 +29,7 @@ GPU_SYSLIBS := -lpthread -ldl -lrt -lm
 GPU_BINS := $(GPU_DIR)/dsckptd $(GPU_DIR)/dsckptctl $(GPU_DIR)/lib/libdsckpt.so.0 \
 	$(GPU_DIR)/gpu-trainer $(GPU_DIR)/gpu-bench
 
-.PHONY: gpu-bundle gpu-bundle-files gpu-check bench-gpu
+.PHONY: gpu-bundle gpu-bundle-files gpu-check bench-gpu bench-load
 
 gpu-bundle:
 	@$(MAKE) --no-print-directory BUILD=$(GPU_OBJ) SAN= gpu-bundle-files
@@ -99,3 +100,6 @@ bench-train: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 
 include tests/gpu/node.mk
 include tests/gpu/deepspeed.mk
+
+bench-load: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-bench-load $(GPU_DIR) $(LOAD_GIB)

@@ -114,6 +114,22 @@ def test_safetensors_reads_every_tensor(daemon, conn):
     assert header_dtypes["model.mask"]["dtype"] == "BOOL"
 
 
+def test_one_buffer_read_equals_per_tensor_read(daemon, conn):
+    """The parallel one-buffer reader (the GPU load path) gives every tensor exactly, also
+    with pieces much smaller than the file (several threads) and empty tensors."""
+    d, _ = save_and_load(model_state(), daemon.root, conn)
+    path = os.path.join(d, "rank0.safetensors")
+    want = dt.read_safetensors(path)
+    from dsckpt._files import read_safetensors_buffer, tensors_of
+    for piece in (4096, 1 << 30):
+        buf, entries = read_safetensors_buffer(path, threads=4, piece=piece)
+        got = tensors_of(buf, entries)
+        assert set(got) == set(want)
+        for name, t in want.items():
+            assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
+            assert torch.equal(got[name], t), name
+
+
 def test_non_contiguous_tensors(daemon, conn):
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     state = {"t": base.t(), "cols": base[:, 1::2], "exp": torch.ones(3, 1).expand(3, 4)}
@@ -245,6 +261,10 @@ def test_cuda_round_trip(daemon, conn):
     assert_same(state, back)  # back on the devices they came from
     assert back["slices"][0].storage().data_ptr() == back["slices"][1].storage().data_ptr()
     assert dt.load(d, "rank0", map_location="cpu")["w"].device.type == "cpu"
+    on_gpu = dt.load(d, "rank0", map_location="cuda")  # one read, one copy over
+    assert all(t.device.type == "cuda" for t in (on_gpu["w"], on_gpu["t"], on_gpu["cpu"]))
+    assert torch.equal(on_gpu["w"], state["w"]) and torch.equal(on_gpu["t"], state["t"])
+    assert torch.equal(on_gpu["cpu"].cpu(), state["cpu"])
 
 
 @cuda

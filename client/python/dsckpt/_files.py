@@ -1,12 +1,15 @@
 """dsckpt._files — the files dsckptd writes, read without the daemon: safetensors files as
-CPU tensors and ``.meta`` blob files, and the dtype names they share with torch.
+CPU tensors (one storage each, or all in one buffer read by several threads at once, pinned
+for a fast copy to a GPU) and ``.meta`` blob files, and the dtype names they share with torch.
 :mod:`dsckpt.torch` re-exports all of it.
 """
 from __future__ import annotations
 
 import json
+import os
 import struct
-from typing import Dict, Tuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -21,30 +24,94 @@ for _attr, _name in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
     if isinstance(getattr(torch, _attr, None), torch.dtype):
         DTYPES[getattr(torch, _attr)] = _name
 ST_DTYPES: Dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
+_SIZES: Dict[torch.dtype, int] = {dt: torch.empty(0, dtype=dt).element_size() for dt in DTYPES}
+
+
+READ_PIECE = 64 << 20  # bytes one thread reads at a time into the one buffer
+READ_THREADS = 8
+
+
+def _header(f, path: str) -> Tuple[int, List[Tuple[str, dict]]]:
+    """Where the data starts and the tensors in file order (name, header entry)."""
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+    (hlen,) = struct.unpack("<Q", raw)
+    header = json.loads(f.read(hlen))
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        if ST_DTYPES.get(info["dtype"]) is None:
+            raise ValueError(f"{path}: tensor {name}: dtype {info['dtype']} unknown to "
+                             f"torch {torch.__version__}")
+    return 8 + hlen, sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
 
 
 def read_safetensors(path: str) -> Dict[str, torch.Tensor]:
     """Every tensor of a safetensors file, as CPU tensors (read in file order)."""
     with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (hlen,) = struct.unpack("<Q", raw)
-        header = json.loads(f.read(hlen))
-        header.pop("__metadata__", None)
+        start, tensors = _header(f, path)
         out = {}
-        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        for name, info in tensors:
             begin, end = info["data_offsets"]
-            dtype = ST_DTYPES.get(info["dtype"])
-            if dtype is None:
-                raise ValueError(f"{path}: tensor {name}: dtype {info['dtype']} unknown to "
-                                 f"torch {torch.__version__}")
             buf = torch.empty(end - begin, dtype=torch.uint8)
-            f.seek(8 + hlen + begin)
+            f.seek(start + begin)
             if end > begin and f.readinto(memoryview(buf.numpy())) != end - begin:
                 raise ValueError(f"{path}: tensor {name} is truncated")
-            out[name] = buf.view(dtype).reshape(info["shape"])
+            out[name] = buf.view(ST_DTYPES[info["dtype"]]).reshape(info["shape"])
         return out
+
+
+def _read_into(fd: int, view: memoryview, offset: int, path: str) -> None:
+    """Fills view from fd at offset (os.preadv, retried until whole)."""
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise ValueError(f"{path}: truncated at byte {offset + done}")
+        done += n
+
+
+def _typed(buf: torch.Tensor, begin: int, end: int, dtype: torch.dtype,
+           shape) -> torch.Tensor:
+    """Bytes [begin, end) of the uint8 buffer as a tensor of dtype and shape: a view where the
+    offset suits the dtype, else a copy (safetensors packs tensors without alignment)."""
+    raw = buf[begin:end]
+    if begin % _SIZES[dtype]:
+        raw = raw.clone()
+    return raw.view(dtype).reshape(shape)
+
+
+def read_safetensors_buffer(path: str, pin: bool = False, threads: int = READ_THREADS,
+                            piece: int = READ_PIECE) -> Tuple[torch.Tensor, list]:
+    """The whole data region of a safetensors file in one buffer (pinned when asked, for one
+    fast copy to a GPU), read by several threads at once (piece bytes at a time), and its
+    tensors as (name, begin, end, dtype, shape) in file order."""
+    with open(path, "rb") as f:
+        start, tensors = _header(f, path)
+        size = max((info["data_offsets"][1] for _, info in tensors), default=0)
+        buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+        mem = memoryview(buf.numpy()) if size else memoryview(b"")
+        pieces = [(off, min(piece, size - off)) for off in range(0, size, piece)]
+        fd = f.fileno()
+        with ThreadPoolExecutor(max(1, min(threads, len(pieces)))) as pool:
+            for _ in pool.map(lambda p: _read_into(fd, mem[p[0]:p[0] + p[1]], start + p[0],
+                                                   path), pieces):
+                pass
+    entries = [(name, info["data_offsets"][0], info["data_offsets"][1],
+                ST_DTYPES[info["dtype"]], info["shape"]) for name, info in tensors]
+    return buf, entries
+
+
+def tensors_of(buf: torch.Tensor, entries: list) -> Dict[str, torch.Tensor]:
+    """The tensors read_safetensors_buffer described, from buf or a copy of it elsewhere."""
+    return {name: _typed(buf, b, e, dtype, shape) for name, b, e, dtype, shape in entries}
+
+
+def read_safetensors_to(path: str, device: torch.device) -> Dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file on device (a GPU): the data region read by several
+    threads into one pinned buffer, copied to the device at once, the tensors views of it."""
+    buf, entries = read_safetensors_buffer(path, pin=True)
+    return tensors_of(buf.to(device, non_blocking=True), entries)
 
 
 def read_meta(path: str) -> Dict[str, bytes]:

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from ._files import DTYPES, ST_DTYPES, read_meta, read_safetensors
+from ._files import DTYPES, ST_DTYPES, read_meta, read_safetensors, read_safetensors_to
 from .core import Connection, HostBuffer, Level, Save, SaveProgress
 from .errors import DsckptError, Errno, error_for
 from .resume import find_latest
@@ -417,11 +417,13 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
     """
     conn = conn or default_connection(dir)
     error: Optional[DsckptError] = None
+    handles = _pending(conn).take(dir)
     try:
-        conn.seal(dir)
+        if handles:  # a rank that saved nothing there has nothing to seal (nor a record)
+            conn.seal(dir)
     except DsckptError as e:
         error = e
-    for handle in _pending(conn).take(dir):
+    for handle in handles:
         try:
             handle.wait_durable(timeout)
         except DsckptError as e:
@@ -495,7 +497,8 @@ def _rebuild_views(views: List[dict], data: Dict[str, torch.Tensor],
         low = min(views[i]["offset"] for i in members)
         high = max(views[i]["offset"] + _extent(views[i]["shape"], views[i]["stride"])
                    for i in members)
-        base = torch.zeros(max(high - low, 0), dtype=getattr(torch, first["dtype"]))
+        base = torch.zeros(max(high - low, 0), dtype=getattr(torch, first["dtype"]),
+                           device=data[first["name"]].device)
         for i in members:
             v = views[i]
             # Broadcast (stride 0) dimensions hold one element: write only that one.
@@ -520,11 +523,17 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
     base = os.path.join(path_dir, file)
-    data = read_safetensors(base + ".safetensors")
     blob = read_meta(base + ".meta").get(BLOB) if os.path.exists(base + ".meta") else None
-    if blob is None:
+    info = pickle.loads(blob) if blob is not None else None
+    saved_on = {v["device"] for v in info["views"]} if info else {"cpu"}
+    targets = {_target(d, map_location) for d in saved_on}
+    if len(targets) == 1 and next(iter(targets)).type == "cuda":
+        # One GPU for everything: one parallel read into pinned memory, one copy over.
+        data = read_safetensors_to(base + ".safetensors", next(iter(targets)))
+    else:
+        data = read_safetensors(base + ".safetensors")
+    if info is None:
         return {k: t.to(_target("cpu", map_location)) for k, t in data.items()}
-    info = pickle.loads(blob)
     if info.get("format") != BLOB or info.get("version") != FORMAT_VERSION:
         raise ValueError(f"{base}.meta: not a {BLOB} v{FORMAT_VERSION} blob")
     views = _rebuild_views(info["views"], data, map_location)
