@@ -49,7 +49,38 @@ static void store_file_free(struct store_file *f)
 	free(f);
 }
 
-/* Creates dirfd/name.partial, replacing one a crash left behind. */
+/* Opens an unnamed file in dirfd (O_TMPFILE; O_DIRECT when asked and possible); -1 where
+ * the filesystem makes none. */
+static int store_tmpfile(int dirfd, int o_direct, int *direct)
+{
+	const int flags = O_TMPFILE | O_WRONLY | O_CLOEXEC;
+	int fd = -1;
+
+	*direct = 0;
+	if (o_direct) {
+		fd = openat(dirfd, ".", flags | O_DIRECT, 0600);
+		*direct = fd >= 0;
+	}
+	if (fd < 0)
+		fd = openat(dirfd, ".", flags, 0600);
+	return fd;
+}
+
+/* Gives the unnamed file fd the name dirfd/partial; 0, or -1 with errno (EEXIST: taken). */
+static int store_link_tmpfile(int fd, int dirfd, const char *partial)
+{
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	return linkat(AT_FDCWD, proc, dirfd, partial, AT_SYMLINK_FOLLOW);
+}
+
+/*
+ * Creates dirfd/name.partial, replacing one a crash left behind. Where the filesystem allows,
+ * the file is made unnamed (O_TMPFILE), given its owner, mode and this node's name
+ * (STORE_XATTR_HOST), and only then linked in as name.partial: a crash at any moment leaves no
+ * partial that start-up recovery cannot attribute.
+ */
 int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigned mode,
 		      int o_direct, struct store_file **out, char *err, size_t errlen)
 {
@@ -80,7 +111,8 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	}
 	if (unlinkat(dirfd, partial, 0) == 0)
 		log_warnx("removed stale %s before writing it again", partial);
-	if (o_direct) {
+	int unnamed = (f->fd = store_tmpfile(dirfd, o_direct, &f->direct)) >= 0;
+	if (!unnamed && o_direct) {
 		f->fd = openat(dirfd, partial, flags | O_DIRECT, 0600);
 		f->direct = f->fd >= 0;
 	}
@@ -103,11 +135,17 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	 * takes user xattrs). */
 	if (fsetxattr(f->fd, STORE_XATTR_HOST, store_host(), strlen(store_host()), 0) < 0)
 		log_debug("%s: no %s: %s", partial, STORE_XATTR_HOST, strerror(errno));
+	if (unnamed && store_link_tmpfile(f->fd, dirfd, partial) < 0) {
+		rc = seterr(err, errlen, err_from_errno(errno), "create %s: %s", partial,
+			    strerror(errno));
+		goto fail;
+	}
 	*out = f;
 	return 0;
 
 fail_chown:
-	unlinkat(dirfd, partial, 0);
+	if (!unnamed)
+		unlinkat(dirfd, partial, 0);
 fail:
 	store_file_free(f);
 	return rc;

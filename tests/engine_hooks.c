@@ -6,9 +6,11 @@
  */
 #include "harness_engine.h"
 
+#include <dirent.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -22,6 +24,33 @@ void gate_writes(const char *name, unsigned at)
 	gate.writes_closed = 1;
 	pthread_mutex_unlock(&gate.mu);
 	atomic_store(&gate.armed, 1);
+}
+
+/*
+ * Whether fd is the file named like name. /proc names a file the daemon made unnamed
+ * (O_TMPFILE) and linked in later "<dir>/#<inode> (deleted)": then the entry of <dir> whose
+ * name holds name and whose inode is fd's answers.
+ */
+static int gate_is(int fd, const char *path, const char *name)
+{
+	char dir[PATH_MAX];
+	struct stat fst, st;
+	struct dirent *e;
+	int found = 0;
+
+	if (strstr(path, name))
+		return !strstr(path, " (deleted)");
+	const char *hash = strrchr(path, '#');
+	if (!hash || !strstr(path, " (deleted)") || fstat(fd, &fst) < 0)
+		return 0;
+	snprintf(dir, sizeof(dir), "%.*s", (int)(hash - path), path);
+	DIR *d = opendir(dir);
+	while (d && !found && (e = readdir(d)))
+		found = strstr(e->d_name, name) && fstatat(dirfd(d), e->d_name, &st, 0) == 0 &&
+			st.st_ino == fst.st_ino && st.st_dev == fst.st_dev;
+	if (d)
+		closedir(d);
+	return found;
 }
 
 /*
@@ -39,7 +68,7 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 		len = readlink(link, path, sizeof(path) - 1);
 		path[len > 0 ? len : 0] = '\0';
 		pthread_mutex_lock(&gate.mu);
-		int hold = strstr(path, gate.write_name) != NULL && ++gate.writes >= gate.write_at;
+		int hold = gate_is(fd, path, gate.write_name) && ++gate.writes >= gate.write_at;
 		pthread_mutex_unlock(&gate.mu);
 		if (hold)
 			gate_wait(&gate.writes_closed);
