@@ -34,7 +34,8 @@ struct seal_tag {
 	gid_t gid;
 	uint8_t *sealed;            /* world entries: ranks sealed through this daemon */
 	unsigned nsealed;
-	unsigned written;           /* nsealed when our record was last written */
+	unsigned written;           /* nsealed when our record was last written (seal_work
+				     * reads it, not nsealed, which a new seal changes meanwhile) */
 	unsigned tries;             /* looks left at the others' records */
 	int busy;                   /* seal_work runs */
 	int ended;                  /* committed, or failed for good */
@@ -116,7 +117,7 @@ static void seal_work(uv_work_t *w)
 	/* Our record and the look at everyone's happen under the job's lock: of two nodes
 	 * writing at once, the second sees the first's record. */
 	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
-		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->nsealed};
+		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written};
 		if (t->write)
 			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
 						 sizeof(t->err));
