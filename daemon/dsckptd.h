@@ -100,6 +100,7 @@ struct config {
 	uint64_t max_unread_bytes; /* buffered input and output of one user's connections */
 	uint64_t max_blob_bytes;   /* blobs of one user's saves in flight */
 	unsigned max_tensors_per_save;
+	unsigned max_seals_per_user;
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -120,6 +121,7 @@ enum quota_kind {
 	QUOTA_REGION_BYTES, /* host memory those sources map */
 	QUOTA_UNREAD,       /* bytes buffered for unfinished frames and unread replies */
 	QUOTA_BLOB,         /* blob bytes of saves not yet durable */
+	QUOTA_SEALS,        /* sealed tags the daemon follows (not yet committed or given up) */
 	QUOTA_N
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */

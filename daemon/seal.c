@@ -38,6 +38,7 @@ struct seal_tag {
 				     * reads it, not nsealed, which a new seal changes meanwhile) */
 	unsigned tries;             /* looks left at the others' records */
 	int busy;                   /* seal_work runs */
+	int deferred;               /* ready for seal_work, behind another tag of its user */
 	int ended;                  /* committed, or failed for good */
 	uv_timer_t timer;
 	/* seal_work's: in (cfg, write) and out */
@@ -56,10 +57,11 @@ static struct seal_tag *tags;
 
 static void seal_check(struct seal_tag *t);
 
-/* Frees a tag once its timer is closed. */
+/* Frees a tag once its timer is closed, giving back its user's charge. */
 static void seal_closed(uv_handle_t *h)
 {
 	struct seal_tag *t = h->data;
+	quota_give(t->uid, QUOTA_SEALS, 1);
 	free(t->sealed);
 	free(t->ranks);
 	free(t);
@@ -160,7 +162,28 @@ static void seal_after(uv_work_t *w, int status)
 		uv_timer_start(&t->timer, on_seal_timer,
 			       k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
 		t->tries--;
+	} else {
+		log_info("seal of %s: %d of %u ranks sealed after an hour; no longer followed "
+			 "(a new seal or a restart looks again)", t->dir, t->have, t->world);
+		seal_end(t);
 	}
+	for (struct seal_tag *o = tags; o; o = o->next) {	/* the user's next tag may go */
+		if (o->deferred && o->uid == t->uid) {
+			o->deferred = 0;
+			seal_check(o);
+			break;
+		}
+	}
+}
+
+/* Whether a seal_work of uid runs: one at a time per user, so that one user's many tags
+ * never hold every threadpool thread against other users' seals and commits. */
+static int seal_user_busy(uid_t uid)
+{
+	for (struct seal_tag *t = tags; t; t = t->next)
+		if (t->busy && t->uid == uid)
+			return 1;
+	return 0;
 }
 
 /* Whether a save (viewed) belongs to a rank t holds sealed. */
@@ -200,6 +223,10 @@ static void seal_check(struct seal_tag *t)
 		t->tries = SEAL_TRIES;
 	}
 	uv_timer_stop(&t->timer);
+	if (seal_user_busy(t->uid)) {
+		t->deferred = 1;
+		return;
+	}
 	t->busy = 1;
 	t->cfg = config_ref(config);
 	t->work.data = t;
@@ -215,17 +242,21 @@ static struct seal_tag *seal_find(const char *dir)
 	return NULL;
 }
 
-/* A new tag of job (world ranks) owned by uid/gid; NULL without memory. */
+/* A new tag of job (world ranks) owned by uid/gid, charged to uid's max_seals_per_user until
+ * it is freed; NULL with a negative ERR_E* in *code and err (ELIMIT, ENOMEM). */
 static struct seal_tag *seal_new(const char *dir, const char *job, unsigned world, uid_t uid,
-				 gid_t gid)
+				 gid_t gid, int *code, char *err, size_t errlen)
 {
+	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0)
+		return NULL;
 	struct seal_tag *t = calloc(1, sizeof(*t));
-
 	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned)))) {
 		if (t) {
 			free(t->sealed);
 			free(t);
 		}
+		quota_give(uid, QUOTA_SEALS, 1);
+		*code = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	snprintf(t->dir, sizeof(t->dir), "%s", dir);
@@ -260,9 +291,11 @@ void seal_request(const struct client *cl, uint64_t req, const char *dir)
 		  t->uid != client_uid(cl)))
 		return reply_error(client_id(cl), req, ERR_EBUSY, "%s is sealed by job %s of %u "
 				   "ranks (uid %u)", d, t->job, t->world, (unsigned)t->uid);
+	int rc;
 	if (!committed && !t &&
-	    !(t = seal_new(d, client_job(cl), world, client_uid(cl), client_gid(cl))))
-		return reply_error(client_id(cl), req, ERR_ENOMEM, "out of memory");
+	    !(t = seal_new(d, client_job(cl), world, client_uid(cl), client_gid(cl), &rc, err,
+			   sizeof(err))))
+		return reply_error(client_id(cl), req, rc, "%s", err);
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
@@ -298,9 +331,15 @@ void seal_on_save(struct save *s)
 void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t gid)
 {
 	struct seal_tag *t = seal_find(dir);
+	char err[ERRLEN];
+	int rc;
 
-	if (t || !(t = seal_new(dir, r->job, r->world, uid, gid)))
+	if (t)
 		return;
+	if (!(t = seal_new(dir, r->job, r->world, uid, gid, &rc, err, sizeof(err)))) {
+		log_warnx("not resuming the seals of %s: %s", dir, err);
+		return;
+	}
 	for (unsigned i = 0; i < r->nranks; i++) {
 		t->nsealed += !t->sealed[r->ranks[i]];
 		t->sealed[r->ranks[i]] = 1;

@@ -431,6 +431,32 @@ static void foreign_save(void)
 	close(owner);
 }
 
+/* SEAL without a dir, with a dir of the wrong type, with a key too many, or with a path
+ * outside the roots or a relative one: malformed ones close the connection with EPROTO, the
+ * bad paths get an error and the connection goes on. */
+static void bad_seal(void)
+{
+	for (int i = 0; i < 5; i++) {
+		struct proto_out o;
+		int fd = raw_connect();
+		raw_hello(fd);
+		out_map(&o, PROTO_SEAL, i == 0 ? 0 : i == 2 ? 2 : 1);
+		if (i == 1)
+			proto_kv_u64(&o.pk, "dir", 7);
+		else if (i >= 2)
+			proto_kv_str(&o.pk, "dir", i == 3 ? "/etc" : i == 4 ? "ckpt/job/t1" :
+						       h_path("%s/job/t1", D->root));
+		if (i == 2)
+			proto_kv_u64(&o.pk, "bogus", 1);
+		ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+		if (i < 3)
+			raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+		else
+			raw_expect_error(fd);
+		close(fd);
+	}
+}
+
 /* The malformed inputs of test_malformed, one per iteration. */
 static const struct {
 	const char *name;
@@ -452,6 +478,7 @@ static const struct {
 	{"nbytes != shape x dtype", bad_nbytes},
 	{"duplicate tensor name", dup_name},
 	{"save of another connection", foreign_save},
+	{"bad SEAL", bad_seal},
 };
 
 /* One malformed input per iteration; afterwards a new connection must be served. */
