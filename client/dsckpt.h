@@ -211,6 +211,53 @@ DSCKPT_EXTERN int dsckpt_seal(dsckpt_conn_t *c, const char *dir);
  */
 DSCKPT_EXTERN int dsckpt_release_gpu(dsckpt_conn_t *c);
 
+/*
+ * Loads (restores): the daemon fills the caller's tensors from a checkpoint file, taking the
+ * bytes from its host cache when it still holds the file (a restart on the same node) or
+ * reading them from disk, checking each tensor's checksum on the way. GPU destinations are
+ * filled by the daemon's host-to-device copies (the same handles as saves), memory from
+ * dsckpt_host_alloc directly, any other host memory through a staging area copied out in
+ * dsckpt_load_wait. Typical use:
+ *   dsckpt_load_begin(c, dir, "rank0", &l); dsckpt_load_add_tensors(l, t, n, NULL);
+ *   dsckpt_load_end(l); dsckpt_load_wait(l, -1); dsckpt_load_free(l);
+ */
+typedef struct dsckpt_load dsckpt_load_t;
+/* Levels of a load: DSCKPT_FAILED, DSCKPT_ACCEPTED, then this one. */
+#define DSCKPT_LOADED 2
+/* Opens a load of dir/file.safetensors (a file of the caller's user). */
+DSCKPT_EXTERN int dsckpt_load_begin(dsckpt_conn_t *c, const char *dir, const char *file,
+				    dsckpt_load_t **out);
+/* Where the daemon takes the bytes from: "cache" (its host cache holds the whole file) or
+ * "file" (never NULL). */
+DSCKPT_EXTERN const char *dsckpt_load_source(const dsckpt_load_t *l);
+/*
+ * Names where n tensors of the file go (name, dtype, shape as in the file; ptr the
+ * destination, nbytes its size). Tensors of the file not named are not read. A name the file
+ * lacks or a dtype/shape other than the file's is reported by dsckpt_load_end, together with
+ * every other mismatch, before any byte is written. *added as for dsckpt_add_tensors.
+ */
+DSCKPT_EXTERN int dsckpt_load_add_tensors(dsckpt_load_t *l, const dsckpt_tensor_t *tensors,
+					  size_t n, size_t *added);
+/* Names the CUDA stream whose queued work still uses the GPU destinations: the daemon's
+ * writes wait for it (an interprocess event; no device synchronisation). Default: none. */
+DSCKPT_EXTERN int dsckpt_load_set_stream(dsckpt_load_t *l, void *stream);
+/* Starts the load; DSCKPT_EINVAL with every mismatch named in dsckpt_last_error() when the
+ * destinations do not match the file (nothing was written). */
+DSCKPT_EXTERN int dsckpt_load_end(dsckpt_load_t *l);
+/*
+ * Waits until every byte is in place and checked (timeout_ms < 0: forever): DSCKPT_LOADED,
+ * DSCKPT_ETIMEDOUT, or DSCKPT_EFAILED with the reason in dsckpt_last_error() and its code in
+ * dsckpt_last_cause() (DSCKPT_ECHECKSUM for a corrupted tensor, naming it). GPU destinations
+ * are complete when it returns: any stream may use them at once.
+ */
+DSCKPT_EXTERN int dsckpt_load_wait(dsckpt_load_t *l, int timeout_ms);
+/* Bytes the load fills and how many are in place so far (either may be NULL). */
+DSCKPT_EXTERN void dsckpt_load_progress(const dsckpt_load_t *l, uint64_t *total,
+					uint64_t *done);
+/* Frees the handle (a load not yet ended is abandoned; one running goes on in the daemon
+ * until its connection closes). */
+DSCKPT_EXTERN void dsckpt_load_free(dsckpt_load_t *l);
+
 /* Allocates host memory the daemon can read without a copy (memfd-backed); NULL on failure. */
 DSCKPT_EXTERN void *dsckpt_host_alloc(size_t size);
 /* Frees memory from dsckpt_host_alloc. */

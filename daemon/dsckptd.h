@@ -86,6 +86,8 @@ struct config {
 	uint64_t chunk_bytes;      /* cache chunk (copy/flush unit), multiple of 4096 */
 	unsigned flush_threads;
 	unsigned copy_threads;
+	unsigned restore_threads;  /* 0: chosen at start */
+	int keep_resident;         /* keep files just saved in the cache (resident.c) */
 	unsigned keep_last;        /* 0 = keep all */
 	int log_level;             /* enum log_level */
 	int o_direct;              /* write files with O_DIRECT where the filesystem allows */
@@ -94,6 +96,7 @@ struct config {
 	/* Per-user limits (quota.c); a user is a uid, over all of its connections. */
 	unsigned max_conns_per_user;
 	unsigned max_saves_per_user;
+	unsigned max_loads_per_user;
 	unsigned max_regions_per_user;
 	double max_region_gib;     /* as written; 0 = the machine's RAM */
 	uint64_t max_region_bytes; /* host memory mapped for one user */
@@ -122,6 +125,7 @@ enum quota_kind {
 	QUOTA_UNREAD,       /* bytes buffered for unfinished frames and unread replies */
 	QUOTA_BLOB,         /* blob bytes of saves not yet durable */
 	QUOTA_SEALS,        /* sealed tags the daemon follows (not yet committed or given up) */
+	QUOTA_LOADS,        /* loads begun, not yet finished */
 	QUOTA_N
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */
@@ -190,6 +194,10 @@ int copier_read(struct copier *cp, struct source *s, uint64_t off, void *dst, ui
 /* Waits for every read the copier queued, on every device, even after an error, and ends its
  * fence; 0 or the first failure's ERR_E* with err. */
 int copier_sync(struct copier *cp, char *err, size_t errlen);
+/* Writes len bytes of src (a cache chunk) to s at off (loads), or queues the write (device
+ * kinds) until copier_sync, as copier_read; 0 or a negative ERR_E* with err. */
+int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *src,
+		 uint64_t len, char *err, size_t errlen);
 /* Size of the source in bytes. */
 uint64_t source_size(const struct source *s);
 /* Kind name ("host", "cuda_ipc", "cuda_vmm"). */
@@ -211,6 +219,10 @@ struct source_ops {
 	 * its copier_sync waits for; a negative ERR_E* with err. */
 	int (*read)(void *priv, struct cuda_copier *cc, uint64_t off, void *dst, uint64_t len,
 		    char *err, size_t errlen);
+	/* Copies len bytes from src (a cache chunk) to [off, off+len), already within the
+	 * source's size, or queues the copy on cc like read (loads); NULL: not writable. */
+	int (*write)(void *priv, struct cuda_copier *cc, uint64_t off, const void *src,
+		     uint64_t len, char *err, size_t errlen);
 	/* Whether every byte can be read; NULL means always. */
 	int (*complete)(const void *priv);
 	/* NUMA node near the memory; NULL means -1 (any). */
@@ -505,7 +517,8 @@ enum auth_action {
 	AUTH_HELLO,    /* HELLO: only once */
 	AUTH_SAVE,     /* SAVE_BEGIN: an identified trainer */
 	AUTH_COMMIT,   /* COMMIT: an identified trainer */
-	AUTH_SEAL      /* SEAL: an identified trainer */
+	AUTH_SEAL,     /* SEAL: an identified trainer */
+	AUTH_LOAD      /* LOAD_BEGIN: any client past HELLO (the file is checked by load.c) */
 };
 /* Whether client cl may perform action a; 0, or a negative ERR_E* with err. */
 int auth_check(const struct client *cl, enum auth_action a, char *err, size_t errlen);
@@ -709,6 +722,128 @@ unsigned seal_running(void);
 /* Forgets every tag (shutdown, nothing running). */
 void seal_free_all(void);
 
+/* load.c — the registry of loads (restores) and their levels; loop thread only. */
+struct load;
+enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_DONE = 2 };
+/* What a reply shows of a load. */
+struct load_view {
+	uint64_t id;
+	int level;
+	int code;                /* FAILED: its ERR_E*; else 0 */
+	const char *error;       /* FAILED: the reason; else NULL */
+	const char *source;      /* "cache" or "file" */
+	uint64_t tensors, bytes, bytes_cached; /* of the file */
+	uint64_t bytes_total, bytes_done;      /* of the destinations named */
+};
+/* Opens dir/file.safetensors for client cl (checks, header, resident copy); its id, or a
+ * negative ERR_E* with err. */
+int64_t load_begin(const struct client *cl, const char *dir, const char *file, char *err,
+		   size_t errlen);
+/* Finds a load of client still open for adding; NULL otherwise. */
+struct load *load_find_open(uint64_t client, uint64_t id);
+/* Finds any load of client; NULL otherwise. */
+struct load *load_find(uint64_t client, uint64_t id);
+/* Names a destination; mismatches with the file are collected for load_end, other errors
+ * (region range, size) returned as a negative ERR_E* with err. */
+int load_add_tensor(struct load *l, const char *name, const char *dtype,
+		    const uint64_t *shape, unsigned ndim, struct source *dst, uint64_t off,
+		    uint64_t nbytes, char *err, size_t errlen);
+/* Totals of the destinations so far. */
+void load_totals(const struct load *l, uint64_t *tensors, uint64_t *bytes);
+/* Abandons a load still open (a bad LOAD_ADD, LOAD_ABORT). */
+void load_drop(struct load *l);
+/* Starts filling the destinations after fence (taken, may be NULL): ERR_EINVAL naming every
+ * mismatch (the load abandoned), or 0 (ACCEPTED). */
+int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen);
+/* Fills v with what a reply shows of l. */
+void load_view(const struct load *l, struct load_view *v);
+/* Answers a LOAD_WAIT of request req now or once l is done, failed or timeout_ms passed;
+ * forgets l after answering a final level. */
+void load_wait(struct load *l, uint64_t req, int64_t timeout_ms);
+/* Cancels and forgets a departed client's loads. */
+void load_client_gone(uint64_t client);
+/* Loads in progress. */
+unsigned load_count(void);
+/* Frees every load (shutdown, once the restore threads are stopped). */
+void load_free_all(void);
+
+/* restore.c — the restore threads: file or resident pieces → checked → destinations. */
+struct restore_job;
+/* One destination of a restore job, in file order. */
+struct restore_dst {
+	uint64_t begin, end;     /* the tensor's data range in the file (data_offsets) */
+	struct source *dst;      /* a reference the job owns */
+	uint64_t dst_off;
+	const char *name;        /* borrowed from the load */
+	int has_xxh3;
+	uint64_t xxh3;           /* the header's checksum, when has_xxh3 */
+};
+/* What a load hands to the restore threads; the job owns fd and every reference from
+ * submit on. */
+struct restore_req {
+	struct restore_dst *d;   /* sorted by begin, not overlapping */
+	size_t n;
+	int fd;                  /* the file, or -1 when every piece is resident */
+	int o_direct;            /* fd was opened with O_DIRECT */
+	uint64_t data_start;     /* file offset of the data region */
+	const char *path;        /* for messages (borrowed from the load) */
+	struct resident *res;    /* pinned resident copy, or NULL */
+	struct cuda_fence *fence;
+	void *owner;             /* the load, passed back in the event */
+};
+/* Final event on the loop thread: code 0 (every byte in place) or a negative ERR_E* and its
+ * message; the job is the loop's to free. */
+typedef void (*restore_cb)(void *owner, struct restore_job *j, int code, const char *error);
+/* Starts n restore threads over the cache. */
+int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t errlen);
+/* Queues a job: 0 and the job owns r's references, or a negative ERR_E* with err. */
+int restore_submit(struct restore_req *r, struct restore_job **out, char *err, size_t errlen);
+/* Bytes in place so far. */
+uint64_t restore_progress(struct restore_job *j);
+/* Stops a job early (loop thread); its final event follows with code. */
+void restore_cancel(struct restore_job *j, int code, const char *why);
+/* Frees a finished job (its references, fd, pin). */
+void restore_job_free(struct restore_job *j);
+/* Stops and joins the threads (jobs must be finished). */
+void restore_stop(void);
+
+/* resident.c — the hot set: the cache chunks of files just saved, kept after the flush so
+ * that a restore needs no disk; given up piece by piece whenever the cache needs room. */
+struct resident;
+/* Starts keeping (when enabled) and hooks eviction into cache c. */
+void resident_init(struct cache *c, int enabled);
+/* A save's file about to be written into dir/file (data_len bytes in cache-chunk pieces),
+ * of uid; NULL when nothing is kept (disabled, no memory). */
+struct resident *resident_begin(const char *dir, const char *file, uid_t uid,
+				uint64_t data_len);
+/* Keeps the flushed chunk of piece i (a flush thread): 1 kept, 0 the caller puts it back. */
+int resident_keep(struct resident *r, uint64_t piece, void *chunk);
+/* The file is durable as dev/ino, its header the hdr_len bytes at hdr (copied): from now on a
+ * load may find it. */
+void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
+		      size_t hdr_len);
+/* The save failed or was abandoned: every kept chunk goes back (r is freed). */
+void resident_drop(struct resident *r);
+/* dir was committed: the residents of its job's other committed tags go. */
+void resident_committed(const char *dir);
+/* Finds the resident copy of dir/file still identical to the file dev/ino and pins it (no
+ * piece of it is given up until resident_unpin); NULL if none. */
+struct resident *resident_pin(const char *dir, const char *file, dev_t dev, ino_t ino);
+/* A pinned copy's header bytes (the file's first *len bytes). */
+const void *resident_header(const struct resident *r, size_t *len);
+/* Piece i of a pinned copy (the data bytes [i * chunk, ...)), or NULL when given up. */
+const void *resident_piece(const struct resident *r, uint64_t i);
+/* Bytes of a pinned copy's data still held. */
+uint64_t resident_held(const struct resident *r);
+void resident_unpin(struct resident *r);
+/* Cache bytes held by resident files now. */
+uint64_t resident_bytes(void);
+/* Calls fn for each durable resident file (loop thread; STATUS). */
+void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,
+			      uint64_t bytes, int committed), void *arg);
+/* Gives every chunk back (shutdown). */
+void resident_free_all(void);
+
 /* reply.c — the one place that encodes replies; each names its client by connection id and
  * is dropped when that connection is gone. */
 struct store_commit_info;
@@ -729,5 +864,7 @@ void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info
 void reply_sealed(uint64_t conn, uint64_t req, int committed);
 void reply_status(uint64_t conn, uint64_t req);
 void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
+void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
+void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);
 
 #endif /* DSCKPTD_H */

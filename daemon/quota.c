@@ -34,18 +34,20 @@ static const char *const quota_keys[QUOTA_N] = {
 	[QUOTA_UNREAD] = "max_unread_mib_per_user",
 	[QUOTA_BLOB] = "max_blob_mib_per_user",
 	[QUOTA_SEALS] = "max_seals_per_user",
+	[QUOTA_LOADS] = "max_loads_per_user",
 };
 
 /* What a kind counts in, for messages. */
 static const char *const quota_units[QUOTA_N] = {
 	[QUOTA_CONNS] = "", [QUOTA_SAVES] = "", [QUOTA_REGIONS] = "",
 	[QUOTA_REGION_BYTES] = " bytes", [QUOTA_UNREAD] = " bytes", [QUOTA_BLOB] = " bytes",
-	[QUOTA_SEALS] = "",
+	[QUOTA_SEALS] = "", [QUOTA_LOADS] = "",
 };
 
 /* The limits now (quota_set_limits); until it is first called, none. */
 static uint64_t quota_limits[QUOTA_N] = {
 	UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX,
+	UINT64_MAX,
 };
 
 /* Sets the limits from a config (at start and on reload; they apply to the next charge). */
@@ -59,6 +61,7 @@ void quota_set_limits(const struct config *cfg)
 	quota_limits[QUOTA_UNREAD] = cfg->max_unread_bytes;
 	quota_limits[QUOTA_BLOB] = cfg->max_blob_bytes;
 	quota_limits[QUOTA_SEALS] = cfg->max_seals_per_user;
+	quota_limits[QUOTA_LOADS] = cfg->max_loads_per_user;
 	pthread_mutex_unlock(&quota_lock);
 }
 

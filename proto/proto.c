@@ -26,6 +26,11 @@ const char *proto_type_name(unsigned type)
 	case PROTO_WAIT: return "WAIT";
 	case PROTO_COMMIT: return "COMMIT";
 	case PROTO_SEAL: return "SEAL";
+	case PROTO_LOAD_BEGIN: return "LOAD_BEGIN";
+	case PROTO_LOAD_ADD: return "LOAD_ADD";
+	case PROTO_LOAD_END: return "LOAD_END";
+	case PROTO_LOAD_WAIT: return "LOAD_WAIT";
+	case PROTO_LOAD_ABORT: return "LOAD_ABORT";
 	case PROTO_SAVE_ABORT: return "SAVE_ABORT";
 	case PROTO_STATUS: return "STATUS";
 	case PROTO_PENDING: return "PENDING";

@@ -14,7 +14,7 @@
 #include <msgpack.h>
 
 /* Bump PROTO_VERSION if you change the header, a message type or a message's keys. */
-#define PROTO_VERSION 2
+#define PROTO_VERSION 3
 #define PROTO_MAGIC 0x4b435344u       /* "DSCK" as little-endian bytes */
 #define PROTO_HDR_SIZE 24
 #define PROTO_MAX_BODY (16u << 20)    /* bigger frames are rejected unread */
@@ -42,6 +42,12 @@ enum proto_type {
 	PROTO_COMMIT = 36,
 	PROTO_SAVE_ABORT = 37,
 	PROTO_SEAL = 38,
+	/* 39-47: loads (restores) */
+	PROTO_LOAD_BEGIN = 39,
+	PROTO_LOAD_ADD = 40,
+	PROTO_LOAD_END = 41,
+	PROTO_LOAD_WAIT = 42,
+	PROTO_LOAD_ABORT = 43,
 	/* 64-95: control queries (dsckptctl) */
 	PROTO_STATUS = 64,
 	PROTO_PENDING = 65,
