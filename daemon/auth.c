@@ -35,6 +35,10 @@ int auth_check(const struct client *cl, enum auth_action a, char *err, size_t er
 		if (role != CLIENT_TRAINER)
 			return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may seal");
 		return 0;
+	case AUTH_LOAD:
+		if (role == CLIENT_NONE)
+			return seterr(err, errlen, ERR_ESTATE, "the first message must be HELLO");
+		return 0;
 	}
 	return seterr(err, errlen, ERR_EPERM, "operation not permitted");
 }
