@@ -466,8 +466,8 @@ int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
 	if (a.type != CU_MEMORYTYPE_DEVICE)
 		return 0;
 	if (gpu >= 0 && a.ordinal != gpu)
-		return lib_conn_fail(c, DSCKPT_ENOTSUP, "one save per GPU: this tensor is on GPU "
-				     "%d, the save's earlier ones on GPU %d", a.ordinal, gpu);
+		return lib_conn_fail(c, DSCKPT_ENOTSUP, "one save or load per GPU: this tensor "
+				     "is on GPU %d, the earlier ones on GPU %d", a.ordinal, gpu);
 	if (!(st = cuda_state(c)))
 		return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
 	if ((e = cuda_dev(c, st, a.ordinal, &d)) < 0)

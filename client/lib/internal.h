@@ -166,14 +166,51 @@ const char *lib_names_add(struct lib_names *ns, const char *name);
 /* Frees the set and its names. */
 void lib_names_free(struct lib_names *ns);
 
-/* stage.c — a save's staging arenas; zero-initialised there are none. */
+/* entries.c — the tensor entries of a save or a load: placed, encoded, sent in frames. */
+struct lib_entries {
+	msgpack_sbuffer enc;   /* the entries, encoded as SAVE_ADD/LOAD_ADD carry them */
+	msgpack_packer pk;
+	size_t *ends;          /* ends[i]: end of entry i in enc */
+	size_t n, cap;
+	int gpu;               /* ordinal of the GPU of the tensors; -1: none */
+	void *gpu_ctx;         /* the CUcontext their event is recorded in */
+};
+/* Empties es for a new save or load. */
+void lib_entries_init(struct lib_entries *es);
+/* Frees the encoded entries. */
+void lib_entries_free(struct lib_entries *es);
+/*
+ * Places [ptr, ptr + nbytes): 1 with *region and *offset set for a dsckpt_host_alloc block
+ * or GPU memory (registered on c unless it already is; GPU memory on es's one GPU), 0 for
+ * other host memory, which the caller stages, or DSCKPT_E* (lock held).
+ */
+int lib_entries_place(dsckpt_conn_t *c, struct lib_entries *es, const void *ptr,
+		      size_t nbytes, uint64_t *region, uint64_t *offset);
+/* Encodes the entry of tensor t, whose bytes lie at region + offset (lock held). */
+int lib_entries_add(dsckpt_conn_t *c, struct lib_entries *es, const dsckpt_tensor_t *t,
+		    uint64_t region, uint64_t offset);
+/* Sends a SAVE_ADD or LOAD_ADD frame o and reads its reply's totals (lock held). */
+int lib_entries_call(dsckpt_conn_t *c, struct proto_out *o, const char *what);
+/*
+ * Sends the entries in frames of type ({key: id, tensors}) under the frame limit, all but
+ * the last batch, whose first index goes to *last for the END request (lock held).
+ */
+int lib_entries_send(dsckpt_conn_t *c, struct lib_entries *es, unsigned type,
+		     const char *key, uint64_t id, size_t *last);
+/* Packs the key "tensors" and the entries from index last on into o, if there are any. */
+void lib_entries_pack_rest(const struct lib_entries *es, struct proto_out *o, size_t last);
+
+/* stage.c — the staging arenas of a save or a load; zero-initialised there are none. */
 struct lib_stage;
 struct lib_stages {
 	struct lib_stage *v;
 	size_t n;
 };
-/* Copies nbytes at ptr into an arena (created and registered when none has room) and gives
- * where they are (lock held). */
+/* Reserves nbytes in an arena (created and registered when none has room) and gives where
+ * they are, for the daemon (region, offset) and for this process (*at) (lock held). */
+int lib_stage_alloc(dsckpt_conn_t *c, struct lib_stages *ss, size_t nbytes, uint64_t *region,
+		    uint64_t *offset, void **at);
+/* Copies nbytes at ptr into an arena as lib_stage_alloc places them (lock held). */
 int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, size_t nbytes,
 		   uint64_t *region, uint64_t *offset);
 /* Unregisters (while the connection is alive) and frees every arena (lock held). */

@@ -1,13 +1,13 @@
 /*
  * save.c — one file being saved: where each tensor's bytes come from (a dsckpt_host_alloc
- * block without a copy, GPU memory through its own transport (cuda.c), else a copy in a
+ * block without a copy or GPU memory through its own transport (entries.c), else a copy in a
  * staging arena (stage.c)), and the SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT requests. A
  * save's GPU tensors are all on one GPU: SAVE_END carries one event.
  *
  * add_tensor validates a tensor, places its bytes and encodes its SAVE_ADD entry; save_end
- * sends the encoded entries in as few SAVE_ADD frames as fit and then SAVE_END, so that the
- * hand-over costs two round trips and a copy of the encoded entries. Arguments are checked
- * first (check.c), and each tensor or blob name is allowed once (names.c).
+ * sends the encoded entries in as few SAVE_ADD frames as fit and then SAVE_END (entries.c),
+ * so that the hand-over costs two round trips and a copy of the encoded entries. Arguments
+ * are checked first (check.c), and each tensor or blob name is allowed once (names.c).
  */
 #include "internal.h"
 
@@ -16,8 +16,6 @@
 #include <string.h>
 
 #define BLOB_PIECE ((size_t)4 << 20)
-#define FRAME_BUDGET ((size_t)4 << 20)   /* estimated SAVE_ADD body, well under 16 MiB */
-#define FRAME_MAX_ENTRIES 65536
 
 enum save_state { SAVE_OPEN, SAVE_ENDED, SAVE_BROKEN };
 
@@ -25,14 +23,9 @@ struct dsckpt_save {
 	dsckpt_conn_t *c;      /* holds a reference */
 	uint64_t id;           /* the daemon's save id */
 	enum save_state state;
-	msgpack_sbuffer enc;   /* the SAVE_ADD tensor entries, encoded by add_tensor */
-	msgpack_packer pk;
-	size_t *ends;          /* ends[i]: end of entry i in enc */
-	size_t nt, capt;
+	struct lib_entries es;      /* the SAVE_ADD tensor entries, encoded by add_tensor */
 	struct lib_names tnames, bnames;
 	struct lib_stages stages;   /* host memory the library did not allocate, copied */
-	int gpu;               /* ordinal of the GPU of the save's tensors; -1: none */
-	void *gpu_ctx;         /* the CUcontext its event is recorded in */
 	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
 };
 
@@ -70,9 +63,7 @@ int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 	lib_conn_unlock(c);
 	lib_conn_ref(c);
 	s->c = c;
-	s->gpu = -1;
-	msgpack_sbuffer_init(&s->enc);
-	msgpack_packer_init(&s->pk, &s->enc, msgpack_sbuffer_write);
+	lib_entries_init(&s->es);
 	*out = s;
 	return 0;
 
@@ -80,41 +71,6 @@ fail:
 	lib_conn_unlock(c);
 	free(s);
 	return e;
-}
-
-/*
- * Decides where the daemon reads a tensor's bytes from: a dsckpt_host_alloc block as is, GPU
- * memory through its handle, else a copy staged now.
- */
-static int save_place(dsckpt_save_t *s, const void *ptr, size_t nbytes, uint64_t *region,
-		      uint64_t *offset)
-{
-	struct lib_hostref h;
-	struct lib_gpu_ref g;
-	int r = lib_host_find(ptr, nbytes, &h);
-
-	if (r < 0)
-		return lib_conn_fail(s->c, r, "tensor of %zu bytes runs past the end of its "
-				     "dsckpt_host_alloc block", nbytes);
-	if (r == 1) {
-		int e = lib_conn_use_host(s->c, &h);
-		if (e < 0)
-			return e;
-		*region = h.region;
-		*offset = (uintptr_t)ptr - h.base;
-		return 0;
-	}
-	if ((r = lib_cuda_place(s->c, ptr, nbytes, s->gpu, &g)) < 0)
-		return r;
-	if (r == 0)
-		return lib_stage_copy(s->c, &s->stages, ptr, nbytes, region, offset);
-	if (s->gpu < 0) {
-		s->gpu = g.device;
-		s->gpu_ctx = g.ctx;
-	}
-	*region = g.region;
-	*offset = g.offset;
-	return 0;
 }
 
 /* Fails a call on a save that is not open. */
@@ -150,26 +106,14 @@ static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 	if (lib_names_has(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
 				     t->name);
-	size_t *ends = lib_grow(s->ends, &s->capt, s->nt, sizeof(*ends));
-	if (!ends)
-		return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-	s->ends = ends;
-	if ((e = save_place(s, t->ptr, t->nbytes, &region, &offset)) < 0)
+	if ((e = lib_entries_place(s->c, &s->es, t->ptr, t->nbytes, &region, &offset)) < 0)
+		return e;
+	if (e == 0 &&
+	    (e = lib_stage_copy(s->c, &s->stages, t->ptr, t->nbytes, &region, &offset)) < 0)
 		return e;
 	if (!lib_names_add(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
-	msgpack_pack_map(&s->pk, 6);
-	proto_kv_str(&s->pk, "name", t->name);
-	proto_kv_str(&s->pk, "dtype", t->dtype);
-	proto_key(&s->pk, "shape");
-	msgpack_pack_array(&s->pk, (size_t)t->ndim);
-	for (int i = 0; i < t->ndim; i++)
-		msgpack_pack_uint64(&s->pk, (uint64_t)t->shape[i]);
-	proto_kv_u64(&s->pk, "region", region);
-	proto_kv_u64(&s->pk, "offset", offset);
-	proto_kv_u64(&s->pk, "nbytes", t->nbytes);
-	s->ends[s->nt++] = s->enc.size;
-	return 0;
+	return lib_entries_add(s->c, &s->es, t, region, offset);
 }
 
 /* Adds a tensor by reference. */
@@ -207,20 +151,6 @@ int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors, size_t 
 	return e;
 }
 
-/* Sends a SAVE_ADD frame the caller built and reads the totals in its reply (lock held). */
-static int save_add_call(dsckpt_save_t *s, struct proto_out *o)
-{
-	struct lib_reply r;
-	uint64_t tensors, bytes;
-	int e = lib_conn_call(s->c, o, NULL, 0, &r);
-
-	if (e < 0)
-		return e;
-	proto_get_u64(&r.m, "tensors", UINT64_MAX, &tensors, 1);
-	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
-	return lib_reply_end(s->c, &r, "SAVE_ADD");
-}
-
 /* Attaches a named blob: sent now, in pieces of at most BLOB_PIECE bytes. */
 int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t len)
 {
@@ -255,7 +185,7 @@ int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t
 		msgpack_pack_map(&o.pk, 2);
 		proto_kv_str(&o.pk, "name", name);
 		proto_kv_bin(&o.pk, "data", n ? (const uint8_t *)data + off : (const void *)"", n);
-		if ((e = save_add_call(s, &o)) < 0) {
+		if ((e = lib_entries_call(s->c, &o, "SAVE_ADD")) < 0) {
 			s->state = SAVE_BROKEN;   /* the daemon may hold part of the blob */
 			goto out;
 		}
@@ -264,37 +194,6 @@ int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t
 out:
 	lib_conn_unlock(s->c);
 	return e;
-}
-
-/*
- * Sends the buffered tensors in SAVE_ADD frames of at most FRAME_BUDGET bytes, all but the
- * last batch, whose first entry index goes to *last: SAVE_END carries it (one round trip less).
- */
-static int save_flush(dsckpt_save_t *s, size_t *last)
-{
-	size_t i = 0;
-
-	for (;;) {
-		size_t start = i ? s->ends[i - 1] : 0, j = i + 1;
-		while (j < s->nt && j - i < FRAME_MAX_ENTRIES &&
-		       s->ends[j] - start <= FRAME_BUDGET)
-			j++;
-		if (j >= s->nt) {
-			*last = i;
-			return 0;
-		}
-		struct proto_out o;
-		lib_conn_frame(s->c, &o, PROTO_SAVE_ADD);
-		msgpack_pack_map(&o.pk, 2);
-		proto_kv_u64(&o.pk, "save", s->id);
-		proto_key(&o.pk, "tensors");
-		msgpack_pack_array(&o.pk, j - i);
-		msgpack_sbuffer_write(&o.sb, s->enc.data + start, s->ends[j - 1] - start);
-		int e = save_add_call(s, &o);
-		if (e < 0)
-			return e;
-		i = j;
-	}
 }
 
 /* Names the stream whose work writes the save's GPU tensors. */
@@ -326,21 +225,17 @@ int dsckpt_save_end(dsckpt_save_t *s)
 		return DSCKPT_EINVAL;
 	if ((e = save_enter(s)) < 0)
 		goto out;
-	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_flush(s, &last)) < 0)
+	if ((e = lib_conn_sweep(s->c)) < 0 ||
+	    (e = lib_entries_send(s->c, &s->es, PROTO_SAVE_ADD, "save", s->id, &last)) < 0)
 		goto fail;
-	if (s->gpu >= 0 &&
-	    (e = lib_cuda_record(s->c, s->gpu, s->gpu_ctx, s->stream, event, uuid)) < 0)
+	if (s->es.gpu >= 0 && (e = lib_cuda_record(s->c, s->es.gpu, s->es.gpu_ctx, s->stream,
+						   event, uuid)) < 0)
 		goto fail;
 	lib_conn_frame(s->c, &o, PROTO_SAVE_END);
-	msgpack_pack_map(&o.pk, (s->gpu >= 0 ? 3 : 1) + (last < s->nt));
+	msgpack_pack_map(&o.pk, (s->es.gpu >= 0 ? 3 : 1) + (last < s->es.n));
 	proto_kv_u64(&o.pk, "save", s->id);
-	if (last < s->nt) {
-		size_t start = last ? s->ends[last - 1] : 0;
-		proto_key(&o.pk, "tensors");
-		msgpack_pack_array(&o.pk, s->nt - last);
-		msgpack_sbuffer_write(&o.sb, s->enc.data + start, s->ends[s->nt - 1] - start);
-	}
-	if (s->gpu >= 0) {
+	lib_entries_pack_rest(&s->es, &o, last);
+	if (s->es.gpu >= 0) {
 		proto_kv_bin(&o.pk, "event", event, sizeof(event));
 		proto_kv_bin(&o.pk, "uuid", uuid, sizeof(uuid));
 	}
@@ -452,8 +347,7 @@ void dsckpt_save_free(dsckpt_save_t *s)
 	lib_stage_free(s->c, &s->stages);
 	lib_conn_unlock(s->c);
 	lib_conn_unref(s->c);
-	msgpack_sbuffer_destroy(&s->enc);
-	free(s->ends);
+	lib_entries_free(&s->es);
 	lib_names_free(&s->tnames);
 	lib_names_free(&s->bnames);
 	free(s);

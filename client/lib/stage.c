@@ -1,9 +1,10 @@
 /*
- * stage.c — staging arenas: memfds a save copies host memory into when the library did not
- * allocate that memory (it is not a dsckpt_host_alloc block, so the daemon cannot map it).
+ * stage.c — staging arenas: memfds a save copies host memory into, and a load has the daemon
+ * write into before it copies them out, when the library did not allocate that memory (it is
+ * not a dsckpt_host_alloc block, so the daemon cannot reach it).
  * Arenas are at least STAGE_MIN bytes and sub-allocated 4096-aligned; each is registered on
  * the connection when created and unregistered by lib_stage_free (the daemon keeps its own
- * mapping for a save still in flight). The save owns its arenas.
+ * mapping for a request still in flight). The save or load owns its arenas.
  */
 #include "internal.h"
 
@@ -52,26 +53,37 @@ static int lib_stage_new(dsckpt_conn_t *c, struct lib_stages *ss, size_t nbytes)
 	return 0;
 }
 
-/* Copies bytes into the last arena, creating one if they do not fit. */
-int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, size_t nbytes,
-		   uint64_t *region, uint64_t *offset)
+/* Reserves nbytes in the last arena, creating one if they do not fit. */
+int lib_stage_alloc(dsckpt_conn_t *c, struct lib_stages *ss, size_t nbytes, uint64_t *region,
+		    uint64_t *offset, void **at)
 {
 	struct lib_stage *st = ss->n ? &ss->v[ss->n - 1] : NULL;
-	size_t at = st ? (st->used + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN : 0;
+	size_t off = st ? (st->used + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN : 0;
 	int e;
 
-	if (!st || at > st->size || nbytes > st->size - at) {
+	if (!st || off > st->size || nbytes > st->size - off) {
 		if ((e = lib_stage_new(c, ss, nbytes)) < 0)
 			return e;
 		st = &ss->v[ss->n - 1];
-		at = 0;
+		off = 0;
 	}
-	if (nbytes > 0)
-		memcpy(st->base + at, ptr, nbytes);
-	st->used = at + nbytes;
+	st->used = off + nbytes;
 	*region = st->region;
-	*offset = at;
+	*offset = off;
+	*at = st->base + off;
 	return 0;
+}
+
+/* Copies bytes into an arena. */
+int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, size_t nbytes,
+		   uint64_t *region, uint64_t *offset)
+{
+	void *at;
+	int e = lib_stage_alloc(c, ss, nbytes, region, offset, &at);
+
+	if (e == 0 && nbytes > 0)
+		memcpy(at, ptr, nbytes);
+	return e;
 }
 
 /* Unregisters (while the connection is alive) and frees every arena. */
