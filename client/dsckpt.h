@@ -114,7 +114,8 @@ DSCKPT_EXTERN const char *dsckpt_level_name(int level);
 
 /* Connects to the daemon at path (NULL: $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET). */
 DSCKPT_EXTERN int dsckpt_connect(const char *path, dsckpt_conn_t **out);
-/* Identifies this process as rank of a job of world_size ranks; required before saving. */
+/* Identifies this process as rank of a job of world_size ranks; required before saving or
+ * loading. */
 DSCKPT_EXTERN int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank,
 				  int world_size);
 /* Closes the connection; saves already ACCEPTED still complete in the daemon. */
@@ -224,7 +225,8 @@ DSCKPT_EXTERN int dsckpt_release_gpu(dsckpt_conn_t *c);
 typedef struct dsckpt_load dsckpt_load_t;
 /* Levels of a load: DSCKPT_FAILED, DSCKPT_ACCEPTED, then this one. */
 #define DSCKPT_LOADED 2
-/* Opens a load of dir/file.safetensors (a file of the caller's user). */
+/* Opens a load of dir/file.safetensors (a file of the caller's user). Like a save it needs
+ * dsckpt_identify first (DSCKPT_ESTATE otherwise): the daemon serves identified clients. */
 DSCKPT_EXTERN int dsckpt_load_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 				    dsckpt_load_t **out);
 /* Where the daemon takes the bytes from: "cache" (its host cache holds the whole file) or
@@ -235,6 +237,7 @@ DSCKPT_EXTERN const char *dsckpt_load_source(const dsckpt_load_t *l);
  * destination, nbytes its size). Tensors of the file not named are not read. A name the file
  * lacks or a dtype/shape other than the file's is reported by dsckpt_load_end, together with
  * every other mismatch, before any byte is written. *added as for dsckpt_add_tensors.
+ * The GPU destinations of one load lie on one GPU (DSCKPT_ENOTSUP otherwise).
  */
 DSCKPT_EXTERN int dsckpt_load_add_tensors(dsckpt_load_t *l, const dsckpt_tensor_t *tensors,
 					  size_t n, size_t *added);
@@ -248,10 +251,12 @@ DSCKPT_EXTERN int dsckpt_load_end(dsckpt_load_t *l);
  * Waits until every byte is in place and checked (timeout_ms < 0: forever): DSCKPT_LOADED,
  * DSCKPT_ETIMEDOUT, or DSCKPT_EFAILED with the reason in dsckpt_last_error() and its code in
  * dsckpt_last_cause() (DSCKPT_ECHECKSUM for a corrupted tensor, naming it). GPU destinations
- * are complete when it returns: any stream may use them at once.
+ * are complete when it returns: any stream may use them at once; staged host destinations
+ * are copied out before it returns DSCKPT_LOADED. Later calls repeat the outcome.
  */
 DSCKPT_EXTERN int dsckpt_load_wait(dsckpt_load_t *l, int timeout_ms);
-/* Bytes the load fills and how many are in place so far (either may be NULL). */
+/* Bytes the load fills and how many are in place, as the daemon last reported them (either
+ * may be NULL); dsckpt_load_wait(l, 0) asks it anew without waiting. */
 DSCKPT_EXTERN void dsckpt_load_progress(const dsckpt_load_t *l, uint64_t *total,
 					uint64_t *done);
 /* Frees the handle (a load not yet ended is abandoned; one running goes on in the daemon

@@ -19,7 +19,9 @@
 #include "../dsckpt.h"
 #include "../../proto/proto.h"
 
-#define LIB_ERRLEN 512
+/* Room for a message: the daemon's are up to PROTO_MAX_STR bytes (LOAD_END's names up to 16
+ * mismatched tensors). */
+#define LIB_ERRLEN (PROTO_MAX_STR + 1)
 
 /* errors.c */
 /* Maps an errno value to the closest DSCKPT_E* code. */
