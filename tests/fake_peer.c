@@ -1,7 +1,9 @@
 /*
  * fake_peer.c — the scripted fake dsckptd of the client suites (fake_peer.h): HELLO,
  * REGION_ADD/DEL (it maps host regions and logs a checksum of each tensor's bytes),
- * SAVE_BEGIN/ADD/END, WAIT, COMMIT and SAVE_ABORT, misbehaving as fake_opts says.
+ * SAVE_BEGIN/ADD/END, WAIT, COMMIT and SAVE_ABORT, and loads (LOAD_BEGIN/ADD/END/WAIT/ABORT:
+ * each destination is filled at once with fake_fill's pattern), misbehaving as fake_opts
+ * says.
  */
 #include "fake_peer.h"
 
@@ -28,15 +30,22 @@ uint64_t fake_fnv(const uint8_t *p, size_t n)
 	return h;
 }
 
+/* Fills a load's destination as the fake peer does: seed's pattern, seeded by its name. */
+void fake_fill(void *p, size_t n, const char *name)
+{
+	h_pattern_fill(p, n, fake_fnv((const uint8_t *)name, strlen(name)));
+}
+
 /* One region the fake peer mapped. */
 struct fake_region {
 	uint64_t id, size;
-	const uint8_t *p;
+	uint8_t *p;
 };
 
-/* Reads one SAVE_ADD tensor entry, logs it with the checksum of its bytes. */
+/* Reads one SAVE_ADD or LOAD_ADD tensor entry, logs it with the checksum of its bytes
+ * (before it fills them with fake_fill's pattern, when fill is set). */
 static void fake_tensor(const msgpack_object *obj, struct fake_region *regs, int nregs,
-			FILE *log)
+			int fill, FILE *log)
 {
 	struct proto_map m;
 	const msgpack_object_array *shape;
@@ -62,9 +71,97 @@ static void fake_tensor(const msgpack_object *obj, struct fake_region *regs, int
 		fprintf(log, "tensor %s %s ndim=%u region=%" PRIu64 " offset=%" PRIu64
 			" nbytes=%" PRIu64 " fnv=%016" PRIx64 "\n", name, dtype, shape->size,
 			region, offset, nbytes, fake_fnv(regs[i].p + offset, nbytes));
+		if (fill)
+			fake_fill(regs[i].p + offset, nbytes, name);
 		return;
 	}
 	fprintf(log, "BAD tensor %s: region %" PRIu64 " unknown or too small\n", name, region);
+}
+
+/* Answers o with ERROR {code, message}. */
+static void fake_error(struct proto_out *o, uint64_t id, int code, const char *message)
+{
+	proto_out_free(o);
+	proto_out_init(o, PROTO_ERROR, id);
+	msgpack_pack_map(&o->pk, 2);
+	proto_kv_i64(&o->pk, "code", code);
+	proto_kv_str(&o->pk, "message", message);
+}
+
+/* Handles the load requests (and logs any other type as BAD) into reply o. */
+static void fake_load(const struct proto_hdr *h, struct proto_map *m, struct proto_out *o,
+		     uint64_t id, struct fake_region *regs, int nregs, FILE *log)
+{
+	static uint64_t ntensors;
+	char s1[PROTO_MAX_STR + 1], s2[PROTO_MAX_STR + 1];
+	const msgpack_object_array *arr = NULL;
+	const void *ev, *uuid;
+	size_t evlen = 0, uuidlen = 0;
+	uint64_t u1 = 0;
+	int64_t i1 = 0;
+
+	switch (h->type) {
+	case PROTO_LOAD_BEGIN:
+		proto_get_str(m, "dir", s1, PROTO_MAX_STR, 1);
+		proto_get_str(m, "file", s2, PROTO_MAX_STR, 1);
+		fprintf(log, "load_begin %s %s\n", s1, s2);
+		msgpack_pack_map(&o->pk, 5);
+		proto_kv_u64(&o->pk, "load", 9);
+		proto_kv_str(&o->pk, "source", "cache");
+		proto_kv_u64(&o->pk, "tensors", 3);
+		proto_kv_u64(&o->pk, "bytes", 100);
+		proto_kv_u64(&o->pk, "bytes_cached", 100);
+		return;
+	case PROTO_LOAD_ADD:
+	case PROTO_LOAD_END:
+		proto_get_u64(m, "load", UINT64_MAX, &u1, 1);
+		proto_get_array(m, "tensors", &arr, 65536, h->type == PROTO_LOAD_ADD);
+		int has_ev = proto_get_bin(m, "event", &ev, &evlen, 64, 0);
+		int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuidlen, 16, 0);
+		if (has_ev != has_uuid || (has_ev == 1 && h->type == PROTO_LOAD_ADD))
+			fprintf(log, "BAD load event\n");
+		fprintf(log, "%s %" PRIu64 " len=%u tensors=%u%s\n", h->type == PROTO_LOAD_ADD
+			? "load_add" : "load_end", u1, h->length, arr ? arr->size : 0,
+			has_ev == 1 ? " event" : "");
+		for (uint32_t i = 0; arr && i < arr->size; i++)
+			fake_tensor(&arr->ptr[i], regs, nregs, !fake_opts.load_end_error, log);
+		ntensors += arr ? arr->size : 0;
+		if (h->type == PROTO_LOAD_ADD) {
+			msgpack_pack_map(&o->pk, 2);
+			proto_kv_u64(&o->pk, "tensors", ntensors);
+			proto_kv_u64(&o->pk, "bytes", 0);
+		} else if (fake_opts.load_end_error) {
+			fake_error(o, id, DSCKPT_EINVAL, "tensor a: not in the file; tensor b: "
+				   "dtype F32, the file has F16");
+		} else {
+			msgpack_pack_map(&o->pk, 1);
+			proto_kv_i64(&o->pk, "level", DSCKPT_ACCEPTED);
+		}
+		return;
+	case PROTO_LOAD_WAIT:
+		proto_get_u64(m, "load", UINT64_MAX, &u1, 1);
+		proto_get_i64(m, "timeout_ms", INT64_MIN, INT64_MAX, &i1, 1);
+		fprintf(log, "load_wait %" PRIu64 " %" PRId64 "\n", u1, i1);
+		int level = fake_opts.load_level ? fake_opts.load_level : DSCKPT_LOADED;
+		msgpack_pack_map(&o->pk, level == DSCKPT_FAILED ? 7 : 5);
+		proto_kv_u64(&o->pk, "load", u1);
+		proto_kv_i64(&o->pk, "level", level);
+		proto_kv_str(&o->pk, "source", "cache");
+		proto_kv_u64(&o->pk, "bytes_total", 100);
+		proto_kv_u64(&o->pk, "bytes_done", level == DSCKPT_LOADED ? 100 : 40);
+		if (level == DSCKPT_FAILED) {
+			proto_kv_i64(&o->pk, "code", DSCKPT_ECHECKSUM);
+			proto_kv_str(&o->pk, "error", "tensor b of /ck/r0.safetensors: checksum "
+				     "mismatch");
+		}
+		return;
+	case PROTO_LOAD_ABORT:
+		proto_get_u64(m, "load", UINT64_MAX, &u1, 1);
+		fprintf(log, "load_abort %" PRIu64 "\n", u1);
+		msgpack_pack_map(&o->pk, 0);
+		return;
+	}
+	fprintf(log, "BAD type %u\n", h->type);
 }
 
 /* Handles one request; returns 0 to go on, -1 to hang up. */
@@ -113,7 +210,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		}
 		regs[*nregs].id = u1;
 		regs[*nregs].size = u2;
-		regs[*nregs].p = mmap(NULL, u2, PROT_READ, MAP_SHARED, fds[0], 0);
+		regs[*nregs].p = mmap(NULL, u2, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
 		close(fds[0]);
 		if (regs[*nregs].p == MAP_FAILED)
 			fprintf(log, "BAD mmap\n");
@@ -152,7 +249,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		fprintf(log, "save_add len=%u tensors=%u blobs=%u\n", h->length,
 			arr ? arr->size : 0, blobs ? blobs->size : 0);
 		for (uint32_t i = 0; arr && i < arr->size; i++)
-			fake_tensor(&arr->ptr[i], regs, *nregs, log);
+			fake_tensor(&arr->ptr[i], regs, *nregs, 0, log);
 		for (uint32_t i = 0; blobs && i < blobs->size; i++) {
 			struct proto_map b;
 			const void *data;
@@ -219,7 +316,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		proto_kv_u64(&o.pk, "bytes", 100);
 		break;
 	default:
-		fprintf(log, "BAD type %u\n", h->type);
+		fake_load(h, m, &o, id, regs, *nregs, log);
 		break;
 	}
 	if (proto_map_end(m) < 0)

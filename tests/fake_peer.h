@@ -19,6 +19,8 @@ struct fake_opts {
 	int bad_id;           /* answer with a wrong request id */
 	int wait_level;       /* WAIT answers this level (0: the level asked for) */
 	int hello_version;    /* answer HELLO with ERROR EVERSION */
+	int load_end_error;   /* answer LOAD_END with ERROR EINVAL naming two tensors */
+	int load_level;       /* LOAD_WAIT answers this level (0: LOADED) */
 };
 extern struct fake_opts fake_opts;
 
@@ -38,6 +40,8 @@ char *fake_finish(struct fake *f);
 dsckpt_conn_t *fake_connect(struct fake *f);
 /* Counts the lines of a log that contain needle. */
 int fake_count(const char *log, const char *needle);
+/* Fills a load's destination as the fake peer does: a pattern seeded by the tensor's name. */
+void fake_fill(void *p, size_t n, const char *name);
 /* FNV-1a over bytes, as the peer logs it for each tensor. */
 uint64_t fake_fnv(const uint8_t *p, size_t n);
 
