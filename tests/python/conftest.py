@@ -64,7 +64,9 @@ class Daemon:
             return f.read()
 
     def stop(self):
-        """SIGTERM, wait, and remove the scratch directory; the daemon must exit 0."""
+        """SIGTERM, wait, and remove the scratch directory; the daemon must exit 0. Once."""
+        if self.dir is None:
+            return
         self.proc.send_signal(signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=30)
@@ -73,6 +75,7 @@ class Daemon:
             rc = "killed after 30 s"
         log = self.read_log()
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir = None
         assert rc == 0, f"dsckptd exit status {rc}; log:\n{log}"
 
 

@@ -3,26 +3,28 @@
 Three layers, each usable alone:
 
 * ``dsckpt`` (this module): a ctypes binding of ``client/dsckpt.h`` — :class:`Connection`,
-  :class:`Save`, :class:`Level`, :class:`HostBuffer` and :class:`DsckptError`. No compile
-  step; the shared library is found next to the package, in the repository's ``build/``, or
-  through ``$DSCKPT_LIB`` (see ``dsckpt._lib``).
+  :class:`Save`, :class:`Load`, :class:`Level`, :class:`HostBuffer` and
+  :class:`DsckptError`. No compile step; the shared library is found next to the package,
+  in the repository's ``build/``, or through ``$DSCKPT_LIB`` (see ``dsckpt._lib``).
 * ``dsckpt.torch``: ``save(state_dict, dir)`` / ``load(dir)`` of nested PyTorch state dicts
-  as plain safetensors files, and ``commit(dir, group)`` across torch.distributed ranks.
+  as plain safetensors files, ``load_into(state_dict, dir)`` restoring existing tensors in
+  place, and ``commit(dir, group)`` across torch.distributed ranks.
 * ``dsckpt.deepspeed``: a DeepSpeed checkpoint engine (imports without DeepSpeed).
 
 Importing ``dsckpt`` does not load the shared library; the first call does.
 """
-from .core import (Connection, HostBuffer, Level, Save, SaveProgress, err_name, strerror,
-                   version)
+from .core import (Connection, HostBuffer, Level, Load, LoadLevel, LoadProgress, Save,
+                   SaveProgress, err_name, strerror, version)
 from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, DsckptTimeout,
-                     Errno, InvalidArgument, LimitReached, NotSupported, PermissionDenied,
-                     SaveFailed)
+                     Errno, InvalidArgument, LimitReached, LoadFailed, NotSupported,
+                     PermissionDenied, SaveFailed)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Connection", "Save", "Level", "SaveProgress", "HostBuffer", "version", "strerror",
-    "err_name", "DsckptError", "Errno", "DaemonUnavailable", "SaveFailed",
+    "Connection", "Save", "Load", "Level", "LoadLevel", "SaveProgress", "LoadProgress",
+    "HostBuffer", "version", "strerror", "err_name", "DsckptError", "Errno",
+    "DaemonUnavailable", "SaveFailed", "LoadFailed",
     "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",
     "NotSupported", "LimitReached",
 ]

@@ -46,6 +46,14 @@ def _header(f, path: str) -> Tuple[int, List[Tuple[str, dict]]]:
     return 8 + hlen, sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
 
 
+def read_header(path: str) -> Dict[str, Tuple[str, List[int]]]:
+    """The tensors of a safetensors file without their data: name → (safetensors dtype,
+    shape), in file order."""
+    with open(path, "rb") as f:
+        _, tensors = _header(f, path)
+    return {name: (info["dtype"], list(info["shape"])) for name, info in tensors}
+
+
 def read_safetensors(path: str) -> Dict[str, torch.Tensor]:
     """Every tensor of a safetensors file, as CPU tensors (read in file order)."""
     with open(path, "rb") as f:

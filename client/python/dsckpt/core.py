@@ -1,4 +1,4 @@
-"""core.py — the Pythonic face of libdsckpt: Connection, Save, Level, HostBuffer.
+"""core.py — the Pythonic face of libdsckpt: Connection, Save, Load, Level, HostBuffer.
 
 A trainer rank connects to its node's daemon, identifies itself, and for each checkpoint
 file opens a :class:`Save`, adds tensors by address and blobs by value, ends it (ACCEPTED,
@@ -13,6 +13,13 @@ One rank then commits the directory::
         s.wait(dsckpt.Level.SNAPSHOT)
         s.wait(dsckpt.Level.DURABLE)
         conn.commit("/var/lib/dsckpt/llama/step100")
+
+A load runs the other way: the daemon fills tensors the caller names (from its host cache
+when it still holds the file, else from the disk, checking every checksum)::
+
+    with conn.load("/var/lib/dsckpt/llama/step100", "rank0") as l:
+        l.add_tensors([("w", "F32", (1024,), ptr, 4096)])
+    # leaving the block ended the load and waited until every byte was in place
 
 Every failure raises :class:`dsckpt.DsckptError` (see errors.py). Timeouts are in seconds
 (``None``: no limit).
@@ -48,6 +55,24 @@ class Level(enum.IntEnum):
     SNAPSHOT = 2
     DURABLE = 3
     COMMITTED = 4
+
+
+class LoadLevel(enum.IntEnum):
+    """Levels of a load: FAILED is terminal, LOADED means every byte is in place."""
+
+    FAILED = -1
+    OPEN = 0
+    ACCEPTED = 1
+    LOADED = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadProgress:
+    """Progress of one load as last reported by the daemon."""
+
+    level: LoadLevel
+    bytes_total: int
+    bytes_done: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +115,13 @@ def _encode(s: Union[str, bytes, "os.PathLike[str]"], what: str) -> bytes:
     return b
 
 
-def _raise(handle: Optional[int], rc: int) -> None:
-    """Raises the exception for a negative return code, with the library's message."""
+def _raise(handle: Optional[int], rc: int, load: bool = False) -> None:
+    """Raises the exception for a negative return code, with the library's message
+    (LoadFailed for a failed load, when ``load``)."""
     lib = _lib.lib()
     msg = lib.dsckpt_last_error(handle).decode(errors="replace")
     cause = lib.dsckpt_last_cause(handle) if rc == Errno.EFAILED and handle else 0
-    raise error_for(rc, lib.dsckpt_err_name(rc).decode(), msg or strerror(rc), cause)
+    raise error_for(rc, lib.dsckpt_err_name(rc).decode(), msg or strerror(rc), cause, load)
 
 
 class Connection:
@@ -150,6 +176,14 @@ class Connection:
         self._check(_lib.lib().dsckpt_save_begin(self._handle(), _encode(dir, "dir"),
                                                  _encode(file, "file"), ctypes.byref(out)))
         return Save(self, out.value, str(dir), str(file))
+
+    def load(self, dir: str, file: str) -> "Load":
+        """Opens a load of ``dir/file.safetensors`` (a file of this user; the connection
+        must be identified)."""
+        out = ctypes.c_void_p()
+        self._check(_lib.lib().dsckpt_load_begin(self._handle(), _encode(dir, "dir"),
+                                                 _encode(file, "file"), ctypes.byref(out)))
+        return Load(self, out.value, str(dir), str(file))
 
     def commit(self, dir: str, timeout: Optional[float] = None) -> None:
         """Commits ``dir`` (MANIFEST.json, then ``latest``) once every save into it that
@@ -358,6 +392,128 @@ class Save:
         return f"<dsckpt.Save {self.path} {self.level.name}>"
 
 
+class Load:
+    """One file being loaded into the caller's memory. Name the destinations, then
+    :meth:`end` and :meth:`wait` (or leave a ``with`` block: a clean exit ends the load and
+    waits until LOADED, an exception abandons it). Destinations must stay allocated, and
+    unused by anyone else, until :meth:`wait` has returned."""
+
+    def __init__(self, conn: Connection, handle: int, dir: str, file: str):
+        self.conn = conn
+        self.dir = dir
+        self.file = file
+        self._h: Optional[int] = handle
+        self.level = LoadLevel.OPEN
+
+    @property
+    def path(self) -> str:
+        """The tensor file this load reads."""
+        return os.path.join(self.dir, self.file + ".safetensors")
+
+    @property
+    def source(self) -> str:
+        """Where the daemon takes the bytes from: ``"cache"`` (its host cache holds the whole
+        file) or ``"file"``."""
+        return _lib.lib().dsckpt_load_source(self._handle()).decode()
+
+    def _handle(self) -> int:
+        """The C handle; raises ESTATE once closed."""
+        if self._h is None:
+            raise error_for(Errno.ESTATE, "ESTATE", f"load of {self.file} was closed")
+        return self._h
+
+    def _check(self, rc: int) -> int:
+        """Returns rc, or raises for a negative one (LoadFailed for a failed load)."""
+        if rc < 0:
+            _raise(self.conn._h, rc, load=True)
+        return rc
+
+    def add_tensors(self, tensors: Iterable[TensorSpec]) -> None:
+        """Names where ``(name, dtype, shape, ptr, nbytes)`` tensors of the file go (host,
+        dsckpt host memory or CUDA). A name the file lacks, or a dtype or shape other than
+        the file's, is reported by :meth:`end` with every other mismatch."""
+        args = _pack_tensors(tensors)
+        if args is None:
+            return
+        n, records, _keep = args
+        added = ctypes.c_size_t()
+        self._check(_lib.lib().dsckpt_load_add_tensors(self._handle(), records, n,
+                                                      ctypes.byref(added)))
+
+    def add_array(self, name: str, array) -> None:
+        """Names a writable C-contiguous numpy array as the destination of tensor ``name``."""
+        if not array.flags["C_CONTIGUOUS"] or not array.flags["WRITEABLE"]:
+            raise error_for(Errno.EINVAL, "EINVAL",
+                            f"array {name} is not a writable C-contiguous array")
+        dtype = NUMPY_DTYPES.get(array.dtype.str.lstrip("<|="))
+        if dtype is None:
+            raise error_for(Errno.EINVAL, "EINVAL",
+                            f"array {name}: numpy dtype {array.dtype} has no safetensors name")
+        self.add_tensors([(name, dtype, array.shape, array.ctypes.data, array.nbytes)])
+
+    def set_stream(self, stream: int) -> None:
+        """Names the CUDA stream (``torch.cuda.Stream.cuda_stream``) whose queued work still
+        uses the GPU destinations; the daemon's writes wait for it."""
+        self._check(_lib.lib().dsckpt_load_set_stream(self._handle(), stream or None))
+
+    def end(self) -> LoadLevel:
+        """Starts the load; raises InvalidArgument naming every destination that does not
+        match the file (nothing was written then)."""
+        self._check(_lib.lib().dsckpt_load_end(self._handle()))
+        self.level = LoadLevel.ACCEPTED
+        return self.level
+
+    def wait(self, timeout: Optional[float] = None) -> LoadLevel:
+        """Waits until every byte is in place and checked; returns LOADED. Raises
+        :class:`~dsckpt.errors.LoadFailed` (``cause`` e.g. ECHECKSUM) or DsckptTimeout."""
+        rc = _lib.lib().dsckpt_load_wait(self._handle(), _timeout_ms(timeout))
+        if rc == Errno.EFAILED:
+            self.level = LoadLevel.FAILED
+        self._check(rc)
+        self.level = LoadLevel(rc)
+        return self.level
+
+    def progress(self) -> LoadProgress:
+        """The load's level and byte counters now, without waiting (FAILED does not raise:
+        the reason is in ``conn.last_error``)."""
+        lib = _lib.lib()
+        if self.level == LoadLevel.ACCEPTED:
+            rc = lib.dsckpt_load_wait(self._handle(), 0)
+            if rc == Errno.EFAILED:
+                self.level = LoadLevel.FAILED
+            elif rc != Errno.ETIMEDOUT:
+                self.level = LoadLevel(self._check(rc))
+        total, done = ctypes.c_uint64(), ctypes.c_uint64()
+        lib.dsckpt_load_progress(self._handle(), ctypes.byref(total), ctypes.byref(done))
+        return LoadProgress(self.level, total.value, done.value)
+
+    def close(self) -> None:
+        """Frees the client-side handle (idempotent). A load never ended is abandoned; a
+        running one goes on in the daemon until the connection closes."""
+        if self._h is not None:
+            _lib.lib().dsckpt_load_free(self._h)
+            self._h = None
+
+    def __enter__(self) -> "Load":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.close()
+            return
+        if self.level == LoadLevel.OPEN:
+            self.end()
+        if self.level == LoadLevel.ACCEPTED:
+            self.wait()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None and _lib is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<dsckpt.Load {self.path} {self.level.name}>"
+
+
 class HostBuffer:
     """Host memory the daemon reads without a copy (``dsckpt_host_alloc``, a memfd).
 
@@ -405,5 +561,5 @@ NUMPY_DTYPES = {
     "i1": "I8", "u8": "U64", "u4": "U32", "u2": "U16", "u1": "U8", "b1": "BOOL",
 }
 
-__all__ = ["Connection", "Save", "Level", "SaveProgress", "HostBuffer", "DsckptError",
-           "version", "strerror", "err_name"]
+__all__ = ["Connection", "Save", "Load", "Level", "LoadLevel", "SaveProgress",
+           "LoadProgress", "HostBuffer", "DsckptError", "version", "strerror", "err_name"]

@@ -188,14 +188,30 @@ class DsckptCheckpointEngine(_Base):
         self._unsnapped.append(handle)
 
     def load(self, path: str, map_location=None) -> Any:
-        """Loads a file this engine saved (or, failing that, a torch.save file)."""
+        """Loads a file this engine saved (or, failing that, a torch.save file); through the
+        engine's daemon, from its host cache when it still holds the file."""
+        path = self._durable_path(path)
+        if os.path.exists(path + ".safetensors"):
+            return dtorch.load(os.path.dirname(path), os.path.basename(path), map_location,
+                               conn=self.conn)
+        return torch.load(path, map_location=map_location)
+
+    def load_into(self, state_dict: Any, path: str, strict: bool = True) -> str:
+        """Restores existing tensors in place from a file this engine saved, e.g. a
+        module's ``{"module": engine.module.state_dict()}`` from DeepSpeed's model states
+        file with ``strict=False`` (see :func:`dsckpt.torch.load_into`); no copy of the
+        state dict is built. DeepSpeed's own ``load_checkpoint`` goes through :meth:`load`."""
+        path = self._durable_path(path)
+        return dtorch.load_into(state_dict, os.path.dirname(path), os.path.basename(path),
+                                conn=self.conn, strict=strict)
+
+    def _durable_path(self, path: str) -> str:
+        """The absolute path, once a save of it by this engine is DURABLE."""
         path = os.path.abspath(path)
         for saved, handle in self._saves:
             if saved == path:
                 handle.wait_durable(self.timeout)
-        if os.path.exists(path + ".safetensors"):
-            return dtorch.load(os.path.dirname(path), os.path.basename(path), map_location)
-        return torch.load(path, map_location=map_location)
+        return path
 
     def commit(self, info: Any) -> bool:
         """Waits for SNAPSHOT of every save so far (DeepSpeed calls this right before the

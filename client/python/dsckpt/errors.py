@@ -62,7 +62,8 @@ class DsckptError(Exception):
 
     def __reduce__(self):
         return (error_for, (self.code, self.name, self.message,
-                            int(self.cause) if self.cause is not None else 0))
+                            int(self.cause) if self.cause is not None else 0,
+                            isinstance(self, LoadFailed)))
 
 
 class DaemonUnavailable(DsckptError, ConnectionError):
@@ -72,6 +73,11 @@ class DaemonUnavailable(DsckptError, ConnectionError):
 class SaveFailed(DsckptError):
     """A save reached FAILED; ``message`` is the daemon's reason (the file and what went
     wrong) and ``cause`` the code behind it, e.g. ``Errno.ENOSPC`` for a full disk."""
+
+
+class LoadFailed(DsckptError):
+    """A load reached FAILED; ``message`` names the tensor and the file, ``cause`` is the
+    code behind it, e.g. ``Errno.ECHECKSUM`` for bytes that differ from their checksum."""
 
 
 class CheckpointIncomplete(DsckptError):
@@ -117,10 +123,12 @@ _CLASSES: Dict[int, Type[DsckptError]] = {
 }
 
 
-def error_for(code: int, name: str, message: str, cause: int = 0) -> DsckptError:
+def error_for(code: int, name: str, message: str, cause: int = 0,
+              load: bool = False) -> DsckptError:
     """The exception object for a code: the most specific subclass, else DsckptError;
-    ``cause`` (a negative code, 0 for none) is why a save failed."""
-    e = _CLASSES.get(code, DsckptError)(code, name, message)
+    ``cause`` (a negative code, 0 for none) is why a save (a load, when ``load``) failed."""
+    cls = LoadFailed if load and code == Errno.EFAILED else _CLASSES.get(code, DsckptError)
+    e = cls(code, name, message)
     if cause in Errno._value2member_map_:
         e.cause = Errno(cause)
     return e

@@ -19,30 +19,38 @@ Loading unpickles that blob, so load only checkpoints you trust, as with ``torch
 In the file each tensor is named by its key path: ``model.layers.0.weight``,
 ``optimizer.state.0.exp_avg`` (list indices as numbers); a view seen twice is stored once.
 Tensors whose dtype safetensors cannot name (complex, quantized, sparse, meta) travel
-pickled inside the blob instead. Reading the files themselves is :mod:`dsckpt._files`'s.
+pickled inside the blob instead. Reading the files themselves is :mod:`dsckpt._files`'s,
+naming tensors by key path :mod:`dsckpt._flatten`'s.
+
+``load_into(state_dict, dir)`` restores an existing state dict in place (a model's, an
+optimizer's) from the file ``save`` wrote of an equal structure, each tensor found by its key
+path. Loads go through the daemon when one answers — it serves a file it still holds in its
+host cache without touching the disk, checks every tensor's checksum and writes CUDA
+tensors itself — and otherwise read the file here (:mod:`dsckpt._fill`).
 """
 from __future__ import annotations
 
-import copy
-import hashlib
+import logging
 import os
 import pickle
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from . import _fill
 from ._files import DTYPES, ST_DTYPES, read_meta, read_safetensors, read_safetensors_to
+from ._fill import StateDictMismatch
+from ._flatten import MapLocation, _Flattener, _rebuild_views, _resolving, _target
 from .core import Connection, HostBuffer, Level, Save, SaveProgress
 from .errors import DsckptError, Errno, error_for
 from .resume import find_latest
 
 BLOB = "dsckpt.torch"
 FORMAT_VERSION = 1
-MAX_NAME = 512  # PROTO_MAX_NAME: longest tensor name the daemon takes
+ALIGN = 64  # bytes between the tensors of one buffer that load allocates
 
-MapLocation = Union[None, str, torch.device, Dict[str, str],
-                    Callable[[Any, str], Any]]
+log = logging.getLogger("dsckpt.torch")
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,156 +107,7 @@ def host_empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Saving
-
-
-class _TensorRef:
-    """Placeholder for a tensor in the pickled skeleton: index into the entry table."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int):
-        self.index = index
-
-    def __reduce__(self):
-        return (_resolve_ref, (self.index,))
-
-
-_resolving = threading.local()
-
-
-def _resolve_ref(index: int):
-    """Unpickling a placeholder: the rebuilt tensor while load() runs, else the placeholder."""
-    table = getattr(_resolving, "table", None)
-    return table[index] if table is not None else _TensorRef(index)
-
-
-def _extent(shape, stride) -> int:
-    """Elements from a view's first to one past its last (0 for an empty view)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
-
-
-_DTYPE_NAMES: Dict[torch.dtype, str] = {d: str(d)[6:] for d in DTYPES}
-_device_names: Dict[torch.device, str] = {}
-
-
-def _device_name(device: torch.device) -> str:
-    """str(device), remembered (it is asked once per tensor)."""
-    name = _device_names.get(device)
-    if name is None:
-        name = _device_names.setdefault(device, str(device))
-    return name
-
-
-def _short_name(name: str) -> str:
-    """name, or a hashed abbreviation when it is longer than the daemon takes."""
-    if len(name.encode()) <= MAX_NAME:
-        return name
-    digest = hashlib.sha1(name.encode()).hexdigest()[:16]
-    return name.encode()[:MAX_NAME - 20].decode(errors="ignore") + "~" + digest
-
-
-class _Flattener:
-    """Walks a state dict: collects tensors into views (bytes in the file) and entries
-    (tensor objects), and builds the skeleton with placeholders."""
-
-    def __init__(self):
-        self.views: List[dict] = []       # one per distinct view: goes to the file
-        self.payload: List[torch.Tensor] = []  # contiguous data of each view
-        self.specs: List[tuple] = []      # each view's (name, dtype, shape, ptr, nbytes)
-        self.nbytes = 0                   # bytes of every view
-        self.gpu: List[torch.Tensor] = []  # the CUDA ones of payload
-        self.entries: List[dict] = []     # one per distinct tensor object
-        self.names: set = set()
-        self.by_object: Dict[int, int] = {}   # id(tensor) → entry
-        self.by_view: Dict[tuple, int] = {}   # (storage, dtype, offset, shape, stride) → view
-        self.groups: Dict[tuple, int] = {}    # (storage, dtype) → group
-        self.memo: Dict[int, Any] = {}        # id(container) → walked container
-        self.hold: List[Any] = []             # keeps walked objects (and their ids) alive
-
-    def name(self, path: str) -> str:
-        """A unique tensor name for a key path."""
-        base = _short_name(path or "tensor")
-        name, n = base, 1
-        while name in self.names or name == "__metadata__":
-            name, n = f"{base}~{n}", n + 1
-        self.names.add(name)
-        return name
-
-    def tensor(self, t: torch.Tensor, path: str) -> Any:
-        """The placeholder for a tensor (or the tensor itself when it stays in the pickle).
-        Runs once per tensor of every save: each attribute is asked for once (a PyTorch
-        attribute costs a few hundred nanoseconds)."""
-        known = self.by_object.get(id(t))
-        if known is not None:
-            return _TensorRef(known)
-        dtype = t.dtype
-        if dtype not in DTYPES or t.layout != torch.strided or t.is_meta:
-            return t  # pickled with the skeleton, by torch's own reduction
-        ptr, offset, esz, device = t.data_ptr(), t.storage_offset(), t.element_size(), t.device
-        skey = (device, ptr - offset * esz) if ptr else None  # the storage's identity
-        shape, stride = tuple(t.shape), t.stride()
-        vkey = (skey, dtype, offset, shape, stride) if skey else None
-        vi = self.by_view.get(vkey) if vkey is not None else None
-        if vi is None:
-            gkey = (skey, dtype) if skey else ("lone", len(self.views))
-            group = self.groups.setdefault(gkey, len(self.groups))
-            vi = len(self.views)
-            name, dname = self.name(path), _device_name(device)
-            self.views.append({"name": name, "dtype": _DTYPE_NAMES[dtype], "shape": shape,
-                               "stride": stride, "offset": offset, "group": group,
-                               "device": dname})
-            data = t if t.is_contiguous() else t.detach().contiguous()
-            nbytes = data.numel() * esz
-            self.specs.append((name, DTYPES[dtype], shape,
-                               (data.data_ptr() if data is not t else ptr) if nbytes else 0,
-                               nbytes))
-            self.payload.append(data)
-            self.nbytes += nbytes
-            if dname.startswith("cuda"):
-                self.gpu.append(data)
-            if vkey is not None:
-                self.by_view[vkey] = vi
-        param = type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)
-        self.entries.append({"view": vi, "param": param, "requires_grad": t.requires_grad})
-        self.by_object[id(t)] = len(self.entries) - 1
-        self.hold.append(t)
-        return _TensorRef(len(self.entries) - 1)
-
-    def walk(self, obj: Any, path: str) -> Any:
-        """obj with every tensor inside dicts, lists and tuples replaced by a placeholder;
-        containers without tensors are returned as they are. path: the dotted key path."""
-        if isinstance(obj, torch.Tensor):
-            return self.tensor(obj, path)
-        if not isinstance(obj, (dict, list, tuple)):
-            return obj
-        if id(obj) in self.memo:
-            return self.memo[id(obj)]
-        self.hold.append(obj)
-        pre = path + "." if path else ""
-        if isinstance(obj, dict):
-            items = {k: self.walk(v, pre + str(k)) for k, v in obj.items()}
-            if all(items[k] is v for k, v in obj.items()):
-                out = obj
-            else:
-                out = copy.copy(obj)
-                for k, v in items.items():
-                    out[k] = v
-        else:
-            items = [self.walk(v, pre + str(i)) for i, v in enumerate(obj)]
-            if all(a is b for a, b in zip(items, obj)):
-                out = obj
-            elif isinstance(obj, list):
-                out = copy.copy(obj)
-                out[:] = items
-            elif hasattr(obj, "_fields"):  # a namedtuple
-                out = type(obj)(*items)
-            else:
-                out = type(obj)(items) if type(obj) is not tuple else tuple(items)
-        self.memo[id(obj)] = out
-        return out
+# Saving (_flatten.py names the tensors)
 
 
 class SaveHandle:
@@ -453,72 +312,87 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
 # Loading
 
 
-def _target(device: str, map_location: MapLocation) -> torch.device:
-    """Where a tensor saved on ``device`` goes, as torch.load's map_location says."""
-    if map_location is None:
-        return torch.device(device)
-    if isinstance(map_location, (str, torch.device)):
-        return torch.device(map_location)
-    if isinstance(map_location, dict):
-        return torch.device(map_location.get(device, device))
-    moved = map_location(torch.UntypedStorage(0), device)
-    return torch.device(moved.device) if moved is not None else torch.device(device)
+def _daemon(conn: Optional[Connection], path_dir: str) -> Optional[Connection]:
+    """conn, else the process's shared connection when a daemon answers; None when none
+    does (the file is read here then)."""
+    if conn is not None:
+        return conn
+    try:
+        return default_connection(path_dir)
+    except DsckptError as e:
+        log.debug("dsckpt: no daemon for loading %s: %s", path_dir, e)
+        return None
 
 
-def _contiguous_strides(shape) -> Tuple[int, ...]:
-    """Row-major strides of a shape."""
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
+def load_into(state_dict: Any, path_dir: str, file: Optional[str] = None, *,
+              conn: Optional[Connection] = None, strict: bool = True) -> str:
+    """Restores the tensors of ``state_dict`` in place from ``path_dir/<file>`` (default
+    ``rank{rank}``), a file :func:`save` wrote of a state dict of the same structure: each
+    tensor is found by its key path (nested dicts, lists and tuples, as ``save`` names them).
+
+    Through the daemon when one answers (``conn``, else :func:`default_connection`): from its
+    host cache when it still holds the file, checksums checked, CUDA tensors written by the
+    daemon after the work queued on their device's current stream. Otherwise, or when the
+    daemon cannot serve the file (outside its roots, say), the file is read here.
+    Non-contiguous tensors are filled through a contiguous copy; broadcast views are refused.
+
+    ``strict``: every tensor of ``state_dict`` must be in the file and every tensor of the
+    file in ``state_dict``; a dtype or shape other than the file's always fails. Either
+    raises :class:`StateDictMismatch` (a KeyError) naming them before anything is written.
+    Returns how it loaded: ``"daemon"`` or ``"file"``.
+    """
+    if file is None:
+        file = f"rank{dist_rank_world()[0]}"
+    flat = _Flattener()
+    flat.walk(state_dict, "")
+    if flat.pickled and strict:  # tensors save keeps in the blob, not the file
+        raise StateDictMismatch(os.path.join(path_dir, file + ".safetensors"),
+                                flat.pickled, [], [])
+    dests: Dict[str, torch.Tensor] = {}
+    for view, data, orig in zip(flat.views, flat.payload, flat.originals):
+        if data is not orig and any(st == 0 and n > 1 for n, st in zip(orig.shape,
+                                                                       orig.stride())):
+            raise error_for(Errno.EINVAL, "EINVAL", f"{view['name']} is a broadcast view: "
+                            "several of its elements share memory")
+        dests[view["name"]] = data
+    how = _fill.fill(path_dir, file, dests, _daemon(conn, path_dir), strict)
+    with torch.no_grad():
+        for data, orig in zip(flat.payload, flat.originals):
+            if data is not orig:
+                orig.copy_(data)
+    return how
 
 
-def _is_contiguous(shape, stride) -> bool:
-    """Whether a view is laid out row-major (dimensions of size 1 do not count)."""
-    if any(s == 0 for s in shape):
-        return True
-    return all(a == b for s, a, b in zip(shape, stride, _contiguous_strides(shape)) if s > 1)
+def _through_daemon(conn: Connection, path_dir: str, file: str,
+                    device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
+    """Every tensor of the file on device, filled by the daemon: views of one buffer (dsckpt
+    host memory on the CPU, which the daemon writes without a copy); None when the daemon
+    cannot serve the file."""
+    have = _fill.header(os.path.join(path_dir, file + ".safetensors"))
+    spans, size = [], 0
+    for dtype, shape in have.values():
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        spans.append((size, nbytes))
+        size += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+    if device.type == "cpu":
+        buf = host_empty((max(size, 1),), torch.uint8)
+    else:
+        buf = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
+    data = {name: buf[at:at + nbytes].view(dtype).reshape(shape)
+            for (name, (dtype, shape)), (at, nbytes) in zip(have.items(), spans)}
+    return data if _fill.through_daemon(conn, path_dir, file, data) else None
 
 
-def _rebuild_views(views: List[dict], data: Dict[str, torch.Tensor],
-                   map_location: MapLocation) -> List[torch.Tensor]:
-    """Every saved view, with views of one storage rebuilt as views of one new storage."""
-    groups: Dict[int, List[int]] = {}
-    for i, v in enumerate(views):
-        groups.setdefault(v["group"], []).append(i)
-    out: List[Optional[torch.Tensor]] = [None] * len(views)
-    for members in groups.values():
-        first = views[members[0]]
-        device = _target(first["device"], map_location)
-        if len(members) == 1 and _is_contiguous(first["shape"], first["stride"]):
-            out[members[0]] = data[first["name"]].to(device)
-            continue
-        low = min(views[i]["offset"] for i in members)
-        high = max(views[i]["offset"] + _extent(views[i]["shape"], views[i]["stride"])
-                   for i in members)
-        base = torch.zeros(max(high - low, 0), dtype=getattr(torch, first["dtype"]),
-                           device=data[first["name"]].device)
-        for i in members:
-            v = views[i]
-            # Broadcast (stride 0) dimensions hold one element: write only that one.
-            shape = [1 if st == 0 else s for s, st in zip(v["shape"], v["stride"])]
-            src = data[v["name"]][tuple(slice(0, n) for n in shape)]
-            base.as_strided(shape, v["stride"], v["offset"] - low).copy_(src)
-        base = base.to(device)
-        for i in members:
-            v = views[i]
-            out[i] = base.as_strided(v["shape"], v["stride"], v["offset"] - low)
-    return out  # type: ignore[return-value]
-
-
-def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = None) -> Any:
+def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = None, *,
+         conn: Optional[Connection] = None) -> Any:
     """Rebuilds the state dict saved as ``path_dir/<file>`` (default ``rank{rank}``).
 
     ``map_location`` works as torch.load's: None puts tensors back on the device they were
     saved from; a device or string puts all of them there; a dict maps device strings; a
     callable gets ``(storage, location)``. A file without our ``.meta`` blob (written by
-    another tool) loads as a flat ``{name: tensor}`` dict.
+    another tool) loads as a flat ``{name: tensor}`` dict. When every tensor goes to one
+    device and a daemon answers (``conn``, else :func:`default_connection`), the daemon
+    fills them there (see :func:`load_into`); else the file is read here.
     """
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
@@ -527,10 +401,12 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     info = pickle.loads(blob) if blob is not None else None
     saved_on = {v["device"] for v in info["views"]} if info else {"cpu"}
     targets = {_target(d, map_location) for d in saved_on}
-    if len(targets) == 1 and next(iter(targets)).type == "cuda":
+    daemon = _daemon(conn, path_dir) if len(targets) == 1 else None
+    data = _through_daemon(daemon, path_dir, file, next(iter(targets))) if daemon else None
+    if data is None and len(targets) == 1 and next(iter(targets)).type == "cuda":
         # One GPU for everything: one parallel read into pinned memory, one copy over.
         data = read_safetensors_to(base + ".safetensors", next(iter(targets)))
-    else:
+    elif data is None:
         data = read_safetensors(base + ".safetensors")
     if info is None:
         return {k: t.to(_target("cpu", map_location)) for k, t in data.items()}
@@ -556,6 +432,6 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         _resolving.table = None
 
 
-__all__ = ["save", "load", "commit", "find_latest", "release_gpu", "SaveHandle", "host_empty",
-           "default_connection", "set_default_connection", "dist_rank_world",
-           "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
+__all__ = ["save", "load", "load_into", "commit", "find_latest", "release_gpu", "SaveHandle",
+           "StateDictMismatch", "host_empty", "default_connection", "set_default_connection",
+           "dist_rank_world", "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
