@@ -177,6 +177,13 @@ def run_scenario(rank, world, socket, root, zero):
     assert fresh.load_checkpoint(save_dir) == "global_step2"
     assert fresh.global_steps == 2
     assert same(snapshot(fresh), saved)
+    # The model's own tensors restored in place, through the daemon, from the model states.
+    inplace = FakeDeepSpeed(ce, rank, world, zero=zero)
+    for p in inplace.model.parameters():
+        torch.nn.init.zeros_(p)
+    states = os.path.join(tag_dir, "mp_rank_00_model_states.pt")
+    assert ce.load_into({"module": inplace.model.state_dict()}, states, strict=False) == "daemon"
+    assert same(inplace.model.state_dict(), saved["model"])
 
     ds.save_16bit_model(save_dir)  # a file outside any tag: durable, no manifest, no latest
     ce.wait_committed()
