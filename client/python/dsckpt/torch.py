@@ -369,9 +369,11 @@ def _through_daemon(conn: Connection, path_dir: str, file: str,
     host memory on the CPU, which the daemon writes without a copy); None when the daemon
     cannot serve the file."""
     have = _fill.header(os.path.join(path_dir, file + ".safetensors"))
+    dtypes = {dtype for dtype, _ in have.values()}
+    sizes = {dt: torch.empty((), dtype=dt).element_size() for dt in dtypes}
     spans, size = [], 0
     for dtype, shape in have.values():
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        nbytes = torch.Size(shape).numel() * sizes[dtype]
         spans.append((size, nbytes))
         size += (nbytes + ALIGN - 1) // ALIGN * ALIGN
     if device.type == "cpu":
