@@ -116,28 +116,29 @@ static int load_not_open(dsckpt_load_t *l)
 			     ? "the load failed earlier" : "the load has already ended");
 }
 
-/* Places a destination the library did not allocate in a staging arena, to be copied out
- * once the load is LOADED (lock held). */
+/* Places a destination the library did not allocate in a staging arena (*at), with room
+ * kept for its copy-out record (lock held). */
 static int load_stage(dsckpt_load_t *l, const dsckpt_tensor_t *t, uint64_t *region,
-		      uint64_t *offset)
+		      uint64_t *offset, void **at)
 {
-	void *at;
 	struct load_out *outs = lib_grow(l->outs, &l->capouts, l->nouts, sizeof(*outs));
 
 	if (!outs)
 		return lib_conn_fail(l->c, DSCKPT_ENOMEM, "out of memory");
 	l->outs = outs;
-	int e = lib_stage_alloc(l->c, &l->stages, t->nbytes, region, offset, &at);
-	if (e == 0 && t->nbytes > 0)
-		l->outs[l->nouts++] = (struct load_out){(void *)t->ptr, at, t->nbytes};
-	return e;
+	return lib_stage_alloc(l->c, &l->stages, t->nbytes, region, offset, at);
 }
 
-/* Names one destination (lock held): validated, placed, its LOAD_ADD entry encoded. */
+/*
+ * Names one destination (lock held): validated, placed, its LOAD_ADD entry encoded. A staged
+ * one is recorded for the copy-out only once its entry is, so that a failed add never has
+ * the arena's bytes copied over the caller's memory.
+ */
 static int load_add_one(dsckpt_load_t *l, const dsckpt_tensor_t *t)
 {
 	char why[LIB_ERRLEN];
 	uint64_t region = 0, offset = 0;
+	void *at = NULL;
 	int e;
 
 	if (l->state != LOAD_OPEN)
@@ -147,10 +148,12 @@ static int load_add_one(dsckpt_load_t *l, const dsckpt_tensor_t *t)
 		return lib_conn_fail(l->c, e, "%s", why);
 	if ((e = lib_entries_place(l->c, &l->es, t->ptr, t->nbytes, &region, &offset)) < 0)
 		return e;
-	if (e == 0 && (e = load_stage(l, t, &region, &offset)) < 0)
+	if (e == 0 && (e = load_stage(l, t, &region, &offset, &at)) < 0)
 		return e;
 	if ((e = lib_entries_add(l->c, &l->es, t, region, offset)) < 0)
 		return e;
+	if (at && t->nbytes > 0)
+		l->outs[l->nouts++] = (struct load_out){(void *)t->ptr, at, t->nbytes};
 	l->total += t->nbytes;
 	return 0;
 }
