@@ -8,7 +8,7 @@
  * lib_conn_use_host and lib_conn_sweep). Never the reverse.
  *
  * A connection is freed when its last reference goes: the user's (dsckpt_close) and one per
- * live save, so that dsckpt_save_free may come after dsckpt_close.
+ * live save or load, so that dsckpt_save_free and dsckpt_load_free may come after dsckpt_close.
  */
 #include "internal.h"
 
@@ -122,7 +122,7 @@ void lib_conn_unlock(dsckpt_conn_t *c)
 	pthread_mutex_unlock(&c->lock);
 }
 
-/* Takes a reference for a save. */
+/* Takes a reference for a save or a load. */
 void lib_conn_ref(dsckpt_conn_t *c)
 {
 	lib_conn_lock(c);

@@ -43,7 +43,7 @@ struct lib_reply {
 /* Takes and releases the connection's lock. */
 void lib_conn_lock(dsckpt_conn_t *c);
 void lib_conn_unlock(dsckpt_conn_t *c);
-/* Takes a reference for a save; lib_conn_unref drops it (the last one frees c). */
+/* Takes a reference for a save or a load; lib_conn_unref drops it (the last one frees c). */
 void lib_conn_ref(dsckpt_conn_t *c);
 void lib_conn_unref(dsckpt_conn_t *c);
 /* Records the code behind the DSCKPT_EFAILED just stored (lock held). */
