@@ -256,11 +256,13 @@ DSCKPT_EXTERN int dsckpt_load_end(dsckpt_load_t *l);
  */
 DSCKPT_EXTERN int dsckpt_load_wait(dsckpt_load_t *l, int timeout_ms);
 /* Bytes the load fills and how many are in place, as the daemon last reported them (either
- * may be NULL); dsckpt_load_wait(l, 0) asks it anew without waiting. */
+ * may be NULL; before any report, the bytes named so far and 0); dsckpt_load_wait(l, 0)
+ * asks it anew without waiting. */
 DSCKPT_EXTERN void dsckpt_load_progress(const dsckpt_load_t *l, uint64_t *total,
 					uint64_t *done);
 /* Frees the handle (a load not yet ended is abandoned; one running goes on in the daemon
- * until its connection closes). */
+ * until its connection closes, so its GPU and dsckpt_host_alloc destinations must stay
+ * allocated until then, and staged ones are never filled). */
 DSCKPT_EXTERN void dsckpt_load_free(dsckpt_load_t *l);
 
 /* Allocates host memory the daemon can read without a copy (memfd-backed); NULL on failure. */
