@@ -44,6 +44,7 @@ struct source;
 struct save;
 struct conn;
 struct store_file;
+struct resident;
 struct uv_loop_s;
 struct proto_out;
 
@@ -144,13 +145,22 @@ int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char 
 		 size_t errlen);
 /* Unmaps the cache; every chunk must be back. */
 void cache_destroy(struct cache *c);
-/* Takes a free chunk, from node's pool first (-1: any node), else from any pool; waits only
- * while no chunk is free at all; NULL once cache_shutdown was called. */
+/* Takes a free chunk, from node's pool first (-1: any node), else from any pool, else one the
+ * evict hook gives back; waits only while no chunk is free or evictable; NULL once
+ * cache_shutdown was called. */
 void *cache_get(struct cache *c, int node);
-/* Takes a free chunk (node's first, as cache_get) if one is free now, else NULL. */
+/* Takes a free chunk (node's first, as cache_get; evicting as it does) if one is free now,
+ * else NULL. */
 void *cache_tryget(struct cache *c, int node);
 /* Returns a chunk. */
 void cache_put(struct cache *c, void *chunk);
+/* Gives one held chunk back with cache_put; 1 if it did, 0 if nothing can be given. Called
+ * without the cache's lock, by whichever thread wants a chunk. */
+typedef int (*cache_evict_fn)(struct cache *c);
+/* Sets the eviction hook (resident.c's), before the cache is shared. */
+void cache_set_evict(struct cache *c, cache_evict_fn fn);
+/* Tells waiters of cache_get that the hook may now find a chunk to give back. */
+void cache_evictable(struct cache *c);
 /* Wakes every waiter of cache_get; they get NULL from now on. */
 void cache_shutdown(struct cache *c);
 /* Base address and length of the whole mapping, every pool (for pinning with CUDA). */
@@ -275,6 +285,8 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 		      int o_direct, struct store_file **out, char *err, size_t errlen);
 /* Whether the file was opened with O_DIRECT (writes must then be 4096-aligned). */
 int store_file_direct(const struct store_file *f);
+/* The file's identity (st_dev, st_ino), which stays the same once renamed; 0, or -1. */
+int store_file_identity(const struct store_file *f, dev_t *dev, ino_t *ino);
 /* Writes len bytes at off (retrying short writes); negative ERR_E* with err. */
 int store_file_pwrite(struct store_file *f, const void *buf, size_t len, uint64_t off,
 		      char *err, size_t errlen);
@@ -555,6 +567,8 @@ struct engine_req {
 			      * flush thread fills it before laying out the header), or NULL */
 	struct store_root root;    /* the files are renamed into place only below it */
 	struct cuda_fence *fence;  /* copies wait for it (GPU saves), or NULL */
+	struct resident *res;      /* keeps the written pieces (resident.c), or NULL; the
+				    * flush thread ends it (durable or dropped) */
 	void *owner;         /* the save, passed back in events */
 };
 enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
@@ -602,6 +616,10 @@ int flush_file_finish(struct flush_file *f, struct engine_req *r, uint64_t data_
 		      size_t errlen);
 /* The per-tensor checksums, once finished. */
 const uint64_t *flush_file_checksums(const struct flush_file *f);
+/* The finished file's identity (for its resident copy); 0, or -1 when unknown. */
+int flush_file_identity(const struct flush_file *f, dev_t *dev, ino_t *ino);
+/* The header bytes as written (checksums filled once finished): the file's first *len. */
+const uint8_t *flush_file_header(const struct flush_file *f, size_t *len);
 
 /* blob.c — a save's named blobs, charged to its user, packed as the .meta file. */
 struct blobs;
@@ -862,7 +880,8 @@ void reply_save_accepted(uint64_t conn, uint64_t req);
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v);
 void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info *info);
 void reply_sealed(uint64_t conn, uint64_t req, int committed);
-void reply_status(uint64_t conn, uint64_t req);
+/* STATUS; its resident list holds the files a client of uid may see (auth_sees). */
+void reply_status(uint64_t conn, uint64_t req, uid_t uid);
 void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
 void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);
