@@ -826,40 +826,54 @@ void restore_job_free(struct restore_job *j);
 void restore_stop(void);
 
 /* resident.c — the hot set: the cache chunks of files just saved, kept after the flush so
- * that a restore needs no disk; given up piece by piece whenever the cache needs room. */
+ * that a restore needs no disk; given up piece by piece whenever the cache needs room (the
+ * cache's evict hook: oldest file first, lowest piece first, never a pinned file's). Thread-
+ * safe (its own lock, taken before the cache's); the lock order is written in resident.c. */
 struct resident;
-/* Starts keeping (when enabled) and hooks eviction into cache c. */
+/* Starts keeping (when enabled) and hooks eviction into cache c; called again (a reload) it
+ * changes only whether new files are kept. */
 void resident_init(struct cache *c, int enabled);
 /* A save's file about to be written into dir/file (data_len bytes in cache-chunk pieces),
- * of uid; NULL when nothing is kept (disabled, no memory). */
+ * of uid; NULL when nothing is kept (disabled, no memory). Its writer (the engine, through
+ * engine_req.res) must end it with resident_durable or resident_drop. */
 struct resident *resident_begin(const char *dir, const char *file, uid_t uid,
 				uint64_t data_len);
-/* Keeps the flushed chunk of piece i (a flush thread): 1 kept, 0 the caller puts it back. */
+/* Keeps the flushed chunk of piece i (a flush thread): 1 kept, 0 the caller puts it back.
+ * NULL r keeps nothing. */
 int resident_keep(struct resident *r, uint64_t piece, void *chunk);
 /* The file is durable as dev/ino, its header the hdr_len bytes at hdr (copied): from now on a
- * load may find it. */
+ * load may find it, and an older copy of the same dir/file is let go. Ends the writer's hold. */
 void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
 		      size_t hdr_len);
-/* The save failed or was abandoned: every kept chunk goes back (r is freed). */
+/* The save failed or was abandoned: every kept chunk goes back (r is freed unless pinned,
+ * which it cannot be before DURABLE). NULL is fine. */
 void resident_drop(struct resident *r);
-/* dir was committed: the residents of its job's other committed tags go. */
+/* dir was committed (loop thread): its files are marked committed; of its job (dir's parent)
+ * the other committed tags' files go, and uncommitted ones begun before dir's. */
 void resident_committed(const char *dir);
-/* Finds the resident copy of dir/file still identical to the file dev/ino and pins it (no
- * piece of it is given up until resident_unpin); NULL if none. */
+/* Finds the durable copy of dir/file still identical to the file dev/ino and pins it (no
+ * piece of it is given up until resident_unpin); NULL if none. A partial copy is trimmed
+ * first so that partial pinned copies leave at least an eighth of the cache (one chunk at
+ * least) to the chunks a reader of the rest of the file needs; a complete copy stays whole.
+ * A copy let go while pinned (a commit) stays readable until its last unpin. */
 struct resident *resident_pin(const char *dir, const char *file, dev_t dev, ino_t ino);
-/* A pinned copy's header bytes (the file's first *len bytes). */
+/* A pinned copy's header bytes (the file's first *len bytes: the data starts at *len). */
 const void *resident_header(const struct resident *r, size_t *len);
-/* Piece i of a pinned copy (the data bytes [i * chunk, ...)), or NULL when given up. */
+/* Piece i of a pinned copy (the data bytes [i * chunk, min(i * chunk + chunk, data_len))),
+ * or NULL when not held; held pieces stay put while pinned. */
 const void *resident_piece(const struct resident *r, uint64_t i);
-/* Bytes of a pinned copy's data still held. */
+/* Bytes of a pinned copy's data still held (== the file's data length: every piece held). */
 uint64_t resident_held(const struct resident *r);
+/* Ends a pin; the last one makes its pieces evictable again (or frees a copy let go). */
 void resident_unpin(struct resident *r);
-/* Cache bytes held by resident files now. */
+/* Cache bytes held by resident files now (whole chunks). */
 uint64_t resident_bytes(void);
-/* Calls fn for each durable resident file (loop thread; STATUS). */
+/* Calls fn for each durable resident file, oldest first, with resident.c's lock held (fn
+ * must not call into resident.c or the cache); bytes are the data bytes held. */
 void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,
 			      uint64_t bytes, int committed), void *arg);
-/* Gives every chunk back (shutdown). */
+/* Gives every chunk back and frees every resident (shutdown, after engine_stop and once no
+ * restore runs). */
 void resident_free_all(void);
 
 /* reply.c — the one place that encodes replies; each names its client by connection id and
