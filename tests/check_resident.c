@@ -510,7 +510,8 @@ static const char *line_of(const char *out, const char *needle)
 }
 
 /* A committed save stays resident (STATUS, dsckptctl status and list say so); a save into
- * another tag as large as the cache evicts it; its commit marks it committed. */
+ * another tag as large as the cache evicts it; its commit marks it committed; a third tag
+ * committed by the daemons after a seal lets the second go. */
 START_TEST(test_daemon_resident)
 {
 	d_start(CACHE_8M, CHUNK_1M);
@@ -581,8 +582,22 @@ START_TEST(test_daemon_resident)
 	}
 	cJSON_Delete(doc);
 	free(out);
+
+	/* A tag the daemon commits after the seal lets step2 go in turn. */
+	const char *dir3 = h_path("%s/job/step3", D->root);
+	s = save_pattern(cn, dir3, "rank0", MIB, 3, &mem);
+	ck_assert_int_eq(dsckpt_seal(cn, dir3), 0);
+	wait_level(cn, s, DSCKPT_COMMITTED, 30000);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	doc = status_json();
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "resident")), 1);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(status_file(doc, dir3), "committed")));
+	ck_assert_int_eq(cJSON_GetObjectItem(doc, "cache_resident")->valuedouble, 1.0 * MIB);
+	cJSON_Delete(doc);
 	check_pattern_file(dir1, "rank0", 3 * MIB, 1);
 	check_pattern_file(dir2, "rank0", 8 * MIB, 2);
+	check_pattern_file(dir3, "rank0", MIB, 3);
 	dsckpt_close(cn);
 	d_stop();
 }
