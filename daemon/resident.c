@@ -364,12 +364,13 @@ void resident_committed(const char *dir)
 
 /* Trims r (about to be pinned, lock held) so that partial pinned copies leave a reader of
  * the rest of such a file chunks to read into: at most the cache less an eighth (at least
- * one chunk) stays pinned in partial copies. A complete copy needs no chunk: it stays. */
+ * one chunk) stays pinned in partial copies. A complete copy needs no chunk: it stays; one
+ * pinned already is being read: it stays too (and is counted already). */
 static void trim_for_pin(struct resident *r)
 {
 	uint64_t reserve = R.nchunks / 8 ? R.nchunks / 8 : 1, pinned = 0;
 
-	if (r->nheld == r->npieces)
+	if (r->nheld == r->npieces || r->pins)
 		return;
 	for (struct resident *o = R.head; o; o = o->next)
 		if (o->pins && o->nheld < o->npieces)

@@ -219,6 +219,10 @@ START_TEST(test_pin_partial)
 	ck_assert_uint_eq(resident_held(r), 7 * CH);
 	ck_assert_ptr_null(resident_piece(r, 2));
 	ck_assert_ptr_eq(resident_piece(r, 3), a.p[3]);
+	struct resident *r2 = resident_pin("/r/j/t1", "a", 1, 5);	/* a second load */
+	ck_assert_ptr_eq(r2, r);
+	ck_assert_uint_eq(resident_held(r), 7 * CH);	/* being read: not trimmed again */
+	resident_unpin(r2);
 	void *p = cache_tryget(c, -1);
 	ck_assert_ptr_eq(p, a.p[2]);
 	ck_assert_ptr_null(cache_tryget(c, -1));
