@@ -70,7 +70,7 @@ static void commit_work(uv_work_t *w)
 			      sizeof(cm->err));
 }
 
-/* Loop: the commit is done; marks the directory's saves COMMITTED. */
+/* Loop: the commit is done; marks the directory's saves (and resident files) COMMITTED. */
 static void commit_after(uv_work_t *w, int status)
 {
 	struct commit *cm = w->data;

@@ -9,8 +9,8 @@
  * a memfd, and orders device reads after the job's fence) and mark it ready. Flush threads
  * write each job's pieces in file order (so one streaming checksum per tensor suffices;
  * flush.c does the file's part), hand the chunk to the job's resident copy (resident.c) or
- * return it to the cache, and finish the file. A save larger than the cache streams
- * through it: pieces are claimed only as chunks free up.
+ * return it to the cache, and finish the file. A save larger than the cache streams through
+ * it: pieces are claimed only as chunks free up (or as resident copies give theirs back).
  *
  * Why claim after taking a chunk: a claimed piece always owns memory, so the in-order flush
  * can never wait for a piece that waits for memory held by later pieces (no deadlock).
@@ -22,11 +22,11 @@
  * lock, into its delivery list and runs the callbacks outside the lock, SNAPSHOT first.
  *
  * Lock order: engine.lock, then the cache's own lock (cache_tryget/put take it briefly) or
- * engine.post_lock (post is called with engine.lock held). resident.c (keeping written
- * chunks, and cache_get's eviction) is called without engine.lock. engine.lock guards the job list,
+ * engine.post_lock (post is called with engine.lock held). engine.lock guards the job list,
  * the cursors, stop and every job field marked (L); post_lock guards the post queue and the
  * fields marked (P); fields marked (loop) are the loop thread's alone. A copier belongs to one
- * copy thread from engine_start to engine_stop.
+ * copy thread from engine_start to engine_stop. resident.c (keeping a written chunk, and the
+ * eviction hook cache_get calls) is only ever called without engine.lock.
  */
 #include "dsckptd.h"
 
