@@ -3,10 +3,11 @@
  * flush. Over a real tiny cache: eviction order (oldest file first, lowest piece first), pinned
  * files never evicted and a partial one trimmed at pin time, a waiter of cache_get woken by a
  * chunk kept, commits letting the older tags of the same job go and no other job's, a failed
- * save dropping its pieces. Through the real engine (harness_engine.h): a save three times the
- * cache streams through with keeping on, and its kept pieces equal the file's bytes. End to end
- * through a real dsckptd and libdsckpt: STATUS and dsckptctl show a committed file resident,
- * and a second save into another tag evicts it.
+ * save dropping its pieces, and saves, loads and commits on threads at once (for TSan).
+ * Through the real engine (harness_engine.h): saves three times the cache stream through with
+ * keeping on, and the pieces kept are the file's bytes. End to end through a real dsckptd and
+ * libdsckpt: STATUS and dsckptctl show a committed file resident, a second save into another
+ * tag evicts it, and a tag the daemons commit after a seal lets the older one go.
  */
 #include "harness_engine.h"
 #include "harness_daemon.h"
@@ -14,6 +15,8 @@
 #include <check.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -358,6 +361,123 @@ START_TEST(test_committed)
 }
 END_TEST
 
+/* ---- threads at once: saves keeping pieces, loads pinning them, commits (TSan's case) ---- */
+
+#define ST_WORKERS 3
+#define ST_SAVES 60
+#define ST_PIECES 3
+
+/* The byte piece i of save ino is filled with. */
+static uint8_t st_byte(ino_t ino, uint64_t i)
+{
+	return (uint8_t)(ino * 31 + i * 7 + 1);
+}
+
+static atomic_uint st_done[ST_WORKERS];  /* saves durable so far, per worker */
+static atomic_int st_stop;
+
+/* Worker w: saves ST_SAVES files of ST_PIECES pieces, each into its own tag of job j<w>,
+ * taking chunks as a copy thread does and keeping them as a flush thread does. */
+static void *st_worker(void *arg)
+{
+	unsigned w = (unsigned)(uintptr_t)arg;
+
+	for (unsigned k = 0; k < ST_SAVES; k++) {
+		ino_t ino = w * 1000 + k + 1;
+		char dir[32];
+		snprintf(dir, sizeof(dir), "/r/j%u/t%u", w, k);
+		struct resident *r = resident_begin(dir, "f", getuid(), ST_PIECES * CH - 100);
+		ck_assert_ptr_nonnull(r);
+		for (uint64_t i = 0; i < ST_PIECES; i++) {
+			void *p = cache_get(c, -1);
+			ck_assert_ptr_nonnull(p);
+			memset(p, st_byte(ino, i), CH);
+			if (!resident_keep(r, i, p))
+				cache_put(c, p);
+		}
+		if (k % 7 == 3) {
+			resident_drop(r);	/* a failed save */
+			continue;
+		}
+		resident_durable(r, 1, ino, "HDR", 3);
+		atomic_store(&st_done[w], k + 1);
+	}
+	return NULL;
+}
+
+/* resident_each's callback for the stress: only counts. */
+static void st_count(void *arg, const char *dir, const char *file, uid_t uid, uint64_t bytes,
+		     int committed)
+{
+	(*(unsigned *)arg)++;
+}
+
+/* The "loop": commits tags, lists, and pins files to check that their pieces hold still. */
+static void *st_loop(void *arg)
+{
+	unsigned seed = 1, pins = 0;
+
+	while (!atomic_load(&st_stop)) {
+		unsigned w = rand_r(&seed) % ST_WORKERS, n = atomic_load(&st_done[w]);
+		if (n == 0)
+			continue;
+		unsigned k = rand_r(&seed) % n;
+		ino_t ino = w * 1000 + k + 1;
+		unsigned count = 0;
+		char dir[32];
+		snprintf(dir, sizeof(dir), "/r/j%u/t%u", w, k);
+		switch (rand_r(&seed) % 4) {
+		case 0:
+			resident_committed(dir);
+			break;
+		case 1:
+			resident_each(st_count, &count);
+			ck_assert_uint_le(resident_bytes(), cache_total(c));
+			break;
+		default: {
+			struct resident *r = resident_pin(dir, "f", 1, ino);
+			if (!r)
+				break;
+			pins++;
+			for (int round = 0; round < 2; round++) {
+				for (uint64_t i = 0; i < ST_PIECES; i++) {
+					const uint8_t *p = resident_piece(r, i);
+					if (!p)
+						continue;
+					ck_assert_int_eq(p[0], st_byte(ino, i));
+					ck_assert_int_eq(p[CH - 1], st_byte(ino, i));
+				}
+				sched_yield();
+			}
+			resident_unpin(r);
+		}
+		}
+	}
+	return (void *)(uintptr_t)pins;
+}
+
+/* Saves, loads and commits at once on a cache of 8 chunks: nobody deadlocks, a pinned file's
+ * pieces never change under its reader, and every chunk comes back. */
+START_TEST(test_threads)
+{
+	pthread_t workers[ST_WORKERS], loopt;
+	void *pins;
+
+	mk(8);
+	ck_assert_int_eq(pthread_create(&loopt, NULL, st_loop, NULL), 0);
+	for (unsigned w = 0; w < ST_WORKERS; w++)
+		ck_assert_int_eq(pthread_create(&workers[w], NULL, st_worker,
+						(void *)(uintptr_t)w), 0);
+	for (unsigned w = 0; w < ST_WORKERS; w++)
+		pthread_join(workers[w], NULL);
+	atomic_store(&st_stop, 1);
+	pthread_join(loopt, &pins);
+	ck_assert_uint_gt((uintptr_t)pins, 0);
+	ck_assert_uint_le(resident_bytes(), cache_used(c));
+	done();
+}
+END_TEST
+
 /* Reads len bytes at off of path. */
 static void read_at(const char *path, void *buf, size_t len, off_t off)
 {
@@ -637,6 +757,7 @@ static Suite *resident_suite(void)
 	tcase_add_test(tc, test_keep_wakes_waiter);
 	tcase_add_test(tc, test_drop);
 	tcase_add_test(tc, test_committed);
+	tcase_add_test(tc, test_threads);
 	suite_add_tcase(s, tc);
 	tc = eng_case(s, "engine");
 	tcase_add_loop_test(tc, test_engine_stream, 0, 2);
