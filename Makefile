@@ -180,7 +180,7 @@ check-san:
 # check_client_load for the daemon's restore threads.
 TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine*.c \
 	tests/check_cache*.c tests/check_source.c tests/check_daemon*.c tests/check_fair.c \
-	tests/check_store_latest.c tests/check_seal.c tests/check_single.c \
+	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
 	tests/check_client_load.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:

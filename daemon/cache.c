@@ -8,6 +8,13 @@
  * in by threads pinned to that node's CPUs. cache_get prefers the pool of a given node (the
  * node of the GPU a piece is copied from) and falls back to any pool, so a caller never waits
  * while any chunk is free. With one node there is a single pool, as before.
+ *
+ * Eviction: chunks may be held by resident files (resident.c) that give them up on demand.
+ * When no chunk is free, cache_get and cache_tryget call the evict hook without the cache's
+ * lock (the hook takes its own and puts a chunk back through cache_put), then look again;
+ * cache_get waits only when the hook found nothing to give. A hook that later has something
+ * (a chunk just kept, a pin ended) says so with cache_evictable, which wakes the waiters;
+ * evict_gen tells a taker that this happened while it was calling the hook.
  */
 #include "dsckptd.h"
 
@@ -46,6 +53,8 @@ struct cache {
 	size_t nfree;          /* free chunks over every pool */
 	unsigned char *out;    /* per chunk: 1 while handed out */
 	int shutdown;
+	cache_evict_fn evict;  /* (lock) gives one held chunk back, or NULL */
+	unsigned evict_gen;    /* (lock) bumped by cache_evictable */
 
 	struct cache_pool *pools; /* immutable after cache_create but for the (lock) fields */
 	unsigned npools;
@@ -380,27 +389,48 @@ static void *cache_pop(struct cache *c, int node)
 	return p;
 }
 
-/* Takes a free chunk, node's first (-1: any), waiting while none is free at all; NULL once
- * cache_shutdown was called. */
+/* Calls the evict hook with the lock dropped (lock held on entry and return); 1 when it gave
+ * a chunk back or something became evictable meanwhile (look again), 0 when neither. */
+static int cache_evict(struct cache *c)
+{
+	cache_evict_fn fn = c->evict;
+	unsigned gen = c->evict_gen;
+	int got;
+
+	if (!fn)
+		return 0;
+	pthread_mutex_unlock(&c->lock);
+	got = fn(c);
+	pthread_mutex_lock(&c->lock);
+	return got || gen != c->evict_gen;
+}
+
+/* Takes a free chunk, node's first (-1: any), evicting a held one when none is free, waiting
+ * while none is free or evictable; NULL once cache_shutdown was called. */
 void *cache_get(struct cache *c, int node)
 {
 	void *p = NULL;
 
 	pthread_mutex_lock(&c->lock);
 	while (c->nfree == 0 && !c->shutdown)
-		pthread_cond_wait(&c->freed, &c->lock);
+		if (!cache_evict(c))
+			pthread_cond_wait(&c->freed, &c->lock);
 	if (!c->shutdown)
 		p = cache_pop(c, node);
 	pthread_mutex_unlock(&c->lock);
 	return p;
 }
 
-/* Takes a free chunk, node's first (-1: any), if one is free now (and not shut down). */
+/* Takes a free chunk, node's first (-1: any), if one is free now or can be evicted (and not
+ * shut down). */
 void *cache_tryget(struct cache *c, int node)
 {
 	void *p = NULL;
 
 	pthread_mutex_lock(&c->lock);
+	while (c->nfree == 0 && !c->shutdown)
+		if (!cache_evict(c))
+			break;
 	if (c->nfree > 0 && !c->shutdown)
 		p = cache_pop(c, node);
 	pthread_mutex_unlock(&c->lock);
@@ -429,6 +459,23 @@ void cache_put(struct cache *c, void *chunk)
 	pool->free_stack[pool->nfree++] = chunk;
 	c->nfree++;
 	pthread_cond_signal(&c->freed);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Sets the hook that gives a held chunk back when none is free (before the cache is shared). */
+void cache_set_evict(struct cache *c, cache_evict_fn fn)
+{
+	pthread_mutex_lock(&c->lock);
+	c->evict = fn;
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Tells the waiters of cache_get that the hook may now find a chunk to give back. */
+void cache_evictable(struct cache *c)
+{
+	pthread_mutex_lock(&c->lock);
+	c->evict_gen++;
+	pthread_cond_broadcast(&c->freed);
 	pthread_mutex_unlock(&c->lock);
 }
 

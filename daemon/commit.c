@@ -70,7 +70,7 @@ static void commit_work(uv_work_t *w)
 			      sizeof(cm->err));
 }
 
-/* Loop: the commit is done; marks the directory's saves COMMITTED. */
+/* Loop: the commit is done; marks the directory's saves (and resident files) COMMITTED. */
 static void commit_after(uv_work_t *w, int status)
 {
 	struct commit *cm = w->data;
@@ -84,6 +84,7 @@ static void commit_after(uv_work_t *w, int status)
 		log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
 			 (unsigned long long)cm->info.bytes);
 		save_mark_committed(cm->dir);
+		resident_committed(cm->dir);
 		commit_finish(cm, 0, NULL);
 	}
 	commits_check();	/* the user's next commit may start */

@@ -1,13 +1,14 @@
 /*
  * cuda_copier.c — the device part of a copier (source.c), and fences.
  *
- * Streams: every copy thread owns a copier, and its copier's device part holds one
- * non-blocking stream per device, made on the first read from that device and destroyed with
- * the copier; it is used by that thread alone, so it needs no lock. A read from device d is
- * queued on the copier's stream on d, which first waits for the piece's fence (an event may be
- * waited for from another device's stream) — once per device per piece. A copy thread waits for
- * its reads once at the end of each piece (cuda_copier_sync, on every device, even after an
- * error), so copy_threads copies are in flight at once, one per thread, whatever the devices.
+ * Streams: every copy (and restore) thread owns a copier, and its copier's device part holds
+ * one non-blocking stream per device, made on the first copy touching that device and destroyed
+ * with the copier; it is used by that thread alone, so it needs no lock. A read from device d
+ * (device → chunk, saves) or a write to it (chunk → device, loads) is queued on the copier's
+ * stream on d, which first waits for the piece's fence (an event may be waited for from another
+ * device's stream) — once per device per piece. A thread waits for its copies once at the end
+ * of each piece (cuda_copier_sync, on every device, even after an error), so each thread has one
+ * piece in flight at a time, whatever the devices and the direction.
  *
  * Fences: a client's interprocess event is opened once per connection (cuda_import, loop
  * thread only) with a stream of that client's own that carries the waits, so one client's
@@ -24,7 +25,7 @@
 
 /* A copier's device part: its fence and one stream per device (made lazily). */
 struct cuda_copier {
-	struct cuda_fence *fence;  /* what the next reads wait for, until the sync; NULL: none */
+	struct cuda_fence *fence;  /* what the next copies wait for, until the sync; NULL: none */
 	int ndev;
 	struct {
 		cudaStream_t stream;
@@ -74,8 +75,8 @@ void cuda_copier_free(struct cuda_copier *cc)
 	free(cc);
 }
 
-/* Orders cc's next reads, on whichever devices they touch, after the fence (until the sync):
- * each device's stream waits for it before its first read. */
+/* Orders cc's next copies, on whichever devices they touch, after the fence (until the sync):
+ * each device's stream waits for it before its first copy. */
 void cuda_copier_fence(struct cuda_copier *cc, struct cuda_fence *f)
 {
 	if (cc == NULL)

@@ -48,7 +48,7 @@ int cuda_device_node(int dev);
 
 /* cuda_copier.c */
 /* Makes dev current on the calling (copy) thread and returns cc's stream for it, made on first
- * use and ordered after cc's fence before its first read; negative ERR_E* with err. */
+ * use and ordered after cc's fence before its first copy; negative ERR_E* with err. */
 int cuda_copier_stream(struct cuda_copier *cc, int dev, cudaStream_t *out, char *err,
 		       size_t errlen);
 #endif /* HAVE_CUDA */

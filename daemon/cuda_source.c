@@ -3,10 +3,12 @@
  * imported from exported file descriptors, as sources (source.c dispatches to them).
  *
  * A read queues a device-to-host copy on the reading copier's stream for the memory's device
- * (cuda_copier.c): the bytes are in the chunk only once the copier is synced. A VMM range is
- * mapped piece by piece on the loop thread while copy threads may already read what is mapped:
- * "mapped" grows with release stores and readers load it with acquire; nothing past it is
- * ever read, since a fault would poison the device for every client.
+ * (cuda_copier.c): the bytes are in the chunk only once the copier is synced. A write (a load)
+ * queues the host-to-device copy from the chunk on the same stream, after the same fence: the
+ * bytes are on the device, and the chunk free again, only once the copier is synced. A VMM
+ * range is mapped piece by piece on the loop thread while copy threads may already read what
+ * is mapped: "mapped" grows with release stores and readers load it with acquire; nothing past
+ * it is ever read or written, since a fault would poison the device for every client.
  */
 #include "dsckptd.h"
 
@@ -52,6 +54,35 @@ static int cuda_mem_read(void *priv, struct cuda_copier *cc, uint64_t off, void 
 		return rc;
 	e = cudaMemcpyAsync(dst, (const void *)(uintptr_t)(m->base + off), (size_t)len,
 			    cudaMemcpyDeviceToHost, st);
+	if (e != cudaSuccess)
+		return cuda_fail(err, errlen, ERR_EIO, "cudaMemcpyAsync", e);
+	return 0;
+}
+
+/* Queues a copy of src (a pinned cache chunk) into the device bytes [off, off+len) on the
+ * copier's stream for the device, after the copier's fence (a load's destination, still used
+ * by the client's stream until the fence); cuda_copier_sync waits for it, and only then may
+ * the chunk be reused. Both kinds are mapped read-write (IPC always, VMM by cuda_vmm_map_one). */
+static int cuda_mem_write(void *priv, struct cuda_copier *cc, uint64_t off, const void *src,
+			  uint64_t len, char *err, size_t errlen)
+{
+	struct cuda_mem *m = priv;
+	uint64_t mapped = atomic_load_explicit(&m->mapped, memory_order_acquire);
+	cudaStream_t st = NULL;
+	cudaError_t e;
+	int rc;
+
+	/* As for reads: a write past the mapped part would fault and poison the device. */
+	if (off + len > mapped) {
+		return seterr(err, errlen, ERR_ESTATE,
+			      "cuda source: bytes [%llu, +%llu) are not mapped (%llu are)",
+			      (unsigned long long)off, (unsigned long long)len,
+			      (unsigned long long)mapped);
+	}
+	if ((rc = cuda_copier_stream(cc, m->dev, &st, err, errlen)) < 0)
+		return rc;
+	e = cudaMemcpyAsync((void *)(uintptr_t)(m->base + off), src, (size_t)len,
+			    cudaMemcpyHostToDevice, st);
 	if (e != cudaSuccess)
 		return cuda_fail(err, errlen, ERR_EIO, "cudaMemcpyAsync", e);
 	return 0;
@@ -110,12 +141,12 @@ static void cuda_vmm_close(void *priv, uint64_t size)
 }
 
 static const struct source_ops cuda_ipc_ops = {
-	.name = "cuda_ipc", .read = cuda_mem_read, .node = cuda_mem_node,
-	.close = cuda_ipc_close,
+	.name = "cuda_ipc", .read = cuda_mem_read, .write = cuda_mem_write,
+	.node = cuda_mem_node, .close = cuda_ipc_close,
 };
 static const struct source_ops cuda_vmm_ops = {
-	.name = "cuda_vmm", .read = cuda_mem_read, .complete = cuda_vmm_complete,
-	.node = cuda_mem_node, .close = cuda_vmm_close,
+	.name = "cuda_vmm", .read = cuda_mem_read, .write = cuda_mem_write,
+	.complete = cuda_vmm_complete, .node = cuda_mem_node, .close = cuda_vmm_close,
 };
 
 /* Opens a legacy IPC handle of a whole size-byte allocation on the GPU with this UUID. */

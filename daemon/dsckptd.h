@@ -44,6 +44,7 @@ struct source;
 struct save;
 struct conn;
 struct store_file;
+struct resident;
 struct uv_loop_s;
 struct proto_out;
 
@@ -144,13 +145,22 @@ int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char 
 		 size_t errlen);
 /* Unmaps the cache; every chunk must be back. */
 void cache_destroy(struct cache *c);
-/* Takes a free chunk, from node's pool first (-1: any node), else from any pool; waits only
- * while no chunk is free at all; NULL once cache_shutdown was called. */
+/* Takes a free chunk, from node's pool first (-1: any node), else from any pool, else one the
+ * evict hook gives back; waits only while no chunk is free or evictable; NULL once
+ * cache_shutdown was called. */
 void *cache_get(struct cache *c, int node);
-/* Takes a free chunk (node's first, as cache_get) if one is free now, else NULL. */
+/* Takes a free chunk (node's first, as cache_get; evicting as it does) if one is free now,
+ * else NULL. */
 void *cache_tryget(struct cache *c, int node);
 /* Returns a chunk. */
 void cache_put(struct cache *c, void *chunk);
+/* Gives one held chunk back with cache_put; 1 if it did, 0 if nothing can be given. Called
+ * without the cache's lock, by whichever thread wants a chunk. */
+typedef int (*cache_evict_fn)(struct cache *c);
+/* Sets the eviction hook (resident.c's), before the cache is shared. */
+void cache_set_evict(struct cache *c, cache_evict_fn fn);
+/* Tells waiters of cache_get that the hook may now find a chunk to give back. */
+void cache_evictable(struct cache *c);
 /* Wakes every waiter of cache_get; they get NULL from now on. */
 void cache_shutdown(struct cache *c);
 /* Base address and length of the whole mapping, every pool (for pinning with CUDA). */
@@ -275,6 +285,8 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 		      int o_direct, struct store_file **out, char *err, size_t errlen);
 /* Whether the file was opened with O_DIRECT (writes must then be 4096-aligned). */
 int store_file_direct(const struct store_file *f);
+/* The file's identity (st_dev, st_ino), which stays the same once renamed; 0, or -1. */
+int store_file_identity(const struct store_file *f, dev_t *dev, ino_t *ino);
 /* Writes len bytes at off (retrying short writes); negative ERR_E* with err. */
 int store_file_pwrite(struct store_file *f, const void *buf, size_t len, uint64_t off,
 		      char *err, size_t errlen);
@@ -555,6 +567,8 @@ struct engine_req {
 			      * flush thread fills it before laying out the header), or NULL */
 	struct store_root root;    /* the files are renamed into place only below it */
 	struct cuda_fence *fence;  /* copies wait for it (GPU saves), or NULL */
+	struct resident *res;      /* keeps the written pieces (resident.c), or NULL; the
+				    * flush thread ends it (durable or dropped) */
 	void *owner;         /* the save, passed back in events */
 };
 enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
@@ -602,6 +616,10 @@ int flush_file_finish(struct flush_file *f, struct engine_req *r, uint64_t data_
 		      size_t errlen);
 /* The per-tensor checksums, once finished. */
 const uint64_t *flush_file_checksums(const struct flush_file *f);
+/* The finished file's identity (for its resident copy); 0, or -1 when unknown. */
+int flush_file_identity(const struct flush_file *f, dev_t *dev, ino_t *ino);
+/* The header bytes as written (checksums filled once finished): the file's first *len. */
+const uint8_t *flush_file_header(const struct flush_file *f, size_t *len);
 
 /* blob.c — a save's named blobs, charged to its user, packed as the .meta file. */
 struct blobs;
@@ -808,40 +826,54 @@ void restore_job_free(struct restore_job *j);
 void restore_stop(void);
 
 /* resident.c — the hot set: the cache chunks of files just saved, kept after the flush so
- * that a restore needs no disk; given up piece by piece whenever the cache needs room. */
+ * that a restore needs no disk; given up piece by piece whenever the cache needs room (the
+ * cache's evict hook: oldest file first, lowest piece first, never a pinned file's). Thread-
+ * safe (its own lock, taken before the cache's); the lock order is written in resident.c. */
 struct resident;
-/* Starts keeping (when enabled) and hooks eviction into cache c. */
+/* Starts keeping (when enabled) and hooks eviction into cache c; called again (a reload) it
+ * changes only whether new files are kept. */
 void resident_init(struct cache *c, int enabled);
 /* A save's file about to be written into dir/file (data_len bytes in cache-chunk pieces),
- * of uid; NULL when nothing is kept (disabled, no memory). */
+ * of uid; NULL when nothing is kept (disabled, no memory). Its writer (the engine, through
+ * engine_req.res) must end it with resident_durable or resident_drop. */
 struct resident *resident_begin(const char *dir, const char *file, uid_t uid,
 				uint64_t data_len);
-/* Keeps the flushed chunk of piece i (a flush thread): 1 kept, 0 the caller puts it back. */
+/* Keeps the flushed chunk of piece i (a flush thread): 1 kept, 0 the caller puts it back.
+ * NULL r keeps nothing. */
 int resident_keep(struct resident *r, uint64_t piece, void *chunk);
 /* The file is durable as dev/ino, its header the hdr_len bytes at hdr (copied): from now on a
- * load may find it. */
+ * load may find it, and an older copy of the same dir/file is let go. Ends the writer's hold. */
 void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
 		      size_t hdr_len);
-/* The save failed or was abandoned: every kept chunk goes back (r is freed). */
+/* The save failed or was abandoned: every kept chunk goes back (r is freed unless pinned,
+ * which it cannot be before DURABLE). NULL is fine. */
 void resident_drop(struct resident *r);
-/* dir was committed: the residents of its job's other committed tags go. */
+/* dir was committed (loop thread): its files are marked committed; of its job (dir's parent)
+ * the other committed tags' files go, and uncommitted ones begun before dir's. */
 void resident_committed(const char *dir);
-/* Finds the resident copy of dir/file still identical to the file dev/ino and pins it (no
- * piece of it is given up until resident_unpin); NULL if none. */
+/* Finds the durable copy of dir/file still identical to the file dev/ino and pins it (no
+ * piece of it is given up until resident_unpin); NULL if none. A partial copy is trimmed
+ * first so that partial pinned copies leave at least an eighth of the cache (one chunk at
+ * least) to the chunks a reader of the rest of the file needs; a complete copy stays whole.
+ * A copy let go while pinned (a commit) stays readable until its last unpin. */
 struct resident *resident_pin(const char *dir, const char *file, dev_t dev, ino_t ino);
-/* A pinned copy's header bytes (the file's first *len bytes). */
+/* A pinned copy's header bytes (the file's first *len bytes: the data starts at *len). */
 const void *resident_header(const struct resident *r, size_t *len);
-/* Piece i of a pinned copy (the data bytes [i * chunk, ...)), or NULL when given up. */
+/* Piece i of a pinned copy (the data bytes [i * chunk, min(i * chunk + chunk, data_len))),
+ * or NULL when not held; held pieces stay put while pinned. */
 const void *resident_piece(const struct resident *r, uint64_t i);
-/* Bytes of a pinned copy's data still held. */
+/* Bytes of a pinned copy's data still held (== the file's data length: every piece held). */
 uint64_t resident_held(const struct resident *r);
+/* Ends a pin; the last one makes its pieces evictable again (or frees a copy let go). */
 void resident_unpin(struct resident *r);
-/* Cache bytes held by resident files now. */
+/* Cache bytes held by resident files now (whole chunks). */
 uint64_t resident_bytes(void);
-/* Calls fn for each durable resident file (loop thread; STATUS). */
+/* Calls fn for each durable resident file, oldest first, with resident.c's lock held (fn
+ * must not call into resident.c or the cache); bytes are the data bytes held. */
 void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,
 			      uint64_t bytes, int committed), void *arg);
-/* Gives every chunk back (shutdown). */
+/* Gives every chunk back and frees every resident (shutdown, after engine_stop and once no
+ * restore runs). */
 void resident_free_all(void);
 
 /* reply.c — the one place that encodes replies; each names its client by connection id and
@@ -862,7 +894,8 @@ void reply_save_accepted(uint64_t conn, uint64_t req);
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v);
 void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info *info);
 void reply_sealed(uint64_t conn, uint64_t req, int committed);
-void reply_status(uint64_t conn, uint64_t req);
+/* STATUS; its resident list holds the files a client of uid may see (auth_sees). */
+void reply_status(uint64_t conn, uint64_t req, uid_t uid);
 void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
 void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);

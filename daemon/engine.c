@@ -8,8 +8,9 @@
  * thread's own copier (source.c: it hides whether bytes come from CUDA IPC, a VMM mapping or
  * a memfd, and orders device reads after the job's fence) and mark it ready. Flush threads
  * write each job's pieces in file order (so one streaming checksum per tensor suffices;
- * flush.c does the file's part), return the chunk to the cache, and finish the file. A save larger than the cache streams
- * through it: pieces are claimed only as chunks free up.
+ * flush.c does the file's part), hand the chunk to the job's resident copy (resident.c) or
+ * return it to the cache, and finish the file. A save larger than the cache streams through
+ * it: pieces are claimed only as chunks free up (or as resident copies give theirs back).
  *
  * Why claim after taking a chunk: a claimed piece always owns memory, so the in-order flush
  * can never wait for a piece that waits for memory held by later pieces (no deadlock).
@@ -24,7 +25,8 @@
  * engine.post_lock (post is called with engine.lock held). engine.lock guards the job list,
  * the cursors, stop and every job field marked (L); post_lock guards the post queue and the
  * fields marked (P); fields marked (loop) are the loop thread's alone. A copier belongs to one
- * copy thread from engine_start to engine_stop.
+ * copy thread from engine_start to engine_stop. resident.c (keeping a written chunk, and the
+ * eviction hook cache_get calls) is only ever called without engine.lock.
  */
 #include "dsckptd.h"
 
@@ -309,6 +311,23 @@ static void copy_loop(struct copier *cp)
 	}
 }
 
+/* Ends a job's resident copy (the flush thread holding the job, engine.lock not held):
+ * durable as the file just finished, or dropped. */
+static void end_resident(struct job *j, int durable)
+{
+	const uint8_t *hdr;
+	size_t hdr_len;
+	dev_t dev;
+	ino_t ino;
+
+	hdr = flush_file_header(j->ff, &hdr_len);
+	if (durable && hdr && flush_file_identity(j->ff, &dev, &ino) == 0)
+		resident_durable(j->r.res, dev, ino, hdr, hdr_len);
+	else
+		resident_drop(j->r.res);
+	j->r.res = NULL;
+}
+
 /* Flush thread: writes ready pieces in order and finishes jobs. */
 static void flush_loop(void)
 {
@@ -347,7 +366,9 @@ static void flush_loop(void)
 							       sizeof(err));
 			if (rc == 0 && !failed)
 				__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
-			cache_put(E.cache, chunk);
+			/* Ownership: a written chunk goes to the job's resident copy, or back. */
+			if (rc < 0 || failed || !resident_keep(j->r.res, piece, chunk))
+				cache_put(E.cache, chunk);
 			pthread_mutex_lock(&E.lock);
 			j->ready[piece] = NULL;
 			j->next_flush++;
@@ -364,6 +385,8 @@ static void flush_loop(void)
 		pthread_mutex_unlock(&E.lock);
 		int rc = failed ? 0 : flush_file_finish(j->ff, &j->r, j->data_len, err,
 							sizeof(err));
+		if (j->r.res)
+			end_resident(j, !failed && rc == 0);
 		pthread_mutex_lock(&E.lock);
 		if (rc < 0)
 			fail_locked(j, rc, err);
@@ -519,6 +542,7 @@ void engine_job_free(struct job *j)
 	free(j->r.meta_bytes);
 	if (j->r.fence)
 		copier_fence_free(j->r.fence);
+	resident_drop(j->r.res);	/* only a job that never finished still has one */
 	job_free_own(j);
 }
 

@@ -23,6 +23,9 @@ struct flush_file {
 	XXH3_state_t *tstate;      /* the current tensor's streaming hash */
 	XXH3_state_t *dstate;      /* the whole data region's hash */
 	size_t hash_tensor;        /* the tensor being hashed */
+	int have_id;               /* dev and ino are the finished file's */
+	dev_t dev;
+	ino_t ino;
 };
 
 /* Frees a file's state (NULL is fine); the file itself is the request's. */
@@ -138,9 +141,28 @@ int flush_file_finish(struct flush_file *f, struct engine_req *r, uint64_t data_
 					r->gid, r->mode, err, errlen);
 	if (rc < 0)
 		return rc;
+	/* The identity a load of its resident copy checks, while the descriptor is open. */
+	f->have_id = store_file_identity(r->file, &f->dev, &f->ino) == 0;
 	rc = store_file_finish(r->file, f->hdr_len + data_len, err, errlen);
 	r->file = NULL;	/* finish frees it, success or not */
 	return rc;
+}
+
+/* The finished file's identity; 0, or -1 when it could not be read. */
+int flush_file_identity(const struct flush_file *f, dev_t *dev, ino_t *ino)
+{
+	if (!f->have_id)
+		return -1;
+	*dev = f->dev;
+	*ino = f->ino;
+	return 0;
+}
+
+/* The header as written, checksums filled once finished: the file's first *len bytes. */
+const uint8_t *flush_file_header(const struct flush_file *f, size_t *len)
+{
+	*len = f->hdr_len;
+	return f->hdr;
 }
 
 /* The per-tensor checksums (once finished). */

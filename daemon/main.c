@@ -60,6 +60,7 @@ static void finish(void)
 {
 	conn_close_all();
 	engine_stop();
+	resident_free_all();	/* every kept chunk back before cache_destroy */
 	wait_free_all();
 	commit_free_all();
 	seal_free_all();
@@ -149,6 +150,7 @@ static void reload(void)
 	config_unref(config);
 	config = n;
 	log_set_level(config->log_level);
+	resident_init(cache, config->keep_resident);	/* files saved from now on */
 	quota_set_limits(config);
 	log_info("configuration reloaded from %s (%zu allowed roots, keep_last %u, log %s)",
 		 config_path, config->n_roots, config->keep_last,
@@ -243,6 +245,7 @@ int main(int argc, char **argv)
 		goto fail_locks;
 	}
 	gpu_register_host(cache_base(cache), cache_total(cache));
+	resident_init(cache, config->keep_resident);
 	if (save_engine_start(err, sizeof(err)) < 0) {
 		log_error("engine: %s", err);
 		goto fail_cache;
@@ -285,6 +288,7 @@ int main(int argc, char **argv)
 
 fail_engine:
 	engine_stop();
+	resident_free_all();
 fail_cache:
 	cache_destroy(cache);
 fail_locks:

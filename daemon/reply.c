@@ -9,6 +9,8 @@
 #include "../proto/proto.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -173,15 +175,62 @@ void reply_sealed(uint64_t conn, uint64_t req, int committed)
 	reply_send(conn, &o, 0);
 }
 
-/* Answers STATUS: the daemon at a glance. */
-void reply_status(uint64_t conn, uint64_t req)
+/* The resident files STATUS lists, copied out of resident.c in one pass (flush and copy
+ * threads change the set meanwhile, and the array's length comes first). */
+struct status_residents {
+	uid_t viewer;
+	size_t n, cap;
+	struct status_resident {
+		char *dir, *file;
+		uint64_t bytes;
+		int committed;
+	} *v;
+	int oom;
+};
+
+/* resident_each's callback: copies a file the viewer may see. */
+static void status_resident_add(void *arg, const char *dir, const char *file, uid_t uid,
+				uint64_t bytes, int committed)
+{
+	struct status_residents *sr = arg;
+
+	if (!auth_sees(sr->viewer, uid) || sr->oom)
+		return;
+	if (sr->n == sr->cap) {
+		size_t cap = sr->cap ? 2 * sr->cap : 16;
+		struct status_resident *v = realloc(sr->v, cap * sizeof(*v));
+		if (!v) {
+			sr->oom = 1;
+			return;
+		}
+		sr->v = v;
+		sr->cap = cap;
+	}
+	struct status_resident *e = &sr->v[sr->n];
+	e->dir = strdup(dir);
+	e->file = strdup(file);
+	e->bytes = bytes;
+	e->committed = committed;
+	if (!e->dir || !e->file) {
+		free(e->dir);
+		free(e->file);
+		sr->oom = 1;
+		return;
+	}
+	sr->n++;
+}
+
+/* Answers STATUS: the daemon at a glance; resident files are those uid may see. */
+void reply_status(uint64_t conn, uint64_t req, uid_t uid)
 {
 	struct proto_out o;
 	struct timespec ts;
+	struct status_residents sr = {.viewer = uid};
 
+	resident_each(status_resident_add, &sr);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 13);
+	msgpack_pack_map(&o.pk, 15);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
@@ -205,6 +254,19 @@ void reply_status(uint64_t conn, uint64_t req)
 		proto_kv_u64(&o.pk, "total", total);
 		proto_kv_u64(&o.pk, "used", used);
 	}
+	proto_kv_u64(&o.pk, "cache_resident", resident_bytes());
+	proto_key(&o.pk, "resident");
+	msgpack_pack_array(&o.pk, sr.n);
+	for (size_t i = 0; i < sr.n; i++) {
+		msgpack_pack_map(&o.pk, 4);
+		proto_kv_str(&o.pk, "dir", sr.v[i].dir);
+		proto_kv_str(&o.pk, "file", sr.v[i].file);
+		proto_kv_u64(&o.pk, "bytes", sr.v[i].bytes);
+		proto_kv_bool(&o.pk, "committed", sr.v[i].committed);
+		free(sr.v[i].dir);
+		free(sr.v[i].file);
+	}
+	free(sr.v);
 	reply_send(conn, &o, 0);
 }
 

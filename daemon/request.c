@@ -434,12 +434,12 @@ static void on_seal(struct client *c, const struct proto_hdr *h, struct proto_ma
 	seal_request(c, h->id, dir);
 }
 
-/* STATUS: the daemon at a glance. */
+/* STATUS: the daemon at a glance (resident files: this client's user's, all for root). */
 static void on_status(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_status(client_id(c), h->id);
+	reply_status(client_id(c), h->id, client_uid(c));
 }
 
 /* PENDING: the saves the daemon still knows, of this client's user (all of them for root). */

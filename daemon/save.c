@@ -467,11 +467,13 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	if (rc < 0)
 		goto fail;
 	r.dirfd = s->dirfd;
+	r.res = resident_begin(s->dir, s->file, s->uid, s->bytes);
 	if ((rc = engine_submit(&r, &s->job, err, errlen)) < 0) {
 		store_file_abort(r.file);
+		resident_drop(r.res);
 		goto fail;
 	}
-	/* Ownership: sources, file, directory and fence went to the engine. */
+	/* Ownership: sources, file, directory, fence and resident copy went to the engine. */
 	for (size_t i = 0; i < s->n; i++)
 		s->t[i].src = NULL;
 	s->dirfd = -1;

@@ -153,6 +153,7 @@ static void seal_after(uv_work_t *w, int status)
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
 			 t->job, t->info.files, (unsigned long long)t->info.bytes);
 		save_mark_committed(t->dir);
+		resident_committed(t->dir);
 		seal_end(t);
 	} else if (t->written != t->nsealed) {
 		seal_check(t);	/* more ranks sealed meanwhile */

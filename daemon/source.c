@@ -1,15 +1,18 @@
 /*
- * source.c — transports: where the bytes of a save come from, and the copiers that read them.
+ * source.c — transports: where the bytes of a save come from (and a load's go), and the
+ * copiers that move them.
  *
  * A source is refcounted (a save and the copy threads reading it each hold a reference) and
  * dispatches through its kind's operations: host memory (a client's sealed memfd, read with
- * pread) here, CUDA IPC handles and VMM ranges in cuda_source.c.
+ * pread and written with pwrite) here, CUDA IPC handles and VMM ranges in cuda_source.c.
  *
- * A copier is one copy thread's reader, never shared (no lock): whatever the kinds of the
- * sources a piece spans, the thread orders its reads after a client's fence (copier_fence),
- * reads (copier_read) and waits for them (copier_sync). Host reads are done when copier_read
- * returns; device reads are only queued on the copier's device part (cuda_copier.c: a stream
- * per device), which each source_ops read receives, and are done at copier_sync.
+ * A copier is one copy (or restore) thread's mover, never shared (no lock): whatever the
+ * kinds of the sources a piece spans, the thread orders its copies after a client's fence
+ * (copier_fence), reads (copier_read: source → chunk, saves) or writes (copier_write: chunk →
+ * source, loads) and waits for them (copier_sync). Host copies are done when the call returns;
+ * device copies are only queued on the copier's device part (cuda_copier.c: a stream per
+ * device, the same for both directions), which each source_ops read or write receives, and
+ * are done at copier_sync: only then may the chunk be reused.
  */
 #include "dsckptd.h"
 
@@ -64,6 +67,52 @@ static int source_host_read(void *priv, struct cuda_copier *cc, uint64_t off, vo
 	return 0;
 }
 
+/* Why a pwrite into a client's memfd failed, in words that name the remedy. */
+static const char *source_host_write_why(int e)
+{
+	switch (e) {
+	case EPERM:
+		return "the memfd is sealed against writing (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE); "
+		       "a load's host destination must stay writable";
+	case EBADF:
+		return "the descriptor is not open for writing";
+	case ENOSPC:
+		return "no memory left to back the memfd's pages";
+	default:
+		return strerror(e);
+	}
+}
+
+/*
+ * Writes host bytes with pwrite (a load), for the reasons reads use pread: never through a
+ * mapping, so memory the client punched or sealed is an error for this one load, not a SIGBUS
+ * for the daemon. Never grows the memfd either: copier_write keeps [off, off+len) within the
+ * region, whose size was checked against the memfd's at open, and the seal against shrinking
+ * keeps it so; a write that makes no progress is an error rather than a retry. Writing into a
+ * hole allocates the memfd's pages, already charged to the client's user (QUOTA_REGION_BYTES).
+ */
+static int source_host_write(void *priv, struct cuda_copier *cc, uint64_t off, const void *src,
+			     uint64_t len, char *err, size_t errlen)
+{
+	int fd = (int)(intptr_t)priv;
+	const uint8_t *p = src;
+
+	while (len > 0) {
+		ssize_t r = pwrite(fd, p, len, (off_t)off);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return seterr(err, errlen, r < 0 ? err_from_errno(errno) : ERR_EIO,
+				      "host source: cannot write at byte %llu: %s",
+				      (unsigned long long)off,
+				      r < 0 ? source_host_write_why(errno) : "no byte written");
+		p += r;
+		off += (uint64_t)r;
+		len -= (uint64_t)r;
+	}
+	return 0;
+}
+
 /* Closes the client's fd. */
 static void source_host_close(void *priv, uint64_t size)
 {
@@ -71,7 +120,8 @@ static void source_host_close(void *priv, uint64_t size)
 }
 
 static const struct source_ops source_host_ops = {
-	.name = "host", .read = source_host_read, .close = source_host_close,
+	.name = "host", .read = source_host_read, .write = source_host_write,
+	.close = source_host_close,
 };
 
 /* Makes a source (one reference) of size bytes of a kind; NULL when out of memory. */
@@ -185,8 +235,8 @@ void copier_free(struct copier *cp)
 	free(cp);
 }
 
-/* Orders the copier's next reads (until copier_sync), on whichever devices they touch, after
- * the fence (NULL: none); host reads need no ordering. */
+/* Orders the copier's next copies (until copier_sync), on whichever devices they touch, after
+ * the fence (NULL: none); host copies need no ordering. */
 void copier_fence(struct copier *cp, struct cuda_fence *f)
 {
 	cuda_copier_fence(cp->cuda, f);
@@ -211,7 +261,24 @@ int copier_read(struct copier *cp, struct source *s, uint64_t off, void *dst, ui
 	return s->ops->read(s->priv, cp->cuda, off, dst, len, err, errlen);
 }
 
-/* Waits for the reads the copier queued, on every device, even after an error (none is left
+/* Writes len bytes of src (a cache chunk) to the source at off (a load's destination), or
+ * queues the write (device kinds) until copier_sync, ordered after the copier's fence as reads
+ * are; ERR_ENOTSUP for a kind that cannot be written, ERR_ERANGE past the source's end. */
+int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *src,
+		 uint64_t len, char *err, size_t errlen)
+{
+	if (s->ops->write == NULL)
+		return seterr(err, errlen, ERR_ENOTSUP, "%s source: cannot be written",
+			      s->ops->name);
+	if (off > s->size || len > s->size - off)
+		return seterr(err, errlen, ERR_ERANGE,
+			      "%s source: write of %llu bytes at %llu past its %llu bytes",
+			      s->ops->name, (unsigned long long)len, (unsigned long long)off,
+			      (unsigned long long)s->size);
+	return s->ops->write(s->priv, cp->cuda, off, src, len, err, errlen);
+}
+
+/* Waits for the copies (reads and writes) the copier queued, on every device, even after an error (none is left
  * in flight), and ends its fence; 0 or the first failure's ERR_E* with err. */
 int copier_sync(struct copier *cp, char *err, size_t errlen)
 {

@@ -157,6 +157,18 @@ int store_file_direct(const struct store_file *f)
 	return f->direct;
 }
 
+/* The file's identity (st_dev, st_ino), the same once it is renamed into place; 0, or -1. */
+int store_file_identity(const struct store_file *f, dev_t *dev, ino_t *ino)
+{
+	struct stat st;
+
+	if (fstat(f->fd, &st) < 0)
+		return -1;
+	*dev = st.st_dev;
+	*ino = st.st_ino;
+	return 0;
+}
+
 /* Writes len bytes at off, retrying short writes and EINTR. */
 int store_file_pwrite(struct store_file *f, const void *buf, size_t len, uint64_t off,
 		      char *err, size_t errlen)

@@ -101,7 +101,7 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		proto_kv_u64(&o.pk, "client", 7);
 	} else if (h->type == PROTO_STATUS) {
 		proto_out_init(&o, PROTO_REPLY, h->id);
-		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 14 : mode == FAKE_BADPOOLS ? 13 : 11);
+		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 16 : mode == FAKE_BADPOOLS ? 13 : 11);
 		proto_kv_str(&o.pk, "version", "9.9.9");
 		proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 		proto_kv_u64(&o.pk, "pid", 4242);
@@ -123,6 +123,16 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 				proto_kv_i64(&o.pk, "node", n);
 				proto_kv_u64(&o.pk, "total", 2ull << 30);
 				proto_kv_u64(&o.pk, "used", (uint64_t)n << 30);
+			}
+			proto_kv_u64(&o.pk, "cache_resident", 1ull << 30);
+			proto_key(&o.pk, "resident");
+			msgpack_pack_array(&o.pk, 2);
+			for (int n = 0; n < 2; n++) {
+				msgpack_pack_map(&o.pk, 4);
+				proto_kv_str(&o.pk, "dir", n ? "/ckpt/llama/step6" : "/ckpt/llama/step5");
+				proto_kv_str(&o.pk, "file", "rank0");
+				proto_kv_u64(&o.pk, "bytes", (uint64_t)(n + 1) << 29);
+				proto_kv_bool(&o.pk, "committed", !n);
 			}
 		} else if (mode == FAKE_BADPOOLS) {
 			proto_kv_str(&o.pk, "cuda", "NVIDIA H200");
@@ -240,6 +250,9 @@ START_TEST(test_query_replies)
 	ck_out_has("4 flush, 2 copy");
 	ck_out_has("NVIDIA H200");
 	ck_out_has("  node 1   1.00 GiB used of 2.00 GiB");
+	ck_out_has("resident  1.00 GiB in 2 files\n"
+		   "  /ckpt/llama/step5/rank0  512 MiB, committed\n"
+		   "  /ckpt/llama/step6/rank0  1.00 GiB\n");
 
 	ck_assert_int_eq(ctl("-s %s --json status", sock), 0);
 	cJSON *doc = cJSON_Parse(ctl_out);
@@ -248,6 +261,12 @@ START_TEST(test_query_replies)
 	const cJSON *pools = cJSON_GetObjectItem(doc, "cache_pools");
 	ck_assert_int_eq(cJSON_GetArraySize(pools), 2);
 	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(pools, 1), "node")->valueint, 1);
+	ck_assert_int_eq(cJSON_GetObjectItem(doc, "cache_resident")->valuedouble, 1 << 30);
+	const cJSON *res = cJSON_GetObjectItem(doc, "resident");
+	ck_assert_int_eq(cJSON_GetArraySize(res), 2);
+	ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 1), "dir")->valuestring,
+			 "/ckpt/llama/step6");
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "committed")));
 	cJSON_Delete(doc);
 
 	ck_assert_int_eq(ctl("-s %s pending", sock), 0);

@@ -247,7 +247,7 @@ void plan(struct tjob *t, const char *file, size_t n, uint64_t (*size)(size_t, s
 void submit(struct tjob *t, int dirfd, int o_direct)
 {
 	struct engine_req r = {.n = t->n, .uid = getuid(), .gid = getgid(), .mode = 0640,
-			       .root = rootid, .owner = t};
+			       .root = rootid, .res = t->res, .owner = t};
 	struct source *src[2];
 	uint64_t end[2] = {8, 8};
 	char name[128];

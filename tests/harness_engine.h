@@ -55,6 +55,7 @@ struct tjob {
 	int bad_name;                /* tensor 0's name is not valid UTF-8 */
 	int cancel_when_final;       /* engine_cancel in the final event's callback (a no-op) */
 	int dirfd;                   /* its directory, wherever it is moved */
+	struct resident *res;        /* handed to the engine with the job (resident.c), or NULL */
 	/* what came back */
 	struct job *job;
 	int ev[8];

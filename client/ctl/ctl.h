@@ -43,6 +43,18 @@ int query_send(dsckpt_conn_t *c, unsigned type, struct lib_reply *r);
 int query_end(dsckpt_conn_t *c, struct lib_reply *r);
 /* Prints the daemon's state (STATUS). */
 int query_status(struct ctl *ctl);
+/* A file the daemon keeps in its host cache (STATUS's resident list). */
+struct ctl_resident {
+	char *dir;
+	char *file;
+	uint64_t bytes;
+	int committed;
+};
+/* Asks the daemon at ctl->socket, printing nothing, for the resident files this user may see:
+ * how many (*out, query_residents_free), or -1 when it cannot say (not running, older). */
+long query_residents(const struct ctl *ctl, struct ctl_resident **out);
+/* Frees what query_residents returned. */
+void query_residents_free(struct ctl_resident *v, long n);
 
 /* pending.c */
 /* Prints one row per save the daemon holds (PENDING). */

@@ -1,5 +1,6 @@
 /* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk; for
- * an incomplete tag, how many ranks sealed it (its SEAL.<host>.json records) and which not. */
+ * an incomplete tag, how many ranks sealed it (its SEAL.<host>.json records) and which not;
+ * when the daemon answers, which tags it keeps in its host cache (resident). */
 #include "ctl.h"
 
 #include "../../format/format.h"
@@ -28,6 +29,7 @@ struct tag {
 	unsigned world;      /* from its seal records; 0 when it has none */
 	unsigned sealed;     /* ranks they name */
 	char missing[96];    /* the first ranks not sealed, "2, 5, ..." */
+	int resident;        /* the daemon keeps files of it in its cache */
 };
 
 /* Every tag found. */
@@ -35,6 +37,7 @@ struct tags {
 	struct tag *v;
 	size_t n, cap;
 	const char *root;
+	int asked;           /* the daemon said which tags are resident */
 };
 
 /* Whether name ends with suffix (and has something before it). */
@@ -230,6 +233,8 @@ static int list_print(const struct ctl *ctl, const struct tags *tags)
 				cJSON_AddNumberToObject(o, "sealed", t->sealed);
 				cJSON_AddNumberToObject(o, "world", t->world);
 			}
+			if (tags->asked)
+				cJSON_AddBoolToObject(o, "resident", t->resident);
 			cJSON_AddItemToArray(a, o);
 		}
 		return out_json(doc);
@@ -238,7 +243,10 @@ static int list_print(const struct ctl *ctl, const struct tags *tags)
 		printf("no checkpoints under %s\n", tags->root);
 		return CTL_OK;
 	}
-	struct table *tb = table_new(6, "PATH", "STATE", "FILES", "SIZE", "CREATED", "LATEST");
+	struct table *tb = tags->asked ? table_new(7, "PATH", "STATE", "FILES", "SIZE", "CREATED",
+						   "LATEST", "CACHE")
+				       : table_new(6, "PATH", "STATE", "FILES", "SIZE", "CREATED",
+						   "LATEST");
 	table_right(tb, 2);
 	table_right(tb, 3);
 	for (size_t i = 0; i < tags->n; i++) {
@@ -254,10 +262,34 @@ static int list_print(const struct ctl *ctl, const struct tags *tags)
 		else
 			snprintf(state, sizeof(state), "%s", t->state);
 		table_row(tb, t->path, state, files, out_bytes(t->bytes, size, sizeof(size)),
-			  t->created ? t->created : "-", t->latest ? "latest" : "");
+			  t->created ? t->created : "-", t->latest ? "latest" : "",
+			  t->resident ? "resident" : "");
 	}
 	table_print(tb, stdout);
 	return CTL_OK;
+}
+
+/* Marks the tags whose files the daemon keeps in its cache (real: ROOT's real path), when
+ * it answers; a daemon that does not (none running here) leaves the listing as it was. */
+static void list_mark_resident(const struct ctl *ctl, struct tags *tags, const char *real)
+{
+	struct ctl_resident *res;
+	long n = query_residents(ctl, &res);
+
+	if (n < 0)
+		return;
+	tags->asked = 1;
+	for (size_t i = 0; i < tags->n; i++) {
+		struct tag *t = &tags->v[i];
+		char *abs = NULL;
+		if (strcmp(t->path, ".") == 0 ? !(abs = strdup(real))
+					      : asprintf(&abs, "%s/%s", real, t->path) < 0)
+			continue;
+		for (long k = 0; k < n && !t->resident; k++)
+			t->resident = strcmp(res[k].dir, abs) == 0;
+		free(abs);
+	}
+	query_residents_free(res, n);
 }
 
 /* Lists the checkpoint tags under ctl->arg. */
@@ -281,6 +313,7 @@ int list_run(struct ctl *ctl)
 	}
 	if (tags.n)
 		qsort(tags.v, tags.n, sizeof(*tags.v), tag_cmp);
+	list_mark_resident(ctl, &tags, real);
 	rc = list_print(ctl, &tags);
 out:
 	for (size_t i = 0; i < tags.n; i++) {

@@ -14,6 +14,7 @@
 
 #define REPLY_TIMEOUT_MS 10000   /* the daemon answers queries at once; this is a hang */
 #define MAX_POOLS 64
+#define MAX_RESIDENT 100000     /* files listed by one STATUS */
 
 /* Prints why request what failed: the library's words, with the daemon's code when the daemon
  * refused it, and the remedy for a version mismatch. */
@@ -94,6 +95,77 @@ static size_t pools_decode(struct proto_map *pm, struct pool *out)
 	return pm->err ? 0 : n;
 }
 
+/* Frees what residents_decode or query_residents returned. */
+void query_residents_free(struct ctl_resident *v, long n)
+{
+	for (long i = 0; i < n; i++) {
+		free(v[i].dir);
+		free(v[i].file);
+	}
+	free(v);
+}
+
+/* Reads STATUS's resident list (absent from older daemons: 0, *out NULL); the number read,
+ * or -1 without memory (then pm carries the error). */
+static long residents_decode(struct proto_map *pm, struct ctl_resident **out)
+{
+	const msgpack_object_array *a = NULL;
+	static char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1];
+	long n = 0;
+
+	*out = NULL;
+	if (proto_get_array(pm, "resident", &a, MAX_RESIDENT, 0) < 0 || a == NULL || !a->size)
+		return 0;
+	if (!(*out = calloc(a->size, sizeof(**out)))) {
+		proto_map_fail(pm, "out of memory");
+		return -1;
+	}
+	for (; n < (long)a->size && !pm->err; n++) {
+		struct ctl_resident *e = &(*out)[n];
+		struct proto_map sub;
+		proto_map_init(&sub, &a->ptr[n]);
+		proto_get_str(&sub, "dir", dir, PROTO_MAX_STR, 1);
+		proto_get_str(&sub, "file", file, PROTO_MAX_NAME, 1);
+		proto_get_u64(&sub, "bytes", UINT64_MAX, &e->bytes, 1);
+		proto_get_bool(&sub, "committed", &e->committed, 1);
+		if (sub.err)
+			proto_map_fail(pm, "resident[%ld]: %s", n, sub.why);
+		else if (!(e->dir = strdup(dir)) || !(e->file = strdup(file)))
+			proto_map_fail(pm, "out of memory");
+	}
+	if (pm->err) {
+		query_residents_free(*out, n);
+		*out = NULL;
+		return -1;
+	}
+	return n;
+}
+
+/* Asks the daemon quietly for the resident files this user may see; -1 when it cannot. */
+long query_residents(const struct ctl *ctl, struct ctl_resident **out)
+{
+	dsckpt_conn_t *c;
+	struct lib_reply r;
+	long n;
+
+	*out = NULL;
+	if (dsckpt_connect(ctl->socket, &c) < 0)
+		return -1;
+	if (lib_conn_ctl_hello(c, REPLY_TIMEOUT_MS) < 0 || lib_conn_query(c, PROTO_STATUS, &r) < 0) {
+		dsckpt_close(c);
+		return -1;
+	}
+	n = residents_decode(&r.m, out);
+	int has = proto_get_u64(&r.m, "cache_resident", UINT64_MAX, &(uint64_t){0}, 1) > 0;
+	if (lib_conn_query_end(c, &r) < 0 || n < 0 || !has) {
+		query_residents_free(*out, n < 0 ? 0 : n);
+		*out = NULL;
+		n = -1;
+	}
+	dsckpt_close(c);
+	return n;
+}
+
 /* Prints the daemon's state. */
 int query_status(struct ctl *ctl)
 {
@@ -102,9 +174,11 @@ int query_status(struct ctl *ctl)
 	struct proto_map *pm = &r.m;
 	char version[PROTO_MAX_NAME + 1] = "", cuda[PROTO_MAX_STR + 1] = "";
 	uint64_t proto = 0, pid = 0, uptime = 0, total = 0, used = 0, chunk = 0, clients = 0,
-		 saves = 0, flush = 0, copy = 0;
+		 saves = 0, flush = 0, copy = 0, resident = 0;
 	struct pool pools[MAX_POOLS];
+	struct ctl_resident *res;
 	size_t np;
+	long nres;
 
 	if (!(c = query_open(ctl)))
 		return CTL_FAIL;
@@ -125,10 +199,14 @@ int query_status(struct ctl *ctl)
 	proto_get_u64(pm, "copy_threads", UINT32_MAX, &copy, 1);
 	proto_get_str(pm, "cuda", cuda, PROTO_MAX_STR, 1);
 	np = pools_decode(pm, pools);
+	proto_get_u64(pm, "cache_resident", UINT64_MAX, &resident, 0);
+	nres = residents_decode(pm, &res);
 	int rc = query_end(c, &r);
 	dsckpt_close(c);
-	if (rc != 0)
+	if (rc != 0 || nres < 0) {
+		query_residents_free(res, nres);
 		return CTL_FAIL;
+	}
 
 	if (ctl->json) {
 		cJSON *o = cJSON_CreateObject();
@@ -152,6 +230,17 @@ int query_status(struct ctl *ctl)
 			cJSON_AddNumberToObject(p, "used", (double)pools[i].used);
 			cJSON_AddItemToArray(a, p);
 		}
+		cJSON_AddNumberToObject(o, "cache_resident", (double)resident);
+		a = cJSON_AddArrayToObject(o, "resident");
+		for (long i = 0; i < nres; i++) {
+			cJSON *f = cJSON_CreateObject();
+			cJSON_AddStringToObject(f, "dir", res[i].dir);
+			cJSON_AddStringToObject(f, "file", res[i].file);
+			cJSON_AddNumberToObject(f, "bytes", (double)res[i].bytes);
+			cJSON_AddBoolToObject(f, "committed", res[i].committed);
+			cJSON_AddItemToArray(a, f);
+		}
+		query_residents_free(res, nres);
 		return out_json(o);
 	}
 	char b1[32], b2[32], b3[32];
@@ -164,6 +253,13 @@ int query_status(struct ctl *ctl)
 		printf("  node %-3" PRId64 " %s used of %s\n", pools[i].node,
 		       out_bytes(pools[i].used, b1, sizeof(b1)),
 		       out_bytes(pools[i].total, b2, sizeof(b2)));
+	printf("resident  %s in %ld file%s\n", out_bytes(resident, b1, sizeof(b1)), nres,
+	       nres == 1 ? "" : "s");
+	for (long i = 0; i < nres; i++)
+		printf("  %s/%s  %s%s\n", res[i].dir, res[i].file,
+		       out_bytes(res[i].bytes, b1, sizeof(b1)),
+		       res[i].committed ? ", committed" : "");
+	query_residents_free(res, nres);
 	printf("clients   %" PRIu64 "\n", clients);
 	printf("saves     %" PRIu64 " in flight\n", saves);
 	printf("threads   %" PRIu64 " flush, %" PRIu64 " copy\n", flush, copy);

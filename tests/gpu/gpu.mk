@@ -6,7 +6,8 @@
 #                     msgpack-c, xxhash and the CUDA runtime linked statically and libcjson.so.1
 #                     copied into build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
 #                     runs on a GPU node that has none of the build dependencies.
-#   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu
+#   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu (gpu-trainer: saves;
+#                     gpu-restore: loads from the cache and, after a restart, from files)
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
 #   make bench-train  (on the GPU node) tests/gpu/run-train build/gpu
 #   make bench-load   (on the GPU node) tests/gpu/run-bench-load build/gpu: loading onto a GPU
@@ -27,7 +28,7 @@ GPU_STATIC = $(shell $(CC) -print-file-name=libuv_a.a) \
 GPU_RPATH := -Wl,-rpath,'$$ORIGIN/lib' -Wl,--as-needed
 GPU_SYSLIBS := -lpthread -ldl -lrt -lm
 GPU_BINS := $(GPU_DIR)/dsckptd $(GPU_DIR)/dsckptctl $(GPU_DIR)/lib/libdsckpt.so.0 \
-	$(GPU_DIR)/gpu-trainer $(GPU_DIR)/gpu-bench
+	$(GPU_DIR)/gpu-trainer $(GPU_DIR)/gpu-bench $(GPU_DIR)/gpu-restore
 
 .PHONY: gpu-bundle gpu-bundle-files gpu-check bench-gpu bench-load
 

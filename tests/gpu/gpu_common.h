@@ -1,8 +1,8 @@
 /*
- * gpu_common.h — shared by the GPU test programs (gpu_trainer.cu, gpu_bench.cu): error checks,
- * driver-API entry points (through cudaGetDriverEntryPointByVersion, so no -lcuda), CUDA VMM
- * allocations exportable as POSIX file descriptors, the test byte pattern with its kernels, and
- * a clock. Every failure prints where and why and exits 1: these are test programs.
+ * gpu_common.h — shared by the GPU test programs (gpu_trainer.cu, gpu_bench.cu,
+ * gpu_restore.cu): error checks, driver-API entry points (through
+ * cudaGetDriverEntryPointByVersion, so no -lcuda), CUDA VMM allocations exportable as POSIX
+ * file descriptors, the test byte pattern with its kernels, and a clock. Every failure prints where and why and exits 1: these are test programs.
  */
 #ifndef GPU_COMMON_H
 #define GPU_COMMON_H
