@@ -176,12 +176,11 @@ check-san:
 	$(MAKE) BUILD=build/san SAN=address,undefined check-plain
 
 # ThreadSanitizer over the threaded modules' suites and the integration suites, whose
-# harness starts the TSan-built dsckptd of this build (tests/tsan.supp: what, and why);
-# check_client_load for the daemon's restore threads.
+# harness starts the TSan-built dsckptd of this build (tests/tsan.supp: what, and why).
 TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine*.c \
 	tests/check_cache*.c tests/check_source.c tests/check_daemon*.c tests/check_fair.c \
 	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
-	tests/check_client_load.c))
+	tests/check_load.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

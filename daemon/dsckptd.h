@@ -10,6 +10,10 @@
  *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
  *           → cache.c (chunks) → flush threads (flush.c: a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk; their format is format/'s)
+ *           → resident.c (chunks of files just written, kept for restores while room lasts)
+ *     → request_load.c → load.c (loads: the file, its header, the destinations)
+ *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
+ *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save levels to their observers (wait.c, commit.c; wired in main.c), and every
@@ -753,6 +757,8 @@ struct load_view {
 	uint64_t tensors, bytes, bytes_cached; /* of the file */
 	uint64_t bytes_total, bytes_done;      /* of the destinations named */
 };
+/* Starts the restore threads (restore.c) with load.c's event handler. */
+int load_start(unsigned threads, char *err, size_t errlen);
 /* Opens dir/file.safetensors for client cl (checks, header, resident copy); its id, or a
  * negative ERR_E* with err. */
 int64_t load_begin(const struct client *cl, const char *dir, const char *file, char *err,
@@ -782,6 +788,8 @@ void load_wait(struct load *l, uint64_t req, int64_t timeout_ms);
 void load_client_gone(uint64_t client);
 /* Loads in progress. */
 unsigned load_count(void);
+/* Cancels every running load (shutdown). */
+void load_cancel_all(void);
 /* Frees every load (shutdown, once the restore threads are stopped). */
 void load_free_all(void);
 
@@ -796,14 +804,15 @@ struct restore_dst {
 	int has_xxh3;
 	uint64_t xxh3;           /* the header's checksum, when has_xxh3 */
 };
-/* What a load hands to the restore threads; the job owns fd and every reference from
- * submit on. */
+/* What a load hands to the restore threads; the job owns d, the descriptors, the pin, the
+ * fence and every reference from submit on. */
 struct restore_req {
-	struct restore_dst *d;   /* sorted by begin, not overlapping */
+	struct restore_dst *d;   /* sorted by begin */
 	size_t n;
-	int fd;                  /* the file, or -1 when every piece is resident */
-	int o_direct;            /* fd was opened with O_DIRECT */
-	uint64_t data_start;     /* file offset of the data region */
+	int fd;                  /* the file, buffered: pieces already in the page cache */
+	int dfd;                 /* the same file with O_DIRECT (cold pieces), or -1 */
+	uint64_t data_start;     /* file offset of the data region (4096-aligned for dfd) */
+	uint64_t data_len;       /* bytes of the data region */
 	const char *path;        /* for messages (borrowed from the load) */
 	struct resident *res;    /* pinned resident copy, or NULL */
 	struct cuda_fence *fence;

@@ -58,8 +58,11 @@ static void usage(FILE *f)
 /* Closes what is left and leaves; called once nothing is in flight during a drain. */
 static void finish(void)
 {
-	conn_close_all();
+	conn_close_all();	/* their loads are cancelled */
+	load_cancel_all();
 	engine_stop();
+	restore_stop();
+	load_free_all();
 	resident_free_all();	/* every kept chunk back before cache_destroy */
 	wait_free_all();
 	commit_free_all();
@@ -93,6 +96,13 @@ static unsigned copy_threads_for(unsigned configured)
 	if (gpus == 0)
 		return 2;
 	return gpus > 32 ? 64 : gpus < 2 ? 4 : 2 * (unsigned)gpus;
+}
+
+/* restore_threads 0 ("auto"): eight with a GPU (parallel reads and host-to-device copies in
+ * flight), two without one. */
+static unsigned restore_threads_for(unsigned configured)
+{
+	return configured ? configured : gpu_count() > 0 ? 8 : 2;
 }
 
 /*
@@ -250,6 +260,11 @@ int main(int argc, char **argv)
 		log_error("engine: %s", err);
 		goto fail_cache;
 	}
+	config->restore_threads = restore_threads_for(config->restore_threads);
+	if (load_start(config->restore_threads, err, sizeof(err)) < 0) {
+		log_error("restore threads: %s", err);
+		goto fail_engine;
+	}
 	/* The wiring: frames go up to the request layer; level changes to waits and commits. */
 	conn_init(request_dispatch, request_conn_gone);
 	save_observe(wait_on_save);
@@ -258,7 +273,7 @@ int main(int argc, char **argv)
 	uv_check_init(loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);
-		goto fail_engine;
+		goto fail_restore;
 	}
 	uv_signal_init(loop, &sig_term);
 	uv_signal_init(loop, &sig_int);
@@ -268,10 +283,10 @@ int main(int argc, char **argv)
 	uv_signal_start(&sig_hup, on_signal, SIGHUP);
 
 	log_info("dsckptd %s ready on %s: cache %.2f GiB in %llu MiB chunks (touched in %.0f ms), "
-		 "%u copy + %u flush threads, CUDA: %s", DSCKPTD_VERSION, config->socket,
-		 cache_total(cache) / 1073741824.0,
+		 "%u copy + %u flush + %u restore threads, CUDA: %s", DSCKPTD_VERSION,
+		 config->socket, cache_total(cache) / 1073741824.0,
 		 (unsigned long long)(cache_chunk(cache) >> 20), cache_touch_ms(cache),
-		 config->copy_threads, config->flush_threads, gpu_line);
+		 config->copy_threads, config->flush_threads, config->restore_threads, gpu_line);
 	notify_ready();
 	uv_run(loop, UV_RUN_DEFAULT);
 
@@ -286,6 +301,8 @@ int main(int argc, char **argv)
 	log_info("stopped");
 	return rc == 0 ? 0 : 1;
 
+fail_restore:
+	restore_stop();
 fail_engine:
 	engine_stop();
 	resident_free_all();

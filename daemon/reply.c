@@ -230,7 +230,7 @@ void reply_status(uint64_t conn, uint64_t req, uid_t uid)
 	resident_each(status_resident_add, &sr);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 15);
+	msgpack_pack_map(&o.pk, 16);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
@@ -255,6 +255,7 @@ void reply_status(uint64_t conn, uint64_t req, uid_t uid)
 		proto_kv_u64(&o.pk, "used", used);
 	}
 	proto_kv_u64(&o.pk, "cache_resident", resident_bytes());
+	proto_kv_u64(&o.pk, "loads", load_count());
 	proto_key(&o.pk, "resident");
 	msgpack_pack_array(&o.pk, sr.n);
 	for (size_t i = 0; i < sr.n; i++) {
@@ -321,6 +322,40 @@ void reply_pending(uint64_t conn, uint64_t req, uid_t uid)
 			pack_pending_save(&o.pk, &v);
 			n--;
 		}
+	}
+	reply_send(conn, &o, 0);
+}
+
+/* Answers LOAD_BEGIN: the load's id and what the file holds. */
+void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v)
+{
+	struct proto_out o;
+
+	proto_out_init(&o, PROTO_REPLY, req);
+	msgpack_pack_map(&o.pk, 5);
+	proto_kv_u64(&o.pk, "load", v->id);
+	proto_kv_str(&o.pk, "source", v->source);
+	proto_kv_u64(&o.pk, "tensors", v->tensors);
+	proto_kv_u64(&o.pk, "bytes", v->bytes);
+	proto_kv_u64(&o.pk, "bytes_cached", v->bytes_cached);
+	reply_send(conn, &o, 0);
+}
+
+/* Answers LOAD_WAIT with the load's state. */
+void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v)
+{
+	struct proto_out o;
+
+	proto_out_init(&o, PROTO_REPLY, req);
+	msgpack_pack_map(&o.pk, v->level == LOAD_FAILED ? 7 : 5);
+	proto_kv_u64(&o.pk, "load", v->id);
+	proto_kv_i64(&o.pk, "level", v->level);
+	proto_kv_str(&o.pk, "source", v->source);
+	proto_kv_u64(&o.pk, "bytes_total", v->bytes_total);
+	proto_kv_u64(&o.pk, "bytes_done", v->bytes_done);
+	if (v->level == LOAD_FAILED) {
+		proto_kv_i64(&o.pk, "code", v->code);
+		proto_kv_str(&o.pk, "error", v->error);
 	}
 	reply_send(conn, &o, 0);
 }

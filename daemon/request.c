@@ -7,17 +7,15 @@
  * and the connection goes on.
  */
 #include "dsckptd.h"
-#include "../proto/proto.h"
+#include "request.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <uv.h>
 
-#define MAX_ENTRIES 65536
-
 /* Closes descriptors nobody took. */
-static void close_fds(int *fds, unsigned nfds)
+void request_close_fds(int *fds, unsigned nfds)
 {
 	for (unsigned i = 0; i < nfds; i++)
 		if (fds[i] >= 0)
@@ -25,14 +23,12 @@ static void close_fds(int *fds, unsigned nfds)
 }
 
 /* Rejects a malformed frame and closes the connection. */
-static void request_malformed(struct client *c, const struct proto_hdr *h, const char *why)
+void request_malformed(struct client *c, const struct proto_hdr *h, const char *why)
 {
 	reply_fatal(client_id(c), h->id, ERR_EPROTO, "malformed %s: %s",
 		    proto_type_name(h->type), why);
 }
 
-/* Answers request h of client c with ERROR {code, message}. */
-#define request_error(c, h, code, ...) reply_error(client_id(c), (h)->id, (code), __VA_ARGS__)
 
 /* HELLO: identifies the client. */
 static void on_hello(struct client *c, const struct proto_hdr *h, struct proto_map *m)
@@ -85,30 +81,30 @@ static void region_add_vmm(struct client *c, const struct proto_hdr *h, struct p
 	if (!m->err && (maps->size == 0 || maps->size != nfds))
 		proto_map_fail(m, "%u maps need as many descriptors (got %u)", maps->size, nfds);
 	if (proto_map_end(m) < 0) {
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		return request_malformed(c, h, m->why);
 	}
 	s = client_region(c, region);
 	if (at == 0) {
 		if (s) {
-			close_fds(fds, nfds);
+			request_close_fds(fds, nfds);
 			return request_error(c, h, ERR_EEXIST,
 					  "region %llu already registered",
 					  (unsigned long long)region);
 		}
 		if ((rc = source_cuda_vmm_open(uuid, size, &s, err, sizeof(err))) < 0) {
-			close_fds(fds, nfds);
+			request_close_fds(fds, nfds);
 			return request_error(c, h, rc, "region %llu: %s",
 					  (unsigned long long)region, err);
 		}
 		if ((rc = client_region_add(c, region, s, err, sizeof(err))) < 0) {
 			source_unref(s);
-			close_fds(fds, nfds);
+			request_close_fds(fds, nfds);
 			return request_error(c, h, rc, "region %llu: %s",
 					  (unsigned long long)region, err);
 		}
 	} else if (!s) {
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		return request_error(c, h, ERR_ENOENT, "no region %llu to continue",
 				  (unsigned long long)region);
 	}
@@ -156,11 +152,11 @@ static void on_region_add(struct client *c, const struct proto_hdr *h, struct pr
 		proto_map_fail(m, "unknown region kind '%s'", kind);
 	}
 	if (proto_map_end(m) < 0) {
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		return request_malformed(c, h, m->why);
 	}
 	if (client_region(c, region)) {
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		return request_error(c, h, ERR_EEXIST, "region %llu already registered",
 				  (unsigned long long)region);
 	}
@@ -210,39 +206,49 @@ static void on_save_begin(struct client *c, const struct proto_hdr *h, struct pr
 	reply_save_begun(client_id(c), h->id, (uint64_t)id);
 }
 
-/* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
-static int add_tensor(struct client *c, struct save *s, const msgpack_object *obj,
-		      struct proto_map *top, char *err, size_t errlen)
+/* Decodes one tensor entry into t (see request.h); 0, or -1 with the reason in top. */
+int request_tensor(const msgpack_object *obj, struct proto_map *top, struct request_tensor *t)
 {
 	struct proto_map m;
-	char name[PROTO_MAX_NAME + 1], dtype[16];
-	uint64_t region = 0, off = 0, nbytes = 0, shape[PROTO_MAX_DIMS];
 	const msgpack_object_array *dims = NULL;
 
 	proto_map_init(&m, obj);
-	proto_get_str(&m, "name", name, PROTO_MAX_NAME, 1);
-	proto_get_str(&m, "dtype", dtype, sizeof(dtype) - 1, 1);
+	proto_get_str(&m, "name", t->name, PROTO_MAX_NAME, 1);
+	proto_get_str(&m, "dtype", t->dtype, sizeof(t->dtype) - 1, 1);
 	proto_get_array(&m, "shape", &dims, PROTO_MAX_DIMS, 1);
-	proto_get_u64(&m, "region", UINT64_MAX, &region, 1);
-	proto_get_u64(&m, "offset", UINT64_MAX, &off, 1);
-	proto_get_u64(&m, "nbytes", UINT64_MAX, &nbytes, 1);
+	proto_get_u64(&m, "region", UINT64_MAX, &t->region, 1);
+	proto_get_u64(&m, "offset", UINT64_MAX, &t->off, 1);
+	proto_get_u64(&m, "nbytes", UINT64_MAX, &t->nbytes, 1);
 	for (uint32_t i = 0; !m.err && i < dims->size; i++) {
 		if (dims->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
 			proto_map_fail(&m, "shape entries must be unsigned integers");
 		else
-			shape[i] = dims->ptr[i].via.u64;
+			t->shape[i] = dims->ptr[i].via.u64;
 	}
 	if (proto_map_end(&m) < 0) {
 		proto_map_fail(top, "tensor: %s", m.why);
 		return -1;
 	}
-	struct source *src = client_region(c, region);
+	t->ndim = dims->size;
+	return 0;
+}
+
+/* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
+static int add_tensor(struct client *c, struct save *s, const msgpack_object *obj,
+		      struct proto_map *top, char *err, size_t errlen)
+{
+	struct request_tensor t;
+
+	if (request_tensor(obj, top, &t) < 0)
+		return -1;
+	struct source *src = client_region(c, t.region);
 	if (!src) {
-		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", name,
-			 (unsigned long long)region);
+		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", t.name,
+			 (unsigned long long)t.region);
 		return ERR_ENOENT;
 	}
-	return save_add_tensor(s, name, dtype, shape, dims->size, src, off, nbytes, err, errlen);
+	return save_add_tensor(s, t.name, t.dtype, t.shape, t.ndim, src, t.off, t.nbytes, err,
+			       errlen);
 }
 
 /* Decodes one blob piece and appends it. */
@@ -274,8 +280,8 @@ static int add_entries(struct client *c, struct save *s, struct proto_map *m, ch
 	const msgpack_object_array *tensors = NULL, *blobs = NULL;
 	int rc = 0;
 
-	proto_get_array(m, "tensors", &tensors, MAX_ENTRIES, 0);
-	proto_get_array(m, "blobs", &blobs, MAX_ENTRIES, 0);
+	proto_get_array(m, "tensors", &tensors, REQUEST_MAX_ENTRIES, 0);
+	proto_get_array(m, "blobs", &blobs, REQUEST_MAX_ENTRIES, 0);
 	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++)
 		rc = add_tensor(c, s, &tensors->ptr[i], m, err, errlen);
 	for (uint32_t i = 0; !m->err && blobs && i < blobs->size && rc == 0; i++)
@@ -461,18 +467,18 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 
 	if (proto_in_parse(&in, body, h->length, why, sizeof(why)) < 0) {
 		proto_in_free(&in);
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		return request_malformed(c, h, why);
 	}
 	proto_map_init(&m, in.root);
 	if (h->type != PROTO_REGION_ADD && nfds > 0) {
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		nfds = 0;
 		proto_map_fail(&m, "descriptors sent with a message that takes none");
 	}
 	int rc = h->type == PROTO_HELLO ? 0 : auth_check(c, AUTH_REQUEST, err, sizeof(err));
 	if (rc < 0) {
-		close_fds(fds, nfds);
+		request_close_fds(fds, nfds);
 		reply_fatal(client_id(c), h->id, rc, "%s", err);
 	} else {
 		switch (h->type) {
@@ -488,8 +494,13 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 		case PROTO_SEAL: on_seal(c, h, &m); break;
 		case PROTO_STATUS: on_status(c, h, &m); break;
 		case PROTO_PENDING: on_pending(c, h, &m); break;
+		case PROTO_LOAD_BEGIN: request_load_begin(c, h, &m); break;
+		case PROTO_LOAD_ADD: request_load_add(c, h, &m); break;
+		case PROTO_LOAD_END: request_load_end(c, h, &m); break;
+		case PROTO_LOAD_WAIT: request_load_wait(c, h, &m); break;
+		case PROTO_LOAD_ABORT: request_load_abort(c, h, &m); break;
 		default:
-			close_fds(fds, nfds);
+			request_close_fds(fds, nfds);
 			reply_fatal(client_id(c), h->id, ERR_EPROTO, "unknown message type %u",
 				    h->type);
 		}
@@ -510,7 +521,7 @@ void request_dispatch(struct conn *conn, const struct proto_hdr *h, const uint8_
 	if (!c) {
 		c = client_new(conn_id(conn), conn_pid(conn), conn_uid(conn), conn_gid(conn));
 		if (!c) {
-			close_fds(fds, nfds);
+			request_close_fds(fds, nfds);
 			reply_fatal(conn_id(conn), h->id, ERR_ENOMEM, "out of memory");
 			return;
 		}
@@ -527,6 +538,7 @@ void request_conn_gone(struct conn *conn)
 
 	wait_client_gone(id);
 	save_client_gone(id);
+	load_client_gone(id);
 	cuda_fence_forget(id);
 	client_free(conn_data(conn));
 }

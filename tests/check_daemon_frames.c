@@ -457,6 +457,161 @@ static void bad_seal(void)
 	}
 }
 
+/* A durable file raw/t1/loadme holding U8 tensor "x" of 10 bytes, saved by raw frames. */
+static const char *raw_saved_file(void)
+{
+	struct proto_out o;
+	int fd = raw_connect();
+
+	raw_hello(fd);
+	raw_region(fd);
+	out_map(&o, PROTO_SAVE_BEGIN, 2);
+	proto_kv_str(&o.pk, "dir", h_path("%s/raw/t1", D->root));
+	proto_kv_str(&o.pk, "file", "loadme");
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	uint64_t save = raw_expect_reply(fd, "save");
+	out_map(&o, PROTO_SAVE_END, 2);
+	proto_kv_u64(&o.pk, "save", save);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_tensor(&o.pk, "x", "U8", 10, 0, 10);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	raw_expect_reply(fd, "level");
+	out_map(&o, PROTO_WAIT, 3);
+	proto_kv_u64(&o.pk, "save", save);
+	proto_kv_i64(&o.pk, "level", 3);
+	proto_kv_i64(&o.pk, "timeout_ms", 10000);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	raw_expect_reply(fd, "level");
+	close(fd);
+	return "loadme";
+}
+
+/* LOAD_BEGIN of the raw file on a new connection with region 1; the load id. */
+static uint64_t raw_load(int *fd, const char *file)
+{
+	struct proto_out o;
+
+	*fd = raw_connect();
+	raw_hello(*fd);
+	raw_region(*fd);
+	out_map(&o, PROTO_LOAD_BEGIN, 2);
+	proto_kv_str(&o.pk, "dir", h_path("%s/raw/t1", D->root));
+	proto_kv_str(&o.pk, "file", file);
+	ck_assert_int_eq(raw_send(*fd, &o, 0, NULL, 0), 0);
+	return raw_expect_reply(*fd, "load");
+}
+
+/* The load messages malformed (EPROTO, the connection closed) and out of order or naming
+ * what is not there (an error, the connection goes on): ten cases, then a good load. */
+static void bad_load(void)
+{
+	const char *file = raw_saved_file();
+	char f[64];
+	snprintf(f, sizeof(f), "%s", file);
+	for (int i = 0; i < 10; i++) {
+		struct proto_out o;
+		int fd, other;
+		uint64_t load = raw_load(&fd, f);
+		switch (i) {
+		case 0:	/* LOAD_BEGIN without file */
+			out_map(&o, PROTO_LOAD_BEGIN, 1);
+			proto_kv_str(&o.pk, "dir", h_path("%s/raw/t1", D->root));
+			break;
+		case 1:	/* LOAD_WAIT with a key too many */
+			out_map(&o, PROTO_LOAD_WAIT, 3);
+			proto_kv_u64(&o.pk, "load", load);
+			proto_kv_i64(&o.pk, "timeout_ms", 0);
+			proto_kv_u64(&o.pk, "bogus", 1);
+			break;
+		case 2:	/* a shape of strings */
+			out_map(&o, PROTO_LOAD_ADD, 2);
+			proto_kv_u64(&o.pk, "load", load);
+			proto_key(&o.pk, "tensors");
+			msgpack_pack_array(&o.pk, 1);
+			msgpack_pack_map(&o.pk, 6);
+			proto_kv_str(&o.pk, "name", "x");
+			proto_kv_str(&o.pk, "dtype", "U8");
+			proto_kv_str(&o.pk, "shape", "10");
+			proto_kv_u64(&o.pk, "region", 1);
+			proto_kv_u64(&o.pk, "offset", 0);
+			proto_kv_u64(&o.pk, "nbytes", 10);
+			break;
+		case 3:	/* an event without its GPU */
+			out_map(&o, PROTO_LOAD_END, 2);
+			proto_kv_u64(&o.pk, "load", load);
+			proto_kv_bin(&o.pk, "event", f, 64);
+			break;
+		case 4:	/* LOAD_END of a load that does not exist */
+			out_map(&o, PROTO_LOAD_END, 1);
+			proto_kv_u64(&o.pk, "load", load + 1000);
+			break;
+		case 5:	/* LOAD_WAIT before LOAD_END */
+			out_map(&o, PROTO_LOAD_WAIT, 2);
+			proto_kv_u64(&o.pk, "load", load);
+			proto_kv_i64(&o.pk, "timeout_ms", 0);
+			break;
+		case 6:	/* a destination past its region abandons the load */
+			out_map(&o, PROTO_LOAD_ADD, 2);
+			proto_kv_u64(&o.pk, "load", load);
+			proto_key(&o.pk, "tensors");
+			msgpack_pack_array(&o.pk, 1);
+			pack_tensor(&o.pk, "x", "U8", 10, 4090, 10);
+			break;
+		case 7:	/* LOAD_END of another connection's load */
+			raw_load(&other, f);
+			out_map(&o, PROTO_LOAD_END, 1);
+			proto_kv_u64(&o.pk, "load", load);
+			ck_assert_int_eq(raw_send(other, &o, 0, NULL, 0), 0);
+			ck_assert_int_eq(raw_expect_error(other), DSCKPT_ENOENT);
+			close(other);
+			out_map(&o, PROTO_LOAD_ABORT, 1);
+			proto_kv_u64(&o.pk, "load", load);
+			break;
+		case 8:	/* LOAD_ABORT of nothing */
+			out_map(&o, PROTO_LOAD_ABORT, 1);
+			proto_kv_u64(&o.pk, "load", load + 7);
+			break;
+		default: /* nbytes that is not the shape's */
+			out_map(&o, PROTO_LOAD_END, 2);
+			proto_kv_u64(&o.pk, "load", load);
+			proto_key(&o.pk, "tensors");
+			msgpack_pack_array(&o.pk, 1);
+			pack_tensor(&o.pk, "x", "U8", 10, 0, 11);
+			break;
+		}
+		ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+		if (i < 4) {
+			raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+		} else if (i == 7) {
+			raw_expect_reply(fd, NULL);	/* the owner's load was untouched */
+		} else {
+			int code = raw_expect_error(fd);
+			int want = i == 5 ? DSCKPT_ESTATE : i == 6 ? DSCKPT_ERANGE :
+				   i == 9 ? DSCKPT_EINVAL : DSCKPT_ENOENT;
+			ck_assert_msg(code == want, "case %d: code %d", i, code);
+		}
+		close(fd);
+	}
+	/* After all that, a good load of the file. */
+	struct proto_out o;
+	int fd;
+	uint64_t load = raw_load(&fd, f);
+	out_map(&o, PROTO_LOAD_END, 2);
+	proto_kv_u64(&o.pk, "load", load);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_tensor(&o.pk, "x", "U8", 10, 0, 10);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	raw_expect_reply(fd, "level");
+	out_map(&o, PROTO_LOAD_WAIT, 2);
+	proto_kv_u64(&o.pk, "load", load);
+	proto_kv_i64(&o.pk, "timeout_ms", 10000);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_uint_eq(raw_expect_reply(fd, "bytes_done"), 10);
+	close(fd);
+}
+
 /* The malformed inputs of test_malformed, one per iteration. */
 static const struct {
 	const char *name;
@@ -479,6 +634,7 @@ static const struct {
 	{"duplicate tensor name", dup_name},
 	{"save of another connection", foreign_save},
 	{"bad SEAL", bad_seal},
+	{"bad LOAD", bad_load},
 };
 
 /* One malformed input per iteration; afterwards a new connection must be served. */

@@ -1,0 +1,579 @@
+/*
+ * load.c — the registry of loads (restores) and their levels; loop thread only.
+ *
+ * LOAD_BEGIN opens the file for its client — a regular file below an allowed root, reached
+ * without symbolic links and owned by the client's user — reads and checks its header, and
+ * pins the resident copy the cache may still hold of it (resident.c; the same file, the same
+ * header). LOAD_ADD names destinations: each is looked up in the header, and a name the file
+ * lacks, another dtype or shape, or a name given twice is only noted, so that LOAD_END can
+ * refuse them all at once before any byte is written. LOAD_END hands the destinations, in
+ * file order, to the restore threads (restore.c); their final event makes the load LOADED or
+ * FAILED, which a LOAD_WAIT reports once and then the load is forgotten.
+ */
+#include "dsckptd.h"
+#include "../proto/proto.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define MISMATCH_SHOWN 16  /* mismatches named in LOAD_END's error; the rest are counted */
+
+/* A destination: a tensor of the file and where it goes. */
+struct load_dst {
+	long t;                 /* index in the header */
+	struct source *src;     /* a reference the load owns until the job takes it */
+	uint64_t off;
+};
+
+struct load {
+	uint64_t id, client;    /* client: the connection's id; 0 once it is gone */
+	uid_t uid;
+	char path[PROTO_MAX_STR + 160];   /* dir/file.safetensors, for messages */
+	int fd, dfd;            /* the file, buffered and O_DIRECT (or -1) */
+	struct st_header *h;
+	uint64_t data_len;      /* bytes of the data region */
+	struct resident *res;   /* pinned, or NULL */
+	uint64_t cached;        /* data bytes the resident copy holds */
+	struct load_dst *d;
+	size_t n, cap;
+	uint8_t *named;         /* per header tensor: named already */
+	uint64_t bytes;         /* destination bytes */
+	char mismatch[2048];    /* the first MISMATCH_SHOWN, "; "-separated */
+	unsigned nmismatch;
+	int level, code;
+	char error[ERRLEN];
+	struct restore_job *job;
+	uint64_t done;          /* bytes in place, once the job is gone */
+	int waiting;            /* a LOAD_WAIT is pending */
+	uint64_t wait_req;
+	uv_timer_t *timer;      /* its timeout, or NULL */
+	struct load *next;
+};
+
+static struct load *loads;
+static uint64_t next_load_id = 1;
+
+/* Collects one problem of a header for the error message. */
+static void note_problem(void *arg, const char *msg)
+{
+	char *buf = arg;
+	size_t used = strlen(buf);
+
+	if (used + 3 < ERRLEN)
+		snprintf(buf + used, ERRLEN - used, "%s%s", used ? "; " : "", msg);
+}
+
+/* Frees a timer once libuv has closed it. */
+static void timer_free(uv_handle_t *h)
+{
+	free(h);
+}
+
+/* Stops and closes a load's wait timer, if any. */
+static void load_timer_stop(struct load *l)
+{
+	if (l->timer) {
+		uv_timer_stop(l->timer);
+		uv_close((uv_handle_t *)l->timer, timer_free);
+		l->timer = NULL;
+	}
+}
+
+/* Frees a load whose job is gone, giving back what it holds. */
+static void load_free(struct load *l)
+{
+	for (struct load **p = &loads; *p; p = &(*p)->next) {
+		if (*p == l) {
+			*p = l->next;
+			break;
+		}
+	}
+	load_timer_stop(l);
+	for (size_t i = 0; i < l->n; i++)
+		if (l->d[i].src)
+			source_unref(l->d[i].src);
+	free(l->d);
+	free(l->named);
+	st_header_free(l->h);
+	if (l->fd >= 0)
+		close(l->fd);
+	if (l->dfd >= 0)
+		close(l->dfd);
+	if (l->res)
+		resident_unpin(l->res);
+	quota_give(l->uid, QUOTA_LOADS, 1);
+	free(l);
+}
+
+/* Opens dir's file.safetensors for uid: below an allowed root, no symbolic link, a regular
+ * file of uid (any for root). An fd, or a negative ERR_E* with err. */
+static int open_file(const char *dir, const char *file, uid_t uid, gid_t gid, struct stat *st,
+		     char *err, size_t errlen)
+{
+	char name[160];
+	int jobfd = -1, fd;
+	int dirfd = store_open_tag(config, dir, uid, gid, &jobfd, err, errlen);
+
+	if (dirfd < 0)
+		return dirfd;
+	if (jobfd >= 0)
+		close(jobfd);
+	snprintf(name, sizeof(name), "%s%s", file, FMT_SAFETENSORS);
+	fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	int e = errno;
+	close(dirfd);
+	if (fd < 0)
+		return seterr(err, errlen, e == ELOOP ? ERR_EACCES : err_from_errno(e),
+			      "%s/%s: %s", dir, name, e == ELOOP ? "a symbolic link" : strerror(e));
+	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+		close(fd);
+		return seterr(err, errlen, ERR_EINVAL, "%s/%s is not a regular file", dir, name);
+	}
+	if (uid != 0 && st->st_uid != uid) {
+		close(fd);
+		return seterr(err, errlen, ERR_EACCES, "%s/%s belongs to another user", dir, name);
+	}
+	/* Opened without blocking on a FIFO or device; reads block as usual from here. */
+	fcntl(fd, F_SETFL, 0);
+	return fd;
+}
+
+/* The same file again with O_DIRECT, when its data start allows and the filesystem has it
+ * (not tmpfs); -1 otherwise. */
+static int open_direct(int fd, const struct stat *st, uint64_t data_start)
+{
+	char proc[64];
+	struct stat st2;
+
+	if (data_start % 4096 != 0)
+		return -1;
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	int dfd = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (dfd >= 0 && (fstat(dfd, &st2) != 0 || st2.st_dev != st->st_dev ||
+			 st2.st_ino != st->st_ino)) {
+		close(dfd);
+		dfd = -1;
+	}
+	return dfd;
+}
+
+/* Pins the resident copy of the file when it still matches it (same inode, same header). */
+static void find_resident(struct load *l, const char *dir, const char *file,
+			  const struct stat *st)
+{
+	size_t len;
+	uint8_t *buf;
+
+	if (!(l->res = resident_pin(dir, file, st->st_dev, st->st_ino)))
+		return;
+	const void *hdr = resident_header(l->res, &len);
+	if (len == l->h->data_start && (buf = malloc(len)) != NULL) {
+		ssize_t r = pread(l->fd, buf, len, 0);
+		int same = r == (ssize_t)len && memcmp(buf, hdr, len) == 0;
+		free(buf);
+		if (same) {
+			l->cached = resident_held(l->res);
+			return;
+		}
+	}
+	resident_unpin(l->res);	/* the file was rewritten since: its copy is stale */
+	l->res = NULL;
+}
+
+/* Reads and checks the file's header; 0 or ERR_EINVAL with every problem in err. */
+static int read_header(struct load *l, const struct stat *st, char *err, size_t errlen)
+{
+	char problems[ERRLEN] = "";
+	uint64_t data_start = 0;
+
+	l->h = st_header_read(l->fd, (uint64_t)st->st_size, &data_start, note_problem, problems);
+	if (!l->h)
+		return seterr(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
+			      problems);
+	for (size_t i = 0; i < l->h->n; i++)
+		if (l->h->t[i].end > l->data_len)
+			l->data_len = l->h->t[i].end;
+	if (l->h->data_start + l->data_len > (uint64_t)st->st_size)
+		return seterr(err, errlen, ERR_EINVAL, "%s is truncated: %llu bytes, its header "
+			      "describes %llu", l->path, (unsigned long long)st->st_size,
+			      (unsigned long long)(l->h->data_start + l->data_len));
+	return 0;
+}
+
+/* Opens a load of dir/file.safetensors for client cl; its id or a negative ERR_E*. */
+int64_t load_begin(const struct client *cl, const char *dir, const char *file, char *err,
+		   size_t errlen)
+{
+	char d[PROTO_MAX_STR + 1];
+	struct stat st;
+	int rc;
+
+	if (!store_valid_file(file))
+		return seterr(err, errlen, ERR_EINVAL, "file name '%s' must be 1-128 characters "
+			      "of [A-Za-z0-9._-], not starting with '.'", file);
+	store_norm_dir(d, sizeof(d), dir);
+	if ((rc = quota_take(client_uid(cl), QUOTA_LOADS, 1, err, errlen)) < 0)
+		return rc;
+	struct load *l = calloc(1, sizeof(*l));
+	if (!l) {
+		quota_give(client_uid(cl), QUOTA_LOADS, 1);
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	}
+	l->uid = client_uid(cl);
+	l->client = client_id(cl);
+	l->fd = l->dfd = -1;
+	l->next = loads;
+	loads = l;
+	snprintf(l->path, sizeof(l->path), "%s/%s%s", d, file, FMT_SAFETENSORS);
+	if ((l->fd = open_file(d, file, client_uid(cl), client_gid(cl), &st, err, errlen)) < 0) {
+		rc = l->fd;
+		goto fail;
+	}
+	if ((rc = read_header(l, &st, err, errlen)) < 0)
+		goto fail;
+	l->named = calloc(l->h->n ? l->h->n : 1, 1);
+	if (!l->named) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		goto fail;
+	}
+	find_resident(l, d, file, &st);
+	if (l->cached < l->data_len)
+		l->dfd = open_direct(l->fd, &st, l->h->data_start);
+	l->id = next_load_id++;
+	return (int64_t)l->id;
+
+fail:
+	load_free(l);
+	return rc;
+}
+
+/* Finds a load of client by id, open for adding when open is set. */
+static struct load *find(uint64_t client, uint64_t id, int open)
+{
+	for (struct load *l = loads; l; l = l->next)
+		if (l->id == id && l->client == client && (!open || l->level == LOAD_OPEN))
+			return l;
+	return NULL;
+}
+
+struct load *load_find_open(uint64_t client, uint64_t id)
+{
+	return find(client, id, 1);
+}
+
+struct load *load_find(uint64_t client, uint64_t id)
+{
+	return find(client, id, 0);
+}
+
+/* Writes a shape as "[2, 3]" into out. */
+static void shape_str(char *out, size_t len, const uint64_t *shape, unsigned ndim)
+{
+	size_t used = (size_t)snprintf(out, len, "[");
+	for (unsigned i = 0; i < ndim && used < len; i++)
+		used += (size_t)snprintf(out + used, len - used, "%s%llu", i ? ", " : "",
+					 (unsigned long long)shape[i]);
+	if (used < len)
+		snprintf(out + used, len - used, "]");
+}
+
+/* Notes a destination that does not match the file (named at LOAD_END). */
+static void __attribute__((format(printf, 2, 3))) mismatch(struct load *l, const char *fmt, ...)
+{
+	size_t used = strlen(l->mismatch);
+	va_list ap;
+
+	if (l->nmismatch++ >= MISMATCH_SHOWN || used + 8 >= sizeof(l->mismatch))
+		return;
+	if (used)
+		used += (size_t)snprintf(l->mismatch + used, sizeof(l->mismatch) - used, "; ");
+	va_start(ap, fmt);
+	vsnprintf(l->mismatch + used, sizeof(l->mismatch) - used, fmt, ap);
+	va_end(ap);
+}
+
+/* Whether a destination's dtype and shape are those of header tensor e; notes why not. */
+static int matches(struct load *l, const struct st_entry *e, const char *name,
+		   const char *dtype, const uint64_t *shape, unsigned ndim)
+{
+	char want[256], got[256];
+
+	if (strcmp(e->dtype, dtype) != 0) {
+		mismatch(l, "'%s': dtype %s given, %s in the file", name, dtype, e->dtype);
+		return 0;
+	}
+	if (ndim != e->ndim || (ndim && memcmp(shape, e->shape, ndim * sizeof(*shape)) != 0)) {
+		shape_str(got, sizeof(got), shape, ndim);
+		shape_str(want, sizeof(want), e->shape, e->ndim);
+		mismatch(l, "'%s': shape %s given, %s in the file", name, got, want);
+		return 0;
+	}
+	return 1;
+}
+
+/* Names a destination (see dsckptd.h). */
+int load_add_tensor(struct load *l, const char *name, const char *dtype,
+		    const uint64_t *shape, unsigned ndim, struct source *dst, uint64_t off,
+		    uint64_t nbytes, char *err, size_t errlen)
+{
+	unsigned esize = dtype_size(dtype);
+	uint64_t count = 1;
+
+	if (!esize)
+		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'", name,
+			      dtype);
+	for (unsigned i = 0; i < ndim; i++)
+		if (__builtin_mul_overflow(count, shape[i], &count))
+			return seterr(err, errlen, ERR_EINVAL, "tensor '%s': shape overflows", name);
+	if (__builtin_mul_overflow(count, esize, &count) || count != nbytes)
+		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': nbytes %llu is not its "
+			      "shape times the dtype's size", name, (unsigned long long)nbytes);
+	if (off > source_size(dst) || nbytes > source_size(dst) - off)
+		return seterr(err, errlen, ERR_ERANGE, "tensor '%s': bytes %llu..%llu lie outside "
+			      "its region (%llu bytes)", name, (unsigned long long)off,
+			      (unsigned long long)(off + nbytes),
+			      (unsigned long long)source_size(dst));
+	long t = st_header_find(l->h, name);
+	if (t < 0) {
+		mismatch(l, "'%s': not in the file", name);
+		return 0;
+	}
+	if (l->named[t]) {
+		mismatch(l, "'%s': named twice", name);
+		return 0;
+	}
+	l->named[t] = 1;
+	if (!matches(l, &l->h->t[t], name, dtype, shape, ndim))
+		return 0;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 64;
+		struct load_dst *d = realloc(l->d, cap * sizeof(*d));
+		if (!d)
+			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		l->d = d;
+		l->cap = cap;
+	}
+	source_ref(dst);
+	l->d[l->n++] = (struct load_dst){.t = t, .src = dst, .off = off};
+	l->bytes += nbytes;
+	return 0;
+}
+
+/* Totals of the destinations so far (mismatched ones are not counted). */
+void load_totals(const struct load *l, uint64_t *tensors, uint64_t *bytes)
+{
+	*tensors = l->n;
+	*bytes = l->bytes;
+}
+
+/* Abandons a load that was never started. */
+void load_drop(struct load *l)
+{
+	load_free(l);
+}
+
+static const struct st_header *sort_header;
+
+/* Orders destinations by their place in the file. */
+static int by_begin(const void *a, const void *b)
+{
+	uint64_t x = sort_header->t[((const struct load_dst *)a)->t].begin;
+	uint64_t y = sort_header->t[((const struct load_dst *)b)->t].begin;
+	return x < y ? -1 : x > y;
+}
+
+/* The restore job's destinations, in file order; overlapping tensors (a crafted header) are
+ * refused. NULL with err set. */
+static struct restore_dst *plan(struct load *l, char *err, size_t errlen)
+{
+	struct restore_dst *rd = calloc(l->n ? l->n : 1, sizeof(*rd));
+
+	if (!rd) {
+		seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return NULL;
+	}
+	sort_header = l->h;
+	qsort(l->d, l->n, sizeof(*l->d), by_begin);
+	for (size_t i = 0; i < l->n; i++) {
+		const struct st_entry *e = &l->h->t[l->d[i].t];
+		if (i > 0 && e->begin < rd[i - 1].end) {
+			seterr(err, errlen, ERR_EINVAL, "%s: tensors '%s' and '%s' overlap in the "
+			       "file", l->path, rd[i - 1].name, e->name);
+			free(rd);
+			return NULL;
+		}
+		rd[i] = (struct restore_dst){.begin = e->begin, .end = e->end,
+					     .dst = l->d[i].src, .dst_off = l->d[i].off,
+					     .name = e->name};
+		rd[i].has_xxh3 = checksum_parse(e->xxh3, &rd[i].xxh3) == 0;
+	}
+	return rd;
+}
+
+/* Starts filling the destinations (see dsckptd.h). */
+int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen)
+{
+	struct restore_dst *rd;
+	int rc;
+
+	if (l->nmismatch > 0) {
+		rc = seterr(err, errlen, ERR_EINVAL, "%u tensor%s do%s not match %s: %s%s",
+			    l->nmismatch, l->nmismatch > 1 ? "s" : "", l->nmismatch > 1 ? "" : "es",
+			    l->path, l->mismatch, l->nmismatch > MISMATCH_SHOWN ? "; …" : "");
+		goto fail;
+	}
+	if (!(rd = plan(l, err, errlen))) {
+		rc = ERR_EINVAL;
+		goto fail;
+	}
+	struct restore_req r = {
+		.d = rd, .n = l->n, .fd = l->fd, .dfd = l->dfd,
+		.data_start = l->h->data_start, .data_len = l->data_len, .path = l->path,
+		.res = l->res, .fence = fence, .owner = l,
+	};
+	if ((rc = restore_submit(&r, &l->job, err, errlen)) < 0) {
+		free(rd);
+		goto fail;
+	}
+	/* Ownership: the job has the descriptors, the pin, the fence and the references. */
+	for (size_t i = 0; i < l->n; i++)
+		l->d[i].src = NULL;
+	l->fd = l->dfd = -1;
+	l->res = NULL;
+	l->level = LOAD_ACCEPTED;
+	return 0;
+
+fail:
+	if (fence)
+		copier_fence_free(fence);
+	load_free(l);
+	return rc;
+}
+
+/* Fills v with what a reply shows of l. */
+void load_view(const struct load *l, struct load_view *v)
+{
+	*v = (struct load_view){
+		.id = l->id, .level = l->level, .code = l->code,
+		.error = l->level == LOAD_FAILED ? l->error : NULL,
+		.source = l->cached >= l->data_len ? "cache" : "file",
+		.tensors = l->h->n, .bytes = l->data_len, .bytes_cached = l->cached,
+		.bytes_total = l->bytes,
+		.bytes_done = l->job ? restore_progress(l->job) : l->done,
+	};
+}
+
+/* Answers the pending LOAD_WAIT of l; forgets l once its final level is told. */
+static void answer(struct load *l)
+{
+	struct load_view v;
+
+	load_timer_stop(l);
+	l->waiting = 0;
+	load_view(l, &v);
+	reply_load_state(l->client, l->wait_req, &v);
+	if (l->level == LOAD_DONE || l->level == LOAD_FAILED)
+		load_free(l);
+}
+
+/* A LOAD_WAIT's time is up. */
+static void on_wait_timeout(uv_timer_t *t)
+{
+	answer(t->data);
+}
+
+/* Answers a LOAD_WAIT now or later (see dsckptd.h). */
+void load_wait(struct load *l, uint64_t req, int64_t timeout_ms)
+{
+	if (l->waiting)
+		return reply_error(l->client, req, ERR_EBUSY, "load %llu already has a LOAD_WAIT",
+				   (unsigned long long)l->id);
+	l->waiting = 1;
+	l->wait_req = req;
+	if (l->level != LOAD_ACCEPTED || timeout_ms == 0)
+		return answer(l);
+	if (timeout_ms > 0 && (l->timer = malloc(sizeof(*l->timer))) != NULL) {
+		uv_timer_init(loop, l->timer);
+		l->timer->data = l;
+		uv_timer_start(l->timer, on_wait_timeout, (uint64_t)timeout_ms, 0);
+	}
+}
+
+/* The restore threads' final event: the load is LOADED or FAILED. */
+static void on_restore(void *owner, struct restore_job *j, int code, const char *error)
+{
+	struct load *l = owner;
+
+	l->done = restore_progress(j);
+	restore_job_free(j);
+	l->job = NULL;
+	l->level = code < 0 ? LOAD_FAILED : LOAD_DONE;
+	l->code = code;
+	if (code < 0)
+		snprintf(l->error, sizeof(l->error), "%s", error);
+	if (code < 0)
+		log_info("load %llu of %s failed: %s", (unsigned long long)l->id, l->path, error);
+	else
+		log_debug("load %llu of %s done: %llu bytes", (unsigned long long)l->id, l->path,
+			  (unsigned long long)l->done);
+	if (l->client == 0)
+		load_free(l);	/* its client is gone */
+	else if (l->waiting)
+		answer(l);
+}
+
+/* Starts the restore threads with load.c's event handler. */
+int load_start(unsigned threads, char *err, size_t errlen)
+{
+	return restore_start(cache, threads, on_restore, err, errlen);
+}
+
+/* Cancels and forgets a departed client's loads (running ones once their job ends). */
+void load_client_gone(uint64_t client)
+{
+	struct load *l = loads, *next;
+
+	for (; l; l = next) {
+		next = l->next;
+		if (l->client != client)
+			continue;
+		l->client = 0;
+		l->waiting = 0;
+		load_timer_stop(l);
+		if (l->job)
+			restore_cancel(l->job, ERR_EPIPE, "the client went away");
+		else
+			load_free(l);
+	}
+}
+
+/* Loads not yet forgotten. */
+unsigned load_count(void)
+{
+	unsigned n = 0;
+
+	for (struct load *l = loads; l; l = l->next)
+		n++;
+	return n;
+}
+
+/* Cancels every running load (shutdown; their events come from restore_stop). */
+void load_cancel_all(void)
+{
+	for (struct load *l = loads; l; l = l->next)
+		if (l->job)
+			restore_cancel(l->job, ERR_ESHUTDOWN, "the daemon is shutting down");
+}
+
+/* Frees every load (shutdown, the restore threads stopped). */
+void load_free_all(void)
+{
+	while (loads)
+		load_free(loads);
+}

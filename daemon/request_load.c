@@ -1,0 +1,162 @@
+/*
+ * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT): decoded and checked here,
+ * acted on by load.c, answered through reply.c. As for saves, a malformed frame closes the
+ * connection and a refused destination abandons the load with an error reply.
+ */
+#include "request.h"
+
+/* LOAD_BEGIN: opens the file and tells what it holds and where its bytes will come from. */
+void request_load_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
+	struct load_view v;
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	int64_t id = auth_check(c, AUTH_LOAD, err, sizeof(err));
+	if (id == 0)
+		id = load_begin(c, dir, file, err, sizeof(err));
+	if (id < 0)
+		return request_error(c, h, (int)id, "%s", err);
+	load_view(load_find(client_id(c), (uint64_t)id), &v);
+	reply_load_begun(client_id(c), h->id, &v);
+}
+
+/* Reads the optional "tensors" of LOAD_ADD/LOAD_END into l; 0, or ERR_EPROTO (m->err set)
+ * or a refusal in err (the load abandoned). */
+static int add_entries(struct client *c, struct load *l, struct proto_map *m, char *err,
+		       size_t errlen)
+{
+	const msgpack_object_array *tensors = NULL;
+	struct request_tensor t;
+	int rc = 0;
+
+	proto_get_array(m, "tensors", &tensors, REQUEST_MAX_ENTRIES, 0);
+	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++) {
+		if (request_tensor(&tensors->ptr[i], m, &t) < 0)
+			break;
+		struct source *dst = client_region(c, t.region);
+		if (!dst)
+			rc = seterr(err, errlen, ERR_ENOENT, "tensor '%s': no region %llu on this "
+				    "connection", t.name, (unsigned long long)t.region);
+		else
+			rc = load_add_tensor(l, t.name, t.dtype, t.shape, t.ndim, dst, t.off,
+					     t.nbytes, err, errlen);
+	}
+	if (m->err)
+		return ERR_EPROTO;
+	return rc;
+}
+
+/* Finds the open load id and adds the frame's destinations, ending the map; NULL once
+ * answered (malformed frame, unknown load, a refused destination). */
+static struct load *open_load_add(struct client *c, const struct proto_hdr *h,
+				  struct proto_map *m, uint64_t id)
+{
+	char err[ERRLEN] = "";
+
+	if (m->err) {
+		request_malformed(c, h, m->why);
+		return NULL;
+	}
+	struct load *l = load_find_open(client_id(c), id);
+	if (!l) {
+		if (proto_map_end(m) < 0)
+			request_malformed(c, h, m->why);
+		else
+			request_error(c, h, ERR_ENOENT, "no open load %llu on this connection",
+				      (unsigned long long)id);
+		return NULL;
+	}
+	int rc = add_entries(c, l, m, err, sizeof(err));
+	if (m->err || proto_map_end(m) < 0) {
+		load_drop(l);
+		request_malformed(c, h, m->why);
+		return NULL;
+	}
+	if (rc < 0) {
+		load_drop(l);
+		request_error(c, h, rc, "%s (load %llu abandoned)", err, (unsigned long long)id);
+		return NULL;
+	}
+	return l;
+}
+
+/* LOAD_ADD: destinations. */
+void request_load_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0, n, bytes;
+
+	proto_get_u64(m, "load", UINT64_MAX, &id, 1);
+	struct load *l = open_load_add(c, h, m, id);
+	if (!l)
+		return;
+	load_totals(l, &n, &bytes);
+	reply_save_totals(client_id(c), h->id, n, bytes);
+}
+
+/* LOAD_END: the last destinations, then the load starts (after the client's event). */
+void request_load_end(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+	char err[ERRLEN];
+	const void *event = NULL, *uuid = NULL;
+	size_t event_len = 0, uuid_len = 0;
+	struct cuda_fence *fence = NULL;
+
+	proto_get_u64(m, "load", UINT64_MAX, &id, 1);
+	int has_event = proto_get_bin(m, "event", &event, &event_len, 64, 0);
+	int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuid_len, 16, 0);
+	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
+								 uuid_len != 16))))
+		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
+	struct load *l = open_load_add(c, h, m, id);
+	if (!l)
+		return;
+	int rc;
+	if (has_event > 0 &&
+	    (rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err))) < 0) {
+		load_drop(l);
+		return request_error(c, h, rc, "%s (load %llu abandoned)", err,
+				     (unsigned long long)id);
+	}
+	if ((rc = load_end(l, fence, err, sizeof(err))) < 0)
+		return request_error(c, h, rc, "%s", err);
+	reply_save_accepted(client_id(c), h->id);
+}
+
+/* LOAD_WAIT: answered when the load is done, fails or time is up. */
+void request_load_wait(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+	int64_t timeout = -1;
+
+	proto_get_u64(m, "load", UINT64_MAX, &id, 1);
+	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	struct load *l = load_find(client_id(c), id);
+	if (!l || load_find_open(client_id(c), id))
+		return request_error(c, h, l ? ERR_ESTATE : ERR_ENOENT,
+				     l ? "load %llu was not ended" : "no load %llu on this connection",
+				     (unsigned long long)id);
+	load_wait(l, h->id, timeout);
+}
+
+/* LOAD_ABORT: forgets a load that was never ended. */
+void request_load_abort(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+
+	proto_get_u64(m, "load", UINT64_MAX, &id, 1);
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	struct load *l = load_find_open(client_id(c), id);
+	if (!l)
+		return request_error(c, h, ERR_ENOENT, "no open load %llu on this connection",
+				     (unsigned long long)id);
+	load_drop(l);
+	reply_empty(client_id(c), h->id);
+}

@@ -1,0 +1,497 @@
+/*
+ * check_load.c — restores, end to end on a real daemon: files saved through libdsckpt are
+ * loaded back into host memory (memfd regions) with the LOAD messages a trainer's library
+ * sends; every destination byte is compared. Mismatched names, dtypes and shapes, a flipped
+ * byte, a truncated file, a client that dies mid-restore, a file larger than the cache, a
+ * restore beside saves in flight, and which source (cache or file) the daemon chooses.
+ */
+#include "harness_frames.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* A tensor of the test files: U8 or F32 with one or two dimensions. */
+struct spec {
+	const char *name, *dtype;
+	uint64_t shape[2];
+	unsigned ndim;
+};
+
+/* Bytes of a spec'd tensor. */
+static size_t spec_bytes(const struct spec *t)
+{
+	size_t n = strcmp(t->dtype, "F32") == 0 ? 4 : strcmp(t->dtype, "BF16") == 0 ? 2 : 1;
+	for (unsigned i = 0; i < t->ndim; i++)
+		n *= t->shape[i];
+	return n;
+}
+
+/* Three tensors over several 1 MiB chunks, one smaller than a chunk in between. */
+static const struct spec three[] = {
+	{"a", "F32", {768, 1024}, 2},    /* 3 MiB */
+	{"b", "U8", {1000}, 1},
+	{"c", "U8", {5 << 20}, 1},       /* 5 MiB */
+};
+#define NTHREE 3
+
+/* Saves tensors t[0..n) (tensor i: seed+i's pattern) into dir/file and waits DURABLE. */
+static void save_spec(dsckpt_conn_t *c, const char *dir, const char *file,
+		      const struct spec *t, size_t n, uint64_t seed)
+{
+	dsckpt_save_t *s;
+	void *mem[8];
+
+	CK_DS(c, dsckpt_save_begin(c, dir, file, &s));
+	for (size_t i = 0; i < n; i++) {
+		int64_t shape[2] = {(int64_t)t[i].shape[0], (int64_t)t[i].shape[1]};
+		mem[i] = dsckpt_host_alloc(spec_bytes(&t[i]));
+		ck_assert_ptr_nonnull(mem[i]);
+		h_pattern_fill(mem[i], spec_bytes(&t[i]), seed + i);
+		CK_DS(c, dsckpt_add_tensor(s, t[i].name, t[i].dtype, shape, (int)t[i].ndim,
+					   mem[i], spec_bytes(&t[i])));
+	}
+	CK_DS(c, dsckpt_save_end(s));
+	wait_level(c, s, DSCKPT_DURABLE, 60000);
+	dsckpt_save_free(s);
+	for (size_t i = 0; i < n; i++)
+		dsckpt_host_free(mem[i]);
+}
+
+/* A host region for destinations: a sealable memfd of size bytes mapped here, registered
+ * as region 1 on a raw connection that said HELLO. */
+struct dst {
+	int fd, mfd;
+	uint8_t *p;
+	size_t size;
+};
+
+/* Opens a connection with a destination region of size bytes filled with 0xee. */
+static void dst_open(struct dst *d, size_t size)
+{
+	struct res res;
+
+	d->fd = raw_connect();
+	raw_hello(d->fd);
+	d->size = size;
+	d->mfd = memfd_create("dst", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	ck_assert_int_ge(d->mfd, 0);
+	ck_assert_int_eq(ftruncate(d->mfd, (off_t)size), 0);
+	d->p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, d->mfd, 0);
+	ck_assert(d->p != MAP_FAILED);
+	memset(d->p, 0xee, size);
+	ck_assert_int_eq(r_region(d->fd, 1, d->mfd, size, &res), 0);
+}
+
+/* Closes what dst_open opened. */
+static void dst_close(struct dst *d)
+{
+	munmap(d->p, d->size);
+	close(d->mfd);
+	close(d->fd);
+}
+
+/* LOAD_BEGIN: the load id (source into src, 16 bytes) or the ERROR's code (msg kept). */
+static int64_t load_begin(int fd, const char *dir, const char *file, char *src, char *msg)
+{
+	struct proto_out o;
+	struct reply r;
+	uint64_t id = 0;
+	int64_t code = 0;
+
+	out_map(&o, PROTO_LOAD_BEGIN, 2);
+	proto_kv_str(&o.pk, "dir", dir);
+	proto_kv_str(&o.pk, "file", file);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	int type = raw_recv(fd, &r, 10000);
+	ck_assert_int_ge(type, 0);
+	if (type == PROTO_ERROR) {
+		proto_get_i64(&r.m, "code", INT32_MIN, -1, &code, 1);
+		if (msg)
+			proto_get_str(&r.m, "message", msg, 4000, 1);
+		reply_free(&r);
+		return code;
+	}
+	proto_get_u64(&r.m, "load", UINT64_MAX, &id, 1);
+	proto_get_str(&r.m, "source", src ? src : (char[16]){0}, 15, 1);
+	reply_free(&r);
+	return (int64_t)id;
+}
+
+/* Packs one destination entry: spec t at offset off of region 1 (dtype/shape overridable). */
+static void pack_dst(msgpack_packer *pk, const char *name, const char *dtype,
+		     const uint64_t *shape, unsigned ndim, uint64_t off, uint64_t nbytes)
+{
+	msgpack_pack_map(pk, 6);
+	proto_kv_str(pk, "name", name);
+	proto_kv_str(pk, "dtype", dtype);
+	proto_key(pk, "shape");
+	msgpack_pack_array(pk, ndim);
+	for (unsigned i = 0; i < ndim; i++)
+		msgpack_pack_uint64(pk, shape[i]);
+	proto_kv_u64(pk, "region", 1);
+	proto_kv_u64(pk, "offset", off);
+	proto_kv_u64(pk, "nbytes", nbytes);
+}
+
+/* LOAD_END of load with t[0..n) placed one after another from byte 0 of region 1:
+ * 0 (ACCEPTED) or the ERROR's code with its message in msg. */
+static int load_end(int fd, int64_t load, const struct spec *t, size_t n, char *msg)
+{
+	struct proto_out o;
+	struct reply r;
+	int64_t code = 0;
+	uint64_t off = 0;
+
+	out_map(&o, PROTO_LOAD_END, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)load);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, (uint32_t)n);
+	for (size_t i = 0; i < n; i++) {
+		uint64_t nb = spec_bytes(&t[i]);
+		pack_dst(&o.pk, t[i].name, t[i].dtype, t[i].shape, t[i].ndim, off, nb);
+		off += nb;
+	}
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	int type = raw_recv(fd, &r, 10000);
+	ck_assert_int_ge(type, 0);
+	if (type == PROTO_ERROR) {
+		proto_get_i64(&r.m, "code", INT32_MIN, -1, &code, 1);
+		proto_get_str(&r.m, "message", msg, 4000, 1);
+	}
+	reply_free(&r);
+	return (int)code;
+}
+
+/* LOAD_WAIT: the level reached, with the failure's code and message when FAILED. */
+static int load_wait(int fd, int64_t load, int timeout_ms, int *code, char *msg)
+{
+	struct proto_out o;
+	struct reply r;
+	int64_t level = 0, c = 0;
+
+	out_map(&o, PROTO_LOAD_WAIT, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)load);
+	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_int_eq(raw_recv(fd, &r, timeout_ms < 0 ? 120000 : timeout_ms + 10000),
+			 PROTO_REPLY);
+	ck_assert_int_eq(proto_get_i64(&r.m, "level", -1, 2, &level, 1), 1);
+	if (level == -1) {
+		proto_get_i64(&r.m, "code", INT32_MIN, -1, &c, 1);
+		proto_get_str(&r.m, "error", msg, 4000, 1);
+	}
+	if (code)
+		*code = (int)c;
+	reply_free(&r);
+	return (int)level;
+}
+
+/* Checks that region bytes of t[0..n), placed one after another, hold seed+i's patterns. */
+static void check_dst(const struct dst *d, const struct spec *t, size_t n, uint64_t seed)
+{
+	size_t off = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t nb = spec_bytes(&t[i]);
+		size_t at = h_pattern_diff(d->p + off, nb, seed + i);
+		ck_assert_msg(at == nb, "tensor %s differs at byte %zu", t[i].name, at);
+		off += nb;
+	}
+}
+
+/* Whether every byte of [p, p+n) is still the 0xee sentinel. */
+static int untouched(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != 0xee)
+			return 0;
+	return 1;
+}
+
+/* Loads dir/file's t[0..n) into a fresh region; returns the source the daemon chose. */
+static const char *load_all(const char *dir, const char *file, const struct spec *t, size_t n,
+			    uint64_t seed)
+{
+	static char src[16];
+	char msg[4096] = "";
+	struct dst d;
+	size_t total = 0;
+
+	for (size_t i = 0; i < n; i++)
+		total += spec_bytes(&t[i]);
+	dst_open(&d, total);
+	int64_t id = load_begin(d.fd, dir, file, src, msg);
+	ck_assert_msg(id > 0, "LOAD_BEGIN: %s", msg);
+	ck_assert_msg(load_end(d.fd, id, t, n, msg) == 0, "LOAD_END: %s", msg);
+	ck_assert_msg(load_wait(d.fd, id, -1, NULL, msg) == 2, "LOAD_WAIT: %s", msg);
+	check_dst(&d, t, n, seed);
+	dst_close(&d);
+	return src;
+}
+
+/* Every tensor back from the file (nothing resident), bytes exact. */
+START_TEST(test_load_file)
+{
+	d_start(CACHE_32M, CHUNK_1M "\"keep_resident\": false,");
+	const char *dir = h_path("%s/lf/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lf", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 100);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	dsckpt_close(c);
+	ck_assert_str_eq(load_all(dir, "rank0", three, NTHREE, 100), "file");
+	/* Twice: the second read finds the pages cached (the buffered path). */
+	ck_assert_str_eq(load_all(dir, "rank0", three, NTHREE, 100), "file");
+	check_alive();
+	d_stop();
+}
+END_TEST
+
+/* One tensor named: only its bytes are written, the rest of the region is untouched. */
+START_TEST(test_load_subset)
+{
+	d_start(CACHE_32M, CHUNK_1M "\"keep_resident\": false,");
+	const char *dir = h_path("%s/ls/step1", D->root);
+	dsckpt_conn_t *c = conn_open("ls", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 7);
+	dsckpt_close(c);
+	struct dst d;
+	char msg[4096] = "";
+	dst_open(&d, 4096 + 1000);
+	int64_t id = load_begin(d.fd, dir, "rank0", NULL, msg);
+	ck_assert_msg(id > 0, "%s", msg);
+	struct proto_out o;
+	out_map(&o, PROTO_LOAD_END, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)id);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_dst(&o.pk, "b", "U8", three[1].shape, 1, 4096, 1000);
+	ck_assert_int_eq(raw_send(d.fd, &o, 0, NULL, 0), 0);
+	raw_expect_reply(d.fd, "level");
+	ck_assert_int_eq(load_wait(d.fd, id, -1, NULL, msg), 2);
+	ck_assert(untouched(d.p, 4096));
+	ck_assert_uint_eq(h_pattern_diff(d.p + 4096, 1000, 8), 1000);
+	dst_close(&d);
+	d_stop();
+}
+END_TEST
+
+/* A missing name, a wrong dtype, a wrong shape and a name given twice: one EINVAL naming all
+ * four, nothing written; the same connection then loads correctly. */
+START_TEST(test_load_mismatch)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	const char *dir = h_path("%s/lm/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lm", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 1);
+	dsckpt_close(c);
+	const struct spec bad[] = {
+		{"nope", "U8", {16}, 1},
+		{"a", "BF16", {768, 2048}, 2},
+		{"c", "U8", {1 << 20, 5}, 2},
+		{"b", "U8", {1000}, 1},
+		{"b", "U8", {1000}, 1},
+	};
+	struct dst d;
+	char msg[4096] = "";
+	size_t total = 0;
+	for (size_t i = 0; i < 5; i++)
+		total += spec_bytes(&bad[i]);
+	dst_open(&d, total);
+	int64_t id = load_begin(d.fd, dir, "rank0", NULL, msg);
+	ck_assert_msg(id > 0, "%s", msg);
+	ck_assert_int_eq(load_end(d.fd, id, bad, 5, msg), DSCKPT_EINVAL);
+	ck_assert_msg(strstr(msg, "4 tensors do not match") && strstr(msg, "'nope': not in the file") &&
+		      strstr(msg, "'a': dtype BF16 given, F32 in the file") &&
+		      strstr(msg, "'c': shape [1048576, 5] given, [5242880] in the file") &&
+		      strstr(msg, "'b': named twice"), "message: %s", msg);
+	ck_assert(untouched(d.p, d.size));
+	/* The load is gone; the connection goes on. */
+	int code = 0;
+	struct proto_out o;
+	out_map(&o, PROTO_LOAD_WAIT, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)id);
+	proto_kv_i64(&o.pk, "timeout_ms", 0);
+	ck_assert_int_eq(raw_send(d.fd, &o, 0, NULL, 0), 0);
+	ck_assert_int_eq(raw_expect_error(d.fd), DSCKPT_ENOENT);
+	dst_close(&d);
+	(void)code;
+	ck_assert_str_eq(load_all(dir, "rank0", three, NTHREE, 1), "cache");
+	d_stop();
+}
+END_TEST
+
+/* Flips one byte of a file's byte at data offset at; returns the file's path. */
+static const char *flip_byte(const char *dir, const char *file, uint64_t at)
+{
+	const char *path = h_path("%s/%s.safetensors", dir, file);
+	int fd = open(path, O_RDWR);
+	uint64_t hlen;
+	uint8_t b;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &hlen, 8, 0), 8);
+	ck_assert_int_eq(pread(fd, &b, 1, (off_t)(8 + hlen + at)), 1);
+	b ^= 0x40;
+	ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)(8 + hlen + at)), 1);
+	close(fd);
+	return path;
+}
+
+/* A flipped byte in tensor c (from the disk, nothing resident): FAILED with ECHECKSUM naming
+ * the tensor and the file; the other tensors' checks passed. */
+START_TEST(test_load_corrupt)
+{
+	d_start(CACHE_32M, CHUNK_1M "\"keep_resident\": false,");
+	const char *dir = h_path("%s/lc/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lc", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 5);
+	dsckpt_close(c);
+	flip_byte(dir, "rank0", (3 << 20) + 1000 + 4321);
+	struct dst d;
+	char msg[4096] = "";
+	int code = 0;
+	dst_open(&d, (3 << 20) + 1000 + (5 << 20));
+	int64_t id = load_begin(d.fd, dir, "rank0", NULL, msg);
+	ck_assert_msg(id > 0, "%s", msg);
+	ck_assert_int_eq(load_end(d.fd, id, three, NTHREE, msg), 0);
+	ck_assert_int_eq(load_wait(d.fd, id, -1, &code, msg), -1);
+	ck_assert_int_eq(code, DSCKPT_ECHECKSUM);
+	ck_assert_msg(strstr(msg, "tensor 'c'") && strstr(msg, "rank0.safetensors"), "%s", msg);
+	dst_close(&d);
+	check_alive();
+	d_stop();
+}
+END_TEST
+
+/* A truncated file and a file that is not safetensors: EINVAL at LOAD_BEGIN, saying why. */
+START_TEST(test_load_truncated)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	const char *dir = h_path("%s/lt/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lt", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 9);
+	dsckpt_close(c);
+	ck_assert_int_eq(truncate(h_path("%s/rank0.safetensors", dir), 8192 + (1 << 20)), 0);
+	ck_assert_int_eq(h_system("printf 'not a checkpoint' > %s/junk.safetensors", dir), 0);
+	int fd = raw_connect();
+	raw_hello(fd);
+	char msg[4096] = "";
+	ck_assert_int_eq(load_begin(fd, dir, "rank0", NULL, msg), DSCKPT_EINVAL);
+	ck_assert_msg(strstr(msg, "truncated"), "%s", msg);
+	ck_assert_int_eq(load_begin(fd, dir, "junk", NULL, msg), DSCKPT_EINVAL);
+	ck_assert_msg(strstr(msg, "not a safetensors file"), "%s", msg);
+	ck_assert_int_eq(load_begin(fd, dir, "absent", NULL, msg), DSCKPT_ENOENT);
+	ck_assert_int_eq(load_begin(fd, dir, "../x", NULL, msg), DSCKPT_EINVAL);
+	ck_assert_int_eq(load_begin(fd, h_path("%s/../lt/step1", D->root), "rank0", NULL, msg),
+			 DSCKPT_EINVAL);
+	close(fd);
+	check_alive();
+	d_stop();
+}
+END_TEST
+
+/* Clients that go away after LOAD_END of a 48 MiB file (16 chunks of cache), at once and a
+ * little later: the daemon cancels, serves others, and ends cleanly. */
+START_TEST(test_load_client_dies)
+{
+	d_start(CACHE_16M, CHUNK_1M "\"keep_resident\": false,");
+	const char *dir = h_path("%s/ld/step1", D->root);
+	const struct spec big[] = {{"w", "U8", {48 << 20}, 1}};
+	dsckpt_conn_t *c = conn_open("ld", 0, 1);
+	save_spec(c, dir, "rank0", big, 1, 3);
+	dsckpt_close(c);
+	for (int i = 0; i < 6; i++) {
+		struct dst d;
+		char msg[4096] = "";
+		dst_open(&d, 48 << 20);
+		int64_t id = load_begin(d.fd, dir, "rank0", NULL, msg);
+		ck_assert_msg(id > 0, "%s", msg);
+		ck_assert_int_eq(load_end(d.fd, id, big, 1, msg), 0);
+		h_sleep_ms(i * 3);
+		dst_close(&d);
+	}
+	check_alive();
+	ck_assert_str_eq(load_all(dir, "rank0", big, 1, 3), "file");
+	d_stop();
+}
+END_TEST
+
+/* A 40 MiB file through an 8 MiB cache (it streams through), with a save of 24 MiB going on
+ * at the same time on another connection: both whole. */
+START_TEST(test_load_beside_saves)
+{
+	d_start(CACHE_8M, CHUNK_1M);
+	const char *dir = h_path("%s/lb/step1", D->root);
+	const char *dir2 = h_path("%s/lb/step2", D->root);
+	const struct spec big[] = {{"x", "U8", {24 << 20}, 1}, {"y", "F32", {4 << 20}, 1}};
+	dsckpt_conn_t *c = conn_open("lb", 0, 1);
+	save_spec(c, dir, "rank0", big, 2, 11);
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir2, "rank0", 24 << 20, 77, &mem);
+	ck_assert_str_eq(load_all(dir, "rank0", big, 2, 11), "file");
+	wait_level(c, s, DSCKPT_DURABLE, 60000);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	check_pattern_file(dir2, "rank0", 24 << 20, 77);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/* The daemon keeps a file just saved in its cache: the load comes from there ("cache");
+ * after a restart the same load reads the file. */
+START_TEST(test_load_hot_then_file)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	const char *dir = h_path("%s/lh/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lh", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 21);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	dsckpt_close(c);
+	ck_assert_str_eq(load_all(dir, "rank0", three, NTHREE, 21), "cache");
+	d_kill(SIGTERM);
+	d_restart(0);
+	ck_assert_str_eq(load_all(dir, "rank0", three, NTHREE, 21), "file");
+	d_stop();
+}
+END_TEST
+
+/* A save that needs the room evicts the resident file: the next load of it reads the file,
+ * while the save's own file comes from the cache. */
+START_TEST(test_load_evicted)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	const char *dir = h_path("%s/le/step1", D->root);
+	const char *dir2 = h_path("%s/le/step2", D->root);
+	dsckpt_conn_t *c = conn_open("le", 0, 1);
+	save_spec(c, dir, "rank0", three, NTHREE, 31);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	const struct spec big[] = {{"z", "U8", {14 << 20}, 1}};
+	save_spec(c, dir2, "rank0", big, 1, 41);
+	dsckpt_close(c);
+	ck_assert_str_eq(load_all(dir2, "rank0", big, 1, 41), "cache");
+	ck_assert_str_eq(load_all(dir, "rank0", three, NTHREE, 31), "file");
+	d_stop();
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("load");
+	h_add_case(s, "file", test_load_file, 60, 1);
+	h_add_case(s, "subset", test_load_subset, 60, 1);
+	h_add_case(s, "mismatch", test_load_mismatch, 60, 1);
+	h_add_case(s, "corrupt", test_load_corrupt, 60, 1);
+	h_add_case(s, "truncated", test_load_truncated, 60, 1);
+	h_add_case(s, "client_dies", test_load_client_dies, 120, 1);
+	h_add_case(s, "beside_saves", test_load_beside_saves, 120, 1);
+	h_add_case(s, "hot_then_file", test_load_hot_then_file, 60, 1);
+	h_add_case(s, "evicted", test_load_evicted, 60, 1);
+	return h_run_suite(s, NULL);
+}
