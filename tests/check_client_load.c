@@ -375,7 +375,7 @@ static void free_tensors(struct ttensor *t, size_t n)
 }
 
 /* Loads dir/file into the destinations of t[0..n) (all but skip, when skip < n); returns
- * dsckpt_load_end's result, and on success waits for LOADED. */
+ * dsckpt_load_end's result, and on success waits for LOADED (failing the test otherwise). */
 static int load_tensors(dsckpt_conn_t *c, const char *dir, const char *file,
 			struct ttensor *t, size_t n, size_t skip, char *source)
 {
@@ -397,9 +397,9 @@ static int load_tensors(dsckpt_conn_t *c, const char *dir, const char *file,
 	CK_DS(c, dsckpt_load_add_tensors(l, d, nd, NULL));
 	int rc = dsckpt_load_end(l);
 	if (rc == 0) {
-		rc = dsckpt_load_wait(l, 30000);
-		ck_assert_msg(rc == DSCKPT_LOADED, "dsckpt_load_wait: %s: %s",
-			      dsckpt_err_name(rc), dsckpt_last_error(c));
+		int lv = dsckpt_load_wait(l, 30000);
+		ck_assert_msg(lv == DSCKPT_LOADED, "dsckpt_load_wait: %s: %s",
+			      dsckpt_err_name(lv), dsckpt_last_error(c));
 		dsckpt_load_progress(l, &total, &done);
 		ck_assert_uint_eq(total, want);
 		ck_assert_uint_eq(done, want);
@@ -504,7 +504,7 @@ START_TEST(test_load_mismatch)
 		ck_assert_msg(untouched(asked[i].dst, asked[i].nbytes), "%s was written",
 			      asked[i].name);
 	ck_assert_int_eq(dsckpt_load_begin(c, dir, "rank1", &l), DSCKPT_ENOENT);
-	ck_assert_int_eq(dsckpt_load_begin(c, h_path("%s/nothing", D->root), "rank0", &l),
+	ck_assert_int_eq(dsckpt_load_begin(c, h_path("%s/lmm/nothing", D->root), "rank0", &l),
 			 DSCKPT_ENOENT);
 	dsckpt_close(c);
 	free_tensors(in_file, nf);
