@@ -220,3 +220,28 @@ def test_corrupted_tensor_fails_the_load(make_daemon, tmp_path):
         with pytest.raises(dsckpt.LoadFailed) as e:
             dt.load_into(fresh, d, conn=c)
         assert e.value.cause == Errno.ECHECKSUM and "rot" in e.value.message
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="no CUDA device: GPU path not run")
+
+
+@cuda
+def test_cuda_load_into_and_load(daemon, conn):
+    torch.manual_seed(2)
+    state = {"w": torch.randn(1024, 256), "b": torch.randn(64).to(torch.bfloat16),
+             "t": torch.randn(64, 32), "cpu": torch.arange(5)}
+    d = saved(daemon.root, conn, state)
+    fresh = {"w": torch.zeros(1024, 256, device="cuda"),
+             "b": torch.zeros(64, dtype=torch.bfloat16, device="cuda"),
+             "t": torch.zeros(32, 64, device="cuda").t(), "cpu": torch.zeros(5, dtype=torch.long)}
+    # Work still queued on the destinations when the load starts: the daemon writes after it.
+    torch.cuda._sleep(200_000_000)
+    fresh["w"].fill_(7.0)
+    before = loads_seen(daemon)
+    assert dt.load_into(fresh, d, conn=conn) == "daemon"   # GPU and host destinations
+    assert loads_seen(daemon) == before + 1
+    assert_equal_tensors(state, {k: v.cpu() for k, v in fresh.items()})
+    back = dt.load(d, "rank0", map_location="cuda", conn=conn)
+    assert all(t.device.type == "cuda" for t in back.values())
+    assert_equal_tensors(state, {k: v.cpu() for k, v in back.items()})
