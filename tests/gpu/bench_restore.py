@@ -401,7 +401,8 @@ def fastsafetensors_import(scratch):
 
 
 class Results:
-    """Every cell: rows[(size_gb, method)][column] = {gbps, secs, runs, ok, note}."""
+    """Every cell as a dict (size_gb, method, column, and gbps, secs, runs, ok, bytes or only a
+    note saying why there is no number), the failures, and part 2's outcome (train)."""
 
     def __init__(self):
         self.cells = []
@@ -598,7 +599,8 @@ class Bench:
                                os.path.join(a.disk_root, "dcp", job),
                                lambda p: dcp.save(state, checkpoint_id=p),
                                lambda p: (lambda: dcp.load(dcp_dst, checkpoint_id=p)),
-                               lambda out: same(dcp_dst, state))
+                               lambda out: same(dcp_dst, state),
+                               before=lambda: [v.zero_() for v in dcp_dst.values()] and None)
         except ImportError as e:
             for c in ("warm", "cold"):
                 self.cell(size, "DCP load", c, f"no torch.distributed.checkpoint: {e}", nbytes)
@@ -609,9 +611,10 @@ class Bench:
         del state, dst
         empty_cache()
 
-    def copy_baseline(self, size, method, state, nbytes, where, save, mk, check, file=None):
+    def copy_baseline(self, size, method, state, nbytes, where, save, mk, check, file=None,
+                      before=None):
         """Saves a copy with save(path) (path: where/file, or the directory where) if the disk
-        has room, times mk(path)() warm and cold, removes where."""
+        has room, times mk(path)() warm and cold (before(): before each run), removes where."""
         os.makedirs(where, exist_ok=True)
         path = os.path.join(where, file) if file else where
         if free_bytes(self.a.disk_root) < nbytes * 1.05 + 2 * GIB:
@@ -634,8 +637,9 @@ class Bench:
             return
         log(f"  {method}: copy saved in {time.perf_counter() - t:.1f} s")
         warm_files([path])
-        self.cell(size, method, "warm", mk(path), nbytes, check)
-        self.cell(size, method, "cold", mk(path), nbytes, check, reps=1, before=drop_caches)
+        self.cell(size, method, "warm", mk(path), nbytes, check, before=before)
+        self.cell(size, method, "cold", mk(path), nbytes, check, reps=1,
+                  before=lambda: (before and before()) or drop_caches())
         shutil.rmtree(where, ignore_errors=True)
 
     def fst_fn(self, path):
