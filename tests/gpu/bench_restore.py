@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_restore.py — restoring onto the GPU, dsckpt beside the same run's baselines and bounds.
 
-Over 600 lines: one self-contained script run as is on the GPU node (tests/gpu/run-bench-restore,
+Over 1,000 lines: one self-contained script run as is on the GPU node (tests/gpu/run-bench-restore,
 `make bench-restore`); it starts and restarts the bundle's dsckptd itself (a restart empties the
 daemon's cache, which is how "from files" is measured).
 
