@@ -1013,7 +1013,20 @@ def main(argv):
     a.shm_root = os.path.join(a.shm, f"dsckpt-restore.{os.getpid()}")
     os.makedirs(a.disk_root)
     os.makedirs(a.shm_root)
-    drop_note = None
+    # SIGTERM (run-bench-restore's timeout) unwinds too: the daemon is stopped, the scratch
+    # directories removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return bench(a, sizes, scratch, ram)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(a.shm_root, ignore_errors=True)
+
+
+def bench(a, sizes, scratch, ram):
+    """Parts 1 and 2 in the scratch directories main made; the exit status."""
+    import torch
+    import dsckpt
     info = {"torch": torch.__version__,
             "device": torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu (--smoke)",
             "ram_gib": ram, "hot_cache_gib": a.hot_cache_gib,
@@ -1074,8 +1087,6 @@ def main(argv):
         if res.failures:
             log("\n".join(["", "failures:"] + [f"  {f}" for f in res.failures]))
             log("dsckptd log (end):\n" + d.log_tail(30))
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(a.shm_root, ignore_errors=True)
     log(table(res, sizes, drop_note))
     return 1 if res.failures else 0
 
