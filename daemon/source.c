@@ -278,8 +278,9 @@ int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *
 	return s->ops->write(s->priv, cp->cuda, off, src, len, err, errlen);
 }
 
-/* Waits for the copies (reads and writes) the copier queued, on every device, even after an error (none is left
- * in flight), and ends its fence; 0 or the first failure's ERR_E* with err. */
+/* Waits for the copies (reads and writes) the copier queued, on every device, even after an
+ * error (none is left in flight), and ends its fence; 0 or the first failure's ERR_E* with
+ * err. */
 int copier_sync(struct copier *cp, char *err, size_t errlen)
 {
 	return cuda_copier_sync(cp->cuda, err, errlen);
