@@ -212,6 +212,9 @@ int copier_sync(struct copier *cp, char *err, size_t errlen);
  * kinds) until copier_sync, as copier_read; 0 or a negative ERR_E* with err. */
 int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *src,
 		 uint64_t len, char *err, size_t errlen);
+/* Whether a load may write s now (a writable kind; host memory open for writing and not
+ * sealed against it); 0 or a negative ERR_E* with err. */
+int source_writable(const struct source *s, char *err, size_t errlen);
 /* Size of the source in bytes. */
 uint64_t source_size(const struct source *s);
 /* Kind name ("host", "cuda_ipc", "cuda_vmm"). */
