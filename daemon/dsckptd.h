@@ -861,7 +861,9 @@ void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
  * which it cannot be before DURABLE). NULL is fine. */
 void resident_drop(struct resident *r);
 /* dir was committed (loop thread): its files are marked committed; of its job (dir's parent)
- * the other committed tags' files go, and uncommitted ones begun before dir's. */
+ * the other committed tags' files go, and uncommitted ones begun before dir's (tags are
+ * ordered by when their files began here; a dir with none here counts as the newest
+ * committed tag and leaves uncommitted files be). */
 void resident_committed(const char *dir);
 /* Finds the durable copy of dir/file still identical to the file dev/ino and pins it (no
  * piece of it is given up until resident_unpin); NULL if none. A partial copy is trimmed
