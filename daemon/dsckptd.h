@@ -212,6 +212,9 @@ int copier_sync(struct copier *cp, char *err, size_t errlen);
  * kinds) until copier_sync, as copier_read; 0 or a negative ERR_E* with err. */
 int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *src,
 		 uint64_t len, char *err, size_t errlen);
+/* Whether a load may write s now (a writable kind; host memory open for writing and not
+ * sealed against it); 0 or a negative ERR_E* with err. */
+int source_writable(const struct source *s, char *err, size_t errlen);
 /* Size of the source in bytes. */
 uint64_t source_size(const struct source *s);
 /* Kind name ("host", "cuda_ipc", "cuda_vmm"). */
@@ -858,7 +861,9 @@ void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
  * which it cannot be before DURABLE). NULL is fine. */
 void resident_drop(struct resident *r);
 /* dir was committed (loop thread): its files are marked committed; of its job (dir's parent)
- * the other committed tags' files go, and uncommitted ones begun before dir's. */
+ * the other committed tags' files go, and uncommitted ones begun before dir's (tags are
+ * ordered by when their files began here; a dir with none here counts as the newest
+ * committed tag and leaves uncommitted files be). */
 void resident_committed(const char *dir);
 /* Finds the durable copy of dir/file still identical to the file dev/ino and pins it (no
  * piece of it is given up until resident_unpin); NULL if none. A partial copy is trimmed

@@ -339,6 +339,12 @@ int load_add_tensor(struct load *l, const char *name, const char *dtype,
 			      "its region (%llu bytes)", name, (unsigned long long)off,
 			      (unsigned long long)(off + nbytes),
 			      (unsigned long long)source_size(dst));
+	if (!source_complete(dst))
+		return seterr(err, errlen, ERR_ESTATE, "tensor '%s': its region is not mapped "
+			      "whole yet", name);
+	int rc = source_writable(dst, err, errlen);
+	if (rc < 0)
+		return rc;
 	long t = st_header_find(l->h, name);
 	if (t < 0) {
 		mismatch(l, "'%s': not in the file", name);

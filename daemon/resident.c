@@ -327,13 +327,14 @@ static int in_job(const struct resident *r, const char *job, size_t n)
  * the newest committed tag stays: the residents of the job's other committed tags go, and
  * so do uncommitted ones begun before dir's (an older tag, never to be the newest). Tags
  * begun later, still being saved, stay until they commit or are evicted. Which tag is newer
- * is judged by when their residents began here; a dir with none here counts as the newest.
+ * is judged by when their residents began here; a dir with none here (evicted, or saved
+ * elsewhere) counts as newer than every committed tag and says nothing of uncommitted ones.
  */
 void resident_committed(const char *dir)
 {
 	size_t n = job_len(dir);
 	uint64_t cseq = UINT64_MAX;
-	int newer = 0;
+	int newer = 0, here = 0;
 
 	if (n == 0)
 		return;
@@ -341,6 +342,7 @@ void resident_committed(const char *dir)
 	for (struct resident *r = R.head; r; r = r->next) {
 		if (strcmp(r->dir, dir) == 0) {
 			r->committed = 1;
+			here = 1;
 			if (r->seq < cseq)
 				cseq = r->seq;
 		}
@@ -349,7 +351,7 @@ void resident_committed(const char *dir)
 		next = r->next;
 		if (strcmp(r->dir, dir) == 0 || !in_job(r, dir, n))
 			continue;
-		if (r->seq < cseq)
+		if (r->seq < cseq && (r->committed || here))
 			let_go(r);	/* an older tag, committed or not */
 		else if (r->committed)
 			newer = 1;	/* a newer tag was committed first: dir is the old one */
@@ -435,6 +437,8 @@ void resident_unpin(struct resident *r)
 {
 	pthread_mutex_lock(&R.lock);
 	if (--r->pins == 0) {
+		if (r->listed && r->nheld == 0 && r->npieces > 0)
+			unlist(r);	/* trimmed to nothing at its pin: of no use any more */
 		if (!r->listed)
 			give_all(r);
 		if (!maybe_free(r) && r->nheld > 0)

@@ -278,8 +278,9 @@ int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *
 	return s->ops->write(s->priv, cp->cuda, off, src, len, err, errlen);
 }
 
-/* Waits for the copies (reads and writes) the copier queued, on every device, even after an error (none is left
- * in flight), and ends its fence; 0 or the first failure's ERR_E* with err. */
+/* Waits for the copies (reads and writes) the copier queued, on every device, even after an
+ * error (none is left in flight), and ends its fence; 0 or the first failure's ERR_E* with
+ * err. */
 int copier_sync(struct copier *cp, char *err, size_t errlen)
 {
 	return cuda_copier_sync(cp->cuda, err, errlen);
@@ -289,6 +290,26 @@ int copier_sync(struct copier *cp, char *err, size_t errlen)
 int source_complete(const struct source *s)
 {
 	return s->ops->complete == NULL || s->ops->complete(s->priv);
+}
+
+/* Whether a load may write s now: a kind with writes, and for host memory a descriptor open
+ * for writing and not sealed against it; 0 or a negative ERR_E* with err. A seal added later
+ * still fails that load at its first write. */
+int source_writable(const struct source *s, char *err, size_t errlen)
+{
+	if (!s->ops->write)
+		return seterr(err, errlen, ERR_ENOTSUP, "a %s source cannot be written",
+			      s->ops->name);
+	if (s->ops != &source_host_ops)
+		return 0;
+	int fd = (int)(intptr_t)s->priv, fl = fcntl(fd, F_GETFL), seals = fcntl(fd, F_GET_SEALS);
+	if (fl >= 0 && (fl & O_ACCMODE) == O_RDONLY)
+		return seterr(err, errlen, ERR_EBADF, "host source: %s",
+			      source_host_write_why(EBADF));
+	if (seals >= 0 && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))
+		return seterr(err, errlen, ERR_EPERM, "host source: %s",
+			      source_host_write_why(EPERM));
+	return 0;
 }
 
 /* Size of the source in bytes. */

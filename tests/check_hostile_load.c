@@ -108,7 +108,8 @@ START_TEST(test_steal)
 END_TEST
 
 /* Attacker of test_sealed_dst: loads its own file into a memfd sealed against writes after it
- * was registered; rc[1]: the load's outcome, msg[1] its message. */
+ * was registered; rc[1]: the load's outcome, msg[1] its message. Then into a region sealed
+ * once the load was accepted (rc[2]: what the load ends with). */
 static int atk_sealed(void *arg)
 {
 	struct res r;
@@ -125,12 +126,40 @@ static int atk_sealed(void *arg)
 		return say(1, 3, "F_SEAL_WRITE: %s", strerror(errno));
 	B->rc[1] = r_load(fd, adir, "rank0", NV, &r);
 	snprintf(B->msg[1], sizeof(B->msg[1]), "%s", r.msg);
+	/* Sealed between LOAD_END and the daemon's writes: the load fails, nothing else. */
+	int m2 = memfd_pattern(NV, 62, 1);
+	struct proto_out o;
+	if (m2 < 0 || r_region(fd, 2, m2, NV, &r) < 0)
+		return say(1, 4, "second region: %s", r.msg);
+	out_map(&o, PROTO_LOAD_BEGIN, 2);
+	proto_kv_str(&o.pk, "dir", adir);
+	proto_kv_str(&o.pk, "file", "rank0");
+	if (r_call(fd, &o, 0, NULL, "load", &r, 10000) != 0)
+		return say(1, 5, "LOAD_BEGIN: %s", r.msg);
+	int64_t load = r.v;
+	out_map(&o, PROTO_LOAD_END, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)load);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_u8(&o.pk, "t", 2, 0, NV);
+	int rc = r_call(fd, &o, 0, NULL, "level", &r, 10000);
+	fcntl(m2, F_ADD_SEALS, F_SEAL_WRITE);	/* races the daemon's writes */
+	if (rc == 0) {
+		out_map(&o, PROTO_LOAD_WAIT, 2);
+		proto_kv_u64(&o.pk, "load", (uint64_t)load);
+		proto_kv_i64(&o.pk, "timeout_ms", 20000);
+		rc = r_call(fd, &o, 0, NULL, "level", &r, 30000);
+		B->rc[2] = rc != 0 ? rc : r.v == 2 ? 0 : DSCKPT_EFAILED;
+	} else {
+		B->rc[2] = rc;
+	}
 	close(fd);
 	return 0;
 }
 
-/* A destination that refuses writes (a memfd sealed with F_SEAL_WRITE): that load fails
- * with a reason, the daemon goes on, the victim saves meanwhile as ever. */
+/* A destination that refuses writes (a memfd sealed with F_SEAL_WRITE): refused with EPERM
+ * before any byte moves, or, sealed while the load runs, that load fails; the daemon goes
+ * on, the victim saves as ever. */
 START_TEST(test_sealed_dst)
 {
 	HOSTILE_BEGIN("load into a write-sealed memfd");
@@ -139,8 +168,11 @@ START_TEST(test_sealed_dst)
 	hd_start(CACHE_32M, NULL);
 	int ac = as_user(ATK, atk_sealed, NULL);
 	ck_assert_msg(ac == 0, "attacker: %s: %s", status_str(ac), B->msg[1]);
-	ck_assert_msg(B->rc[1] == DSCKPT_EFAILED, "load into a sealed memfd: %s",
-		      code_name(B->rc[1]));
+	ck_assert_msg(B->rc[1] == DSCKPT_EPERM && strstr(B->msg[1], "sealed against writing"),
+		      "load into a sealed memfd: %s: %s", code_name(B->rc[1]), B->msg[1]);
+	/* Sealed while the load runs: it either finished first or failed; never more. */
+	ck_assert_msg(B->rc[2] == 0 || B->rc[2] == DSCKPT_EFAILED, "sealed during the load: %s",
+		      code_name(B->rc[2]));
 	hd_alive("after the sealed destination");
 	v.dir = h_path("%s/jobV/t1", D->root);
 	victim_check(as_user(VIC, victim_main, &v), &v, "after the sealed destination");

@@ -241,6 +241,23 @@ START_TEST(test_pin_partial)
 	resident_unpin(r);
 	ck_assert_ptr_eq(p = cache_tryget(c, -1), a.p[0]);
 	cache_put(c, p);
+	resident_free_all();
+
+	/* Two partial copies pinned at once: the second gives up what the first leaves no room
+	 * for, here everything, and is let go at its unpin. */
+	struct kept b;
+	mkres(&b, "/r/j/t3", "b", 2, 1, 7, 'c');
+	mkres(&a, "/r/j/t4", "a", 10, 3, 8, 'd');
+	r = resident_pin("/r/j/t4", "a", 1, 8);
+	ck_assert_uint_eq(resident_held(r), 7 * CH);
+	r2 = resident_pin("/r/j/t3", "b", 1, 7);
+	ck_assert_uint_eq(resident_held(r2), 0);
+	ck_assert_uint_eq(cache_used(c), 7 * CH);
+	resident_unpin(r2);
+	struct listing l = list();
+	ck_assert_uint_eq(l.n, 1);
+	ck_assert_str_eq(l.dir[0], "/r/j/t4");
+	resident_unpin(r);
 	done();
 }
 END_TEST
@@ -347,16 +364,27 @@ START_TEST(test_committed)
 	struct resident *r = resident_pin("/r/job/t3", "rank0", 1, 7);
 	ck_assert_uint_eq(resident_held(r), 2 * CH);
 
-	/* A pinned file let go stays readable until unpinned. */
-	resident_committed("/r/job/t4");	/* none here: counts as the newest */
+	/* A commit of a tag with no file here (evicted, saved elsewhere) lets the job's
+	 * committed files go, not those still uncommitted. */
+	resident_committed("/r/job/t4");
 	l = list();
-	ck_assert_uint_eq(l.n, 1);
-	ck_assert_str_eq(l.dir[0], "/r/other/t1");
+	ck_assert_uint_eq(l.n, 2);
+	ck_assert_int_lt(listed(&l, "/r/job/t2"), 0);
+	ck_assert_int_ge(listed(&l, "/r/job/t3"), 0);
+	ck_assert_uint_eq(resident_bytes(), 3 * CH);	/* o1, a3b */
+
+	/* A pinned file let go stays readable until unpinned. */
+	struct kept a5;
+	mkres(&a5, "/r/job/t5", "rank0", 1, 0, 8, 'g');
+	resident_committed("/r/job/t5");
+	l = list();
+	ck_assert_uint_eq(l.n, 2);
+	ck_assert_int_lt(listed(&l, "/r/job/t3"), 0);
 	ck_assert_ptr_eq(resident_piece(r, 1), a3b.p[1]);
-	ck_assert_uint_eq(resident_bytes(), 3 * CH);
+	ck_assert_uint_eq(resident_bytes(), 4 * CH);
 	resident_unpin(r);
-	ck_assert_uint_eq(resident_bytes(), CH);
-	ck_assert_uint_eq(cache_used(c), CH);
+	ck_assert_uint_eq(resident_bytes(), 2 * CH);
+	ck_assert_uint_eq(cache_used(c), 2 * CH);
 	done();
 }
 END_TEST
@@ -415,20 +443,30 @@ static void st_count(void *arg, const char *dir, const char *file, uid_t uid, ui
 /* The "loop": commits tags, lists, and pins files to check that their pieces hold still. */
 static void *st_loop(void *arg)
 {
-	unsigned seed = 1, pins = 0;
+	unsigned seed = 1, pins = 0, after = 0;
+	int committed[ST_WORKERS];
 
-	while (!atomic_load(&st_stop)) {
+	for (unsigned w = 0; w < ST_WORKERS; w++)
+		committed[w] = -1;
+
+	/* Once the workers are done, on until a pin was had (their last files stay). */
+	while (!atomic_load(&st_stop) || (pins == 0 && after++ < 100000)) {
 		unsigned w = rand_r(&seed) % ST_WORKERS, n = atomic_load(&st_done[w]);
 		if (n == 0)
 			continue;
-		unsigned k = rand_r(&seed) % n;
+		/* Mostly the newest files, which eviction has not reached yet. */
+		unsigned back = rand_r(&seed) % (rand_r(&seed) % 4 ? 3 : n);
+		unsigned k = n - 1 - (back < n ? back : n - 1);
 		ino_t ino = w * 1000 + k + 1;
 		unsigned count = 0;
 		char dir[32];
 		snprintf(dir, sizeof(dir), "/r/j%u/t%u", w, k);
 		switch (rand_r(&seed) % 4) {
 		case 0:
-			resident_committed(dir);
+			if ((int)k > committed[w]) {	/* commits go forward */
+				resident_committed(dir);
+				committed[w] = (int)k;
+			}
 			break;
 		case 1:
 			resident_each(st_count, &count);

@@ -82,6 +82,8 @@ START_TEST(test_daemon_commits)
 		reap(p[r], 1);
 	ck_assert_msg(wait_for(h_path("%s/MANIFEST.json", dir), 30000),
 		      "no trainer left, and the daemon did not commit %s", dir);
+	/* latest follows the manifest (store_commit): a moment later on a slow (TSan) run. */
+	ck_assert(wait_for(h_path("%s/sj/latest", D->root), 10000));
 	ck_assert_str_eq(file_text(h_path("%s/sj/latest", D->root)), "t1");
 	for (int r = 0; r < WORLD; r++)
 		check_pattern_file(dir, h_path("rank%d", r), N_BYTES, 500 + (uint64_t)r);

@@ -151,7 +151,8 @@ long query_residents(const struct ctl *ctl, struct ctl_resident **out)
 	*out = NULL;
 	if (dsckpt_connect(ctl->socket, &c) < 0)
 		return -1;
-	if (lib_conn_ctl_hello(c, REPLY_TIMEOUT_MS) < 0 || lib_conn_query(c, PROTO_STATUS, &r) < 0) {
+	if (lib_conn_ctl_hello(c, REPLY_TIMEOUT_MS) < 0 ||
+	    lib_conn_query(c, PROTO_STATUS, &r) < 0) {
 		dsckpt_close(c);
 		return -1;
 	}

@@ -11,6 +11,10 @@
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
 #   make bench-train  (on the GPU node) tests/gpu/run-train build/gpu
 #   make bench-load   (on the GPU node) tests/gpu/run-bench-load build/gpu: loading onto a GPU
+#   make bench-restore (on the GPU node) tests/gpu/run-bench-restore build/gpu $(RESTORE_ARGS):
+#                     restores from the daemon's cache and from files beside the baselines,
+#                     and a restarted bench-train to its first step (RESTORE_ARGS="--sizes 8
+#                     --no-train" and RESTORE_ARGS="--sizes ''" fit one 10-minute call each)
 #
 # gpu-check and bench-gpu compile nothing once build/gpu/BUNDLE exists. The objects are built
 # by a recursive make with BUILD=build/gpu-obj (the Makefile's own compile rules and flags) and
@@ -30,7 +34,7 @@ GPU_SYSLIBS := -lpthread -ldl -lrt -lm
 GPU_BINS := $(GPU_DIR)/dsckptd $(GPU_DIR)/dsckptctl $(GPU_DIR)/lib/libdsckpt.so.0 \
 	$(GPU_DIR)/gpu-trainer $(GPU_DIR)/gpu-bench $(GPU_DIR)/gpu-restore
 
-.PHONY: gpu-bundle gpu-bundle-files gpu-check bench-gpu bench-load
+.PHONY: gpu-bundle gpu-bundle-files gpu-check bench-gpu bench-load bench-restore
 
 gpu-bundle:
 	@$(MAKE) --no-print-directory BUILD=$(GPU_OBJ) SAN= gpu-bundle-files
@@ -104,3 +108,6 @@ include tests/gpu/deepspeed.mk
 
 bench-load: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-bench-load $(GPU_DIR) $(LOAD_GIB)
+
+bench-restore: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-bench-restore $(GPU_DIR) $(RESTORE_ARGS)

@@ -19,11 +19,15 @@
  *   cache     every tensor loaded into zeroed destinations: dsckpt_load_source must be
  *             "cache" (the daemon still holds the file just committed), every byte equal to
  *             the sources';
+ *   subset    every other tensor named: those in place, the others (never read) still zero;
+ *   own       back into the very buffers the save read (handles the daemon already holds),
+ *             zeroed first;
  *   order     the destinations zeroed again; on a stream, a 500 ms kernel then kernels writing
  *             another pattern (salt 2) into every destination; dsckpt_load_set_stream(that
  *             stream) and dsckpt_load_end while they are still queued (it must return at once,
- *             the kernel still running): after dsckpt_load_wait every byte must be the file's —
- *             the stream's pattern means the daemon's writes landed before the stream's work.
+ *             the kernel still running): at LOADED the stream's work must be done (the
+ *             daemon's writes waited for it), and once both are, every byte must be the
+ *             file's — the stream's pattern means the daemon's writes landed first.
  * --phase file (run after the daemon was restarted: its cache is empty): cache and order again
  *   on fresh destinations, dsckpt_load_source now "file".
  * A wrong word is named with the pattern it matches: zero (never written), the stream's
@@ -265,48 +269,60 @@ static const char *rs_which(const struct rs_opts *o, const struct rs_layout *L, 
 	return "none of the expected values: corrupt";
 }
 
-/* Checks that every byte of every destination equals the file's; fails naming the first
- * wrong word of the first wrong tensor. */
+/* Checks that every byte of tensor i of an instance equals the file's; fails naming the first
+ * wrong word. */
+static void rs_check_one(const struct rs_opts *o, const struct rs_layout *L,
+			 const struct rs_inst *I, int i, const char *what, unsigned long long *cnt)
+{
+	const struct rs_tensor *t = &L->tensors[i];
+	unsigned long long res[2], init[2] = {0, ~0ull};
+	uint64_t n = t->nbytes / 4;
+	uint32_t w;
+
+	TG_CUDA(cudaMemcpy(cnt, init, sizeof(init), cudaMemcpyHostToDevice));
+	tg_check_kernel<<<tg_blocks(n), 256>>>((const uint32_t *)rs_ptr(L, I, i), n,
+					       rs_key(o, i, 0), 0, cnt, cnt + 1);
+	TG_CUDA(cudaGetLastError());
+	TG_CUDA(cudaMemcpy(res, cnt, sizeof(res), cudaMemcpyDeviceToHost));
+	if (res[0] == 0)
+		return;
+	TG_CUDA(cudaMemcpy(&w, (const char *)rs_ptr(L, I, i) + res[1] * 4, 4,
+			   cudaMemcpyDeviceToHost));
+	tg_fail("%s: %s (%s, %zu bytes): %llu of %llu words wrong; word %llu is %08x: %s",
+		what, t->name, t->dtype, t->nbytes, res[0], (unsigned long long)n, res[1], w,
+		rs_which(o, L, i, res[1], w));
+}
+
+/* Checks that tensor i of an instance is still all zero. */
+static void rs_check_zero_one(const struct rs_layout *L, const struct rs_inst *I, int i,
+			      const char *what, unsigned long long *cnt)
+{
+	unsigned long long bad = 0;
+	uint64_t n = L->tensors[i].nbytes / 4;
+
+	TG_CUDA(cudaMemcpy(cnt, &bad, sizeof(bad), cudaMemcpyHostToDevice));
+	rs_nonzero_kernel<<<tg_blocks(n), 256>>>((const uint32_t *)rs_ptr(L, I, i), n, cnt);
+	TG_CUDA(cudaGetLastError());
+	TG_CUDA(cudaMemcpy(&bad, cnt, sizeof(bad), cudaMemcpyDeviceToHost));
+	if (bad != 0)
+		tg_fail("%s: %s: %llu words written, none should be", what, L->tensors[i].name,
+			bad);
+}
+
+/* Checks every tensor of an instance against the file. */
 static void rs_check(const struct rs_opts *o, const struct rs_layout *L, const struct rs_inst *I,
 		     const char *what, unsigned long long *cnt)
 {
-	for (int i = 0; i < L->ntensors; i++) {
-		const struct rs_tensor *t = &L->tensors[i];
-		unsigned long long res[2], init[2] = {0, ~0ull};
-		uint64_t n = t->nbytes / 4;
-		uint32_t w;
-
-		TG_CUDA(cudaMemcpy(cnt, init, sizeof(init), cudaMemcpyHostToDevice));
-		tg_check_kernel<<<tg_blocks(n), 256>>>((const uint32_t *)rs_ptr(L, I, i), n,
-						       rs_key(o, i, 0), 0, cnt, cnt + 1);
-		TG_CUDA(cudaGetLastError());
-		TG_CUDA(cudaMemcpy(res, cnt, sizeof(res), cudaMemcpyDeviceToHost));
-		if (res[0] == 0)
-			continue;
-		TG_CUDA(cudaMemcpy(&w, (const char *)rs_ptr(L, I, i) + res[1] * 4, 4,
-				   cudaMemcpyDeviceToHost));
-		tg_fail("%s: %s (%s, %zu bytes): %llu of %llu words wrong; word %llu is %08x: %s",
-			what, t->name, t->dtype, t->nbytes, res[0], (unsigned long long)n, res[1], w,
-			rs_which(o, L, i, res[1], w));
-	}
+	for (int i = 0; i < L->ntensors; i++)
+		rs_check_one(o, L, I, i, what, cnt);
 }
 
-/* Checks that every destination is still all zero. */
+/* Checks that every tensor of an instance is still all zero. */
 static void rs_check_zero(const struct rs_layout *L, const struct rs_inst *I, const char *what,
 			  unsigned long long *cnt)
 {
-	for (int i = 0; i < L->ntensors; i++) {
-		unsigned long long bad = 0;
-		uint64_t n = L->tensors[i].nbytes / 4;
-
-		TG_CUDA(cudaMemcpy(cnt, &bad, sizeof(bad), cudaMemcpyHostToDevice));
-		rs_nonzero_kernel<<<tg_blocks(n), 256>>>((const uint32_t *)rs_ptr(L, I, i), n, cnt);
-		TG_CUDA(cudaGetLastError());
-		TG_CUDA(cudaMemcpy(&bad, cnt, sizeof(bad), cudaMemcpyDeviceToHost));
-		if (bad != 0)
-			tg_fail("%s: %s: %llu words written, none should be", what,
-				L->tensors[i].name, bad);
-	}
+	for (int i = 0; i < L->ntensors; i++)
+		rs_check_zero_one(L, I, i, what, cnt);
 }
 
 /* The tensor list of a load (or save) into instance I. */
@@ -421,6 +437,56 @@ static void rs_load_all(const struct rs_opts *o, dsckpt_conn_t *c, const struct 
 	       rs_total(L) / (t1 - t0) / 1e9);
 }
 
+/* Every other tensor (the even ones) into zeroed destinations, from the cache: those equal the
+ * file's, the others (not named: never read) stay zero. */
+static void rs_load_subset(const struct rs_opts *o, dsckpt_conn_t *c, const struct rs_layout *L,
+			   struct rs_inst *dst, unsigned long long *cnt)
+{
+	dsckpt_tensor_t all[RS_MAX_TENSORS], t[RS_MAX_TENSORS];
+	uint64_t bytes = 0;
+	dsckpt_load_t *l;
+	size_t n = 0;
+
+	rs_zero(L, dst);
+	rs_list(L, dst, all);
+	for (int i = 0; i < L->ntensors; i += 2) {
+		t[n++] = all[i];
+		bytes += L->tensors[i].nbytes;
+	}
+	l = rs_begin(o, c, "cache");
+	TG_DS(c, dsckpt_load_add_tensors(l, t, n, NULL));
+	TG_DS(c, dsckpt_load_end(l));
+	rs_wait(o, c, l, "subset load", bytes);
+	dsckpt_load_free(l);
+	for (int i = 0; i < L->ntensors; i++) {
+		if (i % 2 == 0)
+			rs_check_one(o, L, dst, i, "subset load", cnt);
+		else
+			rs_check_zero_one(L, dst, i, "subset load (a tensor not named)", cnt);
+	}
+	printf("subset load: %zu of %d tensors (%.1f MiB) in place, the others untouched\n", n,
+	       L->ntensors, bytes / (double)TG_MIB);
+}
+
+/* A load back into the very buffers the save read (their handles already held by the daemon
+ * for this connection), zeroed first: a trainer rolling back in place. */
+static void rs_load_own(const struct rs_opts *o, dsckpt_conn_t *c, const struct rs_layout *L,
+			struct rs_inst *src, unsigned long long *cnt)
+{
+	dsckpt_tensor_t t[RS_MAX_TENSORS];
+	dsckpt_load_t *l;
+
+	rs_zero(L, src);
+	rs_list(L, src, t);
+	l = rs_begin(o, c, "cache");
+	TG_DS(c, dsckpt_load_add_tensors(l, t, (size_t)L->ntensors, NULL));
+	TG_DS(c, dsckpt_load_end(l));
+	rs_wait(o, c, l, "load into the saved buffers", rs_total(L));
+	dsckpt_load_free(l);
+	rs_check(o, L, src, "load into the saved buffers", cnt);
+	printf("load into the buffers the save read: every byte back\n");
+}
+
 /* A load while the named stream still has a kernel queued that writes the destinations: the
  * daemon's writes must land after it (see the top). */
 static void rs_load_ordered(const struct rs_opts *o, dsckpt_conn_t *c, const struct rs_layout *L,
@@ -439,12 +505,14 @@ static void rs_load_ordered(const struct rs_opts *o, dsckpt_conn_t *c, const str
 	TG_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 	l = rs_begin(o, c, want);
 	TG_DS(c, dsckpt_load_add_tensors(l, t, (size_t)L->ntensors, NULL));
-	TG_DS(c, dsckpt_load_set_stream(l, (void *)s));
-	/* The stream's pending work: a slow kernel, then writes of another pattern. */
+	/* The stream's pending work, queued before the stream is named (whether the library
+	 * records its event then or at load_end): a slow kernel, then writes of another
+	 * pattern. */
 	tg_spin_kernel<<<1, 1, 0, s>>>((uint64_t)RS_DELAY_MS * 1000000);
 	TG_CUDA(cudaGetLastError());
 	for (int i = 0; i < L->ntensors; i++)
 		tg_fill(rs_ptr(L, dst, i), L->tensors[i].nbytes, rs_key(o, i, 2), s);
+	TG_DS(c, dsckpt_load_set_stream(l, (void *)s));
 	t1 = tg_now();
 	TG_DS(c, dsckpt_load_end(l));
 	t2 = tg_now();
@@ -589,6 +657,8 @@ int main(int argc, char **argv)
 		rs_save(&o, c, &L, &src);
 		rs_load_mismatch(&o, c, &L, &dst, cnt);
 		rs_load_all(&o, c, &L, &dst, "cache", cnt);
+		rs_load_subset(&o, c, &L, &dst, cnt);
+		rs_load_own(&o, c, &L, &src, cnt);
 		rs_load_ordered(&o, c, &L, &dst, "cache", cnt);
 	} else {
 		rs_load_all(&o, c, &L, &dst, "file", cnt);
