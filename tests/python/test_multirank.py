@@ -102,7 +102,8 @@ def test_seal_then_every_rank_dies(make_daemon):
         p.join(T)
         assert p.exitcode == -signal.SIGKILL
     deadline = time.monotonic() + T
-    while not os.path.exists(os.path.join(tag_dir, "MANIFEST.json")):
+    # latest follows the manifest a moment later (store_commit writes them in that order).
+    while not os.path.exists(os.path.join(a.root, "gone", "latest")):
         assert time.monotonic() < deadline, "the daemons did not commit the sealed tag"
         time.sleep(0.05)
     with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
