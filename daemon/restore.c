@@ -12,10 +12,15 @@
  * (copier_write: pwrite into a memfd, or a host-to-device copy on its own stream), hashes the
  * destinations' bytes while those copies run, waits for them and gives the chunk back.
  *
- * Checksums: a tensor's XXH3-64 streams over its bytes in order, so a piece hashes a tensor's
- * part only once every earlier part is hashed (a wait on hash_cv; the piece holding the
- * earlier part was claimed earlier and owns its memory, so the wait always ends). A
- * destination whose last part is hashed is compared with the header's checksum.
+ * Checksums: a tensor's XXH3-64 streams over its bytes in order, but no thread waits for
+ * that order. A tensor's part in a piece is hashed at once when every earlier part is;
+ * otherwise it is left in the tensor's slot for that piece, and whichever thread hashes the
+ * part before it goes on with it. A piece's chunk goes back to the cache once its copies are
+ * done and its last part is hashed (a count per piece), so a tensor's parts are hashed one
+ * after another while different tensors are hashed on every thread at once. A tensor whose
+ * last part is hashed is compared with the header's checksum. No deadlock: the first
+ * unhashed part of every tensor lies in a claimed piece, which owns its memory (claimed
+ * only after its chunk was taken) and whose thread hashes it.
  *
  * Lock order: R.lock, then the cache's lock (cache_put) or R.post_lock. R.lock guards the job
  * list, every job field marked (L) and stop; post_lock the finished queue.
@@ -33,6 +38,13 @@
 
 #define DIRECT_ALIGN 4096
 
+/* A tensor's part in a piece, left for the thread that hashes the part before it. */
+struct part {
+	const uint8_t *p;          /* the bytes, in a chunk or a resident piece; NULL: none */
+	uint64_t a, b;             /* data offsets */
+	uint64_t ord;              /* the piece's index in pieces */
+};
+
 /* One restore job; R.lock guards the fields marked (L). */
 struct restore_job {
 	struct restore_req r;
@@ -47,6 +59,10 @@ struct restore_job {
 	char error[ERRLEN];        /* (L) */
 	uint64_t *hashed;          /* (L) per destination: bytes hashed so far */
 	XXH3_state_t **hs;         /* per destination with a checksum (NULL otherwise) */
+	struct part *slot;         /* (L) per destination and piece it spans, from slot0[i] */
+	uint64_t *slot0;
+	void **chunk_of;           /* (L) per claimed piece: its cache chunk (NULL: resident) */
+	unsigned *holds;           /* (L) per claimed piece: its copies + its unhashed parts */
 	uint64_t done;             /* atomic: destination bytes in place */
 	struct restore_job *next;      /* (L) link in the active list */
 	struct restore_job *post_next; /* (post_lock) link in the finished queue */
@@ -55,7 +71,6 @@ struct restore_job {
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t work_cv;    /* a job has a piece to claim, or stop */
-	pthread_cond_t hash_cv;    /* a destination's hashed count moved, or a job failed */
 	struct restore_job *jobs;  /* (L) active jobs, served round robin */
 	struct restore_job *rr;    /* (L) */
 	int stop;                  /* (L) */
@@ -92,6 +107,12 @@ static void finish_locked(struct restore_job *j)
 	if (j->finished || j->active > 0 || (!j->failed && j->next_claim < j->npieces))
 		return;
 	j->finished = 1;
+	/* After a failure, parts left unhashed still hold their pieces' chunks. */
+	for (uint64_t o = 0; o < j->next_claim; o++)
+		if (j->chunk_of[o]) {
+			cache_put(R.cache, j->chunk_of[o]);
+			j->chunk_of[o] = NULL;
+		}
 	for (struct restore_job **p = &R.jobs; *p; p = &(*p)->next) {
 		if (*p == j) {
 			*p = j->next;
@@ -107,7 +128,7 @@ static void finish_locked(struct restore_job *j)
 	uv_async_send(&R.async);
 }
 
-/* Records a job's first error (R.lock held) and wakes whoever waits on its hashes. */
+/* Records a job's first error (R.lock held). */
 static void fail_locked(struct restore_job *j, int code, const char *error)
 {
 	if (!j->failed) {
@@ -115,7 +136,6 @@ static void fail_locked(struct restore_job *j, int code, const char *error)
 		j->code = code < 0 ? code : ERR_EIO;
 		snprintf(j->error, sizeof(j->error), "%s", error);
 	}
-	pthread_cond_broadcast(&R.hash_cv);
 }
 
 /* The next job with a piece to claim after the round-robin cursor (R.lock held). */
@@ -204,39 +224,69 @@ static size_t first_dst(const struct restore_job *j, uint64_t start)
 	return lo;
 }
 
-/* Hashes destination i's bytes [a, b) of the data region at p, in order after its earlier
- * parts; a mismatch at its end fails the job. 0, or 1 once the job has failed. */
-static int hash_part(struct restore_job *j, size_t i, uint64_t a, uint64_t b, const uint8_t *p)
+/* Lets go of one hold on claimed piece o (R.lock held): the last gives its chunk back. */
+static void unhold_locked(struct restore_job *j, uint64_t o)
+{
+	if (--j->holds[o] == 0 && j->chunk_of[o]) {
+		cache_put(R.cache, j->chunk_of[o]);
+		j->chunk_of[o] = NULL;
+	}
+}
+
+/* Hashes destination i from part pt on, then every part left for it that follows (R.lock
+ * held on entry and on return, dropped while hashing); a mismatch at its end fails the job. */
+static void hash_chain_locked(struct restore_job *j, size_t i, struct part pt)
 {
 	const struct restore_dst *d = &j->r.d[i];
 	char why[ERRLEN];
 
-	pthread_mutex_lock(&R.lock);
-	while (!j->failed && j->hashed[i] != a - d->begin)
-		pthread_cond_wait(&R.hash_cv, &R.lock);
-	int failed = j->failed;
-	pthread_mutex_unlock(&R.lock);
-	if (failed)
-		return 1;
-	XXH3_64bits_update(j->hs[i], p, b - a);
-	uint64_t h = b == d->end ? XXH3_64bits_digest(j->hs[i]) : 0;
-	pthread_mutex_lock(&R.lock);
-	j->hashed[i] = b - d->begin;
-	if (b == d->end && h != d->xxh3) {
-		snprintf(why, sizeof(why), "%s: tensor '%s' does not match its checksum (the "
-			 "file's bytes are corrupted)", j->r.path, d->name);
-		fail_locked(j, ERR_ECHECKSUM, why);
+	while (pt.p) {
+		pthread_mutex_unlock(&R.lock);
+		XXH3_64bits_update(j->hs[i], pt.p, pt.b - pt.a);
+		uint64_t h = pt.b == d->end ? XXH3_64bits_digest(j->hs[i]) : 0;
+		pthread_mutex_lock(&R.lock);
+		j->hashed[i] = pt.b - d->begin;
+		unhold_locked(j, pt.ord);
+		if (pt.b == d->end) {
+			if (h != d->xxh3) {
+				snprintf(why, sizeof(why), "%s: tensor '%s' does not match its checksum "
+					 "(the file's bytes are corrupted)", j->r.path, d->name);
+				fail_locked(j, ERR_ECHECKSUM, why);
+			}
+			return;
+		}
+		/* The next part, if its piece has been read already. */
+		struct part *next = &j->slot[j->slot0[i] + pt.b / j->chunk - d->begin / j->chunk];
+		pt = *next;
+		*next = (struct part){0};
+		if (j->failed && pt.p) {
+			unhold_locked(j, pt.ord);
+			return;
+		}
 	}
-	pthread_cond_broadcast(&R.hash_cv);
-	failed = j->failed;
-	pthread_mutex_unlock(&R.lock);
-	return failed ? 1 : 0;
 }
 
-/* Writes and checks every destination part in piece p (its bytes at data): 0, a negative
- * ERR_E* with err, or 1 when the job has failed (its error is recorded). */
-static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t p, const uint8_t *data,
-		      char *err, size_t errlen)
+/* Hashes, or leaves for later, destination i's part [a, b) of claimed piece o, whose bytes
+ * are at p (R.lock held). */
+static void hash_part_locked(struct restore_job *j, size_t i, uint64_t a, uint64_t b,
+			     const uint8_t *p, uint64_t o)
+{
+	const struct restore_dst *d = &j->r.d[i];
+	struct part pt = {.p = p, .a = a, .b = b, .ord = o};
+
+	if (j->failed) {
+		unhold_locked(j, o);
+	} else if (j->hashed[i] == a - d->begin) {
+		hash_chain_locked(j, i, pt);
+	} else {
+		j->slot[j->slot0[i] + a / j->chunk - d->begin / j->chunk] = pt;
+	}
+}
+
+/* Writes and checks every destination part in claimed piece o, piece p (its bytes at data):
+ * 0, or a negative ERR_E* with err. */
+static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint64_t p,
+		      const uint8_t *data, char *err, size_t errlen)
 {
 	uint64_t start = p * j->chunk, end = start + piece_len(j, p), bytes = 0;
 	size_t first = first_dst(j, start), i;
@@ -252,14 +302,19 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t p, cons
 					  b - a, err, errlen);
 		bytes += b - a;
 	}
-	/* The copies run while the bytes are hashed: both only read the piece. */
+	/* The copies run while the bytes are hashed: both only read the piece. Each part holds
+	 * the piece until it is hashed, here or by whoever hashes the part before it. */
+	pthread_mutex_lock(&R.lock);
 	for (i = first; i < j->r.n && j->r.d[i].begin < end && rc == 0; i++) {
 		const struct restore_dst *d = &j->r.d[i];
 		uint64_t a = d->begin > start ? d->begin : start;
 		uint64_t b = d->end < end ? d->end : end;
-		if (a < b && j->hs[i])
-			rc = hash_part(j, i, a, b, data + (a - start));
+		if (a < b && j->hs[i]) {
+			j->holds[o]++;
+			hash_part_locked(j, i, a, b, data + (a - start), o);
+		}
 	}
+	pthread_mutex_unlock(&R.lock);
 	int src = copier_sync(cp, rc != 0 ? NULL : err, rc != 0 ? 0 : errlen);
 	if (rc == 0 && src < 0)
 		rc = src;
@@ -298,7 +353,9 @@ static void restore_loop(struct copier *cp)
 				continue;	/* someone else took it meanwhile: look again */
 			}
 		}
-		j->next_claim++;
+		uint64_t o = j->next_claim++;
+		j->chunk_of[o] = chunk;	/* Ownership: the job's until its last hold goes */
+		j->holds[o] = 1;	/* this thread's, until its copies are done */
 		j->active++;
 		pthread_mutex_unlock(&R.lock);
 
@@ -306,12 +363,11 @@ static void restore_loop(struct copier *cp)
 		if (chunk && (rc = read_piece(j, p, chunk, err, sizeof(err))) == 0)
 			data = chunk;
 		if (rc == 0)
-			rc = fill_piece(cp, j, p, data, err, sizeof(err));
-		if (chunk)
-			cache_put(R.cache, chunk);
+			rc = fill_piece(cp, j, o, p, data, err, sizeof(err));
 		pthread_mutex_lock(&R.lock);
 		if (rc < 0)
 			fail_locked(j, rc, err);
+		unhold_locked(j, o);
 		j->active--;
 		finish_locked(j);
 		pthread_mutex_unlock(&R.lock);
@@ -333,7 +389,6 @@ int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t 
 	pthread_mutex_init(&R.lock, NULL);
 	pthread_mutex_init(&R.post_lock, NULL);
 	pthread_cond_init(&R.work_cv, NULL);
-	pthread_cond_init(&R.hash_cv, NULL);
 	R.cache = c;
 	R.cb = cb;
 	if ((rc = uv_async_init(loop, &R.async, on_async)) != 0)
@@ -370,6 +425,10 @@ static void job_free_own(struct restore_job *j)
 		XXH3_freeState(j->hs[i]);
 	free(j->hs);
 	free(j->hashed);
+	free(j->slot);
+	free(j->slot0);
+	free(j->chunk_of);
+	free(j->holds);
 	free(j->pieces);
 	free(j);
 }
@@ -397,6 +456,27 @@ static int plan_pieces(struct restore_job *j)
 	return 0;
 }
 
+/* Makes the per-piece holds and the per-destination slots of parts left for later (one per
+ * piece a destination spans); -1 without memory. */
+static int plan_slots(struct restore_job *j)
+{
+	uint64_t n = 0;
+
+	j->chunk_of = calloc(j->npieces ? j->npieces : 1, sizeof(*j->chunk_of));
+	j->holds = calloc(j->npieces ? j->npieces : 1, sizeof(*j->holds));
+	j->slot0 = calloc(j->r.n ? j->r.n : 1, sizeof(*j->slot0));
+	if (!j->chunk_of || !j->holds || !j->slot0)
+		return -1;
+	for (size_t i = 0; i < j->r.n; i++) {
+		const struct restore_dst *d = &j->r.d[i];
+		j->slot0[i] = n;
+		if (d->end > d->begin)
+			n += (d->end - 1) / j->chunk - d->begin / j->chunk + 1;
+	}
+	j->slot = calloc(n ? n : 1, sizeof(*j->slot));
+	return j->slot ? 0 : -1;
+}
+
 /* Queues a job; on failure nothing of r is taken. Empty destinations are checked here. */
 int restore_submit(struct restore_req *r, struct restore_job **out, char *err, size_t errlen)
 {
@@ -408,7 +488,7 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 	j->chunk = cache_chunk(R.cache);
 	j->hashed = calloc(r->n ? r->n : 1, sizeof(*j->hashed));
 	j->hs = calloc(r->n ? r->n : 1, sizeof(*j->hs));
-	if (!j->hashed || !j->hs || plan_pieces(j) < 0)
+	if (!j->hashed || !j->hs || plan_pieces(j) < 0 || plan_slots(j) < 0)
 		goto nomem;
 	for (size_t i = 0; i < r->n; i++) {
 		const struct restore_dst *d = &r->d[i];
@@ -481,7 +561,6 @@ void restore_stop(void)
 	pthread_mutex_lock(&R.lock);
 	R.stop = 1;
 	pthread_cond_broadcast(&R.work_cv);
-	pthread_cond_broadcast(&R.hash_cv);
 	pthread_mutex_unlock(&R.lock);
 	for (unsigned i = 0; i < R.nthreads; i++)
 		pthread_join(R.threads[i], NULL);

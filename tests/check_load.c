@@ -45,7 +45,7 @@ static void save_spec(dsckpt_conn_t *c, const char *dir, const char *file,
 		      const struct spec *t, size_t n, uint64_t seed)
 {
 	dsckpt_save_t *s;
-	void *mem[8];
+	void *mem[16];
 
 	CK_DS(c, dsckpt_save_begin(c, dir, file, &s));
 	for (size_t i = 0; i < n; i++) {
@@ -481,6 +481,54 @@ START_TEST(test_load_evicted)
 }
 END_TEST
 
+/* Tensors of odd sizes across many 1 MiB pieces, six restore threads, three loads at once
+ * and a fourth of a file with one flipped byte: every part is hashed in order whichever
+ * thread reads its piece first, the good loads are exact, the bad one names its tensor, and
+ * every chunk goes back (the daemon's exit checks the cache). */
+START_TEST(test_load_parallel)
+{
+	d_start(CACHE_16M, CHUNK_1M "\"restore_threads\": 6, \"keep_resident\": false,");
+	const char *dir = h_path("%s/lp/step1", D->root);
+	struct spec t[12];
+	char names[12][8];
+	for (int i = 0; i < 12; i++) {
+		snprintf(names[i], sizeof(names[i]), "t%d", i);
+		t[i] = (struct spec){names[i], "U8", {(uint64_t)(300000 + 217000 * i)}, 1};
+	}
+	dsckpt_conn_t *c = conn_open("lp", 0, 1);
+	for (int f = 0; f < 4; f++)
+		save_spec(c, dir, h_path("rank%d", f), t, 12, 1000 * (uint64_t)f);
+	dsckpt_close(c);
+	flip_byte(dir, "rank3", 300000 + 217000 + 5);	/* in t1, of the fourth file */
+	struct dst d[4];
+	int64_t id[4];
+	char msg[4096];
+	size_t total = 0;
+	for (int i = 0; i < 12; i++)
+		total += spec_bytes(&t[i]);
+	for (int f = 0; f < 4; f++) {
+		dst_open(&d[f], total);
+		id[f] = load_begin(d[f].fd, dir, h_path("rank%d", f), NULL, msg);
+		ck_assert_msg(id[f] > 0, "%s", msg);
+		ck_assert_int_eq(load_end(d[f].fd, id[f], t, 12, msg), 0);
+	}
+	for (int f = 0; f < 4; f++) {
+		int code = 0;
+		int level = load_wait(d[f].fd, id[f], -1, &code, msg);
+		if (f < 3) {
+			ck_assert_msg(level == 2, "load %d: %s", f, msg);
+			check_dst(&d[f], t, 12, 1000 * (uint64_t)f);
+		} else {
+			ck_assert_int_eq(level, -1);
+			ck_assert_int_eq(code, DSCKPT_ECHECKSUM);
+			ck_assert_msg(strstr(msg, "tensor 't1'"), "%s", msg);
+		}
+		dst_close(&d[f]);
+	}
+	d_stop();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("load");
@@ -493,5 +541,6 @@ int main(void)
 	h_add_case(s, "beside_saves", test_load_beside_saves, 120, 1);
 	h_add_case(s, "hot_then_file", test_load_hot_then_file, 60, 1);
 	h_add_case(s, "evicted", test_load_evicted, 60, 1);
+	h_add_case(s, "parallel", test_load_parallel, 120, 3);
 	return h_run_suite(s, NULL);
 }
