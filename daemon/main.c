@@ -98,11 +98,17 @@ static unsigned copy_threads_for(unsigned configured)
 	return gpus > 32 ? 64 : gpus < 2 ? 4 : 2 * (unsigned)gpus;
 }
 
-/* restore_threads 0 ("auto"): eight with a GPU (parallel reads and host-to-device copies in
- * flight), two without one. */
+/* restore_threads 0 ("auto"): with a GPU one per CPU, 8 to 32 (a restore's reads, checksums
+ * and host-to-device copies run on all of them: the trainer waits for it), two without. */
 static unsigned restore_threads_for(unsigned configured)
 {
-	return configured ? configured : gpu_count() > 0 ? 8 : 2;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (configured)
+		return configured;
+	if (gpu_count() == 0)
+		return 2;
+	return cpus < 8 ? 8 : cpus > 32 ? 32 : (unsigned)cpus;
 }
 
 /*

@@ -550,12 +550,13 @@ class Bench:
             del gpu_buf, host
         for name, mk, chk in dsk:
             self.cell(size, name, "warm", mk("file"), nbytes, chk, before=zero_dst)
-        self.cell(size, "safetensors", "warm",
-                  st_fn(path), nbytes, check_out)
-        self.cell(size, "fastsafetensors", "warm", self.fst_fn(path) or self.fst_why, nbytes,
-                  check_out)
+        if not a.quick:
+            self.cell(size, "safetensors", "warm", st_fn(path), nbytes, check_out)
+            self.cell(size, "fastsafetensors", "warm", self.fst_fn(path) or self.fst_why,
+                      nbytes, check_out)
         self.cell(size, "bound: preadv", "warm", lambda: preadv_into(path, pinned), nbytes)
-        self.cell(size, "bound: dd direct", "warm", lambda: dd_direct(path), nbytes, reps=1)
+        if not a.quick:
+            self.cell(size, "bound: dd direct", "warm", lambda: dd_direct(path), nbytes, reps=1)
 
         # tmpfs: the tag copied to /dev/shm
         shm_tag = os.path.join(a.shm_root, job, "t1")
@@ -572,9 +573,10 @@ class Bench:
             for name, mk, chk in dsk:
                 self.cell(size, name, "tmpfs", mk("file"), nbytes, chk, before=zero_dst)
             d_tag[0] = tag
-            self.cell(size, "safetensors", "tmpfs", st_fn(shm_path), nbytes, check_out)
-            self.cell(size, "fastsafetensors", "tmpfs", self.fst_fn(shm_path) or self.fst_why,
-                      nbytes, check_out)
+            if not a.quick:
+                self.cell(size, "safetensors", "tmpfs", st_fn(shm_path), nbytes, check_out)
+                self.cell(size, "fastsafetensors", "tmpfs",
+                          self.fst_fn(shm_path) or self.fst_why, nbytes, check_out)
             self.cell(size, "bound: preadv", "tmpfs", lambda: preadv_into(shm_path, pinned),
                       nbytes)
             shutil.rmtree(os.path.join(a.shm_root, job), ignore_errors=True)
@@ -585,6 +587,15 @@ class Bench:
             return drop_caches()
         for name, mk, chk in dsk:
             self.cell(size, name, "cold", mk("file"), nbytes, chk, reps=1, before=cold)
+        if a.quick:
+            self.cell(size, "bound: preadv", "cold", lambda: preadv_into(path, pinned), nbytes,
+                      reps=1, before=drop_caches)
+            conn.close()
+            dt.set_default_connection(None)
+            shutil.rmtree(os.path.join(a.disk_root, job), ignore_errors=True)
+            del state, dst
+            empty_cache()
+            return
         self.cell(size, "safetensors", "cold", st_fn(path), nbytes, check_out, reps=1,
                   before=drop_caches)
         self.cell(size, "fastsafetensors", "cold", self.fst_fn(path) or self.fst_why, nbytes,
@@ -964,6 +975,9 @@ def parse(argv):
     p.add_argument("--file-cache-gib", type=float, default=8.0)
     p.add_argument("--train", dest="train", action="store_true", default=True)
     p.add_argument("--no-train", dest="train", action="store_false")
+    p.add_argument("--quick", action="store_true",
+                   help="dsckpt's rows and the bounds only (no safetensors, fastsafetensors, "
+                        "torch.load or DCP baselines)")
     p.add_argument("--train-preset", default="checkpoint-every-16")
     p.add_argument("--start", type=int, default=2, help="the step the checkpoint follows")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
