@@ -32,18 +32,19 @@ struct cuda_mem {
 	unsigned nmaps;
 };
 
-/* Queues a copy of device bytes into dst on the copier's stream for the device;
- * cuda_copier_sync waits for it. */
-static int cuda_mem_read(void *priv, struct cuda_copier *cc, uint64_t off, void *dst,
-			 uint64_t len, char *err, size_t errlen)
+/* Queues a copy between host memory (a pinned cache chunk) and the device bytes [off,
+ * off+len) on the copier's stream for the device (after the copier's fence); a negative
+ * ERR_E* with err. Never touches unmapped addresses: a fault would poison the device for
+ * every client. */
+static int cuda_mem_copy(struct cuda_mem *m, struct cuda_copier *cc, uint64_t off, void *host,
+			 uint64_t len, enum cudaMemcpyKind kind, char *err, size_t errlen)
 {
-	struct cuda_mem *m = priv;
 	uint64_t mapped = atomic_load_explicit(&m->mapped, memory_order_acquire);
+	void *dev = (void *)(uintptr_t)(m->base + off);
 	cudaStream_t st = NULL;
 	cudaError_t e;
 	int rc;
 
-	/* Never touch unmapped addresses: a fault would poison the device for every client. */
 	if (off + len > mapped) {
 		return seterr(err, errlen, ERR_ESTATE,
 			      "cuda source: bytes [%llu, +%llu) are not mapped (%llu are)",
@@ -52,40 +53,30 @@ static int cuda_mem_read(void *priv, struct cuda_copier *cc, uint64_t off, void 
 	}
 	if ((rc = cuda_copier_stream(cc, m->dev, &st, err, errlen)) < 0)
 		return rc;
-	e = cudaMemcpyAsync(dst, (const void *)(uintptr_t)(m->base + off), (size_t)len,
-			    cudaMemcpyDeviceToHost, st);
+	e = kind == cudaMemcpyDeviceToHost
+		    ? cudaMemcpyAsync(host, dev, (size_t)len, kind, st)
+		    : cudaMemcpyAsync(dev, host, (size_t)len, kind, st);
 	if (e != cudaSuccess)
 		return cuda_fail(err, errlen, ERR_EIO, "cudaMemcpyAsync", e);
 	return 0;
 }
 
-/* Queues a copy of src (a pinned cache chunk) into the device bytes [off, off+len) on the
- * copier's stream for the device, after the copier's fence (a load's destination, still used
- * by the client's stream until the fence); cuda_copier_sync waits for it, and only then may
- * the chunk be reused. Both kinds are mapped read-write (IPC always, VMM by cuda_vmm_map_one). */
+/* Queues a copy of device bytes into dst; cuda_copier_sync waits for it. */
+static int cuda_mem_read(void *priv, struct cuda_copier *cc, uint64_t off, void *dst,
+			 uint64_t len, char *err, size_t errlen)
+{
+	return cuda_mem_copy(priv, cc, off, dst, len, cudaMemcpyDeviceToHost, err, errlen);
+}
+
+/* Queues a copy of src (a pinned cache chunk) into the device bytes (a load's destination,
+ * still used by the client's stream until the copier's fence); cuda_copier_sync waits for
+ * it, and only then may the chunk be reused. Both kinds are mapped read-write (IPC always,
+ * VMM by cuda_vmm_map_one). */
 static int cuda_mem_write(void *priv, struct cuda_copier *cc, uint64_t off, const void *src,
 			  uint64_t len, char *err, size_t errlen)
 {
-	struct cuda_mem *m = priv;
-	uint64_t mapped = atomic_load_explicit(&m->mapped, memory_order_acquire);
-	cudaStream_t st = NULL;
-	cudaError_t e;
-	int rc;
-
-	/* As for reads: a write past the mapped part would fault and poison the device. */
-	if (off + len > mapped) {
-		return seterr(err, errlen, ERR_ESTATE,
-			      "cuda source: bytes [%llu, +%llu) are not mapped (%llu are)",
-			      (unsigned long long)off, (unsigned long long)len,
-			      (unsigned long long)mapped);
-	}
-	if ((rc = cuda_copier_stream(cc, m->dev, &st, err, errlen)) < 0)
-		return rc;
-	e = cudaMemcpyAsync((void *)(uintptr_t)(m->base + off), src, (size_t)len,
-			    cudaMemcpyHostToDevice, st);
-	if (e != cudaSuccess)
-		return cuda_fail(err, errlen, ERR_EIO, "cudaMemcpyAsync", e);
-	return 0;
+	return cuda_mem_copy(priv, cc, off, (void *)src, len, cudaMemcpyHostToDevice, err,
+			     errlen);
 }
 
 /* Closes an opened IPC allocation. */
