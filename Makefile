@@ -2,9 +2,11 @@
 #
 #   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
-#   make check      unit + integration tests, the same under ASan/UBSan, the threaded parts under
-#                   TSan (make check-tsan), the Python binding's tests, and 20 s of each
-#                   libFuzzer target (make check-fuzz, FUZZ_SECONDS=20)
+#   make check      unit + integration tests, the man pages against the code (check-docs), an
+#                   install into build/destdir (check-install), the same tests under
+#                   ASan/UBSan, the threaded parts under TSan (make check-tsan), the Python
+#                   binding's tests, pip install into a fresh venv and a save through it
+#                   (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, dsckpt.pc, man
 #                   pages, units, config)
@@ -29,7 +31,7 @@ Q := @
 endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
-	libxxhash-dev check clang-14 libclang-rt-14-dev
+	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -220,7 +222,22 @@ check-tsan-run: deps all $(TSAN_CHECKS)
 		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
 		tests/run-checks $(TSAN_CHECKS)
 
-check: check-plain check-san check-tsan check-python check-fuzz
+# The man pages and the package version against the code (tests/check-docs says what).
+.PHONY: check-docs check-install
+check-docs:
+	@tests/check-docs
+
+# make install into $(BUILD)/destdir, then what its users rely on: the library's links,
+# dsckpt.pc through pkg-config, a program built with its flags, the man pages.
+INSTALL_ROOT := $(abspath $(BUILD)/destdir)
+check-install: deps all
+	@rm -rf $(INSTALL_ROOT)
+	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(INSTALL_ROOT) \
+		>$(BUILD)/install.log 2>&1 || { cat $(BUILD)/install.log; exit 1; }
+	@tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) $(MANDIR) $(VERSION)
+
+check: check-plain check-docs check-install check-san check-tsan check-python check-pip \
+	check-fuzz
 
 demo: deps all
 	tests/demo.sh $(BUILD)
