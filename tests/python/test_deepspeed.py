@@ -376,3 +376,15 @@ def test_config_block_without_daemon_fails_at_initialize(fake_deepspeed, tmp_pat
     assert errors, "initialize did not raise DaemonUnavailable"
     text = str(errors[0])
     assert missing in text and "dsckptd" in text and "DSCKPT_SOCKET" in text
+
+
+def _one_rank_without_daemon(rank, world, socket, missing):
+    """Rank 1 names a socket nobody listens on: both ranks raise, neither waits."""
+    with pytest.raises(dsckpt.DaemonUnavailable) as e:
+        dd.DsckptCheckpointEngine({"dsckpt": {"socket": missing if rank else socket}})
+    assert (missing if rank else "another rank") in str(e.value)
+
+
+def test_engine_ranks_agree_when_one_has_no_daemon(daemon, tmp_path):
+    run_ranks(_one_rank_without_daemon, 2, daemon.socket, str(tmp_path / "none.sock"),
+              timeout=60)

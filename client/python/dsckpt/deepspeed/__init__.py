@@ -178,14 +178,16 @@ class DsckptCheckpointEngine(_Base):
         if conn is not None:
             conn.close()
         socket = self.socket or os.environ.get("DSCKPT_SOCKET") or DEFAULT_SOCKET
-        why = error.message if error is not None else "another rank could not connect"
-        code = error.code if error is not None else Errno.ECONNREFUSED
-        raise error_for(code, Errno(code).name if code in Errno._value2member_map_ else
-                        str(code), f"dsckpt checkpoint engine: no dsckptd for {socket} ({why}). "
-                        "Start the daemon (systemctl start dsckptd.socket, or dsckptd -c "
-                        "CONFIG), or name its socket in the config block's \"socket\" or "
-                        "$DSCKPT_SOCKET; without the \"dsckpt\"/\"datastates_ckpt\" block "
-                        "DeepSpeed saves with torch.save") from error
+        if error is None:
+            raise error_for(Errno.ECONNREFUSED, "ECONNREFUSED", "dsckpt checkpoint engine: "
+                            f"another rank found no dsckptd (this rank's, {socket}, answered); "
+                            "see that rank's error")
+        raise error_for(error.code, error.name, "dsckpt checkpoint engine: no dsckptd for "
+                        f"{socket} ({error.message}). Start the daemon (systemctl start "
+                        "dsckptd.socket, or dsckptd -c CONFIG), or name its socket in the "
+                        "config block's \"socket\" or $DSCKPT_SOCKET; without the "
+                        "\"dsckpt\"/\"datastates_ckpt\" block DeepSpeed saves with "
+                        "torch.save") from error
 
     def _read_config(self, block: dict) -> None:
         """Takes our keys from the config block; logs the daemon's and unknown ones."""
@@ -464,10 +466,8 @@ def wanted(config_params: Any) -> bool:
 
 
 def _engine_for(config_params: Any) -> DsckptCheckpointEngine:
-    """Our engine for a DeepSpeed config, on this rank."""
-    log.info("dsckpt: the DeepSpeed config's %s block selects DsckptCheckpointEngine",
-             next(k for k in BLOCK_KEYS if k in config_params._param_dict)
-             if hasattr(config_params, "_param_dict") else "dsckpt")
+    """Our engine for a DeepSpeed config that wanted() it, on this rank."""
+    log.info("dsckpt: the DeepSpeed config's block selects DsckptCheckpointEngine")
     return DsckptCheckpointEngine(config_params, rank=torch.distributed.get_rank()
                                   if torch.distributed.is_initialized() else 0)
 
@@ -491,6 +491,7 @@ def enable() -> None:
             return
 
         def create_checkpoint_engine(*args, **kwargs):
+            """Ours for a config with the block, else what DeepSpeed would create."""
             config_params = kwargs.get("config_params", args[0] if args else None)
             if wanted(config_params):
                 return _engine_for(config_params)
@@ -505,6 +506,7 @@ def enable() -> None:
         return
 
     def _configure_checkpointing(self, *args, **kwargs):
+        """DeepSpeed's set-up, then ours in place of its engine for a config with the block."""
         configure(self, *args, **kwargs)
         if wanted(self._config):
             self.checkpoint_engine = _engine_for(self._config)
