@@ -46,8 +46,10 @@ VERSION := $(shell sed -n 's/^\#define DSCKPT_VERSION_STRING "\(.*\)"/\1/p' clie
 VERSION_DEF := -DDSCKPTD_VERSION='"$(VERSION)"'
 
 # Dependencies' flags come from pkg-config (make deps installs it); the -l spelled after each
-# is used only where a .pc file is missing. msgpack-c's .pc is msgpack-c from version 6 on,
-# msgpack before (Debian 12).
+# is used only where a .pc file is missing, as on a fresh machine, where make reads this file
+# before make deps has run (those are right for Debian; CHECK_LIBS, used only by the tests'
+# link, is read when it runs). msgpack-c's .pc is msgpack-c from version 6 on, msgpack before
+# (Debian 12).
 PKG_CONFIG ?= pkg-config
 pc_cflags = $(strip $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null))
 pc_libs = $(or $(strip $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)),$(2))
@@ -119,17 +121,21 @@ $(BUILD)/pic/%.o: %.c
 
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) $(CUDA_LIBS)
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) \
+		$(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.$(SOMAJOR) -o $@ $^ $(LIBS_COMMON)
 
-# pkg-config's entry for the installed library (remade when PREFIX or LIBDIR change).
+# pkg-config's entry for the installed library, made at every make and replaced only when it
+# changed (PREFIX, LIBDIR or INCLUDEDIR given, a new version); directories under PREFIX are
+# written from ${prefix}, so that pkg-config --define-prefix can move the tree.
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
 $(BUILD)/dsckpt.pc: client/dsckpt.pc.in client/dsckpt.h FORCE
 	@mkdir -p $(dir $@)
-	$(Q)sed -e 's#@PREFIX@#$(PREFIX)#' -e 's#@LIBDIR@#$(LIBDIR)#' \
-		-e 's#@INCLUDEDIR@#$(INCLUDEDIR)#' -e 's#@VERSION@#$(VERSION)#' \
+	$(Q)sed -e 's#@PREFIX@#$(PREFIX)#' -e 's#@LIBDIR@#$(call pc_dir,$(LIBDIR))#' \
+		-e 's#@INCLUDEDIR@#$(call pc_dir,$(INCLUDEDIR))#' -e 's#@VERSION@#$(VERSION)#' \
 		-e 's#@LIBS_PRIVATE@#$(LIBS_COMMON) -ldl#' $< > $@.tmp
 	$(Q)if cmp -s $@.tmp $@; then rm $@.tmp; else mv $@.tmp $@; fi
 
