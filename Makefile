@@ -2,11 +2,14 @@
 #
 #   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
-#   make check      unit + integration tests, the same under ASan/UBSan, the threaded parts under
-#                   TSan (make check-tsan), the Python binding's tests, and 20 s of each
-#                   libFuzzer target (make check-fuzz, FUZZ_SECONDS=20)
+#   make check      unit + integration tests, the man pages against the code (check-docs), an
+#                   install into build/destdir (check-install), the same tests under
+#                   ASan/UBSan, the threaded parts under TSan (make check-tsan), the Python
+#                   binding's tests, pip install into a fresh venv and a save through it
+#                   (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
-#   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
+#   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, dsckpt.pc, man
+#                   pages, units, config)
 #   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
@@ -14,6 +17,9 @@
 
 PREFIX ?= /usr/local
 DESTDIR ?=
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+MANDIR ?= $(PREFIX)/share/man
 BUILD ?= build
 CC ?= gcc
 CUDA_HOME ?= /usr/local/cuda
@@ -25,7 +31,7 @@ Q := @
 endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
-	libxxhash-dev check clang-14 libclang-rt-14-dev
+	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -38,7 +44,25 @@ override CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
 # The one version number, in the public header; the daemon gets it from here.
 VERSION := $(shell sed -n 's/^\#define DSCKPT_VERSION_STRING "\(.*\)"/\1/p' client/dsckpt.h)
 VERSION_DEF := -DDSCKPTD_VERSION='"$(VERSION)"'
-LIBS_COMMON := -lmsgpackc -lpthread
+
+# Dependencies' flags come from pkg-config (make deps installs it); the -l spelled after each
+# is used only where a .pc file is missing, as on a fresh machine, where make reads this file
+# before make deps has run (those are right for Debian; CHECK_LIBS, used only by the tests'
+# link, is read when it runs). msgpack-c's .pc is msgpack-c from version 6 on, msgpack before
+# (Debian 12).
+PKG_CONFIG ?= pkg-config
+pc_cflags = $(strip $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null))
+pc_libs = $(or $(strip $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)),$(2))
+MSGPACK_PC := $(firstword $(foreach p,msgpack-c msgpack,\
+	$(shell $(PKG_CONFIG) --exists $(p) 2>/dev/null && echo $(p))) msgpack)
+UV_LIBS := $(call pc_libs,libuv,-luv)
+MSGPACK_LIBS := $(call pc_libs,$(MSGPACK_PC),-lmsgpackc)
+CJSON_LIBS := $(call pc_libs,libcjson,-lcjson)
+XXHASH_LIBS := $(call pc_libs,libxxhash,-lxxhash)
+CHECK_LIBS = $(call pc_libs,check,-lcheck)
+DEPS_CFLAGS := $(call pc_cflags,libuv $(MSGPACK_PC) libcjson libxxhash)
+override CFLAGS += $(DEPS_CFLAGS)
+LIBS_COMMON := $(MSGPACK_LIBS) -lpthread
 
 # The CUDA runtime is linked statically where the toolkit exists; never -lcuda.
 ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart_static.a),)
@@ -62,10 +86,14 @@ pic = $(patsubst %.c,$(BUILD)/pic/%.o,$(1))
 DAEMON_LIBOBJ := $(call obj,$(filter-out daemon/main.c,$(DAEMON_SRC)) $(PROTO_SRC) $(FORMAT_SRC))
 
 BINS := $(BUILD)/dsckptd $(BUILD)/dsckptctl $(BUILD)/libdsckpt.so $(BUILD)/libdsckpt.a \
-	$(BUILD)/dsckpt-example-trainer
+	$(BUILD)/dsckpt-example-trainer $(BUILD)/dsckpt.pc
+# The installed library: libdsckpt.so.$(VERSION), and the soname's libdsckpt.so.0 and the
+# linker's libdsckpt.so as links to it. Bump SOMAJOR (and _lib.py's name) on an ABI break.
+SOMAJOR := 0
+MANPAGES := $(wildcard man/*.[1-8])
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
 
-.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz
+.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz FORCE
 all: $(BINS)
 
 deps:
@@ -93,11 +121,23 @@ $(BUILD)/pic/%.o: %.c
 
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -o $@ $^ -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS)
+	$(Q)$(CC) $(LDSAN) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) \
+		$(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.0 -o $@ $^ $(LIBS_COMMON)
+	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.$(SOMAJOR) -o $@ $^ $(LIBS_COMMON)
+
+# pkg-config's entry for the installed library, made at every make and replaced only when it
+# changed (PREFIX, LIBDIR or INCLUDEDIR given, a new version); directories under PREFIX are
+# written from ${prefix}, so that pkg-config --define-prefix can move the tree.
+pc_dir = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+$(BUILD)/dsckpt.pc: client/dsckpt.pc.in client/dsckpt.h FORCE
+	@mkdir -p $(dir $@)
+	$(Q)sed -e 's#@PREFIX@#$(PREFIX)#' -e 's#@LIBDIR@#$(call pc_dir,$(LIBDIR))#' \
+		-e 's#@INCLUDEDIR@#$(call pc_dir,$(INCLUDEDIR))#' -e 's#@VERSION@#$(VERSION)#' \
+		-e 's#@LIBS_PRIVATE@#$(LIBS_COMMON) -ldl#' $< > $@.tmp
+	$(Q)if cmp -s $@.tmp $@; then rm $@.tmp; else mv $@.tmp $@; fi
 
 $(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
@@ -106,8 +146,7 @@ $(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 $(BUILD)/dsckptctl: $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a \
-		-lcjson -lxxhash \
-		$(LIBS_COMMON) -lm
+		$(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) -lm
 
 $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
@@ -132,8 +171,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $(filter %.c,$^) \
 		$(BUILD)/libtest-harness.a $(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
-		$(LDSAN) -luv -lcjson -lxxhash $(LIBS_COMMON) $(CUDA_LIBS) \
-		$$(pkg-config --libs check)
+		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) \
+		$(CHECK_LIBS)
 
 $(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail \
 		$(BUILD)/tests/check_client_load: tests/fake_peer.c tests/fake_peer.h
@@ -152,12 +191,12 @@ FUZZERS := $(BUILD)/fuzz/proto $(BUILD)/fuzz/config
 $(BUILD)/fuzz/proto: tests/fuzz_proto.c $(PROTO_SRC) proto/proto.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
-	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) -lmsgpackc
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) $(MSGPACK_LIBS)
 $(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/log.c daemon/dsckptd.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_config.c daemon/config.c daemon/log.c \
-		-lcjson -lpthread
+		$(DEPS_CFLAGS) $(CJSON_LIBS) -lpthread
 
 fuzz: FUZZ_SECONDS ?= 60
 fuzz: $(FUZZERS)
@@ -189,22 +228,43 @@ check-tsan-run: deps all $(TSAN_CHECKS)
 		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
 		tests/run-checks $(TSAN_CHECKS)
 
-check: check-plain check-san check-tsan check-python check-fuzz
+# The man pages and the package version against the code (tests/check-docs says what).
+.PHONY: check-docs check-install
+check-docs:
+	@tests/check-docs
+
+# make install into $(BUILD)/destdir, then what its users rely on: the library's links,
+# dsckpt.pc through pkg-config, a program built with its flags, the man pages.
+INSTALL_ROOT := $(abspath $(BUILD)/destdir)
+check-install: deps all
+	@rm -rf $(INSTALL_ROOT)
+	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(INSTALL_ROOT) \
+		>$(BUILD)/install.log 2>&1 || { cat $(BUILD)/install.log; exit 1; }
+	@tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) $(MANDIR) $(VERSION)
+
+check: check-plain check-docs check-install check-san check-tsan check-python check-pip \
+	check-fuzz
 
 demo: deps all
 	tests/demo.sh $(BUILD)
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib \
-		$(DESTDIR)$(PREFIX)/include $(DESTDIR)/etc/dsckptd \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(LIBDIR) \
+		$(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)/etc/dsckptd \
 		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
-		$(DESTDIR)$(PREFIX)/lib/sysusers.d
+		$(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(MANDIR)/man1 \
+		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(BUILD)/dsckptd $(DESTDIR)$(PREFIX)/sbin/dsckptd
 	install -m 0755 $(BUILD)/dsckptctl $(DESTDIR)$(PREFIX)/bin/dsckptctl
-	install -m 0755 $(BUILD)/libdsckpt.so $(DESTDIR)$(PREFIX)/lib/libdsckpt.so.0
-	ln -sf libdsckpt.so.0 $(DESTDIR)$(PREFIX)/lib/libdsckpt.so
-	install -m 0644 $(BUILD)/libdsckpt.a $(DESTDIR)$(PREFIX)/lib/libdsckpt.a
-	install -m 0644 client/dsckpt.h $(DESTDIR)$(PREFIX)/include/dsckpt.h
+	install -m 0755 $(BUILD)/libdsckpt.so $(DESTDIR)$(LIBDIR)/libdsckpt.so.$(VERSION)
+	ln -sf libdsckpt.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdsckpt.so.$(SOMAJOR)
+	ln -sf libdsckpt.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/libdsckpt.so
+	install -m 0644 $(BUILD)/libdsckpt.a $(DESTDIR)$(LIBDIR)/libdsckpt.a
+	install -m 0644 $(BUILD)/dsckpt.pc $(DESTDIR)$(LIBDIR)/pkgconfig/dsckpt.pc
+	install -m 0644 client/dsckpt.h $(DESTDIR)$(INCLUDEDIR)/dsckpt.h
+	for m in $(MANPAGES); do \
+		install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/; \
+	done
 	test -e $(DESTDIR)/etc/dsckptd/dsckptd.json || \
 		sed 's#"socket": *"[^"]*"#"socket": "/run/dsckptd/dsckptd.sock"#' conf/dsckptd.json \
 		> $(DESTDIR)/etc/dsckptd/dsckptd.json
@@ -213,6 +273,8 @@ install: all
 	install -m 0644 systemd/dsckptd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
 	install -m 0644 systemd/dsckptd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/dsckptd.conf
 	install -m 0644 systemd/dsckptd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/dsckptd.conf
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then \
+		ldconfig; fi
 
 clean:
 	rm -rf build

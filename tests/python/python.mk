@@ -9,11 +9,11 @@
 # --system-site-packages under $(BUILD)/pyvenv, which sees Debian's torch/numpy/pytest and
 # keeps pip away from the system Python (Debian marks it externally managed, PEP 668).
 
-PYTHON_DEBIAN_PKGS := python3-torch python3-numpy python3-pytest python3-venv
+PYTHON_DEBIAN_PKGS := python3-torch python3-numpy python3-pytest python3-venv python3-wheel
 SAFETENSORS_VERSION ?= 0.8.0
 PYVENV := $(BUILD)/pyvenv
 
-.PHONY: check-python python-deps
+.PHONY: check-python check-pip python-deps
 
 # Installs the Debian packages that are missing (apt-get; sudo when not root).
 python-deps:
@@ -39,3 +39,9 @@ $(PYVENV)/.ready: tests/python/python.mk | python-deps
 
 check-python: python-deps $(BUILD)/dsckptd $(BUILD)/libdsckpt.so $(PYVENV)/.ready
 	@tests/python/run $(BUILD)
+
+# pip install client/python into fresh venvs (build isolation from PyPI, and
+# --no-build-isolation with Debian's wheel) and a save through each, the library found
+# through the loader in check-install's staged tree (tests/python/check-pip says how).
+check-pip: python-deps check-install $(BUILD)/dsckptd $(BUILD)/dsckptctl
+	@tests/python/check-pip $(BUILD) $(INSTALL_ROOT)$(LIBDIR)

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 
 import pytest
@@ -145,9 +146,12 @@ def same(a, b):
     return a == b
 
 
-def run_scenario(rank, world, socket, root, zero):
-    """Train, checkpoint, train on (the commit happens in the step), resume and compare."""
-    ce = dd.DsckptCheckpointEngine({"dsckpt": {"socket": socket, "job": "ds", "timeout": T}})
+def run_scenario(rank, world, socket, root, zero, ce=None):
+    """Train, checkpoint, train on (the commit happens in the step), resume and compare;
+    with ce (an engine DeepSpeed chose), through it."""
+    if ce is None:
+        ce = dd.DsckptCheckpointEngine({"dsckpt": {"socket": socket, "job": "ds",
+                                                   "timeout": T}})
     assert ce.is_decoupled() and not ce.preserves_storage_sharing()
     ds = FakeDeepSpeed(ce, rank, world, zero=zero)
     save_dir = os.path.join(root, "ds", "zero" if zero else "plain")
@@ -276,3 +280,111 @@ def test_install_takes_config_over_the_engines(daemon):
     finally:
         ce.close()
     returns_soon(ce.wait_committed)  # after close: nothing pending, nothing to wait for
+
+
+# -- DeepSpeed's own choice of engine, from its config (dsckpt.deepspeed.enable) ------------
+
+FAKE_ENGINE_PY = """
+class TorchCheckpointEngine:
+    def __init__(self, config_params=None):
+        self.config_params = config_params
+
+
+def create_checkpoint_engine(config_params, groups, zero_stage, has_moe_layers,
+                             optimize_dp_state):
+    return TorchCheckpointEngine(config_params)
+
+
+class DeepSpeedConfig:
+    def __init__(self, config):
+        self._param_dict = config
+
+
+class DeepSpeedEngine:
+    def __init__(self, config):
+        self._config = DeepSpeedConfig(config)
+        self._configure_checkpointing()
+
+    def _configure_checkpointing(self):
+        if NEW:  # DeepSpeed >= 0.17: the module-level name, looked up at call time
+            self.checkpoint_engine = create_checkpoint_engine(
+                config_params=self._config, groups=None, zero_stage=1, has_moe_layers=False,
+                optimize_dp_state=True)
+        else:    # older ones build it here
+            self.checkpoint_engine = TorchCheckpointEngine(self._config)
+"""
+
+
+@pytest.fixture(params=["create_checkpoint_engine", "_configure_checkpointing"])
+def fake_deepspeed(request, monkeypatch):
+    """A deepspeed package whose initialize() makes its engine pick a checkpoint engine as
+    0.19.8's runtime/engine.py does (or, second param, as DeepSpeed before 0.17 did)."""
+    import types
+    new = request.param == "create_checkpoint_engine"
+    ds = types.ModuleType("deepspeed")
+    runtime = types.ModuleType("deepspeed.runtime")
+    engine = types.ModuleType("deepspeed.runtime.engine")
+    engine.NEW = new
+    exec(FAKE_ENGINE_PY, engine.__dict__)
+    if not new:
+        del engine.create_checkpoint_engine
+
+    def initialize(model=None, config=None, **kw):
+        return engine.DeepSpeedEngine(config), None, None, None
+
+    ds.initialize, ds.runtime, runtime.engine = initialize, runtime, engine
+    for name, mod in (("deepspeed", ds), ("deepspeed.runtime", runtime),
+                      ("deepspeed.runtime.engine", engine)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delitem(sys.modules, "dsckpt.deepspeed.auto", raising=False)
+    return ds
+
+
+def test_config_block_turns_dsckpt_on_with_one_import(daemon, fake_deepspeed):
+    deepspeed = fake_deepspeed
+    import dsckpt.deepspeed.auto  # noqa: F401  (the one line a training script adds)
+    config = {"train_batch_size": 4,
+              "datastates_ckpt": {"socket": daemon.socket, "job": "auto", "timeout": T}}
+    engine, _, _, _ = deepspeed.initialize(model=None, config=config)
+    ce = engine.checkpoint_engine
+    assert isinstance(ce, dd.DsckptCheckpointEngine) and ce.job == "auto"
+    run_scenario(0, 1, daemon.socket, daemon.root, zero=True, ce=ce)
+
+    plain, _, _, _ = deepspeed.initialize(config={"train_batch_size": 4})
+    assert type(plain.checkpoint_engine).__name__ == "TorchCheckpointEngine"
+    off, _, _, _ = deepspeed.initialize(config={"dsckpt": {"enabled": False}})
+    assert type(off.checkpoint_engine).__name__ == "TorchCheckpointEngine"
+    dd.enable()  # again: nothing changes, nothing wraps twice
+    again, _, _, _ = deepspeed.initialize(config={"dsckpt": {"socket": daemon.socket}})
+    assert isinstance(again.checkpoint_engine, dd.DsckptCheckpointEngine)
+    again.checkpoint_engine.close()
+
+
+def test_config_block_without_daemon_fails_at_initialize(fake_deepspeed, tmp_path):
+    deepspeed = fake_deepspeed
+    dd.enable()
+    missing = str(tmp_path / "no-daemon.sock")
+    errors = []
+
+    def init():
+        try:
+            deepspeed.initialize(config={"dsckpt": {"socket": missing}})
+        except dsckpt.DaemonUnavailable as e:
+            errors.append(e)
+
+    returns_soon(init)
+    assert errors, "initialize did not raise DaemonUnavailable"
+    text = str(errors[0])
+    assert missing in text and "dsckptd" in text and "DSCKPT_SOCKET" in text
+
+
+def _one_rank_without_daemon(rank, world, socket, missing):
+    """Rank 1 names a socket nobody listens on: both ranks raise, neither waits."""
+    with pytest.raises(dsckpt.DaemonUnavailable) as e:
+        dd.DsckptCheckpointEngine({"dsckpt": {"socket": missing if rank else socket}})
+    assert (missing if rank else "another rank") in str(e.value)
+
+
+def test_engine_ranks_agree_when_one_has_no_daemon(daemon, tmp_path):
+    run_ranks(_one_rank_without_daemon, 2, daemon.socket, str(tmp_path / "none.sock"),
+              timeout=60)

@@ -19,7 +19,7 @@ from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, Dsckp
                      Errno, InvalidArgument, LimitReached, LoadFailed, NotSupported,
                      PermissionDenied, SaveFailed)
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "Connection", "Save", "Load", "Level", "LoadLevel", "SaveProgress", "LoadProgress",

@@ -4,8 +4,17 @@ It has DeepSpeed's ``CheckpointEngine`` interface (create / save / load / commit
 / is_data_parallel_writer / is_decoupled / get_commit_info / cleanup /
 preserves_storage_sharing) and subclasses DeepSpeed's class when DeepSpeed is installed; the
 module imports without DeepSpeed. Tested with DeepSpeed 0.19.8, ZeRO stages 1 to 3, bf16 and
-fp32 (tests/gpu/ds_train.py). Plug it into an engine after ``deepspeed.initialize`` (on every
-rank: it makes a gloo group for its commits)::
+fp32 (tests/gpu/ds_train.py). Turn it on from the DeepSpeed config: a ``"dsckpt"`` (or
+``"datastates_ckpt"``) block, and one line before ``deepspeed.initialize``::
+
+    import dsckpt.deepspeed.auto               # = dsckpt.deepspeed.enable()
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config, ...)
+
+Every engine whose config has the block then gets this engine in place of the one DeepSpeed
+would pick; other engines are left alone. With no daemon on the socket, initialize raises
+:class:`dsckpt.DaemonUnavailable` naming the socket, on every rank (they agree first, so no
+rank is left waiting in a collective). Or plug it into an engine after
+``deepspeed.initialize`` (on every rank: it makes a gloo group for its commits)::
 
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config, ...)
     dsckpt.deepspeed.install(engine)           # reads ds_config["dsckpt"] or ["datastates_ckpt"]
@@ -60,9 +69,9 @@ from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
-from . import torch as dtorch
-from .core import Connection, Level
-from .errors import DsckptError, Errno, error_for
+from .. import torch as dtorch
+from ..core import Connection, Level
+from ..errors import DsckptError, Errno, error_for
 
 log = logging.getLogger("dsckpt.deepspeed")
 
@@ -83,6 +92,8 @@ except ImportError:
         save_latest: bool
 
 KNOWN_KEYS = {"socket", "job", "timeout", "enabled"}
+BLOCK_KEYS = ("dsckpt", "datastates_ckpt")
+DEFAULT_SOCKET = "/run/dsckptd/dsckptd.sock"
 DAEMON_KEYS = {"host_cache_size"}
 MARKER = "dsckpt_rank{rank}"
 
@@ -95,7 +106,7 @@ def config_block(config_params: Any) -> dict:
     params = getattr(config_params, "_param_dict", config_params)
     if not isinstance(params, dict):
         return {}
-    for key in ("dsckpt", "datastates_ckpt"):
+    for key in BLOCK_KEYS:
         if key in params:
             return dict(params[key] or {})
     if set(params) <= KNOWN_KEYS | DAEMON_KEYS or not params:
@@ -139,8 +150,7 @@ class DsckptCheckpointEngine(_Base):
         if not self._dist and rank is not None:
             self.rank = int(rank)
         self.group = dist.new_group(backend="gloo") if self._dist else None
-        self.conn = conn or Connection(self.socket, job=self.job, rank=self.rank,
-                                       world_size=self.world_size)
+        self.conn = conn or self._connect()
         self._commit_conn: Optional[Connection] = None
         self.commit_info: Optional[CheckpointCommitInfo] = None
         self._saves: List[Tuple[str, dtorch.SaveHandle]] = []  # of the current tag
@@ -152,6 +162,32 @@ class DsckptCheckpointEngine(_Base):
         self._thread = threading.Thread(target=self._committer, name="dsckpt-commit",
                                         daemon=True)
         self._thread.start()
+
+    def _connect(self) -> Connection:
+        """Connects to the daemon; when any rank cannot, every rank raises (they agree on
+        the engine's gloo group first), naming the socket and what to do."""
+        conn, error = None, None
+        try:
+            conn = Connection(self.socket, job=self.job, rank=self.rank,
+                              world_size=self.world_size)
+        except DsckptError as e:
+            error = e
+        (ok,) = self._min(int(error is None))
+        if ok:
+            return conn
+        if conn is not None:
+            conn.close()
+        socket = self.socket or os.environ.get("DSCKPT_SOCKET") or DEFAULT_SOCKET
+        if error is None:
+            raise error_for(Errno.ECONNREFUSED, "ECONNREFUSED", "dsckpt checkpoint engine: "
+                            f"another rank found no dsckptd (this rank's, {socket}, answered); "
+                            "see that rank's error")
+        raise error_for(error.code, error.name, "dsckpt checkpoint engine: no dsckptd for "
+                        f"{socket} ({error.message}). Start the daemon (systemctl start "
+                        "dsckptd.socket, or dsckptd -c CONFIG), or name its socket in the "
+                        "config block's \"socket\" or $DSCKPT_SOCKET; without the "
+                        "\"dsckpt\"/\"datastates_ckpt\" block DeepSpeed saves with "
+                        "torch.save") from error
 
     def _read_config(self, block: dict) -> None:
         """Takes our keys from the config block; logs the daemon's and unknown ones."""
@@ -419,4 +455,65 @@ def install(engine: Any, config: Optional[dict] = None) -> DsckptCheckpointEngin
     return ours
 
 
-__all__ = ["DsckptCheckpointEngine", "CheckpointCommitInfo", "install", "config_block"]
+def wanted(config_params: Any) -> bool:
+    """Whether a DeepSpeed config (a DeepSpeedConfig or a dict) turns dsckpt on: it has a
+    ``dsckpt`` or ``datastates_ckpt`` block whose ``enabled`` is not false."""
+    params = getattr(config_params, "_param_dict", config_params)
+    if not isinstance(params, dict):
+        return False
+    key = next((k for k in BLOCK_KEYS if k in params), None)
+    return key is not None and (params[key] or {}).get("enabled", True) is not False
+
+
+def _engine_for(config_params: Any) -> DsckptCheckpointEngine:
+    """Our engine for a DeepSpeed config that wanted() it, on this rank."""
+    log.info("dsckpt: the DeepSpeed config's block selects DsckptCheckpointEngine")
+    return DsckptCheckpointEngine(config_params, rank=torch.distributed.get_rank()
+                                  if torch.distributed.is_initialized() else 0)
+
+
+def enable() -> None:
+    """Makes every DeepSpeed engine created from now on whose config has a ``dsckpt`` (or
+    ``datastates_ckpt``) block use :class:`DsckptCheckpointEngine` (see :func:`wanted`);
+    other engines keep DeepSpeed's choice. Call it before ``deepspeed.initialize`` (or
+    ``import dsckpt.deepspeed.auto``); calling it again does nothing.
+
+    DeepSpeed ≥ 0.17 picks its engine in ``create_checkpoint_engine``, which
+    ``deepspeed.runtime.engine`` imports by name: that name is wrapped. Older ones build it
+    in ``DeepSpeedEngine._configure_checkpointing``: the engine is replaced right after."""
+    try:
+        import deepspeed.runtime.engine as ds_engine
+    except ImportError as e:
+        raise ImportError(f"dsckpt.deepspeed.enable: DeepSpeed cannot be imported ({e})") from e
+    create = getattr(ds_engine, "create_checkpoint_engine", None)
+    if create is not None:
+        if getattr(create, "_dsckpt", False):
+            return
+
+        def create_checkpoint_engine(*args, **kwargs):
+            """Ours for a config with the block, else what DeepSpeed would create."""
+            config_params = kwargs.get("config_params", args[0] if args else None)
+            if wanted(config_params):
+                return _engine_for(config_params)
+            return create(*args, **kwargs)
+
+        create_checkpoint_engine._dsckpt = True  # type: ignore[attr-defined]
+        ds_engine.create_checkpoint_engine = create_checkpoint_engine
+        return
+    cls = ds_engine.DeepSpeedEngine
+    configure = cls._configure_checkpointing
+    if getattr(configure, "_dsckpt", False):
+        return
+
+    def _configure_checkpointing(self, *args, **kwargs):
+        """DeepSpeed's set-up, then ours in place of its engine for a config with the block."""
+        configure(self, *args, **kwargs)
+        if wanted(self._config):
+            self.checkpoint_engine = _engine_for(self._config)
+
+    _configure_checkpointing._dsckpt = True  # type: ignore[attr-defined]
+    cls._configure_checkpointing = _configure_checkpointing
+
+
+__all__ = ["DsckptCheckpointEngine", "CheckpointCommitInfo", "install", "config_block",
+           "enable", "wanted"]
