@@ -11,6 +11,8 @@
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
 # Python: the binding's tests use Debian's /usr/bin/python3 (tests/python/python.mk says why).
+# The tests that need a modern PyTorch (DCP, DTensor) use PyPI's, pinned, in build/venv-torch
+# (make check-python-modern; tests/python/modern.mk says why and how).
 
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -189,7 +191,7 @@ check-tsan-run: deps all $(TSAN_CHECKS)
 		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
 		tests/run-checks $(TSAN_CHECKS)
 
-check: check-plain check-san check-tsan check-python check-fuzz
+check: check-plain check-san check-tsan check-python check-python-modern check-fuzz
 
 demo: deps all
 	tests/demo.sh $(BUILD)
@@ -219,5 +221,6 @@ clean:
 
 include tests/gpu/gpu.mk
 include tests/python/python.mk
+include tests/python/modern.mk
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)
