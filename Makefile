@@ -3,7 +3,8 @@
 #   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
 #   make check      unit + integration tests, the same under ASan/UBSan, the threaded parts under
-#                   TSan (make check-tsan), the Python binding's tests, and 20 s of each
+#                   TSan (make check-tsan), the Python binding's tests (make check-python;
+#                   make check-python-modern: DCP on a pinned PyPI torch), and 20 s of each
 #                   libFuzzer target (make check-fuzz, FUZZ_SECONDS=20)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, units, config)
