@@ -27,11 +27,12 @@ DSCKPTCTL = os.path.join(os.path.dirname(os.environ.get("DSCKPTD", os.path.join(
     REPO, "build", "dsckptd"))), "dsckptctl")
 SHAPES = {"w1": ((16, 12), torch.float32), "w2": ((10, 6), torch.float32),
           "emb": ((9, 8), torch.bfloat16), "ids": ((7,), torch.int64)}
+SHARDED = {"opt": ((8, 5), torch.float32)}  # saved as a ShardedTensor, loaded as a DTensor
 
 
 def full(name):
     """The whole tensor name stands for: distinct values in every element."""
-    shape, dtype = SHAPES[name]
+    shape, dtype = {**SHAPES, **SHARDED}[name]
     n = torch.Size(shape).numel()
     return (torch.arange(n, dtype=torch.float64) * 0.5 + len(name)).reshape(shape).to(dtype)
 
@@ -42,6 +43,18 @@ def model_state(mesh, placements):
     from torch.distributed.tensor import distribute_tensor
     sd = {name: distribute_tensor(full(name), mesh, placements(name)) for name in SHAPES}
     return {"model": sd, "bias": torch.ones(12) * 3, "step": 7, "extra": {"lr": 0.25}}
+
+
+def sharded_tensor(name, world):
+    """A ShardedTensor (DCP's older sharded type) of full(name), rows split over the ranks."""
+    from torch.distributed._shard.sharded_tensor import empty
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    st = empty(spec, *SHARDED[name][0], dtype=SHARDED[name][1])
+    for shard in st.local_shards():
+        rows = shard.metadata.shard_offsets[0]
+        shard.tensor.copy_(full(name)[rows:rows + shard.tensor.shape[0]])
+    return st
 
 
 def empty_like_state(mesh, placements):
@@ -65,6 +78,7 @@ def _save_ranks(rank, world, socket, job_dir):
     conn = _connect(rank, world, socket, "dcp")
     mesh = init_device_mesh("cpu", (world,))
     sd = model_state(mesh, lambda name: [Shard(0)])
+    sd["opt"] = sharded_tensor("opt", world)
 
     # 1. async_save while training goes on: other tensors change at once; the saved ones only
     #    after staging_completion (SNAPSHOT).
@@ -75,6 +89,8 @@ def _save_ranks(rank, world, socket, job_dir):
     assert resp.staging_completion.result(timeout=T) is None
     for name in SHAPES:  # the optimizer step: the checkpoint must keep the old values
         sd["model"][name].to_local().add_(100)
+    for shard in sd["opt"].local_shards():
+        shard.tensor.add_(100)
     sd["extra"]["lr"] = 99.0
     resp.upload_completion.result(timeout=T)
     assert os.path.exists(os.path.join(job_dir, "step1", "MANIFEST.json"))
@@ -101,6 +117,16 @@ def _save_ranks(rank, world, socket, job_dir):
     assert not os.path.exists(os.path.join(bad, "MANIFEST.json"))
     with open(os.path.join(job_dir, "latest")) as f:
         assert f.read() == "plain"
+
+    # 4. The daemon refuses a save into a committed tag at staging: write_data reports it,
+    #    so every rank raises instead of waiting for the others.
+    resp = dcp.async_save(sd, storage_writer=dsckpt.dcp.Writer(os.path.join(job_dir, "step1"),
+                                                                conn=conn, timeout=T))
+    resp.staging_completion.result(timeout=T)
+    with pytest.raises(CheckpointException) as info:
+        resp.upload_completion.result(timeout=T)
+    assert sorted(info.value.failures) == [0, 1, 2, 3], str(info.value)
+    assert "committed" in str(info.value.failures[rank][0]), str(info.value)
     conn.close()
 
 
@@ -112,12 +138,15 @@ def _load_ranks(rank, world, socket, job_dir, tag, bump):
     mesh = init_device_mesh("cpu", (world,))
     sd = empty_like_state(mesh, lambda name: [Replicate()] if name in ("ids", "emb")
                           else [Shard(1)])
+    from torch.distributed.tensor import distribute_tensor
+    sd["opt"] = distribute_tensor(torch.zeros(SHARDED["opt"][0]), mesh, [Shard(1)])
     reader = dsckpt.dcp.Reader(os.path.join(job_dir, tag), conn=conn)
     dcp.load(sd, storage_reader=reader)
     for name in SHAPES:
         got = sd["model"][name].full_tensor()
         want = full(name) + bump
         assert torch.equal(got, want.to(got.dtype)), (name, got, want)
+    assert torch.equal(sd["opt"].full_tensor(), full("opt") + bump)
     assert torch.equal(sd["bias"], torch.ones(12) * 3)
     assert sd["step"] == 7
     assert sd["extra"]["lr"] == (0.25 if bump == 0 else 99.0)
@@ -146,6 +175,8 @@ def test_saved_by_four_ranks_verify(saved):
         names = os.listdir(os.path.join(job_dir, tag))
         assert "dcp_metadata.meta" in names, names
         assert "__3_0.safetensors" in names or "__3_1.safetensors" in names, names
+    with pytest.raises(dsckpt.CheckpointIncomplete):  # the failed save left no manifest
+        dsckpt.dcp.Reader(os.path.join(job_dir, "bad")).read_metadata()
 
 
 def test_files_are_plain_safetensors(saved):
@@ -154,6 +185,7 @@ def test_files_are_plain_safetensors(saved):
     got = safetensors.load_file(os.path.join(job_dir, "step1", "__1_0.safetensors"))
     # rank 1 holds rows 4..7 of w1 (16 rows over 4 ranks)
     assert torch.equal(got["model.w1@4_0"], full("w1")[4:8])
+    assert torch.equal(got["opt@2_0"], full("opt")[2:4])  # a ShardedTensor's local shard
 
 
 def test_load_two_ranks_other_sharding(saved):
