@@ -1,40 +1,8 @@
-"""dsckpt.dcp — a torch.distributed.checkpoint (DCP) storage backend on dsckptd (PyTorch ≥ 2.4).
-
-::
-
-    resp = dcp.async_save(state_dict, storage_writer=dsckpt.dcp.Writer(dir))
-    resp.staging_completion.result()   # SNAPSHOT: the tensors may change now
-    resp.upload_completion.result()    # the checkpoint is DURABLE and COMMITTED
-    dcp.load(state_dict, storage_reader=dsckpt.dcp.Reader(dir))
-
-Saving. :class:`Writer` is also DCP's AsyncStager: ``async_save`` calls :meth:`Writer.stage`
-on the trainer's thread, which hands every tensor of the rank — DTensor and ShardedTensor local
-shards included — to the node's daemon by reference as file ``__<rank>_0`` and returns a
-future that resolves at SNAPSHOT (``staging_completion``). DCP then plans in its own thread;
-:meth:`Writer.write_data` only maps each WriteItem to the tensor already handed over (by
-address), saves what was not (pickled objects as blobs, tensors DCP made on the way, and all
-of a plain ``dcp.save``) as ``__<rank>_1``, waits until its files are DURABLE and seals the tag
-for its rank. The coordinator's :meth:`Writer.finish` saves DCP's Metadata, pickled, as blob
-``dcp.metadata`` of ``dcp_metadata.meta``, seals, and commits, so the upload future resolves
-when the tag is COMMITTED. A rank whose write fails raises in ``write_data``: DCP gathers it
-and the save raises on every rank; nothing is committed.
-
-Replicated tensors (plain tensors, Replicate DTensors) are handed over by every rank that holds
-them, as DCP's deduplication picks the rank that keeps each only after staging.
-
-Loading. :class:`Reader` reads the Metadata back (a tag must be committed), so DCP's planner
-reshards: any world size, any sharding. For each file it has the daemon fill the stored chunks
-that the rank's ReadItems need (from its host cache when it still holds the tag, checksums
-checked), straight into the destination where a destination is exactly one stored chunk, else
-into a buffer that is then narrowed and copied; without a daemon the file is read here.
-
-The files stay plain safetensors under our manifest: ``dsckptctl verify`` checks them.
-Loading unpickles the metadata and the objects DCP pickled: load only checkpoints you trust.
-"""
+"""dsckpt.dcp.writer — the saving half of the DCP backend: Writer, DCP's StorageWriter and the
+AsyncStager async_save uses (see dsckpt.dcp for the whole story)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import io
 import os
 import pickle
@@ -43,38 +11,16 @@ from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
-from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPlanner,
-                                                  SavePlan, SavePlanner, WriteItemType)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _fill
-from ._files import DTYPES, read_meta
-from .core import Connection, Level
-from .errors import DsckptError, Errno, error_for
-from .torch import default_connection, dist_rank_world, host_empty
-
-META_FILE = "dcp_metadata"          # <tag>/dcp_metadata.meta holds DCP's Metadata
-META_BLOB = "dcp.metadata"
-STAGED, WRITTEN = 0, 1              # file __<rank>_<n>: handed over at stage / at write
-
-
-@dataclasses.dataclass(frozen=True)
-class Location:
-    """Where one WriteItem lives: ``kind`` "tensor" (tensor ``name`` of ``file.safetensors``),
-    "bytes" (blob ``name`` of ``file.meta``: what DCP pickled) or "pickled" (blob holding a
-    torch.save'd tensor of a dtype safetensors cannot name)."""
-
-    file: str
-    name: str
-    kind: str = "tensor"
-
-
-def _file(rank: int, n: int) -> str:
-    """The name of a rank's file n."""
-    return f"__{rank}_{n}"
+from .._files import DTYPES
+from ..core import Connection, Level
+from ..torch import default_connection
+from .layout import META_BLOB, META_FILE, STAGED, WRITTEN, Location, chunk_name, file_name
 
 
 def _key(t: torch.Tensor) -> Optional[tuple]:
@@ -101,12 +47,6 @@ def _local_shards(value: Any) -> Optional[List[Tuple[torch.Tensor, Tuple[int, ..
     if hasattr(value, "local_shards"):  # ShardedTensor
         return [(s.tensor, tuple(s.metadata.shard_offsets)) for s in value.local_shards()]
     return [(value, (0,) * value.dim())]
-
-
-def _name(fqn: str, offset) -> str:
-    """A chunk's tensor name in our files: the FQN, with the chunk's offset when not 0."""
-    offset = tuple(offset or ())
-    return fqn if not any(offset) else fqn + "@" + "_".join(str(int(o)) for o in offset)
 
 
 def _restructure(obj: Any, prefix: str, out: List[Tuple[str, Any]]) -> Any:
@@ -191,14 +131,14 @@ class Writer(StorageWriter, AsyncStager):
                     key = _key(local)
                     if key is None or key in st.names or local.dtype not in DTYPES:
                         continue  # write_data saves these
-                    name = _name(fqn, offset)
+                    name = chunk_name(fqn, offset)
                     while name in seen:
                         name += "'"
                     seen.add(name)
                     st.names[key] = name
                     named.append((name, local.detach().contiguous()))
             conn = self._conn()
-            st.save = conn.save(self.dir, _file(conn.rank, STAGED))
+            st.save = conn.save(self.dir, file_name(conn.rank, STAGED))
             _add_tensors(st.save, named, st.keep)
             st.save.end()
         except Exception as e:  # noqa: BLE001 - reported by write_data on every rank
@@ -266,29 +206,30 @@ class Writer(StorageWriter, AsyncStager):
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
-                name = _name(item.index.fqn, item.index.offset)
+                name = chunk_name(item.index.fqn, item.index.offset)
                 blobs.append((name, data.getvalue()))
-                loc, size = Location(_file(conn.rank, WRITTEN), name, "bytes"), len(blobs[-1][1])
+                loc = Location(file_name(conn.rank, WRITTEN), name, "bytes")
+                size = len(blobs[-1][1])
             else:
                 data = data.detach()
                 size = data.numel() * data.element_size()
                 name = staged.get(_key(data))
                 if name is not None:
-                    loc = Location(_file(conn.rank, STAGED), name)
+                    loc = Location(file_name(conn.rank, STAGED), name)
                 elif data.dtype in DTYPES:
-                    name = _name(item.index.fqn, item.index.offset)
+                    name = chunk_name(item.index.fqn, item.index.offset)
                     tensors.append((name, data.contiguous()))
-                    loc = Location(_file(conn.rank, WRITTEN), name)
+                    loc = Location(file_name(conn.rank, WRITTEN), name)
                 else:
                     buf = io.BytesIO()
                     torch.save(data.cpu().clone(), buf)
-                    name = _name(item.index.fqn, item.index.offset)
+                    name = chunk_name(item.index.fqn, item.index.offset)
                     blobs.append((name, buf.getvalue()))
-                    loc = Location(_file(conn.rank, WRITTEN), name, "pickled")
+                    loc = Location(file_name(conn.rank, WRITTEN), name, "pickled")
             results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=loc))
         saves = [st.save] if st is not None and st.save is not None else []
         if tensors or blobs or not saves:  # every rank leaves a file: the commit wants one
-            saves.append(self._save(conn, _file(conn.rank, WRITTEN), tensors, blobs))
+            saves.append(self._save(conn, file_name(conn.rank, WRITTEN), tensors, blobs))
         for s in saves:
             s.wait(Level.DURABLE, self.timeout)
         if not self.is_coordinator:
@@ -323,143 +264,16 @@ class Writer(StorageWriter, AsyncStager):
         conn.seal(self.dir)
         conn.commit(self.dir, self.timeout)
 
-    def storage_meta(self):
+    @property
+    def checkpoint_id(self) -> str:
+        """The tag directory (DCP logs it)."""
+        return self.dir
+
+    def storage_meta(self) -> StorageMeta:
         """Where DCP may record that the checkpoint lives."""
-        from torch.distributed.checkpoint.metadata import StorageMeta
         return StorageMeta(checkpoint_id=self.dir)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
         """Any directory path."""
         return isinstance(checkpoint_id, (str, os.PathLike))
-
-
-class Reader(StorageReader):
-    """A DCP StorageReader for a tag :class:`Writer` committed, through the daemon when one
-    answers (``conn``, else :func:`dsckpt.torch.default_connection`), else from the files."""
-
-    def __init__(self, dir, *, conn: Optional[Connection] = None):
-        super().__init__()
-        self.dir = os.fspath(dir)
-        self.conn = conn
-        self.storage_data: Dict[MetadataIndex, Location] = {}
-        self.sources: Dict[str, str] = {}  # file → how its tensors came: "daemon" or "file"
-
-    def reset(self, checkpoint_id=None) -> None:
-        """Reads ``checkpoint_id`` from now on, when given."""
-        if checkpoint_id is not None:
-            self.dir = os.fspath(checkpoint_id)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
-        """Any directory path."""
-        return isinstance(checkpoint_id, (str, os.PathLike))
-
-    def read_metadata(self, *args, **kwargs) -> Metadata:
-        """DCP's Metadata of the tag; raises CheckpointIncomplete unless it is committed."""
-        if not os.path.exists(os.path.join(self.dir, "MANIFEST.json")):
-            raise error_for(Errno.EINCOMPLETE, "EINCOMPLETE",
-                            f"{self.dir} is not a committed checkpoint (no MANIFEST.json)")
-        blobs = read_meta(os.path.join(self.dir, META_FILE + ".meta"))
-        if META_BLOB not in blobs:
-            raise ValueError(f"{self.dir}: {META_FILE}.meta has no {META_BLOB} blob")
-        return pickle.loads(blobs[META_BLOB])
-
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args,
-                              **kwargs) -> None:
-        """Keeps where each item lives."""
-        self.storage_data = metadata.storage_data
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """The plan as the planner made it."""
-        return plan
-
-    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
-        """The plans as the planner made them."""
-        return plans
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        """Serves every ReadItem of the plan, one file at a time."""
-        by_file: Dict[str, list] = {}
-        for item in plan.items:
-            by_file.setdefault(self.storage_data[item.storage_index].file, []).append(item)
-        conn = self._daemon()
-        for file, items in sorted(by_file.items()):
-            self._read_file(file, items, planner, conn)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
-
-    def _daemon(self) -> Optional[Connection]:
-        """The connection loads go through, or None when no daemon answers."""
-        if self.conn is not None:
-            return self.conn
-        try:
-            return default_connection(self.dir)
-        except DsckptError:
-            return None
-
-    def _read_file(self, file: str, items: list, planner: LoadPlanner,
-                   conn: Optional[Connection]) -> None:
-        """Serves the items stored in one file: blobs from its .meta; tensors filled by the
-        daemon (or read here), straight into a destination that is one whole stored chunk."""
-        blobs = None
-        uses: Dict[str, list] = {}
-        for item in items:
-            loc = self.storage_data[item.storage_index]
-            if loc.kind == "tensor":
-                uses.setdefault(loc.name, []).append(item)
-                continue
-            if blobs is None:
-                blobs = read_meta(os.path.join(self.dir, file + ".meta"))
-            data = io.BytesIO(blobs[loc.name])
-            if item.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(item, data)
-            else:
-                src = torch.load(data, weights_only=True)
-                _copy_into(planner, item, _narrow(src, item.storage_offsets, item.lengths))
-        if not uses:
-            return
-        shapes = _fill.header(os.path.join(self.dir, file + ".safetensors"))
-        dests, direct = {}, []
-        for name, its in uses.items():
-            dtype, shape = shapes[name]
-            target = planner.resolve_tensor(its[0]) if len(its) == 1 else None
-            if (target is not None and target.is_contiguous() and target.dtype == dtype
-                    and tuple(target.shape) == tuple(shape)
-                    and not any(its[0].storage_offsets)):
-                dests[name] = target  # the daemon writes the destination itself
-                direct.append((its[0], target))
-            else:
-                device = planner.resolve_tensor(its[0]).device
-                dests[name] = (host_empty(shape, dtype) if device.type == "cpu"
-                               else torch.empty(shape, dtype=dtype, device=device))
-        self.sources[file] = _fill.fill(self.dir, file, dests, conn, strict=False)
-        for item, target in direct:
-            planner.commit_tensor(item, target)
-        for name, its in uses.items():
-            if any(item is d for d, _ in direct for item in its):
-                continue
-            for item in its:
-                _copy_into(planner, item, _narrow(dests[name], item.storage_offsets,
-                                                  item.lengths))
-
-
-def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
-    """The sub-range of a stored chunk a ReadItem wants."""
-    for dim, (off, n) in enumerate(zip(offsets, lengths)):
-        t = t.narrow(dim, int(off), int(n))
-    return t
-
-
-def _copy_into(planner: LoadPlanner, item, src: torch.Tensor) -> None:
-    """Copies src into the item's destination and tells the planner."""
-    target = planner.resolve_tensor(item).detach()
-    if target.shape != src.shape:
-        raise ValueError(f"{item.dest_index.fqn}: stored chunk {list(src.shape)}, "
-                         f"destination {list(target.shape)}")
-    target.copy_(src)
-    planner.commit_tensor(item, target)
-
-
-__all__ = ["Writer", "Reader", "Location", "META_FILE", "META_BLOB"]
