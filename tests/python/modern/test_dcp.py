@@ -196,3 +196,25 @@ def test_load_two_ranks_other_sharding(saved):
 def test_load_eight_ranks_other_sharding(saved):
     d, job_dir = saved
     run_ranks(_load_ranks, 8, d.socket, job_dir, "plain", 100, timeout=300)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_one_process_without_torch_distributed(daemon, conn):
+    """dcp.save and dcp.load with no process group: plain tensors, a dtype safetensors cannot
+    name (complex: pickled into a blob), a non-contiguous view, nested containers."""
+    tag = os.path.join(daemon.root, "pytest", "single")
+    w = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    sd = {"w": w, "wt": w.t(), "c": torch.tensor([1 + 2j, 3 - 4j]),
+          "nested": {"h": torch.ones(3, dtype=torch.float16), "xs": [torch.zeros(2), 5]}}
+    dcp.save(sd, storage_writer=dsckpt.dcp.Writer(tag, conn=conn, timeout=T), no_dist=True)
+    out = subprocess.run([DSCKPTCTL, "verify", tag], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    back = {"w": torch.zeros(4, 6), "wt": torch.zeros(6, 4),
+            "c": torch.zeros(2, dtype=torch.cfloat),
+            "nested": {"h": torch.zeros(3, dtype=torch.float16), "xs": [torch.ones(2), 0]}}
+    reader = dsckpt.dcp.Reader(tag, conn=conn)
+    dcp.load(back, storage_reader=reader, no_dist=True)
+    assert torch.equal(back["w"], w) and torch.equal(back["wt"], w.t())
+    assert torch.equal(back["c"], sd["c"]) and torch.equal(back["nested"]["h"], torch.ones(3))
+    assert torch.equal(back["nested"]["xs"][0], torch.zeros(2)) and back["nested"]["xs"][1] == 5
+    assert set(reader.sources.values()) == {"daemon"}, reader.sources

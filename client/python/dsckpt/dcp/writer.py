@@ -193,9 +193,10 @@ class Writer(StorageWriter, AsyncStager):
         return plans
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
-        """Maps each item to the tensor staged for it, saves the rest, waits until this rank's
-        files are DURABLE and seals the tag for the rank. Raises on a failure (DCP then fails
-        the save on every rank)."""
+        """Maps each item to the tensor staged for it, saves the rest and waits until this
+        rank's files are DURABLE. Raises on a failure (DCP then fails the save on every rank).
+        No rank seals the tag: a tag without DCP's Metadata must never be committed, and the
+        coordinator's finish() commits it the moment the Metadata is DURABLE."""
         with self._lock:
             st, self._staged = self._staged, None
         if st is not None and st.error is not None:
@@ -228,12 +229,14 @@ class Writer(StorageWriter, AsyncStager):
                     loc = Location(file_name(conn.rank, WRITTEN), name, "pickled")
             results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=loc))
         saves = [st.save] if st is not None and st.save is not None else []
-        if tensors or blobs or not saves:  # every rank leaves a file: the commit wants one
-            saves.append(self._save(conn, file_name(conn.rank, WRITTEN), tensors, blobs))
-        for s in saves:
-            s.wait(Level.DURABLE, self.timeout)
-        if not self.is_coordinator:
-            conn.seal(self.dir)
+        try:
+            if tensors or blobs or not saves:  # every rank leaves a file: the commit wants one
+                saves.append(self._save(conn, file_name(conn.rank, WRITTEN), tensors, blobs))
+            for s in saves:
+                s.wait(Level.DURABLE, self.timeout)
+        finally:
+            for s in saves:
+                s.close()
         fut: Future = Future()
         fut.set_result(results)
         return fut
@@ -256,12 +259,15 @@ class Writer(StorageWriter, AsyncStager):
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
         """Coordinator: saves DCP's Metadata (with every item's Location), waits until it is
-        DURABLE, seals and commits the tag for the whole job."""
+        DURABLE and commits the tag for the whole job (every rank's write_data has waited for
+        its own files), so that the save's future resolves at COMMITTED."""
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         conn = self._conn()
         s = self._save(conn, META_FILE, [], [(META_BLOB, pickle.dumps(metadata, protocol=4))])
-        s.wait(Level.DURABLE, self.timeout)
-        conn.seal(self.dir)
+        try:
+            s.wait(Level.DURABLE, self.timeout)
+        finally:
+            s.close()
         conn.commit(self.dir, self.timeout)
 
     @property
