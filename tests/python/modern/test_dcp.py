@@ -74,11 +74,17 @@ def _connect(rank, world, socket, job):
 def _save_ranks(rank, world, socket, job_dir):
     """4 ranks: async_save with staging honoured, plain save, and a failing rank."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import DTensor, Shard
     conn = _connect(rank, world, socket, "dcp")
     mesh = init_device_mesh("cpu", (world,))
     sd = model_state(mesh, lambda name: [Shard(0)])
     sd["opt"] = sharded_tensor("opt", world)
+    # w1's shard in dsckpt host memory: the daemon reads it by reference until SNAPSHOT
+    # (other host memory the library copies before add_tensor returns).
+    w1 = sd["model"]["w1"]
+    local = dt.host_empty(w1.to_local().shape, w1.dtype).copy_(w1.to_local())
+    sd["model"]["w1"] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                           shape=w1.shape, stride=w1.stride())
 
     # 1. async_save while training goes on: other tensors change at once; the saved ones only
     #    after staging_completion (SNAPSHOT).
