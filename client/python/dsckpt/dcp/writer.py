@@ -97,7 +97,8 @@ class Writer(StorageWriter, AsyncStager):
     """A DCP StorageWriter (and AsyncStager) saving into tag directory ``dir`` through dsckptd.
 
     ``conn``: the connection (default :func:`dsckpt.torch.default_connection`); ``timeout``:
-    seconds to wait for DURABLE and for the commit (None: no limit). Use one Writer per
+    seconds to wait for DURABLE and for the commit (None: no limit; staging always waits for
+    SNAPSHOT or FAILED, as only then has the daemon finished reading the tensors). Use one Writer per
     checkpoint directory, or pass ``checkpoint_id`` to ``dcp.save`` (not to ``async_save``:
     staging happens before DCP tells the writer the directory).
     """
@@ -146,10 +147,10 @@ class Writer(StorageWriter, AsyncStager):
         with self._lock:
             self._staged = st
 
-        def wait_snapshot():
+        def wait_snapshot():  # no time limit: until SNAPSHOT the daemon may read the tensors
             try:
                 if st.save is not None and st.error is None:
-                    st.save.wait(Level.SNAPSHOT, self.timeout)
+                    st.save.wait(Level.SNAPSHOT)
             except Exception as e:  # noqa: BLE001 - FAILED: the daemon reads nothing more
                 st.error = e
             st.keep = []
@@ -200,6 +201,8 @@ class Writer(StorageWriter, AsyncStager):
         with self._lock:
             st, self._staged = self._staged, None
         if st is not None and st.error is not None:
+            if st.save is not None:
+                st.save.close()
             raise st.error
         conn = self._conn()
         staged = st.names if st is not None else {}
