@@ -3,6 +3,7 @@ loaded back by 2 and by 8 ranks into other shardings (values equal, through the 
 staging honoured while training goes on, plain dcp.save, a failing rank failing every rank,
 and `dsckptctl verify` passing on the tags."""
 import os
+import pickle
 import subprocess
 
 import pytest
@@ -224,3 +225,5 @@ def test_one_process_without_torch_distributed(daemon, conn):
     assert torch.equal(back["c"], sd["c"]) and torch.equal(back["nested"]["h"], torch.ones(3))
     assert torch.equal(back["nested"]["xs"][0], torch.zeros(2)) and back["nested"]["xs"][1] == 5
     assert set(reader.sources.values()) == {"daemon"}, reader.sources
+    with pytest.raises(TypeError, match="THREAD"):  # async_save's PROCESS executor pickles it
+        pickle.dumps(dsckpt.dcp.Writer(tag, conn=conn))

@@ -115,6 +115,13 @@ class Writer(StorageWriter, AsyncStager):
         self._staged: Optional[_Staged] = None
         self._lock = threading.Lock()
 
+    def __getstate__(self):
+        """Refuses to be pickled: async_save's AsyncCheckpointerType.PROCESS would send the
+        writer to another process, without its staged save and with its connection's C handle
+        meaningless there. Use the default, AsyncCheckpointerType.THREAD."""
+        raise TypeError("dsckpt.dcp.Writer cannot leave its process: use async_save with the "
+                        "default async_checkpointer_type (THREAD), not PROCESS")
+
     # -- AsyncStager ------------------------------------------------------------------------
 
     def stage(self, state_dict: Dict[str, Any]) -> "ConcurrentFuture[Dict[str, Any]]":
