@@ -5,7 +5,8 @@
 #   make check      unit + integration tests, the man pages against the code (check-docs), an
 #                   install into build/destdir (check-install), the same tests under
 #                   ASan/UBSan, the threaded parts under TSan (make check-tsan), the Python
-#                   binding's tests, pip install into a fresh venv and a save through it
+#                   binding's tests (check-python; check-python-modern: DCP and Lightning on a
+#                   pinned PyPI torch), pip install into a fresh venv and a save through it
 #                   (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, dsckpt.pc, man
@@ -14,6 +15,8 @@
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
 # Python: the binding's tests use Debian's /usr/bin/python3 (tests/python/python.mk says why).
+# The tests that need a modern PyTorch (DCP, DTensor) use PyPI's, pinned, in build/venv-torch
+# (make check-python-modern; tests/python/modern.mk says why and how).
 
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -243,7 +246,7 @@ check-install: deps all
 	@tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) $(MANDIR) $(VERSION)
 
 check: check-plain check-docs check-install check-san check-tsan check-python check-pip \
-	check-fuzz
+	check-python-modern check-fuzz
 
 demo: deps all
 	tests/demo.sh $(BUILD)
@@ -281,5 +284,6 @@ clean:
 
 include tests/gpu/gpu.mk
 include tests/python/python.mk
+include tests/python/modern.mk
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

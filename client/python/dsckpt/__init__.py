@@ -10,6 +10,8 @@ Three layers, each usable alone:
   as plain safetensors files, ``load_into(state_dict, dir)`` restoring existing tensors in
   place, and ``commit(dir, group)`` across torch.distributed ranks.
 * ``dsckpt.deepspeed``: a DeepSpeed checkpoint engine (imports without DeepSpeed).
+* ``dsckpt.dcp``: a torch.distributed.checkpoint storage backend, ``Writer`` (also the
+  AsyncStager ``async_save`` uses) and ``Reader`` (PyTorch >= 2.4).
 
 Importing ``dsckpt`` does not load the shared library; the first call does.
 """

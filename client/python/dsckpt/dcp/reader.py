@@ -1,0 +1,149 @@
+"""dsckpt.dcp.reader — the loading half of the DCP backend: Reader, DCP's StorageReader, which
+serves DCP's ReadItems through the daemon's load path (see dsckpt.dcp)."""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Dict, List, Optional
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from .. import _fill
+from .._files import read_meta
+from ..core import Connection
+from ..errors import DsckptError, Errno, error_for
+from ..torch import default_connection, host_empty
+from .layout import META_BLOB, META_FILE, Location
+
+
+class Reader(StorageReader):
+    """A DCP StorageReader for a tag :class:`Writer` committed, through the daemon when one
+    answers (``conn``, else :func:`dsckpt.torch.default_connection`), else from the files."""
+
+    def __init__(self, dir, *, conn: Optional[Connection] = None):
+        super().__init__()
+        self.dir = os.fspath(dir)
+        self.conn = conn
+        self.storage_data: Dict[MetadataIndex, Location] = {}
+        self.sources: Dict[str, str] = {}  # file → how its tensors came: "daemon" or "file"
+
+    def reset(self, checkpoint_id=None) -> None:
+        """Reads ``checkpoint_id`` from now on, when given."""
+        if checkpoint_id is not None:
+            self.dir = os.fspath(checkpoint_id)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Any directory path."""
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        """DCP's Metadata of the tag; raises CheckpointIncomplete unless it is committed."""
+        if not os.path.exists(os.path.join(self.dir, "MANIFEST.json")):
+            raise error_for(Errno.EINCOMPLETE, "EINCOMPLETE",
+                            f"{self.dir} is not a committed checkpoint (no MANIFEST.json)")
+        blobs = read_meta(os.path.join(self.dir, META_FILE + ".meta"))
+        if META_BLOB not in blobs:
+            raise ValueError(f"{self.dir}: {META_FILE}.meta has no {META_BLOB} blob")
+        return pickle.loads(blobs[META_BLOB])
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args,
+                              **kwargs) -> None:
+        """Keeps where each item lives."""
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """The plan as the planner made it."""
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        """The plans as the planner made them."""
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """Serves every ReadItem of the plan, one file at a time."""
+        by_file: Dict[str, list] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage_data[item.storage_index].file, []).append(item)
+        conn = self._daemon()
+        for file, items in sorted(by_file.items()):
+            self._read_file(file, items, planner, conn)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _daemon(self) -> Optional[Connection]:
+        """The connection loads go through, or None when no daemon answers."""
+        if self.conn is not None:
+            return self.conn
+        try:
+            return default_connection(self.dir)
+        except DsckptError:
+            return None
+
+    def _read_file(self, file: str, items: list, planner: LoadPlanner,
+                   conn: Optional[Connection]) -> None:
+        """Serves the items stored in one file: blobs from its .meta; tensors filled by the
+        daemon (or read here), straight into a destination that is one whole stored chunk."""
+        blobs = None
+        uses: Dict[str, list] = {}
+        for item in items:
+            loc = self.storage_data[item.storage_index]
+            if loc.kind == "tensor":
+                uses.setdefault(loc.name, []).append(item)
+                continue
+            if blobs is None:
+                blobs = read_meta(os.path.join(self.dir, file + ".meta"))
+            data = io.BytesIO(blobs[loc.name])
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, data)
+            else:
+                src = torch.load(data, weights_only=True)
+                _copy_into(planner, item, _narrow(src, item.storage_offsets, item.lengths))
+        if not uses:
+            return
+        shapes = _fill.header(os.path.join(self.dir, file + ".safetensors"))
+        dests, direct = {}, []
+        for name, its in uses.items():
+            dtype, shape = shapes[name]
+            target = planner.resolve_tensor(its[0]) if len(its) == 1 else None
+            if (target is not None and target.is_contiguous() and target.dtype == dtype
+                    and tuple(target.shape) == tuple(shape)
+                    and not any(its[0].storage_offsets)):
+                dests[name] = target  # the daemon writes the destination itself
+                direct.append((its[0], target))
+            else:
+                device = planner.resolve_tensor(its[0]).device
+                dests[name] = (host_empty(shape, dtype) if device.type == "cpu"
+                               else torch.empty(shape, dtype=dtype, device=device))
+        self.sources[file] = _fill.fill(self.dir, file, dests, conn, strict=False)
+        for item, target in direct:
+            planner.commit_tensor(item, target)
+        for name, its in uses.items():
+            if any(item is d for d, _ in direct for item in its):
+                continue
+            for item in its:
+                _copy_into(planner, item, _narrow(dests[name], item.storage_offsets,
+                                                  item.lengths))
+
+
+def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:
+    """The sub-range of a stored chunk a ReadItem wants."""
+    for dim, (off, n) in enumerate(zip(offsets, lengths)):
+        t = t.narrow(dim, int(off), int(n))
+    return t
+
+
+def _copy_into(planner: LoadPlanner, item, src: torch.Tensor) -> None:
+    """Copies src into the item's destination and tells the planner."""
+    target = planner.resolve_tensor(item).detach()
+    if target.shape != src.shape:
+        raise ValueError(f"{item.dest_index.fqn}: stored chunk {list(src.shape)}, "
+                         f"destination {list(target.shape)}")
+    target.copy_(src)
+    planner.commit_tensor(item, target)

@@ -1,0 +1,295 @@
+"""dsckpt.dcp.writer — the saving half of the DCP backend: Writer, DCP's StorageWriter and the
+AsyncStager async_save uses (see dsckpt.dcp for the whole story)."""
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pickle
+import threading
+from concurrent.futures import Future as ConcurrentFuture
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from .._files import DTYPES
+from ..core import Connection, Level
+from ..torch import default_connection
+from .layout import META_BLOB, META_FILE, STAGED, WRITTEN, Location, chunk_name, file_name
+
+
+def _key(t: torch.Tensor) -> Optional[tuple]:
+    """What identifies a tensor's memory: the same key for the same view of the same bytes."""
+    if t.numel() == 0:
+        return None
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def _local_shards(value: Any) -> Optional[List[Tuple[torch.Tensor, Tuple[int, ...]]]]:
+    """The tensors a rank holds of a state dict value, with their offsets in the whole:
+    a DTensor's local tensor, a ShardedTensor's local shards, a plain tensor; None otherwise."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    local = getattr(value, "_local_tensor", None)
+    if local is not None:  # DTensor
+        try:
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+            _, offset = compute_local_shape_and_global_offset(
+                value.shape, value.device_mesh, value.placements)
+        except Exception:  # a private helper: the name only loses its offset
+            offset = (0,) * value.dim()
+        return [(local, tuple(offset))]
+    if hasattr(value, "local_shards"):  # ShardedTensor
+        return [(s.tensor, tuple(s.metadata.shard_offsets)) for s in value.local_shards()]
+    return [(value, (0,) * value.dim())]
+
+
+def _restructure(obj: Any, prefix: str, out: List[Tuple[str, Any]]) -> Any:
+    """A copy of the state dict's containers for staging: tensors kept (listed in out with their
+    key paths), any other value deep-copied, so later changes to it do not reach the save."""
+    if isinstance(obj, torch.Tensor):
+        out.append((prefix, obj))
+        return obj
+    if isinstance(obj, dict):
+        return {k: _restructure(v, f"{prefix}.{k}" if prefix else str(k), out)
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        items = [_restructure(v, f"{prefix}.{i}" if prefix else str(i), out)
+                 for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    return copy.deepcopy(obj)
+
+
+def _add_tensors(save, named: List[Tuple[str, torch.Tensor]], keep: List[torch.Tensor]) -> None:
+    """Hands contiguous tensors to a save by address; CUDA reads are ordered after the current
+    stream of the first one's device. keep gets what must stay alive until SNAPSHOT."""
+    specs, gpu = [], None
+    for name, t in named:
+        nbytes = t.numel() * t.element_size()
+        specs.append((name, DTYPES[t.dtype], tuple(t.shape), t.data_ptr() if nbytes else 0,
+                      nbytes))
+        keep.append(t)
+        if t.is_cuda and gpu is None:
+            gpu = t.device
+    save.add_tensors(specs)
+    if gpu is not None:
+        save.set_stream(torch.cuda.current_stream(gpu).cuda_stream)
+
+
+class _Staged:
+    """One rank's stage of one checkpoint: its save, which memory it holds under which name,
+    and the error to report from write_data when staging failed."""
+
+    def __init__(self, dir: str):
+        self.dir = dir
+        self.save = None
+        self.names: Dict[tuple, str] = {}
+        self.keep: List[torch.Tensor] = []
+        self.error: Optional[BaseException] = None
+
+
+class Writer(StorageWriter, AsyncStager):
+    """A DCP StorageWriter (and AsyncStager) saving into tag directory ``dir`` through dsckptd.
+
+    ``conn``: the connection (default :func:`dsckpt.torch.default_connection`); ``timeout``:
+    seconds to wait for DURABLE and for the commit (None: no limit; staging always waits for
+    SNAPSHOT or FAILED, as only then has the daemon finished reading the tensors). Use one Writer per
+    checkpoint directory, or pass ``checkpoint_id`` to ``dcp.save`` (not to ``async_save``:
+    staging happens before DCP tells the writer the directory).
+    """
+
+    _synchronize_after_execute = False  # stage() returns a future; nothing to synchronize
+
+    def __init__(self, dir, *, conn: Optional[Connection] = None,
+                 timeout: Optional[float] = None):
+        super().__init__()
+        self.dir = os.fspath(dir)
+        self.conn = conn
+        self.timeout = timeout
+        self.is_coordinator = False
+        self._staged: Optional[_Staged] = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        """Refuses to be pickled: async_save's AsyncCheckpointerType.PROCESS would send the
+        writer to another process, without its staged save and with its connection's C handle
+        meaningless there. Use the default, AsyncCheckpointerType.THREAD."""
+        raise TypeError("dsckpt.dcp.Writer cannot leave its process: use async_save with the "
+                        "default async_checkpointer_type (THREAD), not PROCESS")
+
+    # -- AsyncStager ------------------------------------------------------------------------
+
+    def stage(self, state_dict: Dict[str, Any]) -> "ConcurrentFuture[Dict[str, Any]]":
+        """Hands every tensor of the rank to the daemon (ACCEPTED, about a millisecond) and
+        returns a future of the staged state dict that resolves at SNAPSHOT. Never raises: a
+        failure resolves the future too and fails write_data, so that every rank hears it."""
+        tensors: List[Tuple[str, Any]] = []
+        staged_dict = _restructure(state_dict, "", tensors)
+        st = _Staged(self.dir)
+        future: ConcurrentFuture = ConcurrentFuture()
+        try:
+            named, seen = [], set()
+            for fqn, value in tensors:
+                for local, offset in _local_shards(value) or []:
+                    key = _key(local)
+                    if key is None or key in st.names or local.dtype not in DTYPES:
+                        continue  # write_data saves these
+                    name = chunk_name(fqn, offset)
+                    while name in seen:
+                        name += "'"
+                    seen.add(name)
+                    st.names[key] = name
+                    named.append((name, local.detach().contiguous()))
+            conn = self._conn()
+            st.save = conn.save(self.dir, file_name(conn.rank, STAGED))
+            _add_tensors(st.save, named, st.keep)
+            st.save.end()
+        except Exception as e:  # noqa: BLE001 - reported by write_data on every rank
+            st.error = e
+        with self._lock:
+            self._staged = st
+
+        def wait_snapshot():  # no time limit: until SNAPSHOT the daemon may read the tensors
+            try:
+                if st.save is not None and st.error is None:
+                    st.save.wait(Level.SNAPSHOT)
+            except Exception as e:  # noqa: BLE001 - FAILED: the daemon reads nothing more
+                st.error = e
+            st.keep = []
+            future.set_result(staged_dict)
+
+        threading.Thread(target=wait_snapshot, name="dsckpt-dcp-snapshot", daemon=True).start()
+        return future
+
+    def synchronize_staging(self) -> None:
+        """Nothing to do: ``staging_completion`` says when staging is over."""
+
+    def close(self) -> None:
+        """Nothing to release (the connection is the caller's or the process's)."""
+
+    # -- StorageWriter ----------------------------------------------------------------------
+
+    def _conn(self) -> Connection:
+        """The connection saves go through."""
+        return self.conn or default_connection(self.dir)
+
+    def reset(self, checkpoint_id=None) -> None:
+        """Starts a new checkpoint, into ``checkpoint_id`` when given."""
+        if checkpoint_id is not None:
+            new = os.fspath(checkpoint_id)
+            st = self._staged
+            if st is not None and os.path.normpath(st.dir) != os.path.normpath(new):
+                raise ValueError(f"dsckpt.dcp.Writer staged into {st.dir}, not {new}: give "
+                                 "the directory to Writer(), not to async_save")
+            self.dir = new
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args, **kwargs) -> None:
+        """Notes whether this rank is DCP's coordinator (it commits)."""
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """The plan as the planner made it."""
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        """The plans as the planner made them."""
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        """Maps each item to the tensor staged for it, saves the rest and waits until this
+        rank's files are DURABLE. Raises on a failure (DCP then fails the save on every rank).
+        No rank seals the tag: a tag without DCP's Metadata must never be committed, and the
+        coordinator's finish() commits it the moment the Metadata is DURABLE."""
+        with self._lock:
+            st, self._staged = self._staged, None
+        if st is not None and st.error is not None:
+            if st.save is not None:
+                st.save.close()
+            raise st.error
+        conn = self._conn()
+        staged = st.names if st is not None else {}
+        results, tensors, blobs = [], [], []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                name = chunk_name(item.index.fqn, item.index.offset)
+                blobs.append((name, data.getvalue()))
+                loc = Location(file_name(conn.rank, WRITTEN), name, "bytes")
+                size = len(blobs[-1][1])
+            else:
+                data = data.detach()
+                size = data.numel() * data.element_size()
+                name = staged.get(_key(data))
+                if name is not None:
+                    loc = Location(file_name(conn.rank, STAGED), name)
+                elif data.dtype in DTYPES:
+                    name = chunk_name(item.index.fqn, item.index.offset)
+                    tensors.append((name, data.contiguous()))
+                    loc = Location(file_name(conn.rank, WRITTEN), name)
+                else:
+                    buf = io.BytesIO()
+                    torch.save(data.cpu().clone(), buf)
+                    name = chunk_name(item.index.fqn, item.index.offset)
+                    blobs.append((name, buf.getvalue()))
+                    loc = Location(file_name(conn.rank, WRITTEN), name, "pickled")
+            results.append(WriteResult(index=item.index, size_in_bytes=size, storage_data=loc))
+        saves = [st.save] if st is not None and st.save is not None else []
+        try:
+            if tensors or blobs or not saves:  # every rank leaves a file: the commit wants one
+                saves.append(self._save(conn, file_name(conn.rank, WRITTEN), tensors, blobs))
+            for s in saves:
+                s.wait(Level.DURABLE, self.timeout)
+        finally:
+            for s in saves:
+                s.close()
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _save(self, conn: Connection, file: str, tensors, blobs):
+        """Saves tensors and blobs as file; returns the ended Save."""
+        s = conn.save(self.dir, file)
+        try:
+            keep: List[torch.Tensor] = []
+            _add_tensors(s, tensors, keep)
+            for name, data in blobs:
+                s.add_blob(name, data)
+            s.end()
+            if keep and any(t.is_cuda for t in keep):
+                s.wait(Level.SNAPSHOT, self.timeout)  # the daemon reads them by reference
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        """Coordinator: saves DCP's Metadata (with every item's Location), waits until it is
+        DURABLE and commits the tag for the whole job (every rank's write_data has waited for
+        its own files), so that the save's future resolves at COMMITTED."""
+        metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+        conn = self._conn()
+        s = self._save(conn, META_FILE, [], [(META_BLOB, pickle.dumps(metadata, protocol=4))])
+        try:
+            s.wait(Level.DURABLE, self.timeout)
+        finally:
+            s.close()
+        conn.commit(self.dir, self.timeout)
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The tag directory (DCP logs it)."""
+        return self.dir
+
+    def storage_meta(self) -> StorageMeta:
+        """Where DCP may record that the checkpoint lives."""
+        return StorageMeta(checkpoint_id=self.dir)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id) -> bool:
+        """Any directory path."""
+        return isinstance(checkpoint_id, (str, os.PathLike))
