@@ -51,10 +51,15 @@ Tensors land on the CPU unless ``map_location`` says otherwise, as with Lightnin
 plugin. Loading unpickles the skeleton (``weights_only`` does not apply to our files): load
 only checkpoints you trust.
 
-``remove_checkpoint(path)`` (ModelCheckpoint's ``save_top_k``) deletes only what is ours:
-a symbolic link is unlinked, never followed; a directory is emptied and removed only when
-every entry in it is a plain file of the names dsckpt writes, acting on the descriptor of
-the directory it checked; anything else is logged and left alone.
+``remove_checkpoint(path)`` (ModelCheckpoint's ``save_top_k``): a symbolic link is
+unlinked, never followed; a directory is emptied and removed only when every entry in it is
+a plain file of the names dsckpt writes, acting on the descriptor of the directory it
+checked (anything else is logged and left alone); a plain file is removed as Lightning's own
+plugin removes it.
+
+A path outside the daemon's ``allowed_roots`` (``ddp_spawn`` hands the main process its
+weights through a file in a temporary directory) is written by Lightning's own
+``TorchCheckpointIO``, with a warning; any other refusal by the daemon is raised.
 
 Without a daemon the constructor raises :class:`dsckpt.DaemonUnavailable` naming the
 socket, so a job fails before it trains rather than at its first checkpoint. GPU tensors
@@ -77,7 +82,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import torch as dtorch
 from .core import Connection
-from .errors import DsckptError, Errno, error_for
+from .errors import DsckptError, Errno, PermissionDenied, error_for
 
 try:
     from lightning.fabric.plugins import CheckpointIO
@@ -162,7 +167,17 @@ class DsckptCheckpointIO(CheckpointIO):
             if os.path.lexists(dir):
                 raise FileExistsError(f"{dir} exists and is not a dsckpt checkpoint")
         conn = self._connection(dir)
-        handle = dtorch.save(checkpoint, dir, conn=conn, file=FILE, track=False)
+        try:
+            handle = dtorch.save(checkpoint, dir, conn=conn, file=FILE, track=False)
+        except PermissionDenied as e:
+            if "allowed root" not in e.message:
+                raise
+            # Lightning's own files (ddp_spawn's weights for the main process, in a
+            # temporary directory) are no checkpoints of the job: Lightning writes them.
+            log.warning("dsckpt: %s is not below an allowed root of the daemon; written by "
+                        "Lightning's TorchCheckpointIO", dir)
+            _torch_io().save_checkpoint(checkpoint, dir)
+            return
         done = threading.Event()
         self._install_hook()
         self._start_committer()
@@ -181,10 +196,7 @@ class DsckptCheckpointIO(CheckpointIO):
         if map_location is None:
             map_location = "cpu"
         if not os.path.isdir(dir):
-            if not os.path.exists(dir):
-                raise FileNotFoundError(f"Checkpoint file not found: {path}")
-            from lightning.fabric.utilities.cloud_io import _load as pl_load
-            return pl_load(dir, map_location=map_location, weights_only=weights_only)
+            return _torch_io().load_checkpoint(dir, map_location, weights_only)
         try:
             conn: Optional[Connection] = self._connection(dir)
         except DsckptError as e:  # dsckpt.torch.load then reads the file here
@@ -205,8 +217,8 @@ class DsckptCheckpointIO(CheckpointIO):
             os.unlink(path)  # the link, never what it points at
         elif stat.S_ISDIR(st.st_mode):
             _remove_dir(path)
-        else:
-            log.warning("dsckpt: %s is not a dsckpt checkpoint; left alone", path)
+        else:  # a plain file, such as one Lightning's own plugin wrote (see above)
+            _torch_io().remove_checkpoint(path)
 
     def teardown(self) -> None:
         """Waits for SNAPSHOT and for every commit, logs failures, closes the connections
@@ -338,6 +350,15 @@ class DsckptCheckpointIO(CheckpointIO):
                     if self._pending.get(dir) is done:
                         del self._pending[dir]
                 done.set()
+
+
+def _torch_io() -> CheckpointIO:
+    """Lightning's own plugin, for plain files (torch.save's)."""
+    try:
+        from lightning.fabric.plugins import TorchCheckpointIO
+    except ImportError:
+        from lightning_fabric.plugins import TorchCheckpointIO
+    return TorchCheckpointIO()
 
 
 def _remove_dir(path: str) -> None:
