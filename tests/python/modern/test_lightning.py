@@ -78,11 +78,12 @@ class Restored(Callback):
         self.optim = copy.deepcopy(trainer.optimizers[0].state_dict())
 
 
-def trainer(io, dirpath, max_steps, callbacks=(), **ckpt):
+def trainer(io, dirpath, max_steps, callbacks=(), strategy="auto", devices=1, **ckpt):
     """A CPU Trainer checkpointing every 4 steps into dirpath through io."""
     ckpt = {"every_n_train_steps": 4, "save_top_k": 2, "monitor": "progress",
             "mode": "max", **ckpt}
-    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
+    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=devices,
+                     strategy=strategy, logger=False,
                      enable_progress_bar=False, enable_model_summary=False,
                      default_root_dir=os.path.dirname(dirpath), plugins=[io],
                      callbacks=[ModelCheckpoint(dirpath=dirpath, **ckpt), *callbacks])
@@ -223,3 +224,26 @@ def test_without_a_daemon_the_constructor_fails(tmp_path):
     sock = str(tmp_path / "none.sock")
     with pytest.raises(dsckpt.DaemonUnavailable, match="no dsckptd answers on .*none.sock"):
         DsckptCheckpointIO(sock)
+
+
+def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
+    """Two CPU ranks (gloo): the plugin is pickled into each; only rank 0 saves, and the
+    commit's world is that one saver's. Resuming loads on both ranks."""
+    job = os.path.join(daemon.root, "ddp")
+    kw = dict(strategy="ddp_spawn", devices=2)
+    io = DsckptCheckpointIO(daemon.socket)
+    t = trainer(io, job, 8, **kw)
+    t.fit(Tiny())
+    # a DistributedSampler halves the epoch: four steps each
+    assert sorted(os.listdir(job)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt",
+                                       "latest"]
+    for name in ("epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"):
+        assert sorted(os.listdir(os.path.join(job, name))) == [
+            "MANIFEST.json", "rank0.meta", "rank0.safetensors"]
+        verify(os.path.join(job, name))
+    t2 = trainer(DsckptCheckpointIO(daemon.socket), os.path.join(daemon.root, "ddp2"), 12,
+                 **kw)
+    t2.fit(Tiny(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
+    # the workers resumed at step 4 (the main process's trainer does not see their steps)
+    assert sorted(os.listdir(os.path.join(daemon.root, "ddp2"))) == [
+        "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "latest"]
