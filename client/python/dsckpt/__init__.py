@@ -1,6 +1,6 @@
 """dsckpt — Python binding of libdsckpt, the client of the per-node checkpoint daemon dsckptd.
 
-Three layers, each usable alone:
+Layers, each usable alone:
 
 * ``dsckpt`` (this module): a ctypes binding of ``client/dsckpt.h`` — :class:`Connection`,
   :class:`Save`, :class:`Load`, :class:`Level`, :class:`HostBuffer` and
@@ -10,6 +10,7 @@ Three layers, each usable alone:
   as plain safetensors files, ``load_into(state_dict, dir)`` restoring existing tensors in
   place, and ``commit(dir, group)`` across torch.distributed ranks.
 * ``dsckpt.deepspeed``: a DeepSpeed checkpoint engine (imports without DeepSpeed).
+* ``dsckpt.lightning``: a Lightning ``CheckpointIO`` plugin (needs Lightning 2.x).
 
 Importing ``dsckpt`` does not load the shared library; the first call does.
 """

@@ -192,6 +192,7 @@ class DsckptCheckpointIO(CheckpointIO):
         is read by Lightning's own loader); tensors on the CPU unless map_location says."""
         path = os.path.abspath(os.fspath(path))
         dir = os.path.realpath(path)
+        self._wait_pending(path)
         self._wait_pending(dir)
         if map_location is None:
             map_location = "cpu"
