@@ -1,6 +1,6 @@
 """dsckpt — Python binding of libdsckpt, the client of the per-node checkpoint daemon dsckptd.
 
-Three layers, each usable alone:
+Layers, each usable alone:
 
 * ``dsckpt`` (this module): a ctypes binding of ``client/dsckpt.h`` — :class:`Connection`,
   :class:`Save`, :class:`Load`, :class:`Level`, :class:`HostBuffer` and
@@ -12,6 +12,7 @@ Three layers, each usable alone:
 * ``dsckpt.deepspeed``: a DeepSpeed checkpoint engine (imports without DeepSpeed).
 * ``dsckpt.dcp``: a torch.distributed.checkpoint storage backend, ``Writer`` (also the
   AsyncStager ``async_save`` uses) and ``Reader`` (PyTorch >= 2.4).
+* ``dsckpt.lightning``: a Lightning ``CheckpointIO`` plugin (needs Lightning 2.x).
 
 Importing ``dsckpt`` does not load the shared library; the first call does.
 """

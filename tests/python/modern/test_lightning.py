@@ -1,0 +1,249 @@
+"""dsckpt.lightning with Lightning itself (tests/python/modern/requirements.txt's pin), on
+the CPU against real daemons: a fit that checkpoints through DsckptCheckpointIO, ModelCheckpoint
+removing old checkpoints, a new Trainer resuming from ours with equal state, the optimizer
+step waiting for SNAPSHOT after the closure, and the constructor without a daemon."""
+import copy
+import os
+import subprocess
+
+import pytest
+
+L = pytest.importorskip("lightning")
+import torch  # noqa: E402
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import dsckpt  # noqa: E402
+import dsckpt.torch as dt  # noqa: E402
+from dsckpt.lightning import DsckptCheckpointIO  # noqa: E402
+from conftest import REPO  # noqa: E402
+
+DSCKPTCTL = os.path.join(os.path.dirname(os.environ.get("DSCKPTD", os.path.join(
+    REPO, "build", "dsckptd"))), "dsckptctl")
+
+
+class Tiny(L.LightningModule):
+    """Two linear layers and Adam; eight batches an epoch, always in the same order."""
+
+    def __init__(self, lr=0.05, seed=0):
+        super().__init__()
+        self.save_hyperparameters()
+        torch.manual_seed(seed)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                       torch.nn.Linear(8, 1))
+        self.events = []
+
+    def training_step(self, batch, i):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        self.log("progress", float(self.global_step))  # monitored: newest is best
+        return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        self.events.append(("closure",))  # inside the closure, after backward
+
+    def configure_optimizers(self):
+        opt = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        opt.register_step_post_hook(lambda *a: self.events.append(("step",)))
+        return opt
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(64, 4, generator=g)
+        return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+
+class SpyIO(DsckptCheckpointIO):
+    """Records what each save held (copies) and when it was called."""
+
+    def __init__(self, *a, events=None, **kw):
+        super().__init__(*a, **kw)
+        self.saved = {}
+        self.events = events
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        self.saved[os.path.basename(path)] = copy.deepcopy(
+            {k: checkpoint[k] for k in ("state_dict", "optimizer_states", "global_step")})
+        if self.events is not None:
+            self.events.append(("save", checkpoint["global_step"]))
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class Restored(Callback):
+    """Copies the model's and optimizer's state when training (re)starts."""
+
+    def on_train_start(self, trainer, module):
+        self.step = trainer.global_step
+        self.state = copy.deepcopy(module.state_dict())
+        self.optim = copy.deepcopy(trainer.optimizers[0].state_dict())
+
+
+def trainer(io, dirpath, max_steps, callbacks=(), strategy="auto", devices=1, **ckpt):
+    """A CPU Trainer checkpointing every 4 steps into dirpath through io."""
+    ckpt = {"every_n_train_steps": 4, "save_top_k": 2, "monitor": "progress",
+            "mode": "max", **ckpt}
+    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=devices,
+                     strategy=strategy, logger=False,
+                     enable_progress_bar=False, enable_model_summary=False,
+                     default_root_dir=os.path.dirname(dirpath), plugins=[io],
+                     callbacks=[ModelCheckpoint(dirpath=dirpath, **ckpt), *callbacks])
+
+
+def assert_equal(a, b):
+    """Nested dicts/lists of tensors and values are equal."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_equal(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b.to(a.device)), (a, b)
+    else:
+        assert a == b
+
+
+def verify(path):
+    """dsckptctl verify exits 0 on a committed checkpoint directory."""
+    r = subprocess.run([DSCKPTCTL, "verify", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_fit_saves_removes_and_resumes(daemon):
+    job = os.path.join(daemon.root, "tiny")
+    io = SpyIO(daemon.socket)
+    model = Tiny()
+    trainer(io, job, 12).fit(model)
+    # saves at steps 4, 8, 12; save_top_k=2 removed step 4's; teardown committed all
+    assert sorted(os.listdir(job)) == ["epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt",
+                                       "latest"]
+    assert sorted(io.saved) == ["epoch=0-step=4.ckpt", "epoch=0-step=8.ckpt",
+                                "epoch=1-step=12.ckpt"]
+    assert io.wait_committed() == [os.path.join(job, n) for n in sorted(io.saved)]
+    for name in ("epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt"):
+        ckpt = os.path.join(job, name)
+        assert sorted(os.listdir(ckpt)) == ["MANIFEST.json", "rank0.meta",
+                                            "rank0.safetensors"]
+        verify(ckpt)
+    with open(os.path.join(job, "latest")) as f:
+        assert f.read().strip() == "epoch=1-step=12.ckpt"
+
+    # What Lightning gets back is what it handed over.
+    loaded = io.load_checkpoint(os.path.join(job, "epoch=0-step=8.ckpt"))
+    assert_equal(io.saved["epoch=0-step=8.ckpt"],
+                 {k: loaded[k] for k in ("state_dict", "optimizer_states", "global_step")})
+    assert loaded["hyper_parameters"] == {"lr": 0.05, "seed": 0}
+    assert "loops" in loaded and "callbacks" in loaded
+
+    # A new Trainer and a differently initialised model resume from step 8.
+    io2 = DsckptCheckpointIO(daemon.socket)
+    restored = Restored()
+    model2 = Tiny(seed=7)
+    t2 = trainer(io2, os.path.join(daemon.root, "tiny2"), 16, callbacks=[restored])
+    t2.fit(model2, ckpt_path=os.path.join(job, "epoch=0-step=8.ckpt"))
+    assert restored.step == 8
+    assert_equal(io.saved["epoch=0-step=8.ckpt"]["state_dict"], restored.state)
+    assert_equal(io.saved["epoch=0-step=8.ckpt"]["optimizer_states"][0], restored.optim)
+    assert t2.global_step == 16
+    assert sorted(os.listdir(os.path.join(daemon.root, "tiny2"))) == [
+        "epoch=1-step=12.ckpt", "epoch=1-step=16.ckpt", "latest"]
+
+    # Training on from the resumed state gave what the first run gave at step 12.
+    model3, io3 = Tiny(seed=9), DsckptCheckpointIO(daemon.socket)
+    again = trainer(io3, os.path.join(daemon.root, "tiny3"), 12)
+    again.fit(model3, ckpt_path=os.path.join(job, "epoch=0-step=8.ckpt"))
+    assert_equal(io.saved["epoch=1-step=12.ckpt"]["state_dict"], model3.state_dict())
+
+
+def test_step_waits_for_snapshot_after_the_closure(daemon, monkeypatch):
+    levels = []
+    wait = dt.SaveHandle.wait_snapshot
+
+    def spy(self, timeout=None):
+        level = wait(self, timeout)
+        model.events.append(("snapshot", level))
+        levels.append(level)
+        return level
+
+    monkeypatch.setattr(dt.SaveHandle, "wait_snapshot", spy)
+    model = Tiny()
+    io = SpyIO(daemon.socket, events=model.events)
+    trainer(io, os.path.join(daemon.root, "job"), 10).fit(model)
+    ev = [e[0] for e in model.events]
+    saves = [i for i, e in enumerate(ev) if e == "save"]
+    assert len(saves) == 2  # steps 4 and 8
+    for i in saves:  # the next step: its closure ran, then the wait, then the update
+        assert ev[i + 1:i + 4] == ["closure", "snapshot", "step"]
+    assert all(lv >= dsckpt.Level.SNAPSHOT for lv in levels)
+    assert ev.count("snapshot") == 2  # and no wait where nothing was pending
+
+
+def test_save_last_overwrites_and_links(daemon):
+    job = os.path.join(daemon.root, "last")
+    io = DsckptCheckpointIO(daemon.socket)
+    trainer(io, job, 12, save_top_k=1, save_last=True).fit(Tiny())
+    assert sorted(os.listdir(job)) == ["epoch=1-step=12.ckpt", "last.ckpt", "latest"]
+    verify(os.path.join(job, "last.ckpt"))  # saved three times, committed each time
+    assert io.load_checkpoint(os.path.join(job, "last.ckpt"))["global_step"] == 12
+
+    link = os.path.join(daemon.root, "link")
+    io = DsckptCheckpointIO(daemon.socket)
+    trainer(io, link, 8, save_top_k=1, save_last="link").fit(Tiny())
+    assert os.readlink(os.path.join(link, "last.ckpt")) == "epoch=0-step=8.ckpt"
+    assert io.load_checkpoint(os.path.join(link, "last.ckpt"))["global_step"] == 8
+
+
+def test_remove_only_ours(daemon, tmp_path):
+    io = DsckptCheckpointIO(daemon.socket)
+    ckpt = os.path.join(daemon.root, "j", "a.ckpt")
+    io.save_checkpoint({"w": torch.ones(3), "step": 1}, ckpt)
+    io.wait_committed()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "rank0.safetensors").write_bytes(b"x")
+    link = os.path.join(daemon.root, "j", "b.ckpt")
+    os.symlink(foreign, link)
+    io.remove_checkpoint(link)  # the link goes, not what it points at
+    assert not os.path.lexists(link) and (foreign / "rank0.safetensors").exists()
+    mixed = os.path.join(daemon.root, "j", "mixed.ckpt")
+    os.mkdir(mixed)
+    open(os.path.join(mixed, "notes.txt"), "w").close()
+    io.remove_checkpoint(mixed)  # not ours: left alone
+    assert os.listdir(mixed) == ["notes.txt"]
+    with pytest.raises(FileExistsError):
+        io.save_checkpoint({"w": torch.ones(1)}, mixed)
+    io.remove_checkpoint(ckpt)
+    assert not os.path.exists(ckpt)
+    io.remove_checkpoint(ckpt)  # gone already: nothing to do
+    io.teardown()
+
+
+def test_without_a_daemon_the_constructor_fails(tmp_path):
+    sock = str(tmp_path / "none.sock")
+    with pytest.raises(dsckpt.DaemonUnavailable, match="no dsckptd answers on .*none.sock"):
+        DsckptCheckpointIO(sock)
+
+
+def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
+    """Two CPU ranks (gloo): the plugin is pickled into each; only rank 0 saves, and the
+    commit's world is that one saver's. Resuming loads on both ranks."""
+    job = os.path.join(daemon.root, "ddp")
+    kw = dict(strategy="ddp_spawn", devices=2)
+    io = DsckptCheckpointIO(daemon.socket)
+    t = trainer(io, job, 8, **kw)
+    t.fit(Tiny())
+    # a DistributedSampler halves the epoch: four steps each
+    assert sorted(os.listdir(job)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt",
+                                       "latest"]
+    for name in ("epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"):
+        assert sorted(os.listdir(os.path.join(job, name))) == [
+            "MANIFEST.json", "rank0.meta", "rank0.safetensors"]
+        verify(os.path.join(job, name))
+    t2 = trainer(DsckptCheckpointIO(daemon.socket), os.path.join(daemon.root, "ddp2"), 12,
+                 **kw)
+    t2.fit(Tiny(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
+    # the workers resumed at step 4 (the main process's trainer does not see their steps)
+    assert sorted(os.listdir(os.path.join(daemon.root, "ddp2"))) == [
+        "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "latest"]
