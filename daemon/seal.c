@@ -46,7 +46,7 @@ struct seal_tag {
 	struct config *cfg;         /* a reference, while busy */
 	int write;                  /* write our record (nsealed ranks) before looking */
 	unsigned *ranks;            /* the ranks to write */
-	int rc;                     /* < 0: failed; 1: committed; 0: not complete yet */
+	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int have;                   /* ranks the records name */
 	char err[ERRLEN];
 	struct store_commit_info info;
@@ -120,7 +120,12 @@ static void seal_work(uv_work_t *w)
 	 * writing at once, the second sees the first's record. */
 	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
 		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written};
-		if (t->write)
+		const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
+		/* Committed meanwhile (a COMMIT): no record to add, and none half-written to be
+		 * found beside the manifest once the commit has answered. */
+		if (store_tag_committed(jobfd, tag) != 0)
+			t->rc = 2;
+		else if (t->write)
 			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
 						 sizeof(t->err));
 		if (t->rc == 0)
@@ -148,6 +153,9 @@ static void seal_after(uv_work_t *w, int status)
 	t->cfg = NULL;
 	if (t->rc < 0) {
 		log_warnx("seal of %s: %s", t->dir, t->err);
+		seal_end(t);
+	} else if (t->rc == 2) {
+		log_debug("seal of %s: committed already, no record written", t->dir);
 		seal_end(t);
 	} else if (t->rc == 1) {
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,

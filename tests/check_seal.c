@@ -176,6 +176,30 @@ START_TEST(test_seal_rules)
 END_TEST
 
 /* The suite. */
+/* Seal, then COMMIT at once, as dsckpt.torch.commit does, 25 times: once the commit has
+ * answered, no seal record is still being written beside the manifest (the daemon's seal
+ * work finds the tag committed under the job's lock and writes none), and verify passes. */
+START_TEST(test_seal_then_commit)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	dsckpt_conn_t *c = conn_open("sc", 0, 1);
+	for (int i = 0; i < 25; i++) {
+		const char *dir = h_path("%s/sc/step%d", D->root, i);
+		void *mem;
+		dsckpt_save_t *s = save_pattern(c, dir, "rank0", 64 * 1024, (uint64_t)i, &mem);
+		wait_level(c, s, DSCKPT_DURABLE, 30000);
+		CK_DS(c, dsckpt_seal(c, dir));
+		CK_DS(c, dsckpt_commit(c, dir, 30000));
+		ck_assert_msg(!has_partial(dir), "round %d: a .partial beside the manifest", i);
+		ctl_verify(dir);
+		dsckpt_save_free(s);
+		dsckpt_host_free(mem);
+	}
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 static Suite *seal_suite(void)
 {
 	Suite *s = suite_create("seal");
@@ -183,6 +207,7 @@ static Suite *seal_suite(void)
 	h_add_case(s, "unsealed rank", test_unsealed_rank, 60, 1);
 	h_add_case(s, "daemon killed after seal", test_daemon_killed_after_seal, 90, 1);
 	h_add_case(s, "seal rules", test_seal_rules, 60, 1);
+	h_add_case(s, "seal then commit", test_seal_then_commit, 90, 1);
 	return s;
 }
 
