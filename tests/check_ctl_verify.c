@@ -437,10 +437,12 @@ START_TEST(test_verify_uncommitted)
 }
 END_TEST
 
-/* list finds tags at any depth, sorted, with states and latest; links are not followed. */
+/* list finds tags at any depth, sorted (numbers by value), with states and latest; links are
+ * not followed. */
 START_TEST(test_list)
 {
 	make_tag("job", "step10", 1, 1, 0);
+	make_tag("job", "step9", 1, 1, 0);
 	make_tag("job", "step20", 2, 1, 1);
 	make_tag("job", "step30", 1, 0, 0);
 	put(ctl_path("job/step20/rank2.safetensors.partial"), "x", 1);
@@ -457,7 +459,9 @@ START_TEST(test_list)
 		   *pbad = ctl_row("job/bad", " corrupt "),
 		   *pdeep = ctl_row("deep/er/job2/s1", " committed ");
 	ck_assert_msg(p10 && p20 && p30 && pbad && pdeep, "list output:\n%s", ctl_out);
-	ck_assert_msg(pdeep < pbad && pbad < p10 && p10 < p20 && p20 < p30, "order:\n%s", ctl_out);
+	const char *p9 = ctl_row("job/step9", " committed ");
+	ck_assert_msg(p9 && pdeep < pbad && pbad < p9 && p9 < p10 && p10 < p20 && p20 < p30,
+		      "order:\n%s", ctl_out);
 	ck_assert_ptr_null(strstr(ctl_out, "link/"));
 	ck_assert_ptr_null(strstr(ctl_out, "nothing"));
 	ck_out_has("2025-01-02T03:04:05Z");
@@ -466,7 +470,7 @@ START_TEST(test_list)
 	cJSON *doc = cJSON_Parse(ctl_out);
 	ck_assert_msg(doc != NULL, "not JSON: %s", ctl_out);
 	const cJSON *tags = cJSON_GetObjectItem(doc, "tags"), *t;
-	ck_assert_int_eq(cJSON_GetArraySize(tags), 5);
+	ck_assert_int_eq(cJSON_GetArraySize(tags), 6);
 	int latest = 0;
 	cJSON_ArrayForEach(t, tags) {
 		const char *path = cJSON_GetObjectItem(t, "path")->valuestring;

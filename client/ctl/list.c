@@ -204,10 +204,10 @@ static int walk(struct tags *out, int fd, const char *rel, const char *name, uns
 	return rc;
 }
 
-/* Orders tags by path. */
+/* Orders tags by path, numbers by value (step5 before step10: strverscmp). */
 static int tag_cmp(const void *a, const void *b)
 {
-	return strcmp(((const struct tag *)a)->path, ((const struct tag *)b)->path);
+	return strverscmp(((const struct tag *)a)->path, ((const struct tag *)b)->path);
 }
 
 /* Prints the tags as a table, or as one JSON document. */
