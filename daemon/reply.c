@@ -238,7 +238,7 @@ void reply_status(uint64_t conn, uint64_t req, uid_t uid)
 	proto_kv_u64(&o.pk, "cache_total", cache_total(cache));
 	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
 	proto_kv_u64(&o.pk, "chunk", cache_chunk(cache));
-	proto_kv_u64(&o.pk, "clients", conn_count());
+	proto_kv_u64(&o.pk, "clients", conn_count() - 1);	/* not the asker */
 	proto_kv_u64(&o.pk, "saves", save_inflight() + commit_running() + seal_running());
 	proto_kv_u64(&o.pk, "flush_threads", config->flush_threads);
 	proto_kv_u64(&o.pk, "copy_threads", config->copy_threads);

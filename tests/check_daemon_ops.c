@@ -123,9 +123,11 @@ START_TEST(test_cli)
 	ck_assert_msg(strstr(file_text(out), DSCKPT_VERSION_STRING), "-v said: %s",
 		      file_text(out));
 
-	/* copy_threads is not in the config: 0, auto, is 2 copy threads without a GPU. */
+	/* copy_threads is not in the config: 0, auto, is 2 copy threads without a GPU; status
+	 * does not count its own connection as a client. */
 	char *status;
 	ck_assert_int_eq(ctl(&status, "status"), 0);
+	ck_assert_msg(strstr(status, "clients   0\n"), "status said: %s", status);
 	if (strstr(status, "cuda      none"))
 		ck_assert_msg(strstr(status, "threads   2 flush, 2 copy"), "status said: %s",
 			      status);
