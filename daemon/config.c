@@ -323,14 +323,19 @@ static int config_sizes(struct config *cfg, char *err, size_t errlen)
 			   cfg->host_cache_gib);
 		return -1;
 	}
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	uint64_t ram = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : UINT64_MAX;
+	/* The cache is touched and locked at start: more than the machine has cannot start. */
+	if (bytes > ram) {
+		config_err(err, errlen, "host_cache_size %g GiB is more than this machine's %.1f "
+			   "GiB of memory", cfg->host_cache_gib, (double)ram / GIB);
+		return -1;
+	}
 	cfg->chunk_bytes = chunk;
 	cfg->host_cache_bytes = bytes - bytes % chunk;
 	cfg->max_region_bytes = (uint64_t)(cfg->max_region_gib * GIB);
-	if (cfg->max_region_bytes == 0) {
-		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-		cfg->max_region_bytes = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
-							      : UINT64_MAX;
-	}
+	if (cfg->max_region_bytes == 0)
+		cfg->max_region_bytes = ram;
 	return 0;
 }
 
@@ -465,7 +470,12 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 			break;
 		}
 	}
-	if (bad || config_sizes(cfg, err, errlen) != 0) {
+	if (cfg->socket && cfg->socket[0] != '/') {
+		config_err(err, errlen, "option 'socket': '%s' is not an absolute path", cfg->socket);
+		bad = 1;
+	}
+	/* The sizes are checked even after another problem: -n names every one at once. */
+	if (config_sizes(cfg, err, errlen) != 0 || bad) {
 		config_free(cfg);
 		return -1;
 	}
@@ -526,7 +536,7 @@ void config_print_help(FILE *f)
 			fprintf(f, "number in [%g, %g]", o->min, o->max);
 			break;
 		case OPT_UINT:
-			fprintf(f, "integer in [%g, %g]", o->min, o->max);
+			fprintf(f, "integer in [%.0f, %.0f]", o->min, o->max);
 			break;
 		case OPT_LEVEL:
 			fprintf(f, "\"error\", \"warn\", \"info\" or \"debug\"");

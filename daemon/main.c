@@ -40,19 +40,33 @@ double now_mono(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* Prints usage. */
-static void usage(FILE *f)
+/* Prints usage (and, for --help, every configuration option). */
+static void usage(FILE *f, int options)
 {
 	fprintf(f,
 		"usage: dsckptd [-c CONFIG] [-n] [-d] [-v] [-h]\n"
-		"  -c CONFIG  configuration file (default %s)\n"
-		"  -n         check the configuration, print \"configuration OK\" or the errors\n"
-		"  -d         stay in the foreground (as under systemd)\n"
-		"  -v         print the version\n"
-		"  -h         this help, and every configuration option\n"
-		"signals: TERM/INT finish in-flight flushes then exit; HUP reloads the config\n\n",
+		"  -c, --config CONFIG  configuration file (default %s)\n"
+		"  -n, --check          check the configuration, print \"configuration OK\" or the\n"
+		"                       errors\n"
+		"  -d, --foreground     stay in the foreground (as under systemd)\n"
+		"  -v, --version        print the version\n"
+		"  -h, --help           this help, and every configuration option\n"
+		"signals: TERM/INT finish in-flight flushes then exit; HUP reloads the config\n",
 		DSCKPTD_DEFAULT_CONFIG);
-	config_print_help(f);
+	if (options) {
+		fputc('\n', f);
+		config_print_help(f);
+	}
+}
+
+/* Prints each line of a config's problems as "dsckptd: PATH: problem". */
+static void print_config_errors(const char *path, const char *err)
+{
+	while (*err) {
+		size_t n = strcspn(err, "\n");
+		fprintf(stderr, "dsckptd: %s: %.*s\n", path, (int)n, err);
+		err += n + (err[n] == '\n');
+	}
 }
 
 /* Closes what is left and leaves; called once nothing is in flight during a drain. */
@@ -206,23 +220,40 @@ int main(int argc, char **argv)
 	int check_only = 0, foreground = 0, opt;
 	struct timespec ts;
 
-	while ((opt = getopt(argc, argv, "c:ndvh")) != -1) {
+	static const struct option longs[] = {
+		{"config", required_argument, NULL, 'c'},
+		{"check", no_argument, NULL, 'n'},
+		{"foreground", no_argument, NULL, 'd'},
+		{"version", no_argument, NULL, 'v'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	opterr = 0;	/* our own words, named "dsckptd" however it was started */
+	while ((opt = getopt_long(argc, argv, ":c:ndvh", longs, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config_path = optarg; break;
 		case 'n': check_only = 1; break;
 		case 'd': foreground = 1; break;
 		case 'v': printf("dsckptd %s\n", DSCKPTD_VERSION); return 0;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 'h': usage(stdout, 1); return 0;
+		case ':':
+			fprintf(stderr, "dsckptd: %s needs an argument\n", argv[optind - 1]);
+			usage(stderr, 0);
+			return 2;
+		default:
+			fprintf(stderr, "dsckptd: unknown option '%s'\n", argv[optind - 1]);
+			usage(stderr, 0);
+			return 2;
 		}
 	}
 	if (optind != argc) {
-		usage(stderr);
+		fprintf(stderr, "dsckptd: unexpected argument '%s'\n", argv[optind]);
+		usage(stderr, 0);
 		return 2;
 	}
 	log_init("dsckptd", LOG_LVL_INFO);
 	if (config_load(config_path, &config, err, sizeof(err)) < 0) {
-		fprintf(stderr, "dsckptd: %s:\n%s", config_path, err);
+		print_config_errors(config_path, err);
 		return 1;
 	}
 	if (check_only) {

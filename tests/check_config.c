@@ -214,6 +214,8 @@ START_TEST(test_wrong_types)
 		{ "\"host\": \"a b\"", "option 'host': printable ASCII without spaces or '/'" },
 		{ "\"host\": \"../x\"", "option 'host': printable ASCII" },
 		{ "\"host\": 7", "option 'host': expected a string" },
+		{ "\"socket\": \"run/d.sock\"", "option 'socket': 'run/d.sock' is not an absolute path" },
+		{ "\"host_cache_size\": 4096", "host_cache_size 4096 GiB is more than this machine's" },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		ck_assert_int_eq(load("{%s}", cases[i].json), -1);

@@ -122,6 +122,27 @@ START_TEST(test_cli)
 	ck_assert_int_eq(h_system("%s -v >'%s' 2>&1", h_bin("dsckptd"), out), 0);
 	ck_assert_msg(strstr(file_text(out), DSCKPT_VERSION_STRING), "-v said: %s",
 		      file_text(out));
+	/* Long options, and a bad one answered in a few lines naming dsckptd, not the config
+	 * reference; -n's problems one per line, each ending its line. */
+	ck_assert_int_eq(h_system("%s --version >'%s' 2>&1", h_bin("dsckptd"), out), 0);
+	ck_assert_msg(strstr(file_text(out), DSCKPT_VERSION_STRING), "--version said: %s",
+		      file_text(out));
+	ck_assert_int_eq(h_system("%s --help >'%s' 2>&1", h_bin("dsckptd"), out), 0);
+	char *help = h_read_file(out, NULL);
+	ck_assert_msg(help && strstr(help, "max_loads_per_user"), "--help said: %s", help);
+	free(help);
+	ck_assert_int_eq(h_system("%s --bogus >'%s' 2>&1", h_bin("dsckptd"), out), 2);
+	ck_assert_msg(strncmp(file_text(out), "dsckptd: unknown option '--bogus'\n", 34) == 0 &&
+		      !strstr(file_text(out), "keep_last"), "--bogus said: %s", file_text(out));
+	f = fopen(bad, "w");
+	fprintf(f, "{\"socket\": \"rel.sock\", \"host_cache_size\": 0.5, \"nonsense\": 1}\n");
+	fclose(f);
+	ck_assert_int_eq(h_system("%s --check -c '%s' >'%s' 2>&1", h_bin("dsckptd"), bad, out), 1);
+	const char *said = file_text(out);
+	ck_assert_msg(strstr(said, h_path("dsckptd: %s: option 'socket': 'rel.sock' is not an "
+					  "absolute path\n", bad)) &&
+		      strstr(said, h_path("dsckptd: %s: unknown option 'nonsense'\n", bad)) &&
+		      said[strlen(said) - 1] == '\n', "--check said: %s", said);
 
 	/* copy_threads is not in the config: 0, auto, is 2 copy threads without a GPU; status
 	 * does not count its own connection as a client. */
