@@ -341,6 +341,13 @@ START_TEST(test_usage)
 	ck_assert_int_eq(ctl("list --timeout 3 %s", ctl_root), 2);
 	ck_assert_int_eq(ctl("wait --timeout -1"), 2);
 	ck_assert_int_eq(ctl("--bogus status"), 2);
+	ck_out_has("dsckptctl: unknown option '--bogus'");
+	ck_assert_int_eq(ctl("wait -x"), 2);
+	ck_out_has("dsckptctl: unknown option '-x'");
+	ck_assert_int_eq(ctl("list -s"), 2);
+	ck_out_has("dsckptctl: -s needs an argument");
+	ck_assert_int_eq(ctl("-s %s status", ctl_root), 1);
+	ck_out_has("not a socket (a directory)");
 	ck_assert_int_eq(ctl("--help"), 0);
 	const char *words[] = {"status", "pending", "list ROOT", "verify", "--allow-uncommitted",
 			       "wait", "--dir DIR", "--timeout SEC", "--json", "DSCKPT_SOCKET",

@@ -185,6 +185,44 @@ START_TEST(test_pending_private)
 }
 END_TEST
 
+/* Child of test_socket_group: execs dsckptctl status on the test daemon's socket, its
+ * output and errors into the pipe *arg. */
+static int exec_status(void *arg)
+{
+	dup2(*(const int *)arg, 1);
+	dup2(*(const int *)arg, 2);
+	execl(h_bin("dsckptctl"), "dsckptctl", "-s", D->socket, "status", (char *)NULL);
+	return 126;
+}
+
+/* A user outside the socket's group (mode 0660, group root) is told which group admits it,
+ * not to check whether dsckptd is running. */
+START_TEST(test_socket_group)
+{
+	HOSTILE_BEGIN("dsckptctl outside the socket's group");
+	int p[2];
+	char out[4096] = "";
+	size_t len = 0;
+	ssize_t k;
+
+	hd_start(CACHE_8M, NULL);
+	ck_assert_int_eq(chmod(D->socket, 0660), 0);	/* socket_mode "0660", group root */
+	ck_assert_int_eq(pipe(p), 0);
+	fflush(stdout);
+	pid_t pid = as_user_spawn(ATK, exec_status, &p[1], 20);
+	close(p[1]);
+	while (len < sizeof(out) - 1 && (k = read(p[0], out + len, sizeof(out) - 1 - len)) > 0)
+		len += (size_t)k;
+	close(p[0]);
+	int rc = as_user_wait(pid);
+	ck_assert_msg(rc == 1, "dsckptctl status outside the group: %s: %s", status_str(rc), out);
+	ck_assert_msg(strstr(out, "Permission denied") && strstr(out, "its group, root") &&
+		      strstr(out, "usermod -aG root") && !strstr(out, "is dsckptd running"),
+		      "dsckptctl said: %s", out);
+	hd_stop();
+}
+END_TEST
+
 /* A tag name holding a newline and a forged log line. */
 #define FORGED "2026-01-01T00:00:00.000+0000 dsckptd[1]: error: FORGED"
 
@@ -246,6 +284,7 @@ static Suite *hostile_privacy_suite(void)
 	h_add_case(s, "privacy", test_privacy, 60, 2);
 	h_add_case(s, "pending", test_pending_private, 60, 1);
 	h_add_case(s, "log escape", test_log_escape, 60, 1);
+	h_add_case(s, "socket group", test_socket_group, 60, 1);
 	return s;
 }
 

@@ -161,8 +161,8 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 	case 'V':
 		printf("dsckptctl %s (protocol %u)\n", DSCKPT_VERSION_STRING, PROTO_VERSION);
 		return CTL_OK;
-	case '?':   /* getopt said what was wrong */
-		fputs("Try 'dsckptctl --help'.\n", stderr);
+	case '?':   /* bad_option said what was wrong */
+	case ':':
 		return CTL_USAGE;
 	}
 	if (!c || !strchr(c->opts, opt)) {
@@ -187,16 +187,36 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 	return -1;
 }
 
+/* Says what was wrong with option argv[optind - 1] (getopt's own words would be named
+ * after argv[0] or the command), once getopt returned '?' or ':'. */
+static void bad_option(int opt, char **argv)
+{
+	const char *arg = argv[optind - 1];
+
+	if (opt == ':')
+		fprintf(stderr, "dsckptctl: %s needs an argument\n", arg);
+	else if (optopt && arg[0] == '-' && arg[1] != '-')
+		fprintf(stderr, "dsckptctl: unknown option '-%c'\n", optopt);
+	else
+		fprintf(stderr, "dsckptctl: unknown option '%s'\n", arg);
+	fputs("Try 'dsckptctl --help'.\n", stderr);
+}
+
 /* Parses the command line and runs the command. */
 int main(int argc, char **argv)
 {
 	struct ctl ctl = {0};
 	int opt, rc;
 
+	opterr = 0;
+
 	/* Global options stop at the command ("+"); the command's options may be anywhere. */
-	while ((opt = getopt_long(argc, argv, "+s:jhV", long_opts, NULL)) != -1)
+	while ((opt = getopt_long(argc, argv, "+:s:jhV", long_opts, NULL)) != -1) {
+		if (opt == '?' || opt == ':')
+			bad_option(opt, argv);
 		if ((rc = apply_opt(&ctl, NULL, opt, optarg)) >= 0)
 			return rc;
+	}
 	if (optind >= argc)
 		return main_usage_error("%s", "no command given");
 	const struct command *c = NULL;
@@ -209,9 +229,12 @@ int main(int argc, char **argv)
 	int cargc = argc - optind;
 	char **cargv = argv + optind;
 	optind = 1;
-	while ((opt = getopt_long(cargc, cargv, "s:jhV", long_opts, NULL)) != -1)
+	while ((opt = getopt_long(cargc, cargv, ":s:jhV", long_opts, NULL)) != -1) {
+		if (opt == '?' || opt == ':')
+			bad_option(opt, cargv);
 		if ((rc = apply_opt(&ctl, c, opt, optarg)) >= 0)
 			return rc;
+	}
 	if (cargc - optind != c->nargs) {
 		fprintf(stderr, "dsckptctl: %s takes %s\nUsage: ", c->name,
 			c->nargs ? "one operand" : "no operands");

@@ -6,9 +6,11 @@
  */
 #include "ctl.h"
 
+#include <grp.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../lib/internal.h"
 
@@ -26,8 +28,11 @@ static void query_fail(dsckpt_conn_t *c, int e, const char *what)
 		out_err("%s; use the dsckptctl installed with the daemon", msg);
 	else if (c && lib_conn_refused(c))
 		out_err("dsckptd refused %s: %s (%s)", what, msg, dsckpt_err_name(e));
+	else if (e == DSCKPT_ECONNREFUSED && strstr(msg, "not a socket"))
+		out_err("%s (-s or DSCKPT_SOCKET name the socket in dsckptd.json)", msg);
 	else if (e == DSCKPT_ECONNREFUSED)
 		out_err("%s (is dsckptd running? -s or DSCKPT_SOCKET name another socket)", msg);
+
 	else
 		out_err("%s", msg);
 }
@@ -38,6 +43,14 @@ dsckpt_conn_t *query_open(const struct ctl *ctl)
 	dsckpt_conn_t *c;
 	int e = dsckpt_connect(ctl->socket, &c);
 
+	if (e == DSCKPT_EACCES) {
+		struct stat st;
+		struct group *g = stat(ctl->socket, &st) == 0 ? getgrgid(st.st_gid) : NULL;
+		out_err("%s (the socket admits root and the members of its group%s%s: add yourself "
+			"with usermod -aG %s $USER and log in again)", dsckpt_last_error(NULL),
+			g ? ", " : "", g ? g->gr_name : "", g ? g->gr_name : "GROUP");
+		return NULL;
+	}
 	if (e < 0) {
 		query_fail(NULL, e, "HELLO");
 		return NULL;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -88,10 +89,16 @@ int dsckpt_connect(const char *path, dsckpt_conn_t **out)
 		goto fail_alloc;
 	}
 	if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int code = (errno == EACCES || errno == EPERM) ? DSCKPT_EACCES
-							       : DSCKPT_ECONNREFUSED;
-		e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: %s", path,
-				      strerror(errno));
+		int err = errno, code = (err == EACCES || err == EPERM) ? DSCKPT_EACCES
+								      : DSCKPT_ECONNREFUSED;
+		struct stat st;
+		if (err == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+			e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: not a socket "
+					      "(a %s)", path, S_ISDIR(st.st_mode) ? "directory"
+					      : S_ISREG(st.st_mode) ? "regular file" : "special file");
+		else
+			e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: %s", path,
+					      strerror(err));
 		goto fail_socket;
 	}
 	pthread_mutex_init(&c->lock, NULL);
