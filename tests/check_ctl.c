@@ -348,6 +348,8 @@ START_TEST(test_usage)
 	ck_out_has("dsckptctl: -s needs an argument");
 	ck_assert_int_eq(ctl("-s %s status", ctl_root), 1);
 	ck_out_has("not a socket (a directory)");
+	ck_assert_int_eq(ctl("wait --dir %s/no-such-tag", ctl_root), 1);
+	ck_out_has("no-such-tag: No such file or directory");
 	ck_assert_int_eq(ctl("--help"), 0);
 	const char *words[] = {"status", "pending", "list ROOT", "verify", "--allow-uncommitted",
 			       "wait", "--dir DIR", "--timeout SEC", "--json", "DSCKPT_SOCKET",

@@ -4,6 +4,7 @@
  */
 #include "ctl.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -215,14 +216,26 @@ static int psave_busy(const struct psave *s)
 	return s->level >= DSCKPT_NONE && s->level < DSCKPT_DURABLE;
 }
 
-/* Draws the one-line progress bar of the saves of dir: bytes flushed of total, rate. */
-static void wait_progress(const struct plist *pl, const char *dir)
+/* Whether id is one of the n ids in done (saves finished before the wait began). */
+static int id_in(uint64_t id, const uint64_t *done, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (done[i] == id)
+			return 1;
+	return 0;
+}
+
+/* Draws the one-line progress bar of the saves of dir (but those in done, finished before
+ * the wait began): bytes flushed of total, rate. */
+static void wait_progress(const struct plist *pl, const char *dir, const uint64_t *done,
+			  size_t ndone)
 {
 	uint64_t flushed = 0, total = 0, rate = 0;
 	unsigned busy = 0;
 	for (size_t i = 0; i < pl->n; i++) {
 		const struct psave *s = &pl->v[i];
-		if (!psave_matches(s, dir) || s->level == DSCKPT_FAILED)
+		if (!psave_matches(s, dir) || s->level == DSCKPT_FAILED ||
+		    id_in(s->id, done, ndone))
 			continue;
 		flushed += s->flushed < s->total ? s->flushed : s->total;
 		total += s->total;
@@ -255,19 +268,31 @@ int pending_wait(struct ctl *ctl)
 	int timed_out = 0;
 	size_t busy, matched, failed;
 
-	/* The daemon names directories by absolute path: resolve a relative one. */
-	if (dir && realpath(dir, real))
+	/* The daemon names directories by absolute path: resolve a relative one. A directory
+	 * that is not there (yet) holds no save: most likely a typo, so it is an error. */
+	if (dir && !realpath(dir, real)) {
+		out_err("wait: %s: %s", dir, strerror(errno));
+		return CTL_FAIL;
+	}
+	if (dir)
 		dir = real;
 	if (!(c = query_open(ctl)))
 		return CTL_FAIL;
 	double start = now_s();
-	for (;;) {
+	uint64_t *done = NULL;	/* the saves already durable at the first look: not progress */
+	size_t ndone = 0;
+	for (int first = 1;; first = 0) {
 		if (plist_fetch(c, &pl) != 0) {
 			dsckpt_close(c);
+			free(done);
 			if (tty)
 				fputs("\r\033[K", stdout);
 			return CTL_FAIL;
 		}
+		if (first && (done = calloc(pl.n ? pl.n : 1, sizeof(*done))) != NULL)
+			for (size_t i = 0; i < pl.n; i++)
+				if (!psave_busy(&pl.v[i]))
+					done[ndone++] = pl.v[i].id;
 		busy = 0;
 		for (size_t i = 0; i < pl.n; i++)
 			busy += psave_matches(&pl.v[i], dir) && psave_busy(&pl.v[i]);
@@ -277,7 +302,7 @@ int pending_wait(struct ctl *ctl)
 			break;
 		}
 		if (tty)
-			wait_progress(&pl, dir);
+			wait_progress(&pl, dir, done, ndone);
 		double nap = WAIT_POLL_MS / 1e3;
 		if (ctl->timeout > 0 && left < nap)
 			nap = left;
@@ -286,6 +311,7 @@ int pending_wait(struct ctl *ctl)
 		plist_free(&pl);
 	}
 	dsckpt_close(c);
+	free(done);
 	if (tty)
 		fputs("\r\033[K", stdout);
 
