@@ -388,8 +388,6 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 			log_warn("commit of %s/%s: cannot take the manifest back", path, tag);
 		goto out;
 	}
-	log_info("committed %s/%s: %zu files, %" PRIu64 " bytes, world %u", path, tag, nents,
-		 total, world);
 	if (cfg->keep_last > 0)
 		retention_apply(jobfd, path, tag, created_ns, uid, cfg->keep_last);
 	if (info) {
