@@ -34,7 +34,7 @@ Q := @
 endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
-	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db
+	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
