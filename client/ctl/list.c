@@ -22,7 +22,7 @@
 struct tag {
 	char *path;          /* relative to ROOT; "." for ROOT itself */
 	const char *state;   /* "committed", "incomplete" or "corrupt" */
-	unsigned files;      /* regular files in it */
+	unsigned files;      /* its .safetensors and .meta files (what a manifest lists) */
 	uint64_t bytes;      /* their total size */
 	int latest;          /* <job>/latest names it */
 	char *created;       /* the manifest's creation time, or NULL */
@@ -173,7 +173,9 @@ static int walk(struct tags *out, int fd, const char *rel, const char *name, uns
 			continue;
 		}
 		if (S_ISREG(st.st_mode)) {
-			files++;
+			/* FILES counts what a manifest lists (the tensors and their .meta), not the
+			 * manifest itself or the seal records; SIZE is everything on disk. */
+			files += ends_with(e->d_name, FMT_SAFETENSORS) || ends_with(e->d_name, FMT_META);
 			bytes += (uint64_t)st.st_size;
 			partial |= ends_with(e->d_name, FMT_PARTIAL);
 			tag |= ends_with(e->d_name, FMT_SAFETENSORS) ||
