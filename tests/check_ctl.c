@@ -270,7 +270,7 @@ START_TEST(test_query_replies)
 	cJSON_Delete(doc);
 
 	ck_assert_int_eq(ctl("-s %s pending", sock), 0);
-	ck_row(" 1", "DURABLE  3.00 GiB/1.00 GiB/3.00 GiB  2.50 GB/s  1.5s  "
+	ck_row(" 1", "DURABLE  3.00 GiB/1.00 GiB/3.00 GiB  2.33 GiB/s  1.5s  "
 	       "/ckpt/llama/step5/rank1");
 	ck_row(" 2", "FAILED");
 	ck_out_has("    error: writing rank2.safetensors: disk full");

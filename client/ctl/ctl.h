@@ -76,7 +76,7 @@ int verify_run(struct ctl *ctl);
 void out_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Formats a byte count in binary units ("512 B", "1.5 GiB") into buf. */
 const char *out_bytes(uint64_t n, char *buf, size_t len);
-/* Formats a rate in bytes/s in decimal units ("850.0 MB/s", "12.31 GB/s") into buf. */
+/* Formats a rate in bytes/s in out_bytes' binary units ("850 MiB/s", "2.33 GiB/s") into buf. */
 const char *out_rate(uint64_t bytes_per_s, char *buf, size_t len);
 /* Formats a duration in milliseconds ("850ms", "12.3s", "5m02s", "2h03m", "3d04h") into buf. */
 const char *out_duration(uint64_t ms, char *buf, size_t len);

@@ -34,14 +34,12 @@ const char *out_bytes(uint64_t n, char *buf, size_t len)
 	return buf;
 }
 
-/* Formats a rate in decimal units, as disks and links are quoted. */
+/* Formats a rate in the binary units of out_bytes ("2.33 GiB/s"). */
 const char *out_rate(uint64_t bytes_per_s, char *buf, size_t len)
 {
-	double mb = (double)bytes_per_s / 1e6;
-	if (mb < 1000)
-		snprintf(buf, len, "%.1f MB/s", mb);
-	else
-		snprintf(buf, len, "%.2f GB/s", mb / 1000);
+	char b[32];
+	/* In the units out_bytes gives sizes, so that a rate and a size beside it compare. */
+	snprintf(buf, len, "%s/s", out_bytes(bytes_per_s, b, sizeof(b)));
 	return buf;
 }
 
