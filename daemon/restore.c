@@ -22,8 +22,9 @@
  * unhashed part of every tensor lies in a claimed piece, which owns its memory (claimed
  * only after its chunk was taken) and whose thread hashes it.
  *
- * Lock order: R.lock, then the cache's lock (cache_put) or R.post_lock. R.lock guards the job
- * list, every job field marked (L) and stop; post_lock the finished queue.
+ * Lock order: R.lock, then resident.c's lock (resident_piece), the cache's lock (cache_put)
+ * or R.post_lock; nothing here is called with either of the first two held. R.lock guards the
+ * job list, every job field marked (L) and stop; post_lock the finished queue.
  */
 #include "dsckptd.h"
 
