@@ -162,6 +162,28 @@ typedef struct dsckpt_tensor {
  */
 DSCKPT_EXTERN int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors,
 				     size_t n, size_t *added);
+/*
+ * Save plans: a training run saves the same tensors at every checkpoint, so describe them
+ * once. dsckpt_plan_create sends the tensors' names, dtypes, shapes and places to the daemon,
+ * which keeps them decoded; dsckpt_add_plan then adds them all to a save by the plan's id
+ * alone. Before each use the library checks (one driver query per allocation, not per tensor)
+ * that every allocation the plan points into is still the one it was made from; when one
+ * was freed or replaced, it resolves the plan's pointers anew and sends it whole again, so a
+ * stale plan never saves a wrong byte. The caller must pass the same pointers: a tensor
+ * that moved (another pointer, dtype or shape) needs a new plan. Plans take GPU memory and
+ * dsckpt_host_alloc memory only (any other pointer: DSCKPT_ENOTSUP, nothing created) and
+ * die with their connection.
+ */
+typedef struct dsckpt_plan dsckpt_plan_t;
+/* Creates a plan of n tensors (as dsckpt_add_tensors takes them) on connection c. */
+DSCKPT_EXTERN int dsckpt_plan_create(dsckpt_conn_t *c, const dsckpt_tensor_t *tensors,
+				     size_t n, dsckpt_plan_t **out);
+/* Adds the plan's tensors to an open save of the plan's connection, in the plan's order:
+ * 0 when only its id was sent, 1 when it had to be sent whole (an allocation changed), or an
+ * error. Names must not clash with the save's other tensors. */
+DSCKPT_EXTERN int dsckpt_add_plan(dsckpt_save_t *s, dsckpt_plan_t *p);
+/* Forgets the plan here and in the daemon (saves already ended are not affected). */
+DSCKPT_EXTERN void dsckpt_plan_free(dsckpt_plan_t *p);
 /* Attaches an opaque named blob (copied now), stored in file.meta. */
 DSCKPT_EXTERN int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data,
 				  size_t len);
