@@ -26,12 +26,14 @@ Every failure raises :class:`dsckpt.DsckptError` (see errors.py). Timeouts are i
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import dataclasses
 import enum
 import os
 import struct
-from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
+import threading
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from .errors import DsckptError, Errno, error_for
@@ -177,6 +179,18 @@ class Connection:
                                                  _encode(file, "file"), ctypes.byref(out)))
         return Save(self, out.value, str(dir), str(file))
 
+    def plan(self, tensors: Union[Iterable[TensorSpec], PackedTensors]) -> Plan:
+        """Describes ``(name, dtype, shape, ptr, nbytes)`` tensors to the daemon once, as a
+        :class:`Plan` that later saves add by its id (:meth:`Save.add_plan`). GPU memory and
+        dsckpt host memory only: any other pointer raises NotSupported, nothing created."""
+        packed = tensors if isinstance(tensors, PackedTensors) else pack_tensors(tensors)
+        if packed is None:
+            raise error_for(Errno.EINVAL, "EINVAL", "a save plan needs at least one tensor")
+        out = ctypes.c_void_p()
+        self._check(_lib.lib().dsckpt_plan_create(self._handle(), packed.records,
+                                                  packed.count, ctypes.byref(out)))
+        return Plan(self, out.value, packed.count)
+
     def load(self, dir: str, file: str) -> "Load":
         """Opens a load of ``dir/file.safetensors`` (a file of this user; the connection
         must be identified)."""
@@ -246,9 +260,22 @@ def _dtype_cstr(dtype: str) -> int:
     return ctypes.addressof(buf)
 
 
-def _pack_tensors(tensors: Iterable[TensorSpec]):
-    """An array of dsckpt_tensor_t for tensors: (count, records, buffers the records point
-    into, which must outlive the call), or None when there are none."""
+class PackedTensors:
+    """Tensors as an array of dsckpt_tensor_t, packed once and handed to the library as is
+    (a save that adds the same tensors every time skips the packing): ``count`` records in
+    ``records``, whose names and shapes live in the buffers ``keep`` holds."""
+
+    __slots__ = ("count", "records", "keep")
+
+    def __init__(self, count: int, records: ctypes.Array, keep: tuple):
+        self.count = count
+        self.records = records
+        self.keep = keep
+
+
+def pack_tensors(tensors: Iterable[TensorSpec]) -> Optional[PackedTensors]:
+    """``(name, dtype, shape, ptr, nbytes)`` tensors as dsckpt_tensor_t records, or None when
+    there are none. Names with a NUL byte are refused (InvalidArgument)."""
     names = bytearray()
     dims: list = []
     spans = []
@@ -271,7 +298,54 @@ def _pack_tensors(tensors: Iterable[TensorSpec]):
                  int(nbytes))
     packed = struct.pack(_TENSOR_T * len(spans), *flat)
     records = ctypes.create_string_buffer(packed, len(packed))
-    return len(spans), records, (name_buf, dim_buf)
+    return PackedTensors(len(spans), records, (name_buf, dim_buf))
+
+
+class Plan:
+    """Tensors described to the daemon once (a save plan, :meth:`Connection.plan`), added to
+    any later save of the same connection by :meth:`Save.add_plan` for the cost of an id.
+
+    The library checks before each use that every allocation the plan points into is still
+    the one it was made from, and sends the plan whole again when one is not (so a stale plan
+    never saves a wrong byte); the tensors must keep their pointers, dtypes and shapes (a
+    tensor that moved needs a new plan). Plans take GPU memory and dsckpt host memory only
+    (:class:`HostBuffer`). Close it when it is replaced; it dies with its connection.
+    """
+
+    def __init__(self, conn: "Connection", handle: int, count: int):
+        self.conn = conn
+        self._h: Optional[int] = handle
+        self.count = count
+
+    def _handle(self) -> int:
+        """The C handle; raises ESTATE once closed."""
+        if self._h is None:
+            raise error_for(Errno.ESTATE, "ESTATE", "save plan was closed")
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._h is None
+
+    def close(self) -> None:
+        """Forgets the plan here and in the daemon (idempotent; ended saves are unaffected)."""
+        if self._h is not None:
+            _lib.lib().dsckpt_plan_free(self._h)
+            self._h = None
+
+    def __enter__(self) -> "Plan":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None and _lib is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<dsckpt.Plan {self.count} tensors{' closed' if self._h is None else ''}>"
 
 
 class Save:
@@ -309,17 +383,25 @@ class Save:
             self._handle(), _encode(name, "tensor name"), _encode(dtype, "dtype"), dims,
             len(shape), ptr or None, int(nbytes)))
 
-    def add_tensors(self, tensors: Iterable[TensorSpec]) -> None:
-        """Adds many ``(name, dtype, shape, ptr, nbytes)`` tensors, as :meth:`add_tensor`
-        each, in one library call (a ctypes call costs microseconds; a model has
-        thousands of tensors). On a failure the tensors before the failing one stay added."""
-        args = _pack_tensors(tensors)
-        if args is None:
+    def add_tensors(self, tensors: Union[Iterable[TensorSpec], PackedTensors]) -> None:
+        """Adds many ``(name, dtype, shape, ptr, nbytes)`` tensors (or tensors packed once by
+        :func:`pack_tensors`), as :meth:`add_tensor` each, in one library call (a ctypes call
+        costs microseconds; a model has thousands of tensors). On a failure the tensors
+        before the failing one stay added."""
+        packed = tensors if isinstance(tensors, PackedTensors) else pack_tensors(tensors)
+        if packed is None:
             return
-        n, records, _keep = args
         added = ctypes.c_size_t()
-        self.conn._check(_lib.lib().dsckpt_add_tensors(self._handle(), records, n,
-                                                       ctypes.byref(added)))
+        self.conn._check(_lib.lib().dsckpt_add_tensors(self._handle(), packed.records,
+                                                       packed.count, ctypes.byref(added)))
+
+    def add_plan(self, plan: Plan) -> bool:
+        """Adds a plan's tensors (in the plan's order) by its id alone; True when the library
+        had to send the plan whole (an allocation it points into was freed or replaced).
+        The plan must be of this save's connection; its names must not clash with the
+        save's other tensors."""
+        rc = self.conn._check(_lib.lib().dsckpt_add_plan(self._handle(), plan._handle()))
+        return rc == 1
 
     def add_array(self, name: str, array) -> None:
         """Adds a C-contiguous numpy array (copied unless it lies in a HostBuffer)."""
@@ -432,13 +514,12 @@ class Load:
         """Names where ``(name, dtype, shape, ptr, nbytes)`` tensors of the file go (host,
         dsckpt host memory or CUDA). A name the file lacks, or a dtype or shape other than
         the file's, is reported by :meth:`end` with every other mismatch."""
-        args = _pack_tensors(tensors)
-        if args is None:
+        packed = pack_tensors(tensors)
+        if packed is None:
             return
-        n, records, _keep = args
         added = ctypes.c_size_t()
-        self._check(_lib.lib().dsckpt_load_add_tensors(self._handle(), records, n,
-                                                      ctypes.byref(added)))
+        self._check(_lib.lib().dsckpt_load_add_tensors(self._handle(), packed.records,
+                                                      packed.count, ctypes.byref(added)))
 
     def add_array(self, name: str, array) -> None:
         """Names a writable C-contiguous numpy array as the destination of tensor ``name``."""
@@ -531,6 +612,8 @@ class HostBuffer:
             raise MemoryError(f"dsckpt_host_alloc({size}) failed")
         self.ptr: int = ptr
         self.size = int(size)
+        with _host_lock:
+            bisect.insort(_host_blocks, (ptr, ptr + self.size))
 
     def ctypes_array(self) -> ctypes.Array:
         """The bytes as a ctypes array (buffer protocol). The array, and every numpy or
@@ -551,8 +634,22 @@ class HostBuffer:
 
     def __del__(self) -> None:
         if getattr(self, "ptr", None) and _lib is not None:
+            with _host_lock:
+                _host_blocks.remove((self.ptr, self.ptr + self.size))
             _lib.lib().dsckpt_host_free(self.ptr)
             self.ptr = 0
+
+
+_host_lock = threading.Lock()
+_host_blocks: List[Tuple[int, int]] = []  # (start, end) of every live HostBuffer, sorted
+
+
+def in_host_buffer(ptr: int, nbytes: int) -> bool:
+    """Whether [ptr, ptr + nbytes) lies inside one live :class:`HostBuffer` (memory a save
+    plan may point into)."""
+    with _host_lock:
+        i = bisect.bisect_right(_host_blocks, (ptr, float("inf"))) - 1
+        return i >= 0 and ptr + nbytes <= _host_blocks[i][1]
 
 
 # numpy dtype.str (without byte order) → safetensors dtype.
@@ -561,5 +658,5 @@ NUMPY_DTYPES = {
     "i1": "I8", "u8": "U64", "u4": "U32", "u2": "U16", "u1": "U8", "b1": "BOOL",
 }
 
-__all__ = ["Connection", "Save", "Load", "Level", "LoadLevel", "SaveProgress",
+__all__ = ["Connection", "Save", "Load", "Plan", "PackedTensors", "pack_tensors", "Level", "LoadLevel", "SaveProgress",
            "LoadProgress", "HostBuffer", "DsckptError", "version", "strerror", "err_name"]
