@@ -1,14 +1,13 @@
-"""dsckpt._flatten — a state dict as named tensor views and a pickled skeleton, and back.
+"""dsckpt._flatten — a state dict as named tensor views, and back.
 
 :class:`_Flattener` walks nested dicts, lists and tuples (what ``dsckpt.torch.save`` writes
 and ``load_into`` fills): each distinct view of a storage becomes one named tensor of the
 file (its key path: ``model.layers.0.weight``), every tensor object an entry pointing at its
-view, and the structure a skeleton with placeholders. :func:`_rebuild_views` and the
-placeholders' ``_resolving`` table turn them back into tensors (``dsckpt.torch.load``).
+view. :func:`_rebuild_views` turns them back into tensors (``dsckpt.torch.load``); the
+skeleton around them is _blob's.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -23,7 +22,8 @@ MapLocation = Union[None, str, torch.device, Dict[str, str],
                     Callable[[Any, str], Any]]
 
 class _TensorRef:
-    """Placeholder for a tensor in the pickled skeleton: index into the entry table."""
+    """Placeholder for a tensor in a version 1 blob's skeleton: index into the entry table
+    (only read now, see _blob)."""
 
     __slots__ = ("index",)
 
@@ -85,10 +85,11 @@ class _Flattener:
         self.entries: List[dict] = []     # one per distinct tensor object
         self.names: set = set()
         self.by_object: Dict[int, int] = {}   # id(tensor) → entry
+        self.objects: List[torch.Tensor] = []  # each entry's tensor object (keeps ids alive)
         self.by_view: Dict[tuple, int] = {}   # (storage, dtype, offset, shape, stride) → view
         self.groups: Dict[tuple, int] = {}    # (storage, dtype) → group
-        self.memo: Dict[int, Any] = {}        # id(container) → walked container
-        self.hold: List[Any] = []             # keeps walked objects (and their ids) alive
+        self.seen: set = set()                # id(container) of those walked
+        self.hold: List[Any] = []             # keeps walked containers (and their ids) alive
 
     def name(self, path: str) -> str:
         """A unique tensor name for a key path."""
@@ -99,17 +100,16 @@ class _Flattener:
         self.names.add(name)
         return name
 
-    def tensor(self, t: torch.Tensor, path: str) -> Any:
-        """The placeholder for a tensor (or the tensor itself when it stays in the pickle).
-        Runs once per tensor of every save: each attribute is asked for once (a PyTorch
+    def tensor(self, t: torch.Tensor, path: str) -> None:
+        """Records a tensor: a new entry (unless the object was met before), and a new view
+        unless its view of its storage was. Each attribute is asked for once (a PyTorch
         attribute costs a few hundred nanoseconds)."""
-        known = self.by_object.get(id(t))
-        if known is not None:
-            return _TensorRef(known)
+        if id(t) in self.by_object:
+            return
         dtype = t.dtype
         if dtype not in DTYPES or t.layout != torch.strided or t.is_meta:
             self.pickled.append(path)
-            return t  # pickled with the skeleton, by torch's own reduction
+            return  # pickled with the skeleton, by torch's own reduction
         ptr, offset, esz, device = t.data_ptr(), t.storage_offset(), t.element_size(), t.device
         skey = (device, ptr - offset * esz) if ptr else None  # the storage's identity
         shape, stride = tuple(t.shape), t.stride()
@@ -138,41 +138,23 @@ class _Flattener:
         param = type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter)
         self.entries.append({"view": vi, "param": param, "requires_grad": t.requires_grad})
         self.by_object[id(t)] = len(self.entries) - 1
-        self.hold.append(t)
-        return _TensorRef(len(self.entries) - 1)
+        self.objects.append(t)
 
-    def walk(self, obj: Any, path: str) -> Any:
-        """obj with every tensor inside dicts, lists and tuples replaced by a placeholder;
-        containers without tensors are returned as they are. path: the dotted key path."""
+    def walk(self, obj: Any, path: str) -> None:
+        """Collects every tensor inside nested dicts, lists and tuples of obj (a container
+        met twice is walked once). path: the dotted key path of obj."""
         if isinstance(obj, torch.Tensor):
-            return self.tensor(obj, path)
-        if not isinstance(obj, (dict, list, tuple)):
-            return obj
-        if id(obj) in self.memo:
-            return self.memo[id(obj)]
+            self.tensor(obj, path)
+            return
+        if not isinstance(obj, (dict, list, tuple)) or id(obj) in self.seen:
+            return
+        self.seen.add(id(obj))
         self.hold.append(obj)
         pre = path + "." if path else ""
-        if isinstance(obj, dict):
-            items = {k: self.walk(v, pre + str(k)) for k, v in obj.items()}
-            if all(items[k] is v for k, v in obj.items()):
-                out = obj
-            else:
-                out = copy.copy(obj)
-                for k, v in items.items():
-                    out[k] = v
-        else:
-            items = [self.walk(v, pre + str(i)) for i, v in enumerate(obj)]
-            if all(a is b for a, b in zip(items, obj)):
-                out = obj
-            elif isinstance(obj, list):
-                out = copy.copy(obj)
-                out[:] = items
-            elif hasattr(obj, "_fields"):  # a namedtuple
-                out = type(obj)(*items)
-            else:
-                out = type(obj)(items) if type(obj) is not tuple else tuple(items)
-        self.memo[id(obj)] = out
-        return out
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for k, v in items:
+            self.walk(v, pre + str(k))
+
 
 def _target(device: str, map_location: MapLocation) -> torch.device:
     """Where a tensor saved on ``device`` goes, as torch.load's map_location says."""
