@@ -7,7 +7,11 @@ tensors by address (memory from :func:`host_empty` without a copy, any other mem
 by the library before ``save`` returns). Non-contiguous tensors are made contiguous first.
 It returns at once (ACCEPTED) with a :class:`SaveHandle`; call
 ``handle.wait_snapshot()`` right before the optimizer step changes the tensors, and
-``commit(dir)`` on every rank once the checkpoint is complete.
+``commit(dir)`` on every rank once the checkpoint is complete. The next save of the same
+``file`` on the connection, of a state dict with the same structure and tensors (same
+containers and keys, pointers, dtypes, shapes, strides: what a training run saves at every
+checkpoint), skips the walk: :mod:`dsckpt._handover` proves it unchanged with a few C-level
+calls and adds the tensors by a save plan's id; the files are the same.
 
 What is not a tensor — the structure with tensors replaced by placeholders, dtypes, shapes,
 strides, which tensors shared storage or were the same object, and any other Python values
@@ -32,22 +36,21 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _fill
+from . import _blob, _fill, _handover
 from ._files import DTYPES, ST_DTYPES, read_meta, read_safetensors, read_safetensors_to
 from ._fill import StateDictMismatch
-from ._flatten import MapLocation, _Flattener, _rebuild_views, _resolving, _target
+from ._flatten import MapLocation, _Flattener, _rebuild_views, _target
 from .core import Connection, HostBuffer, Level, Save, SaveProgress
 from .errors import DsckptError, Errno, error_for
 from .resume import find_latest
 
-BLOB = "dsckpt.torch"
-FORMAT_VERSION = 1
+BLOB = _blob.BLOB
+FORMAT_VERSION = _blob.VERSION  # the blob written; load reads this one and version 1
 ALIGN = 64  # bytes between the tensors of one buffer that load allocates
 
 log = logging.getLogger("dsckpt.torch")
@@ -115,14 +118,19 @@ class SaveHandle:
 
     Until the save reaches SNAPSHOT the handle keeps every tensor whose memory the daemon
     reads by reference (CUDA tensors and contiguous copies) alive; :meth:`wait_snapshot`
-    (or any wait reaching SNAPSHOT) lets go of them.
+    (or any wait reaching SNAPSHOT) lets go of them. ``handover`` says how the tensors were
+    handed over: ``"warm"`` (a cached save plan, by id), ``"resent"`` (the plan, sent whole
+    again because memory it points into was freed or replaced), ``"cold"`` (walked, a new
+    plan) or ``"plain"`` (walked; a structure save plans do not cache).
     """
 
-    def __init__(self, save: Save, keep: List[torch.Tensor], ntensors: int, nbytes: int):
+    def __init__(self, save: Save, keep: List[torch.Tensor], ntensors: int, nbytes: int,
+                 handover: str = "plain"):
         self.save = save
         self._keep: Optional[List[torch.Tensor]] = keep
         self.ntensors = ntensors
         self.nbytes = nbytes
+        self.handover = handover
 
     @property
     def dir(self) -> str:
@@ -207,29 +215,23 @@ def save(state_dict: Any, path_dir: str, *, conn: Optional[Connection] = None,
     is the CUDA stream whose queued work produces the tensors (default: the current stream
     of the first CUDA tensor's device); the daemon's copies are ordered after it.
     ``track=False`` leaves the save out of what :func:`commit` waits for (for callers that
-    wait for their saves themselves).
+    wait for their saves themselves). A save of the same ``file`` and structure as the
+    connection's last one is handed over by a cached save plan (``handle.handover``).
     """
     conn = conn or default_connection(path_dir)
     file = file if file is not None else f"rank{conn.rank}"
-    flat = _Flattener()
-    skeleton = flat.walk(state_dict, "")
-    blob = pickle.dumps({"format": BLOB, "version": FORMAT_VERSION,
-                         "torch": torch.__version__, "views": flat.views,
-                         "entries": flat.entries,
-                         "skeleton": pickle.dumps(skeleton, protocol=4)}, protocol=4)
-    s = conn.save(path_dir, file)
+    handed = _handover.hand_over(conn, state_dict, path_dir, file)
+    s = handed.save
     try:
-        s.add_tensors(flat.specs)
-        s.add_blob(BLOB, blob)
-        if stream is None and flat.gpu:
-            stream = torch.cuda.current_stream(flat.gpu[0].device)
+        if stream is None and handed.device is not None:
+            stream = torch.cuda.current_stream(handed.device)
         if stream is not None:
             s.set_stream(getattr(stream, "cuda_stream", stream))
         s.end()
     except BaseException:
         s.close()
         raise
-    handle = SaveHandle(s, flat.gpu, len(flat.views), flat.nbytes)  # gpu: read until SNAPSHOT
+    handle = SaveHandle(s, handed.keep, handed.ntensors, handed.nbytes, handed.how)
     if track:
         _pending(conn).add(handle)
     return handle
@@ -400,8 +402,9 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         file = f"rank{dist_rank_world()[0]}"
     base = os.path.join(path_dir, file)
     blob = read_meta(base + ".meta").get(BLOB) if os.path.exists(base + ".meta") else None
-    info = pickle.loads(blob) if blob is not None else None
-    saved_on = {v["device"] for v in info["views"]} if info else {"cpu"}
+    info = _blob.read(blob, base + ".meta") if blob is not None else None
+    views, entries = _blob.tables(info) if info else ([], [])
+    saved_on = {v["device"] for v in views} if info else {"cpu"}
     targets = {_target(d, map_location) for d in saved_on}
     daemon = _daemon(conn, path_dir) if len(targets) == 1 else None
     data = _through_daemon(daemon, path_dir, file, next(iter(targets))) if daemon else None
@@ -412,13 +415,11 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         data = read_safetensors(base + ".safetensors")
     if info is None:
         return {k: t.to(_target("cpu", map_location)) for k, t in data.items()}
-    if info.get("format") != BLOB or info.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{base}.meta: not a {BLOB} v{FORMAT_VERSION} blob")
-    views = _rebuild_views(info["views"], data, map_location)
+    rebuilt = _rebuild_views(views, data, map_location)
     used: set = set()
     table = []
-    for e in info["entries"]:
-        t = views[e["view"]]
+    for e in entries:
+        t = rebuilt[e["view"]]
         if e["view"] in used:  # another object over the same view: alias it
             t = t.as_strided(t.shape, t.stride(), t.storage_offset())
         used.add(e["view"])
@@ -427,11 +428,7 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         elif e["requires_grad"] and t.is_floating_point():
             t.requires_grad_(True)
         table.append(t)
-    _resolving.table = table
-    try:
-        return pickle.loads(info["skeleton"])
-    finally:
-        _resolving.table = None
+    return _blob.skeleton(info, table)
 
 
 __all__ = ["save", "load", "load_into", "commit", "find_latest", "release_gpu", "SaveHandle",

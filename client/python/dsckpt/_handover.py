@@ -1,0 +1,328 @@
+"""dsckpt._handover — how ``dsckpt.torch.save`` hands a state dict to the daemon, in O(1)
+Python work per tensor when the structure was saved before.
+
+Every checkpoint of a run saves the same structure: the same containers and keys, the same
+tensors at the same addresses. The first save of a file name on a connection (cold) walks
+the state dict (``_flatten``), describes its tensors to the daemon once as a save plan
+(:meth:`Connection.plan`), and keeps an :class:`_Entry`: the containers (``_shape.Shape``),
+every tensor's pointer, offset, dtype, shape, stride, requires_grad and type
+(:class:`_Tensors`), the blob's tables and frame. A later save of that name (warm) proves,
+with C-level calls over whole lists, that all of that is unchanged, then sends the plan's id,
+the tensors a plan cannot hold (host memory outside dsckpt's, packed once and added by the
+library's staging copy; non-contiguous ones, copied per save as the walk does) and a blob of
+the cached tables and frame with the leaves (param_groups, ...) pickled afresh. The library
+checks per allocation that the plan's memory is still the memory it was made from and sends
+the plan whole when it is not. Anything unproven is a cold save again, with a new plan;
+state dicts a Shape cannot record are saved by the walk every time (plain).
+
+The file is the same either way, but for the order of its tensors: a cached save adds the
+plan's tensors first, then the others, each in walk order.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import operator
+import threading
+from itertools import compress
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import _blob
+from ._flatten import _Flattener
+from ._shape import HasTensor, Shape, Uncacheable, dump_leaves
+from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_tensors
+from .errors import DsckptError
+
+log = logging.getLogger("dsckpt.torch")
+
+_T = torch.Tensor
+_zero_place = operator.attrgetter("device", "layout")
+
+
+def _pattern(objs) -> List[int]:
+    """For each object, the index of its first occurrence (which ones are the same)."""
+    first: Dict[int, int] = {}
+    return list(map(first.setdefault, map(id, objs), itertools.count()))
+
+
+def _probe_guards():
+    """torch's C++ TensorGuards (torch >= 2.1, private) when it checks dtype, shape, stride,
+    requires_grad and device the way _Tensors needs; None otherwise (lists are compared)."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+        a = torch.zeros(2, 3)
+        g = TensorGuards(a, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
+        ok = g.check(torch.ones(2, 3)) and not any(g.check(t) for t in (
+            torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2), torch.zeros(3, 2).t(),
+            torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3, device="meta")))
+        return TensorGuards if ok else None
+    except Exception:  # noqa: BLE001 - absent or changed: compare lists instead
+        return None
+
+
+_guards_lock = threading.Lock()
+_guards: List[Any] = []  # [TensorGuards or None], probed on first use
+
+
+def _guard_class():
+    """TensorGuards if usable (probed once), else None."""
+    with _guards_lock:
+        if not _guards:
+            _guards.append(_probe_guards())
+        return _guards[0]
+
+
+class _Tensors:
+    """What the file and its blob take from each tensor of a state dict, in Shape order:
+    type, pointer, storage offset, dtype, shape, stride, requires_grad; which places hold
+    the same object; the device of those without memory (pointer 0)."""
+
+    def __init__(self, tensors: List[torch.Tensor]):
+        self.types = list(map(type, tensors))
+        self.ptrs = list(map(_T.data_ptr, tensors))
+        self.offsets = list(map(_T.storage_offset, tensors))
+        guard = _guard_class()
+        self.guard = guard(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                           dynamic_dims_strides=[list(t.stride()) for t in tensors]) \
+            if guard is not None and tensors else None
+        if self.guard is None:
+            self.lists = self._lists(tensors)
+        counts = collections.Counter(self.ptrs)
+        # Only places that share a pointer can hold one object twice: the others differ.
+        self.dup_mask = [counts[p] > 1 for p in self.ptrs]
+        self.dups = any(self.dup_mask)
+        self.dup_pattern = _pattern(compress(tensors, self.dup_mask))
+        # A pointer names its device, but for tensors without memory.
+        self.zero_mask = [p == 0 for p in self.ptrs]
+        self.zeros = any(self.zero_mask)
+        self.zero_places = list(map(_zero_place, compress(tensors, self.zero_mask)))
+
+    @staticmethod
+    def _lists(tensors: List[torch.Tensor]) -> tuple:
+        """dtype, shape, stride and requires_grad of each tensor, as lists."""
+        return (list(map(operator.attrgetter("dtype"), tensors)), list(map(_T.size, tensors)),
+                list(map(_T.stride, tensors)),
+                list(map(operator.attrgetter("requires_grad"), tensors)))
+
+    def hold(self, tensors: List[torch.Tensor]) -> bool:
+        """Whether tensors (in Shape order) are what was recorded."""
+        if list(map(type, tensors)) != self.types or list(map(_T.data_ptr, tensors)) != self.ptrs:
+            return False
+        if self.guard is not None:
+            if not self.guard.check(*tensors):
+                return False
+        elif self._lists(tensors) != self.lists:
+            return False
+        if list(map(_T.storage_offset, tensors)) != self.offsets:
+            return False
+        if self.dups and _pattern(compress(tensors, self.dup_mask)) != self.dup_pattern:
+            return False
+        return not self.zeros or \
+            list(map(_zero_place, compress(tensors, self.zero_mask))) == self.zero_places
+
+
+class _Entry:
+    """One file name's cached hand-over on one connection (immutable once made, but for
+    the plan, closed when the entry is replaced)."""
+
+    def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
+                 tensors: List[torch.Tensor]):
+        self.shape = shape
+        self.proof = _Tensors(tensors)
+        self.ntensors = len(flat.views)
+        self.nbytes = flat.nbytes
+        self.tables = _blob.dump_tables(flat.views, flat.entries)
+        self.frame = _blob.dump_seeded(shape.frame, shape.seeds())
+        entry_of = flat.by_object
+        view_at: Dict[int, int] = {}  # view → its first place in Shape order
+        for place, t in enumerate(tensors):
+            view_at.setdefault(flat.entries[entry_of[id(t)]]["view"], place)
+        planned, others = [], []
+        self.copies: List[Tuple[int, tuple]] = []  # (place, spec) of non-contiguous views
+        gpu_places = []
+        self.device: Optional[torch.device] = flat.gpu[0].device if flat.gpu else None
+        for vi, (spec, data, orig) in enumerate(zip(flat.specs, flat.payload, flat.originals)):
+            cuda = data.is_cuda
+            if data is not orig:
+                self.copies.append((view_at[vi], spec))
+                continue
+            if cuda:
+                gpu_places.append(view_at[vi])
+            name, dtype, shape_, ptr, nbytes = spec
+            if nbytes and (cuda or (data.device.type == "cpu" and in_host_buffer(ptr, nbytes))):
+                planned.append(spec)
+            else:
+                others.append(spec)
+        self.gpu_mask = [False] * len(tensors)
+        for place in gpu_places:
+            self.gpu_mask[place] = True
+        self.plan: Optional[Plan] = None
+        if planned:
+            try:
+                self.plan = conn.plan(planned)
+            except DsckptError as e:  # e.g. memory a plan cannot take: add them every time
+                log.debug("dsckpt: no save plan (%s); its tensors are added each save", e)
+                others = planned + others
+        self.others: Optional[PackedTensors] = pack_tensors(others)
+
+    def add(self, s: Save, tensors: List[torch.Tensor]) -> Tuple[bool, list]:
+        """Adds tensors (in Shape order, proven to be the recorded ones) to s: the plan, the
+        others, contiguous copies of the non-contiguous ones. Returns whether the plan was
+        sent whole, and the GPU tensors the daemon reads until SNAPSHOT."""
+        resent = s.add_plan(self.plan) if self.plan is not None else False
+        if self.others is not None:
+            s.add_tensors(self.others)
+        keep = list(compress(tensors, self.gpu_mask))
+        if self.copies:
+            specs = []
+            for place, (name, dtype, shape, _, nbytes) in self.copies:
+                data = tensors[place].detach().contiguous()
+                specs.append((name, dtype, shape, data.data_ptr() if nbytes else 0, nbytes))
+                if data.is_cuda:
+                    keep.append(data)
+            s.add_tensors(specs)
+        return resent, keep
+
+    def close(self) -> None:
+        """Frees the plan (saves already ended are not affected)."""
+        if self.plan is not None:
+            self.plan.close()
+
+
+class _Cache:
+    """A connection's entries by file name; its lock serialises the connection's saves
+    through this module."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.entries: Dict[str, _Entry] = {}
+        self.counts = collections.Counter()  # how saves were handed over (see Handed.how)
+
+    def replace(self, file: str, entry: Optional[_Entry]) -> None:
+        """Makes entry file's (None: forgets it) and closes the one it replaces."""
+        old = self.entries.pop(file, None)
+        if entry is not None:
+            self.entries[file] = entry
+        if old is not None and old is not entry:
+            old.close()
+
+
+_caches_lock = threading.Lock()
+
+
+def cache(conn: Connection) -> _Cache:
+    """The hand-over cache kept on a connection (made on first use)."""
+    with _caches_lock:
+        c = getattr(conn, "_dsckpt_handover", None)
+        if c is None:
+            c = conn._dsckpt_handover = _Cache()
+        return c
+
+
+def counts(conn: Connection) -> Dict[str, int]:
+    """How many saves of conn were handed over each way: "warm" (plan by id), "resent"
+    (warm, but the library sent the plan whole), "cold" (walked, new plan), "plain"
+    (walked, no cache)."""
+    return dict(cache(conn).counts)
+
+
+class Handed:
+    """A save with its tensors and blob added (not ended): the GPU tensors to keep until
+    SNAPSHOT, the first GPU tensor's device, the file's tensor count and bytes, and how it
+    was handed over ("warm", "resent", "cold" or "plain")."""
+
+    def __init__(self, save: Save, keep: list, device, ntensors: int, nbytes: int, how: str):
+        self.save = save
+        self.keep = keep
+        self.device = device
+        self.ntensors = ntensors
+        self.nbytes = nbytes
+        self.how = how
+
+
+def hand_over(conn: Connection, state_dict: Any, dir: str, file: str) -> Handed:
+    """Opens a save of ``dir/file`` and adds state_dict's tensors and blob: warm when
+    conn's entry for file proves the state dict unchanged, else walked (cold or plain)."""
+    c = cache(conn)
+    with c.lock:
+        entry = c.entries.get(file)
+        if entry is not None:
+            handed = _warm(conn, entry, state_dict, dir, file)
+            if handed is not None:
+                c.counts[handed.how] += 1
+                return handed
+        handed = _cold(conn, c, state_dict, dir, file)
+        c.counts[handed.how] += 1
+        return handed
+
+
+def _warm(conn: Connection, entry: _Entry, state_dict: Any, dir: str,
+          file: str) -> Optional[Handed]:
+    """The save through entry, or None when state_dict is not what entry recorded."""
+    try:
+        found = entry.shape.match(state_dict)
+        if found is None or not entry.proof.hold(found[0]):
+            return None
+        blob = _blob.dump(entry.tables, entry.frame, dump_leaves(found[1]))
+    except HasTensor:
+        return None
+    except Exception as e:  # noqa: BLE001 - whatever a proof trips on: walk instead
+        log.debug("dsckpt: cached hand-over of %s not usable: %r", file, e)
+        return None
+    s = conn.save(dir, file)
+    try:
+        resent, keep = entry.add(s, found[0])
+        s.add_blob(_blob.BLOB, blob)
+    except BaseException:
+        s.close()
+        raise
+    return Handed(s, keep, entry.device, entry.ntensors, entry.nbytes,
+                  "resent" if resent else "warm")
+
+
+def _cold(conn: Connection, c: _Cache, state_dict: Any, dir: str, file: str) -> Handed:
+    """The save through the full walk; makes file's entry when state_dict can be cached."""
+    flat = _Flattener()
+    flat.walk(state_dict, "")
+    made = _entry(conn, flat, state_dict, file)
+    c.replace(file, made[0] if made is not None else None)
+    s = conn.save(dir, file)
+    try:
+        if made is not None:
+            entry, tensors, leaves = made
+            _, keep = entry.add(s, tensors)
+            blob = _blob.dump(entry.tables, entry.frame, leaves)
+        else:
+            keep = flat.gpu
+            s.add_tensors(flat.specs)
+            blob = _blob.dump(_blob.dump_tables(flat.views, flat.entries),
+                              _blob.dump_seeded(state_dict, flat.objects))
+        s.add_blob(_blob.BLOB, blob)
+    except BaseException:
+        s.close()
+        raise
+    return Handed(s, keep, flat.gpu[0].device if flat.gpu else None, len(flat.views),
+                  flat.nbytes, "cold" if made is not None else "plain")
+
+
+def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
+    """(entry, tensors in Shape order, pickled leaves) for a walked state dict, or None
+    when it cannot be cached."""
+    if flat.pickled:
+        return None  # tensors the skeleton pickles: the walk decides about them every time
+    try:
+        shape = Shape(state_dict, flat.by_object, len(flat.entries))
+        found = shape.match(state_dict)
+        if found is None:
+            return None
+        leaves = dump_leaves(found[1])
+    except (Uncacheable, HasTensor) as e:
+        log.debug("dsckpt: %s saved without a cached hand-over: %s", file, e)
+        return None
+    except Exception as e:  # noqa: BLE001 - a structure Shape did not foresee: walk each time
+        log.debug("dsckpt: %s saved without a cached hand-over: %r", file, e)
+        return None
+    return _Entry(conn, flat, shape, found[0]), found[0], leaves
