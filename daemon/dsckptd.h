@@ -102,6 +102,7 @@ struct config {
 	unsigned max_conns_per_user;
 	unsigned max_saves_per_user;
 	unsigned max_loads_per_user;
+	unsigned max_plans_per_user;
 	unsigned max_regions_per_user;
 	double max_region_gib;     /* as written; 0 = the machine's RAM */
 	uint64_t max_region_bytes; /* host memory mapped for one user */
@@ -131,6 +132,7 @@ enum quota_kind {
 	QUOTA_BLOB,         /* blob bytes of saves not yet durable */
 	QUOTA_SEALS,        /* sealed tags the daemon follows (not yet committed or given up) */
 	QUOTA_LOADS,        /* loads begun, not yet finished */
+	QUOTA_PLANS,        /* save plans of open connections */
 	QUOTA_N
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */
@@ -647,6 +649,51 @@ void blobs_uncharge(struct blobs *bs);
 /* Frees the set and gives its charge back (NULL: nothing). */
 void blobs_free(struct blobs *bs);
 
+/* tensors.c — a tensor list as a client described it, checked, names unique; shared
+ * copy-on-write between a plan and the saves made from it. Loop thread only. */
+struct tensors;
+/* An empty list with one reference; NULL without memory. */
+struct tensors *tensors_new(void);
+/* Another reference / drops one (the last frees it). */
+struct tensors *tensors_ref(struct tensors *tl);
+void tensors_unref(struct tensors *tl);
+/* Counts. */
+size_t tensors_count(const struct tensors *tl);
+uint64_t tensors_bytes(const struct tensors *tl);
+/* Checks a tensor and appends it to *tlp (copied first when shared); negative ERR_E* with
+ * err. */
+int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
+		const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
+		uint64_t nbytes, char *err, size_t errlen);
+/* Appends from's entries to *tlp: an empty *tlp becomes a reference to from. */
+int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t errlen);
+/* Fills the header description st (borrowing from tl) and the engine's et (new source
+ * references), in order. */
+void tensors_give(const struct tensors *tl, struct st_tensor *st, struct engine_tensor *et);
+/* Drops the sources' references of a list nobody shares (the engine took its own). */
+void tensors_release(struct tensors *tl);
+/* Whether any entry reads from src. */
+int tensors_use(const struct tensors *tl, const struct source *src);
+
+/* plan.c — save plans: tensor lists a connection describes once and names in later saves;
+ * loop thread only. */
+struct plan;
+/* The plan id of client; NULL when none. */
+struct plan *plan_find(uint64_t client, uint64_t id);
+/* The plan id of client, made and charged to uid when new; NULL with *code and err. */
+struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char *err,
+		       size_t errlen);
+/* Adds a tensor to a plan (checked as a save's are); negative ERR_E* with err. */
+int plan_add_tensor(struct plan *p, const char *name, const char *dtype,
+		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
+		    uint64_t nbytes, char *err, size_t errlen);
+/* The plan's list, for save_add_plan. */
+struct tensors *plan_tensors(const struct plan *p);
+/* Forgets a plan; -1 when unknown. */
+int plan_del(uint64_t client, uint64_t id);
+/* Forgets client's plans reading src (a deleted region), or all of them for NULL. */
+void plan_forget(uint64_t client, const struct source *src);
+
 /* save.c — the registry of saves and their levels; loop thread only. */
 /* What a reply or a listing shows of a save (strings borrowed from it). */
 struct save_view {
@@ -678,6 +725,8 @@ struct save *save_find(uint64_t client, uint64_t id);
 int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen);
+/* Adds a plan's tensors (see tensors_append); negative ERR_E* with err. */
+int save_add_plan(struct save *s, struct tensors *plan, char *err, size_t errlen);
 /* Appends to a named blob. */
 int save_add_blob(struct save *s, const char *name, const void *data, size_t len, char *err,
 		  size_t errlen);
