@@ -667,9 +667,10 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 		uint64_t nbytes, char *err, size_t errlen);
 /* Appends from's entries to *tlp: an empty *tlp becomes a reference to from. */
 int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t errlen);
-/* Fills the header description st (borrowing from tl) and the engine's et (new source
- * references), in order. */
-void tensors_give(const struct tensors *tl, struct st_tensor *st, struct engine_tensor *et);
+/* The header's description of tl, made once and kept with it; NULL without memory. */
+const struct st_tensor *tensors_header(struct tensors *tl);
+/* Fills the engine's et (data offsets, new source references), in order. */
+void tensors_give(const struct tensors *tl, struct engine_tensor *et);
 /* Drops the sources' references of a list nobody shares (the engine took its own). */
 void tensors_release(struct tensors *tl);
 /* Whether any entry reads from src. */

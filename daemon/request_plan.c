@@ -24,9 +24,11 @@ void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_
 		return request_error(c, h, rc, "%s", err);
 	}
 	struct plan *p = plan_open(client_id(c), client_uid(c), id, &rc, err, sizeof(err));
-	for (uint32_t i = 0; p && rc == 0 && i < tensors->size; i++) {
+	for (uint32_t i = 0; i < tensors->size; i++) {
 		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
 			break;
+		if (!p || rc < 0)
+			continue;	/* refused already: only a malformed entry is still news */
 		struct source *src = client_region(c, t.region);
 		if (!src)
 			rc = seterr(err, sizeof(err), ERR_ENOENT, "tensor '%s': no region %llu on "

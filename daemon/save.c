@@ -42,7 +42,6 @@ struct save {
 	struct blobs *blobs;     /* charged to uid until DURABLE or FAILED */
 	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
 	struct job *job;
-	struct st_tensor *st;    /* the header's description, lent to the job */
 	struct st_origin origin; /* the header's __metadata__ pairs, lent to the job */
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
@@ -77,7 +76,6 @@ static void save_free(struct save *s)
 		close(s->dirfd);
 	if (s->job)
 		engine_job_free(s->job);
-	free(s->st);
 	free(s);
 }
 
@@ -329,13 +327,12 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	r.nmeta = st_origin_pairs(&s->origin, s->rank, s->world,
 				  r.meta_name ? (int64_t)r.meta_len : -1);
 	r.meta = s->origin.pairs;
-	s->st = calloc(n ? n : 1, sizeof(*s->st));
-	r.t = calloc(n ? n : 1, sizeof(*r.t));
-	if (!s->st || !r.t) {
+	r.st = tensors_header(s->tl);	/* lent to the job: the save keeps the list */
+	r.t = malloc((n ? n : 1) * sizeof(*r.t));
+	if (!r.st || !r.t) {
 		seterr(err, errlen, rc, "out of memory");
 		goto fail;
 	}
-	r.st = s->st;
 	snprintf(name, sizeof(name), "%s.safetensors", s->file);
 	rc = store_file_create(s->dirfd, name, s->uid, s->gid, config->file_mode,
 			       config->o_direct, &r.file, err, errlen);
@@ -343,7 +340,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		goto fail;
 	r.dirfd = s->dirfd;
 	r.res = resident_begin(s->dir, s->file, s->uid, tensors_bytes(s->tl));
-	tensors_give(s->tl, s->st, r.t);
+	tensors_give(s->tl, r.t);
 	if ((rc = engine_submit(&r, &s->job, err, errlen)) < 0) {
 		for (size_t i = 0; i < n; i++)
 			source_unref(r.t[i].src);
@@ -365,8 +362,6 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 fail:
 	if (fence)
 		cuda_fence_free(fence);
-	free(s->st);
-	s->st = NULL;
 	free(r.t);
 	free(r.meta_name);
 	free(r.meta_bytes);

@@ -32,6 +32,7 @@ struct tensors {
 	size_t names_cap;     /* a power of two, at least twice n */
 	uint64_t bytes;
 	uint64_t hdr_bytes;   /* at most this much header for the entries */
+	struct st_tensor *st; /* the header's description, made on first need */
 	unsigned refs;
 };
 
@@ -64,6 +65,7 @@ void tensors_unref(struct tensors *tl)
 	}
 	free(tl->t);
 	free(tl->names);
+	free(tl->st);
 	free(tl);
 }
 
@@ -184,6 +186,8 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	if (tensors_own(tlp) < 0)
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	tl = *tlp;
+	free(tl->st);	/* describes fewer entries than there will be */
+	tl->st = NULL;
 	if (tl->n >= config->max_tensors_per_save)
 		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
 			      "max_tensors_per_save (%u) tensors", name,
@@ -246,16 +250,29 @@ int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t
 	return 0;
 }
 
-/* Describes the list for the file's header (st, borrowing names and shapes from the list,
- * which must outlive it) and the engine (et: data offsets in order, each with a new
- * reference to its source). */
-void tensors_give(const struct tensors *tl, struct st_tensor *st, struct engine_tensor *et)
+/* The list's description for the file's header, made once and kept with the list (which
+ * must outlive its users); NULL without memory. */
+const struct st_tensor *tensors_header(struct tensors *tl)
+{
+	if (tl->st)
+		return tl->st;
+	if (!(tl->st = malloc((tl->n ? tl->n : 1) * sizeof(*tl->st))))
+		return NULL;
+	for (size_t i = 0; i < tl->n; i++) {
+		const struct tensor_in *t = &tl->t[i];
+		tl->st[i] = (struct st_tensor){t->name, t->dtype, t->shape, t->ndim, t->nbytes};
+	}
+	return tl->st;
+}
+
+/* Describes the list for the engine (et: data offsets in order, each with a new reference to
+ * its source). */
+void tensors_give(const struct tensors *tl, struct engine_tensor *et)
 {
 	uint64_t off = 0;
 
 	for (size_t i = 0; i < tl->n; i++) {
 		const struct tensor_in *t = &tl->t[i];
-		st[i] = (struct st_tensor){t->name, t->dtype, t->shape, t->ndim, t->nbytes};
 		et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
 		source_ref(t->src);
 		off += t->nbytes;

@@ -231,23 +231,23 @@ int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t *id)
 	if (p->gpu >= 0 && gpu >= 0 && p->gpu != gpu)
 		return lib_conn_fail(p->c, DSCKPT_ENOTSUP, "one save per GPU: the plan's tensors "
 				     "are on GPU %d, the save's on GPU %d", p->gpu, gpu);
-	if ((e = plan_holds(p, es)) < 0)
-		return e;
-	if (e == 0) {
+	int holds = plan_holds(p, es);
+	if (holds < 0)
+		return holds;
+	if (!holds) {
 		lib_entries_init(&fresh);
 		fresh.gpu = gpu;
 		e = plan_send(p, &fresh);
 		lib_entries_free(&fresh);
 		if (e < 0)
 			return e;
-		e = 1;
 	}
 	if (es->gpu < 0 && p->gpu >= 0) {
 		es->gpu = p->gpu;
 		es->gpu_ctx = p->gpu_ctx;
 	}
 	*id = p->id;
-	return e;
+	return !holds;
 }
 
 /* The connection a plan was made on. */
