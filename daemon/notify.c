@@ -2,11 +2,13 @@
  * notify.c — the two systemd protocols the daemon speaks, by hand (no libsystemd):
  * sd_notify datagrams to $NOTIFY_SOCKET, and a listening socket passed by socket activation
  * ($LISTEN_PID, $LISTEN_FDS, first fd 3). Both do nothing when not run by systemd.
+ * What the daemon says over the first is service.c's.
  */
 #include "dsckptd.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +19,8 @@
 
 #define NOTIFY_LISTEN_FD 3 /* SD_LISTEN_FDS_START */
 
-/* Sends STATUS=/STOPPING=1/RELOADING=1 style lines; no-op without $NOTIFY_SOCKET. */
+/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...); no-op without
+ * $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace). */
 void notify_send(const char *msg)
 {
 	const char *path = getenv("NOTIFY_SOCKET");
@@ -25,7 +28,7 @@ void notify_send(const char *msg)
 	size_t len;
 	int fd;
 
-	if (path == NULL || (path[0] != '/' && path[0] != '@'))
+	if (!notify_wanted())
 		return;
 	len = strlen(path);
 	if (len >= sizeof(sa.sun_path)) {
@@ -45,10 +48,26 @@ void notify_send(const char *msg)
 	close(fd);
 }
 
-/* Tells systemd the daemon is ready (sd_notify READY=1); no-op without $NOTIFY_SOCKET. */
-void notify_ready(void)
+/* Whether $NOTIFY_SOCKET names somewhere to send to (we run under Type=notify). */
+int notify_wanted(void)
 {
-	notify_send("READY=1");
+	const char *path = getenv("NOTIFY_SOCKET");
+
+	return path != NULL && (path[0] == '/' || path[0] == '@');
+}
+
+/* notify_send of a formatted message (longer than 1 KiB is cut). */
+void notify_sendf(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	if (!notify_wanted())
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	notify_send(msg);
 }
 
 /* Parses a decimal environment variable; -1 if missing or malformed. */
