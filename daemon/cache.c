@@ -333,7 +333,8 @@ static void cache_pools_free(struct cache *c)
 }
 
 /* Locks the mapping CACHE_LOCK_STEP at a time, telling progress about once a second; at the
- * first failure it says so (once per process) and stops, leaving what it locked locked. */
+ * first failure it says so (once per process) and stops, leaving what it locked locked, and
+ * the last report says how far it got. */
 static void cache_lock(struct cache *c, cache_progress_fn progress)
 {
 	static atomic_flag warned_mlock = ATOMIC_FLAG_INIT;
@@ -349,6 +350,7 @@ static void cache_lock(struct cache *c, cache_progress_fn progress)
 				log_warn("cannot lock the cache beyond %llu of %llu MiB (raise "
 					 "LimitMEMLOCK)", (unsigned long long)(off >> 20),
 					 (unsigned long long)(c->total >> 20));
+			progress("locked", off, c->total);
 			return;
 		}
 		clock_gettime(CLOCK_MONOTONIC, &now);

@@ -93,7 +93,8 @@ static void await_start(void)
 	ck_assert_msg(strstr(m, "READY=1") == NULL, "READY=1 with the pinning progress: %s", m);
 	AWAIT(10000, "STATUS=pinning host cache: 16.0 of 16.0 MiB touched",
 	      "EXTEND_TIMEOUT_USEC=10000000");
-	AWAIT(10000, "STATUS=pinning host cache: 16.0 of 16.0 MiB locked");
+	/* Locked as far as RLIMIT_MEMLOCK lets a test run go (not at all, for some). */
+	AWAIT(10000, "STATUS=pinning host cache: ", " of 16.0 MiB locked");
 	m = AWAIT(10000, "READY=1");
 	ck_assert_msg(strstr(m, "STATUS=0 clients, 0 saves in flight, cache 0% used, 0 B resident"),
 		      "READY=1 without the running status: %s", m);
@@ -115,10 +116,11 @@ START_TEST(test_notify_path)
 	wait_level(c, s, DSCKPT_DURABLE, 30000);
 	dsckpt_save_free(s);
 	dsckpt_host_free(mem);
-	const char *m = AWAIT(5000, "STATUS=1 client, 0 saves in flight, cache ", " resident");
+	/* Its two 1 MiB chunks stay in the 16 MiB cache, resident (keep_resident). */
+	const char *m = AWAIT(5000, "STATUS=1 client, 0 saves in flight, cache 12% used, "
+			      "2.0 MiB resident");
 	ck_assert_msg(strstr(m, "READY=1") == NULL && strstr(m, "EXTEND_TIMEOUT_USEC") == NULL,
 		      "running status with more: %s", m);
-	ck_assert_msg(strstr(m, " 0 B resident") == NULL, "nothing resident after a save: %s", m);
 
 	/* Reload: RELOADING=1 stamped with the monotonic clock, then READY=1. */
 	struct timespec now;
