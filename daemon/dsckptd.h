@@ -448,10 +448,8 @@ void gpu_register_host(void *base, uint64_t len);
 void gpu_unregister_host(void *base);
 
 /* notify.c — the sd_notify and socket-activation protocols, by hand (no libsystemd). */
-/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...) to
+/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...), formatted, to
  * $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace); no-op without it. */
-void notify_send(const char *msg);
-/* notify_send of a formatted message. */
 void notify_sendf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Whether $NOTIFY_SOCKET names somewhere to send to. */
 int notify_wanted(void);

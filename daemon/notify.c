@@ -19,12 +19,23 @@
 
 #define NOTIFY_LISTEN_FD 3 /* SD_LISTEN_FDS_START */
 
-/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...); no-op without
- * $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace). */
-void notify_send(const char *msg)
+/* Whether $NOTIFY_SOCKET names somewhere to send to (we run under Type=notify). */
+int notify_wanted(void)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+
+	return path != NULL && (path[0] == '/' || path[0] == '@');
+}
+
+/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...), formatted (cut
+ * at 1 KiB), to $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace); no-op
+ * without it. */
+void notify_sendf(const char *fmt, ...)
 {
 	const char *path = getenv("NOTIFY_SOCKET");
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char msg[1024];
+	va_list ap;
 	size_t len;
 	int fd;
 
@@ -38,6 +49,9 @@ void notify_send(const char *msg)
 	memcpy(sa.sun_path, path, len);
 	if (path[0] == '@')
 		sa.sun_path[0] = '\0'; /* abstract namespace: no terminating NUL counts */
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
 	if ((fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
 		log_warn("sd_notify: socket");
 		return;
@@ -46,28 +60,6 @@ void notify_send(const char *msg)
 		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
 		log_warn("sd_notify to %s", path);
 	close(fd);
-}
-
-/* Whether $NOTIFY_SOCKET names somewhere to send to (we run under Type=notify). */
-int notify_wanted(void)
-{
-	const char *path = getenv("NOTIFY_SOCKET");
-
-	return path != NULL && (path[0] == '/' || path[0] == '@');
-}
-
-/* notify_send of a formatted message (longer than 1 KiB is cut). */
-void notify_sendf(const char *fmt, ...)
-{
-	char msg[1024];
-	va_list ap;
-
-	if (!notify_wanted())
-		return;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	notify_send(msg);
 }
 
 /* Parses a decimal environment variable; -1 if missing or malformed. */
