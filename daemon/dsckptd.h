@@ -145,10 +145,14 @@ void quota_give(uid_t uid, int kind, uint64_t n);
 uint64_t quota_used(uid_t uid, int kind);
 
 /* cache.c */
+/* Told how far the cache's start-up got: bytes of total done in step ("touched", "locked");
+ * called on cache_create's thread at each step's start and end, about once a second between. */
+typedef void (*cache_progress_fn)(const char *step, uint64_t done, uint64_t total);
 /* Maps bytes of host memory (split into one pool per NUMA node with CPUs, each bound to its
- * node), touches it with several threads (on each node's CPUs) and locks it (best effort). */
-int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char *err,
-		 size_t errlen);
+ * node), touches it with several threads (on each node's CPUs) and locks it (best effort),
+ * telling progress (NULL: nobody) how far it got. */
+int cache_create(uint64_t bytes, uint64_t chunk_bytes, cache_progress_fn progress,
+		 struct cache **out, char *err, size_t errlen);
 /* Unmaps the cache; every chunk must be back. */
 void cache_destroy(struct cache *c);
 /* Takes a free chunk, from node's pool first (-1: any node), else from any pool, else one the
@@ -445,13 +449,34 @@ void gpu_register_host(void *base, uint64_t len);
 /* Undoes gpu_register_host. */
 void gpu_unregister_host(void *base);
 
-/* notify.c */
-/* Tells systemd the daemon is ready (sd_notify READY=1 over $NOTIFY_SOCKET, abstract sockets with '@' too); no-op without it. */
-void notify_ready(void);
-/* Sends STATUS=/STOPPING=1/RELOADING=1 style lines; no-op without $NOTIFY_SOCKET. */
-void notify_send(const char *msg);
-/* Returns the listening fd handed over by systemd socket activation (LISTEN_PID == getpid(), LISTEN_FDS == 1 → fd 3, set CLOEXEC, unsetenv the vars), or -1. */
+/* notify.c — the sd_notify and socket-activation protocols, by hand (no libsystemd). */
+/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...), formatted, to
+ * $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace); no-op without it. */
+void notify_sendf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Whether $NOTIFY_SOCKET names somewhere to send to. */
+int notify_wanted(void);
+/* Returns the listening fd handed over by systemd socket activation (LISTEN_PID == getpid(),
+ * LISTEN_FDS == 1 → fd 3, set CLOEXEC, unsetenv the vars), or -1. */
 int notify_listen_fd(void);
+
+/* service.c — what the daemon tells systemd it is doing (STATUS=, EXTEND_TIMEOUT_USEC=,
+ * READY=1, RELOADING=1, STOPPING=1); loop thread only; no-ops without $NOTIFY_SOCKET. */
+/* STATUS= of a start-up step. */
+void service_status(const char *what);
+/* cache_progress_fn: the cache's start-up progress, each report extending the start timeout. */
+void service_cache_progress(const char *step, uint64_t done, uint64_t total);
+/* The cache of bytes is being pinned for CUDA: status and time for it. */
+void service_cuda_pin(uint64_t bytes);
+/* READY=1 and the running status, refreshed from now on (once a second at most). */
+void service_ready(void);
+/* RELOADING=1 (with MONOTONIC_USEC=), then READY=1 when the reload is over. */
+void service_reloading(void);
+void service_reloaded(void);
+/* STOPPING=1 and the draining status, refreshed (and the stop timeout extended) as the drain
+ * progresses. */
+void service_stopping(void);
+/* The drain is over; closes the refresh timer (shutdown). */
+void service_close(void);
 
 /* main.c — the daemon's singletons, owned by the loop thread. */
 extern struct uv_loop_s *loop;
