@@ -18,7 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 #include <uv.h>
-#include <xxhash.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
 #define MAX_OBSERVERS 4
