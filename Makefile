@@ -10,7 +10,9 @@
 #                   (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, dsckpt.pc, man
-#                   pages, units, config)
+#                   pages, units, config), then systemd/finish-install: as root on a systemd
+#                   host it runs systemd-sysusers, systemd-tmpfiles, ldconfig and systemctl
+#                   daemon-reload; otherwise it prints those commands for the target machine
 #   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
@@ -222,7 +224,7 @@ check-san:
 TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine*.c \
 	tests/check_cache*.c tests/check_source.c tests/check_daemon*.c tests/check_fair.c \
 	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
-	tests/check_load.c))
+	tests/check_load.c tests/check_notify.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
@@ -237,13 +239,15 @@ check-docs:
 	@tests/check-docs
 
 # make install into $(BUILD)/destdir, then what its users rely on: the library's links,
-# dsckpt.pc through pkg-config, a program built with its flags, the man pages.
+# dsckpt.pc through pkg-config, a program built with its flags, the man pages, the units
+# (systemd-analyze verify, where systemd is installed) and the set-up commands it printed.
 INSTALL_ROOT := $(abspath $(BUILD)/destdir)
 check-install: deps all
 	@rm -rf $(INSTALL_ROOT)
 	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(INSTALL_ROOT) \
 		>$(BUILD)/install.log 2>&1 || { cat $(BUILD)/install.log; exit 1; }
-	@tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) $(MANDIR) $(VERSION)
+	@tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) $(MANDIR) $(VERSION) \
+		$(BUILD)/install.log
 
 check: check-plain check-docs check-install check-san check-tsan check-python check-pip \
 	check-python-modern check-fuzz
@@ -276,8 +280,7 @@ install: all
 	install -m 0644 systemd/dsckptd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
 	install -m 0644 systemd/dsckptd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/dsckptd.conf
 	install -m 0644 systemd/dsckptd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/dsckptd.conf
-	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then \
-		ldconfig; fi
+	@systemd/finish-install "$(PREFIX)" "$(DESTDIR)"
 
 clean:
 	rm -rf build

@@ -15,6 +15,11 @@
  * cache_get waits only when the hook found nothing to give. A hook that later has something
  * (a chunk just kept, a pin ended) says so with cache_evictable, which wakes the waiters;
  * evict_gen tells a taker that this happened while it was calling the hook.
+ *
+ * Start-up takes minutes for hundreds of GiB (touching faults every page in, locking walks
+ * them again): cache_create tells its caller how far it got at each step's start and end and
+ * about once a second in between (the daemon turns that into systemd's STATUS= and
+ * EXTEND_TIMEOUT_USEC=), while the touch threads run or between steps of the lock.
  */
 #include "dsckptd.h"
 
@@ -34,6 +39,8 @@
 #define CACHE_PAGE 4096
 #define CACHE_MAX_TOUCH_THREADS 8
 #define CACHE_MAX_NODES 64    /* node ids the one-word mbind mask holds */
+#define CACHE_REPORT_STEP (64ULL << 20) /* a touch thread publishes its progress this often */
+#define CACHE_LOCK_STEP (1ULL << 30)    /* mlock'ed at once between progress checks */
 
 /* Where the NUMA topology is read; tests point it at a fake tree. */
 static const char *sysfs_root = "/sys";
@@ -70,6 +77,7 @@ struct cache_touch {
 	unsigned char *start;
 	uint64_t len;
 	const cpu_set_t *cpus; /* NULL: anywhere */
+	_Atomic uint64_t done; /* bytes touched so far (every CACHE_REPORT_STEP) */
 	pthread_t thread;
 	int started;
 };
@@ -196,8 +204,12 @@ static void *cache_touch_slice(void *arg)
 
 	if (t->cpus && sched_setaffinity(0, sizeof(*t->cpus), t->cpus) != 0)
 		log_debug("touch thread: sched_setaffinity: %s", strerror(errno));
-	for (uint64_t off = 0; off < t->len; off += CACHE_PAGE)
+	for (uint64_t off = 0; off < t->len; off += CACHE_PAGE) {
 		t->start[off] = 0;
+		if (off % CACHE_REPORT_STEP == 0)
+			atomic_store_explicit(&t->done, off, memory_order_relaxed);
+	}
+	atomic_store_explicit(&t->done, t->len, memory_order_relaxed);
 	return NULL;
 }
 
@@ -219,9 +231,43 @@ static unsigned cache_touch_plan(const struct cache *c, const struct cache_pool 
 	return nthreads;
 }
 
-/* Faults every pool in at once, up to 8 threads per pool (each on its node's CPUs);
- * returns the time taken in ms, or -1 without memory. */
-static double cache_touch(struct cache *c, const cpu_set_t *cpus)
+/* Does nothing with a progress report (a cache_create without a progress callback). */
+static void cache_progress_none(const char *step, uint64_t done, uint64_t total)
+{
+}
+
+/* Bytes the n touch threads at t have touched so far. */
+static uint64_t cache_touched(struct cache_touch *t, unsigned n)
+{
+	uint64_t sum = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		sum += atomic_load_explicit(&t[i].done, memory_order_relaxed);
+	return sum;
+}
+
+/* Joins the touch threads that were started, reporting progress about once a second. */
+static void cache_touch_join(struct cache *c, struct cache_touch *t, unsigned n,
+			     cache_progress_fn progress)
+{
+	struct timespec deadline;
+
+	for (unsigned i = 0; i < n; i++) {
+		if (!t[i].started)
+			continue;
+		for (;;) {
+			clock_gettime(CLOCK_REALTIME, &deadline);	/* the join's clock */
+			deadline.tv_sec += 1;
+			if (pthread_timedjoin_np(t[i].thread, NULL, &deadline) != ETIMEDOUT)
+				break;
+			progress("touched", cache_touched(t, n), c->total);
+		}
+	}
+}
+
+/* Faults every pool in at once, up to 8 threads per pool (each on its node's CPUs), telling
+ * progress; returns the time taken in ms, or -1 without memory. */
+static double cache_touch(struct cache *c, const cpu_set_t *cpus, cache_progress_fn progress)
 {
 	long nproc = sysconf(_SC_NPROCESSORS_ONLN);
 	struct cache_touch *t = calloc((size_t)c->npools * CACHE_MAX_TOUCH_THREADS, sizeof(*t));
@@ -236,6 +282,7 @@ static double cache_touch(struct cache *c, const cpu_set_t *cpus)
 					     ? CACHE_MAX_TOUCH_THREADS : (unsigned)cores;
 		n += cache_touch_plan(c, &c->pools[i], cpus ? &cpus[i] : NULL, k, t + n);
 	}
+	progress("touched", 0, c->total);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (unsigned i = 0; i < n; i++) {
 		/* A thread that cannot be started is replaced by doing its share here. */
@@ -245,11 +292,10 @@ static double cache_touch(struct cache *c, const cpu_set_t *cpus)
 			cache_touch_slice(&t[i]);
 		}
 	}
-	for (unsigned i = 0; i < n; i++)
-		if (t[i].started)
-			pthread_join(t[i].thread, NULL);
+	cache_touch_join(c, t, n, progress);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	free(t);
+	progress("touched", c->total, c->total);
 	return (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
 }
 
@@ -286,12 +332,43 @@ static void cache_pools_free(struct cache *c)
 	free(c->pools);
 }
 
-/* Maps bytes of host memory (one pool per NUMA node with CPUs, each bound to its node),
- * touches it with several threads and locks it (best effort). */
-int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char *err,
-		 size_t errlen)
+/* Locks the mapping CACHE_LOCK_STEP at a time, telling progress about once a second; at the
+ * first failure it says so (once per process) and stops, leaving what it locked locked, and
+ * the last report says how far it got. */
+static void cache_lock(struct cache *c, cache_progress_fn progress)
 {
 	static atomic_flag warned_mlock = ATOMIC_FLAG_INIT;
+	struct timespec last, now;
+	uint64_t off, len;
+
+	progress("locked", 0, c->total);
+	clock_gettime(CLOCK_MONOTONIC, &last);
+	for (off = 0; off < c->total; off += len) {
+		len = c->total - off < CACHE_LOCK_STEP ? c->total - off : CACHE_LOCK_STEP;
+		if (mlock(c->base + off, len) != 0) {
+			if (!atomic_flag_test_and_set(&warned_mlock))
+				log_warn("cannot lock the cache beyond %llu of %llu MiB (raise "
+					 "LimitMEMLOCK)", (unsigned long long)(off >> 20),
+					 (unsigned long long)(c->total >> 20));
+			progress("locked", off, c->total);
+			return;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((double)(now.tv_sec - last.tv_sec) + (double)(now.tv_nsec - last.tv_nsec) / 1e9 >=
+		    1.0) {
+			last = now;
+			progress("locked", off + len, c->total);
+		}
+	}
+	progress("locked", c->total, c->total);
+}
+
+/* Maps bytes of host memory (one pool per NUMA node with CPUs, each bound to its node),
+ * touches it with several threads and locks it (best effort), telling progress (may be NULL)
+ * how far it got. */
+int cache_create(uint64_t bytes, uint64_t chunk_bytes, cache_progress_fn progress,
+		 struct cache **out, char *err, size_t errlen)
+{
 	cpu_set_t cpus[CACHE_MAX_NODES];
 	int nodes[CACHE_MAX_NODES];
 	unsigned nnodes;
@@ -299,6 +376,8 @@ int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char 
 	void *base;
 
 	*out = NULL;
+	if (progress == NULL)
+		progress = cache_progress_none;
 	if (chunk_bytes == 0 || chunk_bytes % CACHE_PAGE != 0 || bytes < chunk_bytes ||
 	    bytes / chunk_bytes > SIZE_MAX / sizeof(void *)) {
 		snprintf(err, errlen, "bad cache geometry: %llu bytes in chunks of %llu",
@@ -327,10 +406,9 @@ int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char 
 	for (unsigned i = 0; nnodes > 1 && i < c->npools; i++)
 		cache_bind(c->pools[i].base, (uint64_t)c->pools[i].nchunks * c->chunk,
 			   c->pools[i].node);
-	if ((c->touch_ms = cache_touch(c, nnodes > 1 ? cpus : NULL)) < 0)
+	if ((c->touch_ms = cache_touch(c, nnodes > 1 ? cpus : NULL, progress)) < 0)
 		goto fail_map;
-	if (mlock(base, c->total) != 0 && !atomic_flag_test_and_set(&warned_mlock))
-		log_warnx("cannot lock the cache (raise LimitMEMLOCK)");
+	cache_lock(c, progress);
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->freed, NULL);
 	*out = c;

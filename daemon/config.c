@@ -81,6 +81,8 @@ static const struct option options[] = {
 	  "saves one user may have begun and not yet durable or failed" },
 	{ "max_loads_per_user", OPT_UINT, 1, 1000000, "64", OFF(max_loads_per_user),
 	  "loads one user may have begun and not yet finished" },
+	{ "max_plans_per_user", OPT_UINT, 1, 1000000, "64", OFF(max_plans_per_user),
+	  "save plans one user's open connections may hold" },
 	{ "max_regions_per_user", OPT_UINT, 1, 10000000, "4096", OFF(max_regions_per_user),
 	  "memory regions (host memfds, GPU handles) the daemon holds open for one user" },
 	{ "max_region_gib_per_user", OPT_NUMBER, 0, 1048576, "0", OFF(max_region_gib),

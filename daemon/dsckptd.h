@@ -102,6 +102,7 @@ struct config {
 	unsigned max_conns_per_user;
 	unsigned max_saves_per_user;
 	unsigned max_loads_per_user;
+	unsigned max_plans_per_user;
 	unsigned max_regions_per_user;
 	double max_region_gib;     /* as written; 0 = the machine's RAM */
 	uint64_t max_region_bytes; /* host memory mapped for one user */
@@ -131,6 +132,7 @@ enum quota_kind {
 	QUOTA_BLOB,         /* blob bytes of saves not yet durable */
 	QUOTA_SEALS,        /* sealed tags the daemon follows (not yet committed or given up) */
 	QUOTA_LOADS,        /* loads begun, not yet finished */
+	QUOTA_PLANS,        /* save plans of open connections */
 	QUOTA_N
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */
@@ -143,10 +145,14 @@ void quota_give(uid_t uid, int kind, uint64_t n);
 uint64_t quota_used(uid_t uid, int kind);
 
 /* cache.c */
+/* Told how far the cache's start-up got: bytes of total done in step ("touched", "locked");
+ * called on cache_create's thread at each step's start and end, about once a second between. */
+typedef void (*cache_progress_fn)(const char *step, uint64_t done, uint64_t total);
 /* Maps bytes of host memory (split into one pool per NUMA node with CPUs, each bound to its
- * node), touches it with several threads (on each node's CPUs) and locks it (best effort). */
-int cache_create(uint64_t bytes, uint64_t chunk_bytes, struct cache **out, char *err,
-		 size_t errlen);
+ * node), touches it with several threads (on each node's CPUs) and locks it (best effort),
+ * telling progress (NULL: nobody) how far it got. */
+int cache_create(uint64_t bytes, uint64_t chunk_bytes, cache_progress_fn progress,
+		 struct cache **out, char *err, size_t errlen);
 /* Unmaps the cache; every chunk must be back. */
 void cache_destroy(struct cache *c);
 /* Takes a free chunk, from node's pool first (-1: any node), else from any pool, else one the
@@ -443,13 +449,34 @@ void gpu_register_host(void *base, uint64_t len);
 /* Undoes gpu_register_host. */
 void gpu_unregister_host(void *base);
 
-/* notify.c */
-/* Tells systemd the daemon is ready (sd_notify READY=1 over $NOTIFY_SOCKET, abstract sockets with '@' too); no-op without it. */
-void notify_ready(void);
-/* Sends STATUS=/STOPPING=1/RELOADING=1 style lines; no-op without $NOTIFY_SOCKET. */
-void notify_send(const char *msg);
-/* Returns the listening fd handed over by systemd socket activation (LISTEN_PID == getpid(), LISTEN_FDS == 1 → fd 3, set CLOEXEC, unsetenv the vars), or -1. */
+/* notify.c — the sd_notify and socket-activation protocols, by hand (no libsystemd). */
+/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...), formatted, to
+ * $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace); no-op without it. */
+void notify_sendf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Whether $NOTIFY_SOCKET names somewhere to send to. */
+int notify_wanted(void);
+/* Returns the listening fd handed over by systemd socket activation (LISTEN_PID == getpid(),
+ * LISTEN_FDS == 1 → fd 3, set CLOEXEC, unsetenv the vars), or -1. */
 int notify_listen_fd(void);
+
+/* service.c — what the daemon tells systemd it is doing (STATUS=, EXTEND_TIMEOUT_USEC=,
+ * READY=1, RELOADING=1, STOPPING=1); loop thread only; no-ops without $NOTIFY_SOCKET. */
+/* STATUS= of a start-up step. */
+void service_status(const char *what);
+/* cache_progress_fn: the cache's start-up progress, each report extending the start timeout. */
+void service_cache_progress(const char *step, uint64_t done, uint64_t total);
+/* The cache of bytes is being pinned for CUDA: status and time for it. */
+void service_cuda_pin(uint64_t bytes);
+/* READY=1 and the running status, refreshed from now on (once a second at most). */
+void service_ready(void);
+/* RELOADING=1 (with MONOTONIC_USEC=), then READY=1 when the reload is over. */
+void service_reloading(void);
+void service_reloaded(void);
+/* STOPPING=1 and the draining status, refreshed (and the stop timeout extended) as the drain
+ * progresses. */
+void service_stopping(void);
+/* The drain is over; closes the refresh timer (shutdown). */
+void service_close(void);
 
 /* main.c — the daemon's singletons, owned by the loop thread. */
 extern struct uv_loop_s *loop;
@@ -647,6 +674,52 @@ void blobs_uncharge(struct blobs *bs);
 /* Frees the set and gives its charge back (NULL: nothing). */
 void blobs_free(struct blobs *bs);
 
+/* tensors.c — a tensor list as a client described it, checked, names unique; shared
+ * copy-on-write between a plan and the saves made from it. Loop thread only. */
+struct tensors;
+/* An empty list with one reference; NULL without memory. */
+struct tensors *tensors_new(void);
+/* Another reference / drops one (the last frees it). */
+struct tensors *tensors_ref(struct tensors *tl);
+void tensors_unref(struct tensors *tl);
+/* Counts. */
+size_t tensors_count(const struct tensors *tl);
+uint64_t tensors_bytes(const struct tensors *tl);
+/* Checks a tensor and appends it to *tlp (copied first when shared); negative ERR_E* with
+ * err. */
+int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
+		const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
+		uint64_t nbytes, char *err, size_t errlen);
+/* Appends from's entries to *tlp: an empty *tlp becomes a reference to from. */
+int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t errlen);
+/* The header's description of tl, made once and kept with it; NULL without memory. */
+const struct st_tensor *tensors_header(struct tensors *tl);
+/* Fills the engine's et (data offsets, new source references), in order. */
+void tensors_give(const struct tensors *tl, struct engine_tensor *et);
+/* Drops the sources' references of a list nobody shares (the engine took its own). */
+void tensors_release(struct tensors *tl);
+/* Whether any entry reads from src. */
+int tensors_use(const struct tensors *tl, const struct source *src);
+
+/* plan.c — save plans: tensor lists a connection describes once and names in later saves;
+ * loop thread only. */
+struct plan;
+/* The plan id of client; NULL when none. */
+struct plan *plan_find(uint64_t client, uint64_t id);
+/* The plan id of client, made and charged to uid when new; NULL with *code and err. */
+struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char *err,
+		       size_t errlen);
+/* Adds a tensor to a plan (checked as a save's are); negative ERR_E* with err. */
+int plan_add_tensor(struct plan *p, const char *name, const char *dtype,
+		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
+		    uint64_t nbytes, char *err, size_t errlen);
+/* The plan's list, for save_add_plan. */
+struct tensors *plan_tensors(const struct plan *p);
+/* Forgets a plan; -1 when unknown. */
+int plan_del(uint64_t client, uint64_t id);
+/* Forgets client's plans reading src (a deleted region), or all of them for NULL. */
+void plan_forget(uint64_t client, const struct source *src);
+
 /* save.c — the registry of saves and their levels; loop thread only. */
 /* What a reply or a listing shows of a save (strings borrowed from it). */
 struct save_view {
@@ -678,6 +751,8 @@ struct save *save_find(uint64_t client, uint64_t id);
 int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen);
+/* Adds a plan's tensors (see tensors_append); negative ERR_E* with err. */
+int save_add_plan(struct save *s, struct tensors *plan, char *err, size_t errlen);
 /* Appends to a named blob. */
 int save_add_blob(struct save *s, const char *name, const void *data, size_t len, char *err,
 		  size_t errlen);

@@ -4,7 +4,8 @@
  * Start-up: config → locks (one daemon per socket and root) → recover leftovers on disk →
  * CUDA probe → host cache (touched, pinned)
  * → engine threads → wiring (connections to the request layer, save levels to waits and
- * commits) → socket → READY. Shutdown (SIGTERM/SIGINT): stop accepting, let every accepted
+ * commits) → socket → READY. Under systemd each step shows in `systemctl status` and the
+ * cache's progress extends the start timeout (service.c). Shutdown (SIGTERM/SIGINT): stop accepting, let every accepted
  * save finish flushing and every running commit end (a check handle looks after each loop
  * turn), close connections, stop and join the workers, close every handle, and check
  * uv_loop_close() == 0. A second SIGTERM exits at once.
@@ -82,6 +83,7 @@ static void finish(void)
 	commit_free_all();
 	seal_free_all();
 	save_free_all();
+	service_close();
 	uv_close((uv_handle_t *)&drain_check, NULL);
 	uv_close((uv_handle_t *)&sig_term, NULL);
 	uv_close((uv_handle_t *)&sig_int, NULL);
@@ -192,9 +194,9 @@ static void on_signal(uv_signal_t *h, int signum)
 {
 	switch (signum) {
 	case SIGHUP:
-		notify_send("RELOADING=1");
+		service_reloading();
 		reload();
-		notify_send("READY=1");
+		service_reloaded();
 		break;
 	case SIGTERM:
 	case SIGINT:
@@ -204,7 +206,7 @@ static void on_signal(uv_signal_t *h, int signum)
 			_exit(1);
 		}
 		draining = 1;
-		notify_send("STOPPING=1");
+		service_stopping();
 		log_info("%s: no new clients; finishing %u saves in flight", strsignal(signum),
 			 save_inflight() + commit_running());
 		server_stop();
@@ -283,14 +285,18 @@ int main(int argc, char **argv)
 		goto fail_locks;
 	}
 	loop = uv_default_loop();	/* recovery hands sealed tags to seal.c, which uses it */
+	service_status("recovering what an interrupted daemon left under the allowed roots");
 	recover_run(config, seal_resume);
+	service_status("probing CUDA");
 	gpu_line = gpu_init();
 	config->copy_threads = copy_threads_for(config->copy_threads);
-	if (cache_create(config->host_cache_bytes, config->chunk_bytes, &cache, err,
-			 sizeof(err)) < 0) {
+	if (cache_create(config->host_cache_bytes, config->chunk_bytes, service_cache_progress,
+			 &cache, err, sizeof(err)) < 0) {
 		log_error("host cache: %s", err);
 		goto fail_locks;
 	}
+	if (gpu_count() > 0)
+		service_cuda_pin(cache_total(cache));
 	gpu_register_host(cache_base(cache), cache_total(cache));
 	resident_init(cache, config->keep_resident);
 	if (save_engine_start(err, sizeof(err)) < 0) {
@@ -324,7 +330,7 @@ int main(int argc, char **argv)
 		 config->socket, cache_total(cache) / 1073741824.0,
 		 (unsigned long long)(cache_chunk(cache) >> 20), cache_touch_ms(cache),
 		 config->copy_threads, config->flush_threads, config->restore_threads, gpu_line);
-	notify_ready();
+	service_ready();
 	uv_run(loop, UV_RUN_DEFAULT);
 
 	uv_run(loop, UV_RUN_NOWAIT);	/* let the close callbacks run */

@@ -2,11 +2,13 @@
  * notify.c — the two systemd protocols the daemon speaks, by hand (no libsystemd):
  * sd_notify datagrams to $NOTIFY_SOCKET, and a listening socket passed by socket activation
  * ($LISTEN_PID, $LISTEN_FDS, first fd 3). Both do nothing when not run by systemd.
+ * What the daemon says over the first is service.c's.
  */
 #include "dsckptd.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,15 +19,27 @@
 
 #define NOTIFY_LISTEN_FD 3 /* SD_LISTEN_FDS_START */
 
-/* Sends STATUS=/STOPPING=1/RELOADING=1 style lines; no-op without $NOTIFY_SOCKET. */
-void notify_send(const char *msg)
+/* Whether $NOTIFY_SOCKET names somewhere to send to (we run under Type=notify). */
+int notify_wanted(void)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+
+	return path != NULL && (path[0] == '/' || path[0] == '@');
+}
+
+/* Sends one datagram of newline-separated assignments (READY=1, STATUS=...), formatted (cut
+ * at 1 KiB), to $NOTIFY_SOCKET ("/path", or "@name" in the abstract namespace); no-op
+ * without it. */
+void notify_sendf(const char *fmt, ...)
 {
 	const char *path = getenv("NOTIFY_SOCKET");
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char msg[1024];
+	va_list ap;
 	size_t len;
 	int fd;
 
-	if (path == NULL || (path[0] != '/' && path[0] != '@'))
+	if (!notify_wanted())
 		return;
 	len = strlen(path);
 	if (len >= sizeof(sa.sun_path)) {
@@ -35,6 +49,9 @@ void notify_send(const char *msg)
 	memcpy(sa.sun_path, path, len);
 	if (path[0] == '@')
 		sa.sun_path[0] = '\0'; /* abstract namespace: no terminating NUL counts */
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
 	if ((fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) < 0) {
 		log_warn("sd_notify: socket");
 		return;
@@ -43,12 +60,6 @@ void notify_send(const char *msg)
 		   (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
 		log_warn("sd_notify to %s", path);
 	close(fd);
-}
-
-/* Tells systemd the daemon is ready (sd_notify READY=1); no-op without $NOTIFY_SOCKET. */
-void notify_ready(void)
-{
-	notify_send("READY=1");
 }
 
 /* Parses a decimal environment variable; -1 if missing or malformed. */

@@ -35,6 +35,7 @@ static const char *const quota_keys[QUOTA_N] = {
 	[QUOTA_BLOB] = "max_blob_mib_per_user",
 	[QUOTA_SEALS] = "max_seals_per_user",
 	[QUOTA_LOADS] = "max_loads_per_user",
+	[QUOTA_PLANS] = "max_plans_per_user",
 };
 
 /* What a kind counts in, for messages. */
@@ -62,6 +63,7 @@ void quota_set_limits(const struct config *cfg)
 	quota_limits[QUOTA_BLOB] = cfg->max_blob_bytes;
 	quota_limits[QUOTA_SEALS] = cfg->max_seals_per_user;
 	quota_limits[QUOTA_LOADS] = cfg->max_loads_per_user;
+	quota_limits[QUOTA_PLANS] = cfg->max_plans_per_user;
 	pthread_mutex_unlock(&quota_lock);
 }
 

@@ -183,9 +183,12 @@ static void on_region_del(struct client *c, const struct proto_hdr *h, struct pr
 	proto_get_u64(m, "region", UINT64_MAX, &region, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	if (client_region_del(c, region) < 0)
+	struct source *src = client_region(c, region);
+	if (!src)
 		return request_error(c, h, ERR_ENOENT, "no region %llu",
 				  (unsigned long long)region);
+	plan_forget(client_id(c), src);
+	client_region_del(c, region);
 	reply_empty(client_id(c), h->id);
 }
 
@@ -206,40 +209,13 @@ static void on_save_begin(struct client *c, const struct proto_hdr *h, struct pr
 	reply_save_begun(client_id(c), h->id, (uint64_t)id);
 }
 
-/* Decodes one tensor entry into t (see request.h); 0, or -1 with the reason in top. */
-int request_tensor(const msgpack_object *obj, struct proto_map *top, struct request_tensor *t)
-{
-	struct proto_map m;
-	const msgpack_object_array *dims = NULL;
-
-	proto_map_init(&m, obj);
-	proto_get_str(&m, "name", t->name, PROTO_MAX_NAME, 1);
-	proto_get_str(&m, "dtype", t->dtype, sizeof(t->dtype) - 1, 1);
-	proto_get_array(&m, "shape", &dims, PROTO_MAX_DIMS, 1);
-	proto_get_u64(&m, "region", UINT64_MAX, &t->region, 1);
-	proto_get_u64(&m, "offset", UINT64_MAX, &t->off, 1);
-	proto_get_u64(&m, "nbytes", UINT64_MAX, &t->nbytes, 1);
-	for (uint32_t i = 0; !m.err && i < dims->size; i++) {
-		if (dims->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
-			proto_map_fail(&m, "shape entries must be unsigned integers");
-		else
-			t->shape[i] = dims->ptr[i].via.u64;
-	}
-	if (proto_map_end(&m) < 0) {
-		proto_map_fail(top, "tensor: %s", m.why);
-		return -1;
-	}
-	t->ndim = dims->size;
-	return 0;
-}
-
 /* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
 static int add_tensor(struct client *c, struct save *s, const msgpack_object *obj,
 		      struct proto_map *top, char *err, size_t errlen)
 {
-	struct request_tensor t;
+	struct proto_tensor t;
 
-	if (request_tensor(obj, top, &t) < 0)
+	if (proto_get_tensor(top, obj, &t) < 0)
 		return -1;
 	struct source *src = client_region(c, t.region);
 	if (!src) {
@@ -247,8 +223,8 @@ static int add_tensor(struct client *c, struct save *s, const msgpack_object *ob
 			 (unsigned long long)t.region);
 		return ERR_ENOENT;
 	}
-	return save_add_tensor(s, t.name, t.dtype, t.shape, t.ndim, src, t.off, t.nbytes, err,
-			       errlen);
+	return save_add_tensor(s, t.name, t.dtype, t.shape, t.ndim, src, t.offset, t.nbytes,
+			       err, errlen);
 }
 
 /* Decodes one blob piece and appends it. */
@@ -270,18 +246,34 @@ static int add_blob(struct save *s, const msgpack_object *obj, struct proto_map 
 	return save_add_blob(s, name, data, len, err, errlen);
 }
 
+/* Adds the tensors of the client's plan id to s; 0 or an error code with err. */
+static int add_plan(struct client *c, struct save *s, uint64_t id, char *err, size_t errlen)
+{
+	struct plan *p = plan_find(client_id(c), id);
+
+	if (!p)
+		return seterr(err, errlen, ERR_ENOENT, "no plan %llu on this connection",
+			      (unsigned long long)id);
+	return save_add_plan(s, plan_tensors(p), err, errlen);
+}
+
 /*
- * Reads the optional "tensors" and "blobs" arrays of SAVE_ADD or SAVE_END and adds them to s.
- * Returns 0, or an error: m->err set for a malformed body, else err set and save abandoned.
+ * Reads the optional "plan", "tensors" and "blobs" of SAVE_ADD or SAVE_END and adds them to
+ * s, the plan's tensors first. Returns 0, or an error: m->err set for a malformed body, else
+ * err set and save abandoned.
  */
 static int add_entries(struct client *c, struct save *s, struct proto_map *m, char *err,
 		       size_t errlen)
 {
 	const msgpack_object_array *tensors = NULL, *blobs = NULL;
+	uint64_t plan = 0;
 	int rc = 0;
 
+	int has_plan = proto_get_u64(m, "plan", UINT64_MAX, &plan, 0);
 	proto_get_array(m, "tensors", &tensors, REQUEST_MAX_ENTRIES, 0);
 	proto_get_array(m, "blobs", &blobs, REQUEST_MAX_ENTRIES, 0);
+	if (!m->err && has_plan > 0)
+		rc = add_plan(c, s, plan, err, errlen);
 	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++)
 		rc = add_tensor(c, s, &tensors->ptr[i], m, err, errlen);
 	for (uint32_t i = 0; !m->err && blobs && i < blobs->size && rc == 0; i++)
@@ -499,6 +491,8 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 		case PROTO_LOAD_END: request_load_end(c, h, &m); break;
 		case PROTO_LOAD_WAIT: request_load_wait(c, h, &m); break;
 		case PROTO_LOAD_ABORT: request_load_abort(c, h, &m); break;
+		case PROTO_PLAN_ADD: request_plan_add(c, h, &m); break;
+		case PROTO_PLAN_DEL: request_plan_del(c, h, &m); break;
 		default:
 			request_close_fds(fds, nfds);
 			reply_fatal(client_id(c), h->id, ERR_EPROTO, "unknown message type %u",
@@ -539,6 +533,7 @@ void request_conn_gone(struct conn *conn)
 	wait_client_gone(id);
 	save_client_gone(id);
 	load_client_gone(id);
+	plan_forget(id, NULL);
 	cuda_fence_forget(id);
 	client_free(conn_data(conn));
 }

@@ -30,19 +30,19 @@ static int add_entries(struct client *c, struct load *l, struct proto_map *m, ch
 		       size_t errlen)
 {
 	const msgpack_object_array *tensors = NULL;
-	struct request_tensor t;
+	struct proto_tensor t;
 	int rc = 0;
 
 	proto_get_array(m, "tensors", &tensors, REQUEST_MAX_ENTRIES, 0);
 	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++) {
-		if (request_tensor(&tensors->ptr[i], m, &t) < 0)
+		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
 			break;
 		struct source *dst = client_region(c, t.region);
 		if (!dst)
 			rc = seterr(err, errlen, ERR_ENOENT, "tensor '%s': no region %llu on this "
 				    "connection", t.name, (unsigned long long)t.region);
 		else
-			rc = load_add_tensor(l, t.name, t.dtype, t.shape, t.ndim, dst, t.off,
+			rc = load_add_tensor(l, t.name, t.dtype, t.shape, t.ndim, dst, t.offset,
 					     t.nbytes, err, errlen);
 	}
 	if (m->err)

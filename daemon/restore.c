@@ -35,7 +35,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include <uv.h>
-#include <xxhash.h>
+#include <xxh_x86dispatch.h>  /* XXH3 with the CPU's widest vectors (AVX2, AVX-512) */
 
 #define DIRECT_ALIGN 4096
 

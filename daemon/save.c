@@ -18,21 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 #include <uv.h>
-#include <xxhash.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
 #define MAX_OBSERVERS 4
-
-/* A tensor as the client described it. */
-struct tensor_in {
-	char *name;
-	char dtype[16];
-	uint64_t shape[PROTO_MAX_DIMS];
-	unsigned ndim;
-	uint64_t nbytes;
-	struct source *src;   /* reference held until SAVE_END hands it to the engine */
-	uint64_t off;
-};
 
 struct save {
 	uint64_t id;
@@ -49,16 +37,10 @@ struct save {
 	int level;
 	int code;                /* FAILED: its ERR_E* */
 	char error[ERRLEN];
-	struct tensor_in *t;
-	size_t n, cap;
-	uint32_t *names;         /* open-addressing set of tensor indexes + 1, by name */
-	size_t names_cap;        /* a power of two, at least twice n */
-	uint64_t bytes;
-	uint64_t hdr_bytes;      /* at most this much header for the tensors so far */
+	struct tensors *tl;      /* its own, or a plan's shared until something is added */
 	struct blobs *blobs;     /* charged to uid until DURABLE or FAILED */
 	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
 	struct job *job;
-	struct st_tensor *st;    /* the header's description, lent to the job */
 	struct st_origin origin; /* the header's __metadata__ pairs, lent to the job */
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
@@ -87,19 +69,12 @@ static void save_uncharge(struct save *s)
 static void save_free(struct save *s)
 {
 	save_uncharge(s);
-	for (size_t i = 0; i < s->n; i++) {
-		free(s->t[i].name);
-		if (s->t[i].src)
-			source_unref(s->t[i].src);
-	}
-	free(s->t);
-	free(s->names);
+	tensors_unref(s->tl);
 	blobs_free(s->blobs);
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	if (s->job)
 		engine_job_free(s->job);
-	free(s->st);
 	free(s);
 }
 
@@ -186,7 +161,7 @@ static void on_engine(void *owner, struct job *j, int event, int code, const cha
 		if (event == ENGINE_DURABLE) {
 			log_info("save %llu durable: %s/%s.safetensors, %llu bytes in %.3f s",
 				 (unsigned long long)s->id, s->dir, s->file,
-				 (unsigned long long)s->bytes, now_mono() - s->t_accept);
+				 (unsigned long long)tensors_bytes(s->tl), now_mono() - s->t_accept);
 			set_level(s, LEVEL_DURABLE, 0, NULL);
 		} else {
 			set_level(s, LEVEL_FAILED, code, error);
@@ -251,7 +226,8 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		return fd;
 	}
 	struct save *s = calloc(1, sizeof(*s));
-	if (s && !(s->blobs = blobs_new(client_uid(c)))) {
+	if (s && (!(s->blobs = blobs_new(client_uid(c))) || !(s->tl = tensors_new()))) {
+		blobs_free(s->blobs);
 		free(s);
 		s = NULL;
 	}
@@ -295,116 +271,18 @@ struct save *save_find_open(uint64_t client, uint64_t id)
 	return s && s->level == LEVEL_NONE ? s : NULL;
 }
 
-/* Slot of name in the set: where it is, or the empty slot where it would go. */
-static size_t name_slot(const struct save *s, const char *name)
-{
-	size_t mask = s->names_cap - 1;
-	size_t i = XXH3_64bits(name, strlen(name)) & mask;
-
-	while (s->names[i] && strcmp(s->t[s->names[i] - 1].name, name) != 0)
-		i = (i + 1) & mask;
-	return i;
-}
-
-/* Grows the name set to hold at least twice n + 1 names; -1 when out of memory. */
-static int names_grow(struct save *s)
-{
-	if (2 * (s->n + 1) <= s->names_cap)
-		return 0;
-	size_t cap = s->names_cap ? s->names_cap * 2 : 256;
-	uint32_t *old = s->names;
-	if (!(s->names = calloc(cap, sizeof(*s->names)))) {
-		s->names = old;
-		return -1;
-	}
-	s->names_cap = cap;
-	for (size_t i = 0; i < s->n; i++)
-		s->names[name_slot(s, s->t[i].name)] = (uint32_t)i + 1;
-	free(old);
-	return 0;
-}
-
 /* Adds a tensor to an open save. */
 int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen)
 {
-	unsigned esize = dtype_size(dtype);
-	uint64_t count = 1;
+	return tensors_add(&s->tl, name, dtype, shape, ndim, src, off, nbytes, err, errlen);
+}
 
-	if (!*name) {
-		return seterr(err, errlen, ERR_EINVAL, "tensor with an empty name");
-	}
-	if (esize == 0) {
-		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'",
-			      name, dtype);
-	}
-	for (unsigned i = 0; i < ndim; i++) {
-		if (shape[i] && count > UINT64_MAX / shape[i]) {
-			return seterr(err, errlen, ERR_ERANGE, "tensor '%s': shape overflows",
-				      name);
-		}
-		count *= shape[i];
-	}
-	if (count > UINT64_MAX / esize || count * esize != nbytes) {
-		return seterr(err, errlen, ERR_EINVAL,
-			      "tensor '%s': nbytes %llu does not match its shape and dtype", name,
-			      (unsigned long long)nbytes);
-	}
-	if (!source_complete(src)) {
-		return seterr(err, errlen, ERR_ESTATE,
-			      "tensor '%s': its region is not fully mapped yet", name);
-	}
-	if (off > source_size(src) || nbytes > source_size(src) - off) {
-		snprintf(err, errlen,
-			 "tensor '%s': bytes [%llu, +%llu) lie outside its %llu-byte region", name,
-			 (unsigned long long)off, (unsigned long long)nbytes,
-			 (unsigned long long)source_size(src));
-		return ERR_ERANGE;
-	}
-	if (s->n >= config->max_tensors_per_save) {
-		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
-			      "max_tensors_per_save (%u) tensors", name,
-			      config->max_tensors_per_save);
-	}
-	uint64_t hdr = st_tensor_header_bytes(name, dtype, ndim);
-	if (s->hdr_bytes + hdr > ST_MAX_HEADER - ST_HEADER_FIXED) {
-		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "
-			      "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
-			      ST_MAX_HEADER, s->n);
-	}
-	if (names_grow(s) < 0)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-	size_t slot = name_slot(s, name);
-	if (s->names[slot])
-		return seterr(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
-	if (s->n == s->cap) {
-		size_t cap = s->cap ? s->cap * 2 : 64;
-		struct tensor_in *t = realloc(s->t, cap * sizeof(*t));
-		if (!t) {
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-		}
-		s->t = t;
-		s->cap = cap;
-	}
-	struct tensor_in *t = &s->t[s->n];
-	memset(t, 0, sizeof(*t));
-	t->name = strdup(name);
-	if (!t->name) {
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-	}
-	snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
-	memcpy(t->shape, shape, ndim * sizeof(*shape));
-	t->ndim = ndim;
-	t->nbytes = nbytes;
-	t->off = off;
-	t->src = src;
-	source_ref(src);
-	s->names[slot] = (uint32_t)s->n + 1;
-	s->n++;
-	s->bytes += nbytes;
-	s->hdr_bytes += hdr;
-	return 0;
+/* Adds a plan's tensors to an open save (the first ones: by sharing its list). */
+int save_add_plan(struct save *s, struct tensors *plan, char *err, size_t errlen)
+{
+	return tensors_append(&s->tl, plan, err, errlen);
 }
 
 /* Appends to a named blob. */
@@ -417,14 +295,15 @@ int save_add_blob(struct save *s, const char *name, const void *data, size_t len
 /* Totals so far. */
 void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes)
 {
-	*tensors = s->n;
-	*bytes = s->bytes;
+	*tensors = tensors_count(s->tl);
+	*bytes = tensors_bytes(s->tl);
 }
 
 /* Plans the file and submits it to the engine; the header is laid out by a flush thread. */
 int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 {
-	struct engine_req r = {.n = s->n, .dirfd = -1, .uid = s->uid, .gid = s->gid,
+	size_t n = tensors_count(s->tl);
+	struct engine_req r = {.n = n, .dirfd = -1, .uid = s->uid, .gid = s->gid,
 			       .mode = config->file_mode, .root = s->root, .fence = fence,
 			       .owner = s};
 	char name[160];
@@ -447,49 +326,41 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	r.nmeta = st_origin_pairs(&s->origin, s->rank, s->world,
 				  r.meta_name ? (int64_t)r.meta_len : -1);
 	r.meta = s->origin.pairs;
-	s->st = calloc(s->n ? s->n : 1, sizeof(*s->st));
-	r.t = calloc(s->n ? s->n : 1, sizeof(*r.t));
-	if (!s->st || !r.t) {
+	r.st = tensors_header(s->tl);	/* lent to the job: the save keeps the list */
+	r.t = malloc((n ? n : 1) * sizeof(*r.t));
+	if (!r.st || !r.t) {
 		seterr(err, errlen, rc, "out of memory");
 		goto fail;
 	}
-	uint64_t off = 0;
-	for (size_t i = 0; i < s->n; i++) {
-		s->st[i] = (struct st_tensor){s->t[i].name, s->t[i].dtype, s->t[i].shape,
-					      s->t[i].ndim, s->t[i].nbytes};
-		r.t[i] = (struct engine_tensor){off, s->t[i].nbytes, s->t[i].src, s->t[i].off};
-		off += s->t[i].nbytes;
-	}
-	r.st = s->st;
 	snprintf(name, sizeof(name), "%s.safetensors", s->file);
 	rc = store_file_create(s->dirfd, name, s->uid, s->gid, config->file_mode,
 			       config->o_direct, &r.file, err, errlen);
 	if (rc < 0)
 		goto fail;
 	r.dirfd = s->dirfd;
-	r.res = resident_begin(s->dir, s->file, s->uid, s->bytes);
+	r.res = resident_begin(s->dir, s->file, s->uid, tensors_bytes(s->tl));
+	tensors_give(s->tl, r.t);
 	if ((rc = engine_submit(&r, &s->job, err, errlen)) < 0) {
+		for (size_t i = 0; i < n; i++)
+			source_unref(r.t[i].src);
 		store_file_abort(r.file);
 		resident_drop(r.res);
 		goto fail;
 	}
 	/* Ownership: sources, file, directory, fence and resident copy went to the engine. */
-	for (size_t i = 0; i < s->n; i++)
-		s->t[i].src = NULL;
+	tensors_release(s->tl);
 	s->dirfd = -1;
 	s->t_accept = now_mono();
 	s->level = LEVEL_ACCEPTED;
 	s->t_change = s->t_accept;
 	blobs_clear(s->blobs);	/* their bytes went to the engine as the .meta file's */
 	log_debug("save %llu accepted: %s/%s, %zu tensors, %llu bytes",
-		  (unsigned long long)s->id, s->dir, s->file, s->n,
-		  (unsigned long long)s->bytes);
+		  (unsigned long long)s->id, s->dir, s->file, n,
+		  (unsigned long long)tensors_bytes(s->tl));
 	return 0;
 fail:
 	if (fence)
 		cuda_fence_free(fence);
-	free(s->st);
-	s->st = NULL;
 	free(r.t);
 	free(r.meta_name);
 	free(r.meta_bytes);
@@ -530,7 +401,7 @@ void save_view(const struct save *s, struct save_view *v)
 	v->level = s->level;
 	v->code = s->level == LEVEL_FAILED ? s->code : 0;
 	v->error = s->level == LEVEL_FAILED ? s->error : NULL;
-	v->bytes_total = s->bytes;
+	v->bytes_total = tensors_bytes(s->tl);
 	v->bytes_snapshot = s->snap;
 	v->bytes_flushed = s->flushed;
 	if (s->job)

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <xxhash.h>
+#include <xxh_x86dispatch.h>  /* XXH3 with the CPU's widest vectors (AVX2, AVX-512) */
 
 /* .meta files of older versions record no checksum in their header: they are hashed at
  * commit, up to the most blob bytes a save may carry plus msgpack's framing. */

@@ -256,6 +256,28 @@ int proto_get_bool(struct proto_map *pm, const char *key, int *out, int required
 	return 1;
 }
 
+/* Copies string value v (named what in errors) of at most maxlen bytes, NUL-free, into out. */
+static int str_value(struct proto_map *pm, const char *what, const msgpack_object *v,
+		     char *out, size_t maxlen)
+{
+	if (v->type != MSGPACK_OBJECT_STR) {
+		proto_map_fail(pm, "'%s' must be a string", what);
+		return -1;
+	}
+	if (v->via.str.size > maxlen) {
+		proto_map_fail(pm, "'%s' is %u bytes long (limit %zu)", what, v->via.str.size,
+			       maxlen);
+		return -1;
+	}
+	if (memchr(v->via.str.ptr, 0, v->via.str.size)) {
+		proto_map_fail(pm, "'%s' contains a NUL byte", what);
+		return -1;
+	}
+	memcpy(out, v->via.str.ptr, v->via.str.size);
+	out[v->via.str.size] = 0;
+	return 1;
+}
+
 /* Reads a NUL-free string of at most maxlen bytes into out. */
 int proto_get_str(struct proto_map *pm, const char *key, char *out, size_t maxlen,
 		  int required)
@@ -263,22 +285,49 @@ int proto_get_str(struct proto_map *pm, const char *key, char *out, size_t maxle
 	const msgpack_object *v = lookup(pm, key, required);
 	if (!v)
 		return pm->err ? -1 : 0;
-	if (v->type != MSGPACK_OBJECT_STR) {
-		proto_map_fail(pm, "'%s' must be a string", key);
+	return str_value(pm, key, v, out, maxlen);
+}
+
+/* Decodes a tensor entry [name, dtype, [shape…], region, offset, nbytes] into t. */
+int proto_get_tensor(struct proto_map *pm, const msgpack_object *obj, struct proto_tensor *t)
+{
+	const msgpack_object *f = obj->via.array.ptr;
+
+	if (pm->err)
+		return -1;
+	if (obj->type != MSGPACK_OBJECT_ARRAY || obj->via.array.size != 6) {
+		proto_map_fail(pm, "a tensor must be an array [name, dtype, shape, region, "
+			       "offset, nbytes]");
 		return -1;
 	}
-	if (v->via.str.size > maxlen) {
-		proto_map_fail(pm, "'%s' is %u bytes long (limit %zu)", key, v->via.str.size,
-			       maxlen);
+	if (str_value(pm, "tensor name", &f[0], t->name, PROTO_MAX_NAME) < 0 ||
+	    str_value(pm, "tensor dtype", &f[1], t->dtype, sizeof(t->dtype) - 1) < 0)
+		return -1;
+	if (f[2].type != MSGPACK_OBJECT_ARRAY || f[2].via.array.size > PROTO_MAX_DIMS) {
+		proto_map_fail(pm, "tensor '%s': shape must be an array of at most %d "
+			       "dimensions", t->name, PROTO_MAX_DIMS);
 		return -1;
 	}
-	if (memchr(v->via.str.ptr, 0, v->via.str.size)) {
-		proto_map_fail(pm, "'%s' contains a NUL byte", key);
-		return -1;
+	t->ndim = f[2].via.array.size;
+	for (unsigned i = 0; i < t->ndim; i++) {
+		if (f[2].via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+			proto_map_fail(pm, "tensor '%s': shape entries must be unsigned integers",
+				       t->name);
+			return -1;
+		}
+		t->shape[i] = f[2].via.array.ptr[i].via.u64;
 	}
-	memcpy(out, v->via.str.ptr, v->via.str.size);
-	out[v->via.str.size] = 0;
-	return 1;
+	for (int i = 3; i < 6; i++) {
+		if (f[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+			proto_map_fail(pm, "tensor '%s': region, offset and nbytes must be unsigned "
+				       "integers", t->name);
+			return -1;
+		}
+	}
+	t->region = f[3].via.u64;
+	t->offset = f[4].via.u64;
+	t->nbytes = f[5].via.u64;
+	return 0;
 }
 
 /* Reads binary data of at most maxlen bytes. */

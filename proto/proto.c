@@ -31,6 +31,8 @@ const char *proto_type_name(unsigned type)
 	case PROTO_LOAD_END: return "LOAD_END";
 	case PROTO_LOAD_WAIT: return "LOAD_WAIT";
 	case PROTO_LOAD_ABORT: return "LOAD_ABORT";
+	case PROTO_PLAN_ADD: return "PLAN_ADD";
+	case PROTO_PLAN_DEL: return "PLAN_DEL";
 	case PROTO_SAVE_ABORT: return "SAVE_ABORT";
 	case PROTO_STATUS: return "STATUS";
 	case PROTO_PENDING: return "PENDING";
@@ -180,6 +182,22 @@ void proto_kv_f64(msgpack_packer *pk, const char *key, double val)
 {
 	proto_key(pk, key);
 	msgpack_pack_double(pk, val);
+}
+
+/* Packs a tensor entry: [name, dtype, [shape…], region, offset, nbytes]. */
+void proto_pack_tensor(msgpack_packer *pk, const char *name, const char *dtype,
+		       const uint64_t *shape, unsigned ndim, uint64_t region, uint64_t offset,
+		       uint64_t nbytes)
+{
+	msgpack_pack_array(pk, 6);
+	proto_str(pk, name);
+	proto_str(pk, dtype);
+	msgpack_pack_array(pk, ndim);
+	for (unsigned i = 0; i < ndim; i++)
+		msgpack_pack_uint64(pk, shape[i]);
+	msgpack_pack_uint64(pk, region);
+	msgpack_pack_uint64(pk, offset);
+	msgpack_pack_uint64(pk, nbytes);
 }
 
 /* Writes a whole frame with optional fds on a blocking socket. */

@@ -14,7 +14,7 @@
 #include <msgpack.h>
 
 /* Bump PROTO_VERSION if you change the header, a message type or a message's keys. */
-#define PROTO_VERSION 3
+#define PROTO_VERSION 4
 #define PROTO_MAGIC 0x4b435344u       /* "DSCK" as little-endian bytes */
 #define PROTO_HDR_SIZE 24
 #define PROTO_MAX_BODY (16u << 20)    /* bigger frames are rejected unread */
@@ -48,6 +48,9 @@ enum proto_type {
 	PROTO_LOAD_END = 41,
 	PROTO_LOAD_WAIT = 42,
 	PROTO_LOAD_ABORT = 43,
+	/* 44-47: save plans (version 4) */
+	PROTO_PLAN_ADD = 44,
+	PROTO_PLAN_DEL = 45,
 	/* 64-95: control queries (dsckptctl) */
 	PROTO_STATUS = 64,
 	PROTO_PENDING = 65,
@@ -104,6 +107,19 @@ void proto_kv_bin(msgpack_packer *pk, const char *key, const void *p, size_t len
 /* Packs key: double. */
 void proto_kv_f64(msgpack_packer *pk, const char *key, double val);
 
+/* A tensor entry (SAVE_ADD, SAVE_END, PLAN_ADD, LOAD_ADD, LOAD_END): positional, no keys. */
+struct proto_tensor {
+	char name[PROTO_MAX_NAME + 1];
+	char dtype[16];
+	uint64_t shape[PROTO_MAX_DIMS];
+	unsigned ndim;
+	uint64_t region, offset, nbytes;
+};
+/* Packs a tensor entry: [name, dtype, [shape…], region, offset, nbytes]. */
+void proto_pack_tensor(msgpack_packer *pk, const char *name, const char *dtype,
+		       const uint64_t *shape, unsigned ndim, uint64_t region, uint64_t offset,
+		       uint64_t nbytes);
+
 /* Decoding a body (decode.c). A decoded body owns the msgpack zone the objects live in. */
 struct proto_in {
 	msgpack_unpacked up;
@@ -155,6 +171,9 @@ int proto_get_map(struct proto_map *pm, const char *key, struct proto_map *sub,
 /* Marks an error by hand (e.g. a value out of its domain); keeps the first one. */
 void proto_map_fail(struct proto_map *pm, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+/* Decodes a tensor entry (an array, see proto_pack_tensor) into t; 0, or -1 with the reason
+ * recorded in pm (the map the entry came in). */
+int proto_get_tensor(struct proto_map *pm, const msgpack_object *obj, struct proto_tensor *t);
 /* Final check: 0 if no error and every key was consumed, else -1 with pm->why set. */
 int proto_map_end(struct proto_map *pm);
 

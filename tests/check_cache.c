@@ -33,7 +33,7 @@ static void setup(void)
 static struct cache *mkcache(uint64_t bytes, uint64_t chunk)
 {
 	struct cache *c;
-	ck_assert_msg(cache_create(bytes, chunk, &c, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cache_create(bytes, chunk, NULL, &c, err, sizeof(err)) == 0, "%s", err);
 	return c;
 }
 
@@ -92,13 +92,13 @@ START_TEST(test_geometry)
 	ck_assert_uint_eq(cache_total(c), 4096);
 	cache_destroy(c);
 
-	ck_assert_int_eq(cache_create(4 * MIB, 0, &c, err, sizeof(err)), ERR_EINVAL);
+	ck_assert_int_eq(cache_create(4 * MIB, 0, NULL, &c, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_ptr_null(c);
-	ck_assert_int_eq(cache_create(4 * MIB, 1000, &c, err, sizeof(err)), ERR_EINVAL);
-	ck_assert_int_eq(cache_create(MIB, 2 * MIB, &c, err, sizeof(err)), ERR_EINVAL);
+	ck_assert_int_eq(cache_create(4 * MIB, 1000, NULL, &c, err, sizeof(err)), ERR_EINVAL);
+	ck_assert_int_eq(cache_create(MIB, 2 * MIB, NULL, &c, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_msg(strstr(err, "bad cache geometry") != NULL, "%s", err);
 	/* More than the address space: mmap fails whatever the overcommit policy. */
-	ck_assert_int_eq(cache_create(1ULL << 48, 1ULL << 30, &c, err, sizeof(err)),
+	ck_assert_int_eq(cache_create(1ULL << 48, 1ULL << 30, NULL, &c, err, sizeof(err)),
 			 ERR_ENOMEM);
 	ck_assert_msg(strstr(err, "cannot allocate") != NULL, "%s", err);
 }

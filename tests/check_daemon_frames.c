@@ -70,19 +70,11 @@ static int raw_trainer_save(uint64_t *save)
 	return fd;
 }
 
-/* Packs one tensor entry {name, dtype, shape: [dim], region: 1, offset, nbytes}. */
+/* Packs one tensor entry [name, dtype, [dim], region 1, offset, nbytes]. */
 static void pack_tensor(msgpack_packer *pk, const char *name, const char *dtype, uint64_t dim,
 			uint64_t offset, uint64_t nbytes)
 {
-	msgpack_pack_map(pk, 6);
-	proto_kv_str(pk, "name", name);
-	proto_kv_str(pk, "dtype", dtype);
-	proto_key(pk, "shape");
-	msgpack_pack_array(pk, 1);
-	msgpack_pack_uint64(pk, dim);
-	proto_kv_u64(pk, "region", 1);
-	proto_kv_u64(pk, "offset", offset);
-	proto_kv_u64(pk, "nbytes", nbytes);
+	proto_pack_tensor(pk, name, dtype, &dim, 1, 1, offset, nbytes);
 }
 
 /* Sends SAVE_ADD of one tensor to save on fd and expects an ERROR (code returned). */
@@ -529,13 +521,13 @@ static void bad_load(void)
 			proto_kv_u64(&o.pk, "load", load);
 			proto_key(&o.pk, "tensors");
 			msgpack_pack_array(&o.pk, 1);
-			msgpack_pack_map(&o.pk, 6);
-			proto_kv_str(&o.pk, "name", "x");
-			proto_kv_str(&o.pk, "dtype", "U8");
-			proto_kv_str(&o.pk, "shape", "10");
-			proto_kv_u64(&o.pk, "region", 1);
-			proto_kv_u64(&o.pk, "offset", 0);
-			proto_kv_u64(&o.pk, "nbytes", 10);
+			msgpack_pack_array(&o.pk, 6);
+			proto_str(&o.pk, "x");
+			proto_str(&o.pk, "U8");
+			proto_str(&o.pk, "10");
+			msgpack_pack_uint64(&o.pk, 1);
+			msgpack_pack_uint64(&o.pk, 0);
+			msgpack_pack_uint64(&o.pk, 10);
 			break;
 		case 3:	/* an event without its GPU */
 			out_map(&o, PROTO_LOAD_END, 2);

@@ -127,16 +127,7 @@ static int64_t load_begin(int fd, const char *dir, const char *file, char *src, 
 static void pack_dst(msgpack_packer *pk, const char *name, const char *dtype,
 		     const uint64_t *shape, unsigned ndim, uint64_t off, uint64_t nbytes)
 {
-	msgpack_pack_map(pk, 6);
-	proto_kv_str(pk, "name", name);
-	proto_kv_str(pk, "dtype", dtype);
-	proto_key(pk, "shape");
-	msgpack_pack_array(pk, ndim);
-	for (unsigned i = 0; i < ndim; i++)
-		msgpack_pack_uint64(pk, shape[i]);
-	proto_kv_u64(pk, "region", 1);
-	proto_kv_u64(pk, "offset", off);
-	proto_kv_u64(pk, "nbytes", nbytes);
+	proto_pack_tensor(pk, name, dtype, shape, ndim, 1, off, nbytes);
 }
 
 /* LOAD_END of load with t[0..n) placed one after another from byte 0 of region 1:

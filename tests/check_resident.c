@@ -37,7 +37,8 @@ static void setup(void)
 /* A cache of n chunks with keeping on. */
 static void mk(unsigned n)
 {
-	ck_assert_msg(cache_create(n * CH, CH, &c, errbuf, sizeof(errbuf)) == 0, "%s", errbuf);
+	ck_assert_msg(cache_create(n * CH, CH, NULL, &c, errbuf, sizeof(errbuf)) == 0, "%s",
+		      errbuf);
 	resident_init(c, 1);
 }
 

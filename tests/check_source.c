@@ -34,7 +34,7 @@ static void setup(void)
 static struct cache *mkcache(uint64_t bytes, uint64_t chunk)
 {
 	struct cache *c;
-	ck_assert_msg(cache_create(bytes, chunk, &c, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cache_create(bytes, chunk, NULL, &c, err, sizeof(err)) == 0, "%s", err);
 	return c;
 }
 

@@ -47,35 +47,27 @@ struct fake_region {
 static void fake_tensor(const msgpack_object *obj, struct fake_region *regs, int nregs,
 			int fill, FILE *log)
 {
-	struct proto_map m;
-	const msgpack_object_array *shape;
-	char name[PROTO_MAX_NAME + 1], dtype[16];
-	uint64_t region, offset, nbytes;
+	struct proto_map m = {0};
+	struct proto_tensor t;
 
-	proto_map_init(&m, obj);
-	proto_get_str(&m, "name", name, PROTO_MAX_NAME, 1);
-	proto_get_str(&m, "dtype", dtype, 15, 1);
-	proto_get_array(&m, "shape", &shape, PROTO_MAX_DIMS, 1);
-	proto_get_u64(&m, "region", UINT64_MAX, &region, 1);
-	proto_get_u64(&m, "offset", UINT64_MAX, &offset, 1);
-	proto_get_u64(&m, "nbytes", UINT64_MAX, &nbytes, 1);
-	if (proto_map_end(&m) < 0) {
+	if (proto_get_tensor(&m, obj, &t) < 0) {
 		fprintf(log, "BAD tensor: %s\n", m.why);
 		return;
 	}
 	for (int i = 0; i < nregs; i++) {
-		if (regs[i].id != region)
+		if (regs[i].id != t.region)
 			continue;
-		if (offset > regs[i].size || nbytes > regs[i].size - offset)
+		if (t.offset > regs[i].size || t.nbytes > regs[i].size - t.offset)
 			break;
 		fprintf(log, "tensor %s %s ndim=%u region=%" PRIu64 " offset=%" PRIu64
-			" nbytes=%" PRIu64 " fnv=%016" PRIx64 "\n", name, dtype, shape->size,
-			region, offset, nbytes, fake_fnv(regs[i].p + offset, nbytes));
+			" nbytes=%" PRIu64 " fnv=%016" PRIx64 "\n", t.name, t.dtype, t.ndim,
+			t.region, t.offset, t.nbytes, fake_fnv(regs[i].p + t.offset, t.nbytes));
 		if (fill)
-			fake_fill(regs[i].p + offset, nbytes, name);
+			fake_fill(regs[i].p + t.offset, t.nbytes, t.name);
 		return;
 	}
-	fprintf(log, "BAD tensor %s: region %" PRIu64 " unknown or too small\n", name, region);
+	fprintf(log, "BAD tensor %s: region %" PRIu64 " unknown or too small\n", t.name,
+		t.region);
 }
 
 /* Answers o with ERROR {code, message}. */

@@ -11,7 +11,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct proto_hdr h;
 	struct proto_in in;
-	struct proto_map m, t;
+	struct proto_map m;
+	struct proto_tensor t;
 	char why[160], name[PROTO_MAX_NAME + 1];
 	const msgpack_object_array *arr = NULL;
 	uint64_t u;
@@ -24,12 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		proto_get_u64(&m, "save", UINT64_MAX, &u, 0);
 		proto_get_str(&m, "dir", name, PROTO_MAX_NAME, 0);
 		if (proto_get_array(&m, "tensors", &arr, 65536, 0) == 1) {
-			for (uint32_t i = 0; i < arr->size; i++) {
-				proto_map_init(&t, &arr->ptr[i]);
-				proto_get_str(&t, "name", name, PROTO_MAX_NAME, 1);
-				proto_get_u64(&t, "nbytes", UINT64_MAX, &u, 1);
-				proto_map_end(&t);
-			}
+			for (uint32_t i = 0; i < arr->size && !m.err; i++)
+				proto_get_tensor(&m, &arr->ptr[i], &t);
 		}
 		proto_map_end(&m);
 	}

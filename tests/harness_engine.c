@@ -184,7 +184,8 @@ void eng_start(unsigned copy, unsigned flush, uint64_t cache_bytes, uint64_t chu
 {
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
 	loop = &uvloop;
-	ck_assert_msg(cache_create(cache_bytes, chunk, &tcache, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(cache_create(cache_bytes, chunk, NULL, &tcache, err, sizeof(err)) == 0,
+		      "%s", err);
 	ck_assert_msg(engine_start(tcache, copy, flush, on_event, err, sizeof(err)) == 0, "%s",
 		      err);
 }

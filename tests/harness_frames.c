@@ -249,19 +249,11 @@ int64_t r_begin(int fd, const char *dir, const char *file, struct res *res)
 	return rc < 0 ? rc : res->v;
 }
 
-/* Packs one tensor entry {name, dtype U8, shape [n], region, offset, nbytes n}. */
+/* Packs one tensor entry [name, "U8", [n], region, offset, n]. */
 void pack_u8(msgpack_packer *pk, const char *name, uint64_t region, uint64_t offset,
 	     uint64_t n)
 {
-	msgpack_pack_map(pk, 6);
-	proto_kv_str(pk, "name", name);
-	proto_kv_str(pk, "dtype", "U8");
-	proto_key(pk, "shape");
-	msgpack_pack_array(pk, 1);
-	msgpack_pack_uint64(pk, n);
-	proto_kv_u64(pk, "region", region);
-	proto_kv_u64(pk, "offset", offset);
-	proto_kv_u64(pk, "nbytes", n);
+	proto_pack_tensor(pk, name, "U8", &n, 1, region, offset, n);
 }
 
 /* SAVE_END of save with U8 tensor "t" of n bytes from region 1 and, when blob_len, a blob

@@ -71,7 +71,7 @@ int r_trainer(const char *job, struct res *res);
 int r_region(int fd, uint64_t region, int mfd, uint64_t size, struct res *res);
 /* SAVE_BEGIN of dir/file: the save id, or a negative code. */
 int64_t r_begin(int fd, const char *dir, const char *file, struct res *res);
-/* Packs one tensor entry {name, dtype U8, shape [n], region, offset, nbytes n}. */
+/* Packs one tensor entry [name, "U8", [n], region, offset, n]. */
 void pack_u8(msgpack_packer *pk, const char *name, uint64_t region, uint64_t offset,
 	     uint64_t n);
 /* SAVE_END of save with U8 tensor "t" of n bytes from region 1 and, when blob_len, a blob

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
-#include <xxhash.h>
+#include <xxh_x86dispatch.h>  /* XXH3 with the CPU's widest vectors (AVX2, AVX-512) */
 
 #include "../../format/format.h"
 

@@ -73,16 +73,11 @@ int lib_entries_add(dsckpt_conn_t *c, struct lib_entries *es, const dsckpt_tenso
 	if (!ends)
 		return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
 	es->ends = ends;
-	msgpack_pack_map(&es->pk, 6);
-	proto_kv_str(&es->pk, "name", t->name);
-	proto_kv_str(&es->pk, "dtype", t->dtype);
-	proto_key(&es->pk, "shape");
-	msgpack_pack_array(&es->pk, (size_t)t->ndim);
-	for (int i = 0; i < t->ndim; i++)
-		msgpack_pack_uint64(&es->pk, (uint64_t)t->shape[i]);
-	proto_kv_u64(&es->pk, "region", region);
-	proto_kv_u64(&es->pk, "offset", offset);
-	proto_kv_u64(&es->pk, "nbytes", t->nbytes);
+	uint64_t shape[PROTO_MAX_DIMS];
+	for (int i = 0; i < t->ndim; i++)	/* lib_check_tensor: ndim ≤ 16, dimensions ≥ 0 */
+		shape[i] = (uint64_t)t->shape[i];
+	proto_pack_tensor(&es->pk, t->name, t->dtype, shape, (unsigned)t->ndim, region, offset,
+			  t->nbytes);
 	es->ends[es->n++] = es->enc.size;
 	return 0;
 }
@@ -131,6 +126,12 @@ int lib_entries_send(dsckpt_conn_t *c, struct lib_entries *es, unsigned type,
 			return e;
 		i = j;
 	}
+}
+
+/* Whether every entry fits the END request's frame (lib_entries_send would send none). */
+int lib_entries_fit(const struct lib_entries *es)
+{
+	return es->n <= FRAME_MAX_ENTRIES && (es->n == 0 || es->ends[es->n - 1] <= FRAME_BUDGET);
 }
 
 /* Packs "tensors" with the entries from index last on, when there are any, into o. */

@@ -199,8 +199,17 @@ int lib_entries_call(dsckpt_conn_t *c, struct proto_out *o, const char *what);
  */
 int lib_entries_send(dsckpt_conn_t *c, struct lib_entries *es, unsigned type,
 		     const char *key, uint64_t id, size_t *last);
+/* Whether every entry fits the END request's frame (lib_entries_send would send none). */
+int lib_entries_fit(const struct lib_entries *es);
 /* Packs the key "tensors" and the entries from index last on into o, if there are any. */
 void lib_entries_pack_rest(const struct lib_entries *es, struct proto_out *o, size_t last);
+
+/* plan.c — save plans. */
+/* Makes p usable by a save whose entries are es: 0 when the daemon's copy holds, 1 when it
+ * was sent anew, or DSCKPT_E*; *id names it in the save's request (lock held). */
+int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t *id);
+/* The connection a plan was made on. */
+dsckpt_conn_t *lib_plan_conn(const dsckpt_plan_t *p);
 
 /* stage.c — the staging arenas of a save or a load; zero-initialised there are none. */
 struct lib_stage;

@@ -27,6 +27,7 @@ struct dsckpt_save {
 	struct lib_names tnames, bnames;
 	struct lib_stages stages;   /* host memory the library did not allocate, copied */
 	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
+	uint64_t plan;         /* the plan whose tensors come first; 0: none */
 };
 
 /* Opens a save of dir/file (SAVE_BEGIN). */
@@ -151,6 +152,27 @@ int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors, size_t 
 	return e;
 }
 
+/* Adds a plan's tensors: the plan is checked (and sent anew when memory changed under it)
+ * now; its id goes with the save's first frame at save_end. */
+int dsckpt_add_plan(dsckpt_save_t *s, dsckpt_plan_t *p)
+{
+	int e;
+
+	if (!s || !p)
+		return DSCKPT_EINVAL;
+	if ((e = save_enter(s)) < 0)
+		goto out;
+	if (lib_plan_conn(p) != s->c)
+		e = lib_conn_fail(s->c, DSCKPT_EINVAL, "the plan belongs to another connection");
+	else if (s->plan)
+		e = lib_conn_fail(s->c, DSCKPT_EEXIST, "the save has a plan already");
+	else
+		e = lib_plan_use(p, &s->es, &s->plan);
+out:
+	lib_conn_unlock(s->c);
+	return e;
+}
+
 /* Attaches a named blob: sent now, in pieces of at most BLOB_PIECE bytes. */
 int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t len)
 {
@@ -208,6 +230,23 @@ int dsckpt_save_set_stream(dsckpt_save_t *s, void *stream)
 	return e;
 }
 
+/* Sends the plan ahead of the tensors when they need SAVE_ADD frames of their own, so that
+ * the daemon takes the plan's tensors first (lock held). */
+static int save_send_plan(dsckpt_save_t *s)
+{
+	struct proto_out o;
+
+	if (!s->plan || lib_entries_fit(&s->es))
+		return 0;
+	lib_conn_frame(s->c, &o, PROTO_SAVE_ADD);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_u64(&o.pk, "save", s->id);
+	proto_kv_u64(&o.pk, "plan", s->plan);
+	int e = lib_entries_call(s->c, &o, "SAVE_ADD");
+	s->plan = 0;
+	return e;
+}
+
 /*
  * Hands the save to the daemon: the buffered tensors, then SAVE_END, with the event recorded
  * on the save's stream right before it when the save has GPU tensors.
@@ -225,15 +264,17 @@ int dsckpt_save_end(dsckpt_save_t *s)
 		return DSCKPT_EINVAL;
 	if ((e = save_enter(s)) < 0)
 		goto out;
-	if ((e = lib_conn_sweep(s->c)) < 0 ||
+	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_send_plan(s)) < 0 ||
 	    (e = lib_entries_send(s->c, &s->es, PROTO_SAVE_ADD, "save", s->id, &last)) < 0)
 		goto fail;
 	if (s->es.gpu >= 0 && (e = lib_cuda_record(s->c, s->es.gpu, s->es.gpu_ctx, s->stream,
 						   event, uuid)) < 0)
 		goto fail;
 	lib_conn_frame(s->c, &o, PROTO_SAVE_END);
-	msgpack_pack_map(&o.pk, (s->es.gpu >= 0 ? 3 : 1) + (last < s->es.n));
+	msgpack_pack_map(&o.pk, (s->es.gpu >= 0 ? 3 : 1) + (last < s->es.n) + (s->plan != 0));
 	proto_kv_u64(&o.pk, "save", s->id);
+	if (s->plan)
+		proto_kv_u64(&o.pk, "plan", s->plan);
 	lib_entries_pack_rest(&s->es, &o, last);
 	if (s->es.gpu >= 0) {
 		proto_kv_bin(&o.pk, "event", event, sizeof(event));

@@ -3,8 +3,9 @@
 #
 #   make gpu-bundle   (here: Debian, CUDA toolkit, no GPU needed) builds build/gpu/: dsckptd,
 #                     dsckptctl, lib/libdsckpt.so.0 and the GPU test programs, with libuv,
-#                     msgpack-c, xxhash and the CUDA runtime linked statically and libcjson.so.1
-#                     copied into build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
+#                     msgpack-c and the CUDA runtime linked statically and libcjson.so.1 and
+#                     libxxhash.so.0 (whose XXH3 picks AVX2/AVX-512 at run time) copied into
+#                     build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
 #                     runs on a GPU node that has none of the build dependencies.
 #   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu (gpu-trainer: saves;
 #                     gpu-restore: loads from the cache and, after a restart, from files)
@@ -46,11 +47,11 @@ gpu-bundle-files: $(GPU_BINS)
 		for lib in $$(LD_LIBRARY_PATH= ldd $$f | awk '{print $$1}'); do \
 			case "$$lib" in linux-vdso.so.*|libc.so.6|libm.so.6|libpthread.so.0|libdl.so.2|\
 			librt.so.1|libgcc_s.so.1|libstdc++.so.6|/lib64/ld-linux-x86-64.so.2|\
-			ld-linux-x86-64.so.2|libdsckpt.so.0|libcjson.so.1) ;; \
+			ld-linux-x86-64.so.2|libdsckpt.so.0|libcjson.so.1|libxxhash.so.0) ;; \
 			*) echo "$$f needs $$lib, which the bundle does not carry" >&2; bad=1 ;; esac; \
 		done; \
 		if LD_LIBRARY_PATH= ldd $$f | grep -q 'not found'; then ldd $$f >&2; bad=1; fi; \
-		if LD_LIBRARY_PATH= ldd $$f | grep -E 'lib(dsckpt|cjson)\.so' | grep -vq '$(GPU_DIR)/lib/'; then \
+		if LD_LIBRARY_PATH= ldd $$f | grep -E 'lib(dsckpt|cjson|xxhash)\.so' | grep -vq '$(GPU_DIR)/lib/'; then \
 			echo "$$f does not find the bundled libraries" >&2; bad=1; fi; \
 	done; [ $$bad -eq 0 ]
 	@{ echo "dsckpt GPU bundle"; echo "built: $$(date -u +%FT%TZ) on $$(hostname)"; \
@@ -64,10 +65,18 @@ $(GPU_DIR)/lib/libcjson.so.1:
 	@[ -n "$(Q)" ] && echo "  CP      $@" || true
 	$(Q)cp -L "$$($(CC) -print-file-name=libcjson.so.1)" $@
 
+# Debian's static libxxhash lacks the dispatching XXH3 (xxh_x86dispatch.h): the shared one
+# travels, so that restores and flushes hash with the node's widest vectors.
+$(GPU_DIR)/lib/libxxhash.so.0:
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CP      $@" || true
+	$(Q)cp -L "$$($(CC) -print-file-name=libxxhash.so.0)" $@
+
 $(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC)) \
-		$(GPU_DIR)/lib/libcjson.so.1
+		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) \
+	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 \
+		$(GPU_DIR)/lib/libxxhash.so.0 $(GPU_STATIC) \
 		$(CUDA_LIBS) $(GPU_SYSLIBS)
 
 $(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
@@ -77,10 +86,11 @@ $(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_S
 		$^ -Wl,--as-needed $(GPU_STATIC) $(CUDA_LIBS) $(GPU_SYSLIBS)
 
 $(GPU_DIR)/dsckptctl: $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a \
-		$(GPU_DIR)/lib/libcjson.so.1
+		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -o $@ $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a $(GPU_RPATH) \
-		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_STATIC) $(CUDA_LIBS) $(GPU_SYSLIBS)
+		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0 $(GPU_STATIC) $(CUDA_LIBS) \
+		$(GPU_SYSLIBS)
 
 # The test programs: CUDA runtime static (nvcc's default), driver API through
 # cudaGetDriverEntryPointByVersion (no -lcuda), libdsckpt and libcjson from the bundle.

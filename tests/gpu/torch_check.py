@@ -9,7 +9,11 @@ For each of two steps: the tensors get new values from kernels queued on a side 
 before save_end (behind about a second of matrix products, so they are still running when
 save_end returns), the daemon must order its copies after them; after SNAPSHOT the tensors are overwritten at once;
 after DURABLE the checkpoint is committed and safetensors.safe_open(framework="pt") must give
-back exactly the values the stream wrote (compared bit for bit).
+back exactly the values the stream wrote (compared bit for bit). Steps 3 and 4 hand the same
+tensors over as a save plan (dsckpt_add_plan must find it still good); then every tensor is
+freed (release_gpu, empty_cache) and allocated again: where the new tensors lie at the plan's
+addresses, step 5's dsckpt_add_plan must see that the memory changed and send the plan anew;
+either way the file must hold the new values.
 
 Exit status: 0 passed, 1 failed, 77 skipped (no torch, no safetensors, no GPU).
 """
@@ -65,6 +69,11 @@ class Lib:
             "dsckpt_wait": (i, [vp, i, i]),
             "dsckpt_save_free": (None, [vp]),
             "dsckpt_commit": (i, [vp, cp, i]),
+            "dsckpt_plan_create": (i, [vp, ctypes.c_char_p, ctypes.c_size_t,
+                                       ctypes.POINTER(vp)]),
+            "dsckpt_add_plan": (i, [vp, vp]),
+            "dsckpt_plan_free": (None, [vp]),
+            "dsckpt_release_gpu": (i, [vp]),
         }
         for name, (res, args) in sigs.items():
             fn = getattr(lib, name)
@@ -105,13 +114,38 @@ def make_tensors():
     return t
 
 
-def save_step(lib, root, job, step, tensors, side):
-    """One checkpoint as described at the top; returns the values the file must hold."""
+class Plan:
+    """A dsckpt_plan_t of the tensors (dsckpt_tensor_t records kept alive with it)."""
+
+    def __init__(self, lib, tensors):
+        self.keep, recs = [], []
+        for name, x in tensors.items():
+            shape = (ctypes.c_int64 * x.dim())(*x.shape)
+            nm, dt = ctypes.c_char_p(name.encode()), ctypes.c_char_p(DTYPES[x.dtype][0].encode())
+            self.keep += [shape, nm, dt]
+            recs.append((ctypes.cast(nm, ctypes.c_void_p).value,
+                         ctypes.cast(dt, ctypes.c_void_p).value, ctypes.addressof(shape),
+                         x.dim(), x.data_ptr(), x.numel() * x.element_size()))
+        import struct
+        raw = b"".join(struct.pack("PPPiPN", *r) for r in recs)  # dsckpt_tensor_t
+        self.ptrs = [x.data_ptr() for x in tensors.values()]
+        self.p = ctypes.c_void_p()
+        lib.check(lib.lib.dsckpt_plan_create(lib.conn, raw, len(recs), ctypes.byref(self.p)),
+                  "dsckpt_plan_create")
+
+
+def save_step(lib, root, job, step, tensors, side, plan=None, sent=None):
+    """One checkpoint as described at the top (through plan when given: dsckpt_add_plan
+    must return sent); returns the values the file must hold."""
     ckdir = f"{root}/{job}/step{step}"
     save = ctypes.c_void_p()
     lib.check(lib.lib.dsckpt_save_begin(lib.conn, ckdir.encode(), b"rank0",
                                         ctypes.byref(save)), "dsckpt_save_begin")
-    for name, x in tensors.items():
+    if plan is not None:
+        rc = lib.check(lib.lib.dsckpt_add_plan(save, plan.p), "dsckpt_add_plan")
+        if rc != sent:
+            fail(f"step {step}: dsckpt_add_plan returned {rc}, want {sent}")
+    for name, x in (tensors.items() if plan is None else ()):
         shape = (ctypes.c_int64 * x.dim())(*x.shape)
         nbytes = x.numel() * x.element_size()
         lib.check(lib.lib.dsckpt_add_tensor(save, name.encode(), DTYPES[x.dtype][0].encode(),
@@ -177,9 +211,28 @@ def main():
     for step in (1, 2):
         ckdir, expected = save_step(lib, root, job, step, tensors, side)
         verify(ckdir, expected)
+    plan = Plan(lib, tensors)
+    for step in (3, 4):
+        ckdir, expected = save_step(lib, root, job, step, tensors, side, plan, 0)
+        verify(ckdir, expected)
+    # Everything freed and allocated again (the daemon lets go of the old memory first).
+    lib.check(lib.lib.dsckpt_release_gpu(lib.conn), "dsckpt_release_gpu")
+    del tensors, expected
+    torch.cuda.empty_cache()
+    tensors = make_tensors()
+    same = [x.data_ptr() for x in tensors.values()] == plan.ptrs
+    if not same:  # the caller's rule: other pointers need a new plan
+        lib.lib.dsckpt_plan_free(plan.p)
+        plan = Plan(lib, tensors)
+    ckdir, expected = save_step(lib, root, job, 5, tensors, side, plan, 1 if same else 0)
+    verify(ckdir, expected)
+    lib.lib.dsckpt_plan_free(plan.p)
     lib.lib.dsckpt_close(lib.conn)
+    moved = ("at the same addresses: the plan was sent anew" if same else
+             "at other addresses: a new plan")
     print(f"torch {torch.__version__} ({mode}): {len(tensors)} tensors, "
-          f"{total / 2**20:.1f} MiB, 2 checkpoints verified bit for bit")
+          f"{total / 2**20:.1f} MiB, 5 checkpoints verified bit for bit (2 through a plan; "
+          f"reallocated {moved})")
 
 
 if __name__ == "__main__":

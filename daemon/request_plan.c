@@ -1,0 +1,67 @@
+/*
+ * request_plan.c — the save-plan messages: PLAN_ADD (make a plan or add tensors to it) and
+ * PLAN_DEL. A save names a plan with the "plan" key of SAVE_ADD/SAVE_END (request.c).
+ */
+#include "request.h"
+
+/* PLAN_ADD: makes plan id or adds tensors to it; a refused tensor forgets the whole plan, so
+ * that a plan never lacks part of what its client described. */
+void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	const msgpack_object_array *tensors = NULL;
+	uint64_t id = 0;
+	char err[ERRLEN] = "";
+	struct proto_tensor t;
+	int rc = 0;
+
+	proto_get_u64(m, "plan", UINT64_MAX, &id, 1);
+	proto_get_array(m, "tensors", &tensors, REQUEST_MAX_ENTRIES, 1);
+	if (m->err)
+		return request_malformed(c, h, m->why);
+	if ((rc = (int)auth_check(c, AUTH_SAVE, err, sizeof(err))) < 0) {
+		if (proto_map_end(m) < 0)
+			return request_malformed(c, h, m->why);
+		return request_error(c, h, rc, "%s", err);
+	}
+	struct plan *p = plan_open(client_id(c), client_uid(c), id, &rc, err, sizeof(err));
+	for (uint32_t i = 0; i < tensors->size; i++) {
+		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
+			break;
+		if (!p || rc < 0)
+			continue;	/* refused already: only a malformed entry is still news */
+		struct source *src = client_region(c, t.region);
+		if (!src)
+			rc = seterr(err, sizeof(err), ERR_ENOENT, "tensor '%s': no region %llu on "
+				    "this connection", t.name, (unsigned long long)t.region);
+		else
+			rc = plan_add_tensor(p, t.name, t.dtype, t.shape, t.ndim, src, t.offset,
+					     t.nbytes, err, sizeof(err));
+	}
+	if (m->err || proto_map_end(m) < 0) {
+		plan_del(client_id(c), id);
+		return request_malformed(c, h, m->why);
+	}
+	if (!p)
+		return request_error(c, h, rc, "plan %llu: %s", (unsigned long long)id, err);
+	if (rc < 0) {
+		plan_del(client_id(c), id);
+		return request_error(c, h, rc, "%s (plan %llu forgotten)", err,
+				  (unsigned long long)id);
+	}
+	struct tensors *tl = plan_tensors(p);
+	reply_save_totals(client_id(c), h->id, tensors_count(tl), tensors_bytes(tl));
+}
+
+/* PLAN_DEL: forgets a plan (saves made from it keep their tensors). */
+void request_plan_del(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	uint64_t id = 0;
+
+	proto_get_u64(m, "plan", UINT64_MAX, &id, 1);
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	if (plan_del(client_id(c), id) < 0)
+		return request_error(c, h, ERR_ENOENT, "no plan %llu on this connection",
+				  (unsigned long long)id);
+	reply_empty(client_id(c), h->id);
+}

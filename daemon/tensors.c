@@ -1,0 +1,302 @@
+/*
+ * tensors.c — a list of tensors as a client described them: name, dtype, shape and where
+ * the bytes are (a source and an offset), every entry checked, names unique. Loop thread only.
+ *
+ * A save builds its own list; a plan (plan.c) builds one that every save made from it shares:
+ * lists are reference-counted and copied on write, so a save that adds a tensor after a plan's
+ * copies the plan's list first, and a plan that grows while a save reads its list does too.
+ * A list holds one reference to each entry's source until tensors_release or the end.
+ */
+#include "dsckptd.h"
+#include "../proto/proto.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+/* One tensor as the client described it. */
+struct tensor_in {
+	char *name;
+	char dtype[16];
+	uint64_t shape[PROTO_MAX_DIMS];
+	unsigned ndim;
+	uint64_t nbytes;
+	struct source *src;   /* NULL once tensors_give took it */
+	uint64_t off;
+};
+
+struct tensors {
+	struct tensor_in *t;
+	size_t n, cap;
+	uint32_t *names;      /* open-addressing set of entry indexes + 1, by name */
+	size_t names_cap;     /* a power of two, at least twice n */
+	uint64_t bytes;
+	uint64_t hdr_bytes;   /* at most this much header for the entries */
+	struct st_tensor *st; /* the header's description, made on first need */
+	unsigned refs;
+};
+
+/* An empty list with one reference; NULL without memory. */
+struct tensors *tensors_new(void)
+{
+	struct tensors *tl = calloc(1, sizeof(*tl));
+
+	if (tl)
+		tl->refs = 1;
+	return tl;
+}
+
+/* Another reference to tl. */
+struct tensors *tensors_ref(struct tensors *tl)
+{
+	tl->refs++;
+	return tl;
+}
+
+/* Drops a reference; the last frees the entries and their sources' references. */
+void tensors_unref(struct tensors *tl)
+{
+	if (!tl || --tl->refs > 0)
+		return;
+	for (size_t i = 0; i < tl->n; i++) {
+		free(tl->t[i].name);
+		if (tl->t[i].src)
+			source_unref(tl->t[i].src);
+	}
+	free(tl->t);
+	free(tl->names);
+	free(tl->st);
+	free(tl);
+}
+
+/* Counts. */
+size_t tensors_count(const struct tensors *tl) { return tl->n; }
+uint64_t tensors_bytes(const struct tensors *tl) { return tl->bytes; }
+
+/* The slot of name in the set: its entry's, or the empty one where it would go. */
+static size_t name_slot(const struct tensors *tl, const char *name)
+{
+	size_t mask = tl->names_cap - 1;
+	size_t i = XXH3_64bits(name, strlen(name)) & mask;
+
+	while (tl->names[i] && strcmp(tl->t[tl->names[i] - 1].name, name) != 0)
+		i = (i + 1) & mask;
+	return i;
+}
+
+/* Grows the name set to hold at least twice n + more names; -1 when out of memory. */
+static int names_grow(struct tensors *tl, size_t more)
+{
+	if (2 * (tl->n + more) <= tl->names_cap)
+		return 0;
+	size_t cap = tl->names_cap ? tl->names_cap : 256;
+	while (cap < 2 * (tl->n + more))
+		cap *= 2;
+	uint32_t *old = tl->names;
+	if (!(tl->names = calloc(cap, sizeof(*tl->names)))) {
+		tl->names = old;
+		return -1;
+	}
+	tl->names_cap = cap;
+	for (size_t i = 0; i < tl->n; i++)
+		tl->names[name_slot(tl, tl->t[i].name)] = (uint32_t)i + 1;
+	free(old);
+	return 0;
+}
+
+/* Makes *tlp a list only its holder reads (a copy when shared); -1 when out of memory. */
+static int tensors_own(struct tensors **tlp)
+{
+	struct tensors *tl = *tlp, *c;
+
+	if (tl->refs == 1)
+		return 0;
+	if (!(c = tensors_new()))
+		return -1;
+	c->t = malloc((tl->n ? tl->n : 1) * sizeof(*c->t));
+	c->names = malloc((tl->names_cap ? tl->names_cap : 1) * sizeof(*c->names));
+	if (!c->t || !c->names) {
+		tensors_unref(c);
+		return -1;
+	}
+	for (; c->n < tl->n; c->n++) {
+		c->t[c->n] = tl->t[c->n];
+		if (!(c->t[c->n].name = strdup(tl->t[c->n].name))) {
+			tensors_unref(c);
+			return -1;
+		}
+		if (c->t[c->n].src)
+			source_ref(c->t[c->n].src);
+	}
+	memcpy(c->names, tl->names, tl->names_cap * sizeof(*c->names));
+	c->cap = tl->n;
+	c->names_cap = tl->names_cap;
+	c->bytes = tl->bytes;
+	c->hdr_bytes = tl->hdr_bytes;
+	tensors_unref(tl);
+	*tlp = c;
+	return 0;
+}
+
+/* Checks a tensor's description against its source; 0 or a negative ERR_E* with err. */
+static int tensor_check(const char *name, const char *dtype, const uint64_t *shape,
+			unsigned ndim, const struct source *src, uint64_t off, uint64_t nbytes,
+			char *err, size_t errlen)
+{
+	unsigned esize = dtype_size(dtype);
+	uint64_t count = 1;
+
+	if (!*name)
+		return seterr(err, errlen, ERR_EINVAL, "tensor with an empty name");
+	if (esize == 0)
+		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'", name,
+			      dtype);
+	for (unsigned i = 0; i < ndim; i++) {
+		if (shape[i] && count > UINT64_MAX / shape[i])
+			return seterr(err, errlen, ERR_ERANGE, "tensor '%s': shape overflows",
+				      name);
+		count *= shape[i];
+	}
+	if (count > UINT64_MAX / esize || count * esize != nbytes)
+		return seterr(err, errlen, ERR_EINVAL,
+			      "tensor '%s': nbytes %llu does not match its shape and dtype", name,
+			      (unsigned long long)nbytes);
+	if (!source_complete(src))
+		return seterr(err, errlen, ERR_ESTATE,
+			      "tensor '%s': its region is not fully mapped yet", name);
+	if (off > source_size(src) || nbytes > source_size(src) - off)
+		return seterr(err, errlen, ERR_ERANGE,
+			      "tensor '%s': bytes [%llu, +%llu) lie outside its %llu-byte region",
+			      name, (unsigned long long)off, (unsigned long long)nbytes,
+			      (unsigned long long)source_size(src));
+	return 0;
+}
+
+/* Checks a tensor and appends it to *tlp (copied first when shared), taking a reference to
+ * src; 0 or a negative ERR_E* with err (the list unchanged). */
+int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
+		const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
+		uint64_t nbytes, char *err, size_t errlen)
+{
+	struct tensors *tl;
+	int rc = tensor_check(name, dtype, shape, ndim, src, off, nbytes, err, errlen);
+
+	if (rc < 0)
+		return rc;
+	if (tensors_own(tlp) < 0)
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	tl = *tlp;
+	free(tl->st);	/* describes fewer entries than there will be */
+	tl->st = NULL;
+	if (tl->n >= config->max_tensors_per_save)
+		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
+			      "max_tensors_per_save (%u) tensors", name,
+			      config->max_tensors_per_save);
+	uint64_t hdr = st_tensor_header_bytes(name, dtype, ndim);
+	if (tl->hdr_bytes + hdr > ST_MAX_HEADER - ST_HEADER_FIXED)
+		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "
+			      "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
+			      ST_MAX_HEADER, tl->n);
+	if (names_grow(tl, 1) < 0)
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	size_t slot = name_slot(tl, name);
+	if (tl->names[slot])
+		return seterr(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
+	if (tl->n == tl->cap) {
+		size_t cap = tl->cap ? tl->cap * 2 : 64;
+		struct tensor_in *t = realloc(tl->t, cap * sizeof(*t));
+		if (!t)
+			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		tl->t = t;
+		tl->cap = cap;
+	}
+	struct tensor_in *t = &tl->t[tl->n];
+	memset(t, 0, sizeof(*t));
+	if (!(t->name = strdup(name)))
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
+	memcpy(t->shape, shape, ndim * sizeof(*shape));
+	t->ndim = ndim;
+	t->nbytes = nbytes;
+	t->off = off;
+	t->src = src;
+	source_ref(src);
+	tl->names[slot] = (uint32_t)tl->n + 1;
+	tl->n++;
+	tl->bytes += nbytes;
+	tl->hdr_bytes += hdr;
+	return 0;
+}
+
+/*
+ * Appends every entry of from to *tlp. An empty *tlp becomes another reference to from (no
+ * copy: a plan's warm path); otherwise the entries are added one by one. 0 or a negative
+ * ERR_E* with err; on error *tlp may hold some of from's entries (the caller drops the save).
+ */
+int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t errlen)
+{
+	if ((*tlp)->n == 0) {
+		tensors_unref(*tlp);
+		*tlp = tensors_ref(from);
+		return 0;
+	}
+	for (size_t i = 0; i < from->n; i++) {
+		const struct tensor_in *t = &from->t[i];
+		int rc = tensors_add(tlp, t->name, t->dtype, t->shape, t->ndim, t->src, t->off,
+				     t->nbytes, err, errlen);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* The list's description for the file's header, made once and kept with the list (which
+ * must outlive its users); NULL without memory. */
+const struct st_tensor *tensors_header(struct tensors *tl)
+{
+	if (tl->st)
+		return tl->st;
+	if (!(tl->st = malloc((tl->n ? tl->n : 1) * sizeof(*tl->st))))
+		return NULL;
+	for (size_t i = 0; i < tl->n; i++) {
+		const struct tensor_in *t = &tl->t[i];
+		tl->st[i] = (struct st_tensor){t->name, t->dtype, t->shape, t->ndim, t->nbytes};
+	}
+	return tl->st;
+}
+
+/* Describes the list for the engine (et: data offsets in order, each with a new reference to
+ * its source). */
+void tensors_give(const struct tensors *tl, struct engine_tensor *et)
+{
+	uint64_t off = 0;
+
+	for (size_t i = 0; i < tl->n; i++) {
+		const struct tensor_in *t = &tl->t[i];
+		et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
+		source_ref(t->src);
+		off += t->nbytes;
+	}
+}
+
+/* Drops the list's references to its sources once the engine holds its own, unless a plan
+ * shares the list (a region is closed when nothing reads it any more). The names stay. */
+void tensors_release(struct tensors *tl)
+{
+	if (tl->refs > 1)
+		return;
+	for (size_t i = 0; i < tl->n; i++) {
+		if (tl->t[i].src)
+			source_unref(tl->t[i].src);
+		tl->t[i].src = NULL;
+	}
+}
+
+/* Whether any entry reads from src (a plan whose region went away). */
+int tensors_use(const struct tensors *tl, const struct source *src)
+{
+	for (size_t i = 0; i < tl->n; i++)
+		if (tl->t[i].src == src)
+			return 1;
+	return 0;
+}
