@@ -177,13 +177,11 @@ class _Entry:
             s.add_tensors(self.others)
         keep = list(compress(tensors, self.gpu_mask))
         if self.copies:
-            specs = []
-            for place, (name, dtype, shape, _, nbytes) in self.copies:
-                data = tensors[place].detach().contiguous()
-                specs.append((name, dtype, shape, data.data_ptr() if nbytes else 0, nbytes))
-                if data.is_cuda:
-                    keep.append(data)
-            s.add_tensors(specs)
+            datas = [tensors[place].detach().contiguous() for place, _ in self.copies]
+            s.add_tensors([(name, dtype, shape, data.data_ptr() if nbytes else 0, nbytes)
+                           for (_, (name, dtype, shape, _, nbytes)), data
+                           in zip(self.copies, datas)])  # host copies are staged by now
+            keep += [data for data in datas if data.is_cuda]
         return resent, keep
 
     def close(self) -> None:
@@ -276,6 +274,10 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any, dir: str,
     try:
         resent, keep = entry.add(s, found[0])
         s.add_blob(_blob.BLOB, blob)
+    except DsckptError as e:  # e.g. the plan, sent anew, met memory a plan cannot take
+        s.close()
+        log.debug("dsckpt: cached hand-over of %s failed, walking instead: %s", file, e)
+        return None
     except BaseException:
         s.close()
         raise
