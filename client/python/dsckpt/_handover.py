@@ -85,8 +85,14 @@ class _Tensors:
         self.ptrs = list(map(_T.data_ptr, tensors))
         self.offsets = list(map(_T.storage_offset, tensors))
         guard = _guard_class()
-        self.guard = guard(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                           dynamic_dims_strides=[list(t.stride()) for t in tensors]) \
+        # TensorGuards refuses one object twice: it checks each object's first place (the
+        # places that hold one object are checked below).
+        first = _pattern(tensors)
+        self.guard_mask = [f == i for i, f in enumerate(first)]
+        self.guard_all = all(self.guard_mask)
+        once = list(compress(tensors, self.guard_mask))
+        self.guard = guard(*once, dynamic_dims_sizes=[list(t.shape) for t in once],
+                           dynamic_dims_strides=[list(t.stride()) for t in once]) \
             if guard is not None and tensors else None
         if self.guard is None:
             self.lists = self._lists(tensors)
@@ -112,7 +118,8 @@ class _Tensors:
         if list(map(type, tensors)) != self.types or list(map(_T.data_ptr, tensors)) != self.ptrs:
             return False
         if self.guard is not None:
-            if not self.guard.check(*tensors):
+            once = tensors if self.guard_all else compress(tensors, self.guard_mask)
+            if not self.guard.check(*once):
                 return False
         elif self._lists(tensors) != self.lists:
             return False
