@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _blob
+from . import _blob, _stage
 from ._flatten import _Flattener
 from ._shape import HasTensor, Shape, Uncacheable, dump_leaves
 from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_tensors
@@ -132,8 +132,8 @@ class _Tensors:
 
 
 class _Entry:
-    """One file name's cached hand-over on one connection (immutable once made, but for
-    the plan, closed when the entry is replaced)."""
+    """One file name's cached hand-over on one connection (fixed once made, but for the
+    staging buffers' turns; its plans are closed when the entry is replaced)."""
 
     def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
                  tensors: List[torch.Tensor]):
@@ -147,10 +147,11 @@ class _Entry:
         view_at: Dict[int, int] = {}  # view → its first place in Shape order
         for place, t in enumerate(tensors):
             view_at.setdefault(flat.entries[entry_of[id(t)]]["view"], place)
-        planned, others = [], []
+        planned, staged, others = [], [], []
         self.copies: List[Tuple[int, tuple]] = []  # (place, spec) of non-contiguous views
         gpu_places = []
         self.device: Optional[torch.device] = flat.gpu[0].device if flat.gpu else None
+        small = 0
         for vi, (spec, data, orig) in enumerate(zip(flat.specs, flat.payload, flat.originals)):
             cuda = data.is_cuda
             if data is not orig:
@@ -158,28 +159,39 @@ class _Entry:
                 continue
             if cuda:
                 gpu_places.append(view_at[vi])
-            name, dtype, shape_, ptr, nbytes = spec
-            if nbytes and (cuda or (data.device.type == "cpu" and in_host_buffer(ptr, nbytes))):
+            nbytes = spec[4]
+            if nbytes and (cuda or (data.device.type == "cpu" and in_host_buffer(spec[3], nbytes))):
                 planned.append(spec)
+            elif 0 < nbytes <= _stage.SMALL and small + nbytes <= _stage.TOTAL \
+                    and data.device.type == "cpu" and _stage.fits(spec[3], data.dtype):
+                staged.append((spec, data.dtype))
+                small += nbytes
             else:
                 others.append(spec)
         self.gpu_mask = [False] * len(tensors)
         for place in gpu_places:
             self.gpu_mask[place] = True
         self.plan: Optional[Plan] = None
-        if planned:
-            try:
+        self.stage: Optional[_stage.Stage] = None
+        try:
+            if staged:
+                self.stage = _stage.Stage(conn, planned, staged)
+            elif planned:
                 self.plan = conn.plan(planned)
-            except DsckptError as e:  # e.g. memory a plan cannot take: add them every time
-                log.debug("dsckpt: no save plan (%s); its tensors are added each save", e)
-                others = planned + others
+        except DsckptError as e:  # e.g. memory a plan cannot take: add them every time
+            log.debug("dsckpt: no save plan (%s); its tensors are added each save", e)
+            others = planned + [spec for spec, _ in staged] + others
         self.others: Optional[PackedTensors] = pack_tensors(others)
 
     def add(self, s: Save, tensors: List[torch.Tensor]) -> Tuple[bool, list]:
         """Adds tensors (in Shape order, proven to be the recorded ones) to s: the plan, the
-        others, contiguous copies of the non-contiguous ones. Returns whether the plan was
-        sent whole, and the GPU tensors the daemon reads until SNAPSHOT."""
-        resent = s.add_plan(self.plan) if self.plan is not None else False
+        staged ones, the others, contiguous copies of the non-contiguous ones. Returns
+        whether a plan was sent whole, and the GPU tensors the daemon reads until SNAPSHOT."""
+        resent = False
+        if self.stage is not None:
+            resent = self.stage.add(s)
+        elif self.plan is not None:
+            resent = s.add_plan(self.plan)
         if self.others is not None:
             s.add_tensors(self.others)
         keep = list(compress(tensors, self.gpu_mask))
@@ -192,9 +204,11 @@ class _Entry:
         return resent, keep
 
     def close(self) -> None:
-        """Frees the plan (saves already ended are not affected)."""
+        """Frees the plans (saves already ended are not affected)."""
         if self.plan is not None:
             self.plan.close()
+        if self.stage is not None:
+            self.stage.close()
 
 
 class _Cache:

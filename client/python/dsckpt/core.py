@@ -372,6 +372,11 @@ class Save:
             raise error_for(Errno.ESTATE, "ESTATE", f"save {self.file} was closed")
         return self._h
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called (the daemon may still be working on the save)."""
+        return self._h is None
+
     def add_tensor(self, name: str, dtype: str, shape: Sequence[int], ptr: int,
                    nbytes: int) -> None:
         """Adds ``nbytes`` at address ``ptr`` (host, dsckpt host memory or CUDA) as tensor

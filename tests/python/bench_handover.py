@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""bench_handover.py — the time of the dsckpt.torch.save call, cold (the first save: the
+walk and a new save plan) against warm (the same structure again: the cached hand-over),
+for a GPT-like state dict of N tensors: {"model": OrderedDict of N/4 weights, "optim":
+{"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [...]}} as
+model.state_dict() and AdamW's state_dict() give it (CPU step scalars included), rebuilt
+before every save as a trainer does (new dicts, new detached tensor objects, an lr that
+changes). A micro-benchmark, not a test: it prints, it asserts only that warm saves were warm.
+
+  python3 tests/python/bench_handover.py [--tensors 1556] [--saves 20] [--device cpu|cuda]
+                                         [--socket PATH] [--root DIR]
+
+Tensors live in dsckpt host memory (dsckpt.torch.host_empty) on the CPU, in one
+torch.empty buffer each on a GPU. Without --socket a daemon is started from $DSCKPTD
+(default build/dsckptd) on a scratch directory, as tests/python/conftest.py does; with one,
+--root must be a directory the daemon allows. Each save waits for SNAPSHOT before the next
+(what a trainer does before its optimizer step), outside the timed call. Run with
+PYTHONPATH=client/python (and DSCKPT_LIB when the library is not found by itself).
+"""
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+
+import dsckpt  # noqa: E402
+import dsckpt.torch as dt  # noqa: E402
+
+
+def make_state(nparams, device):
+    """Weights and AdamW state for nparams parameters of 64 elements each (the tensor count
+    is the point, not the bytes), and a function that rebuilds the state dict."""
+    def tensor():
+        if device == "cpu":
+            return dt.host_empty((8, 8)).normal_()
+        return torch.randn(8, 8, device=device)
+    weights = [tensor() for _ in range(nparams)]
+    states = [{"step": torch.tensor(10.0), "exp_avg": tensor(), "exp_avg_sq": tensor()}
+              for _ in range(nparams)]
+    lr = [1e-3]
+
+    def state_dict():
+        lr[0] *= 0.999  # a scheduler: param_groups changes every save
+        model = collections.OrderedDict(
+            (f"layers.{i // 4}.w{i % 4}", w.detach()) for i, w in enumerate(weights))
+        model._metadata = collections.OrderedDict(
+            (f"layers.{i}", {"version": 1}) for i in range(nparams // 4))
+        optim = {"state": {i: dict(s) for i, s in enumerate(states)},
+                 "param_groups": [{"lr": lr[0], "betas": (0.9, 0.95), "eps": 1e-8,
+                                   "weight_decay": 0.1, "params": list(range(nparams))}]}
+        return {"model": model, "optim": optim}
+    return state_dict
+
+
+def run(conn, root, state_dict, saves, device):
+    """Times each save call; returns [(handover, seconds)]."""
+    out = []
+    for i in range(saves):
+        sd = state_dict()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        h = dt.save(sd, os.path.join(root, "bench", f"s{i}"), conn=conn, track=False)
+        out.append((h.handover, time.perf_counter() - t0))
+        h.wait_snapshot(120)
+    return out
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tensors", type=int, default=1556, help="tensors (4 per parameter)")
+    p.add_argument("--saves", type=int, default=20)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--socket")
+    p.add_argument("--root")
+    a = p.parse_args(argv)
+    daemon = None
+    if a.socket is None:
+        sys.path.insert(0, HERE)
+        from conftest import Daemon
+        daemon = Daemon(cache_gib=1)
+        a.socket, a.root = daemon.socket, daemon.root
+    try:
+        conn = dsckpt.Connection(a.socket, job="bench", rank=0, world_size=1)
+        times = run(conn, a.root, make_state(max(a.tensors // 4, 1), a.device), a.saves,
+                    a.device)
+        conn.close()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    cold = times[0][1] * 1e3
+    warm = [t * 1e3 for how, t in times[1:]]
+    hows = collections.Counter(how for how, _ in times[1:])
+    print(f"bench_handover: torch {torch.__version__}, {a.device}, {a.tensors // 4 * 4} "
+          f"tensors, {a.saves} saves")
+    print(f"  cold save call  {cold:9.3f} ms  ({times[0][0]})")
+    print(f"  warm save call  {statistics.median(warm):9.3f} ms median, "
+          f"{min(warm):.3f} min, {max(warm):.3f} max  ({dict(hows)})")
+    print(f"  cold / warm     {cold / statistics.median(warm):9.1f} x")
+    return 0 if set(hows) == {"warm"} else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
