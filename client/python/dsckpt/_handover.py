@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import _blob, _stage
+from ._files import DTYPES
 from ._flatten import _Flattener
 from ._shape import HasTensor, Shape, Uncacheable, dump_leaves
 from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_tensors
@@ -131,9 +132,58 @@ class _Tensors:
             list(map(_zero_place, compress(tensors, self.zero_mask))) == self.zero_places
 
 
+class _Handing:
+    """How a fixed list of contiguous tensors is added to saves: by a plan of the GPU and
+    dsckpt host memory ones (with small pageable ones staged into it, _stage), the others
+    one by one from records packed once; each kind in list order."""
+
+    def __init__(self, conn: Connection, specs: List[tuple], datas: List[torch.Tensor]):
+        planned, staged, others = [], [], []
+        small = 0
+        for spec, data in zip(specs, datas):
+            nbytes, cpu = spec[4], data.device.type == "cpu"
+            if nbytes and (data.is_cuda or (cpu and in_host_buffer(spec[3], nbytes))):
+                planned.append(spec)
+            elif 0 < nbytes <= _stage.SMALL and small + nbytes <= _stage.TOTAL and cpu \
+                    and _stage.fits(spec[3], data.dtype):
+                staged.append((spec, data.dtype))
+                small += nbytes
+            else:
+                others.append(spec)
+        self.plan: Optional[Plan] = None
+        self.stage: Optional[_stage.Stage] = None
+        try:
+            if staged:
+                self.stage = _stage.Stage(conn, planned, staged)
+            elif planned:
+                self.plan = conn.plan(planned)
+        except DsckptError as e:  # e.g. memory a plan cannot take: add them every time
+            log.debug("dsckpt: no save plan (%s); its tensors are added each save", e)
+            others = planned + [spec for spec, _ in staged] + others
+        self.others: Optional[PackedTensors] = pack_tensors(others)
+
+    def add(self, s: Save) -> bool:
+        """Adds the tensors to s; True when a plan was sent whole (memory under it changed)."""
+        resent = False
+        if self.stage is not None:
+            resent = self.stage.add(s)
+        elif self.plan is not None:
+            resent = s.add_plan(self.plan)
+        if self.others is not None:
+            s.add_tensors(self.others)
+        return resent
+
+    def close(self) -> None:
+        """Frees the plans (saves already ended are not affected)."""
+        if self.plan is not None:
+            self.plan.close()
+        if self.stage is not None:
+            self.stage.close()
+
+
 class _Entry:
-    """One file name's cached hand-over on one connection (fixed once made, but for the
-    staging buffers' turns; its plans are closed when the entry is replaced)."""
+    """One file name's cached hand-over of a state dict on one connection (fixed once made,
+    but for the staging buffers' turns; its plans are closed when the entry is replaced)."""
 
     def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
                  tensors: List[torch.Tensor]):
@@ -147,53 +197,25 @@ class _Entry:
         view_at: Dict[int, int] = {}  # view → its first place in Shape order
         for place, t in enumerate(tensors):
             view_at.setdefault(flat.entries[entry_of[id(t)]]["view"], place)
-        planned, staged, others = [], [], []
+        specs, datas = [], []
         self.copies: List[Tuple[int, tuple]] = []  # (place, spec) of non-contiguous views
-        gpu_places = []
+        self.gpu_mask = [False] * len(tensors)
         self.device: Optional[torch.device] = flat.gpu[0].device if flat.gpu else None
-        small = 0
         for vi, (spec, data, orig) in enumerate(zip(flat.specs, flat.payload, flat.originals)):
-            cuda = data.is_cuda
             if data is not orig:
                 self.copies.append((view_at[vi], spec))
                 continue
-            if cuda:
-                gpu_places.append(view_at[vi])
-            nbytes = spec[4]
-            if nbytes and (cuda or (data.device.type == "cpu" and in_host_buffer(spec[3], nbytes))):
-                planned.append(spec)
-            elif 0 < nbytes <= _stage.SMALL and small + nbytes <= _stage.TOTAL \
-                    and data.device.type == "cpu" and _stage.fits(spec[3], data.dtype):
-                staged.append((spec, data.dtype))
-                small += nbytes
-            else:
-                others.append(spec)
-        self.gpu_mask = [False] * len(tensors)
-        for place in gpu_places:
-            self.gpu_mask[place] = True
-        self.plan: Optional[Plan] = None
-        self.stage: Optional[_stage.Stage] = None
-        try:
-            if staged:
-                self.stage = _stage.Stage(conn, planned, staged)
-            elif planned:
-                self.plan = conn.plan(planned)
-        except DsckptError as e:  # e.g. memory a plan cannot take: add them every time
-            log.debug("dsckpt: no save plan (%s); its tensors are added each save", e)
-            others = planned + [spec for spec, _ in staged] + others
-        self.others: Optional[PackedTensors] = pack_tensors(others)
+            if data.is_cuda:
+                self.gpu_mask[view_at[vi]] = True
+            specs.append(spec)
+            datas.append(data)
+        self.handing = _Handing(conn, specs, datas)
 
     def add(self, s: Save, tensors: List[torch.Tensor]) -> Tuple[bool, list]:
-        """Adds tensors (in Shape order, proven to be the recorded ones) to s: the plan, the
-        staged ones, the others, contiguous copies of the non-contiguous ones. Returns
-        whether a plan was sent whole, and the GPU tensors the daemon reads until SNAPSHOT."""
-        resent = False
-        if self.stage is not None:
-            resent = self.stage.add(s)
-        elif self.plan is not None:
-            resent = s.add_plan(self.plan)
-        if self.others is not None:
-            s.add_tensors(self.others)
+        """Adds tensors (in Shape order, proven to be the recorded ones) to s: the handing's,
+        then contiguous copies of the non-contiguous ones. Returns whether a plan was sent
+        whole, and the GPU tensors the daemon reads until SNAPSHOT."""
+        resent = self.handing.add(s)
         keep = list(compress(tensors, self.gpu_mask))
         if self.copies:
             datas = [tensors[place].detach().contiguous() for place, _ in self.copies]
@@ -205,10 +227,20 @@ class _Entry:
 
     def close(self) -> None:
         """Frees the plans (saves already ended are not affected)."""
-        if self.plan is not None:
-            self.plan.close()
-        if self.stage is not None:
-            self.stage.close()
+        self.handing.close()
+
+
+class _Listed:
+    """A cached hand-over of a list of contiguous tensors (add_tensors): the specs it was
+    made from, which a later list must equal."""
+
+    def __init__(self, conn: Connection, specs: List[tuple], datas: List[torch.Tensor]):
+        self.specs = specs
+        self.handing = _Handing(conn, specs, datas)
+
+    def close(self) -> None:
+        """Frees the plans."""
+        self.handing.close()
 
 
 class _Cache:
@@ -217,10 +249,10 @@ class _Cache:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.entries: Dict[str, _Entry] = {}
+        self.entries: Dict[str, Any] = {}  # file → _Entry, ("list", file) → _Listed
         self.counts = collections.Counter()  # how saves were handed over (see Handed.how)
 
-    def replace(self, file: str, entry: Optional[_Entry]) -> None:
+    def replace(self, file: str, entry) -> None:
         """Makes entry file's (None: forgets it) and closes the one it replaces."""
         old = self.entries.pop(file, None)
         if entry is not None:
@@ -349,3 +381,29 @@ def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
         log.debug("dsckpt: %s saved without a cached hand-over: %r", file, e)
         return None
     return _Entry(conn, flat, shape, found[0]), found[0], leaves
+
+
+def add_tensors(conn: Connection, s: Save, key: str, tensors: List[Tuple[str, torch.Tensor]]
+                ) -> str:
+    """Adds contiguous ``(name, tensor)`` pairs to s (a save of conn) by a plan cached under
+    key when the list is the one the key's last save had (names, dtypes, shapes, pointers,
+    bytes), else by the tensors themselves and a new plan. Returns how ("warm", "resent" or
+    "cold"). For savers that build their own saves (dsckpt.dcp)."""
+    specs = [(name, DTYPES[t.dtype], tuple(t.shape), t.data_ptr() if t.numel() else 0,
+              t.numel() * t.element_size()) for name, t in tensors]
+    c = cache(conn)
+    with c.lock:
+        listed = c.entries.get(("list", key))
+        if listed is not None and listed.specs == specs:
+            try:
+                how = "resent" if listed.handing.add(s) else "warm"
+            except DsckptError:  # the plan, sent anew, met memory it cannot take
+                c.replace(("list", key), None)
+                raise
+        else:
+            listed = _Listed(conn, specs, [t for _, t in tensors])
+            c.replace(("list", key), listed)
+            listed.handing.add(s)
+            how = "cold"
+        c.counts[how] += 1
+        return how

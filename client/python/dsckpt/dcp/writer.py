@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
+from .. import _handover
 from .._files import DTYPES
 from ..core import Connection, Level
 from ..torch import default_connection
@@ -65,18 +66,15 @@ def _restructure(obj: Any, prefix: str, out: List[Tuple[str, Any]]) -> Any:
     return copy.deepcopy(obj)
 
 
-def _add_tensors(save, named: List[Tuple[str, torch.Tensor]], keep: List[torch.Tensor]) -> None:
-    """Hands contiguous tensors to a save by address; CUDA reads are ordered after the current
-    stream of the first one's device. keep gets what must stay alive until SNAPSHOT."""
-    specs, gpu = [], None
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        specs.append((name, DTYPES[t.dtype], tuple(t.shape), t.data_ptr() if nbytes else 0,
-                      nbytes))
-        keep.append(t)
-        if t.is_cuda and gpu is None:
-            gpu = t.device
-    save.add_tensors(specs)
+def _add_tensors(conn: Connection, save, file: str, named: List[Tuple[str, torch.Tensor]],
+                 keep: List[torch.Tensor]) -> None:
+    """Hands contiguous tensors to a save of file by address, through the save plan cached
+    for file when the tensors are those of its last save (dsckpt._handover); CUDA reads are
+    ordered after the current stream of the first one's device. keep gets what must stay
+    alive until SNAPSHOT."""
+    _handover.add_tensors(conn, save, file, named)
+    keep.extend(t for _, t in named)
+    gpu = next((t.device for _, t in named if t.is_cuda), None)
     if gpu is not None:
         save.set_stream(torch.cuda.current_stream(gpu).cuda_stream)
 
@@ -147,7 +145,7 @@ class Writer(StorageWriter, AsyncStager):
                     named.append((name, local.detach().contiguous()))
             conn = self._conn()
             st.save = conn.save(self.dir, file_name(conn.rank, STAGED))
-            _add_tensors(st.save, named, st.keep)
+            _add_tensors(conn, st.save, file_name(conn.rank, STAGED), named, st.keep)
             st.save.end()
         except Exception as e:  # noqa: BLE001 - reported by write_data on every rank
             st.error = e
@@ -256,7 +254,8 @@ class Writer(StorageWriter, AsyncStager):
         s = conn.save(self.dir, file)
         try:
             keep: List[torch.Tensor] = []
-            _add_tensors(s, tensors, keep)
+            if tensors:
+                _add_tensors(conn, s, file, tensors, keep)
             for name, data in blobs:
                 s.add_blob(name, data)
             s.end()
