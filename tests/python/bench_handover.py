@@ -10,8 +10,9 @@ changes). A micro-benchmark, not a test: it prints, it asserts only that warm sa
   python3 tests/python/bench_handover.py [--tensors 1556] [--saves 20] [--device cpu|cuda]
                                          [--socket PATH] [--root DIR]
 
-Tensors live in dsckpt host memory (dsckpt.torch.host_empty) on the CPU, in one
-torch.empty buffer each on a GPU. Without --socket a daemon is started from $DSCKPTD
+Weights and optimizer states are views of three buffers (as a caching allocator's segments):
+dsckpt host memory (dsckpt.torch.host_empty) on the CPU, torch.randn on a GPU; the step
+scalars are pageable CPU tensors, as AdamW makes them. Without --socket a daemon is started from $DSCKPTD
 (default build/dsckptd) on a scratch directory, as tests/python/conftest.py does; with one,
 --root must be a directory the daemon allows. Each save waits for SNAPSHOT before the next
 (what a trainer does before its optimizer step), outside the timed call. Run with
@@ -36,13 +37,13 @@ import dsckpt.torch as dt  # noqa: E402
 def make_state(nparams, device):
     """Weights and AdamW state for nparams parameters of 64 elements each (the tensor count
     is the point, not the bytes), and a function that rebuilds the state dict."""
-    def tensor():
-        if device == "cpu":
-            return dt.host_empty((8, 8)).normal_()
-        return torch.randn(8, 8, device=device)
-    weights = [tensor() for _ in range(nparams)]
-    states = [{"step": torch.tensor(10.0), "exp_avg": tensor(), "exp_avg_sq": tensor()}
-              for _ in range(nparams)]
+    if device == "cpu":  # one buffer per kind, as a caching allocator's segments
+        pools = [dt.host_empty((nparams, 8, 8)).normal_() for _ in range(3)]
+    else:
+        pools = [torch.randn(nparams, 8, 8, device=device) for _ in range(3)]
+    weights = list(pools[0].unbind(0))
+    states = [{"step": torch.tensor(10.0), "exp_avg": m, "exp_avg_sq": v}
+              for m, v in zip(pools[1].unbind(0), pools[2].unbind(0))]
     lr = [1e-3]
 
     def state_dict():
