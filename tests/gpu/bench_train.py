@@ -280,6 +280,7 @@ class Dsckpt(Mode):
         self.conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
         self.commit_conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
         self.handle = None
+        self.calls = []       # (how dt.save handed over, ms in the call) per checkpoint
         self.tags = []
         self.saved_at = {}
         self.committed = {}   # tag -> seconds from save to COMMITTED
@@ -309,8 +310,10 @@ class Dsckpt(Mode):
     def save(self, it, trainer):
         d = self.tag_dir(it)
         self.saved_at[d] = time.perf_counter()
-        self.handle = dt.save(trainer.state(), d, conn=self.conn, file=f"rank{self.rank}",
-                              track=False)
+        state = trainer.state()
+        t0 = time.perf_counter()
+        self.handle = dt.save(state, d, conn=self.conn, file=f"rank{self.rank}", track=False)
+        self.calls.append((self.handle.handover, (time.perf_counter() - t0) * 1e3))
         self.nbytes = self.handle.nbytes
         self.tags.append(d)
         self.queue.put(d)
@@ -640,6 +643,9 @@ def main(argv):
             if name == "dsckpt":
                 res["commit_s"] = {os.path.basename(k): v for k, v in mode.committed.items()}
                 log(f"  [dsckpt] seconds from save to COMMITTED: {res['commit_s']}")
+                res["save_calls"] = mode.calls
+                log("  [dsckpt] dsckpt.torch.save call (state_dict() excluded): "
+                    + ", ".join(f"{how} {ms:.2f} ms" for how, ms in mode.calls))
                 del trainer
                 trainer = None
                 free_memory(dev)
