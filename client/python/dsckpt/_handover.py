@@ -5,18 +5,22 @@ Every checkpoint of a run saves the same structure: the same containers and keys
 tensors at the same addresses. The first save of a file name on a connection (cold) walks
 the state dict (``_flatten``), describes its tensors to the daemon once as a save plan
 (:meth:`Connection.plan`), and keeps an :class:`_Entry`: the containers (``_shape.Shape``),
-every tensor's pointer, offset, dtype, shape, stride, requires_grad and type
-(:class:`_Tensors`), the blob's tables and frame. A later save of that name (warm) proves,
-with C-level calls over whole lists, that all of that is unchanged, then sends the plan's id,
-the tensors a plan cannot hold (host memory outside dsckpt's, packed once and added by the
-library's staging copy; non-contiguous ones, copied per save as the walk does) and a blob of
-the cached tables and frame with the leaves (param_groups, ...) pickled afresh. The library
-checks per allocation that the plan's memory is still the memory it was made from and sends
-the plan whole when it is not. Anything unproven is a cold save again, with a new plan;
-state dicts a Shape cannot record are saved by the walk every time (plain).
+every tensor's type, pointer, storage offset, dtype, shape, stride and requires_grad
+(:class:`_Tensors`), the blob's tables and frame (``_blob``). A later save of that name
+(warm) proves, with C-level calls over whole lists, that all of that is unchanged, then adds
+the plan by its id (GPU and dsckpt host memory, and the small pageable tensors such as
+AdamW's step scalars, gathered into dsckpt memory the plan points into: ``_stage``), the
+other host tensors from records packed once (the library stages them), contiguous copies of
+the non-contiguous ones (made per save, as the walk does), and a blob of the cached tables
+and frame with the leaves (param_groups, ...) pickled afresh. The library checks per
+allocation that the plan's memory is still the memory it was made from and sends the plan
+whole when it is not ("resent"). Anything unproven is a cold save again, with a new plan;
+state dicts a Shape cannot record are walked every time ("plain").
 
 The file is the same either way, but for the order of its tensors: a cached save adds the
-plan's tensors first, then the others, each in walk order.
+plan's first (planned, then staged), then the others, then the copies, each in walk order.
+:func:`add_tensors` gives savers that build their own saves (dsckpt.dcp) the same cache for a
+list of tensors.
 """
 from __future__ import annotations
 

@@ -45,6 +45,10 @@ class _Slot:
 
     __slots__ = ()
 
+    def __reduce__(self):
+        """Refuses to be pickled by value: a slot the memo was not seeded with is a bug."""
+        raise pickle.PicklingError("a frame slot outside the seeded memo")
+
 
 def _kind(cls: type) -> Optional[str]:
     """How a container class is handled: "dict" (children: values), "list" (items, rebuilt
