@@ -16,7 +16,7 @@ Layers, each usable alone:
 
 Importing ``dsckpt`` does not load the shared library; the first call does.
 """
-from .core import (Connection, HostBuffer, Level, Load, LoadLevel, LoadProgress, Save,
+from .core import (Connection, HostBuffer, Level, Load, LoadLevel, LoadProgress, Plan, Save,
                    SaveProgress, err_name, strerror, version)
 from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, DsckptTimeout,
                      Errno, InvalidArgument, LimitReached, LoadFailed, NotSupported,
@@ -25,7 +25,7 @@ from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, Dsckp
 from ._version import __version__
 
 __all__ = [
-    "Connection", "Save", "Load", "Level", "LoadLevel", "SaveProgress", "LoadProgress",
+    "Connection", "Save", "Load", "Plan", "Level", "LoadLevel", "SaveProgress", "LoadProgress",
     "HostBuffer", "version", "strerror", "err_name", "DsckptError", "Errno",
     "DaemonUnavailable", "SaveFailed", "LoadFailed",
     "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",

@@ -663,5 +663,6 @@ NUMPY_DTYPES = {
     "i1": "I8", "u8": "U64", "u4": "U32", "u2": "U16", "u1": "U8", "b1": "BOOL",
 }
 
-__all__ = ["Connection", "Save", "Load", "Plan", "PackedTensors", "pack_tensors", "Level", "LoadLevel", "SaveProgress",
-           "LoadProgress", "HostBuffer", "DsckptError", "version", "strerror", "err_name"]
+__all__ = ["Connection", "Save", "Load", "Plan", "PackedTensors", "pack_tensors", "Level",
+           "LoadLevel", "SaveProgress", "LoadProgress", "HostBuffer", "DsckptError", "version",
+           "strerror", "err_name"]
