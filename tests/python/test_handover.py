@@ -144,6 +144,25 @@ def test_reallocated_host_memory_is_saved_exactly(daemon, conn):
         del tensors, back
 
 
+def test_staging_buffer_in_use_is_not_overwritten(daemon, conn):
+    """The step scalars ride in a buffer the daemon reads until SNAPSHOT; a buffer whose
+    last save's level cannot be known (closed before SNAPSHOT was seen) is not written: that
+    save adds its tensors one by one, and the file is the same."""
+    state = gpt_like()
+    h0 = dt.save(fresh(state), os.path.join(daemon.root, "job", "s0"), conn=conn)
+    h0.save.close()  # its buffer's reader is now unknown
+    _, h1 = save(conn, daemon.root, "s1", fresh(state))
+    entry = conn._dsckpt_handover.entries["rank0"]
+    state["optim"]["state"][1]["step"].add_(5)
+    d2, h2 = save(conn, daemon.root, "s2", fresh(state))  # the first buffer again: busy
+    assert (h0.handover, h1.handover, h2.handover) == ("cold", "warm", "warm")
+    assert entry.handing.stage.buffers[0].last is h0.save  # not taken over by s2
+    with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
+        d3, _ = save(other, daemon.root, "s3", fresh(state))
+    assert files(d2) == files(d3)
+    same(dt.load(d2, conn=conn), state)
+
+
 @pytest.mark.parametrize("change", ["add key", "remove key", "dtype", "shape", "pointer",
                                     "requires_grad", "parameter", "same object twice",
                                     "offset", "leaf tensor", "leaf type", "container"])
