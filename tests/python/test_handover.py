@@ -240,6 +240,17 @@ def test_files_and_connections_have_their_own_plans(daemon, conn):
     same(dt.load(d, "y", conn=conn), b)
 
 
+def test_cache_keeps_the_most_recently_used_file_names(daemon, conn, monkeypatch):
+    monkeypatch.setattr(_handover, "MAX_ENTRIES", 2)
+    state = gpt_like(2)
+    for file in ("a", "b", "a", "c"):  # c evicts b, the least recently used
+        save(conn, daemon.root, "lru", fresh(state), file=file)
+    entries = conn._dsckpt_handover.entries
+    assert list(entries) == ["a", "c"]
+    assert save(conn, daemon.root, "lru2", fresh(state), file="a")[1].handover == "warm"
+    assert save(conn, daemon.root, "lru2", fresh(state), file="b")[1].handover == "cold"
+
+
 def test_blob_version_1_still_loads(daemon, conn, tmp_path):
     """A file written before blob v2 (tensors as _TensorRef placeholders, tables inline)."""
     state = {"w": torch.arange(6.0).reshape(2, 3), "n": [3, "x"], "t": (torch.ones(1),)}

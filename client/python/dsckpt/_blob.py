@@ -43,7 +43,7 @@ def dump_seeded(obj: Any, seeds: Sequence[Any]) -> bytes:
     must be distinct objects; a reader seeds the same slots, see :func:`load`)."""
     buf = io.BytesIO()
     pickler = pickle.Pickler(buf, protocol=4)
-    pickler.memo = {i: (i, o) for i, o in enumerate(seeds)}
+    pickler.memo = dict(enumerate(zip(range(len(seeds)), seeds)))  # keys unused
     pickler.dump(obj)
     return buf.getvalue()
 

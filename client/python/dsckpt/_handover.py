@@ -247,22 +247,36 @@ class _Listed:
         self.handing.close()
 
 
+MAX_ENTRIES = 16  # cached file names per connection (each holds plans in the daemon)
+
+
 class _Cache:
-    """A connection's entries by file name; its lock serialises the connection's saves
-    through this module."""
+    """A connection's entries by file name, the least recently used first; its lock
+    serialises the connection's saves through this module."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.entries: Dict[str, Any] = {}  # file → _Entry, ("list", file) → _Listed
+        # file → _Entry, ("list", file) → _Listed
+        self.entries: "collections.OrderedDict[Any, Any]" = collections.OrderedDict()
         self.counts = collections.Counter()  # how saves were handed over (see Handed.how)
 
-    def replace(self, file: str, entry) -> None:
-        """Makes entry file's (None: forgets it) and closes the one it replaces."""
+    def get(self, file):
+        """file's entry (now the most recently used), or None."""
+        entry = self.entries.get(file)
+        if entry is not None:
+            self.entries.move_to_end(file)
+        return entry
+
+    def replace(self, file, entry) -> None:
+        """Makes entry file's (None: forgets it) and closes the one it replaces, and the
+        least recently used beyond MAX_ENTRIES (a run saving under ever new names)."""
         old = self.entries.pop(file, None)
         if entry is not None:
             self.entries[file] = entry
         if old is not None and old is not entry:
             old.close()
+        while len(self.entries) > MAX_ENTRIES:
+            self.entries.popitem(last=False)[1].close()
 
 
 _caches_lock = threading.Lock()
@@ -303,7 +317,7 @@ def hand_over(conn: Connection, state_dict: Any, dir: str, file: str) -> Handed:
     conn's entry for file proves the state dict unchanged, else walked (cold or plain)."""
     c = cache(conn)
     with c.lock:
-        entry = c.entries.get(file)
+        entry = c.get(file)
         if entry is not None:
             handed = _warm(conn, entry, state_dict, dir, file)
             if handed is not None:
@@ -397,7 +411,7 @@ def add_tensors(conn: Connection, s: Save, key: str, tensors: List[Tuple[str, to
               t.numel() * t.element_size()) for name, t in tensors]
     c = cache(conn)
     with c.lock:
-        listed = c.entries.get(("list", key))
+        listed = c.get(("list", key))
         if listed is not None and listed.specs == specs:
             try:
                 how = "resent" if listed.handing.add(s) else "warm"

@@ -28,9 +28,15 @@ _ALIGN = 64
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bytes as elements
 
 
+_ESIZES: Dict[torch.dtype, int] = {}
+
+
 def _esize(dtype: torch.dtype) -> int:
-    """Bytes per element of dtype."""
-    return torch.empty((), dtype=dtype).element_size()
+    """Bytes per element of dtype (asked once per dtype)."""
+    size = _ESIZES.get(dtype)
+    if size is None:
+        size = _ESIZES[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
 
 
 def fits(ptr: int, dtype: torch.dtype) -> bool:
@@ -107,7 +113,8 @@ class Stage:
         except BaseException:
             self.close()
             raise
-        self.fallback = [p for p in (pack_tensors(planned), pack_tensors(specs)) if p]
+        self.planned, self.specs = planned, specs
+        self.fallback: Optional[list] = None  # packed when first needed
         self.turn = 0
 
     def add(self, s: Save) -> bool:
@@ -117,6 +124,9 @@ class Stage:
         buf = self.buffers[self.turn]
         self.turn ^= 1
         if not buf.free():
+            if self.fallback is None:
+                self.fallback = [p for p in (pack_tensors(self.planned),
+                                             pack_tensors(self.specs)) if p]
             for packed in self.fallback:
                 s.add_tensors(packed)
             return False
