@@ -247,7 +247,8 @@ class _Listed:
         self.handing.close()
 
 
-MAX_ENTRIES = 16  # cached file names per connection (each holds plans in the daemon)
+MAX_ENTRIES = 4  # cached file names per connection: each holds up to two plans in the
+# daemon, which allows max_plans_per_user (64) for all of one user's ranks on the node
 
 
 class _Cache:
