@@ -13,8 +13,8 @@ changes). A micro-benchmark, not a test: it prints, it asserts only that warm sa
 Weights and optimizer states are views of three buffers (as a caching allocator's segments):
 dsckpt host memory (dsckpt.torch.host_empty) on the CPU, torch.randn on a GPU; the step
 scalars are pageable CPU tensors, as AdamW makes them. Without --socket a daemon is started
-from $DSCKPTD (default build/dsckptd) on a scratch directory, as tests/python/conftest.py
-does; with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
+from $DSCKPTD (default build/dsckptd) on a scratch directory by tests/python/conftest.py
+(which imports pytest); with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
 before the next (what a trainer does before its optimizer step), outside the timed call.
 Run with PYTHONPATH=client/python (and DSCKPT_LIB when the library is not found by itself).
 """
