@@ -62,8 +62,8 @@ def files(d, file="rank0"):
     with open(os.path.join(d, file + ".safetensors"), "rb") as f:
         tensors = f.read()
     info = _blob.read(read_meta(os.path.join(d, file + ".meta"))[_blob.BLOB], d)
-    return tensors, {k: (pickle.loads(v) if k in ("tables", "leaves") else v)
-                     for k, v in info.items()}
+    decoded = dict(info, tables=_blob.tables(info), leaves=pickle.loads(info["leaves"]))
+    return tensors, decoded
 
 
 def same(a, b, path="state"):
