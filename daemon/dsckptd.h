@@ -231,6 +231,8 @@ int source_node(const struct source *s);
 int source_charge(struct source *s, uid_t uid, char *err, size_t errlen);
 /* Takes a reference (thread-safe). */
 void source_ref(struct source *s);
+/* Takes n references at once. */
+void source_ref_n(struct source *s, unsigned n);
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s);
 /* What a kind of source does: source.c dispatches through it, cuda_source.c adds the CUDA
