@@ -16,10 +16,10 @@
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
- * thread), save levels to their observers (wait.c, commit.c; wired in main.c), and every
- * answer to the client through reply.c, by connection id. conn.c knows no handler: main.c
- * hands it request.c's dispatch and disconnect callbacks. Below the request layer nothing
- * holds a connection pointer.
+ * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics.c; wired in
+ * main.c), and every answer to the client through reply.c, by connection id. conn.c knows
+ * no handler: main.c hands it request.c's dispatch and disconnect callbacks. Below the
+ * request layer nothing holds a connection pointer.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand

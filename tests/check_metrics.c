@@ -3,8 +3,8 @@
  * and one that fails on a full disk, a commit, a load that succeeds and one that fails its
  * checksum; then the Prometheus text is checked line by line (names, HELP and TYPE before
  * the samples, labels, histograms cumulative and ending in +Inf == _count) and every counter
- * against what the test did. Also: recovery's counters after a restart, and the same
- * numbers for a user who is not root.
+ * against what the test did. Also: recovery's counters after a restart, the METRICS request
+ * decoded strictly, and the same numbers for a user who is not root.
  */
 #include "harness_hostile.h"
 
@@ -438,6 +438,34 @@ START_TEST(test_recovery)
 }
 END_TEST
 
+/* METRICS is decoded as strictly as any request: a key in its body is malformed (EPROTO,
+ * the connection closes); a well-formed one is answered, before HELLO it is refused. */
+START_TEST(test_request_strict)
+{
+	struct proto_out o;
+	d_start(CACHE_8M, NULL);
+	int fd = raw_connect();
+	raw_hello(fd);
+	out_map(&o, PROTO_METRICS, 0);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_uint_eq(raw_expect_reply(fd, "saves_started"), 0);
+	out_map(&o, PROTO_METRICS, 1);
+	proto_kv_str(&o.pk, "job", "x");
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_int_eq(raw_expect_error(fd), DSCKPT_EPROTO);
+	struct reply r;
+	ck_assert_int_eq(raw_recv(fd, &r, 5000), -EPIPE);
+	close(fd);
+	fd = raw_connect();
+	out_map(&o, PROTO_METRICS, 0);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_int_lt(raw_expect_error(fd), 0);
+	close(fd);
+	check_alive();
+	d_stop();
+}
+END_TEST
+
 /* Child of test_any_user: execs dsckptctl metrics on the test daemon's socket, its output
  * and errors into the pipe *arg. */
 static int exec_metrics(void *arg)
@@ -493,6 +521,7 @@ static Suite *metrics_suite(void)
 	h_add_case(s, "counts", test_counts, 60, 1);
 	h_add_case(s, "disk full", test_disk_full, 60, 1);
 	h_add_case(s, "recovery", test_recovery, 60, 1);
+	h_add_case(s, "strict request", test_request_strict, 30, 1);
 	h_add_case(s, "any user", test_any_user, 60, 1);
 	return s;
 }
