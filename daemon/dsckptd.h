@@ -16,10 +16,10 @@
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
- * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics.c; wired in
- * main.c), and every answer to the client through reply.c, by connection id. conn.c knows
- * no handler: main.c hands it request.c's dispatch and disconnect callbacks. Below the
- * request layer nothing holds a connection pointer.
+ * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics_save.c;
+ * wired in main.c), and every answer to the client through reply.c, by connection id.
+ * conn.c knows no handler: main.c hands it request.c's dispatch and disconnect callbacks.
+ * Below the request layer nothing holds a connection pointer.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -891,7 +891,8 @@ void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_
 void resident_free_all(void);
 
 /* metrics.c — node-wide counters and latency histograms since start, for METRICS; they name
- * no path, job or user. Counters: any thread (atomic); histograms: the loop thread's. */
+ * no path, job or user. Counters: any thread (atomic); histograms: the loop thread's. It
+ * calls nothing of the daemon's; metrics_save.c feeds it save levels. */
 enum metric {
 	METRIC_SAVES_STARTED,      /* accepted (SAVE_END handed them to the engine) */
 	METRIC_SAVES_SNAPSHOTTED,
@@ -950,15 +951,18 @@ void metrics_add(enum metric m, uint64_t n);
 void metrics_fail(enum metric_reasoned m, int code);
 /* Counts n recovery actions of kind a. */
 void metrics_recovered(enum metric_recovery a, uint64_t n);
-/* save_change_cb: counts SNAPSHOT, DURABLE, COMMITTED and FAILED, observes the latencies. */
-void metrics_on_save(struct save *s);
+/* Puts one observation of seconds into histogram h (loop thread). */
+void metrics_observe(enum metric_hist h, double seconds);
 /* Fills v with every counter and histogram as of now (loop thread). */
 void metrics_view(struct metrics_view *v);
-/* Wire keys (PROTOCOL.md's METRICS) of a counter, a reasoned counter, an action, a histogram. */
+/* Wire keys (PROTOCOL.md's METRICS) of a counter, a reasoned one, an action, a histogram. */
 const char *metrics_counter_key(enum metric m);
 const char *metrics_reasoned_key(enum metric_reasoned m);
 const char *metrics_recovery_key(enum metric_recovery a);
 const char *metrics_hist_key(enum metric_hist h);
+/* metrics_save.c — save_change_cb: counts SNAPSHOT, DURABLE, COMMITTED and FAILED, and
+ * observes each one's time from ACCEPTED. */
+void metrics_on_save(struct save *s);
 
 /* reply.c — the one place that encodes replies; each names its client by connection id and
  * is dropped when that connection is gone. */

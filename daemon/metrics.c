@@ -7,8 +7,9 @@
  * written), the restore threads (bytes restored), the loop thread (save levels through
  * save_observe, refusals, loads) and recovery at start-up. Every counter is a relaxed atomic
  * add: they order nothing, and a reader may see one counter a piece ahead of another. The
- * histograms are observed on the loop thread only (metrics_on_save) and read there
- * (metrics_view), so they need no lock.
+ * histograms are observed on the loop thread only (metrics_save.c) and read there
+ * (metrics_view), so they need no lock. This module calls nothing of the daemon's: every
+ * layer may call it (the engine's unit tests link it alone).
  */
 #include "dsckptd.h"
 
@@ -67,8 +68,10 @@ void metrics_fail(enum metric_reasoned m, int code)
 
 	while (slot < METRIC_CODES && codes[slot] != code)
 		slot++;
-	if (slot == METRIC_CODES)
-		return metrics_fail(m, ERR_EFAILED);
+	if (slot == METRIC_CODES) {	/* not a code of the table: a failure without one */
+		metrics_fail(m, ERR_EFAILED);
+		return;
+	}
 	__atomic_add_fetch(&M.reasoned[m][slot], 1, __ATOMIC_RELAXED);
 }
 
@@ -78,8 +81,8 @@ void metrics_recovered(enum metric_recovery a, uint64_t n)
 	__atomic_add_fetch(&M.recovery[a], n, __ATOMIC_RELAXED);
 }
 
-/* Puts one observation of seconds into histogram h. */
-static void observe(enum metric_hist h, double seconds)
+/* Puts one observation of seconds into histogram h (loop thread). */
+void metrics_observe(enum metric_hist h, double seconds)
 {
 	uint64_t us = seconds > 0 ? (uint64_t)(seconds * 1e6) : 0;
 	unsigned i = 0;
@@ -88,31 +91,6 @@ static void observe(enum metric_hist h, double seconds)
 		i++;
 	M.hist[h].bucket[i]++;
 	M.hist[h].sum_us += us;
-}
-
-/* save_change_cb: counts a save's new level and observes how long it took from ACCEPTED. */
-void metrics_on_save(struct save *s)
-{
-	struct save_view v;
-
-	save_view(s, &v);
-	switch (v.level) {
-	case LEVEL_SNAPSHOT:
-		metrics_add(METRIC_SAVES_SNAPSHOTTED, 1);
-		observe(METRIC_SNAPSHOT_S, v.age_s);
-		break;
-	case LEVEL_DURABLE:
-		metrics_add(METRIC_SAVES_DURABLE, 1);
-		observe(METRIC_FLUSH_S, v.age_s);
-		break;
-	case LEVEL_COMMITTED:
-		metrics_add(METRIC_SAVES_COMMITTED, 1);
-		observe(METRIC_COMMIT_S, v.age_s);
-		break;
-	case LEVEL_FAILED:
-		metrics_fail(METRIC_SAVES_FAILED, v.code);
-		break;
-	}
 }
 
 /* Fills v with every counter and histogram as of now (loop thread). */
