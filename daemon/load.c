@@ -524,15 +524,14 @@ static void on_restore(void *owner, struct restore_job *j, int code, const char 
 	l->code = code;
 	if (code < 0)
 		snprintf(l->error, sizeof(l->error), "%s", error);
-	if (code < 0)
+	if (code < 0) {
 		metrics_fail(METRIC_LOADS_FAILED, code);
-	else
-		metrics_add(METRIC_LOADS_DONE, 1);
-	if (code < 0)
 		log_info("load %llu of %s failed: %s", (unsigned long long)l->id, l->path, error);
-	else
+	} else {
+		metrics_add(METRIC_LOADS_DONE, 1);
 		log_debug("load %llu of %s done: %llu bytes", (unsigned long long)l->id, l->path,
 			  (unsigned long long)l->done);
+	}
 	if (l->client == 0)
 		load_free(l);	/* its client is gone */
 	else if (l->waiting)

@@ -21,7 +21,7 @@
 #include <xxhash.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
-#define MAX_OBSERVERS 4
+#define MAX_OBSERVERS 8
 
 /* A tensor as the client described it. */
 struct tensor_in {
