@@ -97,6 +97,8 @@ def flat(sd, prefix=""):
 
 
 def test_fsdp2_model_and_optimizer_round_trip(big_daemon, mesh):
+    """An FSDP2 model and its AdamW state (DTensors) saved by dcp.save, loaded by dcp.load
+    into another model: every tensor byte-equal, every file served by the daemon."""
     fully_shard = fully_shard_fn()
     if fully_shard is None:
         pytest.skip(f"torch {torch.__version__} has no FSDP2 fully_shard")
@@ -133,6 +135,8 @@ def test_fsdp2_model_and_optimizer_round_trip(big_daemon, mesh):
 
 
 def test_distribute_tensor_async_save_snapshot(big_daemon, mesh):
+    """DTensors through async_save, changed once staging is complete: the checkpoint holds
+    the values of the save call, loaded back into DTensors of the same placements."""
     conn = dsckpt.Connection(big_daemon.socket, job="pytest", rank=0, world_size=1)
     tag = os.path.join(big_daemon.root, "pytest", "dtensors")
     g = torch.Generator(device="cuda").manual_seed(7)

@@ -27,6 +27,7 @@ def train_doc():
     """A bench-train result: three modes over 12 iterations, checkpoints after 4 and 8, the
     dsckpt mode's two saves sampled."""
     def mode(name, spike):
+        """One mode's result: flat 100 ms iterations, or 300 ms ones at the checkpoints."""
         return {"mode": name, "iter_ms": [300.0 if i in (4, 8) else 100.0 + i for i in
                                           range(1, 13)] if spike else [100.0] * 12}
     saves = [{"tag": f"step{s}", "snapshot_s": 0.3,
@@ -64,6 +65,7 @@ def write(tmp_path, name, doc):
 
 @needs_mpl
 def test_train_and_progress_drawn(tmp_path, capsys):
+    """A train result gives <name>.png and, with sampled saves, <name>-progress.png."""
     src = write(tmp_path, "train.json", train_doc())
     assert plot.main([src]) == 0
     for name in ("train.png", "train-progress.png"):
@@ -73,6 +75,7 @@ def test_train_and_progress_drawn(tmp_path, capsys):
 
 @needs_mpl
 def test_restore_drawn_into_out(tmp_path):
+    """A restore result gives <name>.png in the --out directory."""
     src = write(tmp_path, "bench-restore-x.json", restore_doc())
     out = tmp_path / "pictures"
     out.mkdir()
@@ -82,6 +85,7 @@ def test_restore_drawn_into_out(tmp_path):
 
 @needs_mpl
 def test_unreadable_result_fails_the_others_drawn(tmp_path):
+    """A JSON that does not parse makes the exit status 1; the next one is drawn all the same."""
     bad = tmp_path / "broken.json"
     bad.write_text("{not json")
     good = write(tmp_path, "train.json", train_doc())
@@ -90,6 +94,7 @@ def test_unreadable_result_fails_the_others_drawn(tmp_path):
 
 
 def test_no_matplotlib_skips(tmp_path, monkeypatch, capsys):
+    """Without matplotlib: one line saying so, exit 0, no picture."""
     monkeypatch.setattr(plot, "pyplot", lambda: None)
     assert plot.main([write(tmp_path, "train.json", train_doc())]) == 0
     assert capsys.readouterr().out.strip() == "plots: skipped (no matplotlib)"
