@@ -724,6 +724,15 @@ def parse_args(argv):
     return a
 
 
+def write_json(info):
+    """Writes info to $OUT/train.json when OUT names a directory; also after each mode (with
+    "partial": true), so that a crash or a kill in a later mode keeps what was measured."""
+    out = os.environ.get("OUT")
+    if out and os.path.isdir(out):
+        with open(os.path.join(out, "train.json"), "w") as f:
+            json.dump(info, f, indent=1)
+
+
 def main(argv):
     cfg = parse_args(argv)
     t_start = time.monotonic()
@@ -841,15 +850,14 @@ def main(argv):
                     log(f"  {name}: cleanup failed: {e}")
             mode = None
             free_memory(dev)
+            write_json(dict(info, results=results, restore=restore, failures=failures,
+                            partial=True, wall_s=time.monotonic() - t_start))
     if restore is None and "dsckpt" in names:  # the mode, not dsckpt-dcp
         restore = {"ok": False, "error": "dsckpt mode did not run"}
     summary = table(results, base)
     info.update(results=results, restore=restore, failures=failures,
                 wall_s=time.monotonic() - t_start)
-    out = os.environ.get("OUT")
-    if out and os.path.isdir(out):
-        with open(os.path.join(out, "train.json"), "w") as f:
-            json.dump(info, f, indent=1)
+    write_json(info)
     log("")
     log(f"== bench-train summary, preset {cfg.preset} ({info['device']}, "
         f"{params * 12 / 1e9:.1f} GB state, {cfg.accum} x batch {cfg.batch}, checkpoint "
