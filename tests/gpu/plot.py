@@ -61,16 +61,18 @@ def iteration_ms(r):
 
 def plot_train(plt, doc, path):
     """Iteration time per mode over the iterations, checkpoint iterations ticked; log scale
-    when the slowest iteration is over 20 times the fastest (a blocking save's)."""
+    when the slowest iteration after the first is over 20 times the fastest (a blocking
+    save's), else the scale ends above the iterations after the first (warm-up) one."""
     fig, ax = plt.subplots(figsize=(10, 5))
-    lo, hi = float("inf"), 0.0
+    lo, hi, first = float("inf"), 0.0, 0.0
     for r in doc["results"]:
         ms = iteration_ms(r)
         if not ms:
             continue
         its = range(1, len(ms) + 1)
         ax.plot(its, ms, marker=".", markersize=4, linewidth=1.2, label=r["mode"])
-        lo, hi = min(lo, min(ms)), max(hi, max(ms))
+        rest = ms[1:] or ms
+        lo, hi, first = min(lo, min(rest)), max(hi, max(rest)), max(first, ms[0])
     ckpts = doc.get("checkpoint_iters") or []
     for i, c in enumerate(ckpts):
         ax.axvline(c, color="red", alpha=0.35, linewidth=1, linestyle="--",
@@ -78,6 +80,10 @@ def plot_train(plt, doc, path):
     if hi > 0 and hi / max(lo, 1e-9) > 20:
         ax.set_yscale("log")
         plain_log_ticks(ax)
+    elif first > 1.5 * hi:  # a warm-up first iteration would flatten every other one
+        ax.set_ylim(top=hi * 1.1)
+        ax.annotate(f"iteration 1 (warm-up): up to {first:,.0f} ms, off the scale",
+                    xy=(1, hi * 1.1), xytext=(3, hi * 1.05), fontsize=8, color="dimgray")
     cfg = doc.get("config") or {}
     state = doc.get("params", cfg.get("params", 0)) * 12 / GB
     preset = f"preset {cfg['preset']}, " if cfg.get("preset") else ""
