@@ -298,11 +298,12 @@ class DcpStager(DcpAsync):
         if not hasattr(staging, "DefaultStager"):
             raise NotImplementedError(f"torch {torch.__version__} has no "
                                       "torch.distributed.checkpoint.staging.DefaultStager")
-        super().__init__(root, group, subdir="dcp-stager")
         # THREAD checkpointer: no shared memory; pinned memory and non-blocking copies need CUDA.
+        # Made before the process group, so that an API this torch lacks leaves nothing behind.
         self.stager = staging.DefaultStager(staging.StagingOptions(
             use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
             use_non_blocking_copy=cuda))
+        super().__init__(root, group, subdir="dcp-stager")
 
     def save_kwargs(self, it):
         """The stager, shared by every save (it keeps its pinned buffers)."""
@@ -789,7 +790,7 @@ def main(argv):
             elif name == "dcp-async":
                 try:
                     mode = DcpStager(cfg.dir, dev.type == "cuda")
-                except (ImportError, NotImplementedError, AttributeError) as e:
+                except (ImportError, NotImplementedError, AttributeError, TypeError) as e:
                     log(f"  SKIP: DCP's DefaultStager unavailable: {e}")
                     results.append({"mode": DcpStager.name, "skipped": str(e)})
                     continue
