@@ -16,10 +16,10 @@
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
- * thread), save levels to their observers (wait.c, commit.c; wired in main.c), and every
- * answer to the client through reply.c, by connection id. conn.c knows no handler: main.c
- * hands it request.c's dispatch and disconnect callbacks. Below the request layer nothing
- * holds a connection pointer.
+ * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics_save.c;
+ * wired in main.c), and every answer to the client through reply.c, by connection id.
+ * conn.c knows no handler: main.c hands it request.c's dispatch and disconnect callbacks.
+ * Below the request layer nothing holds a connection pointer.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -231,6 +231,8 @@ int source_node(const struct source *s);
 int source_charge(struct source *s, uid_t uid, char *err, size_t errlen);
 /* Takes a reference (thread-safe). */
 void source_ref(struct source *s);
+/* Takes n references at once. */
+void source_ref_n(struct source *s, unsigned n);
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s);
 /* What a kind of source does: source.c dispatches through it, cuda_source.c adds the CUDA
@@ -965,6 +967,80 @@ void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_
  * restore runs). */
 void resident_free_all(void);
 
+/* metrics.c — node-wide counters and latency histograms since start, for METRICS; they name
+ * no path, job or user. Counters: any thread (atomic); histograms: the loop thread's. It
+ * calls nothing of the daemon's; metrics_save.c feeds it save levels. */
+enum metric {
+	METRIC_SAVES_STARTED,      /* accepted (SAVE_END handed them to the engine) */
+	METRIC_SAVES_SNAPSHOTTED,
+	METRIC_SAVES_DURABLE,
+	METRIC_SAVES_COMMITTED,
+	METRIC_COPIED_BYTES,       /* copied into the cache by the copy threads */
+	METRIC_FLUSHED_BYTES,      /* written into files by the flush threads */
+	METRIC_LOADS_STARTED,      /* accepted (LOAD_END) */
+	METRIC_LOADS_DONE,
+	METRIC_RESTORED_BYTES,     /* put in place in loads' destinations */
+	METRIC_N
+};
+/* Counters by reason, an ERR_E* code. */
+enum metric_reasoned {
+	METRIC_SAVES_FAILED,       /* accepted saves that reached FAILED */
+	METRIC_SAVES_REFUSED,      /* SAVE_BEGIN/ADD/END answered with an error: never started */
+	METRIC_LOADS_FAILED,
+	METRIC_REASONED_N
+};
+/* What start-up recovery did (recover.c). */
+enum metric_recovery {
+	RECOVERY_PARTIAL_REMOVED,  /* *.partial files of this host removed */
+	RECOVERY_FILE_REMOVED,     /* files of uncommitted tags removed */
+	RECOVERY_COMMIT_FINISHED,  /* interrupted commits finished (a whole manifest) */
+	RECOVERY_SEAL_RESUMED,     /* sealed, uncommitted tags taken up again */
+	RECOVERY_FILE_LEFT,        /* files left to other hosts (or too recent to judge) */
+	RECOVERY_N
+};
+/* Latencies of saves from ACCEPTED to SNAPSHOT, DURABLE and COMMITTED. */
+enum metric_hist { METRIC_SNAPSHOT_S, METRIC_FLUSH_S, METRIC_COMMIT_S, METRIC_HIST_N };
+#define METRIC_BUCKETS 18          /* bounds of every histogram: 1 ms … 10 min */
+#define METRIC_CODE_XX_(name, value, msg) +1
+#define METRIC_CODES (0 ERR_TABLE(METRIC_CODE_XX_))
+/* One histogram: counts per bucket (not cumulative; the last is above every bound). */
+struct metrics_hist {
+	uint64_t bucket[METRIC_BUCKETS + 1];
+	uint64_t sum_us;
+};
+/* A reason's count. */
+struct metrics_reason {
+	int code;
+	uint64_t n;
+};
+/* Everything METRICS shows, as of one moment. */
+struct metrics_view {
+	uint64_t counter[METRIC_N];
+	struct metrics_reason reasons[METRIC_REASONED_N][METRIC_CODES];  /* non-zero ones */
+	unsigned nreasons[METRIC_REASONED_N];
+	uint64_t recovery[RECOVERY_N];
+	uint64_t le_us[METRIC_BUCKETS];
+	struct metrics_hist hist[METRIC_HIST_N];
+};
+/* Adds n to counter m (any thread). */
+void metrics_add(enum metric m, uint64_t n);
+/* Counts one of m with reason code, a negative ERR_E* (any thread). */
+void metrics_fail(enum metric_reasoned m, int code);
+/* Counts n recovery actions of kind a. */
+void metrics_recovered(enum metric_recovery a, uint64_t n);
+/* Puts one observation of seconds into histogram h (loop thread). */
+void metrics_observe(enum metric_hist h, double seconds);
+/* Fills v with every counter and histogram as of now (loop thread). */
+void metrics_view(struct metrics_view *v);
+/* Wire keys (PROTOCOL.md's METRICS) of a counter, a reasoned one, an action, a histogram. */
+const char *metrics_counter_key(enum metric m);
+const char *metrics_reasoned_key(enum metric_reasoned m);
+const char *metrics_recovery_key(enum metric_recovery a);
+const char *metrics_hist_key(enum metric_hist h);
+/* metrics_save.c — save_change_cb: counts SNAPSHOT, DURABLE, COMMITTED and FAILED, and
+ * observes each one's time from ACCEPTED. */
+void metrics_on_save(struct save *s);
+
 /* reply.c — the one place that encodes replies; each names its client by connection id and
  * is dropped when that connection is gone. */
 struct store_commit_info;
@@ -986,6 +1062,8 @@ void reply_sealed(uint64_t conn, uint64_t req, int committed);
 /* STATUS; its resident list holds the files a client of uid may see (auth_sees). */
 void reply_status(uint64_t conn, uint64_t req, uid_t uid);
 void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
+/* METRICS: metrics.c's counters and histograms, and the gauges of the moment. */
+void reply_metrics(uint64_t conn, uint64_t req);
 void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);
 

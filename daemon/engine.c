@@ -303,6 +303,7 @@ static void copy_loop(struct copier *cp)
 			fail_locked(j, rc, err);
 		} else {
 			__atomic_add_fetch(&j->bytes_snapshot, len, __ATOMIC_RELAXED);
+			metrics_add(METRIC_COPIED_BYTES, len);
 			if (++j->copied == j->npieces && !j->failed)
 				post(j, ENGINE_SNAPSHOT);
 		}
@@ -364,8 +365,10 @@ static void flush_loop(void)
 								       : j->data_len - start;
 			int rc = failed ? 0 : flush_file_piece(j->ff, &j->r, start, chunk, len, err,
 							       sizeof(err));
-			if (rc == 0 && !failed)
+			if (rc == 0 && !failed) {
 				__atomic_add_fetch(&j->bytes_flushed, len, __ATOMIC_RELAXED);
+				metrics_add(METRIC_FLUSHED_BYTES, len);
+			}
 			/* Ownership: a written chunk goes to the job's resident copy, or back. */
 			if (rc < 0 || failed || !resident_keep(j->r.res, piece, chunk))
 				cache_put(E.cache, chunk);
@@ -490,6 +493,7 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 	pthread_cond_broadcast(&E.copy_cv);
 	pthread_cond_broadcast(&E.flush_cv);
 	pthread_mutex_unlock(&E.lock);
+	metrics_add(METRIC_SAVES_STARTED, 1);
 	*out = j;
 	return 0;
 }

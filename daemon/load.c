@@ -453,6 +453,7 @@ int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen)
 	l->fd = l->dfd = -1;
 	l->res = NULL;
 	l->level = LOAD_ACCEPTED;
+	metrics_add(METRIC_LOADS_STARTED, 1);
 	return 0;
 
 fail:
@@ -523,11 +524,14 @@ static void on_restore(void *owner, struct restore_job *j, int code, const char 
 	l->code = code;
 	if (code < 0)
 		snprintf(l->error, sizeof(l->error), "%s", error);
-	if (code < 0)
+	if (code < 0) {
+		metrics_fail(METRIC_LOADS_FAILED, code);
 		log_info("load %llu of %s failed: %s", (unsigned long long)l->id, l->path, error);
-	else
+	} else {
+		metrics_add(METRIC_LOADS_DONE, 1);
 		log_debug("load %llu of %s done: %llu bytes", (unsigned long long)l->id, l->path,
 			  (unsigned long long)l->done);
+	}
 	if (l->client == 0)
 		load_free(l);	/* its client is gone */
 	else if (l->waiting)

@@ -33,6 +33,8 @@ struct recover_stats {
 	unsigned tags;
 	unsigned left;  /* files another host wrote */
 	unsigned fresh; /* partial files of unknown host, too recent to remove */
+	unsigned finished; /* interrupted commits finished */
+	unsigned resumed;  /* sealed tags handed to on_sealed */
 	recover_sealed_cb on_sealed;
 };
 
@@ -244,8 +246,10 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 	}
 	/* An interrupted commit whose manifest is whole is finished, not cleaned up. */
 	if (faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) < 0 &&
-	    faccessat(fd, FMT_MANIFEST FMT_PARTIAL, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+	    faccessat(fd, FMT_MANIFEST FMT_PARTIAL, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		manifest = store_finish_manifest(fd, path);
+		s->finished += (unsigned)manifest;
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct stat st;
 		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
@@ -279,8 +283,10 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 			char name[STORE_HOST_MAX + 16];
 			snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX,
 				 store_host());
-			if (fstatat(fd, name, &rs, AT_SYMLINK_NOFOLLOW) == 0)
+			if (fstatat(fd, name, &rs, AT_SYMLINK_NOFOLLOW) == 0) {
 				s->on_sealed(path, &sealed, rs.st_uid, rs.st_gid);
+				s->resumed++;
+			}
 		}
 		seal_record_free(&sealed);
 		if (r > 0) {
@@ -329,4 +335,9 @@ void recover_run(const struct config *cfg, recover_sealed_cb on_sealed)
 		 "files and %u files of %u uncommitted checkpoints; left %u files of other hosts "
 		 "and %u recent partial files", host, s.dirs, cfg->n_roots, s.partials, s.files,
 		 s.tags, s.left, s.fresh);
+	metrics_recovered(RECOVERY_PARTIAL_REMOVED, s.partials);
+	metrics_recovered(RECOVERY_FILE_REMOVED, s.files);
+	metrics_recovered(RECOVERY_COMMIT_FINISHED, s.finished);
+	metrics_recovered(RECOVERY_SEAL_RESUMED, s.resumed);
+	metrics_recovered(RECOVERY_FILE_LEFT, s.left + s.fresh);
 }

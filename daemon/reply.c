@@ -359,3 +359,66 @@ void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v)
 	}
 	reply_send(conn, &o, 0);
 }
+
+/* Packs a reasoned counter's non-zero reasons: [{reason, count}…]. */
+static void pack_reasons(msgpack_packer *pk, const struct metrics_view *v,
+			 enum metric_reasoned m)
+{
+	proto_key(pk, metrics_reasoned_key(m));
+	msgpack_pack_array(pk, v->nreasons[m]);
+	for (unsigned i = 0; i < v->nreasons[m]; i++) {
+		msgpack_pack_map(pk, 2);
+		proto_kv_str(pk, "reason", err_name(v->reasons[m][i].code));
+		proto_kv_u64(pk, "count", v->reasons[m][i].n);
+	}
+}
+
+/* Packs histogram h: {buckets: [u…], sum_us: u}. */
+static void pack_hist(msgpack_packer *pk, const struct metrics_view *v, enum metric_hist h)
+{
+	proto_key(pk, metrics_hist_key(h));
+	msgpack_pack_map(pk, 2);
+	proto_key(pk, "buckets");
+	msgpack_pack_array(pk, METRIC_BUCKETS + 1);
+	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
+		msgpack_pack_uint64(pk, v->hist[h].bucket[i]);
+	proto_kv_u64(pk, "sum_us", v->hist[h].sum_us);
+}
+
+/* Answers METRICS: the counters and histograms since start, and the gauges of now. */
+void reply_metrics(uint64_t conn, uint64_t req)
+{
+	struct proto_out o;
+	struct metrics_view v;
+	struct timespec ts;
+
+	metrics_view(&v);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	double up = ts.tv_sec + ts.tv_nsec / 1e9 - start_time;
+	proto_out_init(&o, PROTO_REPLY, req);
+	msgpack_pack_map(&o.pk, 9 + METRIC_N + METRIC_REASONED_N + 2 + METRIC_HIST_N);
+	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
+	proto_kv_u64(&o.pk, "start_time_ms", (uint64_t)(start_time * 1e3));
+	proto_kv_u64(&o.pk, "uptime_ms", up > 0 ? (uint64_t)(up * 1e3) : 0);
+	proto_kv_u64(&o.pk, "cache_total", cache_total(cache));
+	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
+	proto_kv_u64(&o.pk, "cache_resident", resident_bytes());
+	proto_kv_u64(&o.pk, "clients", conn_count() - 1);	/* not the asker */
+	proto_kv_u64(&o.pk, "saves_in_flight", save_inflight());
+	proto_kv_u64(&o.pk, "loads_in_flight", load_count());
+	for (unsigned i = 0; i < METRIC_N; i++)
+		proto_kv_u64(&o.pk, metrics_counter_key(i), v.counter[i]);
+	for (unsigned i = 0; i < METRIC_REASONED_N; i++)
+		pack_reasons(&o.pk, &v, i);
+	proto_key(&o.pk, "recovery");
+	msgpack_pack_map(&o.pk, RECOVERY_N);
+	for (unsigned i = 0; i < RECOVERY_N; i++)
+		proto_kv_u64(&o.pk, metrics_recovery_key(i), v.recovery[i]);
+	proto_key(&o.pk, "le_us");
+	msgpack_pack_array(&o.pk, METRIC_BUCKETS);
+	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
+		msgpack_pack_uint64(&o.pk, v.le_us[i]);
+	for (unsigned i = 0; i < METRIC_HIST_N; i++)
+		pack_hist(&o.pk, &v, i);
+	reply_send(conn, &o, 0);
+}

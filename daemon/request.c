@@ -204,8 +204,10 @@ static void on_save_begin(struct client *c, const struct proto_hdr *h, struct pr
 	int64_t id = auth_check(c, AUTH_SAVE, err, sizeof(err));
 	if (id == 0)
 		id = save_begin(c, dir, file, err, sizeof(err));
-	if (id < 0)
+	if (id < 0) {
+		metrics_fail(METRIC_SAVES_REFUSED, (int)id);
 		return request_error(c, h, (int)id, "%s", err);
+	}
 	reply_save_begun(client_id(c), h->id, (uint64_t)id);
 }
 
@@ -311,6 +313,7 @@ static struct save *open_save_add(struct client *c, const struct proto_hdr *h,
 		return NULL;
 	}
 	if (rc < 0) {
+		metrics_fail(METRIC_SAVES_REFUSED, rc);
 		request_error(c, h, rc, "%s (save %llu abandoned)", err, (unsigned long long)id);
 		return NULL;
 	}
@@ -354,13 +357,16 @@ static void on_save_end(struct client *c, const struct proto_hdr *h, struct prot
 		rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err));
 		if (rc < 0) {
 			save_drop(s);
+			metrics_fail(METRIC_SAVES_REFUSED, rc);
 			return request_error(c, h, rc, "%s (save %llu abandoned)", err,
 					  (unsigned long long)id);
 		}
 	}
 	rc = save_end(s, fence, err, sizeof(err));
-	if (rc < 0)
+	if (rc < 0) {
+		metrics_fail(METRIC_SAVES_REFUSED, rc);
 		return request_error(c, h, rc, "%s", err);
+	}
 	reply_save_accepted(client_id(c), h->id);
 }
 
@@ -448,6 +454,14 @@ static void on_pending(struct client *c, const struct proto_hdr *h, struct proto
 	reply_pending(client_id(c), h->id, client_uid(c));
 }
 
+/* METRICS: node-wide counters, which name no path or user: any client may read them. */
+static void on_metrics(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	reply_metrics(client_id(c), h->id);
+}
+
 /* Handles one frame of a client. */
 static void request_handle(struct client *c, const struct proto_hdr *h, const uint8_t *body,
 			   int *fds, unsigned nfds)
@@ -486,6 +500,7 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 		case PROTO_SEAL: on_seal(c, h, &m); break;
 		case PROTO_STATUS: on_status(c, h, &m); break;
 		case PROTO_PENDING: on_pending(c, h, &m); break;
+		case PROTO_METRICS: on_metrics(c, h, &m); break;
 		case PROTO_LOAD_BEGIN: request_load_begin(c, h, &m); break;
 		case PROTO_LOAD_ADD: request_load_add(c, h, &m); break;
 		case PROTO_LOAD_END: request_load_end(c, h, &m); break;

@@ -319,8 +319,10 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 	int src = copier_sync(cp, rc != 0 ? NULL : err, rc != 0 ? 0 : errlen);
 	if (rc == 0 && src < 0)
 		rc = src;
-	if (rc == 0)
+	if (rc == 0) {
 		__atomic_add_fetch(&j->done, bytes, __ATOMIC_RELAXED);
+		metrics_add(METRIC_RESTORED_BYTES, bytes);
+	}
 	return rc;
 }
 

@@ -20,7 +20,7 @@
 #include <uv.h>
 
 #define LINGER_S 60.0          /* finished saves stay listed this long */
-#define MAX_OBSERVERS 4
+#define MAX_OBSERVERS 8
 
 struct save {
 	uint64_t id;

@@ -336,6 +336,12 @@ void source_ref(struct source *s)
 	atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
 }
 
+/* Takes n references at once. */
+void source_ref_n(struct source *s, unsigned n)
+{
+	atomic_fetch_add_explicit(&s->refs, n, memory_order_relaxed);
+}
+
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s)
 {

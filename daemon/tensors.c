@@ -266,17 +266,32 @@ const struct st_tensor *tensors_header(struct tensors *tl)
 }
 
 /* Describes the list for the engine (et: data offsets in order, each with a new reference to
- * its source). */
+ * its source). The references are counted per source first: ten thousand tensors of a few
+ * allocations cost a few atomic additions, not ten thousand. */
 void tensors_give(const struct tensors *tl, struct engine_tensor *et)
 {
+	struct { struct source *src; unsigned n; } seen[16];
+	unsigned nseen = 0, k;
 	uint64_t off = 0;
 
 	for (size_t i = 0; i < tl->n; i++) {
 		const struct tensor_in *t = &tl->t[i];
 		et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
-		source_ref(t->src);
 		off += t->nbytes;
+		for (k = 0; k < nseen && seen[k].src != t->src; k++)
+			;
+		if (k == nseen) {
+			if (nseen == 16) {
+				for (k = 0; k < nseen; k++)
+					source_ref_n(seen[k].src, seen[k].n);
+				nseen = k = 0;
+			}
+			seen[nseen++] = (typeof(seen[0])){t->src, 0};
+		}
+		seen[k].n++;
 	}
+	for (k = 0; k < nseen; k++)
+		source_ref_n(seen[k].src, seen[k].n);
 }
 
 /* Drops the list's references to its sources once the engine holds its own, unless a plan

@@ -36,6 +36,7 @@ const char *proto_type_name(unsigned type)
 	case PROTO_SAVE_ABORT: return "SAVE_ABORT";
 	case PROTO_STATUS: return "STATUS";
 	case PROTO_PENDING: return "PENDING";
+	case PROTO_METRICS: return "METRICS";
 	case PROTO_REPLY: return "REPLY";
 	case PROTO_ERROR: return "ERROR";
 	}

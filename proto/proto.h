@@ -54,6 +54,7 @@ enum proto_type {
 	/* 64-95: control queries (dsckptctl) */
 	PROTO_STATUS = 64,
 	PROTO_PENDING = 65,
+	PROTO_METRICS = 66,
 	/* 128-: replies from the daemon */
 	PROTO_REPLY = 128,
 	PROTO_ERROR = 129,

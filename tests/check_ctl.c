@@ -2,7 +2,8 @@
  * check_ctl.c — dsckptctl's command line and its queries: usage errors and the manual, status
  * without a daemon, and status, pending and wait against a fake daemon that answers with
  * canned frames (version mismatch, a connection refused for a per-user limit, STATUS,
- * PENDING with a failed save, malformed replies). Offline commands: check_ctl_verify.c.
+ * PENDING with a failed save, METRICS in Prometheus' format, malformed replies). Offline
+ * commands: check_ctl_verify.c.
  */
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -53,10 +54,12 @@ END_TEST
 /* What the fake daemon answers. */
 enum fake_mode {
 	FAKE_EVERSION,   /* HELLO gets ERROR EVERSION with server_proto 99 */
-	FAKE_GOOD,       /* well-formed STATUS and PENDING replies (with an extra key) */
-	FAKE_BAD,        /* STATUS lacks "cuda"; PENDING's saves is not an array */
+	FAKE_GOOD,       /* well-formed STATUS, PENDING and METRICS replies (an extra key) */
+	FAKE_BAD,        /* STATUS lacks "cuda"; PENDING's saves is not an array; a METRICS
+			  * histogram has one bucket too few */
 	FAKE_EMPTY,      /* PENDING lists no save */
-	FAKE_BADPOOLS,   /* STATUS's cache_pools holds a pool whose node is a string */
+	FAKE_BADPOOLS,   /* STATUS's cache_pools holds a pool whose node is a string; a
+			  * METRICS reason is not a code's name */
 	FAKE_LIMIT,      /* every connection is refused at accept: ERROR ELIMIT of id 0 */
 };
 
@@ -82,6 +85,65 @@ static void fake_save(msgpack_packer *pk, uint64_t id, const char *file, int lev
 		proto_kv_str(pk, "error", error);
 }
 
+/* Packs a METRICS reason list of one reason and count (a second when reason2). */
+static void fake_reasons(msgpack_packer *pk, const char *key, const char *reason, uint64_t n,
+			 const char *reason2)
+{
+	proto_key(pk, key);
+	msgpack_pack_array(pk, reason2 ? 2 : 1);
+	for (int i = 0; i < (reason2 ? 2 : 1); i++) {
+		msgpack_pack_map(pk, 2);
+		proto_kv_str(pk, "reason", i ? reason2 : reason);
+		proto_kv_u64(pk, "count", n);
+	}
+}
+
+/* Packs a METRICS reply body: every key, the numbers the tests expect, per mode. */
+static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
+{
+	static const char *const counters[] = {
+		"start_time_ms", "uptime_ms", "cache_total", "cache_used", "cache_resident",
+		"clients", "saves_in_flight", "loads_in_flight", "saves_started",
+		"saves_snapshotted", "saves_durable", "saves_committed", "copied_bytes",
+		"flushed_bytes", "loads_started", "loads_done", "restored_bytes"};
+	static const uint64_t values[] = {
+		1700000000123ull, 7384000, 4ull << 30, 1ull << 30, 1ull << 29, 3, 2, 1, 10, 9, 8,
+		6, 10ull << 30, 8ull << 30, 2, 1, 3ull << 30};
+	static const char *const actions[] = {"partial_removed", "file_removed",
+					      "commit_finished", "seal_resumed", "file_left"};
+	static const char *const hists[] = {"snapshot_seconds", "flush_seconds",
+					    "commit_seconds"};
+	size_t nc = sizeof(counters) / sizeof(counters[0]);
+
+	msgpack_pack_map(pk, 1 + nc + 3 + 1 + 1 + 3 + 1);
+	proto_kv_str(pk, "version", "9.9.9");
+	for (size_t i = 0; i < nc; i++)
+		proto_kv_u64(pk, counters[i], values[i]);
+	fake_reasons(pk, "saves_failed", "ENOSPC", 1, "EIO");
+	fake_reasons(pk, "saves_refused", mode == FAKE_BADPOOLS ? "no space" : "EACCES", 4, NULL);
+	fake_reasons(pk, "loads_failed", "ECHECKSUM", 1, NULL);
+	proto_key(pk, "recovery");
+	msgpack_pack_map(pk, 5);
+	for (int i = 0; i < 5; i++)
+		proto_kv_u64(pk, actions[i], (uint64_t)i);
+	proto_key(pk, "le_us");
+	msgpack_pack_array(pk, 2);
+	msgpack_pack_uint64(pk, 1000);
+	msgpack_pack_uint64(pk, 2500000);
+	for (int i = 0; i < 3; i++) {
+		proto_key(pk, hists[i]);
+		msgpack_pack_map(pk, 2);
+		proto_key(pk, "buckets");
+		msgpack_pack_array(pk, mode == FAKE_BAD && i == 1 ? 2 : 3);
+		msgpack_pack_uint64(pk, 1);
+		msgpack_pack_uint64(pk, 2);
+		if (!(mode == FAKE_BAD && i == 1))
+			msgpack_pack_uint64(pk, 3);
+		proto_kv_u64(pk, "sum_us", 1500000);
+	}
+	proto_kv_str(pk, "added_later", "tolerated");
+}
+
 /* Answers one request h of a connection per mode. */
 static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 {
@@ -99,6 +161,9 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		proto_kv_str(&o.pk, "version", "9.9.9");
 		proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 		proto_kv_u64(&o.pk, "client", 7);
+	} else if (h->type == PROTO_METRICS) {
+		proto_out_init(&o, PROTO_REPLY, h->id);
+		fake_metrics(&o.pk, mode);
 	} else if (h->type == PROTO_STATUS) {
 		proto_out_init(&o, PROTO_REPLY, h->id);
 		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 16 : mode == FAKE_BADPOOLS ? 13 : 11);
@@ -267,6 +332,10 @@ START_TEST(test_query_replies)
 	ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 1), "dir")->valuestring,
 			 "/ckpt/llama/step6");
 	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetArrayItem(res, 0), "committed")));
+	const cJSON *mx = cJSON_GetObjectItem(doc, "metrics");
+	ck_assert_int_eq(cJSON_GetObjectItem(mx, "saves_committed")->valueint, 6);
+	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(mx, "saves_failed"),
+					     "EIO")->valueint, 1);
 	cJSON_Delete(doc);
 
 	ck_assert_int_eq(ctl("-s %s pending", sock), 0);
@@ -290,6 +359,54 @@ START_TEST(test_query_replies)
 	/* A directory with no save in it (it must exist: a missing one is a typo). */
 	ck_assert_int_eq(ctl("-s %s wait --dir %s", sock, ctl_root), 0);
 	ck_out_has("no saves of");
+}
+END_TEST
+
+/* METRICS as Prometheus text: names, HELP and TYPE, units (ms to s), reasons as labels,
+ * cumulative buckets ending in +Inf; and as JSON. */
+START_TEST(test_query_metrics)
+{
+	const char *sock = fake_start(FAKE_GOOD);
+	ck_assert_int_eq(ctl("-s %s metrics", sock), 0);
+	const char *want[] = {
+		"# HELP dsckpt_build_info ", "# TYPE dsckpt_build_info gauge\n",
+		"\ndsckpt_build_info{version=\"9.9.9\"} 1\n",
+		"\ndsckpt_start_time_seconds 1700000000.123\n",
+		"\ndsckpt_uptime_seconds 7384.000\n",
+		"# TYPE dsckpt_saves_started_total counter\ndsckpt_saves_started_total 10\n",
+		"\ndsckpt_saves_committed_total 6\n",
+		"\ndsckpt_flushed_bytes_total 8589934592\n",
+		"\ndsckpt_cache_size_bytes 4294967296\n",
+		"\ndsckpt_saves_in_flight 2\n",
+		"\ndsckpt_saves_failed_total{reason=\"ENOSPC\"} 1\n"
+		"dsckpt_saves_failed_total{reason=\"EIO\"} 1\n",
+		"\ndsckpt_saves_refused_total{reason=\"EACCES\"} 4\n",
+		"\ndsckpt_loads_failed_total{reason=\"ECHECKSUM\"} 1\n",
+		"# TYPE dsckpt_save_flush_seconds histogram\n"
+		"dsckpt_save_flush_seconds_bucket{le=\"0.001\"} 1\n"
+		"dsckpt_save_flush_seconds_bucket{le=\"2.5\"} 3\n"
+		"dsckpt_save_flush_seconds_bucket{le=\"+Inf\"} 6\n"
+		"dsckpt_save_flush_seconds_sum 1.500000\n"
+		"dsckpt_save_flush_seconds_count 6\n",
+		"\ndsckpt_recovery_actions_total{action=\"file_left\"} 4\n",
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_out_has(want[i]);
+	ck_assert_ptr_null(strstr(ctl_out, "added_later"));
+
+	ck_assert_int_eq(ctl("-s %s metrics --json", sock), 0);
+	cJSON *doc = cJSON_Parse(ctl_out);
+	ck_assert_msg(doc != NULL, "not JSON: %s", ctl_out);
+	const cJSON *h = cJSON_GetObjectItem(doc, "commit_seconds");
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(h, "le")), 2);
+	ck_assert(cJSON_GetArrayItem(cJSON_GetObjectItem(h, "le"), 1)->valuedouble == 2.5);
+	ck_assert_int_eq(cJSON_GetArrayItem(cJSON_GetObjectItem(h, "buckets"), 1)->valueint, 3);
+	ck_assert_int_eq(cJSON_GetObjectItem(h, "count")->valueint, 6);
+	ck_assert(cJSON_GetObjectItem(h, "sum")->valuedouble == 1.5);
+	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "saves_refused"),
+					     "EACCES")->valueint, 4);
+	ck_assert_int_eq(cJSON_GetObjectItem(doc, "restored_bytes")->valuedouble, 3.0 * (1 << 30));
+	cJSON_Delete(doc);
 }
 END_TEST
 
@@ -317,6 +434,10 @@ START_TEST(test_query_malformed)
 	ck_out_has("cuda");
 	ck_assert_int_eq(ctl("-s %s pending", sock), 1);
 	ck_out_has("malformed PENDING reply from dsckptd");
+	ck_assert_int_eq(ctl("-s %s metrics", sock), 1);
+	ck_out_has("malformed METRICS reply from dsckptd");
+	ck_out_has("flush_seconds");
+	ck_assert_ptr_null(strstr(ctl_out, "# TYPE"));	/* nothing half printed */
 }
 END_TEST
 
@@ -327,6 +448,9 @@ START_TEST(test_query_bad_pools)
 	ck_assert_int_eq(ctl("-s %s --json status", sock), 1);
 	ck_out_has("malformed STATUS reply from dsckptd");
 	ck_out_has("cache_pools[0]");
+	ck_assert_int_eq(ctl("-s %s metrics", sock), 1);
+	ck_out_has("malformed METRICS reply from dsckptd");
+	ck_out_has("saves_refused[0]: reason 'no space' is not a code name");
 }
 END_TEST
 
@@ -352,7 +476,8 @@ START_TEST(test_usage)
 	ck_assert_int_eq(ctl("wait --dir %s/no-such-tag", ctl_root), 1);
 	ck_out_has("no-such-tag: No such file or directory");
 	ck_assert_int_eq(ctl("--help"), 0);
-	const char *words[] = {"status", "pending", "list ROOT", "verify", "--allow-uncommitted",
+	const char *words[] = {"status", "metrics", "pending", "list ROOT", "verify",
+			       "--allow-uncommitted",
 			       "wait", "--dir DIR", "--timeout SEC", "--json", "DSCKPT_SOCKET",
 			       "Exit status"};
 	for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
@@ -374,6 +499,7 @@ static Suite *ctl_suite(void)
 	tcase_add_test(tc, test_query_version_mismatch);
 	tcase_add_test(tc, test_query_limit);
 	tcase_add_test(tc, test_query_replies);
+	tcase_add_test(tc, test_query_metrics);
 	tcase_add_test(tc, test_query_empty);
 	tcase_add_test(tc, test_query_malformed);
 	tcase_add_test(tc, test_query_bad_pools);

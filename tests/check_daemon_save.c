@@ -1,12 +1,15 @@
 /*
  * check_daemon_save.c — a trainer's saves, end to end: each test starts a real dsckptd on a
  * scratch socket and saves through libdsckpt (dtypes and shapes, several ranks, a save bigger
- * than the cache, saves in flight, the lazy snapshot); every file is read back and checked.
+ * than the cache, saves in flight, the lazy snapshot, a save while another thread waits on the
+ * connection); every file is read back and checked.
  */
 #include "harness_daemon.h"
 
 #include <check.h>
 #include <msgpack.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +283,55 @@ START_TEST(test_lazy_snapshot)
 }
 END_TEST
 
+/* A thread waiting on one save of a connection (an upload thread's DURABLE wait). */
+struct waiter {
+	dsckpt_save_t *s;
+	int rc;
+	atomic_int done;
+};
+
+/* Waits for COMMITTED, which never comes: 3 s and then ETIMEDOUT. */
+static void *wait_main(void *arg)
+{
+	struct waiter *w = arg;
+
+	w->rc = dsckpt_wait(w->s, DSCKPT_COMMITTED, 3000);
+	atomic_store(&w->done, 1);
+	return NULL;
+}
+
+/* While one thread waits on a connection, another saves through it: the wait holds the
+ * connection a slice at a time, so the save is handed over before the wait ends. */
+START_TEST(test_wait_shares_connection)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	const char *dir = h_path("%s/share/t1", D->root);
+	dsckpt_conn_t *c = conn_open("share", 0, 1);
+	struct waiter w = {0};
+	void *mem[2];
+	pthread_t th;
+
+	w.s = save_pattern(c, dir, "rank0", MIB, 1, &mem[0]);
+	wait_level(c, w.s, DSCKPT_DURABLE, 30000);
+	ck_assert_int_eq(pthread_create(&th, NULL, wait_main, &w), 0);
+	h_sleep_ms(100);	/* the waiter is blocked in its WAIT */
+	ck_assert(!atomic_load(&w.done));
+	dsckpt_save_t *s = save_pattern(c, dir, "optim", MIB, 2, &mem[1]);
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	ck_assert_msg(!atomic_load(&w.done), "the second save waited for the first's wait");
+	pthread_join(th, NULL);
+	ck_assert_int_eq(w.rc, DSCKPT_ETIMEDOUT);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "after 3000 ms"));
+	check_pattern_file(dir, "optim", MIB, 2);
+	dsckpt_save_free(s);
+	dsckpt_save_free(w.s);
+	dsckpt_host_free(mem[0]);
+	dsckpt_host_free(mem[1]);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* Builds the suite: one test case per group, each with a time limit that fits it. */
 static Suite *daemon_save_suite(void)
 {
@@ -289,6 +341,7 @@ static Suite *daemon_save_suite(void)
 	h_add_case(s, "bigger than cache", test_bigger_than_cache, 90, 1);
 	h_add_case(s, "saves in flight", test_saves_in_flight, 60, 1);
 	h_add_case(s, "lazy snapshot", test_lazy_snapshot, 30, 1);
+	h_add_case(s, "wait shares the connection", test_wait_shares_connection, 30, 1);
 	return s;
 }
 

@@ -1,8 +1,8 @@
 /*
  * ctl.h — dsckptctl's modules, one section each: the command line (main.c), the connection
- * to the daemon and status (query.c), the saves it holds (pending.c), offline listing
- * (list.c) and verification (verify*.c) of checkpoints, and the output helpers they share
- * (output.c).
+ * to the daemon and status (query.c), its counters (metrics.c), the saves it holds
+ * (pending.c), offline listing (list.c) and verification (verify*.c) of checkpoints, and the
+ * output helpers they share (output.c).
  *
  * Every command returns the process exit status: CTL_OK, CTL_FAIL (an error, already printed
  * on stderr) or CTL_USAGE.
@@ -55,6 +55,17 @@ struct ctl_resident {
 long query_residents(const struct ctl *ctl, struct ctl_resident **out);
 /* Frees what query_residents returned. */
 void query_residents_free(struct ctl_resident *v, long n);
+
+/* metrics.c */
+struct ctl_metrics;
+/* Asks an open connection for the daemon's counters (METRICS); NULL once why is printed. */
+struct ctl_metrics *metrics_query(dsckpt_conn_t *c);
+/* Frees what metrics_query returned. */
+void metrics_free(struct ctl_metrics *m);
+/* The counters as a JSON object (metrics --json, status --json's "metrics"). */
+cJSON *metrics_json(const struct ctl_metrics *m);
+/* Prints the daemon's metrics in Prometheus' text format (JSON with --json). */
+int metrics_run(struct ctl *ctl);
 
 /* pending.c */
 /* Prints one row per save the daemon holds (PENDING). */

@@ -24,8 +24,17 @@ static const struct command commands[] = {
 	{"status", "", "", 0,
 	 "  Shows the daemon: version and protocol, pid, uptime, host cache used and total,\n"
 	 "  cache chunk size, connected clients, saves in flight, flush and copy threads and\n"
-	 "  what CUDA the daemon found.\n",
+	 "  what CUDA the daemon found. With --json, \"metrics\" also holds the counters of\n"
+	 "  the metrics command.\n",
 	 query_status},
+	{"metrics", "", "", 0,
+	 "  Prints the daemon's counters since it started in the Prometheus text format, for\n"
+	 "  node_exporter's textfile collector: saves started, snapshotted, durable, committed,\n"
+	 "  failed and refused (by reason), bytes copied, flushed and restored, loads, latency\n"
+	 "  histograms from ACCEPTED to SNAPSHOT, DURABLE and COMMITTED, the cache, clients,\n"
+	 "  saves in flight, start-up recovery, start time, uptime and version. Node-wide sums:\n"
+	 "  any user may read them. With --json, the same numbers as one JSON object.\n",
+	 metrics_run},
 	{"pending", "", "", 0,
 	 "  One row per save the daemon holds: id, rank, job, level (ACCEPTED, SNAPSHOT,\n"
 	 "  DURABLE, COMMITTED or FAILED), bytes snapshotted/flushed/total, rate since it was\n"

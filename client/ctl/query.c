@@ -216,8 +216,9 @@ int query_status(struct ctl *ctl)
 	proto_get_u64(pm, "cache_resident", UINT64_MAX, &resident, 0);
 	nres = residents_decode(pm, &res);
 	int rc = query_end(c, &r);
+	struct ctl_metrics *mx = rc == 0 && nres >= 0 && ctl->json ? metrics_query(c) : NULL;
 	dsckpt_close(c);
-	if (rc != 0 || nres < 0) {
+	if (rc != 0 || nres < 0 || (ctl->json && !mx)) {
 		query_residents_free(res, nres);
 		return CTL_FAIL;
 	}
@@ -255,6 +256,8 @@ int query_status(struct ctl *ctl)
 			cJSON_AddItemToArray(a, f);
 		}
 		query_residents_free(res, nres);
+		cJSON_AddItemToObject(o, "metrics", metrics_json(mx));
+		metrics_free(mx);
 		return out_json(o);
 	}
 	char b1[32], b2[32], b3[32];

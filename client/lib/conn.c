@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 struct dsckpt_conn {
@@ -461,6 +462,42 @@ int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
 out:
 	lib_conn_unlock(c);
 	return e;
+}
+
+/* Seconds on CLOCK_MONOTONIC. */
+static double conn_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Notes the deadline of a wait of timeout_ms (< 0: none). */
+void lib_wait_start(struct lib_wait *w, int timeout_ms)
+{
+	w->timeout_ms = timeout_ms;
+	w->deadline = timeout_ms > 0 ? conn_now() + timeout_ms / 1e3 : 0;
+}
+
+/* The next query's timeout: a slice, or what is left of the wait (0 for timeout_ms 0). */
+int lib_wait_slice(struct lib_wait *w, int *last)
+{
+	int ms = LIB_WAIT_SLICE_MS;
+
+	*last = 0;
+	if (w->timeout_ms == 0) {
+		*last = 1;
+		return 0;
+	}
+	if (w->timeout_ms > 0) {
+		double left = (w->deadline - conn_now()) * 1e3;
+		if (left <= ms) {
+			*last = 1;
+			return left > 0 ? (int)left : 0;
+		}
+	}
+	return ms;
 }
 
 /* Introduces the connection as dsckptctl (HELLO as "ctl"), replies awaited timeout_ms. */

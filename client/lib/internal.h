@@ -94,6 +94,21 @@ int lib_conn_query(dsckpt_conn_t *c, unsigned type, struct lib_reply *r);
 /* Frees a query's reply; DSCKPT_EPROTO if a key read from it was malformed. Keys nobody read
  * are allowed: a later daemon may add some. */
 int lib_conn_query_end(dsckpt_conn_t *c, struct lib_reply *r);
+/*
+ * Long waits hold the connection's lock one slice at a time, so that other threads' calls on
+ * the connection (the next save while an upload thread waits for DURABLE) wait at most a
+ * slice: lib_wait_start notes the deadline of a wait of timeout_ms (< 0: none) and
+ * lib_wait_slice gives the daemon-side timeout of the next query, at most LIB_WAIT_SLICE_MS.
+ * The daemon answers a WAIT as soon as the level is reached, so slicing delays nobody.
+ */
+#define LIB_WAIT_SLICE_MS 20
+struct lib_wait {
+	int timeout_ms;
+	double deadline;     /* CLOCK_MONOTONIC seconds, when timeout_ms > 0 */
+};
+void lib_wait_start(struct lib_wait *w, int timeout_ms);
+/* The next query's timeout in ms; *last set when it is the final query of the wait. */
+int lib_wait_slice(struct lib_wait *w, int *last);
 /* Whether the last failure was the daemon's ERROR reply (its message is the daemon's). */
 int lib_conn_refused(dsckpt_conn_t *c);
 

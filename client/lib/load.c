@@ -305,27 +305,35 @@ static void load_finish(dsckpt_load_t *l, enum load_state state)
 int dsckpt_load_wait(dsckpt_load_t *l, int timeout_ms)
 {
 	int64_t level = 0;
-	int e;
+	struct lib_wait w;
+	int e, last = 1, again;
 
 	if (!l)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(l->c);
-	if (l->state == LOAD_OPEN)
-		e = lib_conn_fail(l->c, DSCKPT_ESTATE, "dsckpt_load_end must come first");
-	else if (l->state == LOAD_BROKEN)
-		e = lib_conn_fail(l->c, DSCKPT_ESTATE, "the load failed before it started");
-	else if (l->state == LOAD_ENDED && (e = load_query(l, timeout_ms, &level)) < 0)
-		;
-	else if (l->state == LOAD_ENDED && level == DSCKPT_ACCEPTED)
-		e = lib_conn_fail(l->c, DSCKPT_ETIMEDOUT, "load still running after %d ms: %"
-				  PRIu64 " of %" PRIu64 " bytes in place", timeout_ms, l->done,
-				  l->total);
-	else {
-		if (l->state == LOAD_ENDED)
-			load_finish(l, level == DSCKPT_LOADED ? LOAD_LOADED : LOAD_FAILED);
-		e = l->state == LOAD_LOADED ? DSCKPT_LOADED : load_failed(l);
-	}
-	lib_conn_unlock(l->c);
+	lib_wait_start(&w, timeout_ms);
+	do {
+		again = 0;
+		lib_conn_lock(l->c);
+		if (l->state == LOAD_OPEN)
+			e = lib_conn_fail(l->c, DSCKPT_ESTATE, "dsckpt_load_end must come first");
+		else if (l->state == LOAD_BROKEN)
+			e = lib_conn_fail(l->c, DSCKPT_ESTATE, "the load failed before it started");
+		else if (l->state == LOAD_ENDED &&
+			 (e = load_query(l, lib_wait_slice(&w, &last), &level)) < 0)
+			;
+		else if (l->state == LOAD_ENDED && level == DSCKPT_ACCEPTED && !last)
+			again = 1;
+		else if (l->state == LOAD_ENDED && level == DSCKPT_ACCEPTED)
+			e = lib_conn_fail(l->c, DSCKPT_ETIMEDOUT, "load still running after %d ms: %"
+					  PRIu64 " of %" PRIu64 " bytes in place", timeout_ms,
+					  l->done, l->total);
+		else {
+			if (l->state == LOAD_ENDED)
+				load_finish(l, level == DSCKPT_LOADED ? LOAD_LOADED : LOAD_FAILED);
+			e = l->state == LOAD_LOADED ? DSCKPT_LOADED : load_failed(l);
+		}
+		lib_conn_unlock(l->c);
+	} while (again);
 	return e;
 }
 

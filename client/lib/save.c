@@ -334,29 +334,36 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	return 0;
 }
 
-/* Waits until the save reaches level. */
+/* Waits until the save reaches level, holding the connection's lock a slice at a time. */
 int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
 {
 	dsckpt_progress_t p;
-	int e;
+	struct lib_wait w;
+	int e, last, again;
 
 	if (!s)
 		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	if (level < DSCKPT_NONE || level > DSCKPT_COMMITTED)
-		e = lib_conn_fail(s->c, DSCKPT_EINVAL, "level %d is not in 0..%d", level,
-				  DSCKPT_COMMITTED);
-	else if ((e = save_query(s, level, timeout_ms, &p)) < 0)
-		;
-	else if (p.level == DSCKPT_FAILED)
-		e = DSCKPT_EFAILED;
-	else if (p.level < level)
-		e = lib_conn_fail(s->c, DSCKPT_ETIMEDOUT, "save is %s after %d ms, not %s",
-				  dsckpt_level_name(p.level), timeout_ms,
-				  dsckpt_level_name(level));
-	else
-		e = p.level;
-	lib_conn_unlock(s->c);
+	lib_wait_start(&w, timeout_ms);
+	do {
+		again = 0;
+		lib_conn_lock(s->c);
+		if (level < DSCKPT_NONE || level > DSCKPT_COMMITTED)
+			e = lib_conn_fail(s->c, DSCKPT_EINVAL, "level %d is not in 0..%d", level,
+					  DSCKPT_COMMITTED);
+		else if ((e = save_query(s, level, lib_wait_slice(&w, &last), &p)) < 0)
+			;
+		else if (p.level == DSCKPT_FAILED)
+			e = DSCKPT_EFAILED;
+		else if (p.level < level && !last)
+			again = 1;
+		else if (p.level < level)
+			e = lib_conn_fail(s->c, DSCKPT_ETIMEDOUT, "save is %s after %d ms, not %s",
+					  dsckpt_level_name(p.level), timeout_ms,
+					  dsckpt_level_name(level));
+		else
+			e = p.level;
+		lib_conn_unlock(s->c);
+	} while (again);
 	return e;
 }
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""bench_train.py — checkpointing a real PyTorch training loop, four ways, in one run.
+"""bench_train.py — checkpointing a real PyTorch training loop, six ways, in one run.
 
-Over 600 lines: one self-contained script, run as is on the GPU node (tests/gpu/run-train); its
-four modes share one model, one batch stream and one timing harness.
+Over 900 lines: one script, run as is on the GPU node (tests/gpu/run-train), with
+save_progress.py beside it; its modes share one model, one batch stream and one timing harness.
 
 A GPT-style decoder (hand-written causal attention + MLP, fp32 weights, bf16 autocast on the
 GPU, random tokens, cross-entropy, AdamW) is trained for the same ITERS iterations in each
@@ -16,9 +16,18 @@ after every EVERY-th optimizer step:
                DURABLE); then a restore check: the last checkpoint that has 3 iterations after
                it is loaded into a fresh model + optimizer, which runs those 3 iterations on the
                same batches: the losses must equal the uninterrupted run's;
+               With --ctl, a thread samples each save's bytes snapshotted and flushed over time
+               (dsckptctl --json pending, its own process and connection) into "progress";
+  dsckpt-dcp   DCP async_save with storage_writer=dsckpt.dcp.Writer (its AsyncStager: the
+               tensors go to the daemon by reference); staging_completion (SNAPSHOT) waited
+               for before the next optimizer step, the uploads (COMMITTED) after the loop;
+  dcp-async    DCP async_save with DCP's own DefaultStager (pinned-memory staging in a thread,
+               staging_completion waited for before the next step) and FileSystemWriter, the
+               previous upload waited for before the next save (SKIP where unavailable);
   torch.save   blocking torch.save of the state into the checkpoint root;
-  dcp          torch.distributed.checkpoint.async_save (single-process gloo group), waiting for
-               the previous save's future before the next save (SKIP where unavailable).
+  dcp          torch.distributed.checkpoint.async_save (single-process gloo group) with its
+               defaults (staging on the calling thread, FileSystemWriter), waiting for the
+               previous save's future before the next save (SKIP where unavailable).
 
 Each mode starts from the same seeded model and sees the same batches. Blocked time per
 checkpoint = time inside the save call + every wait the loop makes for it. Prints progress,
@@ -48,6 +57,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import dsckpt  # noqa: E402
 import dsckpt.torch as dt  # noqa: E402
+from save_progress import SaveSampler  # noqa: E402  (this directory)
 
 RESUME_ITERS = 3  # iterations compared after the restore
 
@@ -176,6 +186,10 @@ class Mode:
     def finish(self):
         pass
 
+    def extra(self):
+        """Numbers of its own for the mode's result (after finish())."""
+        return {}
+
     def cleanup(self):
         pass
 
@@ -207,14 +221,14 @@ class DcpAsync(Mode):
 
     name = "dcp.async_save"
 
-    def __init__(self, root, group=None):
+    def __init__(self, root, group=None, subdir="dcp"):
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         if not hasattr(dcp, "async_save"):
             raise NotImplementedError(f"torch {torch.__version__} has no "
                                       "torch.distributed.checkpoint.async_save")
         self.dist, self.dcp = dist, dcp
-        self.dir = os.path.join(root, "dcp")
+        self.dir = os.path.join(root, subdir)
         os.makedirs(self.dir, exist_ok=True)
         self.own_group = False
         if not dist.is_initialized():
@@ -232,12 +246,16 @@ class DcpAsync(Mode):
     def save(self, it, trainer):
         if self.upload is not None:
             self.upload.result()
-        r = self.dcp.async_save(self.state(trainer), **self.group_kw,
+        r = self.dcp.async_save(self.state(trainer), **self.group_kw, **self.save_kwargs(it),
                                 checkpoint_id=os.path.join(self.dir, f"step{it}"))
         if hasattr(r, "upload_completion"):
             self.staging, self.upload = r.staging_completion, r.upload_completion
         else:
             self.upload = r
+
+    def save_kwargs(self, it):
+        """async_save's arguments beyond the state, the group and the directory."""
+        return {}
 
     def state(self, trainer):
         """The state as DCP wants it: get_state_dict's FQN-keyed dicts where this torch has
@@ -266,6 +284,106 @@ class DcpAsync(Mode):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class DcpStager(DcpAsync):
+    """DcpAsync with DCP's own background staging: async_save(async_stager=DefaultStager(
+    StagingOptions(...))), which copies the state into pinned host memory (on the GPU) in a
+    thread and returns staging_completion, waited for before the next optimizer step; the
+    FileSystemWriter's upload is waited for before the next save, as in DcpAsync (SKIP where
+    this torch has no DefaultStager)."""
+
+    name = "dcp.async+stager"
+
+    def __init__(self, root, cuda, group=None):
+        from torch.distributed.checkpoint import staging
+        if not hasattr(staging, "DefaultStager"):
+            raise NotImplementedError(f"torch {torch.__version__} has no "
+                                      "torch.distributed.checkpoint.staging.DefaultStager")
+        # THREAD checkpointer: no shared memory; pinned memory and non-blocking copies need CUDA.
+        # Made before the process group, so that an API this torch lacks leaves nothing behind.
+        self.stager = staging.DefaultStager(staging.StagingOptions(
+            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+            use_non_blocking_copy=cuda))
+        super().__init__(root, group, subdir="dcp-stager")
+
+    def save_kwargs(self, it):
+        """The stager, shared by every save (it keeps its pinned buffers)."""
+        return {"async_stager": self.stager}
+
+    def cleanup(self):
+        """Closes the stager (its thread and pinned memory), then DcpAsync's clean-up."""
+        close = getattr(self.stager, "close", None)
+        if close is not None:
+            close()
+        super().cleanup()
+
+
+class DsckptDcp(DcpAsync):
+    """DCP async_save through dsckpt.dcp.Writer (DCP's StorageWriter and AsyncStager on
+    dsckptd) into root/<job>/step<N>: staging hands the tensors to the daemon by reference and
+    staging_completion resolves at SNAPSHOT, waited for before the next optimizer step; the
+    upload (DCP's plan, Metadata, commit) resolves at COMMITTED in a thread of DCP's. As in the
+    dsckpt mode, a save does not wait for the previous one's commit (async_save starts an
+    executor per save); finish() waits for every upload. One process: no_dist, so that two
+    uploads in flight run no collectives side by side. Each save has a connection of its own,
+    closed when its upload is done: a Writer's waits (SNAPSHOT, then DURABLE) hold its
+    connection, which the next save's staging must not queue behind."""
+
+    name = "dsckpt.dcp"
+
+    def __init__(self, root, socket, job):
+        import dsckpt.dcp as ddcp
+        super().__init__(root, subdir=job)
+        self.Writer = ddcp.Writer
+        self.socket, self.job = socket, job
+        self.uploads, self.conns = [], []
+        self.saved_at = {}
+        self.committed = {}   # tag -> seconds from save to COMMITTED
+
+    def save(self, it, trainer):
+        """async_save into step<it> on a new connection; its staging is waited for in
+        before_step, its upload only in finish()."""
+        d = os.path.join(self.dir, f"step{it}")
+        self.saved_at[d] = time.perf_counter()
+        conn = dsckpt.Connection(self.socket, job=self.job, rank=0, world_size=1)
+        self.conns.append(conn)
+        r = self.dcp.async_save(self.state(trainer), checkpoint_id=d, no_dist=True,
+                                storage_writer=self.Writer(d, conn=conn, timeout=300))
+        self.staging = r.staging_completion
+        r.upload_completion.add_done_callback(lambda f, d=d: self._uploaded(f, d))
+        self.uploads.append(r.upload_completion)
+
+    def _uploaded(self, future, d):
+        """Notes when tag d was COMMITTED (DCP's thread calls it when the upload is done)."""
+        if future.exception() is None:
+            self.committed[os.path.basename(d)] = time.perf_counter() - self.saved_at[d]
+
+    def finish(self):
+        """Waits for staging and for every upload (COMMITTED); raises the first error."""
+        self.before_step(None)
+        try:
+            for u in self.uploads:
+                u.result()
+        finally:
+            self.uploads = []
+            self.close()
+
+    def extra(self):
+        """Seconds from each save call to COMMITTED, by tag."""
+        return {"commit_s": dict(self.committed)}
+
+    def close(self):
+        """Closes the saves' connections (their uploads are over)."""
+        for c in self.conns:
+            if not c.closed:
+                c.close()
+        self.conns = []
+
+    def cleanup(self):
+        """Closes the connections, then DcpAsync's clean-up."""
+        self.close()
+        super().cleanup()
+
+
 class Dsckpt(Mode):
     """dsckpt.torch.save after the step, wait_snapshot before the next step, commits in a
     background thread on a second connection. With several ranks each saves its own file
@@ -274,8 +392,11 @@ class Dsckpt(Mode):
 
     name = "dsckpt"
 
-    def __init__(self, root, socket, job, rank=0, world=1, group=None):
+    def __init__(self, root, socket, job, rank=0, world=1, group=None, sampler=None):
         self.root = os.path.join(root, job)
+        self.sampler = sampler   # a SaveSampler, or None
+        self.snapshot_s = {}     # tag -> seconds from the save call until wait_snapshot returned
+        self.progress, self.sampler_errors = None, []   # the sampler's, once stopped
         self.rank, self.group = rank, group
         self.conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
         self.commit_conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
@@ -310,6 +431,8 @@ class Dsckpt(Mode):
     def save(self, it, trainer):
         d = self.tag_dir(it)
         self.saved_at[d] = time.perf_counter()
+        if self.sampler is not None:
+            self.sampler.track(d, self.saved_at[d])
         state = trainer.state()
         t0 = time.perf_counter()
         self.handle = dt.save(state, d, conn=self.conn, file=f"rank{self.rank}", track=False)
@@ -321,6 +444,8 @@ class Dsckpt(Mode):
     def before_step(self, it):
         if self.handle is not None:
             self.handle.wait_snapshot(timeout=300)
+            d = self.tags[-1]
+            self.snapshot_s[os.path.basename(d)] = time.perf_counter() - self.saved_at[d]
             self.handle = None
 
     def finish(self):
@@ -329,8 +454,21 @@ class Dsckpt(Mode):
         self.thread.join(timeout=600)
         if self.thread.is_alive():
             self.errors.append("commit thread still running after 600 s")
+        if self.sampler is not None:
+            self.progress = self.sampler.stop()
+            for e in self.progress:
+                e["snapshot_s"] = self.snapshot_s.get(e["tag"])
+            self.sampler_errors = self.sampler.errors[:5]
+            self.sampler = None
         if self.errors:
             raise RuntimeError("; ".join(self.errors))
+
+    def extra(self):
+        """The sampled progress of each save (when a SaveSampler ran), with the time
+        wait_snapshot returned."""
+        if self.progress is None:
+            return {}
+        return {"progress": self.progress, "progress_errors": self.sampler_errors}
 
     def close(self):
         for c in (self.conn, self.commit_conn):
@@ -338,6 +476,9 @@ class Dsckpt(Mode):
                 c.close()
 
     def cleanup(self, keep=None):
+        if self.sampler is not None:  # finish() did not run: the mode failed
+            self.sampler.halt()
+            self.sampler = None
         self.close()
         if keep is None:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -389,6 +530,7 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters, make_trainer=None, verbose=Tru
     f0 = time.perf_counter()
     mode.finish()
     drain_s = time.perf_counter() - f0
+    extra = mode.extra()
     steady = iter_s[1:] if len(iter_s) > 1 else iter_s  # the first iteration warms up
     overhead = ckpt_overhead(iter_s, ckpt_iters) if not isinstance(mode, NoCkpt) else None
     res = {
@@ -405,6 +547,7 @@ def run_mode(mode, cfg, dev, batches, ckpt_iters, make_trainer=None, verbose=Tru
         "quiet_iter_ms": overhead and overhead["quiet_ms"],
         "ckpt_overhead_pct": overhead and overhead["pct"],
     }
+    res.update(extra)
     if blocked and nbytes and median(blocked) > 0:
         res["effective_gbps"] = nbytes / median(blocked) / 1e9
     if verbose:
@@ -524,7 +667,7 @@ def table(results, base):
 
 # Sizes and schedules. The GPU presets train a 2048 x 32-layer GPT (vocab 32000): 1.74 B
 # params, 20.9 GB of weights + AdamW state, a 380 ms snapshot at 55 GB/s.
-#   checkpoint-every-16  batch 16 (280 ms iterations): all four modes, two checkpoints;
+#   checkpoint-every-16  batch 16 (280 ms iterations): all six modes, two checkpoints;
 #   steady               batch 32, so that forward+backward outlasts the snapshot, a
 #                        checkpoint every 32 iterations (the 1.3-1.5 GB/s flush of this
 #                        machine's /dev/shm needs ~15 s per checkpoint): baseline + dsckpt;
@@ -536,12 +679,12 @@ def table(results, base):
 _GPT = dict(d_model=2048, layers=32, heads=16, vocab=32000, seq=512, accum=1)
 PRESETS = {
     "checkpoint-every-16": dict(_GPT, iters=40, every=16, batch=16,
-                                modes="baseline,dsckpt,torch.save,dcp"),
+                                modes="baseline,dsckpt,dsckpt-dcp,dcp-async,dcp,torch.save"),
     "steady": dict(_GPT, iters=100, every=32, batch=32, modes="baseline,dsckpt"),
     "every-iteration": dict(_GPT, layers=8, iters=12, every=1, batch=32, accum=24,
                             modes="baseline,dsckpt"),
     "smoke": dict(iters=11, every=4, d_model=64, layers=2, heads=4, vocab=128, seq=16,
-                  batch=4, accum=1, modes="baseline,dsckpt,torch.save,dcp"),
+                  batch=4, accum=1, modes="baseline,dsckpt,dsckpt-dcp,dcp-async,dcp,torch.save"),
 }
 
 
@@ -567,6 +710,11 @@ def parse_args(argv):
     p.add_argument("--modes", help="comma-separated, run in this order")
     p.add_argument("--budget", type=float, default=420.0,
                    help="seconds; a mode is skipped once less than a quarter is left")
+    p.add_argument("--ctl", help="dsckptctl: with it the dsckpt mode samples its saves' progress "
+                   "(dsckptctl --json pending, from a thread) into the results")
+    p.add_argument("--progress-ms", type=float, default=20.0,
+                   help="the sampling period of --ctl until SNAPSHOT, ms (0: no sampling; "
+                   "250 ms while the saves only flush)")
     a = p.parse_args(argv)
     if a.smoke:
         a.preset = "smoke"
@@ -578,6 +726,15 @@ def parse_args(argv):
     if a.iters < 1 or a.every < 1 or a.accum < 1 or a.d_model % a.heads:
         p.error("need --iters, --every, --accum >= 1 and --d-model divisible by --heads")
     return a
+
+
+def write_json(info):
+    """Writes info to $OUT/train.json when OUT names a directory; also after each mode (with
+    "partial": true), so that a crash or a kill in a later mode keeps what was measured."""
+    out = os.environ.get("OUT")
+    if out and os.path.isdir(out):
+        with open(os.path.join(out, "train.json"), "w") as f:
+            json.dump(info, f, indent=1)
 
 
 def main(argv):
@@ -612,7 +769,8 @@ def main(argv):
         f"{sorted(ckpt_iters)}")
     batches = make_batches(cfg, dev)
     results, base, restore, failures = [], None, None, 0
-    for name in [m.strip() for m in cfg.modes.split(",") if m.strip()]:
+    names = [m.strip() for m in cfg.modes.split(",") if m.strip()]
+    for name in names:
         left = cfg.budget - (time.monotonic() - t_start)
         if left < cfg.budget / 4:
             log(f"== {name}: SKIP: only {left:.0f} s of the {cfg.budget:.0f} s budget left")
@@ -632,14 +790,32 @@ def main(argv):
                     log(f"  SKIP: dcp.async_save unavailable: {e}")
                     results.append({"mode": "dcp.async_save", "skipped": str(e)})
                     continue
+            elif name == "dcp-async":
+                try:
+                    mode = DcpStager(cfg.dir, dev.type == "cuda")
+                except (ImportError, NotImplementedError, AttributeError, TypeError) as e:
+                    log(f"  SKIP: DCP's DefaultStager unavailable: {e}")
+                    results.append({"mode": DcpStager.name, "skipped": str(e)})
+                    continue
+            elif name == "dsckpt-dcp":
+                try:
+                    mode = DsckptDcp(cfg.dir, cfg.socket, "bench-train-dcp")
+                except (ImportError, NotImplementedError, AttributeError) as e:
+                    log(f"  SKIP: dsckpt.dcp unavailable: {e}")
+                    results.append({"mode": DsckptDcp.name, "skipped": str(e)})
+                    continue
             elif name == "dsckpt":
-                mode = Dsckpt(cfg.dir, cfg.socket, "bench-train")
+                sampler = SaveSampler(cfg.ctl, cfg.socket, cfg.progress_ms / 1e3) \
+                    if cfg.ctl and cfg.progress_ms > 0 else None
+                mode = Dsckpt(cfg.dir, cfg.socket, "bench-train", sampler=sampler)
             else:
                 raise ValueError(f"unknown mode {name!r}")
             res, trainer, losses = run_mode(mode, cfg, dev, batches, ckpt_iters)
             results.append(res)
             if name == "baseline":
                 base = res
+            if name == "dsckpt-dcp":
+                log(f"  [dsckpt.dcp] seconds from save to COMMITTED: {res['commit_s']}")
             if name == "dsckpt":
                 res["commit_s"] = {os.path.basename(k): v for k, v in mode.committed.items()}
                 log(f"  [dsckpt] seconds from save to COMMITTED: {res['commit_s']}")
@@ -681,15 +857,14 @@ def main(argv):
                     log(f"  {name}: cleanup failed: {e}")
             mode = None
             free_memory(dev)
-    if restore is None and "dsckpt" in cfg.modes:
+            write_json(dict(info, results=results, restore=restore, failures=failures,
+                            partial=True, wall_s=time.monotonic() - t_start))
+    if restore is None and "dsckpt" in names:  # the mode, not dsckpt-dcp
         restore = {"ok": False, "error": "dsckpt mode did not run"}
     summary = table(results, base)
     info.update(results=results, restore=restore, failures=failures,
                 wall_s=time.monotonic() - t_start)
-    out = os.environ.get("OUT")
-    if out and os.path.isdir(out):
-        with open(os.path.join(out, "train.json"), "w") as f:
-            json.dump(info, f, indent=1)
+    write_json(info)
     log("")
     log(f"== bench-train summary, preset {cfg.preset} ({info['device']}, "
         f"{params * 12 / 1e9:.1f} GB state, {cfg.accum} x batch {cfg.batch}, checkpoint "

@@ -7,9 +7,12 @@
 #                       travel with build/gpu.
 #   make gpu-deepspeed  (on the GPU node, no network) installs those wheels into DS_SITE
 #                       (/tmp/site) and runs tests/gpu/run-ds build/gpu with it on PYTHONPATH:
-#                       ZeRO stages 1 and 3, saved through dsckpt, reloaded into a fresh engine,
-#                       losses compared with an uninterrupted run. DS_ARGS go to ds_train.py
-#                       (e.g. DS_ARGS="--stages 3 --dtype fp32"; --cpu runs it without a GPU).
+#                       ZeRO stages 1 and 3, saved through dsckpt (installed explicitly, and
+#                       by configuration alone through `import dsckpt.deepspeed.auto`) and
+#                       through DeepSpeed's torch.save, reloaded into a fresh engine, losses
+#                       compared with an uninterrupted run. DS_ARGS go to ds_train.py (e.g.
+#                       DS_ARGS="--stages 3 --dtype fp32", DS_ARGS="--engines torch,auto";
+#                       --cpu runs it without a GPU).
 #
 # The GPU node already has torch, numpy, einops, msgpack, ninja, packaging, psutil, py-cpuinfo,
 # tqdm and nvidia-ml-py. typing-extensions is pinned here too: pydantic 2.14 wants ≥ 4.16.

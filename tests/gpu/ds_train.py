@@ -14,7 +14,12 @@ single process (world size 1, NCCL; gloo with --cpu) three times on the same bat
              (MANIFEST.json, `latest`) in the engine's background thread. Before the reload:
              every file of the tag is a safetensors file safetensors.safe_open reads, DeepSpeed's
              names are symlinks to them, MANIFEST.json lists them, and `latest` names the tag.
-             The fresh engine loads with load_checkpoint(dir) (following `latest`).
+             The fresh engine loads with load_checkpoint(dir) (following `latest`);
+  auto       dsckpt by configuration alone: `import dsckpt.deepspeed.auto` at start-up (when
+             this engine is asked for) and a "dsckpt" block enabled in the DeepSpeed config, the
+             training code as torch's (no install()); deepspeed.initialize must have picked
+             DsckptCheckpointEngine, then the same checks as dsckpt. The other runs' configs
+             carry the block with "enabled": false, so the import leaves them to DeepSpeed.
 
 A run passes when the N losses after each reload equal the reference's exactly (deterministic
 settings), and the saving runs' own N losses do too (saving changed nothing). Prints a PASS or
@@ -49,7 +54,8 @@ def parse_args():
     p.add_argument("--cpu", action="store_true", help="CPU accelerator and gloo, small model")
     p.add_argument("--smoke", action="store_true", help="same as --cpu")
     p.add_argument("--stages", default="1,3", help="ZeRO stages, comma separated")
-    p.add_argument("--engines", default="torch,dsckpt", help="checkpoint engines compared")
+    p.add_argument("--engines", default="torch,dsckpt,auto",
+                   help="checkpoint engines compared: torch, dsckpt, auto")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--before", type=int, default=6, help="iterations before the save (K)")
     p.add_argument("--after", type=int, default=4, help="iterations compared after it (N)")
@@ -72,8 +78,9 @@ def parse_args():
     a.stages = [int(s) for s in a.stages.split(",") if s]
     a.engines = [e for e in a.engines.split(",") if e]
     if any(s not in (0, 1, 2, 3) for s in a.stages) or \
-            any(e not in ("torch", "dsckpt") for e in a.engines) or a.before < 1 or a.after < 1:
-        p.error("stages are 0..3, engines torch and dsckpt, --before and --after ≥ 1")
+            any(e not in ("torch", "dsckpt", "auto") for e in a.engines) or \
+            a.before < 1 or a.after < 1:
+        p.error("stages are 0..3, engines torch, dsckpt and auto, --before and --after ≥ 1")
     return a
 
 
@@ -96,6 +103,9 @@ import torch.nn.functional as F  # noqa: E402
 
 import deepspeed  # noqa: E402
 import dsckpt.deepspeed  # noqa: E402
+
+if "auto" in ARGS.engines:
+    import dsckpt.deepspeed.auto  # noqa: E402,F401  (the one line a training script adds)
 
 try:
     from safetensors import safe_open
@@ -157,8 +167,9 @@ def make_batches(n):
     return out
 
 
-def ds_config(stage):
-    """The DeepSpeed configuration of one run (the dsckpt block is read by install())."""
+def ds_config(stage, kind):
+    """The DeepSpeed configuration of one run of engine kind; its dsckpt block is enabled for
+    auto only (install() of the dsckpt runs is given the block itself)."""
     cfg = {
         "train_batch_size": ARGS.batch,
         "train_micro_batch_size_per_gpu": ARGS.batch,
@@ -170,7 +181,8 @@ def ds_config(stage):
         "scheduler": {"type": "WarmupLR",
                       "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3,
                                  "warmup_num_steps": 100}},
-        "dsckpt": {"socket": ARGS.socket, "job": "ds-train", "timeout": ARGS.timeout},
+        "dsckpt": {"socket": ARGS.socket, "job": f"zero{stage}", "timeout": ARGS.timeout,
+                   "enabled": kind == "auto"},
     }
     if ARGS.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
@@ -180,13 +192,30 @@ def ds_config(stage):
     return cfg
 
 
-def build(stage, seed):
-    """A DeepSpeed engine over a fresh model whose weights come from seed."""
+def build(stage, seed, kind="torch"):
+    """A DeepSpeed engine over a fresh model whose weights come from seed, configured for
+    engine kind."""
     torch.manual_seed(seed)
     model = GPT(ARGS.vocab, ARGS.d_model, ARGS.layers, ARGS.heads, ARGS.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(stage))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
+                                           config=ds_config(stage, kind))
     return engine
+
+
+def ours(engine, stage, kind, row):
+    """The dsckpt checkpoint engine of a run of kind: installed (dsckpt), the one the config
+    selected (auto), None for torch; a problem in row when the config's block did not decide
+    (auto without ours, torch with it: "enabled": false must leave DeepSpeed's)."""
+    if kind == "dsckpt":
+        return dsckpt.deepspeed.install(engine, {"socket": ARGS.socket, "job": f"zero{stage}",
+                                                 "timeout": ARGS.timeout})
+    ce = engine.checkpoint_engine
+    is_ours = isinstance(ce, dsckpt.deepspeed.DsckptCheckpointEngine)
+    if is_ours != (kind == "auto"):
+        row["problems"].append(f"the config's dsckpt block (enabled: {kind == 'auto'}) got "
+                               f"{type(ce).__name__}")
+    return ce if kind == "auto" and is_ours else None
 
 
 def train(engine, batches):
@@ -287,11 +316,9 @@ def run(stage, kind, batches, reference):
     save_dir = os.path.join(ARGS.dir, f"zero{stage}-{kind}")
     tag = f"step{k}"
     row = {"stage": stage, "engine": kind, "problems": []}
-    engine = build(stage, seed=1234)
-    ce = None
-    if kind == "dsckpt":
-        ce = dsckpt.deepspeed.install(engine, {"socket": ARGS.socket, "job": f"zero{stage}",
-                                               "timeout": ARGS.timeout})
+    engine = build(stage, seed=1234, kind=kind)
+    ce = ours(engine, stage, kind, row)
+    if ce is not None:
         timed = Timed(ce)
     row["params"] = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                         for p in engine.module.parameters())
@@ -323,12 +350,10 @@ def run(stage, kind, batches, reference):
         ce.close()
     free(engine)
 
-    fresh = build(stage, seed=999)
-    if kind == "dsckpt":
-        ce = dsckpt.deepspeed.install(fresh, {"socket": ARGS.socket, "job": f"zero{stage}",
-                                              "timeout": ARGS.timeout})
+    fresh = build(stage, seed=999, kind=kind)
+    ce = ours(fresh, stage, kind, row)
     t0 = time.perf_counter()
-    load_path, _ = fresh.load_checkpoint(save_dir, tag=None if kind == "dsckpt" else tag)
+    load_path, _ = fresh.load_checkpoint(save_dir, tag=None if kind != "torch" else tag)
     row["load_ms"] = (time.perf_counter() - t0) * 1e3
     if load_path is None:
         row["problems"].append("load_checkpoint returned None")

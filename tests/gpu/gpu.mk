@@ -106,9 +106,10 @@ gpu-check: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 bench-gpu: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-bench $(GPU_DIR)
 
-# A PyTorch training loop checkpointed with nothing, dsckpt, torch.save and DCP async_save
+# A PyTorch training loop checkpointed with nothing, dsckpt, DCP async_save through dsckpt.dcp,
+# DCP async_save with its own DefaultStager and with its defaults, and torch.save
 # (tests/gpu/bench_train.py; python3 with torch on the GPU node). TRAIN_ARGS go to the
-# script, e.g. TRAIN_ARGS="--preset steady".
+# script, e.g. TRAIN_ARGS="--preset steady" or TRAIN_ARGS="--modes baseline,dsckpt-dcp".
 .PHONY: bench-train
 bench-train: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-train $(GPU_DIR) $(TRAIN_ARGS)

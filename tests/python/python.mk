@@ -8,8 +8,11 @@
 # files must satisfy, is not in Debian 12: it comes from PyPI, pinned, into a venv made with
 # --system-site-packages under $(BUILD)/pyvenv, which sees Debian's torch/numpy/pytest and
 # keeps pip away from the system Python (Debian marks it externally managed, PEP 668).
+# python3-matplotlib is for test_plot.py, which draws tests/gpu/plot.py's pictures from small
+# synthetic results (the GPU benchmarks' plots; skipped where matplotlib is missing).
 
-PYTHON_DEBIAN_PKGS := python3-torch python3-numpy python3-pytest python3-venv python3-wheel
+PYTHON_DEBIAN_PKGS := python3-torch python3-numpy python3-pytest python3-venv python3-wheel \
+	python3-matplotlib
 SAFETENSORS_VERSION ?= 0.8.0
 PYVENV := $(BUILD)/pyvenv
 

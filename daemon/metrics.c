@@ -1,0 +1,121 @@
+/*
+ * metrics.c — node-wide counters and latency histograms since the daemon started, read by
+ * METRICS (dsckptctl metrics, status --json). They are sums over every client and name no
+ * path, job or user, so any client may read them (DESIGN.md §8).
+ *
+ * Counters are bumped where things happen: the copy and flush threads (bytes copied,
+ * written), the restore threads (bytes restored), the loop thread (save levels through
+ * save_observe, refusals, loads) and recovery at start-up. Every counter is a relaxed atomic
+ * add: they order nothing, and a reader may see one counter a piece ahead of another. The
+ * histograms are observed on the loop thread only (metrics_save.c) and read there
+ * (metrics_view), so they need no lock. This module calls nothing of the daemon's: every
+ * layer may call it (the engine's unit tests link it alone).
+ */
+#include "dsckptd.h"
+
+/* Bucket bounds of every histogram, in microseconds: 1 ms to 10 min. */
+static const uint64_t le_us[METRIC_BUCKETS] = {
+	1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
+	1000000, 2500000, 5000000, 10000000, 30000000, 60000000, 120000000, 300000000,
+	600000000,
+};
+
+/* The error codes a reason may be, in ERR_TABLE order (a reason's slot is its index). */
+static const int codes[METRIC_CODES] = {
+#define CODE_XX_(name, value, msg) ERR_##name,
+	ERR_TABLE(CODE_XX_)
+#undef CODE_XX_
+};
+
+/* Wire keys of the counters (enum metric order). */
+static const char *const counter_keys[METRIC_N] = {
+	"saves_started", "saves_snapshotted", "saves_durable", "saves_committed",
+	"copied_bytes", "flushed_bytes", "loads_started", "loads_done", "restored_bytes",
+};
+
+/* Wire keys of the counters by reason (enum metric_reasoned order). */
+static const char *const reasoned_keys[METRIC_REASONED_N] = {
+	"saves_failed", "saves_refused", "loads_failed",
+};
+
+/* Wire keys of the recovery actions (enum metric_recovery order). */
+static const char *const recovery_keys[RECOVERY_N] = {
+	"partial_removed", "file_removed", "commit_finished", "seal_resumed", "file_left",
+};
+
+/* Wire keys of the histograms (enum metric_hist order). */
+static const char *const hist_keys[METRIC_HIST_N] = {
+	"snapshot_seconds", "flush_seconds", "commit_seconds",
+};
+
+static struct {
+	uint64_t counter[METRIC_N];                          /* atomic */
+	uint64_t reasoned[METRIC_REASONED_N][METRIC_CODES];  /* atomic */
+	uint64_t recovery[RECOVERY_N];                       /* atomic */
+	struct metrics_hist hist[METRIC_HIST_N];             /* loop thread */
+} M;
+
+/* Adds n to counter m (any thread). */
+void metrics_add(enum metric m, uint64_t n)
+{
+	__atomic_add_fetch(&M.counter[m], n, __ATOMIC_RELAXED);
+}
+
+/* Counts one of m with reason code (a negative ERR_E*; one outside the table is EFAILED). */
+void metrics_fail(enum metric_reasoned m, int code)
+{
+	unsigned slot = 0;
+
+	while (slot < METRIC_CODES && codes[slot] != code)
+		slot++;
+	if (slot == METRIC_CODES) {	/* not a code of the table: a failure without one */
+		metrics_fail(m, ERR_EFAILED);
+		return;
+	}
+	__atomic_add_fetch(&M.reasoned[m][slot], 1, __ATOMIC_RELAXED);
+}
+
+/* Counts n recovery actions of kind a. */
+void metrics_recovered(enum metric_recovery a, uint64_t n)
+{
+	__atomic_add_fetch(&M.recovery[a], n, __ATOMIC_RELAXED);
+}
+
+/* Puts one observation of seconds into histogram h (loop thread). */
+void metrics_observe(enum metric_hist h, double seconds)
+{
+	uint64_t us = seconds > 0 ? (uint64_t)(seconds * 1e6) : 0;
+	unsigned i = 0;
+
+	while (i < METRIC_BUCKETS && us > le_us[i])
+		i++;
+	M.hist[h].bucket[i]++;
+	M.hist[h].sum_us += us;
+}
+
+/* Fills v with every counter and histogram as of now (loop thread). */
+void metrics_view(struct metrics_view *v)
+{
+	for (unsigned i = 0; i < METRIC_N; i++)
+		v->counter[i] = __atomic_load_n(&M.counter[i], __ATOMIC_RELAXED);
+	for (unsigned m = 0; m < METRIC_REASONED_N; m++) {
+		v->nreasons[m] = 0;
+		for (unsigned i = 0; i < METRIC_CODES; i++) {
+			uint64_t n = __atomic_load_n(&M.reasoned[m][i], __ATOMIC_RELAXED);
+			if (n > 0)
+				v->reasons[m][v->nreasons[m]++] = (struct metrics_reason){codes[i], n};
+		}
+	}
+	for (unsigned i = 0; i < RECOVERY_N; i++)
+		v->recovery[i] = __atomic_load_n(&M.recovery[i], __ATOMIC_RELAXED);
+	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
+		v->le_us[i] = le_us[i];
+	for (unsigned i = 0; i < METRIC_HIST_N; i++)
+		v->hist[i] = M.hist[i];
+}
+
+/* The wire keys of counter m, reasoned counter m, recovery action a and histogram h. */
+const char *metrics_counter_key(enum metric m) { return counter_keys[m]; }
+const char *metrics_reasoned_key(enum metric_reasoned m) { return reasoned_keys[m]; }
+const char *metrics_recovery_key(enum metric_recovery a) { return recovery_keys[a]; }
+const char *metrics_hist_key(enum metric_hist h) { return hist_keys[h]; }
