@@ -135,6 +135,8 @@ static void fake_load(const struct proto_hdr *h, struct proto_map *m, struct pro
 		proto_get_i64(m, "timeout_ms", INT64_MIN, INT64_MAX, &i1, 1);
 		fprintf(log, "load_wait %" PRIu64 " %" PRId64 "\n", u1, i1);
 		int level = fake_opts.load_level ? fake_opts.load_level : DSCKPT_LOADED;
+		if (level == DSCKPT_ACCEPTED && i1 > 0)
+			usleep((useconds_t)i1 * 1000);	/* as the daemon: not done before the timeout */
 		msgpack_pack_map(&o->pk, level == DSCKPT_FAILED ? 7 : 5);
 		proto_kv_u64(&o->pk, "load", u1);
 		proto_kv_i64(&o->pk, "level", level);
