@@ -309,6 +309,18 @@ class DcpStager(DcpAsync):
         """The stager, shared by every save (it keeps its pinned buffers)."""
         return {"async_stager": self.stager}
 
+    def state(self, trainer):
+        """DcpAsync's state in plain dicts: DefaultStager's deep copy (torch 2.11) fails on
+        a state dict's OrderedDict and its _metadata (KeyError: <class 'type'>, seen on the
+        H200), which a user of it would have to work around the same way."""
+        def plain(x):
+            if isinstance(x, dict):
+                return {k: plain(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [plain(v) for v in x]
+            return x
+        return plain(super().state(trainer))
+
     def cleanup(self):
         """Closes the stager (its thread and pinned memory), then DcpAsync's clean-up."""
         close = getattr(self.stager, "close", None)
@@ -325,8 +337,7 @@ class DsckptDcp(DcpAsync):
     dsckpt mode, a save does not wait for the previous one's commit (async_save starts an
     executor per save); finish() waits for every upload. One process: no_dist, so that two
     uploads in flight run no collectives side by side. Each save has a connection of its own,
-    closed when its upload is done: a Writer's waits (SNAPSHOT, then DURABLE) hold its
-    connection, which the next save's staging must not queue behind."""
+    closed when its upload is done, so that two uploads in flight share nothing."""
 
     name = "dsckpt.dcp"
 
