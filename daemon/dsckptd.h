@@ -692,14 +692,21 @@ uint64_t tensors_bytes(const struct tensors *tl);
 int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 		const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		uint64_t nbytes, char *err, size_t errlen);
-/* Appends from's entries to *tlp: an empty *tlp becomes a reference to from. */
-int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t errlen);
+/* Appends from's entries to *tlp: an empty *tlp becomes a reference to from (*shared set:
+ * the caller holds references of its own to from's sources, see tensors_sources_ref). */
+int tensors_append(struct tensors **tlp, struct tensors *from, int *shared, char *err,
+		   size_t errlen);
+/* Takes (take 1) or drops one reference to the source of each of the first n entries. */
+void tensors_sources_ref(const struct tensors *tl, size_t n, int take);
 /* The header's description of tl, made once and kept with it; NULL without memory. */
 const struct st_tensor *tensors_header(struct tensors *tl);
 /* Fills the engine's et (data offsets, new source references), in order. */
 void tensors_give(const struct tensors *tl, struct engine_tensor *et);
 /* Drops the sources' references of a list nobody shares (the engine took its own). */
 void tensors_release(struct tensors *tl);
+/* Drops a plan's reference to its list and, when saves still share it, the list's
+ * references to its sources. */
+void tensors_forsake(struct tensors *tl);
 /* Whether any entry reads from src. */
 int tensors_use(const struct tensors *tl, const struct source *src);
 

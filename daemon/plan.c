@@ -74,7 +74,7 @@ static void plan_unlink(struct plan **pp)
 
 	*pp = p->next;
 	quota_give(p->uid, QUOTA_PLANS, 1);
-	tensors_unref(p->tl);
+	tensors_forsake(p->tl);
 	free(p);
 }
 

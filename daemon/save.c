@@ -38,6 +38,8 @@ struct save {
 	int code;                /* FAILED: its ERR_E* */
 	char error[ERRLEN];
 	struct tensors *tl;      /* its own, or a plan's shared until something is added */
+	size_t shared_n;         /* sharing a plan's list: it holds the sources of its first
+				    shared_n entries itself, until SAVE_END (tensors.c) */
 	struct blobs *blobs;     /* charged to uid until DURABLE or FAILED */
 	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
 	struct job *job;
@@ -65,10 +67,26 @@ static void save_uncharge(struct save *s)
 	s->counted = 0;
 }
 
+/* Drops the references a save sharing a plan's list holds to its sources. */
+static void save_unshare(struct save *s)
+{
+	if (s->shared_n)
+		tensors_sources_ref(s->tl, s->shared_n, 0);
+	s->shared_n = 0;
+}
+
+/* After an addition: a list copied on write holds its sources, the save's own go. */
+static void save_added(struct save *s, const struct tensors *before)
+{
+	if (s->tl != before)
+		save_unshare(s);
+}
+
 /* Frees a save's client-side description. */
 static void save_free(struct save *s)
 {
 	save_uncharge(s);
+	save_unshare(s);
 	tensors_unref(s->tl);
 	blobs_free(s->blobs);
 	if (s->dirfd >= 0)
@@ -276,13 +294,24 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen)
 {
-	return tensors_add(&s->tl, name, dtype, shape, ndim, src, off, nbytes, err, errlen);
+	const struct tensors *before = s->tl;
+	int rc = tensors_add(&s->tl, name, dtype, shape, ndim, src, off, nbytes, err, errlen);
+
+	save_added(s, before);
+	return rc;
 }
 
 /* Adds a plan's tensors to an open save (the first ones: by sharing its list). */
 int save_add_plan(struct save *s, struct tensors *plan, char *err, size_t errlen)
 {
-	return tensors_append(&s->tl, plan, err, errlen);
+	const struct tensors *before = s->tl;
+	int shared, rc = tensors_append(&s->tl, plan, &shared, err, errlen);
+
+	if (shared)
+		s->shared_n = tensors_count(plan);
+	else
+		save_added(s, before);
+	return rc;
 }
 
 /* Appends to a named blob. */
@@ -348,6 +377,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		goto fail;
 	}
 	/* Ownership: sources, file, directory, fence and resident copy went to the engine. */
+	save_unshare(s);
 	tensors_release(s->tl);
 	s->dirfd = -1;
 	s->t_accept = now_mono();

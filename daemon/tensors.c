@@ -5,7 +5,14 @@
  * A save builds its own list; a plan (plan.c) builds one that every save made from it shares:
  * lists are reference-counted and copied on write, so a save that adds a tensor after a plan's
  * copies the plan's list first, and a plan that grows while a save reads its list does too.
- * A list holds one reference to each entry's source until tensors_release or the end.
+ *
+ * Sources: a list holds one reference to each entry's source (sources_held) until
+ * tensors_release (a save's own list, once the engine holds its own), tensors_forsake (a
+ * plan's, when the plan goes: saves sharing it keep only the names) or its end. A save that
+ * shares a plan's list takes references of its own to the sources (tensors_sources_ref) and
+ * drops them at SAVE_END or when it is dropped, so that a plan forgotten between its SAVE_ADD
+ * and its SAVE_END leaves the save able to go on, and a region the client deleted closes as
+ * soon as no plan, open save or engine job holds it (release_gpu then empty_cache).
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -33,6 +40,7 @@ struct tensors {
 	uint64_t bytes;
 	uint64_t hdr_bytes;   /* at most this much header for the entries */
 	struct st_tensor *st; /* the header's description, made on first need */
+	int sources_held;     /* one reference to each entry's source belongs to the list */
 	unsigned refs;
 };
 
@@ -41,8 +49,10 @@ struct tensors *tensors_new(void)
 {
 	struct tensors *tl = calloc(1, sizeof(*tl));
 
-	if (tl)
+	if (tl) {
 		tl->refs = 1;
+		tl->sources_held = 1;
+	}
 	return tl;
 }
 
@@ -60,7 +70,7 @@ void tensors_unref(struct tensors *tl)
 		return;
 	for (size_t i = 0; i < tl->n; i++) {
 		free(tl->t[i].name);
-		if (tl->t[i].src)
+		if (tl->sources_held && tl->t[i].src)
 			source_unref(tl->t[i].src);
 	}
 	free(tl->t);
@@ -104,12 +114,13 @@ static int names_grow(struct tensors *tl, size_t more)
 	return 0;
 }
 
-/* Makes *tlp a list only its holder reads (a copy when shared); -1 when out of memory. */
+/* Makes *tlp a list only its holder reads and that holds its sources (a copy when shared
+ * or forsaken: the caller holds the sources meanwhile); -1 when out of memory. */
 static int tensors_own(struct tensors **tlp)
 {
 	struct tensors *tl = *tlp, *c;
 
-	if (tl->refs == 1)
+	if (tl->refs == 1 && tl->sources_held)
 		return 0;
 	if (!(c = tensors_new()))
 		return -1;
@@ -230,14 +241,20 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 
 /*
  * Appends every entry of from to *tlp. An empty *tlp becomes another reference to from (no
- * copy: a plan's warm path); otherwise the entries are added one by one. 0 or a negative
- * ERR_E* with err; on error *tlp may hold some of from's entries (the caller drops the save).
+ * copy: a plan's warm path) and *shared is set: the caller then holds references of its own
+ * to from's sources (tensors_sources_ref). Otherwise the entries are added one by one. 0 or a
+ * negative ERR_E* with err; on error *tlp may hold some of from's entries (the caller drops
+ * the save).
  */
-int tensors_append(struct tensors **tlp, struct tensors *from, char *err, size_t errlen)
+int tensors_append(struct tensors **tlp, struct tensors *from, int *shared, char *err,
+		   size_t errlen)
 {
+	*shared = 0;
 	if ((*tlp)->n == 0) {
 		tensors_unref(*tlp);
 		*tlp = tensors_ref(from);
+		tensors_sources_ref(from, from->n, 1);
+		*shared = 1;
 		return 0;
 	}
 	for (size_t i = 0; i < from->n; i++) {
@@ -265,46 +282,71 @@ const struct st_tensor *tensors_header(struct tensors *tl)
 	return tl->st;
 }
 
-/* Describes the list for the engine (et: data offsets in order, each with a new reference to
- * its source). The references are counted per source first: ten thousand tensors of a few
- * allocations cost a few atomic additions, not ten thousand. */
-void tensors_give(const struct tensors *tl, struct engine_tensor *et)
+/* Takes (take 1) or drops (take 0) one reference to the source of each of the first n
+ * entries. The references are counted per source first: ten thousand tensors of a few
+ * allocations cost a few atomic operations, not ten thousand. */
+void tensors_sources_ref(const struct tensors *tl, size_t n, int take)
 {
 	struct { struct source *src; unsigned n; } seen[16];
 	unsigned nseen = 0, k;
+
+	for (size_t i = 0; i <= n; i++) {
+		struct source *src = i < n ? tl->t[i].src : NULL;
+		for (k = 0; src && k < nseen && seen[k].src != src; k++)
+			;
+		if (!src || (k == nseen && nseen == 16)) {	/* the end, or a full table */
+			for (k = 0; k < nseen; k++) {
+				if (take)
+					source_ref_n(seen[k].src, seen[k].n);
+				else
+					while (seen[k].n--)
+						source_unref(seen[k].src);
+			}
+			nseen = k = 0;
+		}
+		if (!src)
+			continue;
+		if (k == nseen)
+			seen[nseen++] = (typeof(seen[0])){src, 0};
+		seen[k].n++;
+	}
+}
+
+/* Describes the list for the engine (et: data offsets in order, each with a new reference to
+ * its source). */
+void tensors_give(const struct tensors *tl, struct engine_tensor *et)
+{
 	uint64_t off = 0;
 
 	for (size_t i = 0; i < tl->n; i++) {
 		const struct tensor_in *t = &tl->t[i];
 		et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
 		off += t->nbytes;
-		for (k = 0; k < nseen && seen[k].src != t->src; k++)
-			;
-		if (k == nseen) {
-			if (nseen == 16) {
-				for (k = 0; k < nseen; k++)
-					source_ref_n(seen[k].src, seen[k].n);
-				nseen = k = 0;
-			}
-			seen[nseen++] = (typeof(seen[0])){t->src, 0};
-		}
-		seen[k].n++;
 	}
-	for (k = 0; k < nseen; k++)
-		source_ref_n(seen[k].src, seen[k].n);
+	tensors_sources_ref(tl, tl->n, 1);
 }
 
 /* Drops the list's references to its sources once the engine holds its own, unless a plan
  * shares the list (a region is closed when nothing reads it any more). The names stay. */
 void tensors_release(struct tensors *tl)
 {
-	if (tl->refs > 1)
+	if (tl->refs > 1 || !tl->sources_held)
 		return;
-	for (size_t i = 0; i < tl->n; i++) {
-		if (tl->t[i].src)
-			source_unref(tl->t[i].src);
+	tensors_sources_ref(tl, tl->n, 0);
+	for (size_t i = 0; i < tl->n; i++)
 		tl->t[i].src = NULL;
+	tl->sources_held = 0;
+}
+
+/* A plan's list let go by its plan: its sources' references go now, even while saves made
+ * from it still share its names (those saves hold their own while they need the sources). */
+void tensors_forsake(struct tensors *tl)
+{
+	if (tl->refs > 1 && tl->sources_held) {
+		tensors_sources_ref(tl, tl->n, 0);
+		tl->sources_held = 0;
 	}
+	tensors_unref(tl);
 }
 
 /* Whether any entry reads from src (a plan whose region went away). */

@@ -4,7 +4,8 @@
  * detected and the plan sent anew, bytes exact; a plan beside other tensors, a plan of 70,000
  * tensors over several frames; misuse through the library; and, frame by frame, what the
  * daemon refuses: an unknown plan, another connection's, a bad entry (the plan forgotten), a
- * plan whose region was deleted, more plans than max_plans_per_user.
+ * plan whose region was deleted, more plans than max_plans_per_user; a region deleted after
+ * a save from a plan lets go at once, and a plan forgotten mid-save leaves the save whole.
  */
 #include "harness_daemon.h"
 #include "harness_frames.h"
@@ -380,6 +381,53 @@ START_TEST(test_frames)
 }
 END_TEST
 
+/* A region deleted after a save made from a plan is durable is closed at once, though the
+ * ended save still shares the plan's names (release_gpu, then free the memory): with
+ * max_regions_per_user 2, two new regions fit only if the old one let go. Also a plan
+ * forgotten between its save's SAVE_ADD and SAVE_END: the save still writes its bytes. */
+START_TEST(test_release)
+{
+	d_start(CACHE_16M, "\"max_regions_per_user\": 2,");
+	int fd = raw_connect();
+	struct proto_out o;
+	struct res r;
+
+	raw_hello(fd);
+	raw_region(fd, 1);
+	ck_assert_int_eq(raw_plan(fd, 1, "a", 1, 100), 0);
+	ck_assert_int_eq(raw_save_plan(fd, h_path("%s/rel/a", D->root), 1), 0);
+	out_map(&o, PROTO_REGION_DEL, 1);
+	proto_kv_u64(&o.pk, "region", 1);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, NULL, &r, 10000), 0);
+	raw_region(fd, 2);
+	raw_region(fd, 3);
+
+	raw_step = "a plan forgotten between SAVE_ADD and SAVE_END";
+	ck_assert_int_eq(raw_plan(fd, 2, "b", 2, 200), 0);
+	int64_t save = r_begin(fd, h_path("%s/rel/b", D->root), "rank0", &r);
+	ck_assert_int_gt(save, 0);
+	out_map(&o, PROTO_SAVE_ADD, 2);
+	proto_kv_u64(&o.pk, "save", (uint64_t)save);
+	proto_kv_u64(&o.pk, "plan", 2);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, NULL, &r, 10000), 0);
+	out_map(&o, PROTO_PLAN_DEL, 1);
+	proto_kv_u64(&o.pk, "plan", 2);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, NULL, &r, 10000), 0);
+	out_map(&o, PROTO_SAVE_END, 1);
+	proto_kv_u64(&o.pk, "save", (uint64_t)save);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, "level", &r, 10000), 0);
+	ck_assert_int_eq(r_wait(fd, save, DSCKPT_DURABLE, 10000, &r), DSCKPT_DURABLE);
+	struct stf f;
+	int64_t n = 200;
+	stf_load(&f, h_path("%s/rel/b/rank0.safetensors", D->root));
+	stf_tensor(&f, "b", "U8", &n, 1, 200);
+	stf_free(&f);
+	close(fd);
+	check_alive();
+	d_stop();
+}
+END_TEST
+
 /* Builds the suite: one test case per group, each with a time limit that fits it. */
 static Suite *plan_suite(void)
 {
@@ -389,6 +437,7 @@ static Suite *plan_suite(void)
 	h_add_case(s, "misuse", test_misuse, 30, 1);
 	h_add_case(s, "big", test_big, 120, 1);
 	h_add_case(s, "frames", test_frames, 30, 1);
+	h_add_case(s, "release", test_release, 30, 1);
 	return s;
 }
 
