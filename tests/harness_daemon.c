@@ -9,6 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 /* The daemon of the running test. */
@@ -261,4 +265,28 @@ void save_and_commit(dsckpt_conn_t *c, const char *dir, uint64_t seed)
 	dsckpt_save_free(s);
 	dsckpt_host_free(mem);
 	CK_DS(c, dsckpt_commit(c, dir, 30000));
+}
+
+/* The running daemon's root gets "small", a 4 MiB tmpfs (a full disk): its path, or NULL
+ * after printing SKIP and stopping the daemon when mounting needs root this process lacks. */
+const char *d_small_disk(void)
+{
+	const char *small = h_path("%s/small", D->root);
+
+	if (geteuid() != 0) {
+		d_stop();
+		printf("SKIP: a full disk needs root (to mount a tmpfs)\n");
+		fflush(stdout);
+		return NULL;
+	}
+	ck_assert_int_eq(mkdir(small, 0755), 0);
+	if (mount("tmpfs", small, "tmpfs", 0, "size=4m") != 0) {
+		int e = errno;
+		d_stop();
+		ck_assert_msg(e == EPERM, "mount tmpfs: %s", strerror(e));
+		printf("SKIP: a full disk needs root (mount tmpfs: %s)\n", strerror(e));
+		fflush(stdout);
+		return NULL;
+	}
+	return small;
 }

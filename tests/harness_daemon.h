@@ -29,6 +29,9 @@ void d_restart(int stale);
 int d_kill(int sig);
 /* Stops the daemon (it must exit 0) and removes its scratch directory. */
 void d_stop(void);
+/* A 4 MiB tmpfs at D->root/small (a full disk): its path, or NULL after SKIP and d_stop when
+ * this process cannot mount. */
+const char *d_small_disk(void);
 
 /* ---- reading results back ---- */
 

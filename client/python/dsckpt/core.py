@@ -126,13 +126,45 @@ def _raise(handle: Optional[int], rc: int, load: bool = False) -> None:
     raise error_for(rc, lib.dsckpt_err_name(rc).decode(), msg or strerror(rc), cause, load)
 
 
-class Connection:
+class _Handle:
+    """A C handle freed once: by close() (idempotent), by leaving a ``with`` block or when
+    garbage-collected. A subclass names the library's function that frees it (_FREE)."""
+
+    _h: Optional[int] = None
+    _FREE = ""
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._h is None
+
+    def close(self) -> None:
+        """Frees the handle (idempotent)."""
+        if self._h is not None:
+            getattr(_lib.lib(), self._FREE)(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None and _lib is not None:
+            self.close()
+
+
+class Connection(_Handle):
     """A connection to dsckptd, shareable by threads (calls are serialised by the library).
 
     ``socket`` defaults to ``$DSCKPT_SOCKET``, then ``/run/dsckptd/dsckptd.sock``. Pass
     ``job`` (with ``rank`` and ``world_size``) to identify at once; a trainer must be
-    identified before saving. Closing leaves saves already ACCEPTED to the daemon.
+    identified before saving. Closing leaves saves already ACCEPTED to the daemon; open saves
+    keep the connection alive until they are freed.
     """
+
+    _FREE = "dsckpt_close"
 
     def __init__(self, socket: Optional[str] = None, *, job: Optional[str] = None,
                  rank: int = 0, world_size: int = 1):
@@ -225,27 +257,6 @@ class Connection:
         """The message of the last failed call on this connection."""
         return _lib.lib().dsckpt_last_error(self._h).decode(errors="replace")
 
-    @property
-    def closed(self) -> bool:
-        """Whether close() was called."""
-        return self._h is None
-
-    def close(self) -> None:
-        """Closes the connection (idempotent); open saves keep it alive until freed."""
-        if self._h is not None:
-            _lib.lib().dsckpt_close(self._h)
-            self._h = None
-
-    def __enter__(self) -> "Connection":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_h", None) is not None and _lib is not None:
-            self.close()
-
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"job={self.job!r} rank={self.rank}"
         return f"<dsckpt.Connection {self.socket} {state}>"
@@ -301,7 +312,7 @@ def pack_tensors(tensors: Iterable[TensorSpec]) -> Optional[PackedTensors]:
     return PackedTensors(len(spans), records, (name_buf, dim_buf))
 
 
-class Plan:
+class Plan(_Handle):
     """Tensors described to the daemon once (a save plan, :meth:`Connection.plan`), added to
     any later save of the same connection by :meth:`Save.add_plan` for the cost of an id.
 
@@ -309,8 +320,11 @@ class Plan:
     the one it was made from, and sends the plan whole again when one is not (so a stale plan
     never saves a wrong byte); the tensors must keep their pointers, dtypes and shapes (a
     tensor that moved needs a new plan). Plans take GPU memory and dsckpt host memory only
-    (:class:`HostBuffer`). Close it when it is replaced; it dies with its connection.
+    (:class:`HostBuffer`). Close it when it is replaced (the daemon forgets it; ended saves
+    are unaffected); it dies with its connection.
     """
+
+    _FREE = "dsckpt_plan_free"
 
     def __init__(self, conn: "Connection", handle: int, count: int):
         self.conn = conn
@@ -323,35 +337,18 @@ class Plan:
             raise error_for(Errno.ESTATE, "ESTATE", "save plan was closed")
         return self._h
 
-    @property
-    def closed(self) -> bool:
-        """Whether close() was called."""
-        return self._h is None
-
-    def close(self) -> None:
-        """Forgets the plan here and in the daemon (idempotent; ended saves are unaffected)."""
-        if self._h is not None:
-            _lib.lib().dsckpt_plan_free(self._h)
-            self._h = None
-
-    def __enter__(self) -> "Plan":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_h", None) is not None and _lib is not None:
-            self.close()
-
     def __repr__(self) -> str:
         return f"<dsckpt.Plan {self.count} tensors{' closed' if self._h is None else ''}>"
 
 
-class Save:
+class Save(_Handle):
     """One file being saved. Add tensors and blobs, then :meth:`end` it (or leave a
     ``with`` block: a clean exit ends the save, an exception abandons it). After the end the
-    handle stays valid for :meth:`wait` and :meth:`progress` until :meth:`close`."""
+    handle stays valid for :meth:`wait` and :meth:`progress` until :meth:`close`, which
+    frees the client's handle: a save never ended is abandoned, an ended one goes on in the
+    daemon."""
+
+    _FREE = "dsckpt_save_free"
 
     def __init__(self, conn: Connection, handle: int, dir: str, file: str):
         self.conn = conn
@@ -371,11 +368,6 @@ class Save:
         if self._h is None:
             raise error_for(Errno.ESTATE, "ESTATE", f"save {self.file} was closed")
         return self._h
-
-    @property
-    def closed(self) -> bool:
-        """Whether close() was called (the daemon may still be working on the save)."""
-        return self._h is None
 
     def add_tensor(self, name: str, dtype: str, shape: Sequence[int], ptr: int,
                    nbytes: int) -> None:
@@ -455,35 +447,25 @@ class Save:
         self.level = Level(p.level)
         return SaveProgress(Level(p.level), p.bytes_total, p.bytes_snapshot, p.bytes_flushed)
 
-    def close(self) -> None:
-        """Frees the client-side handle (idempotent). A save never ended is abandoned; an
-        ended one goes on in the daemon."""
-        if self._h is not None:
-            _lib.lib().dsckpt_save_free(self._h)
-            self._h = None
-
-    def __enter__(self) -> "Save":
-        return self
-
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.close()
         elif not self.ended:
             self.end()
 
-    def __del__(self) -> None:
-        if getattr(self, "_h", None) is not None and _lib is not None:
-            self.close()
-
     def __repr__(self) -> str:
         return f"<dsckpt.Save {self.path} {self.level.name}>"
 
 
-class Load:
+class Load(_Handle):
     """One file being loaded into the caller's memory. Name the destinations, then
     :meth:`end` and :meth:`wait` (or leave a ``with`` block: a clean exit ends the load and
     waits until LOADED, an exception abandons it). Destinations must stay allocated, and
-    unused by anyone else, until :meth:`wait` has returned."""
+    unused by anyone else, until :meth:`wait` has returned. :meth:`close` frees the client's
+    handle: a load never ended is abandoned, a running one goes on in the daemon until the
+    connection closes."""
+
+    _FREE = "dsckpt_load_free"
 
     def __init__(self, conn: Connection, handle: int, dir: str, file: str):
         self.conn = conn
@@ -573,16 +555,6 @@ class Load:
         lib.dsckpt_load_progress(self._handle(), ctypes.byref(total), ctypes.byref(done))
         return LoadProgress(self.level, total.value, done.value)
 
-    def close(self) -> None:
-        """Frees the client-side handle (idempotent). A load never ended is abandoned; a
-        running one goes on in the daemon until the connection closes."""
-        if self._h is not None:
-            _lib.lib().dsckpt_load_free(self._h)
-            self._h = None
-
-    def __enter__(self) -> "Load":
-        return self
-
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.close()
@@ -591,10 +563,6 @@ class Load:
             self.end()
         if self.level == LoadLevel.ACCEPTED:
             self.wait()
-
-    def __del__(self) -> None:
-        if getattr(self, "_h", None) is not None and _lib is not None:
-            self.close()
 
     def __repr__(self) -> str:
         return f"<dsckpt.Load {self.path} {self.level.name}>"
