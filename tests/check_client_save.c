@@ -121,7 +121,7 @@ START_TEST(test_fake_save)
 	ck_assert_ptr_nonnull(strstr(log, "tensor empty F32 ndim=1"));
 	ck_assert_ptr_nonnull(strstr(log, "wait 7 2 20\n"));	/* a slice of a wait without limit */
 	ck_assert_ptr_nonnull(strstr(log, "wait 7 0 0\n"));
-	ck_assert_ptr_nonnull(strstr(log, "commit /ck/job/step1 2 5000\n"));
+	ck_assert_ptr_nonnull(strstr(log, "commit /ck/job/step1 2 20\n"));	/* a slice of 5000 ms */
 	free(log);
 	dsckpt_host_free(host);
 	free(heap);

@@ -283,9 +283,12 @@ START_TEST(test_lazy_snapshot)
 }
 END_TEST
 
-/* A thread waiting on one save of a connection (an upload thread's DURABLE wait). */
+/* A thread waiting on one save of a connection (an upload thread's DURABLE wait), or
+ * committing a directory through it. */
 struct waiter {
 	dsckpt_save_t *s;
+	dsckpt_conn_t *c;        /* commit_main: the connection and directory */
+	char dir[1024];
 	int rc;
 	atomic_int done;
 };
@@ -332,6 +335,48 @@ START_TEST(test_wait_shares_connection)
 }
 END_TEST
 
+/* A thread committing a directory whose save is still open (it times out after 3 s). */
+static void *commit_main(void *arg)
+{
+	struct waiter *w = arg;
+
+	w->rc = dsckpt_commit(w->c, w->dir, 3000);
+	atomic_store(&w->done, 1);
+	return NULL;
+}
+
+/* While one thread's COMMIT waits for durability, another saves through the connection. */
+START_TEST(test_commit_shares_connection)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	dsckpt_conn_t *c = conn_open("share", 0, 1);
+	struct waiter w = {.c = c};
+	const char *dir = h_path("%s/share/other", D->root);
+	dsckpt_save_t *open_save, *s;
+	void *mem;
+	pthread_t th;
+
+	snprintf(w.dir, sizeof(w.dir), "%s/share/open", D->root);
+	CK_DS(c, dsckpt_save_begin(c, w.dir, "rank0", &open_save));	/* never ended */
+	ck_assert_int_eq(pthread_create(&th, NULL, commit_main, &w), 0);
+	h_sleep_ms(100);
+	ck_assert(!atomic_load(&w.done));
+	s = save_pattern(c, dir, "rank0", MIB, 3, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	ck_assert_msg(!atomic_load(&w.done), "the save and commit waited for the other commit");
+	pthread_join(th, NULL);
+	ck_assert_int_eq(w.rc, DSCKPT_ETIMEDOUT);
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", w.dir)));
+	ck_assert(h_exists(h_path("%s/MANIFEST.json", dir)));
+	dsckpt_save_free(open_save);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* Builds the suite: one test case per group, each with a time limit that fits it. */
 static Suite *daemon_save_suite(void)
 {
@@ -342,6 +387,7 @@ static Suite *daemon_save_suite(void)
 	h_add_case(s, "saves in flight", test_saves_in_flight, 60, 1);
 	h_add_case(s, "lazy snapshot", test_lazy_snapshot, 30, 1);
 	h_add_case(s, "wait shares the connection", test_wait_shares_connection, 30, 1);
+	h_add_case(s, "commit shares the connection", test_commit_shares_connection, 30, 1);
 	return s;
 }
 

@@ -18,8 +18,8 @@ static int commit_enter(dsckpt_conn_t *c, const char *dir, const char *what)
 	return e;
 }
 
-/* Commits the checkpoint directory (COMMIT). */
-int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
+/* One COMMIT whose wait for durability lasts at most timeout_ms (lock held). */
+static int commit_once(dsckpt_conn_t *c, const char *dir, int timeout_ms)
 {
 	char tag[PROTO_MAX_STR + 1];
 	struct proto_out o;
@@ -28,22 +28,37 @@ int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
 	uint64_t files, bytes;
 	int e;
 
-	if ((e = commit_enter(c, dir, "commit")) < 0)
-		return e;
 	lib_conn_frame(c, &o, PROTO_COMMIT);
 	msgpack_pack_map(&o.pk, 3);
 	proto_kv_str(&o.pk, "dir", dir);
 	proto_kv_u64(&o.pk, "world", (uint64_t)lib_conn_world(c));
-	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms < 0 ? -1 : timeout_ms);
+	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms);
 	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
-		goto out;
+		return e;
 	proto_get_i64(&r.m, "level", DSCKPT_COMMITTED, DSCKPT_COMMITTED, &level, 1);
 	proto_get_str(&r.m, "tag", tag, PROTO_MAX_STR, 1);
 	proto_get_u64(&r.m, "files", UINT64_MAX, &files, 1);
 	proto_get_u64(&r.m, "bytes", UINT64_MAX, &bytes, 1);
-	e = lib_reply_end(c, &r, "COMMIT");
-out:
-	lib_conn_unlock(c);
+	return lib_reply_end(c, &r, "COMMIT");
+}
+
+/*
+ * Commits the checkpoint directory (COMMIT), holding the connection a slice at a time as
+ * waits do: a COMMIT that timed out waiting for durability wrote nothing (the daemon times a
+ * commit out only before it starts writing), so the next slice simply asks again.
+ */
+int dsckpt_commit(dsckpt_conn_t *c, const char *dir, int timeout_ms)
+{
+	struct lib_wait w;
+	int e, last;
+
+	lib_wait_start(&w, timeout_ms);
+	do {
+		if ((e = commit_enter(c, dir, "commit")) < 0)
+			return e;
+		e = commit_once(c, dir, lib_wait_slice(&w, &last));
+		lib_conn_unlock(c);
+	} while (e == DSCKPT_ETIMEDOUT && !last);
 	return e;
 }
 
