@@ -235,6 +235,11 @@ void source_ref(struct source *s);
 void source_ref_n(struct source *s, unsigned n);
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s);
+/* Drops n references at once. */
+void source_unref_n(struct source *s, unsigned n);
+/* Takes (take 1) or drops a reference to each of n sources at first, stride bytes apart
+ * (NULL ones skipped), counted per source first. */
+void source_refs(struct source *const *first, size_t n, size_t stride, int take);
 /* What a kind of source does: source.c dispatches through it, cuda_source.c adds the CUDA
  * kinds, tests add fakes. */
 struct source_ops {
@@ -697,11 +702,11 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 int tensors_append(struct tensors **tlp, struct tensors *from, int *shared, char *err,
 		   size_t errlen);
 /* Takes (take 1) or drops one reference to the source of each of the first n entries. */
-void tensors_sources_ref(const struct tensors *tl, size_t n, int take);
+void tensors_sources_ref(struct tensors *tl, size_t n, int take);
 /* The header's description of tl, made once and kept with it; NULL without memory. */
 const struct st_tensor *tensors_header(struct tensors *tl);
 /* Fills the engine's et (data offsets, new source references), in order. */
-void tensors_give(const struct tensors *tl, struct engine_tensor *et);
+void tensors_give(struct tensors *tl, struct engine_tensor *et);
 /* Drops the sources' references of a list nobody shares (the engine took its own). */
 void tensors_release(struct tensors *tl);
 /* Drops a plan's reference to its list and, when saves still share it, the list's
@@ -1063,6 +1068,8 @@ void reply_hello(uint64_t conn, uint64_t req);
 void reply_save_begun(uint64_t conn, uint64_t req, uint64_t save);
 void reply_save_totals(uint64_t conn, uint64_t req, uint64_t tensors, uint64_t bytes);
 void reply_save_accepted(uint64_t conn, uint64_t req);
+/* Answers a SAVE_BEGIN with end: the save id, ACCEPTED. */
+void reply_save_ended(uint64_t conn, uint64_t req, uint64_t save);
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v);
 void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info *info);
 void reply_sealed(uint64_t conn, uint64_t req, int committed);

@@ -525,12 +525,11 @@ const uint64_t *engine_checksums(struct job *j)
 /* Drops the sources of a job past SNAPSHOT (loop thread): every piece is copied. */
 void engine_release_sources(struct job *j)
 {
-	for (size_t i = 0; i < j->r.n; i++) {
-		if (j->r.t[i].src) {
-			source_unref(j->r.t[i].src);
-			j->r.t[i].src = NULL;
-		}
-	}
+	if (j->r.n == 0 || !j->r.t)
+		return;
+	source_refs(&j->r.t[0].src, j->r.n, sizeof(j->r.t[0]), 0);
+	for (size_t i = 0; i < j->r.n; i++)
+		j->r.t[i].src = NULL;
 }
 
 /* Frees a finished job and everything its request owned. */

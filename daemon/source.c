@@ -345,7 +345,13 @@ void source_ref_n(struct source *s, unsigned n)
 /* Drops a reference; the last one unmaps and closes. */
 void source_unref(struct source *s)
 {
-	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+	source_unref_n(s, 1);
+}
+
+/* Drops n references at once; the last one unmaps and closes. */
+void source_unref_n(struct source *s, unsigned n)
+{
+	if (n == 0 || atomic_fetch_sub_explicit(&s->refs, n, memory_order_acq_rel) != n)
 		return;
 	s->ops->close(s->priv, s->size);
 	if (s->counted) {
@@ -353,4 +359,35 @@ void source_unref(struct source *s)
 		quota_give(s->owner, QUOTA_REGION_BYTES, s->charged);
 	}
 	free(s);
+}
+
+/* Takes (take 1) or drops one reference to each of n sources, the first at *first and each
+ * next stride bytes on (a member of an array of structs; NULL ones skipped). The references
+ * are counted per source first: ten thousand tensors of a few allocations cost a few atomic
+ * operations, not ten thousand. */
+void source_refs(struct source *const *first, size_t n, size_t stride, int take)
+{
+	struct { struct source *src; unsigned n; } seen[16];
+	unsigned nseen = 0, k;
+	const char *at = (const char *)first;
+
+	for (size_t i = 0; i <= n; i++, at += stride) {
+		struct source *src = i < n ? *(struct source *const *)at : NULL;
+		for (k = 0; src && k < nseen && seen[k].src != src; k++)
+			;
+		if (i == n || (src && k == nseen && nseen == 16)) {	/* the end, or a full table */
+			for (k = 0; k < nseen; k++) {
+				if (take)
+					source_ref_n(seen[k].src, seen[k].n);
+				else
+					source_unref_n(seen[k].src, seen[k].n);
+			}
+			nseen = k = 0;
+		}
+		if (!src)
+			continue;
+		if (k == nseen)
+			seen[nseen++] = (typeof(seen[0])){src, 0};
+		seen[k].n++;
+	}
 }

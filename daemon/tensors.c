@@ -13,6 +13,11 @@
  * drops them at SAVE_END or when it is dropped, so that a plan forgotten between its SAVE_ADD
  * and its SAVE_END leaves the save able to go on, and a region the client deleted closes as
  * soon as no plan, open save or engine job holds it (release_gpu then empty_cache).
+ *
+ * What every save from a plan needs again is made once and kept with the list, which does not
+ * change while shared: the header's description (st), the engine's description (et) and the
+ * entries' sources with their counts (groups), so that the references a save takes and drops
+ * cost an atomic operation per allocation, not per tensor.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -40,6 +45,9 @@ struct tensors {
 	uint64_t bytes;
 	uint64_t hdr_bytes;   /* at most this much header for the entries */
 	struct st_tensor *st; /* the header's description, made on first need */
+	struct engine_tensor *et;   /* the engine's, without references, made on first need */
+	struct group { struct source *src; unsigned n; } *groups;  /* each source's entries */
+	size_t ngroups;       /* 0: not made (or no entries) */
 	int sources_held;     /* one reference to each entry's source belongs to the list */
 	unsigned refs;
 };
@@ -63,6 +71,18 @@ struct tensors *tensors_ref(struct tensors *tl)
 	return tl;
 }
 
+/* Frees what was made once from the entries (they are about to change, or go). */
+static void tensors_forget(struct tensors *tl)
+{
+	free(tl->st);
+	free(tl->et);
+	free(tl->groups);
+	tl->st = NULL;
+	tl->et = NULL;
+	tl->groups = NULL;
+	tl->ngroups = 0;
+}
+
 /* Drops a reference; the last frees the entries and their sources' references. */
 void tensors_unref(struct tensors *tl)
 {
@@ -75,7 +95,7 @@ void tensors_unref(struct tensors *tl)
 	}
 	free(tl->t);
 	free(tl->names);
-	free(tl->st);
+	tensors_forget(tl);
 	free(tl);
 }
 
@@ -197,8 +217,7 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	if (tensors_own(tlp) < 0)
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	tl = *tlp;
-	free(tl->st);	/* describes fewer entries than there will be */
-	tl->st = NULL;
+	tensors_forget(tl);	/* describes fewer entries than there will be */
 	if (tl->n >= config->max_tensors_per_save)
 		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
 			      "max_tensors_per_save (%u) tensors", name,
@@ -282,46 +301,83 @@ const struct st_tensor *tensors_header(struct tensors *tl)
 	return tl->st;
 }
 
-/* Takes (take 1) or drops (take 0) one reference to the source of each of the first n
- * entries. The references are counted per source first: ten thousand tensors of a few
- * allocations cost a few atomic operations, not ten thousand. */
-void tensors_sources_ref(const struct tensors *tl, size_t n, int take)
+/* Counts the entries of each source (a table of 16 at a time: a list of more sources may
+ * name one in several groups), made once; -1 without memory. */
+static int groups_make(struct tensors *tl)
 {
-	struct { struct source *src; unsigned n; } seen[16];
+	struct group seen[16], *g;
+	size_t ng = 0;
 	unsigned nseen = 0, k;
 
-	for (size_t i = 0; i <= n; i++) {
-		struct source *src = i < n ? tl->t[i].src : NULL;
+	if (tl->ngroups || tl->n == 0)
+		return 0;
+	if (!(g = malloc(tl->n * sizeof(*g))))
+		return -1;
+	for (size_t i = 0; i <= tl->n; i++) {
+		struct source *src = i < tl->n ? tl->t[i].src : NULL;
 		for (k = 0; src && k < nseen && seen[k].src != src; k++)
 			;
-		if (!src || (k == nseen && nseen == 16)) {	/* the end, or a full table */
-			for (k = 0; k < nseen; k++) {
-				if (take)
-					source_ref_n(seen[k].src, seen[k].n);
-				else
-					while (seen[k].n--)
-						source_unref(seen[k].src);
-			}
+		if (i == tl->n || (src && k == nseen && nseen == 16)) {
+			memcpy(g + ng, seen, nseen * sizeof(*g));
+			ng += nseen;
 			nseen = k = 0;
 		}
 		if (!src)
 			continue;
 		if (k == nseen)
-			seen[nseen++] = (typeof(seen[0])){src, 0};
+			seen[nseen++] = (struct group){src, 0};
 		seen[k].n++;
+	}
+	if (ng == 0) {	/* no sources (all given away): nothing to count */
+		free(g);
+		return -1;
+	}
+	struct group *shrunk = realloc(g, ng * sizeof(*g));
+	tl->groups = shrunk ? shrunk : g;
+	tl->ngroups = ng;
+	return 0;
+}
+
+/* Takes (take 1) or drops (take 0) one reference to the source of each of the first n
+ * entries: per group when all entries (groups_make), else counted as they come
+ * (source_refs). */
+void tensors_sources_ref(struct tensors *tl, size_t n, int take)
+{
+	if (n == 0)
+		return;
+	if (n < tl->n || groups_make(tl) < 0) {
+		source_refs(&tl->t[0].src, n, sizeof(tl->t[0]), take);
+		return;
+	}
+	for (size_t k = 0; k < tl->ngroups; k++) {
+		if (take)
+			source_ref_n(tl->groups[k].src, tl->groups[k].n);
+		else
+			source_unref_n(tl->groups[k].src, tl->groups[k].n);
 	}
 }
 
 /* Describes the list for the engine (et: data offsets in order, each with a new reference to
- * its source). */
-void tensors_give(const struct tensors *tl, struct engine_tensor *et)
+ * its source), from the description made on first need. */
+void tensors_give(struct tensors *tl, struct engine_tensor *et)
 {
 	uint64_t off = 0;
 
-	for (size_t i = 0; i < tl->n; i++) {
-		const struct tensor_in *t = &tl->t[i];
-		et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
-		off += t->nbytes;
+	if (!tl->et && tl->n && (tl->et = malloc(tl->n * sizeof(*tl->et)))) {
+		for (size_t i = 0; i < tl->n; i++) {
+			const struct tensor_in *t = &tl->t[i];
+			tl->et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
+			off += t->nbytes;
+		}
+	}
+	if (tl->et) {
+		memcpy(et, tl->et, tl->n * sizeof(*et));
+	} else {
+		for (size_t i = 0; i < tl->n; i++) {
+			const struct tensor_in *t = &tl->t[i];
+			et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
+			off += t->nbytes;
+		}
 	}
 	tensors_sources_ref(tl, tl->n, 1);
 }
@@ -336,6 +392,11 @@ void tensors_release(struct tensors *tl)
 	for (size_t i = 0; i < tl->n; i++)
 		tl->t[i].src = NULL;
 	tl->sources_held = 0;
+	free(tl->et);	/* they name the sources */
+	free(tl->groups);
+	tl->et = NULL;
+	tl->groups = NULL;
+	tl->ngroups = 0;
 }
 
 /* A plan's list let go by its plan: its sources' references go now, even while saves made
