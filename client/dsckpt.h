@@ -134,6 +134,14 @@ DSCKPT_EXTERN int dsckpt_last_cause(dsckpt_conn_t *c);
  */
 DSCKPT_EXTERN int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 				    dsckpt_save_t **out);
+/* dsckpt_save_begin_flags: the daemon hears of the save with its first request, in the best
+ * case a single one at dsckpt_save_end (one round trip for a whole save); what the daemon
+ * refuses at begin (the directory, the user's limits, a file being saved) is then returned by
+ * that call instead (dsckpt_add_blob of a large blob, or dsckpt_save_end). */
+#define DSCKPT_SAVE_DEFER 1u
+/* dsckpt_save_begin with flags (0 or DSCKPT_SAVE_DEFER). */
+DSCKPT_EXTERN int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
+					  unsigned flags, dsckpt_save_t **out);
 /*
  * Adds a tensor by reference. dtype is a safetensors dtype name ("F32", "BF16", ...);
  * shape has ndim entries and nbytes must equal their product times the dtype size.
@@ -184,7 +192,8 @@ DSCKPT_EXTERN int dsckpt_plan_create(dsckpt_conn_t *c, const dsckpt_tensor_t *te
 DSCKPT_EXTERN int dsckpt_add_plan(dsckpt_save_t *s, dsckpt_plan_t *p);
 /* Forgets the plan here and in the daemon (saves already ended are not affected). */
 DSCKPT_EXTERN void dsckpt_plan_free(dsckpt_plan_t *p);
-/* Attaches an opaque named blob (copied now), stored in file.meta. */
+/* Attaches an opaque named blob (copied now), stored in file.meta. Blobs of up to 1 MiB in all
+ * go with dsckpt_save_end's request; larger ones are sent at once. */
 DSCKPT_EXTERN int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data,
 				  size_t len);
 /*

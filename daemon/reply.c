@@ -131,6 +131,18 @@ void reply_save_accepted(uint64_t conn, uint64_t req)
 	reply_send(conn, &o, 0);
 }
 
+/* Answers a SAVE_BEGIN that ended its save too: its id, and ACCEPTED. */
+void reply_save_ended(uint64_t conn, uint64_t req, uint64_t save)
+{
+	struct proto_out o;
+
+	proto_out_init(&o, PROTO_REPLY, req);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_u64(&o.pk, "save", save);
+	proto_kv_i64(&o.pk, "level", LEVEL_ACCEPTED);
+	reply_send(conn, &o, 0);
+}
+
 /* Answers a WAIT with a save's state (its level reached, or FAILED with the reason). */
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 {

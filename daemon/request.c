@@ -193,24 +193,6 @@ static void on_region_del(struct client *c, const struct proto_hdr *h, struct pr
 }
 
 /* SAVE_BEGIN: checks the path and opens a save. */
-static void on_save_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
-{
-	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
-
-	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
-	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
-	if (proto_map_end(m) < 0)
-		return request_malformed(c, h, m->why);
-	int64_t id = auth_check(c, AUTH_SAVE, err, sizeof(err));
-	if (id == 0)
-		id = save_begin(c, dir, file, err, sizeof(err));
-	if (id < 0) {
-		metrics_fail(METRIC_SAVES_REFUSED, (int)id);
-		return request_error(c, h, (int)id, "%s", err);
-	}
-	reply_save_begun(client_id(c), h->id, (uint64_t)id);
-}
-
 /* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
 static int add_tensor(struct client *c, struct save *s, const msgpack_object *obj,
 		      struct proto_map *top, char *err, size_t errlen)
@@ -320,6 +302,77 @@ static struct save *open_save_add(struct client *c, const struct proto_hdr *h,
 	return s;
 }
 
+/* Reads SAVE_END's optional event and uuid (both or neither, 64 and 16 bytes; else the map
+ * fails). */
+static void get_fence(struct proto_map *m, const void **event, const void **uuid)
+{
+	size_t event_len = 0, uuid_len = 0;
+	int has_event = proto_get_bin(m, "event", event, &event_len, 64, 0);
+	int has_uuid = proto_get_bin(m, "uuid", uuid, &uuid_len, 16, 0);
+
+	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
+								 uuid_len != 16))))
+		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
+}
+
+/* Ends open save s once the frame's entries are added: hands it to the engine, ordered after
+ * the client's event if any; 0, or the error code (answered, s dropped). */
+static int end_save(struct client *c, const struct proto_hdr *h, struct save *s,
+		    const void *event, const void *uuid)
+{
+	struct cuda_fence *fence = NULL;
+	char err[ERRLEN];
+	int rc = 0;
+
+	if (event) {
+		rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err));
+		if (rc < 0) {
+			uint64_t id = save_id(s);
+			save_drop(s);
+			metrics_fail(METRIC_SAVES_REFUSED, rc);
+			request_error(c, h, rc, "%s (save %llu abandoned)", err, (unsigned long long)id);
+			return rc;
+		}
+	}
+	rc = save_end(s, fence, err, sizeof(err));
+	if (rc < 0) {
+		save_drop(s);	/* never written: nothing is left for the client to abort */
+		metrics_fail(METRIC_SAVES_REFUSED, rc);
+		request_error(c, h, rc, "%s", err);
+	}
+	return rc;
+}
+
+/* SAVE_BEGIN: opens a save of dir/file; with end, also adds the frame's entries and ends it
+ * (a whole save in one round trip). */
+static void on_save_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
+	const void *event = NULL, *uuid = NULL;
+	int end = 0;
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
+	proto_get_bool(m, "end", &end, 0);
+	if (end)
+		get_fence(m, &event, &uuid);
+	if (m->err || (!end && proto_map_end(m) < 0))
+		return request_malformed(c, h, m->why);
+	int64_t id = auth_check(c, AUTH_SAVE, err, sizeof(err));
+	if (id == 0)
+		id = save_begin(c, dir, file, err, sizeof(err));
+	if (id < 0) {
+		metrics_fail(METRIC_SAVES_REFUSED, (int)id);
+		return request_error(c, h, (int)id, "%s", err);
+	}
+	if (!end)
+		return reply_save_begun(client_id(c), h->id, (uint64_t)id);
+	/* A malformed rest is fatal: the connection and with it the save go. */
+	struct save *s = open_save_add(c, h, m, (uint64_t)id);
+	if (s && end_save(c, h, s, event, uuid) == 0)
+		reply_save_ended(client_id(c), h->id, (uint64_t)id);
+}
+
 /* SAVE_ADD: tensors and blob pieces. */
 static void on_save_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
@@ -337,37 +390,14 @@ static void on_save_add(struct client *c, const struct proto_hdr *h, struct prot
 static void on_save_end(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
-	char err[ERRLEN];
 	const void *event = NULL, *uuid = NULL;
-	size_t event_len = 0, uuid_len = 0;
-	struct cuda_fence *fence = NULL;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	int has_event = proto_get_bin(m, "event", &event, &event_len, 64, 0);
-	int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuid_len, 16, 0);
-	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
-								 uuid_len != 16))))
-		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
+	get_fence(m, &event, &uuid);
 	/* The last batch of tensors may come with SAVE_END itself. */
 	struct save *s = open_save_add(c, h, m, id);
-	if (!s)
-		return;
-	int rc;
-	if (has_event > 0) {
-		rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err));
-		if (rc < 0) {
-			save_drop(s);
-			metrics_fail(METRIC_SAVES_REFUSED, rc);
-			return request_error(c, h, rc, "%s (save %llu abandoned)", err,
-					  (unsigned long long)id);
-		}
-	}
-	rc = save_end(s, fence, err, sizeof(err));
-	if (rc < 0) {
-		metrics_fail(METRIC_SAVES_REFUSED, rc);
-		return request_error(c, h, rc, "%s", err);
-	}
-	reply_save_accepted(client_id(c), h->id);
+	if (s && end_save(c, h, s, event, uuid) == 0)
+		reply_save_accepted(client_id(c), h->id);
 }
 
 /* SAVE_ABORT: forgets a save that was never ended. */

@@ -60,6 +60,13 @@ START_TEST(test_fake_error_reply)
 	c = fake_connect(&f);
 	ck_assert_int_eq(dsckpt_save_begin(c, "/etc/x", "r0", &s), DSCKPT_EACCES);
 	ck_assert_str_eq(dsckpt_last_error(c), "not under an allowed root");
+	/* Deferred, the refusal comes from the call that sends SAVE_BEGIN: here save_end. */
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/etc/x", "r0", DSCKPT_SAVE_DEFER, &s), 0);
+	ck_assert_int_eq(dsckpt_add_blob(s, "b", "x", 1), 0);
+	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_EACCES);
+	ck_assert_str_eq(dsckpt_last_error(c), "not under an allowed root");
+	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_ESTATE);
+	dsckpt_save_free(s);
 	/* The connection goes on. */
 	ck_assert_int_eq(dsckpt_commit(c, "/ck/j/t", 0), 0);
 	dsckpt_close(c);

@@ -1,7 +1,8 @@
 /*
  * check_client_save.c — libdsckpt's data path against a scripted fake daemon (fake_peer.c):
- * a whole save (zero-copy host blocks, staged memory, blobs in pieces), freed blocks
- * unregistered, huge saves split into frames, no GPU without a driver, batches of tensors.
+ * a whole save (zero-copy host blocks, staged memory, blobs in pieces, small blobs with the
+ * end), freed blocks unregistered, huge saves split into frames, no GPU without a driver,
+ * batches of tensors, deferred saves (one frame for a whole save).
  */
 #include <check.h>
 #include <stdio.h>
@@ -101,8 +102,9 @@ START_TEST(test_fake_save)
 	ck_assert_int_eq(fake_count(log, "region_del"), 1);
 	snprintf(line, sizeof(line), "region_del %" PRIu64 "\n", h.region);
 	ck_assert_ptr_null(strstr(log, line));
-	/* The tensors travel in one frame, the 9 MiB blob in three pieces. */
-	ck_assert_int_eq(fake_count(log, "tensors=1003 blobs=0"), 1);
+	/* The tensors travel in one frame with the two small blobs, the 9 MiB blob in three
+	 * pieces before them. */
+	ck_assert_int_eq(fake_count(log, "tensors=1003 blobs=2"), 1);
 	ck_assert_int_eq(fake_count(log, "blob skeleton len=4194304"), 2);
 	ck_assert_int_eq(fake_count(log, "blob skeleton len=1048576"), 1);
 	ck_assert_int_eq(fake_count(log, "blob empty len=0"), 1);
@@ -315,6 +317,71 @@ START_TEST(test_fake_add_tensors)
 }
 END_TEST
 
+/*
+ * A deferred save sends nothing until save_end, which sends one SAVE_BEGIN with the tensors,
+ * the small blobs and end; the id in its reply serves waits. A blob over 1 MiB begins the save
+ * early (the held blobs go first, keeping their order), and a save freed before its end was
+ * never heard of.
+ */
+START_TEST(test_fake_deferred)
+{
+	struct fake f;
+	dsckpt_conn_t *c = fake_connect(&f);
+	dsckpt_save_t *s;
+	uint8_t *host = dsckpt_host_alloc(4096);
+	size_t blen = 2u << 20;
+	uint8_t *blob = calloc(1, blen);
+	int64_t shape[1] = {1024};
+	const unsigned defer = DSCKPT_SAVE_DEFER;
+
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/step1", "rank0", 2, &s),
+			 DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "relative", "rank0", defer, &s),
+			 DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/step1", "rank0", defer, &s), 0);
+	ck_assert_int_eq(dsckpt_add_tensor(s, "w", "F32", shape, 1, host, 4096), 0);
+	ck_assert_int_eq(dsckpt_add_blob(s, "meta", "abc", 3), 0);
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, 0), DSCKPT_ESTATE);
+	ck_assert_int_eq(dsckpt_save_end(s), 0);
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, -1), DSCKPT_SNAPSHOT);
+	dsckpt_save_free(s);
+
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/step2", "rank0", defer, &s), 0);
+	ck_assert_int_eq(dsckpt_add_blob(s, "small", "x", 1), 0);
+	ck_assert_int_eq(dsckpt_add_blob(s, "big", blob, blen), 0);
+	ck_assert_int_eq(dsckpt_add_tensor(s, "w", "F32", shape, 1, host, 4096), 0);
+	ck_assert_int_eq(dsckpt_save_end(s), 0);
+	dsckpt_save_free(s);
+
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/step3", "rank0", defer, &s), 0);
+	ck_assert_int_eq(dsckpt_add_tensor(s, "w", "F32", shape, 1, host, 4096), 0);
+	dsckpt_save_free(s);
+	dsckpt_close(c);
+
+	char *log = fake_finish(&f);
+	const char *one = strstr(log, "save_begin /ck/job/step1 rank0 end\n");
+	ck_assert_msg(one != NULL, "no whole save in\n%s", log);
+	ck_assert_ptr_nonnull(strstr(one, "save_add len="));
+	ck_assert_int_eq(sscanf(strstr(one, "save_add len="), "save_add len=%*u tensors=1 "
+				"blobs=1\ntensor w F32"), 0);
+	ck_assert_ptr_nonnull(strstr(log, "blob meta len=3 "));
+	ck_assert_ptr_nonnull(strstr(log, "wait 7 2 20\n"));
+	const char *two = strstr(log, "save_begin /ck/job/step2 rank0\n");
+	ck_assert_ptr_nonnull(two);
+	const char *small = strstr(two, "blob small len=1 "), *big = strstr(two, "blob big len=");
+	ck_assert(small && big && small < big);
+	ck_assert_int_eq(fake_count(log, "save_begin"), 2);
+	ck_assert_int_eq(fake_count(log, "tensors=0 blobs=1"), 2);
+	ck_assert_int_eq(fake_count(log, "tensors=1 blobs=1"), 1);
+	ck_assert_int_eq(fake_count(log, "tensors=1 blobs=0"), 1);
+	ck_assert_int_eq(fake_count(log, "save_end 7"), 2);
+	ck_assert_ptr_null(strstr(log, "step3"));
+	free(log);
+	free(blob);
+	dsckpt_host_free(host);
+}
+END_TEST
+
 /* The suite. */
 static Suite *client_save_suite(void)
 {
@@ -326,6 +393,7 @@ static Suite *client_save_suite(void)
 	tcase_add_test(tc, test_fake_split);
 	tcase_add_test(tc, test_fake_no_gpu);
 	tcase_add_test(tc, test_fake_add_tensors);
+	tcase_add_test(tc, test_fake_deferred);
 	suite_add_tcase(s, tc);
 	return s;
 }

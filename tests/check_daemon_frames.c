@@ -343,6 +343,91 @@ static void raw_end_refused(int fd, uint64_t save)
 	raw_expect_error(fd);
 }
 
+/* Starts a SAVE_BEGIN of dir raw/whole, file f, with end (unless !end) and nkeys more keys. */
+static void whole_begin(struct proto_out *o, int end, uint32_t nkeys)
+{
+	out_map(o, PROTO_SAVE_BEGIN, 2 + (end != 0) + nkeys);
+	proto_kv_str(&o->pk, "dir", h_path("%s/raw/whole", D->root));
+	proto_kv_str(&o->pk, "file", "f");
+	if (end)
+		proto_kv_bool(&o->pk, "end", 1);
+}
+
+/*
+ * SAVE_BEGIN that ends its save too: entries without end are unknown keys and a bad entry or
+ * a lone event are fatal (the save goes with the connection); a refused tensor is an ERROR
+ * that leaves nothing open (the same file saves again at once), and a good one is ACCEPTED
+ * with its id and written.
+ */
+static void whole_save(void)
+{
+	struct proto_out o;
+	int fd = raw_connect();
+	raw_hello(fd);
+	whole_begin(&o, 0, 1);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 0);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+	close(fd);
+
+	fd = raw_connect();
+	raw_hello(fd);
+	raw_region(fd);
+	whole_begin(&o, 1, 1);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	msgpack_pack_str_with_body(&o.pk, "x", 1);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+	close(fd);
+
+	fd = raw_connect();
+	raw_hello(fd);
+	whole_begin(&o, 1, 1);
+	proto_kv_bin(&o.pk, "event", "0123456789012345678901234567890123456789012345678901234567890123",
+		     64);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+	close(fd);
+
+	fd = raw_connect();
+	raw_hello(fd);
+	raw_region(fd);
+	whole_begin(&o, 1, 1);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_tensor(&o.pk, "x", "U8", 8192, 0, 8192);	/* past the 4096-byte region */
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_int_eq(raw_expect_error(fd), DSCKPT_ERANGE);
+	whole_begin(&o, 1, 1);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_tensor(&o.pk, "x", "U8", 16, 0, 16);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	struct reply r;
+	uint64_t save = 0;
+	int64_t level = 0;
+	ck_assert_int_eq(raw_recv(fd, &r, 10000), PROTO_REPLY);
+	ck_assert_int_eq(proto_get_u64(&r.m, "save", UINT64_MAX, &save, 1), 1);
+	ck_assert_int_eq(proto_get_i64(&r.m, "level", -1, 4, &level, 1), 1);
+	ck_assert_int_eq(proto_map_end(&r.m), 0);
+	reply_free(&r);
+	ck_assert_int_eq(level, DSCKPT_ACCEPTED);
+	out_map(&o, PROTO_WAIT, 3);
+	proto_kv_u64(&o.pk, "save", save);
+	proto_kv_i64(&o.pk, "level", DSCKPT_DURABLE);
+	proto_kv_i64(&o.pk, "timeout_ms", 10000);
+	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+	ck_assert_uint_eq(raw_expect_reply(fd, "save"), save);
+	close(fd);
+	struct stf f;
+	int64_t shape = 16;
+	stf_load(&f, h_path("%s/raw/whole/f.safetensors", D->root));
+	ck_assert_ptr_nonnull(stf_tensor(&f, "x", "U8", &shape, 1, 16));
+	stf_free(&f);
+}
+
 /* The same tensor name twice, in one SAVE_ADD and across two: refused, no file written. */
 static void dup_name(void)
 {
@@ -624,6 +709,7 @@ static const struct {
 	{"tensor past its region", past_region},
 	{"nbytes != shape x dtype", bad_nbytes},
 	{"duplicate tensor name", dup_name},
+	{"whole save in SAVE_BEGIN", whole_save},
 	{"save of another connection", foreign_save},
 	{"bad SEAL", bad_seal},
 	{"bad LOAD", bad_load},

@@ -1,6 +1,7 @@
 /*
  * check_plan.c — save plans against a real daemon: a plan reused across saves writes each
- * save's bytes; memory freed and allocated again under a plan (at the same address too) is
+ * save's bytes, deferred saves too (refused at save_end with the daemon's reason, leaving
+ * nothing open; more than one frame); memory freed and allocated again under a plan (at the same address too) is
  * detected and the plan sent anew, bytes exact; a plan beside other tensors, a plan of 70,000
  * tensors over several frames; misuse through the library; and, frame by frame, what the
  * daemon refuses: an unknown plan, another connection's, a bad entry (the plan forgotten), a
@@ -40,13 +41,14 @@ static void plan_tensors(dsckpt_tensor_t *t, char (*names)[16], int64_t *shape, 
 }
 
 /* Saves the plan (and, if extra, a staged tensor "extra" of 100 bytes of seed's pattern) into
- * dir/rank0; returns what dsckpt_add_plan said. Waits DURABLE. */
-static int save_plan(dsckpt_conn_t *c, dsckpt_plan_t *p, const char *dir, const uint8_t *extra)
+ * dir/rank0, begun with flags; returns what dsckpt_add_plan said. Waits DURABLE. */
+static int save_plan_flags(dsckpt_conn_t *c, dsckpt_plan_t *p, const char *dir,
+			   const uint8_t *extra, unsigned flags)
 {
 	dsckpt_save_t *s;
 	int64_t n = 100;
 
-	CK_DS(c, dsckpt_save_begin(c, dir, "rank0", &s));
+	CK_DS(c, dsckpt_save_begin_flags(c, dir, "rank0", flags, &s));
 	int rc = dsckpt_add_plan(s, p);
 	CK_DS(c, rc);
 	if (extra)
@@ -56,6 +58,12 @@ static int save_plan(dsckpt_conn_t *c, dsckpt_plan_t *p, const char *dir, const 
 	wait_level(c, s, DSCKPT_DURABLE, 30000);
 	dsckpt_save_free(s);
 	return rc;
+}
+
+/* save_plan_flags begun at once. */
+static int save_plan(dsckpt_conn_t *c, dsckpt_plan_t *p, const char *dir, const uint8_t *extra)
+{
+	return save_plan_flags(c, p, dir, extra, 0);
 }
 
 /* Checks dir/rank0: the NT tensors hold mem's bytes (and "extra" extra's), in plan order. */
@@ -83,7 +91,8 @@ static void check_saved(const char *dir, const uint8_t *mem, const uint8_t *extr
 	stf_free(&f);
 }
 
-/* One plan, three saves: bytes changed in place between them are saved; the plan is sent once. */
+/* One plan, three saves: bytes changed in place between them are saved; the plan is sent once.
+ * The second save is deferred (one request for all of it). */
 START_TEST(test_reuse)
 {
 	d_start(CACHE_16M, CHUNK_1M);
@@ -101,11 +110,74 @@ START_TEST(test_reuse)
 		const char *dir = h_path("%s/plan/step%d", D->root, k);
 		h_pattern_fill(mem, (size_t)NT * TB, 10 + (uint64_t)k);
 		h_pattern_fill(extra, sizeof(extra), 20 + (uint64_t)k);
-		ck_assert_int_eq(save_plan(c, p, dir, k == 2 ? extra : NULL), 0);
+		ck_assert_int_eq(save_plan_flags(c, p, dir, k == 2 ? extra : NULL,
+						 k == 1 ? DSCKPT_SAVE_DEFER : 0), 0);
 		check_saved(dir, mem, k == 2 ? extra : NULL);
 	}
 	dsckpt_plan_free(p);
 	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/*
+ * A deferred save the daemon refuses (its file is being saved) fails at save_end with the
+ * daemon's reason and leaves nothing behind: the first save ends and is written, and the plan
+ * serves a deferred save of 70,000 tensors (more than one frame: begun before its entries go).
+ */
+START_TEST(test_deferred_refused)
+{
+	enum { MANY = 70000 };
+	d_start(CACHE_16M, CHUNK_1M);
+	dsckpt_conn_t *c = conn_open("plan", 0, 1);
+	uint8_t *mem = dsckpt_host_alloc((size_t)NT * TB), *bytes = dsckpt_host_alloc(MANY);
+	dsckpt_tensor_t t[NT];
+	char names[NT][16];
+	int64_t shape, one = 1;
+	dsckpt_plan_t *p;
+	dsckpt_save_t *first, *s;
+	const char *dir = h_path("%s/plan/busy", D->root);
+
+	plan_tensors(t, names, &shape, mem);
+	h_pattern_fill(mem, (size_t)NT * TB, 5);
+	CK_DS(c, dsckpt_plan_create(c, t, NT, &p));
+	CK_DS(c, dsckpt_save_begin(c, dir, "rank0", &first));
+	CK_DS(c, dsckpt_save_begin_flags(c, dir, "rank0", DSCKPT_SAVE_DEFER, &s));
+	CK_DS(c, dsckpt_add_plan(s, p));
+	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_EBUSY);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "already being saved"));
+	dsckpt_save_free(s);
+	CK_DS(c, dsckpt_add_plan(first, p));
+	CK_DS(c, dsckpt_save_end(first));
+	wait_level(c, first, DSCKPT_DURABLE, 30000);
+	dsckpt_save_free(first);
+	check_saved(dir, mem, NULL);
+
+	dir = h_path("%s/plan/many", D->root);
+	h_pattern_fill(bytes, MANY, 6);
+	CK_DS(c, dsckpt_save_begin_flags(c, dir, "rank0", DSCKPT_SAVE_DEFER, &s));
+	CK_DS(c, dsckpt_add_plan(s, p));
+	for (int i = 0; i < MANY; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "m.%d", i);
+		CK_DS(c, dsckpt_add_tensor(s, name, "U8", &one, 1, bytes + i, 1));
+	}
+	CK_DS(c, dsckpt_save_end(s));
+	wait_level(c, s, DSCKPT_DURABLE, 60000);
+	dsckpt_save_free(s);
+	check_saved(dir, mem, NULL);
+	struct stf f;
+	stf_load(&f, h_path("%s/rank0.safetensors", dir));
+	for (int i = 0; i < MANY; i += 6999) {
+		char name[16];
+		snprintf(name, sizeof(name), "m.%d", i);
+		ck_assert_uint_eq(*stf_tensor(&f, name, "U8", &one, 1, 1), bytes[i]);
+	}
+	stf_free(&f);
+	dsckpt_plan_free(p);
+	dsckpt_host_free(mem);
+	dsckpt_host_free(bytes);
 	dsckpt_close(c);
 	d_stop();
 }
@@ -434,6 +506,7 @@ static Suite *plan_suite(void)
 	Suite *s = suite_create("plan");
 	h_add_case(s, "reuse", test_reuse, 30, 1);
 	h_add_case(s, "realloc", test_realloc, 30, 1);
+	h_add_case(s, "deferred refused", test_deferred_refused, 60, 1);
 	h_add_case(s, "misuse", test_misuse, 30, 1);
 	h_add_case(s, "big", test_big, 120, 1);
 	h_add_case(s, "frames", test_frames, 30, 1);

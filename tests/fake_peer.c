@@ -167,6 +167,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 	char s1[PROTO_MAX_STR + 1], s2[PROTO_MAX_STR + 1];
 	uint64_t u1 = 0, u2 = 0, u3 = 0;
 	int64_t i1 = 0, i2 = 0;
+	int whole = 0;   /* SAVE_BEGIN with end: a whole save */
 	const msgpack_object_array *arr = NULL, *blobs = NULL;
 	uint64_t id = fake_opts.bad_id ? h->id + 1 : h->id;
 
@@ -220,8 +221,18 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 	case PROTO_SAVE_BEGIN:
 		proto_get_str(m, "dir", s1, PROTO_MAX_STR, 1);
 		proto_get_str(m, "file", s2, PROTO_MAX_STR, 1);
-		fprintf(log, "save_begin %s %s\n", s1, s2);
+		proto_get_bool(m, "end", &whole, 0);
+		fprintf(log, "save_begin %s %s%s\n", s1, s2, whole ? " end" : "");
 		if (fake_opts.begin_error) {
+			if (whole) {	/* refused whole: what it carries is read, not used */
+				const void *bin;
+				size_t len;
+				proto_get_array(m, "tensors", &arr, 65536, 0);
+				proto_get_array(m, "blobs", &blobs, 65536, 0);
+				proto_get_u64(m, "plan", UINT64_MAX, &u2, 0);
+				proto_get_bin(m, "event", &bin, &len, 64, 0);
+				proto_get_bin(m, "uuid", &bin, &len, 16, 0);
+			}
 			proto_out_free(&o);
 			proto_out_init(&o, PROTO_ERROR, id);
 			msgpack_pack_map(&o.pk, 2);
@@ -229,8 +240,11 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 			proto_kv_str(&o.pk, "message", "not under an allowed root");
 			break;
 		}
+		u1 = 7;
+		if (whole)	/* a whole save in one frame: its entries, then its end */
+			goto entries;
 		msgpack_pack_map(&o.pk, 1);
-		proto_kv_u64(&o.pk, "save", 7);
+		proto_kv_u64(&o.pk, "save", u1);
 		break;
 	case PROTO_SAVE_ADD:
 		proto_get_u64(m, "save", UINT64_MAX, &u1, 1);
@@ -238,7 +252,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 	entries:
 		proto_get_array(m, "tensors", &arr, 65536, 0);
 		proto_get_array(m, "blobs", &blobs, 65536, 0);
-		if (h->type == PROTO_SAVE_END && !arr && !blobs)
+		if (h->type != PROTO_SAVE_ADD && !arr && !blobs)
 			goto end;
 		fprintf(log, "save_add len=%u tensors=%u blobs=%u\n", h->length,
 			arr ? arr->size : 0, blobs ? blobs->size : 0);
@@ -258,7 +272,7 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 					fake_fnv(data, len));
 		}
 		ntensors += arr ? arr->size : 0;
-		if (h->type == PROTO_SAVE_END)
+		if (h->type != PROTO_SAVE_ADD)
 			goto end;
 		msgpack_pack_map(&o.pk, 2);
 		proto_kv_u64(&o.pk, "tensors", ntensors);
@@ -279,7 +293,9 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 			proto_out_free(&o);
 			return -1;
 		}
-		msgpack_pack_map(&o.pk, 1);
+		msgpack_pack_map(&o.pk, whole ? 2 : 1);
+		if (whole)
+			proto_kv_u64(&o.pk, "save", u1);
 		proto_kv_i64(&o.pk, "level", DSCKPT_ACCEPTED);
 		break;
 	}

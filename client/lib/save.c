@@ -4,9 +4,12 @@
  * staging arena (stage.c)), and the SAVE_BEGIN / SAVE_ADD / SAVE_END / WAIT requests. A
  * save's GPU tensors are all on one GPU: SAVE_END carries one event.
  *
- * add_tensor validates a tensor, places its bytes and encodes its SAVE_ADD entry; save_end
- * sends the encoded entries in as few SAVE_ADD frames as fit and then SAVE_END (entries.c),
- * so that the hand-over costs two round trips and a copy of the encoded entries. Arguments
+ * add_tensor validates a tensor, places its bytes and encodes its SAVE_ADD entry; add_blob
+ * holds small blobs (BLOB_HELD in all) for the last request; save_end sends the encoded
+ * entries in as few SAVE_ADD frames as fit and then SAVE_END with the rest (entries.c), so
+ * that a save costs two round trips and a copy of the encoded entries. A deferred save
+ * (DSCKPT_SAVE_DEFER) sends its SAVE_BEGIN only when a frame needs the save's id; when
+ * everything fits one frame, that SAVE_BEGIN ends the save too: one round trip. Arguments
  * are checked first (check.c), and each tensor or blob name is allowed once (names.c).
  */
 #include "internal.h"
@@ -16,6 +19,7 @@
 #include <string.h>
 
 #define BLOB_PIECE ((size_t)4 << 20)
+#define BLOB_HELD ((size_t)1 << 20)   /* blob bytes held for the last request */
 
 enum save_state { SAVE_OPEN, SAVE_ENDED, SAVE_BROKEN };
 
@@ -28,18 +32,43 @@ struct dsckpt_save {
 	struct lib_stages stages;   /* host memory the library did not allocate, copied */
 	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
 	uint64_t plan;         /* the plan whose tensors come first; 0: none */
+	msgpack_sbuffer held;  /* blob maps held for the last request, encoded */
+	msgpack_packer hpk;
+	uint32_t nheld;
+	char *dir, *file;      /* a deferred save's, until its SAVE_BEGIN is sent (else NULL) */
 };
 
-/* Opens a save of dir/file (SAVE_BEGIN). */
-int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
-		      dsckpt_save_t **out)
+/* Packs SAVE_BEGIN's dir and file into o, a map of extra more keys. */
+static void pack_begin(struct proto_out *o, const char *dir, const char *file, uint32_t extra)
+{
+	msgpack_pack_map(&o->pk, 2 + extra);
+	proto_kv_str(&o->pk, "dir", dir);
+	proto_kv_str(&o->pk, "file", file);
+}
+
+/* Sends SAVE_BEGIN for dir/file and reads the save's id (lock held). */
+static int send_begin(dsckpt_conn_t *c, const char *dir, const char *file, uint64_t *id)
 {
 	struct proto_out o;
 	struct lib_reply r;
+	int e;
+
+	lib_conn_frame(c, &o, PROTO_SAVE_BEGIN);
+	pack_begin(&o, dir, file, 0);
+	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+		return e;
+	proto_get_u64(&r.m, "save", UINT64_MAX, id, 1);
+	return lib_reply_end(c, &r, "SAVE_BEGIN");
+}
+
+/* Opens a save of dir/file (SAVE_BEGIN now, or with the first request when deferred). */
+int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
+			    unsigned flags, dsckpt_save_t **out)
+{
 	dsckpt_save_t *s;
 	int e;
 
-	if (!c || !out)
+	if (!c || !out || (flags & ~DSCKPT_SAVE_DEFER))
 		return DSCKPT_EINVAL;
 	*out = NULL;
 	s = calloc(1, sizeof(*s));
@@ -52,25 +81,50 @@ int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before saving");
 		goto fail;
 	}
-	lib_conn_frame(c, &o, PROTO_SAVE_BEGIN);
-	msgpack_pack_map(&o.pk, 2);
-	proto_kv_str(&o.pk, "dir", dir);
-	proto_kv_str(&o.pk, "file", file);
-	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
+	if (flags & DSCKPT_SAVE_DEFER) {
+		if (!(s->dir = strdup(dir)) || !(s->file = strdup(file))) {
+			e = lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
+			goto fail;
+		}
+	} else if ((e = send_begin(c, dir, file, &s->id)) < 0) {
 		goto fail;
-	proto_get_u64(&r.m, "save", UINT64_MAX, &s->id, 1);
-	if ((e = lib_reply_end(c, &r, "SAVE_BEGIN")) < 0)
-		goto fail;
+	}
 	lib_conn_unlock(c);
 	lib_conn_ref(c);
 	s->c = c;
 	lib_entries_init(&s->es);
+	msgpack_sbuffer_init(&s->held);
+	msgpack_packer_init(&s->hpk, &s->held, msgpack_sbuffer_write);
 	*out = s;
 	return 0;
 
 fail:
 	lib_conn_unlock(c);
+	free(s->dir);
+	free(s->file);
 	free(s);
+	return e;
+}
+
+/* Opens a save of dir/file (SAVE_BEGIN). */
+int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const char *file,
+		      dsckpt_save_t **out)
+{
+	return dsckpt_save_begin_flags(c, dir, file, 0, out);
+}
+
+/* Sends a deferred save's SAVE_BEGIN, if not sent yet (lock held); a refusal breaks the
+ * save. */
+static int save_begun(dsckpt_save_t *s)
+{
+	if (!s->dir)
+		return 0;
+	int e = send_begin(s->c, s->dir, s->file, &s->id);
+	free(s->dir);
+	free(s->file);
+	s->dir = s->file = NULL;
+	if (e < 0)
+		s->state = SAVE_BROKEN;
 	return e;
 }
 
@@ -173,7 +227,34 @@ out:
 	return e;
 }
 
-/* Attaches a named blob: sent now, in pieces of at most BLOB_PIECE bytes. */
+/* Packs one blob map {name, data} (a piece of it) into pk. */
+static void pack_blob(msgpack_packer *pk, const char *name, const void *data, size_t len)
+{
+	msgpack_pack_map(pk, 2);
+	proto_kv_str(pk, "name", name);
+	proto_kv_bin(pk, "data", len ? data : (const void *)"", len);
+}
+
+/* Sends the held blobs in a SAVE_ADD of their own (lock held, the save begun). */
+static int send_held(dsckpt_save_t *s)
+{
+	struct proto_out o;
+
+	if (s->nheld == 0)
+		return 0;
+	lib_conn_frame(s->c, &o, PROTO_SAVE_ADD);
+	msgpack_pack_map(&o.pk, 2);
+	proto_kv_u64(&o.pk, "save", s->id);
+	proto_key(&o.pk, "blobs");
+	msgpack_pack_array(&o.pk, s->nheld);
+	msgpack_sbuffer_write(&o.sb, s->held.data, s->held.size);
+	s->nheld = 0;
+	s->held.size = 0;
+	return lib_entries_call(s->c, &o, "SAVE_ADD");
+}
+
+/* Attaches a named blob: held for the last request when small enough, else sent now (after
+ * the held ones, keeping their order), in pieces of at most BLOB_PIECE bytes. */
 int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t len)
 {
 	char why[LIB_ERRLEN];
@@ -196,6 +277,17 @@ int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t
 		e = lib_conn_fail(s->c, DSCKPT_ENOMEM, "out of memory");
 		goto out;
 	}
+	if (s->held.size + len <= BLOB_HELD) {
+		pack_blob(&s->hpk, name, data, len);
+		s->nheld++;
+		goto out;
+	}
+	if ((e = save_begun(s)) < 0)
+		goto out;
+	if ((e = send_held(s)) < 0) {
+		s->state = SAVE_BROKEN;   /* the daemon may hold some of the blobs */
+		goto out;
+	}
 	do {
 		struct proto_out o;
 		size_t n = len - off < BLOB_PIECE ? len - off : BLOB_PIECE;
@@ -204,9 +296,7 @@ int dsckpt_add_blob(dsckpt_save_t *s, const char *name, const void *data, size_t
 		proto_kv_u64(&o.pk, "save", s->id);
 		proto_key(&o.pk, "blobs");
 		msgpack_pack_array(&o.pk, 1);
-		msgpack_pack_map(&o.pk, 2);
-		proto_kv_str(&o.pk, "name", name);
-		proto_kv_bin(&o.pk, "data", n ? (const uint8_t *)data + off : (const void *)"", n);
+		pack_blob(&o.pk, name, (const uint8_t *)data + off, n);
 		if ((e = lib_entries_call(s->c, &o, "SAVE_ADD")) < 0) {
 			s->state = SAVE_BROKEN;   /* the daemon may hold part of the blob */
 			goto out;
@@ -247,9 +337,20 @@ static int save_send_plan(dsckpt_save_t *s)
 	return e;
 }
 
+/* Packs the held blobs, when there are any, into o. */
+static void pack_held(const dsckpt_save_t *s, struct proto_out *o)
+{
+	if (s->nheld == 0)
+		return;
+	proto_key(&o->pk, "blobs");
+	msgpack_pack_array(&o->pk, s->nheld);
+	msgpack_sbuffer_write(&o->sb, s->held.data, s->held.size);
+}
+
 /*
- * Hands the save to the daemon: the buffered tensors, then SAVE_END, with the event recorded
- * on the save's stream right before it when the save has GPU tensors.
+ * Hands the save to the daemon: the buffered tensors, then SAVE_END (or, for a deferred save
+ * that fits one frame, SAVE_BEGIN with end) with the rest of them and the held blobs, and the
+ * event recorded on the save's stream right before it when the save has GPU tensors.
  */
 int dsckpt_save_end(dsckpt_save_t *s)
 {
@@ -264,32 +365,51 @@ int dsckpt_save_end(dsckpt_save_t *s)
 		return DSCKPT_EINVAL;
 	if ((e = save_enter(s)) < 0)
 		goto out;
-	if ((e = lib_conn_sweep(s->c)) < 0 || (e = save_send_plan(s)) < 0 ||
-	    (e = lib_entries_send(s->c, &s->es, PROTO_SAVE_ADD, "save", s->id, &last)) < 0)
+	int whole = s->dir && lib_entries_fit(&s->es);   /* one SAVE_BEGIN does it all */
+	if ((e = lib_conn_sweep(s->c)) < 0 || (!whole && (e = save_begun(s)) < 0) ||
+	    (!whole && (e = save_send_plan(s)) < 0) ||
+	    (!whole && (e = lib_entries_send(s->c, &s->es, PROTO_SAVE_ADD, "save", s->id,
+					     &last)) < 0))
 		goto fail;
 	if (s->es.gpu >= 0 && (e = lib_cuda_record(s->c, s->es.gpu, s->es.gpu_ctx, s->stream,
 						   event, uuid)) < 0)
 		goto fail;
-	lib_conn_frame(s->c, &o, PROTO_SAVE_END);
-	msgpack_pack_map(&o.pk, (s->es.gpu >= 0 ? 3 : 1) + (last < s->es.n) + (s->plan != 0));
-	proto_kv_u64(&o.pk, "save", s->id);
+	uint32_t keys = (s->es.gpu >= 0 ? 2 : 0) + (last < s->es.n) + (s->plan != 0) +
+		(s->nheld != 0);
+	if (whole) {
+		lib_conn_frame(s->c, &o, PROTO_SAVE_BEGIN);
+		pack_begin(&o, s->dir, s->file, keys + 1);
+		proto_kv_bool(&o.pk, "end", 1);
+	} else {
+		lib_conn_frame(s->c, &o, PROTO_SAVE_END);
+		msgpack_pack_map(&o.pk, keys + 1);
+		proto_kv_u64(&o.pk, "save", s->id);
+	}
 	if (s->plan)
 		proto_kv_u64(&o.pk, "plan", s->plan);
 	lib_entries_pack_rest(&s->es, &o, last);
+	pack_held(s, &o);
 	if (s->es.gpu >= 0) {
 		proto_kv_bin(&o.pk, "event", event, sizeof(event));
 		proto_kv_bin(&o.pk, "uuid", uuid, sizeof(uuid));
 	}
 	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
 		goto fail;
+	if (whole)
+		proto_get_u64(&r.m, "save", UINT64_MAX, &s->id, 1);
 	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_COMMITTED, &level, 1);
-	if ((e = lib_reply_end(s->c, &r, "SAVE_END")) < 0)
+	if ((e = lib_reply_end(s->c, &r, whole ? "SAVE_BEGIN" : "SAVE_END")) < 0)
 		goto fail;
 	s->state = SAVE_ENDED;
 	goto out;
 fail:
 	s->state = SAVE_BROKEN;
 out:
+	if (s->dir && s->state != SAVE_OPEN) {   /* a deferred save whose request went */
+		free(s->dir);
+		free(s->file);
+		s->dir = s->file = NULL;
+	}
 	lib_conn_unlock(s->c);
 	return e;
 }
@@ -384,7 +504,7 @@ void dsckpt_save_free(dsckpt_save_t *s)
 	if (!s)
 		return;
 	lib_conn_lock(s->c);
-	if (s->state == SAVE_OPEN && lib_conn_alive(s->c)) {
+	if (s->state == SAVE_OPEN && !s->dir && lib_conn_alive(s->c)) {
 		/* Never handed over: let the daemon forget it now rather than at disconnect. */
 		struct proto_out o;
 		lib_conn_frame(s->c, &o, PROTO_SAVE_ABORT);
@@ -398,5 +518,8 @@ void dsckpt_save_free(dsckpt_save_t *s)
 	lib_entries_free(&s->es);
 	lib_names_free(&s->tnames);
 	lib_names_free(&s->bnames);
+	msgpack_sbuffer_destroy(&s->held);
+	free(s->dir);
+	free(s->file);
 	free(s);
 }

@@ -44,6 +44,30 @@ def test_bad_path_raises_with_code_name_and_message(conn):
     assert info.value.name == "EINVAL" and isinstance(info.value, ValueError)
 
 
+def test_deferred_save_refused_at_end(conn, daemon):
+    """A deferred save sends nothing until end(): the daemon's refusal comes from there, and
+    the same file then saves at once (nothing of the refused save is left)."""
+    s = conn.save("/etc/dsckpt-test", "rank0", defer=True)
+    s.add_blob("meta", b"x" * 100)
+    with pytest.raises(dsckpt.PermissionDenied) as info:
+        s.end()
+    assert "allowed root" in info.value.message
+    s.close()
+    d = os.path.join(daemon.root, "job", "deferred")
+    a = np.arange(64, dtype=np.uint8)
+    s = conn.save(d, "rank0", defer=True)
+    s.add_array("w", a)
+    s.add_blob("meta", b"abc")
+    s.end()
+    assert s.wait(Level.DURABLE, 30) == Level.DURABLE
+    s.close()
+    with open(os.path.join(d, "rank0.safetensors"), "rb") as f:
+        raw = f.read()
+    hlen = int.from_bytes(raw[:8], "little")
+    begin, end = json.loads(raw[8:8 + hlen])["w"]["data_offsets"]
+    assert raw[8 + hlen + begin:8 + hlen + end] == a.tobytes()
+
+
 def test_bad_file_name_and_dtype(conn, daemon):
     d = os.path.join(daemon.root, "job", "t")
     with pytest.raises(dsckpt.DsckptError) as info:

@@ -342,7 +342,7 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any, dir: str,
     except Exception as e:  # noqa: BLE001 - whatever a proof trips on: walk instead
         log.debug("dsckpt: cached hand-over of %s not usable: %r", file, e)
         return None
-    s = conn.save(dir, file)
+    s = conn.save(dir, file, defer=True)
     try:
         resent, keep = entry.add(s, found[0])
         s.add_blob(_blob.BLOB, blob)
@@ -363,7 +363,7 @@ def _cold(conn: Connection, c: _Cache, state_dict: Any, dir: str, file: str) -> 
     flat.walk(state_dict, "")
     made = _entry(conn, flat, state_dict, file)
     c.replace(file, made[0] if made is not None else None)
-    s = conn.save(dir, file)
+    s = conn.save(dir, file, defer=True)
     try:
         if made is not None:
             entry, tensors, leaves = made

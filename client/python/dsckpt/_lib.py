@@ -49,6 +49,7 @@ _SIGNATURES = {
     "dsckpt_last_cause": (_i, [_vp]),
     "dsckpt_seal": (_i, [_vp, _cp]),
     "dsckpt_save_begin": (_i, [_vp, _cp, _cp, ctypes.POINTER(_vp)]),
+    "dsckpt_save_begin_flags": (_i, [_vp, _cp, _cp, ctypes.c_uint, ctypes.POINTER(_vp)]),
     "dsckpt_add_tensor": (_i, [_vp, _cp, _cp, ctypes.POINTER(ctypes.c_int64), _i, _vp, _sz]),
     "dsckpt_add_tensors": (_i, [_vp, _vp, _sz, ctypes.POINTER(_sz)]),
     "dsckpt_plan_create": (_i, [_vp, _vp, _sz, ctypes.POINTER(_vp)]),

@@ -204,11 +204,15 @@ class Connection(_Handle):
                                                int(rank), int(world_size)))
         self.job, self.rank, self.world_size = job, int(rank), int(world_size)
 
-    def save(self, dir: str, file: str) -> "Save":
-        """Opens a save of ``dir/file.safetensors`` (+ ``.meta`` when blobs are added)."""
+    def save(self, dir: str, file: str, defer: bool = False) -> "Save":
+        """Opens a save of ``dir/file.safetensors`` (+ ``.meta`` when blobs are added).
+        ``defer``: the daemon hears of the save with its first request, at best one at
+        :meth:`Save.end` for the whole save; what it refuses at the start (the directory,
+        limits, a file being saved) is then raised by that call instead of this one."""
         out = ctypes.c_void_p()
-        self._check(_lib.lib().dsckpt_save_begin(self._handle(), _encode(dir, "dir"),
-                                                 _encode(file, "file"), ctypes.byref(out)))
+        self._check(_lib.lib().dsckpt_save_begin_flags(
+            self._handle(), _encode(dir, "dir"), _encode(file, "file"), 1 if defer else 0,
+            ctypes.byref(out)))
         return Save(self, out.value, str(dir), str(file))
 
     def plan(self, tensors: Union[Iterable[TensorSpec], PackedTensors]) -> Plan:
@@ -411,7 +415,8 @@ class Save(_Handle):
         self.add_tensor(name, dtype, array.shape, array.ctypes.data, array.nbytes)
 
     def add_blob(self, name: str, data: BytesLike) -> None:
-        """Attaches an opaque named blob (copied now), stored in ``file.meta``."""
+        """Attaches an opaque named blob (copied now), stored in ``file.meta``; blobs of up
+        to 1 MiB in all go with :meth:`end`'s request."""
         data = bytes(data)
         self.conn._check(_lib.lib().dsckpt_add_blob(self._handle(), _encode(name, "blob name"),
                                                     data, len(data)))
