@@ -8,7 +8,7 @@ before every save as a trainer does (new dicts, new detached tensor objects, an 
 changes). A micro-benchmark, not a test: it prints, it asserts only that warm saves were warm.
 
   python3 tests/python/bench_handover.py [--tensors 1556] [--saves 20] [--device cpu|cuda]
-                                         [--socket PATH] [--root DIR]
+                                         [--socket PATH] [--root DIR] [--parts]
 
 Weights and optimizer states are views of three buffers (as a caching allocator's segments):
 dsckpt host memory (dsckpt.torch.host_empty) on the CPU, torch.randn on a GPU; the step
@@ -16,7 +16,10 @@ scalars are pageable CPU tensors, as AdamW makes them. Without --socket a daemon
 from $DSCKPTD (default build/dsckptd) on a scratch directory by tests/python/conftest.py
 (which imports pytest); with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
 before the next (what a trainer does before its optimizer step), outside the timed call.
-Run with PYTHONPATH=client/python (and DSCKPT_LIB when the library is not found by itself).
+With --parts, the steps of a warm save call are timed too (proving the structure, the
+blob, each library call: the daemon's part is in the calls that wait for a reply) and their
+medians printed. Run with PYTHONPATH=client/python (and DSCKPT_LIB when the library is not
+found by itself).
 """
 import argparse
 import collections
@@ -32,6 +35,35 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 
 import dsckpt  # noqa: E402
 import dsckpt.torch as dt  # noqa: E402
+from dsckpt import _handover, core  # noqa: E402
+
+# What --parts times: (label, owner, attribute), each a step of a warm save call.
+PARTS = [("match containers", _handover.Shape, "match"),
+         ("prove tensors", _handover._Tensors, "hold"),
+         ("pickle leaves", _handover, "dump_leaves"),
+         ("blob", _handover._blob, "dump"),
+         ("SAVE_BEGIN", core.Connection, "save"),
+         ("stage + add_plan", _handover._Entry, "add"),
+         ("add_blob", core.Save, "add_blob"),
+         ("set_stream", core.Save, "set_stream"),
+         ("SAVE_END", core.Save, "end")]
+
+
+def time_parts():
+    """Wraps each of PARTS to record its seconds; returns {label: [seconds]}."""
+    times = {label: [] for label, _, _ in PARTS}
+
+    def wrap(label, fn):
+        def timed(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                times[label].append(time.perf_counter() - t0)
+        return timed
+    for label, owner, attr in PARTS:
+        setattr(owner, attr, wrap(label, getattr(owner, attr)))
+    return times
 
 
 def make_state(nparams, device):
@@ -83,7 +115,9 @@ def main(argv):
     p.add_argument("--device", default="cpu")
     p.add_argument("--socket")
     p.add_argument("--root")
+    p.add_argument("--parts", action="store_true", help="time the steps of warm saves too")
     a = p.parse_args(argv)
+    parts = time_parts() if a.parts else None
     daemon = None
     if a.socket is None:
         sys.path.insert(0, HERE)
@@ -109,6 +143,10 @@ def main(argv):
     print(f"  warm save call  {statistics.median(warm):9.3f} ms median, "
           f"{min(warm):.3f} min, {max(warm):.3f} max  ({dict(hows)})")
     print(f"  cold / warm     {cold / statistics.median(warm):9.1f} x")
+    for label, secs in (parts or {}).items():
+        warm_secs = secs[1:a.saves]  # each step ran once per save (the first save: cold)
+        if warm_secs:
+            print(f"    {label:18s} {statistics.median(warm_secs) * 1e3:7.3f} ms median")
     return 0 if set(hows) == {"warm"} else 1
 
 
