@@ -62,6 +62,8 @@ LOADS = ((2, 1), (8, 0))  # (ranks, the dimension they shard on)
 JOB = "dcp-reshard"
 STEP = 1000
 T = 240
+# What the fork server the ranks are forked from imports once (none of it touches CUDA).
+PRELOAD = ["torch.distributed.checkpoint", "torch.distributed.tensor", "dsckpt.dcp"]
 
 
 def specs(mb):
@@ -179,7 +181,7 @@ def save_rank(rank, world, a, tags, out):
                "fs": lambda: dcp.FileSystemWriter(tags["fs"])}
     for kind, writer in writers.items():
         secs = timed(a.device, lambda: dcp.save(sd, storage_writer=writer()))
-        report(rank, out, f"save-{kind}", {"case": f"save {world}", "reader": kind,
+        report(rank, out, f"save-{kind}", {"case": f"save {world}", "backend": kind,
                                            "seconds": secs, "bytes": nbytes(a.mb)})
     conn.close()
 
@@ -197,13 +199,13 @@ def load_rank(rank, world, a, dim, tags, out):
             reader = readers[kind]()
             secs = timed(a.device, lambda: dcp.load(sd, storage_reader=reader))
             bad = mismatches(sd, rank, world, dim, a)
-            if kind == "dsckpt" and set(reader.sources.values()) != {"daemon"}:
+            if kind == "dsckpt" and set(reader.sources.values()) - {"daemon"}:
                 print(f"rank {rank}: not served by the daemon: {reader.sources}", flush=True)
                 bad += 1
             bad = torch.tensor([bad])
             dist.all_reduce(bad)
             prev = best.get(kind, {"seconds": math.inf, "equal": True})
-            best[kind] = {"case": f"{SAVERS}->{world} Shard({dim})", "reader": kind,
+            best[kind] = {"case": f"{SAVERS}->{world} Shard({dim})", "backend": kind,
                           "seconds": min(secs, prev["seconds"]), "bytes": nbytes(a.mb),
                           "equal": prev["equal"] and bad.item() == 0}
     for kind, result in best.items():
@@ -225,9 +227,9 @@ def run_all(a):
     tags = {k: os.path.join(a.root, JOB, f"{k}-{os.getpid()}") for k in ("dsckpt", "fs")}
     out = tempfile.mkdtemp(prefix="dcp-reshard.")
     try:
-        run_ranks(save_rank, SAVERS, a, tags, out, timeout=T, preload=["__main__"])
+        run_ranks(save_rank, SAVERS, a, tags, out, timeout=T, preload=PRELOAD)
         for world, dim in LOADS:
-            run_ranks(load_rank, world, a, dim, tags, out, timeout=T, preload=["__main__"])
+            run_ranks(load_rank, world, a, dim, tags, out, timeout=T, preload=PRELOAD)
         names = [f"save-{k}" for k in ("dsckpt", "fs")]
         names += [f"load{w}-{k}" for w, _ in LOADS for k in ("dsckpt", "fs")]
         results = []
@@ -246,9 +248,9 @@ def summarize(a, results):
     where = torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu"
     print(f"dcp-reshard: torch {torch.__version__}, {where}, {nbytes(a.mb) / 2**20:.0f} MiB "
           f"in {len(specs(a.mb))} tensors, best of {a.repeat}")
-    print(f"  {'case':<16} {'reader':<7} {'seconds':>8} {'GB/s':>7}  values")
+    print(f"  {'case':<16} {'backend':<7} {'seconds':>8} {'GB/s':>7}  values")
     for r in results:
-        print(f"  {r['case']:<16} {r['reader']:<7} {r['seconds']:8.3f} {r['gbps']:7.2f}  "
+        print(f"  {r['case']:<16} {r['backend']:<7} {r['seconds']:8.3f} {r['gbps']:7.2f}  "
               f"{verdict(r)}")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "dcp-reshard.json"), "w") as f:
