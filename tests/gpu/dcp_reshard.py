@@ -19,7 +19,8 @@ takes a gloo-only group for device type "cuda" once each process has picked its 
 (torch.cuda.set_device(0) before init_device_mesh), and the DTensors are built with
 DTensor.from_local(..., run_check=False), so no collective ever touches a CUDA tensor: DCP's
 own collectives carry pickled objects on the CPU (gloo), and the timings are gathered as CPU
-tensors. Torch >= 2.4 (DTensor in torch.distributed.tensor, dsckpt.dcp).
+tensors. The ranks are forked from a fork server that imported torch, DCP and dsckpt but never
+touched CUDA (each rank starts CUDA itself). Torch >= 2.4 (torch.distributed.tensor, dsckpt.dcp).
 
 Prints one line per load (seconds, max over ranks, and GB/s of the whole state), then a table;
 writes $OUT/dcp-reshard.json when OUT is set. Exit status: 0 all equal, 1 otherwise, 77 skipped
