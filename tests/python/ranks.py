@@ -18,14 +18,19 @@ def _entry(rank, world, rendezvous, fn, args):
         dist.destroy_process_group()
 
 
-def run_ranks(fn, world, *args, timeout=120):
+def run_ranks(fn, world, *args, timeout=120, preload=()):
     """Spawns world processes running fn; re-raises the first rank's exception; kills all
-    of them when they do not finish within timeout seconds (a hang fails, not blocks)."""
+    of them when they do not finish within timeout seconds (a hang fails, not blocks).
+    preload: modules a fork server imports once for every later call's ranks (forked from
+    it, they start in a fraction of the time each spawned one takes to import torch)."""
+    if preload:
+        mp.set_forkserver_preload(list(preload))
     fd, rendezvous = tempfile.mkstemp(prefix="dsckpt-rdzv.")
     os.close(fd)
     os.unlink(rendezvous)  # init_method=file:// wants a path nobody uses yet
     ctx = mp.start_processes(_entry, args=(world, rendezvous, fn, args), nprocs=world,
-                             join=False, start_method="spawn")
+                             join=False,
+                             start_method="forkserver" if preload else "spawn")
     deadline = time.monotonic() + timeout
     try:
         while not ctx.join(timeout=1):
