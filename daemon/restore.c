@@ -8,7 +8,7 @@
  * resident copy when it is still there; otherwise it first takes a free cache chunk (so that
  * a claimed piece always owns memory, as in engine.c) and reads the piece into it: from the
  * page cache when the whole piece is there (preadv2 RWF_NOWAIT on the buffered descriptor),
- * else with O_DIRECT. It then queues the writes of every destination the piece holds
+ * else with O_DIRECT (at once when cachestat says none of it is cached). It then queues the writes of every destination the piece holds
  * (copier_write: pwrite into a memfd, or a host-to-device copy on its own stream), hashes the
  * destinations' bytes while those copies run, waits for them and gives the chunk back.
  *
@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <uv.h>
@@ -180,6 +181,23 @@ static ssize_t read_full(int fd, uint8_t *buf, size_t len, uint64_t off, int fla
 	return (ssize_t)got;
 }
 
+#ifndef __NR_cachestat
+#define __NR_cachestat 451	/* Linux 6.5 on every architecture; older kernels: ENOSYS */
+#endif
+
+/* Whether any page of [off, off + len) of fd is in the page cache: 1, 0, or -1 when the
+ * kernel cannot tell (before Linux 6.5). Asked so that a cold piece goes to O_DIRECT without
+ * first trying the page cache, which starts readahead of the very bytes O_DIRECT then reads. */
+static int any_cached(int fd, uint64_t off, uint64_t len)
+{
+	struct { uint64_t off, len; } range = {off, len};
+	struct { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recent; } cs;
+
+	if (syscall(__NR_cachestat, fd, &range, &cs, 0) < 0)
+		return -1;
+	return cs.nr_cache > 0;
+}
+
 /* Reads piece p of the file into chunk: from the page cache when the whole piece is there,
  * else the rest with O_DIRECT; 0 or a negative ERR_E* with err. */
 static int read_piece(struct restore_job *j, uint64_t p, uint8_t *chunk, char *err,
@@ -189,7 +207,8 @@ static int read_piece(struct restore_job *j, uint64_t p, uint8_t *chunk, char *e
 	ssize_t got = 0;
 
 	if (j->r.dfd >= 0) {
-		got = read_full(j->r.fd, chunk, len, off, RWF_NOWAIT);
+		if (any_cached(j->r.fd, off, len) != 0)
+			got = read_full(j->r.fd, chunk, len, off, RWF_NOWAIT);
 		if (got < (ssize_t)len) {
 			/* Not all cached: the rest from the disk, aligned, past the page cache. */
 			uint64_t from = got > 0 ? (uint64_t)got & ~(uint64_t)(DIRECT_ALIGN - 1) : 0;
