@@ -244,7 +244,7 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	memset(t, 0, sizeof(*t));
 	if (!(t->name = strdup(name)))
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-	snprintf(t->dtype, sizeof(t->dtype), "%s", dtype);
+	memcpy(t->dtype, dtype, strnlen(dtype, sizeof(t->dtype) - 1));	/* a known name */
 	memcpy(t->shape, shape, ndim * sizeof(*shape));
 	t->ndim = ndim;
 	t->nbytes = nbytes;
