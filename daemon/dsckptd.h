@@ -697,6 +697,8 @@ uint64_t tensors_bytes(const struct tensors *tl);
 int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 		const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		uint64_t nbytes, char *err, size_t errlen);
+/* Makes room for more entries at once; -1 without memory (adding still works). */
+int tensors_reserve(struct tensors **tlp, size_t more);
 /* Appends from's entries to *tlp: an empty *tlp becomes a reference to from (*shared set:
  * the caller holds references of its own to from's sources, see tensors_sources_ref). */
 int tensors_append(struct tensors **tlp, struct tensors *from, int *shared, char *err,
@@ -724,6 +726,8 @@ struct plan *plan_find(uint64_t client, uint64_t id);
 struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char *err,
 		       size_t errlen);
 /* Adds a tensor to a plan (checked as a save's are); negative ERR_E* with err. */
+/* Makes room for n more tensors at once (best effort). */
+void plan_reserve(struct plan *p, size_t n);
 int plan_add_tensor(struct plan *p, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen);
@@ -767,6 +771,8 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 		    uint64_t nbytes, char *err, size_t errlen);
 /* Adds a plan's tensors (see tensors_append); negative ERR_E* with err. */
 int save_add_plan(struct save *s, struct tensors *plan, char *err, size_t errlen);
+/* Makes room for n more tensors at once (best effort: a frame's batch). */
+void save_reserve(struct save *s, size_t n);
 /* Appends to a named blob. */
 int save_add_blob(struct save *s, const char *name, const void *data, size_t len, char *err,
 		  size_t errlen);

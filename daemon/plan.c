@@ -56,6 +56,12 @@ struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char 
 	return p;
 }
 
+/* Makes room for n more tensors at once (best effort). */
+void plan_reserve(struct plan *p, size_t n)
+{
+	tensors_reserve(&p->tl, n);
+}
+
 /* Adds a tensor to a plan (checked as a save's are); 0 or a negative ERR_E* with err. */
 int plan_add_tensor(struct plan *p, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,

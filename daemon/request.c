@@ -258,6 +258,8 @@ static int add_entries(struct client *c, struct save *s, struct proto_map *m, ch
 	proto_get_array(m, "blobs", &blobs, REQUEST_MAX_ENTRIES, 0);
 	if (!m->err && has_plan > 0)
 		rc = add_plan(c, s, plan, err, errlen);
+	if (!m->err && rc == 0 && tensors && tensors->size > 1)
+		save_reserve(s, tensors->size);
 	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++)
 		rc = add_tensor(c, s, &tensors->ptr[i], m, err, errlen);
 	for (uint32_t i = 0; !m->err && blobs && i < blobs->size && rc == 0; i++)

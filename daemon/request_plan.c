@@ -24,6 +24,8 @@ void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_
 		return request_error(c, h, rc, "%s", err);
 	}
 	struct plan *p = plan_open(client_id(c), client_uid(c), id, &rc, err, sizeof(err));
+	if (p && rc >= 0)
+		plan_reserve(p, tensors->size);
 	for (uint32_t i = 0; i < tensors->size; i++) {
 		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
 			break;

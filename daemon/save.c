@@ -301,6 +301,15 @@ int save_add_tensor(struct save *s, const char *name, const char *dtype,
 	return rc;
 }
 
+/* Makes room for n more tensors at once (best effort). */
+void save_reserve(struct save *s, size_t n)
+{
+	const struct tensors *before = s->tl;
+
+	tensors_reserve(&s->tl, n);
+	save_added(s, before);
+}
+
 /* Adds a plan's tensors to an open save (the first ones: by sharing its list). */
 int save_add_plan(struct save *s, struct tensors *plan, char *err, size_t errlen)
 {

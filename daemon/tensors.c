@@ -28,9 +28,9 @@
 
 /* One tensor as the client described it. */
 struct tensor_in {
+	uint64_t *shape;      /* one block with the name: ndim dimensions, then the name */
 	char *name;
 	char dtype[16];
-	uint64_t shape[PROTO_MAX_DIMS];
 	unsigned ndim;
 	uint64_t nbytes;
 	struct source *src;   /* NULL once tensors_give took it */
@@ -89,7 +89,7 @@ void tensors_unref(struct tensors *tl)
 	if (!tl || --tl->refs > 0)
 		return;
 	for (size_t i = 0; i < tl->n; i++) {
-		free(tl->t[i].name);
+		free(tl->t[i].shape);
 		if (tl->sources_held && tl->t[i].src)
 			source_unref(tl->t[i].src);
 	}
@@ -134,6 +134,12 @@ static int names_grow(struct tensors *tl, size_t more)
 	return 0;
 }
 
+/* Bytes of a tensor's block: its dimensions, then its name. */
+static size_t in_block(unsigned ndim, const char *name)
+{
+	return ndim * sizeof(uint64_t) + strlen(name) + 1;
+}
+
 /* Makes *tlp a list only its holder reads and that holds its sources (a copy when shared
  * or forsaken: the caller holds the sources meanwhile); -1 when out of memory. */
 static int tensors_own(struct tensors **tlp)
@@ -151,11 +157,14 @@ static int tensors_own(struct tensors **tlp)
 		return -1;
 	}
 	for (; c->n < tl->n; c->n++) {
-		c->t[c->n] = tl->t[c->n];
-		if (!(c->t[c->n].name = strdup(tl->t[c->n].name))) {
+		const struct tensor_in *t = &tl->t[c->n];
+		c->t[c->n] = *t;
+		if (!(c->t[c->n].shape = malloc(in_block(t->ndim, t->name)))) {
 			tensors_unref(c);
 			return -1;
 		}
+		memcpy(c->t[c->n].shape, t->shape, in_block(t->ndim, t->name));
+		c->t[c->n].name = (char *)(c->t[c->n].shape + t->ndim);
 		if (c->t[c->n].src)
 			source_ref(c->t[c->n].src);
 	}
@@ -203,6 +212,27 @@ static int tensor_check(const char *name, const char *dtype, const uint64_t *sha
 	return 0;
 }
 
+/* Grows the list's room to more entries at once (a frame's batch: no copy or rehash per
+ * doubling); -1 when out of memory (tensors_add then grows it as it goes). */
+int tensors_reserve(struct tensors **tlp, size_t more)
+{
+	struct tensors *tl;
+
+	if (more > config->max_tensors_per_save || tensors_own(tlp) < 0)
+		return -1;
+	tl = *tlp;
+	if (names_grow(tl, more) < 0)
+		return -1;
+	if (tl->n + more > tl->cap) {
+		struct tensor_in *t = realloc(tl->t, (tl->n + more) * sizeof(*t));
+		if (!t)
+			return -1;
+		tl->t = t;
+		tl->cap = tl->n + more;
+	}
+	return 0;
+}
+
 /* Checks a tensor and appends it to *tlp (copied first when shared), taking a reference to
  * src; 0 or a negative ERR_E* with err (the list unchanged). */
 int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
@@ -242,10 +272,12 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	}
 	struct tensor_in *t = &tl->t[tl->n];
 	memset(t, 0, sizeof(*t));
-	if (!(t->name = strdup(name)))
+	size_t len = strlen(name) + 1;
+	if (!(t->shape = malloc(ndim * sizeof(*shape) + len)))
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
-	memcpy(t->dtype, dtype, strnlen(dtype, sizeof(t->dtype) - 1));	/* a known name */
 	memcpy(t->shape, shape, ndim * sizeof(*shape));
+	t->name = memcpy(t->shape + ndim, name, len);
+	memcpy(t->dtype, dtype, strnlen(dtype, sizeof(t->dtype) - 1));	/* a known name */
 	t->ndim = ndim;
 	t->nbytes = nbytes;
 	t->off = off;
