@@ -10,9 +10,10 @@ changes). A micro-benchmark, not a test: it prints, it asserts only that warm sa
   python3 tests/python/bench_handover.py [--tensors 1556] [--saves 20] [--device cpu|cuda]
                                          [--socket PATH] [--root DIR] [--parts]
 
-Weights and optimizer states are views of three buffers (as a caching allocator's segments):
-dsckpt host memory (dsckpt.torch.host_empty) on the CPU, torch.randn on a GPU; the step
-scalars are pageable CPU tensors, as AdamW makes them. Without --socket a daemon is started
+Weights and optimizer states have a storage each, as a model's do (--shared: views of one
+storage per kind): rows of three dsckpt host buffers (dsckpt.torch.host_empty) on the CPU,
+separate torch.randn tensors on a GPU (the caching allocator packs them into a few segments);
+the step scalars are pageable CPU tensors, as AdamW makes them. Without --socket a daemon is started
 from $DSCKPTD (default build/dsckptd) on a scratch directory by tests/python/conftest.py
 (which imports pytest); with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
 before the next (what a trainer does before its optimizer step), outside the timed call.
@@ -23,6 +24,7 @@ found by itself).
 """
 import argparse
 import collections
+import ctypes
 import os
 import statistics
 import sys
@@ -66,16 +68,34 @@ def time_parts():
     return times
 
 
-def make_state(nparams, device):
+def own_storages(pool):
+    """pool's rows, each a tensor with a storage of its own over the pool's memory (as a
+    model's parameters are: separate storages, packed into a few allocator segments)."""
+    rows = []
+    for row in pool.unbind(0):
+        raw = (ctypes.c_uint8 * (row.numel() * row.element_size())).from_address(row.data_ptr())
+        raw._pool = pool  # the memory lives as long as any row
+        rows.append(torch.frombuffer(raw, dtype=row.dtype).view(row.shape))
+    return rows
+
+
+def make_state(nparams, device, shared=False):
     """Weights and AdamW state for nparams parameters of 64 elements each (the tensor count
-    is the point, not the bytes), and a function that rebuilds the state dict."""
+    is the point, not the bytes), and a function that rebuilds the state dict. Each tensor
+    has a storage of its own, as a model's do (separate torch.randn calls on a GPU, which the
+    caching allocator packs into a few segments; rows of three dsckpt host buffers on the
+    CPU); shared: all rows of a kind views of one storage instead (the proof then checks
+    every storage offset too)."""
     if device == "cpu":  # one buffer per kind, as a caching allocator's segments
         pools = [dt.host_empty((nparams, 8, 8)).normal_() for _ in range(3)]
+        kinds = [list(p.unbind(0)) if shared else own_storages(p) for p in pools]
+    elif shared:
+        kinds = [list(torch.randn(nparams, 8, 8, device=device).unbind(0)) for _ in range(3)]
     else:
-        pools = [torch.randn(nparams, 8, 8, device=device) for _ in range(3)]
-    weights = list(pools[0].unbind(0))
+        kinds = [[torch.randn(8, 8, device=device) for _ in range(nparams)] for _ in range(3)]
+    weights = kinds[0]
     states = [{"step": torch.tensor(10.0), "exp_avg": m, "exp_avg_sq": v}
-              for m, v in zip(pools[1].unbind(0), pools[2].unbind(0))]
+              for m, v in zip(kinds[1], kinds[2])]
     lr = [1e-3]
 
     def state_dict():
@@ -116,6 +136,8 @@ def main(argv):
     p.add_argument("--socket")
     p.add_argument("--root")
     p.add_argument("--parts", action="store_true", help="time the steps of warm saves too")
+    p.add_argument("--shared", action="store_true",
+                   help="each kind of tensor a view of one storage, not a storage each")
     a = p.parse_args(argv)
     parts = time_parts() if a.parts else None
     daemon = None
@@ -126,7 +148,7 @@ def main(argv):
         a.socket, a.root = daemon.socket, daemon.root
     try:
         conn = dsckpt.Connection(a.socket, job="bench", rank=0, world_size=1)
-        times = run(conn, a.root, make_state(max(a.tensors // 4, 1), a.device), a.saves,
+        times = run(conn, a.root, make_state(max(a.tensors // 4, 1), a.device, a.shared), a.saves,
                     a.device)
         conn.close()
     finally:

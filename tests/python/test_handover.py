@@ -163,6 +163,24 @@ def test_staging_buffer_in_use_is_not_overwritten(daemon, conn):
     same(dt.load(d2, conn=conn), state)
 
 
+def test_offset_of_a_lone_view_stays_warm(daemon, conn):
+    """A tensor alone in its storage, now at the same address in another storage at another
+    offset: nothing the file or a load gives changes (a lone view is loaded the same at any
+    offset), so the save stays warm and loads equal."""
+    state = gpt_like()
+    save(conn, daemon.root, "o0", fresh(state))
+    s = fresh(state)
+    w = s["optim"]["state"][1]["exp_avg"]
+    other = (ctypes.c_uint8 * (w.numel() * 4 + 64)).from_address(w.data_ptr() - 64)
+    moved = torch.frombuffer(other, dtype=torch.float32)[16:].view(w.shape)
+    assert (moved.data_ptr(), moved.storage_offset()) == (w.data_ptr(), 16) != \
+        (w.data_ptr(), w.storage_offset())
+    s["optim"]["state"][1]["exp_avg"] = moved
+    d, h = save(conn, daemon.root, "o1", s)
+    assert h.handover == "warm", h.handover
+    same(dt.load(d, conn=conn), s)
+
+
 @pytest.mark.parametrize("change", ["add key", "remove key", "dtype", "shape", "pointer",
                                     "requires_grad", "parameter", "same object twice",
                                     "offset", "leaf tensor", "leaf type", "container"])

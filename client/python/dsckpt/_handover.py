@@ -53,16 +53,23 @@ def _pattern(objs) -> List[int]:
     return list(map(first.setdefault, map(id, objs), itertools.count()))
 
 
+class _Sub(torch.Tensor):
+    """A tensor subclass, for the probe."""
+
+
 def _probe_guards():
-    """torch's C++ TensorGuards (torch >= 2.1, private) when it checks dtype, shape, stride,
-    requires_grad and device the way _Tensors needs; None otherwise (lists are compared)."""
+    """torch's C++ TensorGuards (torch >= 2.1, private) when it checks type, dtype, shape,
+    stride, requires_grad and device the way _Tensors needs; None otherwise (lists are
+    compared)."""
     try:
         from torch._C._dynamo.guards import TensorGuards
         a = torch.zeros(2, 3)
         g = TensorGuards(a, dynamic_dims_sizes=[[2, 3]], dynamic_dims_strides=[[3, 1]])
         ok = g.check(torch.ones(2, 3)) and not any(g.check(t) for t in (
             torch.zeros(2, 3, dtype=torch.float64), torch.zeros(3, 2), torch.zeros(3, 2).t(),
-            torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3, device="meta")))
+            torch.zeros(2, 3, requires_grad=True), torch.zeros(2, 3, device="meta"),
+            torch.nn.Parameter(torch.zeros(2, 3), requires_grad=False),
+            torch.zeros(2, 3).as_subclass(_Sub)))
         return TensorGuards if ok else None
     except Exception:  # noqa: BLE001 - absent or changed: compare lists instead
         return None
@@ -82,13 +89,18 @@ def _guard_class():
 
 class _Tensors:
     """What the file and its blob take from each tensor of a state dict, in Shape order:
-    type, pointer, storage offset, dtype, shape, stride, requires_grad; which places hold
-    the same object; the device of those without memory (pointer 0)."""
+    type, pointer, dtype, shape, stride, requires_grad, and the storage offset of those
+    whose storage another view shares (shared: the places whose blob records their offset
+    relative to other views; a view alone in its storage is loaded the same at any
+    offset); which places hold the same object; the device of those without memory
+    (pointer 0)."""
 
-    def __init__(self, tensors: List[torch.Tensor]):
+    def __init__(self, tensors: List[torch.Tensor], shared: List[bool]):
         self.types = list(map(type, tensors))
         self.ptrs = list(map(_T.data_ptr, tensors))
-        self.offsets = list(map(_T.storage_offset, tensors))
+        self.offset_mask = shared
+        self.offset_all = all(shared)
+        self.offsets = list(map(_T.storage_offset, compress(tensors, shared)))
         guard = _guard_class()
         # TensorGuards refuses one object twice: it checks each object's first place (the
         # places that hold one object are checked below).
@@ -119,21 +131,33 @@ class _Tensors:
                 list(map(operator.attrgetter("requires_grad"), tensors)))
 
     def hold(self, tensors: List[torch.Tensor]) -> bool:
-        """Whether tensors (in Shape order) are what was recorded."""
-        if list(map(type, tensors)) != self.types or list(map(_T.data_ptr, tensors)) != self.ptrs:
+        """Whether tensors (in Shape order) are what was recorded. The guard checks each
+        object's type itself (a place holding the same object as another is checked by
+        the pattern below)."""
+        if list(map(_T.data_ptr, tensors)) != self.ptrs:
             return False
         if self.guard is not None:
             once = tensors if self.guard_all else compress(tensors, self.guard_mask)
             if not self.guard.check(*once):
                 return False
-        elif self._lists(tensors) != self.lists:
+        elif list(map(type, tensors)) != self.types or self._lists(tensors) != self.lists:
             return False
-        if list(map(_T.storage_offset, tensors)) != self.offsets:
+        shared = tensors if self.offset_all else compress(tensors, self.offset_mask)
+        if list(map(_T.storage_offset, shared)) != self.offsets:
             return False
         if self.dups and _pattern(compress(tensors, self.dup_mask)) != self.dup_pattern:
             return False
         return not self.zeros or \
             list(map(_zero_place, compress(tensors, self.zero_mask))) == self.zero_places
+
+
+def _shared_storage(flat: _Flattener, tensors: List[torch.Tensor]) -> List[bool]:
+    """For each tensor (Shape order) of a walked state dict: whether its view shares its
+    storage with another view (its group in the blob has several)."""
+    members = collections.Counter(v["group"] for v in flat.views)
+    group_of = [flat.views[flat.entries[flat.by_object[id(t)]]["view"]]["group"]
+                for t in tensors]
+    return [members[g] > 1 for g in group_of]
 
 
 class _Handing:
@@ -192,7 +216,7 @@ class _Entry:
     def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
                  tensors: List[torch.Tensor]):
         self.shape = shape
-        self.proof = _Tensors(tensors)
+        self.proof = _Tensors(tensors, _shared_storage(flat, tensors))
         self.ntensors = len(flat.views)
         self.nbytes = flat.nbytes
         self.tables = _blob.dump_tables(flat.views, flat.entries)
