@@ -394,8 +394,12 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 	copier_fence(cp, j->r.fence);
 	for (uint64_t s = 0; s < len && rc == 0; s += step) {
 		uint64_t n = len - s < step ? len - s : step;
-		if (!data)
-			rc = read_range(j, start + s, n, chunk + s, cached, err, errlen);
+		if (!data) {
+			/* A step none of whose pages is cached: O_DIRECT, starting no readahead. */
+			int hit = cached && (j->r.dfd < 0 || n == len ||
+					     any_cached(j->r.fd, j->r.data_start + start + s, n) != 0);
+			rc = read_range(j, start + s, n, chunk + s, hit, err, errlen);
+		}
 		if (rc == 0)
 			rc = fill_step(cp, j, o, start, start + len, start + s, start + s + n,
 				       data ? data : chunk, &bytes, err, errlen);
