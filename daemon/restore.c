@@ -4,28 +4,29 @@
  *
  * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned offsets (the same
  * pieces a save wrote, so a resident copy is indexed the same way); only pieces that hold a
- * destination are visited. restore_submit groups them into units: runs of adjacent pieces
- * with a destination crossing every boundary inside, at most UNIT_MAX long (so that a long
- * tensor still spreads over threads). Units are claimed in ascending order, each by one
- * thread that goes through its pieces in order. A piece comes from the job's pinned resident
- * copy when it is still there; otherwise from a cache chunk the thread holds: it takes one
- * before claiming a unit that needs one (so that a claimed unit always owns memory, as in
- * engine.c) and reuses it piece after piece. A piece is read from the page cache when it is
- * there (preadv2 RWF_NOWAIT on the buffered descriptor), else with O_DIRECT (at once, whole,
- * when cachestat says none of it is cached). A cached piece is read STEP bytes at a time, and
- * each step is written out (copier_write: pwrite into a memfd, or a host-to-device copy on
- * the thread's stream) and hashed while it is still in the CPU's cache.
+ * destination are visited. restore_submit groups them into units: runs of adjacent pieces with
+ * a destination crossing every boundary inside, at most UNIT_MAX long (so that a long tensor
+ * still spreads over threads; a whole resident copy, hashed from DRAM anyway, has units of one
+ * piece). Units are claimed in ascending order, each by one thread that goes through its pieces
+ * in order. A piece comes from the job's pinned resident copy when it is still there; otherwise
+ * from a cache chunk the thread holds: it takes one before claiming a unit that needs one (so
+ * that a claimed unit always owns memory, as in engine.c) and reuses it piece after piece. A
+ * piece is read from the page cache when it is there (preadv2 RWF_NOWAIT on the buffered
+ * descriptor), else with O_DIRECT (at once, whole, when cachestat says none of it is cached). A
+ * cached piece is read STEP bytes at a time, and each step is written out (copier_write: pwrite
+ * into a memfd, or a host-to-device copy on the thread's stream) and hashed while it is still
+ * in the CPU's cache.
  *
- * Checksums: a tensor's XXH3-64 streams over its bytes in order, but no thread waits for
- * that order. A thread hashes a tensor's bytes in a step when every earlier byte is hashed;
- * a part (a tensor's bytes in one piece) whose earlier bytes are not hashed by its end is
- * left in the tensor's slot for that piece, and whichever thread hashes the part before it
- * goes on with it. Inside a unit every tensor is hashed in order by its own thread; only a
- * tensor coming in from the unit before (at a UNIT_MAX cap) can be left in slots. A piece's
- * chunk is free once its copies are done and its last part is hashed (a count per piece);
- * the unit's thread then takes it back for its next piece, or a free one from the cache if
- * one is free at once, else waits for its own to be free. A tensor whose last part is hashed
- * is compared with the header's checksum.
+ * Checksums: a tensor's XXH3-64 streams over its bytes in order, but no thread waits for that
+ * order. A thread hashes a tensor's bytes in a step when every earlier byte is hashed; a part
+ * (a tensor's bytes in one piece) whose earlier bytes are not hashed by its end is left in the
+ * tensor's slot for that piece, and whichever thread hashes the part before it goes on with it.
+ * Inside a unit every tensor is hashed in order by its own thread; only a tensor coming in from
+ * the unit before (at a UNIT_MAX cap, or from the piece before in a resident copy, which holds
+ * no chunk) can be left in slots. A piece's chunk is free once its copies are done and its last
+ * part is hashed (a count per piece); the unit's thread then takes it back for its next piece,
+ * or a free one from the cache if one is free at once, else waits for its own to be free. A
+ * tensor whose last part is hashed is compared with the header's checksum.
  *
  * No deadlock: the only wait for memory holding a claim is that wait for a chunk of the
  * thread's own unit, whose parts left in slots wait only on earlier units. The lowest
@@ -637,16 +638,17 @@ static int crossed(const struct restore_job *j, uint64_t o)
 }
 
 /* Cuts pieces into units: runs of adjacent pieces, a destination crossing every boundary
- * inside, at most UNIT_MAX long; -1 without memory. */
+ * inside, at most UNIT_MAX long; -1 without memory. A whole resident copy is hashed from
+ * DRAM either way: its units are single pieces, spread over every thread. */
 static int plan_units(struct restore_job *j)
 {
-	uint64_t n = 0;
+	uint64_t n = 0, max = j->r.res && resident_held(j->r.res) >= j->r.data_len ? 1 : UNIT_MAX;
 
 	j->units = malloc((j->npieces + 1) * sizeof(*j->units));
 	if (!j->units)
 		return -1;
 	for (uint64_t o = 0; o < j->npieces; o++)
-		if (o == 0 || o - j->units[n - 1] == UNIT_MAX || !crossed(j, o))
+		if (o == 0 || o - j->units[n - 1] == max || !crossed(j, o))
 			j->units[n++] = o;
 	j->units[n] = j->npieces;
 	j->nunits = n;
