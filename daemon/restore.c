@@ -218,18 +218,20 @@ static int any_cached(int fd, uint64_t off, uint64_t len)
 }
 
 /* Reads len bytes at data offset at (4096-aligned) into buf (aligned): from the page cache
- * when they are all there (cached: whether to try), else the rest with O_DIRECT; 0 or a
- * negative ERR_E* with err. */
+ * when they are all there (cached: whether to try), else the rest with O_DIRECT; 0, 1 when
+ * the disk was read, or a negative ERR_E* with err. */
 static int read_range(struct restore_job *j, uint64_t at, uint64_t len, uint8_t *buf,
 		      int cached, char *err, size_t errlen)
 {
 	uint64_t off = j->r.data_start + at;
 	ssize_t got = 0;
+	int disk = 0;
 
 	if (j->r.dfd >= 0) {
 		if (cached)
 			got = read_full(j->r.fd, buf, len, off, RWF_NOWAIT);
 		if (got < (ssize_t)len) {
+			disk = 1;
 			/* Not all cached: the rest from the disk, aligned, past the page cache. */
 			uint64_t from = got > 0 ? (uint64_t)got & ~(uint64_t)(DIRECT_ALIGN - 1) : 0;
 			uint64_t want = (len - from + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
@@ -245,7 +247,7 @@ static int read_range(struct restore_job *j, uint64_t at, uint64_t len, uint8_t 
 	if ((uint64_t)got < len)
 		return seterr(err, errlen, ERR_EIO, "%s: the file ends at byte %llu, inside its data",
 			      j->r.path, (unsigned long long)(off + (uint64_t)got));
-	return 0;
+	return disk;
 }
 
 /* First destination ending after data offset start (d is sorted by begin and, as the
@@ -393,13 +395,17 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 		step = cached ? STEP : len;	/* a cold piece: one O_DIRECT read */
 	}
 	copier_fence(cp, j->r.fence);
-	for (uint64_t s = 0; s < len && rc == 0; s += step) {
-		uint64_t n = len - s < step ? len - s : step;
+	for (uint64_t s = 0, n; s < len && rc == 0; s += n) {
+		n = len - s < step ? len - s : step;
 		if (!data) {
 			/* A step none of whose pages is cached: O_DIRECT, starting no readahead. */
 			int hit = cached && (j->r.dfd < 0 || n == len ||
 					     any_cached(j->r.fd, j->r.data_start + start + s, n) != 0);
 			rc = read_range(j, start + s, n, chunk + s, hit, err, errlen);
+			if (rc == 1) {
+				step = len;	/* the disk again: the rest in one O_DIRECT read */
+				rc = 0;
+			}
 		}
 		if (rc == 0)
 			rc = fill_step(cp, j, o, start, start + len, start + s, start + s + n,
