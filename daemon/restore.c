@@ -4,27 +4,40 @@
  *
  * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned offsets (the same
  * pieces a save wrote, so a resident copy is indexed the same way); only pieces that hold a
- * destination are visited, in ascending order. A thread takes a piece from the job's pinned
- * resident copy when it is still there; otherwise it first takes a free cache chunk (so that
- * a claimed piece always owns memory, as in engine.c) and reads the piece into it: from the
- * page cache when the whole piece is there (preadv2 RWF_NOWAIT on the buffered descriptor),
- * else with O_DIRECT (at once when cachestat says none of it is cached). It then queues the writes of every destination the piece holds
- * (copier_write: pwrite into a memfd, or a host-to-device copy on its own stream), hashes the
- * destinations' bytes while those copies run, waits for them and gives the chunk back.
+ * destination are visited. restore_submit groups them into units: runs of adjacent pieces with
+ * a destination crossing every boundary inside, at most UNIT_MAX long (so that a long tensor
+ * still spreads over threads; a whole resident copy, hashed from DRAM anyway, has units of one
+ * piece). Units are claimed in ascending order, each by one thread that goes through its pieces
+ * in order. A piece comes from the job's pinned resident copy when it is still there; otherwise
+ * from a cache chunk the thread holds: it takes one before claiming a unit that needs one (so
+ * that a claimed unit always owns memory, as in engine.c) and reuses it piece after piece. A
+ * piece is read from the page cache when it is there (preadv2 RWF_NOWAIT on the buffered
+ * descriptor), else with O_DIRECT (at once, whole, when cachestat says none of it is cached). A
+ * cached piece is read STEP bytes at a time, and each step is written out (copier_write: pwrite
+ * into a memfd, or a host-to-device copy on the thread's stream) and hashed while it is still
+ * in the CPU's cache.
  *
- * Checksums: a tensor's XXH3-64 streams over its bytes in order, but no thread waits for
- * that order. A tensor's part in a piece is hashed at once when every earlier part is;
- * otherwise it is left in the tensor's slot for that piece, and whichever thread hashes the
- * part before it goes on with it. A piece's chunk goes back to the cache once its copies are
- * done and its last part is hashed (a count per piece), so a tensor's parts are hashed one
- * after another while different tensors are hashed on every thread at once. A tensor whose
- * last part is hashed is compared with the header's checksum. No deadlock: the first
- * unhashed part of every tensor lies in a claimed piece, which owns its memory (claimed
- * only after its chunk was taken) and whose thread hashes it.
+ * Checksums: a tensor's XXH3-64 streams over its bytes in order, but no thread waits for that
+ * order. A thread hashes a tensor's bytes in a step when every earlier byte is hashed; a part
+ * (a tensor's bytes in one piece) whose earlier bytes are not hashed by its end is left in the
+ * tensor's slot for that piece, and whichever thread hashes the part before it goes on with it.
+ * Inside a unit every tensor is hashed in order by its own thread; only a tensor coming in from
+ * the unit before (at a UNIT_MAX cap, or from the piece before in a resident copy, which holds
+ * no chunk) can be left in slots. A piece's chunk is free once its copies are done and its last
+ * part is hashed (a count per piece); the unit's thread then takes it back for its next piece,
+ * or a free one from the cache if one is free at once, else waits for its own to be free. A
+ * tensor whose last part is hashed is compared with the header's checksum.
+ *
+ * No deadlock: the only wait for memory holding a claim is that wait for a chunk of the
+ * thread's own unit, whose parts left in slots wait only on earlier units. The lowest
+ * unfinished unit never leaves a part in a slot (every earlier byte is hashed: earlier units
+ * are done, and a part left in a slot is hashed as soon as the part before it is), so its
+ * thread never waits; it finishes, and the next unit becomes the lowest.
  *
  * Lock order: R.lock, then resident.c's lock (resident_piece), the cache's lock (cache_put)
  * or R.post_lock; nothing here is called with either of the first two held. R.lock guards the
- * job list, every job field marked (L) and stop; post_lock the finished queue.
+ * job list, every job field marked (L) and stop; post_lock the finished queue. held_cv is
+ * told when a piece's holds fall to one and when a job fails.
  */
 #include "dsckptd.h"
 
@@ -39,6 +52,8 @@
 #include <xxh_x86dispatch.h>  /* XXH3 with the CPU's widest vectors (AVX2, AVX-512) */
 
 #define DIRECT_ALIGN 4096
+#define UNIT_MAX 4              /* pieces in a unit at most: 256 MiB at 64 MiB chunks */
+#define STEP (1u << 20)         /* bytes of a cached piece read and hashed at a time (L2) */
 
 /* A tensor's part in a piece, left for the thread that hashes the part before it. */
 struct part {
@@ -53,8 +68,10 @@ struct restore_job {
 	uint64_t chunk;
 	uint64_t *pieces;          /* the pieces holding a destination, ascending */
 	uint64_t npieces;
-	uint64_t next_claim;       /* (L) index into pieces */
-	unsigned active;           /* (L) pieces claimed and not yet done */
+	uint64_t *units;           /* unit u: pieces[units[u]] to pieces[units[u + 1] - 1] */
+	uint64_t nunits;
+	uint64_t next_unit;        /* (L) the next unit to claim */
+	unsigned active;           /* (L) units claimed and not yet done */
 	int failed;                /* (L) */
 	int finished;              /* (L) the final event is posted */
 	int code;                  /* (L) */
@@ -72,7 +89,8 @@ struct restore_job {
 
 static struct {
 	pthread_mutex_t lock;
-	pthread_cond_t work_cv;    /* a job has a piece to claim, or stop */
+	pthread_cond_t work_cv;    /* a job has a unit to claim, or stop */
+	pthread_cond_t held_cv;    /* a piece's holds fell to one, or a job failed */
 	struct restore_job *jobs;  /* (L) active jobs, served round robin */
 	struct restore_job *rr;    /* (L) */
 	int stop;                  /* (L) */
@@ -103,14 +121,14 @@ static void on_async(uv_async_t *a)
 	}
 }
 
-/* Ends a job whose pieces are all done or given up (R.lock held): off the list, posted. */
+/* Ends a job whose units are all done or given up (R.lock held): off the list, posted. */
 static void finish_locked(struct restore_job *j)
 {
-	if (j->finished || j->active > 0 || (!j->failed && j->next_claim < j->npieces))
+	if (j->finished || j->active > 0 || (!j->failed && j->next_unit < j->nunits))
 		return;
 	j->finished = 1;
 	/* After a failure, parts left unhashed still hold their pieces' chunks. */
-	for (uint64_t o = 0; o < j->next_claim; o++)
+	for (uint64_t o = 0; o < j->npieces; o++)
 		if (j->chunk_of[o]) {
 			cache_put(R.cache, j->chunk_of[o]);
 			j->chunk_of[o] = NULL;
@@ -137,10 +155,11 @@ static void fail_locked(struct restore_job *j, int code, const char *error)
 		j->failed = 1;
 		j->code = code < 0 ? code : ERR_EIO;
 		snprintf(j->error, sizeof(j->error), "%s", error);
+		pthread_cond_broadcast(&R.held_cv);
 	}
 }
 
-/* The next job with a piece to claim after the round-robin cursor (R.lock held). */
+/* The next job with a unit to claim after the round-robin cursor (R.lock held). */
 static struct restore_job *pick_locked(void)
 {
 	struct restore_job *start = R.rr && R.rr->next ? R.rr->next : R.jobs, *j = start;
@@ -148,7 +167,7 @@ static struct restore_job *pick_locked(void)
 	if (!j)
 		return NULL;
 	do {
-		if (!j->failed && j->next_claim < j->npieces)
+		if (!j->failed && j->next_unit < j->nunits)
 			return R.rr = j;
 		j = j->next ? j->next : R.jobs;
 	} while (j != start);
@@ -198,26 +217,29 @@ static int any_cached(int fd, uint64_t off, uint64_t len)
 	return cs.nr_cache > 0;
 }
 
-/* Reads piece p of the file into chunk: from the page cache when the whole piece is there,
- * else the rest with O_DIRECT; 0 or a negative ERR_E* with err. */
-static int read_piece(struct restore_job *j, uint64_t p, uint8_t *chunk, char *err,
-		      size_t errlen)
+/* Reads len bytes at data offset at (4096-aligned) into buf (aligned): from the page cache
+ * when they are all there (cached: whether to try), else the rest with O_DIRECT; 0, 1 when
+ * the disk was read, or a negative ERR_E* with err. */
+static int read_range(struct restore_job *j, uint64_t at, uint64_t len, uint8_t *buf,
+		      int cached, char *err, size_t errlen)
 {
-	uint64_t len = piece_len(j, p), off = j->r.data_start + p * j->chunk;
+	uint64_t off = j->r.data_start + at;
 	ssize_t got = 0;
+	int disk = 0;
 
 	if (j->r.dfd >= 0) {
-		if (any_cached(j->r.fd, off, len) != 0)
-			got = read_full(j->r.fd, chunk, len, off, RWF_NOWAIT);
+		if (cached)
+			got = read_full(j->r.fd, buf, len, off, RWF_NOWAIT);
 		if (got < (ssize_t)len) {
+			disk = 1;
 			/* Not all cached: the rest from the disk, aligned, past the page cache. */
 			uint64_t from = got > 0 ? (uint64_t)got & ~(uint64_t)(DIRECT_ALIGN - 1) : 0;
 			uint64_t want = (len - from + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
-			ssize_t r = read_full(j->r.dfd, chunk + from, want, off + from, 0);
+			ssize_t r = read_full(j->r.dfd, buf + from, want, off + from, 0);
 			got = r < 0 ? r : (ssize_t)(from + (uint64_t)r);
 		}
 	} else {
-		got = read_full(j->r.fd, chunk, len, off, 0);
+		got = read_full(j->r.fd, buf, len, off, 0);
 	}
 	if (got < 0)
 		return seterr(err, errlen, err_from_errno((int)-got), "%s: reading byte %llu: %s",
@@ -225,7 +247,7 @@ static int read_piece(struct restore_job *j, uint64_t p, uint8_t *chunk, char *e
 	if ((uint64_t)got < len)
 		return seterr(err, errlen, ERR_EIO, "%s: the file ends at byte %llu, inside its data",
 			      j->r.path, (unsigned long long)(off + (uint64_t)got));
-	return 0;
+	return disk;
 }
 
 /* First destination ending after data offset start (d is sorted by begin and, as the
@@ -244,12 +266,15 @@ static size_t first_dst(const struct restore_job *j, uint64_t start)
 	return lo;
 }
 
-/* Lets go of one hold on claimed piece o (R.lock held): the last gives its chunk back. */
+/* Lets go of one hold on claimed piece o (R.lock held): the last gives its chunk back; at
+ * one left, its unit's thread may be waiting to take the chunk back. */
 static void unhold_locked(struct restore_job *j, uint64_t o)
 {
 	if (--j->holds[o] == 0 && j->chunk_of[o]) {
 		cache_put(R.cache, j->chunk_of[o]);
 		j->chunk_of[o] = NULL;
+	} else if (j->holds[o] == 1 && j->chunk_of[o]) {
+		pthread_cond_broadcast(&R.held_cv);
 	}
 }
 
@@ -303,38 +328,89 @@ static void hash_part_locked(struct restore_job *j, size_t i, uint64_t a, uint64
 	}
 }
 
-/* Writes and checks every destination part in claimed piece o, piece p (its bytes at data):
- * 0, or a negative ERR_E* with err. */
-static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint64_t p,
-		      const uint8_t *data, char *err, size_t errlen)
+/* Hashes destination i's bytes in [s, e) of claimed piece o, which starts at data offset
+ * start, ends at end and lies at base, once every byte before them is hashed; at the end of
+ * its part, what is not hashed yet is left for the thread that hashes the part before it
+ * (R.lock held, dropped while hashing). */
+static void hash_step_locked(struct restore_job *j, size_t i, uint64_t start, uint64_t end,
+			     uint64_t s, uint64_t e, const uint8_t *base, uint64_t o)
 {
-	uint64_t start = p * j->chunk, end = start + piece_len(j, p), bytes = 0;
-	size_t first = first_dst(j, start), i;
+	const struct restore_dst *d = &j->r.d[i];
+	uint64_t a = d->begin > start ? d->begin : start, b = d->end < end ? d->end : end;
+	uint64_t at = d->begin + j->hashed[i];	/* in [a, s] once it reached this part */
+	uint64_t to = b < e ? b : e;
+
+	if (to == b) {
+		/* The part's last step: hashed on (and the parts left after it), or left. */
+		uint64_t from = at >= a ? at : a;
+		j->holds[o]++;
+		hash_part_locked(j, i, from, b, base + (from - start), o);
+	} else if (!j->failed && at >= a) {
+		pthread_mutex_unlock(&R.lock);
+		XXH3_64bits_update(j->hs[i], base + (at - start), to - at);
+		pthread_mutex_lock(&R.lock);
+		j->hashed[i] = to - d->begin;
+	}
+}
+
+/* Writes and hashes the destination bytes in [s, e) of claimed piece o, which starts at data
+ * offset start, ends at end and lies at base; adds the bytes queued to *bytes; 0, or a
+ * negative ERR_E* with err. */
+static int fill_step(struct copier *cp, struct restore_job *j, uint64_t o, uint64_t start,
+		     uint64_t end, uint64_t s, uint64_t e, const uint8_t *base, uint64_t *bytes,
+		     char *err, size_t errlen)
+{
+	size_t first = first_dst(j, s), i;
 	int rc = 0;
 
-	copier_fence(cp, j->r.fence);
-	for (i = first; i < j->r.n && j->r.d[i].begin < end && rc == 0; i++) {
+	for (i = first; i < j->r.n && j->r.d[i].begin < e && rc == 0; i++) {
 		const struct restore_dst *d = &j->r.d[i];
-		uint64_t a = d->begin > start ? d->begin : start;
-		uint64_t b = d->end < end ? d->end : end;
+		uint64_t a = d->begin > s ? d->begin : s, b = d->end < e ? d->end : e;
 		if (a < b)
-			rc = copier_write(cp, d->dst, d->dst_off + (a - d->begin), data + (a - start),
+			rc = copier_write(cp, d->dst, d->dst_off + (a - d->begin), base + (a - start),
 					  b - a, err, errlen);
-		bytes += b - a;
+		*bytes += b > a ? b - a : 0;
 	}
-	/* The copies run while the bytes are hashed: both only read the piece. Each part holds
-	 * the piece until it is hashed, here or by whoever hashes the part before it. */
+	/* The copies run while the bytes are hashed: both only read the piece. A part left
+	 * for later holds the piece until it is hashed, by whoever hashes the part before it. */
 	pthread_mutex_lock(&R.lock);
-	for (i = first; i < j->r.n && j->r.d[i].begin < end && rc == 0; i++) {
-		const struct restore_dst *d = &j->r.d[i];
-		uint64_t a = d->begin > start ? d->begin : start;
-		uint64_t b = d->end < end ? d->end : end;
-		if (a < b && j->hs[i]) {
-			j->holds[o]++;
-			hash_part_locked(j, i, a, b, data + (a - start), o);
-		}
-	}
+	for (i = first; i < j->r.n && j->r.d[i].begin < e && rc == 0; i++)
+		if (j->r.d[i].end > j->r.d[i].begin && j->hs[i])
+			hash_step_locked(j, i, start, end, s, e, base, o);
 	pthread_mutex_unlock(&R.lock);
+	return rc;
+}
+
+/* Writes and checks every destination part in claimed piece o, piece p: its bytes at data
+ * (resident) or read into chunk, a cached piece STEP bytes at a time; 0, or a negative
+ * ERR_E* with err. */
+static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint64_t p,
+		      const uint8_t *data, uint8_t *chunk, char *err, size_t errlen)
+{
+	uint64_t start = p * j->chunk, len = piece_len(j, p), step = len, bytes = 0;
+	int cached = 1, rc = 0;
+
+	if (!data) {
+		cached = j->r.dfd < 0 || any_cached(j->r.fd, j->r.data_start + start, len) != 0;
+		step = cached ? STEP : len;	/* a cold piece: one O_DIRECT read */
+	}
+	copier_fence(cp, j->r.fence);
+	for (uint64_t s = 0, n; s < len && rc == 0; s += n) {
+		n = len - s < step ? len - s : step;
+		if (!data) {
+			/* A step none of whose pages is cached: O_DIRECT, starting no readahead. */
+			int hit = cached && (j->r.dfd < 0 || n == len ||
+					     any_cached(j->r.fd, j->r.data_start + start + s, n) != 0);
+			rc = read_range(j, start + s, n, chunk + s, hit, err, errlen);
+			if (rc == 1) {
+				step = len;	/* the disk again: the rest in one O_DIRECT read */
+				rc = 0;
+			}
+		}
+		if (rc == 0)
+			rc = fill_step(cp, j, o, start, start + len, start + s, start + s + n,
+				       data ? data : chunk, &bytes, err, errlen);
+	}
 	int src = copier_sync(cp, rc != 0 ? NULL : err, rc != 0 ? 0 : errlen);
 	if (rc == 0 && src < 0)
 		rc = src;
@@ -345,7 +421,92 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 	return rc;
 }
 
-/* Restore thread: claims pieces and fills their destinations through its copier. */
+/* The chunk for the next piece of a unit after claimed piece o, whose copies are done: a
+ * free one from the cache if there is one now, else o's once its parts are all hashed; NULL
+ * when the job failed first (o's chunk stays the job's). */
+static uint8_t *take_back(struct restore_job *j, uint64_t o)
+{
+	uint8_t *c;
+
+	pthread_mutex_lock(&R.lock);
+	if (j->holds[o] > 1 && !j->failed) {
+		pthread_mutex_unlock(&R.lock);
+		uint8_t *fresh = cache_tryget(R.cache, -1);
+		pthread_mutex_lock(&R.lock);
+		if (fresh) {
+			unhold_locked(j, o);
+			pthread_mutex_unlock(&R.lock);
+			return fresh;
+		}
+		while (j->holds[o] > 1 && !j->failed)
+			pthread_cond_wait(&R.held_cv, &R.lock);
+	}
+	if (j->holds[o] > 1) {
+		unhold_locked(j, o);
+		c = NULL;
+	} else {
+		c = j->chunk_of[o];
+		j->chunk_of[o] = NULL;
+		j->holds[o] = 0;
+	}
+	pthread_mutex_unlock(&R.lock);
+	return c;
+}
+
+/* Fills claimed unit u's pieces in order through *chunk (NULL when all are resident), which
+ * goes from piece to piece; on return *chunk is the thread's to give back (or NULL: the last
+ * piece's, the job's until its holds go). 0, or a negative ERR_E* with err. */
+static int fill_unit(struct copier *cp, struct restore_job *j, uint64_t u, uint8_t **chunk,
+		     char *err, size_t errlen)
+{
+	int rc = 0;
+
+	for (uint64_t o = j->units[u]; o < j->units[u + 1] && rc == 0; o++) {
+		uint64_t p = j->pieces[o];
+		const uint8_t *data = j->r.res ? resident_piece(j->r.res, p) : NULL;
+		pthread_mutex_lock(&R.lock);
+		if (j->failed) {
+			pthread_mutex_unlock(&R.lock);
+			break;
+		}
+		j->chunk_of[o] = data ? NULL : *chunk;	/* Ownership: shared with the job */
+		j->holds[o] = 1;	/* this thread's, until its copies are done */
+		pthread_mutex_unlock(&R.lock);
+		rc = fill_piece(cp, j, o, p, data, *chunk, err, errlen);
+		if (!data && rc == 0 && o + 1 < j->units[u + 1]) {
+			*chunk = take_back(j, o);
+			if (!*chunk)
+				break;	/* the job failed */
+			continue;
+		}
+		pthread_mutex_lock(&R.lock);
+		unhold_locked(j, o);
+		pthread_mutex_unlock(&R.lock);
+		if (!data)
+			*chunk = NULL;	/* the job's now */
+	}
+	return rc;
+}
+
+/* Whether some piece of unit u must be read from the file (R.lock held). */
+static int unit_cold_locked(const struct restore_job *j, uint64_t u)
+{
+	for (uint64_t o = j->units[u]; o < j->units[u + 1]; o++)
+		if (!j->r.res || !resident_piece(j->r.res, j->pieces[o]))
+			return 1;
+	return 0;
+}
+
+/* Whether job j is still on the list with unit u next to claim (R.lock held). */
+static int still_next_locked(const struct restore_job *j, uint64_t u)
+{
+	for (const struct restore_job *k = R.jobs; k; k = k->next)
+		if (k == j)
+			return !j->failed && j->next_unit == u;
+	return 0;
+}
+
+/* Restore thread: claims units and fills their destinations through its copier. */
 static void restore_loop(struct copier *cp)
 {
 	char err[ERRLEN];
@@ -359,37 +520,30 @@ static void restore_loop(struct copier *cp)
 			pthread_mutex_unlock(&R.lock);
 			return;
 		}
-		uint64_t p = j->pieces[j->next_claim];
-		const uint8_t *data = j->r.res ? resident_piece(j->r.res, p) : NULL;
+		uint64_t u = j->next_unit;
 		uint8_t *chunk = NULL;
-		if (!data) {
-			/* Memory first, then the claim (see engine.c): no wait ever holds a piece
-			 * that needs memory held by a later one. */
+		if (unit_cold_locked(j, u)) {
+			/* Memory first, then the claim (see engine.c and the top of this file). */
 			pthread_mutex_unlock(&R.lock);
 			if ((chunk = cache_get(R.cache, -1)) == NULL)
 				return;	/* the cache shut down: stopping */
 			pthread_mutex_lock(&R.lock);
-			if (R.stop || j != pick_locked() || j->pieces[j->next_claim] != p) {
+			if (R.stop || !still_next_locked(j, u)) {
 				pthread_mutex_unlock(&R.lock);
 				cache_put(R.cache, chunk);
 				continue;	/* someone else took it meanwhile: look again */
 			}
 		}
-		uint64_t o = j->next_claim++;
-		j->chunk_of[o] = chunk;	/* Ownership: the job's until its last hold goes */
-		j->holds[o] = 1;	/* this thread's, until its copies are done */
+		j->next_unit++;
 		j->active++;
 		pthread_mutex_unlock(&R.lock);
 
-		int rc = 0;
-		if (chunk && (rc = read_piece(j, p, chunk, err, sizeof(err))) == 0)
-			data = chunk;
-		if (rc == 0)
-			rc = fill_piece(cp, j, o, p, data, err, sizeof(err));
+		int rc = fill_unit(cp, j, u, &chunk, err, sizeof(err));
+		if (chunk)
+			cache_put(R.cache, chunk);
 		pthread_mutex_lock(&R.lock);
 		if (rc < 0)
 			fail_locked(j, rc, err);
-		unhold_locked(j, o);
 		j->active--;
 		finish_locked(j);
 		pthread_mutex_unlock(&R.lock);
@@ -411,6 +565,7 @@ int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t 
 	pthread_mutex_init(&R.lock, NULL);
 	pthread_mutex_init(&R.post_lock, NULL);
 	pthread_cond_init(&R.work_cv, NULL);
+	pthread_cond_init(&R.held_cv, NULL);
 	R.cache = c;
 	R.cb = cb;
 	if ((rc = uv_async_init(loop, &R.async, on_async)) != 0)
@@ -452,6 +607,7 @@ static void job_free_own(struct restore_job *j)
 	free(j->chunk_of);
 	free(j->holds);
 	free(j->pieces);
+	free(j->units);
 	free(j);
 }
 
@@ -475,6 +631,33 @@ static int plan_pieces(struct restore_job *j)
 		}
 	}
 	j->npieces = n;
+	return 0;
+}
+
+/* Whether a destination crosses from pieces[o - 1] into pieces[o]. */
+static int crossed(const struct restore_job *j, uint64_t o)
+{
+	uint64_t at = j->pieces[o] * j->chunk;
+	size_t i = first_dst(j, at);
+
+	return j->pieces[o] == j->pieces[o - 1] + 1 && i < j->r.n && j->r.d[i].begin < at;
+}
+
+/* Cuts pieces into units: runs of adjacent pieces, a destination crossing every boundary
+ * inside, at most UNIT_MAX long; -1 without memory. A whole resident copy is hashed from
+ * DRAM either way: its units are single pieces, spread over every thread. */
+static int plan_units(struct restore_job *j)
+{
+	uint64_t n = 0, max = j->r.res && resident_held(j->r.res) >= j->r.data_len ? 1 : UNIT_MAX;
+
+	j->units = malloc((j->npieces + 1) * sizeof(*j->units));
+	if (!j->units)
+		return -1;
+	for (uint64_t o = 0; o < j->npieces; o++)
+		if (o == 0 || o - j->units[n - 1] == max || !crossed(j, o))
+			j->units[n++] = o;
+	j->units[n] = j->npieces;
+	j->nunits = n;
 	return 0;
 }
 
@@ -510,7 +693,8 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 	j->chunk = cache_chunk(R.cache);
 	j->hashed = calloc(r->n ? r->n : 1, sizeof(*j->hashed));
 	j->hs = calloc(r->n ? r->n : 1, sizeof(*j->hs));
-	if (!j->hashed || !j->hs || plan_pieces(j) < 0 || plan_slots(j) < 0)
+	if (!j->hashed || !j->hs || plan_pieces(j) < 0 || plan_units(j) < 0 ||
+	    plan_slots(j) < 0)
 		goto nomem;
 	for (size_t i = 0; i < r->n; i++) {
 		const struct restore_dst *d = &r->d[i];
@@ -547,7 +731,7 @@ uint64_t restore_progress(struct restore_job *j)
 	return __atomic_load_n(&j->done, __ATOMIC_RELAXED);
 }
 
-/* Stops a job early: nothing more is claimed; its final event follows once the pieces in
+/* Stops a job early: nothing more is claimed; its final event follows once the units in
  * progress are done. */
 void restore_cancel(struct restore_job *j, int code, const char *why)
 {

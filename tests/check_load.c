@@ -4,6 +4,8 @@
  * sends; every destination byte is compared. Mismatched names, dtypes and shapes, a flipped
  * byte, a truncated file, a client that dies mid-restore, a file larger than the cache, a
  * restore beside saves in flight, and which source (cache or file) the daemon chooses.
+ * Tensors over many pieces and units (restore.c: at most 4 pieces a unit), a flipped byte at
+ * each kind of place in them, and restores that have one or two chunks of cache to go on.
  */
 #include "harness_frames.h"
 
@@ -520,6 +522,127 @@ START_TEST(test_load_parallel)
 }
 END_TEST
 
+/* Over 1 MiB pieces: h in piece 0; L over pieces 0 to 11 (three units of 4, the cap cutting
+ * it twice); m crossing from piece 11 into 12 (a new unit: the cap); n over pieces 12 to 15
+ * and t over 15 to 18 (the cap again at 16): 19 pieces in 5 units. */
+static const struct spec units[] = {
+	{"h", "U8", {500000}, 1},
+	{"L", "U8", {(11 << 20) + 12345}, 1},
+	{"m", "F32", {300, 1000}, 2},
+	{"s", "U8", {4096}, 1},
+	{"n", "U8", {3 << 20}, 1},
+	{"t", "BF16", {1000, 1250}, 2},
+};
+#define NUNITS 6
+#define L_AT 500000ULL  /* data offset of L */
+
+/* A file of tensors over 19 pieces and 5 units, loaded from the file twice (the second time
+ * from the page cache) by six threads through an 8-chunk cache: every byte exact. */
+START_TEST(test_load_units)
+{
+	d_start(CACHE_8M, CHUNK_1M "\"restore_threads\": 6, \"keep_resident\": false,");
+	const char *dir = h_path("%s/lu/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lu", 0, 1);
+	save_spec(c, dir, "rank0", units, NUNITS, 300);
+	dsckpt_close(c);
+	ck_assert_str_eq(load_all(dir, "rank0", units, NUNITS, 300), "file");
+	ck_assert_str_eq(load_all(dir, "rank0", units, NUNITS, 300), "file");
+	d_stop();
+}
+END_TEST
+
+/* The same file from the daemon's resident copy (piece after piece in each unit): exact. */
+START_TEST(test_load_units_hot)
+{
+	d_start(CACHE_32M, CHUNK_1M "\"restore_threads\": 6,");
+	const char *dir = h_path("%s/lu/step2", D->root);
+	dsckpt_conn_t *c = conn_open("lu", 0, 1);
+	save_spec(c, dir, "rank0", units, NUNITS, 400);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	dsckpt_close(c);
+	ck_assert_str_eq(load_all(dir, "rank0", units, NUNITS, 400), "cache");
+	d_stop();
+}
+END_TEST
+
+/* One flipped byte per file: in L's first part, in its first part past the first unit (left
+ * for later when that unit is not hashed yet), in the third unit's middle, in m's part past a
+ * cap, and in L's last byte: each load FAILED with ECHECKSUM naming that tensor. */
+START_TEST(test_load_units_corrupt)
+{
+	static const struct { uint64_t at; const char *name; } flips[] = {
+		{L_AT + 5, "L"},
+		{(4 << 20) + 10, "L"},
+		{(9 << 20) + 777, "L"},
+		{(12 << 20) + 100, "m"},
+		{L_AT + (11 << 20) + 12344, "L"},
+	};
+	d_start(CACHE_8M, CHUNK_1M "\"restore_threads\": 6, \"keep_resident\": false,");
+	char dir[512];	/* h_path's buffers are reused by the calls below */
+	snprintf(dir, sizeof(dir), "%s/luc/step1", D->root);
+	dsckpt_conn_t *c = conn_open("luc", 0, 1);
+	for (int f = 0; f < 5; f++)
+		save_spec(c, dir, h_path("rank%d", f), units, NUNITS, 500);
+	dsckpt_close(c);
+	for (int f = 0; f < 5; f++) {
+		flip_byte(dir, h_path("rank%d", f), flips[f].at);
+		for (int pass = 0; pass < 2; pass++) {	/* from the disk, then the page cache */
+			struct dst d;
+			char msg[4096] = "";
+			int code = 0;
+			size_t total = 0;
+			for (size_t i = 0; i < NUNITS; i++)
+				total += spec_bytes(&units[i]);
+			dst_open(&d, total);
+			int64_t id = load_begin(d.fd, dir, h_path("rank%d", f), NULL, msg);
+			ck_assert_msg(id > 0, "%s", msg);
+			ck_assert_int_eq(load_end(d.fd, id, units, NUNITS, msg), 0);
+			ck_assert_int_eq(load_wait(d.fd, id, -1, &code, msg), -1);
+			ck_assert_int_eq(code, DSCKPT_ECHECKSUM);
+			ck_assert_msg(strstr(msg, h_path("tensor '%s'", flips[f].name)), "flip %d: %s",
+				      f, msg);
+			dst_close(&d);
+		}
+	}
+	check_alive();
+	d_stop();	/* the daemon's exit checks that every chunk came back */
+}
+END_TEST
+
+/* Six restore threads with one, then two, free chunks: a 4-chunk cache (the least there is)
+ * with a resident file of 3, then 2, pieces pinned by a load begun and left open. The units
+ * file still loads whole, its units waiting for their own chunk. */
+START_TEST(test_load_few_chunks)
+{
+	d_start(0.00390625, CHUNK_1M "\"restore_threads\": 6,");
+	char dir[512];	/* h_path's buffers are reused by the calls below */
+	snprintf(dir, sizeof(dir), "%s/lfc/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lfc", 0, 1);
+	save_spec(c, dir, "rank0", units, NUNITS, 600);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));	/* kept across the restarts */
+	dsckpt_close(c);
+	for (unsigned pinned = 3; pinned >= 2; pinned--) {
+		d_kill(SIGTERM);
+		d_restart(0);	/* nothing resident */
+		const struct spec pin[] = {{"p", "U8", {(uint64_t)pinned << 20}, 1}};
+		const char *pdir = h_path("%s/lfc/pin%u", D->root, pinned);
+		c = conn_open("lfc", 0, 1);
+		save_spec(c, pdir, "rank0", pin, 1, 700);
+		dsckpt_close(c);
+		char src[16] = "", msg[4096] = "";
+		int fd = raw_connect();
+		raw_hello(fd);
+		int64_t id = load_begin(fd, pdir, "rank0", src, msg);
+		ck_assert_msg(id > 0, "%s", msg);
+		ck_assert_str_eq(src, "cache");	/* its pieces held: 4 - pinned chunks left */
+		ck_assert_str_eq(load_all(dir, "rank0", units, NUNITS, 600), "file");
+		close(fd);
+	}
+	check_alive();
+	d_stop();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("load");
@@ -533,5 +656,9 @@ int main(void)
 	h_add_case(s, "hot_then_file", test_load_hot_then_file, 60, 1);
 	h_add_case(s, "evicted", test_load_evicted, 60, 1);
 	h_add_case(s, "parallel", test_load_parallel, 120, 3);
+	h_add_case(s, "units", test_load_units, 120, 1);
+	h_add_case(s, "units_hot", test_load_units_hot, 60, 1);
+	h_add_case(s, "units_corrupt", test_load_units_corrupt, 120, 1);
+	h_add_case(s, "few_chunks", test_load_few_chunks, 120, 3);
 	return h_run_suite(s, NULL);
 }
