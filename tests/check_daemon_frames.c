@@ -353,6 +353,24 @@ static void whole_begin(struct proto_out *o, int end, uint32_t nkeys)
 		proto_kv_bool(&o->pk, "end", 1);
 }
 
+/* A trainer connection, with region 1 when region, for whole_save. */
+static int whole_conn(int region)
+{
+	int fd = raw_connect();
+	raw_hello(fd);
+	if (region)
+		raw_region(fd);
+	return fd;
+}
+
+/* Sends o on fd, expects a fatal EPROTO and closes fd. */
+static void whole_fatal(int fd, struct proto_out *o)
+{
+	ck_assert_int_eq(raw_send(fd, o, 0, NULL, 0), 0);
+	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+	close(fd);
+}
+
 /*
  * SAVE_BEGIN that ends its save too: entries without end are unknown keys and a bad entry or
  * a lone event are fatal (the save goes with the connection); a refused tensor is an ERROR
@@ -362,38 +380,26 @@ static void whole_begin(struct proto_out *o, int end, uint32_t nkeys)
 static void whole_save(void)
 {
 	struct proto_out o;
-	int fd = raw_connect();
-	raw_hello(fd);
+	int fd = whole_conn(0);
 	whole_begin(&o, 0, 1);
 	proto_key(&o.pk, "tensors");
 	msgpack_pack_array(&o.pk, 0);
-	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
-	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
-	close(fd);
+	whole_fatal(fd, &o);
 
-	fd = raw_connect();
-	raw_hello(fd);
-	raw_region(fd);
+	fd = whole_conn(1);
 	whole_begin(&o, 1, 1);
 	proto_key(&o.pk, "tensors");
 	msgpack_pack_array(&o.pk, 1);
 	msgpack_pack_str_with_body(&o.pk, "x", 1);
-	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
-	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
-	close(fd);
+	whole_fatal(fd, &o);
 
-	fd = raw_connect();
-	raw_hello(fd);
+	fd = whole_conn(0);
 	whole_begin(&o, 1, 1);
 	proto_kv_bin(&o.pk, "event", "0123456789012345678901234567890123456789012345678901234567890123",
 		     64);
-	ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
-	raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
-	close(fd);
+	whole_fatal(fd, &o);
 
-	fd = raw_connect();
-	raw_hello(fd);
-	raw_region(fd);
+	fd = whole_conn(1);
 	whole_begin(&o, 1, 1);
 	proto_key(&o.pk, "tensors");
 	msgpack_pack_array(&o.pk, 1);
