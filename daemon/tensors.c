@@ -389,28 +389,29 @@ void tensors_sources_ref(struct tensors *tl, size_t n, int take)
 	}
 }
 
+/* Writes the engine's description of the list into et: data offsets in order, no
+ * references taken. */
+static void describe(const struct tensors *tl, struct engine_tensor *et)
+{
+	uint64_t off = 0;
+
+	for (size_t i = 0; i < tl->n; i++) {
+		const struct tensor_in *t = &tl->t[i];
+		et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
+		off += t->nbytes;
+	}
+}
+
 /* Describes the list for the engine (et: data offsets in order, each with a new reference to
  * its source), from the description made on first need. */
 void tensors_give(struct tensors *tl, struct engine_tensor *et)
 {
-	uint64_t off = 0;
-
-	if (!tl->et && tl->n && (tl->et = malloc(tl->n * sizeof(*tl->et)))) {
-		for (size_t i = 0; i < tl->n; i++) {
-			const struct tensor_in *t = &tl->t[i];
-			tl->et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
-			off += t->nbytes;
-		}
-	}
-	if (tl->et) {
+	if (!tl->et && tl->n && (tl->et = malloc(tl->n * sizeof(*tl->et))))
+		describe(tl, tl->et);
+	if (tl->et)
 		memcpy(et, tl->et, tl->n * sizeof(*et));
-	} else {
-		for (size_t i = 0; i < tl->n; i++) {
-			const struct tensor_in *t = &tl->t[i];
-			et[i] = (struct engine_tensor){off, t->nbytes, t->src, t->off};
-			off += t->nbytes;
-		}
-	}
+	else
+		describe(tl, et);	/* no memory to keep it: made for this save alone */
 	tensors_sources_ref(tl, tl->n, 1);
 }
 
