@@ -237,6 +237,10 @@ void source_ref_n(struct source *s, unsigned n);
 void source_unref(struct source *s);
 /* Drops n references at once. */
 void source_unref_n(struct source *s, unsigned n);
+/* Gives emit each of n sources at first, stride bytes apart (NULL ones skipped), with how
+ * often it came (counted 16 sources at a time). */
+void source_tally(struct source *const *first, size_t n, size_t stride,
+		  void (*emit)(void *arg, struct source *src, unsigned count), void *arg);
 /* Takes (take 1) or drops a reference to each of n sources at first, stride bytes apart
  * (NULL ones skipped), counted per source first. */
 void source_refs(struct source *const *first, size_t n, size_t stride, int take);

@@ -361,11 +361,11 @@ void source_unref_n(struct source *s, unsigned n)
 	free(s);
 }
 
-/* Takes (take 1) or drops one reference to each of n sources, the first at *first and each
- * next stride bytes on (a member of an array of structs; NULL ones skipped). The references
- * are counted per source first: ten thousand tensors of a few allocations cost a few atomic
- * operations, not ten thousand. */
-void source_refs(struct source *const *first, size_t n, size_t stride, int take)
+/* Counts n sources, the first at *first and each next stride bytes on (a member of an array
+ * of structs; NULL ones skipped), and gives emit each source with its count: a table of 16
+ * at a time, so a source may come in several counts when more than 16 are mixed. */
+void source_tally(struct source *const *first, size_t n, size_t stride,
+		  void (*emit)(void *arg, struct source *src, unsigned count), void *arg)
 {
 	struct { struct source *src; unsigned n; } seen[16];
 	unsigned nseen = 0, k;
@@ -376,12 +376,8 @@ void source_refs(struct source *const *first, size_t n, size_t stride, int take)
 		for (k = 0; src && k < nseen && seen[k].src != src; k++)
 			;
 		if (i == n || (src && k == nseen && nseen == 16)) {	/* the end, or a full table */
-			for (k = 0; k < nseen; k++) {
-				if (take)
-					source_ref_n(seen[k].src, seen[k].n);
-				else
-					source_unref_n(seen[k].src, seen[k].n);
-			}
+			for (k = 0; k < nseen; k++)
+				emit(arg, seen[k].src, seen[k].n);
 			nseen = k = 0;
 		}
 		if (!src)
@@ -390,4 +386,22 @@ void source_refs(struct source *const *first, size_t n, size_t stride, int take)
 			seen[nseen++] = (typeof(seen[0])){src, 0};
 		seen[k].n++;
 	}
+}
+
+/* source_tally's emit for source_refs: a non-NULL arg takes, NULL drops. */
+static void refs_emit(void *arg, struct source *src, unsigned count)
+{
+	if (arg)
+		source_ref_n(src, count);
+	else
+		source_unref_n(src, count);
+}
+
+/* Takes (take 1) or drops one reference to each of n sources (see source_tally): ten
+ * thousand tensors of a few allocations cost a few atomic operations, not ten thousand. */
+void source_refs(struct source *const *first, size_t n, size_t stride, int take)
+{
+	static char taking;
+
+	source_tally(first, n, stride, refs_emit, take ? &taking : NULL);
 }

@@ -333,40 +333,31 @@ const struct st_tensor *tensors_header(struct tensors *tl)
 	return tl->st;
 }
 
-/* Counts the entries of each source (a table of 16 at a time: a list of more sources may
- * name one in several groups), made once; -1 without memory. */
+/* source_tally's emit for groups_make: appends a group. */
+static void group_emit(void *arg, struct source *src, unsigned count)
+{
+	struct tensors *tl = arg;
+
+	tl->groups[tl->ngroups++] = (struct group){src, count};
+}
+
+/* Counts the entries of each source (source_tally: a list of more than 16 sources may name
+ * one in several groups), made once; -1 without memory or sources. */
 static int groups_make(struct tensors *tl)
 {
-	struct group seen[16], *g;
-	size_t ng = 0;
-	unsigned nseen = 0, k;
-
 	if (tl->ngroups || tl->n == 0)
 		return 0;
-	if (!(g = malloc(tl->n * sizeof(*g))))
+	if (!(tl->groups = malloc(tl->n * sizeof(*tl->groups))))
 		return -1;
-	for (size_t i = 0; i <= tl->n; i++) {
-		struct source *src = i < tl->n ? tl->t[i].src : NULL;
-		for (k = 0; src && k < nseen && seen[k].src != src; k++)
-			;
-		if (i == tl->n || (src && k == nseen && nseen == 16)) {
-			memcpy(g + ng, seen, nseen * sizeof(*g));
-			ng += nseen;
-			nseen = k = 0;
-		}
-		if (!src)
-			continue;
-		if (k == nseen)
-			seen[nseen++] = (struct group){src, 0};
-		seen[k].n++;
-	}
-	if (ng == 0) {	/* no sources (all given away): nothing to count */
-		free(g);
+	source_tally(&tl->t[0].src, tl->n, sizeof(tl->t[0]), group_emit, tl);
+	if (tl->ngroups == 0) {	/* no sources (all given away): nothing to count */
+		free(tl->groups);
+		tl->groups = NULL;
 		return -1;
 	}
-	struct group *shrunk = realloc(g, ng * sizeof(*g));
-	tl->groups = shrunk ? shrunk : g;
-	tl->ngroups = ng;
+	struct group *shrunk = realloc(tl->groups, tl->ngroups * sizeof(*tl->groups));
+	if (shrunk)
+		tl->groups = shrunk;
 	return 0;
 }
 
