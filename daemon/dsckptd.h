@@ -595,6 +595,12 @@ struct engine_tensor {
 struct engine_req {
 	struct engine_tensor *t;
 	size_t n;
+	/* When set, t is this list's description (tensors_lend), read only: the job holds a
+	 * reference to the list and one per entry to the sources, which lent_drop drops
+	 * (sources 1: the sources', per allocation; 0: the list's). The engine calls it
+	 * through the pointer and knows nothing of lists. */
+	struct tensors *lent;
+	void (*lent_drop)(struct tensors *lent, size_t n, int sources);
 	/* The header's description, borrowed from the save (which outlives its job); the
 	 * header itself is built by a flush thread, off the request path. */
 	const struct st_tensor *st;
@@ -713,6 +719,12 @@ void tensors_sources_ref(struct tensors *tl, size_t n, int take);
 const struct st_tensor *tensors_header(struct tensors *tl);
 /* Fills the engine's et (data offsets, new source references), in order. */
 void tensors_give(struct tensors *tl, struct engine_tensor *et);
+/* Lends tl's kept description to the engine with references to tl and its sources (see
+ * engine_req.lent); NULL without memory. */
+struct engine_tensor *tensors_lend(struct tensors *tl);
+/* Drops what tensors_lend gave for n entries: the sources' references (sources 1) or the
+ * list's (0). */
+void tensors_lent_drop(struct tensors *tl, size_t n, int sources);
 /* Drops the sources' references of a list nobody shares (the engine took its own). */
 void tensors_release(struct tensors *tl);
 /* Drops a plan's reference to its list and, when saves still share it, the list's

@@ -60,6 +60,7 @@ struct job {
 	struct job *post_next;     /* (P) link in the post queue while posted != 0 */
 	unsigned deliver;          /* (loop) bits taken from posted, not yet delivered */
 	struct job *deliver_next;  /* (loop) link in the delivery list while deliver != 0 */
+	int released;              /* (loop) the sources' references are dropped */
 };
 
 /* An event's bit in a job's posted and deliver sets. */
@@ -476,8 +477,8 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	j->r = *r;
 	j->chunk = cache_chunk(E.cache);
-	for (size_t i = 0; i < r->n; i++)
-		j->data_len = r->t[i].off + r->t[i].nbytes;
+	if (r->n)	/* the tensors are in data order */
+		j->data_len = r->t[r->n - 1].off + r->t[r->n - 1].nbytes;
 	j->npieces = (j->data_len + j->chunk - 1) / j->chunk;
 	j->ready = calloc(j->npieces ? j->npieces : 1, sizeof(void *));
 	j->ff = flush_file_new(r->n);
@@ -490,8 +491,14 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 	E.jobs = j;
 	if (j->npieces == 0)
 		post(j, ENGINE_SNAPSHOT);
-	pthread_cond_broadcast(&E.copy_cv);
-	pthread_cond_broadcast(&E.flush_cv);
+	/* A copy thread per piece and one flush thread (the header): each thread woken costs
+	 * the loop thread, which answers the save next, a system call's worth. */
+	if (j->npieces >= E.ncopiers)
+		pthread_cond_broadcast(&E.copy_cv);
+	else
+		for (uint64_t k = 0; k < j->npieces; k++)
+			pthread_cond_signal(&E.copy_cv);
+	pthread_cond_signal(&E.flush_cv);
 	pthread_mutex_unlock(&E.lock);
 	metrics_add(METRIC_SAVES_STARTED, 1);
 	*out = j;
@@ -525,18 +532,23 @@ const uint64_t *engine_checksums(struct job *j)
 /* Drops the sources of a job past SNAPSHOT (loop thread): every piece is copied. */
 void engine_release_sources(struct job *j)
 {
-	if (j->r.n == 0 || !j->r.t)
+	if (j->released || j->r.n == 0 || !j->r.t)
 		return;
-	source_refs(&j->r.t[0].src, j->r.n, sizeof(j->r.t[0]), 0);
-	for (size_t i = 0; i < j->r.n; i++)
-		j->r.t[i].src = NULL;
+	j->released = 1;
+	if (j->r.lent)
+		j->r.lent_drop(j->r.lent, j->r.n, 1);
+	else
+		source_refs(&j->r.t[0].src, j->r.n, sizeof(j->r.t[0]), 0);
 }
 
 /* Frees a finished job and everything its request owned. */
 void engine_job_free(struct job *j)
 {
 	engine_release_sources(j);
-	free(j->r.t);
+	if (j->r.lent)
+		j->r.lent_drop(j->r.lent, j->r.n, 0);
+	else
+		free(j->r.t);
 	if (j->r.file)
 		store_file_abort(j->r.file);
 	if (j->r.dirfd >= 0)

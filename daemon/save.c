@@ -23,6 +23,8 @@
 #define MAX_OBSERVERS 8
 
 struct save {
+	struct save *next;       /* first, with level: save_begin walks every save's */
+	int level;
 	uint64_t id;
 	uint64_t client;         /* the connection's id */
 	pid_t pid;
@@ -34,7 +36,6 @@ struct save {
 	char file[129];
 	int dirfd;
 	struct store_root root;  /* the allowed root dirfd was opened under */
-	int level;
 	int code;                /* FAILED: its ERR_E* */
 	char error[ERRLEN];
 	struct tensors *tl;      /* its own, or a plan's shared until something is added */
@@ -47,7 +48,6 @@ struct save {
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
 	double t_accept, t_change;
 	unsigned holds;          /* save_hold without save_release: not forgotten */
-	struct save *next;
 };
 
 static struct save *saves;
@@ -337,6 +337,18 @@ void save_totals(struct save *s, uint64_t *tensors, uint64_t *bytes)
 	*bytes = tensors_bytes(s->tl);
 }
 
+/* Drops what a request the engine did not take holds of its tensors' description. */
+static void req_drop_tensors(struct engine_req *r)
+{
+	if (r->lent) {
+		tensors_lent_drop(r->lent, r->n, 1);
+		tensors_lent_drop(r->lent, r->n, 0);
+	} else if (r->t) {
+		source_refs(&r->t[0].src, r->n, sizeof(r->t[0]), 0);
+		free(r->t);
+	}
+}
+
 /* Plans the file and submits it to the engine; the header is laid out by a flush thread. */
 int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 {
@@ -365,7 +377,11 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 				  r.meta_name ? (int64_t)r.meta_len : -1);
 	r.meta = s->origin.pairs;
 	r.st = tensors_header(s->tl);	/* lent to the job: the save keeps the list */
-	r.t = malloc((n ? n : 1) * sizeof(*r.t));
+	if (s->shared_n && (r.t = tensors_lend(s->tl))) {	/* a plan's list does not change */
+		r.lent = s->tl;
+		r.lent_drop = tensors_lent_drop;
+	} else if ((r.t = malloc((n ? n : 1) * sizeof(*r.t))))
+		tensors_give(s->tl, r.t);
 	if (!r.st || !r.t) {
 		seterr(err, errlen, rc, "out of memory");
 		goto fail;
@@ -377,10 +393,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		goto fail;
 	r.dirfd = s->dirfd;
 	r.res = resident_begin(s->dir, s->file, s->uid, tensors_bytes(s->tl));
-	tensors_give(s->tl, r.t);
 	if ((rc = engine_submit(&r, &s->job, err, errlen)) < 0) {
-		for (size_t i = 0; i < n; i++)
-			source_unref(r.t[i].src);
 		store_file_abort(r.file);
 		resident_drop(r.res);
 		goto fail;
@@ -400,7 +413,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 fail:
 	if (fence)
 		cuda_fence_free(fence);
-	free(r.t);
+	req_drop_tensors(&r);
 	free(r.meta_name);
 	free(r.meta_bytes);
 	return rc;

@@ -393,17 +393,48 @@ static void describe(const struct tensors *tl, struct engine_tensor *et)
 	}
 }
 
+/* The engine's description, made on first need and kept with the list; NULL without memory
+ * (or entries). */
+static struct engine_tensor *kept_description(struct tensors *tl)
+{
+	if (!tl->et && tl->n && (tl->et = malloc(tl->n * sizeof(*tl->et))))
+		describe(tl, tl->et);
+	return tl->et;
+}
+
 /* Describes the list for the engine (et: data offsets in order, each with a new reference to
  * its source), from the description made on first need. */
 void tensors_give(struct tensors *tl, struct engine_tensor *et)
 {
-	if (!tl->et && tl->n && (tl->et = malloc(tl->n * sizeof(*tl->et))))
-		describe(tl, tl->et);
-	if (tl->et)
+	if (kept_description(tl))
 		memcpy(et, tl->et, tl->n * sizeof(*et));
 	else
 		describe(tl, et);	/* no memory to keep it: made for this save alone */
 	tensors_sources_ref(tl, tl->n, 1);
+}
+
+/* Lends the engine the list's kept description (not to be written) with a new reference to
+ * the list, which the borrower drops with tensors_unref, and one to each entry's source,
+ * taken per allocation; NULL without memory (tensors_give then). For a list saves share
+ * (a plan's): no per-save copy of a description that does not change while shared. */
+struct engine_tensor *tensors_lend(struct tensors *tl)
+{
+	struct engine_tensor *et = kept_description(tl);
+
+	if (et) {
+		tensors_sources_ref(tl, tl->n, 1);
+		tensors_ref(tl);
+	}
+	return et;
+}
+
+/* Drops what tensors_lend gave: the sources' references (sources 1), or the list's (0). */
+void tensors_lent_drop(struct tensors *tl, size_t n, int sources)
+{
+	if (sources)
+		tensors_sources_ref(tl, n, 0);
+	else
+		tensors_unref(tl);
 }
 
 /* Drops the list's references to its sources once the engine holds its own, unless a plan

@@ -6,7 +6,8 @@
  * tensors over several frames; misuse through the library; and, frame by frame, what the
  * daemon refuses: an unknown plan, another connection's, a bad entry (the plan forgotten), a
  * plan whose region was deleted, more plans than max_plans_per_user; a region deleted after
- * a save from a plan lets go at once, and a plan forgotten mid-save leaves the save whole.
+ * a save from a plan lets go at once, and a plan forgotten mid-save leaves the save whole;
+ * saves in flight from one plan outlive the plan and its region, which then let go.
  */
 #include "harness_daemon.h"
 #include "harness_frames.h"
@@ -500,6 +501,60 @@ START_TEST(test_release)
 }
 END_TEST
 
+/* SAVE_BEGIN of dir/rank0 and SAVE_END naming plan id, not waited for; the save's id. */
+static int64_t raw_save_plan_nowait(int fd, const char *dir, uint64_t id)
+{
+	struct proto_out o;
+	struct res r;
+	int64_t save = r_begin(fd, dir, "rank0", &r);
+
+	ck_assert_int_gt(save, 0);
+	out_map(&o, PROTO_SAVE_END, 2);
+	proto_kv_u64(&o.pk, "save", (uint64_t)save);
+	proto_kv_u64(&o.pk, "plan", id);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, "level", &r, 10000), 0);
+	return save;
+}
+
+/* Saves from one plan share its description with the engine (lent, not copied): two saves
+ * ended back to back, then the plan and its region deleted while they may still run; both
+ * files are whole, and the region is let go once they are (max_regions_per_user 2: two new
+ * regions fit only then). */
+START_TEST(test_lent)
+{
+	d_start(CACHE_16M, "\"max_regions_per_user\": 2,");
+	int fd = raw_connect();
+	struct proto_out o;
+	struct res r;
+
+	raw_hello(fd);
+	raw_region(fd, 1);
+	ck_assert_int_eq(raw_plan(fd, 1, "a", 1, 4096), 0);
+	int64_t a = raw_save_plan_nowait(fd, h_path("%s/lent/a", D->root), 1);
+	int64_t b = raw_save_plan_nowait(fd, h_path("%s/lent/b", D->root), 1);
+	out_map(&o, PROTO_PLAN_DEL, 1);
+	proto_kv_u64(&o.pk, "plan", 1);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, NULL, &r, 10000), 0);
+	out_map(&o, PROTO_REGION_DEL, 1);
+	proto_kv_u64(&o.pk, "region", 1);
+	ck_assert_int_eq(r_call(fd, &o, 0, NULL, NULL, &r, 10000), 0);
+	ck_assert_int_eq(r_wait(fd, a, DSCKPT_DURABLE, 10000, &r), DSCKPT_DURABLE);
+	ck_assert_int_eq(r_wait(fd, b, DSCKPT_DURABLE, 10000, &r), DSCKPT_DURABLE);
+	for (int k = 0; k < 2; k++) {
+		struct stf f;
+		int64_t n = 4096;
+		stf_load(&f, h_path("%s/lent/%c/rank0.safetensors", D->root, "ab"[k]));
+		stf_tensor(&f, "a", "U8", &n, 1, 4096);
+		stf_free(&f);
+	}
+	raw_region(fd, 2);
+	raw_region(fd, 3);
+	close(fd);
+	check_alive();
+	d_stop();
+}
+END_TEST
+
 /* Builds the suite: one test case per group, each with a time limit that fits it. */
 static Suite *plan_suite(void)
 {
@@ -511,6 +566,7 @@ static Suite *plan_suite(void)
 	h_add_case(s, "big", test_big, 120, 1);
 	h_add_case(s, "frames", test_frames, 30, 1);
 	h_add_case(s, "release", test_release, 30, 1);
+	h_add_case(s, "lent", test_lent, 30, 1);
 	return s;
 }
 
