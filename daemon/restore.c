@@ -5,9 +5,9 @@
  * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned offsets (the same
  * pieces a save wrote, so a resident copy is indexed the same way); only pieces that hold a
  * destination are visited. restore_submit groups them into units: runs of adjacent pieces with
- * a destination crossing every boundary inside, at most UNIT_MAX long (so that a long tensor
- * still spreads over threads; a whole resident copy, hashed from DRAM anyway, has units of one
- * piece). Units are claimed in ascending order, each by one thread that goes through its pieces
+ * a destination crossing every boundary inside, at most UNIT_MAX long and shorter toward the
+ * end (so that a long tensor still spreads over threads and no thread reads a long unit alone
+ * at the end; a whole resident copy, hashed from DRAM anyway, has units of one piece). Units are claimed in ascending order, each by one thread that goes through its pieces
  * in order. A piece comes from the job's pinned resident copy when it is still there; otherwise
  * from a cache chunk the thread holds: it takes one before claiming a unit that needs one (so
  * that a claimed unit always owns memory, as in engine.c) and reuses it piece after piece. A
@@ -644,21 +644,27 @@ static int crossed(const struct restore_job *j, uint64_t o)
 }
 
 /* Cuts pieces into units: runs of adjacent pieces, a destination crossing every boundary
- * inside, at most UNIT_MAX long; -1 without memory. A whole resident copy is hashed from
- * DRAM either way: its units are single pieces, spread over every thread; so are those of
- * a file with fewer pieces than twice the threads (spread beats hashing in the cache there:
- * a 400 MiB file in two units read 2x slower on the H200 than in seven pieces). */
+ * inside, shorter toward the end; -1 without memory. A unit started with r pieces left is at
+ * most r / threads pieces long (1 to UNIT_MAX): a thread that claims it as the others work
+ * through the rest finishes about when they do, instead of reading a long unit alone at the
+ * end. So a file of fewer pieces than twice the threads has units of one piece (spread beats
+ * hashing in the cache there: a 400 MiB file in two units read 2x slower on the H200 than in
+ * seven pieces), and so does a whole resident copy, which is hashed from DRAM anyway. */
 static int plan_units(struct restore_job *j)
 {
 	int whole = j->r.res && resident_held(j->r.res) >= j->r.data_len;
-	uint64_t n = 0, max = whole || j->npieces < 2 * (uint64_t)R.nthreads ? 1 : UNIT_MAX;
+	uint64_t n = 0, cap = 1;
 
 	j->units = malloc((j->npieces + 1) * sizeof(*j->units));
 	if (!j->units)
 		return -1;
-	for (uint64_t o = 0; o < j->npieces; o++)
-		if (o == 0 || o - j->units[n - 1] == max || !crossed(j, o))
-			j->units[n++] = o;
+	for (uint64_t o = 0; o < j->npieces; o++) {
+		if (o > 0 && o - j->units[n - 1] < cap && crossed(j, o))
+			continue;
+		uint64_t share = (j->npieces - o) / R.nthreads;
+		cap = whole || share < 1 ? 1 : share > UNIT_MAX ? UNIT_MAX : share;
+		j->units[n++] = o;
+	}
 	j->units[n] = j->npieces;
 	j->nunits = n;
 	return 0;

@@ -4,8 +4,9 @@
  * sends; every destination byte is compared. Mismatched names, dtypes and shapes, a flipped
  * byte, a truncated file, a client that dies mid-restore, a file larger than the cache, a
  * restore beside saves in flight, and which source (cache or file) the daemon chooses.
- * Tensors over many pieces and units (restore.c: at most 4 pieces a unit), a flipped byte at
- * each kind of place in them, and restores that have one or two chunks of cache to go on.
+ * Tensors over many pieces and units (restore.c: at most 4 pieces a unit, fewer toward the
+ * end), a flipped byte at each kind of place in them, and restores that have one or two
+ * chunks of cache to go on.
  */
 #include "harness_frames.h"
 
@@ -522,9 +523,11 @@ START_TEST(test_load_parallel)
 }
 END_TEST
 
-/* Over 1 MiB pieces: h in piece 0; L over pieces 0 to 11 (three units of 4, the cap cutting
- * it twice); m crossing from piece 11 into 12 (a new unit: the cap); n over pieces 12 to 15
- * and t over 15 to 18 (the cap again at 16): 19 pieces in 5 units. */
+/* Over 1 MiB pieces, with six threads (restore.c: a unit started with r pieces left is at
+ * most r / 6 pieces long): h in piece 0; L over pieces 0 to 11 (units 0-2, 3-4, 5-6, 7-8,
+ * then one piece each: the cap cutting it at every boundary from 3 on); m crossing from piece
+ * 11 into 12 (a new unit: the cap); n over pieces 12 to 15 and t over 15 to 18, a piece each:
+ * 19 pieces in 14 units. */
 static const struct spec units[] = {
 	{"h", "U8", {500000}, 1},
 	{"L", "U8", {(11 << 20) + 12345}, 1},
@@ -536,7 +539,7 @@ static const struct spec units[] = {
 #define NUNITS 6
 #define L_AT 500000ULL  /* data offset of L */
 
-/* A file of tensors over 19 pieces and 5 units, loaded from the file twice (the second time
+/* A file of tensors over 19 pieces and 14 units, loaded from the file twice (the second time
  * from the page cache) by six threads through an 8-chunk cache: every byte exact. */
 START_TEST(test_load_units)
 {
@@ -566,25 +569,28 @@ START_TEST(test_load_units_hot)
 END_TEST
 
 /* One flipped byte per file: in L's first part, in its first part past the first unit (left
- * for later when that unit is not hashed yet), in the third unit's middle, in m's part past a
- * cap, and in L's last byte: each load FAILED with ECHECKSUM naming that tensor. */
+ * for later when that unit is not hashed yet), in a unit's second piece, in a unit of one
+ * piece near the end, in m's part past a cap, and in L's last byte: each load FAILED with
+ * ECHECKSUM naming that tensor. */
 START_TEST(test_load_units_corrupt)
 {
 	static const struct { uint64_t at; const char *name; } flips[] = {
 		{L_AT + 5, "L"},
-		{(4 << 20) + 10, "L"},
+		{(3 << 20) + 10, "L"},
+		{(6 << 20) + 777, "L"},
 		{(9 << 20) + 777, "L"},
 		{(12 << 20) + 100, "m"},
 		{L_AT + (11 << 20) + 12344, "L"},
 	};
+	enum { NFLIPS = sizeof(flips) / sizeof(flips[0]) };
 	d_start(CACHE_8M, CHUNK_1M "\"restore_threads\": 6, \"keep_resident\": false,");
 	char dir[512];	/* h_path's buffers are reused by the calls below */
 	snprintf(dir, sizeof(dir), "%s/luc/step1", D->root);
 	dsckpt_conn_t *c = conn_open("luc", 0, 1);
-	for (int f = 0; f < 5; f++)
+	for (int f = 0; f < NFLIPS; f++)
 		save_spec(c, dir, h_path("rank%d", f), units, NUNITS, 500);
 	dsckpt_close(c);
-	for (int f = 0; f < 5; f++) {
+	for (int f = 0; f < NFLIPS; f++) {
 		flip_byte(dir, h_path("rank%d", f), flips[f].at);
 		for (int pass = 0; pass < 2; pass++) {	/* from the disk, then the page cache */
 			struct dst d;
