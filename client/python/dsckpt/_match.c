@@ -2,11 +2,12 @@
  * _match.c — dsckpt._match: Shape.match (client/python/dsckpt/_shape.py) in one pass per
  * level, an optional speed-up that _shape.py falls back from when it is not built.
  *
- * match(plan, root) walks root level by level, breadth first, as Shape._match_py does, and
+ * match(plan, root) walks root level by level, breadth first, as Shape.match_py does, and
  * returns the same thing: (tensors, leaves), or None when root's containers are not those
  * recorded. It knows nothing of tensors: the plan's codes say which child is a tensor, a
- * container of the next level or a leaf, as the recorded masks do. Each level of the plan is
- * a tuple that Shape._plan builds once:
+ * container of the next level or a leaf, as the recorded masks do. compile(levels) makes the
+ * plan once (a capsule of C arrays over the levels, which it keeps) from a tuple of levels
+ * that _shape._plan builds, each a tuple of:
  *
  *   types       tuple: each container's exact type
  *   lens        bytes: each container's len(), native Py_ssize_t
@@ -25,15 +26,19 @@
  * neither exact str nor exact int (whose == may run code), or read a vars() that is not a
  * dict, match returns NotImplemented and the caller takes the Python path.
  *
+ * The containers met are kept, each with a reference, in one array (each level a run of it)
+ * until the final check that they are distinct objects, as Python's containers list keeps
+ * them.
+ *
  * Built against the limited API of Python 3.11 (abi3): one .so serves 3.11 and later.
  */
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
-#include <string.h>
 
-/* Bump with _shape.py's _PLAN_VERSION when the plan's layout changes. */
+/* Bump with _shape.py's match_module(...) argument when the plan's layout changes. */
 #define MATCH_PLAN_VERSION 1
+#define PLAN_CAPSULE "dsckpt._match.plan"
 
 #define FLAG_DICT 1
 #define FLAG_ATTRS 2
@@ -44,26 +49,34 @@
 /* Verdicts of a step: go on, not the recorded shape, take the Python path, or an error set. */
 enum verdict { GO_ON, MISMATCH, FALLBACK, ERROR };
 
-/* One level of the plan, its bytes and tuples borrowed from the plan. */
+/* One level of a compiled plan; the objects are borrowed from the plan's tuples. */
 struct level {
-	PyObject *types, *keys, *attr_keys;
+	PyObject **types, **keys, **attr_keys;
 	const Py_ssize_t *lens, *attr_lens;
 	const unsigned char *flags, *codes;
-	Py_ssize_t ntypes, nkeys, nattrs, ncodes;
-	int all_tensors;
+	Py_ssize_t ntypes, nkeys, nattrs, nattr_keys, ncodes;
+	int all_tensors, any_attrs;
 };
 
-/* The lists a match fills: tensors, leaves, and every level's containers (kept alive for
- * the final check that they are distinct, as Python's containers list keeps them). */
+/* A compiled plan: its levels, the tuple they point into (one reference), the containers a
+ * match meets. */
+struct plan {
+	PyObject *src;
+	struct level *levels;
+	Py_ssize_t nlevels, ncontainers;
+};
+
+/* What a match fills: tensors, leaves, and every container met (a reference each). */
 struct walk {
-	PyObject *tensors, *leaves, *held;
+	PyObject *tensors, *leaves;
+	PyObject **held;
+	Py_ssize_t nheld, cap;
 };
 
 PyMODINIT_FUNC PyInit__match(void);
 
-/* The number of Py_ssize_t in a bytes object, or -1 with an error set when it is not a whole
- * number of them. */
-static Py_ssize_t ssize_count(PyObject *b, const Py_ssize_t **out)
+/* The number of Py_ssize_t in a bytes object (*out: them), or -1 with an error set. */
+static Py_ssize_t ssizes_read(PyObject *b, const Py_ssize_t **out)
 {
 	Py_ssize_t n = PyBytes_Size(b);
 
@@ -77,11 +90,26 @@ static Py_ssize_t ssize_count(PyObject *b, const Py_ssize_t **out)
 	return n / (Py_ssize_t)sizeof(Py_ssize_t);
 }
 
-/* Reads one level's tuple of the plan into lv; -1 with an error set when it is malformed. */
+/* A C array of a tuple's items (borrowed; *n: their number), or NULL with an error set. */
+static PyObject **items_read(PyObject *t, Py_ssize_t *n)
+{
+	PyObject **out;
+
+	*n = PyTuple_Size(t);
+	if (!(out = PyMem_Calloc(*n ? *n : 1, sizeof(*out)))) {
+		PyErr_NoMemory();
+		return NULL;
+	}
+	for (Py_ssize_t i = 0; i < *n; i++)
+		out[i] = PyTuple_GetItem(t, i);
+	return out;
+}
+
+/* Reads one level's tuple into lv; -1 with an error set when it is malformed. */
 static int level_read(PyObject *t, struct level *lv)
 {
 	PyObject *f[8];
-	Py_ssize_t nlens, nflags, nattr_lens;
+	Py_ssize_t nlens, nflags;
 
 	if (!PyTuple_Check(t) || PyTuple_Size(t) != 8) {
 		PyErr_SetString(PyExc_TypeError, "dsckpt._match: a plan level is not an 8-tuple");
@@ -95,26 +123,91 @@ static int level_read(PyObject *t, struct level *lv)
 		PyErr_SetString(PyExc_TypeError, "dsckpt._match: a plan level's field types");
 		return -1;
 	}
-	lv->types = f[0];
-	lv->ntypes = PyTuple_Size(f[0]);
-	if ((nlens = ssize_count(f[1], &lv->lens)) < 0 ||
-	    (nattr_lens = ssize_count(f[4], &lv->attr_lens)) < 0)
+	if (!(lv->types = items_read(f[0], &lv->ntypes)) ||
+	    !(lv->keys = items_read(f[3], &lv->nkeys)) ||
+	    !(lv->attr_keys = items_read(f[5], &lv->nattr_keys)) ||
+	    (nlens = ssizes_read(f[1], &lv->lens)) < 0 ||
+	    (lv->nattrs = ssizes_read(f[4], &lv->attr_lens)) < 0 ||
+	    (lv->all_tensors = PyObject_IsTrue(f[7])) < 0)
 		return -1;
 	lv->flags = (const unsigned char *)PyBytes_AsString(f[2]);
 	nflags = PyBytes_Size(f[2]);
-	lv->keys = f[3];
-	lv->nkeys = PyTuple_Size(f[3]);
-	lv->attr_keys = f[5];
-	lv->nattrs = nattr_lens;
 	lv->codes = (const unsigned char *)PyBytes_AsString(f[6]);
 	lv->ncodes = PyBytes_Size(f[6]);
-	lv->all_tensors = PyObject_IsTrue(f[7]);
-	if (lv->all_tensors < 0)
-		return -1;
 	if (nlens != lv->ntypes || nflags != lv->ntypes) {
 		PyErr_SetString(PyExc_ValueError, "dsckpt._match: a plan level's lengths disagree");
 		return -1;
 	}
+	lv->any_attrs = 0;
+	for (Py_ssize_t i = 0; i < lv->ntypes; i++)
+		lv->any_attrs |= (lv->flags[i] & FLAG_ATTRS) != 0;
+	return 0;
+}
+
+/* Frees a plan: its arrays and its reference to the levels' tuple. */
+static void plan_free(struct plan *p)
+{
+	for (Py_ssize_t l = 0; p->levels && l < p->nlevels; l++) {
+		PyMem_Free(p->levels[l].types);
+		PyMem_Free(p->levels[l].keys);
+		PyMem_Free(p->levels[l].attr_keys);
+	}
+	PyMem_Free(p->levels);
+	Py_XDECREF(p->src);
+	PyMem_Free(p);
+}
+
+/* The capsule's destructor. */
+static void plan_capsule_free(PyObject *capsule)
+{
+	plan_free(PyCapsule_GetPointer(capsule, PLAN_CAPSULE));
+}
+
+/* compile(levels): the plan of a tuple of levels, a capsule for match(). */
+static PyObject *match_compile(PyObject *self, PyObject *src)
+{
+	struct plan *p;
+	PyObject *capsule;
+
+	if (!PyTuple_Check(src)) {
+		PyErr_SetString(PyExc_TypeError, "compile(levels: tuple)");
+		return NULL;
+	}
+	if (!(p = PyMem_Calloc(1, sizeof(*p))))
+		return PyErr_NoMemory();
+	p->src = Py_NewRef(src);
+	p->nlevels = PyTuple_Size(src);
+	if (!(p->levels = PyMem_Calloc(p->nlevels ? p->nlevels : 1, sizeof(*p->levels)))) {
+		plan_free(p);
+		return PyErr_NoMemory();
+	}
+	for (Py_ssize_t l = 0; l < p->nlevels; l++) {
+		if (level_read(PyTuple_GetItem(src, l), &p->levels[l]) < 0) {
+			plan_free(p);
+			return NULL;
+		}
+		p->ncontainers += p->levels[l].ntypes;
+	}
+	if (!(capsule = PyCapsule_New(p, PLAN_CAPSULE, plan_capsule_free)))
+		plan_free(p);
+	return capsule;
+}
+
+/* Keeps a container of the next level (a new reference); -1 with an error set. */
+static int held_push(struct walk *w, PyObject *c)
+{
+	if (w->nheld == w->cap) {
+		Py_ssize_t cap = w->cap * 2 + 16;
+		PyObject **grown = PyMem_Realloc(w->held, cap * sizeof(*grown));
+
+		if (!grown) {
+			PyErr_NoMemory();
+			return -1;
+		}
+		w->held = grown;
+		w->cap = cap;
+	}
+	w->held[w->nheld++] = Py_NewRef(c);
 	return 0;
 }
 
@@ -136,19 +229,21 @@ static Py_ssize_t size_pure(PyObject *c)
 	return -1;
 }
 
-/* Checks each container's exact type (a metaclass of its own may define ==: Python's), then
- * its len(): every len() is taken before the verdict, as Python's list of them is (those of
- * exact dicts, lists and tuples run no code and are taken with the types). */
-static enum verdict level_shape(PyObject *level, const struct level *lv, int *odd)
+/* Checks each container of the level (held[lo..hi)) for its exact type (a metaclass of its
+ * own may define ==: Python's), then its len(): every len() is taken before the verdict, as
+ * Python's list of them is (those of exact dicts, lists and tuples run no code and are taken
+ * with the types). */
+static enum verdict level_shape(struct walk *w, Py_ssize_t lo, Py_ssize_t hi,
+				const struct level *lv)
 {
 	enum verdict v = GO_ON;
 	Py_ssize_t n;
+	int odd = 0;
 
-	if (PyList_Size(level) != lv->ntypes)
+	if (hi - lo != lv->ntypes)
 		return MISMATCH;
-	*odd = 0;
 	for (Py_ssize_t i = 0; i < lv->ntypes; i++) {
-		PyObject *c = PyList_GetItem(level, i), *want = PyTuple_GetItem(lv->types, i);
+		PyObject *c = w->held[lo + i], *want = lv->types[i];
 		PyTypeObject *t = Py_TYPE(c);
 
 		if ((PyObject *)t != want) {
@@ -157,12 +252,12 @@ static enum verdict level_shape(PyObject *level, const struct level *lv, int *od
 			return MISMATCH;
 		}
 		if ((n = size_pure(c)) < 0)
-			*odd = 1;
+			odd = 1;
 		else if (n != lv->lens[i])
 			v = MISMATCH;
 	}
-	for (Py_ssize_t i = 0; *odd && i < lv->ntypes; i++) {
-		PyObject *c = PyList_GetItem(level, i);
+	for (Py_ssize_t i = 0; odd && i < lv->ntypes; i++) {
+		PyObject *c = w->held[lo + i];
 
 		if (size_pure(c) >= 0)
 			continue;
@@ -175,11 +270,10 @@ static enum verdict level_shape(PyObject *level, const struct level *lv, int *od
 }
 
 /* Compares k with the at-th of the nwant recorded keys; counts it. MISMATCH sticks in *v. */
-static enum verdict key_check(PyObject *k, PyObject *wanted, Py_ssize_t nwant, Py_ssize_t *at,
-			      enum verdict *v)
+static enum verdict key_check(PyObject *k, PyObject *const *want, Py_ssize_t nwant,
+			      Py_ssize_t *at, enum verdict *v)
 {
 	Py_ssize_t i = (*at)++;
-	PyObject *want;
 	int eq;
 
 	if (*v == MISMATCH)
@@ -188,13 +282,11 @@ static enum verdict key_check(PyObject *k, PyObject *wanted, Py_ssize_t nwant, P
 		*v = MISMATCH;
 		return GO_ON;
 	}
-	want = PyTuple_GetItem(wanted, i);
-	if (k == want)
+	if (k == want[i])
 		return GO_ON;
 	if (!key_plain(k))
 		return FALLBACK;
-	eq = PyObject_RichCompareBool(k, want, Py_EQ);
-	if (eq < 0)
+	if ((eq = PyObject_RichCompareBool(k, want[i], Py_EQ)) < 0)
 		return ERROR;
 	if (!eq)
 		*v = MISMATCH;
@@ -202,20 +294,20 @@ static enum verdict key_check(PyObject *k, PyObject *wanted, Py_ssize_t nwant, P
 }
 
 /* Checks the keys of every dict of the level against the recorded ones (iter() of each dict,
- * as Python's chain of them). */
-static enum verdict level_keys(PyObject *level, const struct level *lv)
+ * as Python's chain of them: all of it, for the code an iterator may run). */
+static enum verdict level_keys(struct walk *w, Py_ssize_t lo, const struct level *lv)
 {
 	enum verdict v = GO_ON, step;
 	Py_ssize_t at = 0;
 
 	for (Py_ssize_t i = 0; i < lv->ntypes; i++) {
-		PyObject *c = PyList_GetItem(level, i), *k, *v_, *it;
+		PyObject *c = w->held[lo + i], *k, *val, *it;
 		Py_ssize_t pos = 0;
 
 		if (!(lv->flags[i] & FLAG_DICT))
 			continue;
 		if (PyDict_CheckExact(c)) {
-			while (PyDict_Next(c, &pos, &k, &v_))
+			while (PyDict_Next(c, &pos, &k, &val))
 				if ((step = key_check(k, lv->keys, lv->nkeys, &at, &v)) != GO_ON)
 					return step;
 			continue;
@@ -239,22 +331,21 @@ static enum verdict level_keys(PyObject *level, const struct level *lv)
 	return v;
 }
 
-/* Checks the level's attribute dicts (vars() of each FLAG_ATTRS container: their lens, then
- * their keys) and appends their values to the leaves. */
-static enum verdict level_attrs(PyObject *level, const struct level *lv, struct walk *w)
+/* Checks the level's attribute dicts (vars() of each FLAG_ATTRS container: all of them, then
+ * their lens, then their keys) and appends their values to the leaves. */
+static enum verdict level_attrs(struct walk *w, Py_ssize_t lo, const struct level *lv)
 {
 	PyObject *attrs = PyList_New(0), *d, *k, *val;
 	enum verdict v = GO_ON, step = GO_ON;
-	Py_ssize_t at = 0, n = 0, natt_keys = PyTuple_Size(lv->attr_keys);
+	Py_ssize_t at = 0, n;
 
 	if (!attrs)
 		return ERROR;
 	for (Py_ssize_t i = 0; i < lv->ntypes; i++) {
 		if (!(lv->flags[i] & FLAG_ATTRS))
 			continue;
-		d = PyObject_GetAttrString(PyList_GetItem(level, i), "__dict__");
-		if (!d) {
-			if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+		if (!(d = PyObject_GetAttrString(w->held[lo + i], "__dict__"))) {
+			if (PyErr_ExceptionMatches(PyExc_AttributeError)) {  /* as vars() says it */
 				PyErr_Clear();
 				PyErr_SetString(PyExc_TypeError,
 						"vars() argument must have __dict__ attribute");
@@ -262,19 +353,15 @@ static enum verdict level_attrs(PyObject *level, const struct level *lv, struct 
 			step = ERROR;
 			goto out;
 		}
-		if (PyList_Append(attrs, d) < 0) {
-			Py_DECREF(d);
+		if (PyList_Append(attrs, d) < 0)
 			step = ERROR;
-			goto out;
-		}
-		Py_DECREF(d);
-		if (!PyDict_CheckExact(d)) {
+		else if (!PyDict_CheckExact(d))
 			step = FALLBACK;
+		Py_DECREF(d);
+		if (step != GO_ON)
 			goto out;
-		}
 	}
-	n = PyList_Size(attrs);
-	if (n != lv->nattrs) {
+	if ((n = PyList_Size(attrs)) != lv->nattrs) {
 		PyErr_SetString(PyExc_ValueError, "dsckpt._match: attribute lengths disagree");
 		step = ERROR;
 		goto out;
@@ -282,20 +369,16 @@ static enum verdict level_attrs(PyObject *level, const struct level *lv, struct 
 	for (Py_ssize_t i = 0; i < n; i++)
 		if (PyDict_Size(PyList_GetItem(attrs, i)) != lv->attr_lens[i])
 			v = MISMATCH;
-	if (v == MISMATCH)
-		goto out;
-	for (Py_ssize_t i = 0; i < n; i++) {
+	for (Py_ssize_t i = 0; i < n && v == GO_ON; i++) {
 		Py_ssize_t pos = 0;
 
 		while (PyDict_Next(PyList_GetItem(attrs, i), &pos, &k, &val))
-			if ((step = key_check(k, lv->attr_keys, natt_keys, &at, &v)) != GO_ON)
+			if ((step = key_check(k, lv->attr_keys, lv->nattr_keys, &at, &v)) != GO_ON)
 				goto out;
 	}
-	if (at != natt_keys)
+	if (v == GO_ON && at != lv->nattr_keys)
 		v = MISMATCH;
-	if (v == MISMATCH)
-		goto out;
-	for (Py_ssize_t i = 0; i < n; i++) {
+	for (Py_ssize_t i = 0; i < n && v == GO_ON; i++) {
 		Py_ssize_t pos = 0;
 
 		while (PyDict_Next(PyList_GetItem(attrs, i), &pos, &k, &val))
@@ -312,7 +395,7 @@ out:
 /* Puts the at-th child where its code says: tensors, leaves or the next level. A child past
  * the codes is dropped, as compress() drops it, unless every child is a tensor. */
 static int child_route(PyObject *child, Py_ssize_t at, const struct level *lv,
-		       struct walk *w, PyObject *next)
+		       struct walk *w)
 {
 	if (lv->all_tensors)
 		return PyList_Append(w->tensors, child);
@@ -322,7 +405,7 @@ static int child_route(PyObject *child, Py_ssize_t at, const struct level *lv,
 	case CODE_TENSOR:
 		return PyList_Append(w->tensors, child);
 	case CODE_SUB:
-		return PyList_Append(next, child);
+		return held_push(w, child);
 	default:
 		return PyList_Append(w->leaves, child);
 	}
@@ -330,7 +413,7 @@ static int child_route(PyObject *child, Py_ssize_t at, const struct level *lv,
 
 /* Routes every child of an iterable (a dict's values(), a sequence subclass's items). */
 static int children_iter(PyObject *iterable, Py_ssize_t *at, const struct level *lv,
-			 struct walk *w, PyObject *next)
+			 struct walk *w)
 {
 	PyObject *it = PyObject_GetIter(iterable), *child;
 	int rc = 0;
@@ -338,7 +421,7 @@ static int children_iter(PyObject *iterable, Py_ssize_t *at, const struct level 
 	if (!it)
 		return -1;
 	while (rc == 0 && (child = PyIter_Next(it))) {
-		rc = child_route(child, (*at)++, lv, w, next);
+		rc = child_route(child, (*at)++, lv, w);
 		Py_DECREF(child);
 	}
 	Py_DECREF(it);
@@ -347,7 +430,7 @@ static int children_iter(PyObject *iterable, Py_ssize_t *at, const struct level 
 
 /* Routes the children of one container: a dict's values, a sequence's items. */
 static int container_children(PyObject *c, int is_dict, Py_ssize_t *at,
-			      const struct level *lv, struct walk *w, PyObject *next)
+			      const struct level *lv, struct walk *w)
 {
 	PyObject *k, *val, *values;
 	Py_ssize_t pos = 0, n;
@@ -355,62 +438,59 @@ static int container_children(PyObject *c, int is_dict, Py_ssize_t *at,
 
 	if (is_dict && PyDict_CheckExact(c)) {
 		while (PyDict_Next(c, &pos, &k, &val))
-			if (child_route(val, (*at)++, lv, w, next) < 0)
+			if (child_route(val, (*at)++, lv, w) < 0)
 				return -1;
 		return 0;
 	}
 	if (is_dict) {  /* OrderedDict, a subclass: its own values(), as methodcaller calls it */
 		if (!(values = PyObject_CallMethod(c, "values", NULL)))
 			return -1;
-		rc = children_iter(values, at, lv, w, next);
+		rc = children_iter(values, at, lv, w);
 		Py_DECREF(values);
 		return rc;
 	}
 	if (PyList_CheckExact(c)) {
 		for (Py_ssize_t i = 0; i < PyList_Size(c); i++)
-			if (child_route(PyList_GetItem(c, i), (*at)++, lv, w, next) < 0)
+			if (child_route(PyList_GetItem(c, i), (*at)++, lv, w) < 0)
 				return -1;
 		return 0;
 	}
 	if (PyTuple_CheckExact(c)) {
 		n = PyTuple_Size(c);
 		for (Py_ssize_t i = 0; i < n; i++)
-			if (child_route(PyTuple_GetItem(c, i), (*at)++, lv, w, next) < 0)
+			if (child_route(PyTuple_GetItem(c, i), (*at)++, lv, w) < 0)
 				return -1;
 		return 0;
 	}
-	return children_iter(c, at, lv, w, next);
+	return children_iter(c, at, lv, w);
 }
 
-/* Routes the level's children: every dict's values, then every sequence's items. */
-static int level_children(PyObject *level, const struct level *lv, struct walk *w,
-			  PyObject *next)
+/* Routes the level's children: every dict's values, then every sequence's items (those of
+ * dicts only when dicts is set: level_plain has routed them). */
+static int level_children(struct walk *w, Py_ssize_t lo, const struct level *lv, int dicts,
+			  Py_ssize_t at)
 {
-	Py_ssize_t at = 0;
-
-	for (int dicts = 1; dicts >= 0; dicts--)
+	for (; dicts >= 0; dicts--)
 		for (Py_ssize_t i = 0; i < lv->ntypes; i++) {
 			int is_dict = lv->flags[i] & FLAG_DICT;
 
 			if (is_dict == dicts &&
-			    container_children(PyList_GetItem(level, i), is_dict, &at, lv, w,
-					       next) < 0)
+			    container_children(w->held[lo + i], is_dict, &at, lv, w) < 0)
 				return -1;
 		}
 	return 0;
 }
 
-/* Checks the keys of a level whose dicts are all exact dicts and routes their values in
- * the same pass (nothing runs Python code between Python's keys and values here), then the
- * sequences' items. */
-static enum verdict level_plain(PyObject *level, const struct level *lv, struct walk *w,
-				PyObject *next)
+/* Checks the keys of a level whose dicts are all exact dicts and routes their values in the
+ * same pass (between Python's keys and values nothing runs code here), then the sequences'
+ * items. */
+static enum verdict level_plain(struct walk *w, Py_ssize_t lo, const struct level *lv)
 {
 	enum verdict v = GO_ON, step;
 	Py_ssize_t keys = 0, at = 0;
 
 	for (Py_ssize_t i = 0; i < lv->ntypes; i++) {
-		PyObject *c = PyList_GetItem(level, i), *k, *val;
+		PyObject *c = w->held[lo + i], *k, *val;
 		Py_ssize_t pos = 0;
 
 		if (!(lv->flags[i] & FLAG_DICT))
@@ -420,136 +500,110 @@ static enum verdict level_plain(PyObject *level, const struct level *lv, struct 
 				return step;
 			if (v == MISMATCH)
 				return v;  /* nothing here runs code: no need to go on */
-			if (child_route(val, at++, lv, w, next) < 0)
+			if (child_route(val, at++, lv, w) < 0)
 				return ERROR;
 		}
 	}
 	if (keys != lv->nkeys)
-		v = MISMATCH;
-	if (v != GO_ON)
-		return v;
-	for (Py_ssize_t i = 0; i < lv->ntypes; i++)
-		if (!(lv->flags[i] & FLAG_DICT) &&
-		    container_children(PyList_GetItem(level, i), 0, &at, lv, w, next) < 0)
-			return ERROR;
-	return GO_ON;
+		return MISMATCH;
+	return level_children(w, lo, lv, 0, at) < 0 ? ERROR : GO_ON;
 }
 
-/* Matches one level: checks it and routes its children (next: the next level, filled).
- * Python's order: types, lens, keys, attributes, children. */
-static enum verdict level_match(PyObject *level, const struct level *lv, struct walk *w,
-				PyObject *next)
+/* Matches the level held[lo..hi): checks it and routes its children (those of the next
+ * level pushed on held). Python's order: types, lens, keys, attributes, children. */
+static enum verdict level_match(struct walk *w, Py_ssize_t lo, Py_ssize_t hi,
+				const struct level *lv)
 {
 	enum verdict v;
-	int odd, any_attrs = 0, plain = 1;
+	int plain = !lv->any_attrs;
 
-	if ((v = level_shape(level, lv, &odd)) != GO_ON)
+	if ((v = level_shape(w, lo, hi, lv)) != GO_ON)
 		return v;
-	for (Py_ssize_t i = 0; i < lv->ntypes; i++) {
-		any_attrs |= lv->flags[i] & FLAG_ATTRS;
+	for (Py_ssize_t i = 0; plain && i < lv->ntypes; i++)
 		if (lv->flags[i] & FLAG_DICT)
-			plain &= PyDict_CheckExact(PyList_GetItem(level, i));
-	}
-	if (plain && !any_attrs)
-		return level_plain(level, lv, w, next);
-	if ((v = level_keys(level, lv)) != GO_ON)
+			plain = PyDict_CheckExact(w->held[lo + i]);
+	if (plain)
+		return level_plain(w, lo, lv);
+	if ((v = level_keys(w, lo, lv)) != GO_ON)
 		return v;
-	if (any_attrs && (v = level_attrs(level, lv, w)) != GO_ON)
+	if (lv->any_attrs && (v = level_attrs(w, lo, lv)) != GO_ON)
 		return v;
-	return level_children(level, lv, w, next) < 0 ? ERROR : GO_ON;
+	return level_children(w, lo, lv, 1, 0) < 0 ? ERROR : GO_ON;
 }
 
-/* Whether the containers of every held level are distinct objects (an open-addressed set
- * of their addresses); -1 with an error set when out of memory. */
-static int containers_distinct(PyObject *held)
+/* Whether the held containers are distinct objects (an open-addressed set of their
+ * addresses); -1 with an error set when out of memory. */
+static int held_distinct(const struct walk *w)
 {
-	Py_ssize_t total = 0, nlevels = PyList_Size(held);
 	size_t cap = 16, mask;
 	uintptr_t *set;
 	int distinct = 1;
 
-	for (Py_ssize_t l = 0; l < nlevels; l++)
-		total += PyList_Size(PyList_GetItem(held, l));
-	while (cap < 2 * (size_t)total)
+	while (cap < 2 * (size_t)w->nheld)
 		cap <<= 1;
 	mask = cap - 1;
 	if (!(set = PyMem_Calloc(cap, sizeof(*set)))) {
 		PyErr_NoMemory();
 		return -1;
 	}
-	for (Py_ssize_t l = 0; l < nlevels && distinct; l++) {
-		PyObject *level = PyList_GetItem(held, l);
+	for (Py_ssize_t i = 0; i < w->nheld && distinct; i++) {
+		uintptr_t p = (uintptr_t)w->held[i];
+		size_t h = (size_t)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 32) & mask;
 
-		for (Py_ssize_t i = 0; i < PyList_Size(level) && distinct; i++) {
-			uintptr_t p = (uintptr_t)PyList_GetItem(level, i);
-			size_t h = (size_t)((p >> 4) * 0x9E3779B97F4A7C15ull) & mask;
-
-			while (set[h] && set[h] != p)
-				h = (h + 1) & mask;
-			if (set[h] == p)
-				distinct = 0;
-			set[h] = p;
-		}
+		while (set[h] && set[h] != p)
+			h = (h + 1) & mask;
+		distinct = set[h] != p;
+		set[h] = p;
 	}
 	PyMem_Free(set);
 	return distinct;
 }
 
-/* Walks root through every level of plan; returns the verdict, w filled on GO_ON. */
-static enum verdict plan_walk(PyObject *plan, PyObject *root, struct walk *w)
+/* Walks root through every level of p; returns the verdict, w filled on GO_ON. */
+static enum verdict plan_walk(const struct plan *p, PyObject *root, struct walk *w)
 {
-	PyObject *level = PyList_New(1), *next;
-	Py_ssize_t nlevels = PyTuple_Size(plan);
-	struct level lv;
-	enum verdict v = GO_ON;
+	Py_ssize_t lo = 0, hi;
+	enum verdict v;
 	int distinct;
 
-	if (!level)
+	if (held_push(w, root) < 0)
 		return ERROR;
-	Py_INCREF(root);
-	PyList_SetItem(level, 0, root);  /* steals the reference */
-	for (Py_ssize_t l = 0; l < nlevels; l++) {
-		if (PyList_Append(w->held, level) < 0 || level_read(PyTuple_GetItem(plan, l), &lv) < 0 ||
-		    !(next = PyList_New(0))) {
-			Py_DECREF(level);
-			return ERROR;
-		}
-		Py_DECREF(level);  /* held keeps it */
-		v = level_match(level, &lv, w, next);
-		level = next;
-		if (v != GO_ON)
-			break;
+	for (Py_ssize_t l = 0; l < p->nlevels; l++) {
+		hi = w->nheld;
+		if ((v = level_match(w, lo, hi, &p->levels[l])) != GO_ON)
+			return v;
+		lo = hi;
 	}
-	if (v == GO_ON && PyList_Size(level) != 0)
-		v = MISMATCH;
-	Py_DECREF(level);
-	if (v != GO_ON)
-		return v;
-	if ((distinct = containers_distinct(w->held)) < 0)
+	if (w->nheld != lo)  /* containers below the last level */
+		return MISMATCH;
+	if ((distinct = held_distinct(w)) < 0)
 		return ERROR;
 	return distinct ? GO_ON : MISMATCH;
 }
 
-/* match(plan, root): (tensors, leaves) when root's containers are plan's, None when not,
+/* match(plan, root): (tensors, leaves) when root's containers are the plan's, None when not,
  * NotImplemented when the Python path must decide (see the file's opening comment). */
 static PyObject *match_match(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-	PyObject *plan, *root, *out = NULL;
-	struct walk w;
+	struct walk w = {0};
+	struct plan *p;
+	PyObject *out = NULL;
 	enum verdict v;
 
-	if (nargs != 2 || !PyTuple_Check(args[0])) {
-		PyErr_SetString(PyExc_TypeError, "match(plan: tuple, root)");
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "match(plan, root)");
 		return NULL;
 	}
-	plan = args[0];
-	root = args[1];
+	if (!(p = PyCapsule_GetPointer(args[0], PLAN_CAPSULE)))
+		return NULL;
 	w.tensors = PyList_New(0);
 	w.leaves = PyList_New(0);
-	w.held = PyList_New(0);
+	w.cap = p->ncontainers + 1;
+	if (!(w.held = PyMem_Malloc(w.cap * sizeof(*w.held))))
+		PyErr_NoMemory();
 	if (!w.tensors || !w.leaves || !w.held)
 		goto done;
-	v = plan_walk(plan, root, &w);
+	v = plan_walk(p, args[1], &w);
 	if (v == GO_ON)
 		out = PyTuple_Pack(2, w.tensors, w.leaves);
 	else if (v == MISMATCH)
@@ -557,13 +611,16 @@ static PyObject *match_match(PyObject *self, PyObject *const *args, Py_ssize_t n
 	else if (v == FALLBACK)
 		out = Py_NewRef(Py_NotImplemented);
 done:
+	for (Py_ssize_t i = 0; i < w.nheld; i++)
+		Py_DECREF(w.held[i]);
+	PyMem_Free(w.held);
 	Py_XDECREF(w.tensors);
 	Py_XDECREF(w.leaves);
-	Py_XDECREF(w.held);
 	return out;
 }
 
 static PyMethodDef match_methods[] = {
+	{"compile", match_compile, METH_O, "compile(levels) -> the plan match() reads"},
 	{"match", (PyCFunction)(void (*)(void))match_match, METH_FASTCALL,
 	 "match(plan, root) -> (tensors, leaves), None, or NotImplemented (use Python)"},
 	{NULL, NULL, 0, NULL},
@@ -575,7 +632,7 @@ static struct PyModuleDef match_module = {
 	NULL, NULL, NULL, NULL,
 };
 
-/* The module: match() and PLAN_VERSION, which _shape.py checks before using it. */
+/* The module: compile(), match() and PLAN_VERSION, which _shape.py checks before use. */
 PyMODINIT_FUNC PyInit__match(void)
 {
 	PyObject *m = PyModule_Create(&match_module);

@@ -138,7 +138,8 @@ class Shape:
             walked.append((level, children, attrs))
             level = list(compress(children, rec.sub_mask))
         self.frame = self._frame(walked, entry_of)
-        self.plan = _plan(self.levels) if _match is not None else None
+        levels = _plan(self.levels) if _match is not None else None
+        self.plan = _match.compile(levels) if levels is not None else None
 
     def _record(self, level: List[Any], bearing: Dict[int, bool]):
         """The _Level of a list of containers, with their children and attribute dicts."""
@@ -254,8 +255,9 @@ class Shape:
 
 
 def _plan(levels: List[_Level]) -> Optional[tuple]:
-    """The levels as dsckpt._match reads them (_match.c's opening comment), or None when an
-    attribute key is neither str nor int (a key whose == may run code: Python matches)."""
+    """The levels as dsckpt._match.compile reads them (_match.c's opening comment), or None
+    when an attribute key is neither str nor int (a key whose == may run code: Python
+    matches)."""
     plan = []
     for rec in levels:
         if not set(map(type, rec.attr_keys)) <= {str, int}:
