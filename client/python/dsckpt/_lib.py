@@ -32,6 +32,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import sys
 import threading
 from types import ModuleType
 from typing import List, Optional, Tuple
@@ -111,6 +112,8 @@ def match_module(plan_version: int) -> Optional[ModuleType]:
     """dsckpt._match when it is found and reads plans of plan_version, else None (see the
     module docstring; why it was not loaded is logged at debug level)."""
     log = logging.getLogger("dsckpt.torch")
+    if sys.version_info < (3, 11):  # built against the limited API of 3.11
+        return None
     try:
         mod = importlib.import_module("dsckpt._match")
     except ImportError:

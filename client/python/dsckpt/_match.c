@@ -138,6 +138,11 @@ static int level_read(PyObject *t, struct level *lv)
 		PyErr_SetString(PyExc_ValueError, "dsckpt._match: a plan level's lengths disagree");
 		return -1;
 	}
+	for (Py_ssize_t i = 0; i < lv->ncodes; i++)
+		if (lv->codes[i] > CODE_SUB) {
+			PyErr_SetString(PyExc_ValueError, "dsckpt._match: a child's code");
+			return -1;
+		}
 	lv->any_attrs = 0;
 	for (Py_ssize_t i = 0; i < lv->ntypes; i++)
 		lv->any_attrs |= (lv->flags[i] & FLAG_ATTRS) != 0;
@@ -406,9 +411,10 @@ static int child_route(PyObject *child, Py_ssize_t at, const struct level *lv,
 		return PyList_Append(w->tensors, child);
 	case CODE_SUB:
 		return held_push(w, child);
-	default:
+	case CODE_LEAF:
 		return PyList_Append(w->leaves, child);
 	}
+	return 0;  /* level_read let no other code in */
 }
 
 /* Routes every child of an iterable (a dict's values(), a sequence subclass's items). */

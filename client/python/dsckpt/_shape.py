@@ -36,6 +36,9 @@ import torch
 from . import _lib
 
 _match = _lib.match_module(1)  # the plan's layout, _match.c's MATCH_PLAN_VERSION
+# _match.c's FLAG_DICT, FLAG_ATTRS (per container) and CODE_LEAF, CODE_TENSOR, CODE_SUB.
+_FLAG_DICT, _FLAG_ATTRS = 1, 2
+_CODE_LEAF, _CODE_TENSOR, _CODE_SUB = 0, 1, 2
 _values = operator.methodcaller("values")
 _BASES = (dict, collections.OrderedDict, list, tuple, object)
 # What a container class may not change for its children, copy and pickle to be predictable.
@@ -262,9 +265,11 @@ def _plan(levels: List[_Level]) -> Optional[tuple]:
     for rec in levels:
         if not set(map(type, rec.attr_keys)) <= {str, int}:
             return None
-        codes = [1 if t else 2 if s else 0 for t, s in zip(rec.tensor_mask, rec.sub_mask)]
+        codes = [_CODE_TENSOR if t else _CODE_SUB if s else _CODE_LEAF
+                 for t, s in zip(rec.tensor_mask, rec.sub_mask)]
         plan.append((tuple(rec.types), _ssizes(rec.lens),
-                     bytes(d | a << 1 for d, a in zip(rec.dict_mask, rec.attr_mask)),
+                     bytes(_FLAG_DICT * d | _FLAG_ATTRS * a
+                           for d, a in zip(rec.dict_mask, rec.attr_mask)),
                      tuple(rec.keys), _ssizes(rec.attr_lens), tuple(rec.attr_keys),
                      bytes(codes), rec.all_tensors))
     return tuple(plan)
