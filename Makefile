@@ -1,6 +1,7 @@
 # dsckpt — build, test and demo.
 #
-#   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a
+#   make            build/dsckptd, build/dsckptctl, build/libdsckpt.so, build/libdsckpt.a,
+#                   build/_match.abi3.so (the Python package's optional C matcher)
 #   make deps       install the Debian packages we build on (apt-get; sudo when not root)
 #   make check      unit + integration tests, the man pages against the code (check-docs), an
 #                   install into build/destdir (check-install), the same tests under
@@ -36,7 +37,7 @@ Q := @
 endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
-	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3
+	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -99,7 +100,7 @@ MANPAGES := $(wildcard man/*.[1-8])
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
 
 .PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz FORCE
-all: $(BINS)
+all: $(BINS) $(BUILD)/_match.abi3.so
 
 deps:
 	@need=""; for p in $(DEBIAN_PKGS); do \
@@ -156,6 +157,19 @@ $(BUILD)/dsckptctl: $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.
 $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
+
+# dsckpt._match, the optional C Shape.match of the Python package (client/python/dsckpt/_match.c),
+# against the limited API of Debian's Python 3.11 (python3-dev): one abi3 module serves 3.11
+# and later. It links nothing (the interpreter provides Python's symbols) and is built without
+# sanitizers, for an uninstrumented python3 to load. The package finds it beside the library
+# DSCKPT_LIB names, or in build/ (client/python/dsckpt/_lib.py); the GPU bundle carries it too.
+PYTHON_INCLUDE ?= $(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("include"))' 2>/dev/null)
+PYEXT_CFLAGS := $(filter-out -MMD -MP -D_GNU_SOURCE -fsanitize=% -fno-sanitize-recover=%,$(CFLAGS_BASE)) \
+	-fPIC -isystem $(PYTHON_INCLUDE)
+$(BUILD)/_match.abi3.so: client/python/dsckpt/_match.c
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CC      $< (python)" || true
+	$(Q)$(CC) $(PYEXT_CFLAGS) -shared -o $@ $<
 
 # The daemon's modules as an archive, so a unit test pulls in only the ones it uses.
 $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)

@@ -2,7 +2,9 @@
 # after its source lists).
 #
 #   make gpu-bundle   (here: Debian, CUDA toolkit, no GPU needed) builds build/gpu/: dsckptd,
-#                     dsckptctl, lib/libdsckpt.so.0 and the GPU test programs, with libuv,
+#                     dsckptctl, lib/libdsckpt.so.0, lib/_match.abi3.so (the Python package's
+#                     C matcher, found beside DSCKPT_LIB=build/gpu/lib/libdsckpt.so.0: any
+#                     CPython >= 3.11) and the GPU test programs, with libuv,
 #                     msgpack-c and the CUDA runtime linked statically and libcjson.so.1 and
 #                     libxxhash.so.0 (whose XXH3 picks AVX2/AVX-512 at run time) copied into
 #                     build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
@@ -41,7 +43,7 @@ gpu-bundle:
 	@$(MAKE) --no-print-directory BUILD=$(GPU_OBJ) SAN= gpu-bundle-files
 
 # Runs inside the recursive make (BUILD=$(GPU_OBJ)); checks what each binary needs at run time.
-gpu-bundle-files: $(GPU_BINS)
+gpu-bundle-files: $(GPU_BINS) $(GPU_DIR)/lib/_match.abi3.so
 	@bad=0; for f in $(GPU_BINS); do \
 		if readelf -d $$f | grep -q 'NEEDED.*libcuda\.so'; then echo "$$f needs libcuda.so" >&2; bad=1; fi; \
 		for lib in $$(LD_LIBRARY_PATH= ldd $$f | awk '{print $$1}'); do \
@@ -58,6 +60,11 @@ gpu-bundle-files: $(GPU_BINS)
 		echo "commit: $$(git describe --always --dirty 2>/dev/null || echo unknown)"; \
 		echo "nvcc: $$($(NVCC) --version | tail -n 1)"; } > $(GPU_DIR)/BUNDLE
 	@du -sh $(GPU_DIR) | awk '{print "gpu-bundle: " $$2 " is " $$1 "; carry it with the tree (carry: [\"$(GPU_DIR)\"])"}'
+
+$(GPU_DIR)/lib/_match.abi3.so: $(BUILD)/_match.abi3.so
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CP      $@" || true
+	$(Q)cp $< $@
 
 # libcJSON has no static archive on Debian: the shared library travels in the bundle.
 $(GPU_DIR)/lib/libcjson.so.1:

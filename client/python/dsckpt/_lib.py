@@ -10,14 +10,31 @@ The library is searched in this order, first hit wins:
 4. the system loader: ``libdsckpt.so.0`` (``make install`` puts it in ``$PREFIX/lib`` and
    runs ``ldconfig``), which is what ``pip install client/python`` relies on.
 
-Nothing is compiled: ctypes releases the GIL around every foreign call, so a blocking
-``dsckpt_wait`` lets other Python threads run.
+Nothing is compiled for the binding: ctypes releases the GIL around every foreign call, so a
+blocking ``dsckpt_wait`` lets other Python threads run.
+
+One optional C module speeds up the warm save of ``dsckpt.torch`` (``dsckpt._match``, from
+``_match.c``: one stable-ABI ``_match.abi3.so`` for Python 3.11 and later); without it the
+package does the same in Python. :func:`match_module` looks for it, first hit wins:
+
+1. inside the package, imported as usual (what ``pip install client/python`` builds where a
+   compiler and the Python headers are);
+2. beside the library ``$DSCKPT_LIB`` names (``make`` builds ``build/_match.abi3.so`` beside
+   ``build/libdsckpt.so``, ``make gpu-bundle`` ``build/gpu/lib/_match.abi3.so`` beside
+   ``build/gpu/lib/libdsckpt.so.0``);
+3. without ``$DSCKPT_LIB``: the repository's build tree, ``<repo>/build/_match.abi3.so``.
 """
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
 import os
+import sys
 import threading
+from types import ModuleType
 from typing import List, Optional, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -89,6 +106,36 @@ def candidates() -> List[str]:
         os.path.join(repo, "build", "libdsckpt.so"),
         "libdsckpt.so.0",
     ]
+
+
+def match_module(plan_version: int) -> Optional[ModuleType]:
+    """dsckpt._match when it is found and reads plans of plan_version, else None (see the
+    module docstring; why it was not loaded is logged at debug level)."""
+    log = logging.getLogger("dsckpt.torch")
+    if sys.version_info < (3, 11):  # built against the limited API of 3.11
+        return None
+    try:
+        mod = importlib.import_module("dsckpt._match")
+    except ImportError:
+        env = os.environ.get("DSCKPT_LIB")
+        where = os.path.dirname(env) if env else os.path.normpath(
+            os.path.join(_HERE, "..", "..", "..", "build"))
+        path = os.path.join(where, "_match.abi3.so")
+        if not os.path.exists(path):
+            log.debug("dsckpt: no %s, the warm save matches in Python", path)
+            return None
+        try:
+            loader = importlib.machinery.ExtensionFileLoader("dsckpt._match", path)
+            spec = importlib.util.spec_from_file_location("dsckpt._match", path, loader=loader)
+            mod = importlib.util.module_from_spec(spec)
+            loader.exec_module(mod)
+        except ImportError as e:
+            log.debug("dsckpt: %s not loaded, the warm save matches in Python: %s", path, e)
+            return None
+    if getattr(mod, "PLAN_VERSION", None) != plan_version:
+        log.debug("dsckpt: %s reads other plans, the warm save matches in Python", mod.__file__)
+        return None
+    return mod
 
 
 _lock = threading.Lock()

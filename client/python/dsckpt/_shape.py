@@ -9,7 +9,10 @@ have some (an ``OrderedDict`` from ``state_dict()`` carries ``_metadata``), and 
 is a tensor, a container that holds tensors, or a leaf (anything else: a number, a
 tensor-free ``param_groups`` list, ``_metadata``). :meth:`Shape.match` checks another state
 dict against the record with ``map``, ``compress``, ``chain`` and list ``==`` (no Python
-bytecode per tensor) and returns its tensors and leaves in record order.
+bytecode per tensor) and returns its tensors and leaves in record order; where the optional C
+module ``dsckpt._match`` is built (``_match.c``; :func:`_lib.match_module` finds it), it does
+the same in one pass per level from the shape's plan (:func:`_plan`), the Python code being
+the fallback.
 
 The record also yields a frame: a copy of the containers with a :class:`_Slot` at each
 tensor (one per entry) and leaf, pickled once with the slots as memo references
@@ -24,11 +27,18 @@ import copy
 import io
 import operator
 import pickle
+import struct
 from itertools import chain, compress
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from . import _lib
+
+_match = _lib.match_module(1)  # the plan's layout, _match.c's MATCH_PLAN_VERSION
+# _match.c's FLAG_DICT, FLAG_ATTRS (per container) and CODE_LEAF, CODE_TENSOR, CODE_SUB.
+_FLAG_DICT, _FLAG_ATTRS = 1, 2
+_CODE_LEAF, _CODE_TENSOR, _CODE_SUB = 0, 1, 2
 _values = operator.methodcaller("values")
 _BASES = (dict, collections.OrderedDict, list, tuple, object)
 # What a container class may not change for its children, copy and pickle to be predictable.
@@ -131,6 +141,8 @@ class Shape:
             walked.append((level, children, attrs))
             level = list(compress(children, rec.sub_mask))
         self.frame = self._frame(walked, entry_of)
+        levels = _plan(self.levels) if _match is not None else None
+        self.plan = _match.compile(levels) if levels is not None else None
 
     def _record(self, level: List[Any], bearing: Dict[int, bool]):
         """The _Level of a list of containers, with their children and attribute dicts."""
@@ -206,6 +218,14 @@ class Shape:
         """root's tensors (one per tensor place, in record order) and leaves (in frame slot
         order) when its containers are those recorded, else None. Containers must be
         distinct objects, as they were when recorded."""
+        if self.plan is not None:
+            found = _match.match(self.plan, root)
+            if found is not NotImplemented:
+                return found
+        return self.match_py(root)
+
+    def match_py(self, root: Any) -> Optional[Tuple[List[torch.Tensor], List[Any]]]:
+        """match() in Python: the fallback of dsckpt._match, and its tests' oracle."""
         level = [root]
         tensors: List[torch.Tensor] = []
         leaves: List[Any] = []
@@ -235,6 +255,29 @@ class Shape:
         if level or len(set(map(id, containers))) != self.ncontainers:
             return None
         return tensors, leaves
+
+
+def _plan(levels: List[_Level]) -> Optional[tuple]:
+    """The levels as dsckpt._match.compile reads them (_match.c's opening comment), or None
+    when an attribute key is neither str nor int (a key whose == may run code: Python
+    matches)."""
+    plan = []
+    for rec in levels:
+        if not set(map(type, rec.attr_keys)) <= {str, int}:
+            return None
+        codes = [_CODE_TENSOR if t else _CODE_SUB if s else _CODE_LEAF
+                 for t, s in zip(rec.tensor_mask, rec.sub_mask)]
+        plan.append((tuple(rec.types), _ssizes(rec.lens),
+                     bytes(_FLAG_DICT * d | _FLAG_ATTRS * a
+                           for d, a in zip(rec.dict_mask, rec.attr_mask)),
+                     tuple(rec.keys), _ssizes(rec.attr_lens), tuple(rec.attr_keys),
+                     bytes(codes), rec.all_tensors))
+    return tuple(plan)
+
+
+def _ssizes(ns: List[int]) -> bytes:
+    """ns as native Py_ssize_t."""
+    return struct.pack(f"{len(ns)}n", *ns)
 
 
 def _copy(c: Any, kids: List[Any]) -> Any:
