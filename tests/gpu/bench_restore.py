@@ -98,8 +98,9 @@ class Daemon:
     """The bundle's dsckptd on a generated configuration, started, restarted and stopped here
     (SIGTERM; it must exit 0)."""
 
-    def __init__(self, bundle, scratch, roots):
+    def __init__(self, bundle, scratch, roots, extra=None):
         self.bundle, self.scratch, self.roots = bundle, scratch, roots
+        self.extra = extra or {}  # more configuration keys (--daemon-config)
         self.sock = os.path.join(scratch, "dsckptd.sock")
         self.conf = os.path.join(scratch, "dsckptd.json")
         self.logpath = os.path.join(scratch, "dsckptd.log")
@@ -117,7 +118,7 @@ class Daemon:
             json.dump({"socket": self.sock, "allowed_roots": self.roots,
                        "host_cache_size": cache_gib, "chunk_size": 64, "copy_threads": 4,
                        "flush_threads": 4, "keep_last": 0, "log_level": "info",
-                       "o_direct": True}, f)
+                       "o_direct": True, **self.extra}, f)
         t0 = time.perf_counter()
         with open(self.logpath, "ab") as lf:
             self.proc = subprocess.Popen([os.path.join(self.bundle, "dsckptd"), "-d", "-c",
@@ -969,6 +970,8 @@ def parse(argv):
     p.add_argument("--shm", default="/dev/shm")
     p.add_argument("--sizes", default="8,20", help="checkpoint sizes in GB, comma-separated")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--daemon-config", default="{}",
+                   help="more dsckptd configuration keys, a JSON object (e.g. restore_threads)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--budget", type=float, default=540.0, help="seconds for everything")
     p.add_argument("--hot-cache-gib", type=float)
@@ -1067,7 +1070,7 @@ def bench(a, sizes, scratch, ram):
         f"hot cache {a.hot_cache_gib} GiB, file phases {a.file_cache_gib} GiB")
     if info["disk_fs"] in ("tmpfs", "ramfs"):
         log(f"  note: {scratch} is {info['disk_fs']}: warm and cold are not disk numbers")
-    d = Daemon(a.bundle, scratch, [a.disk_root, a.shm_root])
+    d = Daemon(a.bundle, scratch, [a.disk_root, a.shm_root], json.loads(a.daemon_config))
     res = Results()
     b = Bench(a, d, RawLoad(dsckpt._lib.path), res)
     b.fst, b.fst_why = fastsafetensors_import(scratch)
