@@ -367,18 +367,28 @@ static int raw_plan(int fd, uint64_t id, const char *name, uint64_t region, uint
 	return r_call(fd, &o, 0, NULL, NULL, &r, 10000);
 }
 
-/* SAVE_BEGIN of dir/rank0 and SAVE_END naming plan id; the SAVE_END's code. */
-static int raw_save_plan(int fd, const char *dir, uint64_t id)
+/* SAVE_BEGIN of dir/rank0 (*save: its id) and SAVE_END naming plan id, not waited for; the
+ * SAVE_END's code. */
+static int raw_save_plan_end(int fd, const char *dir, uint64_t id, int64_t *save)
 {
 	struct proto_out o;
 	struct res r;
-	int64_t save = r_begin(fd, dir, "rank0", &r);
 
-	ck_assert_int_gt(save, 0);
+	*save = r_begin(fd, dir, "rank0", &r);
+	ck_assert_int_gt(*save, 0);
 	out_map(&o, PROTO_SAVE_END, 2);
-	proto_kv_u64(&o.pk, "save", (uint64_t)save);
+	proto_kv_u64(&o.pk, "save", (uint64_t)*save);
 	proto_kv_u64(&o.pk, "plan", id);
-	int rc = r_call(fd, &o, 0, NULL, "level", &r, 10000);
+	return r_call(fd, &o, 0, NULL, "level", &r, 10000);
+}
+
+/* raw_save_plan_end, then DURABLE waited for when the daemon took it; the SAVE_END's code. */
+static int raw_save_plan(int fd, const char *dir, uint64_t id)
+{
+	struct res r;
+	int64_t save;
+	int rc = raw_save_plan_end(fd, dir, id, &save);
+
 	if (rc == 0)
 		ck_assert_int_eq(r_wait(fd, save, DSCKPT_DURABLE, 10000, &r), DSCKPT_DURABLE);
 	return rc;
@@ -501,21 +511,6 @@ START_TEST(test_release)
 }
 END_TEST
 
-/* SAVE_BEGIN of dir/rank0 and SAVE_END naming plan id, not waited for; the save's id. */
-static int64_t raw_save_plan_nowait(int fd, const char *dir, uint64_t id)
-{
-	struct proto_out o;
-	struct res r;
-	int64_t save = r_begin(fd, dir, "rank0", &r);
-
-	ck_assert_int_gt(save, 0);
-	out_map(&o, PROTO_SAVE_END, 2);
-	proto_kv_u64(&o.pk, "save", (uint64_t)save);
-	proto_kv_u64(&o.pk, "plan", id);
-	ck_assert_int_eq(r_call(fd, &o, 0, NULL, "level", &r, 10000), 0);
-	return save;
-}
-
 /* Saves from one plan share its description with the engine (lent, not copied): two saves
  * ended back to back, then the plan and its region deleted while they may still run; both
  * files are whole, and the region is let go once they are (max_regions_per_user 2: two new
@@ -530,8 +525,9 @@ START_TEST(test_lent)
 	raw_hello(fd);
 	raw_region(fd, 1);
 	ck_assert_int_eq(raw_plan(fd, 1, "a", 1, 4096), 0);
-	int64_t a = raw_save_plan_nowait(fd, h_path("%s/lent/a", D->root), 1);
-	int64_t b = raw_save_plan_nowait(fd, h_path("%s/lent/b", D->root), 1);
+	int64_t a, b;
+	ck_assert_int_eq(raw_save_plan_end(fd, h_path("%s/lent/a", D->root), 1, &a), 0);
+	ck_assert_int_eq(raw_save_plan_end(fd, h_path("%s/lent/b", D->root), 1, &b), 0);
 	out_map(&o, PROTO_PLAN_DEL, 1);
 	proto_kv_u64(&o.pk, "plan", 1);
 	ck_assert_int_eq(r_call(fd, &o, 0, NULL, NULL, &r, 10000), 0);
