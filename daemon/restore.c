@@ -7,10 +7,11 @@
  * destination are visited. restore_submit groups them into units: runs of adjacent pieces with
  * a destination crossing every boundary inside, at most UNIT_MAX long and shorter toward the
  * end (so that a long tensor still spreads over threads and no thread reads a long unit alone
- * at the end; a whole resident copy, hashed from DRAM anyway, has units of one piece). Units are claimed in ascending order, each by one thread that goes through its pieces
- * in order. A piece comes from the job's pinned resident copy when it is still there; otherwise
- * from a cache chunk the thread holds: it takes one before claiming a unit that needs one (so
- * that a claimed unit always owns memory, as in engine.c) and reuses it piece after piece. A
+ * at the end; a whole resident copy, hashed from DRAM anyway, has units of one piece). Units
+ * are claimed in ascending order, each by one thread that goes through its pieces in order. A
+ * piece comes from the job's pinned resident copy when it is still there; otherwise from a
+ * cache chunk the thread holds: it takes one before claiming a unit that needs one (so that a
+ * claimed unit always owns memory, as in engine.c) and reuses it piece after piece. A
  * piece is read from the page cache when it is there (preadv2 RWF_NOWAIT on the buffered
  * descriptor), else with O_DIRECT (at once, whole, when cachestat says none of it is cached). A
  * cached piece is read STEP bytes at a time, and each step is written out (copier_write: pwrite
