@@ -1,13 +1,13 @@
 /*
- * check_plan.c — save plans against a real daemon: a plan reused across saves writes each
- * save's bytes, deferred saves too (refused at save_end with the daemon's reason, leaving
- * nothing open; more than one frame); memory freed and allocated again under a plan (at the
- * same address too) is detected and the plan sent anew, bytes exact; a plan beside other
- * tensors, a plan of 70,000 tensors over several frames; misuse through the library; and,
- * frame by frame, what the daemon refuses: an unknown plan, another connection's, a bad entry (the plan forgotten), a
- * plan whose region was deleted, more plans than max_plans_per_user; a region deleted after
- * a save from a plan lets go at once, and a plan forgotten mid-save leaves the save whole;
- * saves in flight from one plan outlive the plan and its region, which then let go.
+ * check_plan.c — save plans against a real daemon: a plan reused across saves writes each save's
+ * bytes, deferred saves too (refused at save_end with the daemon's reason, leaving nothing open;
+ * more than one frame); memory freed and allocated again under a plan (at the same address too) is
+ * detected and the plan sent anew, bytes exact; a plan beside other tensors, a plan of 70,000
+ * tensors over several frames; misuse through the library; and, frame by frame, what the daemon
+ * refuses: an unknown plan, another connection's, a bad entry (the plan forgotten), a plan whose
+ * region was deleted, more plans than max_plans_per_user; a region deleted after a save from a
+ * plan lets go at once, and a plan forgotten mid-save leaves the save whole; saves in flight from
+ * one plan outlive the plan and its region, which then let go.
  */
 #include "harness_daemon.h"
 #include "harness_frames.h"
