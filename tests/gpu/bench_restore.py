@@ -68,6 +68,7 @@ sys.path.insert(0, HERE)
 GIB = 1 << 30
 PIECE = 64 << 20
 COLUMNS = ("hot", "warm", "tmpfs", "cold")
+COPIES = ("torch.load", "DCP load")  # the baselines that need copies of their own
 CELL_S = 12.0  # a cell stops repeating once it has taken this long
 DEV = "cuda"  # "cpu" with --smoke: the paths end to end on a machine without a GPU
 
@@ -430,6 +431,8 @@ class Bench:
         """Times fn() (GPU synchronized) up to reps times (fewer past CELL_S seconds), checks
         the first output with check(out) (None: good, else why), records the cell."""
         import torch
+        if self.a.copies_only and method not in COPIES:
+            fn = "skipped (--copies-only)"
         if isinstance(fn, str):  # a reason it cannot run
             self.res.add(size, method, column, note=fn)
             log(f"    {method:18s} {column:5s}  -  ({fn})")
@@ -985,6 +988,9 @@ def parse(argv):
     p.add_argument("--no-copies", action="store_true",
                    help="no torch.load or DCP baselines (they need copies of their own: a 20 GB "
                         "run with every baseline does not fit one 10-minute device call)")
+    p.add_argument("--copies-only", action="store_true",
+                   help="only the torch.load and DCP baselines (the other half of a run split "
+                        "by --no-copies)")
     p.add_argument("--train-preset", default="checkpoint-every-16")
     p.add_argument("--start", type=int, default=2, help="the step the checkpoint follows")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
@@ -996,7 +1002,10 @@ def parse(argv):
     p.add_argument("--dir")
     p.add_argument("--tag")
     p.add_argument("--how", choices=["load", "load_into"], default="load")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.no_copies and a.copies_only:
+        p.error("--no-copies and --copies-only exclude each other")
+    return a
 
 
 def pick_disk():

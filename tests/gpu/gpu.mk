@@ -17,7 +17,8 @@
 #   make bench-restore (on the GPU node) tests/gpu/run-bench-restore build/gpu $(RESTORE_ARGS):
 #                     restores from the daemon's cache and from files beside the baselines,
 #                     and a restarted bench-train to its first step (RESTORE_ARGS="--sizes 8
-#                     --no-train" and RESTORE_ARGS="--sizes ''" fit one 10-minute call each)
+#                     --no-train" and RESTORE_ARGS="--sizes ''" fit one 10-minute call each;
+#                     --sizes 20 in two: --no-copies, then --copies-only)
 #
 # gpu-check and bench-gpu compile nothing once build/gpu/BUNDLE exists. The objects are built
 # by a recursive make with BUILD=build/gpu-obj (the Makefile's own compile rules and flags) and
