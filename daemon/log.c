@@ -1,7 +1,8 @@
 /*
  * log.c — messages to stderr, which is the journal under systemd.
  *
- * Each line is written under stderr's stdio lock so lines from several threads never mix.
+ * Each line is written under stderr's stdio lock so lines from several threads never mix, and
+ * with one write(2): stderr is given a buffer, flushed at the end of every line.
  * Under the journal ($JOURNAL_STREAM names our stderr) lines carry a "<N>" syslog priority
  * and no timestamp (journald adds both); elsewhere they start with an ISO 8601 time.
  * Messages often carry client-chosen names, so every message is written escaped: bytes
@@ -47,6 +48,9 @@ static int log_stderr_is_journal(void)
 /* Sets the program name and threshold; messages go to stderr (the journal under systemd). */
 void log_init(const char *prog, int level)
 {
+	static char buf[8192];
+
+	setvbuf(stderr, buf, _IOFBF, sizeof(buf));
 	snprintf(log_prog, sizeof(log_prog), "%s", prog);
 	log_journal = log_stderr_is_journal();
 	log_set_level(level);
