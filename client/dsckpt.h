@@ -139,7 +139,14 @@ DSCKPT_EXTERN int dsckpt_save_begin(dsckpt_conn_t *c, const char *dir, const cha
  * refuses at begin (the directory, the user's limits, a file being saved) is then returned by
  * that call instead (dsckpt_add_blob of a large blob, or dsckpt_save_end). */
 #define DSCKPT_SAVE_DEFER 1u
-/* dsckpt_save_begin with flags (0 or DSCKPT_SAVE_DEFER). */
+/* dsckpt_save_begin_flags: SAVE_BEGIN goes out at once, but its reply is read only by
+ * dsckpt_save_end (or by the connection's next request), so the daemon makes the directory
+ * and the file while the caller prepares the save (a trainer proving its tensors unchanged,
+ * walking a state dict); dsckpt_save_end then costs one round trip. What the daemon refuses
+ * at begin is returned by dsckpt_save_end (and any later call on the save). Not with
+ * DSCKPT_SAVE_DEFER. */
+#define DSCKPT_SAVE_EARLY 2u
+/* dsckpt_save_begin with flags (0, DSCKPT_SAVE_DEFER or DSCKPT_SAVE_EARLY). */
 DSCKPT_EXTERN int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
 					  unsigned flags, dsckpt_save_t **out);
 /*

@@ -334,7 +334,7 @@ START_TEST(test_fake_deferred)
 	int64_t shape[1] = {1024};
 	const unsigned defer = DSCKPT_SAVE_DEFER;
 
-	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/step1", "rank0", 2, &s),
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/step1", "rank0", 4, &s),
 			 DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_save_begin_flags(c, "relative", "rank0", defer, &s),
 			 DSCKPT_EINVAL);

@@ -1,6 +1,9 @@
 /*
  * conn.c — a connection to dsckptd: the socket, one request on the wire at a time under the
  * connection's lock, the daemon's last error message, and the host regions registered on it.
+ * A request may be posted instead (lib_conn_post): its reply is then read at the next request
+ * on the connection, or when its owner settles it, so that the daemon works on it while the
+ * caller goes on (an early SAVE_BEGIN).
  * A trainer's connection (dsckpt_identify) and dsckptctl's (lib_conn_ctl_hello) share the
  * HELLO and every request/reply, so both report a failure in the same words.
  *
@@ -36,6 +39,10 @@ struct dsckpt_conn {
 	uint64_t next_id;
 	uint64_t req_id;            /* id of the request on the wire */
 	unsigned req_type;          /* its type */
+	uint64_t posted_id;         /* a posted request whose reply is not read yet */
+	unsigned posted_type;
+	lib_take_fn posted_take;    /* given its reply; NULL: nothing posted */
+	void *posted_arg;
 	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
 	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
 	size_t nregs, capregs;
@@ -165,6 +172,7 @@ void dsckpt_close(dsckpt_conn_t *c)
 	c->fd = -1;
 	c->broken = 1;
 	snprintf(c->dead, sizeof(c->dead), "connection to dsckptd was closed");
+	lib_conn_settle(c);	/* a posted request fails now, its owner told */
 	lib_conn_unlock(c);
 	lib_conn_unref(c);
 }
@@ -303,16 +311,12 @@ static int lib_conn_reply_error(dsckpt_conn_t *c, struct lib_reply *r, uint64_t 
 	return (int)code;
 }
 
-/* Sends a frame and reads its reply. */
-int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
-		  struct lib_reply *r)
+/* Sends frame o (freed here) with fds as request c->req_id; 0, or a failure with the
+ * connection broken (*sent: the send's result, when the reply may still say why). */
+static int conn_send(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
+		     int *sent)
 {
-	const char *what = proto_type_name(c->req_type);
-	struct proto_hdr h;
-	char why[160];
-	int e;
-
-	memset(r, 0, sizeof(*r));
+	*sent = 0;
 	if (c->broken) {
 		proto_out_free(o);
 		return lib_conn_fail(c, DSCKPT_EPIPE, "%s", c->dead);
@@ -323,8 +327,19 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 		return lib_conn_fail(c, DSCKPT_EMSGSIZE, "request of %zu bytes is too long",
 				     len);
 	}
-	int sent = proto_send(c->fd, o->sb.data, len, fds, nfds);
+	*sent = proto_send(c->fd, o->sb.data, len, fds, nfds);
 	proto_out_free(o);
+	return 0;
+}
+
+/* Reads the reply to request c->req_id, sent with result sent. */
+static int conn_recv(dsckpt_conn_t *c, int sent, struct lib_reply *r)
+{
+	const char *what = proto_type_name(c->req_type);
+	struct proto_hdr h;
+	char why[160];
+	int e;
+
 	/* A daemon that refused the connection at accept may have closed it before the request
 	 * arrived; its ERROR of id 0, already here, says why. */
 	e = proto_recv(c->fd, &h, &r->body, NULL, NULL, sent < 0 ? 0 : c->timeout_ms, why,
@@ -370,6 +385,63 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 		lib_conn_reply_free(r);
 		return lib_conn_mismatch(c, h.version);
 	}
+	return 0;
+}
+
+/* Reads the posted request's reply, if one is posted, and gives it to its owner (a broken
+ * connection fails it without reading). */
+void lib_conn_settle(dsckpt_conn_t *c)
+{
+	lib_take_fn take = c->posted_take;
+	struct lib_reply r;
+	int e;
+
+	if (!take)
+		return;
+	c->posted_take = NULL;
+	uint64_t id = c->req_id;
+	unsigned type = c->req_type;
+	c->req_id = c->posted_id;
+	c->req_type = c->posted_type;
+	memset(&r, 0, sizeof(r));
+	e = c->broken ? lib_conn_fail(c, DSCKPT_EPIPE, "%s", c->dead) : conn_recv(c, 0, &r);
+	take(c, e, &r, c->posted_arg);
+	c->req_id = id;
+	c->req_type = type;
+}
+
+/* Sends a frame and reads its reply. */
+int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
+		  struct lib_reply *r)
+{
+	int sent, e;
+
+	memset(r, 0, sizeof(r[0]));
+	lib_conn_settle(c);
+	if ((e = conn_send(c, o, fds, nfds, &sent)) < 0)
+		return e;
+	return conn_recv(c, sent, r);
+}
+
+/* Sends a frame whose reply take gets later (lib_conn_settle). */
+int lib_conn_post(dsckpt_conn_t *c, struct proto_out *o, lib_take_fn take, void *arg)
+{
+	struct lib_reply r;
+	int sent, e;
+
+	lib_conn_settle(c);
+	if ((e = conn_send(c, o, NULL, 0, &sent)) < 0)
+		return e;
+	if (sent < 0) {		/* why, at once: the daemon's ERROR of id 0, or the send's */
+		memset(&r, 0, sizeof(r));
+		e = conn_recv(c, sent, &r);
+		return e < 0 ? e : lib_conn_break(c, DSCKPT_EPIPE, "sending %s to dsckptd at %s "
+						  "failed", proto_type_name(c->req_type), c->path);
+	}
+	c->posted_id = c->req_id;
+	c->posted_type = c->req_type;
+	c->posted_take = take;
+	c->posted_arg = arg;
 	return 0;
 }
 

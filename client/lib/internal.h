@@ -69,6 +69,16 @@ void lib_conn_frame(dsckpt_conn_t *c, struct proto_out *o, unsigned type);
  */
 int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
 		  struct lib_reply *r);
+/*
+ * A posted request's reply goes to its owner's take (lock held): e is 0 with the map in *r
+ * (take calls lib_reply_end), or the failure (its message stored, *r empty). lib_conn_post
+ * sends frame o; its reply is read before the connection's next request goes out, or by
+ * lib_conn_settle, which its owner calls before it needs the reply (and before freeing arg).
+ * One request is posted at a time: posting settles the one before.
+ */
+typedef void (*lib_take_fn)(dsckpt_conn_t *c, int e, struct lib_reply *r, void *arg);
+int lib_conn_post(dsckpt_conn_t *c, struct proto_out *o, lib_take_fn take, void *arg);
+void lib_conn_settle(dsckpt_conn_t *c);
 /* Checks that every key of the reply was read well and frees it; 0 or DSCKPT_EPROTO. */
 int lib_reply_end(dsckpt_conn_t *c, struct lib_reply *r, const char *what);
 /* Sends a request whose reply is {} (lock held). */

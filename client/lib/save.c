@@ -9,7 +9,10 @@
  * entries in as few SAVE_ADD frames as fit and then SAVE_END with the rest (entries.c), so
  * that a save costs two round trips and a copy of the encoded entries. A deferred save
  * (DSCKPT_SAVE_DEFER) sends its SAVE_BEGIN only when a frame needs the save's id; when
- * everything fits one frame, that SAVE_BEGIN ends the save too: one round trip. Arguments
+ * everything fits one frame, that SAVE_BEGIN ends the save too: one round trip. An early save
+ * (DSCKPT_SAVE_EARLY) posts its SAVE_BEGIN at once and reads the reply at save_end (or with
+ * the connection's next request), so the daemon makes the directory and the file while the
+ * caller adds tensors; save_end then sends one SAVE_END. Arguments
  * are checked first (check.c), and each tensor or blob name is allowed once (names.c).
  */
 #include "internal.h"
@@ -36,6 +39,9 @@ struct dsckpt_save {
 	msgpack_packer hpk;
 	uint32_t nheld;
 	char *dir, *file;      /* a deferred save's, until its SAVE_BEGIN is sent (else NULL) */
+	int early;             /* its SAVE_BEGIN is posted, the reply not read yet */
+	int refused;           /* what the posted SAVE_BEGIN's reply said, when it failed */
+	char *refusal;
 };
 
 /* Packs SAVE_BEGIN's dir and file into o, a map of extra more keys. */
@@ -61,14 +67,46 @@ static int send_begin(dsckpt_conn_t *c, const char *dir, const char *file, uint6
 	return lib_reply_end(c, &r, "SAVE_BEGIN");
 }
 
-/* Opens a save of dir/file (SAVE_BEGIN now, or with the first request when deferred). */
+/* Takes a posted SAVE_BEGIN's reply: the save's id, or the failure, kept for the save's
+ * next call. */
+static void took_begin(dsckpt_conn_t *c, int e, struct lib_reply *r, void *arg)
+{
+	dsckpt_save_t *s = arg;
+
+	s->early = 0;
+	if (e == 0) {
+		proto_get_u64(&r->m, "save", UINT64_MAX, &s->id, 1);
+		e = lib_reply_end(c, r, "SAVE_BEGIN");
+	}
+	if (e < 0) {
+		s->state = SAVE_BROKEN;
+		s->refused = e;
+		s->refusal = strdup(lib_conn_error(c));
+	}
+}
+
+/* Posts SAVE_BEGIN for s (lock held): its reply is read later (took_begin). */
+static int post_begin(dsckpt_conn_t *c, const char *dir, const char *file, dsckpt_save_t *s)
+{
+	struct proto_out o;
+
+	lib_conn_frame(c, &o, PROTO_SAVE_BEGIN);
+	pack_begin(&o, dir, file, 0);
+	int e = lib_conn_post(c, &o, took_begin, s);
+	s->early = e == 0;
+	return e;
+}
+
+/* Opens a save of dir/file (SAVE_BEGIN now, posted now, or with the first request when
+ * deferred). */
 int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
 			    unsigned flags, dsckpt_save_t **out)
 {
 	dsckpt_save_t *s;
 	int e;
 
-	if (!c || !out || (flags & ~DSCKPT_SAVE_DEFER))
+	if (!c || !out || (flags & ~(DSCKPT_SAVE_DEFER | DSCKPT_SAVE_EARLY)) ||
+	    flags == (DSCKPT_SAVE_DEFER | DSCKPT_SAVE_EARLY))
 		return DSCKPT_EINVAL;
 	*out = NULL;
 	s = calloc(1, sizeof(*s));
@@ -86,15 +124,18 @@ int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
 			e = lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
 			goto fail;
 		}
+	} else if (flags & DSCKPT_SAVE_EARLY) {
+		if ((e = post_begin(c, dir, file, s)) < 0)
+			goto fail;
 	} else if ((e = send_begin(c, dir, file, &s->id)) < 0) {
 		goto fail;
 	}
-	lib_conn_unlock(c);
-	lib_conn_ref(c);
-	s->c = c;
 	lib_entries_init(&s->es);
 	msgpack_sbuffer_init(&s->held);
 	msgpack_packer_init(&s->hpk, &s->held, msgpack_sbuffer_write);
+	s->c = c;
+	lib_conn_unlock(c);
+	lib_conn_ref(c);
 	*out = s;
 	return 0;
 
@@ -131,6 +172,8 @@ static int save_begun(dsckpt_save_t *s)
 /* Fails a call on a save that is not open. */
 static int save_not_open(dsckpt_save_t *s)
 {
+	if (s->refusal)		/* an early SAVE_BEGIN's refusal, told each time */
+		return lib_conn_fail(s->c, s->refused, "%s", s->refusal);
 	return lib_conn_fail(s->c, DSCKPT_ESTATE, s->state == SAVE_ENDED
 			     ? "the save has already ended" : "the save failed earlier");
 }
@@ -363,8 +406,13 @@ int dsckpt_save_end(dsckpt_save_t *s)
 
 	if (!s)
 		return DSCKPT_EINVAL;
-	if ((e = save_enter(s)) < 0)
+	lib_conn_lock(s->c);
+	if (s->early)
+		lib_conn_settle(s->c);
+	if (s->state != SAVE_OPEN) {
+		e = save_not_open(s);
 		goto out;
+	}
 	int whole = s->dir && lib_entries_fit(&s->es);   /* one SAVE_BEGIN does it all */
 	if ((e = lib_conn_sweep(s->c)) < 0 || (!whole && (e = save_begun(s)) < 0) ||
 	    (!whole && (e = save_send_plan(s)) < 0) ||
@@ -504,6 +552,8 @@ void dsckpt_save_free(dsckpt_save_t *s)
 	if (!s)
 		return;
 	lib_conn_lock(s->c);
+	if (s->early)
+		lib_conn_settle(s->c);
 	if (s->state == SAVE_OPEN && !s->dir && lib_conn_alive(s->c)) {
 		/* Never handed over: let the daemon forget it now rather than at disconnect. */
 		struct proto_out o;
@@ -521,5 +571,6 @@ void dsckpt_save_free(dsckpt_save_t *s)
 	msgpack_sbuffer_destroy(&s->held);
 	free(s->dir);
 	free(s->file);
+	free(s->refusal);
 	free(s);
 }
