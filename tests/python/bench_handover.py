@@ -15,7 +15,7 @@ storage per kind): rows of three dsckpt host buffers (dsckpt.torch.host_empty) o
 separate torch.randn tensors on a GPU (the caching allocator packs them into a few segments);
 the step scalars are pageable CPU tensors, as AdamW makes them. Without --socket a daemon is started
 from $DSCKPTD (default build/dsckptd) on a scratch directory by tests/python/conftest.py
-(which imports pytest); with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
+(which imports pytest), logging at the default level (info) as a deployed one does; with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
 before the next (what a trainer does before its optimizer step), outside the timed call.
 With --parts, the steps of a warm save call are timed too (proving the structure, the
 blob, each library call: the daemon's part is in the calls that wait for a reply) and their
@@ -144,7 +144,7 @@ def main(argv):
     if a.socket is None:
         sys.path.insert(0, HERE)
         from conftest import Daemon
-        daemon = Daemon(cache_gib=1)
+        daemon = Daemon(cache_gib=1, log_level="info")  # as deployed: no line per request
         a.socket, a.root = daemon.socket, daemon.root
     try:
         conn = dsckpt.Connection(a.socket, job="bench", rank=0, world_size=1)

@@ -269,6 +269,33 @@ def test_cache_keeps_the_most_recently_used_file_names(daemon, conn, monkeypatch
     assert save(conn, daemon.root, "lru2", fresh(state), file="b")[1].handover == "cold"
 
 
+def test_refused_start_is_raised_and_the_cache_goes_on(daemon, conn, monkeypatch):
+    """The save's start goes out early (the daemon makes the directory and the file while the
+    library proves or walks); what the daemon refuses there is raised by dt.save, warm or
+    cold, with its reason, and the next save is warm and exact."""
+    early = []
+    real = dsckpt.Connection.save
+    monkeypatch.setattr(dsckpt.Connection, "save", lambda self, *a, **kw: (
+        early.append(kw.get("early", False)), real(self, *a, **kw))[1])
+    state = gpt_like(2)
+    save(conn, daemon.root, "r0", fresh(state))
+    busy = os.path.join(daemon.root, "job", "r1")
+    with conn.save(busy, "rank0"):  # the file is being saved
+        with pytest.raises(dsckpt.DsckptError, match="already being saved") as e:
+            dt.save(fresh(state), busy, conn=conn)
+        assert e.value.code == dsckpt.Errno.EBUSY
+        with pytest.raises(dsckpt.DsckptError, match="already being saved"):
+            dt.save(fresh(state), busy, conn=conn, file="rank0")
+    os.symlink("/tmp", os.path.join(daemon.root, "escape"))
+    with pytest.raises(dsckpt.DsckptError):
+        dt.save(fresh(state), os.path.join(daemon.root, "escape", "r2"), conn=conn,
+                file="other")  # cold: walked, then refused
+    assert early.count(True) == 4  # each dt.save started early
+    d, h = save(conn, daemon.root, "r3", fresh(state))
+    assert h.handover == "warm"
+    same(dt.load(d, conn=conn), state)
+
+
 def test_blob_version_1_still_loads(daemon, conn, tmp_path):
     """A file written before blob v2 (tensors as _TensorRef placeholders, tables inline)."""
     state = {"w": torch.arange(6.0).reshape(2, 3), "n": [3, "x"], "t": (torch.ones(1),)}

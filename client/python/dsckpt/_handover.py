@@ -339,69 +339,68 @@ class Handed:
 
 def hand_over(conn: Connection, state_dict: Any, dir: str, file: str) -> Handed:
     """Opens a save of ``dir/file`` and adds state_dict's tensors and blob: warm when
-    conn's entry for file proves the state dict unchanged, else walked (cold or plain)."""
+    conn's entry for file proves the state dict unchanged, else walked (cold or plain). The
+    save's start goes to the daemon first (early: the daemon makes the directory and the
+    file while this proves or walks); what it refuses there is raised by Save.end."""
     c = cache(conn)
     with c.lock:
-        entry = c.get(file)
-        if entry is not None:
-            handed = _warm(conn, entry, state_dict, dir, file)
-            if handed is not None:
-                c.counts[handed.how] += 1
-                return handed
-        handed = _cold(conn, c, state_dict, dir, file)
+        s = conn.save(dir, file, early=True)
+        try:
+            entry = c.get(file)
+            handed = None
+            if entry is not None:
+                handed, s = _warm(conn, entry, state_dict, s)
+            if handed is None:
+                handed = _cold(conn, c, state_dict, s)
+        except BaseException:
+            s.close()
+            raise
         c.counts[handed.how] += 1
         return handed
 
 
-def _warm(conn: Connection, entry: _Entry, state_dict: Any, dir: str,
-          file: str) -> Optional[Handed]:
-    """The save through entry, or None when state_dict is not what entry recorded."""
+def _warm(conn: Connection, entry: _Entry, state_dict: Any,
+          s: Save) -> Tuple[Optional[Handed], Save]:
+    """The save s through entry, or None when state_dict is not what entry recorded; and the
+    save to go on with (a new one when s took part of the cached hand-over and failed)."""
     try:
         found = entry.shape.match(state_dict)
         if found is None or not entry.proof.hold(found[0]):
-            return None
+            return None, s
         blob = _blob.dump(entry.tables, entry.frame, dump_leaves(found[1]))
     except HasTensor:
-        return None
+        return None, s
     except Exception as e:  # noqa: BLE001 - whatever a proof trips on: walk instead
-        log.debug("dsckpt: cached hand-over of %s not usable: %r", file, e)
-        return None
-    s = conn.save(dir, file, defer=True)
+        log.debug("dsckpt: cached hand-over of %s not usable: %r", s.file, e)
+        return None, s
     try:
         resent, keep = entry.add(s, found[0])
         s.add_blob(_blob.BLOB, blob)
     except DsckptError as e:  # e.g. the plan, sent anew, met memory a plan cannot take
         s.close()
-        log.debug("dsckpt: cached hand-over of %s failed, walking instead: %s", file, e)
-        return None
-    except BaseException:
-        s.close()
-        raise
+        log.debug("dsckpt: cached hand-over of %s failed, walking instead: %s", s.file, e)
+        return None, conn.save(s.dir, s.file, defer=True)
     return Handed(s, keep, entry.device, entry.ntensors, entry.nbytes,
-                  "resent" if resent else "warm")
+                  "resent" if resent else "warm"), s
 
 
-def _cold(conn: Connection, c: _Cache, state_dict: Any, dir: str, file: str) -> Handed:
-    """The save through the full walk; makes file's entry when state_dict can be cached."""
+def _cold(conn: Connection, c: _Cache, state_dict: Any, s: Save) -> Handed:
+    """The save s through the full walk; makes the file's entry when state_dict can be
+    cached."""
     flat = _Flattener()
     flat.walk(state_dict, "")
-    made = _entry(conn, flat, state_dict, file)
-    c.replace(file, made[0] if made is not None else None)
-    s = conn.save(dir, file, defer=True)
-    try:
-        if made is not None:
-            entry, tensors, leaves = made
-            _, keep = entry.add(s, tensors)
-            blob = _blob.dump(entry.tables, entry.frame, leaves)
-        else:
-            keep = flat.gpu
-            s.add_tensors(flat.specs)
-            blob = _blob.dump(_blob.dump_tables(flat.views, flat.entries),
-                              _blob.dump_seeded(state_dict, flat.objects))
-        s.add_blob(_blob.BLOB, blob)
-    except BaseException:
-        s.close()
-        raise
+    made = _entry(conn, flat, state_dict, s.file)
+    c.replace(s.file, made[0] if made is not None else None)
+    if made is not None:
+        entry, tensors, leaves = made
+        _, keep = entry.add(s, tensors)
+        blob = _blob.dump(entry.tables, entry.frame, leaves)
+    else:
+        keep = flat.gpu
+        s.add_tensors(flat.specs)
+        blob = _blob.dump(_blob.dump_tables(flat.views, flat.entries),
+                          _blob.dump_seeded(state_dict, flat.objects))
+    s.add_blob(_blob.BLOB, blob)
     return Handed(s, keep, flat.gpu[0].device if flat.gpu else None, len(flat.views),
                   flat.nbytes, "cold" if made is not None else "plain")
 

@@ -204,15 +204,20 @@ class Connection(_Handle):
                                                int(rank), int(world_size)))
         self.job, self.rank, self.world_size = job, int(rank), int(world_size)
 
-    def save(self, dir: str, file: str, defer: bool = False) -> "Save":
+    def save(self, dir: str, file: str, defer: bool = False, early: bool = False) -> "Save":
         """Opens a save of ``dir/file.safetensors`` (+ ``.meta`` when blobs are added).
         ``defer``: the daemon hears of the save with its first request, at best one at
         :meth:`Save.end` for the whole save; what it refuses at the start (the directory,
-        limits, a file being saved) is then raised by that call instead of this one."""
+        limits, a file being saved) is then raised by that call instead of this one.
+        ``early``: the start goes to the daemon now but its answer is read by
+        :meth:`Save.end` (one round trip then), so the daemon makes the directory and the
+        file while the caller prepares the save; a refusal is raised there too."""
+        if defer and early:
+            raise error_for(Errno.EINVAL, "EINVAL", "a save is deferred or early, not both")
         out = ctypes.c_void_p()
         self._check(_lib.lib().dsckpt_save_begin_flags(
-            self._handle(), _encode(dir, "dir"), _encode(file, "file"), 1 if defer else 0,
-            ctypes.byref(out)))
+            self._handle(), _encode(dir, "dir"), _encode(file, "file"),
+            1 if defer else 2 if early else 0, ctypes.byref(out)))
         return Save(self, out.value, str(dir), str(file))
 
     def plan(self, tensors: Union[Iterable[TensorSpec], PackedTensors]) -> Plan:

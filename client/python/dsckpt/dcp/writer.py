@@ -144,7 +144,7 @@ class Writer(StorageWriter, AsyncStager):
                     st.names[key] = name
                     named.append((name, local.detach().contiguous()))
             conn = self._conn()
-            st.save = conn.save(self.dir, file_name(conn.rank, STAGED), defer=True)
+            st.save = conn.save(self.dir, file_name(conn.rank, STAGED), early=True)
             _add_tensors(conn, st.save, file_name(conn.rank, STAGED), named, st.keep)
             st.save.end()
         except Exception as e:  # noqa: BLE001 - reported by write_data on every rank
@@ -251,7 +251,9 @@ class Writer(StorageWriter, AsyncStager):
 
     def _save(self, conn: Connection, file: str, tensors, blobs):
         """Saves tensors and blobs as file; returns the ended Save."""
-        s = conn.save(self.dir, file, defer=True)
+        # With tensors the start goes first (the daemon makes the file while they are
+        # added); a file of blobs alone goes in one request at the end.
+        s = conn.save(self.dir, file, defer=not tensors, early=bool(tensors))
         try:
             keep: List[torch.Tensor] = []
             if tensors:
