@@ -725,6 +725,8 @@ def parse_args(argv):
                    help="seconds; a mode is skipped once less than a quarter is left")
     p.add_argument("--ctl", help="dsckptctl: with it the dsckpt mode samples its saves' progress "
                    "(dsckptctl --json pending, from a thread) into the results")
+    p.add_argument("--parts", action="store_true", help="time the steps of each dsckpt.torch.save "
+                   "call too (tests/python/bench_handover.py's PARTS) and print them")
     p.add_argument("--progress-ms", type=float, default=20.0,
                    help="the sampling period of --ctl until SNAPSHOT, ms (0: no sampling; "
                    "250 ms while the saves only flush)")
@@ -739,6 +741,14 @@ def parse_args(argv):
     if a.iters < 1 or a.every < 1 or a.accum < 1 or a.d_model % a.heads:
         p.error("need --iters, --every, --accum >= 1 and --d-model divisible by --heads")
     return a
+
+
+def save_parts():
+    """The steps of dsckpt.torch.save timed from now on ({label: [seconds]}, one entry per
+    call of each step, the restore check's loads excluded), as bench_handover --parts does."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import bench_handover
+    return bench_handover.time_parts()
 
 
 def write_json(info):
@@ -818,6 +828,7 @@ def main(argv):
                     results.append({"mode": DsckptDcp.name, "skipped": str(e)})
                     continue
             elif name == "dsckpt":
+                parts = save_parts() if cfg.parts else None
                 sampler = SaveSampler(cfg.ctl, cfg.socket, cfg.progress_ms / 1e3) \
                     if cfg.ctl and cfg.progress_ms > 0 else None
                 mode = Dsckpt(cfg.dir, cfg.socket, "bench-train", sampler=sampler)
@@ -835,6 +846,10 @@ def main(argv):
                 res["save_calls"] = mode.calls
                 log("  [dsckpt] dsckpt.torch.save call (state_dict() excluded): "
                     + ", ".join(f"{how} {ms:.2f} ms" for how, ms in mode.calls))
+                if parts is not None:
+                    res["save_parts_ms"] = {k: [t * 1e3 for t in v] for k, v in parts.items()}
+                    for label, ms in res["save_parts_ms"].items():
+                        log(f"    {label:<20} " + ", ".join(f"{t:.3f}" for t in ms) + " ms")
                 del trainer
                 trainer = None
                 free_memory(dev)
