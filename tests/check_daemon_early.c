@@ -19,16 +19,6 @@
 #define NT 16        /* tensors of the plan */
 #define TB 4096      /* bytes of each */
 
-/* NT U8 tensors "p.<i>" of TB bytes one after another in mem (names kept in names). */
-static void plan_tensors(dsckpt_tensor_t *t, char (*names)[16], int64_t *shape, uint8_t *mem)
-{
-	*shape = TB;
-	for (int i = 0; i < NT; i++) {
-		snprintf(names[i], sizeof(names[i]), "p.%d", i);
-		t[i] = (dsckpt_tensor_t){names[i], "U8", shape, 1, mem + (size_t)i * TB, TB};
-	}
-}
-
 /* Checks dir/file.safetensors: the plan's tensors hold mem's bytes. */
 static void check_planned(const char *dir, const char *file, const uint8_t *mem)
 {
@@ -76,7 +66,8 @@ START_TEST(test_early_saves)
 
 	ck_assert_int_eq(dsckpt_save_begin_flags(c, d1, "rank0", DSCKPT_SAVE_EARLY |
 						 DSCKPT_SAVE_DEFER, &a), DSCKPT_EINVAL);
-	plan_tensors(t, names, &shape, mem);
+	shape = TB;
+	plan_specs(t, names, NT, &shape, mem);
 	h_pattern_fill(mem, (size_t)NT * TB, 11);
 	h_pattern_fill(bytes, MANY, 12);
 	CK_DS(c, dsckpt_plan_create(c, t, NT, &p));

@@ -31,16 +31,6 @@ static double now_us(void)
 	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-/* NT U8 tensors "p.<i>" of TB bytes one after another in mem (names kept in names). */
-static void plan_tensors(dsckpt_tensor_t *t, char (*names)[16], int64_t *shape, uint8_t *mem)
-{
-	*shape = TB;
-	for (int i = 0; i < NT; i++) {
-		snprintf(names[i], sizeof(names[i]), "p.%d", i);
-		t[i] = (dsckpt_tensor_t){names[i], "U8", shape, 1, mem + (size_t)i * TB, TB};
-	}
-}
-
 /* Saves the plan (and, if extra, a staged tensor "extra" of 100 bytes of seed's pattern) into
  * dir/rank0, begun with flags; returns what dsckpt_add_plan said. Waits DURABLE. */
 static int save_plan_flags(dsckpt_conn_t *c, dsckpt_plan_t *p, const char *dir,
@@ -104,7 +94,8 @@ START_TEST(test_reuse)
 	int64_t shape;
 	dsckpt_plan_t *p;
 
-	plan_tensors(t, names, &shape, mem);
+	shape = TB;
+	plan_specs(t, names, NT, &shape, mem);
 	CK_DS(c, dsckpt_plan_create(c, t, NT, &p));
 	shape = 999;	/* the plan copied the shapes */
 	for (int k = 0; k < 3; k++) {
@@ -140,7 +131,8 @@ START_TEST(test_deferred_refused)
 	dsckpt_save_t *first, *s;
 	const char *dir = h_path("%s/plan/busy", D->root);
 
-	plan_tensors(t, names, &shape, mem);
+	shape = TB;
+	plan_specs(t, names, NT, &shape, mem);
 	h_pattern_fill(mem, (size_t)NT * TB, 5);
 	CK_DS(c, dsckpt_plan_create(c, t, NT, &p));
 	CK_DS(c, dsckpt_save_begin(c, dir, "rank0", &first));
@@ -197,7 +189,8 @@ START_TEST(test_realloc)
 	int64_t shape;
 	dsckpt_plan_t *p;
 
-	plan_tensors(t, names, &shape, mem);
+	shape = TB;
+	plan_specs(t, names, NT, &shape, mem);
 	CK_DS(c, dsckpt_plan_create(c, t, NT, &p));
 	h_pattern_fill(mem, len, 1);
 	ck_assert_int_eq(save_plan(c, p, h_path("%s/re/a", D->root), NULL), 0);
@@ -242,7 +235,8 @@ START_TEST(test_misuse)
 	dsckpt_plan_t *p, *bad = (dsckpt_plan_t *)1;
 	dsckpt_save_t *s;
 
-	plan_tensors(t, names, &shape, mem);
+	shape = TB;
+	plan_specs(t, names, NT, &shape, mem);
 	t[5].ptr = heap;
 	ck_assert_int_eq(dsckpt_plan_create(c, t, NT, &bad), DSCKPT_ENOTSUP);
 	ck_assert_ptr_null(bad);

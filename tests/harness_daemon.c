@@ -236,6 +236,17 @@ void wait_level(dsckpt_conn_t *c, dsckpt_save_t *s, int level, int timeout_ms)
 		      rc < 0 ? dsckpt_err_name(rc) : dsckpt_level_name(rc), dsckpt_last_error(c));
 }
 
+/* n U8 tensors "p.<i>" of *shape bytes in mem, for plans. */
+void plan_specs(dsckpt_tensor_t *t, char (*names)[16], int n, const int64_t *shape,
+		uint8_t *mem)
+{
+	for (int i = 0; i < n; i++) {
+		snprintf(names[i], sizeof(names[i]), "p.%d", i);
+		t[i] = (dsckpt_tensor_t){names[i], "U8", shape, 1, mem + (size_t)i * (size_t)*shape,
+					 (size_t)*shape};
+	}
+}
+
 /*
  * Saves U8 tensor "t" of n bytes of seed's pattern into dir/file and returns the save
  * (ACCEPTED). The bytes live in *mem (dsckpt_host_alloc'd), which the caller frees after

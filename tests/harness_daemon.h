@@ -87,6 +87,10 @@ void wait_level(dsckpt_conn_t *c, dsckpt_save_t *s, int level, int timeout_ms);
  */
 dsckpt_save_t *save_pattern(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
 			    uint64_t seed, void **mem);
+/* n U8 tensors "p.<i>" of *shape bytes each, one after another in mem (names kept in
+ * names), for plans. */
+void plan_specs(dsckpt_tensor_t *t, char (*names)[16], int n, const int64_t *shape,
+		uint8_t *mem);
 /* Saves a small pattern file into dir, waits DURABLE and commits dir (world 1). */
 void save_and_commit(dsckpt_conn_t *c, const char *dir, uint64_t seed);
 
