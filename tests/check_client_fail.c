@@ -67,6 +67,14 @@ START_TEST(test_fake_error_reply)
 	ck_assert_str_eq(dsckpt_last_error(c), "not under an allowed root");
 	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_ESTATE);
 	dsckpt_save_free(s);
+	/* Early, SAVE_BEGIN goes at once and its refusal is read by save_end, then told again. */
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/etc/x", "r0", DSCKPT_SAVE_EARLY, &s), 0);
+	ck_assert_int_eq(dsckpt_add_blob(s, "b", "x", 1), 0);
+	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_EACCES);
+	ck_assert_str_eq(dsckpt_last_error(c), "not under an allowed root");
+	ck_assert_int_eq(dsckpt_add_blob(s, "c", "x", 1), DSCKPT_EACCES);
+	ck_assert_str_eq(dsckpt_last_error(c), "not under an allowed root");
+	dsckpt_save_free(s);
 	/* The connection goes on. */
 	ck_assert_int_eq(dsckpt_commit(c, "/ck/j/t", 0), 0);
 	dsckpt_close(c);

@@ -382,6 +382,44 @@ START_TEST(test_fake_deferred)
 }
 END_TEST
 
+/*
+ * An early save sends SAVE_BEGIN at once and reads its reply at save_end, which sends one
+ * SAVE_END with the tensor and the blob; a request in between (COMMIT) reads the pending
+ * reply first, so each request still gets its own reply in order.
+ */
+START_TEST(test_fake_early)
+{
+	struct fake f;
+	dsckpt_conn_t *c = fake_connect(&f);
+	dsckpt_save_t *s;
+	uint8_t *host = dsckpt_host_alloc(4096);
+	int64_t shape[1] = {1024};
+
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, "/ck/job/e1", "rank0", DSCKPT_SAVE_EARLY,
+						 &s), 0);
+	ck_assert_int_eq(dsckpt_add_tensor(s, "w", "F32", shape, 1, host, 4096), 0);
+	ck_assert_int_eq(dsckpt_add_blob(s, "meta", "abc", 3), 0);
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, 0), DSCKPT_ESTATE);
+	ck_assert_int_eq(dsckpt_commit(c, "/ck/job/e0", 0), 0);
+	ck_assert_int_eq(dsckpt_save_end(s), 0);
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, -1), DSCKPT_SNAPSHOT);
+	dsckpt_save_free(s);
+	dsckpt_close(c);
+
+	char *log = fake_finish(&f);
+	const char *b1 = strstr(log, "save_begin /ck/job/e1 rank0\n");
+	const char *b2 = strstr(log, "commit /ck/job/e0 ");
+	const char *add = b2 ? strstr(b2, "save_add len=") : NULL;
+	const char *end = add ? strstr(add, "save_end 7\n") : NULL;
+	ck_assert_msg(b1 && b2 && b1 < b2 && end, "not begin, commit, end in\n%s", log);
+	ck_assert_int_eq(sscanf(add, "save_add len=%*u tensors=1 blobs=1\ntensor w F32"), 0);
+	ck_assert_int_eq(fake_count(log, "save_begin"), 1);
+	ck_assert_int_eq(fake_count(log, "save_add len="), 1);
+	free(log);
+	dsckpt_host_free(host);
+}
+END_TEST
+
 /* The suite. */
 static Suite *client_save_suite(void)
 {
@@ -394,6 +432,7 @@ static Suite *client_save_suite(void)
 	tcase_add_test(tc, test_fake_no_gpu);
 	tcase_add_test(tc, test_fake_add_tensors);
 	tcase_add_test(tc, test_fake_deferred);
+	tcase_add_test(tc, test_fake_early);
 	suite_add_tcase(s, tc);
 	return s;
 }
