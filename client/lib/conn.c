@@ -311,8 +311,9 @@ static int lib_conn_reply_error(dsckpt_conn_t *c, struct lib_reply *r, uint64_t 
 	return (int)code;
 }
 
-/* Sends frame o (freed here) with fds as request c->req_id; 0, or a failure with the
- * connection broken (*sent: the send's result, when the reply may still say why). */
+/* Sends frame o (freed here) with fds as request c->req_id: 0 with *sent the send's result
+ * (a failed send's reason may still come as a reply), or a failure (the connection broken
+ * before, the frame too long) with nothing sent. */
 static int conn_send(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
 		     int *sent)
 {
