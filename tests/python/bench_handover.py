@@ -9,6 +9,7 @@ changes). A micro-benchmark, not a test: it prints, it asserts only that warm sa
 
   python3 tests/python/bench_handover.py [--tensors 1556] [--saves 20] [--device cpu|cuda]
                                          [--socket PATH] [--root DIR] [--parts]
+                                         [--evict-mib MIB]
 
 Weights and optimizer states have a storage each, as a model's do (--shared: views of one
 storage per kind): rows of three dsckpt host buffers (dsckpt.torch.host_empty) on the CPU,
@@ -111,11 +112,14 @@ def make_state(nparams, device, shared=False):
     return state_dict
 
 
-def run(conn, root, state_dict, saves, device):
+def run(conn, root, state_dict, saves, device, evict=None):
     """Times each save call; returns [(handover, seconds)]: the first save, the warm ones,
-    then cold saves of the same state dict under other file names (no first-call costs)."""
+    then cold saves of the same state dict under other file names (no first-call costs).
+    evict: a CPU buffer written before each state_dict(), as a training step would."""
     out = []
     for i in range(saves + 3):
+        if evict is not None:
+            evict.fill_(i & 0xff)
         sd = state_dict()
         if device != "cpu":
             torch.cuda.synchronize()
@@ -136,6 +140,9 @@ def main(argv):
     p.add_argument("--socket")
     p.add_argument("--root")
     p.add_argument("--parts", action="store_true", help="time the steps of warm saves too")
+    p.add_argument("--evict-mib", type=int, default=0,
+                   help="write this many MiB before each save, pushing the tensors' objects out "
+                   "of the CPU's caches as training does between checkpoints (e.g. 1024)")
     p.add_argument("--shared", action="store_true",
                    help="each kind of tensor a view of one storage, not a storage each")
     a = p.parse_args(argv)
@@ -148,8 +155,9 @@ def main(argv):
         a.socket, a.root = daemon.socket, daemon.root
     try:
         conn = dsckpt.Connection(a.socket, job="bench", rank=0, world_size=1)
+        evict = torch.empty(a.evict_mib << 20, dtype=torch.uint8) if a.evict_mib else None
         times = run(conn, a.root, make_state(max(a.tensors // 4, 1), a.device, a.shared), a.saves,
-                    a.device)
+                    a.device, evict)
         conn.close()
     finally:
         if daemon is not None:
@@ -159,7 +167,8 @@ def main(argv):
     warm = [t * 1e3 for how, t in times[1:a.saves]]
     hows = collections.Counter(how for how, _ in times[1:a.saves])
     print(f"bench_handover: torch {torch.__version__}, {a.device}, {a.tensors // 4 * 4} "
-          f"tensors, {a.saves} saves")
+          f"tensors, {a.saves} saves" + (f", {a.evict_mib} MiB written before each"
+                                         if a.evict_mib else ""))
     print(f"  first save call {first:9.3f} ms  ({times[0][0]}, with first-call costs)")
     print(f"  cold save call  {cold:9.3f} ms median of 3 (the walk and new plans: another file)")
     print(f"  warm save call  {statistics.median(warm):9.3f} ms median, "
