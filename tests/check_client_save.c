@@ -238,8 +238,8 @@ START_TEST(test_fake_no_gpu)
 		far[i] = (uint8_t)(i * 31 + 7);
 	uint64_t sum = fake_fnv(far, n);
 	lib_conn_lock(c);
-	ck_assert_int_eq(lib_cuda_place(c, far, n, -1, &g), 0);
-	ck_assert_int_eq(lib_cuda_place(c, NULL, 0, 0, &g), 0);
+	ck_assert_int_eq(lib_cuda_place(c, far, n, -1, NULL, &g), 0);
+	ck_assert_int_eq(lib_cuda_place(c, NULL, 0, 0, NULL, &g), 0);
 	lib_conn_unlock(c);
 
 	ck_assert_int_eq(dsckpt_save_begin(c, "/ck/j/t1", "r0", &s), 0);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #define NT 64        /* tensors of the small plans */
+#define PREPARE (1u << 31)  /* save_plan_flags: dsckpt_plan_prepare first (not a begin flag) */
 #define TB 4096      /* bytes of each */
 
 /* Microseconds on the monotonic clock. */
@@ -32,14 +33,17 @@ static double now_us(void)
 }
 
 /* Saves the plan (and, if extra, a staged tensor "extra" of 100 bytes of seed's pattern) into
- * dir/rank0, begun with flags; returns what dsckpt_add_plan said. Waits DURABLE. */
+ * dir/rank0, begun with flags (with PREPARE: the plan prepared for the save first); returns
+ * what dsckpt_add_plan said. Waits DURABLE. */
 static int save_plan_flags(dsckpt_conn_t *c, dsckpt_plan_t *p, const char *dir,
 			   const uint8_t *extra, unsigned flags)
 {
 	dsckpt_save_t *s;
 	int64_t n = 100;
 
-	CK_DS(c, dsckpt_save_begin_flags(c, dir, "rank0", flags, &s));
+	CK_DS(c, dsckpt_save_begin_flags(c, dir, "rank0", flags & ~PREPARE, &s));
+	if (flags & PREPARE)
+		CK_DS(c, dsckpt_plan_prepare(s, p));
 	int rc = dsckpt_add_plan(s, p);
 	CK_DS(c, rc);
 	if (extra)
@@ -205,9 +209,9 @@ START_TEST(test_realloc)
 		ck_abort_msg("dsckpt_host_alloc did not reuse the address; the test needs it");
 	}
 	h_pattern_fill(again, len, 2);
-	ck_assert_int_eq(save_plan(c, p, h_path("%s/re/b", D->root), NULL), 1);
+	ck_assert_int_eq(save_plan_flags(c, p, h_path("%s/re/b", D->root), NULL, PREPARE), 1);
 	check_saved(h_path("%s/re/b", D->root), again, NULL);
-	ck_assert_int_eq(save_plan(c, p, h_path("%s/re/c", D->root), NULL), 0);
+	ck_assert_int_eq(save_plan_flags(c, p, h_path("%s/re/c", D->root), NULL, PREPARE), 0);
 
 	/* Freed and not allocated again: the pointers are no dsckpt_host_alloc memory now. */
 	dsckpt_host_free(again);
@@ -223,7 +227,9 @@ START_TEST(test_realloc)
 END_TEST
 
 /* Misuse through the library: pageable memory, no identity, another connection's plan, two
- * plans in a save, a name the plan has too. */
+ * plans in a save, a name the plan has too; dsckpt_plan_prepare with another connection's
+ * plan, on an ended save, on a save freed before its add_plan. (Host memory needs no driver
+ * query, so no thread is started here: the GPU checks run the prepared queries.) */
 START_TEST(test_misuse)
 {
 	d_start(CACHE_16M, CHUNK_1M);
@@ -248,7 +254,23 @@ START_TEST(test_misuse)
 
 	CK_DS(c, dsckpt_plan_create(c, t, NT, &p));
 	CK_DS(c2, dsckpt_save_begin(c2, h_path("%s/m/a", D->root), "rank0", &s));
+	ck_assert_int_eq(dsckpt_plan_prepare(s, p), DSCKPT_EINVAL);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c2), "another connection"));
 	ck_assert_int_eq(dsckpt_add_plan(s, p), DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_plan_prepare(NULL, p), DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_plan_prepare(s, NULL), DSCKPT_EINVAL);
+	dsckpt_save_free(s);
+
+	/* Prepared for a save that is freed, and for one that ended: the plan goes on. */
+	CK_DS(c, dsckpt_save_begin(c, h_path("%s/m/p", D->root), "rank0", &s));
+	CK_DS(c, dsckpt_plan_prepare(s, p));
+	dsckpt_save_free(s);
+	CK_DS(c, dsckpt_save_begin(c, h_path("%s/m/e", D->root), "rank0", &s));
+	CK_DS(c, dsckpt_add_plan(s, p));
+	CK_DS(c, dsckpt_plan_prepare(s, p));	/* its plan is added: nothing to prepare */
+	CK_DS(c, dsckpt_save_end(s));
+	ck_assert_int_lt(dsckpt_plan_prepare(s, p), 0);
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
 	dsckpt_save_free(s);
 
 	CK_DS(c, dsckpt_save_begin(c, h_path("%s/m/b", D->root), "rank0", &s));

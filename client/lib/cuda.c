@@ -6,7 +6,8 @@
  * Without the driver, or in a process that never initialised CUDA (so that it cannot hold
  * device memory), every pointer is host memory and save.c takes its host paths.
  *
- * Classification (lib_cuda_place): one cuPointerGetAttributes per tensor.
+ * Classification (lib_cuda_place): one cuPointerGetAttributes per tensor (or its answer asked
+ * earlier on a thread of the library: cudalook.c).
  *   unknown to CUDA, or host memory  -> 0: the host paths (a dsckpt_host_alloc block, else staged)
  *   managed memory                   -> DSCKPT_ENOTSUP
  *   device memory, legacy IPC        -> region "cuda_ipc": the IPC handle of the whole
@@ -393,10 +394,23 @@ fail:
 	return e;
 }
 
-/* Places a tensor in VMM memory: a cached region holding its mappings, else a new one. */
+/* Whether cached region old holds the nrun mappings of st->run, which span r. */
+static int vmm_covers(const struct lib_cuda *st, const struct cuda_region *old,
+		      const struct cuda_region *r, size_t nrun)
+{
+	if (!old->maps || old->ordinal != r->ordinal || old->base > r->base ||
+	    old->base + old->size < r->base + r->size)
+		return 0;
+	ssize_t j = cuda_map_find(old->maps, old->nmaps, r->base);
+	return j >= 0 && (size_t)j + nrun <= old->nmaps &&
+		memcmp(old->maps + j, st->run, nrun * sizeof(*st->run)) == 0;
+}
+
+/* Places a tensor in VMM memory: the region the hint names when it still holds the tensor's
+ * mappings at the hinted offset, else any cached region holding them, else a new one. */
 static int cuda_place_vmm(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev *d,
 			  const struct lib_cudrv_attrs *a, CUdeviceptr p, size_t n,
-			  struct lib_gpu_ref *out)
+			  const struct lib_place_hint *hint, struct lib_gpu_ref *out)
 {
 	struct cuda_region r = {.ordinal = d->ordinal};
 	CUcontext ctx = NULL;
@@ -409,17 +423,22 @@ static int cuda_place_vmm(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev
 	r.base = st->run[0].base;
 	for (size_t i = 0; i < nrun; i++)
 		r.size += st->run[i].size;
+	if (hint && hint->region && hint->offset <= p) {
+		CUdeviceptr base = p - hint->offset;
+		for (ssize_t i = cuda_search(st, base); i >= 0 && st->regs[i].base == base; i--) {
+			if (st->regs[i].region == hint->region && vmm_covers(st, &st->regs[i], &r,
+									    nrun)) {
+				out->region = hint->region;
+				out->offset = hint->offset;
+				return 0;
+			}
+		}
+	}
 	for (ssize_t i = cuda_search(st, r.base); i >= 0 && st->regs[i].base + st->maxsize >=
 	     r.base + r.size; i--) {
-		const struct cuda_region *old = &st->regs[i];
-		if (!old->maps || old->ordinal != d->ordinal ||
-		    old->base + old->size < r.base + r.size)
-			continue;
-		ssize_t j = cuda_map_find(old->maps, old->nmaps, r.base);
-		if (j >= 0 && (size_t)j + nrun <= old->nmaps &&
-		    memcmp(old->maps + j, st->run, nrun * sizeof(*st->run)) == 0) {
-			out->region = old->region;
-			out->offset = p - old->base;
+		if (vmm_covers(st, &st->regs[i], &r, nrun)) {
+			out->region = st->regs[i].region;
+			out->offset = p - st->regs[i].base;
 			return 0;
 		}
 	}
@@ -444,7 +463,7 @@ static int cuda_place_vmm(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev
 
 /* Places [ptr, ptr + n) if it is GPU memory (of GPU gpu unless that is -1). */
 int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
-		   struct lib_gpu_ref *out)
+		   const struct lib_place_hint *hint, struct lib_gpu_ref *out)
 {
 	CUdeviceptr p = (uintptr_t)ptr;
 	struct lib_cudrv_attrs a;
@@ -454,7 +473,9 @@ int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
 
 	if (!lib_cudrv_present())
 		return 0;
-	CUresult r = lib_cudrv_query(p, &a);
+	CUresult r = CUDA_SUCCESS;
+	if (!hint || !hint->look || !lib_cuda_look_answer(hint->look, hint->at, p, &a))
+		r = lib_cudrv_query(p, &a);
 	/* A process that never initialised CUDA holds no device memory. */
 	if (r == CUDA_ERROR_NOT_INITIALIZED || r == CUDA_ERROR_DEINITIALIZED ||
 	    r == CUDA_ERROR_INVALID_VALUE)
@@ -476,7 +497,7 @@ int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
 	if (a.ipc)
 		e = cuda_place_ipc(c, st, d, &a, p, n, out);
 	else
-		e = cuda_place_vmm(c, st, d, &a, p, n, out);
+		e = cuda_place_vmm(c, st, d, &a, p, n, hint, out);
 	return e < 0 ? e : 1;
 }
 

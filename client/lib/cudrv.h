@@ -1,7 +1,7 @@
 /*
  * cudrv.h — the part of the CUDA driver API that cuda.c uses, reached through libcuda.so.1
- * loaded at run time (cudrv.c). Only cuda.c and cudrv.c include it: the driver's types stay
- * out of internal.h.
+ * loaded at run time (cudrv.c). Only cuda.c, cudalook.c and cudrv.c include it: the driver's
+ * types stay out of internal.h.
  */
 #ifndef DSCKPT_CUDRV_H
 #define DSCKPT_CUDRV_H
@@ -101,6 +101,10 @@ const char *lib_cudrv_name(CUresult r);
 int lib_cudrv_fail(dsckpt_conn_t *c, CUresult r, const char *what);
 /* Asks the driver about a pointer (one cuPointerGetAttributes). */
 CUresult lib_cudrv_query(CUdeviceptr p, struct lib_cudrv_attrs *a);
+/* The answer lib_cuda_look_start's thread got about pointer i of l (which must be p): 1 with
+ * *a set, 0 when it has none. Joins the thread first. */
+int lib_cuda_look_answer(struct lib_cuda_look *l, size_t i, CUdeviceptr p,
+			 struct lib_cudrv_attrs *a);
 /* Fills in the mapping of VMM memory at p where the attributes lacked it. */
 int lib_cudrv_mapping(dsckpt_conn_t *c, struct lib_cudrv_attrs *a, CUdeviceptr p);
 

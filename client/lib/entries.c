@@ -34,9 +34,11 @@ void lib_entries_free(struct lib_entries *es)
 }
 
 /* Places [ptr, ptr + nbytes): a dsckpt_host_alloc block (registered on c unless it is),
- * GPU memory of the request's GPU, or other host memory (0: the caller stages it). */
+ * GPU memory of the request's GPU (as a plan's hint helps, if any), or other host memory
+ * (0: the caller stages it). */
 int lib_entries_place(dsckpt_conn_t *c, struct lib_entries *es, const void *ptr,
-		      size_t nbytes, uint64_t *region, uint64_t *offset)
+		      size_t nbytes, const struct lib_place_hint *hint, uint64_t *region,
+		      uint64_t *offset)
 {
 	struct lib_hostref h;
 	struct lib_gpu_ref g;
@@ -53,7 +55,7 @@ int lib_entries_place(dsckpt_conn_t *c, struct lib_entries *es, const void *ptr,
 		*offset = (uintptr_t)ptr - h.base;
 		return 1;
 	}
-	if ((r = lib_cuda_place(c, ptr, nbytes, es->gpu, &g)) <= 0)
+	if ((r = lib_cuda_place(c, ptr, nbytes, es->gpu, hint, &g)) <= 0)
 		return r;
 	if (es->gpu < 0) {
 		es->gpu = g.device;

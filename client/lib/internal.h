@@ -151,14 +151,29 @@ struct lib_gpu_ref {
 	int device;    /* the GPU's ordinal */
 	void *ctx;     /* the CUcontext the save's event is recorded in */
 };
+/* The driver's answers about a list of pointers, asked on a thread of their own (cudalook.c). */
+struct lib_cuda_look;
+/* Starts asking about n pointers in context ctx (NULL: none pushed); NULL when the driver is
+ * absent or memory or a thread is short. */
+struct lib_cuda_look *lib_cuda_look_start(const uintptr_t *ptrs, size_t n, void *ctx);
+/* Waits for the look's thread and frees it (NULL: nothing). */
+void lib_cuda_look_free(struct lib_cuda_look *l);
+/* What a plan knows of memory it places again (plan.c): where it lay, and the driver's
+ * answers prepared for it. */
+struct lib_place_hint {
+	struct lib_cuda_look *look;  /* NULL: the driver is asked now */
+	size_t at;                   /* the answer about this pointer */
+	uint64_t region, offset;     /* where it lay; a cached region still covering it there is
+					taken before any other (VMM regions overlap) */
+};
 /*
  * Places [ptr, ptr + n) if it is GPU memory: 1 with *out set (the allocation registered on c
  * unless it already was), 0 if it is not GPU memory or CUDA is absent (the host paths apply),
  * or DSCKPT_E*: DSCKPT_ENOTSUP for managed memory and for memory on another GPU than gpu
- * (-1: any), as SAVE_END carries one event (lock held).
+ * (-1: any), as SAVE_END carries one event (lock held). hint: NULL, or what a plan knows.
  */
 int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
-		   struct lib_gpu_ref *out);
+		   const struct lib_place_hint *hint, struct lib_gpu_ref *out);
 /* Records the connection's interprocess event of ctx on stream (NULL: the legacy default
  * stream) and gives the event's handle and the GPU's UUID (lock held). */
 int lib_cuda_record(dsckpt_conn_t *c, int device, void *ctx, void *stream,
@@ -209,10 +224,12 @@ void lib_entries_free(struct lib_entries *es);
 /*
  * Places [ptr, ptr + nbytes): 1 with *region and *offset set for a dsckpt_host_alloc block
  * or GPU memory (registered on c unless it already is; GPU memory on es's one GPU), 0 for
- * other host memory, which the caller stages, or DSCKPT_E* (lock held).
+ * other host memory, which the caller stages, or DSCKPT_E* (lock held). hint: NULL, or what
+ * a plan knows of the memory (lib_cuda_place).
  */
 int lib_entries_place(dsckpt_conn_t *c, struct lib_entries *es, const void *ptr,
-		      size_t nbytes, uint64_t *region, uint64_t *offset);
+		      size_t nbytes, const struct lib_place_hint *hint, uint64_t *region,
+		      uint64_t *offset);
 /* Encodes the entry of tensor t, whose bytes lie at region + offset (lock held). */
 int lib_entries_add(dsckpt_conn_t *c, struct lib_entries *es, const dsckpt_tensor_t *t,
 		    uint64_t region, uint64_t offset);
@@ -230,9 +247,11 @@ int lib_entries_fit(const struct lib_entries *es);
 void lib_entries_pack_rest(const struct lib_entries *es, struct proto_out *o, size_t last);
 
 /* plan.c — save plans. */
-/* Makes p usable by a save whose entries are es: 0 when the daemon's copy holds, 1 when it
- * was sent anew, or DSCKPT_E*; *id names it in the save's request (lock held). */
-int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t *id);
+/* Makes p usable by the save of serial whose entries are es: 0 when the daemon's copy holds,
+ * 1 when it was sent anew, or DSCKPT_E*; *id names it in the save's request (lock held). */
+int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t serial, uint64_t *id);
+/* Starts the driver queries of p's use by the save of serial on a thread (lock held). */
+void lib_plan_prepare(dsckpt_plan_t *p, uint64_t serial);
 /* The connection a plan was made on. */
 dsckpt_conn_t *lib_plan_conn(const dsckpt_plan_t *p);
 

@@ -146,7 +146,8 @@ static int load_add_one(dsckpt_load_t *l, const dsckpt_tensor_t *t)
 	if ((e = lib_check_tensor(t->name, t->dtype, t->shape, t->ndim, t->ptr, t->nbytes, why,
 				  sizeof(why))) < 0)
 		return lib_conn_fail(l->c, e, "%s", why);
-	if ((e = lib_entries_place(l->c, &l->es, t->ptr, t->nbytes, &region, &offset)) < 0)
+	if ((e = lib_entries_place(l->c, &l->es, t->ptr, t->nbytes, NULL, &region,
+				   &offset)) < 0)
 		return e;
 	if (e == 0 && (e = load_stage(l, t, &region, &offset, &at)) < 0)
 		return e;

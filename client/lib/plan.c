@@ -10,6 +10,12 @@
  * under the plan, and the plan is resolved tensor by tensor and sent whole under a new id.
  * The daemon forgets a plan reading a region that is unregistered, so a plan it still holds
  * never reads memory the caller gave up. Pointers, dtypes and shapes are the caller's to keep.
+ *
+ * dsckpt_plan_prepare asks the driver about every hull on a thread of the library
+ * (cudalook.c) while the caller goes on, for one save; that save's use places the hulls from
+ * those answers instead of asking one by one. Any use drops them (another save's asks
+ * anew), and so does every change of the hulls (a plan sent anew, freed), after waiting for
+ * that thread.
  */
 #include "internal.h"
 
@@ -32,6 +38,8 @@ struct dsckpt_plan {
 	int64_t *dims;               /* the copied shapes */
 	struct plan_probe *probes;   /* one per region, by region */
 	size_t nprobes;
+	struct lib_cuda_look *look;  /* the driver's answers about the hulls, for one save's use */
+	uint64_t look_for;           /* that save's serial */
 	int gpu;                     /* the GPU of its tensors; -1: none */
 	void *gpu_ctx;               /* the context their saves' events are recorded in */
 };
@@ -130,13 +138,16 @@ static int plan_send(dsckpt_plan_t *p, struct lib_entries *es)
 	int e = 0;
 
 	plan_drop_remote(p);
+	lib_cuda_look_free(p->look);
+	p->look = NULL;
 	free(p->probes);
 	p->nprobes = 0;
 	if (!(p->probes = calloc(p->n ? p->n : 1, sizeof(*p->probes))))
 		return lib_conn_fail(c, DSCKPT_ENOMEM, "out of memory");
 	for (size_t i = 0; i < p->n && e == 0; i++) {
 		const dsckpt_tensor_t *t = &p->t[i];
-		if ((e = lib_entries_place(c, es, t->ptr, t->nbytes, &region, &offset)) == 0)
+		if ((e = lib_entries_place(c, es, t->ptr, t->nbytes, NULL, &region,
+					   &offset)) == 0)
 			e = lib_conn_fail(c, DSCKPT_ENOTSUP, "tensor %s: a plan takes GPU memory "
 					  "and dsckpt_host_alloc memory only", t->name);
 		else if (e > 0 && (e = lib_entries_add(c, es, t, region, offset)) == 0)
@@ -200,30 +211,51 @@ int dsckpt_plan_create(dsckpt_conn_t *c, const dsckpt_tensor_t *tensors, size_t 
 }
 
 /* Whether every region's hull still lands where the daemon was told (lock held): 1, 0 when
- * memory changed under the plan, or DSCKPT_E*. es takes the plan's GPU. */
-static int plan_holds(dsckpt_plan_t *p, struct lib_entries *es)
+ * memory changed under the plan, or DSCKPT_E*. es takes the plan's GPU. The answers
+ * prepared for save serial are used, and any are dropped. */
+static int plan_holds(dsckpt_plan_t *p, struct lib_entries *es, uint64_t serial)
 {
+	struct lib_place_hint hint = {.look = p->look_for == serial ? p->look : NULL};
 	uint64_t region, offset;
+	int holds = p->id != 0;
 
-	if (p->id == 0)
-		return 0;
-	for (size_t i = 0; i < p->nprobes; i++) {
+	for (size_t i = 0; holds == 1 && i < p->nprobes; i++) {
 		const struct plan_probe *q = &p->probes[i];
+		hint.at = i;
+		hint.region = q->region;
+		hint.offset = q->offset;
 		int e = lib_entries_place(p->c, es, (const void *)q->start, q->end - q->start,
-					  &region, &offset);
-		if (e < 0)
-			return e;
-		if (e == 0 || region != q->region || offset != q->offset)
-			return 0;
+					  &hint, &region, &offset);
+		if (e <= 0 || region != q->region || offset != q->offset)
+			holds = e < 0 ? e : 0;
 	}
-	return 1;
+	lib_cuda_look_free(p->look);
+	p->look = NULL;
+	return holds;
+}
+
+/* Starts asking the driver about p's GPU hulls on a thread of the library, for the use by
+ * save serial (lock held); answers prepared before and not used are dropped. */
+void lib_plan_prepare(dsckpt_plan_t *p, uint64_t serial)
+{
+	uintptr_t *starts;
+
+	lib_cuda_look_free(p->look);
+	p->look = NULL;
+	if (p->id == 0 || p->gpu < 0 || !(starts = malloc(p->nprobes * sizeof(*starts))))
+		return;
+	for (size_t i = 0; i < p->nprobes; i++)
+		starts[i] = p->probes[i].start;
+	p->look = lib_cuda_look_start(starts, p->nprobes, p->gpu_ctx);
+	p->look_for = serial;
+	free(starts);
 }
 
 /*
  * Makes p usable by a save whose entries are es (lock held): 0 when the daemon's copy still
  * holds, 1 when it was sent anew, or DSCKPT_E*. *id is the plan's id for the save.
  */
-int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t *id)
+int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t serial, uint64_t *id)
 {
 	struct lib_entries fresh;
 	int gpu = es->gpu, e;
@@ -231,7 +263,7 @@ int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t *id)
 	if (p->gpu >= 0 && gpu >= 0 && p->gpu != gpu)
 		return lib_conn_fail(p->c, DSCKPT_ENOTSUP, "one save per GPU: the plan's tensors "
 				     "are on GPU %d, the save's on GPU %d", p->gpu, gpu);
-	int holds = plan_holds(p, es);
+	int holds = plan_holds(p, es, serial);
 	if (holds < 0)
 		return holds;
 	if (!holds) {
@@ -264,6 +296,7 @@ void dsckpt_plan_free(dsckpt_plan_t *p)
 		lib_conn_unlock(p->c);
 		lib_conn_unref(p->c);
 	}
+	lib_cuda_look_free(p->look);
 	free(p->t);
 	free(p->strings);
 	free(p->dims);

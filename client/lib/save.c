@@ -17,6 +17,7 @@
  */
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,9 +41,13 @@ struct dsckpt_save {
 	uint32_t nheld;
 	char *dir, *file;      /* a deferred save's, until its SAVE_BEGIN is sent (else NULL) */
 	int early;             /* its SAVE_BEGIN is posted, the reply not read yet */
+	uint64_t serial;       /* unique in the process: which save a prepared plan is for */
 	int refused;           /* what the posted SAVE_BEGIN's reply said, when it failed */
 	char *refusal;
 };
+
+/* Save serials are unique in the process. */
+static _Atomic uint64_t next_serial = 1;
 
 /* Packs SAVE_BEGIN's dir and file into o, a map of extra more keys. */
 static void pack_begin(struct proto_out *o, const char *dir, const char *file, uint32_t extra)
@@ -112,6 +117,7 @@ int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return DSCKPT_ENOMEM;
+	s->serial = atomic_fetch_add(&next_serial, 1);
 	lib_conn_lock(c);
 	if ((e = lib_check_dir(c, dir)) < 0 || (e = lib_check_file(c, file)) < 0)
 		goto fail;
@@ -204,7 +210,8 @@ static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 	if (lib_names_has(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
 				     t->name);
-	if ((e = lib_entries_place(s->c, &s->es, t->ptr, t->nbytes, &region, &offset)) < 0)
+	if ((e = lib_entries_place(s->c, &s->es, t->ptr, t->nbytes, NULL, &region,
+				   &offset)) < 0)
 		return e;
 	if (e == 0 &&
 	    (e = lib_stage_copy(s->c, &s->stages, t->ptr, t->nbytes, &region, &offset)) < 0)
@@ -264,8 +271,26 @@ int dsckpt_add_plan(dsckpt_save_t *s, dsckpt_plan_t *p)
 	else if (s->plan)
 		e = lib_conn_fail(s->c, DSCKPT_EEXIST, "the save has a plan already");
 	else
-		e = lib_plan_use(p, &s->es, &s->plan);
+		e = lib_plan_use(p, &s->es, s->serial, &s->plan);
 out:
+	lib_conn_unlock(s->c);
+	return e;
+}
+
+/* Starts the driver queries of dsckpt_add_plan(s, p) on a thread of the library. */
+int dsckpt_plan_prepare(dsckpt_save_t *s, dsckpt_plan_t *p)
+{
+	int e;
+
+	if (!s || !p)
+		return DSCKPT_EINVAL;
+	if ((e = save_enter(s)) == 0) {
+		if (lib_plan_conn(p) != s->c)
+			e = lib_conn_fail(s->c, DSCKPT_EINVAL, "the plan belongs to another "
+					  "connection");
+		else if (!s->plan)
+			lib_plan_prepare(p, s->serial);
+	}
 	lib_conn_unlock(s->c);
 	return e;
 }

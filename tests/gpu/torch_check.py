@@ -10,10 +10,14 @@ before save_end (behind about a second of matrix products, so they are still run
 save_end returns), the daemon must order its copies after them; after SNAPSHOT the tensors are overwritten at once;
 after DURABLE the checkpoint is committed and safetensors.safe_open(framework="pt") must give
 back exactly the values the stream wrote (compared bit for bit). Steps 3 and 4 hand the same
-tensors over as a save plan (dsckpt_add_plan must find it still good); then every tensor is
-freed (release_gpu, empty_cache) and allocated again: where the new tensors lie at the plan's
-addresses, step 5's dsckpt_add_plan must see that the memory changed and send the plan anew;
-either way the file must hold the new values.
+tensors over as a save plan (dsckpt_add_plan must find it still good; step 4 with its driver
+queries prepared on the library's thread, dsckpt_plan_prepare). Then the plan is prepared
+for a save that is abandoned, every tensor is freed (release_gpu, empty_cache) and allocated
+again: where the new tensors lie at the plan's addresses, step 5's dsckpt_add_plan must not
+take those stale answers but see that the memory changed and send the plan anew. Freed and
+allocated once more, step 6 prepares its plan after the change: the prepared answers must
+show it (sent anew); step 7, prepared, finds the plan good. Every file must hold the new
+values.
 
 Exit status: 0 passed, 1 failed, 77 skipped (no torch, no safetensors, no GPU).
 """
@@ -72,6 +76,7 @@ class Lib:
             "dsckpt_plan_create": (i, [vp, ctypes.c_char_p, ctypes.c_size_t,
                                        ctypes.POINTER(vp)]),
             "dsckpt_add_plan": (i, [vp, vp]),
+            "dsckpt_plan_prepare": (i, [vp, vp]),
             "dsckpt_plan_free": (None, [vp]),
             "dsckpt_release_gpu": (i, [vp]),
         }
@@ -134,13 +139,15 @@ class Plan:
                   "dsckpt_plan_create")
 
 
-def save_step(lib, root, job, step, tensors, side, plan=None, sent=None):
+def save_step(lib, root, job, step, tensors, side, plan=None, sent=None, prepare=False):
     """One checkpoint as described at the top (through plan when given: dsckpt_add_plan
-    must return sent); returns the values the file must hold."""
+    must return sent; prepared first when prepare); returns the values the file must hold."""
     ckdir = f"{root}/{job}/step{step}"
     save = ctypes.c_void_p()
     lib.check(lib.lib.dsckpt_save_begin(lib.conn, ckdir.encode(), b"rank0",
                                         ctypes.byref(save)), "dsckpt_save_begin")
+    if prepare:
+        lib.check(lib.lib.dsckpt_plan_prepare(save, plan.p), "dsckpt_plan_prepare")
     if plan is not None:
         rc = lib.check(lib.lib.dsckpt_add_plan(save, plan.p), "dsckpt_add_plan")
         if rc != sent:
@@ -179,6 +186,20 @@ def save_step(lib, root, job, step, tensors, side, plan=None, sent=None):
     return ckdir, {n: x.cpu() for n, x in expected.items()}
 
 
+def reallocate(lib, plan):
+    """Allocates the tensors again once the caller dropped them (the daemon lets go of the
+    old memory, the allocator gives it back): (tensors, plan, whether they lie at the plan's
+    addresses); the caller's rule: other pointers need a new plan."""
+    lib.check(lib.lib.dsckpt_release_gpu(lib.conn), "dsckpt_release_gpu")
+    torch.cuda.empty_cache()
+    tensors = make_tensors()
+    same = [x.data_ptr() for x in tensors.values()] == plan.ptrs
+    if not same:
+        lib.lib.dsckpt_plan_free(plan.p)
+        plan = Plan(lib, tensors)
+    return tensors, plan, same
+
+
 def verify(ckdir, expected):
     """Loads the file with safetensors and compares every tensor bit for bit."""
     path = f"{ckdir}/rank0.safetensors"
@@ -213,26 +234,31 @@ def main():
         verify(ckdir, expected)
     plan = Plan(lib, tensors)
     for step in (3, 4):
-        ckdir, expected = save_step(lib, root, job, step, tensors, side, plan, 0)
+        ckdir, expected = save_step(lib, root, job, step, tensors, side, plan, 0, step == 4)
         verify(ckdir, expected)
-    # Everything freed and allocated again (the daemon lets go of the old memory first).
-    lib.check(lib.lib.dsckpt_release_gpu(lib.conn), "dsckpt_release_gpu")
-    del tensors, expected
-    torch.cuda.empty_cache()
-    tensors = make_tensors()
-    same = [x.data_ptr() for x in tensors.values()] == plan.ptrs
-    if not same:  # the caller's rule: other pointers need a new plan
-        lib.lib.dsckpt_plan_free(plan.p)
-        plan = Plan(lib, tensors)
-    ckdir, expected = save_step(lib, root, job, 5, tensors, side, plan, 1 if same else 0)
+    # Answers prepared for a save that is abandoned: stale once the memory changes.
+    save = ctypes.c_void_p()
+    lib.check(lib.lib.dsckpt_save_begin(lib.conn, f"{root}/{job}/abandoned".encode(),
+                                        b"rank0", ctypes.byref(save)), "dsckpt_save_begin")
+    lib.check(lib.lib.dsckpt_plan_prepare(save, plan.p), "dsckpt_plan_prepare")
+    lib.lib.dsckpt_save_free(save)
+    sames = []
+    for step, prepare in ((5, False), (6, True)):
+        del tensors, expected
+        tensors, plan, same = reallocate(lib, plan)
+        sames.append(same)
+        ckdir, expected = save_step(lib, root, job, step, tensors, side, plan,
+                                    1 if same else 0, prepare)
+        verify(ckdir, expected)
+    ckdir, expected = save_step(lib, root, job, 7, tensors, side, plan, 0, True)
     verify(ckdir, expected)
     lib.lib.dsckpt_plan_free(plan.p)
     lib.lib.dsckpt_close(lib.conn)
-    moved = ("at the same addresses: the plan was sent anew" if same else
-             "at other addresses: a new plan")
+    moved = ", ".join("at the same addresses: the plan was sent anew" if same else
+                      "at other addresses: a new plan" for same in sames)
     print(f"torch {torch.__version__} ({mode}): {len(tensors)} tensors, "
-          f"{total / 2**20:.1f} MiB, 5 checkpoints verified bit for bit (2 through a plan; "
-          f"reallocated {moved})")
+          f"{total / 2**20:.1f} MiB, 7 checkpoints verified bit for bit (5 through a plan, "
+          f"3 of them prepared; reallocated twice: {moved})")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ import dsckpt.torch as dt  # noqa: E402
 from dsckpt import _handover, core  # noqa: E402
 
 # What --parts times: (label, owner, attribute), each a step of a warm save call.
-PARTS = [("match containers", _handover.Shape, "match"),
+PARTS = [("prepare plan", _handover._Handing, "prepare"),
+         ("match containers", _handover.Shape, "match"),
          ("prove tensors", _handover._Tensors, "hold"),
          ("pickle leaves", _handover, "dump_leaves"),
          ("blob", _handover._blob, "dump"),

@@ -323,10 +323,18 @@ def test_plan_binding(daemon, conn):
         assert plan.count == 2 and not plan.closed
         d = os.path.join(daemon.root, "job", "bind")
         with conn.save(d, "rank0") as s:
+            s.prepare_plan(plan)  # host memory: nothing to ask the driver, nothing started
             assert s.add_plan(plan) is False
             s.add_tensors([("c", "F32", (1,), arr[:1].ctypes.data, 4)])  # staged beside it
+        with pytest.raises(dsckpt.errors.DsckptError):
+            s.prepare_plan(plan)  # ended
         s.wait(dsckpt.Level.DURABLE, T)
         s.close()
+        with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
+            s2 = other.save(os.path.join(daemon.root, "job", "other"), "rank0")
+            with pytest.raises(dsckpt.errors.InvalidArgument, match="another connection"):
+                s2.prepare_plan(plan)
+            s2.close()  # never ended: abandoned
     assert plan.closed
     plan.close()  # idempotent
     back = dt.read_safetensors(os.path.join(d, "rank0.safetensors"))

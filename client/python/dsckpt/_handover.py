@@ -190,6 +190,12 @@ class _Handing:
             others = planned + [spec for spec, _ in staged] + others
         self.others: Optional[PackedTensors] = pack_tensors(others)
 
+    def prepare(self, s: Save) -> None:
+        """Starts the library's check of the plan add(s) will use (Save.prepare_plan)."""
+        plan = self.stage.next_plan() if self.stage is not None else self.plan
+        if plan is not None:
+            s.prepare_plan(plan)
+
     def add(self, s: Save) -> bool:
         """Adds the tensors to s; True when a plan was sent whole (memory under it changed)."""
         resent = False
@@ -364,6 +370,10 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any,
     """The save s through entry, or None when state_dict is not what entry recorded; and the
     save to go on with (a new one when s took part of the cached hand-over and failed)."""
     try:
+        # The library's driver queries for the plan run while this matches and proves. Their
+        # answers are as of now: add_plan uses them only once the proof shows that the state
+        # dict, held by the caller throughout, has its tensors at the plan's addresses.
+        entry.handing.prepare(s)
         found = entry.shape.match(state_dict)
         if found is None or not entry.proof.hold(found[0]):
             return None, s

@@ -71,6 +71,7 @@ _SIGNATURES = {
     "dsckpt_add_tensors": (_i, [_vp, _vp, _sz, ctypes.POINTER(_sz)]),
     "dsckpt_plan_create": (_i, [_vp, _vp, _sz, ctypes.POINTER(_vp)]),
     "dsckpt_add_plan": (_i, [_vp, _vp]),
+    "dsckpt_plan_prepare": (_i, [_vp, _vp]),
     "dsckpt_plan_free": (None, [_vp]),
     "dsckpt_add_blob": (_i, [_vp, _cp, _vp, _sz]),
     "dsckpt_save_set_stream": (_i, [_vp, _vp]),

@@ -117,6 +117,11 @@ class Stage:
         self.fallback: Optional[list] = None  # packed when first needed
         self.turn = 0
 
+    def next_plan(self) -> Optional[Plan]:
+        """The plan the next add uses, or None when it will add the tensors one by one."""
+        buf = self.buffers[self.turn]
+        return buf.plan if buf.free() else None
+
     def add(self, s: Save) -> bool:
         """Adds the planned and staged tensors to s: the staged ones gathered into the next
         buffer and its plan added, when the buffer is free; else every tensor added one by

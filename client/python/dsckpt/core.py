@@ -409,6 +409,13 @@ class Save(_Handle):
         rc = self.conn._check(_lib.lib().dsckpt_add_plan(self._handle(), plan._handle()))
         return rc == 1
 
+    def prepare_plan(self, plan: Plan) -> None:
+        """Starts the check of ``add_plan(plan)`` on this save (its driver queries, as of now)
+        on a thread of the library; add_plan then waits for it and uses its answers. No
+        allocation under the plan may be freed in between. Nothing is started for host
+        memory or without the CUDA driver."""
+        self.conn._check(_lib.lib().dsckpt_plan_prepare(self._handle(), plan._handle()))
+
     def add_array(self, name: str, array) -> None:
         """Adds a C-contiguous numpy array (copied unless it lies in a HostBuffer)."""
         if not array.flags["C_CONTIGUOUS"]:
