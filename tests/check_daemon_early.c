@@ -66,6 +66,9 @@ START_TEST(test_early_saves)
 
 	ck_assert_int_eq(dsckpt_save_begin_flags(c, d1, "rank0", DSCKPT_SAVE_EARLY |
 						 DSCKPT_SAVE_DEFER, &a), DSCKPT_EINVAL);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "not both"));
+	ck_assert_int_eq(dsckpt_save_begin_flags(c, d1, "rank0", 4, &a), DSCKPT_EINVAL);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "0x4"));
 	shape = TB;
 	plan_specs(t, names, NT, &shape, mem);
 	h_pattern_fill(mem, (size_t)NT * TB, 11);

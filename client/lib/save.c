@@ -110,10 +110,17 @@ int dsckpt_save_begin_flags(dsckpt_conn_t *c, const char *dir, const char *file,
 	dsckpt_save_t *s;
 	int e;
 
-	if (!c || !out || (flags & ~(DSCKPT_SAVE_DEFER | DSCKPT_SAVE_EARLY)) ||
-	    flags == (DSCKPT_SAVE_DEFER | DSCKPT_SAVE_EARLY))
+	if (!c || !out)
 		return DSCKPT_EINVAL;
 	*out = NULL;
+	if ((flags & ~(DSCKPT_SAVE_DEFER | DSCKPT_SAVE_EARLY)) ||
+	    flags == (DSCKPT_SAVE_DEFER | DSCKPT_SAVE_EARLY)) {
+		lib_conn_lock(c);
+		e = lib_conn_fail(c, DSCKPT_EINVAL, "save flags 0x%x: DSCKPT_SAVE_DEFER or "
+				  "DSCKPT_SAVE_EARLY, not both and nothing else", flags);
+		lib_conn_unlock(c);
+		return e;
+	}
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return DSCKPT_ENOMEM;

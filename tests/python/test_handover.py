@@ -314,6 +314,12 @@ def test_blob_version_1_still_loads(daemon, conn, tmp_path):
     same(dt.load(str(tmp_path), "rank0"), state)
 
 
+def test_save_flags_deferred_or_early(daemon, conn):
+    """A save is deferred or early, not both: the library's reason is raised."""
+    with pytest.raises(dsckpt.errors.InvalidArgument, match="not both"):
+        conn.save(os.path.join(daemon.root, "job", "flags"), "rank0", defer=True, early=True)
+
+
 def test_plan_binding(daemon, conn):
     buf = dsckpt.HostBuffer(4096)
     arr = buf.numpy("float32")

@@ -212,12 +212,10 @@ class Connection(_Handle):
         ``early``: the start goes to the daemon now but its answer is read by
         :meth:`Save.end` (one round trip then), so the daemon makes the directory and the
         file while the caller prepares the save; a refusal is raised there too."""
-        if defer and early:
-            raise error_for(Errno.EINVAL, "EINVAL", "a save is deferred or early, not both")
         out = ctypes.c_void_p()
         self._check(_lib.lib().dsckpt_save_begin_flags(
             self._handle(), _encode(dir, "dir"), _encode(file, "file"),
-            1 if defer else 2 if early else 0, ctypes.byref(out)))
+            (1 if defer else 0) | (2 if early else 0), ctypes.byref(out)))
         return Save(self, out.value, str(dir), str(file))
 
     def plan(self, tensors: Union[Iterable[TensorSpec], PackedTensors]) -> Plan:
