@@ -47,6 +47,7 @@ struct conn {
 	int dead;               /* closed; the handle is closing */
 	int dispatching;        /* a frame is being handled: closing waits until it returns */
 	int close_now;          /* close as soon as the frame's handler returns */
+	int events;             /* what poll waits for (UV_READABLE, UV_WRITABLE) */
 	struct conn *next;
 };
 
@@ -279,7 +280,8 @@ void conn_accept(int fd)
 		return;
 	}
 	c->poll.data = c;
-	uv_poll_start(&c->poll, UV_READABLE, on_poll);
+	c->events = UV_READABLE;
+	uv_poll_start(&c->poll, c->events, on_poll);
 	c->next = conns;
 	conns = c;
 	nconns++;
@@ -311,7 +313,10 @@ static void flush_out(struct conn *c)
 	int ev = c->closing ? 0 : UV_READABLE;
 	if (c->out_len)
 		ev |= UV_WRITABLE;
-	uv_poll_start(&c->poll, ev, on_poll);
+	if (ev != c->events) {	/* libuv re-registers the descriptor at every start */
+		c->events = ev;
+		uv_poll_start(&c->poll, ev, on_poll);
+	}
 }
 
 /* Queues a finished frame for the client and frees it. */
