@@ -252,8 +252,8 @@ void lib_plan_prepare(dsckpt_plan_t *p, uint64_t serial)
 }
 
 /*
- * Makes p usable by a save whose entries are es (lock held): 0 when the daemon's copy still
- * holds, 1 when it was sent anew, or DSCKPT_E*. *id is the plan's id for the save.
+ * Makes p usable by the save of serial whose entries are es (lock held): 0 when the daemon's
+ * copy still holds, 1 when it was sent anew, or DSCKPT_E*. *id is the plan's id for the save.
  */
 int lib_plan_use(dsckpt_plan_t *p, struct lib_entries *es, uint64_t serial, uint64_t *id)
 {
