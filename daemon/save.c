@@ -7,8 +7,10 @@
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
  * last change once finished and no longer held (a WAIT holds it), or at once when its client
- * leaves before SAVE_END. From SAVE_END to its final event its job belongs to the engine; the
- * save keeps only the handle.
+ * leaves before SAVE_END. SAVE_BEGIN makes the file's .partial (unlinked if the save is
+ * dropped before its end), so that SAVE_END, which the trainer waits for, does not. From
+ * SAVE_END to its final event its job and the file belong to the engine; the save keeps only
+ * the handle.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -36,6 +38,9 @@ struct save {
 	char file[129];
 	int dirfd;
 	struct store_root root;  /* the allowed root dirfd was opened under */
+	struct store_file *out;  /* file.safetensors.partial, made at SAVE_BEGIN (so that an
+				    early save's SAVE_END does not wait for it); the engine's
+				    from SAVE_END */
 	int code;                /* FAILED: its ERR_E* */
 	char error[ERRLEN];
 	struct tensors *tl;      /* its own, or a plan's shared until something is added */
@@ -89,6 +94,8 @@ static void save_free(struct save *s)
 	save_unshare(s);
 	tensors_unref(s->tl);
 	blobs_free(s->blobs);
+	if (s->out)
+		store_file_abort(s->out);
 	if (s->dirfd >= 0)
 		close(s->dirfd);
 	if (s->job)
@@ -239,6 +246,15 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		fd = seterr(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
 			    "there", client_rank(c), d);
 	}
+	char name[160];
+	struct store_file *out = NULL;
+	snprintf(name, sizeof(name), "%s.safetensors", file);
+	if (fd >= 0 && (rc = store_file_create(fd, name, client_uid(c), client_gid(c),
+					       config->file_mode, config->o_direct, &out, err,
+					       errlen)) < 0) {
+		close(fd);
+		fd = rc;
+	}
 	if (fd < 0) {
 		quota_give(client_uid(c), QUOTA_SAVES, 1);
 		return fd;
@@ -250,10 +266,12 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		s = NULL;
 	}
 	if (!s) {
+		store_file_abort(out);
 		quota_give(client_uid(c), QUOTA_SAVES, 1);
 		close(fd);
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
+	s->out = out;
 	s->counted = 1;
 	s->id = next_save_id++;
 	s->client = client_id(c);
@@ -386,11 +404,8 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		seterr(err, errlen, rc, "out of memory");
 		goto fail;
 	}
-	snprintf(name, sizeof(name), "%s.safetensors", s->file);
-	rc = store_file_create(s->dirfd, name, s->uid, s->gid, config->file_mode,
-			       config->o_direct, &r.file, err, errlen);
-	if (rc < 0)
-		goto fail;
+	r.file = s->out;	/* made at SAVE_BEGIN */
+	s->out = NULL;
 	r.dirfd = s->dirfd;
 	r.res = resident_begin(s->dir, s->file, s->uid, tensors_bytes(s->tl));
 	if ((rc = engine_submit(&r, &s->job, err, errlen)) < 0) {

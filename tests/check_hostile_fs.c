@@ -72,7 +72,7 @@ static int atk_racer(void *arg)
 {
 	const char *job = h_path("%s/jobA", D->root), *target = h_path("%s/target", D->dir);
 	int jfd = open(job, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	char name[32];
+	char name[32], old[32];
 
 	if (jfd < 0)
 		return say(2, 1, "open %s: %s", job, strerror(errno));
@@ -84,9 +84,12 @@ static int atk_racer(void *arg)
 		if (renameat2(jfd, name, jfd, ".lnk", RENAME_EXCHANGE) < 0)
 			continue;
 		B->n[2]++;
-		/* name is the link now, .lnk the directory: tidy up and arm again. */
+		/* name is the link now, .lnk the directory (holding the save's partial file when
+		 * the daemon got that far): moved aside, and armed again. */
 		unlinkat(jfd, name, 0);
-		unlinkat(jfd, ".lnk", AT_REMOVEDIR);
+		snprintf(old, sizeof(old), ".old%lld", B->n[2]);
+		if (renameat(jfd, ".lnk", jfd, old) < 0)
+			return say(2, 4, "move %s aside: %s", ".lnk", strerror(errno));
 		if (linkat(AT_FDCWD, target, jfd, ".lnk", 0) < 0)
 			return say(2, 3, "link again: %s", strerror(errno));
 	}
