@@ -2,7 +2,7 @@
  * cudalook.c — what the driver says of a list of pointers, asked on a thread of the library,
  * so that a plan's memory is looked up while the caller does other work (dsckpt_plan_prepare).
  *
- * lib_cuda_look_start copies the pointers and starts the thread, which pushes the context it
+ * lib_cuda_look_start takes the array of pointers and starts the thread, which pushes the context it
  * is given (the caller's thread has it current; cuPointerGetAttributes may want one), asks
  * about each pointer and keeps the answers. lib_cuda_look_answer joins the thread on first
  * need and gives the answer about pointer i when the driver gave one; lib_cuda_place asks
@@ -21,7 +21,7 @@ struct lib_cuda_look {
 	int joined;
 	CUcontext ctx;
 	size_t n;
-	CUdeviceptr *ptrs;
+	uintptr_t *ptrs;
 	CUresult *rs;
 	struct lib_cudrv_attrs *as;
 };
@@ -34,7 +34,7 @@ static void *look_run(void *arg)
 	int pushed = l->ctx && lib_cu.CtxPushCurrent(l->ctx) == CUDA_SUCCESS;
 
 	for (size_t i = 0; i < l->n; i++)
-		l->rs[i] = lib_cudrv_query(l->ptrs[i], &l->as[i]);
+		l->rs[i] = lib_cudrv_query((CUdeviceptr)l->ptrs[i], &l->as[i]);
 	if (pushed)
 		lib_cu.CtxPopCurrent(&popped);
 	return NULL;
@@ -49,24 +49,24 @@ static void look_free(struct lib_cuda_look *l)
 	free(l);
 }
 
-/* Starts asking about n pointers in context ctx; NULL without the driver, or when memory or
- * a thread is short (the caller then asks itself, as before). */
-struct lib_cuda_look *lib_cuda_look_start(const uintptr_t *ptrs, size_t n, void *ctx)
+/* Starts asking about the n pointers of ptrs (malloc'd, taken over) in context ctx; NULL
+ * without the driver, or when memory or a thread is short (the caller then asks itself). */
+struct lib_cuda_look *lib_cuda_look_start(uintptr_t *ptrs, size_t n, void *ctx)
 {
 	struct lib_cuda_look *l;
 	sigset_t all, old;
 
-	if (n == 0 || !lib_cudrv_present() || !(l = calloc(1, sizeof(*l))))
+	if (n == 0 || !lib_cudrv_present() || !(l = calloc(1, sizeof(*l)))) {
+		free(ptrs);
 		return NULL;
-	l->ptrs = malloc(n * sizeof(*l->ptrs));
+	}
+	l->ptrs = ptrs;
 	l->rs = malloc(n * sizeof(*l->rs));
 	l->as = malloc(n * sizeof(*l->as));
 	if (!l->ptrs || !l->rs || !l->as) {
 		look_free(l);
 		return NULL;
 	}
-	for (size_t i = 0; i < n; i++)
-		l->ptrs[i] = ptrs[i];
 	l->n = n;
 	l->ctx = ctx;
 	sigfillset(&all);   /* the caller's signals stay with the caller's threads */
@@ -89,7 +89,7 @@ int lib_cuda_look_answer(struct lib_cuda_look *l, size_t i, CUdeviceptr p,
 		pthread_join(l->thread, NULL);
 		l->joined = 1;
 	}
-	if (i >= l->n || l->ptrs[i] != p || l->rs[i] != CUDA_SUCCESS)
+	if (i >= l->n || (CUdeviceptr)l->ptrs[i] != p || l->rs[i] != CUDA_SUCCESS)
 		return 0;
 	*a = l->as[i];
 	return 1;

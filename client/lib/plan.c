@@ -248,7 +248,6 @@ void lib_plan_prepare(dsckpt_plan_t *p, uint64_t serial)
 		starts[i] = p->probes[i].start;
 	p->look = lib_cuda_look_start(starts, p->nprobes, p->gpu_ctx);
 	p->look_for = serial;
-	free(starts);
 }
 
 /*
