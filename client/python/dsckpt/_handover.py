@@ -28,6 +28,7 @@ import collections
 import itertools
 import logging
 import operator
+import struct
 import threading
 from itertools import compress
 from typing import Any, Dict, List, Optional, Tuple
@@ -38,12 +39,14 @@ from . import _blob, _stage
 from ._files import DTYPES
 from ._flatten import _Flattener
 from ._shape import HasTensor, Shape, Uncacheable, dump_leaves
+from ._shape import _match
 from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_tensors
 from .errors import DsckptError
 
 log = logging.getLogger("dsckpt.torch")
 
 _T = torch.Tensor
+_PLAIN = {torch.Tensor, torch.nn.Parameter}  # types whose data_ptr runs no Python code
 _zero_place = operator.attrgetter("device", "layout")
 
 
@@ -75,16 +78,48 @@ def _probe_guards():
         return None
 
 
-_guards_lock = threading.Lock()
-_guards: List[Any] = []  # [TensorGuards or None], probed on first use
+def _pack_ptrs(ptrs: List[int]) -> bytes:
+    """Pointers as native size_t, as _match.same_pointers reads them."""
+    return struct.pack(f"{len(ptrs)}N", *ptrs)
+
+
+def _probe_pointers():
+    """The address of torch's C function from a tensor object to its data pointer (private:
+    what inductor's C++ wrapper calls, torch >= 2.6) when dsckpt._match is built and the
+    function answers as Tensor.data_ptr does; None otherwise (data_ptr is called in Python)."""
+    if _match is None or not hasattr(_match, "same_pointers"):
+        return None
+    try:
+        from torch._C._dynamo.guards import _torchinductor_pyobject_tensor_data_ptr as fn
+        if not isinstance(fn, int) or fn == 0:
+            return None
+        base = torch.arange(8.0)
+        ts = [base, base[3:], torch.nn.Parameter(torch.zeros(2)), torch.empty(0)]
+        ptrs = [t.data_ptr() for t in ts]
+        ok = _match.same_pointers(fn, ts, _pack_ptrs(ptrs)) and \
+            not _match.same_pointers(fn, ts, _pack_ptrs(ptrs[:1] + [ptrs[0]] + ptrs[2:])) and \
+            not any(_match.same_pointers(fn, [x], _pack_ptrs([0]))  # refused, not thrown
+                    for x in (None, torch.zeros(2).to_sparse()))
+        return fn if ok else None
+    except Exception:  # noqa: BLE001 - absent or changed: call data_ptr instead
+        return None
+
+
+_probe_lock = threading.Lock()
+_probed: Dict[str, Any] = {}  # "guards": TensorGuards or None, "pointers": address or None
+
+
+def _probe(what: str, probe):
+    """probe()'s answer, asked once per process."""
+    with _probe_lock:
+        if what not in _probed:
+            _probed[what] = probe()
+        return _probed[what]
 
 
 def _guard_class():
     """TensorGuards if usable (probed once), else None."""
-    with _guards_lock:
-        if not _guards:
-            _guards.append(_probe_guards())
-        return _guards[0]
+    return _probe("guards", _probe_guards)
 
 
 class _Tensors:
@@ -113,6 +148,11 @@ class _Tensors:
             if guard is not None and tensors else None
         if self.guard is None:
             self.lists = self._lists(tensors)
+        # Pointers are compared in C when every recorded type has no Python data_ptr (another
+        # type in a place is then refused by the guard, the pointer being no proof of it).
+        fast = _probe("pointers", _probe_pointers) if self.guard is not None else None
+        self.fast = fast if fast is not None and set(self.types) <= _PLAIN else None
+        self.ptr_bytes = _pack_ptrs(self.ptrs) if self.fast is not None else b""
         counts = collections.Counter(self.ptrs)
         # Only places that share a pointer can hold one object twice: the others differ.
         self.dup_mask = [counts[p] > 1 for p in self.ptrs]
@@ -131,10 +171,14 @@ class _Tensors:
                 list(map(operator.attrgetter("requires_grad"), tensors)))
 
     def hold(self, tensors: List[torch.Tensor]) -> bool:
-        """Whether tensors (in Shape order) are what was recorded. The guard checks each
-        object's type itself (a place holding the same object as another is checked by
-        the pattern below)."""
-        if list(map(_T.data_ptr, tensors)) != self.ptrs:
+        """Whether tensors (in Shape order) are what was recorded. The pointers first: the
+        guard must not see a tensor without strides (nested: torch aborts there), which has
+        other memory. The guard checks each object's type itself (a place holding the same
+        object as another is checked by the pattern below)."""
+        if self.fast is not None:
+            if not _match.same_pointers(self.fast, tensors, self.ptr_bytes):
+                return False
+        elif list(map(_T.data_ptr, tensors)) != self.ptrs:
             return False
         if self.guard is not None:
             once = tensors if self.guard_all else compress(tensors, self.guard_mask)

@@ -30,6 +30,10 @@
  * until the final check that they are distinct objects, as Python's containers list keeps
  * them.
  *
+ * same_pointers(fn, tensors, ptrs) is the pointer part of a warm save's proof
+ * (_handover._Tensors): one call of torch's C function per tensor instead of a Python call
+ * of Tensor.data_ptr and an int to compare.
+ *
  * Built against the limited API of Python 3.11 (abi3): one .so serves 3.11 and later.
  */
 #define PY_SSIZE_T_CLEAN
@@ -625,10 +629,54 @@ done:
 	return out;
 }
 
+/* torch's function from a tensor object to its data pointer (see same_pointers). */
+typedef void *(*data_ptr_fn)(PyObject *);
+
+/* In _match_ptrs.cc: 1 when fn(objs[i]) is want[i] for each of n objects, else 0 (also
+ * where fn throws). */
+int dsckpt_match_pointers(data_ptr_fn fn, PyObject *const *objs, size_t n, const size_t *want);
+
+/* same_pointers(fn, tensors, ptrs): whether fn(tensor) is, for every tensor of the list in
+ * turn, the pointer at its place in ptrs (bytes of native size_t). fn is the address of
+ * torch's C function from a tensor object to its data pointer, which refuses (by a C++
+ * exception, caught in _match_ptrs.cc) what is not a tensor with storage: one call per
+ * object, no Python call and no Python int. */
+static PyObject *match_same_pointers(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	PyObject **objs;
+	data_ptr_fn fn;
+	Py_ssize_t n, nbytes;
+	char *want;
+	int same;
+
+	if (nargs != 3 || !PyList_Check(args[1]) || !PyBytes_Check(args[2])) {
+		PyErr_SetString(PyExc_TypeError, "same_pointers(fn, list, bytes)");
+		return NULL;
+	}
+	if (!(fn = (data_ptr_fn)PyLong_AsVoidPtr(args[0]))) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "same_pointers: fn is 0");
+		return NULL;
+	}
+	if ((n = PyList_Size(args[1])) < 0 || PyBytes_AsStringAndSize(args[2], &want, &nbytes) < 0)
+		return NULL;
+	if (nbytes != n * (Py_ssize_t)sizeof(size_t))
+		Py_RETURN_FALSE;
+	if (!(objs = PyMem_Malloc((n ? n : 1) * sizeof(*objs))))
+		return PyErr_NoMemory();
+	for (Py_ssize_t i = 0; i < n; i++)
+		objs[i] = PyList_GetItem(args[1], i);   /* borrowed: the list holds them */
+	same = dsckpt_match_pointers(fn, objs, (size_t)n, (const size_t *)want);
+	PyMem_Free(objs);
+	return PyBool_FromLong(same);
+}
+
 static PyMethodDef match_methods[] = {
 	{"compile", match_compile, METH_O, "compile(levels) -> the plan match() reads"},
 	{"match", (PyCFunction)(void (*)(void))match_match, METH_FASTCALL,
 	 "match(plan, root) -> (tensors, leaves), None, or NotImplemented (use Python)"},
+	{"same_pointers", (PyCFunction)(void (*)(void))match_same_pointers, METH_FASTCALL,
+	 "same_pointers(fn, tensors, ptrs) -> whether each tensor's data pointer is recorded"},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -638,7 +686,7 @@ static struct PyModuleDef match_module = {
 	NULL, NULL, NULL, NULL,
 };
 
-/* The module: compile(), match() and PLAN_VERSION, which _shape.py checks before use. */
+/* The module: compile(), match(), same_pointers() and PLAN_VERSION, which _shape.py checks before use. */
 PyMODINIT_FUNC PyInit__match(void)
 {
 	PyObject *m = PyModule_Create(&match_module);

@@ -6,14 +6,56 @@ import os
 import pytest
 import torch
 
+import dsckpt
 import dsckpt.torch as dt
 from dsckpt import _handover
 from test_handover import *  # noqa: F401,F403 - collected here too
-from test_handover import T
+from test_handover import T, files, fresh, gpt_like, same, save
 
 
 def test_tensor_guards_in_use():
     assert _handover._guard_class() is not None
+
+
+def test_pointers_compared_in_c(daemon, conn):
+    """With dsckpt._match built and a torch that has inductor's data pointer function, a
+    warm save's proof compares pointers in C; the cases of test_any_change_saves_exactly
+    then run through it."""
+    if _handover._match is None:
+        pytest.skip("skipped: dsckpt._match is not built (make builds build/_match.abi3.so)")
+    if not hasattr(torch._C._dynamo.guards, "_torchinductor_pyobject_tensor_data_ptr"):
+        pytest.skip(f"skipped: torch {torch.__version__} has no C data pointer function")
+    assert _handover._probe("pointers", _handover._probe_pointers) is not None
+    state = gpt_like()
+    save(conn, daemon.root, "p0", fresh(state))
+    entry = _handover.cache(conn).get("rank0")
+    assert entry.proof.fast is not None
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("other", ["sparse", "meta", "nested", "not a tensor"])
+def test_tensor_without_storage_in_a_planned_place(daemon, conn, other):
+    """An object whose data pointer torch cannot give (or gives as 0), put where the plan
+    recorded a dense tensor of the same dtype and shape: the proof refuses it before it asks
+    torch's C function for a pointer, and the save walks (or refuses what it cannot save)."""
+    state = gpt_like()
+    save(conn, daemon.root, "s0", fresh(state))
+    s = fresh(state)
+    w = s["model"]["layers.2.weight"]
+    s["model"]["layers.2.weight"] = {
+        "sparse": lambda: w.to_sparse(),
+        "meta": lambda: torch.empty_like(w, device="meta"),
+        "nested": lambda: torch.nested.nested_tensor([w[0], w[1]]),
+        "not a tensor": lambda: [w.tolist()]}[other]()
+    proof = _handover.cache(conn).get("rank0").proof
+    found = _handover.cache(conn).get("rank0").shape.match(s)
+    assert found is None or not proof.hold(found[0])
+    try:
+        d, h = save(conn, daemon.root, "s1", s)
+    except (dsckpt.DsckptError, TypeError, ValueError, RuntimeError, NotImplementedError):
+        return  # what the walk refuses for such a tensor, said in Python
+    assert h.handover in ("cold", "plain"), h.handover
+    same(dt.load(d, conn=conn), s) if other == "not a tensor" else files(d)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
