@@ -116,6 +116,24 @@ def test_the_built_module_is_used():
     assert shape_of(gpt()).plan is not None
 
 
+def test_same_pointers_refuses_bad_arguments():
+    """same_pointers (the warm proof's pointer check) with what it cannot take: errors in
+    Python, never a call through a null address; a byte string of another length is a
+    mismatch (test_handover_modern calls it through torch's function)."""
+    if _shape._match is None:
+        pytest.skip("dsckpt._match not loaded")
+    same = _shape._match.same_pointers
+    with pytest.raises(ValueError):
+        same(0, [torch.ones(1)], b"\0" * 8)
+    for args in [(1, (torch.ones(1),), b""), (1, [], "x"), (1, [])]:
+        with pytest.raises(TypeError):
+            same(*args)
+    with pytest.raises(OverflowError):
+        same(-1 << 70, [], b"")
+    assert same(1, [torch.ones(1)], b"") is False  # lengths disagree: fn is not called
+    assert same(1, [], b"") is True
+
+
 @pytest.mark.parametrize("make", [gpt, nested])
 def test_matching_state_dicts_agree(make):
     shape = shape_of(make())
