@@ -61,7 +61,8 @@ static const struct option options[] = {
 	{ "copy_threads", OPT_UINT, 0, 64, "0", OFF(copy_threads),
 	  "threads copying tensors into the cache; 0: 2 per GPU, at least 4 (2 without a GPU)" },
 	{ "restore_threads", OPT_UINT, 0, 64, "0", OFF(restore_threads),
-	  "threads filling loads (file or cache → checked → GPU or host); 0: 8 (2 without a GPU)" },
+	  "threads filling loads (file or cache → checked → GPU or host); 0: one per CPU, 8 to 32 "
+	  "(2 without a GPU)" },
 	{ "keep_resident", OPT_BOOL, 0, 0, "true", OFF(keep_resident),
 	  "keep each file just saved in the host cache after it is written, so that a restart "
 	  "on this node restores from memory; a save needing the room takes it back" },
