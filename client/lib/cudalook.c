@@ -15,7 +15,7 @@
  * blocks every signal. A child of fork has no such thread: the fork handler marks what the
  * parent had queued or running as failed (the child's callers ask the driver themselves) and
  * the child starts its own at its first look. When the library is unloaded (or the process
- * exits) its destructor stops the thread and waits for it.
+ * exits) its destructor stops the thread.
  */
 #include "cudrv.h"
 
@@ -136,17 +136,21 @@ static int thread_start(void)
 	return 0;
 }
 
-/* Stops the look thread when the library is unloaded or the process exits. */
+/* Stops the look thread when the library is unloaded or the process exits: waits for it
+ * when it is idle; one still asking the driver (whose own teardown may be under way at exit)
+ * is left to finish alone. */
 __attribute__((destructor)) static void thread_stop(void)
 {
 	pthread_mutex_lock(&mu);
-	int join = started;
+	int had = started, idle = !running;
 	stop = 1;
 	started = 0;
 	pthread_cond_broadcast(&posted);
 	pthread_mutex_unlock(&mu);
-	if (join)
+	if (had && idle)
 		pthread_join(thread, NULL);
+	else if (had)
+		pthread_detach(thread);
 }
 
 /* Frees a look the thread no longer holds. */
