@@ -6,6 +6,7 @@ import collections
 import ctypes
 import os
 import pickle
+import time
 
 import pytest
 import torch
@@ -354,3 +355,49 @@ def test_plan_binding(daemon, conn):
     assert dsckpt.core.in_host_buffer(buf.ptr + 100, 10)
     assert not dsckpt.core.in_host_buffer(buf.ptr + 4090, 10)
     assert not dsckpt.core.in_host_buffer(pageable.ctypes.data, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: GPU path not run")
+def test_cuda_fork_during_a_prepared_save(daemon, conn, monkeypatch):
+    """A fork (a DataLoader worker starting) while the library's look thread asks the driver
+    about a prepared plan. The child prepares the plan again (which drops the look the parent
+    had and queues one for a thread of its own: no I/O, all GPU tensors) and exits; it must
+    come out of both. The parent's saves go on warm and save exactly what the tensors hold."""
+    state = {f"w{i}": torch.randn(300_000 + i, device="cuda") for i in range(48)}
+    save(conn, daemon.root, "f0", state)
+    prepare, match = _handover._Handing.prepare, _handover.Shape.match
+    children, prepared = [], []
+
+    def preparing(self, s):
+        """_Handing.prepare, remembered."""
+        prepared.append((self, s))
+        return prepare(self, s)
+
+    def forking(self, root):
+        """Shape.match, after a fork (the look thread was given the plan just before)."""
+        pid = os.fork()
+        if pid == 0:
+            handing, s = prepared[-1]
+            handing.prepare(s)
+            handing.prepare(s)
+            os._exit(0)
+        children.append(pid)
+        return match(self, root)
+
+    monkeypatch.setattr(_handover._Handing, "prepare", preparing)
+    monkeypatch.setattr(_handover.Shape, "match", forking)
+    for i in range(3):
+        for t in state.values():
+            t.add_(1)
+        d, h = save(conn, daemon.root, f"f{i + 1}", state)
+        assert h.handover == "warm", h.handover
+        same(dt.load(d, conn=conn), state)
+    deadline = time.monotonic() + T
+    for pid in children:
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(f"child {pid} hung after fork")
+        assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0, done
