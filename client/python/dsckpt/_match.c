@@ -686,7 +686,8 @@ static struct PyModuleDef match_module = {
 	NULL, NULL, NULL, NULL,
 };
 
-/* The module: compile(), match(), same_pointers() and PLAN_VERSION, which _shape.py checks before use. */
+/* The module: compile(), match(), same_pointers() and PLAN_VERSION, which _shape.py checks
+ * before use. */
 PyMODINIT_FUNC PyInit__match(void)
 {
 	PyObject *m = PyModule_Create(&match_module);
