@@ -37,7 +37,8 @@ Q := @
 endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
-	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev
+	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev \
+	ninja-build
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden

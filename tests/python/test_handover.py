@@ -182,9 +182,11 @@ def test_offset_of_a_lone_view_stays_warm(daemon, conn):
     same(dt.load(d, conn=conn), s)
 
 
-@pytest.mark.parametrize("change", ["add key", "remove key", "dtype", "shape", "pointer",
-                                    "requires_grad", "parameter", "same object twice",
-                                    "offset", "leaf tensor", "leaf type", "container"])
+CHANGES = ["add key", "remove key", "dtype", "shape", "pointer", "requires_grad", "parameter",
+           "same object twice", "offset", "leaf tensor", "leaf type", "container"]
+
+
+@pytest.mark.parametrize("change", CHANGES)
 def test_any_change_saves_exactly(daemon, conn, change):
     state = gpt_like()
     save(conn, daemon.root, "c0", fresh(state))

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _blob, _stage
+from . import _blob, _stage, _torchext
 from ._files import DTYPES
 from ._flatten import _Flattener
 from ._shape import HasTensor, Shape, Uncacheable, dump_leaves
@@ -151,8 +151,12 @@ class _Tensors:
         # Pointers are compared in C when every recorded type has no Python data_ptr (another
         # type in a place is then refused by the guard, the pointer being no proof of it).
         fast = _probe("pointers", _probe_pointers) if self.guard is not None else None
-        self.fast = fast if fast is not None and set(self.types) <= _PLAIN else None
+        self.plain = set(self.types) <= _PLAIN
+        self.fast = fast if fast is not None and self.plain else None
         self.ptr_bytes = _pack_ptrs(self.ptrs) if self.fast is not None else b""
+        # With the C++ proof (DSCKPT_TORCH_EXT=1, once built) one call proves all of that.
+        self.ext, self.ext_record, self.ext_tried = None, None, False
+        self._ext_try(tensors)
         counts = collections.Counter(self.ptrs)
         # Only places that share a pointer can hold one object twice: the others differ.
         self.dup_mask = [counts[p] > 1 for p in self.ptrs]
@@ -162,6 +166,14 @@ class _Tensors:
         self.zero_mask = [p == 0 for p in self.ptrs]
         self.zeros = any(self.zero_mask)
         self.zero_places = list(map(_zero_place, compress(tensors, self.zero_mask)))
+
+    def _ext_try(self, tensors: List[torch.Tensor]) -> None:
+        """Takes the C++ proof's record of tensors (just walked, or proven) once its module is
+        built; once only (a record may be None: a tensor it cannot describe)."""
+        ext = _torchext.module() if self.plain and not self.ext_tried else None
+        if ext is not None:
+            self.ext, self.ext_record = ext, ext.record(tensors, self.offset_mask)
+            self.ext_tried = True
 
     @staticmethod
     def _lists(tensors: List[torch.Tensor]) -> tuple:
@@ -175,6 +187,9 @@ class _Tensors:
         guard must not see a tensor without strides (nested: torch aborts there), which has
         other memory. The guard checks each object's type itself (a place holding the same
         object as another is checked by the pattern below)."""
+        if self.ext_record is not None:
+            return self.ext.check(self.ext_record, tensors) and (
+                not self.dups or _pattern(compress(tensors, self.dup_mask)) == self.dup_pattern)
         if self.fast is not None:
             if not _match.same_pointers(self.fast, tensors, self.ptr_bytes):
                 return False
@@ -191,8 +206,12 @@ class _Tensors:
             return False
         if self.dups and _pattern(compress(tensors, self.dup_mask)) != self.dup_pattern:
             return False
-        return not self.zeros or \
-            list(map(_zero_place, compress(tensors, self.zero_mask))) == self.zero_places
+        if self.zeros and \
+                list(map(_zero_place, compress(tensors, self.zero_mask))) != self.zero_places:
+            return False
+        if not self.ext_tried:
+            self._ext_try(tensors)  # proven: the C++ proof may record them from now on
+        return True
 
 
 def _shared_storage(flat: _Flattener, tensors: List[torch.Tensor]) -> List[bool]:

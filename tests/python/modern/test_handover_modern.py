@@ -8,9 +8,11 @@ import torch
 
 import dsckpt
 import dsckpt.torch as dt
-from dsckpt import _handover
+from dsckpt import _handover, _torchext
 from test_handover import *  # noqa: F401,F403 - collected here too
-from test_handover import T, files, fresh, gpt_like, same, save
+from test_handover import (CHANGES, T, files, fresh, gpt_like, same, save,
+                           test_any_change_saves_exactly, test_offset_of_a_lone_view_stays_warm,
+                           test_warm_save_writes_the_cold_save_files)
 
 
 def test_tensor_guards_in_use():
@@ -32,8 +34,11 @@ def test_pointers_compared_in_c(daemon, conn):
     assert entry.proof.fast is not None
 
 
+OTHERS = ["sparse", "meta", "nested", "not a tensor"]
+
+
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
-@pytest.mark.parametrize("other", ["sparse", "meta", "nested", "not a tensor"])
+@pytest.mark.parametrize("other", OTHERS)
 def test_tensor_without_storage_in_a_planned_place(daemon, conn, other):
     """An object whose data pointer torch cannot give (or gives as 0), put where the plan
     recorded a dense tensor of the same dtype and shape: the proof refuses it before it asks
@@ -78,3 +83,58 @@ def test_dcp_writer_saves_through_the_cache(daemon, conn):
     after = _handover.counts(conn)
     assert after.get("cold", 0) - before.get("cold", 0) == 1
     assert after.get("warm", 0) - before.get("warm", 0) == 2
+
+
+@pytest.fixture
+def torch_ext(monkeypatch):
+    """DSCKPT_TORCH_EXT=1 with the C++ proof built (this suite's machine has a C++ compiler and
+    ninja: a failed build fails the test); every proof the test makes must go through it."""
+    monkeypatch.setenv("DSCKPT_TORCH_EXT", "1")
+    mod = _torchext.wait(600)
+    assert mod is not None, "the C++ proof was not built: see the dsckpt.torch debug log"
+    hold, used = _handover._Tensors.hold, []
+
+    def counted(self, tensors):
+        """_Tensors.hold, noting whether the C++ proof made it."""
+        used.append(self.ext_record is not None)
+        return hold(self, tensors)
+
+    monkeypatch.setattr(_handover._Tensors, "hold", counted)
+    yield mod
+    assert used and all(used), used
+
+
+def test_torch_ext_proves_warm_saves(torch_ext, daemon, conn):
+    test_warm_save_writes_the_cold_save_files(daemon, conn)
+
+
+def test_torch_ext_keeps_a_lone_view_warm(torch_ext, daemon, conn):
+    test_offset_of_a_lone_view_stays_warm(daemon, conn)
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_torch_ext_any_change_saves_exactly(torch_ext, daemon, conn, change):
+    test_any_change_saves_exactly(daemon, conn, change)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("other", OTHERS)
+def test_torch_ext_tensor_without_storage(torch_ext, daemon, conn, other):
+    test_tensor_without_storage_in_a_planned_place(daemon, conn, other)
+
+
+def test_torch_ext_takes_over_a_proof_made_before_it_was_built(daemon, conn, monkeypatch):
+    """An entry made while the module was being built proves in Python, then records for the
+    C++ proof at its first proven save and uses it from the next."""
+    state = gpt_like()
+    save(conn, daemon.root, "b0", fresh(state))
+    proof = _handover.cache(conn).get("rank0").proof
+    assert proof.ext_record is None
+    monkeypatch.setenv("DSCKPT_TORCH_EXT", "1")
+    assert _torchext.wait(600) is not None
+    _, h = save(conn, daemon.root, "b1", fresh(state))
+    assert h.handover == "warm" and proof.ext_record is not None
+    state["model"]["layers.3.weight"].add_(5)
+    d, h = save(conn, daemon.root, "b2", fresh(state))
+    assert h.handover == "warm"
+    same(dt.load(d, conn=conn), state)
