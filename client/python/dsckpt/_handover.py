@@ -44,6 +44,7 @@ from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_te
 from .errors import DsckptError
 
 log = logging.getLogger("dsckpt.torch")
+_torchext.module()  # with DSCKPT_TORCH_EXT=1 its build starts now, ready by the first save
 
 _T = torch.Tensor
 _PLAIN = {torch.Tensor, torch.nn.Parameter}  # types whose data_ptr runs no Python code

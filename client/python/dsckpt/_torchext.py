@@ -5,12 +5,12 @@ A warm ``dsckpt.torch.save`` proves that the state dict's tensors are the record
 Python that takes a C pointer check and torch's TensorGuards, which read each tensor and
 records of their own kept apart (0.20-0.25 ms for 1,556 tensors on the H200's host); one
 C++ pass over the TensorImpls takes 0.02-0.04 ms. It must be compiled against the torch in
-use (its C++ ABI is torch's), so it is opt-in: with ``DSCKPT_TORCH_EXT=1`` the first save
-starts ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja; about 20 s, once per
-torch version: torch keeps the build in its extensions directory, ``TORCH_EXTENSIONS_DIR``)
-on a thread, and saves use the module once it is built and has proven itself on a few
-tensors; until then, or when it cannot be built (logged at debug level), they prove in
-Python as without it.
+use (its C++ ABI is torch's), so it is opt-in: with ``DSCKPT_TORCH_EXT=1`` importing
+``dsckpt.torch`` starts ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja; about
+20 s, once per torch version: torch keeps the build in its extensions directory,
+``TORCH_EXTENSIONS_DIR``) on a thread, and saves use the module once it is built and has
+proven itself on a few tensors; until then, or when it cannot be built (logged at debug
+level), they prove in Python as without it.
 """
 from __future__ import annotations
 

@@ -126,6 +126,7 @@ def test_torch_ext_tensor_without_storage(torch_ext, daemon, conn, other):
 def test_torch_ext_takes_over_a_proof_made_before_it_was_built(daemon, conn, monkeypatch):
     """An entry made while the module was being built proves in Python, then records for the
     C++ proof at its first proven save and uses it from the next."""
+    monkeypatch.delenv("DSCKPT_TORCH_EXT", raising=False)
     state = gpt_like()
     save(conn, daemon.root, "b0", fresh(state))
     proof = _handover.cache(conn).get("rank0").proof
