@@ -39,7 +39,7 @@ void fixed(PyObject *obj, const at::Tensor &t, bool offset, int64_t out[FIXED])
 	out[DTYPE] = static_cast<int64_t>(c10::typeMetaToScalarType(impl->dtype()));
 	out[DEVICE] = (static_cast<int64_t>(t.device().type()) << 16) + t.device().index() + 1;
 	out[GRAD] = t.requires_grad();
-	out[DATA] = reinterpret_cast<int64_t>(t.data_ptr());
+	out[DATA] = reinterpret_cast<int64_t>(t.const_data_ptr());  // no copy-on-write
 	out[OFFSET] = offset ? impl->storage_offset() : ANY_OFFSET;
 	out[DIM] = impl->dim();
 }
