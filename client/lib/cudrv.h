@@ -101,8 +101,8 @@ const char *lib_cudrv_name(CUresult r);
 int lib_cudrv_fail(dsckpt_conn_t *c, CUresult r, const char *what);
 /* Asks the driver about a pointer (one cuPointerGetAttributes). */
 CUresult lib_cudrv_query(CUdeviceptr p, struct lib_cudrv_attrs *a);
-/* The answer lib_cuda_look_start's thread got about pointer i of l (which must be p): 1 with
- * *a set, 0 when it has none. Joins the thread first. */
+/* The answer the look thread got about pointer i of l (which must be p): 1 with *a set, 0
+ * when it has none. Waits until the thread is done with l first. */
 int lib_cuda_look_answer(struct lib_cuda_look *l, size_t i, CUdeviceptr p,
 			 struct lib_cudrv_attrs *a);
 /* Fills in the mapping of VMM memory at p where the attributes lacked it. */

@@ -151,13 +151,15 @@ struct lib_gpu_ref {
 	int device;    /* the GPU's ordinal */
 	void *ctx;     /* the CUcontext the save's event is recorded in */
 };
-/* The driver's answers about a list of pointers, asked on a thread of their own (cudalook.c). */
+/* The driver's answers about a list of pointers, asked on the library's look thread
+ * (cudalook.c). */
 struct lib_cuda_look;
-/* Starts asking about the n pointers of ptrs (malloc'd; taken over, freed with the look or at
- * once) in context ctx (NULL: none pushed); NULL when the driver is absent or memory or a
+/* Queues a look at the n pointers of ptrs (malloc'd; taken over, freed with the look or at
+ * once) in context ctx (NULL: none pushed); NULL when the driver is absent or memory or the
  * thread is short. */
 struct lib_cuda_look *lib_cuda_look_start(uintptr_t *ptrs, size_t n, void *ctx);
-/* Waits for the look's thread and frees it (NULL: nothing). */
+/* Takes the look off the queue, or waits until the thread is done with it, and frees it
+ * (NULL: nothing). */
 void lib_cuda_look_free(struct lib_cuda_look *l);
 /* What a plan knows of memory it places again (plan.c): where it lay, and the driver's
  * answers prepared for it. */
