@@ -160,7 +160,8 @@ $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/
 	$(Q)$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
 
 # dsckpt._match, the optional C Shape.match and pointer proof of the Python package
-# (client/python/dsckpt/_match.c, and _match_ptrs.cc, which catches torch's C++ exceptions),
+# (client/python/dsckpt/_match.c; _freeze.c, which tells leaves that pickle as last time;
+# _match_ptrs.cc, which catches torch's C++ exceptions),
 # against the limited API of Debian's Python 3.11 (python3-dev): one abi3 module serves 3.11
 # and later. It links only libstdc++ (the interpreter provides Python's symbols) and is built
 # without sanitizers, for an uninstrumented python3 to load. The package finds it beside the
@@ -170,12 +171,14 @@ PYTHON_INCLUDE ?= $(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig
 PYEXT_CFLAGS := $(filter-out -MMD -MP -D_GNU_SOURCE -fsanitize=% -fno-sanitize-recover=%,$(CFLAGS_BASE)) \
 	-fPIC -isystem $(PYTHON_INCLUDE)
 PYEXT_CXXFLAGS := -std=c++17 -g -O2 -Wall -Wextra -Werror -fvisibility=hidden -fPIC
-$(BUILD)/_match.abi3.so: client/python/dsckpt/_match.c client/python/dsckpt/_match_ptrs.cc
+$(BUILD)/_match.abi3.so: client/python/dsckpt/_match.c client/python/dsckpt/_freeze.c \
+		client/python/dsckpt/_freeze.h client/python/dsckpt/_match_ptrs.cc
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  CC      $< (python)" || true
 	$(Q)$(CC) $(PYEXT_CFLAGS) -c -o $(BUILD)/_match.o $<
+	$(Q)$(CC) $(PYEXT_CFLAGS) -c -o $(BUILD)/_freeze.o client/python/dsckpt/_freeze.c
 	$(Q)$(CXX) $(PYEXT_CXXFLAGS) -c -o $(BUILD)/_match_ptrs.o client/python/dsckpt/_match_ptrs.cc
-	$(Q)$(CXX) -shared -o $@ $(BUILD)/_match.o $(BUILD)/_match_ptrs.o
+	$(Q)$(CXX) -shared -o $@ $(BUILD)/_match.o $(BUILD)/_freeze.o $(BUILD)/_match_ptrs.o
 
 # The daemon's modules as an archive, so a unit test pulls in only the ones it uses.
 $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)

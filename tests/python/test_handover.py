@@ -4,6 +4,7 @@ change (values in place, reallocated memory, keys, dtypes, shapes, pointers, lea
 saves exactly what the state dict holds. Also run with torch 2.x by tests/python/modern."""
 import collections
 import ctypes
+import math
 import os
 import pickle
 import time
@@ -235,6 +236,48 @@ def test_any_change_saves_exactly(daemon, conn, change):
         assert isinstance(back["model"]["layers.2.weight"], torch.nn.Parameter)
     _, h = save(conn, daemon.root, "c3", s)
     assert h.handover == "warm"
+
+
+LEAF_CHANGES = ["none", "lr", "metadata in place", "minus zero", "one dict twice"]
+
+
+@pytest.mark.parametrize("change", LEAF_CHANGES)
+def test_leaves_are_pickled_again_exactly_when_they_change(daemon, conn, change):
+    state = gpt_like()
+    state["model"]._metadata["x"] = {"version": 1}
+    state["optim"]["param_groups"][0]["lr"] = 0.0
+    save(conn, daemon.root, "l0", fresh(state))
+    entry = _handover.cache(conn).get("rank0")
+    kept = entry.leaves
+    s = fresh(state)
+    if change == "lr":
+        s["optim"]["param_groups"][0]["lr"] = 2e-3
+    elif change == "metadata in place":  # the inner dicts are the ones the last save had
+        state["model"]._metadata[""]["version"] = 2
+        assert s["model"]._metadata[""]["version"] == 2
+    elif change == "minus zero":
+        s["optim"]["param_groups"][0]["lr"] = -0.0
+    elif change == "one dict twice":
+        s["model"]._metadata["x"] = s["model"]._metadata[""]
+    d, h = save(conn, daemon.root, "l1", s)
+    assert h.handover == "warm"
+    assert (entry.leaves is kept) == (change == "none")
+    with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
+        d2, _ = save(other, daemon.root, "l2", s)
+    assert files(d) == files(d2)
+    back = dt.load(d, conn=conn)
+    lr = back["optim"]["param_groups"][0]["lr"]
+    assert math.copysign(1, lr) == (-1 if change == "minus zero" else 1)
+    assert back["model"]._metadata[""]["version"] == (2 if change == "metadata in place" else 1)
+    assert (back["model"]._metadata["x"] is back["model"]._metadata[""]) == \
+        (change == "one dict twice")
+    state["model"]._metadata[""]["version"] = 1
+    s = fresh(state)  # the first save's leaves again
+    d, h = save(conn, daemon.root, "l3", s)
+    assert h.handover == "warm"
+    with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
+        d2, _ = save(other, daemon.root, "l4", s)
+    assert files(d) == files(d2)
 
 
 def test_structures_without_a_cache_are_walked_every_time(daemon, conn):

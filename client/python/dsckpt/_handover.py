@@ -38,7 +38,7 @@ import torch
 from . import _blob, _stage, _torchext
 from ._files import DTYPES
 from ._flatten import _Flattener
-from ._shape import HasTensor, Shape, Uncacheable, dump_leaves
+from ._shape import HasTensor, Leaves, Shape, Uncacheable
 from ._shape import _match
 from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_tensors
 from .errors import DsckptError
@@ -284,13 +284,15 @@ class _Entry:
     but for the staging buffers' turns; its plans are closed when the entry is replaced)."""
 
     def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
-                 tensors: List[torch.Tensor]):
+                 tensors: List[torch.Tensor], leaves: Leaves):
         self.shape = shape
         self.proof = _Tensors(tensors, _shared_storage(flat, tensors))
         self.ntensors = len(flat.views)
         self.nbytes = flat.nbytes
         self.tables = _blob.dump_tables(flat.views, flat.entries)
         self.frame = _blob.dump_seeded(shape.frame, shape.seeds())
+        self.leaves = leaves
+        self.blob = _blob.dump(self.tables, self.frame, leaves.pickled)
         entry_of = flat.by_object
         view_at: Dict[int, int] = {}  # view → its first place in Shape order
         for place, t in enumerate(tensors):
@@ -308,6 +310,15 @@ class _Entry:
             specs.append(spec)
             datas.append(data)
         self.handing = _Handing(conn, specs, datas)
+
+    def blob_of(self, leaves: List[Any]) -> bytes:
+        """The blob of a save whose leaves (Shape order) are these: the last save's when they
+        pickle to the same bytes, else made anew (raises HasTensor as dump_leaves)."""
+        if not self.leaves.same(leaves):
+            made = Leaves(leaves)
+            self.blob = _blob.dump(self.tables, self.frame, made.pickled)
+            self.leaves = made
+        return self.blob
 
     def add(self, s: Save, tensors: List[torch.Tensor]) -> Tuple[bool, list]:
         """Adds tensors (in Shape order, proven to be the recorded ones) to s: the handing's,
@@ -441,7 +452,7 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any,
         found = entry.shape.match(state_dict)
         if found is None or not entry.proof.hold(found[0]):
             return None, s
-        blob = _blob.dump(entry.tables, entry.frame, dump_leaves(found[1]))
+        blob = entry.blob_of(found[1])
     except HasTensor:
         return None, s
     except Exception as e:  # noqa: BLE001 - whatever a proof trips on: walk instead
@@ -466,9 +477,9 @@ def _cold(conn: Connection, c: _Cache, state_dict: Any, s: Save) -> Handed:
     made = _entry(conn, flat, state_dict, s.file)
     c.replace(s.file, made[0] if made is not None else None)
     if made is not None:
-        entry, tensors, leaves = made
+        entry, tensors = made
         _, keep = entry.add(s, tensors)
-        blob = _blob.dump(entry.tables, entry.frame, leaves)
+        blob = entry.blob
     else:
         keep = flat.gpu
         s.add_tensors(flat.specs)
@@ -480,8 +491,8 @@ def _cold(conn: Connection, c: _Cache, state_dict: Any, s: Save) -> Handed:
 
 
 def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
-    """(entry, tensors in Shape order, pickled leaves) for a walked state dict, or None
-    when it cannot be cached."""
+    """(entry, tensors in Shape order) for a walked state dict, or None when it cannot be
+    cached."""
     if flat.pickled:
         return None  # tensors the skeleton pickles: the walk decides about them every time
     try:
@@ -489,14 +500,14 @@ def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
         found = shape.match(state_dict)
         if found is None:
             return None
-        leaves = dump_leaves(found[1])
+        leaves = Leaves(found[1])
     except (Uncacheable, HasTensor) as e:
         log.debug("dsckpt: %s saved without a cached hand-over: %s", file, e)
         return None
     except Exception as e:  # noqa: BLE001 - a structure Shape did not foresee: walk each time
         log.debug("dsckpt: %s saved without a cached hand-over: %r", file, e)
         return None
-    return _Entry(conn, flat, shape, found[0]), found[0], leaves
+    return _Entry(conn, flat, shape, found[0], leaves), found[0]
 
 
 def add_tensors(conn: Connection, s: Save, key: str, tensors: List[Tuple[str, torch.Tensor]]

@@ -39,6 +39,7 @@
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
+#include "_freeze.h"
 
 /* Bump with _shape.py's match_module(...) argument when the plan's layout changes. */
 #define MATCH_PLAN_VERSION 1
@@ -677,6 +678,9 @@ static PyMethodDef match_methods[] = {
 	 "match(plan, root) -> (tensors, leaves), None, or NotImplemented (use Python)"},
 	{"same_pointers", (PyCFunction)(void (*)(void))match_same_pointers, METH_FASTCALL,
 	 "same_pointers(fn, tensors, ptrs) -> whether each tensor's data pointer is recorded"},
+	{"freeze", dsckpt_freeze, METH_O, "freeze(obj) -> (copy, nodes) of plain containers, or None"},
+	{"same_frozen", (PyCFunction)(void (*)(void))dsckpt_same_frozen, METH_FASTCALL,
+	 "same_frozen(frozen, obj) -> whether obj pickles to what frozen's copy pickles to"},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -686,13 +690,14 @@ static struct PyModuleDef match_module = {
 	NULL, NULL, NULL, NULL,
 };
 
-/* The module: compile(), match(), same_pointers() and PLAN_VERSION, which _shape.py checks
- * before use. */
+/* The module: compile(), match(), same_pointers(), freeze(), same_frozen() (_freeze.c) and
+ * PLAN_VERSION, which _shape.py checks before use. */
 PyMODINIT_FUNC PyInit__match(void)
 {
 	PyObject *m = PyModule_Create(&match_module);
 
-	if (m && PyModule_AddIntConstant(m, "PLAN_VERSION", MATCH_PLAN_VERSION) < 0) {
+	if (m && (PyModule_AddIntConstant(m, "PLAN_VERSION", MATCH_PLAN_VERSION) < 0 ||
+		  dsckpt_freeze_init() < 0)) {
 		Py_DECREF(m);
 		return NULL;
 	}

@@ -315,3 +315,17 @@ def dump_leaves(leaves: List[Any]) -> bytes:
     buf = io.BytesIO()
     _LeafPickler(buf, protocol=4).dump(leaves)
     return buf.getvalue()
+
+
+class Leaves:
+    """A pickle of a save's leaves, and (with dsckpt._match) a copy of what it pickled, frozen
+    against later changes in place (_freeze.c), so that a later save's leaves that would
+    pickle to the same bytes take it as it is. Raises HasTensor as dump_leaves."""
+
+    def __init__(self, leaves: List[Any]):
+        self.frozen = _match.freeze(leaves) if _match is not None else None
+        self.pickled = dump_leaves(self.frozen[0] if self.frozen is not None else leaves)
+
+    def same(self, leaves: List[Any]) -> bool:
+        """Whether leaves would pickle to self.pickled."""
+        return self.frozen is not None and _match.same_frozen(self.frozen, leaves)

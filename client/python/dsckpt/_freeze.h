@@ -1,0 +1,16 @@
+/* _freeze.h — dsckpt._match's freeze() and same_frozen() (see _freeze.c). */
+#ifndef DSCKPT_FREEZE_H
+#define DSCKPT_FREEZE_H
+
+#include <Python.h>
+
+/* freeze(obj): (copy, nodes) of a tree of plain containers and atoms, or None. */
+PyObject *dsckpt_freeze(PyObject *self, PyObject *obj);
+
+/* same_frozen(frozen, obj): whether obj would pickle to what frozen's copy pickles to. */
+PyObject *dsckpt_same_frozen(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
+/* Looks up what the functions need at the module's import; -1 on error. */
+int dsckpt_freeze_init(void);
+
+#endif
