@@ -44,7 +44,6 @@ from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_te
 from .errors import DsckptError
 
 log = logging.getLogger("dsckpt.torch")
-_torchext.module()  # with DSCKPT_TORCH_EXT=1 its build starts now, ready by the first save
 
 _T = torch.Tensor
 _PLAIN = {torch.Tensor, torch.nn.Parameter}  # types whose data_ptr runs no Python code
@@ -155,7 +154,7 @@ class _Tensors:
         self.plain = set(self.types) <= _PLAIN
         self.fast = fast if fast is not None and self.plain else None
         self.ptr_bytes = _pack_ptrs(self.ptrs) if self.fast is not None else b""
-        # With the C++ proof (DSCKPT_TORCH_EXT=1, once built) one call proves all of that.
+        # With the C++ proof (_torchext, once built) one call proves all of that.
         self.ext, self.ext_record, self.ext_tried = None, None, False
         self._ext_try(tensors)
         counts = collections.Counter(self.ptrs)

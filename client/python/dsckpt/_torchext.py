@@ -1,22 +1,31 @@
 """dsckpt._torchext — the C++ proof of a warm save's tensors (``_tproof.cpp``), built against
-the installed torch at run time, when ``DSCKPT_TORCH_EXT=1``.
+the installed torch at run time.
 
 A warm ``dsckpt.torch.save`` proves that the state dict's tensors are the recorded ones. In
 Python that takes a C pointer check and torch's TensorGuards, which read each tensor and
 records of their own kept apart (0.20-0.25 ms for 1,556 tensors on the H200's host); one
 C++ pass over the TensorImpls takes 0.02-0.04 ms. It must be compiled against the torch in
-use (its C++ ABI is torch's), so it is opt-in: with ``DSCKPT_TORCH_EXT=1`` importing
-``dsckpt.torch`` starts ``torch.utils.cpp_extension.load`` (a C++ compiler and ninja; about
-20 s, once per torch version: torch keeps the build in its extensions directory,
-``TORCH_EXTENSIONS_DIR``) on a thread, and saves use the module once it is built and has
+use (its C++ ABI is torch's), as DeepSpeed's ops are: the first save of a process starts a
+thread that runs ``torch.utils.cpp_extension.load`` in a process of its own (a C++ compiler
+and ninja; 15-20 s, once per torch version: torch keeps the build in its extensions
+directory, ``TORCH_EXTENSIONS_DIR``), and saves use the module once it is built and has
 proven itself on a few tensors; until then, or when it cannot be built (logged at debug
-level), they prove in Python as without it.
+level), they prove in Python.
+
+``DSCKPT_TORCH_EXT``: unset, the build is tried unless it failed before for this torch and
+this source (a ``dsckpt-failed`` file in the build directory says so; delete it to try
+again); ``1`` tries it whatever failed before; ``0`` never builds nor uses it.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
+import subprocess
+import sys
 import threading
+import time
 from types import ModuleType
 from typing import Optional
 
@@ -25,7 +34,9 @@ import torch
 log = logging.getLogger("dsckpt.torch")
 
 NAME = "dsckpt_tproof_1"  # _tproof.cpp's PyInit_ name: bump with the record's layout
-_HERE = os.path.dirname(os.path.abspath(__file__))
+FAILED = "dsckpt-failed"  # in the build directory: this torch and source did not build
+STALE_LOCK_S = 600  # torch's build lock older than this was left by a build that was killed
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tproof.cpp")
 _lock = threading.Lock()
 _built = threading.Event()
 _state: dict = {"started": False, "module": None}
@@ -52,38 +63,114 @@ def _probe(mod: ModuleType) -> bool:
         not mod.check(r, ts[:-1]) and mod.record([None], [False]) is None
 
 
-def _build() -> None:
-    """Builds and loads the module, keeps it if its probe passes; logs why not otherwise."""
+def _extension():
+    """torch.utils.cpp_extension, imported without its warning of a machine without CUDA
+    (the proof needs none)."""
+    quiet = logging.getLogger("torch.utils.cpp_extension")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         from torch.utils import cpp_extension
-        mod = cpp_extension.load(name=NAME, sources=[os.path.join(_HERE, "_tproof.cpp")],
-                                 extra_cflags=["-O2"], verbose=False)
-        if _probe(mod):
+    finally:
+        quiet.setLevel(level)
+    return cpp_extension
+
+
+def _stamp() -> str:
+    """What a failed build is recorded against: torch's version and the source's digest."""
+    with open(_SOURCE, "rb") as f:
+        return f"{torch.__version__} {hashlib.sha256(f.read()).hexdigest()}\n"
+
+
+def _failed_before(failed: str, stamp: str) -> bool:
+    """Whether failed records a failed build of stamp."""
+    try:
+        with open(failed) as f:
+            return f.read() == stamp
+    except OSError:
+        return False
+
+
+# The build, run as a process of its own (see _compile).
+_CHILD = """
+import logging, sys
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+from torch.utils import cpp_extension
+cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], extra_cflags=["-O2"], verbose=False)
+"""
+
+
+def _compile(directory: str) -> Optional[str]:
+    """Builds the module in a process of its own session, which finishes the build (and
+    releases torch's lock on the directory) even when this process exits or is killed
+    first; a lock left by a build that was killed anyway is removed once stale. Returns why
+    it failed, or None."""
+    lock = os.path.join(directory, "lock")
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - os.stat(lock).st_mtime > STALE_LOCK_S:
+            log.debug("dsckpt: removing %s, left by a build that did not finish", lock)
+            os.unlink(lock)
+    r = subprocess.run([sys.executable, "-c", _CHILD, NAME, _SOURCE],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, start_new_session=True, check=False)
+    if r.returncode == 0:
+        return None
+    lines = r.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"the build exited {r.returncode}"
+
+
+def _build(force: bool) -> None:
+    """Builds and loads the module, keeps it if its probe passes; logs why not otherwise, and
+    records the failure (for unforced builds to skip)."""
+    failed = None
+    try:
+        cpp_extension = _extension()
+        directory = cpp_extension._get_build_directory(NAME, False)
+        failed = os.path.join(directory, FAILED)
+        stamp = _stamp()
+        if not force and _failed_before(failed, stamp):
+            log.debug("dsckpt: %s failed to build before (%s); the proof stays in Python",
+                      NAME, failed)
+            return
+        try:
+            why = _compile(directory)
+            if why is None:  # built: loading it builds nothing
+                mod = cpp_extension.load(name=NAME, sources=[_SOURCE], extra_cflags=["-O2"],
+                                         verbose=False)
+                why = None if _probe(mod) else "it answers differently from torch"
+        except Exception as e:  # noqa: BLE001 - no compiler, no ninja, no headers: Python it is
+            why = repr(e)
+        if why is None:
             _state["module"] = mod
-        else:
-            log.debug("dsckpt: %s answers differently from torch; the proof stays in Python",
-                      NAME)
-    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, no headers: Python it is
-        log.debug("dsckpt: %s not built, the proof stays in Python: %r", NAME, e)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(failed)
+            return
+        log.debug("dsckpt: %s not used, the proof stays in Python: %s", NAME, why)
+        with open(failed, "w") as f:
+            f.write(stamp)
+    except Exception as e:  # noqa: BLE001 - a directory that cannot be made or written
+        log.debug("dsckpt: %s not built (%s): %r", NAME, failed, e)
     finally:
         _built.set()
 
 
 def module() -> Optional[ModuleType]:
-    """The built module when ``DSCKPT_TORCH_EXT=1`` and it is ready, else None; the first call
-    with it set starts the build."""
-    if os.environ.get("DSCKPT_TORCH_EXT") != "1":
+    """The built module when it is ready, else None; the first call starts the build (not
+    with ``DSCKPT_TORCH_EXT=0``)."""
+    mode = os.environ.get("DSCKPT_TORCH_EXT", "")
+    if mode == "0":
         return None
     with _lock:
         if not _state["started"]:
             _state["started"] = True
-            threading.Thread(target=_build, name="dsckpt-torch-ext", daemon=True).start()
+            threading.Thread(target=_build, args=(mode == "1",), name="dsckpt-torch-ext",
+                             daemon=True).start()
     return _state["module"]
 
 
 def wait(timeout: Optional[float] = None) -> Optional[ModuleType]:
-    """Starts the build if needed (``DSCKPT_TORCH_EXT=1``), waits up to timeout seconds for
-    it, and returns the module or None (for tests and benchmarks)."""
+    """Starts the build if needed, waits up to timeout seconds for it, and returns the module
+    or None (for tests and benchmarks)."""
     if module() is None and _state["started"]:
         _built.wait(timeout)
     return _state["module"]

@@ -1,6 +1,6 @@
 /*
- * _tproof.cpp — the proof of a warm save's tensors in C++ against the installed torch, an
- * opt-in speed-up that dsckpt._torchext builds at run time (DSCKPT_TORCH_EXT=1) and
+ * _tproof.cpp — the proof of a warm save's tensors in C++ against the installed torch, a
+ * speed-up that dsckpt._torchext builds at run time (unless DSCKPT_TORCH_EXT=0) and
  * _handover._Tensors uses instead of its pointer list and TensorGuards.
  *
  * record(tensors, shared) describes each tensor of a list in one array: its Python type, data

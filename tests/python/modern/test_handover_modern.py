@@ -1,7 +1,10 @@
 """tests/python/test_handover.py again with the modern torch (TensorGuards proves dtypes,
 shapes, strides and requires_grad there; torch 1.13 compares lists), and dsckpt.dcp's
-Writer through the same plan cache."""
+Writer through the same plan cache; the C++ proof (dsckpt._torchext) through the same
+cases, and how its build is tried, remembered when it fails, and turned off."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -126,7 +129,7 @@ def test_torch_ext_tensor_without_storage(torch_ext, daemon, conn, other):
 def test_torch_ext_takes_over_a_proof_made_before_it_was_built(daemon, conn, monkeypatch):
     """An entry made while the module was being built proves in Python, then records for the
     C++ proof at its first proven save and uses it from the next."""
-    monkeypatch.delenv("DSCKPT_TORCH_EXT", raising=False)
+    monkeypatch.setenv("DSCKPT_TORCH_EXT", "0")
     state = gpt_like()
     save(conn, daemon.root, "b0", fresh(state))
     proof = _handover.cache(conn).get("rank0").proof
@@ -139,3 +142,37 @@ def test_torch_ext_takes_over_a_proof_made_before_it_was_built(daemon, conn, mon
     d, h = save(conn, daemon.root, "b2", fresh(state))
     assert h.handover == "warm"
     same(dt.load(d, conn=conn), state)
+
+
+# A process that waits for the C++ proof's build, logging at debug level.
+EXT_PROCESS = """
+import logging, sys
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+from dsckpt import _torchext
+print("built" if _torchext.wait(900) is not None else "none")
+"""
+
+
+def ext_process(tmp_path, mode, **env):
+    """EXT_PROCESS with DSCKPT_TORCH_EXT=mode and its own extensions directory: (what it
+    printed, its log)."""
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path), DSCKPT_TORCH_EXT=mode, **env)
+    r = subprocess.run([sys.executable, "-c", EXT_PROCESS], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip(), r.stderr
+
+
+def test_torch_ext_is_tried_once_per_torch_unless_forced(tmp_path):
+    """Unset, the build is tried; a failure (here: no compiler) is written down and not tried
+    again; DSCKPT_TORCH_EXT=1 tries anyway and clears it; 0 never builds."""
+    failed = tmp_path / _torchext.NAME / _torchext.FAILED
+    assert ext_process(tmp_path, "", CXX="false")[0] == "none"
+    assert failed.read_text().startswith(torch.__version__ + " ")
+    out, log = ext_process(tmp_path, "")
+    assert out == "none" and "failed to build before" in log
+    assert ext_process(tmp_path, "1")[0] == "built"
+    assert not failed.exists()
+    assert ext_process(tmp_path, "")[0] == "built"
+    out, log = ext_process(tmp_path, "0")
+    assert out == "none" and _torchext.NAME not in log
