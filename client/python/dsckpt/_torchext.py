@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import logging
 import os
 import subprocess
@@ -36,7 +37,8 @@ log = logging.getLogger("dsckpt.torch")
 NAME = "dsckpt_tproof_1"  # _tproof.cpp's PyInit_ name: bump with the record's layout
 FAILED = "dsckpt-failed"  # in the build directory: this torch and source did not build
 STALE_LOCK_S = 600  # torch's build lock older than this was left by a build that was killed
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tproof.cpp")
+_HERE = os.path.abspath(__file__)
+_SOURCE = os.path.join(os.path.dirname(_HERE), "_tproof.cpp")
 _lock = threading.Lock()
 _built = threading.Event()
 _state: dict = {"started": False, "module": None}
@@ -82,74 +84,70 @@ def _stamp() -> str:
         return f"{torch.__version__} {hashlib.sha256(f.read()).hexdigest()}\n"
 
 
-def _failed_before(failed: str, stamp: str) -> bool:
-    """Whether failed records a failed build of stamp."""
-    try:
-        with open(failed) as f:
-            return f.read() == stamp
-    except OSError:
-        return False
+def _fail(directory: str) -> None:
+    """Writes down in directory that this torch and source did not make a usable module."""
+    with open(os.path.join(directory, FAILED), "w") as f:
+        f.write(_stamp())
 
 
-# The build, run as a process of its own (see _compile).
-_CHILD = """
-import logging, sys
-logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-from torch.utils import cpp_extension
-cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], extra_cflags=["-O2"], verbose=False)
-"""
-
-
-def _compile(directory: str) -> Optional[str]:
-    """Builds the module in a process of its own session, which finishes the build (and
-    releases torch's lock on the directory) even when this process exits or is killed
-    first; a lock left by a build that was killed anyway is removed once stale. Returns why
-    it failed, or None."""
+def _main(force: bool) -> int:
+    """The build process (_build starts it): builds the module unless it failed before (or
+    force), and prints its path; on failure, writes it down and says why on stderr. A lock
+    left by a build that was killed is removed once stale."""
+    cpp_extension = _extension()
+    directory = cpp_extension._get_build_directory(NAME, False)
+    failed = os.path.join(directory, FAILED)
+    with contextlib.suppress(FileNotFoundError), open(failed) as f:
+        if not force and f.read() == _stamp():
+            print(f"{NAME} failed to build before ({failed})", file=sys.stderr)
+            return 1
     lock = os.path.join(directory, "lock")
     with contextlib.suppress(FileNotFoundError):
         if time.time() - os.stat(lock).st_mtime > STALE_LOCK_S:
-            log.debug("dsckpt: removing %s, left by a build that did not finish", lock)
             os.unlink(lock)
-    r = subprocess.run([sys.executable, "-c", _CHILD, NAME, _SOURCE],
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE, start_new_session=True, check=False)
-    if r.returncode == 0:
-        return None
-    lines = r.stderr.decode(errors="replace").strip().splitlines()
-    return lines[-1] if lines else f"the build exited {r.returncode}"
+    try:
+        mod = cpp_extension.load(name=NAME, sources=[_SOURCE], extra_cflags=["-O2"],
+                                 verbose=False)
+    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, no headers
+        _fail(directory)
+        print(f"{NAME} not built: {e!r}".replace("\n", " "), file=sys.stderr)
+        return 1
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(failed)
+    print(mod.__file__)
+    return 0
+
+
+# Runs this file as the build process; unlike ``python _torchext.py``, without putting the
+# package's directory first on sys.path (its torch.py would be taken for torch).
+_RUN = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
 def _build(force: bool) -> None:
-    """Builds and loads the module, keeps it if its probe passes; logs why not otherwise, and
-    records the failure (for unforced builds to skip)."""
-    failed = None
+    """Builds the module in a process of its own session (which finishes the build, and
+    releases torch's lock on its directory, even when this process exits first), loads it,
+    and keeps it if its probe passes; logs why not otherwise. This process imports nothing
+    of the build (setuptools and all), so that the trainer's thread does not wait for it."""
     try:
-        cpp_extension = _extension()
-        directory = cpp_extension._get_build_directory(NAME, False)
-        failed = os.path.join(directory, FAILED)
-        stamp = _stamp()
-        if not force and _failed_before(failed, stamp):
-            log.debug("dsckpt: %s failed to build before (%s); the proof stays in Python",
-                      NAME, failed)
+        r = subprocess.run([sys.executable, "-c", _RUN, _HERE, "1" if force else "0"],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, start_new_session=True, check=False)
+        if r.returncode != 0:
+            lines = r.stderr.decode(errors="replace").strip().splitlines()
+            log.debug("dsckpt: the proof stays in Python: %s",
+                      lines[-1] if lines else f"the build exited {r.returncode}")
             return
-        try:
-            why = _compile(directory)
-            if why is None:  # built: loading it builds nothing
-                mod = cpp_extension.load(name=NAME, sources=[_SOURCE], extra_cflags=["-O2"],
-                                         verbose=False)
-                why = None if _probe(mod) else "it answers differently from torch"
-        except Exception as e:  # noqa: BLE001 - no compiler, no ninja, no headers: Python it is
-            why = repr(e)
-        if why is None:
+        path = r.stdout.decode().strip().splitlines()[-1]
+        spec = importlib.util.spec_from_file_location(NAME, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if _probe(mod):
             _state["module"] = mod
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(failed)
             return
-        log.debug("dsckpt: %s not used, the proof stays in Python: %s", NAME, why)
-        with open(failed, "w") as f:
-            f.write(stamp)
-    except Exception as e:  # noqa: BLE001 - a directory that cannot be made or written
-        log.debug("dsckpt: %s not built (%s): %r", NAME, failed, e)
+        _fail(os.path.dirname(path))
+        log.debug("dsckpt: %s answers differently from torch; the proof stays in Python", NAME)
+    except Exception as e:  # noqa: BLE001 - whatever stops it, saves prove in Python
+        log.debug("dsckpt: %s not used, the proof stays in Python: %r", NAME, e)
     finally:
         _built.set()
 
@@ -174,3 +172,7 @@ def wait(timeout: Optional[float] = None) -> Optional[ModuleType]:
     if module() is None and _state["started"]:
         _built.wait(timeout)
     return _state["module"]
+
+
+if __name__ == "__main__":  # the build process (_RUN): its last argument is FORCE, 0 or 1
+    sys.exit(_main(sys.argv[-1] == "1"))

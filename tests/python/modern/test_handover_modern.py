@@ -5,6 +5,7 @@ cases, and how its build is tried, remembered when it fails, and turned off."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -165,12 +166,16 @@ def ext_process(tmp_path, mode, **env):
 
 def test_torch_ext_is_tried_once_per_torch_unless_forced(tmp_path):
     """Unset, the build is tried; a failure (here: no compiler) is written down and not tried
-    again; DSCKPT_TORCH_EXT=1 tries anyway and clears it; 0 never builds."""
+    again; DSCKPT_TORCH_EXT=1 tries anyway (past the lock a killed build left) and clears
+    it; 0 never builds."""
     failed = tmp_path / _torchext.NAME / _torchext.FAILED
     assert ext_process(tmp_path, "", CXX="false")[0] == "none"
     assert failed.read_text().startswith(torch.__version__ + " ")
     out, log = ext_process(tmp_path, "")
     assert out == "none" and "failed to build before" in log
+    lock = tmp_path / _torchext.NAME / "lock"
+    lock.touch()
+    os.utime(lock, (time.time() - _torchext.STALE_LOCK_S - 60,) * 2)
     assert ext_process(tmp_path, "1")[0] == "built"
     assert not failed.exists()
     assert ext_process(tmp_path, "")[0] == "built"
