@@ -10,7 +10,10 @@ thread that runs ``torch.utils.cpp_extension.load`` in a process of its own (a C
 and ninja; 15-20 s, once per torch version: torch keeps the build in its extensions
 directory, ``TORCH_EXTENSIONS_DIR``), and saves use the module once it is built and has
 proven itself on a few tensors; until then, or when it cannot be built (logged at debug
-level), they prove in Python.
+level), they prove in Python. A build leaves a ``dsckpt-built`` file in the build directory
+(this torch, Python and source, and the module's path): a later process loads that module
+on its thread in milliseconds, without the build process (which imports torch and setuptools
+again, seconds of a core).
 
 ``DSCKPT_TORCH_EXT``: unset, the build is tried unless it failed before for this torch and
 this source (a ``dsckpt-failed`` file in the build directory says so; delete it to try
@@ -36,6 +39,7 @@ log = logging.getLogger("dsckpt.torch")
 
 NAME = "dsckpt_tproof_1"  # _tproof.cpp's PyInit_ name: bump with the record's layout
 FAILED = "dsckpt-failed"  # in the build directory: this torch and source did not build
+BUILT = "dsckpt-built"  # in the build directory: this torch and source built, and where to
 STALE_LOCK_S = 600  # torch's build lock older than this was left by a build that was killed
 _HERE = os.path.abspath(__file__)
 _SOURCE = os.path.join(os.path.dirname(_HERE), "_tproof.cpp")
@@ -79,15 +83,57 @@ def _extension():
 
 
 def _stamp() -> str:
-    """What a failed build is recorded against: torch's version and the source's digest."""
+    """What a build is recorded against: torch's version, the Python it runs in and the
+    source's digest."""
     with open(_SOURCE, "rb") as f:
-        return f"{torch.__version__} {hashlib.sha256(f.read()).hexdigest()}\n"
+        return (f"{torch.__version__} {sys.implementation.cache_tag} "
+                f"{hashlib.sha256(f.read()).hexdigest()}\n")
+
+
+def _directory() -> str:
+    """The build directory torch.utils.cpp_extension gives NAME (its _get_build_directory),
+    worked out without importing it (a quarter of a second of the trainer's thread). Where
+    a torch computes it otherwise, nothing is found there and the build process is run."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        from torch import _appdirs
+        if getattr(torch.version, "hip", None) is not None:
+            accel = "rocm" + torch.version.hip.replace(".", "")
+        elif torch.version.cuda is not None:
+            accel = "cu" + torch.version.cuda.replace(".", "")
+        else:
+            accel = "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}"
+        root = os.path.join(os.path.realpath(_appdirs.user_cache_dir(appname="torch_extensions")),
+                            f"{python}_{accel}")
+    return os.path.join(root, NAME)
+
+
+def _record(directory: str, path: str) -> None:
+    """Writes down in directory that this torch and source built the module at path (whole or
+    not at all: other processes read it at any time)."""
+    tmp = os.path.join(directory, f"{BUILT}.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(_stamp() + path + "\n")
+    os.replace(tmp, os.path.join(directory, BUILT))
+
+
+def _recorded() -> Optional[str]:
+    """The path of the module a build of this torch and source left, or None."""
+    try:
+        with open(os.path.join(_directory(), BUILT)) as f:
+            stamp, path = f.readline(), f.readline().rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return path if stamp == _stamp() and os.path.isfile(path) else None
 
 
 def _fail(directory: str) -> None:
     """Writes down in directory that this torch and source did not make a usable module."""
     with open(os.path.join(directory, FAILED), "w") as f:
         f.write(_stamp())
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, BUILT))
 
 
 def _main(force: bool) -> int:
@@ -114,6 +160,7 @@ def _main(force: bool) -> int:
         return 1
     with contextlib.suppress(FileNotFoundError):
         os.unlink(failed)
+    _record(directory, mod.__file__)
     print(mod.__file__)
     return 0
 
@@ -123,12 +170,34 @@ def _main(force: bool) -> int:
 _RUN = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
+def _load(path: str) -> bool:
+    """Loads the module at path and keeps it if its probe passes; else writes the failure
+    down beside it. Whether it is kept."""
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if _probe(mod):
+        _state["module"] = mod
+        return True
+    _fail(os.path.dirname(path))
+    log.debug("dsckpt: %s answers differently from torch; the proof stays in Python", NAME)
+    return False
+
+
 def _build(force: bool) -> None:
-    """Builds the module in a process of its own session (which finishes the build, and
-    releases torch's lock on its directory, even when this process exits first), loads it,
-    and keeps it if its probe passes; logs why not otherwise. This process imports nothing
-    of the build (setuptools and all), so that the trainer's thread does not wait for it."""
+    """Loads the module an earlier build recorded for this torch and source; else (or when it
+    does not load) builds it in a process of its own session (which finishes the build, and
+    releases torch's lock on its directory, even when this process exits first) and loads
+    that. This process imports nothing of the build (setuptools and all), so that the
+    trainer's thread does not wait for it. Logs why the proof stays in Python."""
     try:
+        path = _recorded()
+        if path is not None:
+            try:
+                _load(path)
+                return
+            except Exception as e:  # noqa: BLE001 - e.g. a library it needs is gone: build
+                log.debug("dsckpt: %s recorded at %s does not load: %r", NAME, path, e)
         r = subprocess.run([sys.executable, "-c", _RUN, _HERE, "1" if force else "0"],
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, start_new_session=True, check=False)
@@ -137,15 +206,7 @@ def _build(force: bool) -> None:
             log.debug("dsckpt: the proof stays in Python: %s",
                       lines[-1] if lines else f"the build exited {r.returncode}")
             return
-        path = r.stdout.decode().strip().splitlines()[-1]
-        spec = importlib.util.spec_from_file_location(NAME, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        if _probe(mod):
-            _state["module"] = mod
-            return
-        _fail(os.path.dirname(path))
-        log.debug("dsckpt: %s answers differently from torch; the proof stays in Python", NAME)
+        _load(r.stdout.decode().strip().splitlines()[-1])
     except Exception as e:  # noqa: BLE001 - whatever stops it, saves prove in Python
         log.debug("dsckpt: %s not used, the proof stays in Python: %r", NAME, e)
     finally:

@@ -145,10 +145,16 @@ def test_torch_ext_takes_over_a_proof_made_before_it_was_built(daemon, conn, mon
     same(dt.load(d, conn=conn), state)
 
 
-# A process that waits for the C++ proof's build, logging at debug level.
+# A process that waits for the C++ proof's build, logging at debug level and saying on
+# stderr when it runs the build process.
 EXT_PROCESS = """
-import logging, sys
+import logging, subprocess, sys
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+run = subprocess.run
+def counted(*args, **kw):
+    print("build process", file=sys.stderr)
+    return run(*args, **kw)
+subprocess.run = counted
 from dsckpt import _torchext
 print("built" if _torchext.wait(900) is not None else "none")
 """
@@ -167,10 +173,12 @@ def ext_process(tmp_path, mode, **env):
 def test_torch_ext_is_tried_once_per_torch_unless_forced(tmp_path):
     """Unset, the build is tried; a failure (here: no compiler) is written down and not tried
     again; DSCKPT_TORCH_EXT=1 tries anyway (past the lock a killed build left) and clears
-    it; 0 never builds."""
+    it; a built module is loaded again without the build process, but for a record of
+    another torch or source, or of a file that does not load; 0 never builds."""
     failed = tmp_path / _torchext.NAME / _torchext.FAILED
+    built = tmp_path / _torchext.NAME / _torchext.BUILT
     assert ext_process(tmp_path, "", CXX="false")[0] == "none"
-    assert failed.read_text().startswith(torch.__version__ + " ")
+    assert failed.read_text().startswith(torch.__version__ + " ") and not built.exists()
     out, log = ext_process(tmp_path, "")
     assert out == "none" and "failed to build before" in log
     lock = tmp_path / _torchext.NAME / "lock"
@@ -178,6 +186,29 @@ def test_torch_ext_is_tried_once_per_torch_unless_forced(tmp_path):
     os.utime(lock, (time.time() - _torchext.STALE_LOCK_S - 60,) * 2)
     assert ext_process(tmp_path, "1")[0] == "built"
     assert not failed.exists()
-    assert ext_process(tmp_path, "")[0] == "built"
+    stamp, module = built.read_text().splitlines()
+    assert stamp == _torchext._stamp().strip() and os.path.isfile(module)
+    out, log = ext_process(tmp_path, "")
+    assert out == "built" and "build process" not in log
+    for record in (f"{torch.__version__} other source\n{module}\n",
+                   f"{stamp}\n{tmp_path / _torchext.NAME / 'build.ninja'}\n"):
+        built.write_text(record)
+        out, log = ext_process(tmp_path, "")
+        assert out == "built" and "build process" in log
+        assert built.read_text() == f"{stamp}\n{module}\n"
     out, log = ext_process(tmp_path, "0")
     assert out == "none" and _torchext.NAME not in log
+
+
+def test_torch_ext_directory_is_torchs(tmp_path, monkeypatch):
+    """_torchext finds the build directory where torch's cpp_extension puts it, with
+    TORCH_EXTENSIONS_DIR and without (then under the user's cache directory)."""
+    from torch.utils import cpp_extension
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for where in (None, str(tmp_path / "ext")):
+        if where is None:
+            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", where)
+        assert _torchext._directory() == cpp_extension._get_build_directory(_torchext.NAME,
+                                                                            False)
