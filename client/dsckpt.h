@@ -198,8 +198,9 @@ DSCKPT_EXTERN int dsckpt_plan_create(dsckpt_conn_t *c, const dsckpt_tensor_t *te
  * error. Names must not clash with the save's other tensors. */
 DSCKPT_EXTERN int dsckpt_add_plan(dsckpt_save_t *s, dsckpt_plan_t *p);
 /* Starts the check of dsckpt_add_plan(s, p) on a thread of the library, so that its driver
- * queries run while the caller prepares the save; that call waits for them and uses their
- * answers (any other save's use of p asks anew). The answers are as of this call: no
+ * queries run while the caller prepares the save; that call waits for them (or asks itself
+ * when that thread has not begun) and uses their answers (any other save's use of p asks
+ * anew). The answers are as of this call: no
  * allocation under the plan may be freed between the two calls. Host memory and a process
  * without the driver need no queries (nothing is started). 0, or an error as
  * dsckpt_add_plan's (a save not open, a plan of another connection). */

@@ -5,8 +5,10 @@
  * lib_cuda_look_start takes the array of pointers and queues it for the library's look
  * thread, which pushes the context it is given (the caller's thread has it current;
  * cuPointerGetAttributes may want one), asks about each pointer and keeps the answers.
- * lib_cuda_look_answer waits for that on first need and gives the answer about pointer i when
- * the driver gave one; lib_cuda_place asks the driver itself otherwise. An answer is as old as
+ * lib_cuda_look_answer waits for that on first need (or, when the thread has not started
+ * it yet, takes the look back and asks on the caller's thread rather than wait for the
+ * thread to be scheduled) and gives the answer about pointer i when the driver gave one;
+ * lib_cuda_place asks the driver itself otherwise. An answer is as old as
  * the moment it was asked: the caller uses it only where the memory cannot have changed since
  * (dsckpt.h says when).
  *
@@ -201,12 +203,32 @@ static void look_wait(struct lib_cuda_look *l)
 		pthread_cond_wait(&finished, &mu);
 }
 
+/* Takes l off the queue when the thread has not started it (mu held); 1 when taken. */
+static int look_dequeue(struct lib_cuda_look *l)
+{
+	struct lib_cuda_look **q = &head;
+
+	while (*q && *q != l)
+		q = &(*q)->next;
+	if (!*q)
+		return 0;
+	if (!(*q = l->next))
+		tail = q;
+	return 1;
+}
+
 /* The driver's answer about pointer i of l, which must be p: 1 with *a set, or 0 when there
  * is none (the driver failed there: the caller asks again and reports what it says). */
 int lib_cuda_look_answer(struct lib_cuda_look *l, size_t i, CUdeviceptr p,
 			 struct lib_cudrv_attrs *a)
 {
 	pthread_mutex_lock(&mu);
+	if (!l->done && look_dequeue(l)) {   /* not started: asking beats waiting for the thread */
+		pthread_mutex_unlock(&mu);
+		look_run(l);
+		pthread_mutex_lock(&mu);
+		l->done = 1;
+	}
 	look_wait(l);
 	pthread_mutex_unlock(&mu);
 	if (l->failed || i >= l->n || (CUdeviceptr)l->ptrs[i] != p || l->rs[i] != CUDA_SUCCESS)
@@ -221,15 +243,8 @@ void lib_cuda_look_free(struct lib_cuda_look *l)
 	if (!l)
 		return;
 	pthread_mutex_lock(&mu);
-	struct lib_cuda_look **q = &head;
-	while (*q && *q != l)
-		q = &(*q)->next;
-	if (*q) {
-		if (!(*q = l->next))
-			tail = q;
-	} else {
+	if (!look_dequeue(l))
 		look_wait(l);
-	}
 	pthread_mutex_unlock(&mu);
 	look_free(l);
 }

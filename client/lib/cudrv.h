@@ -102,7 +102,8 @@ int lib_cudrv_fail(dsckpt_conn_t *c, CUresult r, const char *what);
 /* Asks the driver about a pointer (one cuPointerGetAttributes). */
 CUresult lib_cudrv_query(CUdeviceptr p, struct lib_cudrv_attrs *a);
 /* The answer the look thread got about pointer i of l (which must be p): 1 with *a set, 0
- * when it has none. Waits until the thread is done with l first. */
+ * when it has none. Waits until the thread is done with l first, or asks on the calling
+ * thread when the look thread has not started it. */
 int lib_cuda_look_answer(struct lib_cuda_look *l, size_t i, CUdeviceptr p,
 			 struct lib_cudrv_attrs *a);
 /* Fills in the mapping of VMM memory at p where the attributes lacked it. */
