@@ -280,6 +280,23 @@ def test_leaves_are_pickled_again_exactly_when_they_change(daemon, conn, change)
     assert files(d) == files(d2)
 
 
+def test_leaves_that_change_every_save_are_pickled_without_a_copy(daemon, conn):
+    """A scheduler's lr changes at every save: those leaves are pickled without a copy; once
+    they pickle as the last save's did they are copied again, and the next save reuses that
+    pickle; every file has its own lr."""
+    state = gpt_like()
+    lrs = [1e-3, 2e-3, 3e-3, 3e-3, 3e-3, 4e-3]
+    kept = []
+    for i, lr in enumerate(lrs):
+        state["optim"]["param_groups"][0]["lr"] = lr
+        d, h = save(conn, daemon.root, f"c{i}", fresh(state))
+        assert h.handover == ("cold" if i == 0 else "warm")
+        kept.append(_handover.cache(conn).get("rank0").leaves)
+        assert dt.load(d, conn=conn)["optim"]["param_groups"][0]["lr"] == lr
+    assert [k.frozen is not None for k in kept] == [True, False, False, True, True, False]
+    assert kept[4] is kept[3] and kept[5] is not kept[4]
+
+
 def test_structures_without_a_cache_are_walked_every_time(daemon, conn):
     shared = {"w": torch.ones(2)}
     cases = [{"a": shared, "b": shared},                 # one container twice

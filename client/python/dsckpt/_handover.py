@@ -314,7 +314,7 @@ class _Entry:
         """The blob of a save whose leaves (Shape order) are these: the last save's when they
         pickle to the same bytes, else made anew (raises HasTensor as dump_leaves)."""
         if not self.leaves.same(leaves):
-            made = Leaves(leaves)
+            made = Leaves(leaves, self.leaves)
             self.blob = _blob.dump(self.tables, self.frame, made.pickled)
             self.leaves = made
         return self.blob

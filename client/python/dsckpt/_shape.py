@@ -320,11 +320,24 @@ def dump_leaves(leaves: List[Any]) -> bytes:
 class Leaves:
     """A pickle of a save's leaves, and (with dsckpt._match) a copy of what it pickled, frozen
     against later changes in place (_freeze.c), so that a later save's leaves that would
-    pickle to the same bytes take it as it is. Raises HasTensor as dump_leaves."""
+    pickle to the same bytes take it as it is. Raises HasTensor as dump_leaves.
 
-    def __init__(self, leaves: List[Any]):
-        self.frozen = _match.freeze(leaves) if _match is not None else None
-        self.pickled = dump_leaves(self.frozen[0] if self.frozen is not None else leaves)
+    Leaves that changed since the last save's (a scheduler's lr changes at every save) are
+    pickled without a copy, as they will likely change again: the copy and the comparison
+    would only add to the pickle. They are copied again once they pickle as the last save's
+    did; never again once they could not be copied."""
+
+    def __init__(self, leaves: List[Any], last: Optional["Leaves"] = None):
+        self.frozen = None
+        self.freezable = _match is not None and (last is None or last.freezable)
+        self.pickled = dump_leaves(leaves) if last is not None else None
+        if self.freezable and (last is None or self.pickled == last.pickled):
+            self.frozen = _match.freeze(leaves)
+            self.freezable = self.frozen is not None
+        if self.frozen is not None:  # what is kept is the pickle of the copy
+            self.pickled = dump_leaves(self.frozen[0])
+        elif self.pickled is None:
+            self.pickled = dump_leaves(leaves)
 
     def same(self, leaves: List[Any]) -> bool:
         """Whether leaves would pickle to self.pickled."""
