@@ -119,13 +119,16 @@ def _record(directory: str, path: str) -> None:
 
 
 def _recorded() -> Optional[str]:
-    """The path of the module a build of this torch and source left, or None."""
+    """The path of the module a build of this torch and source left, or None; only a module
+    in the build directory itself, as torch's own load would import."""
     try:
-        with open(os.path.join(_directory(), BUILT)) as f:
+        directory = _directory()
+        with open(os.path.join(directory, BUILT)) as f:
             stamp, path = f.readline(), f.readline().rstrip("\n")
-    except (OSError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 - no record, or a torch without what _directory reads
         return None
-    return path if stamp == _stamp() and os.path.isfile(path) else None
+    inside = os.path.dirname(path) == directory
+    return path if stamp == _stamp() and inside and os.path.isfile(path) else None
 
 
 def _fail(directory: str) -> None:

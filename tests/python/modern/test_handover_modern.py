@@ -174,7 +174,8 @@ def test_torch_ext_is_tried_once_per_torch_unless_forced(tmp_path):
     """Unset, the build is tried; a failure (here: no compiler) is written down and not tried
     again; DSCKPT_TORCH_EXT=1 tries anyway (past the lock a killed build left) and clears
     it; a built module is loaded again without the build process, but for a record of
-    another torch or source, or of a file that does not load; 0 never builds."""
+    another torch or source, of a file that does not load or of one outside the build
+    directory; 0 never builds."""
     failed = tmp_path / _torchext.NAME / _torchext.FAILED
     built = tmp_path / _torchext.NAME / _torchext.BUILT
     assert ext_process(tmp_path, "", CXX="false")[0] == "none"
@@ -190,8 +191,11 @@ def test_torch_ext_is_tried_once_per_torch_unless_forced(tmp_path):
     assert stamp == _torchext._stamp().strip() and os.path.isfile(module)
     out, log = ext_process(tmp_path, "")
     assert out == "built" and "build process" not in log
+    elsewhere = tmp_path / os.path.basename(module)
+    elsewhere.write_bytes(open(module, "rb").read())
     for record in (f"{torch.__version__} other source\n{module}\n",
-                   f"{stamp}\n{tmp_path / _torchext.NAME / 'build.ninja'}\n"):
+                   f"{stamp}\n{tmp_path / _torchext.NAME / 'build.ninja'}\n",
+                   f"{stamp}\n{elsewhere}\n"):
         built.write_text(record)
         out, log = ext_process(tmp_path, "")
         assert out == "built" and "build process" in log
