@@ -71,11 +71,21 @@ DEPS_CFLAGS := $(call pc_cflags,libuv $(MSGPACK_PC) libcjson libxxhash)
 override CFLAGS += $(DEPS_CFLAGS)
 LIBS_COMMON := $(MSGPACK_LIBS) -lpthread
 
-# The CUDA runtime is linked statically where the toolkit exists; never -lcuda.
+# The CUDA runtime is linked statically where the toolkit exists; never -lcuda. The daemon's
+# one kernel file (XXH3 on the device, daemon/cuda_xxh3.cu) is compiled by nvcc for Ampere and
+# Hopper, with Hopper's PTX for later GPUs (a GPU it cannot run on checksums on the host).
+NVCC ?= $(CUDA_HOME)/bin/nvcc
 ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart_static.a),)
+ifneq ($(wildcard $(NVCC)),)
 CUDA_CFLAGS := -DHAVE_CUDA -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt
+DAEMON_CU := daemon/cuda_xxh3.cu
 endif
+endif
+CU_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+CU_FLAGS := -std=c++17 -O2 -g $(CU_ARCH) $(DEPS_CFLAGS) \
+	-Xcompiler -Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti,-fno-threadsafe-statics
 
 PROTO_SRC := $(wildcard proto/*.c)
 FORMAT_SRC := $(wildcard format/*.c)
@@ -87,10 +97,11 @@ DAEMON_SRC := $(wildcard daemon/*.c)
 LIB_SRC := $(wildcard client/lib/*.c)
 CTL_SRC := $(wildcard client/ctl/*.c)
 
-obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+obj = $(patsubst %.cu,$(BUILD)/obj/%.o,$(patsubst %.c,$(BUILD)/obj/%.o,$(1)))
 pic = $(patsubst %.c,$(BUILD)/pic/%.o,$(1))
 # Daemon objects other than main.o, linked into unit tests too.
-DAEMON_LIBOBJ := $(call obj,$(filter-out daemon/main.c,$(DAEMON_SRC)) $(PROTO_SRC) $(FORMAT_SRC))
+DAEMON_LIBOBJ := $(call obj,$(filter-out daemon/main.c,$(DAEMON_SRC)) $(DAEMON_CU) $(PROTO_SRC) \
+	$(FORMAT_SRC))
 
 BINS := $(BUILD)/dsckptd $(BUILD)/dsckptctl $(BUILD)/libdsckpt.so $(BUILD)/libdsckpt.a \
 	$(BUILD)/dsckpt-example-trainer $(BUILD)/dsckpt.pc
@@ -117,6 +128,10 @@ $(BUILD)/obj/daemon/%.o: daemon/%.c
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  CC      $<" || true
 	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -c $< -o $@
+$(BUILD)/obj/daemon/%.o: daemon/%.cu daemon/%.h
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  NVCC    $<" || true
+	$(Q)$(NVCC) $(CU_FLAGS) -c $< -o $@
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  CC      $<" || true
@@ -126,7 +141,7 @@ $(BUILD)/pic/%.o: %.c
 	@[ -n "$(Q)" ] && echo "  CC      $< (pic)" || true
 	$(Q)$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC))
+$(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) \
 		$(CUDA_LIBS)
@@ -247,7 +262,8 @@ check-san:
 TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engine*.c \
 	tests/check_cache*.c tests/check_source.c tests/check_daemon*.c tests/check_fair.c \
 	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
-	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c))
+	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c \
+	tests/check_restore_digest.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

@@ -26,7 +26,6 @@
 
 GPU_DIR := build/gpu
 GPU_OBJ := build/gpu-obj
-NVCC ?= $(CUDA_HOME)/bin/nvcc
 GPU_ARCH := -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 GPU_NVCCFLAGS := -std=c++17 -O2 -g -lineinfo $(GPU_ARCH) -Iclient -Xcompiler -Wall,-Wextra,-Werror
 # Static archives of the build dependencies (Debian names; libuv's static archive is libuv_a.a),
@@ -80,7 +79,7 @@ $(GPU_DIR)/lib/libxxhash.so.0:
 	@[ -n "$(Q)" ] && echo "  CP      $@" || true
 	$(Q)cp -L "$$($(CC) -print-file-name=libxxhash.so.0)" $@
 
-$(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(PROTO_SRC) $(FORMAT_SRC)) \
+$(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC)) \
 		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 \
