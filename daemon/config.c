@@ -63,6 +63,9 @@ static const struct option options[] = {
 	{ "restore_threads", OPT_UINT, 0, 64, "0", OFF(restore_threads),
 	  "threads filling loads (file or cache → checked → GPU or host); 0: one per CPU, 8 to 32 "
 	  "(2 without a GPU)" },
+	{ "gpu_checksums", OPT_BOOL, 0, 0, "true", OFF(gpu_checksums),
+	  "check loads into GPU memory on the GPU (XXH3 there, once a self-test there passed); "
+	  "false hashes every byte on the host as it goes by" },
 	{ "keep_resident", OPT_BOOL, 0, 0, "true", OFF(keep_resident),
 	  "keep each file just saved in the host cache after it is written, so that a restart "
 	  "on this node restores from memory; a save needing the room takes it back" },

@@ -14,10 +14,13 @@
 
 #ifdef HAVE_CUDA
 #include "cuda_int.h"
+#include "cuda_xxh3.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Device memory a source reads: an opened IPC allocation or a reserved VMM range. */
@@ -131,12 +134,98 @@ static void cuda_vmm_close(void *priv, uint64_t size)
 	free(m);
 }
 
+/* Per device ordinal below DIGEST_DEVS: 0 untested, 1 its self-test passed, -1 it failed or
+ * could not run (a load's checksums of that device's memory are then taken on the host). */
+#define DIGEST_DEVS 64
+static struct {
+	pthread_mutex_t lock;
+	int state[DIGEST_DEVS];
+} D = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+/* Whether the memory's device checksums it: xxh3_gpu's self-test, run on the device's first
+ * question (cudaMemcpy and cudaFree there: once), decides. */
+static int cuda_mem_digests(void *priv)
+{
+	const struct cuda_mem *m = priv;
+	const char *call;
+	int ok = 0, e;
+
+	if (m->dev < 0 || m->dev >= DIGEST_DEVS)
+		return 0;
+	pthread_mutex_lock(&D.lock);
+	if (D.state[m->dev] == 0) {
+		if ((e = xxh3_gpu_selftest(m->dev, &ok, &call)) != 0)
+			log_warnx("device %d: checksums on the host: %s: %s", m->dev, call,
+				  cudaGetErrorName((cudaError_t)e));
+		else if (!ok)
+			log_warnx("device %d: its XXH3 differs from the host's: checksums on the "
+				  "host", m->dev);
+		else
+			log_info("device %d: checksums of loads on the device (self-test passed)",
+				 m->dev);
+		D.state[m->dev] = ok ? 1 : -1;
+	}
+	ok = D.state[m->dev] == 1;
+	pthread_mutex_unlock(&D.lock);
+	return ok;
+}
+
+/* Checksums ranges of device memory on their devices (one xxh3_gpu call per device). */
+static int cuda_mem_digest(struct digest *d, size_t n, char *err, size_t errlen)
+{
+	uint64_t *addr = malloc((n ? n : 1) * sizeof(*addr)), *len = malloc((n ? n : 1) *
+									  sizeof(*len));
+	uint64_t *out = malloc((n ? n : 1) * sizeof(*out));
+	size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
+	uint8_t *done = calloc(n ? n : 1, 1);
+	const char *call;
+	int rc = 0, e;
+
+	if (!addr || !len || !out || !idx || !done) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory checksumming a load");
+		goto out;
+	}
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		if (done[i])
+			continue;
+		int dev = ((struct cuda_mem *)d[i].priv)->dev;
+		size_t k = 0;
+		for (size_t j = i; j < n; j++) {
+			const struct cuda_mem *m = d[j].priv;
+			if (done[j] || m->dev != dev)
+				continue;
+			idx[k] = j;
+			addr[k] = m->base + d[j].off;
+			len[k++] = d[j].len;
+			done[j] = 1;
+		}
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		if ((e = xxh3_gpu(dev, addr, len, k, out, 0, &call)) != 0)
+			rc = cuda_fail(err, errlen, ERR_EIO, call, (cudaError_t)e);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		log_debug("device %d: %zu checksums in %.2f ms", dev, k,
+			  (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
+		for (size_t j = 0; j < k && rc == 0; j++)
+			d[idx[j]].xxh3 = out[j];
+	}
+out:
+	free(addr);
+	free(len);
+	free(out);
+	free(idx);
+	free(done);
+	return rc;
+}
+
 static const struct source_ops cuda_ipc_ops = {
 	.name = "cuda_ipc", .read = cuda_mem_read, .write = cuda_mem_write,
+	.digests = cuda_mem_digests, .digest = cuda_mem_digest,
 	.node = cuda_mem_node, .close = cuda_ipc_close,
 };
 static const struct source_ops cuda_vmm_ops = {
 	.name = "cuda_vmm", .read = cuda_mem_read, .write = cuda_mem_write,
+	.digests = cuda_mem_digests, .digest = cuda_mem_digest,
 	.complete = cuda_vmm_complete, .node = cuda_mem_node, .close = cuda_vmm_close,
 };
 

@@ -93,6 +93,7 @@ struct config {
 	unsigned copy_threads;
 	unsigned restore_threads;  /* 0: chosen at start */
 	int keep_resident;         /* keep files just saved in the cache (resident.c) */
+	int gpu_checksums;         /* loads into GPU memory are checked there (restore.c) */
 	unsigned keep_last;        /* 0 = keep all */
 	int log_level;             /* enum log_level */
 	int o_direct;              /* write files with O_DIRECT where the filesystem allows */
@@ -218,6 +219,22 @@ int copier_sync(struct copier *cp, char *err, size_t errlen);
  * kinds) until copier_sync, as copier_read; 0 or a negative ERR_E* with err. */
 int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *src,
 		 uint64_t len, char *err, size_t errlen);
+/* A checksum of bytes where they lie: source s's [off, off + len), len > 240 (source_digest
+ * fills xxh3). */
+struct digest {
+	struct source *s;
+	uint64_t off, len;
+	uint64_t xxh3;
+	void *priv;              /* s's kind's state (source_digest fills it) */
+	size_t tag;              /* the caller's */
+};
+/* Whether s's kind computes checksums of its own memory (device memory, on its device, once
+ * a self-test there passed), so that a load need not hash those bytes on the host. */
+int source_digests(struct source *s);
+/* Fills d[i].xxh3 with the XXH3-64 of each range (sources source_digests accepted, every
+ * write to them synced), one call per digest function (d reordered); 0 or a negative ERR_E*
+ * with err. */
+int source_digest(struct digest *d, size_t n, char *err, size_t errlen);
 /* Whether a load may write s now (a writable kind; host memory open for writing and not
  * sealed against it); 0 or a negative ERR_E* with err. */
 int source_writable(const struct source *s, char *err, size_t errlen);
@@ -259,6 +276,11 @@ struct source_ops {
 		     uint64_t len, char *err, size_t errlen);
 	/* Whether every byte can be read; NULL means always. */
 	int (*complete)(const void *priv);
+	/* Whether the kind computes checksums of this source now; NULL: never. */
+	int (*digests)(void *priv);
+	/* Fills each d[i].xxh3 (n ranges of sources whose kinds share this function, each
+	 * accepted by digests; d[i].priv their state); 0 or a negative ERR_E* with err. */
+	int (*digest)(struct digest *d, size_t n, char *err, size_t errlen);
 	/* NUMA node near the memory; NULL means -1 (any). */
 	int (*node)(const void *priv);
 	/* Releases the kind's state of a size-byte source. */
@@ -930,6 +952,7 @@ struct restore_req {
 	const char *path;        /* for messages (borrowed from the load) */
 	struct resident *res;    /* pinned resident copy, or NULL */
 	struct cuda_fence *fence;
+	int ondev;               /* destinations that checksum themselves may (gpu_checksums) */
 	void *owner;             /* the load, passed back in the event */
 };
 /* Final event on the loop thread: code 0 (every byte in place) or a negative ERR_E* and its

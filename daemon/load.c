@@ -441,7 +441,7 @@ int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen)
 	struct restore_req r = {
 		.d = rd, .n = l->n, .fd = l->fd, .dfd = l->dfd,
 		.data_start = l->h->data_start, .data_len = l->data_len, .path = l->path,
-		.res = l->res, .fence = fence, .owner = l,
+		.res = l->res, .fence = fence, .ondev = config->gpu_checksums, .owner = l,
 	};
 	if ((rc = restore_submit(&r, &l->job, err, errlen)) < 0) {
 		free(rd);

@@ -286,6 +286,35 @@ int copier_sync(struct copier *cp, char *err, size_t errlen)
 	return cuda_copier_sync(cp->cuda, err, errlen);
 }
 
+/* Whether s's kind checksums its own memory. */
+int source_digests(struct source *s)
+{
+	return s->ops->digests && s->ops->digest && s->ops->digests(s->priv);
+}
+
+/* Hands each digest function its ranges in one call (d reordered: grouped by function). */
+int source_digest(struct digest *d, size_t n, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < n; i++)
+		d[i].priv = d[i].s->priv;
+	for (size_t i = 0; i < n;) {
+		int (*fn)(struct digest *, size_t, char *, size_t) = d[i].s->ops->digest;
+		size_t m = i + 1;
+		for (size_t k = i + 1; k < n; k++) {
+			if (d[k].s->ops->digest == fn) {
+				struct digest t = d[m];
+				d[m++] = d[k];
+				d[k] = t;
+			}
+		}
+		int rc = fn(d + i, m - i, err, errlen);
+		if (rc < 0)
+			return rc;
+		i = m;
+	}
+	return 0;
+}
+
 /* Whether every byte of the source can be read (a VMM range may still be mapping). */
 int source_complete(const struct source *s)
 {

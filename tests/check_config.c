@@ -84,6 +84,7 @@ START_TEST(test_defaults)
 	ck_assert_uint_eq(cfg->keep_last, 0);
 	ck_assert_int_eq(cfg->log_level, LOG_LVL_INFO);
 	ck_assert_int_eq(cfg->o_direct, 1);
+	ck_assert_int_eq(cfg->gpu_checksums, 1);
 }
 END_TEST
 
@@ -99,7 +100,8 @@ START_TEST(test_every_key)
 			   " \"allowed_roots\": [\"%s\", \"%s/\"], \"host_cache_size\": 2,"
 			   " \"chunk_size\": 8, \"flush_threads\": 64, \"copy_threads\": 1,"
 			   " \"keep_last\": 100000, \"log_level\": \"debug\", \"o_direct\": false,"
-			   " \"host\": \"node-7.rack2\"}", dir, lnk) == 0, "%s", err);
+			   " \"host\": \"node-7.rack2\", \"gpu_checksums\": false}", dir, lnk) == 0,
+		      "%s", err);
 	ck_assert_str_eq(cfg->host, "node-7.rack2");
 	ck_assert_str_eq(cfg->socket, "/tmp/x.sock");
 	ck_assert_uint_eq(cfg->socket_mode, 0600);
@@ -113,6 +115,7 @@ START_TEST(test_every_key)
 	ck_assert_uint_eq(cfg->keep_last, 100000);
 	ck_assert_int_eq(cfg->log_level, LOG_LVL_DEBUG);
 	ck_assert_int_eq(cfg->o_direct, 0);
+	ck_assert_int_eq(cfg->gpu_checksums, 0);
 }
 END_TEST
 
