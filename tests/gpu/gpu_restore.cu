@@ -29,13 +29,18 @@
  *             daemon's writes waited for it), and once both are, every byte must be the
  *             file's — the stream's pattern means the daemon's writes landed first.
  * --phase file (run after the daemon was restarted: its cache is empty): cache and order again
- *   on fresh destinations, dsckpt_load_source now "file".
+ *   on fresh destinations, dsckpt_load_source now "file"; between them, corrupt: a byte
+ *   flipped in the middle of the largest tensor in cudaMalloc memory, then of the largest in
+ *   VMM memory (both checked on the device), fails the load with ECHECKSUM naming the tensor
+ *   and the file; flipped back, every tensor loads again.
  * A wrong word is named with the pattern it matches: zero (never written), the stream's
  * (written too early), the file's neighbour's (misplaced) or none (corrupt).
  *
  * Exit status: 0 every check passed, 1 a check failed, 2 usage, 77 skipped (the library has no
  * dsckpt_load_*, or no GPU), with a "SKIP: reason" line.
  */
+#include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <getopt.h>
 
 #include <algorithm>
@@ -590,6 +595,85 @@ static void rs_load_mismatch(const struct rs_opts *o, dsckpt_conn_t *c,
 	printf("mismatched load refused, nothing written: %s\n", msg);
 }
 
+/* Flips byte at of f (XOR 0x5A: twice restores it). */
+static void rs_flip(const char *f, uint64_t at)
+{
+	int fd = open(f, O_RDWR);
+	uint8_t b;
+
+	if (fd < 0 || pread(fd, &b, 1, (off_t)at) != 1)
+		tg_fail("corrupt: %s: %s", f, strerror(errno));
+	b ^= 0x5A;
+	if (pwrite(fd, &b, 1, (off_t)at) != 1)
+		tg_fail("corrupt: writing %s: %s", f, strerror(errno));
+	close(fd);
+}
+
+/* File offset of the middle byte of tensor name in the safetensors file f. */
+static uint64_t rs_middle(const char *f, const char *name)
+{
+	FILE *fp = fopen(f, "rb");
+	uint64_t hlen = 0;
+	char *h = NULL;
+
+	if (!fp || fread(&hlen, 8, 1, fp) != 1 || hlen > (64u << 20) ||
+	    !(h = (char *)calloc(1, hlen + 1)) || fread(h, 1, hlen, fp) != hlen)
+		tg_fail("corrupt: reading the header of %s", f);
+	fclose(fp);
+	cJSON *j = cJSON_Parse(h);
+	cJSON *off = j ? cJSON_GetObjectItem(cJSON_GetObjectItem(j, name), "data_offsets") : NULL;
+	if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
+		tg_fail("corrupt: %s has no data_offsets for %s", f, name);
+	uint64_t a = (uint64_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+	uint64_t b = (uint64_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+	cJSON_Delete(j);
+	free(h);
+	return 8 + hlen + a + (b - a) / 2;
+}
+
+/* A byte in the middle of a tensor changed in the file: the load fails with ECHECKSUM naming
+ * it and the file (the largest tensor of each kind of allocation, checked on the device); the
+ * byte is flipped back after each. */
+static void rs_load_corrupt(const struct rs_opts *o, dsckpt_conn_t *c,
+			    const struct rs_layout *L, struct rs_inst *dst)
+{
+	char dir[4096], file[4200];
+	dsckpt_tensor_t t[RS_MAX_TENSORS];
+
+	rs_dir(o, dir, sizeof(dir));
+	snprintf(file, sizeof(file), "%s/rank0.safetensors", dir);
+	for (int kind = RS_MALLOC; kind <= RS_VMM; kind++) {
+		int big = -1;
+		for (int i = 0; i < L->ntensors; i++)
+			if (L->allocs[L->tensors[i].alloc].kind == kind &&
+			    (big < 0 || L->tensors[i].nbytes > L->tensors[big].nbytes))
+				big = i;
+		if (big < 0)
+			tg_fail("layout: no tensor in a %s allocation", kind ? "VMM" : "cudaMalloc");
+		const char *name = L->tensors[big].name;
+		uint64_t at = rs_middle(file, name);
+		rs_flip(file, at);
+		rs_list(L, dst, t);
+		dsckpt_load_t *l = rs_begin(o, c, "file");
+		TG_DS(c, dsckpt_load_add_tensors(l, t, (size_t)L->ntensors, NULL));
+		TG_DS(c, dsckpt_load_end(l));
+		int lv = dsckpt_load_wait(l, o->timeout_s * 1000), cause = dsckpt_last_cause(c);
+		const char *msg = dsckpt_last_error(c);
+		char want[128];
+		snprintf(want, sizeof(want), "tensor '%s' does not match its checksum", name);
+		if (lv != DSCKPT_EFAILED || cause != DSCKPT_ECHECKSUM || !strstr(msg, want) ||
+		    !strstr(msg, file))
+			tg_fail("corrupted %s (%.1f MiB): dsckpt_load_wait %s, cause %s: %s; expected "
+				"EFAILED, ECHECKSUM, naming it and %s", name,
+				L->tensors[big].nbytes / (double)TG_MIB, dsckpt_err_name(lv),
+				dsckpt_err_name(cause), msg, file);
+		dsckpt_load_free(l);
+		rs_flip(file, at);
+		printf("corrupted %s (%s, %.1f MiB): refused: %s\n", name,
+		       kind ? "VMM" : "cudaMalloc", L->tensors[big].nbytes / (double)TG_MIB, msg);
+	}
+}
+
 /* Prints usage to f. */
 static void rs_usage(FILE *f)
 {
@@ -661,6 +745,8 @@ int main(int argc, char **argv)
 		rs_load_own(&o, c, &L, &src, cnt);
 		rs_load_ordered(&o, c, &L, &dst, "cache", cnt);
 	} else {
+		rs_load_all(&o, c, &L, &dst, "file", cnt);
+		rs_load_corrupt(&o, c, &L, &dst);
 		rs_load_all(&o, c, &L, &dst, "file", cnt);
 		rs_load_ordered(&o, c, &L, &dst, "file", cnt);
 	}
