@@ -135,12 +135,16 @@ static void cuda_vmm_close(void *priv, uint64_t size)
 }
 
 /* Per device ordinal below DIGEST_DEVS: 0 untested, 1 its self-test passed, -1 it failed or
- * could not run (a load's checksums of that device's memory are then taken on the host). */
+ * could not run (a load's checksums of that device's memory are then taken on the host); and
+ * one check at a time per device, so that loads ending together (any user's) hold one
+ * scratch there (up to 256 MiB), not one each. */
 #define DIGEST_DEVS 64
 static struct {
 	pthread_mutex_t lock;
 	int state[DIGEST_DEVS];
-} D = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	pthread_mutex_t run[DIGEST_DEVS];
+} D = { .lock = PTHREAD_MUTEX_INITIALIZER,
+	.run = { [0 ... DIGEST_DEVS - 1] = PTHREAD_MUTEX_INITIALIZER } };
 
 /* Whether the memory's device checksums it: xxh3_gpu's self-test, run on the device's first
  * question (cudaMemcpy and cudaFree there: once), decides. */
@@ -201,8 +205,10 @@ static int cuda_mem_digest(struct digest *d, size_t n, char *err, size_t errlen)
 		}
 		struct timespec t0, t1;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
+		pthread_mutex_lock(&D.run[dev]);
 		if ((e = xxh3_gpu(dev, addr, len, k, out, 0, &call)) != 0)
 			rc = cuda_fail(err, errlen, ERR_EIO, call, (cudaError_t)e);
+		pthread_mutex_unlock(&D.run[dev]);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		log_debug("device %d: %zu checksums in %.2f ms", dev, k,
 			  (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);
