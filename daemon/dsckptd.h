@@ -75,6 +75,8 @@ void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Formats a message into err (when err is not NULL) and returns code. */
 int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* Writes "uid 1002 (alice)" (the name when known) into buf and returns buf. */
+char *log_uid(unsigned uid, char *buf, size_t len);
 
 /* config.c */
 /* A validated configuration; replaced whole on reload, never edited in place, and kept alive
@@ -419,8 +421,9 @@ int store_list(int dirfd, char ***out, size_t *count);
 /* Frees a list from store_list. */
 void store_list_free(char **names, size_t n);
 
-/* lock.c — one daemon per socket and per root on this host (flock'ed files). */
-/* Takes <socket>.lock; 0, or -1 with err naming the daemon that holds it. */
+/* lock.c — one daemon per socket and per root on this host (flock'ed files in a directory
+ * only the daemon's user can write). */
+/* Takes the socket's lock; 0, or -1 with err naming the daemon that holds it. */
 int lock_socket(const struct config *cfg, char *err, size_t errlen);
 /* Holds the lock of every root of cfg (taking new ones, letting dropped ones go); 0, or -1
  * with err naming the root another daemon of this host holds (nothing changed then). */
@@ -521,7 +524,10 @@ extern double start_time;       /* CLOCK_REALTIME seconds at start */
 double now_mono(void);
 
 /* server.c — the listening socket. */
-/* Binds config->socket (or takes systemd's fd) and starts accepting; -1 with err. */
+/* Before anything is touched: takes systemd's socket, or refuses (-1 with err) a socket path
+ * another user could take, another user's entry at it, or a socket someone listens on. */
+int server_prepare(char *err, size_t errlen);
+/* Binds config->socket (unless systemd's was taken) and starts accepting; -1 with err. */
 int server_start(char *err, size_t errlen);
 /* Stops accepting and removes the socket path (when we created it). */
 void server_stop(void);
