@@ -214,6 +214,12 @@ static void h_note(const struct hdaemon *d)
 		*h_left = *d;
 }
 
+/* Notes d, a daemon the test started itself, as the running test's daemon (h_leftovers). */
+void h_daemon_note(const struct hdaemon *d)
+{
+	h_note(d);
+}
+
 /* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it. */
 static void spawn_keep(struct hdaemon *d)
 {

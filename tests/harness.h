@@ -41,6 +41,9 @@ void h_daemon_restart_stale(struct hdaemon *d);
 int h_daemon_kill(struct hdaemon *d, int sig);
 /* SIGTERM, wait, remove the scratch directory. */
 void h_daemon_stop(struct hdaemon *d);
+/* Notes d, a daemon the test started itself (its pid, dir and log), as the running test's
+ * daemon, for h_leftovers to clean up after a failure. */
+void h_daemon_note(const struct hdaemon *d);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL if missing. */
 char *h_read_file(const char *path, size_t *len);
 /* Whether path exists. */
