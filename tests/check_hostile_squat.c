@@ -255,15 +255,15 @@ static int atk_take_lock(void *arg)
 	return 0;
 }
 
-/* Attacker: tries every lock file of /run/dsckptd (opening it to flock) and a new one of its
- * own there; n[2]: how many it got, n[3]: how many it tried. */
+/* Attacker: tries the lock files of /run/dsckptd (63 at most, opening each to flock it) and
+ * a new one of its own there; n[2]: how many it got, n[3]: how many it tried. */
 static int atk_run_locks(void *arg)
 {
 	char names[64][256];
 	int n = 0;
 	FILE *ls = popen("ls /run/dsckptd", "r");
 
-	while (ls && n < 64 && fgets(names[n], sizeof(names[n]), ls))
+	while (ls && n < 63 && fgets(names[n], sizeof(names[n]), ls))
 		names[n][strcspn(names[n], "\n")] = 0, n++;
 	if (ls)
 		pclose(ls);
