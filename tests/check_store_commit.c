@@ -23,7 +23,7 @@ START_TEST(test_commit)
 	write_ckpt(dir, "rank1", 1, NULL);
 	write_ckpt(dir, "rank0", 0, "pickled-skeleton");
 	write_text(rpath("%s", "job/step100/notes.txt"), "not ours");
-	ck_assert_int_eq(store_commit(&cfg, dir, 2, 0, 0, &info, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, "", NULL, 0, 0, &info, err, sizeof(err)), 0);
 	ck_assert_str_eq(info.tag, "step100");
 	ck_assert_uint_eq(info.files, 3);
 
@@ -96,7 +96,7 @@ START_TEST(test_commit)
 	ck_assert_str_eq(before, after);
 	free(before);
 	free(after);
-	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EEXIST);
 	ck_assert_ptr_nonnull(strstr(err, "committed already"));
 }
@@ -126,7 +126,7 @@ START_TEST(test_commit_many)
 					    sizeof(err)), 0);
 	close(dfd);
 	clock_gettime(CLOCK_MONOTONIC, &a);
-	ck_assert_int_eq(store_commit(&cfg, rpath("%s", "job/big"), 1, 0, 0, &info, err,
+	ck_assert_int_eq(store_commit(&cfg, rpath("%s", "job/big"), 1, "", NULL, 0, 0, &info, err,
 				      sizeof(err)), 0);
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
@@ -146,51 +146,51 @@ START_TEST(test_commit_rejects)
 	struct store_commit_info info;
 	const char *dir = rpath("%s", "job/s1");
 
-	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_ENOENT);
 	int fd = store_open_dir(&cfg, dir, 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(fd, 0);
 	close(fd);
-	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "no checkpoint files"));
-	ck_assert_int_eq(store_commit(&cfg, dir, 0, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 0, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINVAL);
-	ck_assert_int_eq(store_commit(&cfg, "/etc", 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, "/etc", 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EACCES);
 
 	write_ckpt(dir, "rank0", 0, NULL);
 	write_ckpt(dir, "rank1", 1, NULL);
 	write_ckpt(dir, "rank2", 2, NULL);
-	ck_assert_int_eq(store_commit(&cfg, dir, 4, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 4, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "rank 3 of 4 has no file in"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 
 	write_text(rpath("%s", "job/s1/rank3.safetensors.partial"), "x");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "still being written"));
 	unlink(rpath("%s", "job/s1/rank3.safetensors.partial"));
 
 	/* A .meta without its safetensors. */
 	write_text(rpath("%s", "job/s1/rank9.meta"), "x");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	unlink(rpath("%s", "job/s1/rank9.meta"));
 
 	/* Not ours, garbage, truncated. */
 	write_foreign(rpath("%s", "job/s1/foreign.safetensors"));
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	ck_assert_ptr_nonnull(strstr(err, "no dsckpt metadata"));
 	unlink(rpath("%s", "job/s1/foreign.safetensors"));
 	write_text(rpath("%s", "job/s1/junk.safetensors"), "\xff\xff\xff\xff\xff\xff\xff\xff{}");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	write_bytes(rpath("%s", "job/s1/junk.safetensors"), "\x04\0\0\0\0\0\0\0{,}}", 12);
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	unlink(rpath("%s", "job/s1/junk.safetensors"));
 	ck_assert_int_eq(truncate(rpath("%s", "job/s1/rank2.safetensors"), 4100), 0);
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	ck_assert_ptr_nonnull(strstr(err, "header describes"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 	ck_assert(!h_exists(rpath("%s", "job/latest")));

@@ -154,6 +154,6 @@ void commit_ok(const char *dir, unsigned world)
 {
 	char err[ERRLEN];
 	struct store_commit_info info;
-	int rc = store_commit(&cfg, dir, world, 0, 0, &info, err, sizeof(err));
+	int rc = store_commit(&cfg, dir, world, "", NULL, 0, 0, &info, err, sizeof(err));
 	ck_assert_msg(rc == 0, "commit %s: %d %s", dir, rc, err);
 }
