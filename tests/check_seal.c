@@ -341,6 +341,10 @@ START_TEST(test_two_runs)
 	const char *dir = h_path("%s/tr/t1", D->root);
 	ck_assert_msg(!two_runs_begin(&b, dir, "run-1", "run-2"),
 		      "run 2's rank 0 was committed with run 1's rank 1");
+	char *out = NULL;	/* list counts the newest record's run only */
+	ck_assert_int_eq(ctl(&out, "list %s", D->root), 0);
+	ck_assert_msg(strstr(out, "incomplete: sealed 1/2, missing 1"), "list: %s", out);
+	free(out);
 	two_runs_end(&b, dir, "run-2");
 	set_run(NULL);
 	ck_assert_int_eq(h_daemon_kill(&b, SIGTERM), 0);
