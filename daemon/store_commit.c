@@ -3,12 +3,14 @@
  * dsckptd wrote, MANIFEST.json written atomically, then the job's latest, then retention.
  *
  * A tag is committed exactly when its MANIFEST.json exists: the manifest is written last and
- * deleted first (retention.c). A commit combines the files of one run of the job (KEY_RUN in
- * their headers; none: the unknown run ""): files of another run are no part of the tag, and
- * once the tag is complete without them they are removed, with the other runs' seal records,
- * before the manifest is written. The manifest's layout is format/manifest.c's. Commits of one job
+ * deleted first (retention.c). The manifest's layout is format/manifest.c's. Commits of one job
  * run one at a time under the job directory's lock (store_latest.c); a commit that returns an
  * error has left no manifest behind, and committing a committed tag again changes nothing.
+ *
+ * A commit combines the files of one run of the job (KEY_RUN in their headers; none: the
+ * unknown run ""): files of another run are no part of the tag, and once the tag is complete
+ * without them they are removed, with the other runs' seal records, before the manifest is
+ * written.
  */
 #include "dsckptd.h"
 
