@@ -320,6 +320,16 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
  * parent, the job directory, into *jobfd; an O_DIRECTORY fd or a negative ERR_E* with err. */
 int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
 		   char *err, size_t errlen);
+/* The identity of a directory a request opened: what the daemon's state of a tag (its saves,
+ * its seals) is keyed by, so that a directory removed and made again is a new tag. */
+struct store_dirid {
+	dev_t dev;
+	ino_t ino;
+};
+/* The identity of the open directory dirfd; 0 or ERR_EIO with err. */
+int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen);
+/* Whether two identities are the same directory. */
+int store_dirid_eq(const struct store_dirid *a, const struct store_dirid *b);
 /* Whether dirfd still lies below root (a client may have moved it); 0 or ERR_EACCES. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen);
 /* Whether f is a file name a client may choose: 1-128 of [A-Za-z0-9._-], no leading '.'. */
@@ -353,13 +363,16 @@ struct store_commit_info {
 	uint64_t bytes;
 };
 /*
- * Commits checkpoint directory dir (already durable): reads every *.safetensors header there,
- * checks ranks 0..world-1 are present and no *.partial is left, writes MANIFEST.json
- * atomically, then <dir>/../latest (atomically), then applies keep_last in the job directory
- * (deleting only older committed tags, never the newest).
+ * Commits checkpoint directory dir (already durable) for run ("" the unknown run): reads every
+ * *.safetensors header there, checks ranks 0..world-1 are present among the files of run and
+ * no *.partial is left, removes the files and seal records of other runs, writes
+ * MANIFEST.json atomically, then <dir>/../latest (atomically), then applies keep_last in the
+ * job directory (deleting only older committed tags, never the newest). With id, dir must
+ * still be that directory (ERR_ENOENT otherwise).
  */
-int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
-		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen);
+int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		 const struct store_dirid *id, uid_t uid, gid_t gid,
+		 struct store_commit_info *info, char *err, size_t errlen);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
@@ -383,8 +396,10 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		     uid_t uid, gid_t gid, char *err, size_t errlen);
 /* Reads the record dirfd/name into r (seal_record_free); 0, or -1 when unsound. */
 int store_seal_read(int dirfd, const char *name, struct seal_record *r);
-/* Marks in have (world bytes) every rank of job the tag's records name; how many, or -1. */
-int store_seal_scan(int dirfd, const char *job, unsigned world, uint8_t *have);
+/* Marks in have (world bytes) every rank of job's run the tag's records name; how many, or
+ * -1. */
+int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
+		    uint8_t *have);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
  * never current (committed at current_ns), nor latest's, nor a directory uid does not own
@@ -584,9 +599,11 @@ int client_role(const struct client *cl);
 const char *client_job(const struct client *cl);
 unsigned client_rank(const struct client *cl);
 unsigned client_world(const struct client *cl);
+/* The run of the job the client belongs to ("" when it named none: an unknown run). */
+const char *client_run(const struct client *cl);
 /* Records HELLO's identity. */
 void client_set_identity(struct client *cl, int role, const char *job, unsigned rank,
-			 unsigned world);
+			 unsigned world, const char *run);
 /* Registers a source under a client-chosen id (takes the reference on success), charged to
  * the client's user; negative ERR_E* (EEXIST, ELIMIT, ENOMEM) with err. */
 int client_region_add(struct client *cl, uint64_t id, struct source *s, char *err,
@@ -788,7 +805,8 @@ struct save_view {
 	uint64_t id, client;
 	pid_t pid;
 	uid_t uid;
-	const char *job, *dir, *file;
+	const char *job, *run, *dir, *file;
+	struct store_dirid dirid;  /* dir as SAVE_BEGIN opened it */
 	unsigned rank;
 	int level;
 	int code;                /* FAILED: its ERR_E*; else 0 */
@@ -843,10 +861,12 @@ void save_release(struct save *s);
 void save_client_gone(uint64_t client);
 /* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void);
-/* dir's first failed save (or NULL); *pending: whether any save into dir is short of DURABLE. */
-struct save *save_dir_state(const char *dir, int *pending);
-/* Marks dir's DURABLE saves COMMITTED. */
-void save_mark_committed(const char *dir);
+/* The first failed save of uid's run into the directory id (or NULL); *pending: whether any
+ * of them is short of DURABLE. */
+struct save *save_dir_state(const struct store_dirid *id, uid_t uid, const char *run,
+			    int *pending);
+/* Marks uid's DURABLE saves of run into the directory id COMMITTED. */
+void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *run);
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
 
@@ -875,8 +895,10 @@ void commit_free_all(void);
 struct seal_record;
 /* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
 void seal_request(const struct client *cl, uint64_t req, const char *dir);
-/* Whether rank of job sealed dir through this daemon (it may save there no more). */
-int seal_holds(const char *dir, const char *job, unsigned rank);
+/* Whether rank of uid's job and run sealed the directory id through this daemon (it may save
+ * there no more). */
+int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
+	       unsigned rank);
 /* save_change_cb: a save becoming DURABLE or FAILED may let its tag go on. */
 void seal_on_save(struct save *s);
 /* Takes up a tag this node sealed before a restart (its record r, the files' uid/gid). */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -220,8 +221,10 @@ void h_daemon_note(const struct hdaemon *d)
 	h_note(d);
 }
 
-/* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it. */
-static void spawn_keep(struct hdaemon *d)
+/* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it.
+ * The test's daemon is noted for h_leftovers; a peer (h_daemon_start_peer) dies with the test
+ * process instead. */
+static void spawn_as(struct hdaemon *d, int peer)
 {
 	d->pid = fork();
 	ck_assert_int_ge(d->pid, 0);
@@ -231,10 +234,13 @@ static void spawn_keep(struct hdaemon *d)
 			dup2(fd, 2);
 			close(fd);
 		}
+		if (peer)
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
 		execl(h_bin("dsckptd"), "dsckptd", "-d", "-c", d->config, (char *)NULL);
 		_exit(127);
 	}
-	h_note(d);
+	if (!peer)
+		h_note(d);
 	for (int i = 0; i < 2000; i++) {
 		if (socket_answers(d->socket))
 			return;
@@ -247,6 +253,12 @@ static void spawn_keep(struct hdaemon *d)
 		nanosleep(&ts, NULL);
 	}
 	ck_abort_msg("dsckptd did not answer on %s", d->socket);
+}
+
+/* Forks and execs the test's daemon on d's config, leaving the socket path as it is. */
+static void spawn_keep(struct hdaemon *d)
+{
+	spawn_as(d, 0);
 }
 
 /* Forks and execs the daemon on d's config after removing the socket path. */
@@ -279,6 +291,26 @@ void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
 		extra_json ? extra_json : "");
 	fclose(f);
 	spawn(d);
+}
+
+/* Starts a second daemon (another node) on d's root, beside d. */
+void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const char *name,
+			 double cache_gib, const char *extra_json)
+{
+	*peer = *d;
+	snprintf(peer->socket, sizeof(peer->socket), "%s/%s.sock", d->dir, name);
+	snprintf(peer->config, sizeof(peer->config), "%s/%s.json", d->dir, name);
+	snprintf(peer->log, sizeof(peer->log), "%s/%s.log", d->dir, name);
+	FILE *f = fopen(peer->config, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f,
+		"{\n  \"socket\": \"%s\",\n  \"socket_mode\": \"0600\",\n"
+		"  \"allowed_roots\": [\"%s\"],\n  \"host_cache_size\": %g,\n"
+		"  \"flush_threads\": 2,\n  %s\n  \"log_level\": \"debug\"\n}\n",
+		peer->socket, d->root, cache_gib, extra_json ? extra_json : "");
+	fclose(f);
+	unlink(peer->socket);
+	spawn_as(peer, 1);
 }
 
 /* Starts the daemon again on the same directory. */

@@ -33,6 +33,13 @@ const char *h_bin(const char *name);
  * Waits until the socket answers. Fails the test on error.
  */
 void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json);
+/*
+ * Starts a second daemon, another node of a shared root (extra_json gives its "host"), on d's
+ * root, with socket, config and log <name>.sock, .json, .log in d's scratch directory. It is
+ * not the test's daemon: it dies with the test process; stop it with h_daemon_kill.
+ */
+void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const char *name,
+			 double cache_gib, const char *extra_json);
 /* Starts the daemon again on the same directory and config (after a kill). */
 void h_daemon_restart(struct hdaemon *d);
 /* Starts the daemon again without removing the socket path first (stale-socket tests). */
