@@ -109,6 +109,7 @@ struct config {
 	uint64_t max_region_bytes; /* host memory mapped for one user */
 	uint64_t max_unread_bytes; /* buffered input and output of one user's connections */
 	uint64_t max_blob_bytes;   /* blobs of one user's saves in flight */
+	uint64_t max_held_bytes;   /* what the daemon decoded and keeps for one user */
 	unsigned max_tensors_per_save;
 	unsigned max_seals_per_user;
 };
@@ -134,6 +135,8 @@ enum quota_kind {
 	QUOTA_SEALS,        /* sealed tags the daemon follows (not yet committed or given up) */
 	QUOTA_LOADS,        /* loads begun, not yet finished */
 	QUOTA_PLANS,        /* save plans of open connections */
+	QUOTA_HELD,         /* bytes of what the daemon decoded and keeps for the user: tensor
+			     * lists (tensors.c), load headers and destinations (load.c) */
 	QUOTA_N
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */
@@ -717,7 +720,7 @@ void blobs_free(struct blobs *bs);
  * copy-on-write between a plan and the saves made from it. Loop thread only. */
 struct tensors;
 /* An empty list with one reference; NULL without memory. */
-struct tensors *tensors_new(void);
+struct tensors *tensors_new(uid_t uid);
 /* Another reference / drops one (the last frees it). */
 struct tensors *tensors_ref(struct tensors *tl);
 void tensors_unref(struct tensors *tl);
