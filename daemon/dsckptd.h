@@ -883,7 +883,8 @@ unsigned seal_running(void);
 /* Forgets every tag (shutdown, nothing running). */
 void seal_free_all(void);
 
-/* load.c — the registry of loads (restores) and their levels; loop thread only. */
+/* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
+ * header's parse (threadpool). */
 struct load;
 enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_DONE = 2 };
 /* What a reply shows of a load. */
@@ -898,10 +899,11 @@ struct load_view {
 };
 /* Starts the restore threads (restore.c) with load.c's event handler. */
 int load_start(unsigned threads, char *err, size_t errlen);
-/* Opens dir/file.safetensors for client cl (checks, header, resident copy); its id, or a
- * negative ERR_E* with err. */
-int64_t load_begin(const struct client *cl, const char *dir, const char *file, char *err,
-		   size_t errlen);
+/* Opens dir/file.safetensors for client cl's LOAD_BEGIN req: checks the file here, then its
+ * header and resident copy in the threadpool, and answers req once they are (a load of
+ * client found by no request until then). 0, or a negative ERR_E* with err to answer now. */
+int load_begin(const struct client *cl, uint64_t req, const char *dir, const char *file,
+	       char *err, size_t errlen);
 /* Finds a load of client still open for adding; NULL otherwise. */
 struct load *load_find_open(uint64_t client, uint64_t id);
 /* Finds any load of client; NULL otherwise. */
@@ -927,6 +929,8 @@ void load_wait(struct load *l, uint64_t req, int64_t timeout_ms);
 void load_client_gone(uint64_t client);
 /* Loads in progress. */
 unsigned load_count(void);
+/* Loads whose header is parsed or queued to be (the drain waits for them). */
+unsigned load_parsing(void);
 /* Cancels every running load (shutdown). */
 void load_cancel_all(void);
 /* Frees every load (shutdown, once the restore threads are stopped). */
