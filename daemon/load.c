@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@
 /* Held per destination: its entry, the restore job's description of it and its XXH3 state
  * (576 bytes, aligned), charged at LOAD_ADD. */
 #define DST_HELD (sizeof(struct load_dst) + sizeof(struct restore_dst) + 640)
+#define TRIM_AFTER (64u << 20)  /* a parse estimated this large gives its memory back */
 
 enum parse_state { PARSE_DONE, PARSE_QUEUED, PARSE_RUNNING };
 
@@ -228,14 +230,20 @@ static void unhold(struct load *l, uint64_t n)
 static int parse_text(struct load *l, const char *json, uint64_t n, char *err, size_t errlen)
 {
 	char problems[ERRLEN] = "", why[ERRLEN];
-	uint64_t cost = st_parse_cost(json, n);
+	uint64_t members, cost = st_parse_cost(json, n, &members);
 	int rc;
 
+	if (members > (uint64_t)l->max_tensors + 1)	/* + __metadata__ */
+		return seterr(err, errlen, ERR_ELIMIT, "%s: its header describes up to %llu "
+			      "tensors, more than a save may write (max_tensors_per_save %u)",
+			      l->path, (unsigned long long)members, l->max_tensors);
 	if ((rc = hold(l, cost, why, sizeof(why))) < 0)
 		return seterr(err, errlen, rc, "%s: parsing its %llu-byte header would take up to "
 			      "%llu bytes: %s", l->path, (unsigned long long)n,
 			      (unsigned long long)cost, why);
 	l->h = st_header_parse(json, n, note_problem, problems);
+	if (cost >= TRIM_AFTER)
+		malloc_trim(0);	/* cJSON's tree is gone: its pages go back to the system */
 	unhold(l, cost);
 	if (!l->h)
 		return seterr(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,

@@ -191,8 +191,9 @@ struct st_header *st_header_read(int fd, uint64_t size, uint64_t *data_start,
  */
 char *st_header_text(int fd, uint64_t size, uint64_t *data_start, st_problem_fn *problem,
 		     void *arg);
-/* At most how many bytes st_header_parse takes, at its peak, to parse json (len bytes). */
-uint64_t st_parse_cost(const char *json, size_t len);
+/* At most how many bytes st_header_parse takes, at its peak, to parse json (len bytes), and
+ * at most how many members (tensors and __metadata__) its object has, in *members. */
+uint64_t st_parse_cost(const char *json, size_t len, uint64_t *members);
 /* The string value of __metadata__ key, or NULL. */
 const char *st_header_meta(const struct st_header *h, const char *key);
 /* Index in h->t of the tensor called name, or -1. */

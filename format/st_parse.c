@@ -219,8 +219,8 @@ static int st_sums(struct st_doc *d, st_problem_fn *problem, void *arg)
 		any = 1;
 		long k = st_header_find(&d->h, name);
 		if (k < 0) {
-			st_problem(problem, arg, "__metadata__ has %s, but there is no such tensor",
-				   d->meta[2 * i]);
+			st_problem(problem, arg, "__metadata__ has %s, the checksum of tensor '%s', "
+				   "but there is no such tensor", d->meta[2 * i], name);
 			bad = 1;
 		} else if (checksum_parse(d->meta[2 * i + 1], &v) != 0) {
 			st_problem(problem, arg, "tensor '%s': checksum '%s' in __metadata__ is not "
@@ -252,12 +252,15 @@ static int st_sums(struct st_doc *d, st_problem_fn *problem, void *arg)
 }
 
 /* At most how many bytes cJSON takes to parse json (len bytes): a node per value (the root,
- * each container's first element, one after each comma) and a block per string. */
-uint64_t st_parse_cost(const char *json, size_t len)
+ * each container's first element, one after each comma) and a block per string; *members
+ * counts the outer object's members (the commas at depth 1, plus one), at most. */
+uint64_t st_parse_cost(const char *json, size_t len, uint64_t *members)
 {
 	uint64_t values = 1, strings = 0;
 	int in_str = 0;
+	long depth = 0;
 
+	*members = 0;
 	for (size_t i = 0; i < len; i++) {
 		char c = json[i];
 		if (in_str) {
@@ -268,8 +271,13 @@ uint64_t st_parse_cost(const char *json, size_t len)
 		} else if (c == '"') {
 			in_str = 1;
 			strings++;
+			*members += depth == 1 && *members == 0;
 		} else if (c == ',' || c == '[' || c == '{') {
 			values++;
+			*members += c == ',' && depth == 1;
+			depth += c != ',';
+		} else if (c == ']' || c == '}') {
+			depth--;
 		}
 	}
 	return values * (sizeof(cJSON) + ST_MALLOC_OVERHEAD) +
