@@ -26,8 +26,12 @@
 
 #ifdef __SANITIZE_ADDRESS__
 #define RSS_SLACK 768         /* ASan's shadow and allocator keep more */
+/* ASan's allocator keeps the pages of the freed parse tree (malloc_trim does not reach it):
+ * the bound holds only the parse's peak. */
+#define RSS_OPEN_LOAD 512
 #else
 #define RSS_SLACK 384
+#define RSS_OPEN_LOAD 96      /* a few tens of bytes per tensor kept; the parse's tree given back */
 #endif
 
 /* ---- files an attacker writes ---- */
@@ -322,9 +326,10 @@ START_TEST(test_header_floods)
 		      "max_tensors_per_save", code_name(B->rc[1]), B->msg[1]);
 	ck_assert_msg(B->n[1] < 256, "refusing a 93 MB header grew the daemon by %lld MiB",
 		      B->n[1]);
-	ck_assert_msg(B->rc[2] == 0 && B->n[2] < 96, "an open load of a header of %d tensors: %s "
-		      "'%s', the daemon's RSS grew by %lld MiB; want it accepted for < 96 MiB",
-		      BIG_TENSORS + 1, code_name(B->rc[2]), B->msg[2], B->n[2]);
+	ck_assert_msg(B->rc[2] == 0 && B->n[2] < RSS_OPEN_LOAD, "an open load of a header of %d "
+		      "tensors: %s '%s', the daemon's RSS grew by %lld MiB; want it accepted for "
+		      "< %d MiB", BIG_TENSORS + 1, code_name(B->rc[2]), B->msg[2], B->n[2],
+		      RSS_OPEN_LOAD);
 	ck_assert_msg(B->rc[3] == DSCKPT_ELIMIT && strstr(B->msg[3], "max_held_mib_per_user") &&
 			      B->n[3] < 8,
 		      "%lld loads of a 32 MiB header open, then %s '%s'; want ELIMIT naming "
