@@ -244,6 +244,80 @@ START_TEST(test_parse_off_loop)
 }
 END_TEST
 
+/*
+ * Attacker of test_parse_meanwhile: LOAD_BEGIN of a big header and, right behind it, a
+ * LOAD_ABORT of the id it will have (rc[1]: the first answer, the abort's; rc[2] and n[2]:
+ * the second, LOAD_BEGIN's, and its id); that load then aborted (rc[3]). Then four
+ * connections that send LOAD_BEGIN of it and leave at once, and STATUS until no load is
+ * left (n[4]: the loads the last STATUS counted).
+ */
+static int atk_meanwhile(void *arg)
+{
+	char dir[1024];
+	snprintf(dir, sizeof(dir), "%s", (const char *)arg);
+	struct proto_out o;
+	struct res r;
+	int fd = r_trainer("jobA", &r);
+
+	if (fd < 0)
+		return say(5, 1, "HELLO: %s", r.msg);
+	if (write_st(h_path("%s/big.safetensors", dir), BIG_TENSORS, 0) < 0)
+		return say(5, 2, "writing the file: %s", strerror(errno));
+	if (load_begin_send(fd, dir, "big") < 0)
+		return say(5, 3, "LOAD_BEGIN: send failed");
+	out_map(&o, PROTO_LOAD_ABORT, 1);
+	proto_kv_u64(&o.pk, "load", 1);	/* the daemon's first load */
+	B->rc[1] = r_call(fd, &o, 0, NULL, NULL, &r, 60000);
+	say(1, 0, "%s", r.msg);
+	B->rc[2] = r_recv(fd, "load", &r, 120000);
+	B->n[2] = r.v;
+	say(2, 0, "%s", r.msg);
+	out_map(&o, PROTO_LOAD_ABORT, 1);
+	proto_kv_u64(&o.pk, "load", (uint64_t)B->n[2]);
+	B->rc[3] = r_call(fd, &o, 0, NULL, NULL, &r, 10000);
+	say(3, 0, "%s", r.msg);
+	for (int i = 0; i < 4; i++) {
+		int g = r_trainer("jobA", &r);
+		if (g < 0 || load_begin_send(g, dir, "big") < 0)
+			return say(5, 4, "LOAD_BEGIN and leave: %s", r.msg);
+		close(g);
+	}
+	B->n[4] = -1;
+	for (double end = now_s() + 120; now_s() < end; h_sleep_ms(100)) {
+		out_map(&o, PROTO_STATUS, 0);
+		if (r_call(fd, &o, 0, NULL, "loads", &r, 60000) != 0)
+			return say(5, 5, "STATUS: %s", r.msg);
+		if ((B->n[4] = r.v) == 0)
+			break;
+	}
+	close(fd);
+	return 0;
+}
+
+/* While its header is parsed, a load is found by no request of its connection (an abort
+ * naming its id is ENOENT, answered first), and loads whose clients left during their parse
+ * are freed once it is over. */
+START_TEST(test_parse_meanwhile)
+{
+	HOSTILE_BEGIN("requests and departures during a parse");
+	hd_start(CACHE_32M, NULL);
+	const char *dir = atk_tag();
+	int ac = as_user_wait(as_user_spawn(ATK, atk_meanwhile, (void *)dir, 200));
+
+	ck_assert_msg(ac == 0, "attacker: %s: %s", status_str(ac), B->msg[5]);
+	hd_alive("after clients left during their loads' parse");
+	ck_assert_msg(B->rc[1] == DSCKPT_ENOENT && B->rc[2] == 0 && B->n[2] == 1 &&
+			      B->rc[3] == 0,
+		      "LOAD_BEGIN then LOAD_ABORT of its id: the first answer %s '%s', the second "
+		      "%s '%s' (load %lld), then its abort %s '%s'; want ENOENT, then the load, "
+		      "then its abort", code_name(B->rc[1]), B->msg[1], code_name(B->rc[2]),
+		      B->msg[2], B->n[2], code_name(B->rc[3]), B->msg[3]);
+	ck_assert_msg(B->n[4] == 0, "%lld loads left after their clients went during the parse",
+		      B->n[4]);
+	hd_stop();
+}
+END_TEST
+
 /* ---- 2. headers a save could not write, and open loads ---- */
 
 #define HUGE_TENSORS 1600000  /* a header of 93 MB, just below safetensors' limit */
@@ -743,6 +817,7 @@ static Suite *hostile_budget_suite(void)
 {
 	Suite *s = suite_create("hostile budget");
 	h_add_case(s, "parse off the loop", test_parse_off_loop, 200, 1);
+	h_add_case(s, "parse meanwhile", test_parse_meanwhile, 220, 1);
 	h_add_case(s, "header floods", test_header_floods, 280, 1);
 	h_add_case(s, "tensor floods", test_tensor_floods, 280, 1);
 	h_add_case(s, "bad checksums", test_bad_checksums, 120, 1);
