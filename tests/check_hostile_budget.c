@@ -24,7 +24,11 @@
 #define ZERO_TENSORS 196608   /* the plan: 196,608 zero-byte tensors */
 #define ENTRIES_MAX 65536     /* entries in one PLAN_ADD/SAVE_ADD */
 
-#ifdef __SANITIZE_ADDRESS__
+#if defined(__SANITIZE_THREAD__)
+/* TSan's shadow costs several times what is held: the bounds only catch a runaway. */
+#define RSS_SLACK 2048
+#define RSS_OPEN_LOAD 2048
+#elif defined(__SANITIZE_ADDRESS__)
 #define RSS_SLACK 768         /* ASan's shadow and allocator keep more */
 /* ASan's allocator keeps the pages of the freed parse tree (malloc_trim does not reach it):
  * the bound holds only the parse's peak. */
