@@ -1,5 +1,6 @@
 /*
- * load.c — the registry of loads (restores) and their levels; loop thread only.
+ * load.c — the registry of loads (restores) and their levels; loop thread only, but for
+ * parse_work (libuv's threadpool), which alone touches its load while it runs.
  *
  * LOAD_BEGIN opens the file for its client — a regular file below an allowed root, reached
  * without symbolic links and owned by the client's user — then, in libuv's threadpool
@@ -14,9 +15,11 @@
  * text and cJSON's estimated peak while parsing (st_parse_cost, before the parse), then the
  * parsed header (st_header's held) and, per destination, its entry and what the restore
  * threads keep for it. A header describing more tensors than max_tensors_per_save, more than
- * a save may write, is refused. LOAD_ADD names destinations: each is looked up in the header, and a name the file
- * lacks, another dtype or shape, or a name given twice is only noted, so that LOAD_END can
- * refuse them all at once before any byte is written. LOAD_END hands the destinations, in
+ * a save may write, is refused.
+ *
+ * LOAD_ADD names destinations: each is looked up in the header, and a name the file lacks,
+ * another dtype or shape, or a name given twice is only noted, so that LOAD_END can refuse
+ * them all at once before any byte is written. LOAD_END hands the destinations, in
  * file order, to the restore threads (restore.c); their final event makes the load LOADED or
  * FAILED, which a LOAD_WAIT reports once and then the load is forgotten.
  */
