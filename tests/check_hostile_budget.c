@@ -253,7 +253,8 @@ END_TEST
  * LOAD_ABORT of the id it will have (rc[1]: the first answer, the abort's; rc[2] and n[2]:
  * the second, LOAD_BEGIN's, and its id); that load then aborted (rc[3]). Then four
  * connections that send LOAD_BEGIN of it and leave at once, and STATUS until no load is
- * left (n[4]: the loads the last STATUS counted).
+ * left (n[4]: the loads the last STATUS counted). Last, one more LOAD_BEGIN (F_SENT) while
+ * the test stops the daemon: rc[6] its answer (a load or the connection closed).
  */
 static int atk_meanwhile(void *arg)
 {
@@ -294,22 +295,31 @@ static int atk_meanwhile(void *arg)
 		if ((B->n[4] = r.v) == 0)
 			break;
 	}
+	if (load_begin_send(fd, dir, "big") < 0)
+		return say(5, 6, "the last LOAD_BEGIN: send failed");
+	flag_set(F_SENT);
+	B->rc[6] = r_recv(fd, "load", &r, 60000);
+	say(6, 0, "%s", r.msg);
 	close(fd);
 	return 0;
 }
 
 /* While its header is parsed, a load is found by no request of its connection (an abort
- * naming its id is ENOENT, answered first), and loads whose clients left during their parse
- * are freed once it is over. */
+ * naming its id is ENOENT, answered first), loads whose clients left during their parse are
+ * freed once it is over, and SIGTERM during a parse stops the daemon cleanly. */
 START_TEST(test_parse_meanwhile)
 {
 	HOSTILE_BEGIN("requests and departures during a parse");
 	hd_start(CACHE_32M, NULL);
 	const char *dir = atk_tag();
-	int ac = as_user_wait(as_user_spawn(ATK, atk_meanwhile, (void *)dir, 200));
+	pid_t ap = as_user_spawn(ATK, atk_meanwhile, (void *)dir, 200);
+	int sent = flag_wait(F_SENT, 180000);
+	if (sent)
+		hd_alive("after clients left during their loads' parse");
+	hd_stop();	/* SIGTERM: exit 0 within 20 s, a parse perhaps still running */
+	int ac = as_user_wait(ap);
 
-	ck_assert_msg(ac == 0, "attacker: %s: %s", status_str(ac), B->msg[5]);
-	hd_alive("after clients left during their loads' parse");
+	ck_assert_msg(ac == 0 && sent, "attacker: %s: %s", status_str(ac), B->msg[5]);
 	ck_assert_msg(B->rc[1] == DSCKPT_ENOENT && B->rc[2] == 0 && B->n[2] == 1 &&
 			      B->rc[3] == 0,
 		      "LOAD_BEGIN then LOAD_ABORT of its id: the first answer %s '%s', the second "
@@ -318,7 +328,8 @@ START_TEST(test_parse_meanwhile)
 		      B->msg[2], B->n[2], code_name(B->rc[3]), B->msg[3]);
 	ck_assert_msg(B->n[4] == 0, "%lld loads left after their clients went during the parse",
 		      B->n[4]);
-	hd_stop();
+	ck_assert_msg(B->rc[6] == 0 || B->rc[6] == DSCKPT_EPIPE, "LOAD_BEGIN answered by a "
+		      "daemon stopping: %s '%s'", code_name(B->rc[6]), B->msg[6]);
 }
 END_TEST
 
