@@ -496,32 +496,41 @@ static int atk_tensors(void *arg)
 	return 0;
 }
 
-/* Plans and never-ended saves of 196,608 zero-byte tensors: refused past
- * max_held_mib_per_user (256 here), with the daemon's RSS bounded by it. */
+/* Plans and never-ended saves of 196,608 zero-byte tensors, by default and with
+ * max_held_mib_per_user 256: refused past it, with the daemon's RSS bounded by it. */
 START_TEST(test_tensor_floods)
 {
-	HOSTILE_BEGIN("plan and open-save floods");
+	static const struct {
+		const char *name, *extra;
+		int held_mib;
+	} it[] = {
+		{"defaults", NULL, 1024},
+		{"max_held_mib_per_user 256", "\"max_held_mib_per_user\": 256,", 256},
+	};
+	HOSTILE_BEGIN(h_path("plan and open-save floods (%s)", it[_i].name));
+	int held = it[_i].held_mib;
 	setenv("ASAN_OPTIONS", "quarantine_size_mb=0", 1);
-	hd_start(CACHE_32M, "\"max_held_mib_per_user\": 256,");
+	hd_start(CACHE_32M, it[_i].extra);
 	B->n[9] = D->pid;
 	int ac = as_user_wait(as_user_spawn(ATK, atk_tensors, NULL, 250));
 
-	printf("tensor floods: %lld plans of %d zero-byte tensors, then %s, RSS +%lld MiB; "
-	       "%lld open saves of as many, then %s, RSS +%lld MiB\n", B->n[1], ZERO_TENSORS,
-	       code_name(B->rc[1]), B->n[2], B->n[3], code_name(B->rc[3]), B->n[4]);
+	printf("tensor floods (%s): %lld plans of %d zero-byte tensors, then %s, RSS +%lld MiB; "
+	       "%lld open saves of as many, then %s, RSS +%lld MiB\n", it[_i].name, B->n[1],
+	       ZERO_TENSORS, code_name(B->rc[1]), B->n[2], B->n[3], code_name(B->rc[3]),
+	       B->n[4]);
 	fflush(stdout);
 	ck_assert_msg(ac == 0, "attacker: %s: %s", status_str(ac), B->msg[5]);
 	hd_alive("after the plan and save floods");
 	ck_assert_msg(B->rc[1] == DSCKPT_ELIMIT && strstr(B->msg[1], "max_held_mib_per_user") &&
-			      B->n[2] < 256 + RSS_SLACK,
+			      B->n[2] < held + RSS_SLACK,
 		      "%lld plans of %d tensors, then %s '%s', RSS +%lld MiB; want ELIMIT naming "
-		      "max_held_mib_per_user (256) and < %d MiB", B->n[1], ZERO_TENSORS,
-		      code_name(B->rc[1]), B->msg[1], B->n[2], 256 + RSS_SLACK);
+		      "max_held_mib_per_user (%d) and < %d MiB", B->n[1], ZERO_TENSORS,
+		      code_name(B->rc[1]), B->msg[1], B->n[2], held, held + RSS_SLACK);
 	ck_assert_msg(B->rc[3] == DSCKPT_ELIMIT && strstr(B->msg[3], "max_held_mib_per_user") &&
-			      B->n[4] < 256 + RSS_SLACK,
+			      B->n[4] < held + RSS_SLACK,
 		      "%lld open saves of %d tensors, then %s '%s', RSS +%lld MiB; want ELIMIT "
-		      "naming max_held_mib_per_user (256) and < %d MiB", B->n[3], ZERO_TENSORS,
-		      code_name(B->rc[3]), B->msg[3], B->n[4], 256 + RSS_SLACK);
+		      "naming max_held_mib_per_user (%d) and < %d MiB", B->n[3], ZERO_TENSORS,
+		      code_name(B->rc[3]), B->msg[3], B->n[4], held, held + RSS_SLACK);
 	hd_stop();
 }
 END_TEST
@@ -834,7 +843,7 @@ static Suite *hostile_budget_suite(void)
 	h_add_case(s, "parse off the loop", test_parse_off_loop, 200, 1);
 	h_add_case(s, "parse meanwhile", test_parse_meanwhile, 220, 1);
 	h_add_case(s, "header floods", test_header_floods, 280, 1);
-	h_add_case(s, "tensor floods", test_tensor_floods, 280, 1);
+	h_add_case(s, "tensor floods", test_tensor_floods, 280, 2);
 	h_add_case(s, "bad checksums", test_bad_checksums, 120, 1);
 	h_add_case(s, "elimit texts", test_elimit_texts, 120, 1);
 	return s;
