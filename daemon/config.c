@@ -95,6 +95,9 @@ static const struct option options[] = {
 	  "MiB of unfinished requests and unread replies buffered for one user's connections" },
 	{ "max_blob_mib_per_user", OPT_MIB, 1, 1048576, "1024", OFF(max_blob_bytes),
 	  "MiB of blobs (.meta contents) held for one user's saves not yet durable" },
+	{ "max_held_mib_per_user", OPT_MIB, 1, 1048576, "1024", OFF(max_held_bytes),
+	  "MiB of what the daemon decoded and keeps for one user (tensor lists of saves and "
+	  "plans, load headers)" },
 	{ "max_seals_per_user", OPT_UINT, 1, 1000000, "256", OFF(max_seals_per_user),
 	  "sealed tags one user may have the daemon follow (not yet committed or given up)" },
 	{ "max_tensors_per_save", OPT_UINT, 1, 16777216, "262144", OFF(max_tensors_per_save),

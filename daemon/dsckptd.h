@@ -111,6 +111,7 @@ struct config {
 	uint64_t max_region_bytes; /* host memory mapped for one user */
 	uint64_t max_unread_bytes; /* buffered input and output of one user's connections */
 	uint64_t max_blob_bytes;   /* blobs of one user's saves in flight */
+	uint64_t max_held_bytes;   /* what the daemon decoded and keeps for one user */
 	unsigned max_tensors_per_save;
 	unsigned max_seals_per_user;
 };
@@ -136,6 +137,8 @@ enum quota_kind {
 	QUOTA_SEALS,        /* sealed tags the daemon follows (not yet committed or given up) */
 	QUOTA_LOADS,        /* loads begun, not yet finished */
 	QUOTA_PLANS,        /* save plans of open connections */
+	QUOTA_HELD,         /* bytes of what the daemon decoded and keeps for the user: tensor
+			     * lists (tensors.c), load headers and destinations (load.c) */
 	QUOTA_N
 };
 /* Sets the limits from a config (start, reload); none are enforced before the first call. */
@@ -740,7 +743,7 @@ void blobs_free(struct blobs *bs);
  * copy-on-write between a plan and the saves made from it. Loop thread only. */
 struct tensors;
 /* An empty list with one reference; NULL without memory. */
-struct tensors *tensors_new(void);
+struct tensors *tensors_new(uid_t uid);
 /* Another reference / drops one (the last frees it). */
 struct tensors *tensors_ref(struct tensors *tl);
 void tensors_unref(struct tensors *tl);
@@ -908,7 +911,8 @@ unsigned seal_running(void);
 /* Forgets every tag (shutdown, nothing running). */
 void seal_free_all(void);
 
-/* load.c — the registry of loads (restores) and their levels; loop thread only. */
+/* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
+ * header's parse (threadpool). */
 struct load;
 enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_DONE = 2 };
 /* What a reply shows of a load. */
@@ -923,10 +927,11 @@ struct load_view {
 };
 /* Starts the restore threads (restore.c) with load.c's event handler. */
 int load_start(unsigned threads, char *err, size_t errlen);
-/* Opens dir/file.safetensors for client cl (checks, header, resident copy); its id, or a
- * negative ERR_E* with err. */
-int64_t load_begin(const struct client *cl, const char *dir, const char *file, char *err,
-		   size_t errlen);
+/* Opens dir/file.safetensors for client cl's LOAD_BEGIN req: checks the file here, then its
+ * header and resident copy in the threadpool, and answers req once they are (a load of
+ * client found by no request until then). 0, or a negative ERR_E* with err to answer now. */
+int load_begin(const struct client *cl, uint64_t req, const char *dir, const char *file,
+	       char *err, size_t errlen);
 /* Finds a load of client still open for adding; NULL otherwise. */
 struct load *load_find_open(uint64_t client, uint64_t id);
 /* Finds any load of client; NULL otherwise. */
@@ -952,6 +957,8 @@ void load_wait(struct load *l, uint64_t req, int64_t timeout_ms);
 void load_client_gone(uint64_t client);
 /* Loads in progress. */
 unsigned load_count(void);
+/* Loads whose header is parsed or queued to be (the drain waits for them). */
+unsigned load_parsing(void);
 /* Cancels every running load (shutdown). */
 void load_cancel_all(void);
 /* Frees every load (shutdown, once the restore threads are stopped). */

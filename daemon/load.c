@@ -1,12 +1,25 @@
 /*
- * load.c — the registry of loads (restores) and their levels; loop thread only.
+ * load.c — the registry of loads (restores) and their levels; loop thread only, but for
+ * parse_work (libuv's threadpool), which alone touches its load while it runs.
  *
  * LOAD_BEGIN opens the file for its client — a regular file below an allowed root, reached
- * without symbolic links and owned by the client's user — reads and checks its header, and
- * pins the resident copy the cache may still hold of it (resident.c; the same file, the same
- * header). LOAD_ADD names destinations: each is looked up in the header, and a name the file
- * lacks, another dtype or shape, or a name given twice is only noted, so that LOAD_END can
- * refuse them all at once before any byte is written. LOAD_END hands the destinations, in
+ * without symbolic links and owned by the client's user — then, in libuv's threadpool
+ * (parse_work), reads and checks its header and pins the resident copy the cache may still
+ * hold of it (resident.c; the same file, the same header); LOAD_BEGIN is answered when that
+ * is done. Until then the load has no id its client knows and is found by no request: a
+ * LOAD_ADD naming it is answered ENOENT, as for any load not open. One parse of a user runs
+ * at a time (the others wait in the list), so that one user's headers never hold every
+ * threadpool thread; a parse's client gone meanwhile frees the load once the parse is over.
+ *
+ * Memory: a load charges its user's max_held_mib_per_user for what it holds: the header's
+ * text and cJSON's estimated peak while parsing (st_parse_cost, before the parse), then the
+ * parsed header (st_header's held) and, per destination, its entry and what the restore
+ * threads keep for it. A header describing more tensors than max_tensors_per_save, more than
+ * a save may write, is refused.
+ *
+ * LOAD_ADD names destinations: each is looked up in the header, and a name the file lacks,
+ * another dtype or shape, or a name given twice is only noted, so that LOAD_END can refuse
+ * them all at once before any byte is written. LOAD_END hands the destinations, in
  * file order, to the restore threads (restore.c); their final event makes the load LOADED or
  * FAILED, which a LOAD_WAIT reports once and then the load is forgotten.
  */
@@ -15,6 +28,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +37,12 @@
 #include <uv.h>
 
 #define MISMATCH_SHOWN 16  /* mismatches named in LOAD_END's error; the rest are counted */
+/* Held per destination: its entry, the restore job's description of it and its XXH3 state
+ * (576 bytes, aligned), charged at LOAD_ADD. */
+#define DST_HELD (sizeof(struct load_dst) + sizeof(struct restore_dst) + 640)
+#define TRIM_AFTER (64u << 20)  /* a parse estimated this large gives its memory back */
+
+enum parse_state { PARSE_DONE, PARSE_QUEUED, PARSE_RUNNING };
 
 /* A destination: a tensor of the file and where it goes. */
 struct load_dst {
@@ -35,6 +55,15 @@ struct load {
 	uint64_t id, client;    /* client: the connection's id; 0 once it is gone */
 	uid_t uid;
 	char path[PROTO_MAX_STR + 160];   /* dir/file.safetensors, for messages */
+	/* While parse != PARSE_DONE: the LOAD_BEGIN, and what parse_work needs; while it
+	 * runs, parse_work alone touches the fields below up to res (and code, error). */
+	enum parse_state parse;
+	uint64_t req;
+	uv_work_t work;
+	struct stat st;
+	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1];
+	unsigned max_tensors;   /* the config's max_tensors_per_save at LOAD_BEGIN */
+	uint64_t held;          /* charged to uid as QUOTA_HELD */
 	int fd, dfd;            /* the file, buffered and O_DIRECT (or -1) */
 	struct st_header *h;
 	uint64_t data_len;      /* bytes of the data region */
@@ -108,6 +137,7 @@ static void load_free(struct load *l)
 	if (l->res)
 		resident_unpin(l->res);
 	quota_give(l->uid, QUOTA_LOADS, 1);
+	quota_give(l->uid, QUOTA_HELD, l->held);
 	free(l);
 }
 
@@ -163,61 +193,182 @@ static int open_direct(int fd, const struct stat *st, uint64_t data_start)
 	return dfd;
 }
 
-/* Pins the resident copy of the file when it still matches it (same inode, same header). */
-static void find_resident(struct load *l, const char *dir, const char *file,
-			  const struct stat *st)
+/* Pins the resident copy of the file when it still matches it: the same inode and the same
+ * header (json, len bytes; the copy's first 8 bytes are its length). Threadpool (resident.c
+ * locks). */
+static void find_resident(struct load *l, const char *json, size_t len)
 {
-	size_t len;
-	uint8_t *buf;
+	size_t hlen;
 
-	if (!(l->res = resident_pin(dir, file, st->st_dev, st->st_ino)))
+	if (!(l->res = resident_pin(l->dir, l->file, l->st.st_dev, l->st.st_ino)))
 		return;
-	const void *hdr = resident_header(l->res, &len);
-	if (len == l->h->data_start && (buf = malloc(len)) != NULL) {
-		ssize_t r = pread(l->fd, buf, len, 0);
-		int same = r == (ssize_t)len && memcmp(buf, hdr, len) == 0;
-		free(buf);
-		if (same) {
-			l->cached = resident_held(l->res);
-			return;
-		}
+	const uint8_t *hdr = resident_header(l->res, &hlen);
+	if (hlen == 8 + len && memcmp(hdr + 8, json, len) == 0) {
+		l->cached = resident_held(l->res);
+		return;
 	}
 	resident_unpin(l->res);	/* the file was rewritten since: its copy is stale */
 	l->res = NULL;
 }
 
-/* Reads and checks the file's header; 0 or ERR_EINVAL with every problem in err. */
-static int read_header(struct load *l, const struct stat *st, char *err, size_t errlen)
+/* Charges n more bytes to l's user as QUOTA_HELD; 0 or ELIMIT with err. Any thread. */
+static int hold(struct load *l, uint64_t n, char *err, size_t errlen)
 {
-	char problems[ERRLEN] = "";
-	uint64_t data_start = 0;
+	int rc = quota_take(l->uid, QUOTA_HELD, n, err, errlen);
 
-	l->h = st_header_read(l->fd, (uint64_t)st->st_size, &data_start, note_problem, problems);
+	if (rc == 0)
+		l->held += n;
+	return rc;
+}
+
+/* Gives n bytes of l's QUOTA_HELD back. */
+static void unhold(struct load *l, uint64_t n)
+{
+	quota_give(l->uid, QUOTA_HELD, n);
+	l->held -= n;
+}
+
+/* Parses the header's text (n bytes) into l->h, charging cJSON's peak while it runs and then
+ * what the header keeps; 0 or a negative ERR_E* with err. Threadpool. */
+static int parse_text(struct load *l, const char *json, uint64_t n, char *err, size_t errlen)
+{
+	char problems[ERRLEN] = "", why[ERRLEN];
+	uint64_t members, cost = st_parse_cost(json, n, &members);
+	int rc;
+
+	if (members > (uint64_t)l->max_tensors + 1)	/* + __metadata__ */
+		return seterr(err, errlen, ERR_ELIMIT, "%s: its header describes up to %llu "
+			      "tensors, more than a save may write (max_tensors_per_save %u)",
+			      l->path, (unsigned long long)members, l->max_tensors);
+	if ((rc = hold(l, cost, why, sizeof(why))) < 0)
+		return seterr(err, errlen, rc, "%s: parsing its %llu-byte header would take up to "
+			      "%llu bytes: %s", l->path, (unsigned long long)n,
+			      (unsigned long long)cost, why);
+	l->h = st_header_parse(json, n, note_problem, problems);
+	if (cost >= TRIM_AFTER)
+		malloc_trim(0);	/* cJSON's tree is gone: its pages go back to the system */
+	unhold(l, cost);
 	if (!l->h)
 		return seterr(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
 			      problems);
-	for (size_t i = 0; i < l->h->n; i++)
-		if (l->h->t[i].end > l->data_len)
-			l->data_len = l->h->t[i].end;
-	if (l->h->data_start + l->data_len > (uint64_t)st->st_size)
-		return seterr(err, errlen, ERR_EINVAL, "%s is truncated: %llu bytes, its header "
-			      "describes %llu", l->path, (unsigned long long)st->st_size,
-			      (unsigned long long)(l->h->data_start + l->data_len));
+	if ((rc = hold(l, l->h->held + l->h->n, why, sizeof(why))) < 0)
+		return seterr(err, errlen, rc, "%s: its header of %zu tensors takes %llu bytes: %s",
+			      l->path, l->h->n, (unsigned long long)(l->h->held + l->h->n), why);
+	if (l->h->n > l->max_tensors)
+		return seterr(err, errlen, ERR_ELIMIT, "%s holds %zu tensors, more than a save may "
+			      "write (max_tensors_per_save %u)", l->path, l->h->n, l->max_tensors);
 	return 0;
 }
 
-/* Opens a load of dir/file.safetensors for client cl; its id or a negative ERR_E*. */
-int64_t load_begin(const struct client *cl, const char *dir, const char *file, char *err,
-		   size_t errlen)
+/* Reads and checks the file's header, charging its text to the user before reading it, and
+ * pins its resident copy; 0 or a negative ERR_E* with err. Threadpool. */
+static int read_header(struct load *l, char *err, size_t errlen)
 {
-	char d[PROTO_MAX_STR + 1];
-	struct stat st;
+	char problems[ERRLEN] = "", why[ERRLEN];
+	uint64_t size = (uint64_t)l->st.st_size, data_start = 0, text = 0;
+	uint8_t len8[8];
+	int rc;
+
+	if (size >= 8 && pread(l->fd, len8, 8, 0) == 8) {
+		for (int i = 7; i >= 0; i--)
+			text = text << 8 | len8[i];
+		text = text < ST_MAX_HEADER ? text : ST_MAX_HEADER;  /* longer: refused unread */
+	}
+	if ((rc = hold(l, text, why, sizeof(why))) < 0)
+		return seterr(err, errlen, rc, "%s: its header has %llu bytes: %s", l->path,
+			      (unsigned long long)text, why);
+	char *json = st_header_text(l->fd, size, &data_start, note_problem, problems);
+	if (!json) {
+		unhold(l, text);
+		return seterr(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
+			      problems);
+	}
+	uint64_t n = data_start - 8;	/* as read (the file may have changed since) */
+	rc = parse_text(l, json, n, err, errlen);
+	if (rc == 0)
+		find_resident(l, json, n);
+	free(json);
+	unhold(l, text);
+	if (rc < 0)
+		return rc;
+	l->h->data_start = data_start;
+	for (size_t i = 0; i < l->h->n; i++)
+		if (l->h->t[i].end > l->data_len)
+			l->data_len = l->h->t[i].end;
+	if (l->h->data_start + l->data_len > size)
+		return seterr(err, errlen, ERR_EINVAL, "%s is truncated: %llu bytes, its header "
+			      "describes %llu", l->path, (unsigned long long)size,
+			      (unsigned long long)(l->h->data_start + l->data_len));
+	if (!(l->named = calloc(l->h->n ? l->h->n : 1, 1)))
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	if (l->cached < l->data_len)
+		l->dfd = open_direct(l->fd, &l->st, l->h->data_start);
+	return 0;
+}
+
+/* Threadpool: the header of a load begun. */
+static void parse_work(uv_work_t *w)
+{
+	struct load *l = w->data;
+
+	l->code = read_header(l, l->error, sizeof(l->error));
+}
+
+static void parse_after(uv_work_t *w, int status);
+
+/* Starts the parse of l, or queues it behind another of its user's. */
+static void parse_start(struct load *l)
+{
+	for (struct load *o = loads; o; o = o->next) {
+		if (o->parse == PARSE_RUNNING && o->uid == l->uid) {
+			l->parse = PARSE_QUEUED;
+			return;
+		}
+	}
+	l->parse = PARSE_RUNNING;
+	l->work.data = l;
+	uv_queue_work(loop, &l->work, parse_work, parse_after);
+}
+
+/* Loop: a parse is over; LOAD_BEGIN is answered (or the load freed, its client gone), and
+ * the user's next parse, the oldest queued, starts. */
+static void parse_after(uv_work_t *w, int status)
+{
+	struct load *l = w->data, *next = NULL;
+	struct load_view v;
+
+	(void)status;
+	l->parse = PARSE_DONE;
+	for (struct load *o = loads; o; o = o->next)
+		if (o->parse == PARSE_QUEUED && o->uid == l->uid)
+			next = o;	/* the list is newest first */
+	if (next)
+		parse_start(next);
+	if (l->client == 0) {
+		load_free(l);
+	} else if (l->code < 0) {
+		reply_error(l->client, l->req, l->code, "%s", l->error);
+		load_free(l);
+	} else {
+		l->code = 0;
+		if (!l->h->checksummed)
+			log_info("load %llu of %s: the file has no checksums (not written by "
+				 "dsckptd); its bytes are loaded unchecked", (unsigned long long)l->id,
+				 l->path);
+		load_view(l, &v);
+		reply_load_begun(l->client, l->req, &v);
+	}
+}
+
+/* Opens a load of dir/file.safetensors for client cl (see dsckptd.h). */
+int load_begin(const struct client *cl, uint64_t req, const char *dir, const char *file,
+	       char *err, size_t errlen)
+{
 	int rc;
 
 	if (!store_valid_file(file))
 		return seterr(err, errlen, ERR_EINVAL, "file name '%s' must be 1-128 characters "
 			      "of [A-Za-z0-9._-], not starting with '.'", file);
-	store_norm_dir(d, sizeof(d), dir);
 	if ((rc = quota_take(client_uid(cl), QUOTA_LOADS, 1, err, errlen)) < 0)
 		return rc;
 	struct load *l = calloc(1, sizeof(*l));
@@ -227,37 +378,30 @@ int64_t load_begin(const struct client *cl, const char *dir, const char *file, c
 	}
 	l->uid = client_uid(cl);
 	l->client = client_id(cl);
+	l->req = req;
 	l->fd = l->dfd = -1;
+	l->max_tensors = config->max_tensors_per_save;
 	l->next = loads;
 	loads = l;
-	snprintf(l->path, sizeof(l->path), "%s/%s%s", d, file, FMT_SAFETENSORS);
-	if ((l->fd = open_file(d, file, client_uid(cl), client_gid(cl), &st, err, errlen)) < 0) {
+	store_norm_dir(l->dir, sizeof(l->dir), dir);
+	snprintf(l->file, sizeof(l->file), "%s", file);
+	snprintf(l->path, sizeof(l->path), "%s/%s%s", l->dir, file, FMT_SAFETENSORS);
+	if ((l->fd = open_file(l->dir, file, l->uid, client_gid(cl), &l->st, err, errlen)) < 0) {
 		rc = l->fd;
-		goto fail;
+		load_free(l);
+		return rc;
 	}
-	if ((rc = read_header(l, &st, err, errlen)) < 0)
-		goto fail;
-	l->named = calloc(l->h->n ? l->h->n : 1, 1);
-	if (!l->named) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
-		goto fail;
-	}
-	find_resident(l, d, file, &st);
-	if (l->cached < l->data_len)
-		l->dfd = open_direct(l->fd, &st, l->h->data_start);
 	l->id = next_load_id++;
-	return (int64_t)l->id;
-
-fail:
-	load_free(l);
-	return rc;
+	parse_start(l);
+	return 0;
 }
 
 /* Finds a load of client by id, open for adding when open is set. */
 static struct load *find(uint64_t client, uint64_t id, int open)
 {
 	for (struct load *l = loads; l; l = l->next)
-		if (l->id == id && l->client == client && (!open || l->level == LOAD_OPEN))
+		if (l->id == id && l->client == client && l->parse == PARSE_DONE &&
+		    (!open || l->level == LOAD_OPEN))
 			return l;
 	return NULL;
 }
@@ -357,11 +501,15 @@ int load_add_tensor(struct load *l, const char *name, const char *dtype,
 	l->named[t] = 1;
 	if (!matches(l, &l->h->t[t], name, dtype, shape, ndim))
 		return 0;
+	if ((rc = hold(l, DST_HELD, err, errlen)) < 0)
+		return rc;
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? 2 * l->cap : 64;
 		struct load_dst *d = realloc(l->d, cap * sizeof(*d));
-		if (!d)
+		if (!d) {
+			unhold(l, DST_HELD);
 			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		}
 		l->d = d;
 		l->cap = cap;
 	}
@@ -405,7 +553,8 @@ static struct restore_dst *plan(struct load *l, char *err, size_t errlen)
 		return NULL;
 	}
 	sort_header = l->h;
-	qsort(l->d, l->n, sizeof(*l->d), by_begin);
+	if (l->n > 0)	/* l->d is NULL without destinations, which qsort may not be given */
+		qsort(l->d, l->n, sizeof(*l->d), by_begin);
 	for (size_t i = 0; i < l->n; i++) {
 		const struct st_entry *e = &l->h->t[l->d[i].t];
 		if (i > 0 && e->begin < rd[i - 1].end) {
@@ -417,6 +566,8 @@ static struct restore_dst *plan(struct load *l, char *err, size_t errlen)
 		rd[i] = (struct restore_dst){.begin = e->begin, .end = e->end,
 					     .dst = l->d[i].src, .dst_off = l->d[i].off,
 					     .name = e->name};
+		/* The parse refused a checksum it could not read: the one there is good, and
+		 * none is there only in a file without checksums (reported at LOAD_BEGIN). */
 		rd[i].has_xxh3 = checksum_parse(e->xxh3, &rd[i].xxh3) == 0;
 	}
 	return rd;
@@ -558,9 +709,19 @@ void load_client_gone(uint64_t client)
 		load_timer_stop(l);
 		if (l->job)
 			restore_cancel(l->job, ERR_EPIPE, "the client went away");
-		else
-			load_free(l);
+		else if (l->parse != PARSE_RUNNING)
+			load_free(l);	/* a running parse's parse_after frees it */
 	}
+}
+
+/* Loads whose header is being parsed or waits to be (the drain waits for them). */
+unsigned load_parsing(void)
+{
+	unsigned n = 0;
+
+	for (struct load *l = loads; l; l = l->next)
+		n += l->parse != PARSE_DONE;
+	return n;
 }
 
 /* Loads not yet forgotten. */

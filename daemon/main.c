@@ -92,10 +92,12 @@ static void finish(void)
 	uv_stop(loop);
 }
 
-/* While draining, after every loop turn: finishes once no save or commit is in flight. */
+/* While draining, after every loop turn: finishes once no save, commit or load's parse is in
+ * flight. */
 static void on_drain_check(uv_check_t *h)
 {
-	if (save_inflight() == 0 && commit_running() == 0 && seal_running() == 0) {
+	if (save_inflight() == 0 && commit_running() == 0 && seal_running() == 0 &&
+	    load_parsing() == 0) {
 		uv_check_stop(h);
 		log_info("all saves finished; exiting");
 		finish();

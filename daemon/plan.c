@@ -42,7 +42,7 @@ struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char 
 		return p;
 	if ((*code = quota_take(uid, QUOTA_PLANS, 1, err, errlen)) < 0)
 		return NULL;
-	if (!(p = calloc(1, sizeof(*p))) || !(p->tl = tensors_new())) {
+	if (!(p = calloc(1, sizeof(*p))) || !(p->tl = tensors_new(uid))) {
 		free(p);
 		quota_give(uid, QUOTA_PLANS, 1);
 		*code = seterr(err, errlen, ERR_ENOMEM, "out of memory");

@@ -1,7 +1,8 @@
 /*
  * quota.c — per-user limits. Every user (uid) on the node may talk to the root daemon, so
  * what a request holds in the daemon (connections, saves in flight, open regions and the host
- * memory they map, buffered frames, blobs) is charged to its uid and refused with
+ * memory they map, buffered frames, blobs, and the bytes of what it decoded and keeps: tensor
+ * lists of saves and plans, load headers and destinations) is charged to its uid and refused with
  * ERR_ELIMIT past the configured limit: one user can exhaust only their own share, never
  * another user's descriptors, mappings or memory.
  *
@@ -36,20 +37,20 @@ static const char *const quota_keys[QUOTA_N] = {
 	[QUOTA_SEALS] = "max_seals_per_user",
 	[QUOTA_LOADS] = "max_loads_per_user",
 	[QUOTA_PLANS] = "max_plans_per_user",
+	[QUOTA_HELD] = "max_held_mib_per_user",
 };
 
 /* What a kind counts in, for messages. */
 static const char *const quota_units[QUOTA_N] = {
 	[QUOTA_CONNS] = "", [QUOTA_SAVES] = "", [QUOTA_REGIONS] = "",
 	[QUOTA_REGION_BYTES] = " bytes", [QUOTA_UNREAD] = " bytes", [QUOTA_BLOB] = " bytes",
-	[QUOTA_SEALS] = "", [QUOTA_LOADS] = "",
+	[QUOTA_SEALS] = "", [QUOTA_LOADS] = "", [QUOTA_PLANS] = "", [QUOTA_HELD] = " bytes",
 };
+_Static_assert(sizeof(quota_keys) / sizeof(quota_keys[0]) == QUOTA_N &&
+	       sizeof(quota_units) / sizeof(quota_units[0]) == QUOTA_N, "a key and a unit each");
 
 /* The limits now (quota_set_limits); until it is first called, none. */
-static uint64_t quota_limits[QUOTA_N] = {
-	UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX, UINT64_MAX,
-	UINT64_MAX,
-};
+static uint64_t quota_limits[QUOTA_N] = {[0 ... QUOTA_N - 1] = UINT64_MAX};
 
 /* Sets the limits from a config (at start and on reload; they apply to the next charge). */
 void quota_set_limits(const struct config *cfg)
@@ -64,6 +65,7 @@ void quota_set_limits(const struct config *cfg)
 	quota_limits[QUOTA_SEALS] = cfg->max_seals_per_user;
 	quota_limits[QUOTA_LOADS] = cfg->max_loads_per_user;
 	quota_limits[QUOTA_PLANS] = cfg->max_plans_per_user;
+	quota_limits[QUOTA_HELD] = cfg->max_held_bytes;
 	pthread_mutex_unlock(&quota_lock);
 }
 

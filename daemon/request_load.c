@@ -9,19 +9,17 @@
 void request_load_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
-	struct load_view v;
 
 	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
 	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	int64_t id = auth_check(c, AUTH_LOAD, err, sizeof(err));
-	if (id == 0)
-		id = load_begin(c, dir, file, err, sizeof(err));
-	if (id < 0)
-		return request_error(c, h, (int)id, "%s", err);
-	load_view(load_find(client_id(c), (uint64_t)id), &v);
-	reply_load_begun(client_id(c), h->id, &v);
+	int rc = auth_check(c, AUTH_LOAD, err, sizeof(err));
+	if (rc == 0)
+		rc = load_begin(c, h->id, dir, file, err, sizeof(err));
+	if (rc < 0)
+		return request_error(c, h, rc, "%s", err);
+	/* Answered by load.c once the header is parsed. */
 }
 
 /* Reads the optional "tensors" of LOAD_ADD/LOAD_END into l; 0, or ERR_EPROTO (m->err set)

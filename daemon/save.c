@@ -271,7 +271,7 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		return fd;
 	}
 	struct save *s = calloc(1, sizeof(*s));
-	if (s && (!(s->blobs = blobs_new(client_uid(c))) || !(s->tl = tensors_new()))) {
+	if (s && (!(s->blobs = blobs_new(client_uid(c))) || !(s->tl = tensors_new(client_uid(c))))) {
 		blobs_free(s->blobs);
 		free(s);
 		s = NULL;

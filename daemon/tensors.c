@@ -18,6 +18,10 @@
  * change while shared: the header's description (st), the engine's description (et) and the
  * entries' sources with their counts (groups), so that the references a save takes and drops
  * cost an atomic operation per allocation, not per tensor.
+ *
+ * Memory: what a list costs (its entries and what is made from them, entry_held) is charged
+ * to its user's max_held_mib_per_user as each entry is added, before its memory is allocated,
+ * and given back when the list is freed; a copy made on write is charged whole again.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -50,16 +54,19 @@ struct tensors {
 	size_t ngroups;       /* 0: not made (or no entries) */
 	int sources_held;     /* one reference to each entry's source belongs to the list */
 	unsigned refs;
+	uid_t uid;            /* whose QUOTA_HELD pays for it */
+	uint64_t held;        /* charged to uid */
 };
 
-/* An empty list with one reference; NULL without memory. */
-struct tensors *tensors_new(void)
+/* An empty list of uid's with one reference; NULL without memory. */
+struct tensors *tensors_new(uid_t uid)
 {
 	struct tensors *tl = calloc(1, sizeof(*tl));
 
 	if (tl) {
 		tl->refs = 1;
 		tl->sources_held = 1;
+		tl->uid = uid;
 	}
 	return tl;
 }
@@ -96,6 +103,7 @@ void tensors_unref(struct tensors *tl)
 	free(tl->t);
 	free(tl->names);
 	tensors_forget(tl);
+	quota_give(tl->uid, QUOTA_HELD, tl->held);
 	free(tl);
 }
 
@@ -140,28 +148,44 @@ static size_t in_block(unsigned ndim, const char *name)
 	return ndim * sizeof(uint64_t) + strlen(name) + 1;
 }
 
+/* What one entry costs the daemon: the entry, its block with malloc's overhead, its slots in
+ * the name set (up to four), and what is made once from it (the header's and the engine's
+ * descriptions, a group). */
+static uint64_t entry_held(unsigned ndim, const char *name)
+{
+	return sizeof(struct tensor_in) + in_block(ndim, name) + 16 + 4 * sizeof(uint32_t) +
+	       sizeof(struct st_tensor) + sizeof(struct engine_tensor) + sizeof(struct group);
+}
+
 /* Makes *tlp a list only its holder reads and that holds its sources (a copy when shared
- * or forsaken: the caller holds the sources meanwhile); -1 when out of memory. */
-static int tensors_own(struct tensors **tlp)
+ * or forsaken, charged to its user: the caller holds the sources meanwhile); 0, or ELIMIT or
+ * ENOMEM with err. */
+static int tensors_own(struct tensors **tlp, char *err, size_t errlen)
 {
 	struct tensors *tl = *tlp, *c;
+	int rc;
 
 	if (tl->refs == 1 && tl->sources_held)
 		return 0;
-	if (!(c = tensors_new()))
-		return -1;
+	if (!(c = tensors_new(tl->uid)))
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	if ((rc = quota_take(c->uid, QUOTA_HELD, tl->held, err, errlen)) < 0) {
+		tensors_unref(c);
+		return rc;
+	}
+	c->held = tl->held;
 	c->t = malloc((tl->n ? tl->n : 1) * sizeof(*c->t));
 	c->names = malloc((tl->names_cap ? tl->names_cap : 1) * sizeof(*c->names));
 	if (!c->t || !c->names) {
 		tensors_unref(c);
-		return -1;
+		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	for (; c->n < tl->n; c->n++) {
 		const struct tensor_in *t = &tl->t[c->n];
 		c->t[c->n] = *t;
 		if (!(c->t[c->n].shape = malloc(in_block(t->ndim, t->name)))) {
 			tensors_unref(c);
-			return -1;
+			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		memcpy(c->t[c->n].shape, t->shape, in_block(t->ndim, t->name));
 		c->t[c->n].name = (char *)(c->t[c->n].shape + t->ndim);
@@ -217,8 +241,9 @@ static int tensor_check(const char *name, const char *dtype, const uint64_t *sha
 int tensors_reserve(struct tensors **tlp, size_t more)
 {
 	struct tensors *tl;
+	char err[ERRLEN];
 
-	if (more > config->max_tensors_per_save || tensors_own(tlp) < 0)
+	if (more > config->max_tensors_per_save || tensors_own(tlp, err, sizeof(err)) < 0)
 		return -1;
 	tl = *tlp;
 	if (names_grow(tl, more) < 0)
@@ -244,8 +269,8 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 
 	if (rc < 0)
 		return rc;
-	if (tensors_own(tlp) < 0)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	if ((rc = tensors_own(tlp, err, errlen)) < 0)
+		return rc;
 	tl = *tlp;
 	tensors_forget(tl);	/* describes fewer entries than there will be */
 	if (tl->n >= config->max_tensors_per_save)
@@ -257,24 +282,35 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "
 			      "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
 			      ST_MAX_HEADER, tl->n);
-	if (names_grow(tl, 1) < 0)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	uint64_t held = entry_held(ndim, name);
+	if ((rc = quota_take(tl->uid, QUOTA_HELD, held, err, errlen)) < 0)
+		return rc;
+	if (names_grow(tl, 1) < 0) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		goto fail;
+	}
 	size_t slot = name_slot(tl, name);
-	if (tl->names[slot])
-		return seterr(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
+	if (tl->names[slot]) {
+		rc = seterr(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
+		goto fail;
+	}
 	if (tl->n == tl->cap) {
 		size_t cap = tl->cap ? tl->cap * 2 : 64;
 		struct tensor_in *t = realloc(tl->t, cap * sizeof(*t));
-		if (!t)
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		if (!t) {
+			rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+			goto fail;
+		}
 		tl->t = t;
 		tl->cap = cap;
 	}
 	struct tensor_in *t = &tl->t[tl->n];
 	memset(t, 0, sizeof(*t));
 	size_t len = strlen(name) + 1;
-	if (!(t->shape = malloc(ndim * sizeof(*shape) + len)))
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+	if (!(t->shape = malloc(ndim * sizeof(*shape) + len))) {
+		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		goto fail;
+	}
 	memcpy(t->shape, shape, ndim * sizeof(*shape));
 	t->name = memcpy(t->shape + ndim, name, len);
 	memcpy(t->dtype, dtype, strnlen(dtype, sizeof(t->dtype) - 1));	/* a known name */
@@ -287,7 +323,12 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	tl->n++;
 	tl->bytes += nbytes;
 	tl->hdr_bytes += hdr;
+	tl->held += held;
 	return 0;
+
+fail:
+	quota_give(tl->uid, QUOTA_HELD, held);
+	return rc;
 }
 
 /*

@@ -163,6 +163,8 @@ struct st_header {
 	size_t n;
 	const char *const *meta;  /* __metadata__ as key/value pairs, nmeta of them, in order */
 	size_t nmeta;
+	int checksummed;          /* it has dsckpt checksums: then every tensor has its own */
+	uint64_t held;            /* bytes it holds, about (what st_header_free gives back) */
 };
 /* Called once per problem found; msg is only valid during the call. */
 typedef void st_problem_fn(void *arg, const char *msg);
@@ -171,7 +173,9 @@ typedef void st_problem_fn(void *arg, const char *msg);
  * reported through problem (parsing goes on past a bad tensor so that all are named):
  * invalid JSON, not an object, a tensor without dtype/shape/data_offsets, an unknown dtype,
  * a shape that is not non-negative integers or overflows, offsets that are not [begin, end]
- * or do not match the shape, a non-string __metadata__ entry, a duplicate tensor name.
+ * or do not match the shape, a non-string __metadata__ entry, a duplicate tensor name, a
+ * checksum that is not 16 lowercase hex digits or names no tensor, a tensor without a
+ * checksum in a file that has them.
  * Returns the header, or NULL once there was a problem or no memory (reported too).
  */
 struct st_header *st_header_parse(const char *json, size_t len, st_problem_fn *problem,
@@ -183,6 +187,16 @@ struct st_header *st_header_parse(const char *json, size_t len, st_problem_fn *p
  */
 struct st_header *st_header_read(int fd, uint64_t size, uint64_t *data_start,
 				 st_problem_fn *problem, void *arg);
+/*
+ * The first part of st_header_read: reads the length and the JSON (malloc'd, *data_start - 8
+ * bytes, not NUL-terminated); NULL after reporting a problem (a short file, an absurd length,
+ * a read error). *data_start as st_header_read's.
+ */
+char *st_header_text(int fd, uint64_t size, uint64_t *data_start, st_problem_fn *problem,
+		     void *arg);
+/* At most how many bytes st_header_parse takes, at its peak, to parse json (len bytes), and
+ * at most how many members (tensors and __metadata__) its object has, in *members. */
+uint64_t st_parse_cost(const char *json, size_t len, uint64_t *members);
 /* The string value of __metadata__ key, or NULL. */
 const char *st_header_meta(const struct st_header *h, const char *key);
 /* Index in h->t of the tensor called name, or -1. */

@@ -1,8 +1,17 @@
 /*
  * st_parse.c — reading the header of a safetensors file: its length, its JSON, every tensor
  * entry checked against its dtype and shape, and the checksums __metadata__ records. The
- * daemon reads the headers it wrote (commit, start-up recovery); dsckptctl verify reads any
- * file, so every problem is named, not only the first.
+ * daemon reads the headers it wrote (commit, start-up recovery) and those of the files it
+ * loads; dsckptctl verify reads any file, so every problem is named, not only the first.
+ *
+ * A checksum that is there must be read: one that is not 16 lowercase hex digits, one for a
+ * tensor the header lacks, or a tensor without one while the file has checksums, is a
+ * problem (the header is refused), never a tensor left unchecked. A file without any dsckpt
+ * checksum (not written by dsckptd) parses, with st_header's checksummed unset.
+ *
+ * Memory: cJSON's tree (tens of bytes per JSON byte at worst) lives only during the parse;
+ * what is kept is one array of entries, their dimensions and one arena of strings: O(n)
+ * small bytes, counted in st_header's held.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -18,10 +27,13 @@
 
 #define ST_JSON_INT_LIMIT 9007199254740992.0 /* 2^53: integers above lose bits in a double */
 
+#define ST_MALLOC_OVERHEAD 16  /* what malloc adds to a block, for the estimates */
+
 /* A parsed header and what its pointers point into; h comes first (st_header_free). */
 struct st_doc {
 	struct st_header h;
-	cJSON *json;
+	cJSON *json;               /* during the parse only */
+	char *arena;               /* once parsed: every string, each NUL-terminated */
 	uint64_t *dims;            /* every tensor's shape, one after another */
 	const char **meta;         /* h.nmeta key/value pairs */
 	struct st_entry **by_name; /* sorted by name */
@@ -157,6 +169,121 @@ static int st_alloc(struct st_doc *d)
 	return d->h.t && d->by_name && d->dims && d->meta ? 0 : -1;
 }
 
+/* Copies the strings the entries and pairs point to into one arena and frees the JSON tree;
+ * sets h.held. -1 without memory. */
+static int st_compact(struct st_doc *d)
+{
+	size_t len = 0, ndims = 0;
+
+	for (size_t i = 0; i < d->h.n; i++) {
+		len += strlen(d->h.t[i].name) + strlen(d->h.t[i].dtype) + 2;
+		ndims += d->h.t[i].ndim;
+	}
+	for (size_t i = 0; i < 2 * d->h.nmeta; i++)
+		len += strlen(d->meta[i]) + 1;
+	if (!(d->arena = malloc(len ? len : 1)))
+		return -1;
+	char *p = d->arena;
+#define ST_KEEP(field) do {                                                             \
+		size_t l_ = strlen(field) + 1;                                          \
+		field = memcpy(p, field, l_);                                           \
+		p += l_;                                                                \
+	} while (0)
+	for (size_t i = 0; i < d->h.n; i++) {
+		ST_KEEP(d->h.t[i].name);
+		ST_KEEP(d->h.t[i].dtype);
+	}
+	for (size_t i = 0; i < 2 * d->h.nmeta; i++)
+		ST_KEEP(d->meta[i]);
+#undef ST_KEEP
+	cJSON_Delete(d->json);
+	d->json = NULL;
+	d->h.held = sizeof(*d) + len + d->h.n * (sizeof(*d->h.t) + sizeof(*d->by_name)) +
+		    ndims * sizeof(*d->dims) + 2 * d->h.nmeta * sizeof(*d->meta) +
+		    5 * ST_MALLOC_OVERHEAD;
+	return 0;
+}
+
+/* Links each tensor to its checksum and checks them all (see the top); -1 after reporting
+ * every problem. */
+static int st_sums(struct st_doc *d, st_problem_fn *problem, void *arg)
+{
+	const char *data = st_header_meta(&d->h, CHECKSUM_KEY_DATA);
+	uint64_t v;
+	int bad = 0, any = data != NULL;
+
+	for (size_t i = 0; i < d->h.nmeta; i++) {
+		const char *name = checksum_key_tensor(d->meta[2 * i]);
+		if (!name)
+			continue;
+		any = 1;
+		long k = st_header_find(&d->h, name);
+		if (k < 0) {
+			st_problem(problem, arg, "__metadata__ has %s, the checksum of tensor '%s', "
+				   "but there is no such tensor", d->meta[2 * i], name);
+			bad = 1;
+		} else if (checksum_parse(d->meta[2 * i + 1], &v) != 0) {
+			st_problem(problem, arg, "tensor '%s': checksum '%s' in __metadata__ is not "
+				   "16 lowercase hex digits", name, d->meta[2 * i + 1]);
+			bad = 1;
+		} else {
+			d->h.t[k].xxh3 = d->meta[2 * i + 1];
+		}
+	}
+	if (data && checksum_parse(data, &v) != 0) {
+		st_problem(problem, arg, "data region: checksum '%s' in __metadata__ %s is not 16 "
+			   "lowercase hex digits", data, CHECKSUM_KEY_DATA);
+		bad = 1;
+	}
+	for (size_t i = 0; any && !bad && i < d->h.n; i++) {
+		if (!d->h.t[i].xxh3) {
+			st_problem(problem, arg, "tensor '%s' has no checksum in __metadata__, where "
+				   "others have one", d->h.t[i].name);
+			bad = 1;
+		}
+	}
+	if (any && !bad && !data) {
+		st_problem(problem, arg, "__metadata__ has tensor checksums but no %s",
+			   CHECKSUM_KEY_DATA);
+		bad = 1;
+	}
+	d->h.checksummed = any;
+	return bad ? -1 : 0;
+}
+
+/* At most how many bytes cJSON takes to parse json (len bytes): a node per value (the root,
+ * each container's first element, one after each comma) and a block per string; *members
+ * counts the outer object's members (the commas at depth 1, plus one), at most. */
+uint64_t st_parse_cost(const char *json, size_t len, uint64_t *members)
+{
+	uint64_t values = 1, strings = 0;
+	int in_str = 0;
+	long depth = 0;
+
+	*members = 0;
+	for (size_t i = 0; i < len; i++) {
+		char c = json[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = 0;
+		} else if (c == '"') {
+			in_str = 1;
+			strings++;
+			*members += depth == 1 && *members == 0;
+		} else if (c == ',' || c == '[' || c == '{') {
+			values++;
+			*members += c == ',' && depth == 1;
+			depth += c != ',';
+		} else if (c == ']' || c == '}') {
+			depth--;
+		}
+	}
+	return values * (sizeof(cJSON) + ST_MALLOC_OVERHEAD) +
+	       strings * (2 * ST_MALLOC_OVERHEAD) + len;
+}
+
 /* Parses the JSON of a header into its tensors and metadata (see format.h). */
 struct st_header *st_header_parse(const char *json, size_t len, st_problem_fn *problem,
 				  void *arg)
@@ -209,14 +336,8 @@ struct st_header *st_header_parse(const char *json, size_t len, st_problem_fn *p
 			bad = 1;
 		}
 	}
-	if (bad)
+	if (bad || st_compact(d) < 0 || st_sums(d, problem, arg) < 0)
 		goto fail;
-	for (size_t i = 0; i < d->h.nmeta; i++) {
-		const char *name = checksum_key_tensor(d->meta[2 * i]);
-		long k = name ? st_header_find(&d->h, name) : -1;
-		if (k >= 0)
-			d->h.t[k].xxh3 = d->meta[2 * i + 1];
-	}
 	return &d->h;
 
 fail:
@@ -248,11 +369,10 @@ static int st_read_at(int fd, void *buf, size_t len, uint64_t off, st_problem_fn
 	return 0;
 }
 
-/* Reads and parses the header of the safetensors file open as fd (see format.h). */
-struct st_header *st_header_read(int fd, uint64_t size, uint64_t *data_start,
-				 st_problem_fn *problem, void *arg)
+/* Reads the JSON of the header of the safetensors file open as fd (see format.h). */
+char *st_header_text(int fd, uint64_t size, uint64_t *data_start, st_problem_fn *problem,
+		     void *arg)
 {
-	struct st_header *h;
 	uint8_t len8[8];
 	uint64_t n = 0;
 	char *json;
@@ -276,11 +396,26 @@ struct st_header *st_header_read(int fd, uint64_t size, uint64_t *data_start,
 		st_problem(problem, arg, "out of memory");
 		return NULL;
 	}
-	h = st_read_at(fd, json, n, 8, problem, arg) == 0 ?
-	    st_header_parse(json, n, problem, arg) : NULL;
-	free(json);
+	if (st_read_at(fd, json, n, 8, problem, arg) != 0) {
+		free(json);
+		return NULL;
+	}
+	return json;
+}
+
+/* Reads and parses the header of the safetensors file open as fd (see format.h). */
+struct st_header *st_header_read(int fd, uint64_t size, uint64_t *data_start,
+				 st_problem_fn *problem, void *arg)
+{
+	struct st_header *h = NULL;
+	char *json = st_header_text(fd, size, data_start, problem, arg);
+
+	if (json) {
+		h = st_header_parse(json, *data_start - 8, problem, arg);
+		free(json);
+	}
 	if (h)
-		h->data_start = 8 + n;
+		h->data_start = *data_start;
 	return h;
 }
 
@@ -310,6 +445,7 @@ void st_header_free(struct st_header *h)
 	if (!d)
 		return;
 	cJSON_Delete(d->json);
+	free(d->arena);
 	free(d->h.t);
 	free(d->dims);
 	free(d->meta);

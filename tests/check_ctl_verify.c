@@ -355,7 +355,13 @@ START_TEST(test_verify_bad_headers)
 		 "checksum 'XYZ' in __metadata__ is not 16 lowercase hex digits"},
 		{"{\"__metadata__\":{\"dsckpt.xxh3.zz\":\"0\"},"
 		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-		 "__metadata__ has dsckpt.xxh3.zz, but there is no such tensor"},
+		 "__metadata__ has dsckpt.xxh3.zz, the checksum of tensor 'zz', but there is no "
+		 "such tensor"},
+		/* One character of a checksum flipped: a problem, never a tensor skipped. */
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcdeg\","
+		 "\"dsckpt.data_xxh3\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "checksum '0123456789abcdeg' in __metadata__ is not 16 lowercase hex digits"},
 	};
 	uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {

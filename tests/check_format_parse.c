@@ -133,6 +133,36 @@ START_TEST(test_header_parse_rejects)
 		{"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
 		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
 		 "tensor 'a' appears twice"},
+		/* A checksum that is there must be read: never skipped. */
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcdeg\","
+		 "\"dsckpt.data_xxh3\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "tensor 'a': checksum '0123456789abcdeg' in __metadata__ is not 16 lowercase hex"},
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789ABCDEF\","
+		 "\"dsckpt.data_xxh3\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "is not 16 lowercase hex digits"},
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcde\","
+		 "\"dsckpt.data_xxh3\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "is not 16 lowercase hex digits"},
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcdef\","
+		 "\"dsckpt.data_xxh3\":\"x\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "data region: checksum 'x' in __metadata__ dsckpt.data_xxh3"},
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcdef\","
+		 "\"dsckpt.xxh3.c\":\"0123456789abcdef\","
+		 "\"dsckpt.data_xxh3\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "dsckpt.xxh3.c, the checksum of tensor 'c', but there is no such tensor"},
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcdef\","
+		 "\"dsckpt.data_xxh3\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+		 "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+		 "tensor 'b' has no checksum in __metadata__, where others have one"},
+		{"{\"__metadata__\":{\"dsckpt.xxh3.a\":\"0123456789abcdef\"},"
+		 "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+		 "tensor checksums but no dsckpt.data_xxh3"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct problems p = {.n = 0};
@@ -161,6 +191,51 @@ START_TEST(test_header_parse_rejects)
 	ck_assert_uint_eq(h->n, 0);
 	ck_assert_uint_eq(h->nmeta, 0);
 	st_header_free(h);
+
+	/* A file without any checksum (not written by dsckptd) parses, said to be unchecked. */
+	const char *plain = "{\"__metadata__\":{\"format\":\"pt\"},"
+			    "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+	h = st_header_parse(plain, strlen(plain), collect, &p);
+	ck_assert_msg(h != NULL, "%s", p.text);
+	ck_assert_int_eq(h->checksummed, 0);
+	ck_assert_ptr_null(h->t[0].xxh3);
+	ck_assert_uint_gt(h->held, 0);
+	st_header_free(h);
+}
+END_TEST
+
+/* st_parse_cost: at least what cJSON allocates for a value per comma, and the outer
+ * object's members, strings with commas and brackets inside not counted. */
+START_TEST(test_parse_cost)
+{
+	static const struct {
+		const char *json;
+		uint64_t members;
+	} cases[] = {
+		{"{}", 0},
+		{"{\"a\":1}", 1},
+		{"{\"a\":[1,2,{\"x\":3}],\"b\":{\"c\":[4]}}", 2},
+		{"{\"a,\\\"{[\":\"b,}]\",\"c\":2,\"d\":{}}", 3},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint64_t members;
+		size_t len = strlen(cases[i].json);
+		uint64_t cost = st_parse_cost(cases[i].json, len, &members);
+		ck_assert_msg(members == cases[i].members, "case %zu: %llu members", i,
+			      (unsigned long long)members);
+		ck_assert_uint_ge(cost, len + 64);
+	}
+	/* 1,000 tensors: a node each for the object, dtype, shape, offsets and their items. */
+	char *j = malloc(100000);
+	size_t len = (size_t)sprintf(j, "{");
+	for (int i = 0; i < 1000; i++)
+		len += (size_t)sprintf(j + len, "%s\"t%d\":{\"dtype\":\"F32\",\"shape\":[1],"
+				       "\"data_offsets\":[%d,%d]}", i ? "," : "", i, 4 * i, 4 * i + 4);
+	len += (size_t)sprintf(j + len, "}");
+	uint64_t members, cost = st_parse_cost(j, len, &members);
+	ck_assert_uint_eq(members, 1000);
+	ck_assert_uint_ge(cost, 1000 * 7 * 64);
+	free(j);
 }
 END_TEST
 
@@ -221,6 +296,7 @@ static Suite *format_suite(void)
 	tcase_add_test(tc, test_header_build_parse);
 	tcase_add_test(tc, test_header_parse_rejects);
 	tcase_add_test(tc, test_header_read_rejects);
+	tcase_add_test(tc, test_parse_cost);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;
