@@ -14,7 +14,7 @@ import torch
 
 import dsckpt
 import dsckpt.torch as dt
-from dsckpt import _blob, _handover
+from dsckpt import _blob, _handover, _tree
 from dsckpt._files import read_meta
 
 T = 60
@@ -64,7 +64,7 @@ def files(d, file="rank0"):
     with open(os.path.join(d, file + ".safetensors"), "rb") as f:
         tensors = f.read()
     info = _blob.read(read_meta(os.path.join(d, file + ".meta"))[_blob.BLOB], d)
-    decoded = dict(info, tables=_blob.tables(info), leaves=pickle.loads(info["leaves"]))
+    decoded = dict(info, tables=_blob.tables(info), leaves=_tree.decode(info["leaves"]))
     return tensors, decoded
 
 
@@ -306,7 +306,7 @@ def test_structures_without_a_cache_are_walked_every_time(daemon, conn):
         for j in range(2):
             d, h = save(conn, daemon.root, f"p{i}{j}", state, file=f"f{i}")
             assert h.handover == "plain"
-            back = dt.load(d, f"f{i}", conn=conn)
+            back = dt.load(d, f"f{i}", conn=conn, weights_only=i != 1)  # 1: pickled
             assert list(back) == list(state)
     assert back[1.5].sum() == 2
 
@@ -374,7 +374,9 @@ def test_blob_version_1_still_loads(daemon, conn, tmp_path):
     (tmp_path / "rank0.meta").write_bytes(b"\x81" + bytes([0xa0 | len(name)]) + name + b"\xc6"
                                           + len(v1).to_bytes(4, "big") + v1)
     os.link(os.path.join(d, "rank0.safetensors"), tmp_path / "rank0.safetensors")
-    same(dt.load(str(tmp_path), "rank0"), state)
+    with pytest.raises(dsckpt.PickleRefused, match="weights_only=False"):
+        dt.load(str(tmp_path), "rank0")  # a pickle: loaded only when asked
+    same(dt.load(str(tmp_path), "rank0", weights_only=False), state)
 
 
 def test_save_flags_deferred_or_early(daemon, conn):
