@@ -314,3 +314,25 @@ def test_cuda_lazy_window_and_stream_order(daemon, conn):
     back = dt.load(h.dir, "rank0", map_location="cpu")
     assert torch.equal(back["w"], torch.full((4096, 1024), 3.0))
     assert torch.equal(back["t"], torch.full((1024, 8), 3.0))
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+@pytest.mark.parametrize("name", ["blob_v2", "blob_v2_warm"])
+def test_old_checkpoints_load_with_the_opt_in(name):
+    """Checkpoints written before blob v3 (a pickle whole: a plain save with a complex tensor,
+    and a warm save's frame and leaves) are refused by default and load with
+    weights_only=False."""
+    d = os.path.join(FIXTURES, name)
+    with pytest.raises(dsckpt.PickleRefused, match="weights_only=False"):
+        dt.load(d)
+    back = dt.load(d, weights_only=False)
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert torch.equal(back["model"]["w"], w) and back["tied"] is back["model"]["w"]
+    assert torch.equal(back["view"], w[:, 1::2])
+    assert back["view"].data_ptr() == back["tied"].data_ptr() + 4  # a view of it again
+    assert back["model"]._metadata == {"": {"version": 1}}
+    assert back["optim"]["param_groups"] == [{"lr": 0.001, "betas": (0.9, 0.95), "params": [0]}]
+    assert back["misc"] == [None, True, 7, 2.5, "s", b"by", torch.Size([2, 3]), torch.float16]
+    assert ("c" in back) == (name == "blob_v2")
