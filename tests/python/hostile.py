@@ -109,10 +109,13 @@ def atk_commit(socket: str, dir: str, file: str, blobs: dict, tensor: bool) -> d
 
 
 def _outcome(fn) -> dict:
-    """What fn() did: its result's repr or its exception's type and message."""
+    """What fn() did: its result's repr or its exception's type and message (DCP raises
+    CheckpointException, a BaseException)."""
     try:
         return {"ok": repr(fn())[:200]}
-    except Exception as e:  # noqa: BLE001 - the test reads what happened
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the test reads what happened
         return {"error": type(e).__name__, "message": str(e), "uid": os.getuid()}
 
 
@@ -126,13 +129,14 @@ def vic_torch_load(socket: str, dir: str, marker: str) -> dict:
     return dict(out, marker=os.path.exists(marker))
 
 
-def vic_dcp_load(socket: str, dir: str, marker: str) -> dict:
-    """The victim loads a DCP checkpoint from dir with dsckpt.dcp.Reader."""
+def vic_dcp_load(socket: str, dir: str, marker: str, value: bool) -> dict:
+    """The victim loads a DCP checkpoint from dir with dsckpt.dcp.Reader into a tensor "w"
+    and, when asked, a value "x" (which DCP's planner reads as bytes)."""
     import torch
     import torch.distributed.checkpoint as dcp
     import dsckpt.dcp
     with _connect(socket, "victim") as conn:
-        state = {"w": torch.zeros(4)}
+        state = {"w": torch.zeros(4), **({"x": 0} if value else {})}
         out = _outcome(lambda: dcp.load(state, storage_reader=dsckpt.dcp.Reader(dir,
                                                                                 conn=conn)))
     return dict(out, marker=os.path.exists(marker))

@@ -63,7 +63,7 @@ def files(d, file="rank0"):
     """The .safetensors bytes and the decoded .meta blob of a save."""
     with open(os.path.join(d, file + ".safetensors"), "rb") as f:
         tensors = f.read()
-    info = _blob.read(read_meta(os.path.join(d, file + ".meta"))[_blob.BLOB], d)
+    info = _blob.read(read_meta(os.path.join(d, file + ".meta"))[_blob.BLOB], d, False)
     decoded = dict(info, tables=_blob.tables(info), leaves=_tree.decode(info["leaves"]))
     return tensors, decoded
 
