@@ -84,3 +84,51 @@ def test_lightning_load_checkpoint_is_refused(open_daemon):
     dir = commit(d, "epoch=0-step=1.ckpt", "rank0", {_blob.BLOB: hostile.evil_pickle(marker)})
     refused(hostile.as_user(hostile.VIC, "vic_lightning_load", d.socket, dir, marker,
                             home=d.scratch), marker)
+
+
+Point = __import__("collections").namedtuple("Point", "x y")
+
+
+def metadata():
+    """DCP's Metadata of a tensor "w" in two chunks and a value "x"."""
+    props = TensorProperties(dtype=torch.bfloat16, requires_grad=True)
+    return Metadata(
+        state_dict_metadata={
+            "w": TensorStorageMetadata(properties=props, size=torch.Size([4, 2]), chunks=[
+                ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([2, 2])),
+                ChunkStorageMetadata(offsets=torch.Size([2, 0]), sizes=torch.Size([2, 2]))]),
+            "x": BytesStorageMetadata()},
+        planner_data={"w": ("w",), "x": ("x",)},
+        storage_data={MetadataIndex("w", torch.Size([0, 0]), 0): Location("__0_0", "w"),
+                      MetadataIndex("w", torch.Size([2, 0]), 1): Location("__1_0", "w@2_0"),
+                      MetadataIndex("x"): Location("__0_1", "x", "bytes")})
+
+
+def test_dcp_metadata_round_trip_and_refusals():
+    """The Metadata comes back equal without pickle; a pickled one (an older tag) and
+    planner data of other types load only with weights_only=False; malformed blobs raise
+    ValueError."""
+    import dataclasses
+    import pickle
+    import dsckpt
+    md = metadata()
+    blob = meta.dump(md)
+    assert b"\x80" not in blob[:len(meta.MAGIC)] and meta.load(blob, "m") == md
+    old = pickle.dumps(md, protocol=4)
+    with pytest.raises(dsckpt.PickleRefused, match="weights_only=False"):
+        meta.load(old, "m")
+    assert meta.load(old, "m", weights_only=False) == md
+    odd = dataclasses.replace(md, planner_data={"w": Point(1, 2)})
+    with pytest.raises(dsckpt.PickleRefused, match="test_pickle_attack_modern.Point"):
+        meta.load(meta.dump(odd), "m")
+    assert meta.load(meta.dump(odd), "m", weights_only=False) == odd
+    for n in range(len(meta.MAGIC), len(blob)):
+        with pytest.raises(ValueError):
+            meta.load(blob[:n], "m")
+    for old_text, new_text in ((b"\x05\x00\x00\x00bytes", b"\x05\x00\x00\x00evil!"),
+                               (b"\x06\x00\x00\x00tensor", b"\x06\x00\x00\x00tensoR"),
+                               (b"\x08bfloat16", b"\x08bfloat17")):
+        bad = blob.replace(old_text, new_text)  # a kind, a form, a dtype DCP has not
+        assert bad != blob
+        with pytest.raises(ValueError, match="malformed"):
+            meta.load(bad, "m")
