@@ -24,6 +24,7 @@ def same(a, b):
     seen = {}
 
     def walk(x, y):
+        """Compares x with y, y's containers met once each as x's were."""
         assert type(x) is type(y), (x, y)
         if isinstance(x, (list, tuple, dict, set, frozenset)):
             if id(x) in seen:

@@ -136,7 +136,6 @@ def read(blob: bytes, where: str, weights_only: bool = True) -> dict:
             raise ValueError("a header without its list of pickled types")
     except (struct.error, ValueError, RecursionError) as e:
         raise ValueError(f"{where}: malformed {BLOB} blob: {e}") from None
-    info["pickled_types"] = head["pickled"]
     if info["pickled"] and weights_only:
         types = ", ".join(head["pickled"]) or "objects of unnamed types"
         raise PickleRefused(f"{where}: its state dict holds values of types that load only by "

@@ -33,13 +33,14 @@ object met twice (a cycle through a list or dict included) stays one object. Any
 is not encodable: :func:`encode` puts it in the caller's ``opaque`` list (a tag ``P``; the
 caller pickles that list) or raises :class:`Unencodable`.
 
-:func:`decode` builds only the types above, calls no method of a decoded object but
-``dict.__setitem__`` (on keys whose hash runs no Python code: str, bytes, int, float, bool,
-None, complex, tuples of those, dtype, device, Size), and reads each byte once: it is linear
-in its input, recursion is bounded by MAX_DEPTH, every count is checked against the bytes
-left, and keys whose hash an author can choose to collide (all but str, bytes and small
-ints) are limited to MAX_WEAK_KEYS. Anything malformed raises :class:`Malformed` (a
-ValueError) naming the byte where it was found.
+:func:`decode` builds only the types above and runs no Python code of theirs: dict keys and
+set items must be values whose hash runs none (str, bytes, int, float, bool, None, complex,
+dtype, device, Size and tuples of those), attributes go straight into an OrderedDict's
+``__dict__``. It reads each byte once: it is linear in its input, recursion is bounded by
+MAX_DEPTH, every count is checked against the bytes left, and keys whose hash an author can
+choose to collide (all but str, bytes and small ints) are limited to MAX_WEAK_KEYS.
+Anything malformed raises :class:`Malformed` (a ValueError) naming the byte where it was
+found.
 
 Where ``dsckpt._match`` is built, :func:`encode_plain` encodes plain values (no torch types,
 slots or opaque objects) in C (``_tree.c``); the bytes are those :func:`encode` writes.
@@ -70,7 +71,7 @@ DTYPES_BY_NAME: Dict[str, torch.dtype] = {n: d for d, n in DTYPE_NAMES.items()}
 
 
 class Unencodable(Exception):
-    """A value the tree cannot hold (``obj``: the value; ``depth``: True when too deep)."""
+    """A value the tree cannot hold (``obj``: the value)."""
 
     def __init__(self, obj: Any, why: str):
         super().__init__(f"{why}: {type_name(type(obj))}")
