@@ -263,12 +263,22 @@ def test_blob_round_trip_and_malformed_blobs():
     info = _blob.read(_blob.dump(bomb, encode({})), "x")
     with pytest.raises(ValueError, match="inflate too far"):
         _blob.tables(info)
-    bad_views = [[{"name": "w", "dtype": "Tensor", "shape": [1], "stride": [1], "offset": 0,
-                   "group": 0, "device": "cpu"}], []]
-    for tables in (bad_views, [[], [{"view": 0, "param": False, "requires_grad": False}]],
-                   {"a": 1}, [[{"name": 1}], []]):
-        info = _blob.read(_blob.dump(zlib.compress(repr(tables).replace("'", '"')
-                                                   .replace("False", "false").encode()),
+    view = {"name": "w", "dtype": "float32", "shape": [1], "stride": [1], "offset": 0,
+            "group": 0, "device": "cpu"}
+    entry = {"view": 0, "param": False, "requires_grad": False}
+    good = _blob.dump_tables([view], [entry])
+    assert _blob.tables(_blob.read(_blob.dump(good, encode({})), "x")) == \
+        ([dict(view, shape=(1,), stride=(1,))], [entry])
+    for bad in ({"dtype": "Tensor"}, {"shape": [-1]}, {"shape": 1}, {"stride": [1, 1]},
+                {"name": 1}, {"offset": 0.5}, {"group": True}, {"view": 1}, {"param": 0},
+                {"device": None}, {"shape": [[1]]}):
+        v = {k: bad.get(k, x) for k, x in view.items()}
+        e = {k: bad.get(k, x) for k, x in entry.items()}
+        info = _blob.read(_blob.dump(_blob.dump_tables([v], [e]), encode({})), "x")
+        with pytest.raises(ValueError, match="malformed"):
+            _blob.tables(info)
+    for tables in ({"a": 1}, [{"name": [1, 2]}, {}], [[], []]):
+        info = _blob.read(_blob.dump(zlib.compress(repr(tables).replace("'", '"').encode()),
                                      encode({})), "x")
         with pytest.raises(ValueError, match="malformed"):
             _blob.tables(info)

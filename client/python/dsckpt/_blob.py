@@ -7,10 +7,10 @@ Version 3 (written) holds no pickle unless the state dict has values of other ty
 
 * ``header``: JSON ``{"torch": writer's torch version, "pickled": [type names]}``, the
   types of the objects in the pickled section (empty: there is none);
-* ``tables``: JSON ``[views, entries]``, zlib-compressed: one view per tensor of the file
-  (``name``, ``dtype``, ``shape``, ``stride``, ``offset``, ``group``: views of one storage
-  share a group, ``device``), one entry per tensor object (``view``, ``param``,
-  ``requires_grad``);
+* ``tables``: JSON ``[views, entries]``, zlib-compressed, each a dict of columns: one view
+  per tensor of the file (``name``, ``dtype``, ``shape``, ``stride``, ``offset``, ``group``:
+  views of one storage share a group, ``device``), one entry per tensor object (``view``,
+  ``param``, ``requires_grad``);
 * ``skeleton``: the structure as a :mod:`dsckpt._tree`, whose slot ``i`` is the tensor of
   entry ``i`` and slot ``len(entries) + j`` is ``leaves[j]`` (so a cached skeleton takes
   fresh leaves without being encoded again);
@@ -57,10 +57,16 @@ _U32 = struct.Struct("<I")
 _ST_NAMES = {_tree.DTYPE_NAMES[d] for d in DTYPES}  # dtypes a view may have
 
 
+VIEW_KEYS = ("name", "dtype", "shape", "stride", "offset", "group", "device")
+ENTRY_KEYS = ("view", "param", "requires_grad")
+
+
 def dump_tables(views: List[dict], entries: List[dict]) -> bytes:
-    """The views and entries tables as compressed JSON (they repeat themselves, and a
-    cached one is sent again with every save)."""
-    return zlib.compress(json.dumps([views, entries], separators=(",", ":")).encode(), 1)
+    """The views and entries tables as compressed JSON columns (they repeat themselves, and
+    a cached one is sent again with every save)."""
+    columns = [{k: [v[k] for v in views] for k in VIEW_KEYS},
+               {k: [e[k] for e in entries] for k in ENTRY_KEYS}]
+    return zlib.compress(json.dumps(columns, separators=(",", ":")).encode(), 1)
 
 
 def dump_seeded(obj: Any, seeds: Sequence[Any]) -> bytes:
@@ -156,32 +162,37 @@ def tables(info: dict) -> Tuple[List[dict], List[dict]]:
         if z.unconsumed_tail or not z.eof:
             raise ValueError("the tables inflate too far or are truncated")
         views, entries = json.loads(raw)
-        return [_view(v) for v in views], [_entry(e, len(views)) for e in entries]
+        views = _rows(views, VIEW_KEYS)
+        entries = _rows(entries, ENTRY_KEYS)
+        _check(views, entries)
     except (zlib.error, ValueError, TypeError, KeyError, RecursionError) as e:
         raise ValueError(f"malformed {BLOB} tables: {e!r}") from None
+    return views, entries
 
 
-def _view(v: dict) -> dict:
-    """A view of the tables, checked (TypeError or ValueError)."""
-    name, dtype, device = v["name"], v["dtype"], v["device"]
-    shape, stride = tuple(v["shape"]), tuple(v["stride"])
-    offset, group = v["offset"], v["group"]
-    if not (isinstance(name, str) and isinstance(device, str) and dtype in _ST_NAMES
-            and len(shape) == len(stride)
-            and all(type(x) is int for x in shape + stride + (offset, group))
-            and min(shape + (offset,)) >= 0):
-        raise ValueError(f"view {v!r}")
-    return {"name": name, "dtype": dtype, "shape": shape, "stride": stride, "offset": offset,
-            "group": group, "device": device}
+def _rows(columns: dict, keys: Tuple[str, ...]) -> List[dict]:
+    """The rows of a table of columns (lists of one length; TypeError or ValueError)."""
+    cols = [columns[k] for k in keys]
+    if not all(type(c) is list for c in cols) or len({len(c) for c in cols}) > 1:
+        raise ValueError(f"columns {keys} of other types or lengths")
+    return [dict(zip(keys, row)) for row in zip(*cols)]
 
 
-def _entry(e: dict, nviews: int) -> dict:
-    """An entry of the tables, checked (TypeError or ValueError)."""
-    view, param, grad = e["view"], e["param"], e["requires_grad"]
-    if not (type(view) is int and 0 <= view < nviews and type(param) is bool
-            and type(grad) is bool):
-        raise ValueError(f"entry {e!r}")
-    return {"view": view, "param": param, "requires_grad": grad}
+def _check(views: List[dict], entries: List[dict]) -> None:
+    """Raises ValueError (or TypeError) unless every field of the tables has its type and
+    range (shapes and strides become tuples)."""
+    for v in views:
+        v["shape"], v["stride"] = shape, stride = tuple(v["shape"]), tuple(v["stride"])
+        if not (type(v["name"]) is str and type(v["device"]) is str
+                and v["dtype"] in _ST_NAMES and len(shape) == len(stride)
+                and all(type(x) is int for x in shape + stride + (v["offset"], v["group"]))
+                and min(shape + (v["offset"],)) >= 0):
+            raise ValueError(f"view {v!r}")
+    n = len(views)
+    for e in entries:
+        if not (type(e["view"]) is int and 0 <= e["view"] < n and type(e["param"]) is bool
+                and type(e["requires_grad"]) is bool):
+            raise ValueError(f"entry {e!r}")
 
 
 def skeleton(info: dict, table: List[torch.Tensor]) -> Any:
