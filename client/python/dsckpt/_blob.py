@@ -38,6 +38,7 @@ import json
 import pickle
 import struct
 import zlib
+from itertools import chain
 from typing import Any, List, Sequence, Tuple
 
 import torch
@@ -162,37 +163,48 @@ def tables(info: dict) -> Tuple[List[dict], List[dict]]:
         if z.unconsumed_tail or not z.eof:
             raise ValueError("the tables inflate too far or are truncated")
         views, entries = json.loads(raw)
-        views = _rows(views, VIEW_KEYS)
-        entries = _rows(entries, ENTRY_KEYS)
-        _check(views, entries)
+        return _views(_columns(views, VIEW_KEYS)), _entries(_columns(entries, ENTRY_KEYS),
+                                                             len(views["name"]))
     except (zlib.error, ValueError, TypeError, KeyError, RecursionError) as e:
         raise ValueError(f"malformed {BLOB} tables: {e!r}") from None
-    return views, entries
 
 
-def _rows(columns: dict, keys: Tuple[str, ...]) -> List[dict]:
-    """The rows of a table of columns (lists of one length; TypeError or ValueError)."""
-    cols = [columns[k] for k in keys]
-    if not all(type(c) is list for c in cols) or len({len(c) for c in cols}) > 1:
+def _columns(table: dict, keys: Tuple[str, ...]) -> dict:
+    """The columns of a table, lists of one length (TypeError or ValueError)."""
+    cols = {k: table[k] for k in keys}
+    if not all(type(c) is list for c in cols.values()) or \
+            len({len(c) for c in cols.values()}) > 1:
         raise ValueError(f"columns {keys} of other types or lengths")
-    return [dict(zip(keys, row)) for row in zip(*cols)]
+    return cols
 
 
-def _check(views: List[dict], entries: List[dict]) -> None:
-    """Raises ValueError (or TypeError) unless every field of the tables has its type and
-    range (shapes and strides become tuples)."""
-    for v in views:
-        v["shape"], v["stride"] = shape, stride = tuple(v["shape"]), tuple(v["stride"])
-        if not (type(v["name"]) is str and type(v["device"]) is str
-                and v["dtype"] in _ST_NAMES and len(shape) == len(stride)
-                and all(type(x) is int for x in shape + stride + (v["offset"], v["group"]))
-                and min(shape + (v["offset"],)) >= 0):
-            raise ValueError(f"view {v!r}")
-    n = len(views)
-    for e in entries:
-        if not (type(e["view"]) is int and 0 <= e["view"] < n and type(e["param"]) is bool
-                and type(e["requires_grad"]) is bool):
-            raise ValueError(f"entry {e!r}")
+def _of(column: list, *types: type) -> bool:
+    """Whether every item of a column is of one of types (exactly: True is no int)."""
+    return set(map(type, column)) <= set(types)
+
+
+def _views(c: dict) -> List[dict]:
+    """The rows of the views' columns, every field checked (shapes and strides tuples)."""
+    shapes, strides = c["shape"], c["stride"]
+    dims = list(chain.from_iterable(shapes)) if _of(shapes, list) else None
+    if not (_of(c["name"], str) and _of(c["device"], str) and set(c["dtype"]) <= _ST_NAMES
+            and _of(c["offset"], int) and _of(c["group"], int)
+            and min(c["offset"], default=0) >= 0 and dims is not None and _of(dims, int)
+            and min(dims, default=0) >= 0 and _of(strides, list)
+            and list(map(len, shapes)) == list(map(len, strides))
+            and _of(list(chain.from_iterable(strides)), int)):
+        raise ValueError("a view column of other types or values")
+    c = dict(c, shape=list(map(tuple, shapes)), stride=list(map(tuple, strides)))
+    return [dict(zip(VIEW_KEYS, row)) for row in zip(*(c[k] for k in VIEW_KEYS))]
+
+
+def _entries(c: dict, nviews: int) -> List[dict]:
+    """The rows of the entries' columns, every field checked."""
+    if not (_of(c["view"], int) and min(c["view"], default=0) >= 0
+            and max(c["view"], default=-1) < nviews and _of(c["param"], bool)
+            and _of(c["requires_grad"], bool)):
+        raise ValueError("an entry column of other types or values")
+    return [dict(zip(ENTRY_KEYS, row)) for row in zip(*(c[k] for k in ENTRY_KEYS))]
 
 
 def skeleton(info: dict, table: List[torch.Tensor]) -> Any:

@@ -15,8 +15,8 @@ the non-contiguous ones (made per save, as the walk does), and a blob of the cac
 and frame with the leaves (param_groups, ...) encoded afresh (no pickle: a state dict with
 values the blob's tree cannot hold is walked every time, its blob pickling those). The
 library checks per allocation that the plan's memory is still the memory it was made from
-and sends the plan whole when it is not ("resent"). Anything unproven is a cold save again, with a new plan;
-state dicts a Shape cannot record are walked every time ("plain").
+and sends the plan whole when it is not ("resent"). Anything unproven is a cold save again,
+with a new plan; state dicts a Shape cannot record are walked every time ("plain").
 
 The file is the same either way, but for the order of its tensors: a cached save adds the
 plan's first (planned, then staged), then the others, then the copies, each in walk order.

@@ -220,7 +220,8 @@ class _Decoder:
     """One decoding: the bytes, the position, the containers made, slots, opaque objects."""
 
     def __init__(self, data: bytes, slots: Optional[List[Any]], opaque: Optional[List[Any]]):
-        self.data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        self.data = bytes(data)
+        self.end = len(self.data)
         self.pos = 0
         self.made: List[Any] = []
         self.slots = slots
@@ -233,17 +234,26 @@ class _Decoder:
 
     def take(self, n: int) -> bytes:
         """The next n bytes."""
-        if n > len(self.data) - self.pos:
-            raise self.fail(f"{n} bytes wanted, {len(self.data) - self.pos} left")
-        self.pos += n
-        return bytes(self.data[self.pos - n:self.pos])
+        pos = self.pos
+        if n > self.end - pos:
+            raise self.fail(f"{n} bytes wanted, {self.end - pos} left")
+        self.pos = pos + n
+        return self.data[pos:pos + n]
+
+    def unpack(self, fmt: struct.Struct) -> Any:
+        """The next fixed-size field."""
+        pos = self.pos
+        if fmt.size > self.end - pos:
+            raise self.fail(f"{fmt.size} bytes wanted, {self.end - pos} left")
+        self.pos = pos + fmt.size
+        return fmt.unpack_from(self.data, pos)[0]
 
     def count(self, least: int = 1) -> int:
         """A u32 count of things each at least `least` bytes long (checked against the
         bytes left)."""
-        (n,) = _U32.unpack(self.take(4))
-        if n * least > len(self.data) - self.pos:
-            raise self.fail(f"a count of {n} with {len(self.data) - self.pos} bytes left")
+        n = self.unpack(_U32)
+        if n * least > self.end - self.pos:
+            raise self.fail(f"a count of {n} with {self.end - self.pos} bytes left")
         return n
 
     def text(self, n: int) -> str:
@@ -254,41 +264,45 @@ class _Decoder:
             raise self.fail("a string that is not UTF-8") from None
 
     def value(self, depth: int) -> Any:
-        """The next value."""
-        if depth > MAX_DEPTH:
-            raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+        """The next value (the commonest tags first)."""
         tag = self.take(1)
+        if tag == b"s":
+            return self.text(self.count())
+        if tag == b"#":
+            n = self.unpack(_U32)
+            if self.slots is None or n >= len(self.slots):
+                raise self.fail(f"slot {n} of {len(self.slots or ())}")
+            return self.slots[n]
+        if tag == b"i":
+            return self.unpack(_I64)
+        if tag in (b"d", b"o", b"l", b"t"):
+            if depth >= MAX_DEPTH:
+                raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+            return self.container(tag, depth)
+        if tag == b"f":
+            return self.unpack(_F64)
         if tag == b"N":
             return None
         if tag == b"T":
             return True
         if tag == b"F":
             return False
-        if tag == b"i":
-            return _I64.unpack(self.take(8))[0]
-        if tag == b"f":
-            return _F64.unpack(self.take(8))[0]
-        if tag == b"s":
-            return self.text(self.count())  # noqa: the count bounds the bytes
-        if tag in (b"l", b"t", b"d", b"o"):
-            return self.container(tag, depth)
         if tag == b"r":
-            (n,) = _U32.unpack(self.take(4))
+            n = self.unpack(_U32)
             if n >= len(self.made) or self.made[n] is None:
                 raise self.fail(f"a reference to container {n}, not made (yet)")
             return self.made[n]
-        if tag == b"#":
-            (n,) = _U32.unpack(self.take(4))
-            if self.slots is None or n >= len(self.slots):
-                raise self.fail(f"slot {n} of {len(self.slots or ())}")
-            return self.slots[n]
         if tag == b"I":
             return int.from_bytes(self.take(self.count()), "little", signed=True)
         if tag == b"b":
             return self.take(self.count())
         if tag == b"c":
-            return complex(*_C128.unpack(self.take(16)))
+            pos = self.pos
+            self.take(16)
+            return complex(*_C128.unpack_from(self.data, pos))
         if tag in (b"e", b"E"):
+            if depth >= MAX_DEPTH:
+                raise self.fail(f"nesting deeper than {MAX_DEPTH}")
             n = self.count()
             items = [self.key(depth + 1) for _ in range(n)]
             return set(items) if tag == b"e" else frozenset(items)
@@ -307,7 +321,7 @@ class _Decoder:
             except (RuntimeError, ValueError, TypeError):
                 raise self.fail(f"device {name!r}") from None
         if tag == b"P":
-            (n,) = _U32.unpack(self.take(4))
+            n = self.unpack(_U32)
             type_name = self.text(self.count())
             if self.opaque is None or n >= len(self.opaque):
                 raise self.fail(f"pickled object {n} ({type_name}) without the pickles")
@@ -319,14 +333,16 @@ class _Decoder:
         chosen to collide."""
         start = self.pos
         k = self.value(depth)
+        t = type(k)
+        if t is str or t is bytes or (t is int and -_SMALL < k < _SMALL):
+            return k
         if not _safe_key(k):
             self.pos = start
-            raise self.fail(f"a dict key of type {type_name(type(k))}")
-        if not (type(k) in (str, bytes) or (type(k) is int and -_SMALL < k < _SMALL)):
-            self.weak_keys += 1
-            if self.weak_keys > MAX_WEAK_KEYS:
-                raise self.fail(f"more than {MAX_WEAK_KEYS} dict keys that are not str, "
-                                "bytes or small ints")
+            raise self.fail(f"a dict key of type {type_name(t)}")
+        self.weak_keys += 1
+        if self.weak_keys > MAX_WEAK_KEYS:
+            raise self.fail(f"more than {MAX_WEAK_KEYS} dict keys that are not str, bytes or "
+                            "small ints")
         return k
 
     def container(self, tag: bytes, depth: int) -> Any:

@@ -14,9 +14,10 @@ future that resolves at SNAPSHOT (``staging_completion``). DCP then plans in its
 :meth:`Writer.write_data` only maps each WriteItem to the tensor already handed over (by
 address), saves what was not (pickled objects as blobs, tensors DCP made on the way, and all
 of a plain ``dcp.save``) as ``__<rank>_1`` and waits until its files are DURABLE. The
-coordinator's :meth:`Writer.finish` saves DCP's Metadata, without pickle, as blob ``dcp.metadata`` of
-``dcp_metadata.meta`` and commits, so the upload future resolves when the tag is COMMITTED.
-No rank seals the tag (the daemons would commit it without the Metadata DCP needs). A rank
+coordinator's :meth:`Writer.finish` saves DCP's Metadata, without pickle, as blob
+``dcp.metadata`` of ``dcp_metadata.meta`` and commits, so the upload future resolves when
+the tag is COMMITTED. No rank seals the tag (the daemons would commit it without the
+Metadata DCP needs). A rank
 whose write fails raises in ``write_data``: DCP gathers it and the save raises on every rank;
 nothing is committed.
 
