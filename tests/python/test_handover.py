@@ -222,7 +222,7 @@ def test_any_change_saves_exactly(daemon, conn, change):
         s["extra"] = tuple(s["extra"])
     d, h = save(conn, daemon.root, "c1", s)
     if change == "leaf type":
-        assert h.handover == "warm"  # leaves are pickled afresh every save
+        assert h.handover == "warm"  # leaves are encoded afresh every save
     else:
         assert h.handover == "cold", h.handover
     with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
@@ -242,7 +242,7 @@ LEAF_CHANGES = ["none", "lr", "metadata in place", "minus zero", "one dict twice
 
 
 @pytest.mark.parametrize("change", LEAF_CHANGES)
-def test_leaves_are_pickled_again_exactly_when_they_change(daemon, conn, change):
+def test_leaves_are_encoded_again_exactly_when_they_change(daemon, conn, change):
     state = gpt_like()
     state["model"]._metadata["x"] = {"version": 1}
     state["optim"]["param_groups"][0]["lr"] = 0.0
@@ -280,10 +280,10 @@ def test_leaves_are_pickled_again_exactly_when_they_change(daemon, conn, change)
     assert files(d) == files(d2)
 
 
-def test_leaves_that_change_every_save_are_pickled_without_a_copy(daemon, conn):
-    """A scheduler's lr changes at every save: those leaves are pickled without a copy; once
-    they pickle as the last save's did they are copied again, and the next save reuses that
-    pickle; every file has its own lr."""
+def test_leaves_that_change_every_save_are_encoded_without_a_copy(daemon, conn):
+    """A scheduler's lr changes at every save: those leaves are encoded without a copy; once
+    they encode as the last save's did they are copied again, and the next save reuses that
+    encoding; every file has its own lr."""
     state = gpt_like()
     lrs = [1e-3, 2e-3, 3e-3, 3e-3, 3e-3, 4e-3]
     kept = []
