@@ -175,8 +175,8 @@ $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/
 	$(Q)$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
 
 # dsckpt._match, the optional C Shape.match and pointer proof of the Python package
-# (client/python/dsckpt/_match.c; _freeze.c, which tells leaves that pickle as last time;
-# _match_ptrs.cc, which catches torch's C++ exceptions),
+# (client/python/dsckpt/_match.c; _freeze.c, which encodes leaves without pickle and tells
+# those that encode as last time; _match_ptrs.cc, which catches torch's C++ exceptions),
 # against the limited API of Debian's Python 3.11 (python3-dev): one abi3 module serves 3.11
 # and later. It links only libstdc++ (the interpreter provides Python's symbols) and is built
 # without sanitizers, for an uninstrumented python3 to load. The package finds it beside the

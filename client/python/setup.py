@@ -1,6 +1,6 @@
 """setup.py — what pyproject.toml cannot say: dsckpt._match (dsckpt/_match.c, the C
-Shape.match and pointer proof, with dsckpt/_freeze.c, which tells leaves that pickle as last
-time, and dsckpt/_match_ptrs.cc, which catches torch's C++ exceptions), an optional stable-ABI extension for CPython 3.11 and later. pip builds it where
+Shape.match and pointer proof, with dsckpt/_freeze.c, which encodes leaves without pickle
+and tells those that encode as last time, and dsckpt/_match_ptrs.cc, which catches torch's C++ exceptions), an optional stable-ABI extension for CPython 3.11 and later. pip builds it where
 a C and C++ compiler and Python's headers are (Debian: build-essential, python3-dev) and goes
 on without it elsewhere: the package then matches and proves in Python (dsckpt/_lib.py,
 match_module)."""

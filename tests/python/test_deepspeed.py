@@ -253,6 +253,31 @@ def test_engine_failure_is_logged_not_raised_into_step(daemon, caplog):
     ce.close()
 
 
+class LossScaler:
+    """A value of DeepSpeed's own class in its optimizer files (ZeRO's loss scaler)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+def test_engine_load_unpickles_only_when_configured(daemon):
+    """A file holding a value of a class (ZeRO's loss scaler) loads only with the config
+    block's "weights_only": false; by default the engine unpickles nothing."""
+    path = os.path.join(daemon.root, "ds", "scaler", "global_step1", "zero_optim_states.pt")
+    safe = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": T})
+    safe.save({"loss_scaler": LossScaler(4.0), "w": torch.ones(2)}, path)
+    safe.wait_snapshot()
+    with pytest.raises(dsckpt.PickleRefused, match=r"test_deepspeed.LossScaler.*"
+                       "weights_only=False"):
+        safe.load(path)
+    safe.close()
+    trusting = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": T,
+                                                 "weights_only": False})
+    back = trusting.load(path)
+    assert back["loss_scaler"].scale == 4.0 and torch.equal(back["w"], torch.ones(2))
+    trusting.close()
+
+
 def _two_ranks(rank, world, socket, root):
     """ZeRO-style (every rank writes) and plain (only rank 0 writes) checkpoints."""
     run_scenario(rank, world, socket, root, zero=True)

@@ -1,8 +1,8 @@
 """dsckpt._match's freeze() and same_frozen() (client/python/dsckpt/_freeze.c), which let a
-warm save reuse the last pickle of its leaves: a frozen copy pickles exactly as what it copied,
-does not follow later changes in place, and same_frozen says "same" exactly when the pickles
-are equal (never when they differ: that would write stale bytes). test_handover.py saves
-with it."""
+warm save reuse the last encoding of its leaves (a dsckpt._tree): a frozen copy encodes (and
+pickles) exactly as what it copied, does not follow later changes in place, and same_frozen
+says "same" exactly when the pickles are equal, and then the encodings are too (never when
+they differ: that would write stale bytes). test_handover.py saves with it."""
 import collections
 import copy
 import math
@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from dsckpt import _shape
+from dsckpt import _shape, _tree
 
 M = _shape._match
 pytestmark = pytest.mark.skipif(M is None, reason="dsckpt._match not built: skipped")
@@ -35,11 +35,14 @@ def leaves_like():
 
 
 def verdict(a, b):
-    """same_frozen(freeze(a), b), after checking that the copy pickles as a does."""
+    """same_frozen(freeze(a), b), after checking that the copy pickles and encodes as a
+    does, and that b encodes as a does when it is "same"."""
     frozen = M.freeze(a)
     assert frozen is not None
-    assert pk(frozen[0]) == pk(a)
-    return M.same_frozen(frozen, b)
+    assert pk(frozen[0]) == pk(a) and _tree.encode(frozen[0]) == _tree.encode(a)
+    answer = M.same_frozen(frozen, b)
+    assert not answer or _tree.encode(b) == _tree.encode(a)
+    return answer
 
 
 def test_a_copy_is_the_same_and_keeps_its_bytes():
@@ -176,6 +179,7 @@ def test_random_trees_and_changes():
             mutate(rng, b)
         answer = M.same_frozen(frozen, b)
         assert answer == (pk(b) == before), (a, b)
+        assert not answer or _tree.encode(b) == _tree.encode(frozen[0]), (a, b)
         assert pk(frozen[0]) == before
         same, differ = same + answer, differ + (not answer)
     assert same > 600 and differ > 600, (same, differ)
@@ -202,8 +206,10 @@ def test_no_reference_leaks():
             M.same_frozen(frozen, other)
             M.same_frozen(frozen, bad)
             M.freeze(bad)
+            M.encode_tree(a)
+            M.encode_tree(bad)  # NotImplemented half-way through
     calls(200)
     before = rss_kib()
     calls(5000)
     assert [sys.getrefcount(o) for o in objs] == counts
-    assert rss_kib() - before < 2048, "resident memory grew over 25k calls"
+    assert rss_kib() - before < 2048, "resident memory grew over 35k calls"

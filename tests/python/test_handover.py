@@ -14,7 +14,7 @@ import torch
 
 import dsckpt
 import dsckpt.torch as dt
-from dsckpt import _blob, _handover
+from dsckpt import _blob, _handover, _tree
 from dsckpt._files import read_meta
 
 T = 60
@@ -63,8 +63,8 @@ def files(d, file="rank0"):
     """The .safetensors bytes and the decoded .meta blob of a save."""
     with open(os.path.join(d, file + ".safetensors"), "rb") as f:
         tensors = f.read()
-    info = _blob.read(read_meta(os.path.join(d, file + ".meta"))[_blob.BLOB], d)
-    decoded = dict(info, tables=_blob.tables(info), leaves=pickle.loads(info["leaves"]))
+    info = _blob.read(read_meta(os.path.join(d, file + ".meta"))[_blob.BLOB], d, False)
+    decoded = dict(info, tables=_blob.tables(info), leaves=_tree.decode(info["leaves"]))
     return tensors, decoded
 
 
@@ -222,7 +222,7 @@ def test_any_change_saves_exactly(daemon, conn, change):
         s["extra"] = tuple(s["extra"])
     d, h = save(conn, daemon.root, "c1", s)
     if change == "leaf type":
-        assert h.handover == "warm"  # leaves are pickled afresh every save
+        assert h.handover == "warm"  # leaves are encoded afresh every save
     else:
         assert h.handover == "cold", h.handover
     with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
@@ -242,7 +242,7 @@ LEAF_CHANGES = ["none", "lr", "metadata in place", "minus zero", "one dict twice
 
 
 @pytest.mark.parametrize("change", LEAF_CHANGES)
-def test_leaves_are_pickled_again_exactly_when_they_change(daemon, conn, change):
+def test_leaves_are_encoded_again_exactly_when_they_change(daemon, conn, change):
     state = gpt_like()
     state["model"]._metadata["x"] = {"version": 1}
     state["optim"]["param_groups"][0]["lr"] = 0.0
@@ -280,10 +280,10 @@ def test_leaves_are_pickled_again_exactly_when_they_change(daemon, conn, change)
     assert files(d) == files(d2)
 
 
-def test_leaves_that_change_every_save_are_pickled_without_a_copy(daemon, conn):
-    """A scheduler's lr changes at every save: those leaves are pickled without a copy; once
-    they pickle as the last save's did they are copied again, and the next save reuses that
-    pickle; every file has its own lr."""
+def test_leaves_that_change_every_save_are_encoded_without_a_copy(daemon, conn):
+    """A scheduler's lr changes at every save: those leaves are encoded without a copy; once
+    they encode as the last save's did they are copied again, and the next save reuses that
+    encoding; every file has its own lr."""
     state = gpt_like()
     lrs = [1e-3, 2e-3, 3e-3, 3e-3, 3e-3, 4e-3]
     kept = []
@@ -306,7 +306,7 @@ def test_structures_without_a_cache_are_walked_every_time(daemon, conn):
         for j in range(2):
             d, h = save(conn, daemon.root, f"p{i}{j}", state, file=f"f{i}")
             assert h.handover == "plain"
-            back = dt.load(d, f"f{i}", conn=conn)
+            back = dt.load(d, f"f{i}", conn=conn, weights_only=i != 1)  # 1: pickled
             assert list(back) == list(state)
     assert back[1.5].sum() == 2
 
@@ -374,7 +374,9 @@ def test_blob_version_1_still_loads(daemon, conn, tmp_path):
     (tmp_path / "rank0.meta").write_bytes(b"\x81" + bytes([0xa0 | len(name)]) + name + b"\xc6"
                                           + len(v1).to_bytes(4, "big") + v1)
     os.link(os.path.join(d, "rank0.safetensors"), tmp_path / "rank0.safetensors")
-    same(dt.load(str(tmp_path), "rank0"), state)
+    with pytest.raises(dsckpt.PickleRefused, match="weights_only=False"):
+        dt.load(str(tmp_path), "rank0")  # a pickle: loaded only when asked
+    same(dt.load(str(tmp_path), "rank0", weights_only=False), state)
 
 
 def test_save_flags_deferred_or_early(daemon, conn):

@@ -62,15 +62,15 @@ def model_state():
     }
 
 
-def save_and_load(state, root, conn, tag="t", **kw):
-    """Saves, waits DURABLE, commits and loads back."""
+def save_and_load(state, root, conn, tag="t", weights_only=True, **kw):
+    """Saves, waits DURABLE, commits and loads back (weights_only as dt.load's)."""
     d = os.path.join(root, "job", tag)
     h = dt.save(state, d, conn=conn, **kw)
     assert h.level == Level.ACCEPTED
     assert h.wait_snapshot(T) >= Level.SNAPSHOT
     assert h.wait_durable(T) == Level.DURABLE
     dt.commit(d, conn=conn, timeout=T)
-    return d, dt.load(d, kw.get("file", "rank0"))
+    return d, dt.load(d, kw.get("file", "rank0"), weights_only=weights_only)
 
 
 def test_round_trip_nested(daemon, conn):
@@ -165,9 +165,12 @@ def test_shared_containers_and_types(daemon, conn):
     shared = [torch.ones(2)]
     state = {"one": shared, "two": shared, "pt": Point(torch.zeros(1), 3),
              "dd": collections.defaultdict(list, {"k": [torch.ones(1)]})}
-    _, back = save_and_load(state, daemon.root, conn)
+    d, back = save_and_load(state, daemon.root, conn, weights_only=False)
     assert back["one"] is back["two"]
     assert type(back["pt"]) is Point and back["pt"].y == 3
+    with pytest.raises(dsckpt.PickleRefused, match=r"\(collections.defaultdict, test_torch.Point\)"
+                       ".*weights_only=False"):
+        dt.load(d)  # values that load only by unpickling: refused unless asked
     assert type(back["dd"]) is collections.defaultdict and back["dd"]["missing"] == []
 
 
@@ -196,7 +199,7 @@ def test_map_location_and_flat_foreign_file(daemon, conn, tmp_path):
 
 def test_unsupported_dtype_travels_in_the_blob(daemon, conn):
     state = {"c": torch.tensor([1 + 2j]), "f": torch.ones(2)}
-    d, back = save_and_load(state, daemon.root, conn)
+    d, back = save_and_load(state, daemon.root, conn, weights_only=False)
     assert torch.equal(back["c"], state["c"]) and torch.equal(back["f"], state["f"])
     with safe_open(os.path.join(d, "rank0.safetensors"), framework="pt") as f:
         assert list(f.keys()) == ["f"]
@@ -311,3 +314,25 @@ def test_cuda_lazy_window_and_stream_order(daemon, conn):
     back = dt.load(h.dir, "rank0", map_location="cpu")
     assert torch.equal(back["w"], torch.full((4096, 1024), 3.0))
     assert torch.equal(back["t"], torch.full((1024, 8), 3.0))
+
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+@pytest.mark.parametrize("name", ["blob_v2", "blob_v2_warm"])
+def test_old_checkpoints_load_with_the_opt_in(name):
+    """Checkpoints written before blob v3 (a pickle whole: a plain save with a complex tensor,
+    and a warm save's frame and leaves) are refused by default and load with
+    weights_only=False."""
+    d = os.path.join(FIXTURES, name)
+    with pytest.raises(dsckpt.PickleRefused, match="weights_only=False"):
+        dt.load(d)
+    back = dt.load(d, weights_only=False)
+    w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert torch.equal(back["model"]["w"], w) and back["tied"] is back["model"]["w"]
+    assert torch.equal(back["view"], w[:, 1::2])
+    assert back["view"].data_ptr() == back["tied"].data_ptr() + 4  # a view of it again
+    assert back["model"]._metadata == {"": {"version": 1}}
+    assert back["optim"]["param_groups"] == [{"lr": 0.001, "betas": (0.9, 0.95), "params": [0]}]
+    assert back["misc"] == [None, True, 7, 2.5, "s", b"by", torch.Size([2, 3]), torch.float16]
+    assert ("c" in back) == (name == "blob_v2")

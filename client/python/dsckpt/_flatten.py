@@ -51,6 +51,7 @@ def _extent(shape, stride) -> int:
 
 
 _DTYPE_NAMES: Dict[torch.dtype, str] = {d: str(d)[6:] for d in DTYPES}
+_DTYPES_BY_NAME: Dict[str, torch.dtype] = {n: d for d, n in _DTYPE_NAMES.items()}
 _device_names: Dict[torch.device, str] = {}
 
 
@@ -200,7 +201,7 @@ def _rebuild_views(views: List[dict], data: Dict[str, torch.Tensor],
         low = min(views[i]["offset"] for i in members)
         high = max(views[i]["offset"] + _extent(views[i]["shape"], views[i]["stride"])
                    for i in members)
-        base = torch.zeros(max(high - low, 0), dtype=getattr(torch, first["dtype"]),
+        base = torch.zeros(max(high - low, 0), dtype=_DTYPES_BY_NAME[first["dtype"]],
                            device=data[first["name"]].device)
         for i in members:
             v = views[i]

@@ -1,23 +1,28 @@
 /*
- * _freeze.c — dsckpt._match's freeze() and same_frozen(): whether a warm save's leaves would
- * pickle to the bytes the last save pickled, so that _shape.Leaves reuses them instead of
- * pickling again (0.1-0.2 ms for a model's _metadata and an optimizer's param_groups).
+ * _freeze.c — dsckpt._match's freeze(), same_frozen() and encode_tree(): a warm save's leaves
+ * encoded in C in dsckpt._tree's format, and whether they would encode to the bytes the last
+ * save encoded, so that _shape.Leaves reuses them instead of encoding again.
  *
  * freeze(obj) returns (copy, nodes). copy is obj, a tree of exact dict, OrderedDict (without
  * attributes), list and tuple over exact str, bytes, int, float, bool and None, copied into
  * new containers that share its atoms and repeat its aliasing (one copy per container object,
- * however often it is met); nodes is how many objects that pickle memoizes it met, the size
+ * however often it is met); nodes is how many str, bytes and containers it met, the size
  * same_frozen's tables start at. freeze returns None for anything else: another type (a
- * subclass included), a cycle, a tree deeper than MAX_DEPTH. A copy does not change when obj
- * is later changed in place, and pickling it gives the bytes that pickling obj gives: the same
- * types, values, order and memo.
+ * subclass included), a cycle, a tree deeper than MAX_DEPTH. A copy does not change when obj is later changed in place, and encoding it gives the bytes that
+ * encoding obj gives: the same types, values, order and aliasing.
  *
- * same_frozen(frozen, obj) is true only when obj would pickle to the same bytes as copy:
+ * same_frozen(frozen, obj) is true only when obj would encode to the same bytes as copy:
  * the same exact types, equal atoms (floats bit for bit: 0.0 and -0.0 differ, a NaN equals
- * itself), dicts with the same keys in the same order, and the same aliasing of what pickle
- * memoizes (str, bytes and containers: an object met again exactly where frozen met one of
- * its objects again). Neither runs Python code, but for what an allocation's garbage
- * collection may run; every borrowed object is held while it is looked at.
+ * itself), dicts with the same keys in the same order, and the same aliasing of str, bytes
+ * and containers (an object met again exactly where frozen met one of its objects again;
+ * stricter than the encoding, which numbers containers only). Neither runs Python code, but
+ * for what an allocation's garbage collection may run; every borrowed object is held while
+ * it is looked at.
+ *
+ * encode_tree(obj) writes what dsckpt._tree.encode writes for plain values (None, bool, ints
+ * of 64 bits, float, complex, str, bytes, list, tuple, dict, OrderedDict without attributes,
+ * containers met again as references) and returns NotImplemented for anything else, which
+ * the Python encoder then writes (tests/python/test_tree.py checks that the two agree).
  *
  * Built into the _match module (_match.c's method table).
  */
@@ -31,6 +36,7 @@
 
 #define MAX_DEPTH 64
 #define PRESIZE_MAX (1 << 20)  /* the most entries a comparison's tables are made for at once */
+#define TREE_MAX_DEPTH 100     /* dsckpt._tree.MAX_DEPTH */
 
 /* Objects met, by address: an open-addressing table of (address, value). */
 struct seen {
@@ -129,7 +135,7 @@ static int od_bare(PyObject *od)
 	return n == 0;
 }
 
-/* A dict's or OrderedDict's items in the order pickle writes them, each as new references. */
+/* A dict's or OrderedDict's items in the order they are encoded, each as new references. */
 struct pairs {
 	PyObject *dict;     /* an exact dict, read with PyDict_Next */
 	Py_ssize_t pos;
@@ -192,8 +198,8 @@ static PyObject *item_at(PyObject *o, Py_ssize_t i)
 	return item ? Py_NewRef(item) : NULL;
 }
 
-/* A copy being made: the containers met, each with its copy, and how many objects pickle
- * memoizes it met (at most the entries a comparison with it makes on each side). */
+/* A copy being made: the containers met, each with its copy, and how many str, bytes and
+ * containers it met (at most the entries a comparison with it makes on each side). */
 struct freezer {
 	struct seen copies;
 	size_t nodes;
@@ -375,7 +381,7 @@ static int same_pairs(struct cmp *c, PyObject *a, PyObject *b)
 	return r;
 }
 
-/* Whether b would pickle to what frozen a pickles to (see the file's opening comment): 1, 0,
+/* Whether b would encode to what frozen a encodes to (see the file's opening comment): 1, 0,
  * or -1 on error. */
 static int same_node(struct cmp *c, PyObject *a, PyObject *b)
 {
@@ -395,7 +401,7 @@ static int same_node(struct cmp *c, PyObject *a, PyObject *b)
 		y = PyFloat_AsDouble(b);
 		return memcmp(&x, &y, sizeof(x)) == 0;
 	}
-	/* What pickle memoizes: met again on both sides at once, or new on both. */
+	/* What is numbered: met again on both sides at once, or new on both. */
 	if ((ra = seen_meet(&c->a, a, c->next, &ia)) < 0 ||
 	    (rb = seen_meet(&c->b, b, c->next, &ib)) < 0)
 		return -1;
@@ -435,7 +441,7 @@ PyObject *dsckpt_freeze(PyObject *self, PyObject *obj)
 	return Py_BuildValue("(Nn)", copy, (Py_ssize_t)f.nodes);
 }
 
-/* same_frozen(frozen, obj): whether obj would pickle to what frozen's copy pickles to. */
+/* same_frozen(frozen, obj): whether obj would encode to what frozen's copy encodes to. */
 PyObject *dsckpt_same_frozen(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
 	struct cmp c = { 0 };
@@ -462,6 +468,191 @@ PyObject *dsckpt_same_frozen(PyObject *self, PyObject *const *args, Py_ssize_t n
 	seen_free(&c.a);
 	seen_free(&c.b);
 	return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+/* ---- encode_tree: the plain values of dsckpt._tree's format, in C ---- */
+
+/* An encoding being written: its bytes and the containers met (address → number << 1, the
+ * low bit set while a tuple's items are being written). */
+struct tree_out {
+	unsigned char *buf;
+	size_t len, cap;
+	struct seen met;
+	intptr_t next;
+};
+
+/* Appends n bytes to t; -1 with MemoryError set when out of memory. */
+static int put(struct tree_out *t, const void *p, size_t n)
+{
+	if (t->len + n > t->cap) {
+		size_t cap = t->cap ? t->cap : 256;
+		unsigned char *grown;
+
+		while (cap < t->len + n)
+			cap *= 2;
+		if (!(grown = PyMem_Realloc(t->buf, cap))) {
+			PyErr_NoMemory();
+			return -1;
+		}
+		t->buf = grown;
+		t->cap = cap;
+	}
+	memcpy(t->buf + t->len, p, n);
+	t->len += n;
+	return 0;
+}
+
+/* Appends a tag and a little-endian unsigned number of n bytes (n <= 8). */
+static int put_tag_le(struct tree_out *t, char tag, uint64_t v, int n)
+{
+	unsigned char b[9];
+	int k = 0;
+
+	if (tag)
+		b[k++] = (unsigned char)tag;
+	for (int i = 0; i < n; i++)
+		b[k++] = (unsigned char)(v >> (8 * i));
+	return put(t, b, (size_t)k);
+}
+
+/* Appends a tag and a double's bits. */
+static int put_double(struct tree_out *t, char tag, double d)
+{
+	uint64_t bits;
+
+	memcpy(&bits, &d, sizeof(bits));
+	return put_tag_le(t, tag, bits, 8);
+}
+
+/* Appends a tag, a u32 length and n bytes (a str's or bytes' contents); 0 when n does not
+ * fit a u32. */
+static int put_sized(struct tree_out *t, char tag, const char *p, Py_ssize_t n)
+{
+	if ((uint64_t)n > UINT32_MAX)
+		return 0;
+	return put_tag_le(t, tag, (uint64_t)n, 4) < 0 || put(t, p, (size_t)n) < 0 ? -1 : 1;
+}
+
+static int tree_node(struct tree_out *t, PyObject *o, int depth);
+
+/* Appends a container's encoding, or a reference to it; 1, 0 (not encodable in C: a tuple
+ * inside itself, too deep, an OrderedDict with attributes, too long) or -1. */
+static int tree_container(struct tree_out *t, PyObject *o, int depth)
+{
+	PyTypeObject *tp = Py_TYPE(o);
+	int is_list = tp == &PyList_Type, is_tuple = tp == &PyTuple_Type;
+	intptr_t met, number = t->next;
+	Py_ssize_t n = PyObject_Size(o);
+	PyObject *k, *v, *item;
+	struct pairs p;
+	int r, more;
+
+	if ((r = seen_meet(&t->met, o, number << 1 | is_tuple, &met)) != 0) {
+		if (r < 0)
+			return -1;
+		if (met & 1)
+			return 0;  /* a tuple inside itself */
+		return put_tag_le(t, 'r', (uint64_t)(met >> 1), 4) < 0 ? -1 : 1;
+	}
+	if (n < 0)
+		return -1;
+	if (depth >= TREE_MAX_DEPTH || (uint64_t)n > UINT32_MAX)
+		return 0;
+	if ((PyObject *)tp == od_type && (r = od_bare(o)) <= 0)
+		return r;  /* attributes: Python writes them */
+	t->next++;
+	if (put_tag_le(t, is_list ? 'l' : is_tuple ? 't' : tp == &PyDict_Type ? 'd' : 'o',
+		       (uint64_t)n, 4) < 0)
+		return -1;
+	r = 1;
+	if (is_list || is_tuple) {
+		for (Py_ssize_t i = 0; r > 0 && i < n; i++) {
+			if (!(item = item_at(o, i)))
+				return -1;
+			r = tree_node(t, item, depth + 1);
+			Py_DECREF(item);
+		}
+	} else {
+		if (pairs_open(&p, o) < 0)
+			return -1;
+		while (r > 0 && (more = pairs_next(&p, &k, &v)) != 0) {
+			r = more < 0 ? -1 : tree_node(t, k, depth + 1);
+			if (r > 0)
+				r = tree_node(t, v, depth + 1);
+			if (more > 0) {
+				Py_DECREF(k);
+				Py_DECREF(v);
+			}
+		}
+		pairs_close(&p);
+		if (r > 0 && (PyObject *)tp == od_type)
+			r = put_tag_le(t, 0, 0, 4) < 0 ? -1 : 1;  /* no attributes */
+	}
+	if (r > 0 && is_tuple)
+		seen_set(&t->met, o, number << 1);
+	return r;
+}
+
+/* Appends o's encoding: 1, 0 when o is not a plain value C encodes (another type, an int
+ * beyond 64 bits, a str with lone surrogates, ...: dsckpt._tree.encode does), -1 on error. */
+static int tree_node(struct tree_out *t, PyObject *o, int depth)
+{
+	PyTypeObject *tp = Py_TYPE(o);
+	const char *p;
+	Py_ssize_t n;
+	long long ll;
+	int overflow;
+
+	if (o == Py_None)
+		return put(t, "N", 1) < 0 ? -1 : 1;
+	if (tp == &PyBool_Type)
+		return put(t, o == Py_True ? "T" : "F", 1) < 0 ? -1 : 1;
+	if (tp == &PyLong_Type) {
+		ll = PyLong_AsLongLongAndOverflow(o, &overflow);
+		if (ll == -1 && PyErr_Occurred())
+			return -1;
+		return overflow ? 0 : put_tag_le(t, 'i', (uint64_t)ll, 8) < 0 ? -1 : 1;
+	}
+	if (tp == &PyFloat_Type)
+		return put_double(t, 'f', PyFloat_AsDouble(o)) < 0 ? -1 : 1;
+	if (tp == &PyUnicode_Type) {
+		if (!(p = PyUnicode_AsUTF8AndSize(o, &n))) {
+			PyErr_Clear();  /* lone surrogates: Python writes them */
+			return 0;
+		}
+		return put_sized(t, 's', p, n);
+	}
+	if (tp == &PyBytes_Type) {
+		if (PyBytes_AsStringAndSize(o, (char **)&p, &n) < 0)
+			return -1;
+		return put_sized(t, 'b', p, n);
+	}
+	if (tp == &PyComplex_Type)
+		return put_double(t, 'c', PyComplex_RealAsDouble(o)) < 0 ||
+		       put_double(t, 0, PyComplex_ImagAsDouble(o)) < 0 ? -1 : 1;
+	if (tp == &PyList_Type || tp == &PyTuple_Type || tp == &PyDict_Type ||
+	    (PyObject *)tp == od_type)
+		return tree_container(t, o, depth);
+	return 0;
+}
+
+/* encode_tree(obj): obj as dsckpt._tree.encode writes it (bytes), or NotImplemented when it
+ * holds anything but plain values C encodes. */
+PyObject *dsckpt_encode_tree(PyObject *self, PyObject *obj)
+{
+	struct tree_out t = { 0 };
+	PyObject *out = NULL;
+	int r;
+
+	(void)self;
+	r = tree_node(&t, obj, 0);
+	if (r > 0)
+		out = PyBytes_FromStringAndSize((const char *)t.buf, (Py_ssize_t)t.len);
+	else if (r == 0)
+		out = Py_NewRef(Py_NotImplemented);
+	PyMem_Free(t.buf);
+	seen_free(&t.met);
+	return out;
 }
 
 /* Finds collections.OrderedDict; -1 on error. */

@@ -12,10 +12,11 @@ the plan by its id (GPU and dsckpt host memory, and the small pageable tensors s
 AdamW's step scalars, gathered into dsckpt memory the plan points into: ``_stage``), the
 other host tensors from records packed once (the library stages them), contiguous copies of
 the non-contiguous ones (made per save, as the walk does), and a blob of the cached tables
-and frame with the leaves (param_groups, ...) pickled afresh. The library checks per
-allocation that the plan's memory is still the memory it was made from and sends the plan
-whole when it is not ("resent"). Anything unproven is a cold save again, with a new plan;
-state dicts a Shape cannot record are walked every time ("plain").
+and frame with the leaves (param_groups, ...) encoded afresh (no pickle: a state dict with
+values the blob's tree cannot hold is walked every time, its blob pickling those). The
+library checks per allocation that the plan's memory is still the memory it was made from
+and sends the plan whole when it is not ("resent"). Anything unproven is a cold save again,
+with a new plan; state dicts a Shape cannot record are walked every time ("plain").
 
 The file is the same either way, but for the order of its tensors: a cached save adds the
 plan's first (planned, then staged), then the others, then the copies, each in walk order.
@@ -35,11 +36,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _blob, _stage, _torchext
+from . import _blob, _stage, _torchext, _tree
 from ._files import DTYPES
 from ._flatten import _Flattener
-from ._shape import HasTensor, Leaves, Shape, Uncacheable
+from ._shape import Leaves, Shape, Uncacheable
 from ._shape import _match
+from ._tree import Unencodable
 from .core import Connection, PackedTensors, Plan, Save, in_host_buffer, pack_tensors
 from .errors import DsckptError
 
@@ -283,15 +285,15 @@ class _Entry:
     but for the staging buffers' turns; its plans are closed when the entry is replaced)."""
 
     def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
-                 tensors: List[torch.Tensor], leaves: Leaves):
+                 tensors: List[torch.Tensor], frame: bytes, leaves: Leaves):
         self.shape = shape
         self.proof = _Tensors(tensors, _shared_storage(flat, tensors))
         self.ntensors = len(flat.views)
         self.nbytes = flat.nbytes
         self.tables = _blob.dump_tables(flat.views, flat.entries)
-        self.frame = _blob.dump_seeded(shape.frame, shape.seeds())
+        self.frame = frame
         self.leaves = leaves
-        self.blob = _blob.dump(self.tables, self.frame, leaves.pickled)
+        self.blob = _blob.dump(self.tables, self.frame, leaves.encoded)
         entry_of = flat.by_object
         view_at: Dict[int, int] = {}  # view → its first place in Shape order
         for place, t in enumerate(tensors):
@@ -312,10 +314,10 @@ class _Entry:
 
     def blob_of(self, leaves: List[Any]) -> bytes:
         """The blob of a save whose leaves (Shape order) are these: the last save's when they
-        pickle to the same bytes, else made anew (raises HasTensor as dump_leaves)."""
+        encode to the same bytes, else made anew (raises Unencodable as Leaves)."""
         if not self.leaves.same(leaves):
             made = Leaves(leaves, self.leaves)
-            self.blob = _blob.dump(self.tables, self.frame, made.pickled)
+            self.blob = _blob.dump(self.tables, self.frame, made.encoded)
             self.leaves = made
         return self.blob
 
@@ -452,7 +454,7 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any,
         if found is None or not entry.proof.hold(found[0]):
             return None, s
         blob = entry.blob_of(found[1])
-    except HasTensor:
+    except Unencodable:  # a tensor, or a value to pickle: the walk decides
         return None, s
     except Exception as e:  # noqa: BLE001 - whatever a proof trips on: walk instead
         log.debug("dsckpt: cached hand-over of %s not usable: %r", s.file, e)
@@ -482,8 +484,8 @@ def _cold(conn: Connection, c: _Cache, state_dict: Any, s: Save) -> Handed:
     else:
         keep = flat.gpu
         s.add_tensors(flat.specs)
-        blob = _blob.dump(_blob.dump_tables(flat.views, flat.entries),
-                          _blob.dump_seeded(state_dict, flat.objects))
+        blob = _blob.dump_state(state_dict, _blob.dump_tables(flat.views, flat.entries),
+                                flat.objects)
     s.add_blob(_blob.BLOB, blob)
     return Handed(s, keep, flat.gpu[0].device if flat.gpu else None, len(flat.views),
                   flat.nbytes, "cold" if made is not None else "plain")
@@ -499,14 +501,15 @@ def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
         found = shape.match(state_dict)
         if found is None:
             return None
+        frame = _tree.encode(shape.frame, {id(s): i for i, s in enumerate(shape.seeds())})
         leaves = Leaves(found[1])
-    except (Uncacheable, HasTensor) as e:
+    except (Uncacheable, Unencodable) as e:
         log.debug("dsckpt: %s saved without a cached hand-over: %s", file, e)
         return None
     except Exception as e:  # noqa: BLE001 - a structure Shape did not foresee: walk each time
         log.debug("dsckpt: %s saved without a cached hand-over: %r", file, e)
         return None
-    return _Entry(conn, flat, shape, found[0], leaves), found[0]
+    return _Entry(conn, flat, shape, found[0], frame, leaves), found[0]
 
 
 def add_tensors(conn: Connection, s: Save, key: str, tensors: List[Tuple[str, torch.Tensor]]

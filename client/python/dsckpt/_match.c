@@ -680,7 +680,9 @@ static PyMethodDef match_methods[] = {
 	 "same_pointers(fn, tensors, ptrs) -> whether each tensor's data pointer is recorded"},
 	{"freeze", dsckpt_freeze, METH_O, "freeze(obj) -> (copy, nodes) of plain containers, or None"},
 	{"same_frozen", (PyCFunction)(void (*)(void))dsckpt_same_frozen, METH_FASTCALL,
-	 "same_frozen(frozen, obj) -> whether obj pickles to what frozen's copy pickles to"},
+	 "same_frozen(frozen, obj) -> whether obj encodes to what frozen's copy encodes to"},
+	{"encode_tree", dsckpt_encode_tree, METH_O,
+	 "encode_tree(obj) -> obj in dsckpt._tree's format, or NotImplemented"},
 	{NULL, NULL, 0, NULL},
 };
 

@@ -15,25 +15,23 @@ the same in one pass per level from the shape's plan (:func:`_plan`), the Python
 the fallback.
 
 The record also yields a frame: a copy of the containers with a :class:`_Slot` at each
-tensor (one per entry) and leaf, pickled once with the slots as memo references
-(:func:`_blob.dump_seeded`); a later save with the same shape stores that frame as its
-skeleton and only pickles its leaves afresh (:func:`dump_leaves`, which refuses a leaf that
-hides a tensor: the full walk names those).
+tensor (one per entry) and leaf, encoded once as a :mod:`dsckpt._tree` with the slots as its
+slots; a later save with the same shape stores that frame as its skeleton and only encodes
+its leaves afresh (:class:`Leaves`, which refuses a leaf that hides a tensor, the full walk
+naming those, or holds a value of a type the tree cannot hold: the full walk pickles those).
 """
 from __future__ import annotations
 
 import collections
 import copy
-import io
 import operator
-import pickle
 import struct
 from itertools import chain, compress
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _lib
+from . import _lib, _tree
 
 _match = _lib.match_module(1)  # the plan's layout, _match.c's MATCH_PLAN_VERSION
 # _match.c's FLAG_DICT, FLAG_ATTRS (per container) and CODE_LEAF, CODE_TENSOR, CODE_SUB.
@@ -41,7 +39,7 @@ _FLAG_DICT, _FLAG_ATTRS = 1, 2
 _CODE_LEAF, _CODE_TENSOR, _CODE_SUB = 0, 1, 2
 _values = operator.methodcaller("values")
 _BASES = (dict, collections.OrderedDict, list, tuple, object)
-# What a container class may not change for its children, copy and pickle to be predictable.
+# What a container class may not change for its children and copy to be predictable.
 _FIXED = ("__slots__", "__iter__", "__len__", "keys", "values", "items", "__setitem__",
           "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__new__")
 
@@ -51,13 +49,9 @@ class Uncacheable(Exception):
 
 
 class _Slot:
-    """A place in the frame, pickled as a reference to a seeded memo slot."""
+    """A place in the frame, encoded as a slot of the tree."""
 
     __slots__ = ()
-
-    def __reduce__(self):
-        """Refuses to be pickled by value: a slot the memo was not seeded with is a bug."""
-        raise pickle.PicklingError("a frame slot outside the seeded memo")
 
 
 def _kind(cls: type) -> Optional[str]:
@@ -296,49 +290,29 @@ def _copy(c: Any, kids: List[Any]) -> Any:
     return out
 
 
-class HasTensor(Exception):
-    """A leaf holds a tensor (the full walk names it, or pickles it as save always did)."""
-
-
-class _LeafPickler(pickle.Pickler):
-    """A pickler that refuses tensors (asked only for objects of non-builtin types)."""
-
-    def reducer_override(self, obj):
-        """Raises HasTensor for a tensor; anything else is pickled as usual."""
-        if isinstance(obj, torch.Tensor):
-            raise HasTensor()
-        return NotImplemented
-
-
-def dump_leaves(leaves: List[Any]) -> bytes:
-    """The pickled list of leaves; raises HasTensor if one holds a tensor."""
-    buf = io.BytesIO()
-    _LeafPickler(buf, protocol=4).dump(leaves)
-    return buf.getvalue()
-
-
 class Leaves:
-    """A pickle of a save's leaves, and (with dsckpt._match) a copy of what it pickled, frozen
-    against later changes in place (_freeze.c), so that a later save's leaves that would
-    pickle to the same bytes take it as it is. Raises HasTensor as dump_leaves.
+    """The encoding of a save's leaves (a :mod:`dsckpt._tree` of their list), and (with
+    dsckpt._match) a copy of what it encoded, frozen against later changes in place
+    (_freeze.c), so that a later save's leaves that would encode to the same bytes take it as
+    it is. Raises _tree.Unencodable (TensorLeaf for a tensor) for leaves the tree cannot hold.
 
     Leaves that changed since the last save's (a scheduler's lr changes at every save) are
-    pickled without a copy, as they will likely change again: the copy and the comparison
-    would only add to the pickle. They are copied again once they pickle as the last save's
+    encoded without a copy, as they will likely change again: the copy and the comparison
+    would only add to the encoding. They are copied again once they encode as the last save's
     did; never again once they could not be copied."""
 
     def __init__(self, leaves: List[Any], last: Optional["Leaves"] = None):
         self.frozen = None
         self.freezable = _match is not None and (last is None or last.freezable)
-        self.pickled = dump_leaves(leaves) if last is not None else None
-        if self.freezable and (last is None or self.pickled == last.pickled):
+        self.encoded = _tree.encode_plain(leaves) if last is not None else None
+        if self.freezable and (last is None or self.encoded == last.encoded):
             self.frozen = _match.freeze(leaves)
             self.freezable = self.frozen is not None
-        if self.frozen is not None:  # what is kept is the pickle of the copy
-            self.pickled = dump_leaves(self.frozen[0])
-        elif self.pickled is None:
-            self.pickled = dump_leaves(leaves)
+        if self.frozen is not None:  # what is kept is the encoding of the copy
+            self.encoded = _tree.encode_plain(self.frozen[0])
+        elif self.encoded is None:
+            self.encoded = _tree.encode_plain(leaves)
 
     def same(self, leaves: List[Any]) -> bool:
-        """Whether leaves would pickle to self.pickled."""
+        """Whether leaves would encode to self.encoded."""
         return self.frozen is not None and _match.same_frozen(self.frozen, leaves)

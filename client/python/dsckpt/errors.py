@@ -8,6 +8,7 @@ built-in exception where one fits, so ``except TimeoutError`` or ``except ValueE
 from __future__ import annotations
 
 import enum
+import pickle
 from typing import Dict, Optional, Type
 
 
@@ -102,6 +103,15 @@ class LimitReached(DsckptError):
 
 class NotSupported(DsckptError):
     """Memory or an operation the library cannot hand over (managed memory, no CUDA)."""
+
+
+class PickleRefused(pickle.UnpicklingError):
+    """A load would unpickle part of a checkpoint, which runs whatever code its author put
+    there: refused unless the caller passes ``weights_only=False`` (as torch.load's own
+    default refuses since torch 2.6). The message names the types that need it."""
+
+    HOW = ("Loading unpickles nothing unless asked: pass weights_only=False only for a "
+           "checkpoint whose author you trust.")
 
 
 _CLASSES: Dict[int, Type[DsckptError]] = {

@@ -14,8 +14,9 @@ When each thing happens:
 * ``save_checkpoint(checkpoint, path)`` (Lightning calls it on global rank 0 only, as every
   strategy that hands its checkpoint to a ``CheckpointIO`` does) hands the dict's tensors to
   the daemon by reference with :func:`dsckpt.torch.save` — everything else (loops,
-  callbacks, hyper-parameters, epoch and step) travels in the pickled skeleton of the
-  ``.meta`` file. It returns once the daemon has the references (ACCEPTED).
+  callbacks, hyper-parameters, epoch and step) travels in the skeleton of the ``.meta``
+  file (without pickle; values of other types are pickled beside it, see
+  :mod:`dsckpt.torch`). It returns once the daemon has the references (ACCEPTED).
 * The next optimizer step waits for SNAPSHOT: the plugin registers a pre-hook common to all
   optimizers (``torch.optim.optimizer.register_optimizer_step_pre_hook``) on its first save.
   When the step is given a closure (Lightning's automatic optimization runs forward and
@@ -48,8 +49,10 @@ daemon (from its host cache when it still holds the file) or, without one, from 
 a symbolic link (``last.ckpt`` with ``save_last="link"``) is followed, and a plain file
 (a checkpoint Lightning's own ``TorchCheckpointIO`` wrote) is read by Lightning's loader.
 Tensors land on the CPU unless ``map_location`` says otherwise, as with Lightning's own
-plugin. Loading unpickles the skeleton (``weights_only`` does not apply to our files): load
-only checkpoints you trust.
+plugin. ``weights_only`` works as with Lightning's own plugin over torch >= 2.6: unless it is
+False (``trainer.fit(..., weights_only=False)``), nothing is unpickled, so a checkpoint
+holding values that load only by unpickling raises :class:`dsckpt.PickleRefused`; False
+unpickles them, running whatever code the checkpoint's author put there.
 
 ``remove_checkpoint(path)`` (ModelCheckpoint's ``save_top_k``): a symbolic link is
 unlinked, never followed; a directory is emptied and removed only when every entry in it is
@@ -189,7 +192,8 @@ class DsckptCheckpointIO(CheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> Dict[str, Any]:
         """The checkpoint dict saved at ``path`` (a symbolic link is followed; a plain file
-        is read by Lightning's own loader); tensors on the CPU unless map_location says."""
+        is read by Lightning's own loader); tensors on the CPU unless map_location says.
+        Unpickles nothing unless ``weights_only`` is False (see the module docstring)."""
         path = os.path.abspath(os.fspath(path))
         dir = os.path.realpath(path)
         self._wait_pending(path)
@@ -203,7 +207,8 @@ class DsckptCheckpointIO(CheckpointIO):
         except DsckptError as e:  # dsckpt.torch.load then reads the file here
             log.info("dsckpt: loading %s without the daemon: %s", dir, e)
             conn = None
-        return dtorch.load(dir, FILE, map_location, conn=conn)
+        return dtorch.load(dir, FILE, map_location, conn=conn,
+                           weights_only=weights_only is not False)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Deletes the checkpoint at ``path`` if it is ours (see the module docstring); a

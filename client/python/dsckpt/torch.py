@@ -13,12 +13,19 @@ containers and keys, pointers, dtypes, shapes, strides: what a training run save
 checkpoint), skips the walk: :mod:`dsckpt._handover` proves it unchanged with a few C-level
 calls and adds the tensors by a save plan's id; the files are the same.
 
-What is not a tensor — the structure with tensors replaced by placeholders, dtypes, shapes,
+What is not a tensor — the structure with tensors replaced by slots, dtypes, shapes,
 strides, which tensors shared storage or were the same object, and any other Python values
-— is pickled into the blob ``dsckpt.torch`` of ``<file>.meta``. ``load`` rebuilds an equal
-state dict: same keys and containers, dtypes (bf16 included), shapes, values, and the same
-sharing (one object stays one object; views of one storage become views of one storage).
-Loading unpickles that blob, so load only checkpoints you trust, as with ``torch.load``.
+— goes into the blob ``dsckpt.torch`` of ``<file>.meta`` (:mod:`dsckpt._blob`), without
+pickle: containers (dict, OrderedDict and its attributes, list, tuple, set), numbers, str,
+bytes, None, torch.Size, dtype and device are encoded as a :mod:`dsckpt._tree`. Values of
+other types (custom classes, namedtuples, tensors of dtypes the file cannot hold) are
+pickled into a section of their own. ``load`` rebuilds an equal state dict: same keys and
+containers, dtypes (bf16 included), shapes, values, and the same sharing (one object stays
+one object; views of one storage become views of one storage). By default it unpickles
+nothing, so loading a checkpoint runs none of its author's code: a checkpoint holding
+pickled values (or written before blob version 3, a pickle whole) raises
+:class:`dsckpt.PickleRefused` naming the types, unless the caller passes
+``weights_only=False`` (as ``torch.load``, whose default is the same since torch 2.6).
 
 In the file each tensor is named by its key path: ``model.layers.0.weight``,
 ``optimizer.state.0.exp_avg`` (list indices as numbers); a view seen twice is stored once.
@@ -51,7 +58,7 @@ from .errors import DsckptError, Errno, error_for
 from .resume import find_latest
 
 BLOB = _blob.BLOB
-FORMAT_VERSION = _blob.VERSION  # the blob written; load reads this one and version 1
+FORMAT_VERSION = _blob.VERSION  # the blob written; load reads it, and 1 and 2 when opted in
 ALIGN = 64  # bytes between the tensors of one buffer that load allocates
 
 log = logging.getLogger("dsckpt.torch")
@@ -417,7 +424,7 @@ def _through_daemon(conn: Connection, path_dir: str, file: str,
 
 
 def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = None, *,
-         conn: Optional[Connection] = None) -> Any:
+         conn: Optional[Connection] = None, weights_only: bool = True) -> Any:
     """Rebuilds the state dict saved as ``path_dir/<file>`` (default ``rank{rank}``).
 
     ``map_location`` works as torch.load's: None puts tensors back on the device they were
@@ -426,12 +433,17 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     another tool) loads as a flat ``{name: tensor}`` dict. When every tensor goes to one
     device and a daemon answers (``conn``, else :func:`default_connection`), the daemon
     fills them there (see :func:`load_into`); else the file is read here.
+
+    ``weights_only`` (default True) loads without unpickling anything: a checkpoint whose
+    blob holds a pickle raises :class:`dsckpt.PickleRefused` (a pickle.UnpicklingError)
+    before anything is read. ``weights_only=False`` unpickles it, which runs whatever code
+    the checkpoint's author put there: only for checkpoints whose author you trust.
     """
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
     base = os.path.join(path_dir, file)
     blob = read_meta(base + ".meta").get(BLOB) if os.path.exists(base + ".meta") else None
-    info = _blob.read(blob, base + ".meta") if blob is not None else None
+    info = _blob.read(blob, base + ".meta", weights_only) if blob is not None else None
     views, entries = _blob.tables(info) if info else ([], [])
     saved_on = {v["device"] for v in views} if info else {"cpu"}
     targets = {_target(d, map_location) for d in saved_on}
@@ -444,6 +456,10 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
         data = read_safetensors(base + ".safetensors")
     if info is None:
         return {k: t.to(_target("cpu", map_location)) for k, t in data.items()}
+    missing = [v["name"] for v in views if v["name"] not in data]
+    if missing:
+        raise ValueError(f"{base}.meta names tensors {base}.safetensors lacks: "
+                         f"{', '.join(missing[:5])}")
     rebuilt = _rebuild_views(views, data, map_location)
     used: set = set()
     table = []

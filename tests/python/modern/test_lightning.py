@@ -247,3 +247,29 @@ def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
     # the workers resumed at step 4 (the main process's trainer does not see their steps)
     assert sorted(os.listdir(os.path.join(daemon.root, "ddp2"))) == [
         "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "latest"]
+
+
+class Stats:
+    """A value of the user's own class in a checkpoint (a callback's state, say)."""
+
+    def __init__(self, n):
+        self.n = n
+
+
+def test_load_unpickles_only_with_weights_only_false(daemon):
+    """A checkpoint of plain values loads as it is; one holding a value of another class
+    raises dsckpt.PickleRefused unless Lightning's weights_only is False."""
+    io = DsckptCheckpointIO(daemon.socket)
+    plain = os.path.join(daemon.root, "w", "plain.ckpt")
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}, "epoch": 1,
+                        "loops": {"fit": {"done": True, "lr": float("inf")}}}, plain)
+    odd = os.path.join(daemon.root, "w", "odd.ckpt")
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}, "callbacks": {"s": Stats(3)}}, odd)
+    io.wait_committed()
+    assert io.load_checkpoint(plain)["loops"] == {"fit": {"done": True, "lr": float("inf")}}
+    with pytest.raises(dsckpt.PickleRefused, match="test_lightning.Stats"):
+        io.load_checkpoint(odd)
+    with pytest.raises(dsckpt.PickleRefused):
+        io.load_checkpoint(odd, weights_only=True)
+    assert io.load_checkpoint(odd, weights_only=False)["callbacks"]["s"].n == 3
+    io.teardown()

@@ -14,9 +14,10 @@ future that resolves at SNAPSHOT (``staging_completion``). DCP then plans in its
 :meth:`Writer.write_data` only maps each WriteItem to the tensor already handed over (by
 address), saves what was not (pickled objects as blobs, tensors DCP made on the way, and all
 of a plain ``dcp.save``) as ``__<rank>_1`` and waits until its files are DURABLE. The
-coordinator's :meth:`Writer.finish` saves DCP's Metadata, pickled, as blob ``dcp.metadata`` of
-``dcp_metadata.meta`` and commits, so the upload future resolves when the tag is COMMITTED.
-No rank seals the tag (the daemons would commit it without the Metadata DCP needs). A rank
+coordinator's :meth:`Writer.finish` saves DCP's Metadata, without pickle, as blob
+``dcp.metadata`` of ``dcp_metadata.meta`` and commits, so the upload future resolves when
+the tag is COMMITTED. No rank seals the tag (the daemons would commit it without the
+Metadata DCP needs). A rank
 whose write fails raises in ``write_data``: DCP gathers it and the save raises on every rank;
 nothing is committed.
 
@@ -30,9 +31,14 @@ checked), straight into the destination where a destination is exactly one store
 into a buffer that is then narrowed and copied; without a daemon the file is read here.
 
 The files stay plain safetensors under our manifest: ``dsckptctl verify`` checks them.
-Loading unpickles the metadata and the objects DCP pickled: load only checkpoints you trust.
+Loading unpickles nothing by default: the Metadata is encoded without pickle (meta.py), and
+the values DCP itself pickled (non-tensor items, which DCP's DefaultLoadPlanner loads with
+``torch.load(weights_only=False)``, as it does from a FileSystemReader) reach the planner only
+once torch's weights-only unpickler has loaded them; anything else raises
+:class:`dsckpt.PickleRefused` unless ``Reader(dir, weights_only=False)``.
 
-Files: layout.py (what a tag holds), writer.py (Writer), reader.py (Reader).
+Files: layout.py (what a tag holds), meta.py (DCP's Metadata as a blob), writer.py (Writer),
+reader.py (Reader).
 """
 from __future__ import annotations
 

@@ -1,10 +1,13 @@
 """dsckpt.dcp.reader — the loading half of the DCP backend: Reader, DCP's StorageReader, which
-serves DCP's ReadItems through the daemon's load path (see dsckpt.dcp)."""
+serves DCP's ReadItems through the daemon's load path (see dsckpt.dcp). It reads DCP's
+Metadata without pickle (dsckpt.dcp.meta); the values DCP itself pickled (BYTE_IO items,
+which DCP's DefaultLoadPlanner.load_bytes loads with torch.load(weights_only=False)) are
+handed to the planner only once torch's weights-only unpickler has loaded them, unless the
+Reader was made with ``weights_only=False``."""
 from __future__ import annotations
 
 import io
 import os
-import pickle
 from typing import Dict, List, Optional
 
 import torch
@@ -16,19 +19,26 @@ from torch.futures import Future
 from .. import _fill
 from .._files import read_meta
 from ..core import Connection
-from ..errors import DsckptError, Errno, error_for
+from ..errors import DsckptError, Errno, PickleRefused, error_for
 from ..torch import default_connection, host_empty
+from . import meta
 from .layout import META_BLOB, META_FILE, Location
 
 
 class Reader(StorageReader):
     """A DCP StorageReader for a tag :class:`Writer` committed, through the daemon when one
-    answers (``conn``, else :func:`dsckpt.torch.default_connection`), else from the files."""
+    answers (``conn``, else :func:`dsckpt.torch.default_connection`), else from the files.
 
-    def __init__(self, dir, *, conn: Optional[Connection] = None):
+    ``weights_only`` (default True): nothing of the tag is unpickled but by torch's
+    weights-only unpickler; a tag whose metadata or values need the full one raises
+    :class:`dsckpt.PickleRefused`. ``weights_only=False`` runs whatever code the tag's author
+    put there: only for tags whose author you trust."""
+
+    def __init__(self, dir, *, conn: Optional[Connection] = None, weights_only: bool = True):
         super().__init__()
         self.dir = os.fspath(dir)
         self.conn = conn
+        self.weights_only = weights_only
         self.storage_data: Dict[MetadataIndex, Location] = {}
         self.sources: Dict[str, str] = {}  # file → how its tensors came: "daemon" or "file"
 
@@ -47,10 +57,11 @@ class Reader(StorageReader):
         if not os.path.exists(os.path.join(self.dir, "MANIFEST.json")):
             raise error_for(Errno.EINCOMPLETE, "EINCOMPLETE",
                             f"{self.dir} is not a committed checkpoint (no MANIFEST.json)")
-        blobs = read_meta(os.path.join(self.dir, META_FILE + ".meta"))
+        path = os.path.join(self.dir, META_FILE + ".meta")
+        blobs = read_meta(path)
         if META_BLOB not in blobs:
             raise ValueError(f"{self.dir}: {META_FILE}.meta has no {META_BLOB} blob")
-        return pickle.loads(blobs[META_BLOB])
+        return meta.load(blobs[META_BLOB], path, self.weights_only)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args,
                               **kwargs) -> None:
@@ -101,6 +112,8 @@ class Reader(StorageReader):
                 blobs = read_meta(os.path.join(self.dir, file + ".meta"))
             data = io.BytesIO(blobs[loc.name])
             if item.type == LoadItemType.BYTE_IO:
+                if self.weights_only:
+                    self._check_pickle(file, item.dest_index.fqn, blobs[loc.name])
                 planner.load_bytes(item, data)
             else:
                 src = torch.load(data, weights_only=True)
@@ -130,6 +143,19 @@ class Reader(StorageReader):
             for item in its:
                 _copy_into(planner, item, _narrow(dests[name], item.storage_offsets,
                                                   item.lengths))
+
+
+    def _check_pickle(self, file: str, fqn: str, data: bytes) -> None:
+        """Raises PickleRefused unless torch's weights-only unpickler loads data (the planner
+        then unpickles it with no allowlist: DCP's load_bytes)."""
+        try:
+            torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any refusal: the reason is in the message
+            raise PickleRefused(f"{self.dir}/{file}.meta: value {fqn} is a pickle that torch's "
+                                "weights-only unpickler refuses, and DCP's planner unpickles "
+                                "it with weights_only=False, which runs whatever code the "
+                                f"checkpoint's author put in it ({type(e).__name__}: "
+                                f"{str(e)[:200]}). " + PickleRefused.HOW) from None
 
 
 def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:

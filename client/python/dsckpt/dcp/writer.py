@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import io
 import os
-import pickle
 import threading
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,6 +20,7 @@ from .. import _handover
 from .._files import DTYPES
 from ..core import Connection, Level
 from ..torch import run_connection
+from . import meta
 from .layout import META_BLOB, META_FILE, STAGED, WRITTEN, Location, chunk_name, file_name
 
 
@@ -269,12 +269,13 @@ class Writer(StorageWriter, AsyncStager):
         return s
 
     def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
-        """Coordinator: saves DCP's Metadata (with every item's Location), waits until it is
+        """Coordinator: saves DCP's Metadata (with every item's Location; without pickle, see
+        dsckpt.dcp.meta), waits until it is
         DURABLE and commits the tag for the whole job (every rank's write_data has waited for
         its own files), so that the save's future resolves at COMMITTED."""
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         conn = self._conn()
-        s = self._save(conn, META_FILE, [], [(META_BLOB, pickle.dumps(metadata, protocol=4))])
+        s = self._save(conn, META_FILE, [], [(META_BLOB, meta.dump(metadata))])
         try:
             s.wait(Level.DURABLE, self.timeout)
         finally:

@@ -54,7 +54,11 @@ commit requires.
 Configuration: a block ``"dsckpt"`` (or, so existing configs keep working,
 ``"datastates_ckpt"``) of the DeepSpeed config. Keys: ``socket`` (else $DSCKPT_SOCKET),
 ``job`` (else $DSCKPT_JOB, else ``"deepspeed"``), ``timeout`` (seconds for waits and
-commits; default none). ``host_cache_size`` is the daemon's setting (dsckptd.json) and is
+commits; default none), ``weights_only`` (default true: :meth:`DsckptCheckpointEngine.load`
+unpickles nothing, and a file holding values that load only by unpickling — ZeRO's
+optimizer files hold DeepSpeed's loss scaler and enums — raises
+:class:`dsckpt.PickleRefused`; false unpickles them, running whatever code the checkpoint's
+author put there: only for checkpoints whose author you trust). ``host_cache_size`` is the daemon's setting (dsckptd.json) and is
 only logged here; any other key is logged and ignored.
 """
 from __future__ import annotations
@@ -91,7 +95,7 @@ except ImportError:
         save_dir: Optional[str]
         save_latest: bool
 
-KNOWN_KEYS = {"socket", "job", "timeout", "enabled"}
+KNOWN_KEYS = {"socket", "job", "timeout", "enabled", "weights_only"}
 BLOCK_KEYS = ("dsckpt", "datastates_ckpt")
 DEFAULT_SOCKET = "/run/dsckptd/dsckptd.sock"
 DAEMON_KEYS = {"host_cache_size"}
@@ -195,6 +199,7 @@ class DsckptCheckpointEngine(_Base):
         self.job: str = block.get("job") or os.environ.get("DSCKPT_JOB") or "deepspeed"
         t = block.get("timeout")
         self.timeout: Optional[float] = float(t) if t is not None else None
+        self.weights_only: bool = block.get("weights_only", True) is not False
         for key in sorted(set(block) - KNOWN_KEYS):
             if key in DAEMON_KEYS:
                 log.info("dsckpt: %s=%r is set in the daemon's dsckptd.json, not here",
@@ -225,12 +230,13 @@ class DsckptCheckpointEngine(_Base):
 
     def load(self, path: str, map_location=None) -> Any:
         """Loads a file this engine saved (or, failing that, a torch.save file); through the
-        engine's daemon, from its host cache when it still holds the file."""
+        engine's daemon, from its host cache when it still holds the file. Unpickles
+        nothing unless the config block's ``weights_only`` is false."""
         path = self._durable_path(path)
         if os.path.exists(path + ".safetensors"):
             return dtorch.load(os.path.dirname(path), os.path.basename(path), map_location,
-                               conn=self.conn)
-        return torch.load(path, map_location=map_location)
+                               conn=self.conn, weights_only=self.weights_only)
+        return torch.load(path, map_location=map_location, weights_only=self.weights_only)
 
     def load_into(self, state_dict: Any, path: str, strict: bool = True) -> str:
         """Restores existing tensors in place from a file this engine saved, e.g. a
