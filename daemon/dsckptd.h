@@ -77,6 +77,32 @@ int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* Writes "uid 1002 (alice)" (the name when known) into buf and returns buf. */
 char *log_uid(unsigned uid, char *buf, size_t len);
+/* Opens path (absolute) for appending: every line goes there too; 0 or -1 with err. */
+int log_open(const char *path, char *err, size_t errlen);
+/* Opens the log file again by its path (SIGHUP, after logrotate); no-op without one. */
+void log_reopen(void);
+/* Sends every line to syslog (facility daemon) too. */
+void log_to_syslog(void);
+/* Stops writing lines to stderr (a background daemon, once ready). */
+void log_detach(void);
+/* The log file's path, "syslog", or NULL when lines go to stderr alone. */
+const char *log_target(void);
+
+/* detach.c — starting in the background: the command returns once the daemon is ready. */
+/* Forks; the parent waits for the child's word and exits 0 once it is ready, or with the
+ * child's status when it fails first; the child, in a session of its own, returns 0. -1 with
+ * err when it cannot fork. */
+int detach_start(char *err, size_t errlen);
+/* In the child: stdin, stdout and stderr to /dev/null, lines to the log file or syslog alone,
+ * and the parent told that the daemon is ready; no-op in the foreground. */
+void detach_ready(void);
+/* path made absolute against the current directory (malloc'd; NULL without memory). */
+char *detach_abspath(const char *path);
+/* Writes this process's pid into path (absolute; atomically, by rename), to be removed by
+ * pidfile_remove; 0 or -1 with err. */
+int pidfile_write(const char *path, char *err, size_t errlen);
+/* Removes the pid file if it still names this process (exit). */
+void pidfile_remove(void);
 
 /* config.c */
 /* A validated configuration; replaced whole on reload, never edited in place, and kept alive

@@ -1,8 +1,9 @@
 /*
  * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
  *
- * Start-up: config → the socket's path checked (server_prepare) → locks (one daemon per
- * socket and root) → recover leftovers on disk →
+ * Start-up: config → into the background unless -d (detach.c: the command returns when the
+ * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
+ * per socket and root), then the pid file → recover leftovers on disk →
  * CUDA probe → host cache (touched, pinned)
  * → engine threads → wiring (connections to the request layer, save levels to waits and
  * commits) → socket → READY. Under systemd each step shows in `systemctl status` and the
@@ -29,7 +30,7 @@ struct cache *cache;
 const char *gpu_line = "none";
 double start_time;
 
-static const char *config_path = DSCKPTD_DEFAULT_CONFIG;
+static char *config_path;	/* absolute: a detached daemon's directory is / */
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_check_t drain_check;  /* active while draining */
 static int draining;
@@ -46,11 +47,16 @@ double now_mono(void)
 static void usage(FILE *f, int options)
 {
 	fprintf(f,
-		"usage: dsckptd [-c CONFIG] [-n] [-d] [-v] [-h]\n"
+		"usage: dsckptd [-c CONFIG] [-n] [-d] [-p PIDFILE] [-l LOGFILE] [-v] [-h]\n"
 		"  -c, --config CONFIG  configuration file (default %s)\n"
 		"  -n, --check          check the configuration, print \"configuration OK\" or the\n"
 		"                       errors\n"
-		"  -d, --foreground     stay in the foreground (as under systemd)\n"
+		"  -d, --foreground     stay in the foreground (as under systemd); without it the\n"
+		"                       command returns once the daemon is ready (status 0) or\n"
+		"                       has failed (its errors, status 1)\n"
+		"  -p, --pidfile FILE   write the daemon's pid into FILE (removed at exit)\n"
+		"  -l, --log FILE       append the log to FILE (opened again on HUP); in the\n"
+		"                       background without it, the log goes to syslog\n"
 		"  -v, --version        print the version\n"
 		"  -h, --help           this help, and every configuration option\n"
 		"signals: TERM/INT finish in-flight flushes then exit; HUP reloads the config\n",
@@ -151,7 +157,10 @@ static void reload(void)
 	struct config *n;
 
 	if (config_load(config_path, &n, err, sizeof(err)) < 0) {
-		log_error("reload of %s failed; keeping the old configuration:\n%s", config_path,
+		/* One log line: the problems joined by "; " (a newline would be written "\n"). */
+		for (char *p = err; (p = strchr(p, '\n')) != NULL; p++)
+			*p = ';';
+		log_error("reload of %s failed; keeping the old configuration: %s", config_path,
 			  err);
 		return;
 	}
@@ -196,6 +205,7 @@ static void on_signal(uv_signal_t *h, int signum)
 	switch (signum) {
 	case SIGHUP:
 		service_reloading();
+		log_reopen();
 		reload();
 		service_reloaded();
 		break;
@@ -221,22 +231,28 @@ int main(int argc, char **argv)
 {
 	char err[4096];
 	int check_only = 0, foreground = 0, opt;
+	const char *config_arg = DSCKPTD_DEFAULT_CONFIG, *pid_arg = NULL, *log_arg = NULL;
+	char *pid_abs = NULL;
 	struct timespec ts;
 
 	static const struct option longs[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"check", no_argument, NULL, 'n'},
 		{"foreground", no_argument, NULL, 'd'},
+		{"pidfile", required_argument, NULL, 'p'},
+		{"log", required_argument, NULL, 'l'},
 		{"version", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	opterr = 0;	/* our own words, named "dsckptd" however it was started */
-	while ((opt = getopt_long(argc, argv, ":c:ndvh", longs, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, ":c:ndp:l:vh", longs, NULL)) != -1) {
 		switch (opt) {
-		case 'c': config_path = optarg; break;
+		case 'c': config_arg = optarg; break;
 		case 'n': check_only = 1; break;
 		case 'd': foreground = 1; break;
+		case 'p': pid_arg = optarg; break;
+		case 'l': log_arg = optarg; break;
 		case 'v': printf("dsckptd %s\n", DSCKPTD_VERSION); return 0;
 		case 'h': usage(stdout, 1); return 0;
 		case ':':
@@ -255,8 +271,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("dsckptd", LOG_LVL_INFO);
-	if (config_load(config_path, &config, err, sizeof(err)) < 0) {
-		print_config_errors(config_path, err);
+	if (config_load(config_arg, &config, err, sizeof(err)) < 0) {
+		print_config_errors(config_arg, err);
 		return 1;
 	}
 	if (check_only) {
@@ -265,9 +281,29 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	log_set_level(config->log_level);
-	if (!foreground && daemon(0, 1) < 0) {
-		log_warn("daemon");
-		return 1;
+	/* Paths given relative to where dsckptd was started: a reload and a log file opened
+	 * again on SIGHUP find them from /. */
+	config_path = detach_abspath(config_arg);
+	pid_abs = pid_arg ? detach_abspath(pid_arg) : NULL;
+	char *log_abs = log_arg ? detach_abspath(log_arg) : NULL;
+	int bad = config_path == NULL || (pid_arg && !pid_abs) || (log_arg && !log_abs);
+	if (!bad && log_abs && log_open(log_abs, err, sizeof(err)) < 0) {
+		fprintf(stderr, "dsckptd: %s\n", err);
+		bad = 1;
+	}
+	free(log_abs);
+	if (bad) {
+		if (config_path == NULL || (pid_arg && !pid_abs))
+			fprintf(stderr, "dsckptd: out of memory\n");
+		goto fail_args;
+	}
+	if (!foreground) {
+		if (!log_arg)
+			log_to_syslog();
+		if (detach_start(err, sizeof(err)) < 0) {
+			log_error("%s; not starting", err);
+			goto fail_args;
+		}
 	}
 	clock_gettime(CLOCK_REALTIME, &ts);
 	start_time = ts.tv_sec + ts.tv_nsec / 1e9;
@@ -284,6 +320,11 @@ int main(int argc, char **argv)
 	 * root: a second one touches nothing, not even the cache. */
 	if (server_prepare(err, sizeof(err)) < 0 || lock_socket(config, err, sizeof(err)) < 0 ||
 	    lock_roots(config, err, sizeof(err)) < 0) {
+		log_error("%s; not starting", err);
+		goto fail_locks;
+	}
+	/* Written once the socket's lock is ours: a second daemon never overwrites it. */
+	if (pid_abs && pidfile_write(pid_abs, err, sizeof(err)) < 0) {
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
@@ -334,7 +375,10 @@ int main(int argc, char **argv)
 		 config->socket, cache_total(cache) / 1073741824.0,
 		 (unsigned long long)(cache_chunk(cache) >> 20), cache_touch_ms(cache),
 		 config->copy_threads, config->flush_threads, config->restore_threads, gpu_line);
+	if (!foreground)
+		log_info("pid %d; the log goes to %s from now on", (int)getpid(), log_target());
 	service_ready();
+	detach_ready();
 	uv_run(loop, UV_RUN_DEFAULT);
 
 	uv_run(loop, UV_RUN_NOWAIT);	/* let the close callbacks run */
@@ -344,8 +388,11 @@ int main(int argc, char **argv)
 	gpu_unregister_host(cache_base(cache));
 	cache_destroy(cache);
 	config_unref(config);
+	pidfile_remove();
 	lock_release();
 	log_info("stopped");
+	free(config_path);
+	free(pid_abs);
 	return rc == 0 ? 0 : 1;
 
 fail_restore:
@@ -356,7 +403,11 @@ fail_engine:
 fail_cache:
 	cache_destroy(cache);
 fail_locks:
+	pidfile_remove();
 	lock_release();
+fail_args:
 	config_free(config);
+	free(config_path);
+	free(pid_abs);
 	return 1;
 }
