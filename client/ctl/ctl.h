@@ -24,7 +24,7 @@
 
 /* The parsed command line. */
 struct ctl {
-	const char *socket;       /* -s, else $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET */
+	const char *socket;       /* -s, else dsckpt_default_socket's */
 	int json;                 /* --json: JSON on stdout instead of tables */
 	const char *arg;          /* the command's operand (list ROOT, verify DIR) */
 	const char *dir;          /* wait --dir */

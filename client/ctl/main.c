@@ -108,13 +108,14 @@ static void main_usage(FILE *f)
 		"\n"
 		"Options (before or after COMMAND):\n"
 		"  -s, --socket SOCKET  the daemon's socket (default: $DSCKPT_SOCKET, else\n"
-		"                       %s)\n"
+		"                       %s, else a per-user daemon's\n"
+		"                       $XDG_RUNTIME_DIR/%s when only that exists)\n"
 		"  --json               machine output: one JSON document on stdout\n"
 		"  -h, --help           this manual; COMMAND --help shows that command only\n"
 		"  -V, --version        dsckptctl's version and protocol version\n"
 		"\n"
 		"Commands:\n",
-		DSCKPT_DEFAULT_SOCKET);
+		DSCKPT_DEFAULT_SOCKET, DSCKPT_USER_SOCKET);
 	for (size_t i = 0; i < NCOMMANDS; i++) {
 		main_usage_command(f, &commands[i], 1);
 		fputc('\n', f);
@@ -252,9 +253,8 @@ int main(int argc, char **argv)
 	}
 	if (c->nargs)
 		ctl.arg = cargv[optind];
-	if (!ctl.socket)
-		ctl.socket = getenv("DSCKPT_SOCKET");
+	static char def[4096];
 	if (!ctl.socket || !*ctl.socket)
-		ctl.socket = DSCKPT_DEFAULT_SOCKET;
+		ctl.socket = dsckpt_default_socket(def, sizeof(def));
 	return c->run(&ctl);
 }

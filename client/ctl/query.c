@@ -30,9 +30,11 @@ static void query_fail(dsckpt_conn_t *c, int e, const char *what)
 		out_err("dsckptd refused %s: %s (%s)", what, msg, dsckpt_err_name(e));
 	else if (e == DSCKPT_ECONNREFUSED && strstr(msg, "not a socket"))
 		out_err("%s (-s or DSCKPT_SOCKET name the socket in dsckptd.json)", msg);
+	else if (e == DSCKPT_ECONNREFUSED && strstr(msg, "(no such socket)"))
+		out_err("%s: start one (dsckptd, or systemctl start dsckptd.socket), or name its "
+			"socket with -s or DSCKPT_SOCKET", msg);
 	else if (e == DSCKPT_ECONNREFUSED)
 		out_err("%s (is dsckptd running? -s or DSCKPT_SOCKET name another socket)", msg);
-
 	else
 		out_err("%s", msg);
 }
