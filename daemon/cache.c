@@ -347,8 +347,9 @@ static void cache_lock(struct cache *c, cache_progress_fn progress)
 		len = c->total - off < CACHE_LOCK_STEP ? c->total - off : CACHE_LOCK_STEP;
 		if (mlock(c->base + off, len) != 0) {
 			if (!atomic_flag_test_and_set(&warned_mlock))
-				log_warn("cannot lock the cache beyond %llu of %llu MiB (raise "
-					 "LimitMEMLOCK)", (unsigned long long)(off >> 20),
+				log_warn("cannot lock the cache beyond %llu of %llu MiB, so it is "
+					 "not pinned (raise RLIMIT_MEMLOCK: ulimit -l by hand, "
+					 "LimitMEMLOCK= under systemd)", (unsigned long long)(off >> 20),
 					 (unsigned long long)(c->total >> 20));
 			progress("locked", off, c->total);
 			return;

@@ -485,21 +485,35 @@ static cJSON *config_parse(const char *text, size_t len, char *err, size_t errle
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen)
 {
-	int seen[N_OPTIONS] = { 0 }, failed[N_OPTIONS] = { 0 }, sizes_ok = 1;
-	struct config *cfg;
-	const cJSON *item;
-	cJSON *root;
 	size_t len;
 	char *text;
-	int bad = 0;
+	int rc;
 
 	if (errlen > 0)
 		err[0] = '\0';
 	*out = NULL;
 	if ((text = config_read(path, &len, err, errlen)) == NULL)
 		return -1;
-	root = config_parse(text, len, err, errlen);
+	rc = config_load_text(text, len, out, err, errlen);
 	free(text);
+	return rc;
+}
+
+/* Parses and validates len bytes of JSON text into a fresh config; -1 with every problem in
+ * err. */
+int config_load_text(const char *text, size_t len, struct config **out, char *err,
+		     size_t errlen)
+{
+	int seen[N_OPTIONS] = { 0 }, failed[N_OPTIONS] = { 0 }, sizes_ok = 1;
+	struct config *cfg;
+	const cJSON *item;
+	cJSON *root;
+	int bad = 0;
+
+	if (errlen > 0)
+		err[0] = '\0';
+	*out = NULL;
+	root = config_parse(text, len, err, errlen);
 	if (root == NULL)
 		return -1;
 	if (!cJSON_IsObject(root)) {

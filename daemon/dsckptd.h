@@ -88,6 +88,14 @@ void log_detach(void);
 /* The log file's path, "syslog", or NULL when lines go to stderr alone. */
 const char *log_target(void);
 
+/* userconf.c — the configuration of a dsckptd started without -c: root's
+ * /etc/dsckptd/dsckptd.json, another user's ~/.config/dsckptd/dsckptd.json, else built-in
+ * defaults (for another user, a per-user daemon's: socket and root of its own, a cache it
+ * may lock). Into *out; the file read in *path (malloc'd; NULL: built-in defaults); the line
+ * saying what was chosen without a file into say (else ""); -1 with err. */
+int userconf_load(struct config **out, char **path, char *say, size_t saylen, char *err,
+		  size_t errlen);
+
 /* detach.c — starting in the background: the command returns once the daemon is ready. */
 /* Forks; the parent waits for the child's word and exits 0 once it is ready, or with the
  * child's status when it fails first; the child, in a session of its own, returns 0. -1 with
@@ -142,6 +150,9 @@ struct config {
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
+/* The same from len bytes of JSON text. */
+int config_load_text(const char *text, size_t len, struct config **out, char *err,
+		     size_t errlen);
 /* Takes a reference to cfg (loop thread); returns cfg. */
 struct config *config_ref(struct config *cfg);
 /* Drops a reference (loop thread); the last one frees it. NULL is fine. */

@@ -48,7 +48,11 @@ static void usage(FILE *f, int options)
 {
 	fprintf(f,
 		"usage: dsckptd [-c CONFIG] [-n] [-d] [-p PIDFILE] [-l LOGFILE] [-v] [-h]\n"
-		"  -c, --config CONFIG  configuration file (default %s)\n"
+		"  -c, --config CONFIG  configuration file (default: root's %s, else\n"
+		"                       built-in defaults; another user's\n"
+		"                       ~/.config/dsckptd/dsckptd.json, else a per-user daemon:\n"
+		"                       socket $XDG_RUNTIME_DIR/dsckptd/dsckptd.sock, checkpoints\n"
+		"                       under ~/.local/share/dsckpt)\n"
 		"  -n, --check          check the configuration, print \"configuration OK\" or the\n"
 		"                       errors\n"
 		"  -d, --foreground     stay in the foreground (as under systemd); without it the\n"
@@ -156,6 +160,11 @@ static void reload(void)
 	char err[4096];
 	struct config *n;
 
+	if (config_path == NULL) {
+		log_info("running on built-in defaults, without a configuration file: nothing to "
+			 "reload");
+		return;
+	}
 	if (config_load(config_path, &n, err, sizeof(err)) < 0) {
 		/* One log line: the problems joined by "; " (a newline would be written "\n"). */
 		for (char *p = err; (p = strchr(p, '\n')) != NULL; p++)
@@ -231,8 +240,8 @@ int main(int argc, char **argv)
 {
 	char err[4096];
 	int check_only = 0, foreground = 0, opt;
-	const char *config_arg = DSCKPTD_DEFAULT_CONFIG, *pid_arg = NULL, *log_arg = NULL;
-	char *pid_abs = NULL;
+	const char *config_arg = NULL, *pid_arg = NULL, *log_arg = NULL;
+	char *pid_abs = NULL, *found = NULL, say[1024] = "";
 	struct timespec ts;
 
 	static const struct option longs[] = {
@@ -271,29 +280,39 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("dsckptd", LOG_LVL_INFO);
-	if (config_load(config_arg, &config, err, sizeof(err)) < 0) {
-		print_config_errors(config_arg, err);
+	int loaded = config_arg ? config_load(config_arg, &config, err, sizeof(err)) :
+		userconf_load(&config, &found, say, sizeof(say), err, sizeof(err));
+	if (!config_arg)
+		config_arg = found;
+	int from_file = config_arg != NULL;
+	if (loaded < 0) {
+		print_config_errors(config_arg ? config_arg : "built-in defaults", err);
+		free(found);
 		return 1;
 	}
+	if (say[0])
+		log_info("%s", say);
 	if (check_only) {
 		printf("configuration OK\n");
 		config_free(config);
+		free(found);
 		return 0;
 	}
 	log_set_level(config->log_level);
 	/* Paths given relative to where dsckptd was started: a reload and a log file opened
 	 * again on SIGHUP find them from /. */
-	config_path = detach_abspath(config_arg);
+	config_path = from_file ? detach_abspath(config_arg) : NULL;
+	free(found);
 	pid_abs = pid_arg ? detach_abspath(pid_arg) : NULL;
 	char *log_abs = log_arg ? detach_abspath(log_arg) : NULL;
-	int bad = config_path == NULL || (pid_arg && !pid_abs) || (log_arg && !log_abs);
+	int bad = (from_file && !config_path) || (pid_arg && !pid_abs) || (log_arg && !log_abs);
 	if (!bad && log_abs && log_open(log_abs, err, sizeof(err)) < 0) {
 		fprintf(stderr, "dsckptd: %s\n", err);
 		bad = 1;
 	}
 	free(log_abs);
 	if (bad) {
-		if (config_path == NULL || (pid_arg && !pid_abs))
+		if ((from_file && !config_path) || (pid_arg && !pid_abs))
 			fprintf(stderr, "dsckptd: out of memory\n");
 		goto fail_args;
 	}
