@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,9 @@ static const struct option options[] = {
 	  "\"\": the machine's hostname" },
 	{ "socket_mode", OPT_OCTAL, 0, 0777, "\"0660\"", OFF(socket_mode),
 	  "permissions of the socket, an octal string" },
+	{ "socket_group", OPT_STRING, 0, 255, "\"\"", OFF(socket_group),
+	  "group given the socket, whose members may connect with socket_mode 0660 (\"dsckpt\", "
+	  "made by the sysusers.d entry); \"\": the daemon's own group" },
 	{ "allowed_roots", OPT_DIRS, 1, 64, "[\"/var/lib/dsckpt\"]", OFF(allowed_roots),
 	  "absolute existing directories clients may write checkpoints under" },
 	{ "host_cache_size", OPT_NUMBER, 1.0 / 1024, 4096, "4", OFF(host_cache_gib),
@@ -565,6 +569,18 @@ int config_load_text(const char *text, size_t len, struct config **out, char *er
 			break;
 		}
 	}
+	cfg->socket_gid = (gid_t)-1;
+	if (cfg->socket_group && cfg->socket_group[0]) {
+		struct group *g = getgrnam(cfg->socket_group);
+		if (g)
+			cfg->socket_gid = g->gr_gid;
+		else {
+			config_err(err, errlen, "option 'socket_group': no group '%s' on this "
+				   "machine (make it: groupadd %s, or systemd-sysusers for "
+				   "\"dsckpt\")", cfg->socket_group, cfg->socket_group);
+			bad = 1;
+		}
+	}
 	if (cfg->socket && cfg->socket[0] != '/') {
 		config_err(err, errlen, "option 'socket': '%s' is not an absolute path", cfg->socket);
 		bad = 1;
@@ -605,6 +621,7 @@ void config_free(struct config *cfg)
 		free(cfg->allowed_roots[i]);
 	free(cfg->allowed_roots);
 	free(cfg->socket);
+	free(cfg->socket_group);
 	free(cfg->host);
 	free(cfg);
 }

@@ -120,6 +120,8 @@ struct config {
 	char *socket;              /* path of the Unix socket */
 	char *host;                /* this node's name; "" for the hostname (store_host) */
 	unsigned socket_mode;      /* from an octal string, e.g. "0660" */
+	char *socket_group;        /* the socket's group by name; "": the daemon's own */
+	gid_t socket_gid;          /* its gid; (gid_t)-1 for "" */
 	char **allowed_roots;      /* absolute, canonical (realpath) directories */
 	size_t n_roots;
 	double host_cache_gib;     /* as written */

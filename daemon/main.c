@@ -182,14 +182,18 @@ static void reload(void)
 	}
 	/* What was built from these at start-up stays: say so and keep the running values. */
 	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
+	    strcmp(n->socket_group, config->socket_group) != 0 ||
 	    n->host_cache_bytes != config->host_cache_bytes ||
 	    n->chunk_bytes != config->chunk_bytes || n->flush_threads != config->flush_threads ||
 	    n->copy_threads != config->copy_threads || strcmp(n->host, config->host) != 0)
-		log_warnx("socket, socket_mode, host, host_cache_size, chunk_size and thread counts "
-			  "take effect at the next start");
+		log_warnx("socket, socket_mode, socket_group, host, host_cache_size, chunk_size and "
+			  "thread counts take effect at the next start");
 	free(n->socket);
 	n->socket = strdup(config->socket);
 	n->socket_mode = config->socket_mode;
+	free(n->socket_group);
+	n->socket_group = strdup(config->socket_group);
+	n->socket_gid = config->socket_gid;
 	n->host_cache_gib = config->host_cache_gib;
 	n->host_cache_bytes = config->host_cache_bytes;
 	n->chunk_bytes = config->chunk_bytes;

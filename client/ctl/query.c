@@ -47,10 +47,17 @@ dsckpt_conn_t *query_open(const struct ctl *ctl)
 
 	if (e == DSCKPT_EACCES) {
 		struct stat st;
-		struct group *g = stat(ctl->socket, &st) == 0 ? getgrgid(st.st_gid) : NULL;
-		out_err("%s (the socket admits root and the members of its group%s%s: add yourself "
-			"with usermod -aG %s $USER and log in again)", dsckpt_last_error(NULL),
-			g ? ", " : "", g ? g->gr_name : "", g ? g->gr_name : "GROUP");
+		int got = stat(ctl->socket, &st) == 0;
+		struct group *g = got ? getgrgid(st.st_gid) : NULL;
+		if (got && st.st_gid == 0)
+			out_err("%s; group root is no group to join: the daemon's administrator sets "
+				"\"socket_group\": \"dsckpt\" in dsckptd.json (the group the "
+				"sysusers.d entry makes), then adds you with usermod -aG dsckpt $USER",
+				dsckpt_last_error(NULL));
+		else
+			out_err("%s; add yourself to group %s with usermod -aG %s $USER and log in "
+				"again", dsckpt_last_error(NULL), g ? g->gr_name : "GROUP",
+				g ? g->gr_name : "GROUP");
 		return NULL;
 	}
 	if (e < 0) {

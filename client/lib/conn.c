@@ -16,6 +16,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -123,7 +124,18 @@ int dsckpt_connect(const char *path, dsckpt_conn_t **out)
 		struct stat st;
 		if (err == ENOENT)
 			e = lib_conn_tls_fail(code, "no dsckptd at %s (no such socket)", path);
-		else if (err == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+		else if (code == DSCKPT_EACCES && stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+			struct group g, *found = NULL;
+			char names[1024], gname[64];
+			if (getgrgid_r(st.st_gid, &g, names, sizeof(names), &found) == 0 && found)
+				snprintf(gname, sizeof(gname), "%s", found->gr_name);
+			else
+				snprintf(gname, sizeof(gname), "%u", (unsigned)st.st_gid);
+			e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: %s (the socket "
+					      "is mode %04o, group %s: its owner and the members "
+					      "of group %s may connect)", path, strerror(err),
+					      (unsigned)(st.st_mode & 07777), gname, gname);
+		} else if (err == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
 			e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: not a socket "
 					      "(a %s)", path, S_ISDIR(st.st_mode) ? "directory"
 					      : S_ISREG(st.st_mode) ? "regular file" : "special file");
