@@ -223,6 +223,8 @@ uint64_t cache_used(struct cache *c);
 uint64_t cache_chunk(struct cache *c);
 /* Milliseconds the start-up touch took. */
 double cache_touch_ms(struct cache *c);
+/* Bytes of it locked in memory at start (less than the total when RLIMIT_MEMLOCK is lower). */
+uint64_t cache_locked(struct cache *c);
 /* Number of pools: one per NUMA node the cache is split over, or 1. */
 unsigned cache_pools(struct cache *c);
 /* Pool i's NUMA node (-1: not split), size and bytes handed out (any may be NULL). */
@@ -1061,6 +1063,8 @@ uint64_t resident_held(const struct resident *r);
 void resident_unpin(struct resident *r);
 /* Cache bytes held by resident files now (whole chunks). */
 uint64_t resident_bytes(void);
+/* Data bytes of the files those chunks hold (a file's last chunk is partly filled). */
+uint64_t resident_data_bytes(void);
 /* Calls fn for each durable resident file, oldest first, with resident.c's lock held (fn
  * must not call into resident.c or the cache); bytes are the data bytes held. */
 void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,

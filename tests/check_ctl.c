@@ -323,7 +323,8 @@ START_TEST(test_query_replies)
 	ck_assert_int_eq(ctl("-s %s --json status", sock), 0);
 	cJSON *doc = cJSON_Parse(ctl_out);
 	ck_assert_msg(doc != NULL, "not JSON: %s", ctl_out);
-	ck_assert_int_eq(cJSON_GetObjectItem(doc, "uptime_s")->valueint, 7384);
+	ck_assert_int_eq(cJSON_GetObjectItem(doc, "uptime_ms")->valuedouble, 7384000);
+	ck_assert_ptr_null(cJSON_GetObjectItem(doc, "uptime_s"));
 	const cJSON *pools = cJSON_GetObjectItem(doc, "cache_pools");
 	ck_assert_int_eq(cJSON_GetArraySize(pools), 2);
 	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(pools, 1), "node")->valueint, 1);
@@ -477,7 +478,7 @@ START_TEST(test_usage)
 	ck_assert_int_eq(ctl("wait --dir %s/no-such-tag", ctl_root), 1);
 	ck_out_has("no-such-tag: No such file or directory");
 	ck_assert_int_eq(ctl("--help"), 0);
-	const char *words[] = {"status", "metrics", "pending", "list ROOT", "verify",
+	const char *words[] = {"status", "metrics", "pending", "list [ROOT]", "verify",
 			       "--allow-uncommitted",
 			       "wait", "--dir DIR", "--timeout SEC", "--json", "DSCKPT_SOCKET",
 			       "Exit status"};

@@ -141,6 +141,12 @@ START_TEST(test_user_daemon)
 	snprintf(pidw, sizeof(pidw), "pid %d,", (int)note.pid);
 	ck_assert_msg(rc == 0 && strstr(text(h_path("%s/out", dir)), pidw),
 		      "dsckptctl status as %s: %d: %s", USER, rc, text(h_path("%s/out", dir)));
+	/* A cache the user may not lock is said to be not pinned, with both remedies. */
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 64 << 20)
+		ck_assert_msg(strstr(text(h_path("%s/out", dir)), "not pinned: 0 B of 64.0 MiB "
+				     "locked in memory, the rest may be swapped out (raise "
+				     "RLIMIT_MEMLOCK: ulimit -l by hand, LimitMEMLOCK= under "
+				     "systemd)"), "%s", text(h_path("%s/out", dir)));
 	rc = as_user("dsckpt-example-trainer --dir \"$HOME/.local/share/dsckpt/job\" --ranks 1 "
 		     "--mb 1 --ckpts 1 --tensors 2 && dsckptctl verify "
 		     "\"$HOME/.local/share/dsckpt/job/$(cat $HOME/.local/share/dsckpt/job/latest)\"");
