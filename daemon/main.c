@@ -157,8 +157,9 @@ static void raise_nofile(void)
 /* Loads the config again; a bad one keeps the old. */
 static void reload(void)
 {
-	char err[4096];
+	char err[4096], line[8192];
 	struct config *n;
+	size_t k = 0;
 
 	if (config_path == NULL) {
 		log_info("running on built-in defaults, without a configuration file: nothing to "
@@ -167,10 +168,17 @@ static void reload(void)
 	}
 	if (config_load(config_path, &n, err, sizeof(err)) < 0) {
 		/* One log line: the problems joined by "; " (a newline would be written "\n"). */
-		for (char *p = err; (p = strchr(p, '\n')) != NULL; p++)
-			*p = ';';
+		for (const char *p = err; *p && k + 3 < sizeof(line); p++) {
+			if (*p == '\n') {
+				line[k++] = ';';
+				line[k++] = ' ';
+			} else {
+				line[k++] = *p;
+			}
+		}
+		line[k] = '\0';
 		log_error("reload of %s failed; keeping the old configuration: %s", config_path,
-			  err);
+			  line);
 		return;
 	}
 	n->copy_threads = copy_threads_for(n->copy_threads);
