@@ -298,6 +298,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(LIBDIR) \
 		$(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)/etc/dsckptd \
 		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
+		$(DESTDIR)$(PREFIX)/lib/systemd/user \
 		$(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(MANDIR)/man1 \
 		$(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(BUILD)/dsckptd $(DESTDIR)$(PREFIX)/sbin/dsckptd
@@ -317,6 +318,8 @@ install: all
 	sed 's#@SBINDIR@#$(PREFIX)/sbin#g' systemd/dsckptd.service \
 		> $(DESTDIR)$(PREFIX)/lib/systemd/system/dsckptd.service
 	install -m 0644 systemd/dsckptd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
+	sed 's#@SBINDIR@#$(PREFIX)/sbin#g' systemd/dsckptd-user.service \
+		> $(DESTDIR)$(PREFIX)/lib/systemd/user/dsckptd.service
 	install -m 0644 systemd/dsckptd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/dsckptd.conf
 	install -m 0644 systemd/dsckptd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/dsckptd.conf
 	@systemd/finish-install "$(PREFIX)" "$(DESTDIR)"

@@ -37,8 +37,10 @@ extern "C" {
 #define DSCKPT_VERSION_PATCH 0
 #define DSCKPT_VERSION_STRING "0.1.0"
 
-/* Socket used when neither an argument nor DSCKPT_SOCKET names one. */
+/* Socket used when neither an argument nor DSCKPT_SOCKET names one (the system daemon's). */
 #define DSCKPT_DEFAULT_SOCKET "/run/dsckptd/dsckptd.sock"
+/* A per-user daemon's socket, below $XDG_RUNTIME_DIR: used when the system one is absent. */
+#define DSCKPT_USER_SOCKET "dsckptd/dsckptd.sock"
 
 /*
  * Error codes: XX(name, value, message). Values follow errno where one fits; the wire
@@ -112,7 +114,13 @@ DSCKPT_EXTERN const char *dsckpt_err_name(int err);
 /* Name of a level, e.g. "SNAPSHOT" (never NULL). */
 DSCKPT_EXTERN const char *dsckpt_level_name(int level);
 
-/* Connects to the daemon at path (NULL: $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET). */
+/* The socket a connection goes to without a path, written into buf (len bytes, cut to fit)
+ * and returned: $DSCKPT_SOCKET; else DSCKPT_DEFAULT_SOCKET when it exists; else
+ * $XDG_RUNTIME_DIR/DSCKPT_USER_SOCKET (a per-user daemon's) when that exists; else
+ * DSCKPT_DEFAULT_SOCKET. */
+DSCKPT_EXTERN const char *dsckpt_default_socket(char *buf, size_t len);
+/* Connects to the daemon at path (NULL or "": dsckpt_default_socket's). A missing socket is
+ * DSCKPT_ECONNREFUSED with "no dsckptd at PATH (no such socket)". */
 DSCKPT_EXTERN int dsckpt_connect(const char *path, dsckpt_conn_t **out);
 /* Identifies this process as rank of a job of world_size ranks; required before saving or
  * loading. The run is the environment's (see dsckpt_identify_run with run NULL). */

@@ -70,6 +70,7 @@ struct cache {
 	uint64_t chunk;
 	size_t nchunks;
 	double touch_ms;
+	uint64_t locked;       /* bytes mlock'ed at start (all of total unless RLIMIT_MEMLOCK) */
 };
 
 /* A slice of the mapping one touch thread faults in, on the CPUs of its pool's node. */
@@ -346,9 +347,11 @@ static void cache_lock(struct cache *c, cache_progress_fn progress)
 	for (off = 0; off < c->total; off += len) {
 		len = c->total - off < CACHE_LOCK_STEP ? c->total - off : CACHE_LOCK_STEP;
 		if (mlock(c->base + off, len) != 0) {
+			c->locked = off;
 			if (!atomic_flag_test_and_set(&warned_mlock))
-				log_warn("cannot lock the cache beyond %llu of %llu MiB (raise "
-					 "LimitMEMLOCK)", (unsigned long long)(off >> 20),
+				log_warn("cannot lock the cache beyond %llu of %llu MiB, so it is "
+					 "not pinned (raise RLIMIT_MEMLOCK: ulimit -l by hand, "
+					 "LimitMEMLOCK= under systemd)", (unsigned long long)(off >> 20),
 					 (unsigned long long)(c->total >> 20));
 			progress("locked", off, c->total);
 			return;
@@ -360,6 +363,7 @@ static void cache_lock(struct cache *c, cache_progress_fn progress)
 			progress("locked", off + len, c->total);
 		}
 	}
+	c->locked = c->total;
 	progress("locked", c->total, c->total);
 }
 
@@ -621,4 +625,10 @@ uint64_t cache_chunk(struct cache *c)
 double cache_touch_ms(struct cache *c)
 {
 	return c->touch_ms;
+}
+
+/* Bytes of the cache locked in memory at start (less than cache_total: RLIMIT_MEMLOCK). */
+uint64_t cache_locked(struct cache *c)
+{
+	return c->locked;
 }

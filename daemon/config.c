@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,9 @@ static const struct option options[] = {
 	  "\"\": the machine's hostname" },
 	{ "socket_mode", OPT_OCTAL, 0, 0777, "\"0660\"", OFF(socket_mode),
 	  "permissions of the socket, an octal string" },
+	{ "socket_group", OPT_STRING, 0, 255, "\"\"", OFF(socket_group),
+	  "group given the socket, whose members may connect with socket_mode 0660 (\"dsckpt\", "
+	  "made by the sysusers.d entry); \"\": the daemon's own group" },
 	{ "allowed_roots", OPT_DIRS, 1, 64, "[\"/var/lib/dsckpt\"]", OFF(allowed_roots),
 	  "absolute existing directories clients may write checkpoints under" },
 	{ "host_cache_size", OPT_NUMBER, 1.0 / 1024, 4096, "4", OFF(host_cache_gib),
@@ -188,8 +192,14 @@ static int config_dirs(struct config *cfg, const struct option *o, const cJSON *
 		}
 		if ((real = realpath(item->valuestring, NULL)) == NULL ||
 		    stat(real, &st) != 0) {
-			config_err(err, errlen, "option '%s': '%s': %s", o->name,
-				   item->valuestring, strerror(errno));
+			if (errno == ENOENT)
+				config_err(err, errlen, "option '%s': '%s': No such file or "
+					   "directory (create it: mkdir -p %s, or name another "
+					   "directory)", o->name, item->valuestring,
+					   item->valuestring);
+			else
+				config_err(err, errlen, "option '%s': '%s': %s", o->name,
+					   item->valuestring, strerror(errno));
 			free(real);
 			bad = 1;
 			continue;
@@ -204,6 +214,61 @@ static int config_dirs(struct config *cfg, const struct option *o, const cJSON *
 		cfg->allowed_roots[cfg->n_roots++] = real;
 	}
 	return bad ? -1 : 0;
+}
+
+/* Whether s is a whole JSON number ("2", "0.25"), as a value mistakenly quoted is. */
+static int config_is_number(const char *s)
+{
+	cJSON *v = cJSON_Parse(s);
+	int yes = v != NULL && cJSON_IsNumber(v);
+
+	cJSON_Delete(v);
+	return yes;
+}
+
+/* Edit distance (insertions, deletions, substitutions) between a and b, cut at 99. */
+static unsigned config_distance(const char *a, const char *b)
+{
+	unsigned row[64], la = (unsigned)strlen(a), lb = (unsigned)strlen(b);
+
+	if (la >= 64 || lb >= 64)
+		return 99;
+	for (unsigned j = 0; j <= lb; j++)
+		row[j] = j;
+	for (unsigned i = 1; i <= la; i++) {
+		unsigned diag = row[0];
+		row[0] = i;
+		for (unsigned j = 1; j <= lb; j++) {
+			unsigned up = row[j];
+			unsigned best = diag + (a[i - 1] != b[j - 1]);
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+/* The option name closest to an unknown key (a few edits away, at most a third of the
+ * key), or NULL. */
+static const char *config_suggest(const char *key)
+{
+	unsigned best = 99, limit = (unsigned)strlen(key) / 3;
+	const char *name = NULL;
+
+	if (limit < 2)
+		limit = 2;
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		unsigned d = config_distance(key, options[i].name);
+		if (d < best) {
+			best = d;
+			name = options[i].name;
+		}
+	}
+	return best <= limit ? name : NULL;
 }
 
 /* Checks v against option o and stores it in cfg; 0 or -1 with the problem in err. */
@@ -295,8 +360,13 @@ static int config_set(struct config *cfg, const struct option *o, const cJSON *v
 		*(int *)field = cJSON_IsTrue(v);
 		return 0;
 	}
-	config_err(err, errlen, "option '%s': expected %s, got %s", o->name, want,
-		   config_json_type(v));
+	if (cJSON_IsString(v) && (o->type == OPT_NUMBER || o->type == OPT_MIB ||
+				  o->type == OPT_UINT) && config_is_number(v->valuestring))
+		config_err(err, errlen, "option '%s': expected %s, got the string \"%s\" (write "
+			   "%s without quotes)", o->name, want, v->valuestring, v->valuestring);
+	else
+		config_err(err, errlen, "option '%s': expected %s, got %s", o->name, want,
+			   config_json_type(v));
 	return -1;
 }
 
@@ -357,16 +427,15 @@ static char *config_read(const char *path, size_t *len, char *err, size_t errlen
 	int fd;
 
 	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
-		config_err(err, errlen, "%s: %s", path, strerror(errno));
+		config_err(err, errlen, "%s", strerror(errno));
 		return NULL;
 	}
 	if (fstat(fd, &st) != 0) {
-		config_err(err, errlen, "%s: %s", path, strerror(errno));
+		config_err(err, errlen, "%s", strerror(errno));
 		goto fail;
 	}
 	if (!S_ISREG(st.st_mode) || st.st_size > CONFIG_MAX_FILE) {
-		config_err(err, errlen, "%s: not a regular file of at most %d bytes", path,
-			   CONFIG_MAX_FILE);
+		config_err(err, errlen, "not a regular file of at most %d bytes", CONFIG_MAX_FILE);
 		goto fail;
 	}
 	if ((buf = malloc((size_t)st.st_size + 1)) == NULL) {
@@ -378,7 +447,7 @@ static char *config_read(const char *path, size_t *len, char *err, size_t errlen
 	       (n = read(fd, buf + *len, (size_t)st.st_size - *len)) > 0)
 		*len += (size_t)n;
 	if (n < 0) {
-		config_err(err, errlen, "%s: %s", path, strerror(errno));
+		config_err(err, errlen, "%s", strerror(errno));
 		goto fail;
 	}
 	buf[*len] = '\0';
@@ -391,15 +460,14 @@ fail:
 }
 
 /* Parses text into a JSON tree; NULL with the syntax error's line and column in err. */
-static cJSON *config_parse(const char *path, const char *text, size_t len, char *err,
-			   size_t errlen)
+static cJSON *config_parse(const char *text, size_t len, char *err, size_t errlen)
 {
 	const char *end = NULL;
 	cJSON *root;
 	unsigned line = 1, col = 1;
 
 	if (memchr(text, '\0', len) != NULL) {
-		config_err(err, errlen, "%s: contains a NUL byte", path);
+		config_err(err, errlen, "contains a NUL byte");
 		return NULL;
 	}
 	/* The length includes the NUL so that trailing garbage is an error. */
@@ -407,7 +475,7 @@ static cJSON *config_parse(const char *path, const char *text, size_t len, char 
 	if (root != NULL)
 		return root;
 	if (end == NULL || end < text || end > text + len) {
-		config_err(err, errlen, "%s: cannot parse JSON", path);
+		config_err(err, errlen, "cannot parse JSON");
 		return NULL;
 	}
 	for (const char *p = text; p < end; p++) {
@@ -417,33 +485,46 @@ static cJSON *config_parse(const char *path, const char *text, size_t len, char 
 			col = 1;
 		}
 	}
-	config_err(err, errlen, "%s: JSON syntax error at line %u, column %u", path, line, col);
+	config_err(err, errlen, "JSON syntax error at line %u, column %u", line, col);
 	return NULL;
 }
 
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen)
 {
-	int seen[N_OPTIONS] = { 0 };
-	struct config *cfg;
-	const cJSON *item;
-	cJSON *root;
 	size_t len;
 	char *text;
-	int bad = 0;
+	int rc;
 
 	if (errlen > 0)
 		err[0] = '\0';
 	*out = NULL;
 	if ((text = config_read(path, &len, err, errlen)) == NULL)
 		return -1;
-	root = config_parse(path, text, len, err, errlen);
+	rc = config_load_text(text, len, out, err, errlen);
 	free(text);
+	return rc;
+}
+
+/* Parses and validates len bytes of JSON text into a fresh config; -1 with every problem in
+ * err. */
+int config_load_text(const char *text, size_t len, struct config **out, char *err,
+		     size_t errlen)
+{
+	int seen[N_OPTIONS] = { 0 }, failed[N_OPTIONS] = { 0 }, sizes_ok = 1;
+	struct config *cfg;
+	const cJSON *item;
+	cJSON *root;
+	int bad = 0;
+
+	if (errlen > 0)
+		err[0] = '\0';
+	*out = NULL;
+	root = config_parse(text, len, err, errlen);
 	if (root == NULL)
 		return -1;
 	if (!cJSON_IsObject(root)) {
-		config_err(err, errlen, "%s: expected a JSON object, got %s", path,
-			   config_json_type(root));
+		config_err(err, errlen, "expected a JSON object, got %s", config_json_type(root));
 		goto fail_root;
 	}
 	if ((cfg = calloc(1, sizeof(*cfg))) == NULL) {
@@ -458,12 +539,19 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 			if (strcmp(item->string, options[i].name) == 0)
 				break;
 		if (i == N_OPTIONS) {
-			config_err(err, errlen, "unknown option '%s'", item->string);
+			const char *near = config_suggest(item->string);
+			if (near)
+				config_err(err, errlen, "unknown option '%s' (did you mean '%s'?)",
+					   item->string, near);
+			else
+				config_err(err, errlen, "unknown option '%s' (dsckptd --help lists "
+					   "the options)", item->string);
 			bad = 1;
 		} else if (seen[i]++) {
 			config_err(err, errlen, "duplicate option '%s'", item->string);
 			bad = 1;
 		} else if (config_set(cfg, &options[i], item, err, errlen) != 0) {
+			failed[i] = 1;
 			bad = 1;
 		}
 	}
@@ -471,6 +559,11 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 		if (!seen[i] && config_set_default(cfg, &options[i], err, errlen) != 0)
 			bad = 1;
 	cJSON_Delete(root);
+	/* One message per mistake: what is derived from a value already refused is not checked. */
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		sizes_ok &= !(failed[i] && (options[i].off == OFF(host_cache_gib) ||
+					    options[i].off == OFF(chunk_bytes) ||
+					    options[i].off == OFF(max_region_gib)));
 
 	for (const char *h = cfg->host; h && *h; h++) {
 		if (*h <= ' ' || *h > '~' || *h == '/') {
@@ -479,12 +572,24 @@ int config_load(const char *path, struct config **out, char *err, size_t errlen)
 			break;
 		}
 	}
+	cfg->socket_gid = (gid_t)-1;
+	if (cfg->socket_group && cfg->socket_group[0]) {
+		struct group *g = getgrnam(cfg->socket_group);
+		if (g)
+			cfg->socket_gid = g->gr_gid;
+		else {
+			config_err(err, errlen, "option 'socket_group': no group '%s' on this "
+				   "machine (make it: groupadd %s, or systemd-sysusers for "
+				   "\"dsckpt\")", cfg->socket_group, cfg->socket_group);
+			bad = 1;
+		}
+	}
 	if (cfg->socket && cfg->socket[0] != '/') {
 		config_err(err, errlen, "option 'socket': '%s' is not an absolute path", cfg->socket);
 		bad = 1;
 	}
 	/* The sizes are checked even after another problem: -n names every one at once. */
-	if (config_sizes(cfg, err, errlen) != 0 || bad) {
+	if ((sizes_ok && config_sizes(cfg, err, errlen) != 0) || bad) {
 		config_free(cfg);
 		return -1;
 	}
@@ -519,6 +624,7 @@ void config_free(struct config *cfg)
 		free(cfg->allowed_roots[i]);
 	free(cfg->allowed_roots);
 	free(cfg->socket);
+	free(cfg->socket_group);
 	free(cfg->host);
 	free(cfg);
 }

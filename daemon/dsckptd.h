@@ -77,6 +77,40 @@ int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* Writes "uid 1002 (alice)" (the name when known) into buf and returns buf. */
 char *log_uid(unsigned uid, char *buf, size_t len);
+/* Opens path (absolute) for appending: every line goes there too; 0 or -1 with err. */
+int log_open(const char *path, char *err, size_t errlen);
+/* Opens the log file again by its path (SIGHUP, after logrotate); no-op without one. */
+void log_reopen(void);
+/* Sends every line to syslog (facility daemon) too. */
+void log_to_syslog(void);
+/* Stops writing lines to stderr (a background daemon, once ready). */
+void log_detach(void);
+/* The log file's path, "syslog", or NULL when lines go to stderr alone. */
+const char *log_target(void);
+
+/* userconf.c — the configuration of a dsckptd started without -c: root's
+ * /etc/dsckptd/dsckptd.json, another user's ~/.config/dsckptd/dsckptd.json, else built-in
+ * defaults (for another user, a per-user daemon's: socket and root of its own, a cache it
+ * may lock). Into *out; the file read in *path (malloc'd; NULL: built-in defaults); the line
+ * saying what was chosen without a file into say (else ""); -1 with err. */
+int userconf_load(struct config **out, char **path, char *say, size_t saylen, char *err,
+		  size_t errlen);
+
+/* detach.c — starting in the background: the command returns once the daemon is ready. */
+/* Forks; the parent waits for the child's word and exits 0 once it is ready, or with the
+ * child's status when it fails first; the child, in a session of its own, returns 0. -1 with
+ * err when it cannot fork. */
+int detach_start(char *err, size_t errlen);
+/* In the child: stdin, stdout and stderr to /dev/null, lines to the log file or syslog alone,
+ * and the parent told that the daemon is ready; no-op in the foreground. */
+void detach_ready(void);
+/* path made absolute against the current directory (malloc'd; NULL without memory). */
+char *detach_abspath(const char *path);
+/* Writes this process's pid into path (absolute; atomically, by rename), to be removed by
+ * pidfile_remove; 0 or -1 with err. */
+int pidfile_write(const char *path, char *err, size_t errlen);
+/* Removes the pid file if it still names this process (exit). */
+void pidfile_remove(void);
 
 /* config.c */
 /* A validated configuration; replaced whole on reload, never edited in place, and kept alive
@@ -86,6 +120,8 @@ struct config {
 	char *socket;              /* path of the Unix socket */
 	char *host;                /* this node's name; "" for the hostname (store_host) */
 	unsigned socket_mode;      /* from an octal string, e.g. "0660" */
+	char *socket_group;        /* the socket's group by name; "": the daemon's own */
+	gid_t socket_gid;          /* its gid; (gid_t)-1 for "" */
 	char **allowed_roots;      /* absolute, canonical (realpath) directories */
 	size_t n_roots;
 	double host_cache_gib;     /* as written */
@@ -117,6 +153,9 @@ struct config {
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
+/* The same from len bytes of JSON text. */
+int config_load_text(const char *text, size_t len, struct config **out, char *err,
+		     size_t errlen);
 /* Takes a reference to cfg (loop thread); returns cfg. */
 struct config *config_ref(struct config *cfg);
 /* Drops a reference (loop thread); the last one frees it. NULL is fine. */
@@ -187,6 +226,8 @@ uint64_t cache_used(struct cache *c);
 uint64_t cache_chunk(struct cache *c);
 /* Milliseconds the start-up touch took. */
 double cache_touch_ms(struct cache *c);
+/* Bytes of it locked in memory at start (less than the total when RLIMIT_MEMLOCK is lower). */
+uint64_t cache_locked(struct cache *c);
 /* Number of pools: one per NUMA node the cache is split over, or 1. */
 unsigned cache_pools(struct cache *c);
 /* Pool i's NUMA node (-1: not split), size and bytes handed out (any may be NULL). */
@@ -1051,6 +1092,8 @@ uint64_t resident_held(const struct resident *r);
 void resident_unpin(struct resident *r);
 /* Cache bytes held by resident files now (whole chunks). */
 uint64_t resident_bytes(void);
+/* Data bytes of the files those chunks hold (a file's last chunk is partly filled). */
+uint64_t resident_data_bytes(void);
 /* Calls fn for each durable resident file, oldest first, with resident.c's lock held (fn
  * must not call into resident.c or the cache); bytes are the data bytes held. */
 void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,

@@ -1,10 +1,15 @@
 /*
- * log.c — messages to stderr, which is the journal under systemd.
+ * log.c — messages to stderr, which is the journal under systemd, and, for a daemon started
+ * in the background (detach.c), to a log file or syslog.
  *
- * Each line is written under stderr's stdio lock so lines from several threads never mix, and
- * with one write(2): stderr is given a buffer, flushed at the end of every line.
+ * Each line is written under stderr's stdio lock (the one lock of every sink) so lines from
+ * several threads never mix, and with one write(2): stderr is given a buffer, flushed at the
+ * end of every line; so is the log file, opened for appending (and opened again on SIGHUP,
+ * after logrotate moved it). Until the background daemon is ready its lines go both to the
+ * terminal and to the file or syslog; from then on to the file or syslog alone.
  * Under the journal ($JOURNAL_STREAM names our stderr) lines carry a "<N>" syslog priority
- * and no timestamp (journald adds both); elsewhere they start with an ISO 8601 time.
+ * and no timestamp (journald adds both); elsewhere they start with an ISO 8601 time; syslog
+ * gets the message alone, with its priority.
  * Messages often carry client-chosen names, so every message is written escaped: bytes
  * below 0x20, 0x7f and 0x80 and up as \xHH, newline, tab and backslash as \n, \t and \\.
  * A line break in a message (a directory named "a\n...: error: forged") can then never
@@ -13,12 +18,14 @@
 #include "dsckptd.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pwd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +39,10 @@ static const int log_prio[] = { 3, 4, 6, 7 };
 static char log_prog[64] = "dsckptd";
 static atomic_int log_level = LOG_LVL_INFO;
 static int log_journal;
+static FILE *log_file;             /* the log file (log_open), or NULL */
+static char *log_file_path;        /* its absolute path, to open it again */
+static int log_syslog;             /* lines go to syslog too */
+static int log_quiet;              /* stderr is no longer written (log_detach) */
 
 /* Whether $JOURNAL_STREAM ("dev:ino") names the file our stderr is connected to. */
 static int log_stderr_is_journal(void)
@@ -91,8 +102,8 @@ static int log_enabled(int level)
 	return level <= atomic_load_explicit(&log_level, memory_order_relaxed);
 }
 
-/* Writes len bytes of s escaped, so one message is always one unambiguous line. */
-static void log_put_escaped(const char *s, size_t len)
+/* Writes len bytes of s escaped to f, so one message is always one unambiguous line. */
+static void log_put_escaped(FILE *f, const char *s, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";
 	size_t run = 0;	/* start of the bytes not yet written that need no escape */
@@ -104,7 +115,7 @@ static void log_put_escaped(const char *s, size_t len)
 
 		if (c >= 0x20 && c < 0x7f && c != '\\')
 			continue;
-		fwrite(s + run, 1, i - run, stderr);
+		fwrite(s + run, 1, i - run, f);
 		run = i + 1;
 		if (c == '\n')
 			esc[1] = 'n';
@@ -118,9 +129,9 @@ static void log_put_escaped(const char *s, size_t len)
 			esc[3] = hex[c & 0xf];
 			n = 4;
 		}
-		fwrite(esc, 1, n, stderr);
+		fwrite(esc, 1, n, f);
 	}
-	fwrite(s + run, 1, len - run, stderr);
+	fwrite(s + run, 1, len - run, f);
 }
 
 /*
@@ -164,40 +175,140 @@ static char *log_format(char *buf, size_t size, size_t *len, size_t *cut, const 
 	return big;
 }
 
-/* Writes one line: prefix, message, and ": strerror(err)" when err is not 0, all escaped. */
-static void log_vwrite(int level, int err, const char *fmt, va_list ap)
+/* Writes message, "...(N more bytes)" when cut, and ": estr" (when not NULL), escaped, to f. */
+static void log_put_body(FILE *f, const char *msg, size_t len, size_t cut, const char *estr)
 {
-	char ebuf[128], tbuf[64], mbuf[1024];
-	const char *estr = err ? strerror_r(err, ebuf, sizeof(ebuf)) : NULL;
-	size_t len, cut;
-	char *msg = log_format(mbuf, sizeof(mbuf), &len, &cut, fmt, ap);
+	log_put_escaped(f, msg, len);
+	if (cut)
+		fprintf(f, "...(%zu more bytes)", cut);
+	if (estr != NULL) {
+		fputs(": ", f);
+		log_put_escaped(f, estr, strlen(estr));
+	}
+}
 
-	flockfile(stderr);
-	if (log_journal) {
-		fprintf(stderr, "<%d>%s: ", log_prio[level], log_names[level]);
+/* Writes one whole line to f: the prefix (journal's priority, or a timestamp and who), the
+ * body, a newline; then flushes it. */
+static void log_put_line(FILE *f, int journal, int level, const char *msg, size_t len,
+			 size_t cut, const char *estr)
+{
+	char tbuf[64];
+
+	if (journal) {
+		fprintf(f, "<%d>%s: ", log_prio[level], log_names[level]);
 	} else {
 		struct timespec ts;
 		struct tm tm;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		localtime_r(&ts.tv_sec, &tm);
 		strftime(tbuf, sizeof(tbuf), "%Y-%m-%dT%H:%M:%S", &tm);
-		fprintf(stderr, "%s.%03ld", tbuf, ts.tv_nsec / 1000000);
+		fprintf(f, "%s.%03ld", tbuf, ts.tv_nsec / 1000000);
 		strftime(tbuf, sizeof(tbuf), "%z", &tm);
-		fprintf(stderr, "%s %s[%ld]: %s: ", tbuf, log_prog, (long)getpid(),
-			log_names[level]);
+		fprintf(f, "%s %s[%ld]: %s: ", tbuf, log_prog, (long)getpid(), log_names[level]);
 	}
-	log_put_escaped(msg, len);
-	if (cut)
-		fprintf(stderr, "...(%zu more bytes)", cut);
-	if (estr != NULL) {
-		fputs(": ", stderr);
-		log_put_escaped(estr, strlen(estr));
-	}
-	fputc('\n', stderr);
-	fflush(stderr);
+	log_put_body(f, msg, len, cut, estr);
+	fputc('\n', f);
+	fflush(f);
+}
+
+/* Sends the body to syslog at the level's priority. */
+static void log_put_syslog(int level, const char *msg, size_t len, size_t cut,
+			   const char *estr)
+{
+	char *body = NULL;
+	size_t blen = 0;
+	FILE *f = open_memstream(&body, &blen);
+
+	if (f == NULL)
+		return;
+	log_put_body(f, msg, len, cut, estr);
+	if (fclose(f) == 0)
+		syslog(log_prio[level], "%s: %s", log_names[level], body);
+	free(body);
+}
+
+/* Writes one line to every sink: prefix, message, and ": strerror(err)" when err is not 0,
+ * all escaped. */
+static void log_vwrite(int level, int err, const char *fmt, va_list ap)
+{
+	char ebuf[128], mbuf[1024];
+	const char *estr = err ? strerror_r(err, ebuf, sizeof(ebuf)) : NULL;
+	size_t len, cut;
+	char *msg = log_format(mbuf, sizeof(mbuf), &len, &cut, fmt, ap);
+
+	flockfile(stderr);
+	if (!log_quiet)
+		log_put_line(stderr, log_journal, level, msg, len, cut, estr);
+	if (log_file != NULL)
+		log_put_line(log_file, 0, level, msg, len, cut, estr);
+	if (log_syslog)
+		log_put_syslog(level, msg, len, cut, estr);
 	funlockfile(stderr);
 	if (msg != mbuf)
 		free(msg);
+}
+
+/* Opens path (absolute: the daemon leaves its directory) for appending, mode 0640; from now
+ * on every line goes there too. 0, or -1 with err. */
+int log_open(const char *path, char *err, size_t errlen)
+{
+	char *abs = strdup(path);
+	FILE *f;
+
+	if (abs == NULL)
+		return seterr(err, errlen, -1, "out of memory");
+	int fd = open(abs, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY | O_CLOEXEC, 0640);
+	if (fd < 0 || (f = fdopen(fd, "a")) == NULL) {
+		seterr(err, errlen, -1, "log file %s: %s", abs, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		free(abs);
+		return -1;
+	}
+	flockfile(stderr);
+	if (log_file)
+		fclose(log_file);
+	free(log_file_path);
+	log_file = f;
+	log_file_path = abs;
+	funlockfile(stderr);
+	return 0;
+}
+
+/* Opens the log file again by its path (SIGHUP: logrotate moved it); a failure keeps the old
+ * one and is logged. */
+void log_reopen(void)
+{
+	char err[512], *path;
+
+	if (log_file_path == NULL)
+		return;
+	if ((path = strdup(log_file_path)) == NULL)
+		return;
+	if (log_open(path, err, sizeof(err)) < 0)
+		log_warnx("%s; still writing to the file that was open", err);
+	free(path);
+}
+
+/* From now on lines go to syslog (facility daemon) too. */
+void log_to_syslog(void)
+{
+	openlog(log_prog, LOG_PID | LOG_NDELAY, LOG_DAEMON);
+	log_syslog = 1;
+}
+
+/* Stops writing to stderr (a background daemon once ready: its terminal is not its log). */
+void log_detach(void)
+{
+	flockfile(stderr);
+	log_quiet = 1;
+	funlockfile(stderr);
+}
+
+/* Where lines go besides stderr: the log file's path, "syslog", or NULL for stderr alone. */
+const char *log_target(void)
+{
+	return log_file_path ? log_file_path : log_syslog ? "syslog" : NULL;
 }
 
 /* Defines a logging function for level that appends strerror(errno) when with_errno. */

@@ -1,8 +1,9 @@
 /*
  * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
  *
- * Start-up: config → the socket's path checked (server_prepare) → locks (one daemon per
- * socket and root) → recover leftovers on disk →
+ * Start-up: config → into the background unless -d (detach.c: the command returns when the
+ * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
+ * per socket and root), then the pid file → recover leftovers on disk →
  * CUDA probe → host cache (touched, pinned)
  * → engine threads → wiring (connections to the request layer, save levels to waits and
  * commits) → socket → READY. Under systemd each step shows in `systemctl status` and the
@@ -29,7 +30,7 @@ struct cache *cache;
 const char *gpu_line = "none";
 double start_time;
 
-static const char *config_path = DSCKPTD_DEFAULT_CONFIG;
+static char *config_path;	/* absolute: a detached daemon's directory is / */
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_check_t drain_check;  /* active while draining */
 static int draining;
@@ -46,11 +47,20 @@ double now_mono(void)
 static void usage(FILE *f, int options)
 {
 	fprintf(f,
-		"usage: dsckptd [-c CONFIG] [-n] [-d] [-v] [-h]\n"
-		"  -c, --config CONFIG  configuration file (default %s)\n"
+		"usage: dsckptd [-c CONFIG] [-n] [-d] [-p PIDFILE] [-l LOGFILE] [-v] [-h]\n"
+		"  -c, --config CONFIG  configuration file (default: root's %s, else\n"
+		"                       built-in defaults; another user's\n"
+		"                       ~/.config/dsckptd/dsckptd.json, else a per-user daemon:\n"
+		"                       socket $XDG_RUNTIME_DIR/dsckptd/dsckptd.sock, checkpoints\n"
+		"                       under ~/.local/share/dsckpt)\n"
 		"  -n, --check          check the configuration, print \"configuration OK\" or the\n"
 		"                       errors\n"
-		"  -d, --foreground     stay in the foreground (as under systemd)\n"
+		"  -d, --foreground     stay in the foreground (as under systemd); without it the\n"
+		"                       command returns once the daemon is ready (status 0) or\n"
+		"                       has failed (its errors, status 1)\n"
+		"  -p, --pidfile FILE   write the daemon's pid into FILE (removed at exit)\n"
+		"  -l, --log FILE       append the log to FILE (opened again on HUP); in the\n"
+		"                       background without it, the log goes to syslog\n"
 		"  -v, --version        print the version\n"
 		"  -h, --help           this help, and every configuration option\n"
 		"signals: TERM/INT finish in-flight flushes then exit; HUP reloads the config\n",
@@ -149,12 +159,28 @@ static void raise_nofile(void)
 /* Loads the config again; a bad one keeps the old. */
 static void reload(void)
 {
-	char err[4096];
+	char err[4096], line[8192];
 	struct config *n;
+	size_t k = 0;
 
+	if (config_path == NULL) {
+		log_info("running on built-in defaults, without a configuration file: nothing to "
+			 "reload");
+		return;
+	}
 	if (config_load(config_path, &n, err, sizeof(err)) < 0) {
-		log_error("reload of %s failed; keeping the old configuration:\n%s", config_path,
-			  err);
+		/* One log line: the problems joined by "; " (a newline would be written "\n"). */
+		for (const char *p = err; *p && k + 3 < sizeof(line); p++) {
+			if (*p == '\n') {
+				line[k++] = ';';
+				line[k++] = ' ';
+			} else {
+				line[k++] = *p;
+			}
+		}
+		line[k] = '\0';
+		log_error("reload of %s failed; keeping the old configuration: %s", config_path,
+			  line);
 		return;
 	}
 	n->copy_threads = copy_threads_for(n->copy_threads);
@@ -166,14 +192,18 @@ static void reload(void)
 	}
 	/* What was built from these at start-up stays: say so and keep the running values. */
 	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
+	    strcmp(n->socket_group, config->socket_group) != 0 ||
 	    n->host_cache_bytes != config->host_cache_bytes ||
 	    n->chunk_bytes != config->chunk_bytes || n->flush_threads != config->flush_threads ||
 	    n->copy_threads != config->copy_threads || strcmp(n->host, config->host) != 0)
-		log_warnx("socket, socket_mode, host, host_cache_size, chunk_size and thread counts "
-			  "take effect at the next start");
+		log_warnx("socket, socket_mode, socket_group, host, host_cache_size, chunk_size and "
+			  "thread counts take effect at the next start");
 	free(n->socket);
 	n->socket = strdup(config->socket);
 	n->socket_mode = config->socket_mode;
+	free(n->socket_group);
+	n->socket_group = strdup(config->socket_group);
+	n->socket_gid = config->socket_gid;
 	n->host_cache_gib = config->host_cache_gib;
 	n->host_cache_bytes = config->host_cache_bytes;
 	n->chunk_bytes = config->chunk_bytes;
@@ -198,6 +228,7 @@ static void on_signal(uv_signal_t *h, int signum)
 	switch (signum) {
 	case SIGHUP:
 		service_reloading();
+		log_reopen();
 		reload();
 		service_reloaded();
 		break;
@@ -223,22 +254,28 @@ int main(int argc, char **argv)
 {
 	char err[4096];
 	int check_only = 0, foreground = 0, opt;
+	const char *config_arg = NULL, *pid_arg = NULL, *log_arg = NULL;
+	char *pid_abs = NULL, *found = NULL, say[1024] = "";
 	struct timespec ts;
 
 	static const struct option longs[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"check", no_argument, NULL, 'n'},
 		{"foreground", no_argument, NULL, 'd'},
+		{"pidfile", required_argument, NULL, 'p'},
+		{"log", required_argument, NULL, 'l'},
 		{"version", no_argument, NULL, 'v'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	opterr = 0;	/* our own words, named "dsckptd" however it was started */
-	while ((opt = getopt_long(argc, argv, ":c:ndvh", longs, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, ":c:ndp:l:vh", longs, NULL)) != -1) {
 		switch (opt) {
-		case 'c': config_path = optarg; break;
+		case 'c': config_arg = optarg; break;
 		case 'n': check_only = 1; break;
 		case 'd': foreground = 1; break;
+		case 'p': pid_arg = optarg; break;
+		case 'l': log_arg = optarg; break;
 		case 'v': printf("dsckptd %s\n", DSCKPTD_VERSION); return 0;
 		case 'h': usage(stdout, 1); return 0;
 		case ':':
@@ -257,19 +294,49 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("dsckptd", LOG_LVL_INFO);
-	if (config_load(config_path, &config, err, sizeof(err)) < 0) {
-		print_config_errors(config_path, err);
+	int loaded = config_arg ? config_load(config_arg, &config, err, sizeof(err)) :
+		userconf_load(&config, &found, say, sizeof(say), err, sizeof(err));
+	if (!config_arg)
+		config_arg = found;
+	int from_file = config_arg != NULL;
+	if (loaded < 0) {
+		print_config_errors(config_arg ? config_arg : "built-in defaults", err);
+		free(found);
 		return 1;
 	}
+	if (say[0])
+		log_info("%s", say);
 	if (check_only) {
 		printf("configuration OK\n");
 		config_free(config);
+		free(found);
 		return 0;
 	}
 	log_set_level(config->log_level);
-	if (!foreground && daemon(0, 1) < 0) {
-		log_warn("daemon");
-		return 1;
+	/* Paths given relative to where dsckptd was started: a reload and a log file opened
+	 * again on SIGHUP find them from /. */
+	config_path = from_file ? detach_abspath(config_arg) : NULL;
+	free(found);
+	pid_abs = pid_arg ? detach_abspath(pid_arg) : NULL;
+	char *log_abs = log_arg ? detach_abspath(log_arg) : NULL;
+	int bad = (from_file && !config_path) || (pid_arg && !pid_abs) || (log_arg && !log_abs);
+	if (!bad && log_abs && log_open(log_abs, err, sizeof(err)) < 0) {
+		fprintf(stderr, "dsckptd: %s\n", err);
+		bad = 1;
+	}
+	free(log_abs);
+	if (bad) {
+		if ((from_file && !config_path) || (pid_arg && !pid_abs))
+			fprintf(stderr, "dsckptd: out of memory\n");
+		goto fail_args;
+	}
+	if (!foreground) {
+		if (!log_arg)
+			log_to_syslog();
+		if (detach_start(err, sizeof(err)) < 0) {
+			log_error("%s; not starting", err);
+			goto fail_args;
+		}
 	}
 	clock_gettime(CLOCK_REALTIME, &ts);
 	start_time = ts.tv_sec + ts.tv_nsec / 1e9;
@@ -286,6 +353,11 @@ int main(int argc, char **argv)
 	 * root: a second one touches nothing, not even the cache. */
 	if (server_prepare(err, sizeof(err)) < 0 || lock_socket(config, err, sizeof(err)) < 0 ||
 	    lock_roots(config, err, sizeof(err)) < 0) {
+		log_error("%s; not starting", err);
+		goto fail_locks;
+	}
+	/* Written once the socket's lock is ours: a second daemon never overwrites it. */
+	if (pid_abs && pidfile_write(pid_abs, err, sizeof(err)) < 0) {
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
@@ -336,7 +408,10 @@ int main(int argc, char **argv)
 		 config->socket, cache_total(cache) / 1073741824.0,
 		 (unsigned long long)(cache_chunk(cache) >> 20), cache_touch_ms(cache),
 		 config->copy_threads, config->flush_threads, config->restore_threads, gpu_line);
+	if (!foreground)
+		log_info("pid %d; the log goes to %s from now on", (int)getpid(), log_target());
 	service_ready();
+	detach_ready();
 	uv_run(loop, UV_RUN_DEFAULT);
 
 	uv_run(loop, UV_RUN_NOWAIT);	/* let the close callbacks run */
@@ -346,8 +421,11 @@ int main(int argc, char **argv)
 	gpu_unregister_host(cache_base(cache));
 	cache_destroy(cache);
 	config_unref(config);
+	pidfile_remove();
 	lock_release();
 	log_info("stopped");
+	free(config_path);
+	free(pid_abs);
 	return rc == 0 ? 0 : 1;
 
 fail_restore:
@@ -358,7 +436,11 @@ fail_engine:
 fail_cache:
 	cache_destroy(cache);
 fail_locks:
+	pidfile_remove();
 	lock_release();
+fail_args:
 	config_free(config);
+	free(config_path);
+	free(pid_abs);
 	return 1;
 }

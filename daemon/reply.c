@@ -242,7 +242,7 @@ void reply_status(uint64_t conn, uint64_t req, uid_t uid)
 	resident_each(status_resident_add, &sr);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 16);
+	msgpack_pack_map(&o.pk, 19);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
@@ -267,7 +267,14 @@ void reply_status(uint64_t conn, uint64_t req, uid_t uid)
 		proto_kv_u64(&o.pk, "used", used);
 	}
 	proto_kv_u64(&o.pk, "cache_resident", resident_bytes());
+	proto_kv_u64(&o.pk, "resident_data", resident_data_bytes());
+	proto_kv_u64(&o.pk, "cache_locked", cache_locked(cache));
 	proto_kv_u64(&o.pk, "loads", load_count());
+	proto_key(&o.pk, "allowed_roots");
+	msgpack_pack_array(&o.pk, config->n_roots);
+	for (size_t i = 0; i < config->n_roots; i++)
+		msgpack_pack_str_with_body(&o.pk, config->allowed_roots[i],
+					   strlen(config->allowed_roots[i]));
 	proto_key(&o.pk, "resident");
 	msgpack_pack_array(&o.pk, sr.n);
 	for (size_t i = 0; i < sr.n; i++) {

@@ -458,6 +458,18 @@ uint64_t resident_bytes(void)
 	return b;
 }
 
+/* Data bytes held by every resident file now. */
+uint64_t resident_data_bytes(void)
+{
+	uint64_t b = 0;
+
+	pthread_mutex_lock(&R.lock);
+	for (struct resident *r = R.head; r; r = r->next)
+		b += r->held;
+	pthread_mutex_unlock(&R.lock);
+	return b;
+}
+
 /* Calls fn for each durable resident file, oldest first, under the lock (fn must not call
  * into resident.c). */
 void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,

@@ -256,6 +256,12 @@ static int bind_socket(char *err, size_t errlen)
 			snprintf(err, errlen, "bind %s: %s", sa.sun_path, strerror(e));
 		goto fail_fd;
 	}
+	if (config->socket_gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1,
+						      config->socket_gid) < 0) {
+		snprintf(err, errlen, "giving %s to group %s (socket_group): %s", sa.sun_path,
+			 config->socket_group, strerror(errno));
+		goto fail_bound;
+	}
 	if (chmod(sa.sun_path, config->socket_mode) < 0) {
 		snprintf(err, errlen, "chmod %s: %s", sa.sun_path, strerror(errno));
 		goto fail_bound;

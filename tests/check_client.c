@@ -113,7 +113,8 @@ START_TEST(test_host_alloc)
 }
 END_TEST
 
-/* A missing socket, a path that is not a socket, an over-long path, $DSCKPT_SOCKET. */
+/* A missing socket (said so, not "No such file or directory"), a path that is not a socket,
+ * an over-long path, $DSCKPT_SOCKET. */
 START_TEST(test_connect_errors)
 {
 	char dir[256], path[400], big[200];
@@ -123,7 +124,9 @@ START_TEST(test_connect_errors)
 	snprintf(path, sizeof(path), "%s/none.sock", dir);
 	ck_assert_int_eq(dsckpt_connect(path, &c), DSCKPT_ECONNREFUSED);
 	ck_assert_ptr_null(c);
-	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(NULL), path));
+	char want[512];
+	snprintf(want, sizeof(want), "no dsckptd at %s (no such socket)", path);
+	ck_assert_str_eq(dsckpt_last_error(NULL), want);
 
 	setenv("DSCKPT_SOCKET", path, 1);
 	ck_assert_int_eq(dsckpt_connect(NULL, &c), DSCKPT_ECONNREFUSED);
@@ -134,6 +137,7 @@ START_TEST(test_connect_errors)
 
 	ck_assert_int_eq(h_system("touch '%s'", path), 0);
 	ck_assert_int_eq(dsckpt_connect(path, &c), DSCKPT_ECONNREFUSED);
+	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(NULL), "not a socket (a regular file)"));
 
 	memset(big, 'a', sizeof(big) - 1);
 	big[0] = '/';

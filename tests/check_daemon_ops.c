@@ -141,7 +141,8 @@ START_TEST(test_cli)
 	const char *said = file_text(out);
 	ck_assert_msg(strstr(said, h_path("dsckptd: %s: option 'socket': 'rel.sock' is not an "
 					  "absolute path\n", bad)) &&
-		      strstr(said, h_path("dsckptd: %s: unknown option 'nonsense'\n", bad)) &&
+		      strstr(said, h_path("dsckptd: %s: unknown option 'nonsense' (dsckptd --help "
+					  "lists the options)\n", bad)) &&
 		      said[strlen(said) - 1] == '\n', "--check said: %s", said);
 
 	/* copy_threads is not in the config: 0, auto, is 2 copy threads without a GPU; status

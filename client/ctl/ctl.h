@@ -24,7 +24,7 @@
 
 /* The parsed command line. */
 struct ctl {
-	const char *socket;       /* -s, else $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET */
+	const char *socket;       /* -s, else dsckpt_default_socket's */
 	int json;                 /* --json: JSON on stdout instead of tables */
 	const char *arg;          /* the command's operand (list ROOT, verify DIR) */
 	const char *dir;          /* wait --dir */
@@ -55,6 +55,11 @@ struct ctl_resident {
 long query_residents(const struct ctl *ctl, struct ctl_resident **out);
 /* Frees what query_residents returned. */
 void query_residents_free(struct ctl_resident *v, long n);
+/* Asks the daemon at ctl->socket for its allowed roots: how many (*out, query_roots_free), or
+ * -1 once why is printed. */
+long query_roots(const struct ctl *ctl, char ***out);
+/* Frees what query_roots returned. */
+void query_roots_free(char **roots, long n);
 
 /* metrics.c */
 struct ctl_metrics;
@@ -74,7 +79,8 @@ int pending_run(struct ctl *ctl);
 int pending_wait(struct ctl *ctl);
 
 /* list.c */
-/* Lists the checkpoint tags under ctl->arg without the daemon. */
+/* Lists the checkpoint tags under ctl->arg without the daemon, or, without ROOT, under the
+ * allowed roots of the daemon that answers. */
 int list_run(struct ctl *ctl);
 
 /* verify.c */
@@ -83,8 +89,11 @@ int list_run(struct ctl *ctl);
 int verify_run(struct ctl *ctl);
 
 /* output.c */
-/* Prints "dsckptctl: message" on stderr. */
+/* Prints "dsckptctl: message" on stderr, or, after out_set_json(1), {"error": "message"} on
+ * stdout. */
 void out_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Whether out_err writes JSON (--json). */
+void out_set_json(int on);
 /* Formats a byte count in binary units ("512 B", "1.5 GiB") into buf. */
 const char *out_bytes(uint64_t n, char *buf, size_t len);
 /* Formats a rate in bytes/s in out_bytes' binary units ("850 MiB/s", "2.33 GiB/s") into buf. */

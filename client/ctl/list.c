@@ -229,34 +229,46 @@ static int tag_cmp(const void *a, const void *b)
 	return strverscmp(((const struct tag *)a)->path, ((const struct tag *)b)->path);
 }
 
-/* Prints the tags as a table, or as one JSON document. */
-static int list_print(const struct ctl *ctl, const struct tags *tags)
+/* The tags as one JSON object: {"root": ..., "tags": [...]}. */
+static cJSON *list_json(const struct tags *tags)
 {
-	if (ctl->json) {
-		cJSON *doc = cJSON_CreateObject();
-		cJSON_AddStringToObject(doc, "root", tags->root);
-		cJSON *a = cJSON_AddArrayToObject(doc, "tags");
-		for (size_t i = 0; i < tags->n; i++) {
-			const struct tag *t = &tags->v[i];
-			cJSON *o = cJSON_CreateObject();
-			cJSON_AddStringToObject(o, "path", t->path);
-			cJSON_AddStringToObject(o, "state", t->state);
-			cJSON_AddNumberToObject(o, "files", t->files);
-			cJSON_AddNumberToObject(o, "bytes", (double)t->bytes);
-			cJSON_AddBoolToObject(o, "latest", t->latest);
-			if (t->created)
-				cJSON_AddStringToObject(o, "created", t->created);
-			else
-				cJSON_AddNullToObject(o, "created");
-			if (t->world) {
-				cJSON_AddNumberToObject(o, "sealed", t->sealed);
-				cJSON_AddNumberToObject(o, "world", t->world);
-			}
-			if (tags->asked)
-				cJSON_AddBoolToObject(o, "resident", t->resident);
-			cJSON_AddItemToArray(a, o);
+	cJSON *doc = cJSON_CreateObject();
+	cJSON_AddStringToObject(doc, "root", tags->root);
+	cJSON *a = cJSON_AddArrayToObject(doc, "tags");
+	for (size_t i = 0; i < tags->n; i++) {
+		const struct tag *t = &tags->v[i];
+		cJSON *o = cJSON_CreateObject();
+		cJSON_AddStringToObject(o, "path", t->path);
+		cJSON_AddStringToObject(o, "state", t->state);
+		cJSON_AddNumberToObject(o, "files", t->files);
+		cJSON_AddNumberToObject(o, "bytes", (double)t->bytes);
+		cJSON_AddBoolToObject(o, "latest", t->latest);
+		if (t->created)
+			cJSON_AddStringToObject(o, "created", t->created);
+		else
+			cJSON_AddNullToObject(o, "created");
+		if (t->world) {
+			cJSON_AddNumberToObject(o, "sealed", t->sealed);
+			cJSON_AddNumberToObject(o, "world", t->world);
 		}
-		return out_json(doc);
+		if (tags->asked)
+			cJSON_AddBoolToObject(o, "resident", t->resident);
+		cJSON_AddItemToArray(a, o);
+	}
+	return doc;
+}
+
+/* Prints the tags as a table, or adds their JSON object to the array docs (--json). */
+static int list_print(const struct tags *tags, cJSON *docs)
+{
+	if (docs) {
+		cJSON *doc = list_json(tags);
+		if (!doc) {
+			out_err("out of memory");
+			return CTL_FAIL;
+		}
+		cJSON_AddItemToArray(docs, doc);
+		return CTL_OK;
 	}
 	if (tags->n == 0) {
 		printf("no checkpoints under %s\n", tags->root);
@@ -311,21 +323,21 @@ static void list_mark_resident(const struct ctl *ctl, struct tags *tags, const c
 	query_residents_free(res, n);
 }
 
-/* Lists the checkpoint tags under ctl->arg. */
-int list_run(struct ctl *ctl)
+/* Lists the checkpoint tags under root (a table, or its JSON object added to docs). */
+static int list_root(const struct ctl *ctl, const char *root, cJSON *docs)
 {
-	struct tags tags = {.root = ctl->arg};
+	struct tags tags = {.root = root};
 	char real[PATH_MAX];
 	int rc = CTL_FAIL;
 
-	int fd = open(ctl->arg, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0) {
-		out_err("cannot open %s: %s", ctl->arg, strerror(errno));
+		out_err("cannot open %s: %s", root, strerror(errno));
 		return CTL_FAIL;
 	}
 	/* ROOT's own name, in case ROOT is itself a tag that <job>/latest names. */
-	if (!realpath(ctl->arg, real))
-		snprintf(real, sizeof(real), "%s", ctl->arg);
+	if (!realpath(root, real))
+		snprintf(real, sizeof(real), "%s", root);
 	if (walk(&tags, fd, ".", basename(real), 0) != 0) {
 		out_err("out of memory");
 		goto out;
@@ -333,7 +345,7 @@ int list_run(struct ctl *ctl)
 	if (tags.n)
 		qsort(tags.v, tags.n, sizeof(*tags.v), tag_cmp);
 	list_mark_resident(ctl, &tags, real);
-	rc = list_print(ctl, &tags);
+	rc = list_print(&tags, docs);
 out:
 	for (size_t i = 0; i < tags.n; i++) {
 		free(tags.v[i].path);
@@ -341,4 +353,37 @@ out:
 	}
 	free(tags.v);
 	return rc;
+}
+
+/* Lists the checkpoint tags under ctl->arg, or, without it, under every allowed root of the
+ * daemon that answers (a table per root; with --json one object per root, in an array when
+ * the daemon has several). */
+int list_run(struct ctl *ctl)
+{
+	char **roots = NULL;
+	long n = 1;
+	int rc = CTL_OK;
+
+	if (!ctl->arg && (n = query_roots(ctl, &roots)) < 0)
+		return CTL_FAIL;
+	cJSON *docs = ctl->json ? cJSON_CreateArray() : NULL;
+	for (long i = 0; i < n; i++) {
+		if (i > 0 && !docs)
+			putchar('\n');
+		if (!ctl->arg && !docs)
+			printf("%s:\n", roots[i]);
+		if (list_root(ctl, ctl->arg ? ctl->arg : roots[i], docs) != CTL_OK)
+			rc = CTL_FAIL;
+	}
+	query_roots_free(roots, ctl->arg ? 0 : n);
+	if (!docs)
+		return rc;
+	if (rc != CTL_OK) {
+		cJSON_Delete(docs);
+		return rc;
+	}
+	cJSON *doc = cJSON_GetArraySize(docs) == 1 ? cJSON_DetachItemFromArray(docs, 0) : docs;
+	if (doc != docs)
+		cJSON_Delete(docs);
+	return out_json(doc);
 }

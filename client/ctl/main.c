@@ -10,22 +10,25 @@
 #include "../../proto/proto.h"
 #include "../dsckpt.h"
 
+#define ARG_OPTIONAL -1
+
 /* One command: its name, what it accepts, its manual entry and its handler. */
 struct command {
 	const char *name;
 	const char *synopsis;   /* operands and options after the name */
 	const char *opts;       /* letters of the command's own options (see long_opts) */
-	int nargs;              /* operands: 0 or 1 */
+	int nargs;              /* operands: 0, 1, or ARG_OPTIONAL (0 or 1) */
 	const char *help;       /* manual text, lines indented by two spaces */
 	int (*run)(struct ctl *ctl);
 };
 
 static const struct command commands[] = {
 	{"status", "", "", 0,
-	 "  Shows the daemon: version and protocol, pid, uptime, host cache used and total,\n"
-	 "  cache chunk size, connected clients, saves in flight, flush and copy threads and\n"
-	 "  what CUDA the daemon found. With --json, \"metrics\" also holds the counters of\n"
-	 "  the metrics command.\n",
+	 "  Shows the daemon: version and protocol, pid, uptime, host cache used and total\n"
+	 "  (split between saves and resident files, which a save takes back), whether the\n"
+	 "  cache is pinned, cache chunk size, connected clients, saves in flight, flush and\n"
+	 "  copy threads, what CUDA the daemon found, and the resident files' data bytes.\n"
+	 "  With --json, \"metrics\" also holds the counters of the metrics command.\n",
 	 query_status},
 	{"metrics", "", "", 0,
 	 "  Prints the daemon's counters since it started in the Prometheus text format, for\n"
@@ -49,8 +52,9 @@ static const struct command commands[] = {
 	 "    --dir DIR      only saves into the checkpoint directory DIR\n"
 	 "    --timeout SEC  give up after SEC seconds (fractions allowed; default: never)\n",
 	 pending_wait},
-	{"list", "ROOT", "", 1,
-	 "  Offline (no daemon needed). Finds the checkpoint tags under ROOT: directories\n"
+	{"list", "[ROOT]", "", ARG_OPTIONAL,
+	 "  Offline (no daemon needed). Finds the checkpoint tags under ROOT (without ROOT:\n"
+	 "  under each allowed root of the daemon that answers): directories\n"
 	 "  holding *.safetensors, *.partial or MANIFEST.json, searched at most 8 levels deep\n"
 	 "  without following symbolic links. One row per tag, sorted by path: the path\n"
 	 "  relative to ROOT, its state, the number and total size of its files, the creation\n"
@@ -108,13 +112,14 @@ static void main_usage(FILE *f)
 		"\n"
 		"Options (before or after COMMAND):\n"
 		"  -s, --socket SOCKET  the daemon's socket (default: $DSCKPT_SOCKET, else\n"
-		"                       %s)\n"
+		"                       %s, else a per-user daemon's\n"
+		"                       $XDG_RUNTIME_DIR/%s when only that exists)\n"
 		"  --json               machine output: one JSON document on stdout\n"
 		"  -h, --help           this manual; COMMAND --help shows that command only\n"
 		"  -V, --version        dsckptctl's version and protocol version\n"
 		"\n"
 		"Commands:\n",
-		DSCKPT_DEFAULT_SOCKET);
+		DSCKPT_DEFAULT_SOCKET, DSCKPT_USER_SOCKET);
 	for (size_t i = 0; i < NCOMMANDS; i++) {
 		main_usage_command(f, &commands[i], 1);
 		fputc('\n', f);
@@ -124,7 +129,8 @@ static void main_usage(FILE *f)
 		"  DSCKPT_SOCKET  the daemon's socket when -s is not given\n"
 		"\n"
 		"Output: tables for people by default; with --json, the same data as JSON (sizes\n"
-		"in bytes, rates in bytes/s, times in ms). Errors go to stderr.\n"
+		"in bytes, rates in bytes/s, times in ms). Errors go to stderr; under --json they\n"
+		"are {\"error\": \"...\"} on stdout.\n"
 		"\n"
 		"Exit status: 0 success, 1 failure (daemon unreachable, a save failed, a check\n"
 		"failed, a timeout), 2 usage error.\n");
@@ -244,17 +250,19 @@ int main(int argc, char **argv)
 		if ((rc = apply_opt(&ctl, c, opt, optarg)) >= 0)
 			return rc;
 	}
-	if (cargc - optind != c->nargs) {
+	int given = cargc - optind;
+	if (c->nargs == ARG_OPTIONAL ? given > 1 : given != c->nargs) {
 		fprintf(stderr, "dsckptctl: %s takes %s\nUsage: ", c->name,
+			c->nargs == ARG_OPTIONAL ? "at most one operand" :
 			c->nargs ? "one operand" : "no operands");
 		main_usage_command(stderr, c, 0);
 		return CTL_USAGE;
 	}
-	if (c->nargs)
+	if (given)
 		ctl.arg = cargv[optind];
-	if (!ctl.socket)
-		ctl.socket = getenv("DSCKPT_SOCKET");
+	static char def[4096];
 	if (!ctl.socket || !*ctl.socket)
-		ctl.socket = DSCKPT_DEFAULT_SOCKET;
+		ctl.socket = dsckpt_default_socket(def, sizeof(def));
+	out_set_json(ctl.json);
 	return c->run(&ctl);
 }

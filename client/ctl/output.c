@@ -5,10 +5,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Prints "dsckptctl: message" on stderr. */
+static int out_json_errors;   /* --json: errors as JSON documents on stdout */
+
+/* Makes out_err print {"error": "message"} on stdout (--json) instead of text on stderr. */
+void out_set_json(int on)
+{
+	out_json_errors = on;
+}
+
+/* Prints "dsckptctl: message" on stderr, or under --json {"error": "message"} on stdout. */
 void out_err(const char *fmt, ...)
 {
 	va_list ap;
+
+	if (out_json_errors) {
+		char msg[4096];
+		va_start(ap, fmt);
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+		cJSON *doc = cJSON_CreateObject();
+		char *s = doc && cJSON_AddStringToObject(doc, "error", msg) ? cJSON_Print(doc) : NULL;
+		cJSON_Delete(doc);
+		if (s) {
+			puts(s);
+			free(s);
+			fflush(stdout);
+			return;
+		}
+	}
 	fputs("dsckptctl: ", stderr);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
@@ -67,7 +91,7 @@ int out_json(cJSON *doc)
 	char *s = doc ? cJSON_Print(doc) : NULL;
 	cJSON_Delete(doc);
 	if (!s) {
-		out_err("out of memory");
+		fputs("dsckptctl: out of memory\n", stderr);
 		return CTL_FAIL;
 	}
 	puts(s);

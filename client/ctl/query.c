@@ -30,9 +30,11 @@ static void query_fail(dsckpt_conn_t *c, int e, const char *what)
 		out_err("dsckptd refused %s: %s (%s)", what, msg, dsckpt_err_name(e));
 	else if (e == DSCKPT_ECONNREFUSED && strstr(msg, "not a socket"))
 		out_err("%s (-s or DSCKPT_SOCKET name the socket in dsckptd.json)", msg);
+	else if (e == DSCKPT_ECONNREFUSED && strstr(msg, "(no such socket)"))
+		out_err("%s: start one (dsckptd, or systemctl start dsckptd.socket), or name its "
+			"socket with -s or DSCKPT_SOCKET", msg);
 	else if (e == DSCKPT_ECONNREFUSED)
 		out_err("%s (is dsckptd running? -s or DSCKPT_SOCKET name another socket)", msg);
-
 	else
 		out_err("%s", msg);
 }
@@ -45,10 +47,17 @@ dsckpt_conn_t *query_open(const struct ctl *ctl)
 
 	if (e == DSCKPT_EACCES) {
 		struct stat st;
-		struct group *g = stat(ctl->socket, &st) == 0 ? getgrgid(st.st_gid) : NULL;
-		out_err("%s (the socket admits root and the members of its group%s%s: add yourself "
-			"with usermod -aG %s $USER and log in again)", dsckpt_last_error(NULL),
-			g ? ", " : "", g ? g->gr_name : "", g ? g->gr_name : "GROUP");
+		int got = stat(ctl->socket, &st) == 0;
+		struct group *g = got ? getgrgid(st.st_gid) : NULL;
+		if (got && st.st_gid == 0)
+			out_err("%s; group root is no group to join: the daemon's administrator sets "
+				"\"socket_group\": \"dsckpt\" in dsckptd.json (the group the "
+				"sysusers.d entry makes), then adds you with usermod -aG dsckpt $USER",
+				dsckpt_last_error(NULL));
+		else
+			out_err("%s; add yourself to group %s with usermod -aG %s $USER and log in "
+				"again", dsckpt_last_error(NULL), g ? g->gr_name : "GROUP",
+				g ? g->gr_name : "GROUP");
 		return NULL;
 	}
 	if (e < 0) {
@@ -180,6 +189,63 @@ long query_residents(const struct ctl *ctl, struct ctl_resident **out)
 	return n;
 }
 
+/* Frees what query_roots returned. */
+void query_roots_free(char **roots, long n)
+{
+	for (long i = 0; i < n; i++)
+		free(roots[i]);
+	free(roots);
+}
+
+/* Asks the daemon at ctl->socket for its allowed roots (list without ROOT): how many, in
+ * *out (query_roots_free), or -1 once why is printed. */
+long query_roots(const struct ctl *ctl, char ***out)
+{
+	const msgpack_object_array *a = NULL;
+	static char root[PROTO_MAX_STR + 1];
+	dsckpt_conn_t *c;
+	struct lib_reply r;
+	long n = 0;
+
+	*out = NULL;
+	if (dsckpt_connect(ctl->socket, &c) < 0) {
+		out_err("list needs ROOT when no daemon answers: %s", dsckpt_last_error(NULL));
+		return -1;
+	}
+	if (lib_conn_ctl_hello(c, REPLY_TIMEOUT_MS) < 0 ||
+	    lib_conn_query(c, PROTO_STATUS, &r) < 0) {
+		out_err("list needs ROOT: the daemon at %s: %s", ctl->socket, dsckpt_last_error(c));
+		dsckpt_close(c);
+		return -1;
+	}
+	if (proto_get_array(&r.m, "allowed_roots", &a, 4096, 0) < 0 || a == NULL || !a->size) {
+		lib_conn_query_end(c, &r);
+		dsckpt_close(c);
+		out_err("list needs ROOT: the daemon at %s does not say its roots (an older dsckptd)",
+			ctl->socket);
+		return -1;
+	}
+	if (!(*out = calloc(a->size, sizeof(char *))))
+		proto_map_fail(&r.m, "out of memory");
+	for (; *out && n < (long)a->size && !r.m.err; n++) {
+		const msgpack_object *o = &a->ptr[n];
+		if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > PROTO_MAX_STR) {
+			proto_map_fail(&r.m, "allowed_roots[%ld] is not a path", n);
+			break;
+		}
+		snprintf(root, sizeof(root), "%.*s", (int)o->via.str.size, o->via.str.ptr);
+		if (!((*out)[n] = strdup(root)))
+			proto_map_fail(&r.m, "out of memory");
+	}
+	if (query_end(c, &r) < 0 || !*out) {
+		query_roots_free(*out, n);
+		*out = NULL;
+		n = -1;
+	}
+	dsckpt_close(c);
+	return n;
+}
+
 /* Prints the daemon's state. */
 int query_status(struct ctl *ctl)
 {
@@ -188,7 +254,8 @@ int query_status(struct ctl *ctl)
 	struct proto_map *pm = &r.m;
 	char version[PROTO_MAX_NAME + 1] = "", cuda[PROTO_MAX_STR + 1] = "";
 	uint64_t proto = 0, pid = 0, uptime = 0, total = 0, used = 0, chunk = 0, clients = 0,
-		 saves = 0, flush = 0, copy = 0, resident = 0;
+		 saves = 0, flush = 0, copy = 0, resident = 0, data = UINT64_MAX,
+		 locked = UINT64_MAX;
 	struct pool pools[MAX_POOLS];
 	struct ctl_resident *res;
 	size_t np;
@@ -214,6 +281,11 @@ int query_status(struct ctl *ctl)
 	proto_get_str(pm, "cuda", cuda, PROTO_MAX_STR, 1);
 	np = pools_decode(pm, pools);
 	proto_get_u64(pm, "cache_resident", UINT64_MAX, &resident, 0);
+	/* Newer daemons: the data bytes resident (chunks are partly filled), the bytes locked. */
+	proto_get_u64(pm, "resident_data", UINT64_MAX, &data, 0);
+	proto_get_u64(pm, "cache_locked", UINT64_MAX, &locked, 0);
+	if (data == UINT64_MAX)
+		data = resident;
 	nres = residents_decode(pm, &res);
 	int rc = query_end(c, &r);
 	struct ctl_metrics *mx = rc == 0 && nres >= 0 && ctl->json ? metrics_query(c) : NULL;
@@ -228,7 +300,7 @@ int query_status(struct ctl *ctl)
 		cJSON_AddStringToObject(o, "version", version);
 		cJSON_AddNumberToObject(o, "proto", (double)proto);
 		cJSON_AddNumberToObject(o, "pid", (double)pid);
-		cJSON_AddNumberToObject(o, "uptime_s", (double)uptime);
+		cJSON_AddNumberToObject(o, "uptime_ms", (double)uptime * 1000);
 		cJSON_AddNumberToObject(o, "cache_total", (double)total);
 		cJSON_AddNumberToObject(o, "cache_used", (double)used);
 		cJSON_AddNumberToObject(o, "chunk", (double)chunk);
@@ -246,6 +318,11 @@ int query_status(struct ctl *ctl)
 			cJSON_AddItemToArray(a, p);
 		}
 		cJSON_AddNumberToObject(o, "cache_resident", (double)resident);
+		cJSON_AddNumberToObject(o, "cache_saves", (double)(used - (resident < used ?
+									    resident : used)));
+		cJSON_AddNumberToObject(o, "resident_data", (double)data);
+		if (locked != UINT64_MAX)
+			cJSON_AddNumberToObject(o, "cache_locked", (double)locked);
 		a = cJSON_AddArrayToObject(o, "resident");
 		for (long i = 0; i < nres; i++) {
 			cJSON *f = cJSON_CreateObject();
@@ -263,15 +340,29 @@ int query_status(struct ctl *ctl)
 	char b1[32], b2[32], b3[32];
 	printf("dsckptd   %s (protocol %" PRIu64 "), pid %" PRIu64 ", up %s\n", version, proto,
 	       pid, out_duration(uptime * 1000, b1, sizeof(b1)));
-	printf("cache     %s used of %s (%.0f%%), chunk %s\n", out_bytes(used, b1, sizeof(b1)),
+	/* Used chunks are either a save's (until written) or a resident file's (given back
+	 * whenever a save needs the room): "100% used" alone reads as a full cache. */
+	uint64_t by_res = resident < used ? resident : used;
+	printf("cache     %s used of %s (%.0f%%), chunk %s", out_bytes(used, b1, sizeof(b1)),
 	       out_bytes(total, b2, sizeof(b2)), total ? 100.0 * (double)used / (double)total : 0,
 	       out_bytes(chunk, b3, sizeof(b3)));
+	if (used)
+		printf(": %s by saves, %s by resident files (free for saves)",
+		       out_bytes(used - by_res, b1, sizeof(b1)), out_bytes(by_res, b2, sizeof(b2)));
+	putchar('\n');
+	if (locked != UINT64_MAX && locked < total)
+		printf("          not pinned: %s of %s locked in memory, the rest may be swapped out "
+		       "(raise RLIMIT_MEMLOCK: ulimit -l by hand, LimitMEMLOCK= under systemd)\n",
+		       out_bytes(locked, b1, sizeof(b1)), out_bytes(total, b2, sizeof(b2)));
 	for (size_t i = 0; np > 1 && i < np; i++)
 		printf("  node %-3" PRId64 " %s used of %s\n", pools[i].node,
 		       out_bytes(pools[i].used, b1, sizeof(b1)),
 		       out_bytes(pools[i].total, b2, sizeof(b2)));
-	printf("resident  %s in %ld file%s\n", out_bytes(resident, b1, sizeof(b1)), nres,
+	printf("resident  %s in %ld file%s", out_bytes(data, b1, sizeof(b1)), nres,
 	       nres == 1 ? "" : "s");
+	if (data != resident)
+		printf(" (%s of cache chunks)", out_bytes(resident, b1, sizeof(b1)));
+	putchar('\n');
 	for (long i = 0; i < nres; i++)
 		printf("  %s/%s  %s%s\n", res[i].dir, res[i].file,
 		       out_bytes(res[i].bytes, b1, sizeof(b1)),

@@ -15,6 +15,9 @@
  */
 #include "internal.h"
 
+#include <errno.h>
+#include <grp.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -69,10 +72,31 @@ static int lib_conn_tls_fail(int err, const char *fmt, ...)
 	return err;
 }
 
+/* The default socket: $DSCKPT_SOCKET, the system one if present, a per-user daemon's if
+ * present, else the system one. */
+const char *dsckpt_default_socket(char *buf, size_t len)
+{
+	const char *env = getenv("DSCKPT_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
+	struct stat st;
+
+	if (!buf || !len)
+		return "";
+	if (env && *env) {
+		snprintf(buf, len, "%s", env);
+		return buf;
+	}
+	if (xdg && xdg[0] == '/' && lstat(DSCKPT_DEFAULT_SOCKET, &st) < 0 && errno == ENOENT &&
+	    snprintf(buf, len, "%s/%s", xdg, DSCKPT_USER_SOCKET) < (int)len && lstat(buf, &st) == 0)
+		return buf;
+	snprintf(buf, len, "%s", DSCKPT_DEFAULT_SOCKET);
+	return buf;
+}
+
 /* Connects to the daemon. */
 int dsckpt_connect(const char *path, dsckpt_conn_t **out)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	char def[PATH_MAX];
 	dsckpt_conn_t *c;
 	int e;
 
@@ -80,9 +104,7 @@ int dsckpt_connect(const char *path, dsckpt_conn_t **out)
 		return lib_conn_tls_fail(DSCKPT_EINVAL, "dsckpt_connect: out is NULL");
 	*out = NULL;
 	if (!path || !*path)
-		path = getenv("DSCKPT_SOCKET");
-	if (!path || !*path)
-		path = DSCKPT_DEFAULT_SOCKET;
+		path = dsckpt_default_socket(def, sizeof(def));
 	if (strlen(path) >= sizeof(sa.sun_path))
 		return lib_conn_tls_fail(DSCKPT_ENAMETOOLONG,
 					 "socket path is longer than %zu bytes: %s",
@@ -101,7 +123,20 @@ int dsckpt_connect(const char *path, dsckpt_conn_t **out)
 		int err = errno, code = (err == EACCES || err == EPERM) ? DSCKPT_EACCES
 								      : DSCKPT_ECONNREFUSED;
 		struct stat st;
-		if (err == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+		if (err == ENOENT)
+			e = lib_conn_tls_fail(code, "no dsckptd at %s (no such socket)", path);
+		else if (code == DSCKPT_EACCES && stat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+			struct group g, *found = NULL;
+			char names[1024], gname[64];
+			if (getgrgid_r(st.st_gid, &g, names, sizeof(names), &found) == 0 && found)
+				snprintf(gname, sizeof(gname), "%s", found->gr_name);
+			else
+				snprintf(gname, sizeof(gname), "%u", (unsigned)st.st_gid);
+			e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: %s (the socket "
+					      "is mode %04o, group %s: its owner and the members "
+					      "of group %s may connect)", path, strerror(err),
+					      (unsigned)(st.st_mode & 07777), gname, gname);
+		} else if (err == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
 			e = lib_conn_tls_fail(code, "cannot connect to dsckptd at %s: not a socket "
 					      "(a %s)", path, S_ISDIR(st.st_mode) ? "directory"
 					      : S_ISREG(st.st_mode) ? "regular file" : "special file");
