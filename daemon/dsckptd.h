@@ -111,6 +111,8 @@ struct config {
 	uint64_t max_blob_bytes;   /* blobs of one user's saves in flight */
 	unsigned max_tensors_per_save;
 	unsigned max_seals_per_user;
+	unsigned max_recovery_entries; /* start-up recovery's budget of one user (recover.c) */
+	uint64_t max_recovery_bytes;
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);

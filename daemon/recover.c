@@ -19,8 +19,9 @@
  * owns (retention.c). Files are opened as userfile_open does (no FIFO, device or link), a file
  * with more than one link is not read (dsckptd never makes one), of a header only its first
  * STORE_HEADER_PREFIX bytes (store_host.c). Each user (the owner of a directory directly below
- * a root) may cost RECOVER_USER_ENTRIES directory entries and RECOVER_USER_BYTES bytes read;
- * past that, the rest of the user's tree is left as it is, with one line in the log.
+ * a root) may cost max_recovery_entries_per_user directory entries and
+ * max_recovery_mib_per_user read; past that, the rest of the user's tree is left as it is,
+ * with one line in the log.
  */
 #include "dsckptd.h"
 
@@ -37,8 +38,6 @@
 
 #define RECOVER_DEPTH 8     /* directory levels below a root that are searched */
 #define RECOVER_STALE_S 900 /* a *.partial of unknown host younger than this may be in use */
-#define RECOVER_USER_ENTRIES 100000        /* directory entries listed per user */
-#define RECOVER_USER_BYTES (256ull << 20)  /* bytes of manifests, records, headers per user */
 
 /* One user's share of a recovery pass. */
 struct recover_user {
@@ -381,8 +380,10 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 	return removed;
 }
 
-/* The share of user uid in s (a fresh one at its first directory); NULL without memory. */
-static struct recover_user *recover_user(struct recover_stats *s, uid_t uid)
+/* The share of user uid in s (a fresh one, of cfg's budget, at its first directory); NULL
+ * without memory. */
+static struct recover_user *recover_user(const struct config *cfg, struct recover_stats *s,
+					 uid_t uid)
 {
 	for (size_t i = 0; i < s->nusers; i++) {
 		if (s->users[i].uid == uid)
@@ -393,7 +394,8 @@ static struct recover_user *recover_user(struct recover_stats *s, uid_t uid)
 		return NULL;
 	s->users = p;
 	p[s->nusers] = (struct recover_user){
-		.uid = uid, .b = {.entries = RECOVER_USER_ENTRIES, .bytes = RECOVER_USER_BYTES}};
+		.uid = uid, .b = {.entries = cfg->max_recovery_entries,
+				  .bytes = cfg->max_recovery_bytes}};
 	return &p[s->nusers++];
 }
 
@@ -422,7 +424,7 @@ static void recover_root(const struct config *cfg, int fd, const char *path,
 		struct recover_user *u;
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0 ||
 		    fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    !(u = recover_user(s, st.st_uid)) || u->b.spent)
+		    !(u = recover_user(cfg, s, st.st_uid)) || u->b.spent)
 			continue;
 		if (u->b.entries == 0) {
 			u->b.spent = 1;
@@ -447,9 +449,10 @@ static void recover_root(const struct config *cfg, int fd, const char *path,
 			u->logged = 1;
 			s->spent++;
 			log_warnx("recovery: the files of uid %u under %s cost more than the %u "
-				  "directory entries and %llu MiB recovery spends on one user: the "
-				  "rest of them were left as they are", (unsigned)u->uid, path,
-				  RECOVER_USER_ENTRIES, RECOVER_USER_BYTES >> 20);
+				  "directory entries or %llu MiB recovery spends on one user "
+				  "(max_recovery_*_per_user): the rest of them were left as they are",
+				  (unsigned)u->uid, path, cfg->max_recovery_entries,
+				  (unsigned long long)(cfg->max_recovery_bytes >> 20));
 		}
 	}
 }

@@ -84,7 +84,8 @@ void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_
 	size_t n, k = 0;
 
 	if (fstat(jobfd, &job) < 0 || store_list_within(jobfd, b, &names, &n) < 0) {
-		log_warn("keep_last: cannot list %s", jobpath);
+		if (!b || !b->spent)	/* over budget: recovery says so once */
+			log_warn("keep_last: cannot list %s", jobpath);
 		return;
 	}
 	if (!(tags = calloc(n ? n : 1, sizeof(*tags)))) {

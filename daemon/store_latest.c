@@ -220,7 +220,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 	}
 	store_list_free(names, n);
 	uint64_t now_ns = store_latest_within(jobfd, now, sizeof(now), b);
-	if (!best_ns || b->spent)
+	if (!best_ns || (b && b->spent))
 		goto out;	/* over budget: what was not read may be newer */
 	if (now_ns < best_ns || !now_ns) {
 		if (store_write_atomic(jobfd, FMT_LATEST, best, strlen(best), st.st_uid, st.st_gid,
