@@ -387,9 +387,9 @@ int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, u
 /* Renames a whole MANIFEST.json.partial (every file there, sizes right; read within b) into
  * place in the tag dirfd; 1 when the tag is committed now, else 0. */
 int store_finish_manifest(int dirfd, const char *path, struct store_budget *b);
-/* Under the job lock: `latest` to the newest committed tag of the job directory's owner,
- * written as that owner, and keep_last applied again; reads within b (nothing is changed
- * once b is spent). */
+/* Under the job lock (not waited for): `latest` to the newest committed tag of the job
+ * directory's owner, written as that owner, and keep_last applied again; reads within b
+ * (nothing is changed once b is spent). */
 void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		      struct store_budget *b);
 /* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */

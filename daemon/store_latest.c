@@ -22,11 +22,11 @@
 #include <unistd.h>
 
 /*
- * Takes the job directory's commit lock, waiting up to STORE_LOCK_WAIT_MS for another commit
- * of the job. The directory is its owner's, who may hold a lock on it forever: the wait is
- * bounded so that no commit, seal or recovery (nor the shutdown that waits for them) hangs.
+ * Takes the job directory's commit lock, waiting up to wait_ms for another commit of the job.
+ * The directory is its owner's, who may hold a lock on it forever: the wait is bounded so
+ * that no commit, seal or recovery (nor the shutdown that waits for them) hangs.
  */
-int store_job_lock(int jobfd, char *err, size_t errlen)
+static int store_job_lock_within(int jobfd, long wait_ms, char *err, size_t errlen)
 {
 	struct timespec nap = {0, 1000000};
 	long waited_ms = 0;
@@ -37,16 +37,22 @@ int store_job_lock(int jobfd, char *err, size_t errlen)
 		if (errno != EWOULDBLOCK)
 			return seterr(err, errlen, err_from_errno(errno), "locking the job "
 				      "directory: %s", strerror(errno));
-		if (waited_ms >= STORE_LOCK_WAIT_MS)
+		if (waited_ms >= wait_ms)
 			return seterr(err, errlen, ERR_EBUSY, "the job directory stayed locked "
-				      "for %d s (by another commit, or by a process of its owner)",
-				      STORE_LOCK_WAIT_MS / 1000);
+				      "for %ld s (by another commit, or by a process of its owner)",
+				      wait_ms / 1000);
 		nanosleep(&nap, NULL);
 		waited_ms += nap.tv_nsec / 1000000;
 		if (nap.tv_nsec < 64000000)
 			nap.tv_nsec *= 2;
 	}
 	return 0;
+}
+
+/* Takes the job directory's commit lock, waiting up to STORE_LOCK_WAIT_MS. */
+int store_job_lock(int jobfd, char *err, size_t errlen)
+{
+	return store_job_lock_within(jobfd, STORE_LOCK_WAIT_MS, err, errlen);
 }
 
 /* Lets the job directory's commit lock go. */
@@ -186,11 +192,11 @@ int store_finish_manifest(int dirfd, const char *path, struct store_budget *b)
 }
 
 /*
- * Repairs the job directory jobfd (at path) after a crash, under its lock: `latest` is
- * pointed at the newest committed tag when it is behind (or missing, or names a deleted tag),
- * and keep_last is applied again (an interrupted retention completes). Owner and group of a
- * written `latest` are the job directory's, set on its descriptor; only tags of that owner
- * count. Entries listed and manifests read are charged to b.
+ * Repairs the job directory jobfd (at path) after a crash, under its lock if it is free:
+ * `latest` is pointed at the newest committed tag when it is behind (or missing, or names a
+ * deleted tag), and keep_last is applied again (an interrupted retention completes). Owner
+ * and group of a written `latest` are the job directory's, set on its descriptor; only tags
+ * of that owner count. Entries listed and manifests read are charged to b.
  */
 void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		      struct store_budget *b)
@@ -202,8 +208,10 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 
 	if (fstat(jobfd, &st) < 0)
 		return;
-	if (store_job_lock(jobfd, err, sizeof(err)) < 0) {
-		log_warnx("recovery: %s left as it is: %s", path, err);
+	/* Not waited for: locked at start-up, the job is another node's commit's (which moves
+	 * latest itself) or its owner's, and start-up is not held up for either. */
+	if (store_job_lock_within(jobfd, 0, err, sizeof(err)) < 0) {
+		log_warnx("recovery: %s left as it is: its lock is held", path);
 		return;
 	}
 	if (store_list_within(jobfd, b, &names, &n) < 0)

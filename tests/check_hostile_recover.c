@@ -1,9 +1,9 @@
 /*
  * check_hostile_recover.c — what a user leaves in its own tree against the daemon's start-up
  * recovery and the files a request opens there (DESIGN.md §8): FIFOs under every name they
- * open, a big header hard-linked into an uncommitted tag, 10,000 stray files and deep
- * directories must not keep the daemon from being ready (its start-up time and memory are
- * printed); a FIFO `latest` or a lock held on the job directory must not keep a COMMIT from
+ * open, a big header hard-linked into an uncommitted tag, 10,000 stray files, deep
+ * directories and job directories it keeps locked must not keep the daemon from being ready
+ * (its start-up time and memory are printed); a FIFO `latest` or a lock held on the job directory must not keep a COMMIT from
  * being answered nor SIGTERM from stopping the daemon; manifests planted at the wrong levels
  * must not make recovery act above a job. Two real users (harness_hostile.h), the real daemon;
  * without root every test says SKIP.
@@ -26,6 +26,7 @@
 #define BIG_LINKS 40           /* its links into one uncommitted tag */
 #define STRAY 10000            /* stray files in another uncommitted tag */
 #define DEEP 40                /* directory levels below the attacker's job */
+#define LOCKED 20              /* jobs with a committed tag whose lock the attacker holds */
 
 /* This machine's name as the daemon records it (no "host" in the test's config). */
 static const char *host_name(void)
@@ -215,7 +216,36 @@ static int atk_tree_build(void *arg)
 		if (d + 1 < DEEP)
 			at += snprintf(path + at, sizeof(path) - (size_t)at, "/d");
 	}
-	return fifo(1, h_path("%s/MANIFEST.json", path));
+	if ((rc = fifo(1, h_path("%s/MANIFEST.json", path))) != 0)
+		return rc;
+
+	/* Its jobs jobLnn (made for it) with a committed tag each (a copy of jobA/t1's manifest),
+	 * to be locked. */
+	size_t mlen;
+	char *m = h_read_file(h_path("%s/t1/MANIFEST.json", job), &mlen);
+	if (!m)
+		return say(1, 28, "reading %s/t1/MANIFEST.json: %s", job, strerror(errno));
+	for (int i = 0; i < LOCKED && rc == 0; i++) {
+		if (mkdir(h_path("%s/jobL%02d/t1", D->root, i), 0700) < 0)
+			rc = say(1, 29, "mkdir jobL%02d: %s", i, strerror(errno));
+		else
+			rc = put(1, h_path("%s/jobL%02d/t1/MANIFEST.json", D->root, i), m, mlen);
+	}
+	free(m);
+	return rc;
+}
+
+/* Attacker's locker: holds the lock of every jobLnn directory until told to stop. */
+static int atk_locker(void *arg)
+{
+	for (int i = 0; i < LOCKED; i++) {
+		int fd = open(h_path("%s/jobL%02d", D->root, i), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0 || flock(fd, LOCK_EX) < 0)
+			return say(2, 1, "locking jobL%02d: %s", i, strerror(errno));
+	}
+	flag_set(F_READY);
+	flag_wait(F_STOP, 120000);
+	return 0;
 }
 
 /* The daemon starts over the attacker's tree within 10 s (the time and memory printed), and
@@ -232,15 +262,21 @@ START_TEST(test_startup_tree)
 	int st = h_daemon_kill(D, SIGTERM);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the first daemon: %s",
 		      wait_str(st));
+	for (int i = 0; i < LOCKED; i++)	/* job directories of the attacker's own */
+		user_dir(h_path("%s/jobL%02d", D->root, i), ATK, 0700);
 	ac = as_user(ATK, atk_tree_build, NULL);
 	ck_assert_msg(ac == 0, "attacker's tree: %s: %s", status_str(ac), B->msg[1]);
+	pid_t lp = as_user_spawn(ATK, atk_locker, NULL, 120);
+	ck_assert_msg(flag_wait(F_READY, 30000), "the attacker's locks: %s", B->msg[2]);
 
 	double took = h_daemon_restart_timed(D, 60);
 	double rss = took >= 0 ? rss_mib(D->pid) : -1, peak = took >= 0 ? peak_mib(D->pid) : -1;
+	flag_set(F_STOP);
+	as_user_wait(lp);
 	printf("start-up over the attacker's tree (FIFOs, a %u MiB header linked %d times, %d "
-	       "stray files, %d levels): %s %.2f s, RSS %.0f MiB (peak %.0f MiB)\n",
-	       BIG_HEADER >> 20, BIG_LINKS, STRAY, DEEP, took >= 0 ? "ready in" : "NOT READY after",
-	       took >= 0 ? took : 60.0, rss, peak);
+	       "stray files, %d levels, %d locked jobs): %s %.2f s, RSS %.0f MiB (peak %.0f "
+	       "MiB)\n", BIG_HEADER >> 20, BIG_LINKS, STRAY, DEEP, LOCKED,
+	       took >= 0 ? "ready in" : "NOT READY after", took >= 0 ? took : 60.0, rss, peak);
 	h_system("grep -h 'recovery' '%s' | tail -n 4 | sed 's/^[^ ]* [^ ]* /  /' | "
 		 "cut -c 1-300", D->log);
 	ck_assert_msg(took >= 0, "dsckptd was not ready within 60 s of its start over the "
