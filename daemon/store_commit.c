@@ -62,7 +62,8 @@ static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t
 	struct store_problem p = {.seen = 0};
 	uint64_t start;
 	struct stat st;
-	int fd = userfile_open(dirfd, f->name, UINT64_MAX, 0, &st, p.msg, sizeof(p.msg));
+	int fd = userfile_open(dirfd, f->name, UINT64_MAX, USERFILE_ONE_LINK, &st, p.msg,
+			       sizeof(p.msg));
 
 	if (fd < 0)
 		return seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, p.msg);
@@ -163,7 +164,8 @@ static int store_describe_meta(int dirfd, struct store_entry *f, const struct st
 	char why[200];
 	int rc = 0, fd;
 
-	if ((fd = userfile_open(dirfd, f->name, UINT64_MAX, 0, &sb, why, sizeof(why))) < 0) {
+	if ((fd = userfile_open(dirfd, f->name, UINT64_MAX, USERFILE_ONE_LINK, &sb, why,
+				sizeof(why))) < 0) {
 		rc = seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, why);
 		goto out;
 	}

@@ -3,9 +3,10 @@
  * recovery and the files a request opens there (DESIGN.md §8): FIFOs under every name they
  * open, a big header hard-linked into an uncommitted tag, 10,000 stray files, deep
  * directories and job directories it keeps locked must not keep the daemon from being ready
- * (its start-up time and memory are printed); a FIFO `latest` or a lock held on the job directory must not keep a COMMIT from
- * being answered nor SIGTERM from stopping the daemon; manifests planted at the wrong levels
- * must not make recovery act above a job. Two real users (harness_hostile.h), the real daemon;
+ * (its start-up time and memory are printed); a FIFO `latest`, a lock held on the job
+ * directory or a big header hard-linked hundreds of times must not keep a COMMIT from being
+ * answered nor SIGTERM from stopping the daemon; manifests planted at the wrong levels must
+ * not make recovery act above a job. Two real users (harness_hostile.h), the real daemon;
  * without root every test says SKIP.
  */
 #include "harness_hostile.h"
@@ -27,6 +28,7 @@
 #define STRAY 10000            /* stray files in another uncommitted tag */
 #define DEEP 40                /* directory levels below the attacker's job */
 #define LOCKED 20              /* jobs with a committed tag whose lock the attacker holds */
+#define COMMIT_LINKS 400       /* links of the big header in a tag the attacker commits */
 
 /* This machine's name as the daemon records it (no "host" in the test's config). */
 static const char *host_name(void)
@@ -56,6 +58,30 @@ static int put(int slot, const char *path, const void *buf, size_t len)
 	}
 	close(fd);
 	return 0;
+}
+
+/* Writes a safetensors file at path whose header is BIG_HEADER bytes of JSON (dsckpt
+ * metadata naming another host, then many more pairs) and holds no tensor, so that a commit
+ * would take it; 0, or a failure in slot. */
+static int big_file(int slot, const char *path)
+{
+	char *h = malloc(8 + BIG_HEADER);
+	if (!h)
+		return say(slot, 24, "out of memory");
+	int n = snprintf(h + 8, BIG_HEADER, "{\"__metadata__\":{\"format\":\"pt\",\"dsckpt.version\":"
+			 "\"0.1\",\"dsckpt.rank\":\"0\",\"dsckpt.host\":\"node-elsewhere\","
+			 "\"dsckpt.data_xxh3\":\"2d06800538d394c2\"");
+	size_t len = 8 + (size_t)n;
+	for (unsigned k = 0; len + 64 < 8 + BIG_HEADER; k++)
+		len += (size_t)snprintf(h + len, 64, ",\"k%07u\":\"%040u\"", k, k);
+	memcpy(h + len, "}}", 2);
+	len += 2;
+	memset(h + len, ' ', 8 + BIG_HEADER - len);
+	for (int i = 0; i < 8; i++)
+		h[i] = (char)((uint64_t)BIG_HEADER >> (8 * i));
+	int rc = put(slot, path, h, 8 + BIG_HEADER);
+	free(h);
+	return rc;
 }
 
 /* Attacker: saves U8 tensor "t" of 4 KiB into dir/file as job (world 1) and commits dir when
@@ -177,22 +203,7 @@ static int atk_tree_build(void *arg)
 	/* A header of BIG_HEADER bytes that another host wrote, linked BIG_LINKS times. */
 	if (mkdir(big, 0700) < 0)
 		return say(1, 23, "mkdir %s: %s", big, strerror(errno));
-	char *h = malloc(8 + BIG_HEADER);
-	if (!h)
-		return say(1, 24, "out of memory");
-	int n = snprintf(h + 8, BIG_HEADER, "{\"__metadata__\":{\"format\":\"pt\",\"dsckpt.version\":"
-			 "\"0.1\",\"dsckpt.host\":\"node-elsewhere\"");
-	size_t len = 8 + (size_t)n;
-	for (unsigned k = 0; len + 64 < 8 + BIG_HEADER; k++)
-		len += (size_t)snprintf(h + len, 64, ",\"k%07u\":\"%040u\"", k, k);
-	memcpy(h + len, "}}", 2);
-	len += 2;
-	memset(h + len, ' ', 8 + BIG_HEADER - len);
-	for (int i = 0; i < 8; i++)
-		h[i] = (char)((uint64_t)BIG_HEADER >> (8 * i));
-	rc = put(1, h_path("%s/rank0.safetensors", big), h, 8 + BIG_HEADER);
-	free(h);
-	if (rc != 0)
+	if ((rc = big_file(1, h_path("%s/rank0.safetensors", big))) != 0)
 		return rc;
 	for (int i = 1; i <= BIG_LINKS; i++)
 		if (link(h_path("%s/rank0.safetensors", big), h_path("%s/r%d.safetensors", big, i)) < 0)
@@ -428,6 +439,61 @@ START_TEST(test_lock_commit_term)
 }
 END_TEST
 
+/* Attacker: saves jobA/t1, adds a file of a BIG_HEADER header hard-linked COMMIT_LINKS times
+ * into it, and sends a COMMIT of jobA/t1; rc[1]: its answer (DSCKPT_ETIMEDOUT: none within
+ * 30 s). */
+static int atk_link_commit(void *arg)
+{
+	char t1[1024];
+	struct res r;
+	int rc;
+
+	snprintf(t1, sizeof(t1), "%s/jobA/t1", D->root);
+	if ((rc = atk_save(3, "jobA", t1, "rank0", 0)) != 0 ||
+	    (rc = big_file(3, h_path("%s/big.safetensors", t1))) != 0)
+		return rc;
+	for (int i = 0; i < COMMIT_LINKS; i++)
+		if (link(h_path("%s/big.safetensors", t1), h_path("%s/big%03d.safetensors", t1, i)) < 0)
+			return say(3, 4, "link %d: %s", i, strerror(errno));
+	int fd = r_trainer("jobA", &r);
+	if (fd < 0)
+		return say(3, 2, "HELLO: %s", r.msg);
+	r_commit_send(fd, t1);
+	flag_set(F_SENT);
+	B->rc[1] = r_recv(fd, NULL, &r, 30000);
+	say(1, 0, "%s", r.msg);
+	flag_set(F_DONE);
+	flag_wait(F_STOP, 60000);
+	return 0;
+}
+
+/* A COMMIT of a tag holding one big header hard-linked hundreds of times: SIGTERM right after
+ * stops the daemon within 15 s, and the COMMIT is refused. */
+START_TEST(test_link_commit_term)
+{
+	HOSTILE_BEGIN("hard-linked big headers, COMMIT, SIGTERM");
+	hd_start(CACHE_8M, NULL);
+	pid_t ap = as_user_spawn(ATK, atk_link_commit, NULL, 120);
+	ck_assert_msg(flag_wait(F_SENT, 60000), "the attacker sent no COMMIT: %s", B->msg[3]);
+	h_sleep_ms(500);
+	double took = term_within(15);
+	int done = flag_wait(F_DONE, 30000);
+	printf("SIGTERM during a COMMIT of a %u MiB header linked %d times: %s %.1f s; the "
+	       "COMMIT: %s '%s'\n", BIG_HEADER >> 20, COMMIT_LINKS,
+	       took >= 0 ? "exited in" : "NOT OUT after", took >= 0 ? took : 15.0,
+	       code_name(B->rc[1]), B->msg[1]);
+	flag_set(F_STOP);
+	as_user_wait(ap);
+	ck_assert_msg(took >= 0, "dsckptd did not exit within 15 s of SIGTERM while it committed "
+		      "a tag of hard-linked big headers");
+	ck_assert_msg(done && B->rc[1] < 0 && B->rc[1] != DSCKPT_ETIMEDOUT,
+		      "the COMMIT of hard-linked files was answered %s '%s'; want an error",
+		      code_name(B->rc[1]), B->msg[1]);
+	ck_assert(!h_exists(h_path("%s/jobA/t1/MANIFEST.json", D->root)));
+	h_daemon_stop(D);
+}
+END_TEST
+
 /* ---- 3. manifests at the wrong levels ---- */
 
 /* Attacker, first part: commits jobA/t1 (the manifest it then copies). */
@@ -526,6 +592,7 @@ static Suite *hostile_recover_suite(void)
 	h_add_case(s, "startup tree", test_startup_tree, 300, 1);
 	h_add_case(s, "fifo commit term", test_fifo_commit_term, 120, 1);
 	h_add_case(s, "lock commit term", test_lock_commit_term, 120, 1);
+	h_add_case(s, "link commit term", test_link_commit_term, 180, 1);
 	h_add_case(s, "wrong levels", test_wrong_levels, 120, 1);
 	return s;
 }
