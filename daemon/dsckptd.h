@@ -459,7 +459,8 @@ void lock_release(void);
  * the files of manifest-less tags whose "dsckpt.host" is ours (or absent, from older versions);
  * a partial naming no host only once unchanged for 15 minutes. Other hosts' files are left.
  */
-/* Told of each tag this node had sealed but not committed (its record, the record's owner). */
+/* Told of each tag this node had sealed but not committed (its record, the record's owner),
+ * once the pass is over. */
 typedef void (*recover_sealed_cb)(const char *dir, const struct seal_record *r, uid_t uid,
 				  gid_t gid);
 void recover_run(const struct config *cfg, recover_sealed_cb on_sealed);

@@ -46,8 +46,18 @@ struct recover_user {
 	int logged; /* its budget ran out and the log says so */
 };
 
+/* A sealed tag found, handed to on_sealed once the pass is over. */
+struct recover_sealed {
+	struct recover_sealed *next;
+	char *path;
+	struct seal_record r;
+	uid_t uid;
+	gid_t gid;
+};
+
 /* Counters of one recovery pass. */
 struct recover_stats {
+	struct recover_sealed *sealed; /* newest first */
 	struct recover_user *users;
 	size_t nusers;
 	unsigned spent;    /* users whose trees were left part unchecked */
@@ -188,6 +198,8 @@ static int recover_partial(int fd, const char *path, const char *name,
 	char host[STORE_HOST_MAX];
 	enum recover_writer w = recover_partial_writer(fd, name, host, sizeof(host), b);
 
+	if (b->spent)
+		return 0;	/* over budget: not looked at, left as it is */
 	if (w == RECOVER_OTHER) {
 		recover_left_add(l, host);
 		return 0;
@@ -278,6 +290,48 @@ static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
 	return removed;
 }
 
+/* Keeps this node's seal record r of the tag fd (at path; r is taken over) for on_sealed,
+ * with the record's owner. */
+static void recover_keep_sealed(struct recover_stats *s, int fd, const char *path,
+				struct seal_record *r)
+{
+	char name[STORE_HOST_MAX + 16];
+	struct recover_sealed *k;
+	struct stat rs;
+
+	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, store_host());
+	if (!s->on_sealed || fstatat(fd, name, &rs, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	if (!(k = calloc(1, sizeof(*k))) || !(k->path = strdup(path))) {
+		log_warnx("recovery: out of memory; the seals of %s are not taken up", path);
+		free(k);
+		return;
+	}
+	k->r = *r;
+	*r = (struct seal_record){0};
+	k->uid = rs.st_uid;
+	k->gid = rs.st_gid;
+	k->next = s->sealed;
+	s->sealed = k;
+}
+
+/*
+ * Hands every sealed tag found to on_sealed, and frees them. Only now: taking a tag up starts
+ * work in the threadpool that takes its job's lock, which recovery takes without waiting.
+ */
+static void recover_hand_sealed(struct recover_stats *s)
+{
+	while (s->sealed) {
+		struct recover_sealed *k = s->sealed;
+		s->sealed = k->next;
+		s->on_sealed(k->path, &k->r, k->uid, k->gid);
+		s->resumed++;
+		seal_record_free(&k->r);
+		free(k->path);
+		free(k);
+	}
+}
+
 /* Whether dirfd/name is a directory holding a MANIFEST.json that is a regular file. */
 static int recover_has_manifest(int dirfd, const char *name)
 {
@@ -348,16 +402,8 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 	if (depth >= 2 && tensors && !manifest && !b->spent) {
 		int has_seal = recover_seal_record(fd, &sealed, b);
 		unsigned r = recover_tag(fd, path, names, n, has_seal ? &sealed : NULL, &l, b);
-		if (has_seal && s->on_sealed) {
-			struct stat rs;
-			char name[STORE_HOST_MAX + 16];
-			snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX,
-				 store_host());
-			if (fstatat(fd, name, &rs, AT_SYMLINK_NOFOLLOW) == 0) {
-				s->on_sealed(path, &sealed, rs.st_uid, rs.st_gid);
-				s->resumed++;
-			}
-		}
+		if (has_seal)
+			recover_keep_sealed(s, fd, path, &sealed);
 		seal_record_free(&sealed);
 		if (r > 0) {
 			s->files += r;
@@ -478,6 +524,7 @@ void recover_run(const struct config *cfg, recover_sealed_cb on_sealed)
 		recover_root(cfg, fd, cfg->allowed_roots[i], &s);
 		close(fd);
 	}
+	recover_hand_sealed(&s);
 	log_info("recovery (host %s): checked %u directories under %zu roots, removed %u partial "
 		 "files and %u files of %u uncommitted checkpoints; left %u files of other hosts "
 		 "and %u recent partial files%s", host, s.dirs, cfg->n_roots, s.partials, s.files,
