@@ -115,9 +115,27 @@ DSCKPT_EXTERN const char *dsckpt_level_name(int level);
 /* Connects to the daemon at path (NULL: $DSCKPT_SOCKET, else DSCKPT_DEFAULT_SOCKET). */
 DSCKPT_EXTERN int dsckpt_connect(const char *path, dsckpt_conn_t **out);
 /* Identifies this process as rank of a job of world_size ranks; required before saving or
- * loading. */
+ * loading. The run is the environment's (see dsckpt_identify_run with run NULL). */
 DSCKPT_EXTERN int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank,
 				  int world_size);
+/*
+ * Identifies this process as dsckpt_identify does, as a rank of one run of the job: every
+ * rank of a run gives the same run id, and a new run (a restart) another. A tag's commit
+ * combines only the files and seals of one run, so that a tag an earlier run left incomplete
+ * is taken over by the new run's saves, never mixed with them. run: at most
+ * DSCKPT_RUN_MAX bytes of printable ASCII; "" for an unknown run; NULL for the environment's:
+ * the first of $DSCKPT_RUN_ID, $TORCHELASTIC_RUN_ID (not "none"), SLURM's
+ * "$SLURM_JOB_ID.$SLURM_STEP_ID.$SLURM_RESTART_COUNT" (a missing step "batch", a missing
+ * count 0), $PMIX_NAMESPACE, $OMPI_MCA_ess_base_jobid that is set, non-empty and fits,
+ * else "". Files and seals of the unknown run combine only with each other, as before run
+ * ids existed: two unknown runs of one job may still mix in a tag the first left incomplete.
+ */
+#define DSCKPT_RUN_MAX 128
+DSCKPT_EXTERN int dsckpt_identify_run(dsckpt_conn_t *c, const char *job, int rank,
+				      int world_size, const char *run);
+/* The run this connection identified with ("" for the unknown run, or before identifying);
+ * valid until dsckpt_close. */
+DSCKPT_EXTERN const char *dsckpt_run(dsckpt_conn_t *c);
 /* Closes the connection; saves already ACCEPTED still complete in the daemon. */
 DSCKPT_EXTERN void dsckpt_close(dsckpt_conn_t *c);
 /* Detailed message of the last failed call on this connection (never NULL); with c NULL,

@@ -1,6 +1,6 @@
 /*
  * client.c — what the daemon knows of one connected client above the connection layer: who
- * it said it is (HELLO's role, job, rank, world), its kernel credentials, and the regions
+ * it said it is (HELLO's role, job, rank, world, run), its kernel credentials, and the regions
  * (sources of bytes) it registered. Loop thread only.
  *
  * A client is made at the connection's first frame, kept in conn_data, and freed from the
@@ -27,6 +27,7 @@ struct client {
 	int role;               /* enum client_role */
 	char job[PROTO_MAX_NAME + 1];
 	unsigned rank, world;
+	char run[PROTO_MAX_RUN + 1]; /* "" when the client named no run */
 	struct region *regions;
 };
 
@@ -39,6 +40,7 @@ int client_role(const struct client *cl) { return cl->role; }
 const char *client_job(const struct client *cl) { return cl->job; }
 unsigned client_rank(const struct client *cl) { return cl->rank; }
 unsigned client_world(const struct client *cl) { return cl->world; }
+const char *client_run(const struct client *cl) { return cl->run; }
 
 /* Makes the state of a newly connected client (no role yet); NULL without memory. */
 struct client *client_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid)
@@ -70,9 +72,10 @@ void client_free(struct client *cl)
 
 /* Records HELLO's identity. */
 void client_set_identity(struct client *cl, int role, const char *job, unsigned rank,
-			 unsigned world)
+			 unsigned world, const char *run)
 {
 	cl->role = role;
+	snprintf(cl->run, sizeof(cl->run), "%s", run);
 	snprintf(cl->job, sizeof(cl->job), "%s", job);
 	cl->rank = rank;
 	cl->world = world;

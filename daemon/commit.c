@@ -14,6 +14,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 struct commit {
@@ -21,6 +22,8 @@ struct commit {
 	uint64_t conn;
 	uint64_t req;
 	char dir[PROTO_MAX_STR + 1];
+	struct store_dirid dirid;  /* dir as the request found it */
+	char run[PROTO_MAX_RUN + 1];
 	unsigned world;
 	uid_t uid;
 	gid_t gid;
@@ -66,8 +69,8 @@ static void commit_finish(struct commit *cm, int code, const char *msg)
 static void commit_work(uv_work_t *w)
 {
 	struct commit *cm = w->data;
-	cm->rc = store_commit(cm->cfg, cm->dir, cm->world, cm->uid, cm->gid, &cm->info, cm->err,
-			      sizeof(cm->err));
+	cm->rc = store_commit(cm->cfg, cm->dir, cm->world, cm->run, &cm->dirid, cm->uid, cm->gid,
+			      &cm->info, cm->err, sizeof(cm->err));
 }
 
 /* Loop: the commit is done; marks the directory's saves (and resident files) COMMITTED. */
@@ -83,7 +86,7 @@ static void commit_after(uv_work_t *w, int status)
 	} else {
 		log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
 			 (unsigned long long)cm->info.bytes);
-		save_mark_committed(cm->dir);
+		save_mark_committed(&cm->dirid, cm->uid, cm->run);
 		resident_committed(cm->dir);
 		commit_finish(cm, 0, NULL);
 	}
@@ -110,7 +113,7 @@ static void commits_check(void)
 			continue;
 		int pending;
 		struct save_view v;
-		struct save *bad = save_dir_state(cm->dir, &pending);
+		struct save *bad = save_dir_state(&cm->dirid, cm->uid, cm->run, &pending);
 		if (bad) {
 			char msg[ERRLEN + 300];
 			save_view(bad, &v);
@@ -148,14 +151,32 @@ void commit_request(const struct client *cl, uint64_t req, const char *dir, unsi
 		    int64_t timeout_ms)
 {
 	struct commit *cm = calloc(1, sizeof(*cm));
+	char err[ERRLEN];
+	int dfd, jobfd, rc;
+
 	if (!cm) {
 		reply_error(client_id(cl), req, ERR_ENOMEM, "out of memory");
 		return;
 	}
+	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
+	if ((dfd = store_open_tag(config, cm->dir, client_uid(cl), client_gid(cl), &jobfd, err,
+				  sizeof(err))) < 0) {
+		free(cm);
+		reply_error(client_id(cl), req, dfd, "%s", err);
+		return;
+	}
+	rc = store_dir_id(dfd, &cm->dirid, err, sizeof(err));
+	close(dfd);
+	close(jobfd);
+	if (rc < 0) {
+		free(cm);
+		reply_error(client_id(cl), req, rc, "%s", err);
+		return;
+	}
+	snprintf(cm->run, sizeof(cm->run), "%s", client_run(cl));
 	cm->cfg = config_ref(config);
 	cm->conn = client_id(cl);
 	cm->req = req;
-	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
 	cm->world = world;
 	cm->uid = client_uid(cl);
 	cm->gid = client_gid(cl);

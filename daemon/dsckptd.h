@@ -75,6 +75,8 @@ void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Formats a message into err (when err is not NULL) and returns code. */
 int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+/* Writes "uid 1002 (alice)" (the name when known) into buf and returns buf. */
+char *log_uid(unsigned uid, char *buf, size_t len);
 
 /* config.c */
 /* A validated configuration; replaced whole on reload, never edited in place, and kept alive
@@ -330,6 +332,16 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
  * parent, the job directory, into *jobfd; an O_DIRECTORY fd or a negative ERR_E* with err. */
 int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
 		   char *err, size_t errlen);
+/* The identity of a directory a request opened: what the daemon's state of a tag (its saves,
+ * its seals) is keyed by, so that a directory removed and made again is a new tag. */
+struct store_dirid {
+	dev_t dev;
+	ino_t ino;
+};
+/* The identity of the open directory dirfd; 0 or ERR_EIO with err. */
+int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen);
+/* Whether two identities are the same directory. */
+int store_dirid_eq(const struct store_dirid *a, const struct store_dirid *b);
 /* Whether dirfd still lies below root (a client may have moved it); 0 or ERR_EACCES. */
 int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t errlen);
 /* Whether f is a file name a client may choose: 1-128 of [A-Za-z0-9._-], no leading '.'. */
@@ -363,13 +375,16 @@ struct store_commit_info {
 	uint64_t bytes;
 };
 /*
- * Commits checkpoint directory dir (already durable): reads every *.safetensors header there,
- * checks ranks 0..world-1 are present and no *.partial is left, writes MANIFEST.json
- * atomically, then <dir>/../latest (atomically), then applies keep_last in the job directory
- * (deleting only older committed tags, never the newest).
+ * Commits checkpoint directory dir (already durable) for run ("" the unknown run): reads every
+ * *.safetensors header there, checks ranks 0..world-1 are present among the files of run and
+ * no *.partial is left, removes the files and seal records of other runs, writes
+ * MANIFEST.json atomically, then <dir>/../latest (atomically), then applies keep_last in the
+ * job directory (deleting only older committed tags, never the newest). With id, dir must
+ * still be that directory (ERR_ENOENT otherwise).
  */
-int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
-		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen);
+int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		 const struct store_dirid *id, uid_t uid, gid_t gid,
+		 struct store_commit_info *info, char *err, size_t errlen);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
@@ -398,8 +413,10 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		     uid_t uid, gid_t gid, char *err, size_t errlen);
 /* Reads the record dirfd/name into r (seal_record_free); 0, or -1 when unsound. */
 int store_seal_read(int dirfd, const char *name, struct seal_record *r);
-/* Marks in have (world bytes) every rank of job the tag's records name; how many, or -1. */
-int store_seal_scan(int dirfd, const char *job, unsigned world, uint8_t *have);
+/* Marks in have (world bytes) every rank of job's run the tag's records name; how many, or
+ * -1. */
+int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
+		    uint8_t *have);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
  * never current (committed at current_ns), nor latest's, nor a directory (or a file in one)
@@ -444,8 +461,9 @@ int store_list_within(int dirfd, struct store_budget *b, char ***out, size_t *co
 /* Frees a list from store_list. */
 void store_list_free(char **names, size_t n);
 
-/* lock.c — one daemon per socket and per root on this host (flock'ed files). */
-/* Takes <socket>.lock; 0, or -1 with err naming the daemon that holds it. */
+/* lock.c — one daemon per socket and per root on this host (flock'ed files in a directory
+ * only the daemon's user can write). */
+/* Takes the socket's lock; 0, or -1 with err naming the daemon that holds it. */
 int lock_socket(const struct config *cfg, char *err, size_t errlen);
 /* Holds the lock of every root of cfg (taking new ones, letting dropped ones go); 0, or -1
  * with err naming the root another daemon of this host holds (nothing changed then). */
@@ -547,7 +565,10 @@ extern double start_time;       /* CLOCK_REALTIME seconds at start */
 double now_mono(void);
 
 /* server.c — the listening socket. */
-/* Binds config->socket (or takes systemd's fd) and starts accepting; -1 with err. */
+/* Before anything is touched: takes systemd's socket, or refuses (-1 with err) a socket path
+ * another user could take, another user's entry at it, or a socket someone listens on. */
+int server_prepare(char *err, size_t errlen);
+/* Binds config->socket (unless systemd's was taken) and starts accepting; -1 with err. */
 int server_start(char *err, size_t errlen);
 /* Stops accepting and removes the socket path (when we created it). */
 void server_stop(void);
@@ -604,9 +625,11 @@ int client_role(const struct client *cl);
 const char *client_job(const struct client *cl);
 unsigned client_rank(const struct client *cl);
 unsigned client_world(const struct client *cl);
+/* The run of the job the client belongs to ("" when it named none: an unknown run). */
+const char *client_run(const struct client *cl);
 /* Records HELLO's identity. */
 void client_set_identity(struct client *cl, int role, const char *job, unsigned rank,
-			 unsigned world);
+			 unsigned world, const char *run);
 /* Registers a source under a client-chosen id (takes the reference on success), charged to
  * the client's user; negative ERR_E* (EEXIST, ELIMIT, ENOMEM) with err. */
 int client_region_add(struct client *cl, uint64_t id, struct source *s, char *err,
@@ -808,7 +831,8 @@ struct save_view {
 	uint64_t id, client;
 	pid_t pid;
 	uid_t uid;
-	const char *job, *dir, *file;
+	const char *job, *run, *dir, *file;
+	struct store_dirid dirid;  /* dir as SAVE_BEGIN opened it */
 	unsigned rank;
 	int level;
 	int code;                /* FAILED: its ERR_E*; else 0 */
@@ -863,10 +887,12 @@ void save_release(struct save *s);
 void save_client_gone(uint64_t client);
 /* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void);
-/* dir's first failed save (or NULL); *pending: whether any save into dir is short of DURABLE. */
-struct save *save_dir_state(const char *dir, int *pending);
-/* Marks dir's DURABLE saves COMMITTED. */
-void save_mark_committed(const char *dir);
+/* The first failed save of uid's run into the directory id (or NULL); *pending: whether any
+ * of them is short of DURABLE. */
+struct save *save_dir_state(const struct store_dirid *id, uid_t uid, const char *run,
+			    int *pending);
+/* Marks uid's DURABLE saves of run into the directory id COMMITTED. */
+void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *run);
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
 
@@ -895,8 +921,10 @@ void commit_free_all(void);
 struct seal_record;
 /* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
 void seal_request(const struct client *cl, uint64_t req, const char *dir);
-/* Whether rank of job sealed dir through this daemon (it may save there no more). */
-int seal_holds(const char *dir, const char *job, unsigned rank);
+/* Whether rank of uid's job and run sealed the directory id through this daemon (it may save
+ * there no more). */
+int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
+	       unsigned rank);
 /* save_change_cb: a save becoming DURABLE or FAILED may let its tag go on. */
 void seal_on_save(struct save *s);
 /* Takes up a tag this node sealed before a restart (its record r, the files' uid/gid). */

@@ -1,13 +1,20 @@
 /*
  * lock.c — one daemon per socket and per root on this host. Before it touches anything (no
- * recovery, no pinning, no bind), a daemon takes an exclusive flock on <socket>.lock and on
- * one lock file per allowed root, named by the root's device and inode (so two spellings of a
- * root are one root) and by this node's name (store_host: the config's "host", by default the
- * hostname, so that simulated nodes on one machine may share a root), in a directory only
- * root may write (/run/dsckptd; /tmp/dsckptd-<uid> for a daemon run as another user). A second daemon on the same socket, or on another config
- * sharing a root, fails at once and says which daemon holds what. The kernel drops the locks
- * when the daemon exits, however it exits. Daemons of other hosts sharing a root (Lustre,
- * NFS) are not excluded: each host's /run is its own.
+ * recovery, no pinning, no bind), a daemon takes an exclusive flock on one lock file for its
+ * socket, named by the socket's directory (device and inode) and name, and on one per allowed
+ * root, named by the root's device and inode (so two spellings of a socket or a root are one)
+ * and by this node's name (store_host: the config's "host", by default the hostname, so that
+ * simulated nodes on one machine may share a root). A second daemon on the same socket, or on
+ * another config sharing a root, fails at once and says which daemon holds what. The kernel
+ * drops the locks when the daemon exits, however it exits. Daemons of other hosts sharing a
+ * root (Lustre, NFS) are not excluded: each host's /run is its own.
+ *
+ * The lock files live in a directory that nobody but the daemon's user can write, so that no
+ * other user can take a lock first (and stop the daemon) or write a pid into one: /run/dsckptd
+ * for root (made 0755 when missing); for another user $XDG_RUNTIME_DIR/dsckptd, or, without
+ * XDG_RUNTIME_DIR, /tmp/dsckptd-<uid> (made 0700). Each is opened without following a link and
+ * refused, with the reason, unless it is a directory of the daemon's user that group and
+ * others cannot write; XDG_RUNTIME_DIR itself must be the user's, mode 0700.
  */
 #include "dsckptd.h"
 
@@ -35,27 +42,92 @@ static int socket_fd = -1;
 static struct root_lock roots[LOCK_MAX_ROOTS];
 static unsigned nroots;
 
-/* The directory of the root locks (made when missing); 0 or -1 with err. */
-static int lock_dir(char *out, size_t len, char *err, size_t errlen)
+/* Checks st, of path: a directory of this daemon's user in which the mode bits of deny are
+ * clear; 0, or -1 with err saying why, then hint. */
+static int lock_dir_ok(const char *path, const struct stat *st, mode_t deny, const char *hint,
+		       char *err, size_t errlen)
 {
-	if (geteuid() == 0)
-		snprintf(out, len, "/run/dsckptd");
-	else
-		snprintf(out, len, "/tmp/dsckptd-%u", (unsigned)geteuid());
-	if (mkdir(out, 0755) < 0 && errno != EEXIST)
-		return seterr(err, errlen, -1, "creating %s: %s", out, strerror(errno));
-	struct stat st;
-	if (lstat(out, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
-		return seterr(err, errlen, -1, "%s must be a directory owned by uid %u", out,
-			      (unsigned)geteuid());
+	char who[96];
+
+	if (S_ISLNK(st->st_mode))
+		return seterr(err, errlen, -1, "%s is a symbolic link of %s, not a directory: "
+			      "refusing to follow it%s", path, log_uid(st->st_uid, who, sizeof(who)),
+			      hint);
+	if (!S_ISDIR(st->st_mode))
+		return seterr(err, errlen, -1, "%s is not a directory%s", path, hint);
+	if (st->st_uid != geteuid())
+		return seterr(err, errlen, -1, "%s belongs to %s, not to this daemon's user (uid "
+			      "%u): refusing to keep locks in it%s", path,
+			      log_uid(st->st_uid, who, sizeof(who)), (unsigned)geteuid(), hint);
+	if (st->st_mode & deny)
+		return seterr(err, errlen, -1, "%s has mode %04o: %s; refusing to keep locks in "
+			      "it%s", path, (unsigned)(st->st_mode & 07777),
+			      st->st_mode & deny & 022 ? "group or others may write into it" :
+			      "group or others may enter it", hint);
 	return 0;
 }
 
-/* Opens and locks path (exclusive, not waiting); the fd, or -1 (errno EWOULDBLOCK when
- * another process holds it). The pid of the holder is written into the file. */
-static int lock_file(const char *path)
+/*
+ * Opens path, a directory of this daemon's user in which the mode bits of deny are clear
+ * (making it with mode make when make is not 0 and it is missing), never following a link;
+ * its fd, or -1 with err saying why, then hint.
+ */
+static int lock_own_dir(const char *path, mode_t make, mode_t deny, const char *hint,
+			char *err, size_t errlen)
 {
-	int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	struct stat st;
+
+	if (make && mkdir(path, make) < 0 && errno != EEXIST)
+		return seterr(err, errlen, -1, "creating %s: %s%s", path, strerror(errno), hint);
+	if (lstat(path, &st) < 0)
+		return seterr(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
+	if (lock_dir_ok(path, &st, deny, hint, err, errlen) < 0)
+		return -1;
+	/* The checks again on what was opened: the name may have changed in between. */
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return seterr(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
+	if (fstat(fd, &st) < 0)
+		seterr(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
+	else if (lock_dir_ok(path, &st, deny, hint, err, errlen) == 0)
+		return fd;
+	close(fd);
+	return -1;
+}
+
+/* Opens the directory of this daemon's locks (see the top) and writes its path into out;
+ * its fd, or -1 with err. */
+static int lock_dir(char *out, size_t len, char *err, size_t errlen)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+
+	if (geteuid() == 0) {
+		snprintf(out, len, "/run/dsckptd");
+		return lock_own_dir(out, 0755, 022, " (it must be root's, mode 0755)", err, errlen);
+	}
+	if (!xdg || !*xdg) {
+		snprintf(out, len, "/tmp/dsckptd-%u", (unsigned)geteuid());
+		return lock_own_dir(out, 0700, 022, " (XDG_RUNTIME_DIR is not set: set it to a "
+				    "directory of this user's, mode 0700, to keep the locks there)",
+				    err, errlen);
+	}
+	if (xdg[0] != '/')
+		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR=%s is not an absolute path", xdg);
+	int fd = lock_own_dir(xdg, 0, 077, " (XDG_RUNTIME_DIR must be a directory of this "
+			      "user's, mode 0700)", err, errlen);
+	if (fd < 0)
+		return -1;
+	close(fd);
+	if (snprintf(out, len, "%s/dsckptd", xdg) >= (int)len)
+		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR=%s is too long", xdg);
+	return lock_own_dir(out, 0700, 022, "", err, errlen);
+}
+
+/* Opens and locks name in directory dirfd (exclusive, not waiting); the fd, or -1 (errno
+ * EWOULDBLOCK when another process holds it). The pid of the holder is written into it. */
+static int lock_file(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 
 	if (fd < 0)
 		return -1;
@@ -68,15 +140,15 @@ static int lock_file(const char *path)
 	char pid[32];
 	int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
 	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
-		log_warn("writing %s", path);
+		log_warn("writing the lock %s", name);
 	return fd;
 }
 
-/* The pid another daemon wrote into a lock file, or 0. */
-static int lock_holder(const char *path)
+/* The pid another daemon wrote into lock file name of directory dirfd, or 0. */
+static int lock_holder(int dirfd, const char *name)
 {
 	char buf[32] = "";
-	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0)
 		return 0;
@@ -85,19 +157,36 @@ static int lock_holder(const char *path)
 	return n > 0 ? atoi(buf) : 0;
 }
 
-/* Takes the socket's lock: <socket>.lock beside it; 0 or -1 with err. */
+/* Takes the socket's lock, socket-<dev>-<ino>-<name hash>.lock of its directory in the lock
+ * directory; 0 or -1 with err. */
 int lock_socket(const struct config *cfg, char *err, size_t errlen)
 {
-	char path[PATH_MAX];
+	char sdir[PATH_MAX], dir[PATH_MAX], name[128];
+	struct stat st;
+	const char *base = strrchr(cfg->socket, '/') + 1;	/* config.c: an absolute path */
 
-	if (snprintf(path, sizeof(path), "%s.lock", cfg->socket) >= (int)sizeof(path))
-		return seterr(err, errlen, -1, "socket path %s is too long", cfg->socket);
-	if ((socket_fd = lock_file(path)) >= 0)
+	snprintf(sdir, sizeof(sdir), "%.*s", base - cfg->socket > 1 ?
+		 (int)(base - cfg->socket - 1) : 1, cfg->socket);
+	if (stat(sdir, &st) < 0)
+		return seterr(err, errlen, -1, "the socket's directory %s: %s", sdir,
+			      strerror(errno));
+	snprintf(name, sizeof(name), "socket-%llx-%llx-%016llx.lock",
+		 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+		 (unsigned long long)XXH3_64bits(base, strlen(base)));
+	int dfd = lock_dir(dir, sizeof(dir), err, errlen);
+	if (dfd < 0)
+		return -1;
+	if ((socket_fd = lock_file(dfd, name)) >= 0) {
+		close(dfd);
 		return 0;
+	}
 	if (errno == EWOULDBLOCK)
-		return seterr(err, errlen, -1, "another dsckptd (pid %d) serves the socket %s",
-			      lock_holder(path), cfg->socket);
-	return seterr(err, errlen, -1, "locking %s: %s", path, strerror(errno));
+		seterr(err, errlen, -1, "another dsckptd (pid %d) serves the socket %s (lock %s/%s)",
+		       lock_holder(dfd, name), cfg->socket, dir, name);
+	else
+		seterr(err, errlen, -1, "locking %s/%s: %s", dir, name, strerror(errno));
+	close(dfd);
+	return -1;
 }
 
 /* Index of the held lock of root (dev, ino), or -1. */
@@ -113,13 +202,14 @@ static int lock_find(dev_t dev, ino_t ino)
  * on failure nothing changes and err says which root another daemon holds. */
 int lock_roots(const struct config *cfg, char *err, size_t errlen)
 {
-	char dir[PATH_MAX], path[PATH_MAX + 64];
+	char dir[PATH_MAX], name[128];
 	struct root_lock want[LOCK_MAX_ROOTS];
 	unsigned n = 0;
 
 	if (cfg->n_roots > LOCK_MAX_ROOTS)
 		return seterr(err, errlen, -1, "at most %d allowed roots", LOCK_MAX_ROOTS);
-	if (lock_dir(dir, sizeof(dir), err, errlen) < 0)
+	int dfd = lock_dir(dir, sizeof(dir), err, errlen);
+	if (dfd < 0)
 		return -1;
 	for (size_t i = 0; i < cfg->n_roots; i++) {
 		struct stat st;
@@ -131,16 +221,17 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 			want[n++].fd = roots[held].fd;
 			continue;
 		}
-		snprintf(path, sizeof(path), "%s/root-%llx-%llx-%016llx.lock", dir,
+		snprintf(name, sizeof(name), "root-%llx-%llx-%016llx.lock",
 			 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
 			 (unsigned long long)XXH3_64bits(store_host(), strlen(store_host())));
-		if ((want[n].fd = lock_file(path)) < 0) {
+		if ((want[n].fd = lock_file(dfd, name)) < 0) {
 			if (errno == EWOULDBLOCK)
 				seterr(err, errlen, -1, "another dsckptd (pid %d) on this host serves "
-				       "the root %s (lock %s)", lock_holder(path),
-				       cfg->allowed_roots[i], path);
+				       "the root %s (lock %s/%s)", lock_holder(dfd, name),
+				       cfg->allowed_roots[i], dir, name);
 			else
-				seterr(err, errlen, -1, "locking %s: %s", path, strerror(errno));
+				seterr(err, errlen, -1, "locking %s/%s: %s", dir, name,
+				       strerror(errno));
 			goto fail;
 		}
 		n++;
@@ -155,8 +246,10 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 	}
 	memcpy(roots, want, n * sizeof(*want));
 	nroots = n;
+	close(dfd);
 	return 0;
 fail:
+	close(dfd);
 	for (unsigned k = 0; k < n; k++)
 		if (lock_find(want[k].dev, want[k].ino) < 0)
 			close(want[k].fd);

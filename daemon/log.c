@@ -13,7 +13,9 @@
 #include "dsckptd.h"
 
 #include <errno.h>
+#include <pwd.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -234,4 +236,18 @@ int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
 		va_end(ap);
 	}
 	return code;
+}
+
+/* Writes the words naming a uid in a message, "uid 1002 (alice)" (the name when the system
+ * knows it), into buf and returns buf. */
+char *log_uid(unsigned uid, char *buf, size_t len)
+{
+	struct passwd pw, *found = NULL;
+	char names[1024];
+
+	if (getpwuid_r((uid_t)uid, &pw, names, sizeof(names), &found) == 0 && found)
+		snprintf(buf, len, "uid %u (%s)", uid, found->pw_name);
+	else
+		snprintf(buf, len, "uid %u", uid);
+	return buf;
 }

@@ -1,7 +1,8 @@
 /*
  * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
  *
- * Start-up: config → locks (one daemon per socket and root) → recover leftovers on disk →
+ * Start-up: config → the socket's path checked (server_prepare) → locks (one daemon per
+ * socket and root) → recover leftovers on disk →
  * CUDA probe → host cache (touched, pinned)
  * → engine threads → wiring (connections to the request layer, save levels to waits and
  * commits) → socket → READY. Under systemd each step shows in `systemctl status` and the
@@ -279,8 +280,10 @@ int main(int argc, char **argv)
 
 	if (config->host[0])
 		store_set_host(config->host);
-	/* One daemon per socket and per root: a second one touches nothing, not even the cache. */
-	if (lock_socket(config, err, sizeof(err)) < 0 || lock_roots(config, err, sizeof(err)) < 0) {
+	/* A socket path another user could take is refused, and one daemon per socket and per
+	 * root: a second one touches nothing, not even the cache. */
+	if (server_prepare(err, sizeof(err)) < 0 || lock_socket(config, err, sizeof(err)) < 0 ||
+	    lock_roots(config, err, sizeof(err)) < 0) {
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}

@@ -33,12 +33,13 @@ void request_malformed(struct client *c, const struct proto_hdr *h, const char *
 /* HELLO: identifies the client. */
 static void on_hello(struct client *c, const struct proto_hdr *h, struct proto_map *m)
 {
-	char role[16] = "", job[PROTO_MAX_NAME + 1] = "";
+	char role[16] = "", job[PROTO_MAX_NAME + 1] = "", run[PROTO_MAX_RUN + 1] = "";
 	uint64_t rank = 0, world = 1, pid = 0;
 	char err[ERRLEN];
 
 	proto_get_str(m, "role", role, sizeof(role) - 1, 1);
 	proto_get_str(m, "job", job, PROTO_MAX_NAME, 0);
+	proto_get_str(m, "run", run, PROTO_MAX_RUN, 0);
 	proto_get_u64(m, "rank", 65535, &rank, 0);
 	proto_get_u64(m, "world", 65536, &world, 0);
 	proto_get_u64(m, "pid", UINT32_MAX, &pid, 1);
@@ -46,16 +47,19 @@ static void on_hello(struct client *c, const struct proto_hdr *h, struct proto_m
 		proto_map_fail(m, "role must be \"trainer\" or \"ctl\"");
 	if (!m->err && strcmp(role, "trainer") == 0 && (!*job || world == 0 || rank >= world))
 		proto_map_fail(m, "a trainer needs a job name and rank < world");
+	for (const char *p = run; !m->err && *p; p++)
+		if (*p < 0x20 || *p > 0x7e)
+			proto_map_fail(m, "run must be printable ASCII");
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
 	int rc = auth_check(c, AUTH_HELLO, err, sizeof(err));
 	if (rc < 0)
 		return request_error(c, h, rc, "%s", err);
 	client_set_identity(c, strcmp(role, "trainer") == 0 ? CLIENT_TRAINER : CLIENT_CTL, job,
-			    (unsigned)rank, (unsigned)world);
-	log_debug("client %llu is %s %s rank %llu/%llu (pid %d, says %llu)",
+			    (unsigned)rank, (unsigned)world, run);
+	log_debug("client %llu is %s %s rank %llu/%llu, run '%s' (pid %d, says %llu)",
 		  (unsigned long long)client_id(c), role, job, (unsigned long long)rank,
-		  (unsigned long long)world, (int)client_pid(c), (unsigned long long)pid);
+		  (unsigned long long)world, run, (int)client_pid(c), (unsigned long long)pid);
 	reply_hello(client_id(c), h->id);
 }
 

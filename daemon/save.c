@@ -34,7 +34,9 @@ struct save {
 	gid_t gid;
 	char jobname[PROTO_MAX_NAME + 1];
 	unsigned rank, world;
+	char run[PROTO_MAX_RUN + 1];
 	char dir[PROTO_MAX_STR + 1];
+	struct store_dirid dirid; /* the directory dirfd was when SAVE_BEGIN opened it */
 	char file[129];
 	int dirfd;
 	struct store_root root;  /* the allowed root dirfd was opened under */
@@ -223,25 +225,34 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		return ERR_EINVAL;
 	}
 	store_norm_dir(d, sizeof(d), dir);
-	for (struct save *s = saves; s; s = s->next) {
-		int busy = s->level == LEVEL_NONE || s->level == LEVEL_ACCEPTED ||
-			   s->level == LEVEL_SNAPSHOT;
-		if (busy && strcmp(s->dir, d) == 0 && strcmp(s->file, file) == 0) {
-			return seterr(err, errlen, ERR_EBUSY,
-				      "%s/%s is already being saved (save %llu)", d, file,
-				      (unsigned long long)s->id);
-		}
-	}
 	int rc = quota_take(client_uid(c), QUOTA_SAVES, 1, err, errlen);
 	if (rc < 0)
 		return rc;
 	struct store_root root;
+	struct store_dirid id;
 	int fd = store_open_dir(config, d, client_uid(c), client_gid(c), &root, err, errlen);
+	if (fd >= 0 && (rc = store_dir_id(fd, &id, err, errlen)) < 0) {
+		close(fd);
+		fd = rc;
+	}
+	/* Saves in flight and seals are this directory's (its identity, not its name): a
+	 * directory removed and made again is a new one, whatever was left in the old. */
+	for (struct save *s = fd >= 0 ? saves : NULL; s; s = s->next) {
+		int busy = s->level == LEVEL_NONE || s->level == LEVEL_ACCEPTED ||
+			   s->level == LEVEL_SNAPSHOT;
+		if (busy && store_dirid_eq(&s->dirid, &id) && strcmp(s->file, file) == 0) {
+			close(fd);
+			fd = seterr(err, errlen, ERR_EBUSY, "%s/%s is already being saved", d,
+				    file);
+			break;
+		}
+	}
 	if (fd >= 0 && faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		close(fd);	/* a new file would silently break what was committed */
 		fd = seterr(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
 			    "takes no more saves", d);
-	} else if (fd >= 0 && seal_holds(d, client_job(c), client_rank(c))) {
+	} else if (fd >= 0 && seal_holds(&id, client_uid(c), client_job(c), client_run(c),
+					 client_rank(c))) {
 		close(fd);
 		fd = seterr(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
 			    "there", client_rank(c), d);
@@ -281,7 +292,9 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 	snprintf(s->jobname, sizeof(s->jobname), "%s", client_job(c));
 	s->rank = client_rank(c);
 	s->world = client_world(c);
+	snprintf(s->run, sizeof(s->run), "%s", client_run(c));
 	snprintf(s->dir, sizeof(s->dir), "%s", d);
+	s->dirid = id;
 	snprintf(s->file, sizeof(s->file), "%s", file);
 	s->dirfd = fd;
 	s->root = root;
@@ -390,7 +403,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		r.meta_xxh3 = s->origin.meta_xxh3;
 	}
 	s->origin = (struct st_origin){.version = DSCKPTD_VERSION, .job = s->jobname,
-				       .host = store_host()};
+				       .host = store_host(), .run = s->run};
 	r.nmeta = st_origin_pairs(&s->origin, s->rank, s->world,
 				  r.meta_name ? (int64_t)r.meta_len : -1);
 	r.meta = s->origin.pairs;
@@ -462,8 +475,10 @@ void save_view(const struct save *s, struct save_view *v)
 	v->pid = s->pid;
 	v->uid = s->uid;
 	v->job = s->jobname;
+	v->run = s->run;
 	v->rank = s->rank;
 	v->dir = s->dir;
+	v->dirid = s->dirid;
 	v->file = s->file;
 	v->level = s->level;
 	v->code = s->level == LEVEL_FAILED ? s->code : 0;
@@ -507,15 +522,23 @@ unsigned save_inflight(void)
 	return n;
 }
 
-/* The state of dir's saves: the first failed one (or NULL), and whether any (ended or still
- * open) is not yet DURABLE. */
-struct save *save_dir_state(const char *dir, int *pending)
+/* Whether s is a save of run into the directory id by uid. */
+static int save_of(const struct save *s, const struct store_dirid *id, uid_t uid,
+		   const char *run)
+{
+	return s->uid == uid && store_dirid_eq(&s->dirid, id) && strcmp(s->run, run) == 0;
+}
+
+/* The state of uid's saves of run into the directory id: the first failed one (or NULL), and
+ * whether any (ended or still open) is not yet DURABLE. */
+struct save *save_dir_state(const struct store_dirid *id, uid_t uid, const char *run,
+			    int *pending)
 {
 	struct save *bad = NULL;
 
 	*pending = 0;
 	for (struct save *s = saves; s; s = s->next) {
-		if (strcmp(s->dir, dir) != 0)
+		if (!save_of(s, id, uid, run))
 			continue;
 		if (s->level == LEVEL_FAILED && !bad)
 			bad = s;
@@ -525,11 +548,12 @@ struct save *save_dir_state(const char *dir, int *pending)
 	return bad;
 }
 
-/* Marks dir's DURABLE saves COMMITTED (its manifest is written). */
-void save_mark_committed(const char *dir)
+/* Marks uid's DURABLE saves of run into the directory id COMMITTED (its manifest is
+ * written). */
+void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *run)
 {
 	for (struct save *s = saves; s; s = s->next)
-		if (s->level == LEVEL_DURABLE && strcmp(s->dir, dir) == 0)
+		if (s->level == LEVEL_DURABLE && save_of(s, id, uid, run))
 			set_level(s, LEVEL_COMMITTED, 0, NULL);
 }
 

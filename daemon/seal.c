@@ -10,6 +10,14 @@
  * for about an hour): another node's record may land in the same instant, or later, and its
  * own saves become COMMITTED only when it sees the commit.
  *
+ * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
+ * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open while the
+ * tag is followed, so that it cannot name another directory) and its owner, never by its path.
+ * A directory removed is forgotten with its seals; one made again under the same name is a
+ * new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
+ * never committed: records, files and saves of one run never combine with another's, and no
+ * reply names what another user sealed.
+ *
  * Loop thread only, but for seal_work (libuv's threadpool), which touches only the tag's
  * work fields while busy. A tag is owned by the list from its first seal until it lingers
  * out after its end (committed or failed).
@@ -19,6 +27,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -27,8 +36,11 @@
 #define SEAL_LINGER_MS 60000   /* an ended tag is forgotten this long after */
 
 struct seal_tag {
-	char dir[PROTO_MAX_STR + 1];
+	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; reopened by seal_work) */
+	struct store_dirid dirid;     /* the directory sealed */
+	int dfd;                      /* held open while followed: the identity stays its */
 	char job[PROTO_MAX_NAME + 1];
+	char run[PROTO_MAX_RUN + 1];
 	unsigned world;
 	uid_t uid;
 	gid_t gid;
@@ -40,11 +52,14 @@ struct seal_tag {
 	int busy;                   /* seal_work runs */
 	int deferred;               /* ready for seal_work, behind another tag of its user */
 	int ended;                  /* committed, or failed for good */
+	int gone;                   /* forgotten while busy (its directory removed, a newer run
+				     * took it over): seal_after frees it */
 	uv_timer_t timer;
 	/* seal_work's: in (cfg, write) and out */
 	uv_work_t work;
 	struct config *cfg;         /* a reference, while busy */
-	int write;                  /* write our record (nsealed ranks) before looking */
+	int write;                  /* write our record (written ranks) before looking: set by
+				     * seal_check, cleared when a seal_work is back */
 	unsigned *ranks;            /* the ranks to write */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int have;                   /* ranks the records name */
@@ -62,6 +77,7 @@ static void seal_closed(uv_handle_t *h)
 {
 	struct seal_tag *t = h->data;
 	quota_give(t->uid, QUOTA_SEALS, 1);
+	close(t->dfd);
 	free(t->sealed);
 	free(t->ranks);
 	free(t);
@@ -80,12 +96,42 @@ static void seal_free(struct seal_tag *t)
 	uv_close((uv_handle_t *)&t->timer, seal_closed);
 }
 
+/* Forgets a tag now, or once its seal_work is back. */
+static void seal_forget(struct seal_tag *t)
+{
+	if (t->busy)
+		t->gone = 1;
+	else
+		seal_free(t);
+}
+
+/* Whether the tag's directory was removed (or can no longer be looked at). */
+static int seal_dir_gone(const struct seal_tag *t)
+{
+	struct stat st;
+	return fstat(t->dfd, &st) < 0 || st.st_nlink == 0;
+}
+
+/* Forgets uid's tags whose directory was removed: their seals block nothing any more. */
+static void seal_sweep(uid_t uid)
+{
+	struct seal_tag *t = tags, *next;
+
+	for (; t; t = next) {
+		next = t->next;
+		if (t->uid == uid && !t->gone && seal_dir_gone(t)) {
+			log_debug("seal of %s: the directory was removed; forgotten", t->dir);
+			seal_forget(t);
+		}
+	}
+}
+
 /* Timer: another look at the records, or an ended tag's linger is over. */
 static void on_seal_timer(uv_timer_t *h)
 {
 	struct seal_tag *t = h->data;
 
-	if (t->ended)
+	if (t->ended || seal_dir_gone(t))
 		seal_free(t);
 	else
 		seal_check(t);
@@ -103,6 +149,7 @@ static void seal_work(uv_work_t *w)
 {
 	struct seal_tag *t = w->data;
 	uint8_t *have = calloc(t->world, 1);
+	struct store_dirid id;
 	int jobfd, dfd;
 
 	t->rc = 0;
@@ -116,10 +163,20 @@ static void seal_work(uv_work_t *w)
 		free(have);
 		return;
 	}
+	if ((t->rc = store_dir_id(dfd, &id, t->err, sizeof(t->err))) == 0 &&
+	    !store_dirid_eq(&id, &t->dirid))
+		t->rc = seterr(t->err, sizeof(t->err), ERR_ENOENT, "the directory was removed");
+	if (t->rc < 0) {
+		close(dfd);
+		close(jobfd);
+		free(have);
+		return;
+	}
 	/* Our record and the look at everyone's happen under the job's lock: of two nodes
 	 * writing at once, the second sees the first's record. */
 	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
-		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written};
+		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
+					t->run};
 		const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
 		/* Committed meanwhile (a COMMIT): no record to add, and none half-written to be
 		 * found beside the manifest once the commit has answered. */
@@ -129,17 +186,29 @@ static void seal_work(uv_work_t *w)
 			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
 						 sizeof(t->err));
 		if (t->rc == 0)
-			t->have = store_seal_scan(dfd, t->job, t->world, have);
+			t->have = store_seal_scan(dfd, t->job, t->run, t->world, have);
 		store_job_unlock(jobfd);
 	}
 	close(dfd);
 	close(jobfd);
 	free(have);
 	if (t->rc == 0 && t->have == (int)t->world) {
-		t->rc = store_commit(t->cfg, t->dir, t->world, t->uid, t->gid, &t->info, t->err,
-				     sizeof(t->err));
+		t->rc = store_commit(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid, t->gid,
+				     &t->info, t->err, sizeof(t->err));
 		if (t->rc == 0)
 			t->rc = 1;
+	}
+}
+
+/* Starts uid's next tag waiting for its turn (seal_user_busy), if any. */
+static void seal_next(uid_t uid)
+{
+	for (struct seal_tag *o = tags; o; o = o->next) {
+		if (o->deferred && o->uid == uid) {
+			o->deferred = 0;
+			seal_check(o);
+			break;
+		}
 	}
 }
 
@@ -149,8 +218,15 @@ static void seal_after(uv_work_t *w, int status)
 	struct seal_tag *t = w->data;
 
 	t->busy = 0;
+	t->write = 0;
 	config_unref(t->cfg);
 	t->cfg = NULL;
+	if (t->gone) {
+		uid_t uid = t->uid;
+		seal_free(t);
+		seal_next(uid);
+		return;
+	}
 	if (t->rc < 0) {
 		log_warnx("seal of %s: %s", t->dir, t->err);
 		seal_end(t);
@@ -160,7 +236,7 @@ static void seal_after(uv_work_t *w, int status)
 	} else if (t->rc == 1) {
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
 			 t->job, t->info.files, (unsigned long long)t->info.bytes);
-		save_mark_committed(t->dir);
+		save_mark_committed(&t->dirid, t->uid, t->run);
 		resident_committed(t->dir);
 		seal_end(t);
 	} else if (t->written != t->nsealed) {
@@ -176,13 +252,7 @@ static void seal_after(uv_work_t *w, int status)
 			 "(a new seal or a restart looks again)", t->dir, t->have, t->world);
 		seal_end(t);
 	}
-	for (struct seal_tag *o = tags; o; o = o->next) {	/* the user's next tag may go */
-		if (o->deferred && o->uid == t->uid) {
-			o->deferred = 0;
-			seal_check(o);
-			break;
-		}
-	}
+	seal_next(t->uid);
 }
 
 /* Whether a seal_work of uid runs: one at a time per user, so that one user's many tags
@@ -195,10 +265,12 @@ static int seal_user_busy(uid_t uid)
 	return 0;
 }
 
-/* Whether a save (viewed) belongs to a rank t holds sealed. */
+/* Whether a save (viewed) belongs to a rank t holds sealed: the same user's, directory,
+ * job and run. */
 static int seal_covers(const struct seal_tag *t, const struct save_view *v)
 {
-	return strcmp(v->dir, t->dir) == 0 && strcmp(v->job, t->job) == 0 &&
+	return v->uid == t->uid && store_dirid_eq(&v->dirid, &t->dirid) &&
+	       strcmp(v->job, t->job) == 0 && strcmp(v->run, t->run) == 0 &&
 	       v->rank < t->world && t->sealed[v->rank];
 }
 
@@ -207,7 +279,7 @@ static void seal_check(struct seal_tag *t)
 {
 	struct save_view v;
 
-	if (t->busy || t->ended)
+	if (t->busy || t->ended || t->gone)
 		return;
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
@@ -222,8 +294,10 @@ static void seal_check(struct seal_tag *t)
 		if (v.level < LEVEL_DURABLE)
 			return;	/* seal_on_save calls again */
 	}
-	t->write = t->written != t->nsealed;
-	if (t->write) {
+	/* A write asked for stays asked for until a seal_work has done it, even while the tag
+	 * waits behind another of its user's (seal_user_busy). */
+	if (t->written != t->nsealed) {
+		t->write = 1;
 		unsigned k = 0;
 		for (unsigned r = 0; r < t->world; r++)
 			if (t->sealed[r])
@@ -242,34 +316,42 @@ static void seal_check(struct seal_tag *t)
 	uv_queue_work(loop, &t->work, seal_work, seal_after);
 }
 
-/* The tag of dir (normalized), or NULL. */
-static struct seal_tag *seal_find(const char *dir)
+/* uid's tag of the directory id, or NULL. */
+static struct seal_tag *seal_find(const struct store_dirid *id, uid_t uid)
 {
 	for (struct seal_tag *t = tags; t; t = t->next)
-		if (strcmp(t->dir, dir) == 0)
+		if (!t->gone && t->uid == uid && store_dirid_eq(&t->dirid, id))
 			return t;
 	return NULL;
 }
 
-/* A new tag of job (world ranks) owned by uid/gid, charged to uid's max_seals_per_user until
- * it is freed; NULL with a negative ERR_E* in *code and err (ELIMIT, ENOMEM). */
-static struct seal_tag *seal_new(const char *dir, const char *job, unsigned world, uid_t uid,
+/* A new tag of dir (the directory dfd, whose identity is id; the tag takes dfd) of job and run
+ * (world ranks) owned by uid/gid, charged to uid's max_seals_per_user until it is freed; NULL
+ * with a negative ERR_E* in *code and err (ELIMIT, ENOMEM), dfd closed. */
+static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_dirid *id,
+				 const char *job, const char *run, unsigned world, uid_t uid,
 				 gid_t gid, int *code, char *err, size_t errlen)
 {
-	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0)
+	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0) {
+		close(dfd);
 		return NULL;
+	}
 	struct seal_tag *t = calloc(1, sizeof(*t));
 	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned)))) {
 		if (t) {
 			free(t->sealed);
 			free(t);
 		}
+		close(dfd);
 		quota_give(uid, QUOTA_SEALS, 1);
 		*code = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	snprintf(t->dir, sizeof(t->dir), "%s", dir);
+	t->dirid = *id;
+	t->dfd = dfd;
 	snprintf(t->job, sizeof(t->job), "%s", job);
+	snprintf(t->run, sizeof(t->run), "%s", run);
 	t->world = world;
 	t->uid = uid;
 	t->gid = gid;
@@ -285,25 +367,38 @@ void seal_request(const struct client *cl, uint64_t req, const char *dir)
 {
 	char d[PROTO_MAX_STR + 1], err[ERRLEN];
 	unsigned rank = client_rank(cl), world = client_world(cl);
-	int jobfd;
+	uid_t uid = client_uid(cl);
+	struct store_dirid id;
+	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
-	int dfd = store_open_tag(config, d, client_uid(cl), client_gid(cl), &jobfd, err,
-				 sizeof(err));
+	int dfd = store_open_tag(config, d, uid, client_gid(cl), &jobfd, err, sizeof(err));
 	if (dfd < 0)
 		return reply_error(client_id(cl), req, dfd, "%s", err);
-	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
-	close(dfd);
 	close(jobfd);
-	struct seal_tag *t = seal_find(d);
-	if (t && (t->world != world || strcmp(t->job, client_job(cl)) != 0 ||
-		  t->uid != client_uid(cl)))
+	if ((rc = store_dir_id(dfd, &id, err, sizeof(err))) < 0) {
+		close(dfd);
+		return reply_error(client_id(cl), req, rc, "%s", err);
+	}
+	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+	seal_sweep(uid);
+	struct seal_tag *t = seal_find(&id, uid);
+	if (t && !committed && strcmp(t->run, client_run(cl)) != 0 &&
+	    !(t->ended && t->rc == 1)) {
+		log_info("seal of %s: run '%s' of job %s takes the tag over from run '%s', which "
+			 "did not commit it", d, client_run(cl), client_job(cl), t->run);
+		seal_forget(t);
+		t = NULL;
+	}
+	if (t && (t->world != world || strcmp(t->job, client_job(cl)) != 0)) {
+		close(dfd);
 		return reply_error(client_id(cl), req, ERR_EBUSY, "%s is sealed by job %s of %u "
-				   "ranks (uid %u)", d, t->job, t->world, (unsigned)t->uid);
-	int rc;
-	if (!committed && !t &&
-	    !(t = seal_new(d, client_job(cl), world, client_uid(cl), client_gid(cl), &rc, err,
-			   sizeof(err))))
+				   "ranks", d, t->job, t->world);
+	}
+	if (committed || t)
+		close(dfd);
+	else if (!(t = seal_new(d, dfd, &id, client_job(cl), client_run(cl), world, uid,
+				client_gid(cl), &rc, err, sizeof(err))))
 		return reply_error(client_id(cl), req, rc, "%s", err);
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
@@ -316,21 +411,25 @@ void seal_request(const struct client *cl, uint64_t req, const char *dir)
 		seal_check(t);
 }
 
-/* Whether rank of job has sealed dir through this daemon (it may save there no more). */
-int seal_holds(const char *dir, const char *job, unsigned rank)
+/* Whether rank of uid's job and run has sealed the directory id through this daemon. */
+int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
+	       unsigned rank)
 {
-	struct seal_tag *t = seal_find(dir);
-	return t && strcmp(t->job, job) == 0 && rank < t->world && t->sealed[rank];
+	struct seal_tag *t = seal_find(id, uid);
+	return t && strcmp(t->job, job) == 0 && strcmp(t->run, run) == 0 && rank < t->world &&
+	       t->sealed[rank];
 }
 
 /* save_change_cb: a save becoming DURABLE or failing may let its tag go on. */
 void seal_on_save(struct save *s)
 {
 	int level = save_level(s);
+	struct save_view v;
 
 	if (level != LEVEL_DURABLE && level != LEVEL_FAILED)
 		return;
-	struct seal_tag *t = seal_find(save_dir(s));
+	save_view(s, &v);
+	struct seal_tag *t = seal_find(&v.dirid, v.uid);
 	if (t)
 		seal_check(t);
 }
@@ -339,13 +438,23 @@ void seal_on_save(struct save *s)
  * daemons' look at the records (and the commit, if complete) goes on where it stopped. */
 void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t gid)
 {
-	struct seal_tag *t = seal_find(dir);
+	struct store_dirid id;
 	char err[ERRLEN];
-	int rc;
+	int jobfd, rc;
+	int dfd = store_open_tag(config, dir, uid, gid, &jobfd, err, sizeof(err));
 
-	if (t)
+	if (dfd < 0) {
+		log_warnx("not resuming the seals of %s: %s", dir, err);
 		return;
-	if (!(t = seal_new(dir, r->job, r->world, uid, gid, &rc, err, sizeof(err)))) {
+	}
+	close(jobfd);
+	if (store_dir_id(dfd, &id, err, sizeof(err)) < 0 || seal_find(&id, uid)) {
+		close(dfd);
+		return;
+	}
+	struct seal_tag *t = seal_new(dir, dfd, &id, r->job, r->run, r->world, uid, gid, &rc, err,
+				      sizeof(err));
+	if (!t) {
 		log_warnx("not resuming the seals of %s: %s", dir, err);
 		return;
 	}

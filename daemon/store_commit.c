@@ -6,6 +6,11 @@
  * deleted first (retention.c). The manifest's layout is format/manifest.c's. Commits of one job
  * run one at a time under the job directory's lock (store_latest.c); a commit that returns an
  * error has left no manifest behind, and committing a committed tag again changes nothing.
+ *
+ * A commit combines the files of one run of the job (KEY_RUN in their headers; none: the
+ * unknown run ""): files of another run are no part of the tag, and once the tag is complete
+ * without them they are removed, with the other runs' seal records, before the manifest is
+ * written.
  */
 #include "dsckptd.h"
 
@@ -31,6 +36,7 @@ struct store_entry {
 	const char *name;
 	uint64_t size;
 	long rank;
+	int other;                       /* of another run than the commit's */
 	/* safetensors */
 	struct st_header *h;             /* its parsed header */
 	struct manifest_tensor *t;       /* its tensors, as the manifest lists them */
@@ -75,8 +81,10 @@ static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t
 	return 0;
 }
 
-/* Describes dsckptd's safetensors file dirfd/name for the manifest from its header. */
-static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t errlen)
+/* Describes dsckptd's safetensors file dirfd/name for the manifest from its header, and
+ * whether it is of another run than run. */
+static int store_describe_st(int dirfd, struct store_entry *f, const char *run, char *err,
+			     size_t errlen)
 {
 	uint64_t end = 0;
 	char *rest;
@@ -85,9 +93,11 @@ static int store_describe_st(int dirfd, struct store_entry *f, char *err, size_t
 		return rc;
 	const struct st_header *h = f->h;
 	const char *rank = st_header_meta(h, KEY_RANK);
+	const char *frun = st_header_meta(h, KEY_RUN);
 	const char *msize = st_header_meta(h, KEY_META_SIZE);
 	const char *mx = st_header_meta(h, CHECKSUM_KEY_META);
 	f->data_xxh3 = st_header_meta(h, CHECKSUM_KEY_DATA);
+	f->other = strcmp(frun ? frun : "", run) != 0;
 	if (msize && mx && strlen(mx) == CHECKSUM_HEX) {
 		snprintf(f->meta_xxh3, sizeof(f->meta_xxh3), "%s", mx);
 		f->meta_size = strtoull(msize, NULL, 10);
@@ -184,9 +194,11 @@ out:
 	return rc;
 }
 
-/* Describes every *.safetensors and *.meta file of a tag directory (names sorted). */
-static int store_describe_all(int dfd, const char *path, char **names, size_t n,
-			      struct store_entry *ents, size_t *nents, char *err, size_t errlen)
+/* Describes every *.safetensors and *.meta file of a tag directory (names sorted), marking
+ * those of another run than run. */
+static int store_describe_all(int dfd, const char *path, const char *run, char **names,
+			      size_t n, struct store_entry *ents, size_t *nents, char *err,
+			      size_t errlen)
 {
 	size_t k = 0;
 	int rc;
@@ -205,7 +217,7 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 	/* Safetensors first: a .meta file takes the rank of its .safetensors sibling. */
 	for (size_t i = 0; i < k; i++) {
 		if (store_has_suffix(ents[i].name, FMT_SAFETENSORS) &&
-		    (rc = store_describe_st(dfd, &ents[i], err, errlen)) < 0)
+		    (rc = store_describe_st(dfd, &ents[i], run, err, errlen)) < 0)
 			return rc;
 	}
 	for (size_t i = 0; i < k; i++) {
@@ -223,16 +235,18 @@ static int store_describe_all(int dfd, const char *path, char **names, size_t n,
 				      "%s/%s has no .safetensors file beside it", path,
 				      ents[i].name);
 		ents[i].rank = st->rank;
-		if ((rc = store_describe_meta(dfd, &ents[i], st, err, errlen)) < 0)
+		ents[i].other = st->other;
+		if (!st->other && (rc = store_describe_meta(dfd, &ents[i], st, err, errlen)) < 0)
 			return rc;
 	}
 	return 0;
 }
 
-/* Checks that the safetensors files cover ranks 0..world-1 (and no other); adds up sizes. */
+/* Checks that the safetensors files of the commit's run cover ranks 0..world-1 (and no
+ * other); adds up their sizes. */
 static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned world,
-			     const char *path, const char *tag, uint64_t *total, char *err,
-			     size_t errlen)
+			     const char *run, const char *path, const char *tag, uint64_t *total,
+			     char *err, size_t errlen)
 {
 	unsigned char *seen = calloc(world, 1);
 	int rc = 0;
@@ -241,6 +255,8 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	*total = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
+		if (ents[i].other)
+			continue;
 		*total += ents[i].size;
 		if (!ents[i].h)
 			continue;
@@ -254,39 +270,45 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 	for (unsigned r = 0; r < world && rc == 0; r++) {
 		if (!seen[r])
 			rc = seterr(err, errlen, ERR_EINCOMPLETE, "rank %u of %u has no file in "
-				    "%s/%s", r, world, path, tag);
+				    "%s/%s%s", r, world, path, tag,
+				    *run ? " of this run" : "");
 	}
 	free(seen);
 	return rc;
 }
 
-/* The manifest text of tag from its described files; NULL without memory. */
-static char *store_manifest_text(const char *tag, unsigned world, const struct store_entry *ents,
-				 size_t n, uint64_t created_ns, uint64_t total)
+/* The manifest text of tag from its described files of run; NULL without memory. */
+static char *store_manifest_text(const char *tag, unsigned world, const char *run,
+				 const struct store_entry *ents, size_t n, uint64_t created_ns,
+				 uint64_t total)
 {
 	struct manifest_file *files = calloc(n ? n : 1, sizeof(*files));
+	size_t k = 0;
 	char *text;
 
 	if (!files)
 		return NULL;
 	for (size_t i = 0; i < n; i++) {
 		const struct store_entry *e = &ents[i];
-		files[i] = (struct manifest_file){.name = e->name, .size = e->size,
+		if (e->other)
+			continue;
+		files[k] = (struct manifest_file){.name = e->name, .size = e->size,
 						  .rank = (uint64_t)e->rank};
 		if (e->h) {
-			files[i].kind = MANIFEST_KIND_ST;
-			files[i].header_len = e->h->data_start;
-			files[i].data_xxh3 = e->data_xxh3;
-			files[i].t = e->t;
-			files[i].nt = e->h->n;
+			files[k].kind = MANIFEST_KIND_ST;
+			files[k].header_len = e->h->data_start;
+			files[k].data_xxh3 = e->data_xxh3;
+			files[k].t = e->t;
+			files[k].nt = e->h->n;
 		} else {
-			files[i].kind = MANIFEST_KIND_META;
-			files[i].xxh3 = e->xxh3;
+			files[k].kind = MANIFEST_KIND_META;
+			files[k].xxh3 = e->xxh3;
 		}
+		k++;
 	}
 	struct manifest m = {.tag = tag, .dsckptd_version = DSCKPTD_VERSION,
-			     .created_ns = created_ns, .world_size = world, .total_bytes = total,
-			     .files = files, .nfiles = n};
+			     .created_ns = created_ns, .world_size = world, .run = run,
+			     .total_bytes = total, .files = files, .nfiles = k};
 	text = manifest_write(&m);
 	free(files);
 	return text;
@@ -295,10 +317,10 @@ static char *store_manifest_text(const char *tag, unsigned world, const struct s
 /*
  * A commit of tag, whose manifest exists already: answered from that manifest (and `latest`
  * repaired forward) without writing it again; 1 when the tag is not committed yet, 0 when it
- * is (info filled), or a negative ERR_E* (another world size, an unreadable manifest).
+ * is (info filled), or a negative ERR_E* (another world size or run, an unreadable manifest).
  */
 static int store_commit_again(const struct config *cfg, int dfd, int jobfd, const char *tag,
-			      unsigned world, uid_t uid, gid_t gid,
+			      unsigned world, const char *run, uid_t uid, gid_t gid,
 			      struct store_commit_info *info, char *err, size_t errlen)
 {
 	char why[300];
@@ -312,6 +334,9 @@ static int store_commit_again(const struct config *cfg, int dfd, int jobfd, cons
 	if (m->world_size != world)
 		rc = seterr(err, errlen, ERR_EEXIST, "%s is committed already, with world size "
 			    "%" PRIu64 ", not %u", tag, m->world_size, world);
+	else if (strcmp(m->run ? m->run : "", run) != 0)
+		rc = seterr(err, errlen, ERR_EEXIST, "%s is committed already, by another run of "
+			    "the job", tag);
 	else
 		rc = store_latest_advance(cfg, jobfd, tag, store_tag_committed(jobfd, tag), uid,
 					  gid, err, errlen);
@@ -324,12 +349,40 @@ static int store_commit_again(const struct config *cfg, int dfd, int jobfd, cons
 	return rc;
 }
 
+/* Removes what runs other than run left in the tag dirfd: the files ents marks, and the seal
+ * records of another run (the job lock is held; the tag is complete without them). */
+static void store_clean_runs(int dfd, const char *path, const char *tag, const char *run,
+			     const struct store_entry *ents, size_t nents, char **names, size_t n)
+{
+	for (size_t i = 0; i < nents; i++) {
+		if (!ents[i].other)
+			continue;
+		if (unlinkat(dfd, ents[i].name, 0) == 0)
+			log_info("commit of %s/%s: removed %s, of another run", path, tag,
+				 ents[i].name);
+		else
+			log_warn("commit of %s/%s: cannot remove %s, of another run", path, tag,
+				 ents[i].name);
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct seal_record r;
+		if (!seal_record_name(names[i]) || store_seal_read(dfd, names[i], &r) < 0)
+			continue;
+		if (strcmp(r.run, run) != 0 && unlinkat(dfd, names[i], 0) == 0)
+			log_info("commit of %s/%s: removed %s, of another run", path, tag,
+				 names[i]);
+		seal_record_free(&r);
+	}
+}
+
 /* Commits a checkpoint directory: manifest, latest, retention. */
-int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_t uid,
-		 gid_t gid, struct store_commit_info *info, char *err, size_t errlen)
+int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		 const struct store_dirid *id, uid_t uid, gid_t gid,
+		 struct store_commit_info *info, char *err, size_t errlen)
 {
 	char path[PATH_MAX], **names, *text = NULL, *tag;
 	struct store_entry *ents = NULL;
+	struct store_dirid now_id;
 	size_t n, nents = 0, len;
 	uint64_t total = 0, created_ns;
 	struct timespec now;
@@ -339,6 +392,12 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		return seterr(err, errlen, ERR_EINVAL, "world size must be at least 1");
 	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0)
 		return dfd;
+	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
+		close(jobfd);
+		close(dfd);
+		return seterr(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
+			      "name now is another)", dir);
+	}
 	/* store_open_tag accepted dir, so it is absolute and fits; drop trailing slashes. */
 	len = strlen(dir);
 	memcpy(path, dir, len + 1);
@@ -348,7 +407,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	*tag++ = '\0'; /* path is now the job directory */
 	if ((rc = store_job_lock(jobfd, err, errlen)) < 0)
 		goto out_lock;
-	if ((rc = store_commit_again(cfg, dfd, jobfd, tag, world, uid, gid, info, err,
+	if ((rc = store_commit_again(cfg, dfd, jobfd, tag, world, run, uid, gid, info, err,
 				     errlen)) != 1)
 		goto out_lock;
 
@@ -360,19 +419,21 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = store_describe_all(dfd, path, names, n, ents, &nents, err, errlen)) < 0)
+	if ((rc = store_describe_all(dfd, path, run, names, n, ents, &nents, err, errlen)) < 0)
 		goto out;
 	if (nents == 0) {
 		rc = seterr(err, errlen, ERR_EINCOMPLETE, "no checkpoint files in %s/%s", path,
 			    tag);
 		goto out;
 	}
-	if ((rc = store_check_ranks(ents, nents, world, path, tag, &total, err, errlen)) < 0)
+	if ((rc = store_check_ranks(ents, nents, world, run, path, tag, &total, err,
+				    errlen)) < 0)
 		goto out;
+	store_clean_runs(dfd, path, tag, run, ents, nents, names, n);
 
 	clock_gettime(CLOCK_REALTIME, &now);
 	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-	if (!(text = store_manifest_text(tag, world, ents, nents, created_ns, total))) {
+	if (!(text = store_manifest_text(tag, world, run, ents, nents, created_ns, total))) {
 		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
@@ -389,8 +450,11 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, uid_
 	if (cfg->keep_last > 0)
 		retention_apply(jobfd, path, tag, created_ns, uid, cfg->keep_last);
 	if (info) {
+		size_t mine = 0;
+		for (size_t i = 0; i < nents; i++)
+			mine += !ents[i].other;
 		snprintf(info->tag, sizeof(info->tag), "%s", tag);
-		info->files = (unsigned)nents;
+		info->files = (unsigned)mine;
 		info->bytes = total;
 	}
 	rc = 0;

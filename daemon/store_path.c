@@ -194,6 +194,24 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
 	return store_walk(cfg, dir, uid, gid, 1, NULL, root, err, errlen);
 }
 
+/* The identity (st_dev, st_ino) of the open directory dirfd. */
+int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (fstat(dirfd, &st) < 0)
+		return seterr(err, errlen, ERR_EIO, "stat of the checkpoint directory: %s",
+			      strerror(errno));
+	*id = (struct store_dirid){st.st_dev, st.st_ino};
+	return 0;
+}
+
+/* Whether two identities are the same directory. */
+int store_dirid_eq(const struct store_dirid *a, const struct store_dirid *b)
+{
+	return a->dev == b->dev && a->ino == b->ino;
+}
+
 /* Whether the directory dirfd still lies below the allowed root it was opened under: walks
  * ".." up to the root (dirfd may have been renamed since). 0, ERR_EACCES (moved out) or
  * ERR_ENOENT (removed) with err. A check, not a lock: it catches a directory moved away or

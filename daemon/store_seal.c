@@ -41,10 +41,12 @@ int store_seal_read(int dirfd, const char *name, struct seal_record *r)
 	return -1;
 }
 
-/* Reads every seal record of job (world ranks) in the tag dirfd into have (world bytes, set
- * for each rank some record names); returns how many ranks are sealed, or -1 (cannot list).
- * Records of another job or world size are ignored. */
-int store_seal_scan(int dirfd, const char *job, unsigned world, uint8_t *have)
+/* Reads every seal record of job's run (world ranks) in the tag dirfd into have (world bytes,
+ * set for each rank some record names); returns how many ranks are sealed, or -1 (cannot
+ * list). Records of another job, run or world size are ignored: one run's seals never
+ * complete another's. */
+int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
+		    uint8_t *have)
 {
 	char **names;
 	size_t n;
@@ -57,7 +59,7 @@ int store_seal_scan(int dirfd, const char *job, unsigned world, uint8_t *have)
 		struct seal_record r;
 		if (!seal_record_name(names[i]) || store_seal_read(dirfd, names[i], &r) < 0)
 			continue;
-		if (r.world == world && strcmp(r.job, job) == 0) {
+		if (r.world == world && strcmp(r.job, job) == 0 && strcmp(r.run, run) == 0) {
 			for (unsigned k = 0; k < r.nranks; k++) {
 				count += !have[r.ranks[k]];
 				have[r.ranks[k]] = 1;

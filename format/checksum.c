@@ -45,11 +45,13 @@ int checksum_key_reserved(const char *key)
 	return checksum_key_tensor(key) != NULL || strcmp(key, CHECKSUM_KEY_DATA) == 0;
 }
 
-/* Lays out the origin pairs of a header's __metadata__: the .meta file's size and checksum
- * come last, and only when there is one (a commit checks the file against them instead of
- * hashing whatever a client left in its place). */
+/* Lays out the origin pairs of a header's __metadata__: the run only when known; the .meta
+ * file's size and checksum come last, and only when there is one (a commit checks the file
+ * against them instead of hashing whatever a client left in its place). */
 size_t st_origin_pairs(struct st_origin *o, unsigned rank, unsigned world, int64_t meta_size)
 {
+	size_t n = 0;
+
 	snprintf(o->rank, sizeof(o->rank), "%u", rank);
 	snprintf(o->world, sizeof(o->world), "%u", world);
 	o->meta_size[0] = '\0';
@@ -57,8 +59,15 @@ size_t st_origin_pairs(struct st_origin *o, unsigned rank, unsigned world, int64
 		snprintf(o->meta_size, sizeof(o->meta_size), "%lld", (long long)meta_size);
 	const char *pairs[] = {"format", "pt", KEY_VERSION, o->version, KEY_JOB, o->job,
 			       KEY_RANK, o->rank, KEY_WORLD, o->world, KEY_HOST, o->host,
-			       KEY_META_SIZE, o->meta_size, CHECKSUM_KEY_META, o->meta_xxh3};
+			       KEY_RUN, o->run, KEY_META_SIZE, o->meta_size,
+			       CHECKSUM_KEY_META, o->meta_xxh3};
 	_Static_assert(sizeof(pairs) == sizeof(o->pairs), "st_origin holds these pairs");
-	memcpy(o->pairs, pairs, sizeof(pairs));
-	return ST_ORIGIN_PAIRS - (meta_size >= 0 ? 0 : 2);
+	for (size_t i = 0; i < ST_ORIGIN_PAIRS; i++) {
+		if ((i == 6 && (!o->run || !*o->run)) || (i >= 7 && meta_size < 0))
+			continue;	/* pair 6: the run; 7 and 8: the .meta file's */
+		o->pairs[2 * n] = pairs[2 * i];
+		o->pairs[2 * n + 1] = pairs[2 * i + 1];
+		n++;
+	}
+	return n;
 }

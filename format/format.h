@@ -56,6 +56,7 @@ struct seal_record {
 	unsigned world;
 	unsigned *ranks;
 	unsigned nranks;
+	const char *run;          /* the run that sealed; "" (or NULL, writing) for none */
 };
 /* The text of a record (malloc'd), or NULL without memory. */
 char *seal_record_write(const struct seal_record *r);
@@ -93,11 +94,13 @@ int meta_pack(const struct meta_blob *b, size_t n, uint8_t **out, size_t *len);
 #define KEY_RANK "dsckpt.rank"           /* decimal */
 #define KEY_WORLD "dsckpt.world"         /* decimal */
 #define KEY_HOST "dsckpt.host"           /* the machine that wrote it (start-up recovery) */
+#define KEY_RUN "dsckpt.run"             /* the run of the job that saved it; absent: unknown */
 /* What dsckptd records of a file's origin in its header's __metadata__ ("format": "pt" and the
  * KEY_* and CHECKSUM_KEY_META pairs above); the strings are borrowed but for the numbers'. */
-#define ST_ORIGIN_PAIRS 8
+#define ST_ORIGIN_PAIRS 9
 struct st_origin {
 	const char *version, *job, *host;
+	const char *run;                   /* "" (unknown run): no KEY_RUN pair */
 	char rank[16], world[16];
 	char meta_size[24];                /* "" when the file has no .meta beside it */
 	char meta_xxh3[CHECKSUM_HEX + 1];  /* filled in before the header is built */
@@ -231,6 +234,7 @@ struct manifest {
 	const char *created;      /* reading: the UTC time written ("2026-01-31T12:00:00Z") */
 	uint64_t created_ns;      /* reading: to within 256 ns (a double), 0 if absent */
 	uint64_t world_size;
+	const char *run;          /* the run committed; "" or NULL: unknown (not written) */
 	const char *checksum;     /* reading: the algorithm named (CHECKSUM_ALGO is written) */
 	uint64_t total_bytes;
 	const struct manifest_file *files;

@@ -3,13 +3,15 @@
  * retention and by dsckptctl (list, verify). The layout, version 1:
  *
  *   {"format": "dsckpt-manifest", "version": 1, "dsckptd_version": "...", "tag": "...",
- *    "created": "<UTC>", "created_ns": N, "world_size": N, "checksum": "xxh3-64",
+ *    "created": "<UTC>", "created_ns": N, "world_size": N, "run"?: "...", "checksum": "xxh3-64",
  *    "total_bytes": N, "files": [
  *      {"name", "kind": "safetensors", "size", "rank", "header_len", "data_xxh3",
  *       "tensors": [{"name", "dtype", "shape", "data_offsets": [b, e], "xxh3"}, ...]},
  *      {"name", "kind": "meta", "size", "rank", "xxh3"}, ...]}
  *
- * Sizes, offsets and created_ns are printed exactly (cJSON would print doubles).
+ * Sizes, offsets and created_ns are printed exactly (cJSON would print doubles). "run" is the
+ * run of the job whose files were committed, absent when unknown (readers of version 1 that
+ * predate it ignore it).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -126,6 +128,7 @@ char *manifest_write(const struct manifest *m)
 		 cJSON_AddStringToObject(doc, "created", when) &&
 		 manifest_add_u64(doc, "created_ns", m->created_ns) &&
 		 cJSON_AddNumberToObject(doc, "world_size", (double)m->world_size) &&
+		 (!m->run || !*m->run || cJSON_AddStringToObject(doc, "run", m->run)) &&
 		 cJSON_AddStringToObject(doc, "checksum", CHECKSUM_ALGO) &&
 		 manifest_add_u64(doc, "total_bytes", m->total_bytes) &&
 		 (files = cJSON_AddArrayToObject(doc, "files")) != NULL;
@@ -275,6 +278,7 @@ struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t 
 	d->m.created_ns = cJSON_IsNumber(c) && c->valuedouble >= 1 && c->valuedouble < 1.8e19 ?
 			  (uint64_t)c->valuedouble : 0;
 	d->m.world_size = manifest_u64(d->json, "world_size");
+	d->m.run = manifest_str(d->json, "run");
 	d->m.checksum = manifest_str(d->json, "checksum");
 	d->m.total_bytes = manifest_u64(d->json, "total_bytes");
 	d->m.files = d->files;

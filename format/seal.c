@@ -6,7 +6,11 @@
  * 1,000 nodes costs 1,000 small files, not one per rank.
  *
  *   {"format": "dsckpt-seal", "version": 1, "host": "node-7", "job": "gpt",
- *    "world": 4096, "ranks": [0, 1, 2, 3, 4, 5, 6, 7]}
+ *    "run": "8812.0.0", "world": 4096, "ranks": [0, 1, 2, 3, 4, 5, 6, 7]}
+ *
+ * "run" is the run of the job that sealed (the ranks' HELLO): records combine only with
+ * records of the same run. A record without it (unknown run, or written before runs were
+ * recorded) reads as run "".
  */
 #include "format.h"
 
@@ -33,6 +37,8 @@ char *seal_record_write(const struct seal_record *r)
 	cJSON_AddNumberToObject(o, "version", SEAL_VERSION);
 	cJSON_AddStringToObject(o, "host", r->host);
 	cJSON_AddStringToObject(o, "job", r->job);
+	if (r->run && *r->run)
+		cJSON_AddStringToObject(o, "run", r->run);
 	cJSON_AddNumberToObject(o, "world", r->world);
 	for (unsigned i = 0; i < r->nranks; i++)
 		cJSON_AddItemToArray(ranks, cJSON_CreateNumber(r->ranks[i]));
@@ -50,7 +56,7 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 		      size_t whylen)
 {
 	cJSON *o = cJSON_ParseWithLength(text, len);
-	const cJSON *f, *v, *h, *j, *w, *ranks, *e;
+	const cJSON *f, *v, *h, *j, *w, *ranks, *e, *run;
 	int rc = -1;
 
 	memset(r, 0, sizeof(*r));
@@ -63,6 +69,7 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 	h = cJSON_GetObjectItemCaseSensitive(o, "host");
 	j = cJSON_GetObjectItemCaseSensitive(o, "job");
 	w = cJSON_GetObjectItemCaseSensitive(o, "world");
+	run = cJSON_GetObjectItemCaseSensitive(o, "run");
 	ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
 	if (!cJSON_IsString(f) || strcmp(f->valuestring, SEAL_FORMAT) != 0 ||
 	    !cJSON_IsNumber(v) || v->valuedouble != SEAL_VERSION) {
@@ -76,11 +83,16 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 			 SEAL_MAX_WORLD);
 		goto out;
 	}
+	if (run && !cJSON_IsString(run)) {
+		snprintf(why, whylen, "run must be a string");
+		goto out;
+	}
 	r->world = (unsigned)w->valuedouble;
 	r->host = strdup(h->valuestring);
 	r->job = strdup(j->valuestring);
+	r->run = strdup(run ? run->valuestring : "");
 	r->ranks = calloc((size_t)cJSON_GetArraySize(ranks) + 1, sizeof(*r->ranks));
-	if (!r->host || !r->job || !r->ranks) {
+	if (!r->host || !r->job || !r->run || !r->ranks) {
 		snprintf(why, whylen, "out of memory");
 		goto out;
 	}
@@ -105,6 +117,7 @@ void seal_record_free(struct seal_record *r)
 {
 	free((char *)r->host);
 	free((char *)r->job);
+	free((char *)r->run);
 	free(r->ranks);
 	memset(r, 0, sizeof(*r));
 }

@@ -14,13 +14,14 @@
 #include <msgpack.h>
 
 /* Bump PROTO_VERSION if you change the header, a message type or a message's keys. */
-#define PROTO_VERSION 5
+#define PROTO_VERSION 6
 #define PROTO_MAGIC 0x4b435344u       /* "DSCK" as little-endian bytes */
 #define PROTO_HDR_SIZE 24
 #define PROTO_MAX_BODY (16u << 20)    /* bigger frames are rejected unread */
 #define PROTO_MAX_FDS 64              /* per frame */
 #define PROTO_MAX_STR 4096            /* longest string field (paths) */
 #define PROTO_MAX_NAME 512            /* longest tensor/blob/job name */
+#define PROTO_MAX_RUN 128             /* longest run id (HELLO's run: printable ASCII) */
 #define PROTO_MAX_DIMS 16             /* most dimensions of a tensor */
 #define PROTO_MAX_KEYS 64             /* most keys in one map */
 

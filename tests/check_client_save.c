@@ -2,7 +2,7 @@
  * check_client_save.c — libdsckpt's data path against a scripted fake daemon (fake_peer.c):
  * a whole save (zero-copy host blocks, staged memory, blobs in pieces, small blobs with the
  * end), freed blocks unregistered, huge saves split into frames, no GPU without a driver,
- * batches of tensors, deferred saves (one frame for a whole save).
+ * batches of tensors, deferred saves (one frame for a whole save), the run id HELLO carries.
  */
 #include <check.h>
 #include <stdio.h>
@@ -22,6 +22,78 @@ static double now_us(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
+
+/* The environment variables libdsckpt takes a run id from. */
+static const char *const run_vars[] = {"DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+				       "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "PMIX_NAMESPACE",
+				       "OMPI_MCA_ess_base_jobid"};
+
+/* The run id HELLO carries: the caller's, else the environment's (in its order, skipping
+ * TORCHELASTIC_RUN_ID's placeholder "none" and values that cannot be run ids), else none;
+ * a caller's id that cannot be one is refused before anything is sent. */
+START_TEST(test_run_ids)
+{
+	static const struct {
+		const char *env[4];  /* NAME=value */
+		const char *given;   /* to dsckpt_identify_run; NULL: dsckpt_identify */
+		const char *want;
+	} cases[] = {
+		{{NULL}, NULL, ""},
+		{{"DSCKPT_RUN_ID=abc", "TORCHELASTIC_RUN_ID=te", "SLURM_JOB_ID=12"}, NULL, "abc"},
+		{{"TORCHELASTIC_RUN_ID=te1", "SLURM_JOB_ID=12"}, NULL, "te1"},
+		{{"TORCHELASTIC_RUN_ID=none", "SLURM_JOB_ID=12", "SLURM_STEP_ID=3",
+		  "SLURM_RESTART_COUNT=1"}, NULL, "12.3.1"},
+		{{"SLURM_JOB_ID=12", "PMIX_NAMESPACE=px"}, NULL, "12.batch.0"},
+		{{"PMIX_NAMESPACE=slurm.pmix.12.0", "OMPI_MCA_ess_base_jobid=99"}, NULL,
+		 "slurm.pmix.12.0"},
+		{{"OMPI_MCA_ess_base_jobid=4242"}, NULL, "4242"},
+		{{"DSCKPT_RUN_ID=bad\001id", "TORCHELASTIC_RUN_ID=ok"}, NULL, "ok"},
+		{{"DSCKPT_RUN_ID=abc"}, "mine", "mine"},
+		{{"DSCKPT_RUN_ID=abc"}, "", ""},
+	};
+	char want[64], big[DSCKPT_RUN_MAX + 2];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct fake f;
+		dsckpt_conn_t *c;
+		for (size_t k = 0; k < sizeof(run_vars) / sizeof(run_vars[0]); k++)
+			unsetenv(run_vars[k]);
+		for (size_t k = 0; k < 4 && cases[i].env[k]; k++)
+			putenv((char *)cases[i].env[k]);
+		fake_start(&f);
+		ck_assert_int_eq(dsckpt_connect(f.path, &c), 0);
+		int rc = cases[i].given ? dsckpt_identify_run(c, "job", 0, 2, cases[i].given)
+					: dsckpt_identify(c, "job", 0, 2);
+		ck_assert_msg(rc == 0, "case %zu: %s", i, dsckpt_last_error(c));
+		ck_assert_msg(strcmp(dsckpt_run(c), cases[i].want) == 0, "case %zu: run '%s', "
+			      "not '%s'", i, dsckpt_run(c), cases[i].want);
+		dsckpt_close(c);
+		char *log = fake_finish(&f);
+		snprintf(want, sizeof(want), "hello trainer job 0/2%s%s\n", *cases[i].want ?
+			 " run=" : "", cases[i].want);
+		ck_assert_msg(strstr(log, want), "case %zu: the peer saw %s", i, log);
+		free(log);
+	}
+	for (size_t k = 0; k < sizeof(run_vars) / sizeof(run_vars[0]); k++)
+		unsetenv(run_vars[k]);
+
+	struct fake f;
+	dsckpt_conn_t *c;
+	fake_start(&f);
+	ck_assert_int_eq(dsckpt_connect(f.path, &c), 0);
+	memset(big, 'r', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	ck_assert_int_eq(dsckpt_identify_run(c, "job", 0, 2, big), DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_identify_run(c, "job", 0, 2, "tab\there"), DSCKPT_EINVAL);
+	big[DSCKPT_RUN_MAX] = '\0';	/* the longest */
+	ck_assert_int_eq(dsckpt_identify_run(c, "job", 0, 2, big), 0);
+	ck_assert_str_eq(dsckpt_run(c), big);
+	dsckpt_close(c);
+	char *log = fake_finish(&f);
+	ck_assert_int_eq(fake_count(log, "hello"), 1);
+	free(log);
+}
+END_TEST
 
 /* A whole save: 1,000 tensors zero-copy in one frame, staged ones, a blob in pieces. */
 START_TEST(test_fake_save)
@@ -427,6 +499,7 @@ static Suite *client_save_suite(void)
 	TCase *tc = tcase_create("fake-peer");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_fake_save);
+	tcase_add_test(tc, test_run_ids);
 	tcase_add_test(tc, test_fake_region_del);
 	tcase_add_test(tc, test_fake_split);
 	tcase_add_test(tc, test_fake_no_gpu);

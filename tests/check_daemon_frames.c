@@ -225,6 +225,29 @@ static void nul_string(void)
 	close(fd);
 }
 
+/* A run id with a control character, and one of 129 bytes (version 6's HELLO). */
+static void bad_run(void)
+{
+	char longer[130];
+	memset(longer, 'r', 129);
+	longer[129] = '\0';
+	const char *runs[] = {"run\n1", longer};
+	for (int i = 0; i < 2; i++) {
+		struct proto_out o;
+		int fd = raw_connect();
+		out_map(&o, PROTO_HELLO, 6);
+		proto_kv_str(&o.pk, "role", "trainer");
+		proto_kv_str(&o.pk, "job", "j");
+		proto_kv_u64(&o.pk, "rank", 0);
+		proto_kv_u64(&o.pk, "world", 1);
+		proto_kv_str(&o.pk, "run", runs[i]);
+		proto_kv_u64(&o.pk, "pid", 1);
+		ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+		raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+		close(fd);
+	}
+}
+
 /* STATUS and SAVE_BEGIN before HELLO. */
 static void before_hello(void)
 {
@@ -708,6 +731,7 @@ static const struct {
 	{"body not a map", not_a_map},
 	{"unknown key", unknown_key},
 	{"string with NUL", nul_string},
+	{"bad run id", bad_run},
 	{"request before HELLO", before_hello},
 	{"nfds without fds", fds_missing},
 	{"pipe for REGION_ADD", pipe_fd},

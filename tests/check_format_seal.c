@@ -1,5 +1,7 @@
-/* check_format_seal.c — a node's seal record (format/seal.c): written and read back, and every
- * malformed record (not JSON, another format, world or ranks out of range) refused with why. */
+/* check_format_seal.c — a node's seal record (format/seal.c): written and read back (its run
+ * too; a record without one reads as the unknown run ""), and every malformed record (not
+ * JSON, another format, world or ranks out of range, a run that is not a string) refused
+ * with why. */
 #include "../format/format.h"
 #include "harness.h"
 
@@ -11,11 +13,20 @@
 START_TEST(test_round_trip)
 {
 	unsigned ranks[] = {0, 3, 7};
-	struct seal_record r = {"node-7", "gpt", 8, ranks, 3}, back;
+	struct seal_record r = {"node-7", "gpt", 8, ranks, 3, NULL}, back;
 	char why[200];
 	char *text = seal_record_write(&r);
 	ck_assert_ptr_nonnull(text);
+	ck_assert_ptr_null(strstr(text, "\"run\""));	/* the unknown run: no key */
 	ck_assert_int_eq(seal_record_parse(text, strlen(text), &back, why, sizeof(why)), 0);
+	ck_assert_str_eq(back.run, "");
+	seal_record_free(&back);
+	free(text);
+	r.run = "8812.0.1";
+	text = seal_record_write(&r);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_int_eq(seal_record_parse(text, strlen(text), &back, why, sizeof(why)), 0);
+	ck_assert_str_eq(back.run, "8812.0.1");
 	ck_assert_str_eq(back.host, "node-7");
 	ck_assert_str_eq(back.job, "gpt");
 	ck_assert_uint_eq(back.world, 8);
@@ -49,6 +60,8 @@ START_TEST(test_malformed)
 		"\"world\": 2, \"ranks\": [\"0\"]}",
 		"{\"format\": \"dsckpt-seal\", \"version\": 1, \"host\": 5, \"job\": \"j\", "
 		"\"world\": 2, \"ranks\": [0]}",
+		"{\"format\": \"dsckpt-seal\", \"version\": 1, \"host\": \"h\", \"job\": \"j\", "
+		"\"run\": 7, \"world\": 2, \"ranks\": [0]}",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct seal_record r;

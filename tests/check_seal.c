@@ -3,7 +3,9 @@
  * is SIGKILLed at once, and the daemon commits the tag by itself; a rank that never seals
  * keeps the tag uncommitted (also across a restart, which keeps only the sealed rank's file);
  * a daemon SIGKILLed mid-flush after the seal leaves the tag incomplete and the previous one
- * `latest`; a sealed rank saves nothing more there; sealing a committed tag says so.
+ * `latest`; a sealed rank saves nothing more there; sealing a committed tag says so; a tag
+ * removed and made again is a new tag; two runs of a job on two nodes (two daemons with
+ * distinct hosts on one root) never combine in one commit.
  */
 #include "harness_daemon.h"
 
@@ -175,6 +177,202 @@ START_TEST(test_seal_rules)
 }
 END_TEST
 
+/* A sealed tag removed and made again at once is a new tag: its rank saves and seals there
+ * again, and it commits (issue 31's "ESTATE: rank 0 sealed" for a minute). */
+START_TEST(test_removed_tag_is_new)
+{
+	d_start(CACHE_8M, CHUNK_1M HOST_A);
+	dsckpt_conn_t *c = conn_open("rm", 0, 2);
+	const char *dir = h_path("%s/rm/step100", D->root);
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", N_BYTES, 31, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	CK_DS(c, dsckpt_seal(c, dir));	/* world 2: never committed */
+	ck_assert(wait_for(h_path("%s/SEAL.node-a.json", dir), 10000));
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	h_rm_rf(dir);
+	dsckpt_conn_t *c1 = conn_open("rm", 1, 2);
+	dsckpt_save_t *s0 = save_pattern(c, dir, "rank0", N_BYTES, 32, &mem);
+	void *mem1;
+	dsckpt_save_t *s1 = save_pattern(c1, dir, "rank1", N_BYTES, 33, &mem1);
+	CK_DS(c, dsckpt_seal(c, dir));
+	CK_DS(c1, dsckpt_seal(c1, dir));
+	wait_level(c, s0, DSCKPT_COMMITTED, 30000);
+	wait_level(c1, s1, DSCKPT_COMMITTED, 30000);
+	check_pattern_file(dir, "rank0", N_BYTES, 32);
+	check_pattern_file(dir, "rank1", N_BYTES, 33);
+	ctl_verify(dir);
+	dsckpt_save_free(s0);
+	dsckpt_save_free(s1);
+	dsckpt_host_free(mem);
+	dsckpt_host_free(mem1);
+	dsckpt_close(c);
+	dsckpt_close(c1);
+	d_stop();
+}
+END_TEST
+
+/* Sets the environment libdsckpt takes a run id from to run (NULL: no run id at all). */
+static void set_run(const char *run)
+{
+	const char *vars[] = {"DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+			      "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+		unsetenv(vars[i]);
+	if (run)
+		setenv("DSCKPT_RUN_ID", run, 1);
+}
+
+/* A rank of job "tr" (world 2) connected to the daemon at sock, in the environment's run. */
+static dsckpt_conn_t *node_conn(const char *sock, int rank)
+{
+	dsckpt_conn_t *c = NULL;
+	int rc = dsckpt_connect(sock, &c);
+	ck_assert_msg(rc == 0, "dsckpt_connect %s: %s", sock, dsckpt_err_name(rc));
+	CK_DS(c, dsckpt_identify(c, "tr", rank, 2));
+	return c;
+}
+
+/* Saves file rank<rank> of seed's pattern into dir through c and waits until it is DURABLE. */
+static void save_durable(dsckpt_conn_t *c, const char *dir, int rank, uint64_t seed)
+{
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, h_path("rank%d", rank), N_BYTES, seed, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+}
+
+/* Whether the daemon's log at path holds text a or b; waits up to 30 s for one. */
+static int log_has(const char *path, const char *a, const char *b)
+{
+	for (int i = 0; i < 1500; i++) {
+		char *log = h_read_file(path, NULL);
+		int found = log && (strstr(log, a) || strstr(log, b));
+		free(log);
+		if (found)
+			return 1;
+		h_sleep_ms(20);
+	}
+	return 0;
+}
+
+/*
+ * Run 1 of job "tr" (2 ranks, run1 in the environment; NULL: none): rank 0 saves pattern
+ * W on node A and never seals; rank 1 saves pattern X on node B (peer b) and seals; the run
+ * ends. Run 2 (run2): rank 0 saves pattern Y on node A and seals. Returns whether node A
+ * then committed the tag: it has looked at the records once its own is written.
+ */
+static int two_runs_begin(const struct hdaemon *b, const char *dir, const char *run1,
+			  const char *run2)
+{
+	set_run(run1);
+	dsckpt_conn_t *w = node_conn(D->socket, 0), *x = node_conn(b->socket, 1);
+	save_durable(w, dir, 0, 700);
+	save_durable(x, dir, 1, 701);
+	ck_assert_int_eq(dsckpt_seal(x, dir), 0);
+	ck_assert(wait_for(h_path("%s/SEAL.node-b.json", dir), 10000));
+	dsckpt_close(w);
+	dsckpt_close(x);
+
+	set_run(run2);
+	dsckpt_conn_t *y = node_conn(D->socket, 0);
+	save_durable(y, dir, 0, 702);
+	int rc = dsckpt_seal(y, dir);
+	ck_assert_msg(rc == 0, "run 2's seal of rank 0: %s: %s", dsckpt_err_name(rc),
+		      dsckpt_last_error(y));
+	dsckpt_close(y);
+	ck_assert_msg(log_has(D->log, h_path("seal of %s: 1 of 2 ranks sealed so far", dir),
+			      h_path("committed %s:", dir)),
+		      "node A never looked at the records of %s", dir);
+	return h_exists(h_path("%s/MANIFEST.json", dir));
+}
+
+/* Run 2's rank 1 saves pattern Z on node B and seals: the tag commits with run 2's bytes
+ * only (Y, Z), every file of run 2, the seal records of run 2. */
+static void two_runs_end(const struct hdaemon *b, const char *dir, const char *run2)
+{
+	dsckpt_conn_t *z = node_conn(b->socket, 1);
+	save_durable(z, dir, 1, 703);
+	CK_DS(z, dsckpt_seal(z, dir));
+	if (!wait_for(h_path("%s/MANIFEST.json", dir), 30000)) {
+		char *log = h_read_file(b->log, NULL);
+		fprintf(stderr, "--- node B's log:\n%s\n", log ? log : "");
+		free(log);
+		h_system("ls -la '%s'; cat '%s'/SEAL.*", dir, dir);
+		ck_abort_msg("run 2 never committed");
+	}
+	dsckpt_close(z);
+	check_pattern_file(dir, "rank0", N_BYTES, 702);
+	check_pattern_file(dir, "rank1", N_BYTES, 703);
+	ctl_verify(dir);
+	for (int r = 0; r < 2; r++) {
+		struct stf f;
+		stf_load(&f, h_path("%s/rank%d.safetensors", dir, r));
+		const char *run = stf_meta(&f, "dsckpt.run");
+		ck_assert_msg(run && strcmp(run, run2) == 0, "rank%d's header run: %s", r,
+			      run ? run : "(none)");
+		stf_free(&f);
+	}
+	char *m = h_read_file(h_path("%s/MANIFEST.json", dir), NULL);
+	cJSON *mj = m ? cJSON_Parse(m) : NULL;
+	const char *mrun = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(mj, "run"));
+	ck_assert_msg(mrun && strcmp(mrun, run2) == 0, "manifest: %s", m ? m : "none");
+	cJSON_Delete(mj);
+	free(m);
+	for (int n = 0; n < 2; n++) {
+		char *rec = h_read_file(h_path("%s/SEAL.node-%c.json", dir, "ab"[n]), NULL);
+		ck_assert_msg(rec && strstr(rec, h_path("\"run\":\"%s\"", run2)),
+			      "node %c's record: %s", "ab"[n], rec ? rec : "none");
+		free(rec);
+	}
+}
+
+/* Issue 29 item 11: run 1 leaves a tag incomplete on two nodes (rank 1 sealed on node B,
+ * rank 0 never sealed); run 2 (another run id) saves and seals rank 0 on node A: not
+ * committed with run 1's rank 1; run 2's rank 1 is accepted on node B, and its seal commits
+ * the tag with run 2's bytes only. */
+START_TEST(test_two_runs)
+{
+	struct hdaemon b;
+	d_start(CACHE_8M, CHUNK_1M HOST_A);
+	h_daemon_start_peer(&b, D, "node-b", CACHE_8M, CHUNK_1M "\"host\": \"node-b\",");
+	const char *dir = h_path("%s/tr/t1", D->root);
+	ck_assert_msg(!two_runs_begin(&b, dir, "run-1", "run-2"),
+		      "run 2's rank 0 was committed with run 1's rank 1");
+	char *out = NULL;	/* list counts the newest record's run only */
+	ck_assert_int_eq(ctl(&out, "list %s", D->root), 0);
+	ck_assert_msg(strstr(out, "incomplete: sealed 1/2, missing 1"), "list: %s", out);
+	free(out);
+	two_runs_end(&b, dir, "run-2");
+	set_run(NULL);
+	ck_assert_int_eq(h_daemon_kill(&b, SIGTERM), 0);
+	d_stop();
+}
+END_TEST
+
+/* Without a run id (the unknown run, as before run ids): an unknown run never combines with
+ * a known one; two unknown runs cannot be told apart, so run 2's rank 0 commits with run
+ * 1's sealed rank 1, as it always did (README says so). */
+START_TEST(test_unknown_run)
+{
+	struct hdaemon b;
+	d_start(CACHE_8M, CHUNK_1M HOST_A);
+	h_daemon_start_peer(&b, D, "node-b", CACHE_8M, CHUNK_1M "\"host\": \"node-b\",");
+	const char *t1 = h_path("%s/tr/t1", D->root), *t2 = h_path("%s/tr/t2", D->root);
+	ck_assert_msg(!two_runs_begin(&b, t1, NULL, "run-2"),
+		      "a known run was committed with the unknown run's rank 1");
+	two_runs_end(&b, t1, "run-2");
+	ck_assert_msg(two_runs_begin(&b, t2, NULL, NULL), "two unknown runs did not combine");
+	check_pattern_file(t2, "rank0", N_BYTES, 702);
+	check_pattern_file(t2, "rank1", N_BYTES, 701);
+	set_run(NULL);
+	ck_assert_int_eq(h_daemon_kill(&b, SIGTERM), 0);
+	d_stop();
+}
+END_TEST
+
 /* The suite. */
 /* Seal, then COMMIT at once, as dsckpt.torch.commit does, 25 times: once the commit has
  * answered, no seal record is still being written beside the manifest (the daemon's seal
@@ -208,6 +406,9 @@ static Suite *seal_suite(void)
 	h_add_case(s, "daemon killed after seal", test_daemon_killed_after_seal, 90, 1);
 	h_add_case(s, "seal rules", test_seal_rules, 60, 1);
 	h_add_case(s, "seal then commit", test_seal_then_commit, 90, 1);
+	h_add_case(s, "removed tag is new", test_removed_tag_is_new, 60, 1);
+	h_add_case(s, "two runs", test_two_runs, 120, 1);
+	h_add_case(s, "unknown run", test_unknown_run, 120, 1);
 	return s;
 }
 

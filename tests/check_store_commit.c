@@ -1,4 +1,5 @@
-/* check_store_commit.c — commits (MANIFEST.json, latest), what they refuse, and keep_last. */
+/* check_store_commit.c — commits (MANIFEST.json, latest), what they refuse, and keep_last;
+ * a commit of one run among another's files and seal records. */
 #include "harness_store.h"
 
 #include <check.h>
@@ -23,7 +24,7 @@ START_TEST(test_commit)
 	write_ckpt(dir, "rank1", 1, NULL);
 	write_ckpt(dir, "rank0", 0, "pickled-skeleton");
 	write_text(rpath("%s", "job/step100/notes.txt"), "not ours");
-	ck_assert_int_eq(store_commit(&cfg, dir, 2, 0, 0, &info, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, "", NULL, 0, 0, &info, err, sizeof(err)), 0);
 	ck_assert_str_eq(info.tag, "step100");
 	ck_assert_uint_eq(info.files, 3);
 
@@ -96,7 +97,7 @@ START_TEST(test_commit)
 	ck_assert_str_eq(before, after);
 	free(before);
 	free(after);
-	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EEXIST);
 	ck_assert_ptr_nonnull(strstr(err, "committed already"));
 }
@@ -126,7 +127,7 @@ START_TEST(test_commit_many)
 					    sizeof(err)), 0);
 	close(dfd);
 	clock_gettime(CLOCK_MONOTONIC, &a);
-	ck_assert_int_eq(store_commit(&cfg, rpath("%s", "job/big"), 1, 0, 0, &info, err,
+	ck_assert_int_eq(store_commit(&cfg, rpath("%s", "job/big"), 1, "", NULL, 0, 0, &info, err,
 				      sizeof(err)), 0);
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
@@ -146,51 +147,51 @@ START_TEST(test_commit_rejects)
 	struct store_commit_info info;
 	const char *dir = rpath("%s", "job/s1");
 
-	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_ENOENT);
 	int fd = store_open_dir(&cfg, dir, 0, 0, NULL, err, sizeof(err));
 	ck_assert_int_ge(fd, 0);
 	close(fd);
-	ck_assert_int_eq(store_commit(&cfg, dir, 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "no checkpoint files"));
-	ck_assert_int_eq(store_commit(&cfg, dir, 0, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 0, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINVAL);
-	ck_assert_int_eq(store_commit(&cfg, "/etc", 1, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, "/etc", 1, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EACCES);
 
 	write_ckpt(dir, "rank0", 0, NULL);
 	write_ckpt(dir, "rank1", 1, NULL);
 	write_ckpt(dir, "rank2", 2, NULL);
-	ck_assert_int_eq(store_commit(&cfg, dir, 4, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 4, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "rank 3 of 4 has no file in"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 
 	write_text(rpath("%s", "job/s1/rank3.safetensors.partial"), "x");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_ptr_nonnull(strstr(err, "still being written"));
 	unlink(rpath("%s", "job/s1/rank3.safetensors.partial"));
 
 	/* A .meta without its safetensors. */
 	write_text(rpath("%s", "job/s1/rank9.meta"), "x");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)),
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	unlink(rpath("%s", "job/s1/rank9.meta"));
 
 	/* Not ours, garbage, truncated. */
 	write_foreign(rpath("%s", "job/s1/foreign.safetensors"));
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	ck_assert_ptr_nonnull(strstr(err, "no dsckpt metadata"));
 	unlink(rpath("%s", "job/s1/foreign.safetensors"));
 	write_text(rpath("%s", "job/s1/junk.safetensors"), "\xff\xff\xff\xff\xff\xff\xff\xff{}");
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	write_bytes(rpath("%s", "job/s1/junk.safetensors"), "\x04\0\0\0\0\0\0\0{,}}", 12);
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	unlink(rpath("%s", "job/s1/junk.safetensors"));
 	ck_assert_int_eq(truncate(rpath("%s", "job/s1/rank2.safetensors"), 4100), 0);
-	ck_assert_int_eq(store_commit(&cfg, dir, 3, 0, 0, &info, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(store_commit(&cfg, dir, 3, "", NULL, 0, 0, &info, err, sizeof(err)), ERR_EIO);
 	ck_assert_ptr_nonnull(strstr(err, "header describes"));
 	ck_assert(!h_exists(rpath("%s", "job/s1/MANIFEST.json")));
 	ck_assert(!h_exists(rpath("%s", "job/latest")));
@@ -238,6 +239,57 @@ START_TEST(test_keep_last)
 }
 END_TEST
 
+/* A commit of run "r2" combines only r2's files: r1's (a .meta too) do not count towards the
+ * ranks, are removed with r1's seal record once r2 is complete, and the manifest records r2;
+ * a commit of another run then finds the tag committed (EEXIST). */
+START_TEST(test_commit_one_run)
+{
+	char err[ERRLEN];
+	struct store_commit_info info;
+	const char *dir = rpath("%s", "job/runs");
+	unsigned one = 1, zero = 0;
+	int jobfd;
+
+	write_ckpt_run(dir, "rank0", 0, NULL, store_host(), "r1");
+	write_ckpt_run(dir, "rank1", 1, "m1", store_host(), "r1");
+	write_ckpt_run(dir, "other", 1, NULL, store_host(), "r2");
+	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
+	ck_assert_msg(dfd >= 0, "%s", err);
+	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1"};
+	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2"};
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r1, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r2, 0, 0, err, sizeof(err)), 0);
+	uint8_t have[2];
+	ck_assert_int_eq(store_seal_scan(dfd, "job", "r2", 2, have), 1);
+	ck_assert(have[0] && !have[1]);
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, "r2", NULL, 0, 0, &info, err, sizeof(err)),
+			 ERR_EINCOMPLETE);
+	ck_assert_msg(strstr(err, "rank 0 of 2 has no file") && strstr(err, "of this run"), "%s",
+		      err);
+	write_ckpt_run(dir, "rank0", 0, NULL, store_host(), "r2");	/* replaces r1's */
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, "r2", NULL, 0, 0, &info, err, sizeof(err)),
+			 0);
+	ck_assert_uint_eq(info.files, 2);
+	ck_assert(!h_exists(rpath("%s", "job/runs/rank1.safetensors")));
+	ck_assert(!h_exists(rpath("%s", "job/runs/rank1.meta")));
+	ck_assert(!h_exists(rpath("%s", "job/runs/SEAL.node-x.json")));
+	ck_assert(h_exists(rpath("%s", "job/runs/SEAL.node-y.json")));
+	char *m = h_read_file(rpath("%s", "job/runs/MANIFEST.json"), NULL);
+	cJSON *mj = cJSON_Parse(m);
+	ck_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(mj, "run")), "r2");
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(mj, "files")), 2);
+	cJSON_Delete(mj);
+	free(m);
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, "r2", NULL, 0, 0, &info, err, sizeof(err)),
+			 0);
+	ck_assert_int_eq(store_commit(&cfg, dir, 2, "r3", NULL, 0, 0, &info, err, sizeof(err)),
+			 ERR_EEXIST);
+	ck_assert_msg(strstr(err, "another run"), "%s", err);
+	close(dfd);
+	close(jobfd);
+}
+END_TEST
+
 /* Builds the suite. */
 static Suite *store_suite(void)
 {
@@ -248,6 +300,7 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_commit_many);
 	tcase_add_test(tc, test_commit_rejects);
 	tcase_add_test(tc, test_keep_last);
+	tcase_add_test(tc, test_commit_one_run);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;

@@ -31,7 +31,7 @@ static void *racer_main(void *arg)
 	struct racer *r = arg;
 	struct store_commit_info info;
 
-	r->rc = store_commit(&cfg, r->dir, 1, 0, 0, &info, r->err, sizeof(r->err));
+	r->rc = store_commit(&cfg, r->dir, 1, "", NULL, 0, 0, &info, r->err, sizeof(r->err));
 	return NULL;
 }
 
@@ -92,7 +92,7 @@ START_TEST(test_latest_failure_uncommits)
 	write_ckpt(rpath("%s", "job/t1"), "rank0", 0, NULL);
 	ck_assert_int_eq(mkdir(rpath("%s", "job/latest"), 0755), 0);
 	write_text(rpath("%s", "job/latest/keep"), "x");
-	int rc = store_commit(&cfg, rpath("%s", "job/t1"), 1, 0, 0, &info, err, sizeof(err));
+	int rc = store_commit(&cfg, rpath("%s", "job/t1"), 1, "", NULL, 0, 0, &info, err, sizeof(err));
 	ck_assert_int_lt(rc, 0);
 	ck_assert_msg(strstr(err, "latest") != NULL, "error does not name latest: %s", err);
 	ck_assert(!h_exists(rpath("%s", "job/t1/MANIFEST.json")));
@@ -207,18 +207,18 @@ START_TEST(test_thousand_nodes)
 	for (unsigned r = 0; r < NODES; r++) {
 		unsigned rank = r;
 		snprintf(host, sizeof(host), "node-%04u", r);
-		struct seal_record rec = {host, "job", NODES, &rank, 1};
+		struct seal_record rec = {host, "job", NODES, &rank, 1, ""};
 		ck_assert_int_eq(store_seal_write(&cfg, dfd, &rec, 0, 0, err, sizeof(err)), 0);
 		if (r == NODES - 2 || r == NODES - 1) {
 			double s0 = mono();
-			int got = store_seal_scan(dfd, "job", NODES, have);
+			int got = store_seal_scan(dfd, "job", "", NODES, have);
 			scan = mono() - s0;
 			ck_assert_int_eq(got, (int)r + 1);	/* complete only with the last */
 		}
 	}
 	double written = mono() - t0;
 	t0 = mono();
-	ck_assert_msg(store_commit(&cfg, tag, NODES, 0, 0, &info, err, sizeof(err)) == 0, "%s",
+	ck_assert_msg(store_commit(&cfg, tag, NODES, "", NULL, 0, 0, &info, err, sizeof(err)) == 0, "%s",
 		      err);
 	double commit = mono() - t0;
 	ck_assert_uint_eq(info.files, NODES);

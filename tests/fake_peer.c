@@ -179,7 +179,10 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		proto_get_u64(m, "rank", UINT64_MAX, &u1, 1);
 		proto_get_u64(m, "world", UINT64_MAX, &u2, 1);
 		proto_get_u64(m, "pid", UINT64_MAX, &u3, 1);
-		fprintf(log, "hello %s %s %" PRIu64 "/%" PRIu64 "\n", s1, s2, u1, u2);
+		char run[PROTO_MAX_RUN + 1] = "";
+		proto_get_str(m, "run", run, PROTO_MAX_RUN, 0);
+		fprintf(log, "hello %s %s %" PRIu64 "/%" PRIu64 "%s%s\n", s1, s2, u1, u2,
+			*run ? " run=" : "", run);
 		if (fake_opts.hello_version) {
 			proto_out_free(&o);
 			proto_out_init(&o, PROTO_ERROR, id);

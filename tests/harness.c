@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -214,8 +215,16 @@ static void h_note(const struct hdaemon *d)
 		*h_left = *d;
 }
 
-/* Forks and execs the daemon on d's config (stderr to its log); does not wait. */
-static void spawn_exec(struct hdaemon *d)
+/* Notes d, a daemon the test started itself, as the running test's daemon (h_leftovers). */
+void h_daemon_note(const struct hdaemon *d)
+{
+	h_note(d);
+}
+
+/* Forks and execs the daemon on d's config (stderr to its log); does not wait. The test's
+ * daemon is noted for h_leftovers; a peer (h_daemon_start_peer) dies with the test process
+ * instead. */
+static void spawn_exec(struct hdaemon *d, int peer)
 {
 	d->pid = fork();
 	ck_assert_int_ge(d->pid, 0);
@@ -225,16 +234,19 @@ static void spawn_exec(struct hdaemon *d)
 			dup2(fd, 2);
 			close(fd);
 		}
+		if (peer)
+			prctl(PR_SET_PDEATHSIG, SIGKILL);
 		execl(h_bin("dsckptd"), "dsckptd", "-d", "-c", d->config, (char *)NULL);
 		_exit(127);
 	}
-	h_note(d);
+	if (!peer)
+		h_note(d);
 }
 
 /* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it. */
-static void spawn_keep(struct hdaemon *d)
+static void spawn_as(struct hdaemon *d, int peer)
 {
-	spawn_exec(d);
+	spawn_exec(d, peer);
 	for (int i = 0; i < 2000; i++) {
 		if (socket_answers(d->socket))
 			return;
@@ -247,6 +259,12 @@ static void spawn_keep(struct hdaemon *d)
 		nanosleep(&ts, NULL);
 	}
 	ck_abort_msg("dsckptd did not answer on %s", d->socket);
+}
+
+/* Forks and execs the test's daemon on d's config, leaving the socket path as it is. */
+static void spawn_keep(struct hdaemon *d)
+{
+	spawn_as(d, 0);
 }
 
 /* Forks and execs the daemon on d's config after removing the socket path. */
@@ -281,6 +299,26 @@ void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
 	spawn(d);
 }
 
+/* Starts a second daemon (another node) on d's root, beside d. */
+void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const char *name,
+			 double cache_gib, const char *extra_json)
+{
+	*peer = *d;
+	snprintf(peer->socket, sizeof(peer->socket), "%s/%s.sock", d->dir, name);
+	snprintf(peer->config, sizeof(peer->config), "%s/%s.json", d->dir, name);
+	snprintf(peer->log, sizeof(peer->log), "%s/%s.log", d->dir, name);
+	FILE *f = fopen(peer->config, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f,
+		"{\n  \"socket\": \"%s\",\n  \"socket_mode\": \"0600\",\n"
+		"  \"allowed_roots\": [\"%s\"],\n  \"host_cache_size\": %g,\n"
+		"  \"flush_threads\": 2,\n  %s\n  \"log_level\": \"debug\"\n}\n",
+		peer->socket, d->root, cache_gib, extra_json ? extra_json : "");
+	fclose(f);
+	unlink(peer->socket);
+	spawn_as(peer, 1);
+}
+
 /* Starts the daemon again on the same directory. */
 void h_daemon_restart(struct hdaemon *d)
 {
@@ -296,7 +334,7 @@ double h_daemon_restart_timed(struct hdaemon *d, double limit_s)
 
 	unlink(d->socket);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	spawn_exec(d);
+	spawn_exec(d, 0);
 	for (;;) {
 		clock_gettime(CLOCK_MONOTONIC, &t);
 		double took = (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9;

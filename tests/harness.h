@@ -33,6 +33,13 @@ const char *h_bin(const char *name);
  * Waits until the socket answers. Fails the test on error.
  */
 void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json);
+/*
+ * Starts a second daemon, another node of a shared root (extra_json gives its "host"), on d's
+ * root, with socket, config and log <name>.sock, .json, .log in d's scratch directory. It is
+ * not the test's daemon: it dies with the test process; stop it with h_daemon_kill.
+ */
+void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const char *name,
+			 double cache_gib, const char *extra_json);
 /* Starts the daemon again on the same directory and config (after a kill). */
 void h_daemon_restart(struct hdaemon *d);
 /* Starts the daemon again and waits up to limit_s for it: the seconds until its socket
@@ -44,6 +51,9 @@ void h_daemon_restart_stale(struct hdaemon *d);
 int h_daemon_kill(struct hdaemon *d, int sig);
 /* SIGTERM, wait, remove the scratch directory. */
 void h_daemon_stop(struct hdaemon *d);
+/* Notes d, a daemon the test started itself (its pid, dir and log), as the running test's
+ * daemon, for h_leftovers to clean up after a failure. */
+void h_daemon_note(const struct hdaemon *d);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL if missing. */
 char *h_read_file(const char *path, size_t *len);
 /* Whether path exists. */

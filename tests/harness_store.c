@@ -62,6 +62,13 @@ const char *rpath(const char *fmt, const char *a)
 void write_ckpt_host(const char *dir, const char *file, int rank, const char *meta_blob,
 		     const char *host)
 {
+	write_ckpt_run(dir, file, rank, meta_blob, host, NULL);
+}
+
+/* As write_ckpt_host, the file of run (NULL: none, the unknown run). */
+void write_ckpt_run(const char *dir, const char *file, int rank, const char *meta_blob,
+		    const char *host, const char *run)
+{
 	char err[ERRLEN], name[256], rs[16];
 	static const uint64_t shape_a[2] = {2, 3}, shape_b[1] = {5};
 	float a[6] = {1, 2, 3, 4, 5, 6};
@@ -69,11 +76,19 @@ void write_ckpt_host(const char *dir, const char *file, int rank, const char *me
 	struct st_tensor t[2] = {{"layer.0.weight", "F32", shape_a, 2, sizeof(a)},
 				 {"step", "I16", shape_b, 1, sizeof(b)}};
 	snprintf(rs, sizeof(rs), "%d", rank);
-	const char *meta[] = {"dsckpt.version", DSCKPT_VERSION_STRING, "dsckpt.rank", rs,
-			      "dsckpt.host", host};
+	const char *meta[8] = {"dsckpt.version", DSCKPT_VERSION_STRING, "dsckpt.rank", rs};
+	size_t nmeta = 2;
+	if (host) {
+		meta[2 * nmeta] = "dsckpt.host";
+		meta[2 * nmeta++ + 1] = host;
+	}
+	if (run) {
+		meta[2 * nmeta] = "dsckpt.run";
+		meta[2 * nmeta++ + 1] = run;
+	}
 	uint8_t *hdr;
 	size_t hdr_len, slots[3];
-	ck_assert_int_eq(st_header_build(t, 2, meta, host ? 3 : 2, &hdr, &hdr_len, slots, err,
+	ck_assert_int_eq(st_header_build(t, 2, meta, nmeta, &hdr, &hdr_len, slots, err,
 					 sizeof(err)), 0);
 	st_header_set_xxh3(hdr, slots[0], XXH3_64bits(a, sizeof(a)));
 	st_header_set_xxh3(hdr, slots[1], XXH3_64bits(b, sizeof(b)));
@@ -156,6 +171,6 @@ void commit_ok(const char *dir, unsigned world)
 {
 	char err[ERRLEN];
 	struct store_commit_info info;
-	int rc = store_commit(&cfg, dir, world, 0, 0, &info, err, sizeof(err));
+	int rc = store_commit(&cfg, dir, world, "", NULL, 0, 0, &info, err, sizeof(err));
 	ck_assert_msg(rc == 0, "commit %s: %d %s", dir, rc, err);
 }

@@ -31,6 +31,9 @@ void write_ckpt_host(const char *dir, const char *file, int rank, const char *me
 		     const char *host);
 /* Writes <dir>/<file>.safetensors (and .meta) as this host's dsckptd would. */
 void write_ckpt(const char *dir, const char *file, int rank, const char *meta_blob);
+/* As write_ckpt_host, a file of run (NULL: the unknown run). */
+void write_ckpt_run(const char *dir, const char *file, int rank, const char *meta_blob,
+		    const char *host, const char *run);
 /* Sets the modification time of path secs seconds back. */
 void backdate(const char *path, int secs);
 /* Renames path to path.partial: a file caught before its rename. */

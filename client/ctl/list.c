@@ -67,36 +67,53 @@ static int is_latest(int fd, const char *name)
 }
 
 /* Reads the seal records of tag directory fd into t: the world size, how many ranks they
- * name, and the first missing ones. */
+ * name, and the first missing ones. Records of one run combine (as the daemons' do): those
+ * of the run of the newest record. */
 static void tag_seals(int fd, struct tag *t)
 {
-	char why[200];
+	char why[200], *run = NULL;
 	uint8_t *have = NULL;
 	int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* its own offset */
 	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
 	struct dirent *e;
+	struct timespec newest = {0, 0};
 
 	if (!d) {
 		if (dfd >= 0)
 			close(dfd);
 		return;
 	}
-	while ((e = readdir(d))) {
-		struct seal_record r;
-		if (!seal_record_name(e->d_name))
-			continue;
-		if (seal_record_load(fd, e->d_name, &r, why, sizeof(why)) < 0) {
-			out_err("%s/%s: %s", t->path, e->d_name, why);
-			continue;
+	for (int pass = 0; pass < 2; pass++, rewinddir(d)) {
+		while ((e = readdir(d))) {
+			struct seal_record r;
+			struct stat st;
+			if (!seal_record_name(e->d_name))
+				continue;
+			if (seal_record_load(fd, e->d_name, &r, why, sizeof(why)) < 0) {
+				if (pass)
+					out_err("%s/%s: %s", t->path, e->d_name, why);
+				continue;
+			}
+			if (pass == 0 && fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+			    (!run || st.st_mtim.tv_sec > newest.tv_sec ||
+			     (st.st_mtim.tv_sec == newest.tv_sec &&
+			      st.st_mtim.tv_nsec > newest.tv_nsec))) {
+				free(run);
+				run = strdup(r.run);
+				newest = st.st_mtim;
+			}
+			if (pass == 1 && run && strcmp(r.run, run) == 0 && !have &&
+			    (have = calloc(r.world, 1)))
+				t->world = r.world;
+			for (unsigned i = 0; pass == 1 && have && r.world == t->world &&
+			     strcmp(r.run, run) == 0 && i < r.nranks; i++) {
+				t->sealed += !have[r.ranks[i]];
+				have[r.ranks[i]] = 1;
+			}
+			seal_record_free(&r);
 		}
-		if (!have && (have = calloc(r.world, 1)))
-			t->world = r.world;
-		for (unsigned i = 0; have && r.world == t->world && i < r.nranks; i++) {
-			t->sealed += !have[r.ranks[i]];
-			have[r.ranks[i]] = 1;
-		}
-		seal_record_free(&r);
 	}
+	free(run);
 	closedir(d);
 	size_t n = 0;
 	unsigned shown = 0;

@@ -32,6 +32,7 @@ struct dsckpt_conn {
 	int broken;                 /* every request now fails with DSCKPT_EPIPE */
 	int refs;
 	int world;                  /* from dsckpt_identify; 0 before */
+	char run[PROTO_MAX_RUN + 1]; /* from dsckpt_identify_run; "" unknown */
 	int timeout_ms;             /* longest wait for a reply; -1: no limit */
 	int refused;                /* the last failure is the daemon's ERROR reply */
 	int cause;                  /* the code behind the last DSCKPT_EFAILED, or 0 */
@@ -479,9 +480,10 @@ int dsckpt_release_gpu(dsckpt_conn_t *c)
 	return e;
 }
 
-/* Introduces the connection (HELLO) as role; a trainer gives job, rank and world (lock held). */
+/* Introduces the connection (HELLO) as role; a trainer gives job, rank, world and run (lock
+ * held). */
 static int lib_conn_hello(dsckpt_conn_t *c, const char *role, const char *job, int rank,
-			  int world)
+			  int world, const char *run)
 {
 	char version[PROTO_MAX_STR + 1];
 	struct proto_out o;
@@ -490,12 +492,14 @@ static int lib_conn_hello(dsckpt_conn_t *c, const char *role, const char *job, i
 	int e;
 
 	lib_conn_frame(c, &o, PROTO_HELLO);
-	msgpack_pack_map(&o.pk, job ? 5 : 2);
+	msgpack_pack_map(&o.pk, job ? (run && *run ? 6 : 5) : 2);
 	proto_kv_str(&o.pk, "role", role);
 	if (job) {
 		proto_kv_str(&o.pk, "job", job);
 		proto_kv_u64(&o.pk, "rank", (uint64_t)rank);
 		proto_kv_u64(&o.pk, "world", (uint64_t)world);
+		if (run && *run)
+			proto_kv_str(&o.pk, "run", run);
 	}
 	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
 	if ((e = lib_conn_call(c, &o, NULL, 0, &r)) < 0)
@@ -506,9 +510,58 @@ static int lib_conn_hello(dsckpt_conn_t *c, const char *role, const char *job, i
 	return lib_reply_end(c, &r, "HELLO");
 }
 
-/* Identifies this process as a trainer rank (HELLO). */
+_Static_assert(DSCKPT_RUN_MAX == PROTO_MAX_RUN, "dsckpt.h's run limit is the wire's");
+
+/* Whether s can be a run id: at most PROTO_MAX_RUN bytes of printable ASCII. */
+static int lib_run_valid(const char *s)
+{
+	size_t n = 0;
+	for (; s[n]; n++)
+		if (s[n] < 0x20 || s[n] > 0x7e || n == PROTO_MAX_RUN)
+			return 0;
+	return 1;
+}
+
+/* Copies the environment's run id into out (room for PROTO_MAX_RUN + 1): the first of
+ * $DSCKPT_RUN_ID, $TORCHELASTIC_RUN_ID (but its placeholder "none"), SLURM's job, step and
+ * restart count, $PMIX_NAMESPACE and $OMPI_MCA_ess_base_jobid that is set, non-empty and a
+ * valid run id; else "" (the unknown run). */
+static void lib_run_default(char *out, size_t len)
+{
+	const char *v, *step, *count;
+	char slurm[3 * PROTO_MAX_RUN];
+
+	out[0] = '\0';
+	if ((v = getenv("SLURM_JOB_ID")) && *v) {
+		step = getenv("SLURM_STEP_ID");
+		count = getenv("SLURM_RESTART_COUNT");
+		snprintf(slurm, sizeof(slurm), "%s.%s.%s", v, step && *step ? step : "batch",
+			 count && *count ? count : "0");
+	} else {
+		slurm[0] = '\0';
+	}
+	const char *cands[] = {getenv("DSCKPT_RUN_ID"), getenv("TORCHELASTIC_RUN_ID"), slurm,
+			       getenv("PMIX_NAMESPACE"), getenv("OMPI_MCA_ess_base_jobid")};
+	for (size_t i = 0; i < sizeof(cands) / sizeof(cands[0]); i++) {
+		v = cands[i];
+		if (!v || !*v || !lib_run_valid(v) || (i == 1 && strcmp(v, "none") == 0))
+			continue;
+		snprintf(out, len, "%s", v);
+		return;
+	}
+}
+
+/* Identifies this process as a trainer rank of the environment's run (HELLO). */
 int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
 {
+	return dsckpt_identify_run(c, job, rank, world_size, NULL);
+}
+
+/* Identifies this process as a trainer rank of run (NULL: the environment's) (HELLO). */
+int dsckpt_identify_run(dsckpt_conn_t *c, const char *job, int rank, int world_size,
+			const char *run)
+{
+	char env[PROTO_MAX_RUN + 1];
 	int e;
 
 	if (!c)
@@ -529,12 +582,29 @@ int dsckpt_identify(dsckpt_conn_t *c, const char *job, int rank, int world_size)
 				  world_size);
 		goto out;
 	}
-	e = lib_conn_hello(c, "trainer", job, rank, world_size);
-	if (e == 0)
+	if (run && !lib_run_valid(run)) {
+		e = lib_conn_fail(c, DSCKPT_EINVAL, "a run id has at most %d bytes of printable "
+				  "ASCII", PROTO_MAX_RUN);
+		goto out;
+	}
+	if (!run) {
+		lib_run_default(env, sizeof(env));
+		run = env;
+	}
+	e = lib_conn_hello(c, "trainer", job, rank, world_size, run);
+	if (e == 0) {
 		c->world = world_size;
+		snprintf(c->run, sizeof(c->run), "%s", run);
+	}
 out:
 	lib_conn_unlock(c);
 	return e;
+}
+
+/* The run this connection identified with ("" unknown, or not yet identified). */
+const char *dsckpt_run(dsckpt_conn_t *c)
+{
+	return c ? c->run : "";
 }
 
 /* Seconds on CLOCK_MONOTONIC. */
@@ -579,7 +649,7 @@ int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms)
 	lib_conn_lock(c);
 	c->self = "dsckptctl";
 	c->timeout_ms = timeout_ms;
-	int e = lib_conn_hello(c, "ctl", NULL, 0, 0);
+	int e = lib_conn_hello(c, "ctl", NULL, 0, 0, NULL);
 	lib_conn_unlock(c);
 	return e;
 }

@@ -149,3 +149,44 @@ def test_find_latest_node_local(make_daemon):
     a = make_daemon(host="node-a")
     b = make_daemon(host="node-b")
     run_ranks(_node_local, 2, [a.socket, b.socket], [a.root, b.root])
+
+
+def _agree_run(rank, world, socket, root):
+    """Ranks saving through dsckpt.torch's own connection, no run in the environment: the
+    first save agrees on one run id, every file and the manifest record it."""
+    os.environ["DSCKPT_SOCKET"] = socket
+    tag = os.path.join(root, "agree", "step1")
+    dt.save(state_of(rank), tag)
+    dt.commit(tag, timeout=T)
+    conn = dt.default_connection()
+    assert len(conn.run) == 32, conn.run  # rank 0's uuid4, hex
+    with open(os.path.join(tag, f"rank{rank}.safetensors"), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        assert json.loads(f.read(n))["__metadata__"]["dsckpt.run"] == conn.run
+    with open(os.path.join(tag, "MANIFEST.json")) as f:
+        assert json.load(f)["run"] == conn.run
+    runs = [None] * world
+    torch.distributed.all_gather_object(runs, conn.run)
+    assert len(set(runs)) == 1, runs
+
+
+def test_ranks_agree_on_a_run(make_daemon):
+    """No run id in the environment: dsckpt.torch's ranks agree on one at their first save."""
+    a = make_daemon(host="node-a")
+    run_ranks(_agree_run, 2, a.socket, a.root)
+
+
+def test_connection_run(daemon, monkeypatch):
+    """Connection(run=...) sends the run given; None takes the environment's; "" is none."""
+    for var in ("DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PMIX_NAMESPACE",
+                "OMPI_MCA_ess_base_jobid"):
+        monkeypatch.delenv(var, raising=False)
+    with dsckpt.Connection(daemon.socket, job="r", run="given-1") as c:
+        assert c.run == "given-1"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "te-7")
+    with dsckpt.Connection(daemon.socket, job="r") as c:
+        assert c.run == "te-7"
+    with dsckpt.Connection(daemon.socket, job="r", run="") as c:
+        assert c.run == ""
+    with pytest.raises(dsckpt.DsckptError):
+        dsckpt.Connection(daemon.socket, job="r", run="bad\nrun")

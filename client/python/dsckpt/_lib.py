@@ -61,6 +61,8 @@ _SIGNATURES = {
     "dsckpt_level_name": (_cp, [_i]),
     "dsckpt_connect": (_i, [_cp, ctypes.POINTER(_vp)]),
     "dsckpt_identify": (_i, [_vp, _cp, _i, _i]),
+    "dsckpt_identify_run": (_i, [_vp, _cp, _i, _i, _cp]),
+    "dsckpt_run": (_cp, [_vp]),
     "dsckpt_close": (None, [_vp]),
     "dsckpt_last_error": (_cp, [_vp]),
     "dsckpt_last_cause": (_i, [_vp]),

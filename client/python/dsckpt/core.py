@@ -159,15 +159,18 @@ class Connection(_Handle):
     """A connection to dsckptd, shareable by threads (calls are serialised by the library).
 
     ``socket`` defaults to ``$DSCKPT_SOCKET``, then ``/run/dsckptd/dsckptd.sock``. Pass
-    ``job`` (with ``rank`` and ``world_size``) to identify at once; a trainer must be
-    identified before saving. Closing leaves saves already ACCEPTED to the daemon; open saves
-    keep the connection alive until they are freed.
+    ``job`` (with ``rank``, ``world_size`` and ``run``) to identify at once; a trainer must be
+    identified before saving. ``run`` names the run of the job (the same on every rank of a
+    run; a commit combines only one run's files): None takes it from the environment
+    (``$DSCKPT_RUN_ID``, ``$TORCHELASTIC_RUN_ID``, SLURM's job, step and restart count, ...;
+    see libdsckpt(3)), ``""`` is the unknown run. Closing leaves saves already ACCEPTED to the
+    daemon; open saves keep the connection alive until they are freed.
     """
 
     _FREE = "dsckpt_close"
 
     def __init__(self, socket: Optional[str] = None, *, job: Optional[str] = None,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, run: Optional[str] = None):
         lib = _lib.lib()
         handle = ctypes.c_void_p()
         rc = lib.dsckpt_connect(_encode(socket, "socket") if socket else None,
@@ -179,9 +182,10 @@ class Connection(_Handle):
         self.job: Optional[str] = None
         self.rank = rank
         self.world_size = world_size
+        self.run: Optional[str] = None
         if job is not None:
             try:
-                self.identify(job, rank, world_size)
+                self.identify(job, rank, world_size, run)
             except BaseException:
                 self.close()
                 raise
@@ -198,11 +202,16 @@ class Connection(_Handle):
             _raise(self._h, rc)
         return rc
 
-    def identify(self, job: str, rank: int, world_size: int) -> None:
-        """Identifies this process as ``rank`` of a ``world_size``-rank job."""
-        self._check(_lib.lib().dsckpt_identify(self._handle(), _encode(job, "job"),
-                                               int(rank), int(world_size)))
+    def identify(self, job: str, rank: int, world_size: int,
+                 run: Optional[str] = None) -> None:
+        """Identifies this process as ``rank`` of a ``world_size``-rank job, of ``run``
+        (None: the environment's; ``""``: the unknown run). ``self.run`` is the run sent."""
+        lib = _lib.lib()
+        self._check(lib.dsckpt_identify_run(self._handle(), _encode(job, "job"), int(rank),
+                                            int(world_size),
+                                            None if run is None else _encode(run, "run")))
         self.job, self.rank, self.world_size = job, int(rank), int(world_size)
+        self.run = lib.dsckpt_run(self._handle()).decode()
 
     def save(self, dir: str, file: str, defer: bool = False, early: bool = False) -> "Save":
         """Opens a save of ``dir/file.safetensors`` (+ ``.meta`` when blobs are added).

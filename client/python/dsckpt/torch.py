@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -71,28 +72,56 @@ def dist_rank_world(group=None) -> Tuple[int, int]:
 
 _default_lock = threading.Lock()
 _default_conn: Optional[Connection] = None
+_default_ours = False  # _default_conn was made here (not set_default_connection's)
+_run: Optional[str] = None  # the run id the ranks agreed on at their first save
 
 
 def default_connection(dir: Optional[str] = None) -> Connection:
     """The process's shared connection, made on first use: socket $DSCKPT_SOCKET (else the
     system one), job $DSCKPT_JOB (else the name of the directory above the first checkpoint
     directory), rank and world size from :func:`dist_rank_world`."""
-    global _default_conn
+    global _default_conn, _default_ours
     with _default_lock:
         if _default_conn is None or _default_conn.closed:
             job = os.environ.get("DSCKPT_JOB")
             if not job and dir:
                 job = os.path.basename(os.path.dirname(os.path.normpath(dir)))
             rank, world = dist_rank_world()
-            _default_conn = Connection(job=job or "default", rank=rank, world_size=world)
+            _default_conn = Connection(job=job or "default", rank=rank, world_size=world,
+                                       run=_run)
+            _default_ours = True
         return _default_conn
 
 
 def set_default_connection(conn: Optional[Connection]) -> None:
     """Replaces the process's shared connection (None: make a new one on next use)."""
-    global _default_conn
+    global _default_conn, _default_ours
     with _default_lock:
-        _default_conn = conn
+        _default_conn, _default_ours = conn, False
+
+
+def run_connection(dir: str) -> Connection:
+    """The shared connection for saving into ``dir``, of one run on every rank. When the
+    environment names no run (libdsckpt(3)) and torch.distributed has several ranks, the
+    first call agrees on one (rank 0's uuid4, broadcast: every rank's first save is then a
+    collective, on the main thread) and remakes the connection it made with it; a connection
+    given to :func:`set_default_connection` is used as it is."""
+    global _default_conn, _run
+    conn = default_connection(dir)
+    dist = torch.distributed
+    if (conn.run or _run is not None or not _default_ours
+            or not (dist.is_available() and dist.is_initialized())
+            or dist.get_world_size() < 2
+            or threading.current_thread() is not threading.main_thread()):
+        return conn
+    box = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    with _default_lock:
+        _run = box[0]
+        if _default_conn is conn:
+            _default_conn = Connection(conn.socket, job=conn.job, rank=conn.rank,
+                                       world_size=conn.world_size, run=_run)
+        return _default_conn
 
 
 # ---------------------------------------------------------------------------------------
@@ -218,7 +247,7 @@ def save(state_dict: Any, path_dir: str, *, conn: Optional[Connection] = None,
     wait for their saves themselves). A save of the same ``file`` and structure as the
     connection's last one is handed over by a cached save plan (``handle.handover``).
     """
-    conn = conn or default_connection(path_dir)
+    conn = conn or run_connection(path_dir)
     file = file if file is not None else f"rank{conn.rank}"
     handed = _handover.hand_over(conn, state_dict, path_dir, file)
     s = handed.save
@@ -432,5 +461,5 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
 
 
 __all__ = ["save", "load", "load_into", "commit", "find_latest", "release_gpu", "SaveHandle",
-           "StateDictMismatch", "host_empty", "default_connection", "set_default_connection",
-           "dist_rank_world", "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
+           "StateDictMismatch", "host_empty", "default_connection", "run_connection",
+           "set_default_connection", "dist_rank_world", "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]

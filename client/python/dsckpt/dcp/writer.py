@@ -20,7 +20,7 @@ from torch.futures import Future
 from .. import _handover
 from .._files import DTYPES
 from ..core import Connection, Level
-from ..torch import default_connection
+from ..torch import run_connection
 from .layout import META_BLOB, META_FILE, STAGED, WRITTEN, Location, chunk_name, file_name
 
 
@@ -94,7 +94,7 @@ class _Staged:
 class Writer(StorageWriter, AsyncStager):
     """A DCP StorageWriter (and AsyncStager) saving into tag directory ``dir`` through dsckptd.
 
-    ``conn``: the connection (default :func:`dsckpt.torch.default_connection`); ``timeout``:
+    ``conn``: the connection (default :func:`dsckpt.torch.run_connection`); ``timeout``:
     seconds to wait for DURABLE and for the commit (None: no limit; staging always waits for
     SNAPSHOT or FAILED, as only then has the daemon finished reading the tensors). Use one Writer per
     checkpoint directory, or pass ``checkpoint_id`` to ``dcp.save`` (not to ``async_save``:
@@ -173,8 +173,8 @@ class Writer(StorageWriter, AsyncStager):
     # -- StorageWriter ----------------------------------------------------------------------
 
     def _conn(self) -> Connection:
-        """The connection saves go through."""
-        return self.conn or default_connection(self.dir)
+        """The connection saves go through (of the run every rank agreed on)."""
+        return self.conn or run_connection(self.dir)
 
     def reset(self, checkpoint_id=None) -> None:
         """Starts a new checkpoint, into ``checkpoint_id`` when given."""
