@@ -106,6 +106,13 @@ static const struct option options[] = {
 	  "sealed tags one user may have the daemon follow (not yet committed or given up)" },
 	{ "max_tensors_per_save", OPT_UINT, 1, 16777216, "262144", OFF(max_tensors_per_save),
 	  "tensors in one save (a save's header must also fit safetensors' 100 MB limit)" },
+	{ "max_recovery_entries_per_user", OPT_UINT, 1, 1000000000, "100000",
+	  OFF(max_recovery_entries),
+	  "directory entries start-up recovery lists in one user's trees; past it the rest is "
+	  "left as it is" },
+	{ "max_recovery_mib_per_user", OPT_MIB, 1, 1048576, "256", OFF(max_recovery_bytes),
+	  "MiB of manifests, seal records and headers start-up recovery reads in one user's "
+	  "trees; past it the rest is left as it is" },
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

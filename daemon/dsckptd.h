@@ -150,6 +150,8 @@ struct config {
 	uint64_t max_held_bytes;   /* what the daemon decoded and keeps for one user */
 	unsigned max_tensors_per_save;
 	unsigned max_seals_per_user;
+	unsigned max_recovery_entries; /* start-up recovery's budget of one user (recover.c) */
+	uint64_t max_recovery_bytes;
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -344,6 +346,16 @@ int source_complete(const struct source *s);
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
 #define STORE_XATTR_HOST "user.dsckpt.host" /* on a partial from its creation: its node */
+#define STORE_HEADER_PREFIX 4096 /* bytes of a header start-up recovery reads (store_host.c) */
+#define STORE_LOCK_WAIT_MS 10000 /* the longest a commit waits for its job directory's lock */
+/* What start-up recovery may still spend on one user's tree (recover.c): directory entries
+ * listed and bytes of manifests and headers read; spent once something did not fit. Where a
+ * store_* call takes one, NULL means no bound but the call's own. */
+struct store_budget {
+	uint64_t entries;
+	uint64_t bytes;
+	int spent;
+};
 /* store_path.c — opening a client's directory below an allowed root. */
 /* The identity of an allowed root a directory was opened under. */
 struct store_root {
@@ -424,16 +436,21 @@ int store_job_lock(int jobfd, char *err, size_t errlen);
 void store_job_unlock(int jobfd);
 /* When jobfd/tag was committed (manifest's created_ns); 0 when it is not committed. */
 uint64_t store_tag_committed(int jobfd, const char *tag);
+/* The same with its manifest read within b: a file of one link, charged to b. */
+uint64_t store_tag_committed_within(int jobfd, const char *tag, struct store_budget *b);
 /* The tag `latest` names (into tag) and when it was committed; 0 if none committed. */
 uint64_t store_latest_get(int jobfd, char *tag, size_t len);
 /* Points `latest` at tag (committed at ns) unless it names a later commit; the lock is held. */
 int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
 			 uid_t uid, gid_t gid, char *err, size_t errlen);
-/* Renames a whole MANIFEST.json.partial (every file there, sizes right) into place in the tag
- * dirfd; 1 when the tag is committed now, else 0. */
-int store_finish_manifest(int dirfd, const char *path);
-/* Under the job lock: `latest` to the newest committed tag, keep_last applied again. */
-void store_job_repair(const struct config *cfg, int jobfd, const char *path);
+/* Renames a whole MANIFEST.json.partial (every file there, sizes right; read within b) into
+ * place in the tag dirfd; 1 when the tag is committed now, else 0. */
+int store_finish_manifest(int dirfd, const char *path, struct store_budget *b);
+/* Under the job lock (not waited for): `latest` to the newest committed tag of the job
+ * directory's owner, written as that owner, and keep_last applied again; reads within b
+ * (nothing is changed once b is spent). */
+void store_job_repair(const struct config *cfg, int jobfd, const char *path,
+		      struct store_budget *b);
 /* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */
 /* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
@@ -446,10 +463,15 @@ int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
 		    uint8_t *have);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
- * never current (committed at current_ns), nor latest's, nor a directory uid does not own
- * (uid 0: any). The job lock is held. */
+ * never current (committed at current_ns), nor latest's, nor a directory (or a file in one)
+ * that the job directory's owner does not own, nor one uid does not own (uid 0: any). The
+ * job lock is held. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		     uid_t uid, unsigned keep);
+/* The same with the tag latest names given, reads within b; nothing is deleted once b is
+ * spent, nor what the job directory's owner does not own. */
+void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
+		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b);
 /* store_host.c — which machine wrote a file. */
 /*
  * This machine's name (gethostname(), read once, at most 255 bytes of printable ASCII); every
@@ -477,6 +499,9 @@ int store_is_ours(const char *name);
 int store_is_regular(int dirfd, const char *name);
 /* Lists the entries of a directory but . and .., sorted by name; 0, or -1 with errno set. */
 int store_list(int dirfd, char ***out, size_t *count);
+/* The same, its entries charged to b (NULL: no bound); -1 with E2BIG (b spent) when the
+ * directory has more than b has left. */
+int store_list_within(int dirfd, struct store_budget *b, char ***out, size_t *count);
 /* Frees a list from store_list. */
 void store_list_free(char **names, size_t n);
 
@@ -496,7 +521,8 @@ void lock_release(void);
  * the files of manifest-less tags whose "dsckpt.host" is ours (or absent, from older versions);
  * a partial naming no host only once unchanged for 15 minutes. Other hosts' files are left.
  */
-/* Told of each tag this node had sealed but not committed (its record, the record's owner). */
+/* Told of each tag this node had sealed but not committed (its record, the record's owner),
+ * once the pass is over. */
 typedef void (*recover_sealed_cb)(const char *dir, const struct seal_record *r, uid_t uid,
 				  gid_t gid);
 void recover_run(const struct config *cfg, recover_sealed_cb on_sealed);

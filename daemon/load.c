@@ -146,7 +146,7 @@ static void load_free(struct load *l)
 static int open_file(const char *dir, const char *file, uid_t uid, gid_t gid, struct stat *st,
 		     char *err, size_t errlen)
 {
-	char name[160];
+	char name[160], why[200];
 	int jobfd = -1, fd;
 	int dirfd = store_open_tag(config, dir, uid, gid, &jobfd, err, errlen);
 
@@ -155,22 +155,15 @@ static int open_file(const char *dir, const char *file, uid_t uid, gid_t gid, st
 	if (jobfd >= 0)
 		close(jobfd);
 	snprintf(name, sizeof(name), "%s%s", file, FMT_SAFETENSORS);
-	fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-	int e = errno;
+	fd = userfile_open(dirfd, name, UINT64_MAX, 0, st, why, sizeof(why));
 	close(dirfd);
 	if (fd < 0)
-		return seterr(err, errlen, e == ELOOP ? ERR_EACCES : err_from_errno(e),
-			      "%s/%s: %s", dir, name, e == ELOOP ? "a symbolic link" : strerror(e));
-	if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
-		close(fd);
-		return seterr(err, errlen, ERR_EINVAL, "%s/%s is not a regular file", dir, name);
-	}
+		return seterr(err, errlen, fd == -ELOOP ? ERR_EACCES : err_from_errno(-fd),
+			      "%s/%s: %s", dir, name, why);
 	if (uid != 0 && st->st_uid != uid) {
 		close(fd);
 		return seterr(err, errlen, ERR_EACCES, "%s/%s belongs to another user", dir, name);
 	}
-	/* Opened without blocking on a FIFO or device; reads block as usual from here. */
-	fcntl(fd, F_SETFL, 0);
 	return fd;
 }
 

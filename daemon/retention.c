@@ -2,8 +2,10 @@
  * retention.c — keep_last: after a commit, the committed tags of the job directory beyond
  * the newest keep are deleted, their manifest first (so that a tag half deleted reads as
  * not committed), then the files dsckptd writes, then the directory if nothing else is left.
- * The tag just committed is never deleted, nor the one `latest` names, nor a directory of
- * another user. It runs under the job directory's commit lock (store_latest.c).
+ * The tag just committed is never deleted, nor the one `latest` names, nor anything the job
+ * directory's owner does not own (a tag, or a file in it), nor anything of another user than
+ * the committing one. It runs under the job directory's commit lock (store_latest.c), only
+ * ever in a job directory: a commit's, or one that start-up recovery found a tag below.
  */
 #include "dsckptd.h"
 
@@ -21,23 +23,34 @@ struct retention_tag {
 	uint64_t created_ns;
 };
 
-/* Deletes the files dsckptd writes in jobfd/tag, the manifest first, then the directory. */
-static void retention_delete(int jobfd, const char *jobpath, const char *tag)
+/* Deletes the files dsckptd writes in jobfd/tag that owner owns, the manifest first, then the
+ * directory; entries listed are charged to b (NULL: no bound). */
+static void retention_delete(int jobfd, const char *jobpath, const char *tag, uid_t owner,
+			     struct store_budget *b)
 {
 	char **names;
 	size_t n;
+	struct stat st;
 	int fd = openat(jobfd, tag, STORE_DIR_FLAGS);
 
+	if (fd >= 0 && fstatat(fd, FMT_MANIFEST, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    st.st_uid != owner) {
+		log_warnx("keep_last: kept %s/%s: its manifest is not its job's owner's", jobpath,
+			  tag);
+		close(fd);
+		return;
+	}
 	if (fd < 0 || (unlinkat(fd, FMT_MANIFEST, 0) < 0 && errno != ENOENT) ||
-	    store_list(fd, &names, &n) < 0) {
+	    store_list_within(fd, b, &names, &n) < 0) {
 		log_warn("keep_last: cannot delete %s/%s", jobpath, tag);
 		if (fd >= 0)
 			close(fd);
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
-		if (store_is_ours(names[i]) && store_is_regular(fd, names[i]) &&
-		    unlinkat(fd, names[i], 0) < 0)
+		if (store_is_ours(names[i]) &&
+		    fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+		    st.st_uid == owner && unlinkat(fd, names[i], 0) < 0)
 			log_warn("keep_last: cannot delete %s/%s/%s", jobpath, tag, names[i]);
 	}
 	store_list_free(names, n);
@@ -60,17 +73,19 @@ static int retention_cmp(const void *a, const void *b)
 	return -strcmp(x->name, y->name);
 }
 
-/* Applies keep_last in the job directory: deletes committed tags beyond the newest keep. */
-void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep)
+/* Applies keep_last in the job directory (see retention_apply), latest naming latest and the
+ * manifests read and entries listed charged to b (NULL: no bound). */
+void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
+		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b)
 {
 	struct retention_tag *tags;
-	char **names, latest[NAME_MAX + 1];
+	struct stat job;
+	char **names;
 	size_t n, k = 0;
 
-	store_latest_get(jobfd, latest, sizeof(latest));
-	if (store_list(jobfd, &names, &n) < 0) {
-		log_warn("keep_last: cannot list %s", jobpath);
+	if (fstat(jobfd, &job) < 0 || store_list_within(jobfd, b, &names, &n) < 0) {
+		if (!b || !b->spent)	/* over budget: recovery says so once */
+			log_warn("keep_last: cannot list %s", jobpath);
 		return;
 	}
 	if (!(tags = calloc(n ? n : 1, sizeof(*tags)))) {
@@ -82,19 +97,33 @@ void retention_apply(int jobfd, const char *jobpath, const char *current, uint64
 		uint64_t ns = current_ns;
 		if (strcmp(names[i], current) != 0) {
 			if (fstatat(jobfd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0 ||
-			    !S_ISDIR(st.st_mode) || (uid != 0 && st.st_uid != uid))
+			    !S_ISDIR(st.st_mode) || st.st_uid != job.st_uid ||
+			    (uid != 0 && st.st_uid != uid))
 				continue;
-			if ((ns = store_tag_committed(jobfd, names[i])) == 0)
+			if ((ns = store_tag_committed_within(jobfd, names[i], b)) == 0)
 				continue;
 		}
 		tags[k++] = (struct retention_tag){names[i], ns};
 	}
+	/* Over budget, a tag not read may be newer than those that were: nothing is deleted. */
+	if (b && b->spent)
+		k = 0;
 	qsort(tags, k, sizeof(*tags), retention_cmp);
 	for (size_t i = keep; i < k; i++) {
 		if (strcmp(tags[i].name, current) != 0 && strcmp(tags[i].name, latest) != 0)
-			retention_delete(jobfd, jobpath, tags[i].name);
+			retention_delete(jobfd, jobpath, tags[i].name, job.st_uid, b);
 	}
 	free(tags);
 out:
 	store_list_free(names, n);
+}
+
+/* Applies keep_last in the job directory: deletes committed tags beyond the newest keep. */
+void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
+		     uid_t uid, unsigned keep)
+{
+	char latest[NAME_MAX + 1];
+
+	store_latest_get(jobfd, latest, sizeof(latest));
+	retention_keep(jobfd, jobpath, current, current_ns, latest, uid, keep, NULL);
 }

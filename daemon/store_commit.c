@@ -68,14 +68,11 @@ static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t
 	struct store_problem p = {.seen = 0};
 	uint64_t start;
 	struct stat st;
-	int fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = userfile_open(dirfd, f->name, UINT64_MAX, USERFILE_ONE_LINK, &st, p.msg,
+			       sizeof(p.msg));
 
 	if (fd < 0)
-		return seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, strerror(errno));
-	if (fstat(fd, &st) < 0) {
-		close(fd);
-		return seterr(err, errlen, ERR_EIO, "stat %s: %s", f->name, strerror(errno));
-	}
+		return seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, p.msg);
 	f->size = (uint64_t)st.st_size;
 	f->h = st_header_read(fd, f->size, &start, store_first_problem, &p);
 	close(fd);
@@ -174,11 +171,12 @@ static int store_describe_meta(int dirfd, struct store_entry *f, const struct st
 			       char *err, size_t errlen)
 {
 	struct stat sb;
+	char why[200];
 	int rc = 0, fd;
 
-	if ((fd = openat(dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-	    fstat(fd, &sb) < 0) {
-		rc = seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, strerror(errno));
+	if ((fd = userfile_open(dirfd, f->name, UINT64_MAX, USERFILE_ONE_LINK, &sb, why,
+				sizeof(why))) < 0) {
+		rc = seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, why);
 		goto out;
 	}
 	f->size = (uint64_t)sb.st_size;

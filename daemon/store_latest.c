@@ -14,20 +14,45 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Takes the job directory's commit lock (waits for another commit of the job). */
-int store_job_lock(int jobfd, char *err, size_t errlen)
+/*
+ * Takes the job directory's commit lock, waiting up to wait_ms for another commit of the job.
+ * The directory is its owner's, who may hold a lock on it forever: the wait is bounded so
+ * that no commit, seal or recovery (nor the shutdown that waits for them) hangs.
+ */
+static int store_job_lock_within(int jobfd, long wait_ms, char *err, size_t errlen)
 {
-	while (flock(jobfd, LOCK_EX) < 0) {
-		if (errno != EINTR)
+	struct timespec nap = {0, 1000000};
+	long waited_ms = 0;
+
+	while (flock(jobfd, LOCK_EX | LOCK_NB) < 0) {
+		if (errno == EINTR)
+			continue;
+		if (errno != EWOULDBLOCK)
 			return seterr(err, errlen, err_from_errno(errno), "locking the job "
 				      "directory: %s", strerror(errno));
+		if (waited_ms >= wait_ms)
+			return seterr(err, errlen, ERR_EBUSY, "the job directory stayed locked "
+				      "for %ld s (by another commit, or by a process of its owner)",
+				      wait_ms / 1000);
+		nanosleep(&nap, NULL);
+		waited_ms += nap.tv_nsec / 1000000;
+		if (nap.tv_nsec < 64000000)
+			nap.tv_nsec *= 2;
 	}
 	return 0;
+}
+
+/* Takes the job directory's commit lock, waiting up to STORE_LOCK_WAIT_MS. */
+int store_job_lock(int jobfd, char *err, size_t errlen)
+{
+	return store_job_lock_within(jobfd, STORE_LOCK_WAIT_MS, err, errlen);
 }
 
 /* Lets the job directory's commit lock go. */
@@ -36,17 +61,41 @@ void store_job_unlock(int jobfd)
 	flock(jobfd, LOCK_UN);
 }
 
-/* When jobfd/tag was committed (its manifest's created_ns, else the manifest's mtime); 0 if
- * it is not a directory holding a manifest of ours. */
-uint64_t store_tag_committed(int jobfd, const char *tag)
+/* Reads the manifest dirfd/name, within budget b when there is one (a file of one link, of
+ * at most what b has left, charged to it); NULL when it is missing, unsound or over budget. */
+static struct manifest *store_manifest_read(int dirfd, const char *name,
+					    struct store_budget *b)
 {
-	char why[300];
+	char why[300], *text;
+	size_t len;
+	int e;
+	uint64_t max = b && b->bytes < MANIFEST_MAX_BYTES ? b->bytes : MANIFEST_MAX_BYTES;
+
+	if (b && b->spent)
+		return NULL;
+	text = userfile_read(dirfd, name, max, b ? USERFILE_ONE_LINK : 0, &len, &e, why,
+			     sizeof(why));
+	if (!text) {
+		if (b && e == EFBIG && max < MANIFEST_MAX_BYTES)
+			b->spent = 1;
+		return NULL;
+	}
+	if (b)
+		b->bytes -= len;
+	struct manifest *m = manifest_parse(text, len, why, sizeof(why));
+	free(text);
+	return m;
+}
+
+/* When jobfd/tag was committed (as store_tag_committed), its manifest read within b. */
+uint64_t store_tag_committed_within(int jobfd, const char *tag, struct store_budget *b)
+{
 	struct stat st;
-	int present, fd = openat(jobfd, tag, STORE_DIR_FLAGS);
+	int fd = openat(jobfd, tag, STORE_DIR_FLAGS);
 
 	if (fd < 0)
 		return 0;
-	struct manifest *m = manifest_load(fd, &present, why, sizeof(why));
+	struct manifest *m = store_manifest_read(fd, FMT_MANIFEST, b);
 	uint64_t ns = m ? m->created_ns : 0;
 	if (m && ns == 0 && fstatat(fd, FMT_MANIFEST, &st, AT_SYMLINK_NOFOLLOW) == 0)
 		ns = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
@@ -57,26 +106,39 @@ uint64_t store_tag_committed(int jobfd, const char *tag)
 	return ns;
 }
 
+/* When jobfd/tag was committed (its manifest's created_ns, else the manifest's mtime); 0 if
+ * it is not a directory holding a manifest of ours. */
+uint64_t store_tag_committed(int jobfd, const char *tag)
+{
+	return store_tag_committed_within(jobfd, tag, NULL);
+}
+
+/* The tag `latest` names (as store_latest_get), the manifests read within b. */
+static uint64_t store_latest_within(int jobfd, char *tag, size_t len, struct store_budget *b)
+{
+	char why[200], *buf;
+	size_t n;
+	int e;
+
+	tag[0] = '\0';
+	if (!(buf = userfile_read(jobfd, FMT_LATEST, NAME_MAX + 1, 0, &n, &e, why, sizeof(why))))
+		return 0;
+	buf[strcspn(buf, "\n")] = '\0';
+	if (!buf[0] || strlen(buf) > NAME_MAX || strchr(buf, '/') || !strcmp(buf, ".") ||
+	    !strcmp(buf, "..")) {
+		free(buf);
+		return 0;
+	}
+	snprintf(tag, len, "%s", buf);
+	free(buf);
+	return store_tag_committed_within(jobfd, tag, b);
+}
+
 /* The tag `latest` names (into tag, when it fits a name) and when that tag was committed;
  * 0 when latest is missing or names no committed tag. */
 uint64_t store_latest_get(int jobfd, char *tag, size_t len)
 {
-	char buf[NAME_MAX + 2];
-	int fd = openat(jobfd, FMT_LATEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-
-	tag[0] = '\0';
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0 || n > NAME_MAX)
-		return 0;
-	buf[n] = '\0';
-	buf[strcspn(buf, "\n")] = '\0';
-	if (!buf[0] || strchr(buf, '/') || !strcmp(buf, ".") || !strcmp(buf, ".."))
-		return 0;
-	snprintf(tag, len, "%s", buf);
-	return store_tag_committed(jobfd, buf);
+	return store_latest_within(jobfd, tag, len, NULL);
 }
 
 /* Points `latest` at tag (committed at ns) unless it names a tag committed later already;
@@ -102,12 +164,10 @@ int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, u
  * parses whole and whose every file is there with its size is renamed into place. Returns 1
  * when the tag is committed now, else 0 (the partial stays for recovery to judge).
  */
-int store_finish_manifest(int dirfd, const char *path)
+int store_finish_manifest(int dirfd, const char *path, struct store_budget *b)
 {
-	char why[300];
-	int present, ok;
-	struct manifest *m = manifest_load_at(dirfd, FMT_MANIFEST FMT_PARTIAL, &present, why,
-					      sizeof(why));
+	int ok;
+	struct manifest *m = store_manifest_read(dirfd, FMT_MANIFEST FMT_PARTIAL, b);
 
 	if (!m)
 		return 0;
@@ -132,33 +192,44 @@ int store_finish_manifest(int dirfd, const char *path)
 }
 
 /*
- * Repairs the job directory jobfd (at path) after a crash, under its lock: `latest` is
- * pointed at the newest committed tag when it is behind (or missing, or names a deleted tag),
- * and keep_last is applied again (an interrupted retention completes). Owner and group of a
- * written `latest` are the job directory's.
+ * Repairs the job directory jobfd (at path) after a crash, under its lock if it is free:
+ * `latest` is pointed at the newest committed tag when it is behind (or missing, or names a
+ * deleted tag), and keep_last is applied again (an interrupted retention completes). Owner
+ * and group of a written `latest` are the job directory's, set on its descriptor; only tags
+ * of that owner count. Entries listed and manifests read are charged to b.
  */
-void store_job_repair(const struct config *cfg, int jobfd, const char *path)
+void store_job_repair(const struct config *cfg, int jobfd, const char *path,
+		      struct store_budget *b)
 {
 	char err[ERRLEN], best[NAME_MAX + 1] = "", now[NAME_MAX + 1], **names;
 	uint64_t best_ns = 0;
-	struct stat st;
+	struct stat st, ts;
 	size_t n;
 
-	if (fstat(jobfd, &st) < 0 || store_job_lock(jobfd, err, sizeof(err)) < 0)
+	if (fstat(jobfd, &st) < 0)
 		return;
-	if (store_list(jobfd, &names, &n) < 0)
+	/* Not waited for: locked at start-up, the job is another node's commit's (which moves
+	 * latest itself) or its owner's, and start-up is not held up for either. */
+	if (store_job_lock_within(jobfd, 0, err, sizeof(err)) < 0) {
+		log_warnx("recovery: %s left as it is: its lock is held", path);
+		return;
+	}
+	if (store_list_within(jobfd, b, &names, &n) < 0)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
-		uint64_t ns = store_tag_committed(jobfd, names[i]);
+		if (fstatat(jobfd, names[i], &ts, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISDIR(ts.st_mode) || ts.st_uid != st.st_uid)
+			continue;
+		uint64_t ns = store_tag_committed_within(jobfd, names[i], b);
 		if (ns > best_ns || (ns && ns == best_ns && strcmp(names[i], best) > 0)) {
 			best_ns = ns;
 			snprintf(best, sizeof(best), "%s", names[i]);
 		}
 	}
 	store_list_free(names, n);
-	if (!best_ns)
-		goto out;
-	uint64_t now_ns = store_latest_get(jobfd, now, sizeof(now));
+	uint64_t now_ns = store_latest_within(jobfd, now, sizeof(now), b);
+	if (!best_ns || (b && b->spent))
+		goto out;	/* over budget: what was not read may be newer */
 	if (now_ns < best_ns || !now_ns) {
 		if (store_write_atomic(jobfd, FMT_LATEST, best, strlen(best), st.st_uid, st.st_gid,
 				       cfg->file_mode, err, sizeof(err)) < 0)
@@ -168,7 +239,8 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path)
 				  "(it named %s)", path, best, now[0] ? now : "nothing");
 	}
 	if (cfg->keep_last > 0)
-		retention_apply(jobfd, path, best, best_ns, st.st_uid, cfg->keep_last);
+		retention_keep(jobfd, path, best, best_ns, now_ns < best_ns ? best : now,
+			       st.st_uid, cfg->keep_last, b);
 out:
 	store_job_unlock(jobfd);
 }

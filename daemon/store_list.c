@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,9 @@ void store_list_free(char **names, size_t n)
 	free(names);
 }
 
-/* Lists the entries of a directory but . and .., sorted by name; 0, or -1 with errno set. */
-int store_list(int dirfd, char ***out, size_t *count)
+/* Lists at most max entries of a directory but . and .., sorted by name; 0, or -1 with errno
+ * set (E2BIG: it has more). */
+static int store_list_max(int dirfd, size_t max, char ***out, size_t *count)
 {
 	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
@@ -82,6 +84,10 @@ int store_list(int dirfd, char ***out, size_t *count)
 	while ((de = readdir(d)) != NULL) {
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
+		if (n == max) {
+			e = E2BIG;
+			break;
+		}
 		if (n == cap) {
 			cap = cap ? 2 * cap : 16;
 			char **p = realloc(names, cap * sizeof(*names));
@@ -113,3 +119,25 @@ int store_list(int dirfd, char ***out, size_t *count)
 	return 0;
 }
 
+/* Lists the entries of a directory but . and .., sorted by name; 0, or -1 with errno set. */
+int store_list(int dirfd, char ***out, size_t *count)
+{
+	return store_list_max(dirfd, SIZE_MAX, out, count);
+}
+
+/* Lists a directory as store_list does, its entries charged to b (NULL: no bound); -1 with
+ * errno E2BIG, and b spent, when it has more entries than b has left. */
+int store_list_within(int dirfd, struct store_budget *b, char ***out, size_t *count)
+{
+	if (!b)
+		return store_list(dirfd, out, count);
+	if (b->spent || store_list_max(dirfd, b->entries, out, count) < 0) {
+		if (b->spent || errno == E2BIG) {
+			b->spent = 1;
+			errno = E2BIG;
+		}
+		return -1;
+	}
+	b->entries -= *count;
+	return 0;
+}

@@ -23,8 +23,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "errors.h"
+
+struct stat;
 
 /* File names of a checkpoint directory (see the layout above). */
 #define FMT_SAFETENSORS ".safetensors"
@@ -268,5 +271,25 @@ struct manifest *manifest_load_at(int dirfd, const char *name, int *present, cha
 				  size_t whylen);
 /* Frees a parsed manifest (NULL is fine). */
 void manifest_free(struct manifest *m);
+
+/* userfile.c — opening a file in a tree users can write, for reading. */
+#define USERFILE_ONE_LINK 1 /* refuse a file with more than one hard link */
+/*
+ * Opens dirfd/name for reading without blocking (a FIFO, a lease), following a link or taking
+ * a terminal (O_RDONLY|O_NONBLOCK|O_NOFOLLOW|O_NOCTTY|O_CLOEXEC), then keeps it only if
+ * fstat shows a regular file of at most max bytes (and, with USERFILE_ONE_LINK, one link);
+ * O_NONBLOCK is cleared again. The fd (its stat in *st when st is not NULL), or a negative
+ * errno (ELOOP: a link, EINVAL: not a regular file, EMLINK, EFBIG: over max) with why.
+ */
+int userfile_open(int dirfd, const char *name, uint64_t max, int flags, struct stat *st,
+		  char *why, size_t whylen);
+/* Reads up to len bytes at off of fd (short only at the end of the file); how many, or -1
+ * with errno. */
+ssize_t userfile_pread(int fd, void *buf, size_t len, uint64_t off);
+/* Reads the whole of dirfd/name opened as userfile_open does (max, flags) into a malloc'd
+ * buffer with a NUL after its *len bytes; NULL with *err (an errno: ENOENT when it is not
+ * there) and why. */
+char *userfile_read(int dirfd, const char *name, uint64_t max, int flags, size_t *len,
+		    int *err, char *why, size_t whylen);
 
 #endif /* DSCKPT_FORMAT_H */

@@ -302,39 +302,14 @@ struct manifest *manifest_load_at(int dirfd, const char *name, int *present, cha
 				  size_t whylen)
 {
 	struct manifest *m = NULL;
-	struct stat st;
-	char *buf = NULL;
-	size_t got = 0;
+	size_t len;
+	int e;
+	char *buf = userfile_read(dirfd, name, MANIFEST_MAX_BYTES, 0, &len, &e, why, whylen);
 
-	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	*present = fd >= 0 || errno != ENOENT;
-	if (fd < 0) {
-		snprintf(why, whylen, "cannot open: %s", strerror(errno));
-		return NULL;
-	}
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MANIFEST_MAX_BYTES) {
-		snprintf(why, whylen, "not a regular file of at most %u bytes", MANIFEST_MAX_BYTES);
-		goto out;
-	}
-	if (!(buf = malloc((size_t)st.st_size + 1))) {
-		snprintf(why, whylen, "out of memory");
-		goto out;
-	}
-	while (got < (size_t)st.st_size) {
-		ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			snprintf(why, whylen, "read error: %s", r == 0 ? "file shrank" :
-				 strerror(errno));
-			goto out;
-		}
-		got += (size_t)r;
-	}
-	m = manifest_parse(buf, got, why, whylen);
-out:
+	*present = buf || e != ENOENT;
+	if (buf)
+		m = manifest_parse(buf, len, why, whylen);
 	free(buf);
-	close(fd);
 	return m;
 }
 

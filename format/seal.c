@@ -136,23 +136,12 @@ int seal_record_name(const char *name)
 int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *why,
 		     size_t whylen)
 {
-	struct stat st;
-	char *buf = NULL;
-	int rc = -1, fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	size_t len;
+	int e, rc = -1;
+	char *buf = userfile_read(dirfd, name, 1 << 20, 0, &len, &e, why, whylen);
 
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
-		snprintf(why, whylen, "not a regular file of at most 1 MiB");
-		goto out;
-	}
-	if (!(buf = malloc((size_t)st.st_size + 1)) ||
-	    pread(fd, buf, (size_t)st.st_size, 0) != st.st_size) {
-		snprintf(why, whylen, "cannot read it");
-		goto out;
-	}
-	rc = seal_record_parse(buf, (size_t)st.st_size, r, why, whylen);
-out:
+	if (buf)
+		rc = seal_record_parse(buf, len, r, why, whylen);
 	free(buf);
-	if (fd >= 0)
-		close(fd);
 	return rc;
 }

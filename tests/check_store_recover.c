@@ -136,6 +136,50 @@ START_TEST(test_recover_hosts)
 }
 END_TEST
 
+/* Recovery's budget is per user (the owner of a directory below the root): a tree past its
+ * entries or bytes is left as it is from there on, another user's is still recovered; a file
+ * with two links is never read (nor removed). */
+START_TEST(test_recover_budget)
+{
+	char name[32];
+
+	cfg.max_recovery_entries = 40;
+	write_ckpt(rpath("%s", "jobA/t1"), "rank0", 0, NULL);
+	for (int i = 0; i < 50; i++) {
+		snprintf(name, sizeof(name), "junk%02d", i);
+		write_text(rpath("jobA/t1/%s", name), "x");
+	}
+	write_ckpt(rpath("%s", "jobB/t1"), "rank0", 0, NULL);
+	write_ckpt(rpath("%s", "jobB/t2"), "rank0", 0, NULL);
+	ck_assert_int_eq(link(rpath("%s", "jobB/t2/rank0.safetensors"),
+			      rpath("%s", "jobB/t2/again.safetensors")), 0);
+	ck_assert_int_eq(h_system("chown -R 4242 '%s'", rpath("%s", "jobA")), 0);
+	ck_assert_int_eq(h_system("chown -R 4343 '%s'", rpath("%s", "jobB")), 0);
+	recover_run(&cfg, NULL);
+	ck_assert_msg(h_exists(rpath("%s", "jobA/t1/rank0.safetensors")),
+		      "a tree past its user's entries was recovered");
+	ck_assert_msg(!h_exists(rpath("%s", "jobB/t1/rank0.safetensors")),
+		      "another user's tree was not recovered");
+	ck_assert_msg(h_exists(rpath("%s", "jobB/t2/rank0.safetensors")) &&
+		      h_exists(rpath("%s", "jobB/t2/again.safetensors")),
+		      "a file with two links was removed");
+
+	/* Bytes: two headers' worth for three files of ours; the third stays. */
+	cfg.max_recovery_entries = 100000;
+	cfg.max_recovery_bytes = 2 * STORE_HEADER_PREFIX;
+	for (int r = 0; r < 3; r++) {
+		snprintf(name, sizeof(name), "rank%d", r);
+		write_ckpt(rpath("%s", "jobC/t1"), name, r, NULL);
+	}
+	ck_assert_int_eq(h_system("chown -R 4444 '%s'", rpath("%s", "jobC")), 0);
+	recover_run(&cfg, NULL);
+	ck_assert(!h_exists(rpath("%s", "jobC/t1/rank0.safetensors")));
+	ck_assert(!h_exists(rpath("%s", "jobC/t1/rank1.safetensors")));
+	ck_assert_msg(h_exists(rpath("%s", "jobC/t1/rank2.safetensors")),
+		      "a header past its user's bytes was read");
+}
+END_TEST
+
 /* Builds the suite. */
 static Suite *store_suite(void)
 {
@@ -145,6 +189,7 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_recover);
 	tcase_add_test(tc, test_host);
 	tcase_add_test(tc, test_recover_hosts);
+	tcase_add_test(tc, test_recover_budget);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;

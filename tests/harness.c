@@ -221,10 +221,10 @@ void h_daemon_note(const struct hdaemon *d)
 	h_note(d);
 }
 
-/* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it.
- * The test's daemon is noted for h_leftovers; a peer (h_daemon_start_peer) dies with the test
- * process instead. */
-static void spawn_as(struct hdaemon *d, int peer)
+/* Forks and execs the daemon on d's config (stderr to its log); does not wait. The test's
+ * daemon is noted for h_leftovers; a peer (h_daemon_start_peer) dies with the test process
+ * instead. */
+static void spawn_exec(struct hdaemon *d, int peer)
 {
 	d->pid = fork();
 	ck_assert_int_ge(d->pid, 0);
@@ -241,6 +241,12 @@ static void spawn_as(struct hdaemon *d, int peer)
 	}
 	if (!peer)
 		h_note(d);
+}
+
+/* Forks and execs the daemon on d's config, leaving the socket path as it is; waits for it. */
+static void spawn_as(struct hdaemon *d, int peer)
+{
+	spawn_exec(d, peer);
 	for (int i = 0; i < 2000; i++) {
 		if (socket_answers(d->socket))
 			return;
@@ -317,6 +323,34 @@ void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const ch
 void h_daemon_restart(struct hdaemon *d)
 {
 	spawn(d);
+}
+
+/* Starts the daemon again and waits up to limit_s for its socket to answer: the seconds from
+ * the fork to the first answer, or -1 (the daemon killed, or it exited) when none came. */
+double h_daemon_restart_timed(struct hdaemon *d, double limit_s)
+{
+	struct timespec t0, t, nap = {0, 2 * 1000 * 1000};
+	int st;
+
+	unlink(d->socket);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	spawn_exec(d, 0);
+	for (;;) {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		double took = (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9;
+		if (socket_answers(d->socket))
+			return took;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			d->pid = 0;
+			h_note(d);
+			return -1;
+		}
+		if (took > limit_s) {
+			h_daemon_kill(d, SIGKILL);
+			return -1;
+		}
+		nanosleep(&nap, NULL);
+	}
 }
 
 /* Starts the daemon again, leaving a stale socket file in its way. */

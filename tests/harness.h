@@ -42,6 +42,9 @@ void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const ch
 			 double cache_gib, const char *extra_json);
 /* Starts the daemon again on the same directory and config (after a kill). */
 void h_daemon_restart(struct hdaemon *d);
+/* Starts the daemon again and waits up to limit_s for it: the seconds until its socket
+ * answered, or -1 (then it is killed, or it exited) when it did not answer in time. */
+double h_daemon_restart_timed(struct hdaemon *d, double limit_s);
 /* Starts the daemon again without removing the socket path first (stale-socket tests). */
 void h_daemon_restart_stale(struct hdaemon *d);
 /* Sends sig and waits for the daemon to exit; returns its wait status. */

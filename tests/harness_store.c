@@ -32,6 +32,8 @@ void scratch_setup(void)
 	cfg.n_roots = 1;
 	cfg.file_mode = 0640;
 	cfg.dir_mode = 0750;
+	cfg.max_recovery_entries = 100000;
+	cfg.max_recovery_bytes = 256u << 20;
 }
 
 /* Removes the scratch directory (and the tmpfs test_enospc may have left mounted). */

@@ -50,16 +50,13 @@ static int ends_with(const char *name, const char *suffix)
 /* Whether the `latest` file beside tag directory fd names the tag name. */
 static int is_latest(int fd, const char *name)
 {
-	char buf[LATEST_MAX + 1];
-	struct stat st;
-	ssize_t n = -1;
+	char buf[LATEST_MAX + 1], why[200];
 
 	/* fd was opened without following links, so .. is its real parent. */
-	int lf = openat(fd, "../" FMT_LATEST, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int lf = userfile_open(fd, "../" FMT_LATEST, UINT64_MAX, 0, NULL, why, sizeof(why));
 	if (lf < 0)
 		return 0;
-	if (fstat(lf, &st) == 0 && S_ISREG(st.st_mode))
-		n = read(lf, buf, LATEST_MAX);
+	ssize_t n = read(lf, buf, LATEST_MAX);
 	close(lf);
 	if (n <= 0)
 		return 0;

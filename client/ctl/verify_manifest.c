@@ -18,10 +18,11 @@
 /* XXH3-64 of a whole file (a .meta file's manifest checksum); -1 with a problem noted. */
 static int verify_hash_whole(struct verify *v, struct vfile *f, uint64_t *out)
 {
+	char why[200];
 	int rc = 0;
-	int fd = openat(v->dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = userfile_open(v->dirfd, f->name, UINT64_MAX, 0, NULL, why, sizeof(why));
 	if (fd < 0) {
-		verify_problem(f, "cannot open: %s", strerror(errno));
+		verify_problem(f, "cannot open: %s", why);
 		return -1;
 	}
 	XXH3_64bits_reset(v->data_state);

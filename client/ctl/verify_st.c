@@ -143,11 +143,11 @@ static void verify_st_problem(void *arg, const char *msg)
 /* Checks one safetensors file: header, layout, then every byte against its checksums. */
 void verify_st_check(struct verify *v, struct vfile *f)
 {
-	char b[32];
-	int fd = openat(v->dirfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	char b[32], why[200];
+	int fd = userfile_open(v->dirfd, f->name, UINT64_MAX, 0, NULL, why, sizeof(why));
 
 	if (fd < 0) {
-		verify_problem(f, "cannot open: %s", strerror(errno));
+		verify_problem(f, "cannot open: %s", why);
 		return;
 	}
 	f->h = st_header_read(fd, f->size, &f->data_start, verify_st_problem, f);
