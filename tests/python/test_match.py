@@ -64,7 +64,9 @@ def nested():
     """Dicts, lists, tuples, a namedtuple, a dict subclass with attributes, int and str keys,
     and leaves at every level."""
     tagged = Tagged(a=torch.ones(1), b=[torch.ones(2), 3])
-    tagged.note = "n"
+    # a string of its own: a one-character one is the interpreter's, and any thread's
+    # code changes its reference count (test_no_reference_leaks counts this one's)
+    tagged.note = "".join(["a ", "note"])
     return {"a": [torch.ones(1), (torch.ones(2), "leaf", {"x": torch.ones(3)})],
             1: Point(torch.ones(1), 2.5), 2: tagged, "pair": Pair(torch.ones(1), [torch.ones(1)]),
             "t": (), "none": None}
