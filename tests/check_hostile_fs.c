@@ -49,6 +49,9 @@ static int atk_looper(void *arg)
 		int64_t save = r_begin(fd, h_path("%s/jobA/t%lld", D->root, n), "rank0", &r);
 		if (save > 0) {
 			r_abort(fd, save, &r);
+			/* The attacker's own empty tag goes, so that thousands of tries leave a
+			 * small tree to clean up on a busy machine. */
+			rmdir(h_path("%s/jobA/t%lld", D->root, n));
 		} else if (r.type < 0) {
 			/* Dropped for what it tried: it may come back. */
 			close(fd);
@@ -90,6 +93,7 @@ static int atk_racer(void *arg)
 		snprintf(old, sizeof(old), ".old%lld", B->n[2]);
 		if (renameat(jfd, ".lnk", jfd, old) < 0)
 			return say(2, 4, "move %s aside: %s", ".lnk", strerror(errno));
+		unlinkat(jfd, old, AT_REMOVEDIR); /* when empty: keeps the tree small */
 		if (linkat(AT_FDCWD, target, jfd, ".lnk", 0) < 0)
 			return say(2, 3, "link again: %s", strerror(errno));
 	}
