@@ -1,12 +1,99 @@
-"""setup.py — what pyproject.toml cannot say: dsckpt._match (dsckpt/_match.c, the C
-Shape.match and pointer proof, with dsckpt/_freeze.c, which encodes leaves without pickle
-and tells those that encode as last time, and dsckpt/_match_ptrs.cc, which catches torch's C++ exceptions), an optional stable-ABI extension for CPython 3.11 and later. pip builds it where
-a C and C++ compiler and Python's headers are (Debian: build-essential, python3-dev) and goes
-on without it elsewhere: the package then matches and proves in Python (dsckpt/_lib.py,
-match_module)."""
+"""setup.py — what pyproject.toml cannot say: the compiled parts the package carries.
+
+* ``dsckpt/libdsckpt.so.0``, the client library the binding drives through ctypes, built
+  here from the repository's C sources (client/lib, proto, and format's errors.c and
+  dtype.c, as the Makefile's libdsckpt.so), so that ``pip install client/python`` connects
+  with nothing else installed or set: no ``make install``, no ``LD_LIBRARY_PATH``. It links
+  msgpack-c, found through pkg-config (Debian: libmsgpack-dev), as the Makefile does; a
+  C compiler is required (Debian: build-essential).
+* ``dsckpt._match`` (dsckpt/_match.c, the C Shape.match and pointer proof, with
+  dsckpt/_freeze.c, which encodes leaves without pickle and tells those that encode as last
+  time, and dsckpt/_match_ptrs.cc, which catches torch's C++ exceptions), an optional
+  stable-ABI extension for CPython 3.11 and later, built where a C++ compiler and Python's
+  headers are (Debian: python3-dev); without it the package matches and proves in Python
+  (dsckpt/_lib.py, match_module).
+
+pip builds in the source tree (pip >= 21.3), so the library's sources are read from the
+repository around client/python; a copy of client/python alone cannot build it and says so.
+"""
+import glob
+import os
+import shlex
+import subprocess
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Distribution, Extension, setup
+from setuptools.command.build_ext import build_ext
+
+from distutils.ccompiler import new_compiler  # setuptools' own copy (after setuptools)
+from distutils.sysconfig import customize_compiler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
+SONAME = "libdsckpt.so.0"  # client/dsckpt.h's ABI; _lib.py loads this name
+
+
+def lib_sources():
+    """The C files of libdsckpt (the Makefile's LIB_SRC, PROTO_SRC and FORMAT_LIB_SRC)."""
+    files = sorted(glob.glob(os.path.join(REPO, "client", "lib", "*.c")) +
+                   glob.glob(os.path.join(REPO, "proto", "*.c")))
+    files += [os.path.join(REPO, "format", f) for f in ("errors.c", "dtype.c")]
+    missing = [f for f in files[-2:] if not os.path.exists(f)]
+    if len(files) == 2 or missing or not os.path.exists(os.path.join(REPO, "client", "dsckpt.h")):
+        sys.exit(f"dsckpt: libdsckpt's C sources are not in {REPO} (client/lib, proto, "
+                 "format): pip install client/python from a clone of the whole repository")
+    return files
+
+
+def msgpack_flags():
+    """msgpack-c's compile and link flags from pkg-config (msgpack-c from version 6 on,
+    msgpack before), else Debian's -lmsgpackc."""
+    pkg_config = os.environ.get("PKG_CONFIG", "pkg-config")
+    for name in ("msgpack-c", "msgpack"):
+        try:
+            cflags = subprocess.run([pkg_config, "--cflags", name], check=True,
+                                    capture_output=True, text=True).stdout
+            libs = subprocess.run([pkg_config, "--libs", name], check=True,
+                                  capture_output=True, text=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return shlex.split(cflags), shlex.split(libs)
+    return [], ["-lmsgpackc"]
+
+
+class BuildWithLib(build_ext):
+    """build_ext that first builds libdsckpt.so.0 into the package, then the extensions."""
+
+    def run(self):
+        """Builds the library, then what build_ext builds."""
+        self.build_lib_dsckpt()
+        super().run()
+
+    def build_lib_dsckpt(self):
+        """Compiles and links libdsckpt.so.0 (soname libdsckpt.so.0) into dsckpt/ of the
+        build tree, and of the source tree for an editable install."""
+        cflags, libs = msgpack_flags()
+        cc = new_compiler(force=self.force)
+        customize_compiler(cc)  # CC, CFLAGS and LDFLAGS from the environment, as for extensions
+        objects = cc.compile(
+            lib_sources(), output_dir=os.path.join(self.build_temp, "libdsckpt"),
+            extra_postargs=["-std=gnu11", "-O2", "-fPIC", "-D_GNU_SOURCE",
+                            "-fvisibility=hidden"] + cflags)
+        where = HERE if self.inplace else self.build_lib
+        out = os.path.join(where, "dsckpt", SONAME)
+        cc.link_shared_object(
+            objects, out, extra_postargs=[f"-Wl,-soname,{SONAME}"] + libs +
+            ["-lpthread", "-ldl"])
+
+
+class BinaryDistribution(Distribution):
+    """The wheel holds a shared library: it is tagged for this platform even where the
+    optional extension is not built."""
+
+    def has_ext_modules(self):
+        """Always: libdsckpt.so.0 is built."""
+        return True
+
 
 ext = []
 if sys.version_info >= (3, 11) and sys.implementation.name == "cpython":
@@ -14,4 +101,4 @@ if sys.version_info >= (3, 11) and sys.implementation.name == "cpython":
                                             "dsckpt/_match_ptrs.cc"],
                          depends=["dsckpt/_freeze.h"], py_limited_api=True, language="c++",
                          optional=True))
-setup(ext_modules=ext)
+setup(ext_modules=ext, cmdclass={"build_ext": BuildWithLib}, distclass=BinaryDistribution)
