@@ -12,11 +12,18 @@
   stable-ABI extension for CPython 3.11 and later, built where a C++ compiler and Python's
   headers are (Debian: python3-dev); without it the package matches and proves in Python
   (dsckpt/_lib.py, match_module).
+* ``dsckpt.dsckpt_tproof_1``, the C++ proof of a warm save's tensors (dsckpt/_tproof.cpp), only
+  where torch is importable while the wheel is built (``pip install --no-build-isolation``
+  in the trainer's environment): a torch extension must be compiled against the very torch
+  it runs with, so pip's isolated build, which has no torch, cannot make it. Beside it
+  ``_tproof.built`` records that torch, this Python and the source's digest; dsckpt/_torchext.py
+  uses the module only where they are the running ones, and otherwise builds it on first use.
 
 pip builds in the source tree (pip >= 21.3), so the library's sources are read from the
 repository around client/python; a copy of client/python alone cannot build it and says so.
 """
 import glob
+import hashlib
 import os
 import shlex
 import subprocess
@@ -65,9 +72,17 @@ class BuildWithLib(build_ext):
     """build_ext that first builds libdsckpt.so.0 into the package, then the extensions."""
 
     def run(self):
-        """Builds the library, then what build_ext builds."""
+        """Builds the library, then what build_ext builds, and records what the C++ proof
+        was built against when it is among them."""
         self.build_lib_dsckpt()
         super().run()
+        built = [e for e in self.extensions if e.name.endswith(TPROOF)
+                 and os.path.exists(self.get_ext_fullpath(e.name))]
+        if built:
+            path = os.path.join(os.path.dirname(self.get_ext_fullpath(built[0].name)),
+                                "_tproof.built")
+            with open(path, "w") as f:
+                f.write(tproof_stamp())
 
     def build_lib_dsckpt(self):
         """Compiles and links libdsckpt.so.0 (soname libdsckpt.so.0) into dsckpt/ of the
@@ -86,6 +101,36 @@ class BuildWithLib(build_ext):
             ["-lpthread", "-ldl"])
 
 
+TPROOF = "dsckpt_tproof_1"  # _tproof.cpp's PyInit_ name (dsckpt/_torchext.py's NAME)
+
+
+def tproof_extension():
+    """The C++ proof as an extension built against the torch importable here (the flags of
+    torch.utils.cpp_extension.CppExtension and BuildExtension), or None without torch."""
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        return None
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
+    return Extension(f"dsckpt.{TPROOF}", ["dsckpt/_tproof.cpp"], language="c++",
+                     include_dirs=cpp_extension.include_paths(),
+                     library_dirs=cpp_extension.library_paths(),
+                     libraries=["c10", "torch", "torch_cpu", "torch_python"],
+                     extra_compile_args=["-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+                                         f"-DTORCH_EXTENSION_NAME={TPROOF}",
+                                         "-DTORCH_API_INCLUDE_EXTENSION_H"],
+                     optional=True)
+
+
+def tproof_stamp():
+    """What the proof was built against, as dsckpt/_torchext.py's _stamp writes it."""
+    import torch
+    with open(os.path.join(HERE, "dsckpt", "_tproof.cpp"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return f"{torch.__version__} {sys.implementation.cache_tag} {digest}\n"
+
+
 class BinaryDistribution(Distribution):
     """The wheel holds a shared library: it is tagged for this platform even where the
     optional extension is not built."""
@@ -101,4 +146,7 @@ if sys.version_info >= (3, 11) and sys.implementation.name == "cpython":
                                             "dsckpt/_match_ptrs.cc"],
                          depends=["dsckpt/_freeze.h"], py_limited_api=True, language="c++",
                          optional=True))
+tproof = tproof_extension()
+if tproof is not None:
+    ext.append(tproof)
 setup(ext_modules=ext, cmdclass={"build_ext": BuildWithLib}, distclass=BinaryDistribution)
