@@ -7,8 +7,8 @@
 #                   install into build/destdir (check-install), the same tests under
 #                   ASan/UBSan, the threaded parts under TSan (make check-tsan), the Python
 #                   binding's tests (check-python; check-python-modern: DCP and Lightning on a
-#                   pinned PyPI torch), pip install into a fresh venv and a save through it
-#                   (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
+#                   pinned PyPI torch), pip install into fresh venvs and a save and a load
+#                   through them (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, dsckpt.pc, man
 #                   pages, units, config in SYSCONFDIR), then systemd/finish-install: as root
