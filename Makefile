@@ -7,13 +7,19 @@
 #                   install into build/destdir (check-install), the same tests under
 #                   ASan/UBSan, the threaded parts under TSan (make check-tsan), the Python
 #                   binding's tests (check-python; check-python-modern: DCP and Lightning on a
-#                   pinned PyPI torch), pip install into a fresh venv and a save through it
-#                   (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
+#                   pinned PyPI torch), pip install into fresh venvs and a save and a load
+#                   through them (check-pip), and 20 s of each libFuzzer target (make check-fuzz)
 #   make demo       start the daemon on conf/dsckptd.json in build/demo and run an example job
 #   make install    PREFIX=/usr/local DESTDIR= (binaries, library, header, dsckpt.pc, man
-#                   pages, units, config), then systemd/finish-install: as root on a systemd
-#                   host it runs systemd-sysusers, systemd-tmpfiles, ldconfig and systemctl
-#                   daemon-reload; otherwise it prints those commands for the target machine
+#                   pages, units, config in SYSCONFDIR), then systemd/finish-install: as root
+#                   on a systemd host, PREFIX /usr or /usr/local, it runs systemd-sysusers,
+#                   systemd-tmpfiles, ldconfig and systemctl daemon-reload; otherwise it
+#                   prints those commands for the target machine
+#
+# Packagers' variables are honoured: CC, CFLAGS, CPPFLAGS, LDFLAGS, AR, PREFIX, DESTDIR,
+# LIBDIR, INCLUDEDIR, MANDIR, SYSCONFDIR (/etc for PREFIX /usr or /usr/local, else
+# $(PREFIX)/etc).
+# Warnings are errors only where asked: WERROR=1, which the check targets (and so CI) set.
 #   make gpu-bundle build/gpu/ to carry to a GPU node; there: make gpu-check, make bench-gpu
 #   make fuzz       libFuzzer on the frame decoder and the config loader (FUZZ_SECONDS=60)
 #
@@ -24,6 +30,9 @@
 PREFIX ?= /usr/local
 DESTDIR ?=
 LIBDIR ?= $(PREFIX)/lib
+# /etc for the system's prefixes, where dsckptd looks without -c; a PREFIX of its own keeps its
+# configuration inside it (the unit's -c names it).
+SYSCONFDIR ?= $(if $(filter /usr /usr/local,$(PREFIX)),/etc,$(PREFIX)/etc)
 INCLUDEDIR ?= $(PREFIX)/include
 MANDIR ?= $(PREFIX)/share/man
 BUILD ?= build
@@ -31,6 +40,12 @@ CC ?= gcc
 CUDA_HOME ?= /usr/local/cuda
 SAN ?=
 V ?= 0
+CPPFLAGS ?=
+LDFLAGS ?=
+# -Werror for our own checks (make check and its parts, .ci/run), never by default: a
+# packager's newer compiler may warn where ours does not.
+WERROR ?= $(if $(filter check%,$(MAKECMDGOALS)),1,0)
+WERROR_FLAG := $(if $(filter 1,$(WERROR)),-Werror)
 # Quiet by default; V=1 shows every command.
 ifeq ($(V),0)
 Q := @
@@ -38,16 +53,16 @@ endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
 	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev \
-	ninja-build
+	ninja-build strace
 
-CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra $(WERROR_FLAG) -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
 ifneq ($(SAN),)
 CFLAGS_BASE += -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 LDSAN := -fsanitize=$(SAN)
 endif
 CFLAGS ?=
-override CFLAGS := $(CFLAGS_BASE) $(CFLAGS)
+override CFLAGS := $(CFLAGS_BASE) $(CPPFLAGS) $(CFLAGS)
 # The one version number, in the public header; the daemon gets it from here.
 VERSION := $(shell sed -n 's/^\#define DSCKPT_VERSION_STRING "\(.*\)"/\1/p' client/dsckpt.h)
 VERSION_DEF := -DDSCKPTD_VERSION='"$(VERSION)"'
@@ -84,8 +99,10 @@ endif
 endif
 CU_ARCH := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
 	-gencode arch=compute_90,code=compute_90
+comma := ,
 CU_FLAGS := -std=c++17 -O2 -g $(CU_ARCH) $(DEPS_CFLAGS) \
-	-Xcompiler -Wall,-Wextra,-Werror,-fno-exceptions,-fno-rtti,-fno-threadsafe-statics
+	-Xcompiler -Wall,-Wextra$(if $(WERROR_FLAG),$(comma)-Werror),-fno-exceptions,-fno-rtti \
+	-Xcompiler -fno-threadsafe-statics
 
 PROTO_SRC := $(wildcard proto/*.c)
 FORMAT_SRC := $(wildcard format/*.c)
@@ -131,7 +148,7 @@ $(BUILD)/obj/daemon/%.o: daemon/%.c
 $(BUILD)/obj/daemon/%.o: daemon/%.cu daemon/%.h
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  NVCC    $<" || true
-	$(Q)$(NVCC) $(CU_FLAGS) -c $< -o $@
+	$(Q)$(NVCC) $(CU_FLAGS) $(foreach f,$(CPPFLAGS),-Xcompiler $(f)) -c $< -o $@
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  CC      $<" || true
@@ -143,12 +160,13 @@ $(BUILD)/pic/%.o: %.c
 
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) \
-		$(CUDA_LIBS)
+	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) \
+		$(LIBS_COMMON) $(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -shared -Wl,-soname,libdsckpt.so.$(SOMAJOR) -o $@ $^ $(LIBS_COMMON)
+	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -shared -Wl,-soname,libdsckpt.so.$(SOMAJOR) -o $@ $^ \
+		$(LIBS_COMMON)
 
 # pkg-config's entry for the installed library, made at every make and replaced only when it
 # changed (PREFIX, LIBDIR or INCLUDEDIR given, a new version); directories under PREFIX are
@@ -163,16 +181,17 @@ $(BUILD)/dsckpt.pc: client/dsckpt.pc.in client/dsckpt.h FORCE
 
 $(BUILD)/libdsckpt.a: $(call obj,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 $(BUILD)/dsckptctl: $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -o $@ $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) $(BUILD)/libdsckpt.a \
+	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -o $@ $(call obj,$(CTL_SRC) $(FORMAT_CTL_SRC)) \
+		$(BUILD)/libdsckpt.a \
 		$(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) -lm
 
 $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/libdsckpt.a
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(LDSAN) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
+	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -o $@ $< $(BUILD)/libdsckpt.a $(LIBS_COMMON)
 
 # dsckpt._match, the optional C Shape.match and pointer proof of the Python package
 # (client/python/dsckpt/_match.c; _freeze.c, which encodes leaves without pickle and tells
@@ -184,8 +203,9 @@ $(BUILD)/dsckpt-example-trainer: $(call obj,client/examples/trainer.c) $(BUILD)/
 # carries it too.
 PYTHON_INCLUDE ?= $(shell /usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("include"))' 2>/dev/null)
 PYEXT_CFLAGS := $(filter-out -MMD -MP -D_GNU_SOURCE -fsanitize=% -fno-sanitize-recover=%,$(CFLAGS_BASE)) \
-	-fPIC -isystem $(PYTHON_INCLUDE)
-PYEXT_CXXFLAGS := -std=c++17 -g -O2 -Wall -Wextra -Werror -fvisibility=hidden -fPIC
+	-fPIC -isystem $(PYTHON_INCLUDE) $(CPPFLAGS)
+PYEXT_CXXFLAGS := -std=c++17 -g -O2 -Wall -Wextra $(WERROR_FLAG) -fvisibility=hidden -fPIC \
+	$(CPPFLAGS)
 $(BUILD)/_match.abi3.so: client/python/dsckpt/_match.c client/python/dsckpt/_freeze.c \
 		client/python/dsckpt/_freeze.h client/python/dsckpt/_match_ptrs.cc
 	@mkdir -p $(dir $@)
@@ -193,17 +213,18 @@ $(BUILD)/_match.abi3.so: client/python/dsckpt/_match.c client/python/dsckpt/_fre
 	$(Q)$(CC) $(PYEXT_CFLAGS) -c -o $(BUILD)/_match.o $<
 	$(Q)$(CC) $(PYEXT_CFLAGS) -c -o $(BUILD)/_freeze.o client/python/dsckpt/_freeze.c
 	$(Q)$(CXX) $(PYEXT_CXXFLAGS) -c -o $(BUILD)/_match_ptrs.o client/python/dsckpt/_match_ptrs.cc
-	$(Q)$(CXX) -shared -o $@ $(BUILD)/_match.o $(BUILD)/_freeze.o $(BUILD)/_match_ptrs.o
+	$(Q)$(CXX) $(LDFLAGS) -shared -o $@ $(BUILD)/_match.o $(BUILD)/_freeze.o \
+		$(BUILD)/_match_ptrs.o
 
 # The daemon's modules as an archive, so a unit test pulls in only the ones it uses.
 $(BUILD)/libdsckptd-core.a: $(DAEMON_LIBOBJ)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 # What the suites share (tests/harness*.c), as an archive: a suite links the helpers it uses.
 $(BUILD)/libtest-harness.a: $(call obj,$(wildcard tests/harness*.c))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 # Unit tests link the daemon's modules; integration tests use the binaries and the library.
 # A test links the shared helpers (the harness archive) and every other .c it depends on:
@@ -212,7 +233,7 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 		$(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
-	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) -o $@ $(filter %.c,$^) \
+	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) $(LDFLAGS) -o $@ $(filter %.c,$^) \
 		$(BUILD)/libtest-harness.a $(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
 		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) \
 		$(CHECK_LIBS)
@@ -285,7 +306,8 @@ check-install: deps all
 	@rm -rf $(INSTALL_ROOT)
 	$(Q)$(MAKE) --no-print-directory install DESTDIR=$(INSTALL_ROOT) \
 		>$(BUILD)/install.log 2>&1 || { cat $(BUILD)/install.log; exit 1; }
-	@tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) $(MANDIR) $(VERSION) \
+	@BUILD=$(BUILD) MAKE="$(MAKE)" tests/check-install $(INSTALL_ROOT) $(PREFIX) $(LIBDIR) \
+		$(MANDIR) $(VERSION) \
 		$(BUILD)/install.log
 
 check: check-plain check-docs check-install check-san check-tsan check-python check-pip \
@@ -296,7 +318,7 @@ demo: deps all
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(LIBDIR) \
-		$(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)/etc/dsckptd \
+		$(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(SYSCONFDIR)/dsckptd \
 		$(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/tmpfiles.d \
 		$(DESTDIR)$(PREFIX)/lib/systemd/user \
 		$(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(MANDIR)/man1 \
@@ -312,10 +334,11 @@ install: all
 	for m in $(MANPAGES); do \
 		install -m 0644 $$m $(DESTDIR)$(MANDIR)/man$${m##*.}/; \
 	done
-	test -e $(DESTDIR)/etc/dsckptd/dsckptd.json || \
+	test -e $(DESTDIR)$(SYSCONFDIR)/dsckptd/dsckptd.json || \
 		sed 's#"socket": *"[^"]*"#"socket": "/run/dsckptd/dsckptd.sock"#' conf/dsckptd.json \
-		> $(DESTDIR)/etc/dsckptd/dsckptd.json
-	sed 's#@SBINDIR@#$(PREFIX)/sbin#g' systemd/dsckptd.service \
+		> $(DESTDIR)$(SYSCONFDIR)/dsckptd/dsckptd.json
+	sed -e 's#@SBINDIR@#$(PREFIX)/sbin#g' -e 's#@SYSCONFDIR@#$(SYSCONFDIR)#g' \
+		systemd/dsckptd.service \
 		> $(DESTDIR)$(PREFIX)/lib/systemd/system/dsckptd.service
 	install -m 0644 systemd/dsckptd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
 	sed 's#@SBINDIR@#$(PREFIX)/sbin#g' systemd/dsckptd-user.service \

@@ -1,7 +1,9 @@
 """Loads: Connection.load, dsckpt.torch.load_into and dsckpt.torch.load through the daemon
 (from its cache, and from the file by a second daemon on the same root), strict errors, a
 corrupted tensor, and the file path taken when no daemon answers."""
+import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -220,6 +222,95 @@ def test_corrupted_tensor_fails_the_load(make_daemon, tmp_path):
         with pytest.raises(dsckpt.LoadFailed) as e:
             dt.load_into(fresh, d, conn=c)
         assert e.value.cause == Errno.ECHECKSUM and "rot" in e.value.message
+
+
+def no_daemon(monkeypatch, tmp_path):
+    """Points the default connection at a socket nobody listens on: loads read the files."""
+    monkeypatch.setenv("DSCKPT_SOCKET", str(tmp_path / "none.sock"))
+    dt.set_default_connection(None)
+
+
+def edit_header(path, edit):
+    """Rewrites the JSON header of a safetensors file through edit(dict), keeping its length
+    (padded with spaces, as safetensors allows), so the data stays where it was."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        edit(header)
+        raw = json.dumps(header).encode()
+        assert len(raw) <= n
+        f.seek(8)
+        f.write(raw + b" " * (n - len(raw)))
+
+
+def flip(path, back, mask=0xff):
+    """Flips the bits of mask in the 4 bytes that end back bytes before the end of path."""
+    with open(path, "r+b") as f:
+        f.seek(-back, os.SEEK_END)
+        raw = f.read(4)
+        f.seek(-back, os.SEEK_END)
+        f.write(bytes(b ^ mask for b in raw))
+
+
+def test_offline_load_checks_checksums(daemon, conn, monkeypatch, tmp_path):
+    # Issue 31.2: with 4 bytes flipped in a tensor, every load that reads the file itself
+    # raises, naming the tensor and the file, instead of returning the garbage.
+    d = saved(daemon.root, conn, {"good": torch.ones(1024), "rot": torch.ones(1024)})
+    path = os.path.join(d, "rank0.safetensors")
+    flip(path, 100)   # "rot" is the last tensor: names sort
+    no_daemon(monkeypatch, tmp_path)
+    try:
+        for load in (lambda: dt.load(d), lambda: dt.load(d, map_location="cpu"),
+                     lambda: dt.load_into({"good": torch.zeros(1024),
+                                           "rot": torch.zeros(1024)}, d),
+                     lambda: dt.read_safetensors(path)):
+            with pytest.raises(dsckpt.LoadFailed) as e:
+                load()
+            assert e.value.cause == Errno.ECHECKSUM, e.value
+            assert "'rot'" in e.value.message and path in e.value.message, e.value
+            assert "mismatch" in e.value.message, e.value
+        # Restored, the same file loads, checked and silently.
+        flip(path, 100)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert torch.equal(dt.load(d)["rot"], torch.ones(1024))
+    finally:
+        dt.set_default_connection(None)
+
+
+def test_offline_load_of_unchecksummed_file_warns(tmp_path):
+    from safetensors.torch import save_file
+    save_file({"x": torch.arange(6.0), "y": torch.ones(3)}, str(tmp_path / "foreign.safetensors"))
+    x = torch.zeros(6)
+    for load in (lambda: dt.load(str(tmp_path), "foreign", conn=None)["x"],
+                 lambda: dt.load_into({"x": x}, str(tmp_path), "foreign", strict=False) and x):
+        with pytest.warns(dsckpt.UncheckedLoad, match="foreign.safetensors.*unchecked"):
+            assert torch.equal(load(), torch.arange(6.0))
+
+
+@pytest.mark.parametrize("edit,said", [
+    (lambda m: m.update({"dsckpt.xxh3.rot": m["dsckpt.xxh3.rot"].upper()}),
+     "not 16 lowercase hex digits"),
+    (lambda m: m.pop("dsckpt.xxh3.rot"), "'rot' has no checksum"),
+    (lambda m: m.update({"dsckpt.xxh3.gone": "0123456789abcdef"}), "no such tensor"),
+    (lambda m: m.update({"dsckpt.xxh3.rot": 7}), "not 16 lowercase hex digits"),
+    (lambda m: m.pop("dsckpt.data_xxh3"), "data region"),
+])
+def test_offline_load_refuses_unreadable_checksum(daemon, conn, monkeypatch, tmp_path, edit,
+                                                  said):
+    # A checksum that is there but cannot be read is an error, never a tensor left unchecked.
+    d = saved(daemon.root, conn, {"good": torch.ones(16), "rot": torch.ones(16)})
+    path = os.path.join(d, "rank0.safetensors")
+    edit_header(path, lambda h: edit(h["__metadata__"]))
+    no_daemon(monkeypatch, tmp_path)
+    try:
+        for load in (lambda: dt.load(d), lambda: dt.load_into({"good": torch.zeros(16),
+                                                               "rot": torch.zeros(16)}, d)):
+            with pytest.raises(dsckpt.LoadFailed, match=said) as e:
+                load()
+            assert e.value.cause == Errno.ECHECKSUM and path in e.value.message
+    finally:
+        dt.set_default_connection(None)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(),

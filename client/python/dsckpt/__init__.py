@@ -20,7 +20,7 @@ from .core import (Connection, HostBuffer, Level, Load, LoadLevel, LoadProgress,
                    SaveProgress, err_name, strerror, version)
 from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, DsckptTimeout,
                      Errno, InvalidArgument, LimitReached, LoadFailed, NotSupported,
-                     PermissionDenied, PickleRefused, SaveFailed)
+                     PermissionDenied, PickleRefused, SaveFailed, UncheckedLoad)
 
 from ._version import __version__
 
@@ -29,5 +29,5 @@ __all__ = [
     "HostBuffer", "version", "strerror", "err_name", "DsckptError", "Errno",
     "DaemonUnavailable", "SaveFailed", "LoadFailed",
     "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",
-    "NotSupported", "LimitReached", "PickleRefused",
+    "NotSupported", "LimitReached", "PickleRefused", "UncheckedLoad",
 ]

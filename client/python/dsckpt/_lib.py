@@ -3,12 +3,12 @@
 The library is searched in this order, first hit wins:
 
 1. ``$DSCKPT_LIB`` (a path to the shared object);
-2. next to the package: ``dsckpt/libdsckpt.so.0`` or ``dsckpt/libdsckpt.so`` (what an
-   installed wheel or a copied bundle carries);
+2. next to the package: ``dsckpt/libdsckpt.so.0`` or ``dsckpt/libdsckpt.so`` (what
+   ``pip install client/python`` builds into the package, or a copied bundle carries);
 3. the repository's build tree: ``<repo>/build/libdsckpt.so`` (when the package is used
    from ``<repo>/client/python/dsckpt``, not once pip installed it elsewhere);
 4. the system loader: ``libdsckpt.so.0`` (``make install`` puts it in ``$PREFIX/lib`` and
-   runs ``ldconfig``), which is what ``pip install client/python`` relies on.
+   runs ``ldconfig``), for a package copied without its library.
 
 Nothing is compiled for the binding: ctypes releases the GIL around every foreign call, so a
 blocking ``dsckpt_wait`` lets other Python threads run.
@@ -172,7 +172,8 @@ def _load() -> Tuple[ctypes.CDLL, str]:
             fn.restype, fn.argtypes = res, args
         return handle, cand
     raise ImportError(
-        "libdsckpt.so.0 not found. Install it from the repository (make && sudo make install; "
+        "libdsckpt.so.0 not found. `pip install client/python` builds it into the package; "
+        "else install it from the repository (make && sudo make install; "
         "`make install` runs ldconfig as root, run it yourself after a DESTDIR install), or "
         "point DSCKPT_LIB at the library (DSCKPT_LIB=/path/to/build/libdsckpt.so). Tried: "
         + "; ".join(tried))

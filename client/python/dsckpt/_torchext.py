@@ -1,5 +1,6 @@
 """dsckpt._torchext — the C++ proof of a warm save's tensors (``_tproof.cpp``), built against
-the installed torch at run time.
+the installed torch when the package was (``pip install --no-build-isolation`` where torch
+is, setup.py), else at run time.
 
 A warm ``dsckpt.torch.save`` proves that the state dict's tensors are the recorded ones. In
 Python that takes a C pointer check and torch's TensorGuards, which read each tensor and
@@ -15,6 +16,10 @@ level), they prove in Python. A build leaves a ``dsckpt-built`` file in the buil
 on its thread in milliseconds, without the build process (which imports torch and setuptools
 again, seconds of a core).
 
+A module the package carries (``dsckpt/dsckpt_tproof_1.*.so``) is used first, and without any
+build, where its ``_tproof.built`` names the running torch, Python and source, and it passes
+the same probe; else the build above.
+
 ``DSCKPT_TORCH_EXT``: unset, the build is tried unless it failed before for this torch and
 this source (a ``dsckpt-failed`` file in the build directory says so; delete it to try
 again); ``1`` tries it whatever failed before; ``0`` never builds nor uses it.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -173,27 +179,53 @@ def _main(force: bool) -> int:
 _RUN = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 
 
-def _load(path: str) -> bool:
+def _packaged() -> Optional[str]:
+    """The module the package carries when its _tproof.built names this torch, Python and
+    source, else None."""
+    here = os.path.dirname(_HERE)
+    try:
+        with open(os.path.join(here, "_tproof.built")) as f:
+            stamp = f.read()
+    except OSError:
+        return None
+    if stamp != _stamp():
+        return None
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(here, NAME + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _load(path: str, record: bool = True) -> bool:
     """Loads the module at path and keeps it if its probe passes; else writes the failure
-    down beside it. Whether it is kept."""
+    down beside it (when record: a build directory's). Whether it is kept."""
     spec = importlib.util.spec_from_file_location(NAME, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     if _probe(mod):
         _state["module"] = mod
         return True
-    _fail(os.path.dirname(path))
+    if record:
+        _fail(os.path.dirname(path))
     log.debug("dsckpt: %s answers differently from torch; the proof stays in Python", NAME)
     return False
 
 
 def _build(force: bool) -> None:
-    """Loads the module an earlier build recorded for this torch and source; else (or when it
-    does not load) builds it in a process of its own session (which finishes the build, and
-    releases torch's lock on its directory, even when this process exits first) and loads
-    that. This process imports nothing of the build (setuptools and all), so that the
+    """Loads the module the package carries for this torch, or one an earlier build recorded
+    for this torch and source; else (or when neither loads) builds it in a process of its own
+    session (which finishes the build, and releases torch's lock on its directory, even when
+    this process exits first) and loads that. This process imports nothing of the build (setuptools and all), so that the
     trainer's thread does not wait for it. Logs why the proof stays in Python."""
     try:
+        path = _packaged()
+        if path is not None:
+            try:
+                if _load(path, record=False):
+                    return
+            except Exception as e:  # noqa: BLE001 - e.g. built against another libtorch
+                log.debug("dsckpt: %s of the package does not load: %r", path, e)
         path = _recorded()
         if path is not None:
             try:

@@ -114,6 +114,11 @@ class PickleRefused(pickle.UnpicklingError):
            "checkpoint whose author you trust.")
 
 
+class UncheckedLoad(UserWarning):
+    """A file read without the daemon has no dsckpt checksums (another tool wrote it): its
+    tensors were loaded as they are, unchecked."""
+
+
 _CLASSES: Dict[int, Type[DsckptError]] = {
     Errno.ECONNREFUSED: DaemonUnavailable,
     Errno.EPIPE: DaemonUnavailable,

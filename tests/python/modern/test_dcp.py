@@ -227,3 +227,31 @@ def test_one_process_without_torch_distributed(daemon, conn):
     assert set(reader.sources.values()) == {"daemon"}, reader.sources
     with pytest.raises(TypeError, match="THREAD"):  # async_save's PROCESS executor pickles it
         pickle.dumps(dsckpt.dcp.Writer(tag, conn=conn))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_reader_without_daemon_checks_checksums(daemon, conn, monkeypatch, tmp_path):
+    """Issue 31.2: with 4 bytes of a tensor flipped, the Reader's own read of the file (no
+    daemon answers) fails naming the tensor's checksum, instead of loading the garbage."""
+    tag = os.path.join(daemon.root, "pytest", "rot")
+    sd = {"w": torch.arange(24, dtype=torch.float32).reshape(4, 6), "b": torch.ones(8)}
+    dcp.save(sd, storage_writer=dsckpt.dcp.Writer(tag, conn=conn, timeout=T), no_dist=True)
+    files = [f for f in os.listdir(tag) if f.endswith(".safetensors") and f.startswith("__")]
+    assert len(files) == 1, files   # the rank's data file (beside dcp_metadata.safetensors)
+    with open(os.path.join(tag, files[0]), "r+b") as f:   # the last tensor's last 4 bytes
+        f.seek(-4, os.SEEK_END)
+        raw = f.read(4)
+        f.seek(-4, os.SEEK_END)
+        f.write(bytes(b ^ 0xff for b in raw))
+    monkeypatch.setenv("DSCKPT_SOCKET", str(tmp_path / "none.sock"))
+    dt.set_default_connection(None)
+    try:
+        back = {"w": torch.zeros(4, 6), "b": torch.zeros(8)}
+        with pytest.raises(CheckpointException) as e:
+            dcp.load(back, storage_reader=dsckpt.dcp.Reader(tag), no_dist=True)
+        failure = e.value.failures[0]
+        err = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback)
+        assert isinstance(err, dsckpt.LoadFailed) and err.cause == dsckpt.Errno.ECHECKSUM, err
+        assert "checksum mismatch" in err.message and files[0] in err.message, err
+    finally:
+        dt.set_default_connection(None)
