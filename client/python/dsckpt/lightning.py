@@ -111,7 +111,7 @@ SAFE_TYPES = {"lightning.fabric.utilities.data": ("AttributeDict",),
 def allow_types() -> List[type]:
     """Allows the classes of :data:`SAFE_TYPES` that are installed (see
     :func:`dsckpt.add_safe_types`) and returns them. Every :class:`DsckptCheckpointIO`
-    calls it when made."""
+    calls it when made (and when unpickled in a spawned process)."""
     found: List[type] = []
     for module, names in SAFE_TYPES.items():
         try:
@@ -138,7 +138,6 @@ class DsckptCheckpointIO(CheckpointIO):
     def __init__(self, socket: Optional[str] = None, *, job: Optional[str] = None,
                  timeout: Optional[float] = None):
         super().__init__()
-        allow_types()
         self.socket = socket or os.environ.get("DSCKPT_SOCKET") or None
         self.job = job
         self.timeout = timeout
@@ -149,6 +148,7 @@ class DsckptCheckpointIO(CheckpointIO):
 
     def _init_runtime(self) -> None:
         """The parts that live in one process only (remade after unpickling)."""
+        allow_types()  # the allowlist too: a spawned process starts without it
         self._lock = threading.Lock()  # guards _unsnapped and _pending
         self._conn: Optional[Connection] = None
         self._job = "lightning"  # the job _conn identified as

@@ -231,12 +231,14 @@ def test_without_a_daemon_the_constructor_fails(tmp_path):
 
 def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
     """Two CPU ranks (gloo): the plugin is pickled into each; only rank 0 saves, and the
-    commit's world is that one saver's. Resuming loads on both ranks."""
+    commit's world is that one saver's. Resuming loads on both ranks, without pickle: the
+    spawned processes allow the AttributeDict of the hyper-parameters too."""
+    from lightning.fabric.utilities.data import AttributeDict
     job = os.path.join(daemon.root, "ddp")
     kw = dict(strategy="ddp_spawn", devices=2)
     io = DsckptCheckpointIO(daemon.socket)
     t = trainer(io, job, 8, **kw)
-    t.fit(Tiny())
+    t.fit(WithArgs(cfg=AttributeDict(width=8)))
     # a DistributedSampler halves the epoch: four steps each
     assert sorted(os.listdir(job)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt",
                                        "latest"]
@@ -246,7 +248,7 @@ def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
         verify(os.path.join(job, name))
     t2 = trainer(DsckptCheckpointIO(daemon.socket), os.path.join(daemon.root, "ddp2"), 12,
                  **kw)
-    t2.fit(Tiny(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
+    t2.fit(WithArgs(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
     # the workers resumed at step 4 (the main process's trainer does not see their steps)
     assert sorted(os.listdir(os.path.join(daemon.root, "ddp2"))) == [
         "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "latest"]
