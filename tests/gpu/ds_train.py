@@ -181,10 +181,10 @@ def ds_config(stage, kind):
         "scheduler": {"type": "WarmupLR",
                       "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-3,
                                  "warmup_num_steps": 100}},
-        # ZeRO's optimizer files hold DeepSpeed's own objects, which load only by unpickling:
-        # the run trusts its own checkpoints.
+        # ZeRO's optimizer files hold DeepSpeed's own objects (loss scaler, ZeroStageEnum,
+        # fragment addresses): allowed classes, so the default weights_only loads them.
         "dsckpt": {"socket": ARGS.socket, "job": f"zero{stage}", "timeout": ARGS.timeout,
-                   "enabled": kind == "auto", "weights_only": False},
+                   "enabled": kind == "auto"},
     }
     if ARGS.dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
@@ -211,8 +211,7 @@ def ours(engine, stage, kind, row):
     (auto without ours, torch with it: "enabled": false must leave DeepSpeed's)."""
     if kind == "dsckpt":
         return dsckpt.deepspeed.install(engine, {"socket": ARGS.socket, "job": f"zero{stage}",
-                                                 "timeout": ARGS.timeout,
-                                                 "weights_only": False})
+                                                 "timeout": ARGS.timeout})
     ce = engine.checkpoint_engine
     is_ours = isinstance(ce, dsckpt.deepspeed.DsckptCheckpointEngine)
     if is_ours != (kind == "auto"):

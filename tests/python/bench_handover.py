@@ -9,7 +9,7 @@ changes). A micro-benchmark, not a test: it prints, it asserts only that warm sa
 
   python3 tests/python/bench_handover.py [--tensors 1556] [--saves 20] [--device cpu|cuda]
                                          [--socket PATH] [--root DIR] [--parts]
-                                         [--evict-mib MIB]
+                                         [--evict-mib MIB] [--zero]
 
 Weights and optimizer states have a storage each, as a model's do (--shared: views of one
 storage per kind): rows of three dsckpt host buffers (dsckpt.torch.host_empty) on the CPU,
@@ -18,6 +18,10 @@ the step scalars are pageable CPU tensors, as AdamW makes them. Without --socket
 from $DSCKPTD (default build/dsckptd) on a scratch directory by tests/python/conftest.py
 (which imports pytest), logging at the default level (info) as a deployed one does; with one, --root must be a directory the daemon allows. Each save waits for SNAPSHOT
 before the next (what a trainer does before its optimizer step), outside the timed call.
+With --zero, the state dict is shaped as a DeepSpeed ZeRO optimizer file instead: the
+optimizer's state dict inside one holding objects of allowed classes (dsckpt.add_safe_types:
+a loss scaler, a stage Enum, a dataclass per parameter in param_slice_mappings), which the
+Python encoder writes at every warm save.
 With --parts, the steps of a warm save call are timed too (proving the structure, the
 blob, each library call: the daemon's part is in the calls that wait for a reply) and their
 medians printed. Run with PYTHONPATH=client/python (and DSCKPT_LIB when the library is not
@@ -26,6 +30,8 @@ found by itself).
 import argparse
 import collections
 import ctypes
+import dataclasses
+import enum
 import os
 import statistics
 import sys
@@ -112,6 +118,48 @@ def make_state(nparams, device, shared=False):
     return state_dict
 
 
+class LossScaler:
+    """DeepSpeed's static loss scaler: attributes only."""
+
+    def __init__(self, scale):
+        self.cur_scale = scale
+        self.dynamic = False
+
+
+class ZeroStage(int, enum.Enum):
+    """DeepSpeed's ZeroStageEnum."""
+
+    optimizer_states = 1
+    gradients = 2
+
+
+@dataclasses.dataclass
+class FragmentAddress:
+    """DeepSpeed's fragment_address."""
+
+    numel: int
+    start: int
+
+
+def zero_file(state_dict):
+    """state_dict() as DeepSpeed's ZeRO-2 optimizer file holds it (stage_1_and_2.py's
+    state_dict()): allowed objects among the leaves."""
+    def made():
+        sd = state_dict()
+        names = list(sd["model"])
+        return {"optimizer_state_dict": {
+            "loss_scaler": LossScaler(1.0), "dynamic_loss_scale": False, "overflow": False,
+            "clip_grad": 1.0, "base_optimizer_state": sd["optim"],
+            "single_partition_of_fp32_groups": list(sd["model"].values()),
+            "zero_stage": ZeroStage.gradients, "group_paddings": [0], "partition_count": [1],
+            "ds_version": "0.19.8",
+            "param_slice_mappings": [collections.OrderedDict(
+                (n, FragmentAddress(64, 64 * i)) for i, n in enumerate(names))]},
+            "ds_config": {"zero_optimization": {"stage": 2}}}
+    dsckpt.add_safe_types([LossScaler, ZeroStage, FragmentAddress])
+    return made
+
+
 def run(conn, root, state_dict, saves, device, evict=None):
     """Times each save call; returns [(handover, seconds)]: the first save, the warm ones,
     then cold saves of the same state dict under other file names (no first-call costs).
@@ -140,6 +188,7 @@ def main(argv):
     p.add_argument("--socket")
     p.add_argument("--root")
     p.add_argument("--parts", action="store_true", help="time the steps of warm saves too")
+    p.add_argument("--zero", action="store_true", help="a DeepSpeed ZeRO optimizer file")
     p.add_argument("--evict-mib", type=int, default=0,
                    help="write this many MiB before each save, pushing the tensors' objects out "
                    "of the CPU's caches as training does between checkpoints (e.g. 1024)")
@@ -156,7 +205,8 @@ def main(argv):
     try:
         conn = dsckpt.Connection(a.socket, job="bench", rank=0, world_size=1)
         evict = torch.empty(a.evict_mib << 20, dtype=torch.uint8) if a.evict_mib else None
-        times = run(conn, a.root, make_state(max(a.tensors // 4, 1), a.device, a.shared), a.saves,
+        state_dict = make_state(max(a.tensors // 4, 1), a.device, a.shared)
+        times = run(conn, a.root, zero_file(state_dict) if a.zero else state_dict, a.saves,
                     a.device, evict)
         conn.close()
     finally:
@@ -168,7 +218,8 @@ def main(argv):
     hows = collections.Counter(how for how, _ in times[1:a.saves])
     print(f"bench_handover: torch {torch.__version__}, {a.device}, {a.tensors // 4 * 4} "
           f"tensors, {a.saves} saves" + (f", {a.evict_mib} MiB written before each"
-                                         if a.evict_mib else ""))
+                                         if a.evict_mib else "")
+          + (", a ZeRO optimizer file" if a.zero else ""))
     print(f"  first save call {first:9.3f} ms  ({times[0][0]}, with first-call costs)")
     print(f"  cold save call  {cold:9.3f} ms median of 3 (the walk and new plans: another file)")
     print(f"  warm save call  {statistics.median(warm):9.3f} ms median, "

@@ -109,3 +109,11 @@ def conn(daemon):
     c = dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1)
     yield c
     c.close()
+
+
+@pytest.fixture
+def allowlist(monkeypatch):
+    """dsckpt.add_safe_types's classes, restored after the test."""
+    from dsckpt import _tree
+    monkeypatch.setattr(_tree, "_SAFE_BY_NAME", dict(_tree._SAFE_BY_NAME))
+    monkeypatch.setattr(_tree, "_SAFE_BY_TYPE", dict(_tree._SAFE_BY_TYPE))

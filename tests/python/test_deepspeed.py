@@ -3,6 +3,7 @@ DeepSpeedEngine makes (0.19.8's runtime/engine.py: save_checkpoint, which also c
 zero_to_fp32.py into the tag; _commit_decoupled_checkpoint at the next step; load_checkpoint
 following `latest` and globbing file names; destroy() calling cleanup()). Real DeepSpeed runs
 in tests/gpu/ds_train.py."""
+import collections
 import copy
 import glob
 import importlib.util
@@ -413,3 +414,118 @@ def _one_rank_without_daemon(rank, world, socket, missing):
 def test_engine_ranks_agree_when_one_has_no_daemon(daemon, tmp_path):
     run_ranks(_one_rank_without_daemon, 2, daemon.socket, str(tmp_path / "none.sock"),
               timeout=60)
+
+
+# -- DeepSpeed's own classes in its optimizer files load without unpickling -----------------
+
+FAKE_DS_TYPES = {  # as DeepSpeed defines them (runtime/fp16/loss_scaler.py, ...)
+    "deepspeed.runtime.fp16.loss_scaler": """
+import torch
+class LossScalerBase:
+    def __init__(self, cur_scale):
+        self.cur_scale = cur_scale
+        self.dynamic = False
+class LossScaler(LossScalerBase):
+    def __init__(self, scale=1):
+        super().__init__(scale)
+class DynamicLossScaler(LossScalerBase):
+    def __init__(self, init_scale, scale_window, min_scale, delayed_shift,
+                 consecutive_hysteresis, raise_error_at_min_scale=True, dtype=torch.half):
+        super().__init__(init_scale)
+        self.cur_iter = 0
+        self.last_overflow_iter = -1
+        self.scale_factor = 2.0
+        self.scale_window = scale_window
+        self.min_scale = min_scale
+        self.delayed_shift = delayed_shift
+        self.cur_hysteresis = delayed_shift
+        self.consecutive_hysteresis = consecutive_hysteresis
+        self.raise_error_at_min_scale = raise_error_at_min_scale
+        self.dynamic = True
+        self.dtype = dtype
+""",
+    "deepspeed.runtime.zero.config": """
+from enum import Enum
+class ZeroStageEnum(int, Enum):
+    disabled = 0
+    optimizer_states = 1
+    gradients = 2
+    weights = 3
+    max_stage = 3
+""",
+    "deepspeed.utils.tensor_fragment": """
+from dataclasses import dataclass
+@dataclass
+class fragment_address:
+    numel: int
+    start: int
+""",
+}
+
+
+@pytest.fixture
+def deepspeed_types(monkeypatch, allowlist):
+    """DeepSpeed's modules of SAFE_TYPES, with its classes (no DeepSpeed installed)."""
+    import types
+    mods = {}
+    for name, src in FAKE_DS_TYPES.items():
+        mod = types.ModuleType(name)
+        exec(src, mod.__dict__)
+        monkeypatch.setitem(sys.modules, name, mod)
+        mods[name.rsplit(".", 1)[1]] = mod
+    return types.SimpleNamespace(**mods)
+
+
+def zero_optim_state(ds, stage, scaler):
+    """What DeepSpeed's ZeRO optimizer's state_dict() returns (stage_1_and_2.py's,
+    stage3.py's _rigid_state_dict) around a torch optimizer."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    Stage = ds.config.ZeroStageEnum
+    sd = {"loss_scaler": scaler, "dynamic_loss_scale": scaler.dynamic, "overflow": False,
+          "partition_count": [1]}
+    if stage == 3:
+        sd.update(zero_stage=Stage.weights, optimizer_state_dict=opt.state_dict(),
+                  fp32_flat_groups=[torch.randn(10)])
+    else:
+        frag = ds.tensor_fragment.fragment_address
+        sd.update(clip_grad=1.0, base_optimizer_state=opt.state_dict(),
+                  single_partition_of_fp32_groups=[torch.randn(10)],
+                  zero_stage=Stage.gradients if stage == 2 else Stage.optimizer_states,
+                  group_paddings=[0], ds_version="0.19.8",
+                  param_slice_mappings=[collections.OrderedDict(
+                      [("weight", frag(numel=8, start=0)), ("bias", frag(numel=2, start=8))])])
+    return {"optimizer_state_dict": sd, "ds_config": {"zero_optimization": {"stage": stage}},
+            "ds_version": "0.19.8"}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_optimizer_files_load_by_default(daemon, deepspeed_types, stage):
+    """ZeRO's optimizer files (loss scaler, ZeroStageEnum, fragment addresses) load with
+    the engine's default weights_only: the engine allowed DeepSpeed's classes."""
+    ds = deepspeed_types
+    scaler = ds.loss_scaler.DynamicLossScaler(2.0 ** 16, 1000, 1.0, 2, False) \
+        if stage != 2 else ds.loss_scaler.LossScaler(128.0)
+    state = zero_optim_state(ds, stage, scaler)
+    ce = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": T})
+    assert {c.__name__ for c in ce.safe_types} == {
+        "LossScaler", "DynamicLossScaler", "ZeroStageEnum", "fragment_address"}
+    save_dir = os.path.join(daemon.root, "ds", f"zero{stage}")
+    hows = []
+    for tag in ("global_step1", "global_step2"):  # cold, then warm
+        path = os.path.join(save_dir, tag, "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+        ce.create(dd.CheckpointCommitInfo(tag=tag, save_dir=save_dir, save_latest=True))
+        ce.save(state, path)
+        hows.append(ce._saves[-1][1].handover)
+        ce.commit(ce.get_commit_info())
+        ce.wait_committed()
+        osd = ce.load(path)["optimizer_state_dict"]
+        assert type(osd["loss_scaler"]) is type(scaler)
+        assert vars(osd.pop("loss_scaler")) == vars(scaler)
+        assert osd["zero_stage"] is state["optimizer_state_dict"]["zero_stage"]
+        assert same(osd, {k: v for k, v in state["optimizer_state_dict"].items()
+                          if k != "loss_scaler"})
+    assert hows == ["cold", "warm"]
+    ce.close()

@@ -4,6 +4,9 @@ change (values in place, reallocated memory, keys, dtypes, shapes, pointers, lea
 saves exactly what the state dict holds. Also run with torch 2.x by tests/python/modern."""
 import collections
 import ctypes
+import dataclasses
+import enum
+import json
 import math
 import os
 import pickle
@@ -465,3 +468,56 @@ def test_cuda_fork_during_a_prepared_save(daemon, conn, monkeypatch):
             os.waitpid(pid, 0)
             pytest.fail(f"child {pid} hung after fork")
         assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0, done
+
+
+Pair = collections.namedtuple("Pair", "tensor n")
+
+
+@dataclasses.dataclass
+class Fragment:
+    numel: int
+    start: int
+
+
+class Stage(int, enum.Enum):
+    optimizer_states = 1
+    gradients = 2
+
+
+class Scaler:
+    """A loss scaler as DeepSpeed's: attributes only."""
+
+    def __init__(self, scale):
+        self.cur_scale = scale
+        self.dtype = torch.float16
+
+    def __eq__(self, other):
+        return type(other) is Scaler and vars(other) == vars(self)
+
+
+def zero_like(state):
+    """A ZeRO optimizer file's state dict around a trainer's: allowed objects among the
+    leaves (loss scaler, stage, fragment addresses) and a namedtuple holding a tensor."""
+    return {"optimizer_state_dict": {
+        "loss_scaler": Scaler(65536.0), "dynamic_loss_scale": True, "overflow": False,
+        "zero_stage": Stage.gradients, "base_optimizer_state": state["optim"],
+        "single_partition_of_fp32_groups": [state["model"]["layers.0.weight"]],
+        "param_slice_mappings": [collections.OrderedDict(
+            (k, Fragment(16, 16 * i)) for i, k in enumerate(state["model"]))],
+        "pair": Pair(state["model"]["norm.bias"], 3)}}
+
+
+def test_warm_save_of_allowed_objects(daemon, conn, allowlist):
+    dsckpt.add_safe_types([Pair, Fragment, Stage, Scaler])
+    state = gpt_like()
+    d0, h0 = save(conn, daemon.root, "z0", zero_like(fresh(state)))
+    d1, h1 = save(conn, daemon.root, "z1", zero_like(fresh(state)))
+    assert (h0.handover, h1.handover) == ("cold", "warm")
+    with dsckpt.Connection(daemon.socket, job="pytest", rank=0, world_size=1) as other:
+        d2, h2 = save(other, daemon.root, "z2", zero_like(fresh(state)))
+    assert h2.handover == "cold"
+    assert files(d1) == files(d0) == files(d2)
+    head = json.loads(files(d1)[1]["header"])
+    assert head["safe"] == sorted(_tree.type_name(c) for c in (Pair, Fragment, Stage, Scaler))
+    back = dt.load(d1, conn=conn)  # no pickle: weights_only's default
+    same(back, zero_like(state))

@@ -1,7 +1,9 @@
 """dsckpt.torch: state dicts round-trip through the daemon as plain safetensors files."""
 import collections
+import dataclasses
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ from safetensors import safe_open
 
 import dsckpt
 import dsckpt.torch as dt
-from dsckpt import Level
+from dsckpt import Level, _tree
 
 Point = collections.namedtuple("Point", "x y")
 T = 60  # seconds: generous, so a hung daemon fails the test instead of the run
@@ -336,3 +338,40 @@ def test_old_checkpoints_load_with_the_opt_in(name):
     assert back["optim"]["param_groups"] == [{"lr": 0.001, "betas": (0.9, 0.95), "params": [0]}]
     assert back["misc"] == [None, True, 7, 2.5, "s", b"by", torch.Size([2, 3]), torch.float16]
     assert ("c" in back) == (name == "blob_v2")
+
+
+@dataclasses.dataclass
+class Fragment:
+    numel: int
+    start: int
+
+
+def test_allowed_classes_load_without_pickle_others_are_refused(daemon, conn, allowlist,
+                                                                tmp_path, monkeypatch):
+    """Objects of allowed classes load by default; once a class is not allowed, the load
+    is refused from the blob's header, before any tensor is read, without importing its
+    module; weights_only=False imports it."""
+    marker = tmp_path / "imported"
+    (tmp_path / "dsckpt_side_effect.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "class Scaler:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scaler = type("Scaler", (), {"__module__": "dsckpt_side_effect"})
+    dsckpt.add_safe_types([scaler, Fragment, Point])
+    s = scaler()
+    s.cur_scale = 1024.0
+    state = {"w": torch.ones(3), "scaler": s, "pt": Point(torch.zeros(2), 3),
+             "maps": [collections.OrderedDict(w=Fragment(3, 0))]}
+    d, back = save_and_load(state, daemon.root, conn, tag="allowed")
+    assert type(back["scaler"]) is scaler and back["scaler"].cur_scale == 1024.0
+    assert type(back["pt"]) is Point and torch.equal(back["pt"].x, torch.zeros(2))
+    assert back["maps"] == [collections.OrderedDict(w=Fragment(3, 0))]
+    monkeypatch.delitem(_tree._SAFE_BY_NAME, "dsckpt_side_effect.Scaler")
+    with pytest.raises(dsckpt.PickleRefused, match=r"classes not allowed to load "
+                       r"\(dsckpt_side_effect.Scaler\).*add_safe_types.*weights_only=False"):
+        dt.load(d, conn=conn)
+    assert not marker.exists() and "dsckpt_side_effect" not in sys.modules
+    monkeypatch.delitem(sys.modules, "dsckpt_side_effect", raising=False)
+    back = dt.load(d, conn=conn, weights_only=False)
+    assert marker.exists() and back["scaler"].cur_scale == 1024.0
+    assert type(back["scaler"]) is sys.modules["dsckpt_side_effect"].Scaler

@@ -3,15 +3,21 @@ dsckpt._blob's version 3 around it: every value type round-trips exactly (C and 
 encoders agreeing byte for byte), and malformed input of every kind (truncated, nested too
 deep, lengths beyond the input, unknown tags, colliding keys, bombs) raises ValueError
 instead of crashing, hanging or building anything else."""
+import argparse
 import collections
+import dataclasses
+import enum
 import math
 import random
 import struct
+import sys
+import types
 import zlib
 
 import pytest
 import torch
 
+import dsckpt
 from dsckpt import _blob, _tree
 from dsckpt._tree import Malformed, decode, encode
 
@@ -287,3 +293,184 @@ def test_blob_round_trip_and_malformed_blobs():
     with pytest.raises(ValueError, match="leaves that are not a list"):
         _blob.skeleton(_blob.read(_blob.dump(_blob.dump_tables([], []), encode(1),
                                              encode({})), "x"), [])
+
+
+# -- objects of allowed classes (tag O, dsckpt.add_safe_types) ------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Frag:
+    numel: int
+    start: int
+
+
+class Stage(int, enum.Enum):
+    disabled = 0
+    gradients = 2
+
+
+class Color(enum.Enum):
+    red = (1, "r")
+
+
+class Slotted:
+    __slots__ = ("scale", "__hidden", "unset")
+
+    def __init__(self, scale):
+        self.scale = scale
+        self.__hidden = [scale]
+
+
+class Scaler:
+    def __init__(self, scale):
+        self.cur_scale = scale
+        self.dtype = torch.float16
+        self.me = self
+
+
+class Mixed(Slotted):
+    """Slots of a base and a __dict__ of its own."""
+
+
+class Attrs(dict):
+    pass
+
+
+class Loud:
+    """A class whose __init__, __setstate__, __reduce__ and __setattr__ must not run."""
+
+    calls = []
+
+    def __init__(self):
+        Loud.calls.append("init")
+        self.x = 1
+
+    def __setstate__(self, state):
+        Loud.calls.append("setstate")
+
+    def __reduce__(self):
+        Loud.calls.append("reduce")
+        return (Loud, ())
+
+    def __setattr__(self, k, v):
+        Loud.calls.append("setattr")
+        object.__setattr__(self, k, v)
+
+
+def test_allowed_objects_of_every_kind_round_trip(allowlist):
+    dsckpt.add_safe_types([Frag, Stage, Color, Point, Slotted, Scaler, Mixed, Attrs, Loud])
+    attrs = Attrs(a=1, b=[2])
+    attrs.note = "x"
+    mixed = Mixed(3.0)
+    mixed.extra = {"k": 1}
+    loud = Loud()
+    Loud.calls.clear()
+    frag = Frag(4, 8)
+    value = {"frag": frag, "again": frag, "stage": Stage.gradients, "color": Color.red,
+             "pt": Point(1, (2, "y")), "slots": Slotted(2.5), "scaler": Scaler(65536.0),
+             "mixed": mixed, "attrs": attrs, "loud": loud,
+             "ns": argparse.Namespace(lr=0.1, betas=(0.9, 0.95)),
+             "sns": types.SimpleNamespace(a=None)}
+    names = set()
+    data = encode(value, types=names)
+    assert names == {_tree.type_name(type(v)) for k, v in value.items() if k != "again"}
+    if M is not None:
+        assert M.encode_tree(value) is NotImplemented  # the Python encoder writes O
+    back = decode(data)
+    assert Loud.calls == []  # no __init__, __setstate__, __reduce__ or __setattr__ of its
+    assert back["frag"] == frag and back["again"] is back["frag"]
+    assert back["stage"] is Stage.gradients and back["color"] is Color.red
+    assert type(back["pt"]) is Point and back["pt"] == (1, (2, "y"))
+    s = back["slots"]
+    assert type(s) is Slotted and s.scale == 2.5 and s._Slotted__hidden == [2.5]
+    assert not hasattr(s, "unset")
+    sc = back["scaler"]
+    assert sc.cur_scale == 65536.0 and sc.dtype is torch.float16 and sc.me is sc
+    m = back["mixed"]
+    assert type(m) is Mixed and m.scale == 3.0 and m.extra == {"k": 1}
+    a = back["attrs"]
+    assert type(a) is Attrs and a == {"a": 1, "b": [2]} and a.note == "x"
+    assert type(back["loud"]) is Loud and back["loud"].x == 1 and Loud.calls == []
+    assert back["ns"] == value["ns"] and back["sns"] == value["sns"]
+    assert encode(back) == data
+
+
+def test_classes_that_cannot_be_allowed(allowlist):
+    for cls in (int, list, type("L", (list,), {}), torch.Tensor, str):
+        with pytest.raises(TypeError):
+            dsckpt.add_safe_types([cls])
+    with pytest.raises(TypeError):
+        dsckpt.add_safe_types([Frag(1, 2)])
+    other = type("Frag", (), {"__module__": __name__, "__qualname__": "Frag"})
+    with pytest.raises(ValueError, match="test_tree.Frag"):
+        dsckpt.add_safe_types([Frag, other])
+    assert Frag not in dsckpt.safe_types()  # nothing of a refused list is allowed
+    assert argparse.Namespace in dsckpt.safe_types()
+
+
+def _named(name, state):
+    """A tree of one object of the class called name, with this state."""
+    raw = name.encode()
+    return b"O" + struct.pack("<I", len(raw)) + raw + encode(state)
+
+
+def test_a_class_not_allowed_is_refused_without_import(allowlist, tmp_path, monkeypatch):
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_mod.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "class Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = _named("evil_mod.Thing", {"a": 1})
+    with pytest.raises(dsckpt.PickleRefused, match=r"evil_mod\.Thing.*add_safe_types.*"
+                       "weights_only=False"):
+        decode(data)
+    with pytest.raises(dsckpt.PickleRefused, match="os.system"):
+        decode(encode([1, 2])[:-9] + _named("os.system", {}))  # inside a list
+    assert not marker.exists() and "evil_mod" not in sys.modules
+    # A trusted file (weights_only=False) names a class that is then imported.
+    monkeypatch.delitem(sys.modules, "evil_mod", raising=False)
+    back = decode(data, trusted=True)
+    assert marker.exists() and type(back).__name__ == "Thing" and back.a == 1
+    with pytest.raises(Malformed, match="no class os.nothing_here"):
+        decode(_named("os.nothing_here", {}), trusted=True)
+    with pytest.raises(Malformed, match="os.system"):
+        decode(_named("os.system", {}), trusted=True)  # a function is no class
+
+
+@pytest.mark.parametrize("name,state,why", [
+    ("Frag", {"numel": 1}, r"fields \['numel', 'start'\], not \['numel'\]"),
+    ("Frag", {"numel": 1, "start": 2, "evil": 3}, "fields"),
+    ("Frag", [1, 2], "wants a dict of its attributes, not a builtins.list of 2"),
+    ("Point", (1,), "wants a tuple of its 2 fields, not a builtins.tuple of 1"),
+    ("Point", [1, 2], "wants a tuple of its 2 fields"),
+    ("Stage", 7, "has no member of value 7"),
+    ("Stage", [2], "has no member of value"),
+    ("Slotted", {"nope": 1}, "has no attribute 'nope' \\(its slots: scale, _Slotted__hidden"),
+    ("Slotted", {1: 2}, "wants a dict of its attributes"),
+    ("Attrs", {"a": 1}, "wants a tuple of its items and attributes"),
+    ("Attrs", ([1], {}), "wants a tuple of its items and attributes"),
+])
+def test_a_state_that_does_not_fit_its_class_is_an_error(allowlist, name, state, why):
+    dsckpt.add_safe_types([Frag, Point, Stage, Slotted, Attrs])
+    with pytest.raises(Malformed, match=why):
+        decode(_named(f"{__name__}.{name}", state))
+
+
+def test_allowed_objects_inside_themselves_and_too_deep(allowlist):
+    dsckpt.add_safe_types([Point, Scaler])
+    loop = Point([], 1)
+    loop.x.append(loop)  # a namedtuple inside itself: pickled, as a tuple would be
+    opaque = []
+    encode({"l": loop}, opaque=opaque)
+    assert opaque == [loop]
+    deep = Scaler(1.0)
+    for _ in range(_tree.MAX_DEPTH):
+        deep = Scaler(deep)
+    opaque = []
+    decode(encode(deep, opaque=opaque), opaque=opaque)
+    assert len(opaque) == 1
+    # A reference to a namedtuple from inside its own state is malformed.
+    raw = f"{__name__}.Point".encode()
+    data = b"O" + struct.pack("<I", len(raw)) + raw + b"t" + struct.pack("<I", 2) + \
+        b"r" + struct.pack("<I", 0) + b"N"
+    with pytest.raises(Malformed, match="not made"):
+        decode(data)

@@ -6,7 +6,9 @@ Version 3 (written) holds no pickle unless the state dict has values of other ty
 ``MAGIC``, a u32 version (3), then five sections, each a u32 length and its bytes:
 
 * ``header``: JSON ``{"torch": writer's torch version, "pickled": [type names]}``, the
-  types of the objects in the pickled section (empty: there is none);
+  types of the objects in the pickled section (empty: there is none), and ``"safe": [type
+  names]`` when the skeleton or leaves hold objects of allowed classes (``_tree``'s tag
+  ``O``), so that a load refuses classes it does not allow before reading any tensor;
 * ``tables``: JSON ``[views, entries]``, zlib-compressed, each a dict of columns: one view
   per tensor of the file (``name``, ``dtype``, ``shape``, ``stride``, ``offset``, ``group``:
   views of one storage share a group, ``device``), one entry per tensor object (``view``,
@@ -22,9 +24,11 @@ Version 3 (written) holds no pickle unless the state dict has values of other ty
 
 :func:`read` refuses a blob that holds a pickle (a v3 blob with a pickled section, or a blob
 of version 1 or 2, which were pickles whole) unless the caller passes ``weights_only=False``:
-unpickling runs whatever code the checkpoint's author put there. Everything else is decoded
-without constructing any object but plain values (see :mod:`dsckpt._tree`), and malformed
-input raises ValueError.
+unpickling runs whatever code the checkpoint's author put there, and a blob whose header names
+classes not allowed (:func:`dsckpt.add_safe_types`) unless the caller passes
+``weights_only=False``. Everything else is decoded without constructing any object but plain
+values and objects of allowed classes (see :mod:`dsckpt._tree`, which refuses those not
+allowed again while decoding), and malformed input raises ValueError.
 
 Version 2 (read with the opt-in) was a pickled dict of the same tables (pickled), a pickled
 skeleton unpickled with its memo seeded (tensors, then leaves) and pickled leaves. Version 1
@@ -80,9 +84,13 @@ def dump_seeded(obj: Any, seeds: Sequence[Any]) -> bytes:
     return buf.getvalue()
 
 
-def header(pickled_types: Sequence[str] = ()) -> bytes:
-    """The header section of a blob whose pickled section holds objects of these types."""
-    return json.dumps({"torch": torch.__version__, "pickled": list(pickled_types)}).encode()
+def header(pickled_types: Sequence[str] = (), safe_types: Sequence[str] = ()) -> bytes:
+    """The header section of a blob whose pickled section holds objects of pickled_types and
+    whose trees hold objects of the allowed safe_types."""
+    head: dict = {"torch": torch.__version__, "pickled": list(pickled_types)}
+    if safe_types:
+        head["safe"] = sorted(safe_types)
+    return json.dumps(head).encode()
 
 
 HEADER = header()  # a blob without a pickled section
@@ -101,11 +109,13 @@ def dump_state(state_dict: Any, tables: bytes, objects: List[torch.Tensor]) -> b
     """The blob of a walked state dict (objects: each entry's tensor object): the skeleton a
     tree, values of other types in the pickled section."""
     opaque: List[Any] = []
-    skeleton = _tree.encode(state_dict, {id(t): i for i, t in enumerate(objects)}, opaque)
+    safe: set = set()
+    skeleton = _tree.encode(state_dict, {id(t): i for i, t in enumerate(objects)}, opaque,
+                            safe)
     if not opaque:
-        return dump(tables, skeleton)
+        return dump(tables, skeleton, head=header((), safe) if safe else HEADER)
     names = sorted({_tree.type_name(type(o)) for o in opaque})
-    return dump(tables, skeleton, EMPTY, dump_seeded(opaque, objects), header(names))
+    return dump(tables, skeleton, EMPTY, dump_seeded(opaque, objects), header(names, safe))
 
 
 def read(blob: bytes, where: str, weights_only: bool = True) -> dict:
@@ -139,8 +149,10 @@ def read(blob: bytes, where: str, weights_only: bool = True) -> dict:
             raise ValueError(f"{len(blob) - at} bytes after the last section")
         head = json.loads(info["header"])
         if not isinstance(head, dict) or not isinstance(head.get("pickled"), list) \
-                or not all(isinstance(n, str) for n in head["pickled"]):
-            raise ValueError("a header without its list of pickled types")
+                or not all(isinstance(n, str) for n in head["pickled"]) \
+                or not isinstance(head.get("safe", []), list) \
+                or not all(isinstance(n, str) for n in head.get("safe", [])):
+            raise ValueError("a header without its lists of pickled and allowed types")
     except (struct.error, ValueError, RecursionError) as e:
         raise ValueError(f"{where}: malformed {BLOB} blob: {e}") from None
     if info["pickled"] and weights_only:
@@ -148,6 +160,13 @@ def read(blob: bytes, where: str, weights_only: bool = True) -> dict:
         raise PickleRefused(f"{where}: its state dict holds values of types that load only by "
                             f"unpickling ({types}), and unpickling runs whatever code the "
                             "checkpoint's author put in it. " + PickleRefused.HOW)
+    refused = [n for n in head.get("safe", []) if not _tree.is_safe(n)]
+    if refused and weights_only:
+        raise PickleRefused(f"{where}: its state dict holds objects of classes not allowed to "
+                            f"load ({', '.join(refused)}). dsckpt.add_safe_types([cls]) allows "
+                            "a class you trust; weights_only=False trusts the checkpoint's "
+                            "author and imports them as unpickling would.")
+    info["trusted"] = not weights_only
     return info
 
 
@@ -218,13 +237,13 @@ def skeleton(info: dict, table: List[torch.Tensor]) -> Any:
     if info["version"] == 2:
         return _unpickle_seeded(info["skeleton"], table + pickle.loads(info["leaves"]))
     try:
-        leaves = _tree.decode(info["leaves"])
+        leaves = _tree.decode(info["leaves"], trusted=info["trusted"])
         if type(leaves) is not list:
             raise _tree.Malformed("leaves that are not a list")
         opaque = _unpickle_seeded(info["pickled"], table) if info["pickled"] else None
         if opaque is not None and type(opaque) is not list:
             raise _tree.Malformed("a pickled section that is not a list")
-        return _tree.decode(info["skeleton"], table + leaves, opaque)
+        return _tree.decode(info["skeleton"], table + leaves, opaque, info["trusted"])
     except _tree.Malformed as e:
         raise ValueError(f"malformed {BLOB} skeleton: {e}") from None
 

@@ -285,15 +285,16 @@ class _Entry:
     but for the staging buffers' turns; its plans are closed when the entry is replaced)."""
 
     def __init__(self, conn: Connection, flat: _Flattener, shape: Shape,
-                 tensors: List[torch.Tensor], frame: bytes, leaves: Leaves):
+                 tensors: List[torch.Tensor], frame: bytes, frame_types: set, leaves: Leaves):
         self.shape = shape
         self.proof = _Tensors(tensors, _shared_storage(flat, tensors))
         self.ntensors = len(flat.views)
         self.nbytes = flat.nbytes
         self.tables = _blob.dump_tables(flat.views, flat.entries)
         self.frame = frame
+        self.frame_types = frame_types  # the allowed classes the frame holds (namedtuples)
         self.leaves = leaves
-        self.blob = _blob.dump(self.tables, self.frame, leaves.encoded)
+        self.blob = self._dump(leaves)
         entry_of = flat.by_object
         view_at: Dict[int, int] = {}  # view → its first place in Shape order
         for place, t in enumerate(tensors):
@@ -317,9 +318,15 @@ class _Entry:
         encode to the same bytes, else made anew (raises Unencodable as Leaves)."""
         if not self.leaves.same(leaves):
             made = Leaves(leaves, self.leaves)
-            self.blob = _blob.dump(self.tables, self.frame, made.encoded)
+            self.blob = self._dump(made)
             self.leaves = made
         return self.blob
+
+    def _dump(self, leaves: Leaves) -> bytes:
+        """The blob of the frame and these leaves, its header naming their allowed classes."""
+        types = self.frame_types | leaves.types
+        head = _blob.header((), types) if types else _blob.HEADER
+        return _blob.dump(self.tables, self.frame, leaves.encoded, head=head)
 
     def add(self, s: Save, tensors: List[torch.Tensor]) -> Tuple[bool, list]:
         """Adds tensors (in Shape order, proven to be the recorded ones) to s: the handing's,
@@ -501,7 +508,9 @@ def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
         found = shape.match(state_dict)
         if found is None:
             return None
-        frame = _tree.encode(shape.frame, {id(s): i for i, s in enumerate(shape.seeds())})
+        frame_types: set = set()
+        frame = _tree.encode(shape.frame, {id(s): i for i, s in enumerate(shape.seeds())},
+                             types=frame_types)
         leaves = Leaves(found[1])
     except (Uncacheable, Unencodable) as e:
         log.debug("dsckpt: %s saved without a cached hand-over: %s", file, e)
@@ -509,7 +518,7 @@ def _entry(conn: Connection, flat: _Flattener, state_dict: Any, file: str):
     except Exception as e:  # noqa: BLE001 - a structure Shape did not foresee: walk each time
         log.debug("dsckpt: %s saved without a cached hand-over: %r", file, e)
         return None
-    return _Entry(conn, flat, shape, found[0], frame, leaves), found[0]
+    return _Entry(conn, flat, shape, found[0], frame, frame_types, leaves), found[0]
 
 
 def add_tensors(conn: Connection, s: Save, key: str, tensors: List[Tuple[str, torch.Tensor]]

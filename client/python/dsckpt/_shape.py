@@ -299,19 +299,21 @@ class Leaves:
     Leaves that changed since the last save's (a scheduler's lr changes at every save) are
     encoded without a copy, as they will likely change again: the copy and the comparison
     would only add to the encoding. They are copied again once they encode as the last save's
-    did; never again once they could not be copied."""
+    did; never again once they could not be copied (leaves holding objects of allowed classes,
+    ``types`` their names, cannot be: they are encoded in Python at every save)."""
 
     def __init__(self, leaves: List[Any], last: Optional["Leaves"] = None):
         self.frozen = None
         self.freezable = _match is not None and (last is None or last.freezable)
-        self.encoded = _tree.encode_plain(leaves) if last is not None else None
+        self.types: set = set()
+        self.encoded = _tree.encode_plain(leaves, self.types) if last is not None else None
         if self.freezable and (last is None or self.encoded == last.encoded):
             self.frozen = _match.freeze(leaves)
             self.freezable = self.frozen is not None
-        if self.frozen is not None:  # what is kept is the encoding of the copy
+        if self.frozen is not None:  # what is kept is the encoding of the copy (plain values)
             self.encoded = _tree.encode_plain(self.frozen[0])
         elif self.encoded is None:
-            self.encoded = _tree.encode_plain(leaves)
+            self.encoded = _tree.encode_plain(leaves, self.types)
 
     def same(self, leaves: List[Any]) -> bool:
         """Whether leaves would encode to self.encoded."""

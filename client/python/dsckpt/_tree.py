@@ -25,13 +25,29 @@ D     torch.dtype: one byte n, then its name (``float32``)
 V     torch.device: one byte n, then its name (``cuda:0``)
 #     slot n: an object the caller supplies (a tensor of the state dict, a leaf)
 P     object n of the pickled section: n, then its type's name as n + bytes
+O     an object of an allowed class: its name (module.qualname) as n + bytes, then its
+      state as one value (see below)
 ====  ===========================================================================
 
-Lists, tuples, dicts and OrderedDicts are numbered in the order they are first met, so one
-object met twice (a cycle through a list or dict included) stays one object. Anything else
-(another class, a subclass of these, a tuple inside itself, nesting deeper than MAX_DEPTH)
-is not encodable: :func:`encode` puts it in the caller's ``opaque`` list (a tag ``P``; the
-caller pickles that list) or raises :class:`Unencodable`.
+Objects of the classes allowed by :func:`add_safe_types` (and :data:`DEFAULT_SAFE_TYPES`) are
+written as ``O``, their state by their kind: an Enum member its value, a namedtuple a tuple
+of its fields, a dataclass a dict of its fields, a dict subclass a tuple (its items as a
+dict, its attributes as a dict), any other object a dict of its attributes (``__slots__``
+then ``__dict__``). :func:`decode` finds the class by its name among the allowed ones only:
+it imports nothing and calls no ``__reduce__``, ``__setstate__`` or ``__init__``. It makes
+the object as ``cls(value)`` (Enum), ``cls._make(fields)`` (namedtuple) or
+``cls.__new__(cls)`` and then sets the attributes (``object.__setattr__`` for slots and a
+dataclass's fields, ``__dict__`` for others; ``dict.update`` for a dict subclass's items), so
+nothing runs but the code of a class the loader chose to trust. A name not allowed raises
+:class:`dsckpt.PickleRefused` unless the caller trusts the file (``trusted``: the name is then
+imported as pickle would); a state that does not fit its class raises :class:`Malformed`.
+
+Lists, tuples, dicts, OrderedDicts and ``O`` objects are numbered in the order they are
+first met, so one object met twice (a cycle through a list, dict or object included) stays
+one object. Anything else (another class, a subclass of these, a tuple, Enum member or
+namedtuple inside itself, nesting deeper than MAX_DEPTH) is not encodable: :func:`encode`
+puts it in the caller's ``opaque`` list (a tag ``P``; the caller pickles that list) or
+raises :class:`Unencodable`.
 
 :func:`decode` builds only the types above and runs no Python code of theirs: dict keys and
 set items must be values whose hash runs none (str, bytes, int, float, bool, None, complex,
@@ -43,17 +59,24 @@ Anything malformed raises :class:`Malformed` (a ValueError) naming the byte wher
 found.
 
 Where ``dsckpt._match`` is built, :func:`encode_plain` encodes plain values (no torch types,
-slots or opaque objects) in C (``_tree.c``); the bytes are those :func:`encode` writes.
+slots, ``O`` or opaque objects) in C (``_freeze.c``); the bytes are those :func:`encode`
+writes.
 """
 from __future__ import annotations
 
+import argparse
 import collections
+import dataclasses
+import enum
+import importlib
 import struct
-from typing import Any, Dict, List, Optional
+import types as _types
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
 from . import _lib
+from .errors import PickleRefused
 
 MAX_DEPTH = 100       # nesting the encoder writes and the decoder reads
 MAX_WEAK_KEYS = 4096  # dict keys (per tree) of a type whose hash an author can collide
@@ -91,17 +114,131 @@ def type_name(cls: type) -> str:
     return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls.__name__)}"
 
 
+# The allowed classes (tag O): name → (class, kind, attribute names) and class → (name, kind,
+# attribute names); the names are a dataclass's fields or a class's slots.
+_SAFE_BY_NAME: Dict[str, Tuple[type, str, Tuple[str, ...]]] = {}
+_SAFE_BY_TYPE: Dict[type, Tuple[str, str, Tuple[str, ...]]] = {}
+_NOT_OBJECTS = (list, tuple, set, frozenset, int, float, complex, str, bytes, bytearray,
+                torch.Tensor, type)
+
+
+def _slot_names(cls: type) -> Tuple[str, ...]:
+    """The slots of cls and its bases, as attribute names (private ones mangled)."""
+    names: List[str] = []
+    for k in reversed(cls.__mro__):
+        slots = vars(k).get("__slots__", ())
+        for n in (slots,) if isinstance(slots, str) else slots:
+            if n in ("__dict__", "__weakref__"):
+                continue
+            if n.startswith("__") and not n.endswith("__"):
+                n = f"_{k.__name__.lstrip('_')}{n}"
+            names.append(n)
+    return tuple(dict.fromkeys(names))
+
+
+def _describe(cls: Any) -> Tuple[str, Tuple[str, ...]]:
+    """(kind, attribute names) of a class the tree can hold by name; TypeError if none."""
+    if not isinstance(cls, type):
+        raise TypeError(f"{cls!r} is not a class")
+    if issubclass(cls, enum.Enum):
+        return "enum", ()
+    if issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make"):
+        return "namedtuple", tuple(cls._fields)
+    if dataclasses.is_dataclass(cls):
+        return "dataclass", tuple(f.name for f in dataclasses.fields(cls))
+    if issubclass(cls, dict):
+        return "dict", _slot_names(cls)
+    if issubclass(cls, _NOT_OBJECTS) or cls.__module__ == "builtins":
+        raise TypeError(f"{type_name(cls)}: the tree holds objects of this kind only by its own "
+                        "tags (or pickled)")
+    return "object", _slot_names(cls)
+
+
+def add_safe_types(classes: Iterable[type]) -> None:
+    """Allows objects of these classes in a tree (saved by name and state, loaded without
+    unpickling; see the module docstring). Their code (``__new__``, an Enum's lookup, the
+    slots' descriptors) is trusted to run at a load. Raises TypeError for what is not such a
+    class, ValueError for a name already allowed for another class."""
+    described: Dict[str, Tuple[type, str, Tuple[str, ...]]] = {}
+    for cls in classes:
+        kind, names = _describe(cls)
+        name = type_name(cls)
+        known = described.get(name) or _SAFE_BY_NAME.get(name)
+        if known is not None and known[0] is not cls:
+            raise ValueError(f"{name}: another class of this name is allowed already")
+        described[name] = (cls, kind, names)
+    for name, (cls, kind, names) in described.items():
+        _SAFE_BY_NAME[name] = (cls, kind, names)
+        _SAFE_BY_TYPE[cls] = (name, kind, names)
+
+
+def safe_types() -> List[type]:
+    """The classes allowed, defaults included."""
+    return [cls for cls, _, _ in _SAFE_BY_NAME.values()]
+
+
+def is_safe(name: str) -> bool:
+    """Whether the class of this name is allowed."""
+    return name in _SAFE_BY_NAME
+
+
+# Plain records of attributes, common in hyper-parameters; no code of theirs runs at a load.
+DEFAULT_SAFE_TYPES = (argparse.Namespace, _types.SimpleNamespace)
+add_safe_types(DEFAULT_SAFE_TYPES)
+
+
+def _state(obj: Any, kind: str, names: Tuple[str, ...]) -> Any:
+    """The state written for an allowed object (see the module docstring)."""
+    if kind == "enum":
+        return obj._value_
+    if kind == "namedtuple":
+        return tuple(obj)
+    if kind == "dataclass":
+        return {n: getattr(obj, n) for n in names}
+    attrs = {}
+    for n in names:
+        try:
+            attrs[n] = object.__getattribute__(obj, n)
+        except AttributeError:  # an empty slot
+            pass
+    attrs.update(getattr(obj, "__dict__", None) or {})
+    return (dict(dict.items(obj)), attrs) if kind == "dict" else attrs
+
+
+def _resolve(name: str) -> Tuple[type, str, Tuple[str, ...]]:
+    """The class a trusted file names, imported as pickle would (ValueError if none)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for part in parts[i:]:
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        if isinstance(obj, type) and type_name(obj) == name:
+            try:
+                return (obj,) + _describe(obj)
+            except TypeError as e:
+                raise ValueError(str(e)) from None
+    raise ValueError(f"no class {name} can be imported")
+
+
 class _Encoder:
     """One encoding: the output parts, the containers met (id → number), what is in
-    progress (tuples), slots and opaque objects."""
+    progress (tuples, Enums, namedtuples), slots, opaque objects and the names written as O."""
 
-    def __init__(self, slots: Optional[Dict[int, int]], opaque: Optional[List[Any]]):
+    def __init__(self, slots: Optional[Dict[int, int]], opaque: Optional[List[Any]],
+                 types: Optional[Set[str]]):
         self.out: List[bytes] = []
         self.met: Dict[int, int] = {}
         self.open: set = set()
         self.keep: List[Any] = []  # keeps the ids of met containers valid
         self.slots = slots or {}
         self.opaque = opaque
+        self.types = types
 
     def str_(self, tag: bytes, s: str) -> None:
         """A str (tag s) or attribute name (no tag)."""
@@ -157,8 +294,33 @@ class _Encoder:
         elif t is torch.device:
             raw = str(obj).encode()
             out.append(b"V" + bytes([len(raw)]) + raw)
+        elif t in _SAFE_BY_TYPE:
+            self.safe(obj, depth)
         else:
             self.other(obj, "a value of another type")
+
+    def safe(self, obj: Any, depth: int) -> None:
+        """Appends an allowed object's encoding (or a reference to it)."""
+        name, kind, names = _SAFE_BY_TYPE[type(obj)]
+        known = self.met.get(id(obj))
+        if known is not None:
+            if id(obj) in self.open:
+                return self.other(obj, "an object inside itself")
+            self.out.append(b"r" + _U32.pack(known))
+            return None
+        if depth >= MAX_DEPTH:
+            return self.other(obj, f"nested deeper than {MAX_DEPTH}")
+        state = _state(obj, kind, names)
+        self.met[id(obj)] = len(self.met)
+        self.keep.append(obj)
+        if kind in ("enum", "namedtuple"):
+            self.open.add(id(obj))
+        self.str_(b"O", name)
+        self.value(state, depth + 1)
+        self.open.discard(id(obj))
+        if self.types is not None:
+            self.types.add(name)
+        return None
 
     def container(self, obj: Any, t: type, depth: int) -> None:
         """Appends a list's, tuple's, dict's or OrderedDict's encoding (or a reference)."""
@@ -198,34 +360,39 @@ class _Encoder:
 
 
 def encode(obj: Any, slots: Optional[Dict[int, int]] = None,
-           opaque: Optional[List[Any]] = None) -> bytes:
-    """obj as a tree: ``slots`` maps id(object) → slot number (written as ``#``); objects the
-    tree cannot hold are appended to ``opaque`` (written as ``P``) or, without it, raise
+           opaque: Optional[List[Any]] = None, types: Optional[Set[str]] = None) -> bytes:
+    """obj as a tree: ``slots`` maps id(object) → slot number (written as ``#``); objects of
+    allowed classes are written as ``O`` (their names added to ``types``); objects the tree
+    cannot hold are appended to ``opaque`` (written as ``P``) or, without it, raise
     Unencodable (TensorLeaf for a tensor)."""
-    enc = _Encoder(slots, opaque)
+    enc = _Encoder(slots, opaque, types)
     enc.value(obj, 0)
     return b"".join(enc.out)
 
 
-def encode_plain(obj: Any) -> bytes:
-    """encode(obj) without slots or opaque objects, in C where dsckpt._match is built."""
+def encode_plain(obj: Any, types: Optional[Set[str]] = None) -> bytes:
+    """encode(obj) without slots or opaque objects, in C where dsckpt._match is built and obj
+    holds plain values only (``types`` as encode's)."""
     if _match is not None:
         out = _match.encode_tree(obj)
         if out is not NotImplemented:
             return out
-    return encode(obj)
+    return encode(obj, types=types)
 
 
 class _Decoder:
-    """One decoding: the bytes, the position, the containers made, slots, opaque objects."""
+    """One decoding: the bytes, the position, the containers made, slots, opaque objects,
+    whether names not allowed may be imported (``trusted``)."""
 
-    def __init__(self, data: bytes, slots: Optional[List[Any]], opaque: Optional[List[Any]]):
+    def __init__(self, data: bytes, slots: Optional[List[Any]], opaque: Optional[List[Any]],
+                 trusted: bool = False):
         self.data = bytes(data)
         self.end = len(self.data)
         self.pos = 0
         self.made: List[Any] = []
         self.slots = slots
         self.opaque = opaque
+        self.trusted = trusted
         self.weak_keys = 0
 
     def fail(self, what: str) -> Malformed:
@@ -326,7 +493,77 @@ class _Decoder:
             if self.opaque is None or n >= len(self.opaque):
                 raise self.fail(f"pickled object {n} ({type_name}) without the pickles")
             return self.opaque[n]
+        if tag == b"O":
+            if depth >= MAX_DEPTH:
+                raise self.fail(f"nesting deeper than {MAX_DEPTH}")
+            return self.safe(depth)
         raise self.fail(f"unknown tag {tag!r}")
+
+    def safe(self, depth: int) -> Any:
+        """An object of an allowed class (of any class a trusted file names), numbered as it
+        is made: before its state, an Enum or namedtuple after it."""
+        start = self.pos - 1
+        name = self.text(self.count())
+        found = _SAFE_BY_NAME.get(name)
+        if found is None and not self.trusted:
+            raise PickleRefused(f"a value of type {name} (at byte {start}), a class not "
+                                "allowed to load: dsckpt.add_safe_types([cls]) allows a class "
+                                "you trust, or weights_only=False trusts the checkpoint's "
+                                "author (and imports the class as unpickling would)")
+        if found is None:
+            try:
+                found = _resolve(name)
+            except ValueError as e:
+                raise self.fail(str(e)) from None
+        cls, kind, names = found
+        number = len(self.made)
+        if kind in ("enum", "namedtuple"):
+            self.made.append(None)  # not referable until made
+            state = self.value(depth + 1)
+            if kind == "enum":
+                try:
+                    obj = cls(state)
+                except (ValueError, TypeError):
+                    raise self.fail(f"{name} has no member of value {state!r}") from None
+            else:
+                if type(state) is not tuple or len(state) != len(names):
+                    raise self.fail(f"{name} wants a tuple of its {len(names)} fields, not "
+                                    f"{_what(state)}")
+                obj = cls._make(state)
+            self.made[number] = obj
+            return obj
+        try:
+            obj = cls.__new__(cls)
+        except TypeError as e:
+            raise self.fail(f"{name} cannot be made without arguments ({e})") from None
+        self.made.append(obj)
+        state = self.value(depth + 1)
+        items = None
+        if kind == "dict":
+            if type(state) is not tuple or len(state) != 2 or type(state[0]) is not dict:
+                raise self.fail(f"{name} wants a tuple of its items and attributes, not "
+                                f"{_what(state)}")
+            items, state = state
+        if type(state) is not dict or not all(type(k) is str for k in state):
+            raise self.fail(f"{name} wants a dict of its attributes, not {_what(state)}")
+        if kind == "dataclass":
+            if set(state) != set(names):
+                raise self.fail(f"{name} has fields {sorted(names)}, not {sorted(state)}")
+            for k, v in state.items():
+                object.__setattr__(obj, k, v)
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            for k, v in state.items():
+                if k in names:
+                    object.__setattr__(obj, k, v)
+                elif attrs is not None:
+                    attrs[k] = v
+                else:
+                    raise self.fail(f"{name} has no attribute {k!r} (its slots: "
+                                    f"{', '.join(names)})")
+        if items is not None:
+            dict.update(obj, items)
+        return obj
 
     def key(self, depth: int) -> Any:
         """A dict key: a value whose hash runs no Python code, counted when its hash can be
@@ -395,11 +632,18 @@ def _safe_key(k: Any) -> bool:
     return t in _KEY_TYPES
 
 
+def _what(value: Any) -> str:
+    """A value's type and length, for a message."""
+    n = f" of {len(value)}" if isinstance(value, (tuple, list, dict)) else ""
+    return f"a {type_name(type(value))}{n}"
+
+
 def decode(data: bytes, slots: Optional[List[Any]] = None,
-           opaque: Optional[List[Any]] = None) -> Any:
+           opaque: Optional[List[Any]] = None, trusted: bool = False) -> Any:
     """The value encoded in data; slots and opaque supply ``#`` and ``P``. Raises Malformed
-    for anything but one whole value."""
-    dec = _Decoder(data, slots, opaque)
+    for anything but one whole value, PickleRefused for an object of a class not allowed
+    unless ``trusted`` (see the module docstring)."""
+    dec = _Decoder(data, slots, opaque, trusted)
     try:
         out = dec.value(0)
     except (struct.error, OverflowError, MemoryError, RecursionError) as e:

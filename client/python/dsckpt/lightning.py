@@ -52,7 +52,13 @@ Tensors land on the CPU unless ``map_location`` says otherwise, as with Lightnin
 plugin. ``weights_only`` works as with Lightning's own plugin over torch >= 2.6: unless it is
 False (``trainer.fit(..., weights_only=False)``), nothing is unpickled, so a checkpoint
 holding values that load only by unpickling raises :class:`dsckpt.PickleRefused`; False
-unpickles them, running whatever code the checkpoint's author put there.
+unpickles them, running whatever code the checkpoint's author put there. A default
+Trainer's checkpoint holds plain values only (Lightning 2.6: loops, callbacks' states,
+optimizer and scheduler states, hyper-parameters as a dict); hyper-parameters that are an
+``argparse.Namespace`` or Lightning's ``AttributeDict`` are allowed classes of the format
+(:func:`dsckpt.add_safe_types`; the plugin allows ``AttributeDict`` when it is made), so
+they load without unpickling too. Objects of other classes in hyper-parameters or a
+callback's state need :func:`dsckpt.add_safe_types` or ``weights_only=False``.
 
 ``remove_checkpoint(path)`` (ModelCheckpoint's ``save_top_k``): a symbolic link is
 unlinked, never followed; a directory is emptied and removed only when every entry in it is
@@ -72,6 +78,7 @@ are read by the daemon until SNAPSHOT: buffers that the forward pass changes in 
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import queue
@@ -83,6 +90,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from . import add_safe_types
 from . import torch as dtorch
 from .core import Connection
 from .errors import DsckptError, Errno, PermissionDenied, error_for
@@ -95,6 +103,24 @@ except ImportError:  # only pytorch_lightning installed: it ships lightning_fabr
 log = logging.getLogger("dsckpt.lightning")
 
 FILE = "rank0"
+# Lightning's classes a checkpoint may hold (hyper-parameters): module → class names.
+SAFE_TYPES = {"lightning.fabric.utilities.data": ("AttributeDict",),
+              "lightning_fabric.utilities.data": ("AttributeDict",)}
+
+
+def allow_types() -> List[type]:
+    """Allows the classes of :data:`SAFE_TYPES` that are installed (see
+    :func:`dsckpt.add_safe_types`) and returns them. Every :class:`DsckptCheckpointIO`
+    calls it when made (and when unpickled in a spawned process)."""
+    found: List[type] = []
+    for module, names in SAFE_TYPES.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [c for c in (getattr(mod, n, None) for n in names) if isinstance(c, type)]
+    add_safe_types(found)
+    return found
 # What the daemon writes into a tag directory: all that remove_checkpoint deletes.
 OURS = re.compile(r"(rank\d+\.(safetensors|meta)|MANIFEST\.json|SEAL\.[A-Za-z0-9._-]+\.json)"
                   r"(\.partial)?")
@@ -122,6 +148,7 @@ class DsckptCheckpointIO(CheckpointIO):
 
     def _init_runtime(self) -> None:
         """The parts that live in one process only (remade after unpickling)."""
+        allow_types()  # the allowlist too: a spawned process starts without it
         self._lock = threading.Lock()  # guards _unsnapped and _pending
         self._conn: Optional[Connection] = None
         self._job = "lightning"  # the job _conn identified as

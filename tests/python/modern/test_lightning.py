@@ -3,6 +3,7 @@ the CPU against real daemons: a fit that checkpoints through DsckptCheckpointIO,
 removing old checkpoints, a new Trainer resuming from ours with equal state, the optimizer
 step waiting for SNAPSHOT after the closure, and the constructor without a daemon."""
 import copy
+import json
 import os
 import subprocess
 
@@ -15,6 +16,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import dsckpt  # noqa: E402
 import dsckpt.torch as dt  # noqa: E402
+from dsckpt import _blob  # noqa: E402
+from dsckpt._files import read_meta  # noqa: E402
 from dsckpt.lightning import DsckptCheckpointIO  # noqa: E402
 from conftest import REPO  # noqa: E402
 
@@ -228,12 +231,14 @@ def test_without_a_daemon_the_constructor_fails(tmp_path):
 
 def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
     """Two CPU ranks (gloo): the plugin is pickled into each; only rank 0 saves, and the
-    commit's world is that one saver's. Resuming loads on both ranks."""
+    commit's world is that one saver's. Resuming loads on both ranks, without pickle: the
+    spawned processes allow the AttributeDict of the hyper-parameters too."""
+    from lightning.fabric.utilities.data import AttributeDict
     job = os.path.join(daemon.root, "ddp")
     kw = dict(strategy="ddp_spawn", devices=2)
     io = DsckptCheckpointIO(daemon.socket)
     t = trainer(io, job, 8, **kw)
-    t.fit(Tiny())
+    t.fit(WithArgs(cfg=AttributeDict(width=8)))
     # a DistributedSampler halves the epoch: four steps each
     assert sorted(os.listdir(job)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt",
                                        "latest"]
@@ -243,7 +248,7 @@ def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
         verify(os.path.join(job, name))
     t2 = trainer(DsckptCheckpointIO(daemon.socket), os.path.join(daemon.root, "ddp2"), 12,
                  **kw)
-    t2.fit(Tiny(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
+    t2.fit(WithArgs(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
     # the workers resumed at step 4 (the main process's trainer does not see their steps)
     assert sorted(os.listdir(os.path.join(daemon.root, "ddp2"))) == [
         "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "latest"]
@@ -273,3 +278,39 @@ def test_load_unpickles_only_with_weights_only_false(daemon):
         io.load_checkpoint(odd, weights_only=True)
     assert io.load_checkpoint(odd, weights_only=False)["callbacks"]["s"].n == 3
     io.teardown()
+
+
+class WithArgs(Tiny):
+    """Hyper-parameters as scripts pass them: an argparse.Namespace and a dict of Lightning's
+    AttributeDict."""
+
+    def __init__(self, args=None, cfg=None, lr=0.05, seed=0):
+        super().__init__(lr=lr, seed=seed)
+        self.save_hyperparameters()
+
+
+def test_hyper_parameters_of_allowed_classes_resume_without_pickle(daemon):
+    """A fit whose hyper-parameters hold an argparse.Namespace and an AttributeDict saves
+    them as allowed objects (no pickled section), and a new Trainer resumes from it with
+    Lightning's default weights_only."""
+    from lightning.fabric.utilities.data import AttributeDict
+    import argparse
+    job = os.path.join(daemon.root, "hp")
+    io = DsckptCheckpointIO(daemon.socket)
+    args = argparse.Namespace(layers=2, names=["a", "b"])
+    cfg = AttributeDict(width=8, act="tanh")
+    trainer(io, job, 4).fit(WithArgs(args=args, cfg=cfg))
+    ckpt = os.path.join(job, "epoch=0-step=4.ckpt")
+    io.wait_committed()
+    loaded = io.load_checkpoint(ckpt)
+    hp = loaded["hyper_parameters"]
+    assert hp["args"] == args and type(hp["cfg"]) is AttributeDict and hp["cfg"] == cfg
+    info = _blob.read(read_meta(os.path.join(ckpt, "rank0.meta"))[_blob.BLOB], ckpt)
+    assert not info["pickled"]
+    assert json.loads(info["header"])["safe"] == [
+        "argparse.Namespace", "lightning.fabric.utilities.data.AttributeDict"]
+    io2 = DsckptCheckpointIO(daemon.socket)
+    restored = Restored()
+    t2 = trainer(io2, os.path.join(daemon.root, "hp2"), 8, callbacks=[restored])
+    t2.fit(WithArgs(seed=3), ckpt_path=ckpt)
+    assert restored.step == 4 and t2.global_step == 8

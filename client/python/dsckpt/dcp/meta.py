@@ -10,7 +10,8 @@ format by name, requires_grad and pin_memory), ``planner_data``, ``storage_data`
 ``storage_meta`` (None or a dict of checkpoint_id, save_id, load_id, modules) and ``version``.
 :func:`load` checks every field's type and builds DCP's dataclasses from it; malformed input
 raises ValueError, a pickled section (or an older tag's blob, a pickle whole) raises
-:class:`dsckpt.PickleRefused` unless ``weights_only=False``.
+:class:`dsckpt.PickleRefused` unless ``weights_only=False``, and so does an object of a class
+not allowed (:func:`dsckpt.add_safe_types`) in ``planner_data``.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def load(blob: bytes, where: str, weights_only: bool = True) -> Metadata:
                             + PickleRefused.HOW)
     try:
         opaque = pickle.loads(pickled) if pickled else None
-        return _metadata(_tree.decode(tree, opaque=opaque))
+        return _metadata(_tree.decode(tree, opaque=opaque, trusted=not weights_only))
     except (_tree.Malformed, TypeError, ValueError, KeyError, IndexError) as e:
         raise ValueError(f"{where}: malformed dcp.metadata: {e!r}") from None
 

@@ -55,15 +55,23 @@ Configuration: a block ``"dsckpt"`` (or, so existing configs keep working,
 ``"datastates_ckpt"``) of the DeepSpeed config. Keys: ``socket`` (else $DSCKPT_SOCKET),
 ``job`` (else $DSCKPT_JOB, else ``"deepspeed"``), ``timeout`` (seconds for waits and
 commits; default none), ``weights_only`` (default true: :meth:`DsckptCheckpointEngine.load`
-unpickles nothing, and a file holding values that load only by unpickling — ZeRO's
-optimizer files hold DeepSpeed's loss scaler and enums — raises
+unpickles nothing, and a file holding values that load only by unpickling raises
 :class:`dsckpt.PickleRefused`; false unpickles them, running whatever code the checkpoint's
-author put there: only for checkpoints whose author you trust). ``host_cache_size`` is the daemon's setting (dsckptd.json) and is
-only logged here; any other key is logged and ignored.
+author put there: only for checkpoints whose author you trust). ``host_cache_size`` is the
+daemon's setting (dsckptd.json) and is only logged here; any other key is logged and ignored.
+
+DeepSpeed's own objects in its optimizers' state dicts (ZeRO stages 1 to 3, bf16, fp16: the
+loss scaler, ``ZeroStageEnum``, the ``fragment_address`` dataclasses of
+``param_slice_mappings``; :data:`SAFE_TYPES`) are allowed classes of the checkpoint format
+(:func:`dsckpt.add_safe_types`): the engine allows them when it is made (:func:`allow_types`),
+so its saves hold them by name and state, and its loads make them again without unpickling.
+A resume with the default ``weights_only`` works; only objects of other classes (a client
+state's own) still need ``"weights_only": false`` or :func:`dsckpt.add_safe_types`.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import queue
@@ -73,6 +81,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
+from .. import add_safe_types
 from .. import torch as dtorch
 from ..core import Connection, Level
 from ..errors import DsckptError, Errno, error_for
@@ -100,6 +109,27 @@ BLOCK_KEYS = ("dsckpt", "datastates_ckpt")
 DEFAULT_SOCKET = "/run/dsckptd/dsckptd.sock"
 DAEMON_KEYS = {"host_cache_size"}
 MARKER = "dsckpt_rank{rank}"
+# DeepSpeed's classes in its optimizers' state dicts: module → class names. The loss scaler
+# (ZeRO 1-3 and fp16 save it whole), the ZeRO stage (ZeRO 1-3), the fragment addresses of
+# param_slice_mappings (ZeRO 1-2, bf16).
+SAFE_TYPES = {"deepspeed.runtime.fp16.loss_scaler": ("LossScaler", "DynamicLossScaler"),
+              "deepspeed.runtime.zero.config": ("ZeroStageEnum",),
+              "deepspeed.utils.tensor_fragment": ("fragment_address",)}
+
+
+def allow_types() -> List[type]:
+    """Allows the classes of :data:`SAFE_TYPES` this DeepSpeed has (see
+    :func:`dsckpt.add_safe_types`) and returns them; none without DeepSpeed. Every
+    :class:`DsckptCheckpointEngine` calls it when made."""
+    found: List[type] = []
+    for module, names in SAFE_TYPES.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [c for c in (getattr(mod, n, None) for n in names) if isinstance(c, type)]
+    add_safe_types(found)
+    return found
 
 
 def config_block(config_params: Any) -> dict:
@@ -145,6 +175,7 @@ class DsckptCheckpointEngine(_Base):
         if _Base is not object:
             super().__init__(config_params)
         self.name = "DsckptCheckpointEngine"
+        self.safe_types = allow_types()
         block = dict(config) if config is not None else config_block(config_params)
         self._read_config(block)
         dist = torch.distributed
@@ -522,4 +553,4 @@ def enable() -> None:
 
 
 __all__ = ["DsckptCheckpointEngine", "CheckpointCommitInfo", "install", "config_block",
-           "enable", "wanted"]
+           "enable", "wanted", "allow_types", "SAFE_TYPES"]
