@@ -14,7 +14,10 @@
  * lock (the hook takes its own and puts a chunk back through cache_put), then look again;
  * cache_get waits only when the hook found nothing to give. A hook that later has something
  * (a chunk just kept, a pin ended) says so with cache_evictable, which wakes the waiters;
- * evict_gen tells a taker that this happened while it was calling the hook.
+ * evict_gen tells a taker that this happened while it was calling the hook; a chunk put back
+ * or a shutdown meanwhile is seen under the lock as it returns (their signal found no waiter,
+ * so waiting then would sleep with a chunk free: a resident file dropped after a failed save
+ * puts its chunks back while a copy thread waits for the lock inside the hook).
  *
  * Start-up takes minutes for hundreds of GiB (touching faults every page in, locking walks
  * them again): cache_create tells its caller how far it got at each step's start and end and
@@ -472,7 +475,8 @@ static void *cache_pop(struct cache *c, int node)
 }
 
 /* Calls the evict hook with the lock dropped (lock held on entry and return); 1 when it gave
- * a chunk back or something became evictable meanwhile (look again), 0 when neither. */
+ * a chunk back, something became evictable, a chunk was put back or the cache was shut down
+ * meanwhile (look again: whoever did it signalled while nobody waited), 0 when none. */
 static int cache_evict(struct cache *c)
 {
 	cache_evict_fn fn = c->evict;
@@ -484,7 +488,7 @@ static int cache_evict(struct cache *c)
 	pthread_mutex_unlock(&c->lock);
 	got = fn(c);
 	pthread_mutex_lock(&c->lock);
-	return got || gen != c->evict_gen;
+	return got || gen != c->evict_gen || c->nfree > 0 || c->shutdown;
 }
 
 /* Takes a free chunk, node's first (-1: any), evicting a held one when none is free, waiting

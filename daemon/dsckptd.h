@@ -23,8 +23,8 @@
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
- * completions back to the loop through engine.c's locked queue + uv_async_send; commits run
- * store_commit in libuv's threadpool.
+ * completions back to the loop through workq.c (a locked queue + uv_async_send, shared by
+ * engine.c and restore.c); commits run store_commit in libuv's threadpool.
  */
 #ifndef DSCKPTD_H
 #define DSCKPTD_H
@@ -696,6 +696,30 @@ enum auth_action {
 int auth_check(const struct client *cl, enum auth_action a, char *err, size_t errlen);
 /* Whether a client of uid viewer may see a save of uid owner (PENDING). */
 int auth_sees(uid_t viewer, uid_t owner);
+
+/* workq.c — worker → loop completions (engine.c's and restore.c's): workers push items,
+ * the loop thread runs them in push order through one async handle. */
+struct workq;
+/* A completion's link, embedded (zeroed) in what a worker hands back to the loop. */
+struct workq_item {
+	unsigned posted;               /* (queue lock) events pushed, not yet taken */
+	unsigned taken;                /* (loop) events taken, callback not yet run */
+	struct workq_item *next;       /* (queue lock) link in the queue while posted != 0 */
+	struct workq_item *run_next;   /* (loop) link in the run list while taken != 0 */
+};
+/* Runs on the loop thread with the events pushed to it since its last run, OR'd; it may free
+ * the item. */
+typedef void (*workq_fn)(struct workq_item *it, unsigned events);
+/* Makes a queue whose items run fn on loop's thread; 0 or a negative ERR_E* with err. */
+int workq_open(struct workq **out, struct uv_loop_s *loop, workq_fn fn, char *err,
+	       size_t errlen);
+/* Any thread: ORs events (non-zero) into it, queues it unless queued, and wakes the loop. */
+void workq_push(struct workq *q, struct workq_item *it, unsigned events);
+/* Loop thread: runs every item pushed so far (again from within fn: the rest of the list). */
+void workq_run(struct workq *q);
+/* Loop thread, no worker left to push: runs what is pending and closes the handle; the queue
+ * is freed by the loop's next turn. NULL is fine. */
+void workq_close(struct workq *q);
 
 /* engine.c — copy threads (source → cache chunk) and flush threads (chunk → file). */
 struct job;

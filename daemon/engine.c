@@ -16,25 +16,24 @@
  * can never wait for a piece that waits for memory held by later pieces (no deadlock).
  *
  * Events: a job posts at most one SNAPSHOT (every piece copied), always before its one final
- * DURABLE or FAILED, by setting the event's bit in the job and linking the job into the post
- * queue (its own link: posting allocates nothing and cannot fail). uv_async_send coalesces
- * several sends into one callback, so the loop takes the whole queue at once, under the post
- * lock, into its delivery list and runs the callbacks outside the lock, SNAPSHOT first.
+ * DURABLE or FAILED, as an event bit pushed with its workq item (workq.c: the job's own link,
+ * so posting allocates nothing and cannot fail; several events of a job pushed before the
+ * loop gets to it arrive in one call). The loop runs them SNAPSHOT first.
  *
  * Lock order: engine.lock, then the cache's own lock (cache_tryget/put take it briefly) or
- * engine.post_lock (post is called with engine.lock held). engine.lock guards the job list,
- * the cursors, stop and every job field marked (L); post_lock guards the post queue and the
- * fields marked (P); fields marked (loop) are the loop thread's alone. A copier belongs to one
- * copy thread from engine_start to engine_stop. resident.c (keeping a written chunk, and the
- * eviction hook cache_get calls) is only ever called without engine.lock.
+ * the workq's lock (post is called with engine.lock held). engine.lock guards the job list,
+ * the cursors, stop and every job field marked (L); fields marked (loop) are the loop
+ * thread's alone. A copier belongs to one copy thread from engine_start to engine_stop.
+ * resident.c (keeping a written chunk, and the eviction hook cache_get calls) is only ever
+ * called without engine.lock.
  */
 #include "dsckptd.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <uv.h>
 
 /* One job; engine.lock guards the fields marked (L). */
 struct job {
@@ -56,10 +55,7 @@ struct job {
 	uint64_t bytes_flushed;    /* atomic */
 	struct flush_file *ff;     /* the file's header and checksums (flush thread holding it) */
 	struct job *next;          /* (L) link in the active list */
-	unsigned posted;           /* (P) bits of the events posted, not yet taken by the loop */
-	struct job *post_next;     /* (P) link in the post queue while posted != 0 */
-	unsigned deliver;          /* (loop) bits taken from posted, not yet delivered */
-	struct job *deliver_next;  /* (loop) link in the delivery list while deliver != 0 */
+	struct workq_item done;    /* its events, on their way to the loop */
 	int released;              /* (loop) the sources' references are dropped */
 };
 
@@ -80,68 +76,31 @@ static struct {
 	struct copier **copiers;   /* one per copy thread, handed to it at its start */
 	unsigned ncopiers;
 	engine_cb cb;
-	pthread_mutex_t post_lock;
-	struct job *post_head;     /* (P) jobs with events posted, in posting order */
-	struct job **post_tail;    /* (P) */
-	struct job *deliver_head;  /* (loop) jobs whose events are being delivered */
-	struct job **deliver_tail; /* (loop) */
-	uv_async_t async;
+	struct workq *events;      /* jobs' events, to the loop */
 } E;
 
-/* Hands an event to the loop thread (engine.lock held): sets its bit and queues the job. */
+/* Hands an event to the loop thread (engine.lock held). */
 static void post(struct job *j, int event)
 {
-	pthread_mutex_lock(&E.post_lock);
-	if (j->posted == 0) {
-		j->post_next = NULL;
-		*E.post_tail = j;
-		E.post_tail = &j->post_next;
-	}
-	j->posted |= EVENT_BIT(event);
-	pthread_mutex_unlock(&E.post_lock);
-	uv_async_send(&E.async);	/* sends coalesce: on_async takes the whole queue */
+	workq_push(E.events, &j->done, EVENT_BIT(event));
 }
 
-/*
- * Loop side: moves the post queue into the delivery list under the lock, then delivers
- * outside it, SNAPSHOT before the final event. A job is taken off the list before its
- * callbacks run, so a callback that runs this again (engine_stop from a final event) carries
- * on with the rest of the list instead of delivering anything twice.
- */
-static void on_async(uv_async_t *a)
+/* Loop side: a job's events, SNAPSHOT before the final one (workq.c runs each job once per
+ * batch, so a callback that stops the engine delivers nothing twice). */
+static void on_events(struct workq_item *it, unsigned ev)
 {
-	struct job *j;
+	struct job *j = (struct job *)((char *)it - offsetof(struct job, done));
 
-	pthread_mutex_lock(&E.post_lock);
-	for (j = E.post_head; j; j = j->post_next) {
-		if (j->deliver == 0) {
-			j->deliver_next = NULL;
-			*E.deliver_tail = j;
-			E.deliver_tail = &j->deliver_next;
-		}
-		j->deliver |= j->posted;
-		j->posted = 0;
-	}
-	E.post_head = NULL;
-	E.post_tail = &E.post_head;
-	pthread_mutex_unlock(&E.post_lock);
-	while ((j = E.deliver_head) != NULL) {
-		unsigned ev = j->deliver;
-		E.deliver_head = j->deliver_next;
-		if (E.deliver_head == NULL)
-			E.deliver_tail = &E.deliver_head;
-		j->deliver = 0;
-		if (ev & EVENT_BIT(ENGINE_SNAPSHOT))
-			E.cb(j->r.owner, j, ENGINE_SNAPSHOT, 0, NULL);
-		/* Ownership: with its final event the job goes to the loop (which frees it). */
-		if (ev & EVENT_BIT(ENGINE_DURABLE)) {
-			E.cb(j->r.owner, j, ENGINE_DURABLE, 0, NULL);
-		} else if (ev & EVENT_BIT(ENGINE_FAILED)) {
-			/* The message outlives the job: the callback may free it first. */
-			char why[ERRLEN];
-			snprintf(why, sizeof(why), "%s", j->error);
-			E.cb(j->r.owner, j, ENGINE_FAILED, j->code, why);
-		}
+	if (ev & EVENT_BIT(ENGINE_SNAPSHOT))
+		E.cb(j->r.owner, j, ENGINE_SNAPSHOT, 0, NULL);
+	/* Ownership: with its final event the job goes to the loop (which frees it). */
+	if (ev & EVENT_BIT(ENGINE_DURABLE)) {
+		E.cb(j->r.owner, j, ENGINE_DURABLE, 0, NULL);
+	} else if (ev & EVENT_BIT(ENGINE_FAILED)) {
+		/* The message outlives the job: the callback may free it first. */
+		char why[ERRLEN];
+		snprintf(why, sizeof(why), "%s", j->error);
+		E.cb(j->r.owner, j, ENGINE_FAILED, j->code, why);
 	}
 }
 
@@ -425,15 +384,12 @@ int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads,
 	int rc;
 
 	pthread_mutex_init(&E.lock, NULL);
-	pthread_mutex_init(&E.post_lock, NULL);
 	pthread_cond_init(&E.copy_cv, NULL);
 	pthread_cond_init(&E.flush_cv, NULL);
-	E.post_tail = &E.post_head;
-	E.deliver_tail = &E.deliver_head;
 	E.cache = c;
 	E.cb = cb;
-	if ((rc = uv_async_init(loop, &E.async, on_async)) != 0)
-		return seterr(err, errlen, ERR_EIO, "uv_async_init: %s", uv_strerror(rc));
+	if ((rc = workq_open(&E.events, loop, on_events, err, errlen)) < 0)
+		return rc;
 	E.threads = calloc(copy_threads + flush_threads, sizeof(pthread_t));
 	E.copiers = calloc(copy_threads ? copy_threads : 1, sizeof(*E.copiers));
 	if (!E.threads || !E.copiers) {
@@ -581,6 +537,9 @@ void engine_stop(void)
 	free(E.copiers);
 	E.copiers = NULL;
 	E.ncopiers = 0;
-	on_async(&E.async);	/* run what the workers posted last */
-	uv_close((uv_handle_t *)&E.async, NULL);
+	/* Run what the workers posted last; E.events is cleared first, as a final event's
+	 * callback may stop the engine again from inside this. */
+	struct workq *q = E.events;
+	E.events = NULL;
+	workq_close(q);
 }

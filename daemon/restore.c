@@ -41,20 +41,21 @@
  * thread never waits; it finishes, and the next unit becomes the lowest.
  *
  * Lock order: R.lock, then resident.c's lock (resident_piece), the cache's lock (cache_put)
- * or R.post_lock; nothing here is called with either of the first two held. R.lock guards the
- * job list, every job field marked (L) and stop; post_lock the finished queue. held_cv is
- * told when a piece's holds fall to one and when a job fails.
+ * or the workq's lock (a finished job is pushed with R.lock held); nothing here is called
+ * with either of the first two held. R.lock guards the job list, every job field marked (L)
+ * and stop. held_cv is told when a piece's holds fall to one and when a job fails. Finished
+ * jobs go to the loop through a workq (workq.c), in the order they finished.
  */
 #include "dsckptd.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <uv.h>
 #include <xxh_x86dispatch.h>  /* XXH3 with the CPU's widest vectors (AVX2, AVX-512) */
 
 #define DIRECT_ALIGN 4096
@@ -93,7 +94,7 @@ struct restore_job {
 	unsigned *holds;           /* (L) per claimed piece: its copies + its unhashed parts */
 	uint64_t done;             /* atomic: destination bytes in place */
 	struct restore_job *next;      /* (L) link in the active list */
-	struct restore_job *post_next; /* (post_lock) link in the finished queue */
+	struct workq_item end;         /* its end, on its way to the loop */
 };
 
 static struct {
@@ -108,26 +109,19 @@ static struct {
 	struct copier **copiers;
 	unsigned nthreads;
 	restore_cb cb;
-	pthread_mutex_t post_lock;
-	struct restore_job *post_head;  /* finished jobs, for the loop */
-	uv_async_t async;
+	struct workq *finished;    /* finished jobs, to the loop */
 } R;
 
-/* Loop side: hands every finished job to the callback (which frees it). */
-static void on_async(uv_async_t *a)
+/* Loop side: hands a finished job to the callback (which frees it). */
+static void on_finished(struct workq_item *it, unsigned events)
 {
-	struct restore_job *j, *next;
+	struct restore_job *j =
+		(struct restore_job *)((char *)it - offsetof(struct restore_job, end));
+	char why[ERRLEN];
 
-	pthread_mutex_lock(&R.post_lock);
-	j = R.post_head;
-	R.post_head = NULL;
-	pthread_mutex_unlock(&R.post_lock);
-	for (; j; j = next) {
-		next = j->post_next;
-		char why[ERRLEN];
-		snprintf(why, sizeof(why), "%s", j->error);
-		R.cb(j->r.owner, j, j->code, j->code < 0 ? why : NULL);
-	}
+	(void)events;	/* one: the end */
+	snprintf(why, sizeof(why), "%s", j->error);
+	R.cb(j->r.owner, j, j->code, j->code < 0 ? why : NULL);
 }
 
 /* Ends a job whose units are all done or given up (R.lock held): off the list, posted. */
@@ -150,11 +144,7 @@ static void finish_locked(struct restore_job *j)
 	}
 	if (R.rr == j)
 		R.rr = NULL;
-	pthread_mutex_lock(&R.post_lock);
-	j->post_next = R.post_head;
-	R.post_head = j;
-	pthread_mutex_unlock(&R.post_lock);
-	uv_async_send(&R.async);
+	workq_push(R.finished, &j->end, 1);
 }
 
 /* Records a job's first error (R.lock held). */
@@ -607,13 +597,12 @@ int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t 
 	int rc;
 
 	pthread_mutex_init(&R.lock, NULL);
-	pthread_mutex_init(&R.post_lock, NULL);
 	pthread_cond_init(&R.work_cv, NULL);
 	pthread_cond_init(&R.held_cv, NULL);
 	R.cache = c;
 	R.cb = cb;
-	if ((rc = uv_async_init(loop, &R.async, on_async)) != 0)
-		return seterr(err, errlen, ERR_EIO, "uv_async_init: %s", uv_strerror(rc));
+	if ((rc = workq_open(&R.finished, loop, on_finished, err, errlen)) < 0)
+		return rc;
 	R.threads = calloc(n, sizeof(*R.threads));
 	R.copiers = calloc(n, sizeof(*R.copiers));
 	if (!R.threads || !R.copiers) {
@@ -835,6 +824,8 @@ void restore_stop(void)
 	R.threads = NULL;
 	R.copiers = NULL;
 	R.nthreads = 0;
-	on_async(&R.async);	/* deliver what finished last */
-	uv_close((uv_handle_t *)&R.async, NULL);
+	/* Deliver what finished last (cleared first: a callback may stop restores again). */
+	struct workq *q = R.finished;
+	R.finished = NULL;
+	workq_close(q);
 }

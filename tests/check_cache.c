@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -169,6 +170,55 @@ START_TEST(test_shutdown_wakes_waiters)
 		cache_put(c, chunks[i]);
 	ck_assert_uint_eq(cache_used(c), 0);
 	cache_destroy(c);
+}
+END_TEST
+
+/* An evict hook that holds its first caller until the test lets it go, then finds nothing. */
+static sem_t hook_in, hook_go;
+static atomic_int hook_calls;
+
+/* The hook: the first call says it is in and waits for go; every call gives nothing. */
+static int hook_hold(struct cache *c)
+{
+	(void)c;
+	if (atomic_fetch_add(&hook_calls, 1) == 0) {
+		sem_post(&hook_in);
+		sem_wait(&hook_go);
+	}
+	return 0;
+}
+
+/* A chunk put back (_i 0) or a shutdown (_i 1) while a taker of cache_get is inside the evict
+ * hook wakes nobody (the taker is not waiting yet): the taker still sees it as the hook
+ * returns, and gets the chunk or NULL instead of sleeping with a chunk free. A resident file
+ * dropped after a failed save puts its chunks back just so. */
+START_TEST(test_put_during_evict)
+{
+	struct waiter w = { .c = mkcache(2 * MIB, MIB), .node = -1 };
+	void *a = cache_get(w.c, -1), *b = cache_get(w.c, -1);
+	pthread_t t;
+
+	ck_assert_int_eq(sem_init(&hook_in, 0, 0), 0);
+	ck_assert_int_eq(sem_init(&hook_go, 0, 0), 0);
+	cache_set_evict(w.c, hook_hold);
+	ck_assert_int_eq(pthread_create(&t, NULL, waiter_run, &w), 0);
+	sem_wait(&hook_in);
+	if (_i == 0)
+		cache_put(w.c, b);
+	else
+		cache_shutdown(w.c);
+	sem_post(&hook_go);
+	pthread_join(t, NULL);	/* before the fix: never (the suite's timeout fails it) */
+	if (_i == 0) {
+		ck_assert_ptr_eq(w.got, b);
+		cache_put(w.c, w.got);
+	} else {
+		ck_assert_ptr_null(w.got);
+		cache_put(w.c, b);
+	}
+	cache_put(w.c, a);
+	ck_assert_uint_eq(cache_used(w.c), 0);
+	cache_destroy(w.c);
 }
 END_TEST
 
@@ -448,6 +498,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_geometry);
 	tcase_add_test(tc, test_get_blocks_until_put);
 	tcase_add_test(tc, test_shutdown_wakes_waiters);
+	tcase_add_loop_test(tc, test_put_during_evict, 0, 2);
 	tcase_add_test_raise_signal(tc, test_put_foreign_aborts, SIGABRT);
 	tcase_add_test_raise_signal(tc, test_put_misaligned_aborts, SIGABRT);
 	tcase_add_test_raise_signal(tc, test_put_twice_aborts, SIGABRT);

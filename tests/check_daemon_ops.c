@@ -62,6 +62,24 @@ START_TEST(test_committed_is_final)
 }
 END_TEST
 
+/* Waits until the daemon's log holds n lines containing text (a reload's outcome: SIGHUP
+ * is handled when the loop gets to it); fails the test after a minute. */
+static void wait_log_lines(const char *text, int n)
+{
+	for (int waited = 0;; waited += 20) {
+		int have = 0;
+		char *log = h_read_file(D->log, NULL);
+		for (const char *p = log; p && (p = strstr(p, text)) != NULL; p += strlen(text))
+			have++;
+		free(log);
+		if (have >= n)
+			return;
+		ck_assert_msg(waited < 60000, "the daemon's log has %d of %d lines with '%s'", have,
+			      n, text);
+		h_sleep_ms(20);
+	}
+}
+
 /* SIGHUP with a broken config keeps the old one; SIGHUP with keep_last 1 applies it. */
 START_TEST(test_reload)
 {
@@ -76,7 +94,7 @@ START_TEST(test_reload)
 	fputs("{ \"socket\": ", f);
 	fclose(f);
 	ck_assert_int_eq(kill(D->pid, SIGHUP), 0);
-	h_sleep_ms(300);
+	wait_log_lines("keeping the old configuration", 1);
 	ck_assert_int_eq(kill(D->pid, 0), 0);
 	check_alive();
 	save_and_commit(c, h_path("%s/hup/s3", D->root), 83);
@@ -87,7 +105,7 @@ START_TEST(test_reload)
 	fprintf(f, "{\n  \"keep_last\": 1,%s", strchr(good, '{') + 1);
 	fclose(f);
 	ck_assert_int_eq(kill(D->pid, SIGHUP), 0);
-	h_sleep_ms(300);
+	wait_log_lines("configuration reloaded", 1);
 	save_and_commit(c, h_path("%s/hup/s4", D->root), 84);
 	for (int i = 1; i <= 3; i++)
 		ck_assert_msg(!h_exists(h_path("%s/hup/s%d", D->root, i)), "s%d kept after reload",

@@ -118,10 +118,12 @@ static void setup(void)
 	ck_assert_msg(restore_start(tcache, 3, on_done, err, sizeof(err)) == 0, "%s", err);
 }
 
-/* Stops the threads and frees the cache. */
+/* Stops the threads, closes the loop (its handles' close callbacks run) and frees the cache. */
 static void teardown(void)
 {
 	restore_stop();
+	uv_run(loop, UV_RUN_NOWAIT);
+	ck_assert_int_eq(uv_loop_close(loop), 0);
 	cache_destroy(tcache);
 }
 
