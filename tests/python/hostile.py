@@ -132,14 +132,21 @@ def vic_torch_load(socket: str, dir: str, marker: str) -> dict:
 def vic_dcp_load(socket: str, dir: str, marker: str, value: bool) -> dict:
     """The victim loads a DCP checkpoint from dir with dsckpt.dcp.Reader into a tensor "w"
     and, when asked, a value "x" (which DCP's planner reads as bytes)."""
+    import io
+    import logging
     import torch
     import torch.distributed.checkpoint as dcp
     import dsckpt.dcp
+    # DCP before torch 2.13 raises "metadata is None" and says why only in a warning it logs
+    # with the reader's exception: what the user sees there is kept too.
+    seen = io.StringIO()
+    handler = logging.StreamHandler(seen)
+    logging.getLogger("torch.distributed.checkpoint").addHandler(handler)
     with _connect(socket, "victim") as conn:
         state = {"w": torch.zeros(4), **({"x": 0} if value else {})}
         out = _outcome(lambda: dcp.load(state, storage_reader=dsckpt.dcp.Reader(dir,
                                                                                 conn=conn)))
-    return dict(out, marker=os.path.exists(marker))
+    return dict(out, marker=os.path.exists(marker), log=seen.getvalue())
 
 
 def vic_lightning_load(socket: str, dir: str, marker: str) -> dict:
