@@ -139,22 +139,6 @@ static void victim_intact(const struct vic *v, const char *when)
 		      D->root)), when);
 }
 
-/* The peak resident memory of process pid in MiB (VmHWM; -1 if unreadable). */
-static double peak_mib(pid_t pid)
-{
-	char line[256];
-	double kib = -1;
-	FILE *f = fopen(h_path("/proc/%d/status", (int)pid), "r");
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmHWM: %lf kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib < 0 ? -1 : kib / 1024;
-}
-
 /* ---- 1. the start-up over an attacker's tree ---- */
 
 /* Attacker, first part: a committed tag jobA/t1, and the uncommitted tags that recovery

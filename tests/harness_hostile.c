@@ -146,20 +146,33 @@ const char *st_check(const char *path, const char *name, size_t n, uint64_t seed
 	return why[0] ? why : NULL;
 }
 
-/* VmRSS of a process in MiB (-1 if unreadable). */
-double rss_mib(pid_t pid)
+/* A memory field of a process's /proc status ("VmRSS", "VmHWM") in MiB (-1 if unreadable). */
+static double status_mib(pid_t pid, const char *field)
 {
-	char line[256];
+	char line[256], fmt[32];
 	double kib = -1;
 	FILE *f = fopen(h_path("/proc/%d/status", (int)pid), "r");
 
 	if (!f)
 		return -1;
+	snprintf(fmt, sizeof(fmt), "%s: %%lf kB", field);
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %lf kB", &kib) == 1)
+		if (sscanf(line, fmt, &kib) == 1)
 			break;
 	fclose(f);
 	return kib < 0 ? -1 : kib / 1024;
+}
+
+/* VmRSS of a process in MiB (-1 if unreadable). */
+double rss_mib(pid_t pid)
+{
+	return status_mib(pid, "VmRSS");
+}
+
+/* The peak resident memory (VmHWM) of a process in MiB (-1 if unreadable). */
+double peak_mib(pid_t pid)
+{
+	return status_mib(pid, "VmHWM");
 }
 
 /* ---- users ---- */

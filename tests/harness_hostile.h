@@ -63,6 +63,8 @@ int memfd_pattern(size_t n, uint64_t seed, int sealable);
 const char *st_check(const char *path, const char *name, size_t n, uint64_t seed);
 /* VmRSS of a process in MiB (-1 if unreadable). */
 double rss_mib(pid_t pid);
+/* The peak resident memory (VmHWM) of a process in MiB (-1 if unreadable). */
+double peak_mib(pid_t pid);
 
 /* ---- users ---- */
 

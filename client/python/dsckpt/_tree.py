@@ -154,6 +154,21 @@ def _describe(cls: Any) -> Tuple[str, Tuple[str, ...]]:
     return "object", _slot_names(cls)
 
 
+
+def allow_installed(names: Dict[str, Tuple[str, ...]]) -> List[type]:
+    """Allows the classes names lists by module that are installed (a module that does not
+    import is passed over, as a name that is not a class) and returns them: an integration's
+    known types, allowed when it is used."""
+    found: List[type] = []
+    for module, attrs in names.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [c for c in (getattr(mod, n, None) for n in attrs) if isinstance(c, type)]
+    add_safe_types(found)
+    return found
+
 def add_safe_types(classes: Iterable[type]) -> None:
     """Allows objects of these classes in a tree (saved by name and state, loaded without
     unpickling; see the module docstring). Their code (``__new__``, an Enum's lookup, the

@@ -78,7 +78,6 @@ are read by the daemon until SNAPSHOT: buffers that the forward pass changes in 
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import queue
@@ -90,7 +89,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import add_safe_types
+from . import _tree
 from . import torch as dtorch
 from .core import Connection
 from .errors import DsckptError, Errno, PermissionDenied, error_for
@@ -112,15 +111,7 @@ def allow_types() -> List[type]:
     """Allows the classes of :data:`SAFE_TYPES` that are installed (see
     :func:`dsckpt.add_safe_types`) and returns them. Every :class:`DsckptCheckpointIO`
     calls it when made (and when unpickled in a spawned process)."""
-    found: List[type] = []
-    for module, names in SAFE_TYPES.items():
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        found += [c for c in (getattr(mod, n, None) for n in names) if isinstance(c, type)]
-    add_safe_types(found)
-    return found
+    return _tree.allow_installed(SAFE_TYPES)
 # What the daemon writes into a tag directory: all that remove_checkpoint deletes.
 OURS = re.compile(r"(rank\d+\.(safetensors|meta)|MANIFEST\.json|SEAL\.[A-Za-z0-9._-]+\.json)"
                   r"(\.partial)?")

@@ -71,7 +71,6 @@ state's own) still need ``"weights_only": false`` or :func:`dsckpt.add_safe_type
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import os
 import queue
@@ -81,7 +80,7 @@ from typing import Any, List, Optional, Tuple, Union
 
 import torch
 
-from .. import add_safe_types
+from .. import _tree
 from .. import torch as dtorch
 from ..core import Connection, Level
 from ..errors import DsckptError, Errno, error_for
@@ -121,15 +120,7 @@ def allow_types() -> List[type]:
     """Allows the classes of :data:`SAFE_TYPES` this DeepSpeed has (see
     :func:`dsckpt.add_safe_types`) and returns them; none without DeepSpeed. Every
     :class:`DsckptCheckpointEngine` calls it when made."""
-    found: List[type] = []
-    for module, names in SAFE_TYPES.items():
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        found += [c for c in (getattr(mod, n, None) for n in names) if isinstance(c, type)]
-    add_safe_types(found)
-    return found
+    return _tree.allow_installed(SAFE_TYPES)
 
 
 def config_block(config_params: Any) -> dict:
