@@ -9,34 +9,34 @@
 #include "dsckptd.h"
 
 /* Whether client cl may perform action a; 0, or a negative ERR_E* with err. */
-int auth_check(const struct client *cl, enum auth_action a, char *err, size_t errlen)
+int auth_check(const struct session *cl, enum auth_action a, char *err, size_t errlen)
 {
-	int role = client_role(cl);
+	int role = session_role(cl);
 
 	switch (a) {
 	case AUTH_REQUEST:
-		if (role == CLIENT_NONE)
+		if (role == SESSION_NONE)
 			return seterr(err, errlen, ERR_ESTATE, "the first message must be HELLO");
 		return 0;
 	case AUTH_HELLO:
-		if (role != CLIENT_NONE)
+		if (role != SESSION_NONE)
 			return seterr(err, errlen, ERR_ESTATE, "HELLO was already sent");
 		return 0;
 	case AUTH_SAVE:
-		if (role != CLIENT_TRAINER)
+		if (role != SESSION_TRAINER)
 			return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may save");
 		return 0;
 	case AUTH_COMMIT:
-		if (role != CLIENT_TRAINER)
+		if (role != SESSION_TRAINER)
 			return seterr(err, errlen, ERR_ESTATE,
 				      "only an identified trainer may commit");
 		return 0;
 	case AUTH_SEAL:
-		if (role != CLIENT_TRAINER)
+		if (role != SESSION_TRAINER)
 			return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may seal");
 		return 0;
 	case AUTH_LOAD:
-		if (role == CLIENT_NONE)
+		if (role == SESSION_NONE)
 			return seterr(err, errlen, ERR_ESTATE, "the first message must be HELLO");
 		return 0;
 	}

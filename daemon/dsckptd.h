@@ -5,7 +5,7 @@
  * Data and control go one way, each layer calling only the ones below it:
  *
  *   server.c (listening socket) → conn.c (frames, descriptors, credentials)
- *     → request.c (decode; auth.c checks; client.c: identity and regions)
+ *     → request.c (decode; auth.c checks; session.c: identity and regions)
  *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
  *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
  *           → cache.c (chunks) → flush threads (flush.c: a file's header, pieces, finish)
@@ -653,35 +653,35 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 /* conn_gone_cb: forgets a departed client's waits, open saves, events and regions. */
 void request_conn_gone(struct conn *c);
 
-/* client.c — a connected client above the connection: identity and regions. */
-struct client;
-enum client_role { CLIENT_NONE, CLIENT_TRAINER, CLIENT_CTL };
+/* session.c — a connected client above the connection (its session): identity and regions. */
+struct session;
+enum session_role { SESSION_NONE, SESSION_TRAINER, SESSION_CTL };
 /* A newly connected client (no role yet) of connection id; NULL without memory. */
-struct client *client_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid);
+struct session *session_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid);
 /* Frees a client and drops its regions (NULL: nothing). */
-void client_free(struct client *cl);
+void session_free(struct session *cl);
 /* Accessors; the id is the connection's. */
-uint64_t client_id(const struct client *cl);
-pid_t client_pid(const struct client *cl);
-uid_t client_uid(const struct client *cl);
-gid_t client_gid(const struct client *cl);
-int client_role(const struct client *cl);
-const char *client_job(const struct client *cl);
-unsigned client_rank(const struct client *cl);
-unsigned client_world(const struct client *cl);
+uint64_t session_id(const struct session *cl);
+pid_t session_pid(const struct session *cl);
+uid_t session_uid(const struct session *cl);
+gid_t session_gid(const struct session *cl);
+int session_role(const struct session *cl);
+const char *session_job(const struct session *cl);
+unsigned session_rank(const struct session *cl);
+unsigned session_world(const struct session *cl);
 /* The run of the job the client belongs to ("" when it named none: an unknown run). */
-const char *client_run(const struct client *cl);
+const char *session_run(const struct session *cl);
 /* Records HELLO's identity. */
-void client_set_identity(struct client *cl, int role, const char *job, unsigned rank,
+void session_set_identity(struct session *cl, int role, const char *job, unsigned rank,
 			 unsigned world, const char *run);
 /* Registers a source under a client-chosen id (takes the reference on success), charged to
  * the client's user; negative ERR_E* (EEXIST, ELIMIT, ENOMEM) with err. */
-int client_region_add(struct client *cl, uint64_t id, struct source *s, char *err,
+int session_region_add(struct session *cl, uint64_t id, struct source *s, char *err,
 		      size_t errlen);
 /* Forgets a region; -1 if unknown. */
-int client_region_del(struct client *cl, uint64_t id);
+int session_region_del(struct session *cl, uint64_t id);
 /* Looks a region up (borrowed reference); NULL if unknown. */
-struct source *client_region(const struct client *cl, uint64_t id);
+struct source *session_region(const struct session *cl, uint64_t id);
 
 /* auth.c — who may do what: the one home of the permission checks. */
 enum auth_action {
@@ -693,7 +693,7 @@ enum auth_action {
 	AUTH_LOAD      /* LOAD_BEGIN: any client past HELLO (the file is checked by load.c) */
 };
 /* Whether client cl may perform action a; 0, or a negative ERR_E* with err. */
-int auth_check(const struct client *cl, enum auth_action a, char *err, size_t errlen);
+int auth_check(const struct session *cl, enum auth_action a, char *err, size_t errlen);
 /* Whether a client of uid viewer may see a save of uid owner (PENDING). */
 int auth_sees(uid_t viewer, uid_t owner);
 
@@ -915,7 +915,7 @@ int save_engine_start(char *err, size_t errlen);
 /* Registers an observer of level changes (at start-up; a few at most). */
 void save_observe(save_change_cb cb);
 /* Opens a save for client c; returns its id or a negative ERR_E* with err. */
-int64_t save_begin(const struct client *c, const char *dir, const char *file, char *err,
+int64_t save_begin(const struct session *c, const char *dir, const char *file, char *err,
 		   size_t errlen);
 /* Finds a save of client (a connection id) that is still open for adding; NULL otherwise. */
 struct save *save_find_open(uint64_t client, uint64_t id);
@@ -976,7 +976,7 @@ void wait_free_all(void);
 
 /* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
 /* Handles COMMIT of dir for client cl, answered when done, failed or timed out. */
-void commit_request(const struct client *cl, uint64_t req, const char *dir, unsigned world,
+void commit_request(const struct session *cl, uint64_t req, const char *dir, unsigned world,
 		    int64_t timeout_ms);
 /* save_change_cb: a save becoming DURABLE or FAILED may let a commit go on. */
 void commit_on_save(struct save *s);
@@ -988,7 +988,7 @@ void commit_free_all(void);
 /* seal.c — SEAL, and the commits the daemons make once every rank has sealed. */
 struct seal_record;
 /* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
-void seal_request(const struct client *cl, uint64_t req, const char *dir);
+void seal_request(const struct session *cl, uint64_t req, const char *dir);
 /* Whether rank of uid's job and run sealed the directory id through this daemon (it may save
  * there no more). */
 int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
@@ -1021,7 +1021,7 @@ int load_start(unsigned threads, char *err, size_t errlen);
 /* Opens dir/file.safetensors for client cl's LOAD_BEGIN req: checks the file here, then its
  * header and resident copy in the threadpool, and answers req once they are (a load of
  * client found by no request until then). 0, or a negative ERR_E* with err to answer now. */
-int load_begin(const struct client *cl, uint64_t req, const char *dir, const char *file,
+int load_begin(const struct session *cl, uint64_t req, const char *dir, const char *file,
 	       char *err, size_t errlen);
 /* Finds a load of client still open for adding; NULL otherwise. */
 struct load *load_find_open(uint64_t client, uint64_t id);

@@ -2,7 +2,7 @@
  * request.c — the request layer: the connection layer's dispatch and disconnect callbacks.
  * Decodes each request with the typed getters and a final end check, checks it with auth.c,
  * and hands it to the state machines (save.c, wait.c, commit.c) or the client's regions
- * (client.c); every answer goes out through reply.c. A malformed frame gets one EPROTO error
+ * (session.c); every answer goes out through reply.c. A malformed frame gets one EPROTO error
  * and closes its connection; a well-formed request that cannot be served gets an error reply
  * and the connection goes on.
  */
@@ -23,15 +23,15 @@ void request_close_fds(int *fds, unsigned nfds)
 }
 
 /* Rejects a malformed frame and closes the connection. */
-void request_malformed(struct client *c, const struct proto_hdr *h, const char *why)
+void request_malformed(struct session *c, const struct proto_hdr *h, const char *why)
 {
-	reply_fatal(client_id(c), h->id, ERR_EPROTO, "malformed %s: %s",
+	reply_fatal(session_id(c), h->id, ERR_EPROTO, "malformed %s: %s",
 		    proto_type_name(h->type), why);
 }
 
 
 /* HELLO: identifies the client. */
-static void on_hello(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_hello(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char role[16] = "", job[PROTO_MAX_NAME + 1] = "", run[PROTO_MAX_RUN + 1] = "";
 	uint64_t rank = 0, world = 1, pid = 0;
@@ -55,16 +55,16 @@ static void on_hello(struct client *c, const struct proto_hdr *h, struct proto_m
 	int rc = auth_check(c, AUTH_HELLO, err, sizeof(err));
 	if (rc < 0)
 		return request_error(c, h, rc, "%s", err);
-	client_set_identity(c, strcmp(role, "trainer") == 0 ? CLIENT_TRAINER : CLIENT_CTL, job,
+	session_set_identity(c, strcmp(role, "trainer") == 0 ? SESSION_TRAINER : SESSION_CTL, job,
 			    (unsigned)rank, (unsigned)world, run);
 	log_debug("client %llu is %s %s rank %llu/%llu, run '%s' (pid %d, says %llu)",
-		  (unsigned long long)client_id(c), role, job, (unsigned long long)rank,
-		  (unsigned long long)world, run, (int)client_pid(c), (unsigned long long)pid);
-	reply_hello(client_id(c), h->id);
+		  (unsigned long long)session_id(c), role, job, (unsigned long long)rank,
+		  (unsigned long long)world, run, (int)session_pid(c), (unsigned long long)pid);
+	reply_hello(session_id(c), h->id);
 }
 
 /* REGION_ADD of a cuda_vmm range: the first frame creates it, later ones continue it. */
-static void region_add_vmm(struct client *c, const struct proto_hdr *h, struct proto_map *m,
+static void region_add_vmm(struct session *c, const struct proto_hdr *h, struct proto_map *m,
 			   uint64_t region, uint64_t size, const uint8_t *uuid, int *fds,
 			   unsigned nfds)
 {
@@ -88,7 +88,7 @@ static void region_add_vmm(struct client *c, const struct proto_hdr *h, struct p
 		request_close_fds(fds, nfds);
 		return request_malformed(c, h, m->why);
 	}
-	s = client_region(c, region);
+	s = session_region(c, region);
 	if (at == 0) {
 		if (s) {
 			request_close_fds(fds, nfds);
@@ -101,7 +101,7 @@ static void region_add_vmm(struct client *c, const struct proto_hdr *h, struct p
 			return request_error(c, h, rc, "region %llu: %s",
 					  (unsigned long long)region, err);
 		}
-		if ((rc = client_region_add(c, region, s, err, sizeof(err))) < 0) {
+		if ((rc = session_region_add(c, region, s, err, sizeof(err))) < 0) {
 			source_unref(s);
 			request_close_fds(fds, nfds);
 			return request_error(c, h, rc, "region %llu: %s",
@@ -115,15 +115,15 @@ static void region_add_vmm(struct client *c, const struct proto_hdr *h, struct p
 	/* Ownership: the descriptors go to the source, which closes them on every path. */
 	rc = source_cuda_vmm_map(s, uuid, size, at, fds, sizes, nfds, err, sizeof(err));
 	if (rc < 0) {
-		client_region_del(c, region);	/* a half-mapped range is never used */
+		session_region_del(c, region);	/* a half-mapped range is never used */
 		return request_error(c, h, rc, "region %llu: %s", (unsigned long long)region,
 				  err);
 	}
-	reply_empty(client_id(c), h->id);
+	reply_empty(session_id(c), h->id);
 }
 
 /* REGION_ADD: registers a source of bytes (host memfd, CUDA IPC handle, CUDA VMM fds). */
-static void on_region_add(struct client *c, const struct proto_hdr *h, struct proto_map *m,
+static void on_region_add(struct session *c, const struct proto_hdr *h, struct proto_map *m,
 			  int *fds, unsigned nfds)
 {
 	uint64_t region = 0, size = 0;
@@ -159,7 +159,7 @@ static void on_region_add(struct client *c, const struct proto_hdr *h, struct pr
 		request_close_fds(fds, nfds);
 		return request_malformed(c, h, m->why);
 	}
-	if (client_region(c, region)) {
+	if (session_region(c, region)) {
 		request_close_fds(fds, nfds);
 		return request_error(c, h, ERR_EEXIST, "region %llu already registered",
 				  (unsigned long long)region);
@@ -171,41 +171,41 @@ static void on_region_add(struct client *c, const struct proto_hdr *h, struct pr
 	if (rc < 0)
 		return request_error(c, h, rc, "region %llu: %s", (unsigned long long)region,
 				  err);
-	if ((rc = client_region_add(c, region, s, err, sizeof(err))) < 0) {
+	if ((rc = session_region_add(c, region, s, err, sizeof(err))) < 0) {
 		source_unref(s);
 		return request_error(c, h, rc, "region %llu: %s", (unsigned long long)region,
 				  err);
 	}
-	reply_empty(client_id(c), h->id);
+	reply_empty(session_id(c), h->id);
 }
 
 /* REGION_DEL: forgets a region (accepted saves keep their reference). */
-static void on_region_del(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_region_del(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t region = 0;
 
 	proto_get_u64(m, "region", UINT64_MAX, &region, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	struct source *src = client_region(c, region);
+	struct source *src = session_region(c, region);
 	if (!src)
 		return request_error(c, h, ERR_ENOENT, "no region %llu",
 				  (unsigned long long)region);
-	plan_forget(client_id(c), src);
-	client_region_del(c, region);
-	reply_empty(client_id(c), h->id);
+	plan_forget(session_id(c), src);
+	session_region_del(c, region);
+	reply_empty(session_id(c), h->id);
 }
 
 /* SAVE_BEGIN: checks the path and opens a save. */
 /* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
-static int add_tensor(struct client *c, struct save *s, const msgpack_object *obj,
+static int add_tensor(struct session *c, struct save *s, const msgpack_object *obj,
 		      struct proto_map *top, char *err, size_t errlen)
 {
 	struct proto_tensor t;
 
 	if (proto_get_tensor(top, obj, &t) < 0)
 		return -1;
-	struct source *src = client_region(c, t.region);
+	struct source *src = session_region(c, t.region);
 	if (!src) {
 		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", t.name,
 			 (unsigned long long)t.region);
@@ -235,9 +235,9 @@ static int add_blob(struct save *s, const msgpack_object *obj, struct proto_map 
 }
 
 /* Adds the tensors of the client's plan id to s; 0 or an error code with err. */
-static int add_plan(struct client *c, struct save *s, uint64_t id, char *err, size_t errlen)
+static int add_plan(struct session *c, struct save *s, uint64_t id, char *err, size_t errlen)
 {
-	struct plan *p = plan_find(client_id(c), id);
+	struct plan *p = plan_find(session_id(c), id);
 
 	if (!p)
 		return seterr(err, errlen, ERR_ENOENT, "no plan %llu on this connection",
@@ -250,7 +250,7 @@ static int add_plan(struct client *c, struct save *s, uint64_t id, char *err, si
  * s, the plan's tensors first. Returns 0, or an error: m->err set for a malformed body, else
  * err set and save abandoned.
  */
-static int add_entries(struct client *c, struct save *s, struct proto_map *m, char *err,
+static int add_entries(struct session *c, struct save *s, struct proto_map *m, char *err,
 		       size_t errlen)
 {
 	const msgpack_object_array *tensors = NULL, *blobs = NULL;
@@ -277,7 +277,7 @@ static int add_entries(struct client *c, struct save *s, struct proto_map *m, ch
 
 /* Finds the open save id and adds the frame's entries, ending the map; NULL once answered
  * (malformed frame, unknown save, or a refused entry that abandoned the save). */
-static struct save *open_save_add(struct client *c, const struct proto_hdr *h,
+static struct save *open_save_add(struct session *c, const struct proto_hdr *h,
 				  struct proto_map *m, uint64_t id)
 {
 	char err[ERRLEN] = "";
@@ -286,7 +286,7 @@ static struct save *open_save_add(struct client *c, const struct proto_hdr *h,
 		request_malformed(c, h, m->why);
 		return NULL;
 	}
-	struct save *s = save_find_open(client_id(c), id);
+	struct save *s = save_find_open(session_id(c), id);
 	if (!s) {
 		if (proto_map_end(m) < 0)
 			request_malformed(c, h, m->why);
@@ -323,7 +323,7 @@ static void get_fence(struct proto_map *m, const void **event, const void **uuid
 
 /* Ends open save s once the frame's entries are added: hands it to the engine, ordered after
  * the client's event if any; 0, or the error code (answered, s dropped). */
-static int end_save(struct client *c, const struct proto_hdr *h, struct save *s,
+static int end_save(struct session *c, const struct proto_hdr *h, struct save *s,
 		    const void *event, const void *uuid)
 {
 	struct cuda_fence *fence = NULL;
@@ -331,7 +331,7 @@ static int end_save(struct client *c, const struct proto_hdr *h, struct save *s,
 	int rc = 0;
 
 	if (event) {
-		rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err));
+		rc = cuda_fence_import(session_id(c), uuid, event, &fence, err, sizeof(err));
 		if (rc < 0) {
 			uint64_t id = save_id(s);
 			save_drop(s);
@@ -351,7 +351,7 @@ static int end_save(struct client *c, const struct proto_hdr *h, struct save *s,
 
 /* SAVE_BEGIN: opens a save of dir/file; with end, also adds the frame's entries and ends it
  * (a whole save in one round trip). */
-static void on_save_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_begin(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
 	const void *event = NULL, *uuid = NULL;
@@ -372,15 +372,15 @@ static void on_save_begin(struct client *c, const struct proto_hdr *h, struct pr
 		return request_error(c, h, (int)id, "%s", err);
 	}
 	if (!end)
-		return reply_save_begun(client_id(c), h->id, (uint64_t)id);
+		return reply_save_begun(session_id(c), h->id, (uint64_t)id);
 	/* A malformed rest is fatal: the connection and with it the save go. */
 	struct save *s = open_save_add(c, h, m, (uint64_t)id);
 	if (s && end_save(c, h, s, event, uuid) == 0)
-		reply_save_ended(client_id(c), h->id, (uint64_t)id);
+		reply_save_ended(session_id(c), h->id, (uint64_t)id);
 }
 
 /* SAVE_ADD: tensors and blob pieces. */
-static void on_save_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_add(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0, nt, nbytes;
 
@@ -389,11 +389,11 @@ static void on_save_add(struct client *c, const struct proto_hdr *h, struct prot
 	if (!s)
 		return;
 	save_totals(s, &nt, &nbytes);
-	reply_save_totals(client_id(c), h->id, nt, nbytes);
+	reply_save_totals(session_id(c), h->id, nt, nbytes);
 }
 
 /* SAVE_END: hands the save to the engine, ordered after the client's event if any. */
-static void on_save_end(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_end(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	const void *event = NULL, *uuid = NULL;
@@ -403,27 +403,27 @@ static void on_save_end(struct client *c, const struct proto_hdr *h, struct prot
 	/* The last batch of tensors may come with SAVE_END itself. */
 	struct save *s = open_save_add(c, h, m, id);
 	if (s && end_save(c, h, s, event, uuid) == 0)
-		reply_save_accepted(client_id(c), h->id);
+		reply_save_accepted(session_id(c), h->id);
 }
 
 /* SAVE_ABORT: forgets a save that was never ended. */
-static void on_save_abort(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_save_abort(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	struct save *s = save_find_open(client_id(c), id);
+	struct save *s = save_find_open(session_id(c), id);
 	if (!s)
 		return request_error(c, h, ERR_ENOENT, "no open save %llu on this connection",
 				  (unsigned long long)id);
 	save_drop(s);
-	reply_empty(client_id(c), h->id);
+	reply_empty(session_id(c), h->id);
 }
 
 /* WAIT: answers when the level is reached, the save fails or time is up. */
-static void on_wait(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_wait(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	int64_t level = 0, timeout = -1;
@@ -433,15 +433,15 @@ static void on_wait(struct client *c, const struct proto_hdr *h, struct proto_ma
 	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	struct save *s = save_find(client_id(c), id);
+	struct save *s = save_find(session_id(c), id);
 	if (!s)
 		return request_error(c, h, ERR_ENOENT, "no save %llu on this connection",
 				     (unsigned long long)id);
-	wait_add(client_id(c), h->id, s, (int)level, level == 0 ? 0 : timeout);
+	wait_add(session_id(c), h->id, s, (int)level, level == 0 ? 0 : timeout);
 }
 
 /* COMMIT: commits a checkpoint directory once its saves are durable. */
-static void on_commit(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_commit(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], err[ERRLEN];
 	uint64_t world = 0;
@@ -461,7 +461,7 @@ static void on_commit(struct client *c, const struct proto_hdr *h, struct proto_
 }
 
 /* SEAL: this rank saves nothing more into dir; the daemons commit dir once every rank has. */
-static void on_seal(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_seal(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], err[ERRLEN];
 
@@ -475,31 +475,31 @@ static void on_seal(struct client *c, const struct proto_hdr *h, struct proto_ma
 }
 
 /* STATUS: the daemon at a glance (resident files: this client's user's, all for root). */
-static void on_status(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_status(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_status(client_id(c), h->id, client_uid(c));
+	reply_status(session_id(c), h->id, session_uid(c));
 }
 
 /* PENDING: the saves the daemon still knows, of this client's user (all of them for root). */
-static void on_pending(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_pending(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_pending(client_id(c), h->id, client_uid(c));
+	reply_pending(session_id(c), h->id, session_uid(c));
 }
 
 /* METRICS: node-wide counters, which name no path or user: any client may read them. */
-static void on_metrics(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+static void on_metrics(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_metrics(client_id(c), h->id);
+	reply_metrics(session_id(c), h->id);
 }
 
 /* Handles one frame of a client. */
-static void request_handle(struct client *c, const struct proto_hdr *h, const uint8_t *body,
+static void request_handle(struct session *c, const struct proto_hdr *h, const uint8_t *body,
 			   int *fds, unsigned nfds)
 {
 	struct proto_in in;
@@ -521,7 +521,7 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 	int rc = h->type == PROTO_HELLO ? 0 : auth_check(c, AUTH_REQUEST, err, sizeof(err));
 	if (rc < 0) {
 		request_close_fds(fds, nfds);
-		reply_fatal(client_id(c), h->id, rc, "%s", err);
+		reply_fatal(session_id(c), h->id, rc, "%s", err);
 	} else {
 		switch (h->type) {
 		case PROTO_HELLO: on_hello(c, h, &m); break;
@@ -546,13 +546,13 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 		case PROTO_PLAN_DEL: request_plan_del(c, h, &m); break;
 		default:
 			request_close_fds(fds, nfds);
-			reply_fatal(client_id(c), h->id, ERR_EPROTO, "unknown message type %u",
+			reply_fatal(session_id(c), h->id, ERR_EPROTO, "unknown message type %u",
 				    h->type);
 		}
 	}
 	proto_in_free(&in);
 	log_debug("client %llu: %s of %u bytes handled in %.3f ms",
-		  (unsigned long long)client_id(c), proto_type_name(h->type), h->length,
+		  (unsigned long long)session_id(c), proto_type_name(h->type), h->length,
 		  (now_mono() - t0) * 1e3);
 }
 
@@ -561,10 +561,10 @@ static void request_handle(struct client *c, const struct proto_hdr *h, const ui
 void request_dispatch(struct conn *conn, const struct proto_hdr *h, const uint8_t *body,
 		      int *fds, unsigned nfds)
 {
-	struct client *c = conn_data(conn);
+	struct session *c = conn_data(conn);
 
 	if (!c) {
-		c = client_new(conn_id(conn), conn_pid(conn), conn_uid(conn), conn_gid(conn));
+		c = session_new(conn_id(conn), conn_pid(conn), conn_uid(conn), conn_gid(conn));
 		if (!c) {
 			request_close_fds(fds, nfds);
 			reply_fatal(conn_id(conn), h->id, ERR_ENOMEM, "out of memory");
@@ -586,5 +586,5 @@ void request_conn_gone(struct conn *conn)
 	load_client_gone(id);
 	plan_forget(id, NULL);
 	cuda_fence_forget(id);
-	client_free(conn_data(conn));
+	session_free(conn_data(conn));
 }

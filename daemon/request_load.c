@@ -6,7 +6,7 @@
 #include "request.h"
 
 /* LOAD_BEGIN: opens the file and tells what it holds and where its bytes will come from. */
-void request_load_begin(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_load_begin(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1], err[ERRLEN];
 
@@ -24,7 +24,7 @@ void request_load_begin(struct client *c, const struct proto_hdr *h, struct prot
 
 /* Reads the optional "tensors" of LOAD_ADD/LOAD_END into l; 0, or ERR_EPROTO (m->err set)
  * or a refusal in err (the load abandoned). */
-static int add_entries(struct client *c, struct load *l, struct proto_map *m, char *err,
+static int add_entries(struct session *c, struct load *l, struct proto_map *m, char *err,
 		       size_t errlen)
 {
 	const msgpack_object_array *tensors = NULL;
@@ -35,7 +35,7 @@ static int add_entries(struct client *c, struct load *l, struct proto_map *m, ch
 	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++) {
 		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
 			break;
-		struct source *dst = client_region(c, t.region);
+		struct source *dst = session_region(c, t.region);
 		if (!dst)
 			rc = seterr(err, errlen, ERR_ENOENT, "tensor '%s': no region %llu on this "
 				    "connection", t.name, (unsigned long long)t.region);
@@ -50,7 +50,7 @@ static int add_entries(struct client *c, struct load *l, struct proto_map *m, ch
 
 /* Finds the open load id and adds the frame's destinations, ending the map; NULL once
  * answered (malformed frame, unknown load, a refused destination). */
-static struct load *open_load_add(struct client *c, const struct proto_hdr *h,
+static struct load *open_load_add(struct session *c, const struct proto_hdr *h,
 				  struct proto_map *m, uint64_t id)
 {
 	char err[ERRLEN] = "";
@@ -59,7 +59,7 @@ static struct load *open_load_add(struct client *c, const struct proto_hdr *h,
 		request_malformed(c, h, m->why);
 		return NULL;
 	}
-	struct load *l = load_find_open(client_id(c), id);
+	struct load *l = load_find_open(session_id(c), id);
 	if (!l) {
 		if (proto_map_end(m) < 0)
 			request_malformed(c, h, m->why);
@@ -83,7 +83,7 @@ static struct load *open_load_add(struct client *c, const struct proto_hdr *h,
 }
 
 /* LOAD_ADD: destinations. */
-void request_load_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_load_add(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0, n, bytes;
 
@@ -92,11 +92,11 @@ void request_load_add(struct client *c, const struct proto_hdr *h, struct proto_
 	if (!l)
 		return;
 	load_totals(l, &n, &bytes);
-	reply_save_totals(client_id(c), h->id, n, bytes);
+	reply_save_totals(session_id(c), h->id, n, bytes);
 }
 
 /* LOAD_END: the last destinations, then the load starts (after the client's event). */
-void request_load_end(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_load_end(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	char err[ERRLEN];
@@ -115,18 +115,18 @@ void request_load_end(struct client *c, const struct proto_hdr *h, struct proto_
 		return;
 	int rc;
 	if (has_event > 0 &&
-	    (rc = cuda_fence_import(client_id(c), uuid, event, &fence, err, sizeof(err))) < 0) {
+	    (rc = cuda_fence_import(session_id(c), uuid, event, &fence, err, sizeof(err))) < 0) {
 		load_drop(l);
 		return request_error(c, h, rc, "%s (load %llu abandoned)", err,
 				     (unsigned long long)id);
 	}
 	if ((rc = load_end(l, fence, err, sizeof(err))) < 0)
 		return request_error(c, h, rc, "%s", err);
-	reply_save_accepted(client_id(c), h->id);
+	reply_save_accepted(session_id(c), h->id);
 }
 
 /* LOAD_WAIT: answered when the load is done, fails or time is up. */
-void request_load_wait(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_load_wait(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 	int64_t timeout = -1;
@@ -135,8 +135,8 @@ void request_load_wait(struct client *c, const struct proto_hdr *h, struct proto
 	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	struct load *l = load_find(client_id(c), id);
-	if (!l || load_find_open(client_id(c), id))
+	struct load *l = load_find(session_id(c), id);
+	if (!l || load_find_open(session_id(c), id))
 		return request_error(c, h, l ? ERR_ESTATE : ERR_ENOENT,
 				     l ? "load %llu was not ended" : "no load %llu on this connection",
 				     (unsigned long long)id);
@@ -144,17 +144,17 @@ void request_load_wait(struct client *c, const struct proto_hdr *h, struct proto
 }
 
 /* LOAD_ABORT: forgets a load that was never ended. */
-void request_load_abort(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_load_abort(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 
 	proto_get_u64(m, "load", UINT64_MAX, &id, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	struct load *l = load_find_open(client_id(c), id);
+	struct load *l = load_find_open(session_id(c), id);
 	if (!l)
 		return request_error(c, h, ERR_ENOENT, "no open load %llu on this connection",
 				     (unsigned long long)id);
 	load_drop(l);
-	reply_empty(client_id(c), h->id);
+	reply_empty(session_id(c), h->id);
 }

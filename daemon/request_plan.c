@@ -6,7 +6,7 @@
 
 /* PLAN_ADD: makes plan id or adds tensors to it; a refused tensor forgets the whole plan, so
  * that a plan never lacks part of what its client described. */
-void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_plan_add(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	const msgpack_object_array *tensors = NULL;
 	uint64_t id = 0;
@@ -23,7 +23,7 @@ void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_
 			return request_malformed(c, h, m->why);
 		return request_error(c, h, rc, "%s", err);
 	}
-	struct plan *p = plan_open(client_id(c), client_uid(c), id, &rc, err, sizeof(err));
+	struct plan *p = plan_open(session_id(c), session_uid(c), id, &rc, err, sizeof(err));
 	if (p && rc >= 0)
 		plan_reserve(p, tensors->size);
 	for (uint32_t i = 0; i < tensors->size; i++) {
@@ -31,7 +31,7 @@ void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_
 			break;
 		if (!p || rc < 0)
 			continue;	/* refused already: only a malformed entry is still news */
-		struct source *src = client_region(c, t.region);
+		struct source *src = session_region(c, t.region);
 		if (!src)
 			rc = seterr(err, sizeof(err), ERR_ENOENT, "tensor '%s': no region %llu on "
 				    "this connection", t.name, (unsigned long long)t.region);
@@ -40,30 +40,30 @@ void request_plan_add(struct client *c, const struct proto_hdr *h, struct proto_
 					     t.nbytes, err, sizeof(err));
 	}
 	if (m->err || proto_map_end(m) < 0) {
-		plan_del(client_id(c), id);
+		plan_del(session_id(c), id);
 		return request_malformed(c, h, m->why);
 	}
 	if (!p)
 		return request_error(c, h, rc, "plan %llu: %s", (unsigned long long)id, err);
 	if (rc < 0) {
-		plan_del(client_id(c), id);
+		plan_del(session_id(c), id);
 		return request_error(c, h, rc, "%s (plan %llu forgotten)", err,
 				  (unsigned long long)id);
 	}
 	struct tensors *tl = plan_tensors(p);
-	reply_save_totals(client_id(c), h->id, tensors_count(tl), tensors_bytes(tl));
+	reply_save_totals(session_id(c), h->id, tensors_count(tl), tensors_bytes(tl));
 }
 
 /* PLAN_DEL: forgets a plan (saves made from it keep their tensors). */
-void request_plan_del(struct client *c, const struct proto_hdr *h, struct proto_map *m)
+void request_plan_del(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	uint64_t id = 0;
 
 	proto_get_u64(m, "plan", UINT64_MAX, &id, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	if (plan_del(client_id(c), id) < 0)
+	if (plan_del(session_id(c), id) < 0)
 		return request_error(c, h, ERR_ENOENT, "no plan %llu on this connection",
 				  (unsigned long long)id);
-	reply_empty(client_id(c), h->id);
+	reply_empty(session_id(c), h->id);
 }

@@ -213,7 +213,7 @@ int save_engine_start(char *err, size_t errlen)
 }
 
 /* Opens a save for a client (auth_check'ed for AUTH_SAVE by the caller). */
-int64_t save_begin(const struct client *c, const char *dir, const char *file, char *err,
+int64_t save_begin(const struct session *c, const char *dir, const char *file, char *err,
 		   size_t errlen)
 {
 	char d[PROTO_MAX_STR + 1];
@@ -225,12 +225,12 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		return ERR_EINVAL;
 	}
 	store_norm_dir(d, sizeof(d), dir);
-	int rc = quota_take(client_uid(c), QUOTA_SAVES, 1, err, errlen);
+	int rc = quota_take(session_uid(c), QUOTA_SAVES, 1, err, errlen);
 	if (rc < 0)
 		return rc;
 	struct store_root root;
 	struct store_dirid id;
-	int fd = store_open_dir(config, d, client_uid(c), client_gid(c), &root, err, errlen);
+	int fd = store_open_dir(config, d, session_uid(c), session_gid(c), &root, err, errlen);
 	if (fd >= 0 && (rc = store_dir_id(fd, &id, err, errlen)) < 0) {
 		close(fd);
 		fd = rc;
@@ -251,48 +251,48 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		close(fd);	/* a new file would silently break what was committed */
 		fd = seterr(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
 			    "takes no more saves", d);
-	} else if (fd >= 0 && seal_holds(&id, client_uid(c), client_job(c), client_run(c),
-					 client_rank(c))) {
+	} else if (fd >= 0 && seal_holds(&id, session_uid(c), session_job(c), session_run(c),
+					 session_rank(c))) {
 		close(fd);
 		fd = seterr(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
-			    "there", client_rank(c), d);
+			    "there", session_rank(c), d);
 	}
 	char name[160];
 	struct store_file *out = NULL;
 	snprintf(name, sizeof(name), "%s.safetensors", file);
-	if (fd >= 0 && (rc = store_file_create(fd, name, client_uid(c), client_gid(c),
+	if (fd >= 0 && (rc = store_file_create(fd, name, session_uid(c), session_gid(c),
 					       config->file_mode, config->o_direct, &out, err,
 					       errlen)) < 0) {
 		close(fd);
 		fd = rc;
 	}
 	if (fd < 0) {
-		quota_give(client_uid(c), QUOTA_SAVES, 1);
+		quota_give(session_uid(c), QUOTA_SAVES, 1);
 		return fd;
 	}
 	struct save *s = calloc(1, sizeof(*s));
-	if (s && (!(s->blobs = blobs_new(client_uid(c))) || !(s->tl = tensors_new(client_uid(c))))) {
+	if (s && (!(s->blobs = blobs_new(session_uid(c))) || !(s->tl = tensors_new(session_uid(c))))) {
 		blobs_free(s->blobs);
 		free(s);
 		s = NULL;
 	}
 	if (!s) {
 		store_file_abort(out);
-		quota_give(client_uid(c), QUOTA_SAVES, 1);
+		quota_give(session_uid(c), QUOTA_SAVES, 1);
 		close(fd);
 		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	s->out = out;
 	s->counted = 1;
 	s->id = next_save_id++;
-	s->client = client_id(c);
-	s->pid = client_pid(c);
-	s->uid = client_uid(c);
-	s->gid = client_gid(c);
-	snprintf(s->jobname, sizeof(s->jobname), "%s", client_job(c));
-	s->rank = client_rank(c);
-	s->world = client_world(c);
-	snprintf(s->run, sizeof(s->run), "%s", client_run(c));
+	s->client = session_id(c);
+	s->pid = session_pid(c);
+	s->uid = session_uid(c);
+	s->gid = session_gid(c);
+	snprintf(s->jobname, sizeof(s->jobname), "%s", session_job(c));
+	s->rank = session_rank(c);
+	s->world = session_world(c);
+	snprintf(s->run, sizeof(s->run), "%s", session_run(c));
 	snprintf(s->dir, sizeof(s->dir), "%s", d);
 	s->dirid = id;
 	snprintf(s->file, sizeof(s->file), "%s", file);

@@ -363,50 +363,50 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 }
 
 /* Handles SEAL of dir by client cl (an identified trainer, auth_check'ed by the caller). */
-void seal_request(const struct client *cl, uint64_t req, const char *dir)
+void seal_request(const struct session *cl, uint64_t req, const char *dir)
 {
 	char d[PROTO_MAX_STR + 1], err[ERRLEN];
-	unsigned rank = client_rank(cl), world = client_world(cl);
-	uid_t uid = client_uid(cl);
+	unsigned rank = session_rank(cl), world = session_world(cl);
+	uid_t uid = session_uid(cl);
 	struct store_dirid id;
 	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
-	int dfd = store_open_tag(config, d, uid, client_gid(cl), &jobfd, err, sizeof(err));
+	int dfd = store_open_tag(config, d, uid, session_gid(cl), &jobfd, err, sizeof(err));
 	if (dfd < 0)
-		return reply_error(client_id(cl), req, dfd, "%s", err);
+		return reply_error(session_id(cl), req, dfd, "%s", err);
 	close(jobfd);
 	if ((rc = store_dir_id(dfd, &id, err, sizeof(err))) < 0) {
 		close(dfd);
-		return reply_error(client_id(cl), req, rc, "%s", err);
+		return reply_error(session_id(cl), req, rc, "%s", err);
 	}
 	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 	seal_sweep(uid);
 	struct seal_tag *t = seal_find(&id, uid);
-	if (t && !committed && strcmp(t->run, client_run(cl)) != 0 &&
+	if (t && !committed && strcmp(t->run, session_run(cl)) != 0 &&
 	    !(t->ended && t->rc == 1)) {
 		log_info("seal of %s: run '%s' of job %s takes the tag over from run '%s', which "
-			 "did not commit it", d, client_run(cl), client_job(cl), t->run);
+			 "did not commit it", d, session_run(cl), session_job(cl), t->run);
 		seal_forget(t);
 		t = NULL;
 	}
-	if (t && (t->world != world || strcmp(t->job, client_job(cl)) != 0)) {
+	if (t && (t->world != world || strcmp(t->job, session_job(cl)) != 0)) {
 		close(dfd);
-		return reply_error(client_id(cl), req, ERR_EBUSY, "%s is sealed by job %s of %u "
+		return reply_error(session_id(cl), req, ERR_EBUSY, "%s is sealed by job %s of %u "
 				   "ranks", d, t->job, t->world);
 	}
 	if (committed || t)
 		close(dfd);
-	else if (!(t = seal_new(d, dfd, &id, client_job(cl), client_run(cl), world, uid,
-				client_gid(cl), &rc, err, sizeof(err))))
-		return reply_error(client_id(cl), req, rc, "%s", err);
+	else if (!(t = seal_new(d, dfd, &id, session_job(cl), session_run(cl), world, uid,
+				session_gid(cl), &rc, err, sizeof(err))))
+		return reply_error(session_id(cl), req, rc, "%s", err);
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
 		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
 			  t->nsealed, world);
 	}
-	reply_sealed(client_id(cl), req, committed || (t && t->ended && t->rc == 1));
+	reply_sealed(session_id(cl), req, committed || (t && t->ended && t->rc == 1));
 	if (t)
 		seal_check(t);
 }

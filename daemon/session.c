@@ -1,5 +1,5 @@
 /*
- * client.c — what the daemon knows of one connected client above the connection layer: who
+ * session.c — what the daemon knows of one connected client above the connection layer: who
  * it said it is (HELLO's role, job, rank, world, run), its kernel credentials, and the regions
  * (sources of bytes) it registered. Loop thread only.
  *
@@ -19,12 +19,12 @@ struct region {
 	struct region *next;
 };
 
-struct client {
+struct session {
 	uint64_t id;            /* the connection's id */
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	int role;               /* enum client_role */
+	int role;               /* enum session_role */
 	char job[PROTO_MAX_NAME + 1];
 	unsigned rank, world;
 	char run[PROTO_MAX_RUN + 1]; /* "" when the client named no run */
@@ -32,20 +32,20 @@ struct client {
 };
 
 /* Accessors. */
-uint64_t client_id(const struct client *cl) { return cl->id; }
-pid_t client_pid(const struct client *cl) { return cl->pid; }
-uid_t client_uid(const struct client *cl) { return cl->uid; }
-gid_t client_gid(const struct client *cl) { return cl->gid; }
-int client_role(const struct client *cl) { return cl->role; }
-const char *client_job(const struct client *cl) { return cl->job; }
-unsigned client_rank(const struct client *cl) { return cl->rank; }
-unsigned client_world(const struct client *cl) { return cl->world; }
-const char *client_run(const struct client *cl) { return cl->run; }
+uint64_t session_id(const struct session *cl) { return cl->id; }
+pid_t session_pid(const struct session *cl) { return cl->pid; }
+uid_t session_uid(const struct session *cl) { return cl->uid; }
+gid_t session_gid(const struct session *cl) { return cl->gid; }
+int session_role(const struct session *cl) { return cl->role; }
+const char *session_job(const struct session *cl) { return cl->job; }
+unsigned session_rank(const struct session *cl) { return cl->rank; }
+unsigned session_world(const struct session *cl) { return cl->world; }
+const char *session_run(const struct session *cl) { return cl->run; }
 
 /* Makes the state of a newly connected client (no role yet); NULL without memory. */
-struct client *client_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid)
+struct session *session_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid)
 {
-	struct client *cl = calloc(1, sizeof(*cl));
+	struct session *cl = calloc(1, sizeof(*cl));
 
 	if (!cl)
 		return NULL;
@@ -57,7 +57,7 @@ struct client *client_new(uint64_t id, pid_t pid, uid_t uid, gid_t gid)
 }
 
 /* Frees a client and drops its regions (accepted saves keep their own references). */
-void client_free(struct client *cl)
+void session_free(struct session *cl)
 {
 	if (!cl)
 		return;
@@ -71,7 +71,7 @@ void client_free(struct client *cl)
 }
 
 /* Records HELLO's identity. */
-void client_set_identity(struct client *cl, int role, const char *job, unsigned rank,
+void session_set_identity(struct session *cl, int role, const char *job, unsigned rank,
 			 unsigned world, const char *run)
 {
 	cl->role = role;
@@ -82,10 +82,10 @@ void client_set_identity(struct client *cl, int role, const char *job, unsigned 
 }
 
 /* Registers a source under a client-chosen id, charged to the client's user. */
-int client_region_add(struct client *cl, uint64_t id, struct source *s, char *err,
+int session_region_add(struct session *cl, uint64_t id, struct source *s, char *err,
 		      size_t errlen)
 {
-	if (client_region(cl, id))
+	if (session_region(cl, id))
 		return seterr(err, errlen, ERR_EEXIST, "region %llu already registered",
 			      (unsigned long long)id);
 	struct region *r = calloc(1, sizeof(*r));
@@ -104,7 +104,7 @@ int client_region_add(struct client *cl, uint64_t id, struct source *s, char *er
 }
 
 /* Forgets a region; -1 if unknown. */
-int client_region_del(struct client *cl, uint64_t id)
+int session_region_del(struct session *cl, uint64_t id)
 {
 	for (struct region **p = &cl->regions; *p; p = &(*p)->next) {
 		if ((*p)->id == id) {
@@ -119,7 +119,7 @@ int client_region_del(struct client *cl, uint64_t id)
 }
 
 /* Looks a region up (borrowed reference); NULL if unknown. */
-struct source *client_region(const struct client *cl, uint64_t id)
+struct source *session_region(const struct session *cl, uint64_t id)
 {
 	for (struct region *r = cl->regions; r; r = r->next)
 		if (r->id == id)
