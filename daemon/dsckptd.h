@@ -8,7 +8,7 @@
  *     → request.c (decode; auth.c checks; session.c: identity and regions)
  *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
  *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
- *           → cache.c (chunks) → flush threads (flush.c: a file's header, pieces, finish)
+ *           → cache.c (chunks) → flush threads (flush_file.c: a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
  *     → request_load.c → load.c (loads: the file, its header, the destinations)
@@ -787,7 +787,7 @@ void engine_release_sources(struct job *j);
 /* Stops and joins every thread (jobs must be finished). */
 void engine_stop(void);
 
-/* flush.c — one save's file as the flush threads write it (header, pieces, finish). */
+/* flush_file.c — one save's file as the flush threads write it (header, pieces, finish). */
 struct flush_file;
 /* The state for writing a file of n tensors; NULL without memory. */
 struct flush_file *flush_file_new(size_t n);

@@ -8,7 +8,7 @@
  * thread's own copier (source.c: it hides whether bytes come from CUDA IPC, a VMM mapping or
  * a memfd, and orders device reads after the job's fence) and mark it ready. Flush threads
  * write each job's pieces in file order (so one streaming checksum per tensor suffices;
- * flush.c does the file's part), hand the chunk to the job's resident copy (resident.c) or
+ * flush_file.c does the file's part), hand the chunk to the job's resident copy (resident.c) or
  * return it to the cache, and finish the file. A save larger than the cache streams through
  * it: pieces are claimed only as chunks free up (or as resident copies give theirs back).
  *
@@ -306,7 +306,7 @@ static void flush_loop(void)
 		j->flushing = 1;
 		if (!flush_file_started(j->ff) && !j->failed) {
 			/* First visit: the header goes first, so that a partial file names its
-			 * host ("dsckpt.host") from the start (flush.c). */
+			 * host ("dsckpt.host") from the start (flush_file.c). */
 			pthread_mutex_unlock(&E.lock);
 			int rc = flush_file_begin(j->ff, &j->r, err, sizeof(err));
 			pthread_mutex_lock(&E.lock);

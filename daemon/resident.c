@@ -6,7 +6,7 @@
  * load reading them) keep theirs, so a save never waits for chunks a resident holds.
  *
  * A resident is one file: piece i holds the data bytes [i * chunk, i * chunk + chunk) of its
- * data region, exactly as written (engine.c cuts a job the same way and flush.c writes the
+ * data region, exactly as written (engine.c cuts a job the same way and flush_file.c writes the
  * chunk as it is). Its life:
  *
  *   resident_begin (loop, save_end) → resident_keep per piece (the flush thread holding the

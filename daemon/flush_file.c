@@ -1,5 +1,5 @@
 /*
- * flush.c — one save's file as the flush threads write it: the header laid out and written
+ * flush_file.c — one save's file as the flush threads write it: the header laid out and written
  * first (checksum slots still zero, so that even a partial file names its host), then the data
  * pieces in file order, hashed as they go (one streaming checksum per tensor and one over the
  * data region), then the filled header, the .meta file and the rename into place.
