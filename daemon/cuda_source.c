@@ -148,7 +148,7 @@ static struct {
 
 /* Whether the memory's device checksums it: xxh3_gpu's self-test, run on the device's first
  * question (cudaMemcpy and cudaFree there: once), decides. */
-static int cuda_mem_digests(void *priv)
+static int cuda_mem_can_digest(void *priv)
 {
 	const struct cuda_mem *m = priv;
 	const char *call;
@@ -226,12 +226,12 @@ out:
 
 static const struct source_ops cuda_ipc_ops = {
 	.name = "cuda_ipc", .read = cuda_mem_read, .write = cuda_mem_write,
-	.digests = cuda_mem_digests, .digest = cuda_mem_digest,
+	.can_digest = cuda_mem_can_digest, .digest = cuda_mem_digest,
 	.node = cuda_mem_node, .close = cuda_ipc_close,
 };
 static const struct source_ops cuda_vmm_ops = {
 	.name = "cuda_vmm", .read = cuda_mem_read, .write = cuda_mem_write,
-	.digests = cuda_mem_digests, .digest = cuda_mem_digest,
+	.can_digest = cuda_mem_can_digest, .digest = cuda_mem_digest,
 	.complete = cuda_vmm_complete, .node = cuda_mem_node, .close = cuda_vmm_close,
 };
 

@@ -239,8 +239,9 @@ int cache_pci_node(const char *busid);
 /* Test hook: reads the NUMA topology under root instead of /sys (NULL restores /sys). */
 void cache_set_sysfs(const char *root);
 
-/* source.c — transports: sources of bytes the daemon pulls from, and the copiers that read
- * them (one per copy thread). */
+/* source.c — transports: a client's memory (a region), which a save reads from and a load
+ * writes into (there a source is the load's destination, `dst`), and the copiers that move
+ * the bytes (one per copy or restore thread). */
 struct copier;
 struct cuda_copier;
 struct cuda_fence;
@@ -278,8 +279,8 @@ struct digest {
 };
 /* Whether s's kind computes checksums of its own memory (device memory, on its device, once
  * a self-test there passed), so that a load need not hash those bytes on the host. */
-int source_digests(struct source *s);
-/* Fills d[i].xxh3 with the XXH3-64 of each range (sources source_digests accepted, every
+int source_can_digest(struct source *s);
+/* Fills d[i].xxh3 with the XXH3-64 of each range (sources source_can_digest accepted, every
  * write to them synced), one call per digest function (d reordered); 0 or a negative ERR_E*
  * with err. */
 int source_digest(struct digest *d, size_t n, char *err, size_t errlen);
@@ -325,9 +326,9 @@ struct source_ops {
 	/* Whether every byte can be read; NULL means always. */
 	int (*complete)(const void *priv);
 	/* Whether the kind computes checksums of this source now; NULL: never. */
-	int (*digests)(void *priv);
+	int (*can_digest)(void *priv);
 	/* Fills each d[i].xxh3 (n ranges of sources whose kinds share this function, each
-	 * accepted by digests; d[i].priv their state); 0 or a negative ERR_E* with err. */
+	 * accepted by can_digest; d[i].priv their state); 0 or a negative ERR_E* with err. */
 	int (*digest)(struct digest *d, size_t n, char *err, size_t errlen);
 	/* NUMA node near the memory; NULL means -1 (any). */
 	int (*node)(const void *priv);
@@ -1005,14 +1006,14 @@ void seal_free_all(void);
 /* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
  * header's parse (threadpool). */
 struct load;
-enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_DONE = 2 };
+enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_LOADED = 2 };
 /* What a reply shows of a load. */
 struct load_view {
 	uint64_t id;
 	int level;
 	int code;                /* FAILED: its ERR_E*; else 0 */
 	const char *error;       /* FAILED: the reason; else NULL */
-	const char *source;      /* "cache" or "file" */
+	const char *read_from;   /* "cache" or "file": where its bytes come from (wire: source) */
 	uint64_t tensors, bytes, bytes_cached; /* of the file */
 	uint64_t bytes_total, bytes_done;      /* of the destinations named */
 };

@@ -613,7 +613,7 @@ void load_view(const struct load *l, struct load_view *v)
 	*v = (struct load_view){
 		.id = l->id, .level = l->level, .code = l->code,
 		.error = l->level == LOAD_FAILED ? l->error : NULL,
-		.source = l->cached >= l->data_len ? "cache" : "file",
+		.read_from = l->cached >= l->data_len ? "cache" : "file",
 		.tensors = l->h->n, .bytes = l->data_len, .bytes_cached = l->cached,
 		.bytes_total = l->bytes,
 		.bytes_done = l->job ? restore_progress(l->job) : l->done,
@@ -629,7 +629,7 @@ static void answer(struct load *l)
 	l->waiting = 0;
 	load_view(l, &v);
 	reply_load_state(l->client, l->wait_req, &v);
-	if (l->level == LOAD_DONE || l->level == LOAD_FAILED)
+	if (l->level == LOAD_LOADED || l->level == LOAD_FAILED)
 		load_free(l);
 }
 
@@ -664,7 +664,7 @@ static void on_restore(void *owner, struct restore_job *j, int code, const char 
 	l->done = restore_progress(j);
 	restore_job_free(j);
 	l->job = NULL;
-	l->level = code < 0 ? LOAD_FAILED : LOAD_DONE;
+	l->level = code < 0 ? LOAD_FAILED : LOAD_LOADED;
 	l->code = code;
 	if (code < 0)
 		snprintf(l->error, sizeof(l->error), "%s", error);

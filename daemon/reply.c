@@ -353,7 +353,7 @@ void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v)
 	proto_out_init(&o, PROTO_REPLY, req);
 	msgpack_pack_map(&o.pk, 5);
 	proto_kv_u64(&o.pk, "load", v->id);
-	proto_kv_str(&o.pk, "source", v->source);
+	proto_kv_str(&o.pk, "source", v->read_from);
 	proto_kv_u64(&o.pk, "tensors", v->tensors);
 	proto_kv_u64(&o.pk, "bytes", v->bytes);
 	proto_kv_u64(&o.pk, "bytes_cached", v->bytes_cached);
@@ -369,7 +369,7 @@ void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v)
 	msgpack_pack_map(&o.pk, v->level == LOAD_FAILED ? 7 : 5);
 	proto_kv_u64(&o.pk, "load", v->id);
 	proto_kv_i64(&o.pk, "level", v->level);
-	proto_kv_str(&o.pk, "source", v->source);
+	proto_kv_str(&o.pk, "source", v->read_from);
 	proto_kv_u64(&o.pk, "bytes_total", v->bytes_total);
 	proto_kv_u64(&o.pk, "bytes_done", v->bytes_done);
 	if (v->level == LOAD_FAILED) {

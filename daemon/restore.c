@@ -29,7 +29,7 @@
  * or a free one from the cache if one is free at once, else waits for its own to be free. A
  * tensor whose last part is hashed is compared with the header's checksum.
  *
- * Destinations whose memory checksums itself (GPU memory: source_digests) are not hashed
+ * Destinations whose memory checksums itself (GPU memory: source_can_digest) are not hashed
  * here at all: the host's pass over every byte cost a quarter of a file restore's speed on
  * the H200. The thread that finishes a job's last unit, every copy synced, has their sources
  * checksum them (source_digest: on the device) and compares, before the job ends.
@@ -749,7 +749,7 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 			return seterr(err, errlen, ERR_ECHECKSUM, "%s: tensor '%s' does not match "
 				      "its checksum", r->path, d->name);
 		}
-		if (r->ondev && d->end - d->begin >= DIGEST_MIN && source_digests(d->dst)) {
+		if (r->ondev && d->end - d->begin >= DIGEST_MIN && source_can_digest(d->dst)) {
 			j->ondev[i] = 1;
 			j->nondev++;
 		} else if (d->end > d->begin) {

@@ -287,9 +287,9 @@ int copier_sync(struct copier *cp, char *err, size_t errlen)
 }
 
 /* Whether s's kind checksums its own memory. */
-int source_digests(struct source *s)
+int source_can_digest(struct source *s)
 {
-	return s->ops->digests && s->ops->digest && s->ops->digests(s->priv);
+	return s->ops->can_digest && s->ops->digest && s->ops->can_digest(s->priv);
 }
 
 /* Hands each digest function its ranges in one call (d reordered: grouped by function). */

@@ -36,7 +36,7 @@ static const uint64_t sizes[NT] = {1000, 3000, 4096, 10000, 1500000, 2600000};
 struct dfake {
 	uint8_t *mem;
 	uint64_t size;
-	int digests;               /* what the kind answers source_digests */
+	int digests;               /* what the kind answers source_can_digest */
 	int fail_digest;           /* the digest call fails */
 	int fail_write_at;         /* the n-th write fails (0: none) */
 	atomic_int writes;
@@ -58,7 +58,7 @@ static int dfake_write(void *priv, struct cuda_copier *cc, uint64_t off, const v
 }
 
 /* What the fake was told to answer. */
-static int dfake_digests(void *priv)
+static int dfake_can_digest(void *priv)
 {
 	return ((struct dfake *)priv)->digests;
 }
@@ -87,8 +87,8 @@ static void dfake_close(void *priv, uint64_t size)
 }
 
 static const struct source_ops dfake_ops = {
-	.name = "dfake", .write = dfake_write, .digests = dfake_digests, .digest = dfake_digest,
-	.close = dfake_close,
+	.name = "dfake", .write = dfake_write, .can_digest = dfake_can_digest,
+	.digest = dfake_digest, .close = dfake_close,
 };
 
 /* A job's outcome, set by the final event. */
