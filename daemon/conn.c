@@ -215,10 +215,7 @@ static void conn_refuse(int fd, const char *msg)
 {
 	struct proto_out o;
 
-	proto_out_init(&o, PROTO_ERROR, 0);
-	msgpack_pack_map(&o.pk, 2);
-	proto_kv_i64(&o.pk, "code", ERR_ELIMIT);
-	proto_kv_str(&o.pk, "message", msg);
+	proto_pack_error(&o, 0, ERR_ELIMIT, msg, 0);
 	size_t len = proto_out_finish(&o, 0);
 	if (send(fd, o.sb.data, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		log_debug("refusing a client: %s", strerror(errno));
@@ -372,10 +369,7 @@ static void conn_fail(struct conn *c, uint64_t id, int code, const char *fmt, ..
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	proto_out_init(&o, PROTO_ERROR, id);
-	msgpack_pack_map(&o.pk, 2);
-	proto_kv_i64(&o.pk, "code", code);
-	proto_kv_str(&o.pk, "message", msg);
+	proto_pack_error(&o, id, code, msg, 0);
 	c->closing = 1;
 	log_warnx("client %llu (pid %d): closing after a bad frame: %s",
 		  (unsigned long long)c->id, (int)c->pid, msg);
@@ -390,10 +384,7 @@ static void version_mismatch(struct conn *c, const struct proto_hdr *h)
 
 	snprintf(msg, sizeof(msg), "protocol version mismatch: daemon speaks %d, client %u",
 		 PROTO_VERSION, h->version);
-	proto_out_init(&o, PROTO_ERROR, h->id);
-	msgpack_pack_map(&o.pk, 4);
-	proto_kv_i64(&o.pk, "code", ERR_EVERSION);
-	proto_kv_str(&o.pk, "message", msg);
+	proto_pack_error(&o, h->id, ERR_EVERSION, msg, 2);
 	proto_kv_u64(&o.pk, "server_proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "client_proto", h->version);
 	c->closing = 1;

@@ -1227,8 +1227,69 @@ const char *metrics_hist_key(enum metric_hist h);
  * observes each one's time from ACCEPTED. */
 void metrics_on_save(struct save *s);
 
-/* reply.c — the one place that encodes replies; each names its client by connection id and
- * is dropped when that connection is gone. */
+/* query.c — the control queries' answers, built from the registries' read-only views (and
+ * filtered for the viewer) into values reply.c encodes; loop thread only. */
+/* A resident file STATUS lists (copied). */
+struct query_resident {
+	char *dir, *file;
+	uint64_t bytes;
+	int committed;
+};
+/* A cache pool STATUS lists. */
+struct query_pool {
+	int node;
+	uint64_t total, used;
+};
+/* STATUS's answer (the version and protocol are reply.c's constants). */
+struct query_status {
+	uid_t viewer;            /* the resident files are those it may see (auth_sees) */
+	uint64_t pid, uptime_s;
+	uint64_t cache_total, cache_used, chunk, cache_resident, resident_data, cache_locked;
+	uint64_t clients;        /* connections but the asker's */
+	uint64_t saves;          /* in flight, committing or sealing */
+	uint64_t loads;
+	unsigned flush_threads, copy_threads;
+	const char *cuda;        /* gpu_init's line */
+	struct query_pool *pools;
+	unsigned npools;
+	const char *const *roots; /* the config's allowed roots (borrowed) */
+	size_t nroots;
+	struct query_resident *resident;
+	size_t nresident, resident_cap;
+	int resident_oom;        /* the list stopped short of memory */
+};
+/* Fills q for a client of uid viewer (short of memory, lists are cut short); free it with
+ * query_status_free. */
+void query_status(struct query_status *q, uid_t viewer);
+void query_status_free(struct query_status *q);
+/* One save PENDING lists (strings borrowed from the save). */
+struct query_save {
+	struct save_view v;
+	uint64_t rate;           /* bytes flushed per busy second */
+	uint64_t age_ms;         /* since ACCEPTED */
+	int client_alive;        /* its connection is still open */
+};
+/* PENDING's answer: the ended saves a viewer may see, in the registry's order. */
+struct query_pending {
+	struct query_save *saves;
+	size_t n;
+};
+/* Fills q for a client of uid viewer (all saves for root); 0, or -1 without memory. Free it
+ * with query_pending_free. */
+int query_pending(struct query_pending *q, uid_t viewer);
+void query_pending_free(struct query_pending *q);
+/* METRICS's answer: metrics.c's view and the gauges of the moment. */
+struct query_metrics {
+	struct metrics_view v;
+	uint64_t start_time_ms, uptime_ms;
+	uint64_t cache_total, cache_used, cache_resident;
+	uint64_t clients, saves_in_flight, loads_in_flight;
+};
+void query_metrics(struct query_metrics *q);
+
+/* reply.c — the one place that encodes replies (ERROR frames through proto_pack_error), from
+ * values it is handed: it reads no registry. Each names its client by connection id and is
+ * dropped when that connection is gone. */
 struct store_commit_info;
 /* ERROR {code, message} to request req; the connection goes on. */
 void reply_error(uint64_t conn, uint64_t req, int code, const char *fmt, ...)
@@ -1247,11 +1308,10 @@ void reply_save_ended(uint64_t conn, uint64_t req, uint64_t save);
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v);
 void reply_committed(uint64_t conn, uint64_t req, const struct store_commit_info *info);
 void reply_sealed(uint64_t conn, uint64_t req, int committed);
-/* STATUS; its resident list holds the files a client of uid may see (auth_sees). */
-void reply_status(uint64_t conn, uint64_t req, uid_t uid);
-void reply_pending(uint64_t conn, uint64_t req, uid_t uid);
-/* METRICS: metrics.c's counters and histograms, and the gauges of the moment. */
-void reply_metrics(uint64_t conn, uint64_t req);
+/* The control queries' answers, as query.c built them. */
+void reply_status(uint64_t conn, uint64_t req, const struct query_status *q);
+void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q);
+void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q);
 void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);
 

@@ -1,18 +1,16 @@
 /*
  * reply.c — the one place that turns answers and state changes into frames: request.c's
- * immediate answers, and the events of the state machines (a WAIT's save reaching its level,
- * a COMMIT finishing). Every function names its client by connection id and drops the frame
- * when that connection is gone. The frames' layouts are documented in proto/PROTOCOL.md.
- * Loop thread only.
+ * immediate answers, the control queries' answers query.c built, and the events of the state
+ * machines (a WAIT's save reaching its level, a COMMIT finishing). It encodes what it is
+ * handed and reads no registry. Every function names its client by connection id and drops
+ * the frame when that connection is gone. The frames' layouts are documented in
+ * proto/PROTOCOL.md. Loop thread only.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
 
 #include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
+#include <stdio.h>
 
 /* Sends o to connection id (frees o either way); closes after it when fatal. */
 static void reply_send(uint64_t id, struct proto_out *o, int fatal)
@@ -41,10 +39,7 @@ static void reply_verror(uint64_t conn, uint64_t req, int code, int fatal, const
 	if (c)
 		log_warnx("client %llu (pid %d): closing after a bad frame: %s",
 			  (unsigned long long)conn, (int)conn_pid(c), msg);
-	proto_out_init(&o, PROTO_ERROR, req);
-	msgpack_pack_map(&o.pk, 2);
-	proto_kv_i64(&o.pk, "code", code);
-	proto_kv_str(&o.pk, "message", msg);
+	proto_pack_error(&o, req, code, msg, 0);
 	reply_send(conn, &o, fatal);
 }
 
@@ -187,118 +182,58 @@ void reply_sealed(uint64_t conn, uint64_t req, int committed)
 	reply_send(conn, &o, 0);
 }
 
-/* The resident files STATUS lists, copied out of resident.c in one pass (flush and copy
- * threads change the set meanwhile, and the array's length comes first). */
-struct status_residents {
-	uid_t viewer;
-	size_t n, cap;
-	struct status_resident {
-		char *dir, *file;
-		uint64_t bytes;
-		int committed;
-	} *v;
-	int oom;
-};
-
-/* resident_each's callback: copies a file the viewer may see. */
-static void status_resident_add(void *arg, const char *dir, const char *file, uid_t uid,
-				uint64_t bytes, int committed)
-{
-	struct status_residents *sr = arg;
-
-	if (!auth_sees(sr->viewer, uid) || sr->oom)
-		return;
-	if (sr->n == sr->cap) {
-		size_t cap = sr->cap ? 2 * sr->cap : 16;
-		struct status_resident *v = realloc(sr->v, cap * sizeof(*v));
-		if (!v) {
-			sr->oom = 1;
-			return;
-		}
-		sr->v = v;
-		sr->cap = cap;
-	}
-	struct status_resident *e = &sr->v[sr->n];
-	e->dir = strdup(dir);
-	e->file = strdup(file);
-	e->bytes = bytes;
-	e->committed = committed;
-	if (!e->dir || !e->file) {
-		free(e->dir);
-		free(e->file);
-		sr->oom = 1;
-		return;
-	}
-	sr->n++;
-}
-
-/* Answers STATUS: the daemon at a glance; resident files are those uid may see. */
-void reply_status(uint64_t conn, uint64_t req, uid_t uid)
+/* Answers STATUS: the daemon at a glance, as query_status built it. */
+void reply_status(uint64_t conn, uint64_t req, const struct query_status *q)
 {
 	struct proto_out o;
-	struct timespec ts;
-	struct status_residents sr = {.viewer = uid};
 
-	resident_each(status_resident_add, &sr);
-	clock_gettime(CLOCK_REALTIME, &ts);
 	proto_out_init(&o, PROTO_REPLY, req);
 	msgpack_pack_map(&o.pk, 19);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
-	proto_kv_u64(&o.pk, "pid", (uint64_t)getpid());
-	proto_kv_u64(&o.pk, "uptime_s", (uint64_t)(ts.tv_sec + ts.tv_nsec / 1e9 - start_time));
-	proto_kv_u64(&o.pk, "cache_total", cache_total(cache));
-	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
-	proto_kv_u64(&o.pk, "chunk", cache_chunk(cache));
-	proto_kv_u64(&o.pk, "clients", conn_count() - 1);	/* not the asker */
-	proto_kv_u64(&o.pk, "saves", save_inflight() + commit_running() + seal_running());
-	proto_kv_u64(&o.pk, "flush_threads", config->flush_threads);
-	proto_kv_u64(&o.pk, "copy_threads", config->copy_threads);
-	proto_kv_str(&o.pk, "cuda", gpu_line);
+	proto_kv_u64(&o.pk, "pid", q->pid);
+	proto_kv_u64(&o.pk, "uptime_s", q->uptime_s);
+	proto_kv_u64(&o.pk, "cache_total", q->cache_total);
+	proto_kv_u64(&o.pk, "cache_used", q->cache_used);
+	proto_kv_u64(&o.pk, "chunk", q->chunk);
+	proto_kv_u64(&o.pk, "clients", q->clients);
+	proto_kv_u64(&o.pk, "saves", q->saves);
+	proto_kv_u64(&o.pk, "flush_threads", q->flush_threads);
+	proto_kv_u64(&o.pk, "copy_threads", q->copy_threads);
+	proto_kv_str(&o.pk, "cuda", q->cuda);
 	proto_key(&o.pk, "cache_pools");
-	msgpack_pack_array(&o.pk, cache_pools(cache));
-	for (unsigned i = 0; i < cache_pools(cache); i++) {
-		int node;
-		uint64_t total, used;
-		cache_pool_info(cache, i, &node, &total, &used);
+	msgpack_pack_array(&o.pk, q->npools);
+	for (unsigned i = 0; i < q->npools; i++) {
 		msgpack_pack_map(&o.pk, 3);
-		proto_kv_i64(&o.pk, "node", node);
-		proto_kv_u64(&o.pk, "total", total);
-		proto_kv_u64(&o.pk, "used", used);
+		proto_kv_i64(&o.pk, "node", q->pools[i].node);
+		proto_kv_u64(&o.pk, "total", q->pools[i].total);
+		proto_kv_u64(&o.pk, "used", q->pools[i].used);
 	}
-	proto_kv_u64(&o.pk, "cache_resident", resident_bytes());
-	proto_kv_u64(&o.pk, "resident_data", resident_data_bytes());
-	proto_kv_u64(&o.pk, "cache_locked", cache_locked(cache));
-	proto_kv_u64(&o.pk, "loads", load_count());
+	proto_kv_u64(&o.pk, "cache_resident", q->cache_resident);
+	proto_kv_u64(&o.pk, "resident_data", q->resident_data);
+	proto_kv_u64(&o.pk, "cache_locked", q->cache_locked);
+	proto_kv_u64(&o.pk, "loads", q->loads);
 	proto_key(&o.pk, "allowed_roots");
-	msgpack_pack_array(&o.pk, config->n_roots);
-	for (size_t i = 0; i < config->n_roots; i++)
-		msgpack_pack_str_with_body(&o.pk, config->allowed_roots[i],
-					   strlen(config->allowed_roots[i]));
+	msgpack_pack_array(&o.pk, q->nroots);
+	for (size_t i = 0; i < q->nroots; i++)
+		proto_str(&o.pk, q->roots[i]);
 	proto_key(&o.pk, "resident");
-	msgpack_pack_array(&o.pk, sr.n);
-	for (size_t i = 0; i < sr.n; i++) {
+	msgpack_pack_array(&o.pk, q->nresident);
+	for (size_t i = 0; i < q->nresident; i++) {
 		msgpack_pack_map(&o.pk, 4);
-		proto_kv_str(&o.pk, "dir", sr.v[i].dir);
-		proto_kv_str(&o.pk, "file", sr.v[i].file);
-		proto_kv_u64(&o.pk, "bytes", sr.v[i].bytes);
-		proto_kv_bool(&o.pk, "committed", sr.v[i].committed);
-		free(sr.v[i].dir);
-		free(sr.v[i].file);
+		proto_kv_str(&o.pk, "dir", q->resident[i].dir);
+		proto_kv_str(&o.pk, "file", q->resident[i].file);
+		proto_kv_u64(&o.pk, "bytes", q->resident[i].bytes);
+		proto_kv_bool(&o.pk, "committed", q->resident[i].committed);
 	}
-	free(sr.v);
 	reply_send(conn, &o, 0);
 }
 
-/* Whether PENDING lists save v to a client of uid: ended saves it may see. */
-static int pending_shows(const struct save_view *v, uid_t uid)
-{
-	return v->level != LEVEL_NONE && auth_sees(uid, v->uid);
-}
-
 /* Packs one save of the PENDING listing. */
-static void pack_pending_save(msgpack_packer *pk, const struct save_view *v)
+static void pack_pending_save(msgpack_packer *pk, const struct query_save *e)
 {
+	const struct save_view *v = &e->v;
+
 	msgpack_pack_map(pk, v->level == LEVEL_FAILED ? 16 : 14);
 	proto_kv_u64(pk, "id", v->id);
 	proto_kv_u64(pk, "client", v->client);
@@ -311,37 +246,26 @@ static void pack_pending_save(msgpack_packer *pk, const struct save_view *v)
 	proto_kv_u64(pk, "bytes_total", v->bytes_total);
 	proto_kv_u64(pk, "bytes_snapshot", v->bytes_snapshot);
 	proto_kv_u64(pk, "bytes_flushed", v->bytes_flushed);
-	proto_kv_u64(pk, "rate", v->busy_s > 0 ? (uint64_t)(v->bytes_flushed / v->busy_s) : 0);
-	proto_kv_u64(pk, "age_ms", (uint64_t)(v->age_s * 1000));
-	proto_kv_bool(pk, "client_alive", conn_find(v->client) != NULL);
+	proto_kv_u64(pk, "rate", e->rate);
+	proto_kv_u64(pk, "age_ms", e->age_ms);
+	proto_kv_bool(pk, "client_alive", e->client_alive);
 	if (v->level == LEVEL_FAILED) {
 		proto_kv_i64(pk, "code", v->code);
 		proto_kv_str(pk, "error", v->error);
 	}
 }
 
-/* Answers PENDING: the saves the daemon still knows that uid may see (all, for root). */
-void reply_pending(uint64_t conn, uint64_t req, uid_t uid)
+/* Answers PENDING with the saves query_pending listed. */
+void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q)
 {
 	struct proto_out o;
-	struct save_view v;
-	unsigned n = 0;
 
-	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
-		save_view(s, &v);
-		n += pending_shows(&v, uid);
-	}
 	proto_out_init(&o, PROTO_REPLY, req);
 	msgpack_pack_map(&o.pk, 1);
 	proto_key(&o.pk, "saves");
-	msgpack_pack_array(&o.pk, n);
-	for (struct save *s = save_next(NULL); s && n; s = save_next(s)) {
-		save_view(s, &v);
-		if (pending_shows(&v, uid)) {
-			pack_pending_save(&o.pk, &v);
-			n--;
-		}
-	}
+	msgpack_pack_array(&o.pk, q->n);
+	for (size_t i = 0; i < q->n; i++)
+		pack_pending_save(&o.pk, &q->saves[i]);
 	reply_send(conn, &o, 0);
 }
 
@@ -405,39 +329,35 @@ static void pack_hist(msgpack_packer *pk, const struct metrics_view *v, enum met
 }
 
 /* Answers METRICS: the counters and histograms since start, and the gauges of now. */
-void reply_metrics(uint64_t conn, uint64_t req)
+void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 {
 	struct proto_out o;
-	struct metrics_view v;
-	struct timespec ts;
+	const struct metrics_view *v = &q->v;
 
-	metrics_view(&v);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	double up = ts.tv_sec + ts.tv_nsec / 1e9 - start_time;
 	proto_out_init(&o, PROTO_REPLY, req);
 	msgpack_pack_map(&o.pk, 9 + METRIC_N + METRIC_REASONED_N + 2 + METRIC_HIST_N);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
-	proto_kv_u64(&o.pk, "start_time_ms", (uint64_t)(start_time * 1e3));
-	proto_kv_u64(&o.pk, "uptime_ms", up > 0 ? (uint64_t)(up * 1e3) : 0);
-	proto_kv_u64(&o.pk, "cache_total", cache_total(cache));
-	proto_kv_u64(&o.pk, "cache_used", cache_used(cache));
-	proto_kv_u64(&o.pk, "cache_resident", resident_bytes());
-	proto_kv_u64(&o.pk, "clients", conn_count() - 1);	/* not the asker */
-	proto_kv_u64(&o.pk, "saves_in_flight", save_inflight());
-	proto_kv_u64(&o.pk, "loads_in_flight", load_count());
+	proto_kv_u64(&o.pk, "start_time_ms", q->start_time_ms);
+	proto_kv_u64(&o.pk, "uptime_ms", q->uptime_ms);
+	proto_kv_u64(&o.pk, "cache_total", q->cache_total);
+	proto_kv_u64(&o.pk, "cache_used", q->cache_used);
+	proto_kv_u64(&o.pk, "cache_resident", q->cache_resident);
+	proto_kv_u64(&o.pk, "clients", q->clients);
+	proto_kv_u64(&o.pk, "saves_in_flight", q->saves_in_flight);
+	proto_kv_u64(&o.pk, "loads_in_flight", q->loads_in_flight);
 	for (unsigned i = 0; i < METRIC_N; i++)
-		proto_kv_u64(&o.pk, metrics_counter_key(i), v.counter[i]);
+		proto_kv_u64(&o.pk, metrics_counter_key(i), v->counter[i]);
 	for (unsigned i = 0; i < METRIC_REASONED_N; i++)
-		pack_reasons(&o.pk, &v, i);
+		pack_reasons(&o.pk, v, i);
 	proto_key(&o.pk, "recovery");
 	msgpack_pack_map(&o.pk, RECOVERY_N);
 	for (unsigned i = 0; i < RECOVERY_N; i++)
-		proto_kv_u64(&o.pk, metrics_recovery_key(i), v.recovery[i]);
+		proto_kv_u64(&o.pk, metrics_recovery_key(i), v->recovery[i]);
 	proto_key(&o.pk, "le_us");
 	msgpack_pack_array(&o.pk, METRIC_BUCKETS);
 	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
-		msgpack_pack_uint64(&o.pk, v.le_us[i]);
+		msgpack_pack_uint64(&o.pk, v->le_us[i]);
 	for (unsigned i = 0; i < METRIC_HIST_N; i++)
-		pack_hist(&o.pk, &v, i);
+		pack_hist(&o.pk, v, i);
 	reply_send(conn, &o, 0);
 }

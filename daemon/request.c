@@ -479,7 +479,10 @@ static void on_status(struct session *c, const struct proto_hdr *h, struct proto
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_status(session_id(c), h->id, session_uid(c));
+	struct query_status q;
+	query_status(&q, session_uid(c));
+	reply_status(session_id(c), h->id, &q);
+	query_status_free(&q);
 }
 
 /* PENDING: the saves the daemon still knows, of this client's user (all of them for root). */
@@ -487,7 +490,11 @@ static void on_pending(struct session *c, const struct proto_hdr *h, struct prot
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_pending(session_id(c), h->id, session_uid(c));
+	struct query_pending q;
+	if (query_pending(&q, session_uid(c)) < 0)
+		return request_error(c, h, ERR_ENOMEM, "out of memory listing the saves");
+	reply_pending(session_id(c), h->id, &q);
+	query_pending_free(&q);
 }
 
 /* METRICS: node-wide counters, which name no path or user: any client may read them. */
@@ -495,7 +502,9 @@ static void on_metrics(struct session *c, const struct proto_hdr *h, struct prot
 {
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
-	reply_metrics(session_id(c), h->id);
+	struct query_metrics q;
+	query_metrics(&q);
+	reply_metrics(session_id(c), h->id, &q);
 }
 
 /* Handles one frame of a client. */

@@ -110,6 +110,16 @@ void proto_out_init(struct proto_out *o, unsigned type, uint64_t id)
 	msgpack_sbuffer_write(&o->sb, (const char *)hdr, sizeof(hdr));
 }
 
+/* Starts ERROR {code, message, and extra more keys} answering request id. */
+void proto_pack_error(struct proto_out *o, uint64_t id, int code, const char *message,
+		      unsigned extra)
+{
+	proto_out_init(o, PROTO_ERROR, id);
+	msgpack_pack_map(&o->pk, 2 + extra);
+	proto_kv_i64(&o->pk, "code", code);
+	proto_kv_str(&o->pk, "message", message);
+}
+
 /* Patches the header with body length and nfds. */
 size_t proto_out_finish(struct proto_out *o, unsigned nfds)
 {

@@ -88,6 +88,10 @@ struct proto_out {
 
 /* Starts a frame of type with request id (header space reserved). */
 void proto_out_init(struct proto_out *o, unsigned type, uint64_t id);
+/* Starts an ERROR frame answering request id (0: the connection): {code, message}, and room
+ * for extra keys the caller packs next. Every ERROR frame is made here. */
+void proto_pack_error(struct proto_out *o, uint64_t id, int code, const char *message,
+		      unsigned extra);
 /* Patches the header with the body length and nfds; returns the frame's total length. */
 size_t proto_out_finish(struct proto_out *o, unsigned nfds);
 /* Frees the frame buffer. */
