@@ -448,10 +448,7 @@ static void handle_frames(struct conn *c)
 /* Reads what the socket has, collecting descriptors; -1 when the connection ended. */
 static int read_some(struct conn *c)
 {
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * PROTO_MAX_FDS)];
-		struct cmsghdr align;
-	} u;
+	int overflow = 0;
 
 	if (c->in_cap - c->in_len < 65536) {
 		size_t cap = c->in_cap ? c->in_cap * 2 : IN_BASE;
@@ -464,28 +461,10 @@ static int read_some(struct conn *c)
 			return 0;
 		}
 	}
-	struct iovec iov = {.iov_base = c->in + c->in_len, .iov_len = c->in_cap - c->in_len};
-	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-			     .msg_controllen = sizeof(u.buf)};
-	ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	ssize_t n = proto_recvmsg(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT,
+				  c->fdq, &c->nfdq, FDQ_MAX, &overflow);
 	if (n < 0)
-		return errno == EAGAIN || errno == EINTR ? 0 : -1;
-	int overflow = (msg.msg_flags & MSG_CTRUNC) != 0;
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-			continue;
-		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		int got[PROTO_MAX_FDS];
-		memcpy(got, CMSG_DATA(cm), k * sizeof(int));
-		for (size_t i = 0; i < k; i++) {
-			if (c->nfdq < FDQ_MAX)
-				c->fdq[c->nfdq++] = got[i];
-			else {
-				close(got[i]);
-				overflow = 1;
-			}
-		}
-	}
+		return n == -EAGAIN || n == -EINTR ? 0 : -1;
 	if (overflow) {
 		conn_fail(c, 0, ERR_EPROTO, "too many file descriptors sent");
 		return 0;

@@ -256,14 +256,48 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Reads exactly len bytes, collecting descriptors; 0, -ETIMEDOUT, -EPIPE or -errno. */
-static int recv_full(int fd, uint8_t *p, size_t len, int *fds, unsigned *nfds,
-		     int64_t deadline)
+/* One recvmsg of up to len bytes into buf with flags: the descriptors that came with them are
+ * appended to fds (room for max; *nfds counts them), those beyond it closed and *lost set, as
+ * when the kernel cut them short (MSG_CTRUNC). Bytes read (0: the peer closed), or -errno. */
+ssize_t proto_recvmsg(int fd, void *buf, size_t len, int flags, int *fds, unsigned *nfds,
+		      unsigned max, int *lost)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * PROTO_MAX_FDS)];
 		struct cmsghdr align;
 	} u;
+	struct iovec iov = {.iov_base = buf, .iov_len = len};
+	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+			     .msg_controllen = sizeof(u.buf)};
+	ssize_t n = recvmsg(fd, &msg, flags | MSG_CMSG_CLOEXEC);
+
+	if (n < 0)
+		return -errno;
+	if (msg.msg_flags & MSG_CTRUNC)
+		*lost = 1;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		int got[PROTO_MAX_FDS];
+		memcpy(got, CMSG_DATA(cm), k * sizeof(int));
+		for (size_t i = 0; i < k; i++) {
+			if (*nfds < max) {
+				fds[(*nfds)++] = got[i];
+			} else {
+				close(got[i]);
+				*lost = 1;
+			}
+		}
+	}
+	return n;
+}
+
+/* Reads exactly len bytes, collecting descriptors; 0, -ETIMEDOUT, -EPIPE or -errno. */
+static int recv_full(int fd, uint8_t *p, size_t len, int *fds, unsigned *nfds,
+		     int64_t deadline)
+{
+	int lost = 0;
 
 	while (len > 0) {
 		if (deadline >= 0) {
@@ -277,30 +311,14 @@ static int recv_full(int fd, uint8_t *p, size_t len, int *fds, unsigned *nfds,
 			if (r == 0)
 				return -ETIMEDOUT;
 		}
-		struct iovec iov = {.iov_base = p, .iov_len = len};
-		struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
-				     .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
-		ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == ECONNRESET ? -EPIPE : -errno;
-		}
+		ssize_t n = proto_recvmsg(fd, p, len, 0, fds, nfds, fds ? PROTO_MAX_FDS : 0,
+					  &lost);
+		if (n == -EINTR)
+			continue;
+		if (n < 0)
+			return n == -ECONNRESET ? -EPIPE : (int)n;
 		if (n == 0)
 			return -EPIPE;
-		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-				continue;
-			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-			int got[PROTO_MAX_FDS];
-			memcpy(got, CMSG_DATA(cm), k * sizeof(int));
-			for (size_t i = 0; i < k; i++) {
-				if (fds && *nfds < PROTO_MAX_FDS)
-					fds[(*nfds)++] = got[i];
-				else
-					close(got[i]);
-			}
-		}
 		p += n;
 		len -= (size_t)n;
 	}

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <msgpack.h>
 
 /* Bump PROTO_VERSION if you change the header, a message type or a message's keys. */
@@ -186,6 +187,12 @@ int proto_map_end(struct proto_map *pm);
 /* Frame I/O (proto.c). Writes a whole frame with optional fds on a blocking socket; 0 or
  * -errno. */
 int proto_send(int fd, const void *buf, size_t len, const int *fds, unsigned nfds);
+/* One recvmsg (flags: MSG_DONTWAIT, or 0) of up to len bytes into buf: descriptors that came
+ * with them appended to fds (room for max, *nfds counting), those beyond closed and *lost set,
+ * as when the kernel cut them short. Bytes read (0: the peer closed), or -errno. Both ends'
+ * readers use it. */
+ssize_t proto_recvmsg(int fd, void *buf, size_t len, int flags, int *fds, unsigned *nfds,
+		      unsigned max, int *lost);
 /*
  * Reads one whole frame on a blocking socket: header into h, body into a malloc'd *body.
  * Received descriptors go to fds (up to PROTO_MAX_FDS; *nfds set). timeout_ms < 0 waits
