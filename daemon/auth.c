@@ -16,31 +16,31 @@ int auth_check(const struct session *cl, enum auth_action a, char *err, size_t e
 	switch (a) {
 	case AUTH_REQUEST:
 		if (role == SESSION_NONE)
-			return seterr(err, errlen, ERR_ESTATE, "the first message must be HELLO");
+			return err_set(err, errlen, ERR_ESTATE, "the first message must be HELLO");
 		return 0;
 	case AUTH_HELLO:
 		if (role != SESSION_NONE)
-			return seterr(err, errlen, ERR_ESTATE, "HELLO was already sent");
+			return err_set(err, errlen, ERR_ESTATE, "HELLO was already sent");
 		return 0;
 	case AUTH_SAVE:
 		if (role != SESSION_TRAINER)
-			return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may save");
+			return err_set(err, errlen, ERR_ESTATE, "only an identified trainer may save");
 		return 0;
 	case AUTH_COMMIT:
 		if (role != SESSION_TRAINER)
-			return seterr(err, errlen, ERR_ESTATE,
-				      "only an identified trainer may commit");
+			return err_set(err, errlen, ERR_ESTATE,
+				       "only an identified trainer may commit");
 		return 0;
 	case AUTH_SEAL:
 		if (role != SESSION_TRAINER)
-			return seterr(err, errlen, ERR_ESTATE, "only an identified trainer may seal");
+			return err_set(err, errlen, ERR_ESTATE, "only an identified trainer may seal");
 		return 0;
 	case AUTH_LOAD:
 		if (role == SESSION_NONE)
-			return seterr(err, errlen, ERR_ESTATE, "the first message must be HELLO");
+			return err_set(err, errlen, ERR_ESTATE, "the first message must be HELLO");
 		return 0;
 	}
-	return seterr(err, errlen, ERR_EPERM, "operation not permitted");
+	return err_set(err, errlen, ERR_EPERM, "operation not permitted");
 }
 
 /* Whether a client of uid viewer may see a save of uid owner: its own; root sees all. */

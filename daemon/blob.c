@@ -75,10 +75,10 @@ int blobs_add(struct blobs *bs, const char *name, const void *data, size_t len, 
 			b = &bs->b[i];
 	}
 	if (!*name)
-		return seterr(err, errlen, ERR_EINVAL, "blob with an empty name");
+		return err_set(err, errlen, ERR_EINVAL, "blob with an empty name");
 	if (total > MAX_BLOB_BYTES)
-		return seterr(err, errlen, ERR_ERANGE, "blobs of one save exceed %llu bytes",
-			      (unsigned long long)MAX_BLOB_BYTES);
+		return err_set(err, errlen, ERR_ERANGE, "blobs of one save exceed %llu bytes",
+			       (unsigned long long)MAX_BLOB_BYTES);
 	int rc = quota_take(bs->uid, QUOTA_BLOB, len, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -86,17 +86,17 @@ int blobs_add(struct blobs *bs, const char *name, const void *data, size_t len, 
 	if (!b) {
 		struct meta_blob *nb = realloc(bs->b, (bs->n + 1) * sizeof(*nb));
 		if (!nb)
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		bs->b = nb;
 		b = &bs->b[bs->n];
 		memset(b, 0, sizeof(*b));
 		if (!(b->name = strdup(name)))
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		bs->n++;
 	}
 	uint8_t *d = realloc(b->data, b->len + len + 1);
 	if (!d)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	memcpy(d + b->len, data, len);
 	b->data = d;
 	b->len += len;

@@ -129,7 +129,7 @@ static int conn_resize(struct conn *c, uint8_t **buf, size_t *bufcap, size_t cap
 	uint8_t *p = realloc(*buf, cap);
 	if (!p) {
 		quota_give(c->uid, QUOTA_UNREAD, grow);
-		return grow ? seterr(err, errlen, -1, "out of memory") : 0;
+		return grow ? err_set(err, errlen, -1, "out of memory") : 0;
 	}
 	if (!grow)
 		quota_give(c->uid, QUOTA_UNREAD, *bufcap - cap);

@@ -49,8 +49,8 @@ struct cuda_drv cuda_drv;
 /* Formats "call: cudaErrorName: description" into err; returns code. */
 int cuda_fail(char *err, size_t errlen, int code, const char *call, cudaError_t e)
 {
-	return seterr(err, errlen, code, "%s: %s: %s", call, cudaGetErrorName(e),
-		      cudaGetErrorString(e));
+	return err_set(err, errlen, code, "%s: %s: %s", call, cudaGetErrorName(e),
+		       cudaGetErrorString(e));
 }
 
 /* Formats "call: CUDA_ERROR_…: description" for a driver result into err; returns code. */
@@ -62,7 +62,7 @@ int cuda_drv_fail(char *err, size_t errlen, int code, const char *call, CUresult
 		name = "CUDA_ERROR_?";
 	if (cuda_drv.GetErrorString(r, &desc) != CUDA_SUCCESS || desc == NULL)
 		desc = "unknown error";
-	return seterr(err, errlen, code, "%s: %s (%d): %s", call, name, (int)r, desc);
+	return err_set(err, errlen, code, "%s: %s (%d): %s", call, name, (int)r, desc);
 }
 
 /* Writes a UUID the way nvidia-smi does: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
@@ -172,7 +172,7 @@ int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errlen)
 
 	pthread_once(&G.once, cuda_probe);
 	if (G.count == 0)
-		return seterr(err, errlen, ERR_ENOCUDA, "%s", G.why);
+		return err_set(err, errlen, ERR_ENOCUDA, "%s", G.why);
 	for (int i = 0; i < G.count; i++) {
 		if (memcmp(G.uuid[i], uuid, 16) == 0) {
 			*dev = i;
@@ -180,7 +180,7 @@ int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errlen)
 		}
 	}
 	cuda_uuid_str(uuid, u);
-	return seterr(err, errlen, ERR_ENOENT, "no GPU with UUID %s", u);
+	return err_set(err, errlen, ERR_ENOENT, "no GPU with UUID %s", u);
 }
 
 /* NUMA node of device dev (a valid ordinal), or -1 if unknown. */

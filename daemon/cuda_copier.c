@@ -57,7 +57,7 @@ int cuda_copier_new(struct cuda_copier **out, char *err, size_t errlen)
 	if (n == 0)
 		return 0;
 	if ((cc = calloc(1, sizeof(*cc) + (size_t)n * sizeof(cc->dev[0]))) == NULL)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	cc->ndev = n;
 	*out = cc;
 	return 0;
@@ -94,7 +94,7 @@ int cuda_copier_stream(struct cuda_copier *cc, int dev, cudaStream_t *out, char 
 	cudaError_t e;
 
 	if (cc == NULL || dev < 0 || dev >= cc->ndev)
-		return seterr(err, errlen, ERR_ENOCUDA, "CUDA not available to this copier");
+		return err_set(err, errlen, ERR_ENOCUDA, "CUDA not available to this copier");
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
 		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 	if (cc->dev[dev].stream == NULL &&
@@ -150,7 +150,7 @@ static int cuda_import_get(uint64_t owner, int dev, const uint8_t handle[64],
 		}
 	}
 	if ((im = calloc(1, sizeof(*im))) == NULL)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	im->owner = owner;
 	im->dev = dev;
 	memcpy(im->handle, handle, 64);
@@ -210,7 +210,7 @@ int cuda_fence_import(uint64_t owner, const uint8_t uuid[16], const uint8_t hand
 	if ((rc = cuda_import_get(owner, dev, handle, &im, err, errlen)) < 0)
 		return rc;
 	if ((f = calloc(1, sizeof(*f))) == NULL)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	f->dev = dev;
 	if ((e = cudaSetDevice(dev)) != cudaSuccess) {
 		rc = cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
@@ -286,7 +286,7 @@ int cuda_fence_import(uint64_t owner, const uint8_t uuid[16], const uint8_t hand
 		      struct cuda_fence **out, char *err, size_t errlen)
 {
 	*out = NULL;
-	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
+	return err_set(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Frees a fence: there are none without CUDA. */

@@ -49,8 +49,8 @@ static int cuda_mem_copy(struct cuda_mem *m, struct cuda_copier *cc, uint64_t of
 	int rc;
 
 	if (off + len > mapped) {
-		return seterr(err, errlen, ERR_ESTATE,
-			      "cuda source: bytes [%llu, +%llu) are not mapped (%llu are)",
+		return err_set(err, errlen, ERR_ESTATE,
+			       "cuda source: bytes [%llu, +%llu) are not mapped (%llu are)",
 			      (unsigned long long)off, (unsigned long long)len,
 			      (unsigned long long)mapped);
 	}
@@ -186,7 +186,7 @@ static int cuda_mem_digest(struct digest *d, size_t n, char *err, size_t errlen)
 	int rc = 0, e;
 
 	if (!addr || !len || !out || !idx || !done) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory checksumming a load");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory checksumming a load");
 		goto out;
 	}
 	for (size_t i = 0; i < n && rc == 0; i++) {
@@ -252,7 +252,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		return rc;
 	if (size == 0)
-		return seterr(err, errlen, ERR_EINVAL, "cuda_ipc: bad size 0");
+		return err_set(err, errlen, ERR_EINVAL, "cuda_ipc: bad size 0");
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
 		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 	memcpy(&h, handle, sizeof(h));
@@ -269,13 +269,13 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 		goto fail_close;
 	}
 	if (size > asize - ((CUdeviceptr)(uintptr_t)ptr - abase)) {
-		rc = seterr(err, errlen, ERR_ERANGE,
-			    "cuda_ipc: %llu bytes wanted, the allocation has %zu",
-			    (unsigned long long)size, asize);
+		rc = err_set(err, errlen, ERR_ERANGE,
+			     "cuda_ipc: %llu bytes wanted, the allocation has %zu",
+			     (unsigned long long)size, asize);
 		goto fail_close;
 	}
 	if ((m = calloc(1, sizeof(*m))) == NULL) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_close;
 	}
 	m->dev = dev;
@@ -284,7 +284,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 	m->size = size;
 	atomic_init(&m->mapped, size);
 	if ((*out = source_new(&cuda_ipc_ops, m, size)) == NULL) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free;
 	}
 	log_debug("cuda_ipc: opened %llu bytes on device %d at %p", (unsigned long long)size,
@@ -325,15 +325,15 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 		return cuda_drv_fail(err, errlen, ERR_EIO, "cuMemGetAllocationGranularity", r);
 	/* Mappings come whole from cuMemCreate, so a complete range is a multiple of gran. */
 	if (size == 0 || gran == 0 || size % gran != 0) {
-		return seterr(err, errlen, ERR_EINVAL,
-			      "cuda_vmm: size %llu is not a positive multiple of the GPU's "
-			      "%zu-byte granularity", (unsigned long long)size, gran);
+		return err_set(err, errlen, ERR_EINVAL,
+			       "cuda_vmm: size %llu is not a positive multiple of the GPU's "
+			       "%zu-byte granularity", (unsigned long long)size, gran);
 	}
 	if ((r = cuda_drv.MemAddressReserve(&base, (size_t)size, gran, 0, 0)) != CUDA_SUCCESS) {
 		return cuda_drv_fail(err, errlen, ERR_ENOMEM, "cuMemAddressReserve", r);
 	}
 	if ((m = calloc(1, sizeof(*m))) == NULL) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free_va;
 	}
 	m->dev = dev;
@@ -343,7 +343,7 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 	m->gran = gran;
 	atomic_init(&m->mapped, 0);
 	if ((*out = source_new(&cuda_vmm_ops, m, size)) == NULL) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free;
 	}
 	return 0;
@@ -406,25 +406,25 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 	if ((rc = cuda_device(uuid, &dev, err, errlen)) < 0)
 		goto out;
 	if ((m = source_priv(s, &cuda_vmm_ops)) == NULL) {
-		rc = seterr(err, errlen, ERR_EINVAL, "cuda_vmm: the region is of kind %s",
-			    source_kind(s));
+		rc = err_set(err, errlen, ERR_EINVAL, "cuda_vmm: the region is of kind %s",
+			     source_kind(s));
 		goto out;
 	}
 	mapped = atomic_load_explicit(&m->mapped, memory_order_relaxed);
 	if (memcmp(uuid, m->uuid, 16) != 0 || size != m->size) {
-		rc = seterr(err, errlen, ERR_EINVAL,
-			    "cuda_vmm: uuid or size (%llu) differ from the region's (%llu)",
-			    (unsigned long long)size, (unsigned long long)m->size);
+		rc = err_set(err, errlen, ERR_EINVAL,
+			     "cuda_vmm: uuid or size (%llu) differ from the region's (%llu)",
+			     (unsigned long long)size, (unsigned long long)m->size);
 		goto out;
 	}
 	if (at != mapped || n == 0) {
-		rc = seterr(err, errlen, ERR_EINVAL,
-			    "cuda_vmm: %u mappings at %llu, but %llu bytes are mapped", n,
-			    (unsigned long long)at, (unsigned long long)mapped);
+		rc = err_set(err, errlen, ERR_EINVAL,
+			     "cuda_vmm: %u mappings at %llu, but %llu bytes are mapped", n,
+			     (unsigned long long)at, (unsigned long long)mapped);
 		goto out;
 	}
 	if ((maps = realloc(m->maps, (m->nmaps + n) * sizeof(*maps))) == NULL) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto out;
 	}
 	m->maps = maps;
@@ -434,11 +434,11 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 	}
 	for (unsigned i = 0; i < n; i++) {
 		if (sizes[i] == 0 || sizes[i] % m->gran != 0 || sizes[i] > m->size - mapped) {
-			rc = seterr(err, errlen, ERR_EINVAL,
-				    "cuda_vmm: mapping of %llu bytes at %llu does not fit the "
-				    "%llu-byte range in %zu-byte units",
-				    (unsigned long long)sizes[i], (unsigned long long)mapped,
-				    (unsigned long long)m->size, m->gran);
+			rc = err_set(err, errlen, ERR_EINVAL,
+				     "cuda_vmm: mapping of %llu bytes at %llu does not fit the "
+				     "%llu-byte range in %zu-byte units",
+				     (unsigned long long)sizes[i], (unsigned long long)mapped,
+				     (unsigned long long)m->size, m->gran);
 			goto out;
 		}
 		if ((rc = cuda_vmm_map_one(m, fds[i], sizes[i], err, errlen)) < 0)
@@ -467,7 +467,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 			 struct source **out, char *err, size_t errlen)
 {
 	*out = NULL;
-	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
+	return err_set(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Creates a VMM source: this build has no CUDA. */
@@ -475,7 +475,7 @@ int source_cuda_vmm_open(const uint8_t uuid[16], uint64_t size, struct source **
 			 char *err, size_t errlen)
 {
 	*out = NULL;
-	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
+	return err_set(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 /* Maps VMM allocations: this build has no CUDA; the fds are closed. */
@@ -485,7 +485,7 @@ int source_cuda_vmm_map(struct source *s, const uint8_t uuid[16], uint64_t size,
 {
 	for (unsigned i = 0; i < n; i++)
 		close(fds[i]);
-	return seterr(err, errlen, ERR_ENOCUDA, NOCUDA);
+	return err_set(err, errlen, ERR_ENOCUDA, NOCUDA);
 }
 
 #endif /* HAVE_CUDA */

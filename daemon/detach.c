@@ -57,11 +57,11 @@ int detach_start(char *err, size_t errlen)
 	pid_t pid;
 
 	if (pipe2(p, O_CLOEXEC) < 0)
-		return seterr(err, errlen, -1, "pipe: %s", strerror(errno));
+		return err_set(err, errlen, -1, "pipe: %s", strerror(errno));
 	fflush(stdout);
 	fflush(stderr);
 	if ((pid = fork()) < 0) {
-		seterr(err, errlen, -1, "fork: %s", strerror(errno));
+		err_set(err, errlen, -1, "fork: %s", strerror(errno));
 		close(p[0]);
 		close(p[1]);
 		return -1;
@@ -126,17 +126,17 @@ int pidfile_write(const char *path, char *err, size_t errlen)
 	int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid()), fd;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
-		return seterr(err, errlen, -1, "pid file %s: path too long", path);
+		return err_set(err, errlen, -1, "pid file %s: path too long", path);
 	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644)) < 0)
-		return seterr(err, errlen, -1, "pid file %s: %s", tmp, strerror(errno));
+		return err_set(err, errlen, -1, "pid file %s: %s", tmp, strerror(errno));
 	int wrote = write(fd, pid, (size_t)n) == n;
 	if (close(fd) < 0 || !wrote) {
-		seterr(err, errlen, -1, "pid file %s: %s", tmp, strerror(errno));
+		err_set(err, errlen, -1, "pid file %s: %s", tmp, strerror(errno));
 		unlink(tmp);
 		return -1;
 	}
 	if (rename(tmp, path) < 0) {
-		seterr(err, errlen, -1, "pid file %s: %s", path, strerror(errno));
+		err_set(err, errlen, -1, "pid file %s: %s", path, strerror(errno));
 		unlink(tmp);
 		return -1;
 	}

@@ -72,9 +72,6 @@ void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Logs at debug level (cheap when debug is off). */
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Formats a message into err (when err is not NULL) and returns code. */
-int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
 /* Writes "uid 1002 (alice)" (the name when known) into buf and returns buf. */
 char *log_uid(unsigned uid, char *buf, size_t len);
 /* Opens path (absolute) for appending: every line goes there too; 0 or -1 with err. */

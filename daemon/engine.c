@@ -393,7 +393,7 @@ int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads,
 	E.threads = calloc(copy_threads + flush_threads, sizeof(pthread_t));
 	E.copiers = calloc(copy_threads ? copy_threads : 1, sizeof(*E.copiers));
 	if (!E.threads || !E.copiers) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	for (E.ncopiers = 0; E.ncopiers < copy_threads; E.ncopiers++) {
@@ -404,8 +404,8 @@ int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads,
 		rc = pthread_create(&E.threads[i], NULL, thread_main,
 				    i < copy_threads ? E.copiers[i] : NULL);
 		if (rc != 0) {
-			rc = seterr(err, errlen, err_from_errno(rc), "pthread_create: %s",
-				    strerror(rc));
+			rc = err_set(err, errlen, err_from_errno(rc), "pthread_create: %s",
+				     strerror(rc));
 			goto fail;
 		}
 		E.nthreads = i + 1;
@@ -430,7 +430,7 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 {
 	struct job *j = calloc(1, sizeof(*j));
 	if (!j)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	j->r = *r;
 	j->chunk = cache_chunk(E.cache);
 	if (r->n)	/* the tensors are in data order */
@@ -440,7 +440,7 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 	j->ff = flush_file_new(r->n);
 	if (!j->ready || !j->ff) {
 		job_free_own(j);
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	}
 	pthread_mutex_lock(&E.lock);
 	j->next = E.jobs;

@@ -158,11 +158,11 @@ static int open_file(const char *dir, const char *file, uid_t uid, gid_t gid, st
 	fd = userfile_open(dirfd, name, UINT64_MAX, 0, st, why, sizeof(why));
 	close(dirfd);
 	if (fd < 0)
-		return seterr(err, errlen, fd == -ELOOP ? ERR_EACCES : err_from_errno(-fd),
-			      "%s/%s: %s", dir, name, why);
+		return err_set(err, errlen, fd == -ELOOP ? ERR_EACCES : err_from_errno(-fd),
+			       "%s/%s: %s", dir, name, why);
 	if (uid != 0 && st->st_uid != uid) {
 		close(fd);
-		return seterr(err, errlen, ERR_EACCES, "%s/%s belongs to another user", dir, name);
+		return err_set(err, errlen, ERR_EACCES, "%s/%s belongs to another user", dir, name);
 	}
 	return fd;
 }
@@ -230,26 +230,26 @@ static int parse_text(struct load *l, const char *json, uint64_t n, char *err, s
 	int rc;
 
 	if (members > (uint64_t)l->max_tensors + 1)	/* + __metadata__ */
-		return seterr(err, errlen, ERR_ELIMIT, "%s: its header describes up to %llu "
-			      "tensors, more than a save may write (max_tensors_per_save %u)",
-			      l->path, (unsigned long long)members, l->max_tensors);
+		return err_set(err, errlen, ERR_ELIMIT, "%s: its header describes up to %llu "
+			       "tensors, more than a save may write (max_tensors_per_save %u)",
+			       l->path, (unsigned long long)members, l->max_tensors);
 	if ((rc = hold(l, cost, why, sizeof(why))) < 0)
-		return seterr(err, errlen, rc, "%s: parsing its %llu-byte header would take up to "
-			      "%llu bytes: %s", l->path, (unsigned long long)n,
-			      (unsigned long long)cost, why);
+		return err_set(err, errlen, rc, "%s: parsing its %llu-byte header would take up to "
+			       "%llu bytes: %s", l->path, (unsigned long long)n,
+			       (unsigned long long)cost, why);
 	l->h = st_header_parse(json, n, note_problem, problems);
 	if (cost >= TRIM_AFTER)
 		malloc_trim(0);	/* cJSON's tree is gone: its pages go back to the system */
 	unhold(l, cost);
 	if (!l->h)
-		return seterr(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
-			      problems);
+		return err_set(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
+			       problems);
 	if ((rc = hold(l, l->h->held + l->h->n, why, sizeof(why))) < 0)
-		return seterr(err, errlen, rc, "%s: its header of %zu tensors takes %llu bytes: %s",
-			      l->path, l->h->n, (unsigned long long)(l->h->held + l->h->n), why);
+		return err_set(err, errlen, rc, "%s: its header of %zu tensors takes %llu bytes: %s",
+			       l->path, l->h->n, (unsigned long long)(l->h->held + l->h->n), why);
 	if (l->h->n > l->max_tensors)
-		return seterr(err, errlen, ERR_ELIMIT, "%s holds %zu tensors, more than a save may "
-			      "write (max_tensors_per_save %u)", l->path, l->h->n, l->max_tensors);
+		return err_set(err, errlen, ERR_ELIMIT, "%s holds %zu tensors, more than a save may "
+			       "write (max_tensors_per_save %u)", l->path, l->h->n, l->max_tensors);
 	return 0;
 }
 
@@ -268,13 +268,13 @@ static int read_header(struct load *l, char *err, size_t errlen)
 		text = text < ST_MAX_HEADER ? text : ST_MAX_HEADER;  /* longer: refused unread */
 	}
 	if ((rc = hold(l, text, why, sizeof(why))) < 0)
-		return seterr(err, errlen, rc, "%s: its header has %llu bytes: %s", l->path,
-			      (unsigned long long)text, why);
+		return err_set(err, errlen, rc, "%s: its header has %llu bytes: %s", l->path,
+			       (unsigned long long)text, why);
 	char *json = st_header_text(l->fd, size, &data_start, note_problem, problems);
 	if (!json) {
 		unhold(l, text);
-		return seterr(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
-			      problems);
+		return err_set(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
+			       problems);
 	}
 	uint64_t n = data_start - 8;	/* as read (the file may have changed since) */
 	rc = parse_text(l, json, n, err, errlen);
@@ -289,11 +289,11 @@ static int read_header(struct load *l, char *err, size_t errlen)
 		if (l->h->t[i].end > l->data_len)
 			l->data_len = l->h->t[i].end;
 	if (l->h->data_start + l->data_len > size)
-		return seterr(err, errlen, ERR_EINVAL, "%s is truncated: %llu bytes, its header "
-			      "describes %llu", l->path, (unsigned long long)size,
-			      (unsigned long long)(l->h->data_start + l->data_len));
+		return err_set(err, errlen, ERR_EINVAL, "%s is truncated: %llu bytes, its header "
+			       "describes %llu", l->path, (unsigned long long)size,
+			       (unsigned long long)(l->h->data_start + l->data_len));
 	if (!(l->named = calloc(l->h->n ? l->h->n : 1, 1)))
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	if (l->cached < l->data_len)
 		l->dfd = open_direct(l->fd, &l->st, l->h->data_start);
 	return 0;
@@ -360,14 +360,14 @@ int load_begin(const struct session *cl, uint64_t req, const char *dir, const ch
 	int rc;
 
 	if (!store_valid_file(file))
-		return seterr(err, errlen, ERR_EINVAL, "file name '%s' must be 1-128 characters "
-			      "of [A-Za-z0-9._-], not starting with '.'", file);
+		return err_set(err, errlen, ERR_EINVAL, "file name '%s' must be 1-128 characters "
+			       "of [A-Za-z0-9._-], not starting with '.'", file);
 	if ((rc = quota_take(session_uid(cl), QUOTA_LOADS, 1, err, errlen)) < 0)
 		return rc;
 	struct load *l = calloc(1, sizeof(*l));
 	if (!l) {
 		quota_give(session_uid(cl), QUOTA_LOADS, 1);
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	l->uid = session_uid(cl);
 	l->client = session_id(cl);
@@ -463,22 +463,22 @@ int load_add_tensor(struct load *l, const char *name, const char *dtype,
 	uint64_t count = 1;
 
 	if (!esize)
-		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'", name,
-			      dtype);
+		return err_set(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'", name,
+			       dtype);
 	for (unsigned i = 0; i < ndim; i++)
 		if (__builtin_mul_overflow(count, shape[i], &count))
-			return seterr(err, errlen, ERR_EINVAL, "tensor '%s': shape overflows", name);
+			return err_set(err, errlen, ERR_EINVAL, "tensor '%s': shape overflows", name);
 	if (__builtin_mul_overflow(count, esize, &count) || count != nbytes)
-		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': nbytes %llu is not its "
-			      "shape times the dtype's size", name, (unsigned long long)nbytes);
+		return err_set(err, errlen, ERR_EINVAL, "tensor '%s': nbytes %llu is not its "
+			       "shape times the dtype's size", name, (unsigned long long)nbytes);
 	if (off > source_size(dst) || nbytes > source_size(dst) - off)
-		return seterr(err, errlen, ERR_ERANGE, "tensor '%s': bytes %llu..%llu lie outside "
-			      "its region (%llu bytes)", name, (unsigned long long)off,
-			      (unsigned long long)(off + nbytes),
-			      (unsigned long long)source_size(dst));
+		return err_set(err, errlen, ERR_ERANGE, "tensor '%s': bytes %llu..%llu lie outside "
+			       "its region (%llu bytes)", name, (unsigned long long)off,
+			       (unsigned long long)(off + nbytes),
+			       (unsigned long long)source_size(dst));
 	if (!source_complete(dst))
-		return seterr(err, errlen, ERR_ESTATE, "tensor '%s': its region is not mapped "
-			      "whole yet", name);
+		return err_set(err, errlen, ERR_ESTATE, "tensor '%s': its region is not mapped "
+			       "whole yet", name);
 	int rc = source_writable(dst, err, errlen);
 	if (rc < 0)
 		return rc;
@@ -501,7 +501,7 @@ int load_add_tensor(struct load *l, const char *name, const char *dtype,
 		struct load_dst *d = realloc(l->d, cap * sizeof(*d));
 		if (!d) {
 			unhold(l, DST_HELD);
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		l->d = d;
 		l->cap = cap;
@@ -542,7 +542,7 @@ static struct restore_dst *plan(struct load *l, char *err, size_t errlen)
 	struct restore_dst *rd = calloc(l->n ? l->n : 1, sizeof(*rd));
 
 	if (!rd) {
-		seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	sort_header = l->h;
@@ -551,8 +551,8 @@ static struct restore_dst *plan(struct load *l, char *err, size_t errlen)
 	for (size_t i = 0; i < l->n; i++) {
 		const struct st_entry *e = &l->h->t[l->d[i].t];
 		if (i > 0 && e->begin < rd[i - 1].end) {
-			seterr(err, errlen, ERR_EINVAL, "%s: tensors '%s' and '%s' overlap in the "
-			       "file", l->path, rd[i - 1].name, e->name);
+			err_set(err, errlen, ERR_EINVAL, "%s: tensors '%s' and '%s' overlap in the "
+				"file", l->path, rd[i - 1].name, e->name);
 			free(rd);
 			return NULL;
 		}
@@ -573,9 +573,9 @@ int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen)
 	int rc;
 
 	if (l->nmismatch > 0) {
-		rc = seterr(err, errlen, ERR_EINVAL, "%u tensor%s do%s not match %s: %s%s",
-			    l->nmismatch, l->nmismatch > 1 ? "s" : "", l->nmismatch > 1 ? "" : "es",
-			    l->path, l->mismatch, l->nmismatch > MISMATCH_SHOWN ? "; …" : "");
+		rc = err_set(err, errlen, ERR_EINVAL, "%u tensor%s do%s not match %s: %s%s",
+			     l->nmismatch, l->nmismatch > 1 ? "s" : "", l->nmismatch > 1 ? "" : "es",
+			     l->path, l->mismatch, l->nmismatch > MISMATCH_SHOWN ? "; …" : "");
 		goto fail;
 	}
 	if (!(rd = plan(l, err, errlen))) {

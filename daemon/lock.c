@@ -50,20 +50,20 @@ static int lock_dir_ok(const char *path, const struct stat *st, mode_t deny, con
 	char who[96];
 
 	if (S_ISLNK(st->st_mode))
-		return seterr(err, errlen, -1, "%s is a symbolic link of %s, not a directory: "
-			      "refusing to follow it%s", path, log_uid(st->st_uid, who, sizeof(who)),
-			      hint);
+		return err_set(err, errlen, -1, "%s is a symbolic link of %s, not a directory: "
+			       "refusing to follow it%s", path, log_uid(st->st_uid, who, sizeof(who)),
+			       hint);
 	if (!S_ISDIR(st->st_mode))
-		return seterr(err, errlen, -1, "%s is not a directory%s", path, hint);
+		return err_set(err, errlen, -1, "%s is not a directory%s", path, hint);
 	if (st->st_uid != geteuid())
-		return seterr(err, errlen, -1, "%s belongs to %s, not to this daemon's user (uid "
-			      "%u): refusing to keep locks in it%s", path,
-			      log_uid(st->st_uid, who, sizeof(who)), (unsigned)geteuid(), hint);
+		return err_set(err, errlen, -1, "%s belongs to %s, not to this daemon's user (uid "
+			       "%u): refusing to keep locks in it%s", path,
+			       log_uid(st->st_uid, who, sizeof(who)), (unsigned)geteuid(), hint);
 	if (st->st_mode & deny)
-		return seterr(err, errlen, -1, "%s has mode %04o: %s; refusing to keep locks in "
-			      "it%s", path, (unsigned)(st->st_mode & 07777),
-			      st->st_mode & deny & 022 ? "group or others may write into it" :
-			      "group or others may enter it", hint);
+		return err_set(err, errlen, -1, "%s has mode %04o: %s; refusing to keep locks in "
+			       "it%s", path, (unsigned)(st->st_mode & 07777),
+			       st->st_mode & deny & 022 ? "group or others may write into it" :
+			       "group or others may enter it", hint);
 	return 0;
 }
 
@@ -78,17 +78,17 @@ static int lock_own_dir(const char *path, mode_t make, mode_t deny, const char *
 	struct stat st;
 
 	if (make && mkdir(path, make) < 0 && errno != EEXIST)
-		return seterr(err, errlen, -1, "creating %s: %s%s", path, strerror(errno), hint);
+		return err_set(err, errlen, -1, "creating %s: %s%s", path, strerror(errno), hint);
 	if (lstat(path, &st) < 0)
-		return seterr(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
+		return err_set(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
 	if (lock_dir_ok(path, &st, deny, hint, err, errlen) < 0)
 		return -1;
 	/* The checks again on what was opened: the name may have changed in between. */
 	int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return seterr(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
+		return err_set(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
 	if (fstat(fd, &st) < 0)
-		seterr(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
+		err_set(err, errlen, -1, "%s: %s%s", path, strerror(errno), hint);
 	else if (lock_dir_ok(path, &st, deny, hint, err, errlen) == 0)
 		return fd;
 	close(fd);
@@ -112,14 +112,14 @@ static int lock_dir(char *out, size_t len, char *err, size_t errlen)
 				    err, errlen);
 	}
 	if (xdg[0] != '/')
-		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR=%s is not an absolute path", xdg);
+		return err_set(err, errlen, -1, "XDG_RUNTIME_DIR=%s is not an absolute path", xdg);
 	int fd = lock_own_dir(xdg, 0, 077, " (XDG_RUNTIME_DIR must be a directory of this "
 			      "user's, mode 0700)", err, errlen);
 	if (fd < 0)
 		return -1;
 	close(fd);
 	if (snprintf(out, len, "%s/dsckptd", xdg) >= (int)len)
-		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR=%s is too long", xdg);
+		return err_set(err, errlen, -1, "XDG_RUNTIME_DIR=%s is too long", xdg);
 	return lock_own_dir(out, 0700, 022, "", err, errlen);
 }
 
@@ -168,8 +168,8 @@ int lock_socket(const struct config *cfg, char *err, size_t errlen)
 	snprintf(sdir, sizeof(sdir), "%.*s", base - cfg->socket > 1 ?
 		 (int)(base - cfg->socket - 1) : 1, cfg->socket);
 	if (stat(sdir, &st) < 0)
-		return seterr(err, errlen, -1, "the socket's directory %s: %s", sdir,
-			      strerror(errno));
+		return err_set(err, errlen, -1, "the socket's directory %s: %s", sdir,
+			       strerror(errno));
 	snprintf(name, sizeof(name), "socket-%llx-%llx-%016llx.lock",
 		 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
 		 (unsigned long long)XXH3_64bits(base, strlen(base)));
@@ -181,10 +181,10 @@ int lock_socket(const struct config *cfg, char *err, size_t errlen)
 		return 0;
 	}
 	if (errno == EWOULDBLOCK)
-		seterr(err, errlen, -1, "another dsckptd (pid %d) serves the socket %s (lock %s/%s)",
-		       lock_holder(dfd, name), cfg->socket, dir, name);
+		err_set(err, errlen, -1, "another dsckptd (pid %d) serves the socket %s (lock %s/%s)",
+			lock_holder(dfd, name), cfg->socket, dir, name);
 	else
-		seterr(err, errlen, -1, "locking %s/%s: %s", dir, name, strerror(errno));
+		err_set(err, errlen, -1, "locking %s/%s: %s", dir, name, strerror(errno));
 	close(dfd);
 	return -1;
 }
@@ -207,7 +207,7 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 	unsigned n = 0;
 
 	if (cfg->n_roots > LOCK_MAX_ROOTS)
-		return seterr(err, errlen, -1, "at most %d allowed roots", LOCK_MAX_ROOTS);
+		return err_set(err, errlen, -1, "at most %d allowed roots", LOCK_MAX_ROOTS);
 	int dfd = lock_dir(dir, sizeof(dir), err, errlen);
 	if (dfd < 0)
 		return -1;
@@ -226,12 +226,12 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 			 (unsigned long long)XXH3_64bits(store_host(), strlen(store_host())));
 		if ((want[n].fd = lock_file(dfd, name)) < 0) {
 			if (errno == EWOULDBLOCK)
-				seterr(err, errlen, -1, "another dsckptd (pid %d) on this host serves "
-				       "the root %s (lock %s/%s)", lock_holder(dfd, name),
-				       cfg->allowed_roots[i], dir, name);
+				err_set(err, errlen, -1, "another dsckptd (pid %d) on this host serves "
+					"the root %s (lock %s/%s)", lock_holder(dfd, name),
+					cfg->allowed_roots[i], dir, name);
 			else
-				seterr(err, errlen, -1, "locking %s/%s: %s", dir, name,
-				       strerror(errno));
+				err_set(err, errlen, -1, "locking %s/%s: %s", dir, name,
+					strerror(errno));
 			goto fail;
 		}
 		n++;

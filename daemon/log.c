@@ -256,10 +256,10 @@ int log_open(const char *path, char *err, size_t errlen)
 	FILE *f;
 
 	if (abs == NULL)
-		return seterr(err, errlen, -1, "out of memory");
+		return err_set(err, errlen, -1, "out of memory");
 	int fd = open(abs, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY | O_CLOEXEC, 0640);
 	if (fd < 0 || (f = fdopen(fd, "a")) == NULL) {
-		seterr(err, errlen, -1, "log file %s: %s", abs, strerror(errno));
+		err_set(err, errlen, -1, "log file %s: %s", abs, strerror(errno));
 		if (fd >= 0)
 			close(fd);
 		free(abs);
@@ -335,19 +335,6 @@ LOG_FUNC(log_warnx, LOG_LVL_WARN, 0)
 LOG_FUNC(log_info, LOG_LVL_INFO, 0)
 /* Logs at debug level (a single atomic load when debug is off). */
 LOG_FUNC(log_debug, LOG_LVL_DEBUG, 0)
-
-/* Formats a message into err (when err is not NULL) and returns code. */
-int seterr(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return code;
-}
 
 /* Writes the words naming a uid in a message, "uid 1002 (alice)" (the name when the system
  * knows it), into buf and returns buf. */

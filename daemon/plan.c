@@ -45,7 +45,7 @@ struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char 
 	if (!(p = calloc(1, sizeof(*p))) || !(p->tl = tensors_new(uid))) {
 		free(p);
 		quota_give(uid, QUOTA_PLANS, 1);
-		*code = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		*code = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	p->client = client;

@@ -109,13 +109,13 @@ int quota_take(uid_t uid, int kind, uint64_t n, char *err, size_t errlen)
 	uint64_t limit = quota_limits[kind];
 	struct quota_user *u = quota_find(uid, 1);
 	if (!u) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	} else if (n > limit || u->used[kind] > limit - n) {
-		rc = seterr(err, errlen, ERR_ELIMIT,
-			    "per-user limit %s reached: uid %u holds %llu of %llu%s and asks for "
-			    "%llu more", quota_keys[kind], (unsigned)uid,
-			    (unsigned long long)u->used[kind], (unsigned long long)limit,
-			    quota_units[kind], (unsigned long long)n);
+		rc = err_set(err, errlen, ERR_ELIMIT,
+			     "per-user limit %s reached: uid %u holds %llu of %llu%s and asks for "
+			     "%llu more", quota_keys[kind], (unsigned)uid,
+			     (unsigned long long)u->used[kind], (unsigned long long)limit,
+			     quota_units[kind], (unsigned long long)n);
 		quota_drop_idle(u);
 	} else {
 		u->used[kind] += n;

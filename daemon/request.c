@@ -240,8 +240,8 @@ static int add_plan(struct session *c, struct save *s, uint64_t id, char *err, s
 	struct plan *p = plan_find(session_id(c), id);
 
 	if (!p)
-		return seterr(err, errlen, ERR_ENOENT, "no plan %llu on this connection",
-			      (unsigned long long)id);
+		return err_set(err, errlen, ERR_ENOENT, "no plan %llu on this connection",
+			       (unsigned long long)id);
 	return save_add_plan(s, plan_tensors(p), err, errlen);
 }
 

@@ -37,8 +37,8 @@ static int add_entries(struct session *c, struct load *l, struct proto_map *m, c
 			break;
 		struct source *dst = session_region(c, t.region);
 		if (!dst)
-			rc = seterr(err, errlen, ERR_ENOENT, "tensor '%s': no region %llu on this "
-				    "connection", t.name, (unsigned long long)t.region);
+			rc = err_set(err, errlen, ERR_ENOENT, "tensor '%s': no region %llu on this "
+				     "connection", t.name, (unsigned long long)t.region);
 		else
 			rc = load_add_tensor(l, t.name, t.dtype, t.shape, t.ndim, dst, t.offset,
 					     t.nbytes, err, errlen);

@@ -33,8 +33,8 @@ void request_plan_add(struct session *c, const struct proto_hdr *h, struct proto
 			continue;	/* refused already: only a malformed entry is still news */
 		struct source *src = session_region(c, t.region);
 		if (!src)
-			rc = seterr(err, sizeof(err), ERR_ENOENT, "tensor '%s': no region %llu on "
-				    "this connection", t.name, (unsigned long long)t.region);
+			rc = err_set(err, sizeof(err), ERR_ENOENT, "tensor '%s': no region %llu on "
+				     "this connection", t.name, (unsigned long long)t.region);
 		else
 			rc = plan_add_tensor(p, t.name, t.dtype, t.shape, t.ndim, src, t.offset,
 					     t.nbytes, err, sizeof(err));

@@ -241,11 +241,11 @@ static int read_range(struct restore_job *j, uint64_t at, uint64_t len, uint8_t 
 		got = read_full(j->r.fd, buf, len, off, 0);
 	}
 	if (got < 0)
-		return seterr(err, errlen, err_from_errno((int)-got), "%s: reading byte %llu: %s",
-			      j->r.path, (unsigned long long)off, strerror((int)-got));
+		return err_set(err, errlen, err_from_errno((int)-got), "%s: reading byte %llu: %s",
+			       j->r.path, (unsigned long long)off, strerror((int)-got));
 	if ((uint64_t)got < len)
-		return seterr(err, errlen, ERR_EIO, "%s: the file ends at byte %llu, inside its data",
-			      j->r.path, (unsigned long long)(off + (uint64_t)got));
+		return err_set(err, errlen, ERR_EIO, "%s: the file ends at byte %llu, inside its data",
+			       j->r.path, (unsigned long long)(off + (uint64_t)got));
 	return disk;
 }
 
@@ -514,7 +514,7 @@ static int check_ondev(struct restore_job *j, char *err, size_t errlen)
 	int rc;
 
 	if (!dg)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory checking a load");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory checking a load");
 	for (size_t i = 0; i < j->r.n; i++) {
 		const struct restore_dst *d = &j->r.d[i];
 		if (j->ondev[i])
@@ -525,8 +525,8 @@ static int check_ondev(struct restore_job *j, char *err, size_t errlen)
 	for (size_t k = 0; k < n && rc == 0; k++) {
 		const struct restore_dst *d = &j->r.d[dg[k].tag];
 		if (dg[k].xxh3 != d->xxh3)
-			rc = seterr(err, errlen, ERR_ECHECKSUM, "%s: tensor '%s' does not match its "
-				    "checksum (the file's bytes are corrupted)", j->r.path, d->name);
+			rc = err_set(err, errlen, ERR_ECHECKSUM, "%s: tensor '%s' does not match its "
+				     "checksum (the file's bytes are corrupted)", j->r.path, d->name);
 	}
 	free(dg);
 	return rc;
@@ -606,7 +606,7 @@ int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t 
 	R.threads = calloc(n, sizeof(*R.threads));
 	R.copiers = calloc(n, sizeof(*R.copiers));
 	if (!R.threads || !R.copiers) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	for (unsigned i = 0; i < n; i++) {
@@ -615,8 +615,8 @@ int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t 
 		if ((rc = pthread_create(&R.threads[i], NULL, thread_main, R.copiers[i])) != 0) {
 			copier_free(R.copiers[i]);
 			R.copiers[i] = NULL;
-			rc = seterr(err, errlen, err_from_errno(rc), "pthread_create: %s",
-				    strerror(rc));
+			rc = err_set(err, errlen, err_from_errno(rc), "pthread_create: %s",
+				     strerror(rc));
 			goto fail;
 		}
 		R.nthreads = i + 1;
@@ -731,7 +731,7 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 	struct restore_job *j = calloc(1, sizeof(*j));
 
 	if (!j)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the load");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the load");
 	j->r = *r;
 	j->chunk = cache_chunk(R.cache);
 	j->hashed = calloc(r->n ? r->n : 1, sizeof(*j->hashed));
@@ -746,8 +746,8 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 			continue;
 		if (d->end == d->begin && XXH3_64bits(NULL, 0) != d->xxh3) {
 			job_free_own(j);
-			return seterr(err, errlen, ERR_ECHECKSUM, "%s: tensor '%s' does not match "
-				      "its checksum", r->path, d->name);
+			return err_set(err, errlen, ERR_ECHECKSUM, "%s: tensor '%s' does not match "
+				       "its checksum", r->path, d->name);
 		}
 		if (r->ondev && d->end - d->begin >= DIGEST_MIN && source_can_digest(d->dst)) {
 			j->ondev[i] = 1;
@@ -769,7 +769,7 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 
 nomem:
 	job_free_own(j);
-	return seterr(err, errlen, ERR_ENOMEM, "out of memory queueing the load");
+	return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the load");
 }
 
 /* Destination bytes in place so far. */

@@ -242,20 +242,20 @@ int64_t save_begin(const struct session *c, const char *dir, const char *file, c
 			   s->level == LEVEL_SNAPSHOT;
 		if (busy && store_dirid_eq(&s->dirid, &id) && strcmp(s->file, file) == 0) {
 			close(fd);
-			fd = seterr(err, errlen, ERR_EBUSY, "%s/%s is already being saved", d,
-				    file);
+			fd = err_set(err, errlen, ERR_EBUSY, "%s/%s is already being saved", d,
+				     file);
 			break;
 		}
 	}
 	if (fd >= 0 && faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		close(fd);	/* a new file would silently break what was committed */
-		fd = seterr(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
-			    "takes no more saves", d);
+		fd = err_set(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
+			     "takes no more saves", d);
 	} else if (fd >= 0 && seal_holds(&id, session_uid(c), session_job(c), session_run(c),
 					 session_rank(c))) {
 		close(fd);
-		fd = seterr(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
-			    "there", session_rank(c), d);
+		fd = err_set(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
+			     "there", session_rank(c), d);
 	}
 	char name[160];
 	struct store_file *out = NULL;
@@ -280,7 +280,7 @@ int64_t save_begin(const struct session *c, const char *dir, const char *file, c
 		store_file_abort(out);
 		quota_give(session_uid(c), QUOTA_SAVES, 1);
 		close(fd);
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	s->out = out;
 	s->counted = 1;
@@ -397,7 +397,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 		snprintf(name, sizeof(name), "%s" FMT_META, s->file);
 		if (!(r.meta_name = strdup(name)) ||
 		    blobs_pack(s->blobs, &r.meta_bytes, &r.meta_len) < 0) {
-			seterr(err, errlen, rc, "out of memory");
+			err_set(err, errlen, rc, "out of memory");
 			goto fail;
 		}
 		r.meta_xxh3 = s->origin.meta_xxh3;
@@ -414,7 +414,7 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 	} else if ((r.t = malloc((n ? n : 1) * sizeof(*r.t))))
 		tensors_give(s->tl, r.t);
 	if (!r.st || !r.t) {
-		seterr(err, errlen, rc, "out of memory");
+		err_set(err, errlen, rc, "out of memory");
 		goto fail;
 	}
 	r.file = s->out;	/* made at SAVE_BEGIN */

@@ -154,7 +154,7 @@ static void seal_work(uv_work_t *w)
 
 	t->rc = 0;
 	if (!have) {
-		t->rc = seterr(t->err, sizeof(t->err), ERR_ENOMEM, "out of memory");
+		t->rc = err_set(t->err, sizeof(t->err), ERR_ENOMEM, "out of memory");
 		return;
 	}
 	dfd = store_open_tag(t->cfg, t->dir, t->uid, t->gid, &jobfd, t->err, sizeof(t->err));
@@ -165,7 +165,7 @@ static void seal_work(uv_work_t *w)
 	}
 	if ((t->rc = store_dir_id(dfd, &id, t->err, sizeof(t->err))) == 0 &&
 	    !store_dirid_eq(&id, &t->dirid))
-		t->rc = seterr(t->err, sizeof(t->err), ERR_ENOENT, "the directory was removed");
+		t->rc = err_set(t->err, sizeof(t->err), ERR_ENOENT, "the directory was removed");
 	if (t->rc < 0) {
 		close(dfd);
 		close(jobfd);
@@ -344,7 +344,7 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 		}
 		close(dfd);
 		quota_give(uid, QUOTA_SEALS, 1);
-		*code = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		*code = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
 	}
 	snprintf(t->dir, sizeof(t->dir), "%s", dir);

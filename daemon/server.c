@@ -76,19 +76,19 @@ static int check_dir(const char *dir, const struct stat *st, char *err, size_t e
 	char who[96];
 
 	if (!S_ISDIR(st->st_mode))
-		return seterr(err, errlen, -1, "the socket's path %s passes through %s, which is not "
-			      "a directory", config->socket, dir);
+		return err_set(err, errlen, -1, "the socket's path %s passes through %s, which is not "
+			       "a directory", config->socket, dir);
 	if (!trusted(st->st_uid))
-		return seterr(err, errlen, -1, "the socket's path %s passes through %s, which "
-			      "belongs to %s: that user could take or replace the socket (choose a "
-			      "directory of root's or of this daemon's user)",
-			      config->socket, dir, log_uid(st->st_uid, who, sizeof(who)));
+		return err_set(err, errlen, -1, "the socket's path %s passes through %s, which "
+			       "belongs to %s: that user could take or replace the socket (choose a "
+			       "directory of root's or of this daemon's user)",
+			       config->socket, dir, log_uid(st->st_uid, who, sizeof(who)));
 	if ((st->st_mode & 022) && !(st->st_mode & S_ISVTX))
-		return seterr(err, errlen, -1, "the socket's path %s passes through %s, which "
-			      "others may write (mode %04o) and is not sticky: another user could "
-			      "take or replace the socket (make it 0755, or sticky 1777, or "
-			      "choose another directory)", config->socket, dir,
-			      (unsigned)(st->st_mode & 07777));
+		return err_set(err, errlen, -1, "the socket's path %s passes through %s, which "
+			       "others may write (mode %04o) and is not sticky: another user could "
+			       "take or replace the socket (make it 0755, or sticky 1777, or "
+			       "choose another directory)", config->socket, dir,
+			       (unsigned)(st->st_mode & 07777));
 	return 0;
 }
 
@@ -111,8 +111,8 @@ static int check_path(char *err, size_t errlen)
 	for (char *p = rest; *p;) {
 		size_t n = strcspn(p, "/");
 		if (n > NAME_MAX)
-			return seterr(err, errlen, -1, "the socket's path %s has a name too long",
-				      config->socket);
+			return err_set(err, errlen, -1, "the socket's path %s has a name too long",
+				       config->socket);
 		memcpy(comp, p, n);
 		comp[n] = 0;
 		p += n + (p[n] == '/');
@@ -125,11 +125,11 @@ static int check_path(char *err, size_t errlen)
 		}
 		snprintf(next, sizeof(next), "%s%s%s", cur, strcmp(cur, "/") ? "/" : "", comp);
 		if (strlen(next) >= sizeof(cur))
-			return seterr(err, errlen, -1, "the socket's path %s is too long",
-				      config->socket);
+			return err_set(err, errlen, -1, "the socket's path %s is too long",
+				       config->socket);
 		if (lstat(next, &st) < 0)
-			return seterr(err, errlen, -1, "the socket's path %s: %s: %s",
-				      config->socket, next, strerror(errno));
+			return err_set(err, errlen, -1, "the socket's path %s: %s: %s",
+				       config->socket, next, strerror(errno));
 		if (!S_ISLNK(st.st_mode)) {
 			if (check_dir(next, &st, err, errlen) < 0)
 				return -1;
@@ -137,15 +137,15 @@ static int check_path(char *err, size_t errlen)
 			continue;
 		}
 		if (!trusted(st.st_uid))
-			return seterr(err, errlen, -1, "the socket's path %s passes through %s, a "
-				      "symbolic link of %s: that user could point it elsewhere",
-				      config->socket, next,
-				      log_uid(st.st_uid, who, sizeof(who)));
+			return err_set(err, errlen, -1, "the socket's path %s passes through %s, a "
+				       "symbolic link of %s: that user could point it elsewhere",
+				       config->socket, next,
+				       log_uid(st.st_uid, who, sizeof(who)));
 		ssize_t len = readlink(next, target, sizeof(target) - 1);
 		if (len < 0 || ++links > 40)
-			return seterr(err, errlen, -1, "the socket's path %s: %s: %s",
-				      config->socket, next, len < 0 ? strerror(errno) :
-				      "too many levels of symbolic links");
+			return err_set(err, errlen, -1, "the socket's path %s: %s: %s",
+				       config->socket, next, len < 0 ? strerror(errno) :
+				       "too many levels of symbolic links");
 		target[len] = 0;
 		/* The link's target takes its place; the rest of the path follows it. */
 		snprintf(next, sizeof(next), "%s/%s", target, p);
@@ -166,7 +166,7 @@ static int say_listener(const struct sockaddr_un *sa, int fd, char *err, size_t 
 	char proc[64], comm[64] = "", who[96];
 
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0 || uc.pid <= 0)
-		return seterr(err, errlen, -1, "someone is listening on %s", sa->sun_path);
+		return err_set(err, errlen, -1, "someone is listening on %s", sa->sun_path);
 	snprintf(proc, sizeof(proc), "/proc/%d/comm", (int)uc.pid);
 	FILE *f = fopen(proc, "r");
 	if (f) {
@@ -175,14 +175,14 @@ static int say_listener(const struct sockaddr_un *sa, int fd, char *err, size_t 
 		fclose(f);
 	}
 	if (uc.uid == geteuid() && strcmp(comm, "dsckptd") == 0)
-		return seterr(err, errlen, -1, "another dsckptd (pid %d) is listening on %s",
-			      (int)uc.pid, sa->sun_path);
+		return err_set(err, errlen, -1, "another dsckptd (pid %d) is listening on %s",
+			       (int)uc.pid, sa->sun_path);
 	if (uc.uid == geteuid())
-		return seterr(err, errlen, -1, "another process of this daemon's user (pid %d, %s) "
-			      "is listening on %s", (int)uc.pid, comm, sa->sun_path);
-	return seterr(err, errlen, -1, "a process of %s (pid %d, %s), not this daemon's user, is "
-		      "listening on %s", log_uid(uc.uid, who, sizeof(who)), (int)uc.pid, comm,
-		      sa->sun_path);
+		return err_set(err, errlen, -1, "another process of this daemon's user (pid %d, %s) "
+			       "is listening on %s", (int)uc.pid, comm, sa->sun_path);
+	return err_set(err, errlen, -1, "a process of %s (pid %d, %s), not this daemon's user, is "
+		       "listening on %s", log_uid(uc.uid, who, sizeof(who)), (int)uc.pid, comm,
+		       sa->sun_path);
 }
 
 /*
@@ -196,25 +196,25 @@ static int check_entry(const struct sockaddr_un *sa, char *err, size_t errlen)
 	char who[96];
 
 	if (lstat(sa->sun_path, &st) < 0)
-		return errno == ENOENT ? 0 : seterr(err, errlen, -1, "%s: %s", sa->sun_path,
+		return errno == ENOENT ? 0 : err_set(err, errlen, -1, "%s: %s", sa->sun_path,
 						     strerror(errno));
 	if (st.st_uid != geteuid())
-		return seterr(err, errlen, -1, "%s exists and belongs to %s, not to this "
-			      "daemon's user (uid %u): it is left alone (remove it, or choose "
-			      "another socket path)", sa->sun_path,
-			      log_uid(st.st_uid, who, sizeof(who)), (unsigned)geteuid());
+		return err_set(err, errlen, -1, "%s exists and belongs to %s, not to this "
+			       "daemon's user (uid %u): it is left alone (remove it, or choose "
+			       "another socket path)", sa->sun_path,
+			       log_uid(st.st_uid, who, sizeof(who)), (unsigned)geteuid());
 	if (!S_ISSOCK(st.st_mode))
-		return seterr(err, errlen, -1, "%s exists and is not a socket", sa->sun_path);
+		return err_set(err, errlen, -1, "%s exists and is not a socket", sa->sun_path);
 	/* Not waiting: a listener that never accepts must not hold up the start. */
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return seterr(err, errlen, -1, "socket: %s", strerror(errno));
+		return err_set(err, errlen, -1, "socket: %s", strerror(errno));
 	int rc = 1;
 	if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
 		rc = say_listener(sa, fd, err, errlen);
 	else if (errno == EAGAIN)
-		rc = seterr(err, errlen, -1, "someone is listening on %s (its queue is "
-			    "full)", sa->sun_path);
+		rc = err_set(err, errlen, -1, "someone is listening on %s (its queue is "
+			     "full)", sa->sun_path);
 	close(fd);
 	return rc;
 }
@@ -224,7 +224,7 @@ static int socket_addr(struct sockaddr_un *sa, char *err, size_t errlen)
 {
 	*sa = (struct sockaddr_un){.sun_family = AF_UNIX};
 	if (strlen(config->socket) >= sizeof(sa->sun_path))
-		return seterr(err, errlen, -1, "socket path %s is too long", config->socket);
+		return err_set(err, errlen, -1, "socket path %s is too long", config->socket);
 	snprintf(sa->sun_path, sizeof(sa->sun_path), "%s", config->socket);
 	return 0;
 }

@@ -86,11 +86,11 @@ int session_region_add(struct session *cl, uint64_t id, struct source *s, char *
 		      size_t errlen)
 {
 	if (session_region(cl, id))
-		return seterr(err, errlen, ERR_EEXIST, "region %llu already registered",
-			      (unsigned long long)id);
+		return err_set(err, errlen, ERR_EEXIST, "region %llu already registered",
+			       (unsigned long long)id);
 	struct region *r = calloc(1, sizeof(*r));
 	if (!r)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	int rc = source_charge(s, cl->uid, err, errlen);
 	if (rc < 0) {
 		free(r);

@@ -56,10 +56,10 @@ static int source_host_read(void *priv, struct cuda_copier *cc, uint64_t off, vo
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
-			return seterr(err, errlen, r < 0 ? err_from_errno(errno) : ERR_EIO,
-				      "host source: %s at byte %llu",
-				      r < 0 ? strerror(errno) : "ended early",
-				      (unsigned long long)off);
+			return err_set(err, errlen, r < 0 ? err_from_errno(errno) : ERR_EIO,
+				       "host source: %s at byte %llu",
+				       r < 0 ? strerror(errno) : "ended early",
+				       (unsigned long long)off);
 		p += r;
 		off += (uint64_t)r;
 		len -= (uint64_t)r;
@@ -102,10 +102,10 @@ static int source_host_write(void *priv, struct cuda_copier *cc, uint64_t off, c
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
-			return seterr(err, errlen, r < 0 ? err_from_errno(errno) : ERR_EIO,
-				      "host source: cannot write at byte %llu: %s",
-				      (unsigned long long)off,
-				      r < 0 ? source_host_write_why(errno) : "no byte written");
+			return err_set(err, errlen, r < 0 ? err_from_errno(errno) : ERR_EIO,
+				       "host source: cannot write at byte %llu: %s",
+				       (unsigned long long)off,
+				       r < 0 ? source_host_write_why(errno) : "no byte written");
 		p += r;
 		off += (uint64_t)r;
 		len -= (uint64_t)r;
@@ -153,34 +153,34 @@ int source_host_open(int fd, uint64_t size, struct source **out, char *err, size
 
 	*out = NULL;
 	if (size == 0 || size > INT64_MAX) {
-		rc = seterr(err, errlen, ERR_EINVAL, "host source: bad size %llu",
-			    (unsigned long long)size);
+		rc = err_set(err, errlen, ERR_EINVAL, "host source: bad size %llu",
+			     (unsigned long long)size);
 		goto fail;
 	}
 	/* Seal first, so that the size checked below stays true for the region's life. */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM && errno != EINVAL) {
-		rc = seterr(err, errlen, ERR_EBADF, "host source: cannot seal: %s",
-			    strerror(errno));
+		rc = err_set(err, errlen, ERR_EBADF, "host source: cannot seal: %s",
+			     strerror(errno));
 		goto fail;
 	}
 	if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK)) {
-		rc = seterr(err, errlen, ERR_EINVAL,
-			    "host source: the descriptor cannot be sealed against shrinking; "
-			    "host memory must be a memfd created with MFD_ALLOW_SEALING");
+		rc = err_set(err, errlen, ERR_EINVAL,
+			     "host source: the descriptor cannot be sealed against shrinking; "
+			     "host memory must be a memfd created with MFD_ALLOW_SEALING");
 		goto fail;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		rc = seterr(err, errlen, ERR_EBADF, "host source: not a regular file or memfd");
+		rc = err_set(err, errlen, ERR_EBADF, "host source: not a regular file or memfd");
 		goto fail;
 	}
 	if ((uint64_t)st.st_size < size) {
-		rc = seterr(err, errlen, ERR_EINVAL,
-			    "host source: %llu bytes wanted, the fd has %lld",
-			    (unsigned long long)size, (long long)st.st_size);
+		rc = err_set(err, errlen, ERR_EINVAL,
+			     "host source: %llu bytes wanted, the fd has %lld",
+			     (unsigned long long)size, (long long)st.st_size);
 		goto fail;
 	}
 	if ((*out = source_new(&source_host_ops, (void *)(intptr_t)fd, size)) == NULL) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	return 0;
@@ -217,7 +217,7 @@ int copier_new(struct copier **out, char *err, size_t errlen)
 
 	*out = NULL;
 	if (cp == NULL)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	if ((rc = cuda_copier_new(&cp->cuda, err, errlen)) < 0) {
 		free(cp);
 		return rc;
@@ -254,10 +254,10 @@ int copier_read(struct copier *cp, struct source *s, uint64_t off, void *dst, ui
 		char *err, size_t errlen)
 {
 	if (off > s->size || len > s->size - off)
-		return seterr(err, errlen, ERR_ERANGE,
-			      "%s source: read of %llu bytes at %llu past its %llu bytes",
-			      s->ops->name, (unsigned long long)len, (unsigned long long)off,
-			      (unsigned long long)s->size);
+		return err_set(err, errlen, ERR_ERANGE,
+			       "%s source: read of %llu bytes at %llu past its %llu bytes",
+			       s->ops->name, (unsigned long long)len, (unsigned long long)off,
+			       (unsigned long long)s->size);
 	return s->ops->read(s->priv, cp->cuda, off, dst, len, err, errlen);
 }
 
@@ -268,13 +268,13 @@ int copier_write(struct copier *cp, struct source *s, uint64_t off, const void *
 		 uint64_t len, char *err, size_t errlen)
 {
 	if (s->ops->write == NULL)
-		return seterr(err, errlen, ERR_ENOTSUP, "%s source: cannot be written",
-			      s->ops->name);
+		return err_set(err, errlen, ERR_ENOTSUP, "%s source: cannot be written",
+			       s->ops->name);
 	if (off > s->size || len > s->size - off)
-		return seterr(err, errlen, ERR_ERANGE,
-			      "%s source: write of %llu bytes at %llu past its %llu bytes",
-			      s->ops->name, (unsigned long long)len, (unsigned long long)off,
-			      (unsigned long long)s->size);
+		return err_set(err, errlen, ERR_ERANGE,
+			       "%s source: write of %llu bytes at %llu past its %llu bytes",
+			       s->ops->name, (unsigned long long)len, (unsigned long long)off,
+			       (unsigned long long)s->size);
 	return s->ops->write(s->priv, cp->cuda, off, src, len, err, errlen);
 }
 
@@ -327,17 +327,17 @@ int source_complete(const struct source *s)
 int source_writable(const struct source *s, char *err, size_t errlen)
 {
 	if (!s->ops->write)
-		return seterr(err, errlen, ERR_ENOTSUP, "a %s source cannot be written",
-			      s->ops->name);
+		return err_set(err, errlen, ERR_ENOTSUP, "a %s source cannot be written",
+			       s->ops->name);
 	if (s->ops != &source_host_ops)
 		return 0;
 	int fd = (int)(intptr_t)s->priv, fl = fcntl(fd, F_GETFL), seals = fcntl(fd, F_GET_SEALS);
 	if (fl >= 0 && (fl & O_ACCMODE) == O_RDONLY)
-		return seterr(err, errlen, ERR_EBADF, "host source: %s",
-			      source_host_write_why(EBADF));
+		return err_set(err, errlen, ERR_EBADF, "host source: %s",
+			       source_host_write_why(EBADF));
 	if (seals >= 0 && (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)))
-		return seterr(err, errlen, ERR_EPERM, "host source: %s",
-			      source_host_write_why(EPERM));
+		return err_set(err, errlen, ERR_EPERM, "host source: %s",
+			       source_host_write_why(EPERM));
 	return 0;
 }
 

@@ -72,12 +72,12 @@ static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t
 			       sizeof(p.msg));
 
 	if (fd < 0)
-		return seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, p.msg);
+		return err_set(err, errlen, ERR_EIO, "open %s: %s", f->name, p.msg);
 	f->size = (uint64_t)st.st_size;
 	f->h = st_header_read(fd, f->size, &start, store_first_problem, &p);
 	close(fd);
 	if (!f->h)
-		return seterr(err, errlen, ERR_EIO, "%s: %s", f->name, p.msg);
+		return err_set(err, errlen, ERR_EIO, "%s: %s", f->name, p.msg);
 	return 0;
 }
 
@@ -105,15 +105,15 @@ static int store_describe_st(int dirfd, struct store_entry *f, const char *run, 
 	errno = 0;
 	f->rank = rank ? strtol(rank, &rest, 10) : -1;
 	if (!f->data_xxh3 || !rank || !*rank || *rest || errno || f->rank < 0)
-		return seterr(err, errlen, ERR_EIO,
-			      "%s has no dsckpt metadata (not written by dsckptd)", f->name);
+		return err_set(err, errlen, ERR_EIO,
+			       "%s has no dsckpt metadata (not written by dsckptd)", f->name);
 	if (!(f->t = calloc(h->n ? h->n : 1, sizeof(*f->t))))
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory describing %s", f->name);
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory describing %s", f->name);
 	for (size_t i = 0; i < h->n; i++) {
 		const struct st_entry *e = &h->t[i];
 		if (!e->xxh3)
-			return seterr(err, errlen, ERR_EIO, "%s: bad header entry for tensor %s "
-				      "(no checksum)", f->name, e->name);
+			return err_set(err, errlen, ERR_EIO, "%s: bad header entry for tensor %s "
+				       "(no checksum)", f->name, e->name);
 		f->t[i] = (struct manifest_tensor){.name = e->name, .dtype = e->dtype,
 						   .shape = e->shape, .ndim = e->ndim,
 						   .has_shape = 1, .begin = e->begin,
@@ -122,8 +122,8 @@ static int store_describe_st(int dirfd, struct store_entry *f, const char *run, 
 			end = e->end;
 	}
 	if (h->data_start + end != f->size)
-		return seterr(err, errlen, ERR_EIO, "%s is %" PRIu64 " bytes but its header "
-			      "describes %" PRIu64, f->name, f->size, h->data_start + end);
+		return err_set(err, errlen, ERR_EIO, "%s is %" PRIu64 " bytes but its header "
+			       "describes %" PRIu64, f->name, f->size, h->data_start + end);
 	return 0;
 }
 
@@ -136,10 +136,10 @@ static int store_hash_old_meta(int fd, struct store_entry *f, char *err, size_t 
 	int rc = 0;
 
 	if (f->size > STORE_MAX_OLD_META)
-		return seterr(err, errlen, ERR_EIO, "%s: %" PRIu64 " bytes is more than dsckptd "
-			      "ever writes", f->name, f->size);
+		return err_set(err, errlen, ERR_EIO, "%s: %" PRIu64 " bytes is more than dsckptd "
+			       "ever writes", f->name, f->size);
 	if (!(xs = XXH3_createState()) || !(buf = malloc(1 << 20))) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory hashing %s", f->name);
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory hashing %s", f->name);
 		goto out;
 	}
 	XXH3_64bits_reset(xs);
@@ -148,7 +148,7 @@ static int store_hash_old_meta(int fd, struct store_entry *f, char *err, size_t 
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
-			rc = seterr(err, errlen, ERR_EIO, "read %s: %s", f->name, strerror(errno));
+			rc = err_set(err, errlen, ERR_EIO, "read %s: %s", f->name, strerror(errno));
 			goto out;
 		}
 		XXH3_64bits_update(xs, buf, (size_t)r);
@@ -176,16 +176,16 @@ static int store_describe_meta(int dirfd, struct store_entry *f, const struct st
 
 	if ((fd = userfile_open(dirfd, f->name, UINT64_MAX, USERFILE_ONE_LINK, &sb, why,
 				sizeof(why))) < 0) {
-		rc = seterr(err, errlen, ERR_EIO, "open %s: %s", f->name, why);
+		rc = err_set(err, errlen, ERR_EIO, "open %s: %s", f->name, why);
 		goto out;
 	}
 	f->size = (uint64_t)sb.st_size;
 	if (!st->meta_xxh3[0])
 		rc = store_hash_old_meta(fd, f, err, errlen);
 	else if (!S_ISREG(sb.st_mode) || f->size != st->meta_size)
-		rc = seterr(err, errlen, ERR_EIO, "%s changed after dsckptd wrote it (%" PRIu64
-			    " bytes, %s records %" PRIu64 ")", f->name, f->size, st->name,
-			    st->meta_size);
+		rc = err_set(err, errlen, ERR_EIO, "%s changed after dsckptd wrote it (%" PRIu64
+			     " bytes, %s records %" PRIu64 ")", f->name, f->size, st->name,
+			     st->meta_size);
 	else
 		snprintf(f->xxh3, sizeof(f->xxh3), "%s", st->meta_xxh3);
 out:
@@ -207,8 +207,8 @@ static int store_describe_all(int dfd, const char *path, const char *run, char *
 		/* A MANIFEST.json.partial is an interrupted commit's: this commit replaces it. */
 		if (store_has_suffix(names[i], FMT_PARTIAL) &&
 		    strcmp(names[i], FMT_MANIFEST FMT_PARTIAL) != 0)
-			return seterr(err, errlen, ERR_EINCOMPLETE,
-				      "%s/%s is still being written", path, names[i]);
+			return err_set(err, errlen, ERR_EINCOMPLETE,
+				       "%s/%s is still being written", path, names[i]);
 		if ((store_has_suffix(names[i], FMT_SAFETENSORS) ||
 		     store_has_suffix(names[i], FMT_META)) && store_is_regular(dfd, names[i]))
 			ents[k++] = (struct store_entry){.name = names[i], .rank = -1};
@@ -231,9 +231,9 @@ static int store_describe_all(int dfd, const char *path, const char *run, char *
 				st = &ents[j];
 		}
 		if (!st)
-			return seterr(err, errlen, ERR_EINCOMPLETE,
-				      "%s/%s has no .safetensors file beside it", path,
-				      ents[i].name);
+			return err_set(err, errlen, ERR_EINCOMPLETE,
+				       "%s/%s has no .safetensors file beside it", path,
+				       ents[i].name);
 		ents[i].rank = st->rank;
 		ents[i].other = st->other;
 		if (!st->other && (rc = store_describe_meta(dfd, &ents[i], st, err, errlen)) < 0)
@@ -252,7 +252,7 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 	int rc = 0;
 
 	if (!seen)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	*total = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		if (ents[i].other)
@@ -261,17 +261,17 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 		if (!ents[i].h)
 			continue;
 		if ((unsigned long)ents[i].rank >= world)
-			rc = seterr(err, errlen, ERR_EINVAL, "%s/%s/%s is from rank %ld but "
-				    "the world size is %u", path, tag, ents[i].name, ents[i].rank,
-				    world);
+			rc = err_set(err, errlen, ERR_EINVAL, "%s/%s/%s is from rank %ld but "
+				     "the world size is %u", path, tag, ents[i].name, ents[i].rank,
+				     world);
 		else
 			seen[ents[i].rank] = 1;
 	}
 	for (unsigned r = 0; r < world && rc == 0; r++) {
 		if (!seen[r])
-			rc = seterr(err, errlen, ERR_EINCOMPLETE, "rank %u of %u has no file in "
-				    "%s/%s%s", r, world, path, tag,
-				    *run ? " of this run" : "");
+			rc = err_set(err, errlen, ERR_EINCOMPLETE, "rank %u of %u has no file in "
+				     "%s/%s%s", r, world, path, tag,
+				     *run ? " of this run" : "");
 	}
 	free(seen);
 	return rc;
@@ -330,13 +330,13 @@ static int store_commit_again(const struct config *cfg, int dfd, int jobfd, cons
 	if (!present)
 		return 1;
 	if (!m)
-		return seterr(err, errlen, ERR_EIO, "%s/%s: %s", tag, FMT_MANIFEST, why);
+		return err_set(err, errlen, ERR_EIO, "%s/%s: %s", tag, FMT_MANIFEST, why);
 	if (m->world_size != world)
-		rc = seterr(err, errlen, ERR_EEXIST, "%s is committed already, with world size "
-			    "%" PRIu64 ", not %u", tag, m->world_size, world);
+		rc = err_set(err, errlen, ERR_EEXIST, "%s is committed already, with world size "
+			     "%" PRIu64 ", not %u", tag, m->world_size, world);
 	else if (strcmp(m->run ? m->run : "", run) != 0)
-		rc = seterr(err, errlen, ERR_EEXIST, "%s is committed already, by another run of "
-			    "the job", tag);
+		rc = err_set(err, errlen, ERR_EEXIST, "%s is committed already, by another run of "
+			     "the job", tag);
 	else
 		rc = store_latest_advance(cfg, jobfd, tag, store_tag_committed(jobfd, tag), uid,
 					  gid, err, errlen);
@@ -389,14 +389,14 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 	int dfd, jobfd, rc;
 
 	if (world == 0)
-		return seterr(err, errlen, ERR_EINVAL, "world size must be at least 1");
+		return err_set(err, errlen, ERR_EINVAL, "world size must be at least 1");
 	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0)
 		return dfd;
 	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
 		close(jobfd);
 		close(dfd);
-		return seterr(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
-			      "name now is another)", dir);
+		return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
+			       "name now is another)", dir);
 	}
 	/* store_open_tag accepted dir, so it is absolute and fits; drop trailing slashes. */
 	len = strlen(dir);
@@ -412,18 +412,18 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		goto out_lock;
 
 	if (store_list(dfd, &names, &n) < 0) {
-		rc = seterr(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
+		rc = err_set(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
 		goto out_list;
 	}
 	if (!(ents = calloc(n ? n : 1, sizeof(*ents)))) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto out;
 	}
 	if ((rc = store_describe_all(dfd, path, run, names, n, ents, &nents, err, errlen)) < 0)
 		goto out;
 	if (nents == 0) {
-		rc = seterr(err, errlen, ERR_EINCOMPLETE, "no checkpoint files in %s/%s", path,
-			    tag);
+		rc = err_set(err, errlen, ERR_EINCOMPLETE, "no checkpoint files in %s/%s", path,
+			     tag);
 		goto out;
 	}
 	if ((rc = store_check_ranks(ents, nents, world, run, path, tag, &total, err,
@@ -434,7 +434,7 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 	clock_gettime(CLOCK_REALTIME, &now);
 	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 	if (!(text = store_manifest_text(tag, world, run, ents, nents, created_ns, total))) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, strlen(text), uid, gid,

@@ -27,9 +27,9 @@ struct store_file {
 static int store_io_fail(char *err, size_t errlen, int e, const char *what, const char *name)
 {
 	if (e == ENOSPC || e == EDQUOT)
-		return seterr(err, errlen, ERR_ENOSPC, "no space left on device writing %s",
+		return err_set(err, errlen, ERR_ENOSPC, "no space left on device writing %s",
 				  name);
-	return seterr(err, errlen, err_from_errno(e), "%s %s: %s", what, name, strerror(e));
+	return err_set(err, errlen, err_from_errno(e), "%s %s: %s", what, name, strerror(e));
 }
 
 /* Writes f's partial name into buf (NAME_MAX + 1 bytes). */
@@ -91,22 +91,22 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	int rc;
 
 	if (n == 0 || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-		return seterr(err, errlen, ERR_EINVAL, "bad file name \"%s\"",
+		return err_set(err, errlen, ERR_EINVAL, "bad file name \"%s\"",
 				  name ? name : "");
 	if (n + strlen(FMT_PARTIAL) > NAME_MAX)
-		return seterr(err, errlen, ERR_ENAMETOOLONG, "file name %s too long", name);
+		return err_set(err, errlen, ERR_ENAMETOOLONG, "file name %s too long", name);
 	store_partial_name(name, partial);
 
 	if (!(f = calloc(1, sizeof(*f))))
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	f->fd = f->dirfd = -1;
 	if (!(f->name = strdup(name))) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	if ((f->dirfd = fcntl(dirfd, F_DUPFD_CLOEXEC, 0)) < 0) {
-		rc = seterr(err, errlen, err_from_errno(errno), "dup directory: %s",
-			    strerror(errno));
+		rc = err_set(err, errlen, err_from_errno(errno), "dup directory: %s",
+			     strerror(errno));
 		goto fail;
 	}
 	if (unlinkat(dirfd, partial, 0) == 0)
@@ -119,14 +119,14 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	if (f->fd < 0 && (!o_direct || errno == EINVAL))
 		f->fd = openat(dirfd, partial, flags, 0600);
 	if (f->fd < 0) {
-		rc = seterr(err, errlen, err_from_errno(errno), "create %s: %s", partial,
+		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", partial,
 				strerror(errno));
 		goto fail;
 	}
 	/* Created 0600 (whatever the umask), then owner and mode set on the descriptor. */
 	if ((geteuid() == 0 && fchown(f->fd, uid, gid) < 0) ||
 	    fchmod(f->fd, (mode | 0600) & 0666) < 0) {
-		rc = seterr(err, errlen, err_from_errno(errno), "chown %s: %s", partial,
+		rc = err_set(err, errlen, err_from_errno(errno), "chown %s: %s", partial,
 				strerror(errno));
 		goto fail_chown;
 	}
@@ -136,8 +136,8 @@ int store_file_create(int dirfd, const char *name, uid_t uid, gid_t gid, unsigne
 	if (fsetxattr(f->fd, STORE_XATTR_HOST, store_host(), strlen(store_host()), 0) < 0)
 		log_debug("%s: no %s: %s", partial, STORE_XATTR_HOST, strerror(errno));
 	if (unnamed && store_link_tmpfile(f->fd, dirfd, partial) < 0) {
-		rc = seterr(err, errlen, err_from_errno(errno), "create %s: %s", partial,
-			    strerror(errno));
+		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", partial,
+			     strerror(errno));
 		goto fail;
 	}
 	*out = f;

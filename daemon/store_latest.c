@@ -35,12 +35,12 @@ static int store_job_lock_within(int jobfd, long wait_ms, char *err, size_t errl
 		if (errno == EINTR)
 			continue;
 		if (errno != EWOULDBLOCK)
-			return seterr(err, errlen, err_from_errno(errno), "locking the job "
-				      "directory: %s", strerror(errno));
+			return err_set(err, errlen, err_from_errno(errno), "locking the job "
+				       "directory: %s", strerror(errno));
 		if (waited_ms >= wait_ms)
-			return seterr(err, errlen, ERR_EBUSY, "the job directory stayed locked "
-				      "for %ld s (by another commit, or by a process of its owner)",
-				      wait_ms / 1000);
+			return err_set(err, errlen, ERR_EBUSY, "the job directory stayed locked "
+				       "for %ld s (by another commit, or by a process of its owner)",
+				       wait_ms / 1000);
 		nanosleep(&nap, NULL);
 		waited_ms += nap.tv_nsec / 1000000;
 		if (nap.tv_nsec < 64000000)

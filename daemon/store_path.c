@@ -22,30 +22,30 @@ static int store_open_fail(int fd, const char *c, const char *path, char *err, s
 	struct stat st;
 	if (e == ELOOP ||
 	    (e == ENOTDIR && fstatat(fd, c, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)))
-		return seterr(err, errlen, ERR_EACCES, "symbolic link in path: %s", path);
+		return err_set(err, errlen, ERR_EACCES, "symbolic link in path: %s", path);
 	if (e == ENOTDIR)
-		return seterr(err, errlen, ERR_EINVAL, "%s is not a directory", path);
+		return err_set(err, errlen, ERR_EINVAL, "%s is not a directory", path);
 	if (e == ENOENT)
-		return seterr(err, errlen, ERR_ENOENT, "no such directory: %s", path);
-	return seterr(err, errlen, err_from_errno(e), "%s: %s", path, strerror(e));
+		return err_set(err, errlen, ERR_ENOENT, "no such directory: %s", path);
+	return err_set(err, errlen, err_from_errno(e), "%s: %s", path, strerror(e));
 }
 
 /* Checks the form of path (absolute, no empty, ".", ".." or over-long components). */
 static int store_check_path(const char *path, char *err, size_t errlen)
 {
 	if (path[0] != '/')
-		return seterr(err, errlen, ERR_EINVAL, "%s is not an absolute path", path);
+		return err_set(err, errlen, ERR_EINVAL, "%s is not an absolute path", path);
 	for (const char *c = path + 1;;) {
 		const char *e = strchrnul(c, '/');
 		size_t n = (size_t)(e - c);
 		if (n == 0)
-			return seterr(err, errlen, ERR_EINVAL, "empty component in %s",
+			return err_set(err, errlen, ERR_EINVAL, "empty component in %s",
 					  path);
 		if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
-			return seterr(err, errlen, ERR_EINVAL,
+			return err_set(err, errlen, ERR_EINVAL,
 					  "\".\" or \"..\" component in %s", path);
 		if (n > NAME_MAX)
-			return seterr(err, errlen, ERR_ENAMETOOLONG,
+			return err_set(err, errlen, ERR_ENAMETOOLONG,
 					  "component longer than %d bytes in %s", NAME_MAX, path);
 		if (!*e)
 			return 0;
@@ -84,9 +84,9 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 	int fd, prev = -1, rc;
 
 	if (len == 0)
-		return seterr(err, errlen, ERR_EINVAL, "empty directory path");
+		return err_set(err, errlen, ERR_EINVAL, "empty directory path");
 	if (len >= sizeof(path))
-		return seterr(err, errlen, ERR_ENAMETOOLONG, "directory path too long");
+		return err_set(err, errlen, ERR_ENAMETOOLONG, "directory path too long");
 	memcpy(path, dir, len + 1);
 	while (len > 1 && path[len - 1] == '/')
 		path[--len] = '\0';
@@ -94,21 +94,21 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 		return rc;
 	const char *root = store_root(cfg, path, &rootlen);
 	if (!root)
-		return seterr(err, errlen, ERR_EACCES,
+		return err_set(err, errlen, ERR_EACCES,
 				  "%s is not below an allowed root", path);
 	if (!strchr(path + rootlen + 1, '/'))
-		return seterr(err, errlen, ERR_EINVAL,
-			      "%s: a checkpoint directory must be <root>/<job>/<tag>, at least two "
-			      "levels below its allowed root, so that its job directory (and "
-			      "latest) belongs to its owner alone", path);
+		return err_set(err, errlen, ERR_EINVAL,
+			       "%s: a checkpoint directory must be <root>/<job>/<tag>, at least two "
+			       "levels below its allowed root, so that its job directory (and "
+			       "latest) belongs to its owner alone", path);
 	if ((fd = open(root, STORE_DIR_FLAGS)) < 0)
-		return seterr(err, errlen, err_from_errno(errno), "allowed root %s: %s",
+		return err_set(err, errlen, err_from_errno(errno), "allowed root %s: %s",
 				  root, strerror(errno));
 	if (rootid) {
 		struct stat st;
 		if (fstat(fd, &st) < 0) {
-			rc = seterr(err, errlen, err_from_errno(errno), "allowed root %s: %s",
-				    root, strerror(errno));
+			rc = err_set(err, errlen, err_from_errno(errno), "allowed root %s: %s",
+				     root, strerror(errno));
 			close(fd);
 			return rc;
 		}
@@ -130,7 +130,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 			if (mkdirat(fd, c, 0700) == 0)
 				created = 1;
 			else if (errno != EEXIST) {
-				rc = seterr(err, errlen, err_from_errno(errno),
+				rc = err_set(err, errlen, err_from_errno(errno),
 						"mkdir %s: %s", path, strerror(errno));
 				goto fail;
 			}
@@ -141,7 +141,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 				created = 0;	/* not ours any more: checked as an existing one */
 			} else if ((geteuid() == 0 && fchown(next, uid, gid) < 0) ||
 				   fchmod(next, (cfg->dir_mode | 0700) & 07777) < 0) {
-				rc = seterr(err, errlen, err_from_errno(errno),
+				rc = err_set(err, errlen, err_from_errno(errno),
 						"chown %s: %s", path, strerror(errno));
 				close(next);
 				goto fail;
@@ -152,7 +152,7 @@ static int store_walk(const struct config *cfg, const char *dir, uid_t uid, gid_
 			goto fail;
 		}
 		if (!created && uid != 0 && (fstat(next, &st) < 0 || st.st_uid != uid)) {
-			rc = seterr(err, errlen, ERR_EACCES, "%s is not owned by uid %u",
+			rc = err_set(err, errlen, ERR_EACCES, "%s is not owned by uid %u",
 					path, (unsigned)uid);
 			close(next);
 			goto fail;
@@ -200,8 +200,8 @@ int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen)
 	struct stat st;
 
 	if (fstat(dirfd, &st) < 0)
-		return seterr(err, errlen, ERR_EIO, "stat of the checkpoint directory: %s",
-			      strerror(errno));
+		return err_set(err, errlen, ERR_EIO, "stat of the checkpoint directory: %s",
+			       strerror(errno));
 	*id = (struct store_dirid){st.st_dev, st.st_ino};
 	return 0;
 }
@@ -224,13 +224,13 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 	/* Walks up from dirfd itself; every parent opened on the way is closed. */
 	for (int depth = 0;; depth++) {
 		if (fstat(fd, &st) < 0) {
-			rc = seterr(err, errlen, err_from_errno(errno), "stat: %s",
-				    strerror(errno));
+			rc = err_set(err, errlen, err_from_errno(errno), "stat: %s",
+				     strerror(errno));
 			break;
 		}
 		if (st.st_nlink == 0) {
-			rc = seterr(err, errlen, ERR_ENOENT,
-				    "the checkpoint directory (or one above it) was removed");
+			rc = err_set(err, errlen, ERR_ENOENT,
+				     "the checkpoint directory (or one above it) was removed");
 			break;
 		}
 		if (st.st_dev == root->dev && st.st_ino == root->ino)
@@ -238,8 +238,8 @@ int store_dir_within(int dirfd, const struct store_root *root, char *err, size_t
 		int parent = openat(fd, "..", STORE_DIR_FLAGS);
 		if (parent < 0 || fstat(parent, &up) < 0 || depth > PATH_MAX / 2 ||
 		    (up.st_dev == st.st_dev && up.st_ino == st.st_ino)) {
-			rc = seterr(err, errlen, ERR_EACCES, "the checkpoint directory was moved "
-				    "out of its allowed root");
+			rc = err_set(err, errlen, ERR_EACCES, "the checkpoint directory was moved "
+				     "out of its allowed root");
 			if (parent >= 0)
 				close(parent);
 			break;

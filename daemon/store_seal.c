@@ -22,7 +22,7 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 	char *text = seal_record_write(r);
 
 	if (!text)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
 	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
 	int rc = store_write_atomic(dirfd, name, text, strlen(text), uid, gid, cfg->file_mode, err,
 				    errlen);

@@ -168,7 +168,7 @@ static int tensors_own(struct tensors **tlp, char *err, size_t errlen)
 	if (tl->refs == 1 && tl->sources_held)
 		return 0;
 	if (!(c = tensors_new(tl->uid)))
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	if ((rc = quota_take(c->uid, QUOTA_HELD, tl->held, err, errlen)) < 0) {
 		tensors_unref(c);
 		return rc;
@@ -178,14 +178,14 @@ static int tensors_own(struct tensors **tlp, char *err, size_t errlen)
 	c->names = malloc((tl->names_cap ? tl->names_cap : 1) * sizeof(*c->names));
 	if (!c->t || !c->names) {
 		tensors_unref(c);
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	for (; c->n < tl->n; c->n++) {
 		const struct tensor_in *t = &tl->t[c->n];
 		c->t[c->n] = *t;
 		if (!(c->t[c->n].shape = malloc(in_block(t->ndim, t->name)))) {
 			tensors_unref(c);
-			return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		memcpy(c->t[c->n].shape, t->shape, in_block(t->ndim, t->name));
 		c->t[c->n].name = (char *)(c->t[c->n].shape + t->ndim);
@@ -211,26 +211,26 @@ static int tensor_check(const char *name, const char *dtype, const uint64_t *sha
 	uint64_t count = 1;
 
 	if (!*name)
-		return seterr(err, errlen, ERR_EINVAL, "tensor with an empty name");
+		return err_set(err, errlen, ERR_EINVAL, "tensor with an empty name");
 	if (esize == 0)
-		return seterr(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'", name,
-			      dtype);
+		return err_set(err, errlen, ERR_EINVAL, "tensor '%s': unknown dtype '%s'", name,
+			       dtype);
 	for (unsigned i = 0; i < ndim; i++) {
 		if (shape[i] && count > UINT64_MAX / shape[i])
-			return seterr(err, errlen, ERR_ERANGE, "tensor '%s': shape overflows",
-				      name);
+			return err_set(err, errlen, ERR_ERANGE, "tensor '%s': shape overflows",
+				       name);
 		count *= shape[i];
 	}
 	if (count > UINT64_MAX / esize || count * esize != nbytes)
-		return seterr(err, errlen, ERR_EINVAL,
-			      "tensor '%s': nbytes %llu does not match its shape and dtype", name,
-			      (unsigned long long)nbytes);
+		return err_set(err, errlen, ERR_EINVAL,
+			       "tensor '%s': nbytes %llu does not match its shape and dtype", name,
+			       (unsigned long long)nbytes);
 	if (!source_complete(src))
-		return seterr(err, errlen, ERR_ESTATE,
-			      "tensor '%s': its region is not fully mapped yet", name);
+		return err_set(err, errlen, ERR_ESTATE,
+			       "tensor '%s': its region is not fully mapped yet", name);
 	if (off > source_size(src) || nbytes > source_size(src) - off)
-		return seterr(err, errlen, ERR_ERANGE,
-			      "tensor '%s': bytes [%llu, +%llu) lie outside its %llu-byte region",
+		return err_set(err, errlen, ERR_ERANGE,
+			       "tensor '%s': bytes [%llu, +%llu) lie outside its %llu-byte region",
 			      name, (unsigned long long)off, (unsigned long long)nbytes,
 			      (unsigned long long)source_size(src));
 	return 0;
@@ -274,31 +274,31 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	tl = *tlp;
 	tensors_forget(tl);	/* describes fewer entries than there will be */
 	if (tl->n >= config->max_tensors_per_save)
-		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
-			      "max_tensors_per_save (%u) tensors", name,
-			      config->max_tensors_per_save);
+		return err_set(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
+			       "max_tensors_per_save (%u) tensors", name,
+			       config->max_tensors_per_save);
 	uint64_t hdr = st_tensor_header_bytes(name, dtype, ndim);
 	if (tl->hdr_bytes + hdr > ST_MAX_HEADER - ST_HEADER_FIXED)
-		return seterr(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "
-			      "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
-			      ST_MAX_HEADER, tl->n);
+		return err_set(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "
+			       "exceed safetensors' %u-byte limit (%zu tensors so far)", name,
+			       ST_MAX_HEADER, tl->n);
 	uint64_t held = entry_held(ndim, name);
 	if ((rc = quota_take(tl->uid, QUOTA_HELD, held, err, errlen)) < 0)
 		return rc;
 	if (names_grow(tl, 1) < 0) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	size_t slot = name_slot(tl, name);
 	if (tl->names[slot]) {
-		rc = seterr(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
+		rc = err_set(err, errlen, ERR_EINVAL, "tensor '%s' is named twice", name);
 		goto fail;
 	}
 	if (tl->n == tl->cap) {
 		size_t cap = tl->cap ? tl->cap * 2 : 64;
 		struct tensor_in *t = realloc(tl->t, cap * sizeof(*t));
 		if (!t) {
-			rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+			rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 			goto fail;
 		}
 		tl->t = t;
@@ -308,7 +308,7 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 	memset(t, 0, sizeof(*t));
 	size_t len = strlen(name) + 1;
 	if (!(t->shape = malloc(ndim * sizeof(*shape) + len))) {
-		rc = seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	memcpy(t->shape, shape, ndim * sizeof(*shape));

@@ -76,15 +76,15 @@ static int userconf_data_home(char *out, size_t len, char *err, size_t errlen)
 
 	if (data && data[0] == '/')
 		return snprintf(out, len, "%s", data) < (int)len ? 0 :
-			seterr(err, errlen, -1, "XDG_DATA_HOME is too long");
+			err_set(err, errlen, -1, "XDG_DATA_HOME is too long");
 	if ((!home || home[0] != '/') && (pw = getpwuid(geteuid())) != NULL)
 		home = pw->pw_dir;
 	if (!home || home[0] != '/')
-		return seterr(err, errlen, -1, "neither XDG_DATA_HOME nor HOME names a directory "
-			      "for the checkpoints: set one, or give a config with allowed_roots "
-			      "(-c FILE)");
+		return err_set(err, errlen, -1, "neither XDG_DATA_HOME nor HOME names a directory "
+			       "for the checkpoints: set one, or give a config with allowed_roots "
+			       "(-c FILE)");
 	return snprintf(out, len, "%s/.local/share", home) < (int)len ? 0 :
-		seterr(err, errlen, -1, "HOME is too long");
+		err_set(err, errlen, -1, "HOME is too long");
 }
 
 /* The cache of a per-user daemon, from RLIMIT_MEMLOCK (raised to its hard limit); what it is
@@ -129,21 +129,21 @@ static int userconf_user(struct config **out, char *say, size_t saylen, char *er
 	char jsock[2 * PATH_MAX], jroot[2 * PATH_MAX], text[5 * PATH_MAX];
 
 	if (!xdg || xdg[0] != '/')
-		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR is not set (no login session), so "
-			      "a per-user daemon has no socket directory: set it to a directory of "
-			      "yours, mode 0700, or give a config with a socket (-c FILE)");
+		return err_set(err, errlen, -1, "XDG_RUNTIME_DIR is not set (no login session), so "
+			       "a per-user daemon has no socket directory: set it to a directory of "
+			       "yours, mode 0700, or give a config with a socket (-c FILE)");
 	if (snprintf(sock, sizeof(sock), "%s/dsckptd", xdg) >= (int)sizeof(sock))
-		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR is too long");
+		return err_set(err, errlen, -1, "XDG_RUNTIME_DIR is too long");
 	if (mkdir(sock, 0700) < 0 && errno != EEXIST)
-		return seterr(err, errlen, -1, "creating %s: %s", sock, strerror(errno));
+		return err_set(err, errlen, -1, "creating %s: %s", sock, strerror(errno));
 	if (snprintf(sock, sizeof(sock), "%s/%s", xdg, USERCONF_SOCKET) >= (int)sizeof(sock))
-		return seterr(err, errlen, -1, "XDG_RUNTIME_DIR is too long");
+		return err_set(err, errlen, -1, "XDG_RUNTIME_DIR is too long");
 	if (userconf_data_home(data, sizeof(data), err, errlen) < 0)
 		return -1;
 	if (snprintf(root, sizeof(root), "%s/dsckpt", data) >= (int)sizeof(root))
-		return seterr(err, errlen, -1, "the data directory %s is too long", data);
+		return err_set(err, errlen, -1, "the data directory %s is too long", data);
 	if (userconf_mkdirs(root, 0700) < 0)
-		return seterr(err, errlen, -1, "creating %s: %s", root, strerror(errno));
+		return err_set(err, errlen, -1, "creating %s: %s", root, strerror(errno));
 	uint64_t bytes = userconf_cache(why, sizeof(why));
 	unsigned chunk = bytes / MIB / 4 < USERCONF_CHUNK_MIB ? (unsigned)(bytes / MIB / 4) :
 		USERCONF_CHUNK_MIB;
@@ -185,7 +185,7 @@ int userconf_load(struct config **out, char **path, char *say, size_t saylen, ch
 		file[0] = '\0';
 	if (file[0] && (stat(file, &st) == 0 || errno != ENOENT)) {
 		if ((*path = strdup(file)) == NULL)
-			return seterr(err, errlen, -1, "out of memory");
+			return err_set(err, errlen, -1, "out of memory");
 		return config_load(file, out, err, errlen);
 	}
 	if (geteuid() != 0)

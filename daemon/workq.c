@@ -49,10 +49,10 @@ int workq_open(struct workq **out, struct uv_loop_s *l, workq_fn fn, char *err, 
 
 	*out = NULL;
 	if (!q)
-		return seterr(err, errlen, ERR_ENOMEM, "out of memory");
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	if ((rc = uv_async_init(l, &q->async, on_async)) != 0) {
 		free(q);
-		return seterr(err, errlen, ERR_EIO, "uv_async_init: %s", uv_strerror(rc));
+		return err_set(err, errlen, ERR_EIO, "uv_async_init: %s", uv_strerror(rc));
 	}
 	pthread_mutex_init(&q->lock, NULL);
 	q->tail = &q->head;

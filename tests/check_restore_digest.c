@@ -52,7 +52,7 @@ static int dfake_write(void *priv, struct cuda_copier *cc, uint64_t off, const v
 	struct dfake *f = priv;
 
 	if (atomic_fetch_add(&f->writes, 1) + 1 == f->fail_write_at)
-		return seterr(e, elen, ERR_EIO, "fake write failed");
+		return err_set(e, elen, ERR_EIO, "fake write failed");
 	memcpy(f->mem + off, src, len);
 	return 0;
 }
@@ -70,7 +70,7 @@ static int dfake_digest(struct digest *d, size_t n, char *e, size_t elen)
 
 	atomic_fetch_add(&f->calls, 1);
 	if (f->fail_digest)
-		return seterr(e, elen, ERR_EIO, "fake digest failed");
+		return err_set(e, elen, ERR_EIO, "fake digest failed");
 	f->nranges = n;
 	for (size_t i = 0; i < n; i++) {
 		ck_assert_ptr_eq(d[i].priv, f);

@@ -385,7 +385,7 @@ static int wfake_write(void *priv, struct cuda_copier *cc, uint64_t off, const v
 	f->len = len;
 	f->src = src;
 	f->had_copier = cc != NULL;
-	return f->len == 7 ? seterr(e, elen, ERR_EIO, "fake write failed") : 0;
+	return f->len == 7 ? err_set(e, elen, ERR_EIO, "fake write failed") : 0;
 }
 
 /* Reads nothing. */

@@ -103,7 +103,7 @@ static int fake_read(void *priv, struct cuda_copier *cc, uint64_t off, void *dst
 	if (f->delay_us)
 		usleep(f->delay_us);
 	if (f->fail_at && call == f->fail_at)
-		return seterr(e, elen, f->fail_code, "fake read %u failed", call);
+		return err_set(e, elen, f->fail_code, "fake read %u failed", call);
 	for (uint64_t i = 0; i < len; i++)
 		p[i] = pat(f->seed, off + i);
 	return 0;
