@@ -15,20 +15,12 @@
 #include <uv.h>
 
 /* Closes descriptors nobody took. */
-void request_close_fds(int *fds, unsigned nfds)
+static void request_close_fds(int *fds, unsigned nfds)
 {
 	for (unsigned i = 0; i < nfds; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
 }
-
-/* Rejects a malformed frame and closes the connection. */
-void request_malformed(struct session *c, const struct proto_hdr *h, const char *why)
-{
-	reply_fatal(session_id(c), h->id, ERR_EPROTO, "malformed %s: %s",
-		    proto_type_name(h->type), why);
-}
-
 
 /* HELLO: identifies the client. */
 static void on_hello(struct session *c, const struct proto_hdr *h, struct proto_map *m)
@@ -196,21 +188,16 @@ static void on_region_del(struct session *c, const struct proto_hdr *h, struct p
 	reply_empty(session_id(c), h->id);
 }
 
-/* SAVE_BEGIN: checks the path and opens a save. */
 /* Decodes one tensor entry and adds it; 0, or -1 (malformed, why in m) / error code. */
 static int add_tensor(struct session *c, struct save *s, const msgpack_object *obj,
 		      struct proto_map *top, char *err, size_t errlen)
 {
 	struct proto_tensor t;
+	struct source *src;
+	int rc = request_tensor(c, top, obj, &t, &src, err, errlen);
 
-	if (proto_get_tensor(top, obj, &t) < 0)
-		return -1;
-	struct source *src = session_region(c, t.region);
-	if (!src) {
-		snprintf(err, errlen, "tensor '%s': no region %llu on this connection", t.name,
-			 (unsigned long long)t.region);
-		return ERR_ENOENT;
-	}
+	if (rc < 0)
+		return rc;
 	return save_add_tensor(s, t.name, t.dtype, t.shape, t.ndim, src, t.offset, t.nbytes,
 			       err, errlen);
 }
@@ -308,19 +295,6 @@ static struct save *open_save_add(struct session *c, const struct proto_hdr *h,
 	return s;
 }
 
-/* Reads SAVE_END's optional event and uuid (both or neither, 64 and 16 bytes; else the map
- * fails). */
-static void get_fence(struct proto_map *m, const void **event, const void **uuid)
-{
-	size_t event_len = 0, uuid_len = 0;
-	int has_event = proto_get_bin(m, "event", event, &event_len, 64, 0);
-	int has_uuid = proto_get_bin(m, "uuid", uuid, &uuid_len, 16, 0);
-
-	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
-								 uuid_len != 16))))
-		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
-}
-
 /* Ends open save s once the frame's entries are added: hands it to the engine, ordered after
  * the client's event if any; 0, or the error code (answered, s dropped). */
 static int end_save(struct session *c, const struct proto_hdr *h, struct save *s,
@@ -361,7 +335,7 @@ static void on_save_begin(struct session *c, const struct proto_hdr *h, struct p
 	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
 	proto_get_bool(m, "end", &end, 0);
 	if (end)
-		get_fence(m, &event, &uuid);
+		request_fence(m, &event, &uuid);
 	if (m->err || (!end && proto_map_end(m) < 0))
 		return request_malformed(c, h, m->why);
 	int64_t id = auth_check(c, AUTH_SAVE, err, sizeof(err));
@@ -399,7 +373,7 @@ static void on_save_end(struct session *c, const struct proto_hdr *h, struct pro
 	const void *event = NULL, *uuid = NULL;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	get_fence(m, &event, &uuid);
+	request_fence(m, &event, &uuid);
 	/* The last batch of tensors may come with SAVE_END itself. */
 	struct save *s = open_save_add(c, h, m, id);
 	if (s && end_save(c, h, s, event, uuid) == 0)

@@ -1,6 +1,7 @@
 /*
- * request.h — what the request layer's files (request.c, request_load.c, request_plan.c)
- * share: helpers and the handlers of the load and plan messages. Nothing below the request layer
+ * request.h — what the request layer's files share. request.c, the dispatcher, calls down into
+ * request_load.c and request_plan.c (the load and plan messages); all three call
+ * request_decode.c's helpers, which call none of them. Nothing below the request layer
  * includes it.
  */
 #ifndef DSCKPT_REQUEST_H
@@ -11,12 +12,18 @@
 
 #define REQUEST_MAX_ENTRIES 65536  /* tensors or blobs in one message */
 
-/* Closes descriptors nobody took. */
-void request_close_fds(int *fds, unsigned nfds);
-/* Rejects a malformed frame and closes the connection. */
-void request_malformed(struct session *c, const struct proto_hdr *h, const char *why);
 /* Answers request h of client c with ERROR {code, message}. */
 #define request_error(c, h, code, ...) reply_error(session_id(c), (h)->id, (code), __VA_ARGS__)
+
+/* request_decode.c — the helpers the message files share. */
+/* Rejects a malformed frame and closes the connection. */
+void request_malformed(struct session *c, const struct proto_hdr *h, const char *why);
+/* Decodes tensor entry obj (of map m) into t and finds its region in *src (borrowed); 0, -1
+ * when malformed (why in m), or ERR_ENOENT with err (no such region). */
+int request_tensor(struct session *c, struct proto_map *m, const msgpack_object *obj,
+		   struct proto_tensor *t, struct source **src, char *err, size_t errlen);
+/* Reads the optional event and uuid of SAVE_END or LOAD_END (both or neither). */
+void request_fence(struct proto_map *m, const void **event, const void **uuid);
 
 /* request_plan.c — PLAN_ADD, PLAN_DEL. */
 void request_plan_add(struct session *c, const struct proto_hdr *h, struct proto_map *m);

@@ -33,13 +33,9 @@ static int add_entries(struct session *c, struct load *l, struct proto_map *m, c
 
 	proto_get_array(m, "tensors", &tensors, REQUEST_MAX_ENTRIES, 0);
 	for (uint32_t i = 0; !m->err && tensors && i < tensors->size && rc == 0; i++) {
-		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
-			break;
-		struct source *dst = session_region(c, t.region);
-		if (!dst)
-			rc = err_set(err, errlen, ERR_ENOENT, "tensor '%s': no region %llu on this "
-				     "connection", t.name, (unsigned long long)t.region);
-		else
+		struct source *dst;
+		rc = request_tensor(c, m, &tensors->ptr[i], &t, &dst, err, errlen);
+		if (rc == 0)
 			rc = load_add_tensor(l, t.name, t.dtype, t.shape, t.ndim, dst, t.offset,
 					     t.nbytes, err, errlen);
 	}
@@ -101,20 +97,15 @@ void request_load_end(struct session *c, const struct proto_hdr *h, struct proto
 	uint64_t id = 0;
 	char err[ERRLEN];
 	const void *event = NULL, *uuid = NULL;
-	size_t event_len = 0, uuid_len = 0;
 	struct cuda_fence *fence = NULL;
 
 	proto_get_u64(m, "load", UINT64_MAX, &id, 1);
-	int has_event = proto_get_bin(m, "event", &event, &event_len, 64, 0);
-	int has_uuid = proto_get_bin(m, "uuid", &uuid, &uuid_len, 16, 0);
-	if (!m->err && (has_event != has_uuid || (has_event && (event_len != 64 ||
-								 uuid_len != 16))))
-		proto_map_fail(m, "event (64 bytes) and uuid (16 bytes) come together");
+	request_fence(m, &event, &uuid);
 	struct load *l = open_load_add(c, h, m, id);
 	if (!l)
 		return;
 	int rc;
-	if (has_event > 0 &&
+	if (event &&
 	    (rc = cuda_fence_import(session_id(c), uuid, event, &fence, err, sizeof(err))) < 0) {
 		load_drop(l);
 		return request_error(c, h, rc, "%s (load %llu abandoned)", err,

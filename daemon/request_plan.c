@@ -10,7 +10,7 @@ void request_plan_add(struct session *c, const struct proto_hdr *h, struct proto
 {
 	const msgpack_object_array *tensors = NULL;
 	uint64_t id = 0;
-	char err[ERRLEN] = "";
+	char err[ERRLEN] = "", entry_err[ERRLEN];
 	struct proto_tensor t;
 	int rc = 0;
 
@@ -27,17 +27,15 @@ void request_plan_add(struct session *c, const struct proto_hdr *h, struct proto
 	if (p && rc >= 0)
 		plan_reserve(p, tensors->size);
 	for (uint32_t i = 0; i < tensors->size; i++) {
-		if (proto_get_tensor(m, &tensors->ptr[i], &t) < 0)
+		struct source *src;
+		int got = request_tensor(c, m, &tensors->ptr[i], &t, &src, entry_err, sizeof(entry_err));
+		if (got == -1)
 			break;
 		if (!p || rc < 0)
 			continue;	/* refused already: only a malformed entry is still news */
-		struct source *src = session_region(c, t.region);
-		if (!src)
-			rc = err_set(err, sizeof(err), ERR_ENOENT, "tensor '%s': no region %llu on "
-				     "this connection", t.name, (unsigned long long)t.region);
-		else
-			rc = plan_add_tensor(p, t.name, t.dtype, t.shape, t.ndim, src, t.offset,
-					     t.nbytes, err, sizeof(err));
+		rc = got < 0 ? err_set(err, sizeof(err), got, "%s", entry_err)
+			     : plan_add_tensor(p, t.name, t.dtype, t.shape, t.ndim, src, t.offset,
+					       t.nbytes, err, sizeof(err));
 	}
 	if (m->err || proto_map_end(m) < 0) {
 		plan_del(session_id(c), id);
