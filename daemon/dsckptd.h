@@ -339,8 +339,8 @@ void *source_priv(struct source *s, const struct source_ops *ops);
 /* Whether every byte of the source can be read (a VMM range may still be mapping). */
 int source_complete(const struct source *s);
 
-/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, retention.c —
- * the checkpoint directories on disk (their format is format/'s). */
+/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, store_latest.c,
+ * store_tag.c, retention.c — the checkpoint directories on disk (their format is format/'s). */
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
 #define STORE_XATTR_HOST "user.dsckpt.host" /* on a partial from its creation: its node */
@@ -432,12 +432,6 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 int store_job_lock(int jobfd, char *err, size_t errlen);
 /* Lets it go. */
 void store_job_unlock(int jobfd);
-/* When jobfd/tag was committed (manifest's created_ns); 0 when it is not committed. */
-uint64_t store_tag_committed(int jobfd, const char *tag);
-/* The same with its manifest read within b: a file of one link, charged to b. */
-uint64_t store_tag_committed_within(int jobfd, const char *tag, struct store_budget *b);
-/* The tag `latest` names (into tag) and when it was committed; 0 if none committed. */
-uint64_t store_latest_get(int jobfd, char *tag, size_t len);
 /* Points `latest` at tag (committed at ns) unless it names a later commit; the lock is held. */
 int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
 			 uid_t uid, gid_t gid, char *err, size_t errlen);
@@ -449,6 +443,18 @@ int store_finish_manifest(int dirfd, const char *path, struct store_budget *b);
  * (nothing is changed once b is spent). */
 void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		      struct store_budget *b);
+/* store_tag.c — a job directory's tags, read only (below store_latest.c and retention.c). */
+/* The manifest dirfd/name, read within b when there is one (a file of one link, charged to
+ * it); NULL when missing, unsound or over budget. */
+struct manifest *store_manifest_read(int dirfd, const char *name, struct store_budget *b);
+/* When jobfd/tag was committed (manifest's created_ns); 0 when it is not committed. */
+uint64_t store_tag_committed(int jobfd, const char *tag);
+/* The same with its manifest read within b: a file of one link, charged to b. */
+uint64_t store_tag_committed_within(int jobfd, const char *tag, struct store_budget *b);
+/* The tag `latest` names (into tag) and when it was committed; 0 if none committed. */
+uint64_t store_latest_get(int jobfd, char *tag, size_t len);
+/* The same with the manifests read within b. */
+uint64_t store_latest_within(int jobfd, char *tag, size_t len, struct store_budget *b);
 /* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */
 /* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
