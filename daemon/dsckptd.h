@@ -109,7 +109,7 @@ int pidfile_write(const char *path, char *err, size_t errlen);
 /* Removes the pid file if it still names this process (exit). */
 void pidfile_remove(void);
 
-/* config.c */
+/* config.c (the option table), config_load.c (reading, validating) */
 /* A validated configuration; replaced whole on reload, never edited in place, and kept alive
  * by references (config_ref) for work that runs past a reload, such as a commit. */
 struct config {

@@ -163,7 +163,7 @@ int lock_socket(const struct config *cfg, char *err, size_t errlen)
 {
 	char sdir[PATH_MAX], dir[PATH_MAX], name[128];
 	struct stat st;
-	const char *base = strrchr(cfg->socket, '/') + 1;	/* config.c: an absolute path */
+	const char *base = strrchr(cfg->socket, '/') + 1;	/* config_load.c: an absolute path */
 
 	snprintf(sdir, sizeof(sdir), "%.*s", base - cfg->socket > 1 ?
 		 (int)(base - cfg->socket - 1) : 1, cfg->socket);

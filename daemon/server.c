@@ -105,7 +105,7 @@ static int check_path(char *err, size_t errlen)
 	int links = 0;
 
 	snprintf(rest, sizeof(rest), "%s", config->socket);
-	*strrchr(rest, '/') = 0;	/* config.c: an absolute path */
+	*strrchr(rest, '/') = 0;	/* config_load.c: an absolute path */
 	if (lstat("/", &st) < 0 || check_dir("/", &st, err, errlen) < 0)
 		return -1;
 	for (char *p = rest; *p;) {
