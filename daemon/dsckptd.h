@@ -29,6 +29,7 @@
 #ifndef DSCKPTD_H
 #define DSCKPTD_H
 
+#include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -231,6 +232,11 @@ uint64_t cache_locked(struct cache *c);
 unsigned cache_pools(struct cache *c);
 /* Pool i's NUMA node (-1: not split), size and bytes handed out (any may be NULL). */
 void cache_pool_info(struct cache *c, unsigned i, int *node, uint64_t *total, uint64_t *used);
+/* cache_numa.c — the NUMA topology the cache's pools follow, from sysfs. */
+#define CACHE_MAX_NODES 64    /* node ids the one-word mbind mask holds */
+/* The online nodes that have CPUs: ids ascending into nodes, their CPUs into cpus; how many
+ * (0 or 1: the cache is not split). */
+unsigned cache_nodes(int nodes[CACHE_MAX_NODES], cpu_set_t cpus[CACHE_MAX_NODES]);
 /* NUMA node of a PCI device ("0000:3b:00.0", any case), from sysfs; -1 if unknown. */
 int cache_pci_node(const char *busid);
 /* Test hook: reads the NUMA topology under root instead of /sys (NULL restores /sys). */

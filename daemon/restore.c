@@ -2,6 +2,10 @@
  * restore.c — the restore threads: a load's pieces, from the resident copy or the file, are
  * checked and written into the client's tensors.
  *
+ * It is over 600 lines on purpose: one lock (R.lock) guards a job's claims, its pieces'
+ * holds and its checksum chains together, and the no-deadlock argument below spans them all;
+ * cut into files, those invariants would be read in pieces.
+ *
  * A job's data region is cut into cache-chunk-sized pieces at chunk-aligned offsets (the same
  * pieces a save wrote, so a resident copy is indexed the same way); only pieces that hold a
  * destination are visited. restore_submit groups them into units: runs of adjacent pieces with
