@@ -5,11 +5,14 @@
  * Data and control go one way, each layer calling only the ones below it:
  *
  *   server.c (listening socket) → conn.c (frames, descriptors, credentials)
- *     → request.c (decode; auth.c checks; session.c: identity and regions)
+ *     → request.c (dispatch, down to request_load.c and request_plan.c; request_decode.c
+ *       their shared decoding; auth.c checks; session.c: identity and regions)
+ *       → query.c (STATUS, PENDING, METRICS from the registries' read-only views)
  *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
  *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
  *           → cache.c (chunks) → flush threads (flush_file.c: a file's header, pieces, finish)
- *           → store_*.c, retention.c (files on disk; their format is format/'s)
+ *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
+ *             store_latest.c → retention.c → store_tag.c; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
  *     → request_load.c → load.c (loads: the file, its header, the destinations)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
@@ -17,7 +20,8 @@
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics_save.c;
- * wired in main.c), and every answer to the client through reply.c, by connection id.
+ * wired in main.c), and every answer to the client through reply.c, by connection id; reply.c
+ * encodes values it is handed (query.c's for the queries) and reads no registry.
  * conn.c knows no handler: main.c hands it request.c's dispatch and disconnect callbacks.
  * Below the request layer nothing holds a connection pointer.
  *
@@ -890,9 +894,9 @@ struct plan *plan_find(uint64_t client, uint64_t id);
 /* The plan id of client, made and charged to uid when new; NULL with *code and err. */
 struct plan *plan_open(uint64_t client, uid_t uid, uint64_t id, int *code, char *err,
 		       size_t errlen);
-/* Adds a tensor to a plan (checked as a save's are); negative ERR_E* with err. */
 /* Makes room for n more tensors at once (best effort). */
 void plan_reserve(struct plan *p, size_t n);
+/* Adds a tensor to a plan (checked as a save's are); negative ERR_E* with err. */
 int plan_add_tensor(struct plan *p, const char *name, const char *dtype,
 		    const uint64_t *shape, unsigned ndim, struct source *src, uint64_t off,
 		    uint64_t nbytes, char *err, size_t errlen);

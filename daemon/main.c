@@ -343,8 +343,8 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
 	quota_set_limits(config);
-	/* Commits run in libuv's threadpool, one per user at a time (save.c): room for 16 users'
-	 * commits at once instead of libuv's 4. */
+	/* Commits run in libuv's threadpool, one per user at a time (commit.c's, and seal.c's
+	 * for the commits of sealed tags): room for 16 users' commits at once instead of 4. */
 	setenv("UV_THREADPOOL_SIZE", "16", 0);
 
 	if (config->host[0])

@@ -3,7 +3,8 @@
  * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED, or FAILED with a
  * code and a reason). Everything here runs on the loop thread. It encodes no reply and knows
  * no connection: saves name their client by id, and every change of level goes to the
- * observers registered with save_observe (waits, commits, the drain), which act on it.
+ * observers registered with save_observe (wait.c, commit.c, seal.c, metrics_save.c; wired
+ * in main.c), which act on it.
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
  * last change once finished and no longer held (a WAIT holds it), or at once when its client
