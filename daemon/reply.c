@@ -138,6 +138,22 @@ void reply_save_ended(uint64_t conn, uint64_t req, uint64_t save)
 	reply_send(conn, &o, 0);
 }
 
+/* Packs a save's level and byte counts (WAIT's answer and PENDING's entries share them). */
+static void pack_save_progress(msgpack_packer *pk, const struct save_view *v)
+{
+	proto_kv_i64(pk, "level", v->level);
+	proto_kv_u64(pk, "bytes_total", v->bytes_total);
+	proto_kv_u64(pk, "bytes_snapshot", v->bytes_snapshot);
+	proto_kv_u64(pk, "bytes_flushed", v->bytes_flushed);
+}
+
+/* Packs a failure's {code, error} (a FAILED save's or load's last two keys). */
+static void pack_failure(msgpack_packer *pk, int code, const char *error)
+{
+	proto_kv_i64(pk, "code", code);
+	proto_kv_str(pk, "error", error);
+}
+
 /* Answers a WAIT with a save's state (its level reached, or FAILED with the reason). */
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 {
@@ -146,14 +162,9 @@ void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 	proto_out_init(&o, PROTO_REPLY, req);
 	msgpack_pack_map(&o.pk, v->level == LEVEL_FAILED ? 7 : 5);
 	proto_kv_u64(&o.pk, "save", v->id);
-	proto_kv_i64(&o.pk, "level", v->level);
-	proto_kv_u64(&o.pk, "bytes_total", v->bytes_total);
-	proto_kv_u64(&o.pk, "bytes_snapshot", v->bytes_snapshot);
-	proto_kv_u64(&o.pk, "bytes_flushed", v->bytes_flushed);
-	if (v->level == LEVEL_FAILED) {
-		proto_kv_i64(&o.pk, "code", v->code);
-		proto_kv_str(&o.pk, "error", v->error);
-	}
+	pack_save_progress(&o.pk, v);
+	if (v->level == LEVEL_FAILED)
+		pack_failure(&o.pk, v->code, v->error);
 	reply_send(conn, &o, 0);
 }
 
@@ -242,17 +253,12 @@ static void pack_pending_save(msgpack_packer *pk, const struct query_save *e)
 	proto_kv_u64(pk, "rank", v->rank);
 	proto_kv_str(pk, "dir", v->dir);
 	proto_kv_str(pk, "file", v->file);
-	proto_kv_i64(pk, "level", v->level);
-	proto_kv_u64(pk, "bytes_total", v->bytes_total);
-	proto_kv_u64(pk, "bytes_snapshot", v->bytes_snapshot);
-	proto_kv_u64(pk, "bytes_flushed", v->bytes_flushed);
+	pack_save_progress(pk, v);
 	proto_kv_u64(pk, "rate", e->rate);
 	proto_kv_u64(pk, "age_ms", e->age_ms);
 	proto_kv_bool(pk, "client_alive", e->client_alive);
-	if (v->level == LEVEL_FAILED) {
-		proto_kv_i64(pk, "code", v->code);
-		proto_kv_str(pk, "error", v->error);
-	}
+	if (v->level == LEVEL_FAILED)
+		pack_failure(pk, v->code, v->error);
 }
 
 /* Answers PENDING with the saves query_pending listed. */
@@ -296,10 +302,8 @@ void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v)
 	proto_kv_str(&o.pk, "source", v->read_from);
 	proto_kv_u64(&o.pk, "bytes_total", v->bytes_total);
 	proto_kv_u64(&o.pk, "bytes_done", v->bytes_done);
-	if (v->level == LOAD_FAILED) {
-		proto_kv_i64(&o.pk, "code", v->code);
-		proto_kv_str(&o.pk, "error", v->error);
-	}
+	if (v->level == LOAD_FAILED)
+		pack_failure(&o.pk, v->code, v->error);
 	reply_send(conn, &o, 0);
 }
 
