@@ -2,9 +2,10 @@
  * check_query.c — the control queries' answers (daemon/query.c) built from registries fed
  * directly, without a daemon or a socket: saves of two users begun, ended and written by the
  * real engine over a small cache (their files kept resident), one more begun and never
- * ended; then PENDING and STATUS as each user, root and a stranger would ask them. PENDING
- * lists the ended saves a viewer may see (every one for root) with their progress; STATUS
- * lists the resident files the same way, and the gauges of the registries and the cache.
+ * ended, one that fails reading its source; then PENDING and STATUS as each user, root and a
+ * stranger would ask them. PENDING lists the ended saves a viewer may see (every one for
+ * root) with their progress or failure; STATUS lists the resident files the same way, and the
+ * gauges of the registries and the cache.
  */
 #include "harness_store.h"
 
@@ -75,6 +76,25 @@ static struct source *host_source(void)
 	return src;
 }
 
+/* A source whose every read fails with EIO: the save reading it fails. */
+static int broken_read(void *priv, struct cuda_copier *cc, uint64_t off, void *dst,
+		       uint64_t len, char *e, size_t elen)
+{
+	return err_set(e, elen, ERR_EIO, "the test's broken source");
+}
+
+/* Nothing to release. */
+static void broken_close(void *priv, uint64_t size)
+{
+}
+
+static const struct source_ops broken_ops = {
+	.name = "broken", .read = broken_read, .close = broken_close,
+};
+
+/* Whether save_as's next save reads the broken source. */
+static int use_broken;
+
 /* Begins a save of dir/file for a trainer of uid (connection id), adds one tensor, and ends
  * it when asked; returns the save. */
 static struct save *save_as(uint64_t id, uid_t uid, const char *job, const char *dir,
@@ -89,7 +109,7 @@ static struct save *save_as(uint64_t id, uid_t uid, const char *job, const char 
 	ck_assert_msg(sid > 0, "save_begin %s/%s: %s", dir, file, err);
 	struct save *s = save_find_open(id, (uint64_t)sid);
 	ck_assert_ptr_nonnull(s);
-	struct source *src = host_source();
+	struct source *src = use_broken ? source_new(&broken_ops, NULL, N_BYTES) : host_source();
 	ck_assert_msg(save_add_tensor(s, "t", "U8", shape, 1, src, 0, N_BYTES, err,
 				      sizeof(err)) == 0, "%s", err);
 	source_unref(src);
@@ -165,6 +185,30 @@ START_TEST(test_pending_by_viewer)
 	ck_assert_int_eq(query_pending(&q, UID_NOBODY), 0);
 	ck_assert_uint_eq(q.n, 0);
 	query_pending_free(&q);
+}
+END_TEST
+
+/* A failed save is listed with its code and reason, and no longer counts as in flight. */
+START_TEST(test_pending_failed)
+{
+	struct query_pending q;
+	struct query_status st;
+
+	use_broken = 1;
+	struct save *a = save_as(1, UID_A, "ja", rpath("%s/t1", "ja"), "a", 1);
+	while (save_level(a) != LEVEL_FAILED && save_level(a) < LEVEL_DURABLE)
+		uv_run(loop, UV_RUN_ONCE);
+	ck_assert_int_eq(save_level(a), LEVEL_FAILED);
+	ck_assert_int_eq(query_pending(&q, UID_A), 0);
+	ck_assert_uint_eq(q.n, 1);
+	ck_assert_int_eq(q.saves[0].v.level, LEVEL_FAILED);
+	ck_assert_int_eq(q.saves[0].v.code, ERR_EIO);
+	ck_assert_ptr_nonnull(strstr(q.saves[0].v.error, "the test's broken source"));
+	query_pending_free(&q);
+	query_status(&st, UID_A);
+	ck_assert_uint_eq(st.saves, 0);
+	ck_assert_uint_eq(st.nresident, 0);
+	query_status_free(&st);
 }
 END_TEST
 
@@ -247,6 +291,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_pending_by_viewer);
+	tcase_add_test(tc, test_pending_failed);
 	tcase_add_test(tc, test_status_by_viewer);
 	tcase_add_test(tc, test_gauges_follow_saves);
 	suite_add_tcase(s, tc);
