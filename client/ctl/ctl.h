@@ -1,8 +1,9 @@
 /*
  * ctl.h — dsckptctl's modules, one section each: the command line (main.c), the connection
  * to the daemon and status (query.c), its counters (metrics.c), the saves it holds
- * (pending.c), offline listing (list.c) and verification (verify*.c) of checkpoints, and the
- * output helpers they share (output.c).
+ * (pending.c), offline listing (list.c) and verification (verify*.c) of checkpoints, one tag
+ * (tagdir.c) described (info.c) and removed (remove.c), export through Python (export.c), and
+ * the output helpers they share (output.c).
  *
  * Every command returns the process exit status: CTL_OK, CTL_FAIL (an error, already printed
  * on stderr) or CTL_USAGE.
@@ -151,6 +152,12 @@ int remove_run(struct ctl *ctl);
 /* Removes the committed tags of job directory ctl->arg but the ctl->keep newest and the one
  * `latest` names (prune), printing what went and what was kept. */
 int prune_run(struct ctl *ctl);
+
+/* export.c */
+/* Replaces this process with python -m dsckpt export and the n arguments args ($DSCKPT_PYTHON,
+ * else python3; -s as $DSCKPT_SOCKET); returns only when that cannot start (CTL_FAIL, once
+ * why is printed). */
+int export_exec(const struct ctl *ctl, int n, char **args);
 
 /* output.c */
 /* Prints "dsckptctl: message" on stderr, or, after out_set_json(1), {"error": "message"} on

@@ -19,7 +19,7 @@ struct command {
 	const char *opts;       /* letters of the command's own options (see long_opts) */
 	int nargs;              /* operands: 0, 1, or ARG_OPTIONAL (0 or 1) */
 	const char *help;       /* manual text, lines indented by two spaces */
-	int (*run)(struct ctl *ctl);
+	int (*run)(struct ctl *ctl); /* NULL: the arguments go, unparsed, to export_exec */
 };
 
 static const struct command commands[] = {
@@ -118,6 +118,21 @@ static const struct command commands[] = {
 	 "    --force    as rm's, for tags no daemon answers for\n"
 	 "    --dry-run  print what would be removed, remove nothing\n",
 	 prune_run},
+	{"export", "[--format torch|safetensors] [--file NAME] [--key PATH] TAG OUT", "", 2,
+	 "  Writes the checkpoint tag TAG as one file of full tensors, for inference and\n"
+	 "  model hubs: torch.save's format, or safetensors when OUT ends in .safetensors\n"
+	 "  (tensors only, named by key path, with dsckpt checksums: verify OUT checks it).\n"
+	 "  A DCP tag gives every item at full size, all ranks' shards put together as\n"
+	 "  DCP's dcp_to_torch_save does (torch >= 2.4); a DeepSpeed tag the fp32 weights\n"
+	 "  consolidated from its ZeRO 1/2/3 shards (as DeepSpeed's zero_to_fp32.py); a tag\n"
+	 "  of dsckpt.torch.save (Lightning's too) the state dict of its one file. Every\n"
+	 "  tensor read is checked against its checksum; nothing is unpickled. It runs\n"
+	 "  'python3 -m dsckpt export' with these arguments (the dsckpt Python package;\n"
+	 "  $DSCKPT_PYTHON names another interpreter), where its options are documented.\n"
+	 "    --format F   torch or safetensors (default: by OUT's suffix)\n"
+	 "    --file NAME  the file of a tag saved by several ranks (rank0, ...)\n"
+	 "    --key PATH   only this entry: state_dict (Lightning's weights), module, ...\n",
+	 NULL},
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -172,6 +187,7 @@ static void main_usage(FILE *f)
 	fprintf(f,
 		"Environment:\n"
 		"  DSCKPT_SOCKET  the daemon's socket when -s is not given\n"
+		"  DSCKPT_PYTHON  the Python that export runs (default: python3)\n"
 		"\n"
 		"Output: tables for people by default; with --json, the same data as JSON (sizes\n"
 		"in bytes, rates in bytes/s, times in ms). Errors go to stderr; under --json they\n"
@@ -310,6 +326,19 @@ int main(int argc, char **argv)
 			c = &commands[i];
 	if (!c)
 		return main_usage_error("unknown command '%s'", argv[optind]);
+	if (!c->run) {   /* its options are Python's; -s before the command still applies */
+		static char def[4096];
+		for (int i = optind + 1; i < argc; i++) {
+			if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+				main_usage_command(stdout, c, 1);
+				return CTL_OK;
+			}
+		}
+		if (!ctl.socket || !*ctl.socket)
+			ctl.socket = dsckpt_default_socket(def, sizeof(def));
+		out_set_json(ctl.json);
+		return export_exec(&ctl, argc - optind - 1, argv + optind + 1);
+	}
 
 	int cargc = argc - optind;
 	char **cargv = argv + optind;
