@@ -152,6 +152,7 @@ def flatten(sd: Any) -> Tuple[Dict[str, torch.Tensor], int]:
     other = 0
 
     def walk(node: Any, path: str) -> None:
+        """Adds node's tensors under path, counting what is neither tensor nor container."""
         nonlocal other
         if isinstance(node, torch.Tensor):
             out[path or "tensor"] = node

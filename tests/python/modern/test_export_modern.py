@@ -21,9 +21,11 @@ import dsckpt.torch as dt  # noqa: E402
 from dsckpt.export import dcp_to_torch_save  # noqa: E402
 from conftest import REPO  # noqa: E402
 from ranks import run_ranks  # noqa: E402
-from test_dcp import SHAPES, full, model_state, sharded_tensor  # noqa: E402
 
 T = 60
+SHAPES = {"w1": ((16, 12), torch.float32), "emb": ((9, 8), torch.bfloat16),
+          "ids": ((7,), torch.int64)}
+OPT = ((8, 5), torch.float32)  # saved as a ShardedTensor
 DSCKPTCTL = os.path.join(os.path.dirname(os.environ.get("DSCKPTD", os.path.join(
     REPO, "build", "dsckptd"))), "dsckptctl")
 
@@ -55,16 +57,36 @@ def same(a, b, path=""):
         assert a == b, f"{path}: {a!r} vs {b!r}"
 
 
+def full(name):
+    """The whole tensor name stands for: distinct values in every element."""
+    shape, dtype = SHAPES.get(name, OPT)
+    n = torch.Size(shape).numel()
+    return (torch.arange(n, dtype=torch.float64) * 0.5 + len(name)).reshape(shape).to(dtype)
+
+
+def sharded_state(world):
+    """Every weight a DTensor sharded by rows over the ranks, "opt" a ShardedTensor, a
+    replicated plain tensor, and values DCP pickles."""
+    from torch.distributed._shard.sharded_tensor import empty
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,))
+    spec = ChunkShardingSpec(dim=0, placements=[f"rank:{r}/cpu" for r in range(world)])
+    opt = empty(spec, *OPT[0], dtype=OPT[1])
+    for shard in opt.local_shards():
+        rows = shard.metadata.shard_offsets[0]
+        shard.tensor.copy_(full("opt")[rows:rows + shard.tensor.shape[0]])
+    return {"model": {name: distribute_tensor(full(name), mesh, [Shard(0)]) for name in SHAPES},
+            "opt": opt, "bias": torch.ones(12) * 3, "step": 7, "extra": {"lr": 0.25}}
+
+
 def _save_both(rank, world, socket, tag, fsdir):
     """Each rank: the same sharded state saved through dsckpt.dcp.Writer and through DCP's
     own FileSystemWriter."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
     conn = dsckpt.Connection(socket, job="exp", rank=rank, world_size=world)
     dt.set_default_connection(conn)
-    mesh = init_device_mesh("cpu", (world,))
-    sd = model_state(mesh, lambda name: [Shard(0)])
-    sd["opt"] = sharded_tensor("opt", world)
+    sd = sharded_state(world)
     dcp.save(sd, storage_writer=dsckpt.dcp.Writer(tag, conn=conn, timeout=T))
     dcp.save(sd, storage_writer=dcp.FileSystemWriter(fsdir))
     conn.close()
@@ -115,12 +137,16 @@ def test_export_lightning(daemon, tmp_path):
     Lightning's own loader resumes from, and --key state_dict gives its weights alone as
     safetensors, equal to the model's."""
     L = pytest.importorskip("lightning")
-    from test_lightning import Tiny, trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.demos.boring_classes import BoringModel
     from dsckpt.lightning import DsckptCheckpointIO
     dirpath = os.path.join(daemon.root, "lit")
     io = DsckptCheckpointIO(socket=daemon.socket)
-    model = Tiny()
-    trainer(io, dirpath, 4, save_top_k=1).fit(model)
+    torch.manual_seed(0)
+    model = BoringModel()
+    L.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+              enable_model_summary=False, plugins=[io], default_root_dir=str(tmp_path),
+              callbacks=[ModelCheckpoint(dirpath=dirpath, every_n_train_steps=4)]).fit(model)
     io.wait_committed()
     tags = [n for n in os.listdir(dirpath) if n.endswith(".ckpt")]
     assert len(tags) == 1
@@ -131,7 +157,7 @@ def test_export_lightning(daemon, tmp_path):
     ckpt = torch.load(out, weights_only=False)
     assert ckpt["global_step"] == 4
     same({k: v for k, v in model.state_dict().items()}, ckpt["state_dict"])
-    resumed = Tiny(seed=5)
+    resumed = BoringModel()
     L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_progress_bar=False,
               enable_model_summary=False, enable_checkpointing=False,
               default_root_dir=str(tmp_path)).fit(resumed, ckpt_path=out)
