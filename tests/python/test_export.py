@@ -133,7 +133,8 @@ def test_export_torch_tag(daemon, tmp_path):
 def test_export_bad_input(daemon, tmp_path):
     """A flipped byte, a truncated file and a missing file fail with the file and what is
     wrong; a tag of two ranks' files needs --file; a bad --key names what is there; a
-    directory that is no tag says so. Nothing is written on failure."""
+    directory that is no tag says so; a tag not committed (a save in flight) is refused
+    unless --allow-uncommitted. Nothing is written on failure."""
     tag = os.path.join(daemon.root, "exp", "bad")
     save_committed(daemon, tag, {"rank0": plain_state(), "rank1": plain_state()}, world=2)
     out = str(tmp_path / "o.pt")
@@ -162,6 +163,16 @@ def test_export_bad_input(daemon, tmp_path):
     r = cli("export", str(tmp_path), out, ok=False)
     assert "holds no checkpoint dsckpt wrote" in r.stderr
     assert not os.path.exists(out)
+
+    # A tag saved but not committed (its save is DURABLE; nothing sealed or committed).
+    pending = os.path.join(daemon.root, "exp", "pending")
+    with dsckpt.Connection(daemon.socket, job="exp", rank=0, world_size=1) as c:
+        dtorch.save(plain_state(), pending, conn=c, file="rank0", track=False).wait_durable(60)
+        r = cli("export", pending, out, ok=False)
+        assert "is not committed (no MANIFEST.json): a save into it may be in flight" in r.stderr
+        assert not os.path.exists(out)
+        cli("export", "--allow-uncommitted", pending, out)
+    same(plain_state(), torch.load(out))
 
 
 # ---- DeepSpeed ZeRO, laid out as DeepSpeed lays it out -------------------------------
@@ -295,8 +306,8 @@ def test_zero_to_fp32(daemon, tmp_path, stage, world, bf16, allowlist):
 
 def test_zero_to_fp32_bad_input(daemon, tmp_path, allowlist):
     """A ZeRO-2 tag of two ranks with a rank's optimizer file gone says how many it expected;
-    a flipped byte in a partition fails its checksum; a tag that is not DeepSpeed's and a
-    missing tag say so."""
+    a flipped byte in a partition fails its checksum; a tag that is not DeepSpeed's, a
+    missing tag and a tag not committed say so."""
     job = os.path.join(daemon.root, "ds")
     tag = os.path.join(job, "broken")
     zero_tag(daemon, tag, 2, 2)
@@ -318,4 +329,7 @@ def test_zero_to_fp32_bad_input(daemon, tmp_path, allowlist):
     save_committed(daemon, os.path.join(job, "plain"), {"rank0": plain_state()})
     r = cli("zero-to-fp32", job, "plain", str(tmp_path / "o.pt"), ok=False)
     assert "holds no DeepSpeed file saved through dsckpt" in r.stderr
+    os.unlink(os.path.join(tag2, "MANIFEST.json"))
+    r = cli("zero-to-fp32", tag2, str(tmp_path / "o.pt"), ok=False)
+    assert "is not committed (no MANIFEST.json)" in r.stderr
     assert not os.path.exists(tmp_path / "o.pt")

@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
                     "dcp_to_torch_save does; needs torch >= 2.4); a DeepSpeed tag gives the "
                     "fp32 weights consolidated from its ZeRO shards (as zero-to-fp32); a tag "
                     "of dsckpt.torch.save (Lightning's included) gives the state dict of its "
-                    "one file.")
+                    "one file. The tag must be committed.")
     e.add_argument("tag_dir", metavar="TAG_DIR", help="the checkpoint tag directory")
     e.add_argument("out", metavar="OUT", help="the file to write (replaced whole)")
     e.add_argument("--format", choices=("torch", "safetensors"),
@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--no-weights-only", dest="weights_only", action="store_false",
                    help="unpickle what the checkpoint holds pickled: runs code its author "
                         "put there; only for checkpoints you trust")
+    e.add_argument("--allow-uncommitted", action="store_true",
+                   help="export a tag that is not committed (no MANIFEST.json) from the "
+                        "files it holds")
     z = sub.add_parser(
         "zero-to-fp32", help="DeepSpeed's zero_to_fp32.py for dsckpt checkpoints",
         description="Consolidates the fp32 master weights of a DeepSpeed ZeRO 1, 2 or 3 "
@@ -67,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("--no-weights-only", dest="weights_only", action="store_false",
                    help="unpickle what the checkpoint holds pickled (only for checkpoints "
                         "you trust)")
+    z.add_argument("--allow-uncommitted", action="store_true",
+                   help="read a tag that is not committed (no MANIFEST.json)")
     return p
 
 
@@ -80,7 +85,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "export":
             from .export import export
             s = export(args.tag_dir, args.out, fmt=args.format, file=args.file, key=args.key,
-                       weights_only=args.weights_only)
+                       weights_only=args.weights_only,
+                       allow_uncommitted=args.allow_uncommitted)
             left = f", {s['left_out']} non-tensor values left out" if s["left_out"] else ""
             print(f"{s['path']}: {s['format']}, {s['tensors']} tensors, {s['bytes']} bytes "
                   f"(from a {s['kind']} tag){left}")
@@ -92,7 +98,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = convert_zero_checkpoint_to_fp32_state_dict(
             args.checkpoint_dir, args.rest[-1], tag=tag,
             exclude_frozen_parameters=args.exclude_frozen_parameters,
-            safe_serialization=args.safe_serialization, weights_only=args.weights_only)
+            safe_serialization=args.safe_serialization, weights_only=args.weights_only,
+            allow_uncommitted=args.allow_uncommitted)
         print(f"{out}: fp32 weights of {args.checkpoint_dir}" + (f" tag {tag}" if tag else ""))
         return 0
     except (ExportError, ZeroCheckpointError, DsckptError, OSError) as e:

@@ -20,6 +20,7 @@ What a tag holds decides what is exported (:func:`state_dict`):
   ``rank0`` included): the state dict of its one file, or of ``file`` when it has several
   (the ranks of a data-parallel run hold the same state).
 
+A tag must be committed (``allow_uncommitted`` exports the files of one that is not).
 ``key`` narrows it to one entry (a key path, ``state_dict`` of a Lightning checkpoint,
 ``module`` of a DeepSpeed model file). ``torch.save`` output keeps the state dict as it is
 (nested containers and non-tensor values, tensors sharing storage still shared);
@@ -81,6 +82,15 @@ def _torch_files(tag_dir: str) -> List[str]:
     return sorted(names)
 
 
+def require_committed(tag_dir: str) -> None:
+    """Raises ExportError unless tag_dir is committed (its MANIFEST.json is there): files of
+    a tag still being saved, or whose save died, are not a checkpoint."""
+    if not os.path.exists(os.path.join(tag_dir, "MANIFEST.json")):
+        raise ExportError(f"{tag_dir} is not committed (no MANIFEST.json): a save into it may "
+                          "be in flight or have died (dsckptctl info says which); "
+                          "--allow-uncommitted exports the files it holds")
+
+
 def dcp_state_dict(tag_dir: str, weights_only: bool = True) -> Dict[str, Any]:
     """Every item of a committed DCP tag at full size, as dcp_to_torch_save builds it: DCP's
     planner for an empty state dict, reading through dsckpt.dcp.Reader."""
@@ -128,10 +138,14 @@ def _narrow(sd: Any, key: str, tag_dir: str) -> Any:
 
 
 def state_dict(tag_dir: str, *, file: Optional[str] = None, key: Optional[str] = None,
-               weights_only: bool = True) -> Any:
-    """The state dict a tag exports (see the module docstring), on the CPU."""
+               weights_only: bool = True, allow_uncommitted: bool = False) -> Any:
+    """The state dict a tag exports (see the module docstring), on the CPU; a tag not
+    committed raises ExportError unless allow_uncommitted (a DCP tag always does: its
+    metadata is written at commit)."""
     tag_dir = os.fspath(tag_dir)
     what = kind(tag_dir)
+    if not allow_uncommitted:
+        require_committed(tag_dir)
     if what == "dcp":
         sd = dcp_state_dict(tag_dir, weights_only)
     elif what == "deepspeed":
@@ -259,11 +273,12 @@ def write(sd: Any, path: str, fmt: Optional[str] = None) -> Dict[str, Any]:
 
 
 def export(tag_dir: str, out: str, *, fmt: Optional[str] = None, file: Optional[str] = None,
-           key: Optional[str] = None, weights_only: bool = True) -> Dict[str, Any]:
+           key: Optional[str] = None, weights_only: bool = True,
+           allow_uncommitted: bool = False) -> Dict[str, Any]:
     """Exports a tag (see the module docstring) to out; returns write's summary and the kind
     of tag."""
-    summary = write(state_dict(tag_dir, file=file, key=key, weights_only=weights_only), out,
-                    fmt)
+    summary = write(state_dict(tag_dir, file=file, key=key, weights_only=weights_only,
+                               allow_uncommitted=allow_uncommitted), out, fmt)
     summary["kind"] = kind(tag_dir)
     return summary
 

@@ -20,7 +20,8 @@ trainable ones from ``single_partition_of_fp32_groups`` (ZeRO 1 and 2, bf16 incl
 partitions of each group concatenated in rank order, parameters laid out in
 ``param_shapes``' order, the group's tail padding to 2 x world size checked) or
 ``fp32_flat_groups`` (ZeRO 3: each parameter split ``ceil(numel / world)`` per rank); tied
-parameters (``shared_params``) are the same tensor. A tag DeepSpeed saved without ZeRO (no
+parameters (``shared_params``) are the same tensor. Unlike DeepSpeed's script, the tag must be
+committed (``allow_uncommitted``: the files of one that is not). A tag DeepSpeed saved without ZeRO (no
 ZeRO optimizer files) has no fp32 partitions: its ``module`` weights are returned as saved.
 
 DeepSpeed itself is not needed: where it is not installed, stand-ins named as its classes
@@ -278,26 +279,33 @@ def state_dict_of_tag(tag_dir: str, exclude_frozen_parameters: bool = False,
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir: str, tag: Optional[str] = None,
                                              exclude_frozen_parameters: bool = False,
-                                             weights_only: bool = True
+                                             weights_only: bool = True,
+                                             allow_uncommitted: bool = False
                                              ) -> "collections.OrderedDict[str, torch.Tensor]":
     """DeepSpeed's function of this name for a dsckpt checkpoint: the fp32 state dict of
     checkpoint_dir/tag (tag: what checkpoint_dir/latest names; checkpoint_dir may be the
-    tag directory itself), on the CPU, for ``model.load_state_dict``."""
-    return state_dict_of_tag(resolve_tag(checkpoint_dir, tag), exclude_frozen_parameters,
-                             weights_only)
+    tag directory itself), on the CPU, for ``model.load_state_dict``. The tag must be
+    committed unless allow_uncommitted."""
+    from ..export import require_committed
+    tag_dir = resolve_tag(checkpoint_dir, tag)
+    if not allow_uncommitted:
+        require_committed(tag_dir)
+    return state_dict_of_tag(tag_dir, exclude_frozen_parameters, weights_only)
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir: str, output_file: str,
                                                tag: Optional[str] = None,
                                                exclude_frozen_parameters: bool = False,
                                                safe_serialization: Optional[bool] = None,
-                                               weights_only: bool = True) -> str:
+                                               weights_only: bool = True,
+                                               allow_uncommitted: bool = False) -> str:
     """Writes the fp32 state dict to output_file (a directory: ``pytorch_model.bin``, or
     ``model.safetensors`` with safe_serialization, inside it as DeepSpeed's script names
     them; a path ending in .safetensors: safetensors); returns the file written."""
     from ..export import write
     sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag,
-                                                  exclude_frozen_parameters, weights_only)
+                                                  exclude_frozen_parameters, weights_only,
+                                                  allow_uncommitted)
     if os.path.isdir(output_file) or output_file.endswith(os.sep):
         os.makedirs(output_file, exist_ok=True)
         output_file = os.path.join(output_file, "model.safetensors" if safe_serialization
