@@ -135,7 +135,8 @@ END_TEST
 /*
  * info TAG: a committed tag (latest, run, world, dtypes, checksums, its files' ranks), as a
  * table and as JSON; a tag saved but not committed is "not committed" and in flight (the
- * daemon holds its save, DURABLE); with no daemon, in flight is unknown.
+ * daemon holds its save, DURABLE); with no daemon, in flight is unknown; an overwrite staged
+ * beside a tag is shown.
  */
 START_TEST(test_info)
 {
@@ -176,6 +177,9 @@ START_TEST(test_info)
 	HAS("in flight  unknown: no dsckptd answers at");
 	ck_assert_int_eq(run("info '%s/inf'%s", D->root, ""), 1);
 	HAS("is not a checkpoint tag");
+	ck_assert_int_eq(mkdir(h_path("%s/inf/.s1.dsckpt-next", D->root), 0755), 0);
+	ck_assert_int_eq(run("info '%s'%s", dir, ""), 0);
+	HAS("overwrite  a new version is staged beside it (.s1.dsckpt-next)");
 	dsckpt_close(c);
 	d_stop();
 }
@@ -184,8 +188,9 @@ END_TEST
 /*
  * rm TAG: removes a committed tag that `latest` does not name and says so; refuses `latest`'s
  * tag without --latest and removes it and `latest` with it; refuses a tag a save is in
- * flight into, with the daemon's words; with no daemon refuses an uncommitted tag unless
- * --force; refuses a link (its target stays) and a directory that is not a tag.
+ * flight into, with the daemon's words; with no daemon refuses an uncommitted tag, and a
+ * committed one with an overwrite staged beside it, unless --force, and removes a committed
+ * one; refuses a link (its target stays) and a directory that is not a tag.
  */
 START_TEST(test_rm)
 {
@@ -235,6 +240,22 @@ START_TEST(test_rm)
 	ck_assert_int_eq(h_system("%s -s %s rm --force '%s/j2/u' >%s/o.txt 2>&1",
 				  h_bin("dsckptctl"), none, D->root, D->dir), 0);
 	ck_assert(!h_exists(h_path("%s/j2/u", D->root)));
+
+	/* No daemon: a committed tag goes, unless an overwrite is staged beside it. */
+	c = conn_open("j2", 0, 1);
+	save_tag(c, h_path("%s/j2/c1", D->root), 5000, 7, 0, 1);
+	save_tag(c, h_path("%s/j2/c2", D->root), 5000, 8, 0, 1);
+	dsckpt_close(c);
+	ck_assert_int_eq(mkdir(h_path("%s/j2/.c1.dsckpt-next", D->root), 0755), 0);
+	ck_assert_int_eq(h_system("%s -s %s rm '%s/j2/c1' >%s/o.txt 2>&1", h_bin("dsckptctl"), none,
+				  D->root, D->dir), 1);
+	free(out);
+	out = h_read_file(h_path("%s/o.txt", D->dir), NULL);
+	HAS("is being overwritten (.c1.dsckpt-next lies beside it): not removed (--force");
+	ck_assert_int_eq(rmdir(h_path("%s/j2/.c1.dsckpt-next", D->root)), 0);
+	ck_assert_int_eq(h_system("%s -s %s rm '%s/j2/c1' >%s/o.txt 2>&1", h_bin("dsckptctl"), none,
+				  D->root, D->dir), 0);
+	ck_assert(!h_exists(h_path("%s/j2/c1", D->root)));
 
 	/* A link where a tag should be is refused, its target untouched; so is a non-tag. */
 	snprintf(other, sizeof(other), "%s/elsewhere", D->dir);

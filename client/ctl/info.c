@@ -2,7 +2,7 @@
  * info.c — `dsckptctl info TAG`: what one checkpoint tag holds, read from disk without
  * checking bytes (verify does that): committed or not and when, the run and job that saved
  * it, its world size, whether `latest` names it, whether a save into it is in flight (asked
- * of the daemon when one answers), and per file its rank, size, tensors, dtypes and whether
+ * of the daemon when one answers) or a new version is staged beside it, and per file its rank, size, tensors, dtypes and whether
  * its header carries dsckpt checksums.
  */
 #include "ctl.h"
@@ -239,6 +239,7 @@ static int info_json(const struct tagdir *t, const struct ifile *v, long n,
 		cJSON_AddNullToObject(doc, "created");
 	cJSON_AddBoolToObject(doc, "latest", t->latest);
 	cJSON_AddNumberToObject(doc, "partial", t->partial);
+	cJSON_AddBoolToObject(doc, "overwrite_staged", t->next);
 	if (busy < 0)
 		cJSON_AddNullToObject(doc, "in_flight");
 	else
@@ -298,6 +299,9 @@ static void info_human(const struct tagdir *t, const struct ifile *v, long n,
 	printf("state      %s%s\n", state, t->latest ? ", latest" : "");
 	if (t->partial)
 		printf("unfinished %u *.partial file%s\n", t->partial, t->partial == 1 ? "" : "s");
+	if (t->next)
+		printf("overwrite  a new version is staged beside it (.%s" TAG_NEXT_SUFFIX ")\n",
+		       t->name);
 	if (busy < 0)
 		printf("in flight  unknown: no dsckptd answers at %s\n", socket);
 	else

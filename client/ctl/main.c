@@ -89,7 +89,8 @@ static const struct command commands[] = {
 	 "  Offline, asking the daemon only whether a save is in flight. Describes the\n"
 	 "  checkpoint tag directory TAG: committed or not (and when), whether `latest`\n"
 	 "  names it, unfinished *.partial files, whether a save into it is in flight\n"
-	 "  (\"unknown\" when no daemon answers), the job, run id, world size and dsckptd\n"
+	 "  (\"unknown\" when no daemon answers), a new version staged beside it (an\n"
+	 "  overwrite's .TAG.dsckpt-next), the job, run id, world size and dsckptd\n"
 	 "  version that wrote it, its size, how many .safetensors files carry checksums,\n"
 	 "  and one row per file: rank, size, tensors, dtypes (count of each) and\n"
 	 "  checksums. It reads headers only; verify checks the bytes.\n",
