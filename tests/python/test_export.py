@@ -23,9 +23,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CTL = os.path.join(os.path.dirname(os.environ.get("DSCKPT_LIB", "build/x")), "dsckptctl")
 
 
-def cli(*args, ok=True):
-    """Runs python -m dsckpt args in a fresh process (no daemon to ask); its result."""
-    env = dict(os.environ, DSCKPT_SOCKET="/nonexistent/dsckpt.sock")
+def cli(*args, ok=True, socket="/nonexistent/dsckpt.sock"):
+    """Runs python -m dsckpt args in a fresh process (no daemon to ask, unless socket names
+    one); its result."""
+    env = dict(os.environ, DSCKPT_SOCKET=socket)
     r = subprocess.run([sys.executable, "-m", "dsckpt", *args], capture_output=True, text=True,
                        env=env, timeout=120)
     assert (r.returncode == 0) == ok, f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"
@@ -102,6 +103,15 @@ def test_export_torch_tag(daemon, tmp_path):
     back = torch.load(out)
     same(sd, back)
     assert back["model"]["wt"].data_ptr() == back["model"]["w"].data_ptr()
+    cli("export", tag, str(tmp_path / "via-daemon.pt"), socket=daemon.socket)  # its load path
+    same(sd, torch.load(str(tmp_path / "via-daemon.pt")))
+    # The daemon fills a file's tensors into one buffer: an entry exported alone carries its
+    # own bytes only, not the 4 MiB beside it.
+    big = os.path.join(daemon.root, "exp", "big")
+    save_committed(daemon, big, {"rank0": {"big": torch.randn(1 << 20), "small": sd["i8"]}})
+    cli("export", "--key", "small", big, str(tmp_path / "small.pt"), socket=daemon.socket)
+    assert os.path.getsize(tmp_path / "small.pt") < 8192
+    same(sd["i8"], torch.load(str(tmp_path / "small.pt")))
 
     st = str(tmp_path / "model.safetensors")
     r = cli("export", tag, st)

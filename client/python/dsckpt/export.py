@@ -23,7 +23,9 @@ What a tag holds decides what is exported (:func:`state_dict`):
 A tag must be committed (``allow_uncommitted`` exports the files of one that is not).
 ``key`` narrows it to one entry (a key path, ``state_dict`` of a Lightning checkpoint,
 ``module`` of a DeepSpeed model file). ``torch.save`` output keeps the state dict as it is
-(nested containers and non-tensor values, tensors sharing storage still shared);
+(nested containers and non-tensor values, tensors that overlap in memory still sharing it,
+and only their bytes written: each tensor or group of overlapping ones gets a storage of its
+own, whatever buffer the load put them in);
 safetensors output holds its tensors alone, named by key path (``model.layers.0.weight``),
 each its own bytes (tied weights are written twice), with a dsckpt XXH3-64 checksum per
 tensor and of the data in ``__metadata__`` so that ``dsckptctl verify out.safetensors``
@@ -37,6 +39,7 @@ move its failure (``invalid load key``) from the metadata to the first tensor.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import json
 import os
@@ -253,6 +256,103 @@ def _data_xxh3(views: List[memoryview]) -> int:
         lib.XXH3_freeState(state)
 
 
+def _storage_key(t: torch.Tensor) -> int:
+    """The address of the memory a tensor is a view of (its storage's first byte)."""
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().data_ptr()
+    return t.storage().data_ptr()
+
+
+def _span(t: torch.Tensor) -> Tuple[int, int]:
+    """The bytes of its storage a tensor covers, [begin, end)."""
+    size = t.element_size()
+    n = 1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride())) if t.numel() else 0
+    begin = t.storage_offset() * size
+    return begin, begin + n * size
+
+
+def _regroup(tensors: List[torch.Tensor]) -> Dict[int, torch.Tensor]:
+    """New tensors (by id of the old) that share memory exactly where the old ones overlap:
+    each group of overlapping views of one storage copied into a storage of its own, so that
+    torch.save writes their bytes and no others (a load through the daemon puts every tensor
+    of a file in one buffer; an entry exported alone must not carry its neighbours)."""
+    by_storage: Dict[int, List[torch.Tensor]] = {}
+    for t in tensors:
+        by_storage.setdefault(_storage_key(t), []).append(t)
+    out: Dict[int, torch.Tensor] = {}
+    for members in by_storage.values():
+        members.sort(key=_span)
+        group: List[torch.Tensor] = []
+        end = -1
+        for t in members + [None]:
+            if t is not None and group and _span(t)[0] < end:
+                group.append(t)
+                end = max(end, _span(t)[1])
+                continue
+            if group:
+                out.update(_copy_group(group))
+            if t is not None:
+                group, end = [t], _span(t)[1]
+    return out
+
+
+def _copy_group(group: List[torch.Tensor]) -> Dict[int, torch.Tensor]:
+    """The tensors of one group of overlapping views as views of one new storage, at the
+    same places relative to each other."""
+    lo = _span(group[0])[0]
+    hi = max(_span(t)[1] for t in group)
+    buf = torch.empty((hi - lo + 7) // 8 * 8, dtype=torch.uint8)
+    out = {}
+    with torch.no_grad():
+        for t in group:
+            at, size = _span(t)[0] - lo, t.element_size()
+            if at % size:  # views of one memory as dtypes it does not align to: apart
+                new = t.detach().clone()
+            else:
+                new = buf.view(t.dtype).as_strided(t.shape, t.stride(), at // size)
+                new.copy_(t)
+            if isinstance(t, torch.nn.Parameter):
+                new = torch.nn.Parameter(new, requires_grad=t.requires_grad)
+            elif t.requires_grad:
+                new.requires_grad_(True)
+            out[id(t)] = new
+    return out
+
+
+def _replace(node: Any, new: Dict[int, torch.Tensor], made: Dict[int, Any]) -> Any:
+    """A copy of node's dicts, lists and tuples with each tensor t replaced by new[id(t)]
+    (one container met twice stays one; containers of other types are kept as they are)."""
+    if isinstance(node, torch.Tensor):
+        return new.get(id(node), node)
+    if id(node) in made:
+        return made[id(node)]
+    if type(node) in (dict, collections.OrderedDict):
+        out = made[id(node)] = type(node)()
+        for k, v in node.items():
+            out[k] = _replace(v, new, made)
+        return out
+    if type(node) is list:
+        out = made[id(node)] = []
+        out.extend(_replace(v, new, made) for v in node)
+        return out
+    if type(node) is tuple:
+        return tuple(_replace(v, new, made) for v in node)
+    return node
+
+
+def _tensors(node: Any, out: Dict[int, torch.Tensor]) -> Dict[int, torch.Tensor]:
+    """The tensors _replace reaches in node, by id."""
+    if isinstance(node, torch.Tensor):
+        out[id(node)] = node
+    elif type(node) in (dict, collections.OrderedDict):
+        for v in node.values():
+            _tensors(v, out)
+    elif type(node) in (list, tuple):
+        for v in node:
+            _tensors(v, out)
+    return out
+
+
 def write(sd: Any, path: str, fmt: Optional[str] = None) -> Dict[str, Any]:
     """Writes sd to path as "torch" (torch.save) or "safetensors" (default: by the suffix);
     returns a summary: format, tensors, bytes, values left out."""
@@ -263,6 +363,8 @@ def write(sd: Any, path: str, fmt: Optional[str] = None) -> Dict[str, Any]:
         write_safetensors(tensors, path)
     elif fmt == "torch":
         tmp = f"{path}.partial"
+        cpu = [t for t in _tensors(sd, {}).values() if t.device.type == "cpu"]
+        sd = _replace(sd, _regroup(cpu), {})
         torch.save(sd, tmp)
         os.replace(tmp, path)
     else:
