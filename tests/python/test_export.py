@@ -288,8 +288,9 @@ def zero_tag(daemon, tag_dir, stage, world, bf16=False, groups=2):
                                               (2, 1, False), (3, 1, False), (3, 2, False)])
 def test_zero_to_fp32(daemon, tmp_path, stage, world, bf16, allowlist):
     """zero-to-fp32 of a ZeRO tag gives the fp32 masters bit for bit (buffers as fp32,
-    frozen parameters, tied ones), from CHECKPOINT_DIR and `latest`, from DIR TAG, from the
-    tag directory itself, as torch.save and safetensors (and into a directory, as
+    frozen parameters, tied ones), from CHECKPOINT_DIR and `latest` (read from the files, and
+    through the daemon), from DIR TAG, from the tag directory itself, as torch.save and
+    safetensors (and into a directory, as
     DeepSpeed's script names the file); export of the tag gives the same."""
     job = os.path.join(daemon.root, "ds")
     tag = os.path.join(job, f"z{stage}w{world}")
@@ -300,6 +301,8 @@ def test_zero_to_fp32(daemon, tmp_path, stage, world, bf16, allowlist):
     got = torch.load(out)
     same(want, got)
     assert got["tied.weight"] is got["b.weight"]
+    cli("zero-to-fp32", job, str(tmp_path / "d.pt"), socket=daemon.socket)  # through it
+    same(want, torch.load(str(tmp_path / "d.pt")))
     cli("zero-to-fp32", job, os.path.basename(tag), str(tmp_path / "b.safetensors"))
     from safetensors.torch import load_file
     flat = load_file(str(tmp_path / "b.safetensors"))
