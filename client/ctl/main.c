@@ -101,10 +101,11 @@ static const struct command commands[] = {
 	 "  committed), then the files, then the directory. Nothing is followed: TAG itself\n"
 	 "  must not be a symbolic link, a link inside is removed as a link, a directory on\n"
 	 "  another file system is left. Refused (exit 1, nothing removed) when TAG holds no\n"
-	 "  checkpoint files, when `latest` names it (unless --latest), when the daemon\n"
-	 "  holds a save into it (or into .TAG.dsckpt-next, an overwrite) that is neither\n"
-	 "  COMMITTED nor FAILED, and, when no daemon answers, unless TAG is committed with\n"
-	 "  no *.partial file and no overwrite beside it (--force overrides only this last).\n"
+	 "  checkpoint files, when another user owns it (but for root), when `latest`\n"
+	 "  names it (unless --latest), when the daemon holds a save into it (or into\n"
+	 "  .TAG.dsckpt-next, an overwrite) that is neither COMMITTED nor FAILED, and,\n"
+	 "  when no daemon answers, unless TAG is committed with no *.partial file and no\n"
+	 "  overwrite beside it (--force overrides only this last).\n"
 	 "    --latest   TAG may be the one `latest` names; that `latest` is removed too\n"
 	 "    --force    remove although no daemon answers to say no save is in flight\n"
 	 "    --dry-run  print what would be removed, remove nothing\n",
@@ -114,12 +115,13 @@ static const struct command commands[] = {
 	 "  and `latest`), as rm does, and prints each tag removed and each kept, with why.\n"
 	 "  Kept: the N newest committed tags (by MANIFEST.json's creation time), the tag\n"
 	 "  `latest` names, every tag not committed, every tag a save is in flight into (as\n"
-	 "  rm decides it), and symbolic links and hidden names (never followed).\n"
+	 "  rm decides it), other users' tags (but for root), and symbolic links and hidden\n"
+	 "  names (never followed).\n"
 	 "    --keep N   committed tags kept besides `latest`'s (default 1; 0 keeps only it)\n"
 	 "    --force    as rm's, for tags no daemon answers for\n"
 	 "    --dry-run  print what would be removed, remove nothing\n",
 	 prune_run},
-	{"export", "[--format torch|safetensors] [--file NAME] [--key PATH] TAG OUT", "", 2,
+	{"export", "[--format F] [--file NAME] [--key PATH] TAG OUT", "", 2,
 	 "  Writes the checkpoint tag TAG as one file of full tensors, for inference and\n"
 	 "  model hubs: torch.save's format, or safetensors when OUT ends in .safetensors\n"
 	 "  (tensors only, named by key path, with dsckpt checksums: verify OUT checks it).\n"
