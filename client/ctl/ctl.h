@@ -1,8 +1,9 @@
 /*
  * ctl.h — dsckptctl's modules, one section each: the command line (main.c), the connection
  * to the daemon and status (query.c), its counters (metrics.c), the saves it holds
- * (pending.c), offline listing (list.c) and verification (verify*.c) of checkpoints, and the
- * output helpers they share (output.c).
+ * (pending.c), offline listing (list.c) and verification (verify*.c) of checkpoints, one tag
+ * (tagdir.c) described (info.c) and removed (remove.c), export through Python (export.c), and
+ * the output helpers they share (output.c).
  *
  * Every command returns the process exit status: CTL_OK, CTL_FAIL (an error, already printed
  * on stderr) or CTL_USAGE.
@@ -30,7 +31,16 @@ struct ctl {
 	const char *dir;          /* wait --dir */
 	double timeout;           /* wait --timeout in seconds; 0: none */
 	int allow_uncommitted;    /* verify --allow-uncommitted */
+	unsigned keep;            /* prune --keep N */
+	int dry_run;              /* rm/prune --dry-run */
+	int force;                /* rm/prune --force: no daemon to ask about saves in flight */
+	int rm_latest;            /* rm --latest: the tag `latest` names may go */
 };
+
+/* The staging directory of an overwrite of tag T lies beside it as .T.dsckpt-next; names of
+ * this form (hidden, with ".dsckpt-") are the daemon's, never a tag of their own. */
+#define TAG_NEXT_SUFFIX ".dsckpt-next"
+#define TAG_HIDDEN_MARK ".dsckpt-"
 
 /* query.c — the daemon's socket, through libdsckpt's connection code (client/lib/conn.c). */
 struct lib_reply;
@@ -75,6 +85,10 @@ int metrics_run(struct ctl *ctl);
 /* pending.c */
 /* Prints one row per save the daemon holds (PENDING). */
 int pending_run(struct ctl *ctl);
+/* Asks the daemon at ctl->socket, printing nothing, how many saves into tag directory dir
+ * (absolute; or its .<tag>.dsckpt-next) it holds that are neither COMMITTED nor FAILED; the
+ * first one in what. -1 when no daemon answers. */
+long pending_in_tag(const struct ctl *ctl, const char *dir, char *what, size_t len);
 /* Waits until no save (of ctl->dir) is below DURABLE; fails if one FAILED or on timeout. */
 int pending_wait(struct ctl *ctl);
 
@@ -87,6 +101,63 @@ int list_run(struct ctl *ctl);
 /* Re-reads and checks every file of the checkpoint directory ctl->arg without the daemon
  * (its parts: verify.h). */
 int verify_run(struct ctl *ctl);
+
+struct manifest;
+/* tagdir.c — one tag directory opened without following links, for info, rm and prune. */
+struct tagdir {
+	int fd;                  /* the tag directory, opened O_NOFOLLOW */
+	int parentfd;            /* its parent, where `latest` lives (borrowed or owned) */
+	int own_parent;          /* parentfd is closed with the tag */
+	char name[256];          /* its base name */
+	char *path;              /* its absolute path */
+	int is_tag;              /* holds *.safetensors, *.partial or MANIFEST.json */
+	int manifest;            /* MANIFEST.json is there */
+	struct manifest *m;      /* and parses (committed), else NULL */
+	unsigned partial;        /* *.partial files: unfinished writes */
+	unsigned files;          /* regular files and links directly inside */
+	uint64_t bytes;          /* their total size */
+	int latest;              /* ../latest names it */
+	int next;                /* .<name>.dsckpt-next lies beside it (an overwrite) */
+	unsigned uid;            /* its owner */
+};
+/* Whether a directory entry's name is one of the daemon's hidden ones (TAG_HIDDEN_MARK). */
+int tagdir_hidden(const char *name);
+/* Opens the tag directory path (a link there is refused, not followed) and reads what it
+ * holds; 0, or -1 once why is printed. */
+int tagdir_open(const char *path, struct tagdir *t);
+/* Opens directory name inside parentfd (absolute path parent) the same way; 0, or -1 with
+ * why (nothing printed). */
+int tagdir_openat(int parentfd, const char *parent, const char *name, struct tagdir *t,
+		  char *why, size_t len);
+/* Closes what tagdir_open* opened. */
+void tagdir_close(struct tagdir *t);
+/* Whether this user may remove t: root, or the owner of the directory; else 0 with why. */
+int tagdir_mine(const struct tagdir *t, char *why, size_t len);
+/* The name the `latest` file in directory fd holds (into buf), or NULL when there is none. */
+const char *tagdir_latest(int fd, char *buf, size_t len);
+/* Whether a save into t may be in flight: 0 when not (the daemon says so, or, with no daemon,
+ * t is committed with nothing unfinished); TAG_BUSY when the daemon holds one (in what);
+ * TAG_MAYBE_BUSY when no daemon answers to tell and t is not plainly finished (what says so). */
+#define TAG_BUSY 1
+#define TAG_MAYBE_BUSY 2
+int tagdir_busy(const struct ctl *ctl, const struct tagdir *t, char *what, size_t len);
+
+/* info.c */
+/* Describes the tag directory ctl->arg: state, files, ranks, dtypes, run, checksums. */
+int info_run(struct ctl *ctl);
+
+/* remove.c */
+/* Removes the tag directory ctl->arg (rm), printing what went. */
+int remove_run(struct ctl *ctl);
+/* Removes the committed tags of job directory ctl->arg but the ctl->keep newest and the one
+ * `latest` names (prune), printing what went and what was kept. */
+int prune_run(struct ctl *ctl);
+
+/* export.c */
+/* Replaces this process with python -m dsckpt export and the n arguments args ($DSCKPT_PYTHON,
+ * else python3; -s as $DSCKPT_SOCKET); returns only when that cannot start (CTL_FAIL, once
+ * why is printed). */
+int export_exec(const struct ctl *ctl, int n, char **args);
 
 /* output.c */
 /* Prints "dsckptctl: message" on stderr, or, after out_set_json(1), {"error": "message"} on

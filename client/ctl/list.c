@@ -179,7 +179,8 @@ static int walk(struct tags *out, int fd, const char *rel, const char *name, uns
 	}
 	while (rc == 0 && (e = readdir(d))) {
 		struct stat st;
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+		    tagdir_hidden(e->d_name))   /* an overwrite's staging directory */
 			continue;
 		if (fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
 			out_err("cannot stat %s/%s/%s: %s", out->root, rel, e->d_name,

@@ -19,7 +19,7 @@ struct command {
 	const char *opts;       /* letters of the command's own options (see long_opts) */
 	int nargs;              /* operands: 0, 1, or ARG_OPTIONAL (0 or 1) */
 	const char *help;       /* manual text, lines indented by two spaces */
-	int (*run)(struct ctl *ctl);
+	int (*run)(struct ctl *ctl); /* NULL: the arguments go, unparsed, to export_exec */
 };
 
 static const struct command commands[] = {
@@ -56,14 +56,15 @@ static const struct command commands[] = {
 	 "  Offline (no daemon needed). Finds the checkpoint tags under ROOT (without ROOT:\n"
 	 "  under each allowed root of the daemon that answers): directories\n"
 	 "  holding *.safetensors, *.partial or MANIFEST.json, searched at most 8 levels deep\n"
-	 "  without following symbolic links. One row per tag, sorted by path: the path\n"
+	 "  without following symbolic links or entering the daemon's hidden .*.dsckpt-*\n"
+	 "  directories (an overwrite's staging one). One row per tag, sorted by path: the path\n"
 	 "  relative to ROOT, its state, the number and total size of its files, the creation\n"
 	 "  time from its manifest, and \"latest\" where <job>/latest names it. States:\n"
 	 "    committed   MANIFEST.json is present and parses, no *.partial file\n"
 	 "    incomplete  no MANIFEST.json, or a *.partial file (an unfinished write)\n"
 	 "    corrupt     MANIFEST.json is present but is not a dsckpt manifest\n",
 	 list_run},
-	{"verify", "[--allow-uncommitted] DIR", "a", 1,
+	{"verify", "[--allow-uncommitted] DIR|FILE", "a", 1,
 	 "  Offline (no daemon needed). Re-reads every file of the checkpoint directory DIR.\n"
 	 "  For each *.safetensors file: the header length is sane, the header is JSON, every\n"
 	 "  dtype is known, shape x dtype size matches data_offsets, the tensors are packed\n"
@@ -75,9 +76,67 @@ static const struct command commands[] = {
 	 "  world_size must have a file, and no *.safetensors or *.meta file may be missing\n"
 	 "  from it. Prints one line per file (OK, or MISMATCH and the reasons) and a\n"
 	 "  summary; exits 0 only when everything matched.\n"
+	 "  FILE: one *.safetensors file gets the same checks (a file without dsckpt\n"
+	 "  checksums fails: its bytes cannot be checked); one *.meta file is hashed whole\n"
+	 "  and compared with the dsckpt.meta_xxh3 and dsckpt.meta_size of the\n"
+	 "  .safetensors file beside it; with a MANIFEST.json beside it, the file is also\n"
+	 "  checked against its entry there. A symbolic link to a file of the same\n"
+	 "  directory (DeepSpeed's mp_rank_00_model_states.pt) is followed to it.\n"
 	 "    --allow-uncommitted  accept a directory without MANIFEST.json (it is reported\n"
 	 "                         as not committed and fails the check otherwise)\n",
 	 verify_run},
+	{"info", "TAG", "", 1,
+	 "  Offline, asking the daemon only whether a save is in flight. Describes the\n"
+	 "  checkpoint tag directory TAG: committed or not (and when), whether `latest`\n"
+	 "  names it, unfinished *.partial files, whether a save into it is in flight\n"
+	 "  (\"unknown\" when no daemon answers), a new version staged beside it (an\n"
+	 "  overwrite's .TAG.dsckpt-next), the job, run id, world size and dsckptd\n"
+	 "  version that wrote it, its size, how many .safetensors files carry checksums,\n"
+	 "  and one row per file: rank, size, tensors, dtypes (count of each) and\n"
+	 "  checksums. It reads headers only; verify checks the bytes.\n",
+	 info_run},
+	{"rm", "[--latest] [--force] [--dry-run] TAG", "lfn", 1,
+	 "  Removes the checkpoint tag directory TAG and prints what went: `latest` first\n"
+	 "  when it names TAG, then MANIFEST.json (a half-removed tag reads as not\n"
+	 "  committed), then the files, then the directory. Nothing is followed: TAG itself\n"
+	 "  must not be a symbolic link, a link inside is removed as a link, a directory on\n"
+	 "  another file system is left. Refused (exit 1, nothing removed) when TAG holds no\n"
+	 "  checkpoint files, when another user owns it (but for root), when `latest`\n"
+	 "  names it (unless --latest), when the daemon holds a save into it (or into\n"
+	 "  .TAG.dsckpt-next, an overwrite) that is neither COMMITTED nor FAILED, and,\n"
+	 "  when no daemon answers, unless TAG is committed with no *.partial file and no\n"
+	 "  overwrite beside it (--force overrides only this last).\n"
+	 "    --latest   TAG may be the one `latest` names; that `latest` is removed too\n"
+	 "    --force    remove although no daemon answers to say no save is in flight\n"
+	 "    --dry-run  print what would be removed, remove nothing\n",
+	 remove_run},
+	{"prune", "[--keep N] [--force] [--dry-run] DIR", "kfn", 1,
+	 "  Removes old committed tags of the job directory DIR (the one holding the tags\n"
+	 "  and `latest`), as rm does, and prints each tag removed and each kept, with why.\n"
+	 "  Kept: the N newest committed tags (by MANIFEST.json's creation time), the tag\n"
+	 "  `latest` names, every tag not committed, every tag a save is in flight into (as\n"
+	 "  rm decides it), other users' tags (but for root), and symbolic links and hidden\n"
+	 "  names (never followed).\n"
+	 "    --keep N   committed tags kept besides `latest`'s (default 1; 0 keeps only it)\n"
+	 "    --force    as rm's, for tags no daemon answers for\n"
+	 "    --dry-run  print what would be removed, remove nothing\n",
+	 prune_run},
+	{"export", "[--format F] [--file NAME] [--key PATH] TAG OUT", "", 2,
+	 "  Writes the checkpoint tag TAG as one file of full tensors, for inference and\n"
+	 "  model hubs: torch.save's format, or safetensors when OUT ends in .safetensors\n"
+	 "  (tensors only, named by key path, with dsckpt checksums: verify OUT checks it).\n"
+	 "  A DCP tag gives every item at full size, all ranks' shards put together as\n"
+	 "  DCP's dcp_to_torch_save does (torch >= 2.4); a DeepSpeed tag the fp32 weights\n"
+	 "  consolidated from its ZeRO 1/2/3 shards (as DeepSpeed's zero_to_fp32.py); a tag\n"
+	 "  of dsckpt.torch.save (Lightning's too) the state dict of its one file. Every\n"
+	 "  tensor read is checked against its checksum; nothing is unpickled. TAG must\n"
+	 "  be committed (--allow-uncommitted exports the files of one that is not). It runs\n"
+	 "  'python3 -m dsckpt export' with these arguments (the dsckpt Python package;\n"
+	 "  $DSCKPT_PYTHON names another interpreter), where its options are documented.\n"
+	 "    --format F   torch or safetensors (default: by OUT's suffix)\n"
+	 "    --file NAME  the file of a tag saved by several ranks (rank0, ...)\n"
+	 "    --key PATH   only this entry: state_dict (Lightning's weights), module, ...\n",
+	 NULL},
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -91,6 +150,10 @@ static const struct option long_opts[] = {
 	{"dir", required_argument, NULL, 'd'},
 	{"timeout", required_argument, NULL, 't'},
 	{"allow-uncommitted", no_argument, NULL, 'a'},
+	{"keep", required_argument, NULL, 'k'},
+	{"force", no_argument, NULL, 'f'},
+	{"dry-run", no_argument, NULL, 'n'},
+	{"latest", no_argument, NULL, 'l'},
 	{NULL, 0, NULL, 0},
 };
 
@@ -108,7 +171,8 @@ static void main_usage(FILE *f)
 		"Usage: dsckptctl [-s SOCKET] [--json] COMMAND [OPTIONS] [OPERAND]\n"
 		"\n"
 		"Queries dsckptd, the per-node checkpoint daemon, and checks the checkpoints it\n"
-		"writes. list and verify read the files directly and need no daemon.\n"
+		"writes. list, verify and info read the files directly and need no daemon; rm and\n"
+		"prune remove tags, asking the daemon whether a save is in flight.\n"
 		"\n"
 		"Options (before or after COMMAND):\n"
 		"  -s, --socket SOCKET  the daemon's socket (default: $DSCKPT_SOCKET, else\n"
@@ -127,6 +191,7 @@ static void main_usage(FILE *f)
 	fprintf(f,
 		"Environment:\n"
 		"  DSCKPT_SOCKET  the daemon's socket when -s is not given\n"
+		"  DSCKPT_PYTHON  the Python that export runs (default: python3)\n"
 		"\n"
 		"Output: tables for people by default; with --json, the same data as JSON (sizes\n"
 		"in bytes, rates in bytes/s, times in ms). Errors go to stderr; under --json they\n"
@@ -154,6 +219,18 @@ static int parse_timeout(const char *s, double *out)
 	if (errno || end == s || *end || !isfinite(v) || v <= 0)
 		return -1;
 	*out = v;
+	return 0;
+}
+
+/* Parses --keep's value: a whole number of tags. */
+static int parse_keep(const char *s, unsigned *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || *s == '-' || v > 1000000)
+		return -1;
+	*out = (unsigned)v;
 	return 0;
 }
 
@@ -198,6 +275,19 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 	case 'a':
 		ctl->allow_uncommitted = 1;
 		break;
+	case 'k':
+		if (parse_keep(arg, &ctl->keep) != 0)
+			return main_usage_error("--keep wants a number of tags, not '%s'", arg);
+		break;
+	case 'f':
+		ctl->force = 1;
+		break;
+	case 'n':
+		ctl->dry_run = 1;
+		break;
+	case 'l':
+		ctl->rm_latest = 1;
+		break;
 	}
 	return -1;
 }
@@ -220,7 +310,7 @@ static void bad_option(int opt, char **argv)
 /* Parses the command line and runs the command. */
 int main(int argc, char **argv)
 {
-	struct ctl ctl = {0};
+	struct ctl ctl = {.keep = 1};
 	int opt, rc;
 
 	opterr = 0;
@@ -240,6 +330,19 @@ int main(int argc, char **argv)
 			c = &commands[i];
 	if (!c)
 		return main_usage_error("unknown command '%s'", argv[optind]);
+	if (!c->run) {   /* its options are Python's; -s before the command still applies */
+		static char def[4096];
+		for (int i = optind + 1; i < argc; i++) {
+			if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+				main_usage_command(stdout, c, 1);
+				return CTL_OK;
+			}
+		}
+		if (!ctl.socket || !*ctl.socket)
+			ctl.socket = dsckpt_default_socket(def, sizeof(def));
+		out_set_json(ctl.json);
+		return export_exec(&ctl, argc - optind - 1, argv + optind + 1);
+	}
 
 	int cargc = argc - optind;
 	char **cargv = argv + optind;

@@ -1,6 +1,7 @@
 /*
  * pending.c — the commands built on PENDING, the daemon's list of the saves it holds:
- * pending (one row per save) and wait (poll until the saves of a directory are durable).
+ * pending (one row per save) and wait (poll until the saves of a directory are durable), and
+ * the question info, rm and prune ask: is a save into this tag in flight?
  */
 #include "ctl.h"
 
@@ -16,6 +17,7 @@
 
 #define WAIT_POLL_MS 100
 #define MAX_SAVES (1u << 20)     /* most saves one PENDING reply may list */
+#define HELLO_TIMEOUT_MS 10000   /* the daemon answers at once; this is a hang */
 
 /* One save as PENDING lists it. */
 struct psave {
@@ -347,4 +349,48 @@ int pending_wait(struct ctl *ctl)
 		printf("%zu save%s%s%s durable\n", matched, matched == 1 ? "" : "s",
 		       dir ? " of " : "", dir ? dir : "");
 	return rc;
+}
+
+/* Whether save s went into tag directory dir (absolute) or into the staging directory an
+ * overwrite of that tag writes beside it (.<tag>.dsckpt-next). */
+static int psave_into_tag(const struct psave *s, const char *dir)
+{
+	char next[PATH_MAX];
+	const char *slash = strrchr(dir, '/');
+
+	if (psave_matches(s, dir))
+		return 1;
+	if (!slash || snprintf(next, sizeof(next), "%.*s/.%s" TAG_NEXT_SUFFIX,
+			       (int)(slash - dir), dir, slash + 1) >= (int)sizeof(next))
+		return 0;
+	return psave_matches(s, next);
+}
+
+/* Asks the daemon at ctl->socket, printing nothing, how many saves into tag directory dir
+ * (absolute) it holds that are neither COMMITTED nor FAILED; the first one in what. -1 when
+ * no daemon answers. */
+long pending_in_tag(const struct ctl *ctl, const char *dir, char *what, size_t len)
+{
+	dsckpt_conn_t *c;
+	struct plist pl = {0};
+	long n = 0;
+
+	if (dsckpt_connect(ctl->socket, &c) < 0)
+		return -1;
+	if (lib_conn_ctl_hello(c, HELLO_TIMEOUT_MS) < 0 || plist_fetch(c, &pl) != 0) {
+		dsckpt_close(c);
+		return -1;
+	}
+	dsckpt_close(c);
+	for (size_t i = 0; i < pl.n; i++) {
+		const struct psave *s = &pl.v[i];
+		if (!psave_into_tag(s, dir) || s->level == DSCKPT_FAILED ||
+		    s->level >= DSCKPT_COMMITTED)
+			continue;
+		if (n++ == 0)
+			snprintf(what, len, "save %" PRIu64 " of %s (job %s, rank %" PRIu64 ") is %s",
+				 s->id, s->file, s->job, s->rank, dsckpt_level_name((int)s->level));
+	}
+	plist_free(&pl);
+	return n;
 }

@@ -132,7 +132,7 @@ struct vfile *vfile_find(struct verify *v, const char *name)
 }
 
 /* Frees an entry. */
-static void vfile_free(struct vfile *f)
+void vfile_free(struct vfile *f)
 {
 	free(f->name);
 	cJSON_Delete(f->problems);
@@ -261,29 +261,68 @@ static int report_json(struct verify *v, const char *dir, int committed, int ok)
 	return out_json(doc);
 }
 
-/* Checks the directory's files, then its manifest; reports and returns the exit status. */
+/* Prepares v to check the files of directory dirfd (taken over); -1 once why is printed. */
+int verify_begin(struct verify *v, int dirfd)
+{
+	memset(v, 0, sizeof(*v));
+	v->dirfd = dirfd;
+	v->buf = malloc(VERIFY_BLOCK);
+	v->tensor_state = XXH3_createState();
+	v->data_state = XXH3_createState();
+	v->problems = cJSON_CreateArray();
+	if (!v->buf || !v->tensor_state || !v->data_state || !v->problems) {
+		out_err("out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+/* Frees what verify_begin and the checks allocated, and closes the directory. */
+void verify_end(struct verify *v)
+{
+	for (size_t i = 0; i < v->n; i++)
+		vfile_free(v->f[i]);
+	free(v->f);
+	cJSON_Delete(v->problems);
+	XXH3_freeState(v->tensor_state);
+	XXH3_freeState(v->data_state);
+	free(v->buf);
+	close(v->dirfd);
+}
+
+/* Sorts the entries, prints the report on what (a directory or a file) and returns the exit
+ * status: CTL_OK only when ok and the report was printed. */
+int verify_report(const struct ctl *ctl, struct verify *v, const char *what, int committed,
+		  int ok)
+{
+	if (v->n)
+		qsort(v->f, v->n, sizeof(*v->f), vfile_cmp);
+	if (ctl->json)
+		return report_json(v, what, committed, ok) == CTL_OK && ok ? CTL_OK : CTL_FAIL;
+	report_human(v, what, committed, ok);
+	return ok ? CTL_OK : CTL_FAIL;
+}
+
+/* Checks the directory's files, then its manifest; reports and returns the exit status. A
+ * path that is not a directory is checked as one file (verify_file.c). */
 int verify_run(struct ctl *ctl)
 {
-	struct verify v = {0};
+	struct verify v;
 	const char *dir = ctl->arg;
 	char why[300];
 	int rc = CTL_FAIL, present = 0, ok = 1;
 	size_t nst = 0;
 	struct manifest *m = NULL;
 
-	v.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (v.dirfd < 0) {
+	int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0 && errno == ENOTDIR)
+		return verify_file_run(ctl);
+	if (dirfd < 0) {
 		out_err("cannot open %s: %s", dir, strerror(errno));
 		return CTL_FAIL;
 	}
-	v.buf = malloc(VERIFY_BLOCK);
-	v.tensor_state = XXH3_createState();
-	v.data_state = XXH3_createState();
-	v.problems = cJSON_CreateArray();
-	if (!v.buf || !v.tensor_state || !v.data_state || !v.problems) {
-		out_err("out of memory");
+	if (verify_begin(&v, dirfd) != 0)
 		goto out;
-	}
 	if (scan(&v, dir) != 0)
 		goto out;
 	for (size_t i = 0; i < v.n; i++)
@@ -316,24 +355,9 @@ int verify_run(struct ctl *ctl)
 		cJSON_AddItemToArray(v.problems, cJSON_CreateString("no .safetensors file"));
 		ok = 0;
 	}
-	if (v.n)
-		qsort(v.f, v.n, sizeof(*v.f), vfile_cmp);
-	if (ctl->json)
-		rc = report_json(&v, dir, m != NULL, ok) == CTL_OK && ok ? CTL_OK : CTL_FAIL;
-	else {
-		report_human(&v, dir, m != NULL, ok);
-		rc = ok ? CTL_OK : CTL_FAIL;
-	}
+	rc = verify_report(ctl, &v, dir, m != NULL, ok);
 out:
 	manifest_free(m);
-	for (size_t i = 0; i < v.n; i++)
-		vfile_free(v.f[i]);
-	free(v.f);
-	cJSON_Delete(v.problems);
-	XXH3_freeState(v.tensor_state);
-	XXH3_freeState(v.data_state);
-	free(v.buf);
-	close(v.dirfd);
+	verify_end(&v);
 	return rc;
 }
-

@@ -1,7 +1,7 @@
 /*
  * verify.h — `dsckptctl verify`'s parts: the run and its report (verify.c), the checks of one
- * safetensors file (verify_st.c) and of MANIFEST.json against the directory
- * (verify_manifest.c). The format itself is format/'s; these files only compare.
+ * safetensors file (verify_st.c), of MANIFEST.json against the directory
+ * (verify_manifest.c) and of one file named alone (verify_file.c). The format itself is format/'s; these files only compare.
  */
 #ifndef DSCKPTCTL_VERIFY_H
 #define DSCKPTCTL_VERIFY_H
@@ -65,13 +65,34 @@ void verify_sum_compare(struct vfile *f, const char *what, uint64_t have, const 
 struct vfile *vfile_add(struct verify *v, const char *name, enum vkind kind);
 /* The entry of file name, or NULL. */
 struct vfile *vfile_find(struct verify *v, const char *name);
+/* Frees an entry. */
+void vfile_free(struct vfile *f);
+/* Prepares v to check the files of directory dirfd (taken over); -1 once why is printed. */
+int verify_begin(struct verify *v, int dirfd);
+/* Frees what verify_begin and the checks allocated, and closes the directory. */
+void verify_end(struct verify *v);
+struct ctl;
+/* Sorts the entries, prints the report on what (a directory or a file) and returns the exit
+ * status: CTL_OK only when ok and the report was printed. */
+int verify_report(const struct ctl *ctl, struct verify *v, const char *what, int committed,
+		  int ok);
 
 /* verify_st.c */
 /* Checks one safetensors file: header, layout, then every byte against its checksums. */
 void verify_st_check(struct verify *v, struct vfile *f);
 
 /* verify_manifest.c */
+/* XXH3-64 of a whole file (a .meta file's checksum); -1 with a problem noted. */
+int verify_hash_whole(struct verify *v, struct vfile *f, uint64_t *out);
 /* Checks the manifest m against the directory: every entry, world coverage, unlisted files. */
 void verify_manifest_check(struct verify *v, struct vfile *mf, const struct manifest *m);
+/* Checks file f alone against its entry in the manifest m (a problem when it has none). */
+void verify_manifest_file(struct verify *v, struct vfile *mf, const struct manifest *m,
+			  struct vfile *f);
+
+/* verify_file.c */
+/* Checks the one file ctl->arg (a .safetensors or .meta file, or a link beside it naming
+ * one): its own structure and checksums, and MANIFEST.json's entry when one lies beside it. */
+int verify_file_run(struct ctl *ctl);
 
 #endif /* DSCKPTCTL_VERIFY_H */

@@ -16,7 +16,7 @@
 #define WORLD_MAX 65536
 
 /* XXH3-64 of a whole file (a .meta file's manifest checksum); -1 with a problem noted. */
-static int verify_hash_whole(struct verify *v, struct vfile *f, uint64_t *out)
+int verify_hash_whole(struct verify *v, struct vfile *f, uint64_t *out)
 {
 	char why[200];
 	int rc = 0;
@@ -161,20 +161,52 @@ static void verify_manifest_entry(struct verify *v, struct vfile *mf,
 	}
 }
 
+/* Whether the manifest's checksum algorithm and world size are ones this dsckptctl checks;
+ * a problem of mf when not. */
+static int verify_manifest_sane(struct vfile *mf, const struct manifest *m)
+{
+	if (!m->checksum || strcmp(m->checksum, CHECKSUM_ALGO) != 0) {
+		verify_problem(mf, "checksum is not \"%s\", the only one this dsckptctl knows",
+			       CHECKSUM_ALGO);
+		return 0;
+	}
+	if (m->world_size == MANIFEST_BAD || m->world_size < 1 || m->world_size > WORLD_MAX) {
+		verify_problem(mf, "world_size is not an integer in 1..%u", WORLD_MAX);
+		return 0;
+	}
+	return 1;
+}
+
+/* Checks file f alone against its entry in the manifest m (a problem when it has none). */
+void verify_manifest_file(struct verify *v, struct vfile *mf, const struct manifest *m,
+			  struct vfile *f)
+{
+	if (!verify_manifest_sane(mf, m))
+		return;
+	uint8_t *ranks = calloc(m->world_size, 1);
+	if (!ranks) {
+		verify_problem(mf, "out of memory");
+		return;
+	}
+	size_t i = 0;
+	while (i < m->nfiles && (!m->files[i].name || strcmp(m->files[i].name, f->name) != 0))
+		i++;
+	if (i == m->nfiles)
+		verify_problem(f, "not listed in MANIFEST.json");
+	else
+		verify_manifest_entry(v, mf, &m->files[i], i, m->world_size, ranks);
+	free(ranks);
+	snprintf(mf->detail, sizeof(mf->detail), "committed %s, world %" PRIu64 ", %s listed",
+		 m->created ? m->created : "(no date)", m->world_size, f->name);
+}
+
 /* Checks the manifest m against the directory: every entry, world coverage, unlisted files. */
 void verify_manifest_check(struct verify *v, struct vfile *mf, const struct manifest *m)
 {
 	uint64_t world = m->world_size, missing = 0, first = 0, sum = 0;
 
-	if (!m->checksum || strcmp(m->checksum, CHECKSUM_ALGO) != 0) {
-		verify_problem(mf, "checksum is not \"%s\", the only one this dsckptctl knows",
-			       CHECKSUM_ALGO);
+	if (!verify_manifest_sane(mf, m))
 		return;
-	}
-	if (world == MANIFEST_BAD || world < 1 || world > WORLD_MAX) {
-		verify_problem(mf, "world_size is not an integer in 1..%u", WORLD_MAX);
-		return;
-	}
 	uint8_t *ranks = calloc(world, 1);
 	if (!ranks) {
 		verify_problem(mf, "out of memory");

@@ -22,7 +22,10 @@ single process (world size 1, NCCL; gloo with --cpu) three times on the same bat
              carry the block with "enabled": false, so the import leaves them to DeepSpeed.
 
 A run passes when the N losses after each reload equal the reference's exactly (deterministic
-settings), and the saving runs' own N losses do too (saving changed nothing). Prints a PASS or
+settings), and the saving runs' own N losses do too (saving changed nothing). Then the fp32
+weights `python -m dsckpt zero-to-fp32` consolidates from each dsckpt run's tag must equal, bit
+for bit, what DeepSpeed's own zero_to_fp32 makes of the torch run's tag (saved at the same step
+of the same deterministic run): a row "<engine>-fp32" per dsckpt engine. Prints a PASS or
 FAIL line per stage and engine, then a table with the time save_checkpoint blocked, the wait in
 the next step, and the time until the checkpoint was committed (MANIFEST.json written). Exit
 status 1 on any failure, 2 on bad usage. --cpu (or --smoke) runs on the CPU (DS_ACCELERATOR=cpu,
@@ -371,6 +374,30 @@ def run(stage, kind, batches, reference):
     return row
 
 
+def fp32_parity(stage):
+    """dsckpt's zero-to-fp32 of each dsckpt run's tag against DeepSpeed's own zero_to_fp32 of
+    the torch run's (same seed and batches, saved at the same step): a result row per run."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as theirs
+    from dsckpt.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours
+    tag = f"step{ARGS.before}"
+    ref = theirs(os.path.join(ARGS.dir, f"zero{stage}-torch"), tag)
+    rows = []
+    for kind in [k for k in ARGS.engines if k != "torch"]:
+        row = {"stage": stage, "engine": f"{kind}-fp32", "problems": []}
+        got = ours(os.path.join(ARGS.dir, f"zero{stage}-{kind}"), tag)
+        if list(got) != list(ref):
+            row["problems"].append(f"names {list(got)[:5]}... vs DeepSpeed's {list(ref)[:5]}...")
+        for name in ref:
+            a, b = ref[name], got.get(name)
+            if b is None or a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+                row["problems"].append(f"{name} differs from DeepSpeed's zero_to_fp32")
+        log(f"{'FAIL' if row['problems'] else 'PASS'}: ZeRO stage {stage}, {kind}: "
+            f"python -m dsckpt zero-to-fp32 gives DeepSpeed's zero_to_fp32 ({len(ref)} tensors "
+            "bit for bit)" + "".join(f"\n  problem: {p}" for p in row["problems"][:5]))
+        rows.append(row)
+    return rows
+
+
 def main():
     """Every stage: the reference, then each engine's run; PASS/FAIL lines and a table."""
     backend = "gloo" if ARGS.cpu else "nccl"
@@ -403,6 +430,13 @@ def main():
             log(f"{verdict}: ZeRO stage {stage}, {kind}: resumed losses "
                 f"{'match' if not row['problems'] else 'see problems'}"
                 + "".join(f"\n  problem: {p}" for p in row["problems"]))
+        if "torch" in ARGS.engines and len(ARGS.engines) > 1:
+            try:
+                rows += fp32_parity(stage)
+            except Exception:
+                traceback.print_exc()
+                rows.append({"stage": stage, "engine": "fp32", "problems": [
+                    traceback.format_exc().strip().splitlines()[-1]]})
         shutil.rmtree(ARGS.dir, ignore_errors=True)
         os.makedirs(ARGS.dir, exist_ok=True)
 
