@@ -230,11 +230,9 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 		return rc;
 	struct store_root root;
 	struct store_dirid id;
-	int fd = store_open_dir(config, d, client_uid(c), client_gid(c), &root, err, errlen);
-	if (fd >= 0 && (rc = store_dir_id(fd, &id, err, errlen)) < 0) {
-		close(fd);
-		fd = rc;
-	}
+	/* The tag, or its staging directory when it is committed or this rank sealed it. */
+	int fd = overwrite_save_dir(d, sizeof(d), client_uid(c), client_gid(c), client_job(c),
+				    client_run(c), client_rank(c), &root, &id, err, errlen);
 	/* Saves in flight and seals are this directory's (its identity, not its name): a
 	 * directory removed and made again is a new one, whatever was left in the old. */
 	for (struct save *s = fd >= 0 ? saves : NULL; s; s = s->next) {
@@ -246,16 +244,6 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 				    file);
 			break;
 		}
-	}
-	if (fd >= 0 && faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
-		close(fd);	/* a new file would silently break what was committed */
-		fd = seterr(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
-			    "takes no more saves", d);
-	} else if (fd >= 0 && seal_holds(&id, client_uid(c), client_job(c), client_run(c),
-					 client_rank(c))) {
-		close(fd);
-		fd = seterr(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
-			    "there", client_rank(c), d);
 	}
 	char name[160];
 	struct store_file *out = NULL;
