@@ -104,11 +104,17 @@ int swap_open_staging(const struct config *cfg, const char *stage, uid_t uid, gi
 
 	if (fd >= 0 || (fd != ERR_EACCES && fd != ERR_EINVAL) || !slash)
 		return fd;
-	snprintf(job, sizeof(job), "%.*s", (int)(slash - stage), stage);
-	char why[ERRLEN];
-	int jobfd = store_open_dir(cfg, job, uid, gid, NULL, why, sizeof(why));
-	if (jobfd < 0)
+	char tag[NAME_MAX + 1], why[ERRLEN];
+	int jobfd;
+	if (swap_is_staging(slash + 1, tag, sizeof(tag)) != 1 ||
+	    (size_t)snprintf(job, sizeof(job), "%.*s/%s", (int)(slash - stage), stage, tag) >=
+	    sizeof(job))
 		return fd;
+	int tfd = store_open_tag(cfg, job, uid, gid, &jobfd, why, sizeof(why));
+	if (tfd < 0)
+		return fd;	/* the job directory opened as the tag's parent, checked alike */
+	close(tfd);
+	job[slash - stage] = '\0';
 	int moved = swap_clear(jobfd, job, slash + 1, uid);
 	close(jobfd);
 	return moved ? store_open_dir(cfg, stage, uid, gid, root, err, errlen) : fd;
