@@ -188,6 +188,8 @@ class DsckptCheckpointIO(CheckpointIO):
         if os.path.isdir(dir) and not os.path.islink(dir):
             # Saved again (last.ckpt): the daemon stages the new version beside the old one
             # and exchanges them at its commit; the commit of the old one goes first.
+            if not all(OURS.fullmatch(n) for n in os.listdir(dir)):
+                raise FileExistsError(f"{dir} exists and is not a dsckpt checkpoint")
             self._wait_pending(dir)
         elif os.path.lexists(dir):  # a link (save_last="link") or a file: it goes first
             self.remove_checkpoint(dir)
