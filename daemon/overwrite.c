@@ -95,16 +95,17 @@ static int overwrite_last_save(const char *dir, const char *stage, uid_t uid, co
 	return where;
 }
 
-/* Whether the directory path holds a safetensors file (a version's, being written). */
-static int overwrite_has_files(const char *path)
+/* Whether the directory path is uid's and holds a safetensors file (a version's). */
+static int overwrite_has_files(const char *path, uid_t uid)
 {
 	char **names;
 	size_t n;
+	struct stat st;
 	int fd = open(path, STORE_DIR_FLAGS), found = 0;
 
 	if (fd < 0)
 		return 0;
-	if (store_list(fd, &names, &n) == 0) {
+	if (fstat(fd, &st) == 0 && st.st_uid == uid && store_list(fd, &names, &n) == 0) {
 		for (size_t i = 0; i < n && !found; i++)
 			found = store_has_suffix(names[i], FMT_SAFETENSORS);
 		store_list_free(names, n);
@@ -124,7 +125,8 @@ void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsig
 			      sizeof(err)) < 0 || !overwrite_exists(stage, 0))
 		return;
 	int where = overwrite_last_save(dir, stage, uid, run, rank);
-	if (where == 1 || (where < 0 && overwrite_exists(dir, 1) && overwrite_has_files(stage)))
+	if (where == 1 ||
+	    (where < 0 && overwrite_exists(dir, 1) && overwrite_has_files(stage, uid)))
 		snprintf(dir, len, "%s", stage);
 }
 

@@ -258,7 +258,11 @@ class DsckptCheckpointEngine(_Base):
                      "committed: waiting for that commit", os.path.dirname(path))
             self._drain()
         for saved, handle in [(p, h) for p, h in self._saves if p == path]:
-            handle.wait_durable(self.timeout)  # the same file twice in one tag: in order
+            try:  # the same file twice in one tag: the second replaces the first, in order
+                handle.wait_durable(self.timeout)
+            except DsckptError as e:  # kept for wait_committed(), never raised here
+                log.error("dsckpt: save %s failed: %s", handle.path, e)
+                self.failures.append(e)
             self._saves.remove((saved, handle))
         handle = dtorch.save(state_dict, os.path.dirname(path), conn=self.conn,
                              file=os.path.basename(path), track=False)
