@@ -471,8 +471,7 @@ int swap_exchange(int jobfd, const char *stage, const char *tag, char *err, size
 void swap_remove_old(int jobfd, const char *path, const char *tag, struct store_budget *b);
 /* Start-up recovery of the staging or old directory jobfd/name: 1 when rolled forward or
  * removed, 0 when it is to be recovered as an uncommitted tag (or was left). */
-int swap_recover(const struct config *cfg, int jobfd, const char *path, const char *name,
-		 struct store_budget *b);
+int swap_recover(int jobfd, const char *path, const char *name, struct store_budget *b);
 /* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */
 /* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,

@@ -383,7 +383,7 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 			char tag[NAME_MAX + 1];
 			int staging = swap_is_staging(names[i], tag, sizeof(tag));
 			/* A tag saved again: its new version rolled forward, or removed. */
-			if (staging && swap_recover(cfg, fd, path, names[i], b)) {
+			if (staging && swap_recover(fd, path, names[i], b)) {
 				committed_tags = 1;
 				continue;
 			}

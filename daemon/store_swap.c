@@ -138,11 +138,13 @@ int swap_exchange(int jobfd, const char *stage, const char *tag, char *err, size
 }
 
 /* Removes the directory jobfd/name: its manifest first (it no longer reads as committed),
- * then every other entry but directories, then itself; entries listed charged to b. */
+ * then every other entry but directories, then itself; entries listed charged to b. One that
+ * cannot go (a directory its user made in it) is renamed aside (".<name>.<inode>") and left. */
 static void swap_rmtree(int jobfd, const char *path, const char *name, struct store_budget *b)
 {
 	int fd = openat(jobfd, name, STORE_DIR_FLAGS);
-	char **names;
+	char **names, aside[NAME_MAX + 1];
+	struct stat st;
 	size_t n;
 
 	if (fd < 0)
@@ -150,16 +152,22 @@ static void swap_rmtree(int jobfd, const char *path, const char *name, struct st
 	unlinkat(fd, FMT_MANIFEST, 0);
 	if (store_list_within(fd, b, &names, &n) == 0) {
 		for (size_t i = 0; i < n; i++) {
-			struct stat st;
-			if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-			    !S_ISDIR(st.st_mode) && unlinkat(fd, names[i], 0) < 0)
+			struct stat es;
+			if (fstatat(fd, names[i], &es, AT_SYMLINK_NOFOLLOW) == 0 &&
+			    !S_ISDIR(es.st_mode) && unlinkat(fd, names[i], 0) < 0)
 				log_warn("removing %s/%s/%s", path, name, names[i]);
 		}
 		store_list_free(names, n);
 	}
+	int rc = fstat(fd, &st);
 	close(fd);
-	if (unlinkat(jobfd, name, AT_REMOVEDIR) < 0)
-		log_warn("removing %s/%s (left as it is)", path, name);
+	if (unlinkat(jobfd, name, AT_REMOVEDIR) == 0)
+		return;
+	log_warn("removing %s/%s", path, name);
+	if (rc == 0 && snprintf(aside, sizeof(aside), "%.*s.%llu", NAME_MAX - 24, name,
+				(unsigned long long)st.st_ino) > 0 &&
+	    renameat2(jobfd, name, jobfd, aside, RENAME_NOREPLACE) == 0)
+		log_warnx("%s/%s left as %s", path, name, aside);
 }
 
 /* Removes the old version now at jobfd/.<tag>.dsckpt-next (after swap_exchange): renamed to
@@ -215,14 +223,12 @@ static uint64_t swap_newest_seal(int fd, struct store_budget *b)
  * commit); 0 when it is a staging to recover as any uncommitted tag (sealed, its seals taken
  * up again), or was left. Only what the job directory's owner owns is acted on.
  */
-int swap_recover(const struct config *cfg, int jobfd, const char *path, const char *name,
-		 struct store_budget *b)
+int swap_recover(int jobfd, const char *path, const char *name, struct store_budget *b)
 {
 	char tag[NAME_MAX + 1], err[ERRLEN];
 	struct stat job, st;
 	int kind = swap_is_staging(name, tag, sizeof(tag)), done = 0;
 
-	(void)cfg;
 	if (!kind || fstat(jobfd, &job) < 0 ||
 	    fstatat(jobfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) ||
 	    st.st_uid != job.st_uid)

@@ -129,6 +129,30 @@ START_TEST(test_kill_every_step)
 }
 END_TEST
 
+/* An old version holding a directory its user made cannot be removed whole: it is left aside
+ * under another name, and the tag's later versions are still saved and committed. */
+START_TEST(test_old_version_with_a_directory)
+{
+	char stage[PATH_MAX];
+
+	snprintf(stage, sizeof(stage), "%s", rpath("%s/.last.dsckpt-next", "jobd"));
+	for (int v = 0; v < 3; v++) {
+		if (v == 0) {
+			two_versions("jobd");
+			ck_assert_int_eq(mkdir(rpath("%s/last/mine", "jobd"), 0700), 0);
+		} else {
+			ck_assert_int_eq(mkdir(stage, 0700), 0);
+			write_ckpt(stage, "rank0", 0, "version-v2");
+			write_ckpt(stage, "rank1", 1, "version-v2");
+		}
+		commit_ok(stage, 2);
+		ck_assert_int_eq(check_tag("jobd"), 2);
+	}
+	ck_assert_int_eq(h_system("ls -a '%s' | grep -q '^\\.last\\.dsckpt-old\\.[0-9]'",
+				  rpath("%s", "jobd")), 0);
+}
+END_TEST
+
 /* The suite. */
 static Suite *overwrite_crash_suite(void)
 {
@@ -137,6 +161,7 @@ static Suite *overwrite_crash_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_checked_fixture(tc, scratch_setup, scratch_teardown);
 	tcase_add_test(tc, test_kill_every_step);
+	tcase_add_test(tc, test_old_version_with_a_directory);
 	suite_add_tcase(s, tc);
 	return s;
 }
