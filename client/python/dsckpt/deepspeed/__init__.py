@@ -43,11 +43,18 @@ answering ``is_decoupled() == True``):
   failure; after :meth:`~DsckptCheckpointEngine.close` neither waits. A failed checkpoint
   is logged, never raised into ``engine.step()``: training goes on and the previous
   ``latest`` stays.
+* A fixed tag (``save_checkpoint(dir, tag="last")`` at every save): the daemon stages each
+  new version beside the committed one and exchanges them in one step at the commit, so the
+  tag is always one whole version. A save of the tag whose previous version is still queued
+  for its commit waits for that commit first (inside ``save_checkpoint``, logged), and a file
+  saved twice into one tag before a commit waits for its first save's DURABLE: versions
+  commit in order and the daemon never refuses the second save.
 
 Files: DeepSpeed's path ``<dir>/mp_rank_00_model_states.pt`` becomes
 ``<dir>/mp_rank_00_model_states.pt.safetensors`` (+ ``.meta``), and once the file is
 DURABLE a relative symlink at the original path points at it, so DeepSpeed's globbing and
-existence checks find it. Every rank contributes at least one file to a tag directory
+existence checks find it (a new version's links are made beside its files in the staging
+directory, and travel with them). Every rank contributes at least one file to a tag directory
 (an empty ``dsckpt_rank<N>`` file for a rank DeepSpeed gave nothing), as the daemon's
 commit requires.
 
