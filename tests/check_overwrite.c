@@ -286,6 +286,38 @@ START_TEST(test_daemon_killed)
 }
 END_TEST
 
+/* keep_last 2 with a fixed tag saved again and again beside numbered ones: the tag is never
+ * deleted as an old tag of its own, the numbered ones go as the tag's versions commit, and
+ * dsckptctl list shows the tag committed (and its staging directory as a tag in flight). */
+START_TEST(test_keep_last)
+{
+	d_start(CACHE_16M, CHUNK_1M "\"keep_last\": 2,");
+	char job[512], dir[600];
+	char *out = NULL;
+
+	snprintf(job, sizeof(job), "%s/kl", D->root);
+	snprintf(dir, sizeof(dir), "%s/last", job);
+	dsckpt_conn_t *c = conn_open("kl", 0, 1);
+	save_and_commit(c, h_path("%s/step1", job), 601);
+	save_and_commit(c, h_path("%s/step2", job), 602);
+	for (uint64_t v = 3; v <= 5; v++) {
+		save_durable(c, dir, "rank0", SMALL, 600 + v);
+		if (v == 5) {
+			ck_assert_int_eq(ctl(&out, "list %s", D->root), 0);
+			ck_assert_msg(strstr(out, "kl/last") && strstr(out, "kl/.last.dsckpt-next"),
+				      "dsckptctl list: %s", out);
+			free(out);
+		}
+		CK_DS(c, dsckpt_commit(c, dir, 30000));
+		check_whole(job, "last", "rank0", SMALL, 600 + v);
+	}
+	ck_assert(!h_exists(h_path("%s/step1", job)));
+	ck_assert(h_exists(h_path("%s/step2/MANIFEST.json", job)));	/* the second newest */
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *overwrite_suite(void)
 {
@@ -297,6 +329,7 @@ static Suite *overwrite_suite(void)
 	tcase_add_test(tc, test_two_ranks);
 	tcase_add_test(tc, test_trainer_killed);
 	tcase_add_test(tc, test_daemon_killed);
+	tcase_add_test(tc, test_keep_last);
 	suite_add_tcase(s, tc);
 	return s;
 }
