@@ -240,8 +240,9 @@ int64_t save_begin(const struct client *c, const char *dir, const char *file, ch
 			   s->level == LEVEL_SNAPSHOT;
 		if (busy && store_dirid_eq(&s->dirid, &id) && strcmp(s->file, file) == 0) {
 			close(fd);
-			fd = seterr(err, errlen, ERR_EBUSY, "%s/%s is already being saved", d,
-				    file);
+			fd = seterr(err, errlen, ERR_EBUSY, "%s/%s is already being saved (a "
+				    "tag's next version begins after this rank's seal of it: seal, "
+				    "or wait for that save, first)", d, file);
 			break;
 		}
 	}
