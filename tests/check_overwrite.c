@@ -210,42 +210,63 @@ START_TEST(test_two_ranks)
 }
 END_TEST
 
-/* A trainer SIGKILLed right after sealing the new version: the daemon commits it alone. */
+/* Child of test_trainer_killed: saves seed into dir as the tag's new version, waits for level
+ * (or seals, level < 0) and SIGKILLs itself. */
+static void killed_trainer(const char *dir, int level, uint64_t seed)
+{
+	dsckpt_conn_t *k;
+	dsckpt_save_t *s;
+	void *mem = dsckpt_host_alloc(SMALL);
+	int64_t shape[1] = {SMALL};
+
+	if (!mem || dsckpt_connect(D->socket, &k) < 0 || dsckpt_identify(k, "tk", 0, 1) < 0)
+		_exit(1);
+	h_pattern_fill(mem, SMALL, seed);
+	if (dsckpt_save_begin(k, dir, "rank0", &s) < 0 ||
+	    dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, SMALL) < 0 || dsckpt_save_end(s) < 0)
+		_exit(2);
+	if (level > DSCKPT_ACCEPTED && dsckpt_wait(s, level, 30000) < level)
+		_exit(3);
+	if (level < 0 && dsckpt_seal(k, dir) < 0)
+		_exit(4);
+	kill(getpid(), SIGKILL);
+	_exit(5);
+}
+
+/* A trainer SIGKILLed at each step of its save of a tag's new version: at ACCEPTED, SNAPSHOT
+ * and DURABLE (never sealed: the tag stays the old version, whole, and latest names it) and
+ * right after its seal (the daemon commits the new version alone). After a restart nothing is
+ * staged beside any tag and each is what it was. */
 START_TEST(test_trainer_killed)
 {
-	d_start(CACHE_16M, CHUNK_1M);
-	char job[512], dir[600];
-
-	snprintf(job, sizeof(job), "%s/tk", D->root);
-	snprintf(dir, sizeof(dir), "%s/last", job);
-	dsckpt_conn_t *c = conn_open("tk", 0, 1);
+	static const int at[] = {DSCKPT_ACCEPTED, DSCKPT_SNAPSHOT, DSCKPT_DURABLE, -1};
+	char job[4][512], dir[600];
 	int st;
 
-	save_durable(c, dir, "rank0", SMALL, 401);
-	CK_DS(c, dsckpt_commit(c, dir, 30000));
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		dsckpt_conn_t *k;
-		dsckpt_save_t *s;
-		void *mem = dsckpt_host_alloc(SMALL);
-		int64_t shape[1] = {SMALL};
-		if (!mem || dsckpt_connect(D->socket, &k) < 0 || dsckpt_identify(k, "tk", 0, 1) < 0)
-			_exit(1);
-		h_pattern_fill(mem, SMALL, 402);
-		if (dsckpt_save_begin(k, dir, "rank0", &s) < 0 ||
-		    dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, SMALL) < 0 ||
-		    dsckpt_save_end(s) < 0 || dsckpt_seal(k, dir) < 0)
-			_exit(2);
-		kill(getpid(), SIGKILL);
-		_exit(3);
+	d_start(CACHE_16M, CHUNK_1M);
+	for (int k = 0; k < 4; k++) {
+		snprintf(job[k], sizeof(job[k]), "%s/tk%d", D->root, k);
+		snprintf(dir, sizeof(dir), "%s/last", job[k]);
+		dsckpt_conn_t *c = conn_open("tk", 0, 1);
+		save_durable(c, dir, "rank0", SMALL, 401);
+		CK_DS(c, dsckpt_commit(c, dir, 30000));
+		pid_t pid = fork();
+		ck_assert_int_ge(pid, 0);
+		if (pid == 0)
+			killed_trainer(dir, at[k], 402);
+		ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+		ck_assert_msg(WIFSIGNALED(st), "the trainer exited %d before its kill", st);
+		if (at[k] < 0)	/* sealed: the daemon commits it (this COMMIT waits for that) */
+			CK_DS(c, dsckpt_commit(c, dir, 30000));
+		else	/* never sealed: staged, never committed */
+			ck_assert(h_exists(staging(job[k], "last", "next")));
+		check_version(job[k], "last", "rank0", SMALL, at[k] < 0 ? 402 : 401);
+		dsckpt_close(c);
 	}
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	ck_assert_msg(WIFSIGNALED(st), "the trainer exited %d before its kill", st);
-	/* Committed by the daemon alone, or by this COMMIT (it names the trainer's version). */
-	CK_DS(c, dsckpt_commit(c, dir, 30000));
-	check_whole(job, "last", "rank0", SMALL, 402);
-	dsckpt_close(c);
+	d_kill(SIGTERM);
+	d_restart(0);
+	for (int k = 0; k < 4; k++)
+		check_whole(job[k], "last", "rank0", SMALL, at[k] < 0 ? 402 : 401);
 	d_stop();
 }
 END_TEST
