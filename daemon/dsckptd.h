@@ -1010,8 +1010,8 @@ void commit_free_all(void);
 struct seal_record;
 /* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
 void seal_request(const struct client *cl, uint64_t req, const char *dir);
-/* Whether rank of uid's job and run sealed the directory id through this daemon (it may save
- * there no more). */
+/* Whether rank of uid's job and run sealed the directory id through this daemon (its next
+ * save of the tag begins a new version, overwrite.c). */
 int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
 	       unsigned rank);
 /* save_change_cb: a save becoming DURABLE or FAILED may let its tag go on. */
