@@ -244,6 +244,9 @@ $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
 # pwrite for the whole binary, so it is linked into these alone, never into the harness archive.
 $(BUILD)/tests/check_engine_cancel $(BUILD)/tests/check_engine_fail: tests/engine_hooks.c
+# The overwrite crash suite stops a commit before its n-th change to the tree: tests/swap_hooks.c
+# interposes renameat, unlinkat, fsync and their kind, so it is linked into that suite alone.
+$(BUILD)/tests/check_overwrite_crash: tests/swap_hooks.c tests/swap_hooks.h
 
 # libFuzzer targets for the frame decoder and the config loader (clang-14 from make deps).
 # tests/run-fuzz runs each for FUZZ_SECONDS, growing a corpus in build/fuzz/corpus-<name>
@@ -286,7 +289,7 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
 	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c \
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
-	tests/check_query.c))
+	tests/check_query.c tests/check_overwrite.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

@@ -87,7 +87,7 @@ static void commit_after(uv_work_t *w, int status)
 		log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
 			 (unsigned long long)cm->info.bytes);
 		save_mark_committed(&cm->dirid, cm->uid, cm->run);
-		resident_committed(cm->dir);
+		overwrite_committed(cm->dir);
 		commit_finish(cm, 0, NULL);
 	}
 	commits_check();	/* the user's next commit may start */
@@ -159,6 +159,7 @@ void commit_request(const struct session *cl, uint64_t req, const char *dir, uns
 		return;
 	}
 	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
+	overwrite_commit_dir(cm->dir, sizeof(cm->dir), session_uid(cl), session_run(cl));
 	if ((dfd = store_open_tag(config, cm->dir, session_uid(cl), session_gid(cl), &jobfd, err,
 				  sizeof(err))) < 0) {
 		free(cm);

@@ -392,6 +392,8 @@ struct store_dirid {
 };
 /* The identity of the open directory dirfd; 0 or ERR_EIO with err. */
 int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen);
+/* Whether jobfd/name is (still) the open directory dfd: not exchanged or moved since. */
+int store_dir_at(int jobfd, const char *name, int dfd);
 /* Whether two identities are the same directory. */
 int store_dirid_eq(const struct store_dirid *a, const struct store_dirid *b);
 /* Whether dirfd still lies below root (a client may have moved it); 0 or ERR_EACCES. */
@@ -440,6 +442,8 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
+/* Takes it only if it is free now; 0 or ERR_EBUSY with err. */
+int store_job_trylock(int jobfd, char *err, size_t errlen);
 /* Lets it go. */
 void store_job_unlock(int jobfd);
 /* Points `latest` at tag (committed at ns) unless it names a later commit; the lock is held. */
@@ -465,6 +469,23 @@ uint64_t store_tag_committed_within(int jobfd, const char *tag, struct store_bud
 uint64_t store_latest_get(int jobfd, char *tag, size_t len);
 /* The same with the manifests read within b. */
 uint64_t store_latest_within(int jobfd, char *tag, size_t len, struct store_budget *b);
+/* store_swap.c — a committed tag saved again: its staging directory .<tag>.dsckpt-next, the
+ * exchange that replaces the tag in one step, and their recovery. */
+/* Whether name is ".<tag>.dsckpt-next" (1) or ".<tag>.dsckpt-old" (2), its tag into tag; or 0. */
+int swap_is_staging(const char *name, char *tag, size_t len);
+/* The staging path of the tag directory dir into out; 0, or ERR_ENAMETOOLONG with err. */
+int swap_staging_path(const char *dir, char *out, size_t len, char *err, size_t errlen);
+/* Opens (creating) the staging directory stage for uid/gid as store_open_dir does, after
+ * clearing its name of anything that is not uid's directory; fd, or a negative ERR_E*. */
+int swap_open_staging(const struct config *cfg, const char *stage, uid_t uid, gid_t gid,
+		      struct store_root *root, char *err, size_t errlen);
+/* Exchanges jobfd/stage with jobfd/tag (renames it when the tag is gone), durably. */
+int swap_exchange(int jobfd, const char *stage, const char *tag, char *err, size_t errlen);
+/* Removes the old version left at the staging name of tag after swap_exchange (b: NULL). */
+void swap_remove_old(int jobfd, const char *path, const char *tag, struct store_budget *b);
+/* Start-up recovery of the staging or old directory jobfd/name: 1 when rolled forward or
+ * removed, 0 when it is to be recovered as an uncommitted tag (or was left). */
+int swap_recover(int jobfd, const char *path, const char *name, struct store_budget *b);
 /* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */
 /* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
@@ -1003,8 +1024,8 @@ void commit_free_all(void);
 struct seal_record;
 /* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
 void seal_request(const struct session *cl, uint64_t req, const char *dir);
-/* Whether rank of uid's job and run sealed the directory id through this daemon (it may save
- * there no more). */
+/* Whether rank of uid's job and run sealed the directory id through this daemon (its next
+ * save of the tag begins a new version, overwrite.c). */
 int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
 	       unsigned rank);
 /* save_change_cb: a save becoming DURABLE or FAILED may let its tag go on. */
@@ -1015,6 +1036,21 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 unsigned seal_running(void);
 /* Forgets every tag (shutdown, nothing running). */
 void seal_free_all(void);
+
+/* overwrite.c — which version of a tag a save, a seal, a commit names (loop thread). */
+/* Opens the directory a save of dir by rank of uid's job and run goes into: the tag, or its
+ * staging directory (its path then replaces dir) when the tag is committed or rank sealed it;
+ * fd with *root and *id, or a negative ERR_E* with err. */
+int overwrite_save_dir(char *dir, size_t len, uid_t uid, gid_t gid, const char *job,
+		       const char *run, unsigned rank, struct store_root *root,
+		       struct store_dirid *id, char *err, size_t errlen);
+/* Rewrites a SEAL's dir to the staging path when rank's newest save of run into the tag went
+ * there (or none did, and the tag is committed with a staging beside it). */
+void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsigned rank);
+/* Rewrites a COMMIT's dir to the staging path when uid's run saved there last, uncommitted. */
+void overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run);
+/* dir was committed: resident_committed of its tag (a staging's files moved there first). */
+void overwrite_committed(const char *dir);
 
 /* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
  * header's parse (threadpool). */
@@ -1139,6 +1175,9 @@ void resident_drop(struct resident *r);
  * ordered by when their files began here; a dir with none here counts as the newest
  * committed tag and leaves uncommitted files be). */
 void resident_committed(const char *dir);
+/* The files of dir now lie in to (a staging directory exchanged with its tag): to's older
+ * copies go, dir's become to's (loop thread). */
+void resident_moved(const char *dir, const char *to);
 /* Finds the durable copy of dir/file still identical to the file dev/ino and pins it (no
  * piece of it is given up until resident_unpin); NULL if none. A partial copy is trimmed
  * first so that partial pinned copies leave at least an eighth of the cache (one chunk at

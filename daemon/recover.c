@@ -21,7 +21,9 @@
  * STORE_HEADER_PREFIX bytes (store_host.c). Each user (the owner of a directory directly below
  * a root) may cost max_recovery_entries_per_user directory entries and
  * max_recovery_mib_per_user read; past that, the rest of the user's tree is left as it is,
- * with one line in the log.
+ * with one line in the log. A tag's staging directory (store_swap.c: a committed tag saved
+ * again) is rolled forward or removed by swap_recover, or recovered as an uncommitted tag and
+ * removed at once once empty.
  */
 #include "dsckptd.h"
 
@@ -378,6 +380,13 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 		if (fstatat(fd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
 			continue;
 		if (S_ISDIR(st.st_mode) && depth < RECOVER_DEPTH) {
+			char tag[NAME_MAX + 1];
+			int staging = swap_is_staging(names[i], tag, sizeof(tag));
+			/* A tag saved again: its new version rolled forward, or removed. */
+			if (staging && swap_recover(fd, path, names[i], b)) {
+				committed_tags = 1;
+				continue;
+			}
 			int cfd = openat(fd, names[i], STORE_DIR_FLAGS);
 			if (cfd < 0)
 				continue;
@@ -385,7 +394,7 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 			int emptied = recover_dir(cfg, cfd, sub, depth + 1, u, s);
 			committed_tags |= recover_has_manifest(fd, names[i]);
 			close(cfd);
-			if (emptied && recover_is_stale(&st) &&
+			if ((staging || (emptied && recover_is_stale(&st))) &&
 			    unlinkat(fd, names[i], AT_REMOVEDIR) == 0)
 				log_warnx("removed empty directory %s", sub);
 		} else if (S_ISREG(st.st_mode)) {

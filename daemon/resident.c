@@ -364,6 +364,28 @@ void resident_committed(const char *dir)
 	pthread_mutex_unlock(&R.lock);
 }
 
+/* The files of dir now lie in to (a staging directory exchanged with its tag, loop thread):
+ * the copies of to's old version go (a pinned one stays readable until its unpin), and dir's
+ * are to's from now on. */
+void resident_moved(const char *dir, const char *to)
+{
+	char *copy;
+
+	pthread_mutex_lock(&R.lock);
+	for (struct resident *r = R.head, *next; r; r = next) {
+		next = r->next;
+		if (strcmp(r->dir, to) == 0)
+			let_go(r);
+	}
+	for (struct resident *r = R.head; r; r = r->next) {
+		if (strcmp(r->dir, dir) == 0 && (copy = strdup(to))) {
+			free(r->dir);
+			r->dir = copy;
+		}
+	}
+	pthread_mutex_unlock(&R.lock);
+}
+
 /* Trims r (about to be pinned, lock held) so that partial pinned copies leave a reader of
  * the rest of such a file chunks to read into: at most the cache less an eighth (at least
  * one chunk) stays pinned in partial copies. A complete copy needs no chunk: it stays; one

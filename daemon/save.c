@@ -231,11 +231,9 @@ int64_t save_begin(const struct session *c, const char *dir, const char *file, c
 		return rc;
 	struct store_root root;
 	struct store_dirid id;
-	int fd = store_open_dir(config, d, session_uid(c), session_gid(c), &root, err, errlen);
-	if (fd >= 0 && (rc = store_dir_id(fd, &id, err, errlen)) < 0) {
-		close(fd);
-		fd = rc;
-	}
+	/* The tag, or its staging directory when it is committed or this rank sealed it. */
+	int fd = overwrite_save_dir(d, sizeof(d), session_uid(c), session_gid(c), session_job(c),
+				    session_run(c), session_rank(c), &root, &id, err, errlen);
 	/* Saves in flight and seals are this directory's (its identity, not its name): a
 	 * directory removed and made again is a new one, whatever was left in the old. */
 	for (struct save *s = fd >= 0 ? saves : NULL; s; s = s->next) {
@@ -243,20 +241,11 @@ int64_t save_begin(const struct session *c, const char *dir, const char *file, c
 			   s->level == LEVEL_SNAPSHOT;
 		if (busy && store_dirid_eq(&s->dirid, &id) && strcmp(s->file, file) == 0) {
 			close(fd);
-			fd = err_set(err, errlen, ERR_EBUSY, "%s/%s is already being saved", d,
-				     file);
+			fd = err_set(err, errlen, ERR_EBUSY, "%s/%s is already being saved (a "
+				     "tag's next version begins after this rank's seal of it: seal, "
+				     "or wait for that save, first)", d, file);
 			break;
 		}
-	}
-	if (fd >= 0 && faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
-		close(fd);	/* a new file would silently break what was committed */
-		fd = err_set(err, errlen, ERR_EEXIST, "%s is committed: a committed checkpoint "
-			     "takes no more saves", d);
-	} else if (fd >= 0 && seal_holds(&id, session_uid(c), session_job(c), session_run(c),
-					 session_rank(c))) {
-		close(fd);
-		fd = err_set(err, errlen, ERR_ESTATE, "rank %u sealed %s: it saves nothing more "
-			     "there", session_rank(c), d);
 	}
 	char name[160];
 	struct store_file *out = NULL;

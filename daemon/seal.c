@@ -180,8 +180,8 @@ static void seal_work(uv_work_t *w)
 		const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
 		/* Committed meanwhile (a COMMIT): no record to add, and none half-written to be
 		 * found beside the manifest once the commit has answered. */
-		if (store_tag_committed(jobfd, tag) != 0)
-			t->rc = 2;
+		if (store_tag_committed(jobfd, tag) != 0 || !store_dir_at(jobfd, tag, dfd))
+			t->rc = 2;	/* or a new version exchanged with its tag, committed */
 		else if (t->write)
 			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
 						 sizeof(t->err));
@@ -237,7 +237,7 @@ static void seal_after(uv_work_t *w, int status)
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
 			 t->job, t->info.files, (unsigned long long)t->info.bytes);
 		save_mark_committed(&t->dirid, t->uid, t->run);
-		resident_committed(t->dir);
+		overwrite_committed(t->dir);
 		seal_end(t);
 	} else if (t->written != t->nsealed) {
 		seal_check(t);	/* more ranks sealed meanwhile */
@@ -372,6 +372,7 @@ void seal_request(const struct session *cl, uint64_t req, const char *dir)
 	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
+	overwrite_seal_dir(d, sizeof(d), uid, session_run(cl), rank);	/* a new version's */
 	int dfd = store_open_tag(config, d, uid, session_gid(cl), &jobfd, err, sizeof(err));
 	if (dfd < 0)
 		return reply_error(session_id(cl), req, dfd, "%s", err);

@@ -375,12 +375,25 @@ static void store_clean_runs(int dfd, const char *path, const char *tag, const c
 	}
 }
 
-/* Commits a checkpoint directory: manifest, latest, retention. */
+/* Whether dir is a staging directory (<job>/.<tag>.dsckpt-next); its tag's path into tagdir. */
+static int store_staged(const char *dir, char *tagdir, size_t len)
+{
+	char tag[NAME_MAX + 1];
+	const char *slash = strrchr(dir, '/');
+
+	if (!slash || swap_is_staging(slash + 1, tag, sizeof(tag)) != 1)
+		return 0;
+	return (size_t)snprintf(tagdir, len, "%.*s/%s", (int)(slash - dir), dir, tag) < len;
+}
+
+/* Commits a checkpoint directory: manifest, latest, retention. A staging directory is
+ * committed as its tag (store_swap.c): its manifest names the tag, it is exchanged with the
+ * tag, the old version removed, then latest and retention follow. */
 int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen)
 {
-	char path[PATH_MAX], **names, *text = NULL, *tag;
+	char path[PATH_MAX], tagdir[PATH_MAX], staged[NAME_MAX + 1], **names, *text = NULL, *tag;
 	struct store_entry *ents = NULL;
 	struct store_dirid now_id;
 	size_t n, nents = 0, len;
@@ -390,11 +403,19 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 
 	if (world == 0)
 		return err_set(err, errlen, ERR_EINVAL, "world size must be at least 1");
-	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0)
+	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0) {
+		/* A staging directory exchanged with its tag already is that tag now. */
+		if (id && store_staged(dir, tagdir, sizeof(tagdir)))
+			return store_commit(cfg, tagdir, world, run, id, uid, gid, info, err,
+					    errlen);
 		return dfd;
+	}
 	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
 		close(jobfd);
 		close(dfd);
+		if (store_staged(dir, tagdir, sizeof(tagdir)))
+			return store_commit(cfg, tagdir, world, run, id, uid, gid, info, err,
+					    errlen);
 		return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
 			       "name now is another)", dir);
 	}
@@ -405,11 +426,27 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		path[--len] = '\0';
 	tag = strrchr(path, '/');
 	*tag++ = '\0'; /* path is now the job directory */
+	int stage = swap_is_staging(tag, staged, sizeof(staged)) == 1;
+	const char *name = stage ? staged : tag;	/* what the manifest and latest name */
 	if ((rc = store_job_lock(jobfd, err, errlen)) < 0)
 		goto out_lock;
+	if (stage && !store_dir_at(jobfd, tag, dfd)) {
+		/* Exchanged with its tag while this commit waited for the lock: it is the tag. */
+		store_job_unlock(jobfd);
+		close(jobfd);
+		close(dfd);
+		return store_staged(dir, tagdir, sizeof(tagdir)) ?
+		       store_commit(cfg, tagdir, world, run, id, uid, gid, info, err, errlen) :
+		       err_set(err, errlen, ERR_ENOENT, "%s was removed", dir);
+	}
+	if (stage && faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+		rc = err_set(err, errlen, ERR_EIO, "%s/%s holds an old version of %s that could not "
+			     "be removed", path, tag, staged);
+		goto out_list;
+	}
 	if ((rc = store_commit_again(cfg, dfd, jobfd, tag, world, run, uid, gid, info, err,
 				     errlen)) != 1)
-		goto out_lock;
+		goto out_list;
 
 	if (store_list(dfd, &names, &n) < 0) {
 		rc = err_set(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
@@ -433,27 +470,37 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 
 	clock_gettime(CLOCK_REALTIME, &now);
 	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-	if (!(text = store_manifest_text(tag, world, run, ents, nents, created_ns, total))) {
+	if (!(text = store_manifest_text(name, world, run, ents, nents, created_ns, total))) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, strlen(text), uid, gid,
 				     cfg->file_mode, err, errlen)) < 0)
 		goto out;
-	if ((rc = store_latest_advance(cfg, jobfd, tag, created_ns, uid, gid, err,
-				       errlen)) < 0) {
+	if (stage && (rc = swap_exchange(jobfd, tag, staged, err, errlen)) < 0) {
+		if (unlinkat(dfd, FMT_MANIFEST, 0) < 0 || fsync(dfd) < 0)
+			log_warn("commit of %s/%s: cannot take the manifest back", path, tag);
+		goto out;	/* the tag's old version stays */
+	}
+	if (stage)	/* the new version is the tag's: what is under the staging name goes */
+		swap_remove_old(jobfd, path, staged, NULL);
+	if ((rc = store_latest_advance(cfg, jobfd, name, created_ns, uid, gid, err,
+				       errlen)) < 0 && stage) {
+		/* Exchanged: the tag is committed whatever latest says (recovery repairs it). */
+		log_warnx("commit of %s/%s: latest not moved: %s", path, staged, err);
+	} else if (rc < 0) {
 		/* A reported error means not committed: take the manifest back. */
 		if (unlinkat(dfd, FMT_MANIFEST, 0) < 0 || fsync(dfd) < 0)
 			log_warn("commit of %s/%s: cannot take the manifest back", path, tag);
 		goto out;
 	}
 	if (cfg->keep_last > 0)
-		retention_apply(jobfd, path, tag, created_ns, uid, cfg->keep_last);
+		retention_apply(jobfd, path, name, created_ns, uid, cfg->keep_last);
 	if (info) {
 		size_t mine = 0;
 		for (size_t i = 0; i < nents; i++)
 			mine += !ents[i].other;
-		snprintf(info->tag, sizeof(info->tag), "%s", tag);
+		snprintf(info->tag, sizeof(info->tag), "%s", name);
 		info->files = (unsigned)mine;
 		info->bytes = total;
 	}

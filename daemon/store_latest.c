@@ -55,6 +55,12 @@ int store_job_lock(int jobfd, char *err, size_t errlen)
 	return store_job_lock_within(jobfd, STORE_LOCK_WAIT_MS, err, errlen);
 }
 
+/* Takes the job directory's commit lock if it is free now (recovery); 0 or ERR_EBUSY. */
+int store_job_trylock(int jobfd, char *err, size_t errlen)
+{
+	return store_job_lock_within(jobfd, 0, err, errlen);
+}
+
 /* Lets the job directory's commit lock go. */
 void store_job_unlock(int jobfd)
 {
@@ -137,9 +143,11 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 	if (store_list_within(jobfd, b, &names, &n) < 0)
 		goto out;
 	for (size_t i = 0; i < n; i++) {
+		char tag[NAME_MAX + 1];
 		if (fstatat(jobfd, names[i], &ts, AT_SYMLINK_NOFOLLOW) < 0 ||
-		    !S_ISDIR(ts.st_mode) || ts.st_uid != st.st_uid)
-			continue;
+		    !S_ISDIR(ts.st_mode) || ts.st_uid != st.st_uid ||
+		    swap_is_staging(names[i], tag, sizeof(tag)))
+			continue;	/* a staging directory is no tag of its own */
 		uint64_t ns = store_tag_committed_within(jobfd, names[i], b);
 		if (ns > best_ns || (ns && ns == best_ns && strcmp(names[i], best) > 0)) {
 			best_ns = ns;

@@ -206,6 +206,14 @@ int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen)
 	return 0;
 }
 
+/* Whether jobfd/name is (still) the open directory dfd: not exchanged or moved since. */
+int store_dir_at(int jobfd, const char *name, int dfd)
+{
+	struct stat a, b;
+	return fstatat(jobfd, name, &a, AT_SYMLINK_NOFOLLOW) == 0 && fstat(dfd, &b) == 0 &&
+	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 /* Whether two identities are the same directory. */
 int store_dirid_eq(const struct store_dirid *a, const struct store_dirid *b)
 {

@@ -12,7 +12,8 @@
 #                       through DeepSpeed's torch.save, reloaded into a fresh engine, losses
 #                       compared with an uninterrupted run. DS_ARGS go to ds_train.py (e.g.
 #                       DS_ARGS="--stages 3 --dtype fp32", DS_ARGS="--engines torch,auto";
-#                       --cpu runs it without a GPU).
+#                       DS_ARGS=--fixed-tag saves tag "last" twice, the second before the
+#                       first is committed; --cpu runs it without a GPU).
 #
 # The GPU node already has torch, numpy, einops, msgpack, ninja, packaging, psutil, py-cpuinfo,
 # tqdm and nvidia-ml-py. typing-extensions is pinned here too: pydantic 2.14 wants ≥ 4.16.

@@ -21,6 +21,13 @@ single process (world size 1, NCCL; gloo with --cpu) three times on the same bat
              DsckptCheckpointEngine, then the same checks as dsckpt. The other runs' configs
              carry the block with "enabled": false, so the import leaves them to DeepSpeed.
 
+--fixed-tag saves as DeepSpeed users with a fixed tag do: save_checkpoint(dir, tag="last")
+after K-1 iterations, one more iteration (whose step queues that version's commit), then
+save_checkpoint(dir, tag="last") again after K, while the first version is still being
+flushed or committed (the table's "1st pending" says whether it was): the second save must
+not fail, `last` must end as the second version, whole, and the reload must resume from
+iteration K. The torch engine overwrites the tag in place, as DeepSpeed does.
+
 A run passes when the N losses after each reload equal the reference's exactly (deterministic
 settings), and the saving runs' own N losses do too (saving changed nothing). Then the fp32
 weights `python -m dsckpt zero-to-fp32` consolidates from each dsckpt run's tag must equal, bit
@@ -69,6 +76,8 @@ def parse_args():
     p.add_argument("--seq", type=int)
     p.add_argument("--batch", type=int)
     p.add_argument("--timeout", type=float, default=300.0, help="dsckpt waits, seconds")
+    p.add_argument("--fixed-tag", action="store_true",
+                   help='save tag "last" twice, the second before the first is committed')
     a = p.parse_args()
     a.cpu = a.cpu or a.smoke
     a.d_model = a.d_model or (128 if a.cpu else 512)
@@ -82,8 +91,9 @@ def parse_args():
     a.engines = [e for e in a.engines.split(",") if e]
     if any(s not in (0, 1, 2, 3) for s in a.stages) or \
             any(e not in ("torch", "dsckpt", "auto") for e in a.engines) or \
-            a.before < 1 or a.after < 1:
-        p.error("stages are 0..3, engines torch, dsckpt and auto, --before and --after ≥ 1")
+            a.before < 1 + a.fixed_tag or a.after < 1:
+        p.error("stages are 0..3, engines torch, dsckpt and auto, --before ≥ 1 (2 with "
+                "--fixed-tag) and --after ≥ 1")
     return a
 
 
@@ -319,7 +329,7 @@ def run(stage, kind, batches, reference):
     """One save/continue/reload run; a result row (dict) with its problems."""
     k, n = ARGS.before, ARGS.after
     save_dir = os.path.join(ARGS.dir, f"zero{stage}-{kind}")
-    tag = f"step{k}"
+    tag = "last" if ARGS.fixed_tag else f"step{k}"
     row = {"stage": stage, "engine": kind, "problems": []}
     engine = build(stage, seed=1234, kind=kind)
     ce = ours(engine, stage, kind, row)
@@ -327,7 +337,14 @@ def run(stage, kind, batches, reference):
         timed = Timed(ce)
     row["params"] = sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel()
                         for p in engine.module.parameters())
-    head = train(engine, batches[:k])
+    if ARGS.fixed_tag:  # a first version of the tag, one iteration before the second
+        head = train(engine, batches[:k - 1])
+        engine.save_checkpoint(save_dir, tag=tag)
+        head += train(engine, batches[k - 1:k])  # its step queues that version's commit
+        if ce is not None:
+            row["first_pending"] = bool(ce._queued)
+    else:
+        head = train(engine, batches[:k])
     sync()
     t0, wall0 = time.perf_counter(), time.time_ns()
     engine.save_checkpoint(save_dir, tag=tag)
@@ -341,9 +358,12 @@ def run(stage, kind, batches, reference):
         created = manifest_ns(save_dir, tag)
         if created is not None:
             row["committed_ms"] = (created - wall0) / 1e6
-        if committed != [os.path.abspath(os.path.join(save_dir, tag))]:
+        versions = 2 if ARGS.fixed_tag else 1
+        if committed != [os.path.abspath(os.path.join(save_dir, tag))] * versions:
             row["problems"].append(f"committed {committed}")
         row["problems"] += check_files(save_dir, tag)
+        if os.path.lexists(os.path.join(save_dir, f".{tag}.dsckpt-next")):
+            row["problems"].append(f"the staging directory .{tag}.dsckpt-next is left")
     else:
         row["committed_ms"] = row["save_ms"]
     row["bytes"] = sum(os.path.getsize(p) for p in glob.glob(os.path.join(save_dir, tag, "*"))
@@ -409,7 +429,8 @@ def main():
     torch.use_deterministic_algorithms(True, warn_only=True)
     log(f"ds_train: deepspeed {deepspeed.__version__}, torch {torch.__version__}, {DEVICE}, "
         f"{backend}, {ARGS.dtype}, d={ARGS.d_model} layers={ARGS.layers} seq={ARGS.seq} "
-        f"batch={ARGS.batch}, {ARGS.before} iterations, save, {ARGS.after} compared")
+        f"batch={ARGS.batch}, {ARGS.before} iterations, save, {ARGS.after} compared"
+        + (", tag \"last\" saved twice" if ARGS.fixed_tag else ""))
     os.makedirs(ARGS.dir, exist_ok=True)
     batches = make_batches(ARGS.before + ARGS.after)
     rows = []
@@ -445,14 +466,16 @@ def main():
         "dsckpt's SNAPSHOT wait in the next engine.step(); committed: save start to "
         "MANIFEST.json; drain: wait_committed() after the N iterations")
     log(f"{'stage':>5} {'engine':<7} {'params':>9} {'ckpt MB':>8} {'save_checkpoint':>16} "
-        f"{'wait in step':>13} {'committed':>11} {'drain':>9} {'load':>9}  result")
+        f"{'wait in step':>13} {'committed':>11} {'drain':>9} {'load':>9}  result"
+        + ("  1st pending" if ARGS.fixed_tag else ""))
     for r in rows:
         def ms(key):
             return f"{r[key]:.1f} ms" if key in r else "-"
         log(f"{r['stage']:>5} {r['engine']:<7} {r.get('params', 0):>9} "
             f"{r.get('bytes', 0) / 1e6:>8.1f} {ms('save_ms'):>16} {ms('commit_wait_ms'):>13} "
             f"{ms('committed_ms'):>11} {ms('drain_ms'):>9} {ms('load_ms'):>9}  "
-            f"{'FAIL' if r['problems'] else 'PASS'}")
+            f"{'FAIL' if r['problems'] else 'PASS'}"
+            + (f"  {r.get('first_pending', '-')}" if ARGS.fixed_tag else ""))
     failed = sum(1 for r in rows if r["problems"])
     log(f"ds_train: {len(rows) - failed} passed, {failed} failed")
     torch.distributed.destroy_process_group()

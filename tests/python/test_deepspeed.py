@@ -202,6 +202,48 @@ def run_scenario(rank, world, socket, root, zero, ce=None):
     returns_soon(ds.destroy)  # DeepSpeed may clean up after close()
 
 
+def fixed_tag_scenario(rank, world, socket, root):
+    """save_checkpoint(tag="last") at every step, each before the previous one's commit,
+    and twice in a row: `last` is always one whole version, finally the newest, and a fresh
+    engine resumes from it."""
+    ce = dd.DsckptCheckpointEngine({"dsckpt": {"socket": socket, "job": "ds", "timeout": T}})
+    ds = FakeDeepSpeed(ce, rank, world, zero=True)
+    save_dir = os.path.join(root, "ds", "fixed")
+    tag_dir = os.path.join(save_dir, "last")
+    for _ in range(3):
+        ds.train_step()
+        saved = snapshot(ds)
+        ds.save_checkpoint(save_dir, tag="last")  # the previous one still being committed
+        ds.save_checkpoint(save_dir, tag="last")  # and again, before any step
+    ds.train_step()  # the decoupled commit of the last save
+    assert ce.wait_committed() == [tag_dir] * 3
+    with open(os.path.join(save_dir, "latest")) as f:
+        assert f.read() == "last"
+    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    assert manifest["tag"] == "last"
+    assert {f["rank"] for f in manifest["files"]} == set(range(world))
+    link = os.path.join(tag_dir, "mp_rank_00_model_states.pt")
+    assert os.path.islink(link) and os.readlink(link) == "mp_rank_00_model_states.pt.safetensors"
+    assert not os.path.exists(os.path.join(save_dir, ".last.dsckpt-next"))
+    fresh = FakeDeepSpeed(ce, rank, world, zero=True)
+    for p in fresh.model.parameters():
+        torch.nn.init.zeros_(p)
+    assert fresh.load_checkpoint(save_dir) == "last"
+    assert fresh.global_steps == 3
+    assert same(snapshot(fresh), saved)
+    ce.close()
+    returns_soon(ds.destroy)
+
+
+def test_engine_fixed_tag(daemon):
+    fixed_tag_scenario(0, 1, daemon.socket, daemon.root)
+
+
+def test_engine_fixed_tag_two_ranks(daemon):
+    run_ranks(fixed_tag_scenario, 2, daemon.socket, daemon.root)
+
+
 def test_import_without_deepspeed():
     if importlib.util.find_spec("deepspeed") is None:
         assert dd._Base is object

@@ -41,8 +41,10 @@ rewritten (the daemon's character rule applies to file names, and ``rank0`` is o
 ModelCheckpoint's existence checks, versioning, ``save_top_k`` and ``save_last="link"``
 work on the names it chose. ``dirpath`` must lie at least one directory below one of the
 daemon's ``allowed_roots`` (the daemon wants ``<root>/<job>/<tag>``). Saving to a path that
-exists (``last.ckpt`` saved again) removes the old checkpoint first, as ModelCheckpoint's
-own overwrite does.
+exists (``last.ckpt`` saved again) replaces it in one step at the new version's commit (the
+daemon stages the new version in ``.last.ckpt.dsckpt-next`` beside it): until then the old
+one stays whole and loadable, and a crash leaves one of the two; a link or a file at the path
+is removed first.
 
 ``load_checkpoint(path)`` rebuilds the dict with :func:`dsckpt.torch.load`, through the
 daemon (from its host cache when it still holds the file) or, without one, from the file;
@@ -183,7 +185,13 @@ class DsckptCheckpointIO(CheckpointIO):
                                "that hands every rank's shard to a CheckpointIO is not "
                                "supported)")
         dir = os.path.abspath(os.fspath(path))
-        if os.path.lexists(dir):  # saved again (last.ckpt): the old one goes first
+        if os.path.isdir(dir) and not os.path.islink(dir):
+            # Saved again (last.ckpt): the daemon stages the new version beside the old one
+            # and exchanges them at its commit; the commit of the old one goes first.
+            if not all(OURS.fullmatch(n) for n in os.listdir(dir)):
+                raise FileExistsError(f"{dir} exists and is not a dsckpt checkpoint")
+            self._wait_pending(dir)
+        elif os.path.lexists(dir):  # a link (save_last="link") or a file: it goes first
             self.remove_checkpoint(dir)
             if os.path.lexists(dir):
                 raise FileExistsError(f"{dir} exists and is not a dsckpt checkpoint")

@@ -2,6 +2,7 @@
 loaded back by 2 and by 8 ranks into other shardings (values equal, through the daemon), async
 staging honoured while training goes on, plain dcp.save, a failing rank failing every rank,
 and `dsckptctl verify` passing on the tags."""
+import json
 import os
 import pickle
 import subprocess
@@ -125,15 +126,20 @@ def _save_ranks(rank, world, socket, job_dir):
     with open(os.path.join(job_dir, "latest")) as f:
         assert f.read() == "plain"
 
-    # 4. The daemon refuses a save into a committed tag at staging: write_data reports it,
-    #    so every rank raises instead of waiting for the others.
-    resp = dcp.async_save(sd, storage_writer=dsckpt.dcp.Writer(os.path.join(job_dir, "step1"),
+    # 4. A committed tag saved again (the same state into "plain") is replaced in one step at
+    #    its commit: a new manifest, latest names it, nothing left beside it.
+    with open(os.path.join(job_dir, "plain", "MANIFEST.json")) as f:
+        before = json.load(f)["created_ns"]
+    torch.distributed.barrier()
+    resp = dcp.async_save(sd, storage_writer=dsckpt.dcp.Writer(os.path.join(job_dir, "plain"),
                                                                 conn=conn, timeout=T))
     resp.staging_completion.result(timeout=T)
-    with pytest.raises(CheckpointException) as info:
-        resp.upload_completion.result(timeout=T)
-    assert sorted(info.value.failures) == [0, 1, 2, 3], str(info.value)
-    assert "committed" in str(info.value.failures[rank][0]), str(info.value)
+    resp.upload_completion.result(timeout=T)
+    with open(os.path.join(job_dir, "plain", "MANIFEST.json")) as f:
+        assert json.load(f)["created_ns"] > before
+    with open(os.path.join(job_dir, "latest")) as f:
+        assert f.read() == "plain"
+    assert not os.path.exists(os.path.join(job_dir, ".plain.dsckpt-next"))
     conn.close()
 
 

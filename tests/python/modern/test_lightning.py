@@ -198,6 +198,57 @@ def test_save_last_overwrites_and_links(daemon):
     assert io.load_checkpoint(os.path.join(link, "last.ckpt"))["global_step"] == 8
 
 
+class LastIO(DsckptCheckpointIO):
+    """At each save of last.ckpt after the first: its commit is held back (GATE) while the
+    test looks at last.ckpt, which must still be the previous version, whole."""
+
+    GATE = None
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.looked = []
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        dir = os.path.abspath(path)
+        if os.path.basename(dir) != "last.ckpt":
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        self._wait_pending(dir)  # the previous version's commit is over
+        before = dt.load(dir, "rank0", "cpu")["global_step"] if os.path.isdir(dir) else None
+        LastIO.GATE.clear()
+        try:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            if before is not None:  # the new version is staged, not committed: the old one
+                verify(dir)
+                assert dt.load(dir, "rank0", "cpu")["global_step"] == before
+                self.looked.append((before, checkpoint["global_step"]))
+        finally:
+            LastIO.GATE.set()
+
+
+def test_save_last_replaces_in_one_step(daemon, monkeypatch):
+    """ModelCheckpoint(save_last=True) saves last.ckpt again and again: until each new
+    version is committed, last.ckpt is the previous one, whole and loadable; then the new
+    one, with nothing left beside it."""
+    import threading
+    LastIO.GATE = threading.Event()
+    LastIO.GATE.set()
+    commit = dsckpt.Connection.commit
+
+    def gated(self, dir, timeout=None):
+        if os.path.basename(dir) == "last.ckpt":
+            LastIO.GATE.wait(60)
+        return commit(self, dir, timeout)
+
+    monkeypatch.setattr(dsckpt.Connection, "commit", gated)
+    job = os.path.join(daemon.root, "gated")
+    io = LastIO(daemon.socket)
+    trainer(io, job, 12, save_top_k=1, save_last=True).fit(Tiny())
+    assert io.looked == [(4, 8), (8, 12)]
+    assert sorted(os.listdir(job)) == ["epoch=1-step=12.ckpt", "last.ckpt", "latest"]
+    verify(os.path.join(job, "last.ckpt"))
+    assert io.load_checkpoint(os.path.join(job, "last.ckpt"))["global_step"] == 12
+
+
 def test_remove_only_ours(daemon, tmp_path):
     io = DsckptCheckpointIO(daemon.socket)
     ckpt = os.path.join(daemon.root, "j", "a.ckpt")

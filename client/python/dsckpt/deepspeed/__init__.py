@@ -43,11 +43,18 @@ answering ``is_decoupled() == True``):
   failure; after :meth:`~DsckptCheckpointEngine.close` neither waits. A failed checkpoint
   is logged, never raised into ``engine.step()``: training goes on and the previous
   ``latest`` stays.
+* A fixed tag (``save_checkpoint(dir, tag="last")`` at every save): the daemon stages each
+  new version beside the committed one and exchanges them in one step at the commit, so the
+  tag is always one whole version. A save of the tag whose previous version is still queued
+  for its commit waits for that commit first (inside ``save_checkpoint``, logged), and a file
+  saved twice into one tag before a commit waits for its first save's DURABLE: versions
+  commit in order and the daemon never refuses the second save.
 
 Files: DeepSpeed's path ``<dir>/mp_rank_00_model_states.pt`` becomes
 ``<dir>/mp_rank_00_model_states.pt.safetensors`` (+ ``.meta``), and once the file is
 DURABLE a relative symlink at the original path points at it, so DeepSpeed's globbing and
-existence checks find it. Every rank contributes at least one file to a tag directory
+existence checks find it (a new version's links are made beside its files in the staging
+directory, and travel with them). Every rank contributes at least one file to a tag directory
 (an empty ``dsckpt_rank<N>`` file for a rank DeepSpeed gave nothing), as the daemon's
 commit requires.
 
@@ -76,7 +83,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -183,6 +190,9 @@ class DsckptCheckpointEngine(_Base):
         self._unsnapped: List[dtorch.SaveHandle] = []           # below SNAPSHOT, maybe
         self.failures: List[DsckptError] = []
         self.committed: List[str] = []
+        # Tag directories queued to the committer thread (a count each), under _lock.
+        self._queued: Dict[str, int] = {}
+        self._lock = threading.Lock()
         # _Job: a tag to commit; Event: set it when reached; None: stop.
         self._jobs: "queue.Queue[Union[_Job, threading.Event, None]]" = queue.Queue()
         self._thread = threading.Thread(target=self._committer, name="dsckpt-commit",
@@ -243,8 +253,24 @@ class DsckptCheckpointEngine(_Base):
         os.makedirs(path, exist_ok=exist_ok)
 
     def save(self, state_dict: Any, path: str) -> None:
-        """Hands state_dict to the daemon as ``path.safetensors``; returns once ACCEPTED."""
+        """Hands state_dict to the daemon as ``path.safetensors``; returns once ACCEPTED.
+        A tag saved again (``tag="last"``) whose previous version is not committed yet
+        waits for that commit first, so that versions commit in order, each replacing the
+        last in one step (the daemon stages the new one beside the tag)."""
         path = os.path.abspath(path)
+        with self._lock:
+            queued = self._queued.get(os.path.dirname(path), 0)
+        if queued:
+            log.info("dsckpt: %s is saved again before its previous version was "
+                     "committed: waiting for that commit", os.path.dirname(path))
+            self._drain()
+        for saved, handle in [(p, h) for p, h in self._saves if p == path]:
+            try:  # the same file twice in one tag: the second replaces the first, in order
+                handle.wait_durable(self.timeout)
+            except DsckptError as e:  # kept for wait_committed(), never raised here
+                log.error("dsckpt: save %s failed: %s", handle.path, e)
+                self.failures.append(e)
+            self._saves.remove((saved, handle))
         handle = dtorch.save(state_dict, os.path.dirname(path), conn=self.conn,
                              file=os.path.basename(path), track=False)
         self._saves.append((path, handle))
@@ -286,7 +312,11 @@ class DsckptCheckpointEngine(_Base):
             return False
         tag_dir = os.path.abspath(os.path.join(info.save_dir, info.tag)) \
             if info.save_dir is not None else None
-        self._jobs.put(_Job(info.tag, tag_dir, self._saves))
+        job = _Job(info.tag, tag_dir, self._saves)
+        with self._lock:
+            for d in _job_dirs(job):
+                self._queued[d] = self._queued.get(d, 0) + 1
+        self._jobs.put(job)
         self._saves = []
         if self.commit_info is not None and self.commit_info.tag == info.tag:
             self.commit_info = None
@@ -382,6 +412,12 @@ class DsckptCheckpointEngine(_Base):
             except Exception as e:  # never let the thread die: later tags must still agree
                 log.exception("dsckpt: checkpoint %s not committed", job.tag_dir or job.tag)
                 self.failures.append(error_for(Errno.EIO, "EIO", repr(e)))
+            finally:
+                with self._lock:
+                    for d in _job_dirs(job):
+                        self._queued[d] -= 1
+                        if not self._queued[d]:
+                            del self._queued[d]
 
     def _min(self, *values: int) -> List[int]:
         """Element-wise minimum over the engine's group (identity without one)."""
@@ -417,7 +453,12 @@ class DsckptCheckpointEngine(_Base):
         for path, handle in job.saves:
             error = error or self._durable(handle)
             if error is None:
-                _link(path, handle.path)
+                # Beside the file: in the tag, or in its staging directory for a new
+                # version of a committed tag (the link goes with it at the exchange).
+                for d in (os.path.dirname(path), _staging(os.path.dirname(path))):
+                    if os.path.isfile(os.path.join(d, os.path.basename(handle.path))):
+                        _link(os.path.join(d, os.path.basename(path)),
+                              os.path.join(d, os.path.basename(handle.path)))
         tag_dir = job.tag_dir or next((h.dir for _, h in job.saves
                                        if os.path.basename(h.dir) == job.tag), None)
         mine = any(os.path.normpath(h.dir) == tag_dir for _, h in job.saves)
@@ -456,6 +497,16 @@ class DsckptCheckpointEngine(_Base):
                             else str(code), f"commit of {tag_dir} failed on rank 0")
         self.committed.append(tag_dir)
         log.info("dsckpt: committed %s", tag_dir)
+
+
+def _job_dirs(job: _Job) -> set:
+    """The directories a queued tag's saves went into (the tag's own, and any other)."""
+    return {os.path.dirname(p) for p, _ in job.saves} | ({job.tag_dir} if job.tag_dir else set())
+
+
+def _staging(tag_dir: str) -> str:
+    """Where the daemon stages a committed tag's new version: ``.<tag>.dsckpt-next``."""
+    return os.path.join(os.path.dirname(tag_dir), f".{os.path.basename(tag_dir)}.dsckpt-next")
 
 
 def _link(path: str, target: str) -> None:
