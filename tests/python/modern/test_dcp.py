@@ -125,11 +125,13 @@ def _save_ranks(rank, world, socket, job_dir):
     with open(os.path.join(job_dir, "latest")) as f:
         assert f.read() == "plain"
 
-    # 4. The daemon refuses a save into a committed tag at staging: write_data reports it,
-    #    so every rank raises instead of waiting for the others.
+    # 4. The daemon refuses a save into a committed tag at staging: staging_completion
+    #    raises it (nothing was staged), and write_data reports it, so every rank raises
+    #    instead of waiting for the others.
     resp = dcp.async_save(sd, storage_writer=dsckpt.dcp.Writer(os.path.join(job_dir, "step1"),
                                                                 conn=conn, timeout=T))
-    resp.staging_completion.result(timeout=T)
+    with pytest.raises(dsckpt.DsckptError, match="committed"):
+        resp.staging_completion.result(timeout=T)
     with pytest.raises(CheckpointException) as info:
         resp.upload_completion.result(timeout=T)
     assert sorted(info.value.failures) == [0, 1, 2, 3], str(info.value)
