@@ -163,6 +163,34 @@ def _load_ranks(rank, world, socket, job_dir, tag, bump):
     conn.close()
 
 
+def _load_one_buffer(rank, world, socket, job_dir):
+    """Issue 31.11: a resharding load into CPU memory fills every stored chunk of every file
+    into one scratch buffer of dsckpt host memory, allocated once (it was one buffer per
+    chunk, each mapped, faulted in and unmapped again), and loads the values exact."""
+    import dsckpt.dcp.reader as reader_mod
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    conn = _connect(rank, world, socket, f"dcpbuf{world}")
+    mesh = init_device_mesh("cpu", (world,))
+    sd = {"model": {name: distribute_tensor(torch.zeros_like(full(name)), mesh, [Shard(1)])
+                    for name in ("w1", "w2")}}
+    made = []
+    real = reader_mod.host_empty
+
+    def counting(*args, **kw):
+        made.append(args)
+        return real(*args, **kw)
+    reader_mod.host_empty = counting
+    try:
+        dcp.load(sd, storage_reader=dsckpt.dcp.Reader(os.path.join(job_dir, "step1"), conn=conn))
+    finally:
+        reader_mod.host_empty = real
+    for name in ("w1", "w2"):
+        assert torch.equal(sd["model"][name].full_tensor(), full(name)), name
+    assert len(made) == 1, made  # before: 8 (w1 and w2 from each of the 4 files)
+    conn.close()
+
+
 @pytest.fixture(scope="module")
 def saved():
     """One daemon; 4 ranks saved tags step1 (async), plain (dcp.save) and bad (failed)."""
@@ -205,6 +233,11 @@ def test_load_two_ranks_other_sharding(saved):
 def test_load_eight_ranks_other_sharding(saved):
     d, job_dir = saved
     run_ranks(_load_ranks, 8, d.socket, job_dir, "plain", 100, timeout=300)
+
+
+def test_load_reshards_through_one_buffer(saved):
+    d, job_dir = saved
+    run_ranks(_load_one_buffer, 2, d.socket, job_dir, timeout=300)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
