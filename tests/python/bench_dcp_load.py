@@ -65,10 +65,10 @@ def value(name, shape):
 
 
 def state(mesh, mib, dim, fill):
-    """The state dict, each matrix a DTensor sharded on dim: the values, or zeros to load into."""
-    return {"model": {name: distribute_tensor(value(name, shape) if fill else torch.zeros(shape),
-                                              mesh, [Shard(dim)])
-                      for name, shape in shapes(mib)}}
+    """The state dict, each matrix a DTensor sharded on dim: the values, or zeros."""
+    return {"model": {name: distribute_tensor(
+        value(name, shape) if fill else torch.zeros(shape), mesh, [Shard(dim)])
+        for name, shape in shapes(mib)}}
 
 
 def _cpu_s(pid=None):
@@ -100,8 +100,9 @@ def _load(rank, world, socket, root, mib, repeat, out, profile, daemon_pid):
         for i in range(repeat):
             for reader in (("dsckpt", "fs") if i % 2 == 0 else ("fs", "dsckpt")):
                 sd = state(mesh, mib, dim, False)
-                storage = dsckpt.dcp.Reader(os.path.join(root, JOB, "dsckpt"), conn=conn) \
-                    if reader == "dsckpt" else dcp.FileSystemReader(os.path.join(root, JOB, "fs"))
+                where = os.path.join(root, JOB, reader)
+                storage = dsckpt.dcp.Reader(where, conn=conn) if reader == "dsckpt" \
+                    else dcp.FileSystemReader(where)
                 prof = None
                 if profile and rank == 0 and reader == "dsckpt" and i == repeat - 1:
                     import cProfile

@@ -182,7 +182,8 @@ def _load_one_buffer(rank, world, socket, job_dir):
         return real(*args, **kw)
     reader_mod.host_empty = counting
     try:
-        dcp.load(sd, storage_reader=dsckpt.dcp.Reader(os.path.join(job_dir, "step1"), conn=conn))
+        dcp.load(sd, storage_reader=dsckpt.dcp.Reader(os.path.join(job_dir, "step1"),
+                                                      conn=conn))
     finally:
         reader_mod.host_empty = real
     for name in ("w1", "w2"):

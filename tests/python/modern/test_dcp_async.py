@@ -26,7 +26,7 @@ from ranks import run_ranks  # noqa: E402
 
 T = 60
 REP = (256, 1024)       # 1 MiB of float32, replicated over the 4 ranks
-HYB = (8, 4096)         # 128 KiB, Shard(0) over a 2x2 mesh's first dim, Replicate over its second
+HYB = (8, 4096)         # 128 KiB: Shard(0) on a 2x2 mesh's first dim, Replicate on the other
 SHARD = (16, 512)       # 32 KiB, Shard(0) over the 4 ranks
 PLAIN = (64, 64)        # 16 KiB plain tensor every rank holds
 
