@@ -125,15 +125,19 @@ NO_LATEST = ".dsckpt-no-latest"
 
 def _no_latest(dirpath: str) -> None:
     """Asks the daemon for no ``latest`` in ``dirpath`` (a hidden NO_LATEST file there:
-    Lightning resumes by its own names) and removes one an earlier version left."""
+    Lightning resumes by its own names) and removes one an earlier version left; logs,
+    never raises, when it cannot."""
     marker = os.path.join(dirpath, NO_LATEST)
-    if os.path.lexists(marker):
-        return
-    with open(marker, "a"):
-        pass
-    latest = os.path.join(dirpath, "latest")
-    if os.path.isfile(latest) and not os.path.islink(latest):
-        os.unlink(latest)
+    try:
+        if os.path.lexists(marker):
+            return
+        with open(marker, "a"):
+            pass
+        latest = os.path.join(dirpath, "latest")
+        if os.path.isfile(latest) and not os.path.islink(latest):
+            os.unlink(latest)
+    except OSError as e:  # a save never fails for it: the daemon then writes latest
+        log.warning("dsckpt: cannot leave %s (the daemon writes latest there): %s", marker, e)
 
 
 class DsckptCheckpointIO(CheckpointIO):
