@@ -51,6 +51,7 @@ struct dsckpt_conn {
 	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
 	size_t nregs, capregs;
 	struct lib_cuda *cuda;      /* GPU regions and events (cuda.c); NULL until needed */
+	struct lib_stages pool;     /* staging arenas kept for the next save (stage.c) */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char err[LIB_ERRLEN];       /* message of the last failed call */
 	char dead[LIB_ERRLEN];      /* why the connection broke */
@@ -181,6 +182,12 @@ void lib_conn_ref(dsckpt_conn_t *c)
 	lib_conn_unlock(c);
 }
 
+/* The connection's pool of staging arenas kept for later saves (lock held). */
+struct lib_stages *lib_conn_stage_pool(dsckpt_conn_t *c)
+{
+	return &c->pool;
+}
+
 /* Drops a reference; the last one frees the connection. */
 void lib_conn_unref(dsckpt_conn_t *c)
 {
@@ -191,6 +198,9 @@ void lib_conn_unref(dsckpt_conn_t *c)
 		return;
 	if (c->fd >= 0)
 		close(c->fd);
+	c->fd = -1;
+	c->broken = 1;	/* the daemon dropped the pool's regions with the socket */
+	lib_stage_free(c, &c->pool);
 	pthread_mutex_destroy(&c->lock);
 	lib_cuda_free(c->cuda);
 	free(c->regs);

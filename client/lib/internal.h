@@ -273,5 +273,10 @@ int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, siz
 		   uint64_t *region, uint64_t *offset);
 /* Unregisters (while the connection is alive) and frees every arena (lock held). */
 void lib_stage_free(dsckpt_conn_t *c, struct lib_stages *ss);
+/* Gives the arenas of ss, which the daemon reads no more, to the connection's pool for later
+ * saves, keeping at most a few (lock held). */
+void lib_stage_keep(dsckpt_conn_t *c, struct lib_stages *ss);
+/* The connection's pool of kept arenas (conn.c; lock held). */
+struct lib_stages *lib_conn_stage_pool(dsckpt_conn_t *c);
 
 #endif /* DSCKPT_INTERNAL_H */

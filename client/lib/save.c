@@ -527,6 +527,9 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	if ((e = lib_reply_end(s->c, &r, "WAIT")) < 0)
 		return e;
 	p->level = (int)reached;
+	/* From SNAPSHOT the daemon reads its staging memory no more: the next save may. */
+	if (reached >= DSCKPT_SNAPSHOT)
+		lib_stage_keep(s->c, &s->stages);
 	if (reached == DSCKPT_FAILED) {
 		lib_conn_fail(s->c, DSCKPT_EFAILED, "%s", *error ? error : "save failed");
 		lib_conn_set_cause(s->c, (int)cause);
@@ -594,7 +597,7 @@ void dsckpt_save_free(dsckpt_save_t *s)
 		proto_kv_u64(&o.pk, "save", s->id);
 		lib_conn_call_empty(s->c, &o, NULL, 0, "SAVE_ABORT");
 	}
-	lib_stage_free(s->c, &s->stages);
+	lib_stage_free(s->c, &s->stages);	/* none left once a reply said SNAPSHOT */
 	lib_conn_unlock(s->c);
 	lib_conn_unref(s->c);
 	lib_entries_free(&s->es);
