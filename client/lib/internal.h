@@ -56,6 +56,9 @@ const char *lib_conn_error(dsckpt_conn_t *c);
 struct lib_cuda;
 /* The connection's CUDA state (cuda.c creates it on first need; freed with the connection). */
 struct lib_cuda **lib_conn_cuda(dsckpt_conn_t *c);
+/* Fails with DSCKPT_ELIMIT, naming the daemon's max_tensors_per_save, when what would hold
+ * n tensors, more than a save may (lock held). */
+int lib_conn_check_tensors(dsckpt_conn_t *c, const char *what, size_t n);
 /* World size given to dsckpt_identify, 0 before it (lock held). */
 int lib_conn_world(dsckpt_conn_t *c);
 /* Whether the connection can still carry requests (lock held). */

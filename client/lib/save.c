@@ -217,6 +217,8 @@ static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 	if (lib_names_has(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
 				     t->name);
+	if ((e = lib_conn_check_tensors(s->c, "a save", s->es.n + 1)) < 0)
+		return e;
 	if ((e = lib_entries_place(s->c, &s->es, t->ptr, t->nbytes, NULL, &region,
 				   &offset)) < 0)
 		return e;
@@ -255,11 +257,14 @@ int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors, size_t 
 	if (!s || (!tensors && n))
 		return DSCKPT_EINVAL;
 	lib_conn_lock(s->c);
+	/* More than the daemon takes: refused before any is staged or sent. */
+	if (s->state == SAVE_OPEN)
+		e = lib_conn_check_tensors(s->c, "a save", s->es.n + n);
 	for (; i < n && e == 0; i++)
 		e = save_add_one(s, &tensors[i]);
 	lib_conn_unlock(s->c);
 	if (added)
-		*added = e < 0 ? i - 1 : i;
+		*added = e < 0 && i ? i - 1 : i;
 	return e;
 }
 

@@ -486,7 +486,7 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any,
 def _cold(conn: Connection, c: _Cache, state_dict: Any, s: Save) -> Handed:
     """The save s through the full walk; makes the file's entry when state_dict can be
     cached."""
-    flat = _Flattener()
+    flat = _Flattener(conn.max_tensors)   # more tensors: refused before any is staged or sent
     flat.walk(state_dict, "")
     made = _entry(conn, flat, state_dict, s.file)
     c.replace(s.file, made[0] if made is not None else None)
