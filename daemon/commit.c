@@ -146,8 +146,8 @@ static void on_commit_timeout(uv_timer_t *t)
 		commit_finish(cm, ERR_ETIMEDOUT, "timed out waiting for saves to be durable");
 }
 
-/* Handles COMMIT of dir for a client (auth_check'ed for AUTH_COMMIT by the caller). */
-void commit_request(const struct session *cl, uint64_t req, const char *dir, unsigned world,
+/* Handles COMMIT of dir for o (auth_check'ed for AUTH_COMMIT by the caller). */
+void commit_request(const struct owner *o, uint64_t req, const char *dir, unsigned world,
 		    int64_t timeout_ms)
 {
 	struct commit *cm = calloc(1, sizeof(*cm));
@@ -155,14 +155,14 @@ void commit_request(const struct session *cl, uint64_t req, const char *dir, uns
 	int dfd, jobfd, rc;
 
 	if (!cm) {
-		reply_error(session_id(cl), req, ERR_ENOMEM, "out of memory");
+		reply_error(o->conn, req, ERR_ENOMEM, "out of memory");
 		return;
 	}
 	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
-	if ((dfd = store_open_tag(config, cm->dir, session_uid(cl), session_gid(cl), &jobfd, err,
+	if ((dfd = store_open_tag(config, cm->dir, o->uid, o->gid, &jobfd, err,
 				  sizeof(err))) < 0) {
 		free(cm);
-		reply_error(session_id(cl), req, dfd, "%s", err);
+		reply_error(o->conn, req, dfd, "%s", err);
 		return;
 	}
 	rc = store_dir_id(dfd, &cm->dirid, err, sizeof(err));
@@ -170,16 +170,16 @@ void commit_request(const struct session *cl, uint64_t req, const char *dir, uns
 	close(jobfd);
 	if (rc < 0) {
 		free(cm);
-		reply_error(session_id(cl), req, rc, "%s", err);
+		reply_error(o->conn, req, rc, "%s", err);
 		return;
 	}
-	snprintf(cm->run, sizeof(cm->run), "%s", session_run(cl));
+	snprintf(cm->run, sizeof(cm->run), "%s", o->run);
 	cm->cfg = config_ref(config);
-	cm->conn = session_id(cl);
+	cm->conn = o->conn;
 	cm->req = req;
 	cm->world = world;
-	cm->uid = session_uid(cl);
-	cm->gid = session_gid(cl);
+	cm->uid = o->uid;
+	cm->gid = o->gid;
 	uv_timer_init(loop, &cm->timer);
 	cm->timer.data = cm;
 	if (timeout_ms >= 0)

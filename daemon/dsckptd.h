@@ -907,6 +907,18 @@ int plan_del(uint64_t client, uint64_t id);
 /* Forgets client's plans reading src (a deleted region), or all of them for NULL. */
 void plan_forget(uint64_t client, const struct source *src);
 
+/* Who a request comes from, as the layers below the request layer know a client (they never
+ * see its struct session): its connection's id and kernel credentials, and what HELLO said (a
+ * trainer's job, run, rank and world; the strings are borrowed for the call). */
+struct owner {
+	uint64_t conn;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	const char *job, *run;
+	unsigned rank, world;
+};
+
 /* save.c — the registry of saves and their levels; loop thread only. */
 /* What a reply or a listing shows of a save (strings borrowed from it). */
 struct save_view {
@@ -928,8 +940,14 @@ typedef void (*save_change_cb)(struct save *s);
 int save_engine_start(char *err, size_t errlen);
 /* Registers an observer of level changes (at start-up; a few at most). */
 void save_observe(save_change_cb cb);
-/* Opens a save for client c; returns its id or a negative ERR_E* with err. */
-int64_t save_begin(const struct session *c, const char *dir, const char *file, char *err,
+/* Asked at every SAVE_BEGIN, once its directory (id; dir, normalised, for messages) is open,
+ * whether o may save there: 0, or a negative ERR_E* with err. */
+typedef int (*save_begin_cb)(const struct store_dirid *id, const char *dir,
+			     const struct owner *o, char *err, size_t errlen);
+/* Registers that check (at start-up; seal.c's, wired in main.c; none: nothing refused). */
+void save_check_begin(save_begin_cb cb);
+/* Opens a save for o; returns its id or a negative ERR_E* with err. */
+int64_t save_begin(const struct owner *o, const char *dir, const char *file, char *err,
 		   size_t errlen);
 /* Finds a save of client (a connection id) that is still open for adding; NULL otherwise. */
 struct save *save_find_open(uint64_t client, uint64_t id);
@@ -989,8 +1007,8 @@ void wait_client_gone(uint64_t conn);
 void wait_free_all(void);
 
 /* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
-/* Handles COMMIT of dir for client cl, answered when done, failed or timed out. */
-void commit_request(const struct session *cl, uint64_t req, const char *dir, unsigned world,
+/* Handles COMMIT of dir for o, answered when done, failed or timed out. */
+void commit_request(const struct owner *o, uint64_t req, const char *dir, unsigned world,
 		    int64_t timeout_ms);
 /* save_change_cb: a save becoming DURABLE or FAILED may let a commit go on. */
 void commit_on_save(struct save *s);
@@ -1001,12 +1019,13 @@ void commit_free_all(void);
 
 /* seal.c — SEAL, and the commits the daemons make once every rank has sealed. */
 struct seal_record;
-/* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
-void seal_request(const struct session *cl, uint64_t req, const char *dir);
-/* Whether rank of uid's job and run sealed the directory id through this daemon (it may save
- * there no more). */
-int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
-	       unsigned rank);
+/* Handles SEAL of dir by o (an identified trainer): answered at once; the commit follows on
+ * its own. */
+void seal_request(const struct owner *o, uint64_t req, const char *dir);
+/* save_begin_cb: refuses a save of o's rank into the directory id once that rank of its job
+ * and run sealed it through this daemon (ERR_ESTATE: it saves nothing more there). */
+int seal_on_begin(const struct store_dirid *id, const char *dir, const struct owner *o,
+		  char *err, size_t errlen);
 /* save_change_cb: a save becoming DURABLE or FAILED may let its tag go on. */
 void seal_on_save(struct save *s);
 /* Takes up a tag this node sealed before a restart (its record r, the files' uid/gid). */
@@ -1032,10 +1051,10 @@ struct load_view {
 };
 /* Starts the restore threads (restore.c) with load.c's event handler. */
 int load_start(unsigned threads, char *err, size_t errlen);
-/* Opens dir/file.safetensors for client cl's LOAD_BEGIN req: checks the file here, then its
- * header and resident copy in the threadpool, and answers req once they are (a load of
- * client found by no request until then). 0, or a negative ERR_E* with err to answer now. */
-int load_begin(const struct session *cl, uint64_t req, const char *dir, const char *file,
+/* Opens dir/file.safetensors for o's LOAD_BEGIN req: checks the file here, then its header
+ * and resident copy in the threadpool, and answers req once they are (a load of o's
+ * connection found by no request until then). 0, or a negative ERR_E* with err to answer now. */
+int load_begin(const struct owner *o, uint64_t req, const char *dir, const char *file,
 	       char *err, size_t errlen);
 /* Finds a load of client still open for adding; NULL otherwise. */
 struct load *load_find_open(uint64_t client, uint64_t id);

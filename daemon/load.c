@@ -353,8 +353,8 @@ static void parse_after(uv_work_t *w, int status)
 	}
 }
 
-/* Opens a load of dir/file.safetensors for client cl (see dsckptd.h). */
-int load_begin(const struct session *cl, uint64_t req, const char *dir, const char *file,
+/* Opens a load of dir/file.safetensors for o (see dsckptd.h). */
+int load_begin(const struct owner *o, uint64_t req, const char *dir, const char *file,
 	       char *err, size_t errlen)
 {
 	int rc;
@@ -362,15 +362,15 @@ int load_begin(const struct session *cl, uint64_t req, const char *dir, const ch
 	if (!store_valid_file(file))
 		return err_set(err, errlen, ERR_EINVAL, "file name '%s' must be 1-128 characters "
 			       "of [A-Za-z0-9._-], not starting with '.'", file);
-	if ((rc = quota_take(session_uid(cl), QUOTA_LOADS, 1, err, errlen)) < 0)
+	if ((rc = quota_take(o->uid, QUOTA_LOADS, 1, err, errlen)) < 0)
 		return rc;
 	struct load *l = calloc(1, sizeof(*l));
 	if (!l) {
-		quota_give(session_uid(cl), QUOTA_LOADS, 1);
+		quota_give(o->uid, QUOTA_LOADS, 1);
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
-	l->uid = session_uid(cl);
-	l->client = session_id(cl);
+	l->uid = o->uid;
+	l->client = o->conn;
 	l->req = req;
 	l->fd = l->dfd = -1;
 	l->max_tensors = config->max_tensors_per_save;
@@ -379,7 +379,7 @@ int load_begin(const struct session *cl, uint64_t req, const char *dir, const ch
 	store_norm_dir(l->dir, sizeof(l->dir), dir);
 	snprintf(l->file, sizeof(l->file), "%s", file);
 	snprintf(l->path, sizeof(l->path), "%s/%s%s", l->dir, file, FMT_SAFETENSORS);
-	if ((l->fd = open_file(l->dir, file, l->uid, session_gid(cl), &l->st, err, errlen)) < 0) {
+	if ((l->fd = open_file(l->dir, file, l->uid, o->gid, &l->st, err, errlen)) < 0) {
 		rc = l->fd;
 		load_free(l);
 		return rc;

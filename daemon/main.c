@@ -391,6 +391,7 @@ int main(int argc, char **argv)
 	save_observe(commit_on_save);
 	save_observe(seal_on_save);
 	save_observe(metrics_on_save);
+	save_check_begin(seal_on_begin);
 	uv_check_init(loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);
