@@ -8,7 +8,8 @@
  *     → request.c (dispatch, down to request_load.c and request_plan.c; request_decode.c
  *       their shared decoding; auth.c checks; session.c: identity and regions)
  *       → query.c (STATUS, PENDING, METRICS from the registries' read-only views)
- *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
+ *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs)
+ *         → waiter.c (requests parked until a level or a deadline, by connection id)
  *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
  *           → cache.c (chunks) → flush threads (flush_file.c: a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
@@ -19,11 +20,13 @@
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
- * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics_save.c;
- * wired in main.c), and every answer to the client through reply.c, by connection id; reply.c
- * encodes values it is handed (query.c's for the queries) and reads no registry.
- * conn.c knows no handler: main.c hands it request.c's dispatch and disconnect callbacks.
- * Below the request layer nothing holds a connection pointer.
+ * thread), save and load levels published to waiter.c (which ends the waits they satisfy
+ * through their state machines' handlers), save levels to their observers (commit.c, seal.c,
+ * metrics_save.c; all wired in main.c), and every answer to the client through reply.c, by
+ * connection id; reply.c encodes values it is handed (query.c's for the queries) and reads
+ * no registry. conn.c knows no handler: main.c hands it request.c's dispatch and disconnect
+ * callbacks. Below the request layer nothing holds a connection pointer or a struct session:
+ * a request reaches the registries as a struct owner.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -996,15 +999,54 @@ void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *ru
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
 
-/* wait.c — WAITs in progress, by connection id; loop thread only. */
+/* waiter.c — requests parked until something happens (a WAIT's level, a COMMIT's durability,
+ * a LOAD_WAIT's end): each by connection id, what it waits for and its deadline; registries
+ * publish their levels to it, and each end goes to its tag's handler. Loop thread only. */
+enum waiter_tag { WAITER_SAVE, WAITER_LOAD, WAITER_COMMIT, WAITER_TAGS };
+/* What a wait is for: the save, load or commit key (its id) reaching level; a negative level
+ * published (failed) ends it too. */
+struct waiter_on {
+	enum waiter_tag tag;
+	uint64_t key;
+	int level;
+};
+/* How a wait ended: its level was published, its deadline passed, or it was dropped (its
+ * connection left, or shutdown). */
+enum waiter_how { WAITER_REACHED, WAITER_TIMEOUT, WAITER_DROPPED };
+/* A wait that ended (given to its tag's handler, gone once the handler returns). */
+struct waiter_end {
+	uint64_t conn, req;      /* the request parked */
+	struct waiter_on on;
+	enum waiter_how how;
+	int level;               /* REACHED: the level published */
+};
+/* A tag's handler: answers (through reply.c) or moves its state machine on. */
+typedef void (*waiter_fn)(const struct waiter_end *e);
+/* Makes the layer's one timer on loop l (start-up); 0, or ERR_ENOMEM. */
+int waiter_init(struct uv_loop_s *l);
+/* Sets tag's handler (start-up), and whether its waits outlive their connection (a COMMIT
+ * goes on without its client; reply.c drops the answer). */
+void waiter_handle(enum waiter_tag tag, waiter_fn fn, int outlive);
+/* Parks request req of connection conn until on is reached, or for timeout_ms (< 0: no
+ * deadline; 0: until the loop's next turn); 0, or ERR_ENOMEM. */
+int waiter_add(uint64_t conn, uint64_t req, const struct waiter_on *on, int64_t timeout_ms);
+/* A registry's news: key of tag is at level now; ends the waits it satisfies, in the order
+ * they were parked. */
+void waiter_publish(enum waiter_tag tag, uint64_t key, int level);
+/* Whether a wait on key of tag is parked. */
+int waiter_parked(enum waiter_tag tag, uint64_t key);
+/* Drops a departed connection's waits (those of tags that outlive it go on). */
+void waiter_conn_gone(uint64_t conn);
+/* Waits parked now. */
+unsigned waiter_count(void);
+/* Drops every wait and closes the timer (shutdown). */
+void waiter_close(void);
+
+/* wait.c — WAITs: parked in waiter.c by save id, each holding its save; loop thread only. */
 /* Answers a WAIT for s now or when the level is reached, it fails or timeout_ms passes. */
 void wait_add(uint64_t conn, uint64_t req, struct save *s, int level, int64_t timeout_ms);
-/* save_change_cb: answers the waiters of s whose level is reached. */
-void wait_on_save(struct save *s);
-/* Drops a departed client's waits unanswered. */
-void wait_client_gone(uint64_t conn);
-/* Drops every wait unanswered (shutdown). */
-void wait_free_all(void);
+/* waiter_fn of WAITER_SAVE: answers a WAIT that ended (not one dropped) and lets its save go. */
+void wait_end(const struct waiter_end *e);
 
 /* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
 /* Handles COMMIT of dir for o, answered when done, failed or timed out. */
@@ -1012,10 +1054,11 @@ void commit_request(const struct owner *o, uint64_t req, const char *dir, unsign
 		    int64_t timeout_ms);
 /* save_change_cb: a save becoming DURABLE or FAILED may let a commit go on. */
 void commit_on_save(struct save *s);
+/* waiter_fn of WAITER_COMMIT: a commit's wait for durability ended (its saves durable and
+ * its user's previous commit done; a save failed; time up; shutdown). */
+void commit_wait_end(const struct waiter_end *e);
 /* Commits in the threadpool now. */
 unsigned commit_running(void);
-/* Fails every commit not running (shutdown, nothing in flight). */
-void commit_free_all(void);
 
 /* seal.c — SEAL, and the commits the daemons make once every rank has sealed. */
 struct seal_record;
@@ -1074,9 +1117,11 @@ void load_drop(struct load *l);
 int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen);
 /* Fills v with what a reply shows of l. */
 void load_view(const struct load *l, struct load_view *v);
-/* Answers a LOAD_WAIT of request req now or once l is done, failed or timeout_ms passed;
- * forgets l after answering a final level. */
+/* Answers a LOAD_WAIT of request req now or once l is done, failed or timeout_ms passed
+ * (parked in waiter.c); forgets l after answering a final level. */
 void load_wait(struct load *l, uint64_t req, int64_t timeout_ms);
+/* waiter_fn of WAITER_LOAD: answers a LOAD_WAIT that ended (not one dropped). */
+void load_wait_end(const struct waiter_end *e);
 /* Cancels and forgets a departed client's loads. */
 void load_client_gone(uint64_t client);
 /* Loads in progress. */

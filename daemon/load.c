@@ -21,7 +21,8 @@
  * another dtype or shape, or a name given twice is only noted, so that LOAD_END can refuse
  * them all at once before any byte is written. LOAD_END hands the destinations, in
  * file order, to the restore threads (restore.c); their final event makes the load LOADED or
- * FAILED, which a LOAD_WAIT reports once and then the load is forgotten.
+ * FAILED, which a LOAD_WAIT reports once and then the load is forgotten. A LOAD_WAIT not
+ * answered at once parks in waiter.c by the load's id; load.c publishes the final level there.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -79,9 +80,6 @@ struct load {
 	char error[ERRLEN];
 	struct restore_job *job;
 	uint64_t done;          /* bytes in place, once the job is gone */
-	int waiting;            /* a LOAD_WAIT is pending */
-	uint64_t wait_req;
-	uv_timer_t *timer;      /* its timeout, or NULL */
 	struct load *next;
 };
 
@@ -98,22 +96,6 @@ static void note_problem(void *arg, const char *msg)
 		snprintf(buf + used, ERRLEN - used, "%s%s", used ? "; " : "", msg);
 }
 
-/* Frees a timer once libuv has closed it. */
-static void timer_free(uv_handle_t *h)
-{
-	free(h);
-}
-
-/* Stops and closes a load's wait timer, if any. */
-static void load_timer_stop(struct load *l)
-{
-	if (l->timer) {
-		uv_timer_stop(l->timer);
-		uv_close((uv_handle_t *)l->timer, timer_free);
-		l->timer = NULL;
-	}
-}
-
 /* Frees a load whose job is gone, giving back what it holds. */
 static void load_free(struct load *l)
 {
@@ -123,7 +105,6 @@ static void load_free(struct load *l)
 			break;
 		}
 	}
-	load_timer_stop(l);
 	for (size_t i = 0; i < l->n; i++)
 		if (l->d[i].src)
 			source_unref(l->d[i].src);
@@ -620,40 +601,37 @@ void load_view(const struct load *l, struct load_view *v)
 	};
 }
 
-/* Answers the pending LOAD_WAIT of l; forgets l once its final level is told. */
-static void answer(struct load *l)
+/* Answers LOAD_WAIT req of l with its state; forgets l once its final level is told. */
+static void answer(struct load *l, uint64_t req)
 {
 	struct load_view v;
 
-	load_timer_stop(l);
-	l->waiting = 0;
 	load_view(l, &v);
-	reply_load_state(l->client, l->wait_req, &v);
+	reply_load_state(l->client, req, &v);
 	if (l->level == LOAD_LOADED || l->level == LOAD_FAILED)
 		load_free(l);
-}
-
-/* A LOAD_WAIT's time is up. */
-static void on_wait_timeout(uv_timer_t *t)
-{
-	answer(t->data);
 }
 
 /* Answers a LOAD_WAIT now or later (see dsckptd.h). */
 void load_wait(struct load *l, uint64_t req, int64_t timeout_ms)
 {
-	if (l->waiting)
+	if (waiter_parked(WAITER_LOAD, l->id))
 		return reply_error(l->client, req, ERR_EBUSY, "load %llu already has a LOAD_WAIT",
 				   (unsigned long long)l->id);
-	l->waiting = 1;
-	l->wait_req = req;
 	if (l->level != LOAD_ACCEPTED || timeout_ms == 0)
-		return answer(l);
-	if (timeout_ms > 0 && (l->timer = malloc(sizeof(*l->timer))) != NULL) {
-		uv_timer_init(loop, l->timer);
-		l->timer->data = l;
-		uv_timer_start(l->timer, on_wait_timeout, (uint64_t)timeout_ms, 0);
-	}
+		return answer(l, req);
+	struct waiter_on on = {.tag = WAITER_LOAD, .key = l->id, .level = LOAD_LOADED};
+	if (waiter_add(l->client, req, &on, timeout_ms) < 0)
+		reply_error(l->client, req, ERR_ENOMEM, "out of memory");
+}
+
+/* waiter_fn of WAITER_LOAD: a LOAD_WAIT ended (the load done or failed, or time up). */
+void load_wait_end(const struct waiter_end *e)
+{
+	struct load *l = find(e->conn, e->on.key, 0);
+
+	if (l && e->how != WAITER_DROPPED)
+		answer(l, e->req);
 }
 
 /* The restore threads' final event: the load is LOADED or FAILED. */
@@ -678,8 +656,8 @@ static void on_restore(void *owner, struct restore_job *j, int code, const char 
 	}
 	if (l->client == 0)
 		load_free(l);	/* its client is gone */
-	else if (l->waiting)
-		answer(l);
+	else
+		waiter_publish(WAITER_LOAD, l->id, l->level);
 }
 
 /* Starts the restore threads with load.c's event handler. */
@@ -697,9 +675,7 @@ void load_client_gone(uint64_t client)
 		next = l->next;
 		if (l->client != client)
 			continue;
-		l->client = 0;
-		l->waiting = 0;
-		load_timer_stop(l);
+		l->client = 0;	/* its LOAD_WAIT, if any, waiter.c dropped */
 		if (l->job)
 			restore_cancel(l->job, ERR_EPIPE, "the client went away");
 		else if (l->parse != PARSE_RUNNING)

@@ -567,7 +567,7 @@ void request_conn_gone(struct conn *conn)
 {
 	uint64_t id = conn_id(conn);
 
-	wait_client_gone(id);
+	waiter_conn_gone(id);	/* first: load_client_gone counts on its LOAD_WAIT gone */
 	save_client_gone(id);
 	load_client_gone(id);
 	plan_forget(id, NULL);

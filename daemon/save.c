@@ -2,10 +2,10 @@
  * save.c — the registry of saves: validation of what a client adds, the plan handed to the
  * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED, or FAILED with a
  * code and a reason). Everything here runs on the loop thread. It encodes no reply and knows
- * no connection: saves name their client by id, and every change of level goes to the
- * observers registered with save_observe (wait.c, commit.c, seal.c, metrics_save.c; wired
- * in main.c), which act on it. A SAVE_BEGIN passes the check registered with
- * save_check_begin (seal.c's: a sealed rank saves no more).
+ * no connection: saves name their client by id, and every change of level is published to
+ * waiter.c (the WAITs parked there) and then told to the observers registered with
+ * save_observe (commits, seals, metrics; main.c wires them), which act on it. A SAVE_BEGIN
+ * passes the check registered with save_check_begin (seal.c's: a sealed rank saves no more).
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
  * last change once finished and no longer held (a WAIT holds it), or at once when its client
@@ -174,6 +174,7 @@ static void set_level(struct save *s, int level, int code, const char *error)
 		log_debug("save %llu (%s/%s) %s", (unsigned long long)s->id, s->dir, s->file,
 			  level_name(level));
 	}
+	waiter_publish(WAITER_SAVE, s->id, level);
 	for (unsigned i = 0; i < nobservers; i++)
 		observers[i](s);
 }
