@@ -26,7 +26,8 @@
  * connection id; reply.c encodes values it is handed (query.c's for the queries) and reads
  * no registry. conn.c knows no handler: main.c hands it request.c's dispatch and disconnect
  * callbacks. Below the request layer nothing holds a connection pointer or a struct session:
- * a request reaches the registries as a struct owner.
+ * a request reaches the registries as a struct owner. tests/check-layers checks that no file
+ * calls up.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
