@@ -15,7 +15,7 @@
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
  *             store_latest.c → retention.c → store_tag.c; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
- *     → request_load.c → load.c (loads: the file, its header, the destinations)
+ *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
@@ -1080,7 +1080,7 @@ unsigned seal_running(void);
 void seal_free_all(void);
 
 /* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
- * header's parse (threadpool). */
+ * header's parse (threadpool), which load_file.c does (load.h: what the two share). */
 struct load;
 enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_LOADED = 2 };
 /* What a reply shows of a load. */
