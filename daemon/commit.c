@@ -32,9 +32,9 @@ struct commit {
 	unsigned world;
 	uid_t uid;
 	gid_t gid;
-	int running;          /* in the threadpool (or just back, until commit_finish) */
+	int running;          /* in the threadpool (or just back, until commit_free) */
 	int rc;
-	char err[ERRLEN + 300];
+	char err[ERRLEN + 300];  /* store_commit's error, or which save failed */
 	struct store_commit_info info;
 	uv_work_t work;
 	struct commit *next;

@@ -89,7 +89,7 @@ static struct waiter *take(int (*match)(const struct waiter *w, const void *arg)
 	return first;
 }
 
-/* The layer's timer fired: ends every wait whose deadline has passed. */
+/* Whether w's deadline is at or before *arg (the loop's time now). */
 static int match_due(const struct waiter *w, const void *arg)
 {
 	return w->deadline <= *(const uint64_t *)arg;
@@ -224,12 +224,6 @@ void waiter_conn_gone(uint64_t conn)
 	}
 }
 
-/* Matches every waiter. */
-static int match_any(const struct waiter *w, const void *arg)
-{
-	return 1;
-}
-
 /* Waits parked now. */
 unsigned waiter_count(void)
 {
@@ -238,6 +232,12 @@ unsigned waiter_count(void)
 	for (struct waiter *w = head; w; w = w->next)
 		n++;
 	return n;
+}
+
+/* Matches every waiter. */
+static int match_any(const struct waiter *w, const void *arg)
+{
+	return 1;
 }
 
 /* Drops every wait and closes the timer (shutdown). */
