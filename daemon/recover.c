@@ -403,7 +403,7 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 			continue;
 		if (S_ISDIR(st.st_mode) && depth < RECOVER_DEPTH) {
 			char tag[NAME_MAX + 1];
-			int staging = swap_is_staging(names[i], tag, sizeof(tag));
+			int staging = store_tag_version(names[i], tag, sizeof(tag));
 			/* A tag saved again: its new version rolled forward, or removed. */
 			if (staging && swap_recover(fd, path, names[i], b)) {
 				committed_tags = 1;

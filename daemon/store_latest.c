@@ -162,7 +162,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		char tag[NAME_MAX + 1];
 		if (fstatat(jobfd, names[i], &ts, AT_SYMLINK_NOFOLLOW) < 0 ||
 		    !S_ISDIR(ts.st_mode) || ts.st_uid != st.st_uid ||
-		    swap_is_staging(names[i], tag, sizeof(tag)))
+		    store_tag_version(names[i], tag, sizeof(tag)))
 			continue;	/* a staging directory is no tag of its own */
 		uint64_t ns = store_tag_committed_within(jobfd, names[i], b);
 		if (ns > best_ns || (ns && ns == best_ns && strcmp(names[i], best) > 0)) {
