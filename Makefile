@@ -257,11 +257,13 @@ $(BUILD)/fuzz/proto: tests/fuzz_proto.c $(PROTO_SRC) proto/proto.h | deps
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) $(MSGPACK_LIBS)
 $(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/config_load.c daemon/log.c \
+		daemon/config_remote.c format/userfile.c \
 		format/errors.c daemon/config.h daemon/dsckptd.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_config.c daemon/config.c \
-		daemon/config_load.c daemon/log.c format/errors.c $(DEPS_CFLAGS) $(CJSON_LIBS) -lpthread
+		daemon/config_load.c daemon/config_remote.c format/userfile.c \
+		daemon/log.c format/errors.c $(DEPS_CFLAGS) $(CJSON_LIBS) -lpthread
 
 fuzz: FUZZ_SECONDS ?= 60
 fuzz: $(FUZZERS)

@@ -154,6 +154,17 @@ struct config {
 	unsigned max_seals_per_user;
 	unsigned max_recovery_entries; /* start-up recovery's budget of one user (recover.c) */
 	uint64_t max_recovery_bytes;
+	/* The remote tier (config_remote.c reads these; remote.c uses them). */
+	char **root_remotes;       /* per allowed root: "s3://bucket/prefix", "file:///dir" or NULL */
+	char *s3_endpoint;         /* "http(s)://host[:port]"; "" for AWS's of s3_region */
+	char *s3_region;
+	int s3_virtual;            /* addressing: 1 virtual-hosted (bucket.host), 0 path */
+	char *s3_credentials_file; /* "" for none */
+	char *s3_key_id, *s3_secret, *s3_token; /* read from it; never logged (token may be NULL) */
+	unsigned upload_concurrency;   /* requests in flight per transfer */
+	uint64_t upload_part_bytes;    /* multipart part size */
+	double upload_max_mib_per_s;   /* shared by all uploads of the daemon; 0: no cap */
+	unsigned keep_last_remote;     /* committed tags kept per job in the remote tier; 0: all */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
