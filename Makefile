@@ -53,7 +53,7 @@ endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
 	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev \
-	ninja-build strace
+	ninja-build strace libcurl4-openssl-dev
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra $(WERROR_FLAG) -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -81,6 +81,7 @@ UV_LIBS := $(call pc_libs,libuv,-luv)
 MSGPACK_LIBS := $(call pc_libs,$(MSGPACK_PC),-lmsgpackc)
 CJSON_LIBS := $(call pc_libs,libcjson,-lcjson)
 XXHASH_LIBS := $(call pc_libs,libxxhash,-lxxhash)
+CURL_LIBS := $(call pc_libs,libcurl,-lcurl)
 CHECK_LIBS = $(call pc_libs,check,-lcheck)
 DEPS_CFLAGS := $(call pc_cflags,libuv $(MSGPACK_PC) libcjson libxxhash)
 override CFLAGS += $(DEPS_CFLAGS)
@@ -161,7 +162,7 @@ $(BUILD)/pic/%.o: %.c
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) \
-		$(LIBS_COMMON) $(CUDA_LIBS)
+		$(CURL_LIBS) $(LIBS_COMMON) $(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
@@ -235,8 +236,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) $(LDFLAGS) -o $@ $(filter %.c,$^) \
 		$(BUILD)/libtest-harness.a $(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
-		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) \
-		$(CHECK_LIBS)
+		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(CURL_LIBS) $(LIBS_COMMON) \
+		$(CUDA_LIBS) $(CHECK_LIBS)
 
 $(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail \
 		$(BUILD)/tests/check_client_load: tests/fake_peer.c tests/fake_peer.h
@@ -357,5 +358,6 @@ clean:
 include tests/gpu/gpu.mk
 include tests/python/python.mk
 include tests/python/modern.mk
+include tests/remote.mk
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

@@ -180,6 +180,72 @@ void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);
 
+/* remote.c — a root's remote tier (DESIGN.md §9): an S3-compatible store (remote_s3.c, over
+ * libcurl: SigV4 signing, parallel requests on a multi handle) or a shared directory
+ * (remote_file.c: temporary file, fsync, rename), behind one set of blocking calls that
+ * several threads may make at once. A key is a relative path of names of [A-Za-z0-9._-]
+ * ("job/tag/rank0.safetensors"), under the remote's prefix. Errors are negative codes with
+ * one line in err: EACCES (refused: credentials, policy, permissions), ENOENT (no bucket,
+ * object or directory), EEXIST (a conditional write lost), ENOSPC (a full filesystem), EIO
+ * or ETIMEDOUT (the endpoint unreachable, a server error), EINVAL. Credentials never reach a
+ * message or a log line. */
+struct remote;
+#define REMOTE_ETAG_MAX 128
+/* Conditions of remote_put. */
+enum remote_cond {
+	REMOTE_ANY,     /* create or replace */
+	REMOTE_CREATE,  /* only if no object has the key (If-None-Match: *, O_EXCL/link) */
+	REMOTE_REPLACE  /* only if the object is still the one of etag (If-Match) */
+};
+/* Where an upload's bytes come from (the cache's resident copy, a file): read fills buf with
+ * the len bytes at off of size; 0 or a negative code. Called from the calling thread only. */
+struct remote_src {
+	int (*read)(void *arg, uint64_t off, void *buf, size_t len);
+	void *arg;
+	uint64_t size;
+};
+/* An upload left open (a multipart upload, a temporary file), as remote_list_uploads finds
+ * it; nonzero from the callback stops the listing with that value. */
+typedef int (*remote_upload_cb)(void *arg, const char *key, const char *id);
+/* Opens the remote tier url ("s3://bucket/prefix", "file:///dir") with cfg's s3 and upload
+ * keys; nothing is contacted yet. 0 or a negative code with err. */
+int remote_open(const struct config *cfg, const char *url, struct remote **out, char *err,
+		size_t errlen);
+/* Closes r (no call in flight). NULL is fine. */
+void remote_close(struct remote *r);
+/* The URL r was opened with. */
+const char *remote_url(const struct remote *r);
+/* Whether r answers: the bucket exists and the credentials work, or the directory exists
+ * and is writable; 0 or a negative code with one line in err. */
+int remote_check(struct remote *r, char *err, size_t errlen);
+/* Writes len bytes as key under cond (etag: REMOTE_REPLACE's expected version); the new
+ * version's etag into etag_out (REMOTE_ETAG_MAX bytes) when not NULL. 0 or a code. */
+int remote_put(struct remote *r, const char *key, const void *buf, size_t len, int cond,
+	       const char *etag, char *etag_out, char *err, size_t errlen);
+/* Writes src as key: S3 multipart in parallel parts past one part (aborted on failure), the
+ * file tier through a temporary file; held to upload_max_mib_per_s. 0 or a code. */
+int remote_upload(struct remote *r, const char *key, const struct remote_src *src, char *err,
+		  size_t errlen);
+/* Reads len bytes at off of key into buf, in parallel ranges; 0 or a code (ENOENT: no such
+ * key; EIO: shorter than off + len). */
+int remote_get(struct remote *r, const char *key, uint64_t off, void *buf, size_t len,
+	       char *err, size_t errlen);
+/* The size and etag (REMOTE_ETAG_MAX bytes; NULL is fine) of key; 0 or a code. */
+int remote_head(struct remote *r, const char *key, uint64_t *size, char *etag, char *err,
+		size_t errlen);
+/* Deletes key; 0 (also when it was not there) or a code. */
+int remote_delete(struct remote *r, const char *key, char *err, size_t errlen);
+/* Calls cb for each upload left open under prefix ("" for all); 0, cb's nonzero, or a
+ * code. */
+int remote_list_uploads(struct remote *r, const char *prefix, remote_upload_cb cb, void *arg,
+			char *err, size_t errlen);
+/* Aborts the upload id of key (from remote_list_uploads); 0 or a code. */
+int remote_abort(struct remote *r, const char *key, const char *id, char *err,
+		 size_t errlen);
+/* Whether a failure with code may pass if tried again later (unreachable, server error,
+ * full filesystem), as opposed to one that needs a person (credentials, missing bucket). */
+int remote_retryable(int code);
+
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {
 	QUOTA_CONNS,        /* open connections */
