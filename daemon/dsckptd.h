@@ -245,6 +245,9 @@ int remote_abort(struct remote *r, const char *key, const char *id, char *err,
 /* Whether a failure with code may pass if tried again later (unreachable, server error,
  * full filesystem), as opposed to one that needs a person (credentials, missing bucket). */
 int remote_retryable(int code);
+/* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
+ * remote that does not answer in err. */
+int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {

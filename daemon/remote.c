@@ -234,3 +234,32 @@ int remote_retryable(int code)
 	return code == ERR_EIO || code == ERR_ETIMEDOUT || code == ERR_EBUSY ||
 	       code == ERR_ENOSPC || code == ERR_ENOMEM;
 }
+
+/* Checks the remote tier of every root of cfg, one line per remote that does not answer. */
+int remote_check_roots(const struct config *cfg, char *err, size_t errlen)
+{
+	size_t used = 0;
+	int bad = 0;
+
+	if (errlen > 0)
+		err[0] = '\0';
+	for (size_t i = 0; i < cfg->n_roots; i++) {
+		struct remote *r = NULL;
+		char why[ERRLEN];
+		if (cfg->root_remotes == NULL || cfg->root_remotes[i] == NULL)
+			continue;
+		why[0] = '\0';
+		if (remote_open(cfg, cfg->root_remotes[i], &r, why, sizeof(why)) == 0)
+			remote_check(r, why, sizeof(why));
+		remote_close(r);
+		if (why[0] == '\0')
+			continue;
+		bad = 1;
+		if (used + 1 < errlen)
+			used += (size_t)snprintf(err + used, errlen - used, "%sroot %s: %s",
+						 used ? "\n" : "", cfg->allowed_roots[i], why);
+		if (used >= errlen)
+			used = errlen - 1;
+	}
+	return bad ? -1 : 0;
+}

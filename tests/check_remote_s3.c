@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -665,6 +666,70 @@ START_TEST(test_no_secret_logged)
 }
 END_TEST
 
+/* Runs dsckptd -n on a config of roots (JSON entries) and an s3 object at port; its exit
+ * status, and its output in out. */
+static int check_config(const char *dir, const char *roots, int port, char *out, size_t outlen)
+{
+	char path[400], cred[400], cmd[1200];
+	snprintf(cred, sizeof(cred), "%s/cred", dir);
+	snprintf(path, sizeof(path), "%s/c.json", dir);
+	FILE *f = fopen(cred, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[default]\naws_access_key_id = " KEY_ID "\naws_secret_access_key = " SECRET
+		"\n");
+	fclose(f);
+	ck_assert_int_eq(chmod(cred, 0600), 0);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "{\"allowed_roots\": [%s], \"s3\": {\"endpoint\": "
+		"\"http://127.0.0.1:%d\", \"addressing\": \"path\", \"credentials_file\": \"%s\"}}",
+		roots, port, cred);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "%s -n -c %s 2>&1", h_bin("dsckptd"), path);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	size_t n = fread(out, 1, outlen - 1, p);
+	out[n] = '\0';
+	int st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(test_dsckptd_check)
+{
+	NEED_MOTO();
+	char dir[256], roots[2048], out[8192];
+	h_tmpdir(dir, sizeof(dir));
+	make_bucket(shared.port, "good");
+	ck_assert_int_eq(mkdir(h_path("%s/shared", dir), 0700), 0);
+	for (const char *n = "abcde"; *n; n++)
+		ck_assert_int_eq(mkdir(h_path("%s/%c", dir, *n), 0700), 0);
+	snprintf(roots, sizeof(roots), "\"%s/a\", {\"path\": \"%s/b\", \"remote\": \"s3://good/p\"}, "
+		 "{\"path\": \"%s/e\", \"remote\": \"file://%s/shared\"}", dir, dir, dir, dir);
+	ck_assert_msg(check_config(dir, roots, shared.port, out, sizeof(out)) == 0, "%s", out);
+	ck_assert_str_eq(out, "configuration OK\n");
+
+	/* A missing bucket, a missing directory: one line each, naming the root. */
+	snprintf(roots, sizeof(roots), "{\"path\": \"%s/b\", \"remote\": \"s3://good/p\"}, "
+		 "{\"path\": \"%s/c\", \"remote\": \"s3://gone/p\"}, "
+		 "{\"path\": \"%s/d\", \"remote\": \"file://%s/nowhere\"}", dir, dir, dir, dir);
+	ck_assert_int_eq(check_config(dir, roots, shared.port, out, sizeof(out)), 1);
+	ck_assert_msg(strstr(out, h_path("root %s/c: remote 's3://gone/p': bucket check: bucket "
+					 "'gone' does not exist", dir)) &&
+		      strstr(out, h_path("root %s/d: remote 'file://%s/nowhere': directory", dir,
+					 dir)), "%s", out);
+	int lines = 0;
+	for (const char *p = out; *p; p++)
+		lines += *p == '\n';
+	ck_assert_msg(lines == 2 && !strstr(out, "configuration OK"), "%s", out);
+
+	/* An endpoint where nothing answers. */
+	snprintf(roots, sizeof(roots), "{\"path\": \"%s/b\", \"remote\": \"s3://good/p\"}", dir);
+	ck_assert_int_eq(check_config(dir, roots, free_port(), out, sizeof(out)), 1);
+	ck_assert_msg(strstr(out, "unreachable") && !strstr(out, SECRET), "%s", out);
+	h_rm_rf(dir);
+}
+END_TEST
+
 /* The suite. */
 static Suite *suite(void)
 {
@@ -680,6 +745,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_server_stopped_mid_upload);
 	tcase_add_test(tc, test_virtual_addressing);
 	tcase_add_test(tc, test_no_secret_logged);
+	tcase_add_test(tc, test_dsckptd_check);
 	suite_add_tcase(s, tc);
 	return s;
 }
