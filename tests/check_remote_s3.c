@@ -603,18 +603,49 @@ START_TEST(test_server_stopped_mid_upload)
 }
 END_TEST
 
+/* Sends this process's stderr (the log) to a new temporary file; the saved stderr. */
+static int capture_begin(char *path)
+{
+	int fd = mkstemp(path), saved = dup(2);
+	ck_assert_int_ge(fd, 0);
+	dup2(fd, 2);
+	close(fd);
+	log_init("check_remote_s3", LOG_LVL_DEBUG);
+	return saved;
+}
+
+/* Puts stderr back; what was logged (malloc'd), the file removed. */
+static char *capture_end(char *path, int saved)
+{
+	size_t len;
+	fflush(stderr);
+	dup2(saved, 2);
+	close(saved);
+	log_init("check_remote_s3", LOG_LVL_ERROR);
+	char *log = h_read_file(path, &len);
+	unlink(path);
+	ck_assert_ptr_nonnull(log);
+	return log;
+}
+
 START_TEST(test_virtual_addressing)
 {
 	NEED_MOTO();
 	struct config *c = test_cfg(shared.port, 1);  /* bucket.localhost: curl resolves it */
 	make_bucket(shared.port, "virt");
+	char logpath[64] = "/tmp/check_remote_s3.log.XXXXXX", buf[4] = "", want[128];
+	int saved = capture_begin(logpath);
 	struct remote *r = open_remote(c, "s3://virt/a/b");
-	char buf[4] = "";
-	ck_assert_msg(remote_check(r, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_msg(remote_put(r, "k", "abc", 3, REMOTE_ANY, NULL, NULL, err, sizeof(err)) == 0,
-		      "%s", err);
+	int checked = remote_check(r, err, sizeof(err));
+	int put = remote_put(r, "k", "abc", 3, REMOTE_ANY, NULL, NULL, err, sizeof(err));
+	char *log = capture_end(logpath, saved);
+	ck_assert_msg(checked == 0 && put == 0, "%s", err);
+	/* The bucket in the host name, the prefix and key in the path. */
+	snprintf(want, sizeof(want), "PUT http://virt.localhost:%d/a/b/k: HTTP 200", shared.port);
+	ck_assert_msg(strstr(log, want), "%s", log);
 	ck_assert_int_eq(raw(shared.port, "GET", "/virt/a/b/k", NULL, buf, sizeof(buf)), 200);
 	ck_assert_str_eq(buf, "abc");
+	free(log);
 	remote_close(r);
 	config_free(c);
 }
@@ -624,10 +655,7 @@ START_TEST(test_no_secret_logged)
 {
 	NEED_MOTO();
 	char logpath[64] = "/tmp/check_remote_s3.log.XXXXXX", big[6 * MIB / 4];
-	int fd = mkstemp(logpath), saved = dup(2);
-	ck_assert_int_ge(fd, 0);
-	dup2(fd, 2);
-	log_init("check_remote_s3", LOG_LVL_DEBUG);
+	int saved = capture_begin(logpath);
 	struct config *c = test_cfg(shared.port, 0);
 	make_bucket(shared.port, "quiet");
 	struct remote *r = open_remote(c, "s3://quiet");
@@ -649,13 +677,7 @@ START_TEST(test_no_secret_logged)
 	remote_check(r, msgs[6], ERRLEN);
 	remote_close(r);
 	config_free(c);
-	fflush(stderr);
-	dup2(saved, 2);
-	close(saved);
-	size_t len;
-	char *log = h_read_file(logpath, &len);
-	unlink(logpath);
-	ck_assert_ptr_nonnull(log);
+	char *log = capture_end(logpath, saved);
 	ck_assert_msg(strstr(log, "s3: PUT http://127.0.0.1:"), "debug lines missing: %s", log);
 	ck_assert_msg(!strstr(log, SECRET) && !strstr(log, TOKEN) && !strstr(log, KEY_ID),
 		      "%s", log);
