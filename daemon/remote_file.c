@@ -233,6 +233,8 @@ static int file_delete(struct remote *r, const char *key, char *err, size_t errl
 static int file_walk(const struct remote *r, const char *dir, remote_upload_cb cb, void *arg,
 		     int depth, char *err, size_t errlen)
 {
+	size_t base = strlen(r->prefix);
+	const char *rel = strlen(dir) > base ? dir + base + 1 : "";  /* dir below r's */
 	DIR *d = opendir(dir);
 	struct dirent *e;
 	int rc = 0;
@@ -249,9 +251,9 @@ static int file_walk(const struct remote *r, const char *dir, remote_upload_cb c
 			rc = file_walk(r, path, cb, arg, depth + 1, err, errlen);
 		} else if (mark && e->d_name[0] == '.' && mark > e->d_name + 1) {
 			/* ".<name>.dsckpt-upload-<hex>": the upload of <name>. */
-			snprintf(key, sizeof(key), "%s/%.*s", dir + strlen(r->prefix) + 1,
+			snprintf(key, sizeof(key), "%s%s%.*s", rel, rel[0] ? "/" : "",
 				 (int)(mark - e->d_name - 1), e->d_name + 1);
-			rc = cb(arg, key[0] == '/' ? key + 1 : key, e->d_name);
+			rc = cb(arg, key, e->d_name);
 		}
 	}
 	closedir(d);

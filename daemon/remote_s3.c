@@ -338,9 +338,7 @@ static int s3_result(struct s3_req *q, const char *what, char *err, size_t errle
 			       "check the keys of s3's credentials_file and the bucket's policy",
 			       what, code[0] ? code : "Forbidden", sep, msg);
 	case 404:
-		if (strcmp(code, "NoSuchBucket") == 0 || (code[0] == '\0' && q->url[0] &&
-							   strcmp(q->method, "HEAD") == 0 &&
-							   strstr(what, "bucket")))
+		if (strcmp(code, "NoSuchBucket") == 0)
 			return err_set(err, errlen, ERR_ENOENT, "%s: bucket '%s' does not exist "
 				       "at %s (HTTP 404 NoSuchBucket)", what, q->r->bucket,
 				       ((const struct s3 *)q->r->tier)->host);

@@ -224,6 +224,14 @@ START_TEST(test_leftover_uploads)
 	ck_assert_int_eq(remote_abort(r, "job/t/other", f.id, err, sizeof(err)), ERR_EINVAL);
 	ck_assert_msg(remote_abort(r, f.key, f.id, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(open_uploads(r, &f), 0);
+	/* One directly in the directory (a job's latest). */
+	fd = open(h_path("%s/.latest.dsckpt-upload-01", dir), O_WRONLY | O_CREAT, 0600);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(open_uploads(r, &f), 1);
+	ck_assert_str_eq(f.key, "latest");
+	ck_assert_msg(remote_abort(r, f.key, f.id, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(open_uploads(r, &f), 0);
 	remote_close(r);
 }
 END_TEST
