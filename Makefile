@@ -242,6 +242,7 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 $(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail \
 		$(BUILD)/tests/check_client_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
+$(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults: tests/moto.c tests/moto.h
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
 # pwrite for the whole binary, so it is linked into these alone, never into the harness archive.
 $(BUILD)/tests/check_engine_cancel $(BUILD)/tests/check_engine_fail: tests/engine_hooks.c

@@ -14,6 +14,8 @@
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
  *             store_latest.c → retention.c → store_tag.c; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
+ *           → remote.c (a root's remote tier: remote_s3.c over libcurl, remote_file.c;
+ *             built and tested, not yet called by saves or loads)
  *     → request_load.c → load.c (loads: the file, its header, the destinations)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
