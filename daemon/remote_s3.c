@@ -32,6 +32,9 @@ int remote_s3_open(struct remote *r, const struct config *cfg, char *err, size_t
 	if (s3_global_rc != CURLE_OK)
 		return err_set(err, errlen, ERR_EIO, "libcurl: %s",
 			       curl_easy_strerror(s3_global_rc));
+	if (ep && strstr(ep, "://") == NULL)
+		return err_set(err, errlen, ERR_EINVAL, "s3 endpoint '%s' is not http(s)://host",
+			       ep);
 	if (cfg->s3_key_id == NULL || cfg->s3_secret == NULL)
 		return err_set(err, errlen, ERR_EACCES, "remote '%s': no credentials (s3's "
 			       "credentials_file)", r->url);
