@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB (1024u * 1024u)
@@ -293,6 +294,30 @@ START_TEST(test_check)
 }
 END_TEST
 
+START_TEST(test_bandwidth_cap)
+{
+	struct config capped = cfg;
+	struct remote *r;
+	size_t n = 24 * MIB;
+	char *data = calloc(1, n);
+	struct remote_src src = { mem_read, data, n };
+	struct timespec t0, t1;
+
+	/* 8 MiB/s, a second's worth of burst at most: 24 MiB cannot take under 2 s. Only a
+	 * lower bound is asserted (a busy machine makes it slower, never faster). */
+	capped.upload_max_mib_per_s = 8;
+	ck_assert_msg(remote_open(&capped, url, &r, err, sizeof(err)) == 0, "%s", err);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	ck_assert_msg(remote_upload(r, "job/t/capped", &src, err, sizeof(err)) == 0, "%s", err);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	printf("24 MiB under a cap of 8 MiB/s: %.2f s, %.1f MiB/s\n", s, 24 / s);
+	ck_assert_msg(s >= 1.9, "%.2f s: the cap was not held", s);
+	remote_close(r);
+	free(data);
+}
+END_TEST
+
 /* The suite. */
 static Suite *suite(void)
 {
@@ -306,6 +331,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_leftover_uploads);
 	tcase_add_test(tc, test_full_filesystem);
 	tcase_add_test(tc, test_check);
+	tcase_add_test(tc, test_bandwidth_cap);
 	suite_add_tcase(s, tc);
 	return s;
 }
