@@ -54,7 +54,7 @@ endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
 	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev \
-	ninja-build strace
+	ninja-build strace libcurl4-openssl-dev
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra $(WERROR_FLAG) -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -82,6 +82,7 @@ UV_LIBS := $(call pc_libs,libuv,-luv)
 MSGPACK_LIBS := $(call pc_libs,$(MSGPACK_PC),-lmsgpackc)
 CJSON_LIBS := $(call pc_libs,libcjson,-lcjson)
 XXHASH_LIBS := $(call pc_libs,libxxhash,-lxxhash)
+CURL_LIBS := $(call pc_libs,libcurl,-lcurl)
 CHECK_LIBS = $(call pc_libs,check,-lcheck)
 DEPS_CFLAGS := $(call pc_cflags,libuv $(MSGPACK_PC) libcjson libxxhash)
 override CFLAGS += $(DEPS_CFLAGS)
@@ -162,7 +163,7 @@ $(BUILD)/pic/%.o: %.c
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) \
-		$(LIBS_COMMON) $(CUDA_LIBS)
+		$(CURL_LIBS) $(LIBS_COMMON) $(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
@@ -236,12 +237,13 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) $(LDFLAGS) -o $@ $(filter %.c,$^) \
 		$(BUILD)/libtest-harness.a $(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
-		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) \
-		$(CHECK_LIBS)
+		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(CURL_LIBS) $(LIBS_COMMON) \
+		$(CUDA_LIBS) $(CHECK_LIBS)
 
 $(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail \
 		$(BUILD)/tests/check_client_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
+$(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults: tests/moto.c tests/moto.h
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
 # pwrite for the whole binary, so it is linked into these alone, never into the harness archive.
 $(BUILD)/tests/check_engine_cancel $(BUILD)/tests/check_engine_fail: tests/engine_hooks.c
@@ -261,11 +263,13 @@ $(BUILD)/fuzz/proto: tests/fuzz_proto.c $(PROTO_SRC) proto/proto.h | deps
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) $(MSGPACK_LIBS)
 $(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/config_load.c daemon/log.c \
+		daemon/config_remote.c format/userfile.c \
 		format/errors.c daemon/config.h daemon/dsckptd.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_config.c daemon/config.c \
-		daemon/config_load.c daemon/log.c format/errors.c $(DEPS_CFLAGS) $(CJSON_LIBS) -lpthread
+		daemon/config_load.c daemon/config_remote.c format/userfile.c \
+		daemon/log.c format/errors.c $(DEPS_CFLAGS) $(CJSON_LIBS) -lpthread
 
 fuzz: FUZZ_SECONDS ?= 60
 fuzz: $(FUZZERS)
@@ -291,7 +295,7 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c \
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
 	tests/check_query.c tests/check_overwrite.c tests/check_client_stage.c tests/check_lock.c \
-	tests/check_waiter.c tests/check_commit.c))
+	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
@@ -367,5 +371,6 @@ clean:
 include tests/gpu/gpu.mk
 include tests/python/python.mk
 include tests/python/modern.mk
+include tests/remote.mk
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

@@ -21,7 +21,8 @@ const struct option config_options[] = {
 	  "group given the socket, whose members may connect with socket_mode 0660 (\"dsckpt\", "
 	  "made by the sysusers.d entry); \"\": the daemon's own group" },
 	{ "allowed_roots", OPT_DIRS, 1, 64, "[\"/var/lib/dsckpt\"]", OFF(allowed_roots),
-	  "absolute existing directories clients may write checkpoints under" },
+	  "absolute existing directories clients may write checkpoints under; an entry may be "
+	  "{\"path\": DIR, \"remote\": \"s3://bucket/prefix\" or \"file:///dir\"}, its remote tier" },
 	{ "host_cache_size", OPT_NUMBER, 1.0 / 1024, 4096, "4", OFF(host_cache_gib),
 	  "host cache in GiB, allocated and pinned at start; fractions allowed (0.25)" },
 	{ "chunk_size", OPT_MIB, 1, 1024, "64", OFF(chunk_bytes),
@@ -79,6 +80,21 @@ const struct option config_options[] = {
 	{ "max_recovery_mib_per_user", OPT_MIB, 1, 1048576, "256", OFF(max_recovery_bytes),
 	  "MiB of manifests, seal records and headers start-up recovery reads in one user's "
 	  "trees; past it the rest is left as it is" },
+	/* The remote tier (config_remote.c). */
+	{ "s3", OPT_S3, 0, 0, "{}", OFF(s3_endpoint),
+	  "the S3-compatible store of s3:// remotes: endpoint (\"\": AWS's of the region), region "
+	  "(\"us-east-1\"), addressing (\"virtual\" or \"path\"), credentials_file (AWS "
+	  "shared-credentials format, [default]; owned by the daemon's user, mode 0600 or 0400)" },
+	{ "upload_concurrency", OPT_UINT, 1, 256, "8", OFF(upload_concurrency),
+	  "requests one transfer to or from the remote tier keeps in flight (parts, ranges)" },
+	{ "upload_part_size", OPT_MIB, 5, 5120, "64", OFF(upload_part_bytes),
+	  "MiB of one part of an S3 multipart upload (and of one ranged read)" },
+	{ "upload_max_mib_per_s", OPT_NUMBER, 0, 1048576, "0", OFF(upload_max_mib_per_s),
+	  "MiB/s all uploads of the daemon together may send, so that they leave the trainer "
+	  "its network; 0: no cap" },
+	{ "keep_last_remote", OPT_UINT, 0, 100000, "0", OFF(keep_last_remote),
+	  "committed checkpoints kept per job in the remote tier (0 = all; never the one "
+	  "latest names)" },
 };
 const size_t config_noptions = sizeof(config_options) / sizeof(config_options[0]);
 _Static_assert(sizeof(config_options) / sizeof(config_options[0]) <= CONFIG_MAX_OPTIONS,
@@ -154,6 +170,7 @@ void config_free(struct config *cfg)
 	free(cfg->socket);
 	free(cfg->socket_group);
 	free(cfg->host);
+	config_remote_free(cfg);
 	free(cfg);
 }
 
@@ -172,7 +189,8 @@ void config_print_help(FILE *f)
 			fprintf(f, "octal string up to \"%04o\"", (unsigned)o->max);
 			break;
 		case OPT_DIRS:
-			fprintf(f, "array of %g to %g absolute directories", o->min, o->max);
+			fprintf(f, "array of %g to %g absolute directories or {path, remote}",
+				o->min, o->max);
 			break;
 		case OPT_NUMBER:
 		case OPT_MIB:
@@ -186,6 +204,9 @@ void config_print_help(FILE *f)
 			break;
 		case OPT_BOOL:
 			fprintf(f, "true or false");
+			break;
+		case OPT_S3:
+			fprintf(f, "object");
 			break;
 		}
 		fprintf(f, ", default %s\n  %-24s %s\n", o->def, "", o->help);

@@ -1,8 +1,9 @@
 /*
  * config_load.c — the JSON configuration read, parsed and validated by config.c's option
  * table into a fresh struct config (the caller swaps it in), every problem reported at once
- * and each absent key given its default. The only file that includes cJSON.h; the tree is
- * freed as soon as the values are copied out.
+ * and each absent key given its default. It and config_remote.c (the remote tier's keys)
+ * are the only files that include cJSON.h; the tree is freed as soon as the values are
+ * copied out.
  */
 #include "config.h"
 
@@ -23,8 +24,7 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 /* Appends one problem (a line) to err, truncating safely. */
-static void __attribute__((format(printf, 3, 4)))
-config_err(char *err, size_t errlen, const char *fmt, ...)
+void config_err(char *err, size_t errlen, const char *fmt, ...)
 {
 	size_t used = strnlen(err, errlen);
 	va_list ap;
@@ -82,48 +82,58 @@ static int config_dirs(struct config *cfg, const struct option *o, const cJSON *
 		return -1;
 	}
 	cfg->allowed_roots = calloc((size_t)n, sizeof(char *));
-	if (cfg->allowed_roots == NULL) {
+	cfg->root_remotes = calloc((size_t)n, sizeof(char *));
+	if (cfg->allowed_roots == NULL || cfg->root_remotes == NULL) {
 		config_err(err, errlen, "out of memory");
 		return -1;
 	}
 	cJSON_ArrayForEach(item, v) {
+		const char *name = item->valuestring;
+		char *real, *remote = NULL;
 		struct stat st;
-		char *real;
 
 		i++;
-		if (!cJSON_IsString(item)) {
-			config_err(err, errlen, "option '%s': entry %d: expected a string, got %s",
-				   o->name, i, config_json_type(item));
+		if (cJSON_IsObject(item)) {
+			if (config_root_object(i, item, &name, &remote, err, errlen) != 0) {
+				bad = 1;
+				continue;
+			}
+		} else if (!cJSON_IsString(item)) {
+			config_err(err, errlen, "option '%s': entry %d: expected a string or an "
+				   "object {\"path\", \"remote\"}, got %s", o->name, i,
+				   config_json_type(item));
 			bad = 1;
 			continue;
 		}
-		if (item->valuestring[0] != '/') {
+		if (name[0] != '/') {
 			config_err(err, errlen, "option '%s': '%s' is not an absolute path",
-				   o->name, item->valuestring);
+				   o->name, name);
+			free(remote);
 			bad = 1;
 			continue;
 		}
-		if ((real = realpath(item->valuestring, NULL)) == NULL ||
-		    stat(real, &st) != 0) {
+		if ((real = realpath(name, NULL)) == NULL || stat(real, &st) != 0) {
 			if (errno == ENOENT)
 				config_err(err, errlen, "option '%s': '%s': No such file or "
 					   "directory (create it: mkdir -p %s, or name another "
-					   "directory)", o->name, item->valuestring,
-					   item->valuestring);
+					   "directory)", o->name, name, name);
 			else
-				config_err(err, errlen, "option '%s': '%s': %s", o->name,
-					   item->valuestring, strerror(errno));
+				config_err(err, errlen, "option '%s': '%s': %s", o->name, name,
+					   strerror(errno));
+			free(remote);
 			free(real);
 			bad = 1;
 			continue;
 		}
 		if (!S_ISDIR(st.st_mode)) {
 			config_err(err, errlen, "option '%s': '%s' is not a directory", o->name,
-				   item->valuestring);
+				   name);
+			free(remote);
 			free(real);
 			bad = 1;
 			continue;
 		}
+		cfg->root_remotes[cfg->n_roots] = remote;
 		cfg->allowed_roots[cfg->n_roots++] = real;
 	}
 	return bad ? -1 : 0;
@@ -227,6 +237,12 @@ static int config_set(struct config *cfg, const struct option *o, const cJSON *v
 		}
 		*(int *)field = cJSON_IsTrue(v);
 		return 0;
+	case OPT_S3:
+		if (!cJSON_IsObject(v)) {
+			want = "an object";
+			break;
+		}
+		return config_s3(cfg, o, v, err, errlen);
 	}
 	if (cJSON_IsString(v) && (o->type == OPT_NUMBER || o->type == OPT_MIB ||
 				  o->type == OPT_UINT) && config_is_number(v->valuestring))
@@ -456,6 +472,8 @@ int config_load_text(const char *text, size_t len, struct config **out, char *er
 		config_err(err, errlen, "option 'socket': '%s' is not an absolute path", cfg->socket);
 		bad = 1;
 	}
+	if (config_remote_check(cfg, err, errlen) != 0)
+		bad = 1;
 	/* The sizes are checked even after another problem: -n names every one at once. */
 	if ((sizes_ok && config_sizes(cfg, err, errlen) != 0) || bad) {
 		config_free(cfg);

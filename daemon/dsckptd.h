@@ -15,6 +15,8 @@
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
  *             store_latest.c → retention.c → store_tag.c; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
+ *           → remote.c (a root's remote tier: remote_s3.c over libcurl, remote_file.c;
+ *             built and tested, not yet called by saves or loads)
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
@@ -158,6 +160,17 @@ struct config {
 	unsigned max_seals_per_user;
 	unsigned max_recovery_entries; /* start-up recovery's budget of one user (recover.c) */
 	uint64_t max_recovery_bytes;
+	/* The remote tier (config_remote.c reads these; remote.c uses them). */
+	char **root_remotes;       /* per allowed root: "s3://bucket/prefix", "file:///dir" or NULL */
+	char *s3_endpoint;         /* "http(s)://host[:port]"; "" for AWS's of s3_region */
+	char *s3_region;
+	int s3_virtual;            /* addressing: 1 virtual-hosted (bucket.host), 0 path */
+	char *s3_credentials_file; /* "" for none */
+	char *s3_key_id, *s3_secret, *s3_token; /* read from it; never logged (token may be NULL) */
+	unsigned upload_concurrency;   /* requests in flight per transfer */
+	uint64_t upload_part_bytes;    /* multipart part size */
+	double upload_max_mib_per_s;   /* shared by all uploads of the daemon; 0: no cap */
+	unsigned keep_last_remote;     /* committed tags kept per job in the remote tier; 0: all */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -172,6 +185,75 @@ void config_unref(struct config *cfg);
 void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);
+
+/* remote.c — a root's remote tier (DESIGN.md §9): an S3-compatible store (remote_s3.c, over
+ * libcurl: SigV4 signing, parallel requests on a multi handle) or a shared directory
+ * (remote_file.c: temporary file, fsync, rename), behind one set of blocking calls that
+ * several threads may make at once. A key is a relative path of names of [A-Za-z0-9._-]
+ * ("job/tag/rank0.safetensors"), under the remote's prefix. Errors are negative codes with
+ * one line in err: EACCES (refused: credentials, policy, permissions), ENOENT (no bucket,
+ * object or directory), EEXIST (a conditional write lost), ENOSPC (a full filesystem), EIO
+ * or ETIMEDOUT (the endpoint unreachable, a server error), EINVAL. Credentials never reach a
+ * message or a log line. */
+struct remote;
+#define REMOTE_ETAG_MAX 128
+/* Conditions of remote_put. */
+enum remote_cond {
+	REMOTE_ANY,     /* create or replace */
+	REMOTE_CREATE,  /* only if no object has the key (If-None-Match: *, O_EXCL/link) */
+	REMOTE_REPLACE  /* only if the object is still the one of etag (If-Match) */
+};
+/* Where an upload's bytes come from (the cache's resident copy, a file): read fills buf with
+ * the len bytes at off of size; 0 or a negative code. Called from the calling thread only. */
+struct remote_src {
+	int (*read)(void *arg, uint64_t off, void *buf, size_t len);
+	void *arg;
+	uint64_t size;
+};
+/* An upload left open (a multipart upload, a temporary file), as remote_list_uploads finds
+ * it; nonzero from the callback stops the listing with that value. */
+typedef int (*remote_upload_cb)(void *arg, const char *key, const char *id);
+/* Opens the remote tier url ("s3://bucket/prefix", "file:///dir") with cfg's s3 and upload
+ * keys; nothing is contacted yet. 0 or a negative code with err. */
+int remote_open(const struct config *cfg, const char *url, struct remote **out, char *err,
+		size_t errlen);
+/* Closes r (no call in flight). NULL is fine. */
+void remote_close(struct remote *r);
+/* The URL r was opened with. */
+const char *remote_url(const struct remote *r);
+/* Whether r answers: the bucket exists and the credentials work, or the directory exists
+ * and is writable; 0 or a negative code with one line in err. */
+int remote_check(struct remote *r, char *err, size_t errlen);
+/* Writes len bytes as key under cond (etag: REMOTE_REPLACE's expected version); the new
+ * version's etag into etag_out (REMOTE_ETAG_MAX bytes) when not NULL. 0 or a code. */
+int remote_put(struct remote *r, const char *key, const void *buf, size_t len, int cond,
+	       const char *etag, char *etag_out, char *err, size_t errlen);
+/* Writes src as key: S3 multipart in parallel parts past one part (aborted on failure), the
+ * file tier through a temporary file; held to upload_max_mib_per_s. 0 or a code. */
+int remote_upload(struct remote *r, const char *key, const struct remote_src *src, char *err,
+		  size_t errlen);
+/* Reads len bytes at off of key into buf, in parallel ranges; 0 or a code (ENOENT: no such
+ * key; EIO: shorter than off + len). */
+int remote_get(struct remote *r, const char *key, uint64_t off, void *buf, size_t len,
+	       char *err, size_t errlen);
+/* The size and etag (REMOTE_ETAG_MAX bytes; NULL is fine) of key; 0 or a code. */
+int remote_head(struct remote *r, const char *key, uint64_t *size, char *etag, char *err,
+		size_t errlen);
+/* Deletes key; 0 (also when it was not there) or a code. */
+int remote_delete(struct remote *r, const char *key, char *err, size_t errlen);
+/* Calls cb for each upload left open under prefix ("" for all); 0, cb's nonzero, or a
+ * code. */
+int remote_list_uploads(struct remote *r, const char *prefix, remote_upload_cb cb, void *arg,
+			char *err, size_t errlen);
+/* Aborts the upload id of key (from remote_list_uploads); 0 or a code. */
+int remote_abort(struct remote *r, const char *key, const char *id, char *err,
+		 size_t errlen);
+/* Whether a failure with code may pass if tried again later (unreachable, server error,
+ * full filesystem), as opposed to one that needs a person (credentials, missing bucket). */
+int remote_retryable(int code);
+/* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
+ * remote that does not answer in err. */
+int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {

@@ -307,10 +307,15 @@ int main(int argc, char **argv)
 	if (say[0])
 		log_info("%s", say);
 	if (check_only) {
-		printf("configuration OK\n");
+		/* The file is good; each root's remote tier must also answer. */
+		int unreachable = remote_check_roots(config, err, sizeof(err)) != 0;
+		if (unreachable)
+			print_config_errors(config_arg ? config_arg : "built-in defaults", err);
+		else
+			printf("configuration OK\n");
 		config_free(config);
 		free(found);
-		return 0;
+		return unreachable;
 	}
 	log_set_level(config->log_level);
 	/* Paths given relative to where dsckptd was started: a reload and a log file opened

@@ -8,7 +8,8 @@
 #                     msgpack-c and the CUDA runtime linked statically and libcjson.so.1 and
 #                     libxxhash.so.0 (whose XXH3 picks AVX2/AVX-512 at run time) copied into
 #                     build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
-#                     runs on a GPU node that has none of the build dependencies.
+#                     runs on a GPU node that has none of the build dependencies (dsckptd
+#                     takes libcurl.so.4 from the node: Debian's libcurl4, curl's library).
 #   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu (gpu-trainer: saves;
 #                     gpu-restore: loads from the cache and, after a restart, from files)
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
@@ -43,10 +44,15 @@ gpu-bundle:
 	@$(MAKE) --no-print-directory BUILD=$(GPU_OBJ) SAN= gpu-bundle-files
 
 # Runs inside the recursive make (BUILD=$(GPU_OBJ)); checks what each binary needs at run time.
+# dsckptd's libcurl (the remote tier) is the node's own: libcurl.so.4 and what it needs come
+# from Debian's libcurl4, which the curl command needs too; the bundle does not carry them.
 gpu-bundle-files: $(GPU_BINS) $(GPU_DIR)/lib/_match.abi3.so
-	@bad=0; for f in $(GPU_BINS); do \
+	@curl_deps=" libcurl.so.4 $$(LD_LIBRARY_PATH= ldd $$($(CC) -print-file-name=libcurl.so.4) | \
+		awk '{print $$1}' | tr '\n' ' ')"; \
+	bad=0; for f in $(GPU_BINS); do \
 		if readelf -d $$f | grep -q 'NEEDED.*libcuda\.so'; then echo "$$f needs libcuda.so" >&2; bad=1; fi; \
 		for lib in $$(LD_LIBRARY_PATH= ldd $$f | awk '{print $$1}'); do \
+			case "$$f $$curl_deps" in $(GPU_DIR)/dsckptd*" $$lib "*) continue ;; esac; \
 			case "$$lib" in linux-vdso.so.*|libc.so.6|libm.so.6|libpthread.so.0|libdl.so.2|\
 			librt.so.1|libgcc_s.so.1|libstdc++.so.6|/lib64/ld-linux-x86-64.so.2|\
 			ld-linux-x86-64.so.2|libdsckpt.so.0|libcjson.so.1|libxxhash.so.0) ;; \
@@ -84,7 +90,7 @@ $(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 \
 		$(GPU_DIR)/lib/libxxhash.so.0 $(GPU_STATIC) \
-		$(CUDA_LIBS) $(GPU_SYSLIBS)
+		$(CUDA_LIBS) $(CURL_LIBS) $(GPU_SYSLIBS)
 
 $(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@mkdir -p $(dir $@)

@@ -1,0 +1,265 @@
+/*
+ * remote.c — a root's remote tier (DESIGN.md §9) behind one small interface: it parses the
+ * URL, checks every key (only names of [A-Za-z0-9._-] between single '/', so a key can name
+ * nothing outside the prefix), holds the upload bandwidth cap shared by all calls, and
+ * dispatches to remote_s3.c or remote_file.c.
+ *
+ * Threads: every call blocks its caller and may run on any thread at once; struct remote is
+ * read-only after remote_open except the token bucket, which r->lock guards (held only to
+ * count, never while waiting).
+ */
+#include "remote_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REMOTE_KEY_MAX 1024
+
+/* Whether key is non-empty names of [A-Za-z0-9._-] between single '/', none "." or "..",
+ * none holding the file tier's temporary marker. */
+static int remote_key_ok(const char *key)
+{
+	const char *seg = key;
+
+	if (strlen(key) > REMOTE_KEY_MAX || strstr(key, ".dsckpt-upload-") != NULL)
+		return 0;
+	for (const char *p = key;; p++) {
+		if (*p == '/' || *p == '\0') {
+			size_t n = (size_t)(p - seg);
+			if (n == 0 || (n == 1 && seg[0] == '.') ||
+			    (n == 2 && seg[0] == '.' && seg[1] == '.'))
+				return 0;
+			if (*p == '\0')
+				return 1;
+			seg = p + 1;
+		} else if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+			     (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-')) {
+			return 0;
+		}
+	}
+}
+
+/* Refuses a bad key with a message; 0 when it is good. */
+static int remote_key_check(const char *key, char *err, size_t errlen)
+{
+	if (key == NULL || !remote_key_ok(key))
+		return err_set(err, errlen, ERR_EINVAL, "remote key '%s' is not names of letters, "
+			       "digits, '.', '_' and '-' between single '/'", key ? key : "(null)");
+	return 0;
+}
+
+/* Opens the remote tier url with cfg's keys; nothing is contacted yet. */
+int remote_open(const struct config *cfg, const char *url, struct remote **out, char *err,
+		size_t errlen)
+{
+	struct remote *r;
+	int rc;
+
+	*out = NULL;
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
+	snprintf(r->url, sizeof(r->url), "%s", url);
+	r->concurrency = cfg->upload_concurrency ? cfg->upload_concurrency : 1;
+	r->part_bytes = cfg->upload_part_bytes ? cfg->upload_part_bytes : 64 << 20;
+	r->file_mode = cfg->file_mode | 0600;
+	r->dir_mode = cfg->dir_mode | 0700;
+	r->rate = cfg->upload_max_mib_per_s * 1024 * 1024;
+	clock_gettime(CLOCK_MONOTONIC, &r->last);
+	pthread_mutex_init(&r->lock, NULL);
+	if (strncmp(url, "s3://", 5) == 0) {
+		const char *b = url + 5, *slash = strchr(b, '/');
+		size_t n = slash ? (size_t)(slash - b) : strlen(b);
+		if (n == 0 || n >= sizeof(r->bucket) ||
+		    (slash && (!remote_key_ok(slash + 1)))) {
+			rc = err_set(err, errlen, ERR_EINVAL, "remote '%s': not s3://bucket/prefix",
+				     url);
+			goto fail;
+		}
+		memcpy(r->bucket, b, n);
+		snprintf(r->prefix, sizeof(r->prefix), "%s", slash ? slash + 1 : "");
+		if ((rc = remote_s3_open(r, cfg, err, errlen)) != 0)
+			goto fail;
+	} else if (strncmp(url, "file:///", 8) == 0 && remote_key_ok(url + 8) &&
+		   strlen(url + 7) < sizeof(r->prefix)) {
+		snprintf(r->prefix, sizeof(r->prefix), "%s", url + 7);
+		r->ops = &remote_file_ops;
+	} else {
+		rc = err_set(err, errlen, ERR_EINVAL, "remote '%s': expected s3://bucket/prefix or "
+			     "file:///directory", url);
+		goto fail;
+	}
+	*out = r;
+	return 0;
+fail:
+	pthread_mutex_destroy(&r->lock);
+	free(r);
+	return rc;
+}
+
+/* Closes r. */
+void remote_close(struct remote *r)
+{
+	if (r == NULL)
+		return;
+	if (r->ops->close)
+		r->ops->close(r);
+	pthread_mutex_destroy(&r->lock);
+	free(r);
+}
+
+/* The URL r was opened with. */
+const char *remote_url(const struct remote *r)
+{
+	return r->url;
+}
+
+/* Waits until n more bytes may be uploaded: the bucket refills at r->rate and holds at most
+ * a second of it; a caller takes its bytes at once and waits out any debt it leaves. */
+void remote_throttle(struct remote *r, size_t n)
+{
+	struct timespec now;
+	double wait;
+
+	if (r->rate <= 0)
+		return;
+	pthread_mutex_lock(&r->lock);
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	r->tokens += r->rate * ((double)(now.tv_sec - r->last.tv_sec) +
+				(double)(now.tv_nsec - r->last.tv_nsec) / 1e9);
+	if (r->tokens > r->rate)
+		r->tokens = r->rate;
+	r->last = now;
+	r->tokens -= (double)n;
+	wait = r->tokens < 0 ? -r->tokens / r->rate : 0;
+	pthread_mutex_unlock(&r->lock);
+	if (wait > 0) {
+		struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+	}
+}
+
+/* Whether r answers. */
+int remote_check(struct remote *r, char *err, size_t errlen)
+{
+	return r->ops->check(r, err, errlen);
+}
+
+/* Reads from a buffer (remote_put's source). */
+static int remote_buf_read(void *arg, uint64_t off, void *buf, size_t len)
+{
+	memcpy(buf, (const char *)arg + off, len);
+	return 0;
+}
+
+/* Writes len bytes as key under cond. */
+int remote_put(struct remote *r, const char *key, const void *buf, size_t len, int cond,
+	       const char *etag, char *etag_out, char *err, size_t errlen)
+{
+	struct remote_src src = { remote_buf_read, (void *)buf, len };
+	int rc;
+
+	if ((rc = remote_key_check(key, err, errlen)) != 0)
+		return rc;
+	if (cond == REMOTE_REPLACE && (etag == NULL || etag[0] == '\0' ||
+				       strlen(etag) >= REMOTE_ETAG_MAX || strpbrk(etag, "\r\n")))
+		return err_set(err, errlen, ERR_EINVAL, "a conditional replace needs the etag of "
+			       "the version it replaces");
+	if (etag_out)
+		etag_out[0] = '\0';
+	return r->ops->put(r, key, &src, cond, etag, etag_out, err, errlen);
+}
+
+/* Writes src as key. */
+int remote_upload(struct remote *r, const char *key, const struct remote_src *src, char *err,
+		  size_t errlen)
+{
+	int rc = remote_key_check(key, err, errlen);
+
+	return rc ? rc : r->ops->upload(r, key, src, err, errlen);
+}
+
+/* Reads len bytes at off of key into buf. */
+int remote_get(struct remote *r, const char *key, uint64_t off, void *buf, size_t len,
+	       char *err, size_t errlen)
+{
+	int rc = remote_key_check(key, err, errlen);
+
+	if (rc == 0 && off + len < off)
+		rc = err_set(err, errlen, ERR_EINVAL, "range past 2^64");
+	return rc ? rc : len == 0 ? 0 : r->ops->get(r, key, off, buf, len, err, errlen);
+}
+
+/* The size and etag of key. */
+int remote_head(struct remote *r, const char *key, uint64_t *size, char *etag, char *err,
+		size_t errlen)
+{
+	char tmp[REMOTE_ETAG_MAX];
+	int rc = remote_key_check(key, err, errlen);
+
+	return rc ? rc : r->ops->head(r, key, size, etag ? etag : tmp, err, errlen);
+}
+
+/* Deletes key. */
+int remote_delete(struct remote *r, const char *key, char *err, size_t errlen)
+{
+	int rc = remote_key_check(key, err, errlen);
+
+	return rc ? rc : r->ops->del(r, key, err, errlen);
+}
+
+/* Calls cb for each upload left open under prefix. */
+int remote_list_uploads(struct remote *r, const char *prefix, remote_upload_cb cb, void *arg,
+			char *err, size_t errlen)
+{
+	int rc = prefix[0] ? remote_key_check(prefix, err, errlen) : 0;
+
+	return rc ? rc : r->ops->list_uploads(r, prefix, cb, arg, err, errlen);
+}
+
+/* Aborts the upload id of key. */
+int remote_abort(struct remote *r, const char *key, const char *id, char *err, size_t errlen)
+{
+	int rc = remote_key_check(key, err, errlen);
+
+	if (rc == 0 && (id[0] == '\0' || strlen(id) > 1024 || strpbrk(id, "\r\n")))
+		rc = err_set(err, errlen, ERR_EINVAL, "'%s' is not an upload id", id);
+	return rc ? rc : r->ops->abort(r, key, id, err, errlen);
+}
+
+/* Whether a failure with code may pass if tried again later. */
+int remote_retryable(int code)
+{
+	return code == ERR_EIO || code == ERR_ETIMEDOUT || code == ERR_EBUSY ||
+	       code == ERR_ENOSPC || code == ERR_ENOMEM;
+}
+
+/* Checks the remote tier of every root of cfg, one line per remote that does not answer. */
+int remote_check_roots(const struct config *cfg, char *err, size_t errlen)
+{
+	size_t used = 0;
+	int bad = 0;
+
+	if (errlen > 0)
+		err[0] = '\0';
+	for (size_t i = 0; i < cfg->n_roots; i++) {
+		struct remote *r = NULL;
+		char why[ERRLEN];
+		if (cfg->root_remotes == NULL || cfg->root_remotes[i] == NULL)
+			continue;
+		why[0] = '\0';
+		if (remote_open(cfg, cfg->root_remotes[i], &r, why, sizeof(why)) == 0)
+			remote_check(r, why, sizeof(why));
+		remote_close(r);
+		if (why[0] == '\0')
+			continue;
+		bad = 1;
+		if (used + 1 < errlen)
+			used += (size_t)snprintf(err + used, errlen - used, "%sroot %s: %s",
+						 used ? "\n" : "", cfg->allowed_roots[i], why);
+		if (used >= errlen)
+			used = errlen - 1;
+	}
+	return bad ? -1 : 0;
+}

@@ -1,0 +1,72 @@
+/*
+ * moto.h — moto's standalone S3 server for the remote tier's suites: started on 127.0.0.1
+ * by a test ($MOTO_SERVER, else build/venv-moto/bin/moto_server, which make check installs
+ * through tests/remote.mk), dying with the process that started it; and requests to it
+ * signed with made-up keys (moto checks signatures only when told to, and routes by the
+ * signature's service: "iam" for a path of "/", else "s3").
+ */
+#ifndef DSCKPT_TESTS_MOTO_H
+#define DSCKPT_TESTS_MOTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define MIB (1024u * 1024u)
+/* The made-up credentials the suites' configs carry (never to be seen in a log). */
+#define KEY_ID "AKIDCHECKREMOTES3"
+#define SECRET "check/remote/s3+SECRETvalue0123456789"
+#define TOKEN "TOKENcheckremotes3session"
+
+struct config;
+struct remote;
+
+/* A moto server of the test's own. */
+struct moto {
+	pid_t pid;
+	int port;
+	char log[300];
+};
+
+/* The moto_server to run, or NULL (then the tests say SKIP). */
+const char *moto_path(void);
+/* A TCP port nothing listens on now (bound, then closed). */
+int free_port(void);
+/* Starts moto on port (0: a free one), with IAM authentication after auth_after requests
+ * when auth_after >= 0; waits until it answers. 0, or -1 (it did not come up in 120 s). */
+int moto_start(struct moto *m, int port, int auth_after);
+/* Kills moto (SIGKILL: a server gone at once, mid-request). */
+void moto_kill(struct moto *m);
+/* One request to moto at port (path with its query; body POSTed when not NULL), its answer
+ * into out (bounded; NULL: dropped): the HTTP status, 0 when none came. */
+long raw(int port, const char *method, const char *path, const char *body, char *out,
+	 size_t outlen);
+/* Makes bucket on moto at port (fails the test otherwise). */
+void make_bucket(int port, const char *bucket);
+
+
+/* ---- what the S3 suites share ---- */
+
+/* A config for remote_open: moto at port, path (or virtual-hosted: localhost) addressing,
+ * KEY_ID/SECRET/TOKEN, 4 requests in flight, 5 MiB parts. */
+struct config *test_cfg(int port, int virtual_hosted);
+/* Opens remote url with c (fails the test otherwise). */
+struct remote *open_remote(struct config *c, const char *url);
+/* Reads from a memory buffer (arg): an upload's source. */
+int mem_read(void *arg, uint64_t off, void *buf, size_t len);
+/* Counts uploads a listing finds (and remembers the last). */
+struct found {
+	int n;
+	char key[256], id[1100];
+};
+/* remote_list_uploads' callback: counts into a struct found. */
+int count_upload(void *arg, const char *key, const char *id);
+/* How many uploads are open under r (the last in f). */
+int open_uploads(struct remote *r, struct found *f);
+/* Sends this process's stderr (the log, at debug level) to a new temporary file made from
+ * path (a mkstemp template); the saved stderr. */
+int capture_begin(char *path);
+/* Puts stderr back: what was logged (malloc'd), the file removed. */
+char *capture_end(char *path, int saved);
+
+#endif
