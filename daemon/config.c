@@ -1,10 +1,13 @@
 /*
  * config.c — the configuration's options: one table (name, type, range, default, help) that
  * config_load.c parses, defaults and validates by, and --help prints; the nearest option to a
- * mistyped key; a configuration's references. Reading the JSON is config_load.c's.
+ * mistyped key; a problem appended to an error text; a configuration's references and its
+ * freeing. Reading the JSON is config_load.c's.
  */
 #include "config.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -145,6 +148,23 @@ const char *config_suggest(const char *key)
 	return best <= limit ? name : NULL;
 }
 
+/* Appends one problem (a line) to err, truncating safely. */
+void config_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	size_t used = strnlen(err, errlen);
+	va_list ap;
+
+	if (used + 1 >= errlen)
+		return;
+	if (used > 0) {
+		err[used++] = '\n';
+		err[used] = '\0';
+	}
+	va_start(ap, fmt);
+	vsnprintf(err + used, errlen - used, fmt, ap);
+	va_end(ap);
+}
+
 /* Takes a reference to cfg for work that outlives a reload (loop thread); returns cfg. */
 struct config *config_ref(struct config *cfg)
 {
@@ -159,7 +179,16 @@ void config_unref(struct config *cfg)
 		config_free(cfg);
 }
 
-/* Frees a config, whatever its references. */
+/* Frees a secret after wiping it. */
+static void config_wipe(char *s)
+{
+	if (s) {
+		explicit_bzero(s, strlen(s));
+		free(s);
+	}
+}
+
+/* Frees a config, whatever its references; the remote tier's secrets are wiped first. */
 void config_free(struct config *cfg)
 {
 	if (cfg == NULL)
@@ -170,7 +199,15 @@ void config_free(struct config *cfg)
 	free(cfg->socket);
 	free(cfg->socket_group);
 	free(cfg->host);
-	config_remote_free(cfg);
+	for (size_t i = 0; cfg->root_remotes && i < cfg->n_roots; i++)
+		free(cfg->root_remotes[i]);
+	free(cfg->root_remotes);
+	free(cfg->s3_endpoint);
+	free(cfg->s3_region);
+	free(cfg->s3_credentials_file);
+	config_wipe(cfg->s3_key_id);
+	config_wipe(cfg->s3_secret);
+	config_wipe(cfg->s3_token);
 	free(cfg);
 }
 

@@ -46,7 +46,7 @@ const char *config_suggest(const char *key);
 
 /* config_remote.c — the remote tier's keys: a root's {"path", "remote"} object, the "s3"
  * object, the credentials file. Problems are appended to err as config_load.c's are. */
-/* Appends one problem (a line) to err (config_load.c). */
+/* Appends one problem (a line) to err (config.c). */
 void config_err(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Entry i (from 1) of allowed_roots given as an object (a cJSON *): its "path" into *path
@@ -60,7 +60,5 @@ int config_s3(struct config *cfg, const struct option *o, const void *v, char *e
 /* What holds across keys: an s3:// remote needs credentials, which are read (the file
  * owned by the daemon's user, private to it); 0 or -1 with err. */
 int config_remote_check(struct config *cfg, char *err, size_t errlen);
-/* Frees the remote tier's fields, wiping the secrets. */
-void config_remote_free(struct config *cfg);
 
 #endif /* DSCKPTD_CONFIG_H */

@@ -23,23 +23,6 @@
 #define MIB (1024.0 * 1024.0)
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-/* Appends one problem (a line) to err, truncating safely. */
-void config_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	size_t used = strnlen(err, errlen);
-	va_list ap;
-
-	if (used + 1 >= errlen)
-		return;
-	if (used > 0) {
-		err[used++] = '\n';
-		err[used] = '\0';
-	}
-	va_start(ap, fmt);
-	vsnprintf(err + used, errlen - used, fmt, ap);
-	va_end(ap);
-}
-
 /* Name of a JSON value's type, for messages. */
 static const char *config_json_type(const cJSON *v)
 {

@@ -323,26 +323,3 @@ int config_remote_check(struct config *cfg, char *err, size_t errlen)
 	}
 	return 0;
 }
-
-/* Frees a secret after wiping it. */
-static void config_wipe(char *s)
-{
-	if (s) {
-		explicit_bzero(s, strlen(s));
-		free(s);
-	}
-}
-
-/* Frees the remote tier's fields, wiping the secrets. */
-void config_remote_free(struct config *cfg)
-{
-	for (size_t i = 0; cfg->root_remotes && i < cfg->n_roots; i++)
-		free(cfg->root_remotes[i]);
-	free(cfg->root_remotes);
-	free(cfg->s3_endpoint);
-	free(cfg->s3_region);
-	free(cfg->s3_credentials_file);
-	config_wipe(cfg->s3_key_id);
-	config_wipe(cfg->s3_secret);
-	config_wipe(cfg->s3_token);
-}

@@ -47,7 +47,7 @@ struct remote {
 	struct timespec last;
 };
 
-/* Waits until n more bytes may be uploaded under the cap (any thread). */
+/* remote_cap.c: waits until n more bytes may be uploaded under the cap (any thread). */
 void remote_throttle(struct remote *r, size_t n);
 
 /* remote_s3.c: opens the S3 tier of r (bucket and prefix set) with cfg's s3 keys. */
