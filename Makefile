@@ -238,8 +238,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) \
 		$(CHECK_LIBS)
 
-$(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail \
-		$(BUILD)/tests/check_client_load: tests/fake_peer.c tests/fake_peer.h
+$(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
+		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
 # pwrite for the whole binary, so it is linked into these alone, never into the harness archive.

@@ -1,5 +1,5 @@
 /*
- * check_client_load.c — libdsckpt's loads. Against the scripted fake daemon (fake_peer.c):
+ * check_lib_load.c — libdsckpt's loads. Against the scripted fake daemon (fake_peer.c):
  * what goes on the wire (zero-copy blocks, staged destinations copied out only once LOADED,
  * frames under the limit, a refused or failed load repeated, aborts, calls out of order).
  * End to end against a real dsckptd: files saved and loaded back into dsckpt_host_alloc and
@@ -577,9 +577,9 @@ START_TEST(test_load_checksum)
 END_TEST
 
 /* The suite: the fake peer's cases, then the real daemon's. */
-static Suite *client_load_suite(void)
+static Suite *lib_load_suite(void)
 {
-	Suite *s = suite_create("client_load");
+	Suite *s = suite_create("lib_load");
 	TCase *tc = tcase_create("fake-peer");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_fake_load);
@@ -598,5 +598,5 @@ static Suite *client_load_suite(void)
 /* Runs the suite; non-zero on failure. */
 int main(void)
 {
-	return h_run_suite(client_load_suite(), NULL);
+	return h_run_suite(lib_load_suite(), NULL);
 }

@@ -1,5 +1,5 @@
 /*
- * check_client_save.c — libdsckpt's data path against a scripted fake daemon (fake_peer.c):
+ * check_lib_save.c — libdsckpt's data path against a scripted fake daemon (fake_peer.c):
  * a whole save (zero-copy host blocks, staged memory, blobs in pieces, small blobs with the
  * end), freed blocks unregistered, huge saves split into frames, no GPU without a driver,
  * batches of tensors, deferred saves (one frame for a whole save), the run id HELLO carries.
@@ -493,9 +493,9 @@ START_TEST(test_fake_early)
 END_TEST
 
 /* The suite. */
-static Suite *client_save_suite(void)
+static Suite *lib_save_suite(void)
 {
-	Suite *s = suite_create("client_save");
+	Suite *s = suite_create("lib_save");
 	TCase *tc = tcase_create("fake-peer");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_fake_save);
@@ -513,5 +513,5 @@ static Suite *client_save_suite(void)
 /* Runs the suite; non-zero on failure. */
 int main(void)
 {
-	return h_run_suite(client_save_suite(), NULL);
+	return h_run_suite(lib_save_suite(), NULL);
 }
