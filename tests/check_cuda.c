@@ -4,6 +4,7 @@
  * On a machine with a GPU the same calls name an unknown UUID (ERR_ENOENT) instead.
  */
 #include "../daemon/dsckptd.h"
+#include "harness.h"
 
 #include <check.h>
 #include <errno.h>
@@ -206,14 +207,4 @@ static Suite *cuda_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(cuda_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+CHECK_MAIN(cuda_suite)

@@ -207,8 +207,4 @@ static Suite *daemon_errors_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_errors_suite(), unmount_small);
-}
+CHECK_MAIN_BEFORE_RM(daemon_errors_suite, unmount_small)

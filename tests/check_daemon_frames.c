@@ -765,8 +765,4 @@ static Suite *daemon_frames_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_frames_suite(), NULL);
-}
+CHECK_MAIN(daemon_frames_suite)

@@ -263,12 +263,15 @@ START_TEST(test_config_errors_once)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *daemon_start_suite(void)
 {
 	Suite *s = suite_create("daemon start");
 	h_add_case(s, "background ready", test_background_ready, 120, 1);
 	h_add_case(s, "reload relative", test_reload_relative, 120, 1);
 	h_add_case(s, "background failure", test_background_failure, 120, 1);
 	h_add_case(s, "config errors once", test_config_errors_once, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(daemon_start_suite)

@@ -849,8 +849,4 @@ static Suite *hostile_budget_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_budget_suite(), NULL);
-}
+CHECK_MAIN(hostile_budget_suite)

@@ -180,10 +180,13 @@ START_TEST(test_sealed_dst)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *hostile_load_suite(void)
 {
 	Suite *s = suite_create("hostile load");
 	h_add_case(s, "steal", test_steal, 60, 1);
 	h_add_case(s, "sealed destination", test_sealed_dst, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(hostile_load_suite)

@@ -288,8 +288,4 @@ static Suite *hostile_privacy_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_privacy_suite(), NULL);
-}
+CHECK_MAIN(hostile_privacy_suite)

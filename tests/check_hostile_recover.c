@@ -581,8 +581,4 @@ static Suite *hostile_recover_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_recover_suite(), NULL);
-}
+CHECK_MAIN(hostile_recover_suite)

@@ -618,7 +618,8 @@ START_TEST(test_lock_dir)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *hostile_squat_suite(void)
 {
 	Suite *s = suite_create("hostile squat");
 	h_add_case(s, "lock squat", test_lock_squat, 90, 1);
@@ -626,5 +627,7 @@ int main(void)
 	h_add_case(s, "user daemon", test_user_daemon, 120, 1);
 	h_add_case(s, "socket dir", test_socket_dir, 90, 1);
 	h_add_case(s, "lock dir", test_lock_dir, 90, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(hostile_squat_suite)

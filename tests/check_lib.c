@@ -263,8 +263,4 @@ static Suite *lib_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(lib_suite(), NULL);
-}
+CHECK_MAIN(lib_suite)

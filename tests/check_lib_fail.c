@@ -187,8 +187,4 @@ static Suite *lib_fail_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(lib_fail_suite(), NULL);
-}
+CHECK_MAIN(lib_fail_suite)

@@ -595,8 +595,4 @@ static Suite *lib_load_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(lib_load_suite(), NULL);
-}
+CHECK_MAIN(lib_load_suite)

@@ -510,8 +510,4 @@ static Suite *lib_save_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(lib_save_suite(), NULL);
-}
+CHECK_MAIN(lib_save_suite)

@@ -649,7 +649,8 @@ START_TEST(test_load_few_chunks)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *load_suite(void)
 {
 	Suite *s = suite_create("load");
 	h_add_case(s, "file", test_load_file, 60, 1);
@@ -666,5 +667,7 @@ int main(void)
 	h_add_case(s, "units_hot", test_load_units_hot, 60, 1);
 	h_add_case(s, "units_corrupt", test_load_units_corrupt, 120, 1);
 	h_add_case(s, "few_chunks", test_load_few_chunks, 120, 3);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(load_suite)

@@ -514,8 +514,4 @@ static Suite *metrics_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(metrics_suite(), unmount_small);
-}
+CHECK_MAIN_BEFORE_RM(metrics_suite, unmount_small)

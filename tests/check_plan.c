@@ -582,8 +582,4 @@ static Suite *plan_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(plan_suite(), NULL);
-}
+CHECK_MAIN(plan_suite)

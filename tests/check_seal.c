@@ -412,7 +412,4 @@ static Suite *seal_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(seal_suite(), NULL);
-}
+CHECK_MAIN(seal_suite)

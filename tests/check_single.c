@@ -223,7 +223,8 @@ START_TEST(test_shared_root)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *single_suite(void)
 {
 	Suite *s = suite_create("single");
 	TCase *tc = tcase_create("single");
@@ -231,5 +232,7 @@ int main(void)
 	tcase_add_test(tc, test_same_config);
 	tcase_add_test(tc, test_shared_root);
 	suite_add_tcase(s, tc);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(single_suite)

@@ -117,11 +117,14 @@ START_TEST(test_unknown_group)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *socket_group_suite(void)
 {
 	Suite *s = suite_create("socket group");
 	h_add_case(s, "socket_group", test_socket_group, 60, 1);
 	h_add_case(s, "group root", test_group_root, 60, 1);
 	h_add_case(s, "unknown group", test_unknown_group, 30, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(socket_group_suite)

@@ -197,10 +197,13 @@ START_TEST(test_root_defaults)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *user_daemon_suite(void)
 {
 	Suite *s = suite_create("user daemon");
 	h_add_case(s, "user daemon", test_user_daemon, 120, 1);
 	h_add_case(s, "root defaults", test_root_defaults, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(user_daemon_suite)

@@ -95,6 +95,17 @@ void h_add_case(Suite *s, const char *name, const TTest *t, int timeout, int loo
  * status.
  */
 int h_run_suite(Suite *s, void (*before_rm)(const struct hdaemon *d));
+/*
+ * A suite binary's main: runs suite_fn()'s suite through h_run_suite (Check's runner prints
+ * its summary; CK_FORK as set) and exits 0, or 1 when a test failed. CHECK_MAIN_BEFORE_RM
+ * also gives h_run_suite its before_rm.
+ */
+#define CHECK_MAIN_BEFORE_RM(suite_fn, before_rm)                                              \
+	int main(void)                                                                         \
+	{                                                                                      \
+		return h_run_suite(suite_fn(), before_rm);                                     \
+	}
+#define CHECK_MAIN(suite_fn) CHECK_MAIN_BEFORE_RM(suite_fn, NULL)
 /* Cleans up what the last test's daemon left (see h_run_suite). */
 void h_leftovers(void);
 
