@@ -286,7 +286,7 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
 	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c \
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
-	tests/check_query.c))
+	tests/check_query.c tests/check_quota.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
