@@ -38,12 +38,7 @@ static int r_load(int fd, const char *dir, const char *file, uint64_t n, struct 
 	pack_u8(&o.pk, "t", 1, 0, n);
 	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 10000)) != 0)
 		return rc;
-	out_map(&o, PROTO_LOAD_WAIT, 2);
-	proto_kv_u64(&o.pk, "load", (uint64_t)load);
-	proto_kv_i64(&o.pk, "timeout_ms", 20000);
-	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 30000)) != 0)
-		return rc;
-	return res->v == 2 ? 0 : DSCKPT_EFAILED;
+	return r_load_wait(fd, load, res);
 }
 
 /* Attacker of test_steal: a save of its own into jobA/t1, then links to the victim's file

@@ -24,12 +24,6 @@
 
 #define MAX_SERIES 512
 
-/* Before a failed test's scratch directory goes: unmounts the disk-full tmpfs. */
-static void unmount_small(const struct hdaemon *d)
-{
-	umount2(h_path("%s/small", d->root), MNT_DETACH);
-}
-
 /* ---- the exposition format ---- */
 
 /* Length of the metric or label name at s ([a-zA-Z_:][a-zA-Z0-9_:]*, no ':' in a label). */
@@ -514,4 +508,4 @@ static Suite *metrics_suite(void)
 	return s;
 }
 
-CHECK_MAIN_BEFORE_RM(metrics_suite, unmount_small)
+CHECK_MAIN_BEFORE_RM(metrics_suite, d_unmount_small)

@@ -352,23 +352,6 @@ START_TEST(test_big)
 }
 END_TEST
 
-/* Registers a 4096-byte memfd as host region id on fd. */
-static void raw_region(int fd, uint64_t id)
-{
-	struct proto_out o;
-	int mfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-	ck_assert_int_ge(mfd, 0);
-	ck_assert_int_eq(ftruncate(mfd, 4096), 0);
-	out_map(&o, PROTO_REGION_ADD, 3);
-	proto_kv_u64(&o.pk, "region", id);
-	proto_kv_str(&o.pk, "kind", "host");
-	proto_kv_u64(&o.pk, "size", 4096);
-	ck_assert_int_eq(raw_send(fd, &o, 1, &mfd, 1), 0);
-	close(mfd);
-	raw_expect_reply(fd, NULL);
-}
-
 /* PLAN_ADD of plan id with one U8 tensor name of n bytes at region; the reply's code. */
 static int raw_plan(int fd, uint64_t id, const char *name, uint64_t region, uint64_t n)
 {

@@ -101,6 +101,31 @@ char *h_read_file(const char *path, size_t *len)
 	return buf;
 }
 
+/* The whole text of a file, read to its end, at most 64 KiB; "" if missing; static. */
+const char *h_text(const char *path)
+{
+	static char buf[65536];
+	FILE *f = fopen(path, "r");
+	size_t n = 0;
+
+	if (f) {
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
+/* Whether the file at path holds words. */
+int h_file_has(const char *path, const char *words)
+{
+	char *text = h_read_file(path, NULL);
+	int has = text && strstr(text, words);
+
+	free(text);
+	return has;
+}
+
 /* ---- shared by the suites: connecting, waiting, paths, byte patterns, cases ---- */
 
 /* Connects a Unix stream socket to path; the fd, or -errno. */

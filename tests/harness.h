@@ -58,6 +58,11 @@ void h_daemon_note(const struct hdaemon *d);
 char *h_read_file(const char *path, size_t *len);
 /* Whether path exists. */
 int h_exists(const char *path);
+/* The whole text of a file, read to its end (also /proc's, whose size says 0), at most 64 KiB;
+ * "" if missing. A static buffer. */
+const char *h_text(const char *path);
+/* Whether the file at path holds words. */
+int h_file_has(const char *path, const char *words);
 /*
  * Makes sure a system user exists (useradd -r -M -s /usr/sbin/nologin name, only when
  * getpwnam does not know it) and gives its uid and gid. Returns 0, or -1 when that is not

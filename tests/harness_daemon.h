@@ -32,6 +32,12 @@ void d_stop(void);
 /* A 4 MiB tmpfs at D->root/small (a full disk): its path, or NULL after SKIP and d_stop when
  * this process cannot mount. */
 const char *d_small_disk(void);
+/* Before a failed test's scratch directory goes: unmounts d_small_disk's tmpfs under d's root
+ * (h_run_suite's before_rm, CHECK_MAIN_BEFORE_RM). */
+void d_unmount_small(const struct hdaemon *d);
+/* Plants root/job/t1/rank9.safetensors.partial, naming no host and an hour old, that any
+ * start-up recovery removes: its path (a static buffer). */
+const char *d_plant_bait(const char *root);
 
 /* ---- reading results back ---- */
 
