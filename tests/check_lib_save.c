@@ -15,14 +15,6 @@
 #include "fake_peer.h"
 #include "harness.h"
 
-/* Microseconds on the monotonic clock. */
-static double now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
 /* The environment variables libdsckpt takes a run id from. */
 static const char *const run_vars[] = {"DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
 				       "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "PMIX_NAMESPACE",
@@ -142,9 +134,9 @@ START_TEST(test_fake_save)
 	ck_assert_int_eq(dsckpt_add_blob(s, "empty", NULL, 0), 0);
 	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, 0), DSCKPT_ESTATE);
 
-	double t0 = now_us();
+	double t0 = h_now_us();
 	ck_assert_int_eq(dsckpt_save_end(s), 0);
-	double took = now_us() - t0;
+	double took = h_now_us() - t0;
 	ck_assert_msg(took < 20000, "save_end took %.0f us", took);
 
 	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_ESTATE);

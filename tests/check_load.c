@@ -199,15 +199,6 @@ static void check_dst(const struct dst *d, const struct spec *t, size_t n, uint6
 	}
 }
 
-/* Whether every byte of [p, p+n) is still the 0xee sentinel. */
-static int untouched(const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != 0xee)
-			return 0;
-	return 1;
-}
-
 /* Loads dir/file's t[0..n) into a fresh region; returns the source the daemon chose. */
 static const char *load_all(const char *dir, const char *file, const struct spec *t, size_t n,
 			    uint64_t seed)
@@ -268,7 +259,7 @@ START_TEST(test_load_subset)
 	ck_assert_int_eq(raw_send(d.fd, &o, 0, NULL, 0), 0);
 	raw_expect_reply(d.fd, "level");
 	ck_assert_int_eq(load_wait(d.fd, id, -1, NULL, msg), 2);
-	ck_assert(untouched(d.p, 4096));
+	ck_assert(h_all_bytes(d.p, 4096, 0xee));
 	ck_assert_uint_eq(h_pattern_diff(d.p + 4096, 1000, 8), 1000);
 	dst_close(&d);
 	d_stop();
@@ -304,7 +295,7 @@ START_TEST(test_load_mismatch)
 		      strstr(msg, "'a': dtype BF16 given, F32 in the file") &&
 		      strstr(msg, "'c': shape [1048576, 5] given, [5242880] in the file") &&
 		      strstr(msg, "'b': named twice"), "message: %s", msg);
-	ck_assert(untouched(d.p, d.size));
+	ck_assert(h_all_bytes(d.p, d.size, 0xee));
 	/* The load is gone; the connection goes on. */
 	int code = 0;
 	struct proto_out o;

@@ -206,6 +206,24 @@ size_t h_pattern_diff(const void *buf, size_t n, uint64_t seed)
 	return n;
 }
 
+/* Whether n bytes at p all hold byte. */
+int h_all_bytes(const void *p, size_t n, uint8_t byte)
+{
+	for (size_t i = 0; i < n; i++)
+		if (((const uint8_t *)p)[i] != byte)
+			return 0;
+	return 1;
+}
+
+/* Microseconds on the monotonic clock. */
+double h_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
 /* Adds a test case with the leftovers fixture. */
 void h_add_case(Suite *s, const char *name, const TTest *t, int timeout, int loops)
 {

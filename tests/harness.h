@@ -84,6 +84,10 @@ const char *h_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void h_pattern_fill(void *buf, size_t n, uint64_t seed);
 /* Index of the first byte of buf that differs from seed's pattern, or n. */
 size_t h_pattern_diff(const void *buf, size_t n, uint64_t seed);
+/* Whether each of the n bytes at p is byte (memory nothing was to write into). */
+int h_all_bytes(const void *p, size_t n, uint8_t byte);
+/* Microseconds on the monotonic clock, for what a test prints. */
+double h_now_us(void);
 
 /*
  * Adds a test case named name to s: test t looped over [0, loops), timeout seconds, with

@@ -269,6 +269,18 @@ dsckpt_save_t *save_pattern(dsckpt_conn_t *c, const char *dir, const char *file,
 	return s;
 }
 
+/* Saves a pattern file and waits until it is durable. */
+void save_durable(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
+		  uint64_t seed)
+{
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, file, n, seed, &mem);
+
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+}
+
 /* Saves a small pattern file into dir, waits DURABLE and commits dir (world 1). */
 void save_and_commit(dsckpt_conn_t *c, const char *dir, uint64_t seed)
 {

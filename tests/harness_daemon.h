@@ -93,6 +93,9 @@ void wait_level(dsckpt_conn_t *c, dsckpt_save_t *s, int level, int timeout_ms);
  */
 dsckpt_save_t *save_pattern(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
 			    uint64_t seed, void **mem);
+/* Saves n bytes of seed's pattern as dir/file, waits until DURABLE and frees the save. */
+void save_durable(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
+		  uint64_t seed);
 /* n U8 tensors "p.<i>" of *shape bytes each, one after another in mem (names kept in
  * names), for plans. */
 void plan_specs(dsckpt_tensor_t *t, char (*names)[16], int n, const int64_t *shape,
