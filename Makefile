@@ -240,8 +240,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(CURL_LIBS) $(LIBS_COMMON) \
 		$(CUDA_LIBS) $(CHECK_LIBS)
 
-$(BUILD)/tests/check_client_save $(BUILD)/tests/check_client_fail \
-		$(BUILD)/tests/check_client_load: tests/fake_peer.c tests/fake_peer.h
+$(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
+		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults: tests/moto.c tests/moto.h
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
@@ -294,8 +294,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_store_latest.c tests/check_seal.c tests/check_single.c tests/check_resident.c \
 	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c \
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
-	tests/check_query.c tests/check_overwrite.c tests/check_client_stage.c tests/check_lock.c \
-	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c))
+	tests/check_query.c tests/check_overwrite.c tests/check_lib_stage.c tests/check_lock.c \
+	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

@@ -6,6 +6,7 @@
  */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
+#include "harness_unit.h"
 
 #include <check.h>
 #include <pthread.h>
@@ -30,14 +31,6 @@ static void setup(void)
 	log_init("check_cache", LOG_LVL_ERROR);
 }
 
-/* Makes a cache or fails the test. */
-static struct cache *mkcache(uint64_t bytes, uint64_t chunk)
-{
-	struct cache *c;
-	ck_assert_msg(cache_create(bytes, chunk, NULL, &c, err, sizeof(err)) == 0, "%s", err);
-	return c;
-}
-
 /* Sleeps ms milliseconds. */
 static void sleep_ms(long ms)
 {
@@ -48,7 +41,7 @@ static void sleep_ms(long ms)
 /* Every chunk handed out is aligned, in the mapping, apart from the others, then back. */
 START_TEST(test_get_put_all)
 {
-	struct cache *c = mkcache(4 * MIB, MIB);
+	struct cache *c = h_mkcache(4 * MIB, MIB);
 	unsigned char *base = cache_base(c);
 	void *chunks[4];
 
@@ -85,11 +78,11 @@ END_TEST
 /* The tail that is no whole chunk is dropped; bad geometries and huge sizes are refused. */
 START_TEST(test_geometry)
 {
-	struct cache *c = mkcache(5 * MIB + 100, MIB); /* the tail that is no chunk is dropped */
+	struct cache *c = h_mkcache(5 * MIB + 100, MIB); /* the tail that is no chunk is dropped */
 	ck_assert_uint_eq(cache_total(c), 5 * MIB);
 	cache_destroy(c);
 
-	c = mkcache(4096, 4096);
+	c = h_mkcache(4096, 4096);
 	ck_assert_uint_eq(cache_total(c), 4096);
 	cache_destroy(c);
 
@@ -125,7 +118,7 @@ static void *waiter_run(void *arg)
 /* cache_get waits while every chunk is out and takes the one put back. */
 START_TEST(test_get_blocks_until_put)
 {
-	struct waiter w = { .c = mkcache(2 * MIB, MIB), .node = -1 };
+	struct waiter w = { .c = h_mkcache(2 * MIB, MIB), .node = -1 };
 	void *a = cache_get(w.c, -1), *b = cache_get(w.c, -1);
 	pthread_t t;
 
@@ -145,7 +138,7 @@ END_TEST
 /* cache_shutdown wakes every waiter empty-handed; chunks still come back after it. */
 START_TEST(test_shutdown_wakes_waiters)
 {
-	struct cache *c = mkcache(MIB, 256 * 1024);
+	struct cache *c = h_mkcache(MIB, 256 * 1024);
 	struct waiter w[3];
 	pthread_t t[3];
 	void *chunks[4];
@@ -194,7 +187,7 @@ static int hook_hold(struct cache *c)
  * dropped after a failed save puts its chunks back just so. */
 START_TEST(test_put_during_evict)
 {
-	struct waiter w = { .c = mkcache(2 * MIB, MIB), .node = -1 };
+	struct waiter w = { .c = h_mkcache(2 * MIB, MIB), .node = -1 };
 	void *a = cache_get(w.c, -1), *b = cache_get(w.c, -1);
 	pthread_t t;
 
@@ -225,7 +218,7 @@ END_TEST
 /* Putting back memory that is not the cache's aborts. */
 START_TEST(test_put_foreign_aborts)
 {
-	struct cache *c = mkcache(2 * MIB, MIB);
+	struct cache *c = h_mkcache(2 * MIB, MIB);
 	static char other[4096];
 	cache_put(c, other);
 }
@@ -234,7 +227,7 @@ END_TEST
 /* Putting back a pointer inside a chunk, not its start, aborts. */
 START_TEST(test_put_misaligned_aborts)
 {
-	struct cache *c = mkcache(2 * MIB, MIB);
+	struct cache *c = h_mkcache(2 * MIB, MIB);
 	unsigned char *p = cache_get(c, -1);
 	cache_put(c, p + 4096);
 }
@@ -243,7 +236,7 @@ END_TEST
 /* Putting back a chunk twice aborts. */
 START_TEST(test_put_twice_aborts)
 {
-	struct cache *c = mkcache(2 * MIB, MIB);
+	struct cache *c = h_mkcache(2 * MIB, MIB);
 	void *p = cache_get(c, -1);
 	cache_put(c, p);
 	cache_put(c, p);
@@ -253,7 +246,7 @@ END_TEST
 /* Destroying the cache with a chunk still out aborts. */
 START_TEST(test_destroy_in_use_aborts)
 {
-	struct cache *c = mkcache(2 * MIB, MIB);
+	struct cache *c = h_mkcache(2 * MIB, MIB);
 	ck_assert_ptr_nonnull(cache_get(c, -1));
 	cache_destroy(c);
 }
@@ -321,7 +314,7 @@ START_TEST(test_numa_two_pools)
 	void *chunks[8];
 
 	fake_sysfs(dir, sizeof(dir), "0-1\n", cpus, 2);
-	struct cache *c = mkcache(8 * 65536, 65536);
+	struct cache *c = h_mkcache(8 * 65536, 65536);
 	ck_assert_uint_eq(cache_pools(c), 2);
 	ck_assert_uint_eq(cache_total(c), 8 * 65536);
 	expect_pool(c, 0, 0, 4 * 65536, 0);
@@ -374,7 +367,7 @@ START_TEST(test_numa_wait_any_pool)
 	void *chunks[2];
 
 	fake_sysfs(dir, sizeof(dir), "0-1", cpus, 2);
-	struct waiter w = { .c = mkcache(2 * 65536, 65536), .node = 1 };
+	struct waiter w = { .c = h_mkcache(2 * 65536, 65536), .node = 1 };
 	pthread_t t;
 
 	ck_assert_uint_eq(cache_pools(w.c), 2);
@@ -404,14 +397,14 @@ START_TEST(test_numa_nodes_with_cpus)
 	char dir[256];
 
 	fake_sysfs(dir, sizeof(dir), "0,2-3", cpus, 4);
-	struct cache *c = mkcache(5 * 65536, 65536);
+	struct cache *c = h_mkcache(5 * 65536, 65536);
 	ck_assert_uint_eq(cache_pools(c), 2);
 	expect_pool(c, 0, 0, 3 * 65536, 0);
 	expect_pool(c, 1, 3, 2 * 65536, 0);
 	cache_destroy(c);
 
 	/* Fewer chunks than nodes: at most one pool per chunk (one chunk: not split). */
-	c = mkcache(65536, 65536);
+	c = h_mkcache(65536, 65536);
 	ck_assert_uint_eq(cache_pools(c), 1);
 	expect_pool(c, 0, -1, 65536, 0);
 	cache_destroy(c);
@@ -429,7 +422,7 @@ START_TEST(test_numa_single)
 
 	for (unsigned i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
 		fake_sysfs(dir, sizeof(dir), lists[i], cpus, 1);
-		struct cache *c = mkcache(4 * 65536, 65536);
+		struct cache *c = h_mkcache(4 * 65536, 65536);
 		ck_assert_uint_eq(cache_pools(c), 1);
 		expect_pool(c, 0, -1, 4 * 65536, 0);
 		void *p = cache_tryget(c, 0);
@@ -439,7 +432,7 @@ START_TEST(test_numa_single)
 		h_rm_rf(dir);
 	}
 	cache_set_sysfs("/nonexistent");
-	struct cache *c = mkcache(4 * 65536, 65536);
+	struct cache *c = h_mkcache(4 * 65536, 65536);
 	ck_assert_uint_eq(cache_pools(c), 1);
 	cache_destroy(c);
 	cache_set_sysfs(NULL);
@@ -456,7 +449,7 @@ START_TEST(test_numa_bound)
 	int mode = -1;
 
 	fake_sysfs(dir, sizeof(dir), "0-1", cpus, 2);
-	struct cache *c = mkcache(4 * 65536, 65536);
+	struct cache *c = h_mkcache(4 * 65536, 65536);
 	ck_assert_uint_eq(cache_pools(c), 2);
 	ck_assert_int_eq(syscall(SYS_get_mempolicy, &mode, &mask, 64 + 1, cache_base(c),
 				 MPOL_F_ADDR), 0);
@@ -517,12 +510,4 @@ static Suite *cache_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(cache_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed != 0;
-}
+CHECK_MAIN(cache_suite)

@@ -250,7 +250,4 @@ static Suite *crash_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(crash_suite(), NULL);
-}
+CHECK_MAIN(crash_suite)

@@ -510,8 +510,4 @@ static Suite *ctl_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(ctl_suite(), NULL);
-}
+CHECK_MAIN(ctl_suite)

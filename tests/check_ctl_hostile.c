@@ -261,8 +261,4 @@ static Suite *ctl_hostile_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(ctl_hostile_suite(), NULL);
-}
+CHECK_MAIN(ctl_hostile_suite)

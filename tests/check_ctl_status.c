@@ -135,11 +135,14 @@ START_TEST(test_json_errors)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *ctl_status_suite(void)
 {
 	Suite *s = suite_create("ctl status");
 	h_add_case(s, "status bytes", test_status_bytes, 60, 1);
 	h_add_case(s, "list roots", test_list_roots, 60, 1);
 	h_add_case(s, "json errors", test_json_errors, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(ctl_status_suite)

@@ -336,14 +336,15 @@ START_TEST(test_prune)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *ctl_tools_suite(void)
 {
 	Suite *s = suite_create("ctl tools");
 	h_add_case(s, "verify file", test_verify_file, 60, 1);
 	h_add_case(s, "info", test_info, 60, 1);
 	h_add_case(s, "rm", test_rm, 90, 1);
 	h_add_case(s, "prune", test_prune, 90, 1);
-	int rc = h_run_suite(s, NULL);
-	free(out);
-	return rc;
+	return s;
 }
+
+CHECK_MAIN(ctl_tools_suite)

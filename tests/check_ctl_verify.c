@@ -528,8 +528,4 @@ static Suite *ctl_verify_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(ctl_verify_suite(), NULL);
-}
+CHECK_MAIN(ctl_verify_suite)

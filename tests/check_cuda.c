@@ -4,6 +4,8 @@
  * On a machine with a GPU the same calls name an unknown UUID (ERR_ENOENT) instead.
  */
 #include "../daemon/dsckptd.h"
+#include "harness.h"
+#include "harness_unit.h"
 
 #include <check.h>
 #include <errno.h>
@@ -57,21 +59,6 @@ static struct source *host_source(void)
 	ck_assert_int_eq(ftruncate(fd, 4096), 0);
 	ck_assert_int_eq(source_host_open(fd, 4096, &s, err, sizeof(err)), 0);
 	return s;
-}
-
-/* Reads a source at once, as a copy thread does: through a copier, then its sync. */
-static int read_src(struct source *s, uint64_t off, void *dst, uint64_t len, char *e,
-		    size_t elen)
-{
-	struct copier *cp;
-	int rc = copier_new(&cp, e, elen);
-
-	if (rc < 0)
-		return rc;
-	rc = copier_read(cp, s, off, dst, len, e, elen);
-	int rs = copier_sync(cp, rc < 0 ? NULL : e, elen);
-	copier_free(cp);
-	return rc < 0 ? rc : rs;
 }
 
 /* Whether fd is closed. */
@@ -176,10 +163,10 @@ START_TEST(test_register_host)
 	ck_assert_ptr_ne(buf, MAP_FAILED);
 	memset(buf, 1, len);
 	gpu_register_host(buf, len);
-	ck_assert_int_eq(read_src(s, 0, buf, 4096, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, 0, buf, 4096, err, sizeof(err)), 0);
 	ck_assert_int_eq(buf[0], 0); /* the memfd is zeros */
 	ck_assert_int_eq(buf[4096], 1);
-	ck_assert_int_lt(read_src(s, 1, buf, 4096, err, sizeof(err)), 0);
+	ck_assert_int_lt(h_read_src(s, 1, buf, 4096, err, sizeof(err)), 0);
 	ck_assert_msg(strstr(err, "past its 4096 bytes") != NULL, "err: %s", err);
 	gpu_unregister_host(buf);
 	gpu_unregister_host(NULL);
@@ -206,14 +193,4 @@ static Suite *cuda_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(cuda_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+CHECK_MAIN(cuda_suite)

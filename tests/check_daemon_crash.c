@@ -165,8 +165,4 @@ static Suite *daemon_crash_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_crash_suite(), NULL);
-}
+CHECK_MAIN(daemon_crash_suite)

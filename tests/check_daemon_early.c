@@ -215,7 +215,4 @@ static Suite *early_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(early_suite(), NULL);
-}
+CHECK_MAIN(early_suite)

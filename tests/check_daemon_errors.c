@@ -13,12 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Before a failed test's scratch directory goes: unmounts the disk-full tmpfs. */
-static void unmount_small(const struct hdaemon *d)
-{
-	umount2(h_path("%s/small", d->root), MNT_DETACH);
-}
-
 /* ---- tests ---- */
 
 /* Directories outside the roots, with "..", relative, or through a symlink: refused. */
@@ -207,8 +201,4 @@ static Suite *daemon_errors_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_errors_suite(), unmount_small);
-}
+CHECK_MAIN_BEFORE_RM(daemon_errors_suite, d_unmount_small)

@@ -38,22 +38,6 @@ static void raw_expect_fatal(int fd, int want, int want2)
 		      dsckpt_err_name(code), dsckpt_err_name(want));
 	raw_expect_closed(fd);
 }
-/* Registers a host region (a 4096-byte memfd) as id 1 on fd. */
-static void raw_region(int fd)
-{
-	struct proto_out o;
-	int mfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	ck_assert_int_ge(mfd, 0);
-	ck_assert_int_eq(ftruncate(mfd, 4096), 0);
-	out_map(&o, PROTO_REGION_ADD, 3);
-	proto_kv_u64(&o.pk, "region", 1);
-	proto_kv_str(&o.pk, "kind", "host");
-	proto_kv_u64(&o.pk, "size", 4096);
-	ck_assert_int_eq(raw_send(fd, &o, 1, &mfd, 1), 0);
-	close(mfd);
-	raw_expect_reply(fd, NULL);
-}
-
 /* A trainer connection with region 1 and an open save; returns the fd, save id in *save. */
 static int raw_trainer_save(uint64_t *save)
 {
@@ -61,7 +45,7 @@ static int raw_trainer_save(uint64_t *save)
 	int fd = raw_connect();
 
 	raw_hello(fd);
-	raw_region(fd);
+	raw_region(fd, 1);
 	out_map(&o, PROTO_SAVE_BEGIN, 2);
 	proto_kv_str(&o.pk, "dir", h_path("%s/raw/t1", D->root));
 	proto_kv_str(&o.pk, "file", h_path("f%llu", (unsigned long long)raw_next_id));
@@ -382,7 +366,7 @@ static int whole_conn(int region)
 	int fd = raw_connect();
 	raw_hello(fd);
 	if (region)
-		raw_region(fd);
+		raw_region(fd, 1);
 	return fd;
 }
 
@@ -570,7 +554,7 @@ static const char *raw_saved_file(void)
 	int fd = raw_connect();
 
 	raw_hello(fd);
-	raw_region(fd);
+	raw_region(fd, 1);
 	out_map(&o, PROTO_SAVE_BEGIN, 2);
 	proto_kv_str(&o.pk, "dir", h_path("%s/raw/t1", D->root));
 	proto_kv_str(&o.pk, "file", "loadme");
@@ -600,7 +584,7 @@ static uint64_t raw_load(int *fd, const char *file)
 
 	*fd = raw_connect();
 	raw_hello(*fd);
-	raw_region(*fd);
+	raw_region(*fd, 1);
 	out_map(&o, PROTO_LOAD_BEGIN, 2);
 	proto_kv_str(&o.pk, "dir", h_path("%s/raw/t1", D->root));
 	proto_kv_str(&o.pk, "file", file);
@@ -765,8 +749,4 @@ static Suite *daemon_frames_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_frames_suite(), NULL);
-}
+CHECK_MAIN(daemon_frames_suite)

@@ -212,8 +212,4 @@ static Suite *daemon_ops_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_ops_suite(), NULL);
-}
+CHECK_MAIN(daemon_ops_suite)

@@ -402,8 +402,4 @@ static Suite *daemon_save_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(daemon_save_suite(), NULL);
-}
+CHECK_MAIN(daemon_save_suite)

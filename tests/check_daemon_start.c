@@ -64,33 +64,17 @@ static int __attribute__((format(printf, 1, 2))) bg_run(const char *fmt, ...)
 	return rc;
 }
 
-/* The whole text of a file, read to its end (also /proc's, whose size says 0), at most 64 KiB;
- * "" if missing. A static buffer. */
-static const char *text(const char *path)
-{
-	static char buf[65536];
-	FILE *f = fopen(path, "r");
-	size_t n = 0;
-
-	if (f) {
-		n = fread(buf, 1, sizeof(buf) - 1, f);
-		fclose(f);
-	}
-	buf[n] = '\0';
-	return buf;
-}
-
 /* The pid in bg.dir/d.pid (0 when missing). */
 static pid_t bg_pid(void)
 {
-	return (pid_t)atoi(text(h_path("%s/d.pid", bg.dir)));
+	return (pid_t)atoi(h_text(h_path("%s/d.pid", bg.dir)));
 }
 
 /* Waits (at most SOON_MS) until file holds words; whether it does. */
 static int wait_text(const char *file, const char *words)
 {
 	for (int ms = 0; ms < SOON_MS; ms += 20) {
-		if (strstr(text(file), words))
+		if (strstr(h_text(file), words))
 			return 1;
 		h_sleep_ms(20);
 	}
@@ -126,7 +110,7 @@ START_TEST(test_background_ready)
 	bg_config();
 	int rc = bg_run("-c dsckptd.json --pidfile d.pid --log d.log");
 	ck_assert_msg(rc == 0, "dsckptd exited %d: %s", rc,
-		      text(h_path("%s/term.out", bg.dir)));
+		      h_text(h_path("%s/term.out", bg.dir)));
 	pid_t pid = bg_pid();
 	ck_assert_int_gt(pid, 0);
 	bg.pid = pid;
@@ -137,7 +121,7 @@ START_TEST(test_background_ready)
 	close(fd);
 	ck_assert_int_eq(h_system("'%s' -s '%s' status >/dev/null", h_bin("dsckptctl"),
 				  bg.socket), 0);
-	ck_assert_str_eq(text(h_path("/proc/%d/comm", (int)pid)), "dsckptd\n");
+	ck_assert_str_eq(h_text(h_path("/proc/%d/comm", (int)pid)), "dsckptd\n");
 	char link[256];
 	for (int i = 0; i <= 2; i++) {
 		ssize_t n = readlink(h_path("/proc/%d/fd/%d", (int)pid, i), link, sizeof(link) - 1);
@@ -146,10 +130,10 @@ START_TEST(test_background_ready)
 		ck_assert_msg(strcmp(link, "/dev/null") == 0, "fd %d of the daemon is %s", i, link);
 	}
 	const char *term = h_path("%s/term.out", bg.dir);
-	ck_assert_msg(strstr(text(term), "ready on"), "the terminal did not see the start: %s",
-		      text(term));
-	ck_assert_msg(strstr(text(term), "the log goes to "), "%s", text(term));
-	ck_assert_msg(strstr(text(bg.log), "ready on"), "log: %s", text(bg.log));
+	ck_assert_msg(strstr(h_text(term), "ready on"), "the terminal did not see the start: %s",
+		      h_text(term));
+	ck_assert_msg(strstr(h_text(term), "the log goes to "), "%s", h_text(term));
+	ck_assert_msg(strstr(h_text(bg.log), "ready on"), "log: %s", h_text(bg.log));
 
 	/* A save through the library, on the socket the command left ready. */
 	dsckpt_conn_t *c = NULL;
@@ -161,11 +145,11 @@ START_TEST(test_background_ready)
 	/* A second daemon on the same config: its error, then status 1, pid file untouched. */
 	ck_assert_int_eq(h_system("cd '%s' && : >term.out", bg.dir), 0);
 	rc = bg_run("-c dsckptd.json");
-	ck_assert_msg(rc == 1, "a second dsckptd exited %d: %s", rc, text(term));
+	ck_assert_msg(rc == 1, "a second dsckptd exited %d: %s", rc, h_text(term));
 	char words[64];
 	snprintf(words, sizeof(words), "another dsckptd (pid %d)", (int)pid);
-	ck_assert_msg(strstr(text(term), words), "the second dsckptd said: %s",
-		      text(term));
+	ck_assert_msg(strstr(h_text(term), words), "the second dsckptd said: %s",
+		      h_text(term));
 	ck_assert_int_eq(bg_pid(), pid);
 	bg_stop();
 }
@@ -185,18 +169,18 @@ START_TEST(test_reload_relative)
 	ck_assert_int_eq(kill(bg.pid, SIGHUP), 0);
 	const char *words = h_path("configuration reloaded from %s/./dsckptd.json", bg.dir);
 	ck_assert_msg(wait_text(bg.log, words), "no '%s' in the log: %s", words,
-		      text(bg.log));
+		      h_text(bg.log));
 	const char *term = h_path("%s/term.out", bg.dir);
-	ck_assert_msg(!strstr(text(term), "reloaded"), "the terminal got: %s",
-		      text(term));
+	ck_assert_msg(!strstr(h_text(term), "reloaded"), "the terminal got: %s",
+		      h_text(term));
 
 	FILE *f = fopen(bg.config, "w");
 	fprintf(f, "{\"flush_thread\": 2, \"keep_last\": -1}\n");
 	fclose(f);
 	ck_assert_int_eq(kill(bg.pid, SIGHUP), 0);
 	ck_assert_msg(wait_text(bg.log, "keeping the old configuration"), "%s",
-		      text(bg.log));
-	const char *line = strstr(text(bg.log), "reload of ");
+		      h_text(bg.log));
+	const char *line = strstr(h_text(bg.log), "reload of ");
 	ck_assert_ptr_nonnull(line);
 	char one[1024];
 	snprintf(one, sizeof(one), "%.*s", (int)strcspn(line, "\n"), line);
@@ -222,9 +206,9 @@ START_TEST(test_background_failure)
 	fclose(f);
 	const char *term = h_path("%s/term.out", bg.dir);
 	int rc = bg_run("-c nodir.json");
-	ck_assert_msg(rc == 1, "dsckptd exited %d: %s", rc, text(term));
-	ck_assert_msg(strstr(text(term), "none") && strstr(text(term), "not starting"),
-		      "the command said: %s", text(term));
+	ck_assert_msg(rc == 1, "dsckptd exited %d: %s", rc, h_text(term));
+	ck_assert_msg(strstr(h_text(term), "none") && strstr(h_text(term), "not starting"),
+		      "the command said: %s", h_text(term));
 	ck_assert_int_eq(waitpid(-1, NULL, WNOHANG), -1);	/* no child left behind */
 	ck_assert_int_eq(bg_run("-c nodir.json -p d.pid"), 1);
 	ck_assert(!h_exists(h_path("%s/d.pid", bg.dir)));
@@ -232,7 +216,7 @@ START_TEST(test_background_failure)
 	ck_assert_int_eq(bg_run("-c dsckptd.json -p d.pid"), 0);
 	bg.pid = bg_pid();
 	h_daemon_note(&bg);
-	ck_assert_msg(strstr(text(term), "the log goes to syslog"), "%s", text(term));
+	ck_assert_msg(strstr(h_text(term), "the log goes to syslog"), "%s", h_text(term));
 	bg_stop();
 }
 END_TEST
@@ -246,7 +230,7 @@ START_TEST(test_config_errors_once)
 	fprintf(f, "{\"socket\": \"/x\",\n oops}\n");
 	fclose(f);
 	ck_assert_int_eq(bg_run("-n -c bad.json"), 1);
-	ck_assert_str_eq(text(term), "dsckptd: bad.json: JSON syntax error at line 2, "
+	ck_assert_str_eq(h_text(term), "dsckptd: bad.json: JSON syntax error at line 2, "
 			 "column 3\n");
 	f = fopen(h_path("%s/bad.json", bg.dir), "w");
 	fprintf(f, "{\"allowed_roots\": [\"%s\"], \"host_cache_size\": \"2\","
@@ -254,7 +238,7 @@ START_TEST(test_config_errors_once)
 	fclose(f);
 	ck_assert_int_eq(h_system("cd '%s' && : >term.out", bg.dir), 0);
 	ck_assert_int_eq(bg_run("-n -c bad.json"), 1);
-	ck_assert_str_eq(text(term),
+	ck_assert_str_eq(h_text(term),
 			 "dsckptd: bad.json: option 'host_cache_size': expected a number, got the "
 			 "string \"2\" (write 2 without quotes)\n"
 			 "dsckptd: bad.json: unknown option 'keep_lats' (did you mean "
@@ -263,12 +247,15 @@ START_TEST(test_config_errors_once)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *daemon_start_suite(void)
 {
 	Suite *s = suite_create("daemon start");
 	h_add_case(s, "background ready", test_background_ready, 120, 1);
 	h_add_case(s, "reload relative", test_reload_relative, 120, 1);
 	h_add_case(s, "background failure", test_background_failure, 120, 1);
 	h_add_case(s, "config errors once", test_config_errors_once, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(daemon_start_suite)

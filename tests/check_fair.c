@@ -207,8 +207,4 @@ static Suite *fair_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(fair_suite(), NULL);
-}
+CHECK_MAIN(fair_suite)

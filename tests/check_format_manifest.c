@@ -178,8 +178,4 @@ static Suite *format_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(format_suite(), NULL);
-}
+CHECK_MAIN(format_suite)

@@ -73,12 +73,15 @@ START_TEST(test_malformed)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *format_seal_suite(void)
 {
 	Suite *s = suite_create("format seal");
 	TCase *tc = tcase_create("seal");
 	tcase_add_test(tc, test_round_trip);
 	tcase_add_test(tc, test_malformed);
 	suite_add_tcase(s, tc);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(format_seal_suite)

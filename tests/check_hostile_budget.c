@@ -117,14 +117,7 @@ static int load_finish(int fd, int64_t load, uint64_t n, struct res *res)
 	}
 	if ((rc = r_call(fd, &o, 0, NULL, NULL, res, 20000)) != 0)
 		return rc;
-	out_map(&o, PROTO_LOAD_WAIT, 2);
-	proto_kv_u64(&o.pk, "load", (uint64_t)load);
-	proto_kv_i64(&o.pk, "timeout_ms", 20000);
-	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 30000)) != 0)
-		return rc;
-	if (res->v != DSCKPT_LOADED)
-		snprintf(res->msg, sizeof(res->msg), "level %lld", (long long)res->v);
-	return res->v == DSCKPT_LOADED ? 0 : DSCKPT_EFAILED;
+	return r_load_wait(fd, load, res);
 }
 
 /* Makes D->root/jobA/t1 the attacker's (a tag directory of its own). */
@@ -337,6 +330,36 @@ END_TEST
 
 #define HUGE_TENSORS 1600000  /* a header of 93 MB, just below safetensors' limit */
 
+/* One request of a flood, the i-th on fd: 0 when accepted, else the refusal's code (r says
+ * why). */
+typedef int (*flood_step)(int fd, int i, const void *arg, struct res *r);
+
+/* Sends steps on fd until one is refused, at most max: the number accepted in n[slot], the
+ * refusal's code and message in slot, the daemon's RSS growth meanwhile (MiB) in n[slot + 1]. */
+static void flood(int fd, pid_t daemon, int slot, int max, flood_step step, const void *arg)
+{
+	struct res r;
+	double rss0 = rss_mib(daemon);
+
+	for (int i = 0; i < max; i++) {
+		if ((B->rc[slot] = step(fd, i, arg, &r)) != 0) {
+			say(slot, 0, "%s", r.msg);
+			break;
+		}
+		B->n[slot]++;
+	}
+	B->n[slot + 1] = (long long)(rss_mib(daemon) - rss0);
+}
+
+/* A flood's step: a LOAD_BEGIN of arg/pad, kept open. */
+static int load_pad(int fd, int i, const void *arg, struct res *r)
+{
+	int64_t id = load_begin(fd, arg, "pad", r);
+
+	(void)i;
+	return id < 0 ? (int)id : 0;
+}
+
 /*
  * Attacker of test_header_floods: (a) one open load of a header of BIG_TENSORS tensors (rc[2],
  * n[2] the daemon's RSS growth in MiB with it open); (b) a 93 MB header of 1.6 million
@@ -375,17 +398,7 @@ static int atk_headers(void *arg)
 	B->t[1] = now_s() - t0;
 	B->n[1] = (long long)(rss_mib(daemon) - rss0);
 	say(1, 0, "%s", r.msg);
-	rss0 = rss_mib(daemon);
-	for (int i = 0; i < 64; i++) {
-		int64_t l = load_begin(fd, dir, "pad", &r);
-		if (l < 0) {
-			B->rc[3] = (int)l;
-			say(3, 0, "%s", r.msg);
-			break;
-		}
-		B->n[3]++;
-	}
-	B->n[4] = (long long)(rss_mib(daemon) - rss0);
+	flood(fd, daemon, 3, 64, load_pad, dir);
 	close(fd);
 	return 0;
 }
@@ -452,6 +465,22 @@ static int add_zero(int fd, int plan, uint64_t id, long n, const char *prefix, s
 	return 0;
 }
 
+/* A flood's step: plan i + 1 of ZERO_TENSORS zero-byte tensors. */
+static int zero_plan(int fd, int i, const void *arg, struct res *r)
+{
+	(void)arg;
+	return add_zero(fd, 1, (uint64_t)i + 1, ZERO_TENSORS, "z", r);
+}
+
+/* A flood's step: a save of jobA/t1, file f<i>, of ZERO_TENSORS zero-byte tensors, not ended. */
+static int zero_save(int fd, int i, const void *arg, struct res *r)
+{
+	int64_t save = r_begin(fd, h_path("%s/jobA/t1", D->root), h_path("f%d", i), r);
+
+	(void)arg;
+	return save < 0 ? (int)save : add_zero(fd, 0, (uint64_t)save, ZERO_TENSORS, "z", r);
+}
+
 /*
  * Attacker of test_tensor_floods: plans of ZERO_TENSORS zero-byte tensors until refused (64
  * at most; n[1] made, rc[1] and slot 1 the refusal, n[2] RSS growth), then, those plans
@@ -467,31 +496,11 @@ static int atk_tensors(void *arg)
 	(void)arg;
 	if (fd < 0 || mfd < 0 || r_region(fd, 1, mfd, 4096, &r) < 0)
 		return say(5, 1, "HELLO/REGION_ADD: %s", r.msg);
-	double rss0 = rss_mib(daemon);
-	for (int p = 1; p <= 64; p++) {
-		if ((B->rc[1] = add_zero(fd, 1, (uint64_t)p, ZERO_TENSORS, "z", &r)) != 0) {
-			say(1, 0, "%s", r.msg);
-			break;
-		}
-		B->n[1]++;
-	}
-	B->n[2] = (long long)(rss_mib(daemon) - rss0);
+	flood(fd, daemon, 1, 64, zero_plan, NULL);
 	close(fd);	/* its plans go with it */
 	if ((fd = r_trainer("jobA", &r)) < 0 || r_region(fd, 1, mfd, 4096, &r) < 0)
 		return say(5, 2, "HELLO/REGION_ADD again: %s", r.msg);
-	rss0 = rss_mib(daemon);
-	for (int s = 0; s < 32; s++) {
-		int64_t save = r_begin(fd, h_path("%s/jobA/t1", D->root), h_path("f%d", s), &r);
-		if (save < 0 || (B->rc[3] = add_zero(fd, 0, (uint64_t)save, ZERO_TENSORS, "z",
-						    &r)) != 0) {
-			if (save < 0)
-				B->rc[3] = (int)save;
-			say(3, 0, "%s", r.msg);
-			break;
-		}
-		B->n[3]++;
-	}
-	B->n[4] = (long long)(rss_mib(daemon) - rss0);
+	flood(fd, daemon, 3, 32, zero_save, NULL);
 	close(fd);
 	return 0;
 }
@@ -849,8 +858,4 @@ static Suite *hostile_budget_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_budget_suite(), NULL);
-}
+CHECK_MAIN(hostile_budget_suite)

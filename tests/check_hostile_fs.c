@@ -409,8 +409,4 @@ static Suite *hostile_fs_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_fs_suite(), NULL);
-}
+CHECK_MAIN(hostile_fs_suite)

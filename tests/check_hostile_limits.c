@@ -317,8 +317,4 @@ static Suite *hostile_limits_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_limits_suite(), NULL);
-}
+CHECK_MAIN(hostile_limits_suite)

@@ -38,12 +38,7 @@ static int r_load(int fd, const char *dir, const char *file, uint64_t n, struct 
 	pack_u8(&o.pk, "t", 1, 0, n);
 	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 10000)) != 0)
 		return rc;
-	out_map(&o, PROTO_LOAD_WAIT, 2);
-	proto_kv_u64(&o.pk, "load", (uint64_t)load);
-	proto_kv_i64(&o.pk, "timeout_ms", 20000);
-	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 30000)) != 0)
-		return rc;
-	return res->v == 2 ? 0 : DSCKPT_EFAILED;
+	return r_load_wait(fd, load, res);
 }
 
 /* Attacker of test_steal: a save of its own into jobA/t1, then links to the victim's file
@@ -180,10 +175,13 @@ START_TEST(test_sealed_dst)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *hostile_load_suite(void)
 {
 	Suite *s = suite_create("hostile load");
 	h_add_case(s, "steal", test_steal, 60, 1);
 	h_add_case(s, "sealed destination", test_sealed_dst, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(hostile_load_suite)

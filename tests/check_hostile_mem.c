@@ -348,8 +348,4 @@ static Suite *hostile_mem_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_mem_suite(), NULL);
-}
+CHECK_MAIN(hostile_mem_suite)

@@ -185,16 +185,6 @@ START_TEST(test_pending_private)
 }
 END_TEST
 
-/* Child of test_socket_group: execs dsckptctl status on the test daemon's socket, its
- * output and errors into the pipe *arg. */
-static int exec_status(void *arg)
-{
-	dup2(*(const int *)arg, 1);
-	dup2(*(const int *)arg, 2);
-	execl(h_bin("dsckptctl"), "dsckptctl", "-s", D->socket, "status", (char *)NULL);
-	return 126;
-}
-
 /* A user outside the socket's group (mode 0660, group root) is told that group root is no
  * group to join (socket_group is), not to check whether dsckptd is running. */
 START_TEST(test_socket_group)
@@ -209,7 +199,7 @@ START_TEST(test_socket_group)
 	ck_assert_int_eq(chmod(D->socket, 0660), 0);	/* socket_mode "0660", group root */
 	ck_assert_int_eq(pipe(p), 0);
 	fflush(stdout);
-	pid_t pid = as_user_spawn(ATK, exec_status, &p[1], 20);
+	pid_t pid = as_user_spawn(ATK, exec_ctl_status, &p[1], 20);
 	close(p[1]);
 	while (len < sizeof(out) - 1 && (k = read(p[0], out + len, sizeof(out) - 1 - len)) > 0)
 		len += (size_t)k;
@@ -288,8 +278,4 @@ static Suite *hostile_privacy_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_privacy_suite(), NULL);
-}
+CHECK_MAIN(hostile_privacy_suite)

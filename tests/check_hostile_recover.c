@@ -372,20 +372,13 @@ START_TEST(test_fifo_commit_term)
 }
 END_TEST
 
-/* Attacker: saves jobA/t1, takes an exclusive lock on its job directory and keeps it, then
- * sends a COMMIT of jobA/t1; rc[1]: its answer (DSCKPT_ETIMEDOUT: none within 30 s). */
-static int atk_lock_commit(void *arg)
+/* Attacker's end: COMMITs t1 as jobA's trainer (F_SENT), keeps the answer in rc[1]
+ * (DSCKPT_ETIMEDOUT: none within 30 s) (F_DONE) and waits for F_STOP; 0, or say's code. */
+static int atk_commit_answer(const char *t1)
 {
-	const char *t1 = h_path("%s/jobA/t1", D->root);
 	struct res r;
-	int rc;
-
-	if ((rc = atk_save(3, "jobA", t1, "rank0", 0)) != 0)
-		return rc;
-	int jfd = open(h_path("%s/jobA", D->root), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (jfd < 0 || flock(jfd, LOCK_EX) < 0)
-		return say(3, 1, "locking jobA: %s", strerror(errno));
 	int fd = r_trainer("jobA", &r);
+
 	if (fd < 0)
 		return say(3, 2, "HELLO: %s", r.msg);
 	r_commit_send(fd, t1);
@@ -397,29 +390,56 @@ static int atk_lock_commit(void *arg)
 	return 0;
 }
 
+/* Starts the daemon and the attacker (atk, as ATK, for at most limit_s), SIGTERMs the daemon
+ * half a second after its COMMIT of jobA/t1 was sent (within sent_ms): the daemon must exit
+ * within 15 s, and the COMMIT be answered with an error and leave no manifest. which says
+ * which COMMIT, in what is printed and in failures. */
+static void commit_then_term(const char *which, int (*atk)(void *), int limit_s, int sent_ms)
+{
+	char what[160];
+
+	snprintf(what, sizeof(what), "%s", which);	/* which may be an h_path buffer */
+	hd_start(CACHE_8M, NULL);
+	pid_t ap = as_user_spawn(ATK, atk, NULL, limit_s);
+	ck_assert_msg(flag_wait(F_SENT, sent_ms), "the attacker sent no COMMIT: %s", B->msg[3]);
+	h_sleep_ms(500);
+	double took = term_within(15);
+	int done = flag_wait(F_DONE, 30000);
+	printf("SIGTERM during a COMMIT %s: %s %.1f s; the COMMIT: %s '%s'\n", what,
+	       took >= 0 ? "exited in" : "NOT OUT after", took >= 0 ? took : 15.0,
+	       code_name(B->rc[1]), B->msg[1]);
+	flag_set(F_STOP);
+	as_user_wait(ap);
+	ck_assert_msg(took >= 0, "dsckptd did not exit within 15 s of SIGTERM during a COMMIT %s",
+		      what);
+	ck_assert_msg(done && B->rc[1] < 0 && B->rc[1] != DSCKPT_ETIMEDOUT,
+		      "the COMMIT %s was answered %s '%s'; want an error", what,
+		      code_name(B->rc[1]), B->msg[1]);
+	ck_assert(!h_exists(h_path("%s/jobA/t1/MANIFEST.json", D->root)));
+	h_daemon_stop(D);
+}
+
+/* Attacker: saves jobA/t1, takes an exclusive lock on its job directory and keeps it, then
+ * sends a COMMIT of jobA/t1; rc[1]: its answer (DSCKPT_ETIMEDOUT: none within 30 s). */
+static int atk_lock_commit(void *arg)
+{
+	const char *t1 = h_path("%s/jobA/t1", D->root);
+	int rc;
+
+	if ((rc = atk_save(3, "jobA", t1, "rank0", 0)) != 0)
+		return rc;
+	int jfd = open(h_path("%s/jobA", D->root), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (jfd < 0 || flock(jfd, LOCK_EX) < 0)
+		return say(3, 1, "locking jobA: %s", strerror(errno));
+	return atk_commit_answer(t1);
+}
+
 /* The attacker holds the lock of its job directory and COMMITs there: SIGTERM right after
  * stops the daemon within 15 s, and the COMMIT is answered with an error. */
 START_TEST(test_lock_commit_term)
 {
 	HOSTILE_BEGIN("job directory locked by its owner, COMMIT, SIGTERM");
-	hd_start(CACHE_8M, NULL);
-	pid_t ap = as_user_spawn(ATK, atk_lock_commit, NULL, 90);
-	ck_assert_msg(flag_wait(F_SENT, 30000), "the attacker sent no COMMIT: %s", B->msg[3]);
-	h_sleep_ms(500);
-	double took = term_within(15);
-	int done = flag_wait(F_DONE, 30000);
-	printf("SIGTERM during a COMMIT into a locked job: %s %.1f s; the COMMIT: %s '%s'\n",
-	       took >= 0 ? "exited in" : "NOT OUT after", took >= 0 ? took : 15.0,
-	       code_name(B->rc[1]), B->msg[1]);
-	flag_set(F_STOP);
-	as_user_wait(ap);
-	ck_assert_msg(took >= 0, "dsckptd did not exit within 15 s of SIGTERM while a COMMIT "
-		      "waited for a lock the attacker holds");
-	ck_assert_msg(done && B->rc[1] < 0 && B->rc[1] != DSCKPT_ETIMEDOUT,
-		      "the COMMIT into the locked job was answered %s '%s'; want an error",
-		      code_name(B->rc[1]), B->msg[1]);
-	ck_assert(!h_exists(h_path("%s/jobA/t1/MANIFEST.json", D->root)));
-	h_daemon_stop(D);
+	commit_then_term("into a job whose lock the attacker holds", atk_lock_commit, 90, 30000);
 }
 END_TEST
 
@@ -429,7 +449,6 @@ END_TEST
 static int atk_link_commit(void *arg)
 {
 	char t1[1024];
-	struct res r;
 	int rc;
 
 	snprintf(t1, sizeof(t1), "%s/jobA/t1", D->root);
@@ -439,16 +458,7 @@ static int atk_link_commit(void *arg)
 	for (int i = 0; i < COMMIT_LINKS; i++)
 		if (link(h_path("%s/big.safetensors", t1), h_path("%s/big%03d.safetensors", t1, i)) < 0)
 			return say(3, 4, "link %d: %s", i, strerror(errno));
-	int fd = r_trainer("jobA", &r);
-	if (fd < 0)
-		return say(3, 2, "HELLO: %s", r.msg);
-	r_commit_send(fd, t1);
-	flag_set(F_SENT);
-	B->rc[1] = r_recv(fd, NULL, &r, 30000);
-	say(1, 0, "%s", r.msg);
-	flag_set(F_DONE);
-	flag_wait(F_STOP, 60000);
-	return 0;
+	return atk_commit_answer(t1);
 }
 
 /* A COMMIT of a tag holding one big header hard-linked hundreds of times: SIGTERM right after
@@ -456,25 +466,8 @@ static int atk_link_commit(void *arg)
 START_TEST(test_link_commit_term)
 {
 	HOSTILE_BEGIN("hard-linked big headers, COMMIT, SIGTERM");
-	hd_start(CACHE_8M, NULL);
-	pid_t ap = as_user_spawn(ATK, atk_link_commit, NULL, 120);
-	ck_assert_msg(flag_wait(F_SENT, 60000), "the attacker sent no COMMIT: %s", B->msg[3]);
-	h_sleep_ms(500);
-	double took = term_within(15);
-	int done = flag_wait(F_DONE, 30000);
-	printf("SIGTERM during a COMMIT of a %u MiB header linked %d times: %s %.1f s; the "
-	       "COMMIT: %s '%s'\n", BIG_HEADER >> 20, COMMIT_LINKS,
-	       took >= 0 ? "exited in" : "NOT OUT after", took >= 0 ? took : 15.0,
-	       code_name(B->rc[1]), B->msg[1]);
-	flag_set(F_STOP);
-	as_user_wait(ap);
-	ck_assert_msg(took >= 0, "dsckptd did not exit within 15 s of SIGTERM while it committed "
-		      "a tag of hard-linked big headers");
-	ck_assert_msg(done && B->rc[1] < 0 && B->rc[1] != DSCKPT_ETIMEDOUT,
-		      "the COMMIT of hard-linked files was answered %s '%s'; want an error",
-		      code_name(B->rc[1]), B->msg[1]);
-	ck_assert(!h_exists(h_path("%s/jobA/t1/MANIFEST.json", D->root)));
-	h_daemon_stop(D);
+	commit_then_term(h_path("of a %u MiB header linked %d times", BIG_HEADER >> 20,
+				COMMIT_LINKS), atk_link_commit, 120, 60000);
 }
 END_TEST
 
@@ -581,8 +574,4 @@ static Suite *hostile_recover_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(hostile_recover_suite(), NULL);
-}
+CHECK_MAIN(hostile_recover_suite)

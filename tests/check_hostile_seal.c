@@ -211,10 +211,13 @@ START_TEST(test_seal_left_behind)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *hostile_seal_suite(void)
 {
 	Suite *s = suite_create("hostile seal");
 	h_add_case(s, "seal attacks", test_seal_attacks, 90, 1);
 	h_add_case(s, "seals left behind", test_seal_left_behind, 90, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(hostile_seal_suite)

@@ -47,7 +47,7 @@ struct run {
 	const char *log;    /* its stderr (D->log when NULL) */
 };
 
-static char bait[512];
+static const char *bait;
 static char sockdir[400];   /* the directory of the socket under test */
 
 /* Makes the test's scratch directory (0755: the users may traverse it) and its root. */
@@ -76,29 +76,17 @@ static void write_config(const char *sock)
 	ck_assert_int_eq(chmod(D->config, 0644), 0);
 }
 
-/* Plants a partial file naming no host, an hour old, under D->root: any recovery removes it;
- * owned by user (root when NULL). */
+/* Plants the bait (d_plant_bait) under D->root, owned by user (root when NULL). */
 static void plant_bait(const char *user)
 {
-	struct timeval old[2];
 	uid_t uid = 0;
 	gid_t gid = 0;
 
 	if (user)
 		user_ids(user, &uid, &gid);
+	bait = d_plant_bait(D->root);
 	const char *job = h_path("%s/job", D->root), *tag = h_path("%s/job/t1", D->root);
-	mkdir(job, 0755);
-	mkdir(tag, 0755);
-	snprintf(bait, sizeof(bait), "%s/rank9.safetensors.partial", tag);
-	int fd = open(bait, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, "half a file", 11), 11);
-	close(fd);
 	ck_assert_int_eq(chown(job, uid, gid) | chown(tag, uid, gid) | chown(bait, uid, gid), 0);
-	gettimeofday(&old[0], NULL);
-	old[0].tv_sec -= 3600;
-	old[1] = old[0];
-	ck_assert_int_eq(utimes(bait, old), 0);
 }
 
 /* The daemon's child: its namespace, environment and user (uid, gid) as r says, then exec. */
@@ -190,15 +178,6 @@ static void stop(void)
 		      wait_str(st));
 }
 
-/* Whether file contains s. */
-static int file_has(const char *file, const char *s)
-{
-	char *text = h_read_file(file, NULL);
-	int has = text && strstr(text, s);
-	free(text);
-	return has;
-}
-
 /* The contents of the log at path (for messages; a static buffer, cut). */
 static const char *log_text(const char *path)
 {
@@ -221,11 +200,11 @@ static void refused(const struct run *r, const char *what, const char *const *wa
 	ck_assert_msg(rc != 0, "dsckptd started %s", what);
 	printf("%s: refused: %s", what, log_text(log));
 	for (int i = 0; want[i]; i++)
-		ck_assert_msg(file_has(log, want[i]), "refusal %s does not say '%s': %s", what,
+		ck_assert_msg(h_file_has(log, want[i]), "refusal %s does not say '%s': %s", what,
 			      want[i], log_text(log));
-	ck_assert_msg(!file_has(log, "another dsckptd"), "%s: the daemon blamed another dsckptd: "
+	ck_assert_msg(!h_file_has(log, "another dsckptd"), "%s: the daemon blamed another dsckptd: "
 		      "%s", what, log_text(log));
-	ck_assert_msg(!file_has(log, "recover"), "%s: refused only after recovery", what);
+	ck_assert_msg(!h_file_has(log, "recover"), "%s: refused only after recovery", what);
 	ck_assert_msg(h_exists(bait), "%s: the refused daemon ran recovery", what);
 }
 
@@ -279,25 +258,32 @@ static int atk_run_locks(void *arg)
 	return 0;
 }
 
+/* A config whose socket lies in a world-writable sticky directory, the bait planted, and the
+ * attacker running atk (as ATK) ready: its pid. */
+static pid_t squat_ready(int (*atk)(void *))
+{
+	scratch();
+	snprintf(sockdir, sizeof(sockdir), "%s/pub", D->dir);
+	ck_assert_int_eq(mkdir(sockdir, 0755) | chmod(sockdir, 01777), 0);
+	write_config(h_path("%s/d.sock", sockdir));
+	plant_bait(NULL);
+	pid_t pid = as_user_spawn(ATK, atk, NULL, 60);
+	ck_assert_msg(flag_wait(F_READY, 20000), "attacker: %s", B->msg[1]);
+	return pid;
+}
+
 /* The attacker holds <socket>.lock and tries the lock directory: the root daemon still
  * starts, never blames "another dsckptd", and a second daemon on the config names the
  * first one's real pid. */
 START_TEST(test_lock_squat)
 {
 	HOSTILE_BEGIN("the attacker takes the socket's old lock first");
-	scratch();
-	snprintf(sockdir, sizeof(sockdir), "%s/pub", D->dir);
-	ck_assert_int_eq(mkdir(sockdir, 0755) | chmod(sockdir, 01777), 0);
-	write_config(h_path("%s/d.sock", sockdir));
-	plant_bait(NULL);
-
-	pid_t atk = as_user_spawn(ATK, atk_take_lock, NULL, 60);
-	ck_assert_msg(flag_wait(F_READY, 20000), "attacker: %s", B->msg[1]);
+	pid_t atk = squat_ready(atk_take_lock);
 	struct run r = {0};
 	int rc = start(&r);
 	ck_assert_msg(rc == 0, "the root daemon did not start while the attacker held %s.lock "
 		      "(%s): %s", D->socket, status_str(rc), log_text(D->log));
-	ck_assert_msg(!file_has(D->log, "another dsckptd"), "the log blames another dsckptd: %s",
+	ck_assert_msg(!h_file_has(D->log, "another dsckptd"), "the log blames another dsckptd: %s",
 		      log_text(D->log));
 	ck_assert_msg(!h_exists(bait), "the daemon that started did not recover");
 	printf("root daemon started while the attacker held %s.lock\n", D->socket);
@@ -321,7 +307,7 @@ START_TEST(test_lock_squat)
 	D->pid = first;
 	h_daemon_note(D);
 	ck_assert_msg(rc != 0, "a second daemon on the same socket started");
-	ck_assert_msg(file_has(second, h_path("another dsckptd (pid %d)", (int)first)),
+	ck_assert_msg(h_file_has(second, h_path("another dsckptd (pid %d)", (int)first)),
 		      "the second daemon does not name the first one (pid %d): %s", (int)first,
 		      log_text(second));
 	flag_set(F_STOP);
@@ -377,14 +363,7 @@ static void atk_entry_kept(const char *when)
 START_TEST(test_socket_squat)
 {
 	HOSTILE_BEGIN("the attacker listens on the socket's path first");
-	scratch();
-	snprintf(sockdir, sizeof(sockdir), "%s/pub", D->dir);
-	ck_assert_int_eq(mkdir(sockdir, 0755) | chmod(sockdir, 01777), 0);
-	write_config(h_path("%s/d.sock", sockdir));
-	plant_bait(NULL);
-
-	pid_t atk = as_user_spawn(ATK, atk_listen, NULL, 60);
-	ck_assert_msg(flag_wait(F_READY, 20000), "attacker: %s", B->msg[1]);
+	pid_t atk = squat_ready(atk_listen);
 	const char *atk_words[] = {D->socket, uid_words(ATK), "left alone", NULL};
 	struct run r = {0};
 	refused(&r, "over the attacker's listener", atk_words);
@@ -406,7 +385,7 @@ START_TEST(test_socket_squat)
 	int rc = start(&r);
 	ck_assert_msg(rc == 0, "the daemon did not replace its user's stale socket (%s): %s",
 		      status_str(rc), log_text(D->log));
-	ck_assert(file_has(D->log, "removing stale socket"));
+	ck_assert(h_file_has(D->log, "removing stale socket"));
 	hd_stop();
 }
 END_TEST
@@ -618,7 +597,8 @@ START_TEST(test_lock_dir)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *hostile_squat_suite(void)
 {
 	Suite *s = suite_create("hostile squat");
 	h_add_case(s, "lock squat", test_lock_squat, 90, 1);
@@ -626,5 +606,7 @@ int main(void)
 	h_add_case(s, "user daemon", test_user_daemon, 120, 1);
 	h_add_case(s, "socket dir", test_socket_dir, 90, 1);
 	h_add_case(s, "lock dir", test_lock_dir, 90, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(hostile_squat_suite)

@@ -199,15 +199,6 @@ static void check_dst(const struct dst *d, const struct spec *t, size_t n, uint6
 	}
 }
 
-/* Whether every byte of [p, p+n) is still the 0xee sentinel. */
-static int untouched(const uint8_t *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != 0xee)
-			return 0;
-	return 1;
-}
-
 /* Loads dir/file's t[0..n) into a fresh region; returns the source the daemon chose. */
 static const char *load_all(const char *dir, const char *file, const struct spec *t, size_t n,
 			    uint64_t seed)
@@ -268,7 +259,7 @@ START_TEST(test_load_subset)
 	ck_assert_int_eq(raw_send(d.fd, &o, 0, NULL, 0), 0);
 	raw_expect_reply(d.fd, "level");
 	ck_assert_int_eq(load_wait(d.fd, id, -1, NULL, msg), 2);
-	ck_assert(untouched(d.p, 4096));
+	ck_assert(h_all_bytes(d.p, 4096, 0xee));
 	ck_assert_uint_eq(h_pattern_diff(d.p + 4096, 1000, 8), 1000);
 	dst_close(&d);
 	d_stop();
@@ -304,7 +295,7 @@ START_TEST(test_load_mismatch)
 		      strstr(msg, "'a': dtype BF16 given, F32 in the file") &&
 		      strstr(msg, "'c': shape [1048576, 5] given, [5242880] in the file") &&
 		      strstr(msg, "'b': named twice"), "message: %s", msg);
-	ck_assert(untouched(d.p, d.size));
+	ck_assert(h_all_bytes(d.p, d.size, 0xee));
 	/* The load is gone; the connection goes on. */
 	int code = 0;
 	struct proto_out o;
@@ -649,7 +640,8 @@ START_TEST(test_load_few_chunks)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *load_suite(void)
 {
 	Suite *s = suite_create("load");
 	h_add_case(s, "file", test_load_file, 60, 1);
@@ -666,5 +658,7 @@ int main(void)
 	h_add_case(s, "units_hot", test_load_units_hot, 60, 1);
 	h_add_case(s, "units_corrupt", test_load_units_corrupt, 120, 1);
 	h_add_case(s, "few_chunks", test_load_few_chunks, 120, 3);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(load_suite)

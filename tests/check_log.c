@@ -206,7 +206,4 @@ static Suite *log_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(log_suite(), NULL);
-}
+CHECK_MAIN(log_suite)

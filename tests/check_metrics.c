@@ -24,12 +24,6 @@
 
 #define MAX_SERIES 512
 
-/* Before a failed test's scratch directory goes: unmounts the disk-full tmpfs. */
-static void unmount_small(const struct hdaemon *d)
-{
-	umount2(h_path("%s/small", d->root), MNT_DETACH);
-}
-
 /* ---- the exposition format ---- */
 
 /* Length of the metric or label name at s ([a-zA-Z_:][a-zA-Z0-9_:]*, no ':' in a label). */
@@ -269,16 +263,6 @@ static void corrupt(const char *dir)
 	close(fd);
 }
 
-/* Saves n bytes of seed into dir/rank0 and waits until it is DURABLE. */
-static void save_durable(dsckpt_conn_t *c, const char *dir, size_t n, uint64_t seed)
-{
-	void *mem;
-	dsckpt_save_t *s = save_pattern(c, dir, "rank0", n, seed, &mem);
-	wait_level(c, s, DSCKPT_DURABLE, 30000);
-	dsckpt_save_free(s);
-	dsckpt_host_free(mem);
-}
-
 /* ---- tests ---- */
 
 /* Two saves (one committed), one refused, a load and a load that fails its checksum: every
@@ -294,9 +278,9 @@ START_TEST(test_counts)
 	ck_prom(out, "dsckpt_clients", 1);
 	free(out);
 
-	save_durable(c, t1, 3 * MIB, 1);
+	save_durable(c, t1, "rank0", 3 * MIB, 1);
 	CK_DS(c, dsckpt_commit(c, t1, 30000));
-	save_durable(c, t2, MIB, 2);
+	save_durable(c, t2, "rank0", MIB, 2);
 	dsckpt_save_t *s = NULL;
 	int refused = dsckpt_save_begin(c, h_path("%s/outside/t1", D->dir), "rank0", &s);
 	ck_assert_msg(refused < 0, "a save outside the roots was begun");
@@ -376,7 +360,7 @@ START_TEST(test_disk_full)
 	int cause = dsckpt_last_cause(c);
 	dsckpt_save_free(s);
 	dsckpt_host_free(mem);
-	save_durable(c, h_path("%s/ok/t1", D->root), MIB, 4);
+	save_durable(c, h_path("%s/ok/t1", D->root), "rank0", MIB, 4);
 	char *out = metrics();
 	dsckpt_close(c);
 	int umounted = umount(small);
@@ -404,7 +388,7 @@ START_TEST(test_recovery)
 {
 	d_start(CACHE_8M, CHUNK_1M);
 	dsckpt_conn_t *c = conn_open("rec", 0, 1);
-	save_durable(c, h_path("%s/rec/t1", D->root), MIB, 5);	/* never committed */
+	save_durable(c, h_path("%s/rec/t1", D->root), "rank0", MIB, 5);	/* never committed */
 	dsckpt_close(c);
 	const char *partial = h_path("%s/rec/t0/rank0.safetensors.partial", D->root);
 	ck_assert_int_eq(h_system("mkdir -p '%s/rec/t0' && echo junk > '%s'", D->root, partial),
@@ -514,8 +498,4 @@ static Suite *metrics_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(metrics_suite(), unmount_small);
-}
+CHECK_MAIN_BEFORE_RM(metrics_suite, d_unmount_small)

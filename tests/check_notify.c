@@ -189,8 +189,4 @@ static Suite *notify_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(notify_suite(), NULL);
-}
+CHECK_MAIN(notify_suite)

@@ -24,14 +24,6 @@
 #define PREPARE (1u << 31)  /* save_plan_flags: dsckpt_plan_prepare first (not a begin flag) */
 #define TB 4096      /* bytes of each */
 
-/* Microseconds on the monotonic clock. */
-static double now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
 /* Saves the plan (and, if extra, a staged tensor "extra" of 100 bytes of seed's pattern) into
  * dir/rank0, begun with flags (with PREPARE: the plan prepared for the save first); returns
  * what dsckpt_add_plan said. Waits DURABLE. */
@@ -316,9 +308,9 @@ START_TEST(test_big)
 	h_pattern_fill(mem, (size_t)N * B, 4);
 	CK_DS(c, dsckpt_save_begin(c, h_path("%s/big/cold", D->root), "rank0", &s));
 	CK_DS(c, dsckpt_add_tensors(s, t, N, NULL));
-	t0 = now_us();
+	t0 = h_now_us();
 	CK_DS(c, dsckpt_save_end(s));
-	cold = now_us() - t0;
+	cold = h_now_us() - t0;
 	wait_level(c, s, DSCKPT_DURABLE, 60000);
 	dsckpt_save_free(s);
 
@@ -326,9 +318,9 @@ START_TEST(test_big)
 	for (int k = 0; k < 2; k++) {
 		CK_DS(c, dsckpt_save_begin(c, h_path("%s/big/warm%d", D->root, k), "rank0", &s));
 		ck_assert_int_eq(dsckpt_add_plan(s, p), 0);
-		t0 = now_us();
+		t0 = h_now_us();
 		CK_DS(c, dsckpt_save_end(s));
-		warm = now_us() - t0;
+		warm = h_now_us() - t0;
 		wait_level(c, s, DSCKPT_DURABLE, 60000);
 		dsckpt_save_free(s);
 	}
@@ -351,23 +343,6 @@ START_TEST(test_big)
 	d_stop();
 }
 END_TEST
-
-/* Registers a 4096-byte memfd as host region id on fd. */
-static void raw_region(int fd, uint64_t id)
-{
-	struct proto_out o;
-	int mfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-	ck_assert_int_ge(mfd, 0);
-	ck_assert_int_eq(ftruncate(mfd, 4096), 0);
-	out_map(&o, PROTO_REGION_ADD, 3);
-	proto_kv_u64(&o.pk, "region", id);
-	proto_kv_str(&o.pk, "kind", "host");
-	proto_kv_u64(&o.pk, "size", 4096);
-	ck_assert_int_eq(raw_send(fd, &o, 1, &mfd, 1), 0);
-	close(mfd);
-	raw_expect_reply(fd, NULL);
-}
 
 /* PLAN_ADD of plan id with one U8 tensor name of n bytes at region; the reply's code. */
 static int raw_plan(int fd, uint64_t id, const char *name, uint64_t region, uint64_t n)
@@ -582,8 +557,4 @@ static Suite *plan_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(plan_suite(), NULL);
-}
+CHECK_MAIN(plan_suite)

@@ -254,7 +254,8 @@ START_TEST(random_bodies)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *proto_suite(void)
 {
 	Suite *s = suite_create("proto");
 	TCase *tc = tcase_create("proto");
@@ -266,9 +267,7 @@ int main(void)
 	tcase_add_test(tc, send_recv_fds);
 	tcase_add_test(tc, random_bodies);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }
+
+CHECK_MAIN(proto_suite)

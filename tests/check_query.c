@@ -281,7 +281,8 @@ START_TEST(test_gauges_follow_saves)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *query_suite(void)
 {
 	Suite *s = suite_create("query");
 	TCase *tc = tcase_create("query");
@@ -293,9 +294,7 @@ int main(void)
 	tcase_add_test(tc, test_status_by_viewer);
 	tcase_add_test(tc, test_gauges_follow_saves);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return s;
 }
+
+CHECK_MAIN(query_suite)

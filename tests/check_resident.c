@@ -806,8 +806,4 @@ static Suite *resident_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(resident_suite(), NULL);
-}
+CHECK_MAIN(resident_suite)

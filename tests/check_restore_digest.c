@@ -278,8 +278,8 @@ START_TEST(test_digest_failures)
 }
 END_TEST
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
+/* The suite. */
+static Suite *restore_digest_suite(void)
 {
 	Suite *s = suite_create("restore_digest");
 	TCase *tc = tcase_create("digest");
@@ -290,9 +290,7 @@ int main(void)
 	tcase_add_test(tc, test_digest_declined);
 	tcase_add_test(tc, test_digest_failures);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed != 0;
+	return s;
 }
+
+CHECK_MAIN(restore_digest_suite)

@@ -235,16 +235,6 @@ static dsckpt_conn_t *node_conn(const char *sock, int rank)
 	return c;
 }
 
-/* Saves file rank<rank> of seed's pattern into dir through c and waits until it is DURABLE. */
-static void save_durable(dsckpt_conn_t *c, const char *dir, int rank, uint64_t seed)
-{
-	void *mem;
-	dsckpt_save_t *s = save_pattern(c, dir, h_path("rank%d", rank), N_BYTES, seed, &mem);
-	wait_level(c, s, DSCKPT_DURABLE, 30000);
-	dsckpt_save_free(s);
-	dsckpt_host_free(mem);
-}
-
 /* Whether the daemon's log at path holds text a or b; waits up to 30 s for one. */
 static int log_has(const char *path, const char *a, const char *b)
 {
@@ -270,8 +260,8 @@ static int two_runs_begin(const struct hdaemon *b, const char *dir, const char *
 {
 	set_run(run1);
 	dsckpt_conn_t *w = node_conn(D->socket, 0), *x = node_conn(b->socket, 1);
-	save_durable(w, dir, 0, 700);
-	save_durable(x, dir, 1, 701);
+	save_durable(w, dir, "rank0", N_BYTES, 700);
+	save_durable(x, dir, "rank1", N_BYTES, 701);
 	ck_assert_int_eq(dsckpt_seal(x, dir), 0);
 	ck_assert(wait_for(h_path("%s/SEAL.node-b.json", dir), 10000));
 	dsckpt_close(w);
@@ -279,7 +269,7 @@ static int two_runs_begin(const struct hdaemon *b, const char *dir, const char *
 
 	set_run(run2);
 	dsckpt_conn_t *y = node_conn(D->socket, 0);
-	save_durable(y, dir, 0, 702);
+	save_durable(y, dir, "rank0", N_BYTES, 702);
 	int rc = dsckpt_seal(y, dir);
 	ck_assert_msg(rc == 0, "run 2's seal of rank 0: %s: %s", dsckpt_err_name(rc),
 		      dsckpt_last_error(y));
@@ -295,7 +285,7 @@ static int two_runs_begin(const struct hdaemon *b, const char *dir, const char *
 static void two_runs_end(const struct hdaemon *b, const char *dir, const char *run2)
 {
 	dsckpt_conn_t *z = node_conn(b->socket, 1);
-	save_durable(z, dir, 1, 703);
+	save_durable(z, dir, "rank1", N_BYTES, 703);
 	CK_DS(z, dsckpt_seal(z, dir));
 	if (!wait_for(h_path("%s/MANIFEST.json", dir), 30000)) {
 		char *log = h_read_file(b->log, NULL);
@@ -413,7 +403,4 @@ static Suite *seal_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(seal_suite(), NULL);
-}
+CHECK_MAIN(seal_suite)

@@ -16,28 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char bait[512];
-
-/* Plants a partial file naming no host, an hour old: start-up recovery removes it. */
-static void plant_bait(const struct hdaemon *d)
-{
-	char dir[400];
-	struct timeval old[2];
-
-	snprintf(dir, sizeof(dir), "%s/job", d->root);
-	mkdir(dir, 0755);
-	snprintf(dir, sizeof(dir), "%s/job/t1", d->root);
-	mkdir(dir, 0755);
-	snprintf(bait, sizeof(bait), "%s/rank9.safetensors.partial", dir);
-	int fd = open(bait, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, "half a file", 11), 11);
-	close(fd);
-	gettimeofday(&old[0], NULL);
-	old[0].tv_sec -= 3600;
-	old[1] = old[0];
-	ck_assert_int_eq(utimes(bait, old), 0);
-}
+/* The stale partial file of the running test (d_plant_bait). */
+static const char *bait;
 
 /* Runs dsckptd -d -c config to its end (it must not start); returns its exit status and
  * leaves its stderr in out. */
@@ -98,15 +78,6 @@ static void config_add_host(const char *path, const char *host)
 	free(cfg);
 }
 
-/* Whether file contains s. */
-static int file_has(const char *file, const char *s)
-{
-	char *text = h_read_file(file, NULL);
-	int has = text && strstr(text, s);
-	free(text);
-	return has;
-}
-
 /* A trainer (a child) that saves 16 MiB files through the daemon, one after another, until
  * the file stop appears; it exits with the number of saves that became DURABLE. */
 static pid_t busy_trainer(const char *stop)
@@ -144,7 +115,7 @@ START_TEST(test_same_config)
 	int st;
 
 	d_start(CACHE_8M, CHUNK_1M);
-	plant_bait(D);
+	bait = d_plant_bait(D->root);
 	snprintf(out, sizeof(out), "%s/second.log", D->dir);
 	snprintf(stop, sizeof(stop), "%s/stop", D->dir);
 	pid_t trainer = busy_trainer(stop);
@@ -153,8 +124,8 @@ START_TEST(test_same_config)
 		ck_assert_msg(rc != 0, "a second daemon on the same socket started (try %d)", i);
 		ck_assert_msg(h_exists(bait), "the second daemon (try %d) ran recovery", i);
 	}
-	ck_assert_msg(file_has(out, "another dsckptd"), "no reason given");
-	ck_assert_msg(!file_has(out, "recovery") && !file_has(out, "ready"),
+	ck_assert_msg(h_file_has(out, "another dsckptd"), "no reason given");
+	ck_assert_msg(!h_file_has(out, "recovery") && !h_file_has(out, "ready"),
 		      "the second daemon went on past its locks");
 	close(open(stop, O_CREAT | O_WRONLY, 0600));
 	ck_assert_int_eq(waitpid(trainer, &st, 0), trainer);
@@ -178,13 +149,13 @@ START_TEST(test_shared_root)
 	char cfg2[512], sock2[512], out[512], root3[512], cfg3[512], sock3[512];
 
 	d_start(CACHE_8M, NULL);
-	plant_bait(D);
+	bait = d_plant_bait(D->root);
 	snprintf(cfg2, sizeof(cfg2), "%s/second.json", D->dir);
 	snprintf(sock2, sizeof(sock2), "%s/second.sock", D->dir);
 	snprintf(out, sizeof(out), "%s/second.log", D->dir);
 	config_variant(D, cfg2, sock2, NULL);
 	ck_assert_int_ne(start_second(cfg2, out), 0);
-	ck_assert_msg(file_has(out, "serves the root"), "no reason given");
+	ck_assert_msg(h_file_has(out, "serves the root"), "no reason given");
 	ck_assert(h_exists(bait));
 	ck_assert(!h_exists(sock2));
 
@@ -199,7 +170,7 @@ START_TEST(test_shared_root)
 	ck_assert_msg(start_serving(cfg4, sock4, out) == 0, "another node's daemon did not start: "
 		      "%s", h_read_file(out, NULL));
 	ck_assert_msg(!h_exists(bait), "the other node's recovery did not run");
-	plant_bait(D);
+	bait = d_plant_bait(D->root);
 
 	/* A daemon with its own root and socket is not held back. */
 	snprintf(root3, sizeof(root3), "%s/other-root", D->dir);
@@ -223,7 +194,8 @@ START_TEST(test_shared_root)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *single_suite(void)
 {
 	Suite *s = suite_create("single");
 	TCase *tc = tcase_create("single");
@@ -231,5 +203,7 @@ int main(void)
 	tcase_add_test(tc, test_same_config);
 	tcase_add_test(tc, test_shared_root);
 	suite_add_tcase(s, tc);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(single_suite)

@@ -15,16 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Child: execs dsckptctl status on the test daemon's socket, output and errors into the pipe
- * *arg. */
-static int exec_status(void *arg)
-{
-	dup2(*(const int *)arg, 1);
-	dup2(*(const int *)arg, 2);
-	execl(h_bin("dsckptctl"), "dsckptctl", "-s", D->socket, "status", (char *)NULL);
-	return 126;
-}
-
 /* Runs dsckptctl status as user; its exit status, and what it printed into out. */
 static int status_as(const char *user, char *out, size_t len)
 {
@@ -34,7 +24,7 @@ static int status_as(const char *user, char *out, size_t len)
 
 	ck_assert_int_eq(pipe(p), 0);
 	fflush(stdout);
-	pid_t pid = as_user_spawn(user, exec_status, &p[1], 20);
+	pid_t pid = as_user_spawn(user, exec_ctl_status, &p[1], 20);
 	close(p[1]);
 	while (n < len - 1 && (k = read(p[0], out + n, len - 1 - n)) > 0)
 		n += (size_t)k;
@@ -117,11 +107,14 @@ START_TEST(test_unknown_group)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *socket_group_suite(void)
 {
 	Suite *s = suite_create("socket group");
 	h_add_case(s, "socket_group", test_socket_group, 60, 1);
 	h_add_case(s, "group root", test_group_root, 60, 1);
 	h_add_case(s, "unknown group", test_unknown_group, 30, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(socket_group_suite)

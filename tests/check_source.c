@@ -9,6 +9,7 @@
  */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
+#include "harness_unit.h"
 
 #include <check.h>
 #include <errno.h>
@@ -30,14 +31,6 @@ static void setup(void)
 	log_init("check_source", LOG_LVL_ERROR);
 }
 
-/* Makes a cache or fails the test. */
-static struct cache *mkcache(uint64_t bytes, uint64_t chunk)
-{
-	struct cache *c;
-	ck_assert_msg(cache_create(bytes, chunk, NULL, &c, err, sizeof(err)) == 0, "%s", err);
-	return c;
-}
-
 /* A memfd of size bytes filled with the pattern i * 7 (mod 256). */
 static int mkmemfd(size_t size, unsigned flags)
 {
@@ -50,36 +43,6 @@ static int mkmemfd(size_t size, unsigned flags)
 		p[i] = (unsigned char)(i * 7);
 	munmap(p, size);
 	return fd;
-}
-
-/* Reads a source at once, as a copy thread does: through a copier, then its sync. */
-static int read_src(struct source *s, uint64_t off, void *dst, uint64_t len, char *e,
-		    size_t elen)
-{
-	struct copier *cp;
-	int rc = copier_new(&cp, e, elen);
-
-	if (rc < 0)
-		return rc;
-	rc = copier_read(cp, s, off, dst, len, e, elen);
-	int rs = copier_sync(cp, rc < 0 ? NULL : e, elen);
-	copier_free(cp);
-	return rc < 0 ? rc : rs;
-}
-
-/* Writes to a source at once, as a restore thread does: through a copier, then its sync. */
-static int write_src(struct source *s, uint64_t off, const void *src, uint64_t len, char *e,
-		     size_t elen)
-{
-	struct copier *cp;
-	int rc = copier_new(&cp, e, elen);
-
-	if (rc < 0)
-		return rc;
-	rc = copier_write(cp, s, off, src, len, e, elen);
-	int rs = copier_sync(cp, rc < 0 ? NULL : e, elen);
-	copier_free(cp);
-	return rc < 0 ? rc : rs;
 }
 
 /* Reads n bytes at off of fd (the client's view of its memfd) or fails the test. */
@@ -116,20 +79,20 @@ START_TEST(test_source_read)
 	ck_assert_uint_eq(source_size(s), size);
 	ck_assert_str_eq(source_kind(s), "host");
 
-	ck_assert_int_eq(read_src(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
 	for (size_t i = 0; i < sizeof(buf); i++)
 		ck_assert_uint_eq(buf[i], (unsigned char)(i * 7));
-	ck_assert_int_eq(read_src(s, size - 100, buf, 100, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, size - 100, buf, 100, err, sizeof(err)), 0);
 	for (size_t i = 0; i < 100; i++)
 		ck_assert_uint_eq(buf[i], (unsigned char)((size - 100 + i) * 7));
-	ck_assert_int_eq(read_src(s, size, buf, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, size, buf, 0, err, sizeof(err)), 0);
 
 	/* Out of bounds, including off + len wrapping around. */
-	ck_assert_int_eq(read_src(s, size - 100, buf, 101, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_read_src(s, size - 100, buf, 101, err, sizeof(err)), ERR_ERANGE);
 	ck_assert_msg(strstr(err, "past its") != NULL, "%s", err);
-	ck_assert_int_eq(read_src(s, size + 1, buf, 0, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_int_eq(read_src(s, UINT64_MAX, buf, 2, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_int_eq(read_src(s, 2, buf, UINT64_MAX, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_read_src(s, size + 1, buf, 0, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_read_src(s, UINT64_MAX, buf, 2, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_read_src(s, 2, buf, UINT64_MAX, err, sizeof(err)), ERR_ERANGE);
 
 	/* The memfd is sealed: the client can no longer shrink it under the daemon. */
 	ck_assert_int_eq(ftruncate(keep, 10), -1);
@@ -137,7 +100,7 @@ START_TEST(test_source_read)
 	ck_assert_int_eq(ftruncate(keep, (off_t)(2 * MIB)), 0);
 	/* A hole punched into it reads as zeros: nothing allocated, no signal. */
 	ck_assert_int_eq(fallocate(keep, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192), 0);
-	ck_assert_int_eq(read_src(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, 0, buf, sizeof(buf), err, sizeof(err)), 0);
 	ck_assert_uint_eq(buf[7], 0);
 	source_unref(s);
 	ck_assert(!fd_open(fd)); /* the last reference closed it */
@@ -172,7 +135,7 @@ START_TEST(test_source_unsealable)
 	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
 	ck_assert_msg(source_host_open(fd, 10, &s, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_uint_eq(source_size(s), 10);
-	ck_assert_int_eq(read_src(s, 0, &b, 11, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_read_src(s, 0, &b, 11, err, sizeof(err)), ERR_ERANGE);
 	source_unref(s);
 }
 END_TEST
@@ -219,7 +182,7 @@ START_TEST(test_source_refcount)
 	source_unref(s);
 	source_unref(s);
 	/* One reference left: still open. */
-	ck_assert_int_eq(read_src(s, 4095, &b, 1, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, 4095, &b, 1, err, sizeof(err)), 0);
 	ck_assert_uint_eq(b, (unsigned char)(4095 * 7));
 	source_unref(s); /* the last one: closed and freed (ASan/LSan check the rest) */
 }
@@ -228,7 +191,7 @@ END_TEST
 /* A source read into cache chunks, one chunk-sized piece each, as a copy thread does. */
 START_TEST(test_source_into_cache)
 {
-	struct cache *c = mkcache(MIB, 256 * 1024);
+	struct cache *c = h_mkcache(MIB, 256 * 1024);
 	int fd = mkmemfd(MIB, MFD_ALLOW_SEALING);
 	unsigned char *chunks[4];
 	struct source *s;
@@ -238,7 +201,7 @@ START_TEST(test_source_into_cache)
 		uint64_t off = (uint64_t)i * cache_chunk(c);
 		chunks[i] = cache_tryget(c, -1);
 		ck_assert_ptr_nonnull(chunks[i]);
-		ck_assert_int_eq(read_src(s, off, chunks[i], cache_chunk(c), err, sizeof(err)),
+		ck_assert_int_eq(h_read_src(s, off, chunks[i], cache_chunk(c), err, sizeof(err)),
 				 0);
 		ck_assert_uint_eq(chunks[i][5], (unsigned char)((off + 5) * 7));
 	}
@@ -266,30 +229,30 @@ START_TEST(test_source_write)
 	ck_assert_msg(source_host_open(fd, size, &s, err, sizeof(err)) == 0, "%s", err);
 
 	/* A chunk into the middle: its bytes there, the bytes on either side untouched. */
-	ck_assert_msg(write_src(s, 4097, src, MIB, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(h_write_src(s, 4097, src, MIB, err, sizeof(err)) == 0, "%s", err);
 	fd_read(keep, 4096, back, MIB + 2);
 	ck_assert_uint_eq(back[0], (unsigned char)(4096 * 7));
 	ck_assert_int_eq(memcmp(back + 1, src, MIB), 0);
 	ck_assert_uint_eq(back[MIB + 1], (unsigned char)((4097 + MIB) * 7));
 	/* The last bytes of the region, and a zero-length write at its end. */
-	ck_assert_int_eq(write_src(s, size - 100, src, 100, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_write_src(s, size - 100, src, 100, err, sizeof(err)), 0);
 	fd_read(keep, size - 100, back, 100);
 	ck_assert_int_eq(memcmp(back, src, 100), 0);
-	ck_assert_int_eq(write_src(s, size, src, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_write_src(s, size, src, 0, err, sizeof(err)), 0);
 
 	/* Past the end, including off + len wrapping around: refused, nothing written. */
-	ck_assert_int_eq(write_src(s, size - 100, src, 101, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_write_src(s, size - 100, src, 101, err, sizeof(err)), ERR_ERANGE);
 	ck_assert_msg(strstr(err, "write of 101 bytes") != NULL, "%s", err);
-	ck_assert_int_eq(write_src(s, size + 1, src, 0, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_int_eq(write_src(s, UINT64_MAX, src, 2, err, sizeof(err)), ERR_ERANGE);
-	ck_assert_int_eq(write_src(s, 2, src, UINT64_MAX, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_write_src(s, size + 1, src, 0, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_write_src(s, UINT64_MAX, src, 2, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_write_src(s, 2, src, UINT64_MAX, err, sizeof(err)), ERR_ERANGE);
 	ck_assert_int_eq(fd_size(keep), (off_t)size);
 	fd_read(keep, 0, back, 2);
 	ck_assert_uint_eq(back[1], 7);
 
 	/* A hole the client punched is filled again by a write (the memfd's own pages). */
 	ck_assert_int_eq(fallocate(keep, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192), 0);
-	ck_assert_int_eq(write_src(s, 10, src, 100, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_write_src(s, 10, src, 100, err, sizeof(err)), 0);
 	fd_read(keep, 0, back, 200);
 	ck_assert_uint_eq(back[9], 0);
 	ck_assert_int_eq(memcmp(back + 10, src, 100), 0);
@@ -303,11 +266,11 @@ START_TEST(test_source_write)
 	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
 	keep = dup(fd);
 	ck_assert_int_eq(source_host_open(fd, 4096, &s, err, sizeof(err)), 0);
-	ck_assert_int_eq(write_src(s, 4000, src, 97, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_write_src(s, 4000, src, 97, err, sizeof(err)), ERR_ERANGE);
 	fd_read(keep, 4000, back, 97);
 	for (size_t i = 0; i < 97; i++)
 		ck_assert_uint_eq(back[i], (unsigned char)((4000 + i) * 7));
-	ck_assert_int_eq(write_src(s, 4000, src, 96, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_write_src(s, 4000, src, 96, err, sizeof(err)), 0);
 	source_unref(s);
 	close(keep);
 	free(src);
@@ -328,12 +291,12 @@ START_TEST(test_source_write_sealed)
 	memset(src, 0xAB, sizeof(src));
 	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), 0);
 	ck_assert_msg(source_host_open(fd, 8192, &s, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_int_eq(write_src(s, 0, src, sizeof(src), err, sizeof(err)), ERR_EPERM);
+	ck_assert_int_eq(h_write_src(s, 0, src, sizeof(src), err, sizeof(err)), ERR_EPERM);
 	ck_assert_msg(strstr(err, "F_SEAL_WRITE") != NULL, "%s", err);
 	ck_assert_msg(strstr(err, "at byte 0") != NULL, "%s", err);
 	fd_read(keep, 0, b, sizeof(b));
 	ck_assert_uint_eq(b[1], 7);
-	ck_assert_int_eq(read_src(s, 1, b, 1, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, 1, b, 1, err, sizeof(err)), 0);
 	ck_assert_uint_eq(b[0], 7);
 	source_unref(s);
 	close(keep);
@@ -342,9 +305,9 @@ START_TEST(test_source_write_sealed)
 	fd = mkmemfd(8192, MFD_ALLOW_SEALING);
 	keep = dup(fd);
 	ck_assert_int_eq(source_host_open(fd, 8192, &s, err, sizeof(err)), 0);
-	ck_assert_int_eq(write_src(s, 100, src, sizeof(src), err, sizeof(err)), 0);
+	ck_assert_int_eq(h_write_src(s, 100, src, sizeof(src), err, sizeof(err)), 0);
 	ck_assert_int_eq(fcntl(keep, F_ADD_SEALS, F_SEAL_WRITE), 0);
-	ck_assert_int_eq(write_src(s, 4096, src, sizeof(src), err, sizeof(err)), ERR_EPERM);
+	ck_assert_int_eq(h_write_src(s, 4096, src, sizeof(src), err, sizeof(err)), ERR_EPERM);
 	ck_assert_msg(strstr(err, "sealed against writing") != NULL, "%s", err);
 	fd_read(keep, 4096, b, sizeof(b));
 	ck_assert_uint_eq(b[1], (unsigned char)(4097 * 7));
@@ -358,9 +321,9 @@ START_TEST(test_source_write_sealed)
 	ro = open(proc, O_RDONLY | O_CLOEXEC);
 	ck_assert_int_ge(ro, 0);
 	ck_assert_msg(source_host_open(ro, 8192, &s, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_int_eq(write_src(s, 0, src, sizeof(src), err, sizeof(err)), ERR_EBADF);
+	ck_assert_int_eq(h_write_src(s, 0, src, sizeof(src), err, sizeof(err)), ERR_EBADF);
 	ck_assert_msg(strstr(err, "not open for writing") != NULL, "%s", err);
-	ck_assert_int_eq(read_src(s, 8191, b, 1, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_read_src(s, 8191, b, 1, err, sizeof(err)), 0);
 	source_unref(s);
 	close(fd);
 }
@@ -418,20 +381,20 @@ START_TEST(test_source_write_dispatch)
 
 	ck_assert_ptr_nonnull(s);
 	ck_assert_ptr_nonnull(ro);
-	ck_assert_int_eq(write_src(s, 990, b, 10, err, sizeof(err)), 0);
+	ck_assert_int_eq(h_write_src(s, 990, b, 10, err, sizeof(err)), 0);
 	ck_assert_int_eq(f.writes, 1);
 	ck_assert_uint_eq(f.off, 990);
 	ck_assert_uint_eq(f.len, 10);
 	ck_assert_ptr_eq(f.src, b);
 	ck_assert_int_eq(f.had_copier, gpu_count() > 0);
-	ck_assert_int_eq(write_src(s, 991, b, 10, err, sizeof(err)), ERR_ERANGE);
+	ck_assert_int_eq(h_write_src(s, 991, b, 10, err, sizeof(err)), ERR_ERANGE);
 	ck_assert_int_eq(f.writes, 1);
-	ck_assert_int_eq(write_src(s, 0, b, 7, err, sizeof(err)), ERR_EIO);
+	ck_assert_int_eq(h_write_src(s, 0, b, 7, err, sizeof(err)), ERR_EIO);
 	ck_assert_str_eq(err, "fake write failed");
 
-	ck_assert_int_eq(write_src(ro, 0, b, 1, err, sizeof(err)), ERR_ENOTSUP);
+	ck_assert_int_eq(h_write_src(ro, 0, b, 1, err, sizeof(err)), ERR_ENOTSUP);
 	ck_assert_msg(strstr(err, "rofake source: cannot be written") != NULL, "%s", err);
-	ck_assert_int_eq(write_src(ro, 100, b, 1, err, sizeof(err)), ERR_ENOTSUP);
+	ck_assert_int_eq(h_write_src(ro, 100, b, 1, err, sizeof(err)), ERR_ENOTSUP);
 	ck_assert_int_eq(f.writes, 2);
 	source_unref(s);
 	source_unref(ro);
@@ -456,12 +419,4 @@ static Suite *source_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(source_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed != 0;
-}
+CHECK_MAIN(source_suite)

@@ -306,8 +306,4 @@ static Suite *store_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero exit status when a test failed. */
-int main(void)
-{
-	return h_run_suite(store_suite(), NULL);
-}
+CHECK_MAIN(store_suite)

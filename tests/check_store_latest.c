@@ -270,7 +270,4 @@ static Suite *latest_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(latest_suite(), NULL);
-}
+CHECK_MAIN(latest_suite)

@@ -28,21 +28,6 @@
 static char dir[256];
 static char bin_dir[4096];    /* absolute directory of the built binaries */
 
-/* The whole text of a file (at most 64 KiB; "" if missing); a static buffer. */
-static const char *text(const char *path)
-{
-	static char buf[65536];
-	FILE *f = fopen(path, "r");
-	size_t n = 0;
-
-	if (f) {
-		n = fread(buf, 1, sizeof(buf) - 1, f);
-		fclose(f);
-	}
-	buf[n] = '\0';
-	return buf;
-}
-
 /* Runs a command line as USER in dir with only HOME, XDG_RUNTIME_DIR and PATH set (no
  * DSCKPT_SOCKET, XDG_DATA_HOME or XDG_CONFIG_HOME), its output appended to dir/out; its exit
  * status. */
@@ -102,7 +87,7 @@ START_TEST(test_user_daemon)
 	snprintf(note.log, sizeof(note.log), "%s/out", dir);
 	h_daemon_note(&note);
 	ck_assert_int_eq(as_user("dsckptd -n"), 0);
-	const char *said = text(h_path("%s/out", dir));
+	const char *said = h_text(h_path("%s/out", dir));
 	const char *sock = h_path("%s/run/dsckptd/dsckptd.sock", dir);
 	const char *root = h_path("%s/home/.local/share/dsckpt", dir);
 	ck_assert_msg(strstr(said, h_path("no configuration file: a per-user daemon on %s, "
@@ -122,8 +107,8 @@ START_TEST(test_user_daemon)
 
 	ck_assert_int_eq(h_system(": >'%s/out'", dir), 0);
 	int rc = as_user("dsckptd -p \"$XDG_RUNTIME_DIR/d.pid\"");
-	ck_assert_msg(rc == 0, "dsckptd as %s: %d: %s", USER, rc, text(h_path("%s/out", dir)));
-	note.pid = (pid_t)atoi(text(h_path("%s/run/d.pid", dir)));
+	ck_assert_msg(rc == 0, "dsckptd as %s: %d: %s", USER, rc, h_text(h_path("%s/out", dir)));
+	note.pid = (pid_t)atoi(h_text(h_path("%s/run/d.pid", dir)));
 	ck_assert_int_gt(note.pid, 0);
 	h_daemon_note(&note);
 	ck_assert_int_eq(stat(sock, &st), 0);
@@ -139,11 +124,11 @@ START_TEST(test_user_daemon)
 	}
 	char pidw[32];
 	snprintf(pidw, sizeof(pidw), "pid %d,", (int)note.pid);
-	ck_assert_msg(rc == 0 && strstr(text(h_path("%s/out", dir)), pidw),
-		      "dsckptctl status as %s: %d: %s", USER, rc, text(h_path("%s/out", dir)));
+	ck_assert_msg(rc == 0 && strstr(h_text(h_path("%s/out", dir)), pidw),
+		      "dsckptctl status as %s: %d: %s", USER, rc, h_text(h_path("%s/out", dir)));
 	/* A cache the daemon could not lock (its start-up said so; ASan's mlock always succeeds)
 	 * is said by status to be not pinned, with both remedies; a locked one is not. */
-	const char *all = text(h_path("%s/out", dir));
+	const char *all = h_text(h_path("%s/out", dir));
 	int unlocked = strstr(all, "cannot lock the cache beyond 0 of 64 MiB") != NULL;
 	ck_assert_msg(unlocked == (strstr(all, "not pinned: 0 B of 64.0 MiB locked in memory, the "
 					  "rest may be swapped out (raise RLIMIT_MEMLOCK: ulimit "
@@ -153,7 +138,7 @@ START_TEST(test_user_daemon)
 		     "--mb 1 --ckpts 1 --tensors 2 && dsckptctl verify "
 		     "\"$HOME/.local/share/dsckpt/job/$(cat $HOME/.local/share/dsckpt/job/latest)\"");
 	ck_assert_msg(rc == 0, "a save through the per-user daemon: %d: %s", rc,
-		      text(h_path("%s/out", dir)));
+		      h_text(h_path("%s/out", dir)));
 
 	int wst;
 	ck_assert_int_eq(kill(note.pid, SIGTERM), 0);
@@ -182,13 +167,13 @@ START_TEST(test_root_defaults)
 	const char *hide = "{ [ ! -e /etc/dsckptd ] || mount -t tmpfs none /etc/dsckptd; } && "
 			   "mount -t tmpfs none /var/lib";
 	int rc = h_system("unshare -m sh -c '%s && %s -n' >'%s/out' 2>&1", hide, bin, dir);
-	const char *said = text(h_path("%s/out", dir));
+	const char *said = h_text(h_path("%s/out", dir));
 	ck_assert_msg(rc == 1 && strstr(said, "dsckptd: built-in defaults: option 'allowed_roots': "
 					 "'/var/lib/dsckpt': No such file or directory (create "
 					 "it: mkdir -p /var/lib/dsckpt"), "%d: %s", rc, said);
 	rc = h_system("unshare -m sh -c '%s && mkdir /var/lib/dsckpt && %s -n' >'%s/out' 2>&1",
 		      hide, bin, dir);
-	said = text(h_path("%s/out", dir));
+	said = h_text(h_path("%s/out", dir));
 	ck_assert_msg(rc == 0 && strstr(said, "info: no /etc/dsckptd/dsckptd.json: the built-in "
 					 "defaults (dsckptd -h lists them)") &&
 		      strstr(said, "configuration OK"), "%d: %s", rc, said);
@@ -197,10 +182,13 @@ START_TEST(test_root_defaults)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *user_daemon_suite(void)
 {
 	Suite *s = suite_create("user daemon");
 	h_add_case(s, "user daemon", test_user_daemon, 120, 1);
 	h_add_case(s, "root defaults", test_root_defaults, 60, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(user_daemon_suite)

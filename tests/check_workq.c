@@ -205,12 +205,4 @@ static Suite *workq_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(workq_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed != 0;
-}
+CHECK_MAIN(workq_suite)

@@ -1,5 +1,5 @@
 /*
- * fake_peer.h — a scripted fake dsckptd for the client suites (check_client_*.c): a forked
+ * fake_peer.h — a scripted fake dsckptd for the client suites (check_lib_*.c): a forked
  * process speaking proto/ on a temporary socket to one connection, checking every frame
  * strictly and logging what it saw, one line per request (a "BAD" line fails the test).
  */

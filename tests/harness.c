@@ -101,6 +101,31 @@ char *h_read_file(const char *path, size_t *len)
 	return buf;
 }
 
+/* The whole text of a file, read to its end, at most 64 KiB; "" if missing; static. */
+const char *h_text(const char *path)
+{
+	static char buf[65536];
+	FILE *f = fopen(path, "r");
+	size_t n = 0;
+
+	if (f) {
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	buf[n] = '\0';
+	return buf;
+}
+
+/* Whether the file at path holds words. */
+int h_file_has(const char *path, const char *words)
+{
+	char *text = h_read_file(path, NULL);
+	int has = text && strstr(text, words);
+
+	free(text);
+	return has;
+}
+
 /* ---- shared by the suites: connecting, waiting, paths, byte patterns, cases ---- */
 
 /* Connects a Unix stream socket to path; the fd, or -errno. */
@@ -179,6 +204,24 @@ size_t h_pattern_diff(const void *buf, size_t n, uint64_t seed)
 		}
 	}
 	return n;
+}
+
+/* Whether n bytes at p all hold byte. */
+int h_all_bytes(const void *p, size_t n, uint8_t byte)
+{
+	for (size_t i = 0; i < n; i++)
+		if (((const uint8_t *)p)[i] != byte)
+			return 0;
+	return 1;
+}
+
+/* Microseconds on the monotonic clock. */
+double h_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 /* Adds a test case with the leftovers fixture. */

@@ -58,6 +58,11 @@ void h_daemon_note(const struct hdaemon *d);
 char *h_read_file(const char *path, size_t *len);
 /* Whether path exists. */
 int h_exists(const char *path);
+/* The whole text of a file, read to its end (also /proc's, whose size says 0), at most 64 KiB;
+ * "" if missing. A static buffer. */
+const char *h_text(const char *path);
+/* Whether the file at path holds words. */
+int h_file_has(const char *path, const char *words);
 /*
  * Makes sure a system user exists (useradd -r -M -s /usr/sbin/nologin name, only when
  * getpwnam does not know it) and gives its uid and gid. Returns 0, or -1 when that is not
@@ -79,6 +84,10 @@ const char *h_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void h_pattern_fill(void *buf, size_t n, uint64_t seed);
 /* Index of the first byte of buf that differs from seed's pattern, or n. */
 size_t h_pattern_diff(const void *buf, size_t n, uint64_t seed);
+/* Whether each of the n bytes at p is byte (memory nothing was to write into). */
+int h_all_bytes(const void *p, size_t n, uint8_t byte);
+/* Microseconds on the monotonic clock, for what a test prints. */
+double h_now_us(void);
 
 /*
  * Adds a test case named name to s: test t looped over [0, loops), timeout seconds, with
@@ -95,6 +104,17 @@ void h_add_case(Suite *s, const char *name, const TTest *t, int timeout, int loo
  * status.
  */
 int h_run_suite(Suite *s, void (*before_rm)(const struct hdaemon *d));
+/*
+ * A suite binary's main: runs suite_fn()'s suite through h_run_suite (Check's runner prints
+ * its summary; CK_FORK as set) and exits 0, or 1 when a test failed. CHECK_MAIN_BEFORE_RM
+ * also gives h_run_suite its before_rm.
+ */
+#define CHECK_MAIN_BEFORE_RM(suite_fn, before_rm)                                              \
+	int main(void)                                                                         \
+	{                                                                                      \
+		return h_run_suite(suite_fn(), before_rm);                                     \
+	}
+#define CHECK_MAIN(suite_fn) CHECK_MAIN_BEFORE_RM(suite_fn, NULL)
 /* Cleans up what the last test's daemon left (see h_run_suite). */
 void h_leftovers(void);
 

@@ -11,7 +11,9 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/mount.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -267,6 +269,18 @@ dsckpt_save_t *save_pattern(dsckpt_conn_t *c, const char *dir, const char *file,
 	return s;
 }
 
+/* Saves a pattern file and waits until it is durable. */
+void save_durable(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
+		  uint64_t seed)
+{
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, file, n, seed, &mem);
+
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+}
+
 /* Saves a small pattern file into dir, waits DURABLE and commits dir (world 1). */
 void save_and_commit(dsckpt_conn_t *c, const char *dir, uint64_t seed)
 {
@@ -300,4 +314,31 @@ const char *d_small_disk(void)
 		return NULL;
 	}
 	return small;
+}
+
+/* Unmounts the tmpfs d_small_disk mounted under d's root. */
+void d_unmount_small(const struct hdaemon *d)
+{
+	umount2(h_path("%s/small", d->root), MNT_DETACH);
+}
+
+/* Plants a stale partial file below root (see harness_daemon.h): its path. */
+const char *d_plant_bait(const char *root)
+{
+	static char bait[512];
+	struct timeval old[2];
+	const char *tag = h_path("%s/job/t1", root);
+
+	mkdir(h_path("%s/job", root), 0755);
+	mkdir(tag, 0755);
+	snprintf(bait, sizeof(bait), "%s/rank9.safetensors.partial", tag);
+	int fd = open(bait, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "half a file", 11), 11);
+	close(fd);
+	gettimeofday(&old[0], NULL);
+	old[0].tv_sec -= 3600;
+	old[1] = old[0];
+	ck_assert_int_eq(utimes(bait, old), 0);
+	return bait;
 }

@@ -32,6 +32,12 @@ void d_stop(void);
 /* A 4 MiB tmpfs at D->root/small (a full disk): its path, or NULL after SKIP and d_stop when
  * this process cannot mount. */
 const char *d_small_disk(void);
+/* Before a failed test's scratch directory goes: unmounts d_small_disk's tmpfs under d's root
+ * (h_run_suite's before_rm, CHECK_MAIN_BEFORE_RM). */
+void d_unmount_small(const struct hdaemon *d);
+/* Plants root/job/t1/rank9.safetensors.partial, naming no host and an hour old, that any
+ * start-up recovery removes: its path (a static buffer). */
+const char *d_plant_bait(const char *root);
 
 /* ---- reading results back ---- */
 
@@ -87,6 +93,9 @@ void wait_level(dsckpt_conn_t *c, dsckpt_save_t *s, int level, int timeout_ms);
  */
 dsckpt_save_t *save_pattern(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
 			    uint64_t seed, void **mem);
+/* Saves n bytes of seed's pattern as dir/file, waits until DURABLE and frees the save. */
+void save_durable(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
+		  uint64_t seed);
 /* n U8 tensors "p.<i>" of *shape bytes each, one after another in mem (names kept in
  * names), for plans. */
 void plan_specs(dsckpt_tensor_t *t, char (*names)[16], int n, const int64_t *shape,

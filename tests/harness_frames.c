@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -81,6 +82,23 @@ uint64_t raw_expect_reply(int fd, const char *key)
 			      r.m.why);
 	reply_free(&r);
 	return v;
+}
+
+/* Adds host region id (a 4096-byte memfd) on fd and expects its REPLY. */
+void raw_region(int fd, uint64_t id)
+{
+	struct proto_out o;
+	int mfd = memfd_create("raw", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	ck_assert_int_ge(mfd, 0);
+	ck_assert_int_eq(ftruncate(mfd, 4096), 0);
+	out_map(&o, PROTO_REGION_ADD, 3);
+	proto_kv_u64(&o.pk, "region", id);
+	proto_kv_str(&o.pk, "kind", "host");
+	proto_kv_u64(&o.pk, "size", 4096);
+	ck_assert_int_eq(raw_send(fd, &o, 1, &mfd, 1), 0);
+	close(mfd);
+	raw_expect_reply(fd, NULL);
 }
 
 /* Reads an ERROR reply (failing the test on anything else) and returns its code. */
@@ -308,4 +326,20 @@ int r_commit_send(int fd, const char *dir)
 	proto_kv_u64(&o.pk, "world", 1);
 	proto_kv_i64(&o.pk, "timeout_ms", 30000);
 	return raw_send(fd, &o, 0, NULL, 0);
+}
+
+/* LOAD_WAIT of load: 0 when LOADED, else a negative code. */
+int r_load_wait(int fd, int64_t load, struct res *res)
+{
+	struct proto_out o;
+	int rc;
+
+	out_map(&o, PROTO_LOAD_WAIT, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)load);
+	proto_kv_i64(&o.pk, "timeout_ms", 20000);
+	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 30000)) != 0)
+		return rc;
+	if (res->v != DSCKPT_LOADED)
+		snprintf(res->msg, sizeof(res->msg), "level %lld", (long long)res->v);
+	return res->v == DSCKPT_LOADED ? 0 : DSCKPT_EFAILED;
 }

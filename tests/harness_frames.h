@@ -38,6 +38,8 @@ int raw_recv(int fd, struct reply *r, int timeout_ms);
 void reply_free(struct reply *r);
 /* Reads a REPLY (failing the test on anything else) and returns u64 key of it (0 if none). */
 uint64_t raw_expect_reply(int fd, const char *key);
+/* Adds host region id (a 4096-byte memfd) on fd and expects its REPLY. */
+void raw_region(int fd, uint64_t id);
 /* Reads an ERROR reply (failing the test on anything else) and returns its code. */
 int raw_expect_error(int fd);
 /* Sends a valid trainer HELLO and reads its REPLY. */
@@ -83,5 +85,8 @@ int r_wait(int fd, int64_t save, int level, int timeout_ms, struct res *res);
 int r_abort(int fd, int64_t save, struct res *res);
 /* Sends COMMIT of dir (world 1) without reading the answer. */
 int r_commit_send(int fd, const char *dir);
+/* LOAD_WAIT of load (20 s): 0 when LOADED, DSCKPT_EFAILED when it ended at another level
+ * (res->msg says which), or a negative code. */
+int r_load_wait(int fd, int64_t load, struct res *res);
 
 #endif

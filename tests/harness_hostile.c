@@ -260,6 +260,15 @@ void user_dir(const char *path, const char *user, mode_t mode)
 	ck_assert_int_eq(chmod(path, mode), 0);
 }
 
+/* Execs dsckptctl status on the test daemon's socket, its output on *(int *)fd. */
+int exec_ctl_status(void *fd)
+{
+	dup2(*(const int *)fd, 1);
+	dup2(*(const int *)fd, 2);
+	execl(h_bin("dsckptctl"), "dsckptctl", "-s", D->socket, "status", (char *)NULL);
+	return 126;
+}
+
 /* ---- the daemon ---- */
 
 /*

@@ -94,6 +94,9 @@ int as_user_wait(pid_t pid);
 int as_user(const char *user, int (*fn)(void *), void *arg);
 /* Makes directory path owned by user with mode (a place of the user's own). */
 void user_dir(const char *path, const char *user, mode_t mode);
+/* A child's fn (as_user_spawn): execs `dsckptctl -s D->socket status`, its stdout and stderr
+ * on the descriptor *(int *)fd; 126 when it could not. */
+int exec_ctl_status(void *fd);
 
 /* ---- the daemon ---- */
 

@@ -1,5 +1,5 @@
 /*
- * check_client_fail.c — libdsckpt's failures against a scripted fake daemon (fake_peer.c):
+ * check_lib_fail.c — libdsckpt's failures against a scripted fake daemon (fake_peer.c):
  * calls out of order, an ERROR reply, a version mismatch, a peer that hangs up or answers
  * the wrong request, and a WAIT that ends FAILED or too early.
  */
@@ -172,9 +172,9 @@ START_TEST(test_fake_wait)
 END_TEST
 
 /* The suite. */
-static Suite *client_fail_suite(void)
+static Suite *lib_fail_suite(void)
 {
-	Suite *s = suite_create("client_fail");
+	Suite *s = suite_create("lib_fail");
 	TCase *tc = tcase_create("fake-peer");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_fake_state);
@@ -187,8 +187,4 @@ static Suite *client_fail_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(client_fail_suite(), NULL);
-}
+CHECK_MAIN(lib_fail_suite)

@@ -1,5 +1,5 @@
 /*
- * check_client_stage.c — host memory the library did not allocate (plain malloc) is staged
+ * check_lib_stage.c — host memory the library did not allocate (plain malloc) is staged
  * into the library's shared memory (client/lib/stage.c): a save seen at SNAPSHOT gives its
  * staging memory to the next save of the connection (which then copies into pages already in
  * place instead of faulting in fresh ones), a save freed before SNAPSHOT was seen does not, and every file holds exactly the bytes of its own save, also when the copy

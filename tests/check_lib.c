@@ -1,7 +1,7 @@
 /*
- * check_client.c — libdsckpt alone: error and level names, the host allocator, connecting
+ * check_lib.c — libdsckpt alone: error and level names, the host allocator, connecting
  * where there is no daemon, argument validation and NULL handles. The library's requests
- * against a scripted fake daemon are check_client_save.c's and check_client_fail.c's.
+ * against a scripted fake daemon are check_lib_save.c's and check_lib_fail.c's.
  */
 #include <check.h>
 #include <stdio.h>
@@ -249,9 +249,9 @@ START_TEST(test_null_handles)
 END_TEST
 
 /* The suite. */
-static Suite *client_suite(void)
+static Suite *lib_suite(void)
 {
-	Suite *s = suite_create("client");
+	Suite *s = suite_create("lib");
 	TCase *tc = tcase_create("local");
 	tcase_add_test(tc, test_errors);
 	tcase_add_test(tc, test_levels);
@@ -263,8 +263,4 @@ static Suite *client_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(client_suite(), NULL);
-}
+CHECK_MAIN(lib_suite)

@@ -1,5 +1,5 @@
 /*
- * check_client_load.c — libdsckpt's loads. Against the scripted fake daemon (fake_peer.c):
+ * check_lib_load.c — libdsckpt's loads. Against the scripted fake daemon (fake_peer.c):
  * what goes on the wire (zero-copy blocks, staged destinations copied out only once LOADED,
  * frames under the limit, a refused or failed load repeated, aborts, calls out of order).
  * End to end against a real dsckptd: files saved and loaded back into dsckpt_host_alloc and
@@ -18,15 +18,6 @@
 #include "harness_daemon.h"
 
 #define SENTINEL 0x5a
-
-/* Whether n bytes at p all hold SENTINEL. */
-static int untouched(const void *p, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (((const uint8_t *)p)[i] != SENTINEL)
-			return 0;
-	return 1;
-}
 
 /* Whether n bytes at p hold the fake peer's pattern for name. */
 static int filled(const void *p, size_t n, const char *name)
@@ -80,7 +71,7 @@ START_TEST(test_fake_load)
 	/* The peer wrote the block in place and the arena; the caller's heap waits. */
 	ck_assert(filled(host, 64, "w"));
 	ck_assert(filled(host + 4096, 64, "b"));
-	ck_assert(untouched(small, 1000) && untouched(large, big));
+	ck_assert(h_all_bytes(small, 1000, SENTINEL) && h_all_bytes(large, big, SENTINEL));
 	ck_assert_int_eq(dsckpt_load_wait(l, -1), DSCKPT_LOADED);
 	ck_assert(filled(small, 1000, "staged.small"));
 	ck_assert(filled(large, big, "staged.large"));
@@ -185,7 +176,7 @@ START_TEST(test_fake_load_refused)
 	ck_assert_int_eq(dsckpt_load_wait(l, -1), DSCKPT_ESTATE);
 	ck_assert_ptr_nonnull(strstr(dsckpt_last_error(c), "failed before it started"));
 	ck_assert_int_eq(dsckpt_load_end(l), DSCKPT_ESTATE);
-	ck_assert(untouched(heap, 64));
+	ck_assert(h_all_bytes(heap, 64, SENTINEL));
 	dsckpt_load_free(l);
 	dsckpt_close(c);
 
@@ -220,7 +211,7 @@ START_TEST(test_fake_load_failed)
 		ck_assert_str_eq(dsckpt_last_error(c),
 				 "tensor b of /ck/r0.safetensors: checksum mismatch");
 	}
-	ck_assert(untouched(heap, 64));
+	ck_assert(h_all_bytes(heap, 64, SENTINEL));
 	dsckpt_load_free(l);
 	dsckpt_close(c);
 
@@ -429,8 +420,8 @@ static void check_loaded(struct ttensor *t, size_t n, size_t skip)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (i == skip)
-			ck_assert_msg(untouched(t[i].dst, t[i].nbytes), "%s was written",
-				      t[i].name);
+			ck_assert_msg(h_all_bytes(t[i].dst, t[i].nbytes, SENTINEL),
+				      "%s was written", t[i].name);
 		else
 			ck_assert_msg(memcmp(t[i].dst, t[i].src, t[i].nbytes) == 0,
 				      "%s differs", t[i].name);
@@ -504,8 +495,8 @@ START_TEST(test_load_mismatch)
 	ck_assert_msg(!strstr(why, "fine"), "message names a matching tensor: %s", why);
 	h_sleep_ms(200);
 	for (size_t i = 0; i < na; i++)
-		ck_assert_msg(untouched(asked[i].dst, asked[i].nbytes), "%s was written",
-			      asked[i].name);
+		ck_assert_msg(h_all_bytes(asked[i].dst, asked[i].nbytes, SENTINEL),
+			      "%s was written", asked[i].name);
 	ck_assert_int_eq(dsckpt_load_begin(c, dir, "rank1", &l), DSCKPT_ENOENT);
 	ck_assert_int_eq(dsckpt_load_begin(c, h_path("%s/lmm/nothing", D->root), "rank0", &l),
 			 DSCKPT_ENOENT);
@@ -568,7 +559,7 @@ START_TEST(test_load_checksum)
 	ck_assert_int_eq(dsckpt_load_wait(l, 30000), DSCKPT_EFAILED);
 	ck_assert_int_eq(dsckpt_last_cause(c), DSCKPT_ECHECKSUM);
 	ck_assert_msg(strstr(dsckpt_last_error(c), "bitrot"), "%s", dsckpt_last_error(c));
-	ck_assert(untouched(t[1].dst, 4096));   /* staged: never copied out */
+	ck_assert(h_all_bytes(t[1].dst, 4096, SENTINEL));   /* staged: never copied out */
 	dsckpt_load_free(l);
 	dsckpt_close(c);
 	free_tensors(t, 2);
@@ -577,9 +568,9 @@ START_TEST(test_load_checksum)
 END_TEST
 
 /* The suite: the fake peer's cases, then the real daemon's. */
-static Suite *client_load_suite(void)
+static Suite *lib_load_suite(void)
 {
-	Suite *s = suite_create("client_load");
+	Suite *s = suite_create("lib_load");
 	TCase *tc = tcase_create("fake-peer");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_fake_load);
@@ -595,8 +586,4 @@ static Suite *client_load_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(client_load_suite(), NULL);
-}
+CHECK_MAIN(lib_load_suite)

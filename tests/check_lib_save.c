@@ -1,5 +1,5 @@
 /*
- * check_client_save.c — libdsckpt's data path against a scripted fake daemon (fake_peer.c):
+ * check_lib_save.c — libdsckpt's data path against a scripted fake daemon (fake_peer.c):
  * a whole save (zero-copy host blocks, staged memory, blobs in pieces, small blobs with the
  * end), freed blocks unregistered, huge saves split into frames, no GPU without a driver,
  * batches of tensors, deferred saves (one frame for a whole save), the run id HELLO carries.
@@ -14,14 +14,6 @@
 
 #include "fake_peer.h"
 #include "harness.h"
-
-/* Microseconds on the monotonic clock. */
-static double now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 /* The environment variables libdsckpt takes a run id from. */
 static const char *const run_vars[] = {"DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
@@ -142,9 +134,9 @@ START_TEST(test_fake_save)
 	ck_assert_int_eq(dsckpt_add_blob(s, "empty", NULL, 0), 0);
 	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, 0), DSCKPT_ESTATE);
 
-	double t0 = now_us();
+	double t0 = h_now_us();
 	ck_assert_int_eq(dsckpt_save_end(s), 0);
-	double took = now_us() - t0;
+	double took = h_now_us() - t0;
 	ck_assert_msg(took < 20000, "save_end took %.0f us", took);
 
 	ck_assert_int_eq(dsckpt_save_end(s), DSCKPT_ESTATE);
@@ -492,9 +484,9 @@ START_TEST(test_fake_early)
 END_TEST
 
 /* The suite. */
-static Suite *client_save_suite(void)
+static Suite *lib_save_suite(void)
 {
-	Suite *s = suite_create("client_save");
+	Suite *s = suite_create("lib_save");
 	TCase *tc = tcase_create("fake-peer");
 	tcase_set_timeout(tc, 20);
 	tcase_add_test(tc, test_fake_save);
@@ -509,8 +501,4 @@ static Suite *client_save_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	return h_run_suite(client_save_suite(), NULL);
-}
+CHECK_MAIN(lib_save_suite)

@@ -1,0 +1,206 @@
+/*
+ * check_retention.c — keep_last (daemon/retention.c) on real tags committed in a scratch job
+ * directory (store_commit, no daemon): the newest keep stay whatever their names, the tag
+ * just committed and the one `latest` names are never deleted, uncommitted tags and files
+ * dsckptd did not write stay, nothing of another user is touched, and a spent budget
+ * deletes nothing.
+ */
+#include "harness_store.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Writes one rank's file into job/tag and commits it (latest follows). */
+static void commit_tag(const char *tag)
+{
+	const char *dir = rpath("job/%s", tag);
+
+	write_ckpt(dir, "model", 0, "{\"step\": 1}");
+	commit_ok(dir, 1);
+}
+
+/* The job directory, open. */
+static int job_open(void)
+{
+	int fd = open(rpath("%s", "job"), STORE_DIR_FLAGS);
+
+	ck_assert_int_ge(fd, 0);
+	return fd;
+}
+
+/* Whether job/tag (or a path below it) is there. */
+static int has(const char *rel)
+{
+	return h_exists(rpath("job/%s", rel));
+}
+
+/* Applies keep_last keep as a commit of tag by uid would, latest read from the disk. */
+static void apply(const char *tag, uid_t uid, unsigned keep)
+{
+	int fd = job_open();
+
+	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep);
+	close(fd);
+}
+
+/* The newest keep committed tags stay, ordered by commit time, not by name (committed z, y,
+ * x, w: w is the newest); older ones go whole; an uncommitted tag and a file beside the tags
+ * stay. */
+START_TEST(test_keep_newest)
+{
+	const char *order[] = {"z", "y", "x", "w"};
+
+	for (int i = 0; i < 4; i++)
+		commit_tag(order[i]);
+	write_ckpt(rpath("job/%s", "u"), "model", 0, NULL);	/* never committed */
+	write_text(rpath("job/%s", "notes.txt"), "mine");
+	apply("w", 0, 2);
+	ck_assert(has("w/" FMT_MANIFEST) && has("w/model.safetensors") && has("w/model.meta"));
+	ck_assert(has("x/" FMT_MANIFEST));
+	ck_assert(!has("y") && !has("z"));
+	ck_assert(has("u/model.safetensors"));
+	ck_assert(has("notes.txt"));
+
+	/* keep 1 on the same directory: x goes too; again, nothing more. */
+	apply("w", 0, 1);
+	ck_assert(has("w") && !has("x") && has("u"));
+	apply("w", 0, 1);
+	ck_assert(has("w/" FMT_MANIFEST));
+}
+END_TEST
+
+/* The tag being committed and the one latest names stay even past keep. */
+START_TEST(test_current_and_latest)
+{
+	const char *order[] = {"a", "b", "c", "d", "e"};
+	char latest[64];
+	int fd;
+
+	for (int i = 0; i < 5; i++)
+		commit_tag(order[i]);
+	fd = job_open();
+	store_latest_get(fd, latest, sizeof(latest));
+	ck_assert_str_eq(latest, "e");
+	/* A commit of b (older than e) with latest naming a: keep 1 keeps e, b and a. */
+	retention_keep(fd, rpath("%s", "job"), "b", store_tag_committed(fd, "b"), "a", 0, 1,
+		       NULL);
+	close(fd);
+	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("e/" FMT_MANIFEST));
+	ck_assert(!has("c") && !has("d"));
+}
+END_TEST
+
+/* In a tag to delete, only the files dsckptd writes go: the manifest and checkpoint files,
+ * not a file of the user's, and so the directory stays; a tag holding a directory too. */
+START_TEST(test_foreign_files)
+{
+	commit_tag("old");
+	commit_tag("sub");
+	commit_tag("new");
+	write_text(rpath("job/%s", "old/README"), "the user's");
+	ck_assert_int_eq(mkdir(rpath("job/%s", "sub/extra"), 0755), 0);
+	apply("new", 0, 1);
+	ck_assert(has("old/README"));
+	ck_assert(!has("old/" FMT_MANIFEST) && !has("old/model.safetensors") &&
+		  !has("old/model.meta"));
+	ck_assert(has("sub/extra") && !has("sub/" FMT_MANIFEST));
+	ck_assert(has("new/" FMT_MANIFEST));
+
+	/* Half deleted, old no longer reads as committed: nothing more to do there. */
+	int fd = job_open();
+	ck_assert_uint_eq(store_tag_committed(fd, "old"), 0);
+	close(fd);
+}
+END_TEST
+
+/* Whether the test runs as root (chown); prints a SKIP line when not. */
+static int need_root(void)
+{
+	if (geteuid() == 0)
+		return 1;
+	printf("SKIP: check_retention: the owner cases chown files (not root)\n");
+	return 0;
+}
+
+/* Nothing of another user: a tag, a manifest or a file owned by someone else than the job
+ * directory's owner stays; a committing user other than root deletes only its own tags. */
+START_TEST(test_owners)
+{
+	if (!need_root())
+		return;
+	const char *order[] = {"t1", "t2", "t3", "t4", "t5"};
+	for (int i = 0; i < 5; i++)
+		commit_tag(order[i]);
+	ck_assert_int_eq(h_system("chown -R 1000:1000 '%s'", rpath("%s", "job")), 0);
+	ck_assert_int_eq(chown(rpath("job/%s", "t1"), 1001, 1001), 0);	/* a tag */
+	ck_assert_int_eq(chown(rpath("job/%s", "t2/" FMT_MANIFEST), 1001, 1001), 0);
+	ck_assert_int_eq(chown(rpath("job/%s", "t3/model.meta"), 1001, 1001), 0);
+
+	/* Another user committing in the job directory deletes nothing of 1000's. */
+	apply("t5", 1001, 1);
+	for (int i = 0; i < 5; i++)
+		ck_assert_msg(has(h_path("%s/" FMT_MANIFEST, order[i])), "%s", order[i]);
+
+	apply("t5", 1000, 1);
+	ck_assert(has("t1/" FMT_MANIFEST));	/* not the job owner's tag: not even counted */
+	ck_assert(has("t2/" FMT_MANIFEST) && has("t2/model.safetensors"));
+	ck_assert(has("t3/model.meta") && !has("t3/model.safetensors") &&
+		  !has("t3/" FMT_MANIFEST));
+	ck_assert(!has("t4"));
+	ck_assert(has("t5/" FMT_MANIFEST));
+}
+END_TEST
+
+/* With a budget that runs out while listing or reading, nothing is deleted: a tag whose
+ * manifest was not read may be newer than those that were (here c, committed after a and b,
+ * is listed after them and its manifest is past the budget); one that suffices deletes as
+ * without. */
+START_TEST(test_budget)
+{
+	const char *order[] = {"a", "b", "c", "d"};
+	struct stat st;
+	int fd;
+
+	for (int i = 0; i < 4; i++)
+		commit_tag(order[i]);
+	fd = job_open();
+	uint64_t ns = store_tag_committed(fd, "d");
+	struct store_budget small = {.entries = 3, .bytes = 1 << 20};
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small);
+	ck_assert(small.spent);
+	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
+
+	ck_assert_int_eq(stat(rpath("job/%s", "a/" FMT_MANIFEST), &st), 0);
+	struct store_budget two = {.entries = 1000, .bytes = (uint64_t)st.st_size * 5 / 2};
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two);
+	ck_assert(two.spent);
+	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
+
+	struct store_budget enough = {.entries = 1000, .bytes = 1 << 20};
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough);
+	close(fd);
+	ck_assert(!enough.spent);
+	ck_assert(!has("a") && !has("b") && !has("c") && has("d/" FMT_MANIFEST));
+}
+END_TEST
+
+/* The suite. */
+static Suite *retention_suite(void)
+{
+	Suite *s = suite_create("retention");
+	TCase *tc = tcase_create("retention");
+	tcase_add_checked_fixture(tc, scratch_setup, scratch_teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_keep_newest);
+	tcase_add_test(tc, test_current_and_latest);
+	tcase_add_test(tc, test_foreign_files);
+	tcase_add_test(tc, test_owners);
+	tcase_add_test(tc, test_budget);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CHECK_MAIN(retention_suite)
