@@ -1037,6 +1037,18 @@ unsigned seal_running(void);
 /* Forgets every tag (shutdown, nothing running). */
 void seal_free_all(void);
 
+/* seal_watch.c — a sealed tag's directory watched for the manifest another node writes. */
+struct seal_watch;
+typedef void (*seal_watch_cb)(void *arg);
+/* Watches dir (open as dfd, kept open by the caller) for a manifest: inotify, and a poll
+ * (100 ms doubling to 2 s) for other hosts' writes; cb(arg) on the loop whenever one is seen.
+ * NULL without memory. */
+struct seal_watch *seal_watch_start(const char *dir, int dfd, seal_watch_cb cb, void *arg);
+/* Stops and frees a watch (NULL is fine). */
+void seal_watch_stop(struct seal_watch *w);
+/* Threadpool: whether the manifest in the tag dfd commits run by world ranks. */
+int seal_watch_mine(int dfd, const char *run, unsigned world);
+
 /* overwrite.c — which version of a tag a save, a seal, a commit names (loop thread). */
 /* Opens the directory a save of dir by rank of uid's job and run goes into: the tag, or its
  * staging directory (its path then replaces dir) when the tag is committed or rank sealed it;

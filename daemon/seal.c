@@ -55,6 +55,7 @@ struct seal_tag {
 	int gone;                   /* forgotten while busy (its directory removed, a newer run
 				     * took it over): seal_after frees it */
 	uv_timer_t timer;
+	struct seal_watch *watch;   /* for the manifest, while waiting for the other nodes */
 	/* seal_work's: in (cfg, write) and out */
 	uv_work_t work;
 	struct config *cfg;         /* a reference, while busy */
@@ -63,6 +64,7 @@ struct seal_tag {
 	unsigned *ranks;            /* the ranks to write */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int have;                   /* ranks the records name */
+	int mine;                   /* rc 2: the manifest found commits this tag's run */
 	char err[ERRLEN];
 	struct store_commit_info info;
 	struct seal_tag *next;
@@ -92,6 +94,7 @@ static void seal_free(struct seal_tag *t)
 			break;
 		}
 	}
+	seal_watch_stop(t->watch);
 	uv_timer_stop(&t->timer);
 	uv_close((uv_handle_t *)&t->timer, seal_closed);
 }
@@ -141,6 +144,8 @@ static void on_seal_timer(uv_timer_t *h)
 static void seal_end(struct seal_tag *t)
 {
 	t->ended = 1;
+	seal_watch_stop(t->watch);
+	t->watch = NULL;
 	uv_timer_start(&t->timer, on_seal_timer, SEAL_LINGER_MS, 0);
 }
 
@@ -187,6 +192,8 @@ static void seal_work(uv_work_t *w)
 						 sizeof(t->err));
 		if (t->rc == 0)
 			t->have = store_seal_scan(dfd, t->job, t->run, t->world, have);
+		else if (t->rc == 2)
+			t->mine = seal_watch_mine(dfd, t->run, t->world);
 		store_job_unlock(jobfd);
 	}
 	close(dfd);
@@ -198,6 +205,12 @@ static void seal_work(uv_work_t *w)
 		if (t->rc == 0)
 			t->rc = 1;
 	}
+}
+
+/* seal_watch_cb: a manifest appeared in the tag's directory; a look decides whose it is. */
+static void seal_on_manifest(void *arg)
+{
+	seal_check(arg);
 }
 
 /* Starts uid's next tag waiting for its turn (seal_user_busy), if any. */
@@ -230,8 +243,15 @@ static void seal_after(uv_work_t *w, int status)
 	if (t->rc < 0) {
 		log_warnx("seal of %s: %s", t->dir, t->err);
 		seal_end(t);
+	} else if (t->rc == 2 && t->mine) {
+		/* Another node's commit of this run: this node's saves are committed too. */
+		log_info("committed %s: by another node (job %s)", t->dir, t->job);
+		t->rc = 1;
+		save_mark_committed(&t->dirid, t->uid, t->run);
+		overwrite_committed(t->dir);
+		seal_end(t);
 	} else if (t->rc == 2) {
-		log_debug("seal of %s: committed already, no record written", t->dir);
+		log_debug("seal of %s: committed already, not by this run", t->dir);
 		seal_end(t);
 	} else if (t->rc == 1) {
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
@@ -243,6 +263,8 @@ static void seal_after(uv_work_t *w, int status)
 		seal_check(t);	/* more ranks sealed meanwhile */
 	} else if (t->tries > 0) {
 		log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have, t->world);
+		if (!t->watch)	/* the node that completes the set commits: learn of it */
+			t->watch = seal_watch_start(t->dir, t->dfd, seal_on_manifest, t);
 		unsigned k = SEAL_TRIES - t->tries;
 		uv_timer_start(&t->timer, on_seal_timer,
 			       k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);

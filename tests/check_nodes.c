@@ -1,0 +1,151 @@
+/*
+ * check_nodes.c — many nodes on one shared root, as a multi-node job uses dsckptd: N daemons
+ * with distinct "host" values (tiny caches, few threads), two ranks per node (connections of
+ * this process), each saving its own byte pattern and sealing. Every rank's wait for
+ * COMMITTED returns COMMITTED on every node, not only on the one that wrote the manifest.
+ */
+#include "harness_daemon.h"
+
+#include <check.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_NODES 64
+#define PER_NODE 2
+#define N_BYTES (16 * 1024)
+#define CACHE_1M 0.001 /* just above the least cache (1/1024 GiB, which %g rounds below) */
+/* A node as small as the daemon allows: many of them share this machine. */
+#define SMALL_NODE "\"copy_threads\": 1, \"restore_threads\": 1,"
+
+/* The other nodes (nodes[0] is the test's daemon D). */
+static struct hdaemon nodes[MAX_NODES];
+static int nnodes;
+
+/* One rank: its connection, its save of the current tag and the save's bytes. */
+struct rank {
+	dsckpt_conn_t *c;
+	dsckpt_save_t *s;
+	void *mem;
+};
+
+/* Starts n nodes on one root: D (host n000) and n - 1 peers (n001, ...), extra_json added to
+ * each one's config. */
+static void nodes_start(int n, const char *extra_json)
+{
+	char json[512];
+
+	ck_assert_int_le(n, MAX_NODES);
+	snprintf(json, sizeof(json), CHUNK_1M SMALL_NODE "%s \"host\": \"n000\",",
+		 extra_json ? extra_json : "");
+	d_start(CACHE_1M, json);
+	nodes[0] = *D;
+	for (int i = 1; i < n; i++) {
+		char name[16];
+		snprintf(name, sizeof(name), "n%03d", i);
+		snprintf(json, sizeof(json), CHUNK_1M SMALL_NODE "%s \"host\": \"%s\",",
+			 extra_json ? extra_json : "", name);
+		h_daemon_start_peer(&nodes[i], D, name, CACHE_1M, json);
+	}
+	nnodes = n;
+}
+
+/* Stops every node (each must exit 0). */
+static void nodes_stop(void)
+{
+	for (int i = 1; i < nnodes; i++)
+		ck_assert_int_eq(h_daemon_kill(&nodes[i], SIGTERM), 0);
+	nnodes = 0;
+	d_stop();
+}
+
+/* Connects rank (of world) of job to its node's daemon (node rank / PER_NODE). */
+static dsckpt_conn_t *rank_conn(const char *job, int rank, int world)
+{
+	dsckpt_conn_t *c;
+	int rc = dsckpt_connect(nodes[rank / PER_NODE].socket, &c);
+	ck_assert_msg(rc == 0, "connect rank %d: %s", rank, dsckpt_err_name(rc));
+	CK_DS(c, dsckpt_identify(c, job, rank, world));
+	return c;
+}
+
+/* Saves rank r's pattern for step into dir (file rank<r>). */
+static void rank_save(struct rank *k, int r, const char *dir, int step)
+{
+	char file[16];
+	snprintf(file, sizeof(file), "rank%d", r);
+	k->s = save_pattern(k->c, dir, file, N_BYTES,
+			    (uint64_t)(1000 * step + r), &k->mem);
+}
+
+/* Waits for k's save to reach level (fails the test with where it stopped otherwise). */
+static void rank_wait(struct rank *k, int r, int level, int timeout_ms)
+{
+	int rc = dsckpt_wait(k->s, level, timeout_ms);
+	ck_assert_msg(rc >= level, "rank %d (node n%03d): waiting for %s: %s: %s", r,
+		      r / PER_NODE, dsckpt_level_name(level),
+		      rc < 0 ? dsckpt_err_name(rc) : dsckpt_level_name(rc),
+		      dsckpt_last_error(k->c));
+}
+
+/* Frees k's save and bytes. */
+static void rank_done(struct rank *k)
+{
+	dsckpt_save_free(k->s);
+	dsckpt_host_free(k->mem);
+	k->s = NULL;
+	k->mem = NULL;
+}
+
+/* Issue 32 item 1: 64 nodes, 128 ranks save, wait DURABLE and seal; then every rank's wait
+ * for COMMITTED returns COMMITTED, on every node. */
+START_TEST(test_committed_everywhere)
+{
+	int n = MAX_NODES, world = n * PER_NODE;
+	struct rank *k = calloc((size_t)world, sizeof(*k));
+	ck_assert_ptr_nonnull(k);
+	nodes_start(n, NULL);
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s/mj/step1", D->root);
+	for (int r = 0; r < world; r++) {
+		k[r].c = rank_conn("mj", r, world);
+		rank_save(&k[r], r, dir, 1);
+	}
+	for (int r = 0; r < world; r++) {
+		rank_wait(&k[r], r, DSCKPT_DURABLE, 60000);
+		CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
+	}
+	for (int r = 0; r < world; r++)
+		rank_wait(&k[r], r, DSCKPT_COMMITTED, 60000);
+	ck_assert_str_eq(file_text(h_path("%s/mj/latest", D->root)), "step1");
+	for (int r = 0; r < world; r++) {
+		char file[16];
+		snprintf(file, sizeof(file), "rank%d", r);
+		check_pattern_file(dir, file, N_BYTES, 1000 + (uint64_t)r);
+	}
+	ctl_verify(dir);
+	for (int r = 0; r < world; r++) {
+		rank_done(&k[r]);
+		dsckpt_close(k[r].c);
+	}
+	free(k);
+	nodes_stop();
+}
+END_TEST
+
+/* The suite. */
+static Suite *nodes_suite(void)
+{
+	Suite *s = suite_create("nodes");
+	h_add_case(s, "committed everywhere", test_committed_everywhere, 300, 1);
+	return s;
+}
+
+int main(void)
+{
+	return h_run_suite(nodes_suite(), NULL);
+}
