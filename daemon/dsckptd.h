@@ -439,6 +439,11 @@ struct store_commit_info {
 int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen);
+/* store_commit as of created_ns (0: now): the daemons' commit of a sealed tag dates it by its
+ * newest seal, so that a job's tags order by step however late each commit lands. */
+int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
+		    struct store_commit_info *info, char *err, size_t errlen);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
@@ -492,15 +497,15 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		     uid_t uid, gid_t gid, char *err, size_t errlen);
 /* Reads the record dirfd/name into r (seal_record_free); 0, or -1 when unsound. */
 int store_seal_read(int dirfd, const char *name, struct seal_record *r);
-/* Marks in have (world bytes) every rank of job's run the tag's records name; how many, or
- * -1. */
+/* Marks in have (world bytes) every rank of job's run the tag's records name, *newest the
+ * newest seal time they record; how many ranks, or -1. */
 int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
-		    uint8_t *have);
+		    uint8_t *have, uint64_t *newest);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
- * never current (committed at current_ns), nor latest's, nor a directory (or a file in one)
- * that the job directory's owner does not own, nor one uid does not own (uid 0: any). The
- * job lock is held. */
+ * current (committed at current_ns) too when keep tags dated later are kept; never latest's,
+ * nor a directory (or a file in one) that the job directory's owner does not own, nor one uid
+ * does not own (uid 0: any). The job lock is held. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		     uid_t uid, unsigned keep);
 /* The same with the tag latest names given, reads within b; nothing is deleted once b is

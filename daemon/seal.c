@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -46,6 +47,8 @@ struct seal_tag {
 	gid_t gid;
 	uint8_t *sealed;            /* world entries: ranks sealed through this daemon */
 	unsigned nsealed;
+	uint64_t sealed_ns;         /* when the newest of them sealed (the record's sealed_ns) */
+	uint64_t written_ns;        /* sealed_ns as of written */
 	unsigned written;           /* nsealed when our record was last written (seal_work
 				     * reads it, not nsealed, which a new seal changes meanwhile) */
 	unsigned tries;             /* looks left at the others' records */
@@ -64,6 +67,7 @@ struct seal_tag {
 	unsigned *ranks;            /* the ranks to write */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int have;                   /* ranks the records name */
+	uint64_t newest;            /* the newest seal they record: the commit's date */
 	int mine;                   /* rc 2: the manifest found commits this tag's run */
 	char err[ERRLEN];
 	struct store_commit_info info;
@@ -181,7 +185,7 @@ static void seal_work(uv_work_t *w)
 	 * writing at once, the second sees the first's record. */
 	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
 		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
-					t->run};
+					t->run, t->written_ns};
 		const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
 		/* Committed meanwhile (a COMMIT): no record to add, and none half-written to be
 		 * found beside the manifest once the commit has answered. */
@@ -191,7 +195,8 @@ static void seal_work(uv_work_t *w)
 			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
 						 sizeof(t->err));
 		if (t->rc == 0)
-			t->have = store_seal_scan(dfd, t->job, t->run, t->world, have);
+			t->have = store_seal_scan(dfd, t->job, t->run, t->world, have,
+						  &t->newest);
 		else if (t->rc == 2)
 			t->mine = seal_watch_mine(dfd, t->run, t->world);
 		store_job_unlock(jobfd);
@@ -200,8 +205,8 @@ static void seal_work(uv_work_t *w)
 	close(jobfd);
 	free(have);
 	if (t->rc == 0 && t->have == (int)t->world) {
-		t->rc = store_commit(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid, t->gid,
-				     &t->info, t->err, sizeof(t->err));
+		t->rc = store_commit_at(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid,
+					t->gid, t->newest, &t->info, t->err, sizeof(t->err));
 		if (t->rc == 0)
 			t->rc = 1;
 	}
@@ -213,15 +218,18 @@ static void seal_on_manifest(void *arg)
 	seal_check(arg);
 }
 
-/* Starts uid's next tag waiting for its turn (seal_user_busy), if any. */
+/* Starts uid's next tag waiting for its turn (seal_user_busy), if any: the one sealed first
+ * (the list is newest first), so that a job's steps commit in their order where they can. */
 static void seal_next(uid_t uid)
 {
-	for (struct seal_tag *o = tags; o; o = o->next) {
-		if (o->deferred && o->uid == uid) {
-			o->deferred = 0;
-			seal_check(o);
-			break;
-		}
+	struct seal_tag *first = NULL;
+
+	for (struct seal_tag *o = tags; o; o = o->next)
+		if (o->deferred && o->uid == uid)
+			first = o;
+	if (first) {
+		first->deferred = 0;
+		seal_check(first);
 	}
 }
 
@@ -325,6 +333,7 @@ static void seal_check(struct seal_tag *t)
 			if (t->sealed[r])
 				t->ranks[k++] = r;
 		t->written = t->nsealed;
+		t->written_ns = t->sealed_ns;
 		t->tries = SEAL_TRIES;
 	}
 	uv_timer_stop(&t->timer);
@@ -384,6 +393,14 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 	return t;
 }
 
+/* The time now (CLOCK_REALTIME, ns): a rank's seals are dated by its node's clock. */
+static uint64_t seal_now_ns(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+}
+
 /* Handles SEAL of dir by client cl (an identified trainer, auth_check'ed by the caller). */
 void seal_request(const struct session *cl, uint64_t req, const char *dir)
 {
@@ -426,6 +443,7 @@ void seal_request(const struct session *cl, uint64_t req, const char *dir)
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
+		t->sealed_ns = seal_now_ns();
 		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
 			  t->nsealed, world);
 	}
@@ -486,6 +504,7 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 		t->sealed[r->ranks[i]] = 1;
 	}
 	t->written = t->nsealed;
+	t->sealed_ns = t->written_ns = r->sealed_ns;
 	t->tries = SEAL_TRIES;
 	log_info("resuming the seals of %s: %u of %u ranks sealed here", dir, t->nsealed,
 		 t->world);

@@ -42,17 +42,18 @@ int store_seal_read(int dirfd, const char *name, struct seal_record *r)
 }
 
 /* Reads every seal record of job's run (world ranks) in the tag dirfd into have (world bytes,
- * set for each rank some record names); returns how many ranks are sealed, or -1 (cannot
- * list). Records of another job, run or world size are ignored: one run's seals never
- * complete another's. */
+ * set for each rank some record names) and *newest (the newest sealed_ns they record);
+ * returns how many ranks are sealed, or -1 (cannot list). Records of another job, run or
+ * world size are ignored: one run's seals never complete another's. */
 int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
-		    uint8_t *have)
+		    uint8_t *have, uint64_t *newest)
 {
 	char **names;
 	size_t n;
 	int count = 0;
 
 	memset(have, 0, world);
+	*newest = 0;
 	if (store_list(dirfd, &names, &n) < 0)
 		return -1;
 	for (size_t i = 0; i < n; i++) {
@@ -60,6 +61,8 @@ int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
 		if (!seal_record_name(names[i]) || store_seal_read(dirfd, names[i], &r) < 0)
 			continue;
 		if (r.world == world && strcmp(r.job, job) == 0 && strcmp(r.run, run) == 0) {
+			if (r.sealed_ns > *newest)
+				*newest = r.sealed_ns;
 			for (unsigned k = 0; k < r.nranks; k++) {
 				count += !have[r.ranks[k]];
 				have[r.ranks[k]] = 1;

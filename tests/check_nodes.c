@@ -137,11 +137,93 @@ START_TEST(test_committed_everywhere)
 }
 END_TEST
 
+/* Whether some node's log says it committed dir (a commit of its own, or another's learnt). */
+static int nodes_logged_commit(const char *dir)
+{
+	char line[PATH_MAX + 16];
+	snprintf(line, sizeof(line), "committed %s:", dir);
+	for (int i = 0; i < nnodes; i++) {
+		char *log = h_read_file(nodes[i].log, NULL);
+		int has = log && strstr(log, line);
+		free(log);
+		if (has)
+			return 1;
+	}
+	return 0;
+}
+
+/* The names in dir, sorted, space-separated (static buffer). */
+static const char *dir_names(const char *dir)
+{
+	static char out[4096];
+	char cmd[PATH_MAX + 32];
+	snprintf(cmd, sizeof(cmd), "ls -A '%s' | tr '\\n' ' '", dir);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	size_t n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	pclose(p);
+	return out;
+}
+
+/* Issue 32 item 2: 8 nodes save and seal steps 1..20 back to back, with only a SNAPSHOT (odd
+ * steps) or DURABLE (even steps) wait between steps, keep_last 3: every step commits, every
+ * rank of the last step reaches COMMITTED, and exactly the last 3 tags remain (nothing of an
+ * uncommitted tag is left in the job directory). */
+START_TEST(test_back_to_back)
+{
+	enum { N = 8, STEPS = 20 };
+	int world = N * PER_NODE;
+	struct rank k[N * PER_NODE];
+	char job[PATH_MAX - 16], dir[PATH_MAX];
+	nodes_start(N, "\"keep_last\": 3,");
+	snprintf(job, sizeof(job), "%s/bb", D->root);
+	for (int r = 0; r < world; r++)
+		k[r].c = rank_conn("bb", r, world);
+	for (int step = 1; step <= STEPS; step++) {
+		snprintf(dir, sizeof(dir), "%s/step%d", job, step);
+		for (int r = 0; r < world; r++) {
+			if (step > 1)
+				rank_done(&k[r]);
+			rank_save(&k[r], r, dir, step);
+		}
+		for (int r = 0; r < world; r++) {
+			rank_wait(&k[r], r, step % 2 ? DSCKPT_SNAPSHOT : DSCKPT_DURABLE, 60000);
+			CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
+		}
+	}
+	for (int r = 0; r < world; r++)
+		rank_wait(&k[r], r, DSCKPT_COMMITTED, 60000);
+	for (int step = 1; step <= STEPS; step++) {
+		snprintf(dir, sizeof(dir), "%s/step%d", job, step);
+		ck_assert_msg(nodes_logged_commit(dir), "step%d was never committed (left: %s)",
+			      step, dir_names(job));
+	}
+	ck_assert_str_eq(file_text(h_path("%s/latest", job)), "step20");
+	ck_assert_str_eq(dir_names(job), "latest step18 step19 step20 ");
+	for (int step = 18; step <= STEPS; step++) {
+		snprintf(dir, sizeof(dir), "%s/step%d", job, step);
+		ctl_verify(dir);
+		for (int r = 0; r < world; r++) {
+			char file[16];
+			snprintf(file, sizeof(file), "rank%d", r);
+			check_pattern_file(dir, file, N_BYTES, 1000 * (uint64_t)step + (uint64_t)r);
+		}
+	}
+	for (int r = 0; r < world; r++) {
+		rank_done(&k[r]);
+		dsckpt_close(k[r].c);
+	}
+	nodes_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *nodes_suite(void)
 {
 	Suite *s = suite_create("nodes");
 	h_add_case(s, "committed everywhere", test_committed_everywhere, 300, 1);
+	h_add_case(s, "back to back", test_back_to_back, 300, 1);
 	return s;
 }
 

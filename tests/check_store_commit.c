@@ -255,13 +255,15 @@ START_TEST(test_commit_one_run)
 	write_ckpt_run(dir, "other", 1, NULL, store_host(), "r2");
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1"};
-	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2"};
+	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1", 2048};
+	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2", 1024};
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r1, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r2, 0, 0, err, sizeof(err)), 0);
 	uint8_t have[2];
-	ck_assert_int_eq(store_seal_scan(dfd, "job", "r2", 2, have), 1);
+	uint64_t newest;
+	ck_assert_int_eq(store_seal_scan(dfd, "job", "r2", 2, have, &newest), 1);
 	ck_assert(have[0] && !have[1]);
+	ck_assert_uint_eq(newest, 1024);	/* r2's seal only: r1's is another run's */
 	ck_assert_int_eq(store_commit(&cfg, dir, 2, "r2", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_msg(strstr(err, "rank 0 of 2 has no file") && strstr(err, "of this run"), "%s",
