@@ -218,12 +218,130 @@ START_TEST(test_back_to_back)
 }
 END_TEST
 
+/* Uses run (NULL: none) as the run id of the connections opened next. */
+static void set_run(const char *run)
+{
+	const char *vars[] = {"DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+			      "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"};
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+		unsetenv(vars[i]);
+	if (run)
+		setenv("DSCKPT_RUN_ID", run, 1);
+}
+
+/* Ranks of run (of world) save step's pattern into dir and seal it (ranks below nseal; the
+ * others only wait DURABLE); every SEAL must answer "not committed yet" while dir has no
+ * manifest. */
+static void run_step(struct rank *k, int world, int nseal, const char *run, const char *dir,
+		     int step)
+{
+	set_run(run);
+	for (int r = 0; r < world; r++) {
+		k[r].c = rank_conn("rr", r, world);
+		rank_save(&k[r], r, dir, step);
+	}
+	for (int r = 0; r < world; r++) {
+		rank_wait(&k[r], r, DSCKPT_DURABLE, 60000);
+		if (r >= nseal)
+			continue;
+		int rc = dsckpt_seal(k[r].c, dir);
+		int manifest = h_exists(h_path("%s/MANIFEST.json", dir));
+		ck_assert_msg(rc == 0 || (rc == 1 && manifest), "run %s: rank %d's seal: %d (%s), "
+			      "manifest %d", run, r, rc, rc < 0 ? dsckpt_last_error(k[r].c) : "",
+			      manifest);
+	}
+}
+
+/* Closes the ranks' connections and frees their saves. */
+static void run_end(struct rank *k, int world)
+{
+	for (int r = 0; r < world; r++) {
+		rank_done(&k[r]);
+		dsckpt_close(k[r].c);
+	}
+}
+
+/* Checks that dir is committed by run, every rank's file holding step's pattern. */
+static void check_run(const char *dir, const char *run, int world, int step)
+{
+	for (int r = 0; r < world; r++) {
+		char file[16];
+		struct stf f;
+		snprintf(file, sizeof(file), "rank%d", r);
+		check_pattern_file(dir, file, N_BYTES, 1000 * (uint64_t)step + (uint64_t)r);
+		stf_load(&f, h_path("%s/%s.safetensors", dir, file));
+		const char *frun = stf_meta(&f, "dsckpt.run");
+		ck_assert_msg(frun && strcmp(frun, run) == 0, "%s's run: %s", file,
+			      frun ? frun : "(none)");
+		stf_free(&f);
+	}
+	char *m = h_read_file(h_path("%s/MANIFEST.json", dir), NULL);
+	cJSON *mj = m ? cJSON_Parse(m) : NULL;
+	const char *mrun = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(mj, "run"));
+	ck_assert_msg(mrun && strcmp(mrun, run) == 0, "manifest's run: %s", mrun ? mrun : "none");
+	cJSON_Delete(mj);
+	free(m);
+	ctl_verify(dir);
+}
+
+/* Issue 32 item 3: run 1 of a job leaves a tag incomplete on 8 nodes (its last two ranks
+ * never seal); run 2 saves and seals the same tag on every node: the tag commits with run 2's
+ * bytes only, and every rank of run 2 learns COMMITTED. */
+START_TEST(test_new_run_replaces)
+{
+	enum { N = 8 };
+	int world = N * PER_NODE;
+	struct rank a[N * PER_NODE], b[N * PER_NODE];
+	char dir[PATH_MAX];
+	nodes_start(N, NULL);
+	snprintf(dir, sizeof(dir), "%s/rr/t", D->root);
+	run_step(a, world, world - 2, "run-a", dir, 1);
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
+	run_end(a, world);	/* run 1 is gone, its tag incomplete */
+	run_step(b, world, world, "run-b", dir, 2);
+	for (int r = 0; r < world; r++)
+		rank_wait(&b[r], r, DSCKPT_COMMITTED, 60000);
+	check_run(dir, "run-b", world, 2);
+	run_end(b, world);
+	set_run(NULL);
+	nodes_stop();
+}
+END_TEST
+
+/* Issue 32 item 3: a tag committed by run 1 on 8 nodes is deleted and the job re-run at once
+ * (run 2, same tag): every save is accepted, no SEAL answers "committed" before the new
+ * manifest exists, and the tag commits with run 2's bytes on every node. */
+START_TEST(test_rerun_after_delete)
+{
+	enum { N = 8 };
+	int world = N * PER_NODE;
+	struct rank a[N * PER_NODE], b[N * PER_NODE];
+	char dir[PATH_MAX];
+	nodes_start(N, NULL);
+	snprintf(dir, sizeof(dir), "%s/rr/t", D->root);
+	run_step(a, world, world, "run-1", dir, 1);
+	for (int r = 0; r < world; r++)
+		rank_wait(&a[r], r, DSCKPT_COMMITTED, 60000);
+	run_end(a, world);
+	h_rm_rf(dir);
+	run_step(b, world, world, "run-2", dir, 2);
+	for (int r = 0; r < world; r++)
+		rank_wait(&b[r], r, DSCKPT_COMMITTED, 60000);
+	check_run(dir, "run-2", world, 2);
+	run_end(b, world);
+	set_run(NULL);
+	nodes_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *nodes_suite(void)
 {
 	Suite *s = suite_create("nodes");
 	h_add_case(s, "committed everywhere", test_committed_everywhere, 300, 1);
 	h_add_case(s, "back to back", test_back_to_back, 300, 1);
+	h_add_case(s, "new run replaces", test_new_run_replaces, 300, 1);
+	h_add_case(s, "rerun after delete", test_rerun_after_delete, 300, 1);
 	return s;
 }
 
