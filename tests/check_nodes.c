@@ -284,6 +284,39 @@ static void check_run(const char *dir, const char *run, int world, int step)
 	ctl_verify(dir);
 }
 
+/* Issue 32 item 5: dsckptctl list --json says of the tag dir how many of world ranks sealed
+ * it (once every node's record of them is written) and which are missing (a JSON array). */
+static void list_missing(const char *dir, int sealed, int world, const char *missing)
+{
+	char *out = NULL;
+	const cJSON *t = NULL, *e;
+	cJSON *doc = NULL;
+	for (int i = 0; i < 500; i++) {
+		free(out);
+		cJSON_Delete(doc);
+		out = NULL;
+		ck_assert_int_eq(ctl(&out, "list --json %s", D->root), 0);
+		doc = cJSON_Parse(out);
+		ck_assert_msg(doc, "not JSON: %s", out);
+		cJSON_ArrayForEach(e, cJSON_GetObjectItem(doc, "tags"))
+			if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "path")), "rr/t") == 0)
+				t = e;
+		ck_assert_msg(t, "no %s in: %s", dir, out);
+		if (cJSON_GetNumberValue(cJSON_GetObjectItem(t, "sealed")) == sealed)
+			break;
+		t = NULL;
+		h_sleep_ms(20);
+	}
+	ck_assert_msg(t, "list never showed %d sealed ranks: %s", sealed, out);
+	ck_assert_int_eq(cJSON_GetNumberValue(cJSON_GetObjectItem(t, "world")), world);
+	char *m = cJSON_PrintUnformatted(cJSON_GetObjectItem(t, "missing"));
+	ck_assert_msg(m && strcmp(m, missing) == 0, "missing: %s, not %s", m ? m : "none",
+		      missing);
+	free(m);
+	free(out);
+	cJSON_Delete(doc);
+}
+
 /* Issue 32 item 3: run 1 of a job leaves a tag incomplete on 8 nodes (its last two ranks
  * never seal); run 2 saves and seals the same tag on every node: the tag commits with run 2's
  * bytes only, and every rank of run 2 learns COMMITTED. */
@@ -297,6 +330,7 @@ START_TEST(test_new_run_replaces)
 	snprintf(dir, sizeof(dir), "%s/rr/t", D->root);
 	run_step(a, world, world - 2, "run-a", dir, 1);
 	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
+	list_missing(dir, world - 2, world, "[14,15]");
 	run_end(a, world);	/* run 1 is gone, its tag incomplete */
 	run_step(b, world, world, "run-b", dir, 2);
 	for (int r = 0; r < world; r++)
