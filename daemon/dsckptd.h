@@ -501,6 +501,20 @@ int store_seal_read(int dirfd, const char *name, struct seal_record *r);
  * newest seal time they record; how many ranks, or -1. */
 int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
 		    uint8_t *have, uint64_t *newest);
+/* The records a collecting node has read already: each name with the inode it had (a record
+ * rewritten is renamed into place, so a new inode). */
+struct seal_seen {
+	char **names;
+	ino_t *inos;
+	size_t n, cap;
+};
+/* store_seal_scan reading only the records not in seen (which it adds), adding their ranks
+ * to have and *newest as they stand (a run's records only ever grow): each record is read
+ * about once however often the node looks. */
+int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
+			uint8_t *have, uint64_t *newest, struct seal_seen *seen);
+/* Frees what seen holds. */
+void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
  * current (committed at current_ns) too when keep tags dated later are kept; never latest's,
@@ -1045,10 +1059,11 @@ void seal_free_all(void);
 /* seal_watch.c — a sealed tag's directory watched for the manifest another node writes. */
 struct seal_watch;
 typedef void (*seal_watch_cb)(void *arg);
-/* Watches dir (open as dfd, kept open by the caller) for a manifest: inotify, and a poll
- * (100 ms doubling to 2 s) for other hosts' writes; cb(arg) on the loop whenever one is seen.
- * NULL without memory. */
-struct seal_watch *seal_watch_start(const char *dir, int dfd, seal_watch_cb cb, void *arg);
+/* Watches dir (open as dfd, kept open by the caller) for a manifest (and seal records, if
+ * records): inotify, and a poll (100 ms doubling to 2 s) for other hosts' writes; cb(arg) on
+ * the loop whenever one is seen. NULL without memory. */
+struct seal_watch *seal_watch_start(const char *dir, int dfd, int records, seal_watch_cb cb,
+				    void *arg);
 /* Stops and frees a watch (NULL is fine). */
 void seal_watch_stop(struct seal_watch *w);
 /* Threadpool: whether the manifest in the tag dfd commits run by world ranks. */

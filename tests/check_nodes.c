@@ -5,14 +5,20 @@
  * COMMITTED returns COMMITTED on every node, not only on the one that wrote the manifest.
  */
 #include "harness_daemon.h"
+#include "harness_store.h"
+#include "metaops.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_NODES 64
@@ -368,6 +374,194 @@ START_TEST(test_rerun_after_delete)
 }
 END_TEST
 
+/* The file of the shim's counter page. */
+static char page[PATH_MAX];
+
+/* The shared counter page of the metadata shim (tests/metaops.c), preloaded into the daemons
+ * started next with delay_us added to each operation; the page, zeroed. */
+static uint64_t *metaops_start(unsigned delay_us)
+{
+	static char delay[32];
+	snprintf(page, sizeof(page), "%s/metaops.%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+		 (int)getpid());
+	int fd = open(page, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, METAOPS_PAGE), 0);
+	uint64_t *c = mmap(NULL, METAOPS_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	ck_assert(c != MAP_FAILED);
+	snprintf(delay, sizeof(delay), "%u", delay_us);
+	setenv("LD_PRELOAD", h_bin("tests/libmetaops.so"), 1);
+	setenv("ASAN_OPTIONS", "verify_asan_link_order=0", 1);
+	setenv("DSCKPT_METAOPS", page, 1);
+	setenv("DSCKPT_METAOPS_DELAY_US", delay, 1);
+	return c;
+}
+
+/* Stops preloading the shim into what this process starts (dsckptctl, later daemons); the
+ * daemons started map the page already. */
+static void metaops_stop(void)
+{
+	unlink(page);
+	unsetenv("LD_PRELOAD");
+	unsetenv("DSCKPT_METAOPS");
+	unsetenv("DSCKPT_METAOPS_DELAY_US");
+}
+
+/* The sum of the counters. */
+static uint64_t metaops_total(const uint64_t *c)
+{
+	uint64_t n = 0;
+	for (int k = 0; k < METAOPS_KINDS; k++)
+		n += __atomic_load_n(&c[k], __ATOMIC_RELAXED);
+	return n;
+}
+
+/* Zeroes the counters. */
+static void metaops_zero(uint64_t *c)
+{
+	for (int k = 0; k < METAOPS_KINDS; k++)
+		__atomic_store_n(&c[k], 0, __ATOMIC_RELAXED);
+}
+
+/* CLOCK_MONOTONIC in seconds. */
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Waits until job's latest names tag (fails after a minute); the seconds from t0. */
+static double latest_after(const char *job, const char *tag, double t0)
+{
+	const char *path = h_path("%s/latest", job);
+	for (int i = 0; i < 60000 && strcmp(file_text(path), tag) != 0; i++)
+		h_sleep_ms(1);
+	ck_assert_str_eq(file_text(path), tag);
+	return now_s() - t0;
+}
+
+/* Issue 32 item 4: the metadata operations of one commit of n nodes (opens, stats, renames,
+ * unlinks, mkdirs of every daemon, from the first seal to every rank's COMMITTED), and the
+ * time from the last seal to latest; printed, not asserted. */
+static void measure_commit(int n)
+{
+	int world = n * PER_NODE;
+	struct rank *k = calloc((size_t)world, sizeof(*k));
+	char job[PATH_MAX - 16], dir[PATH_MAX];
+	ck_assert_ptr_nonnull(k);
+	uint64_t *ops = metaops_start(0);
+	nodes_start(n, NULL);
+	metaops_stop();
+	snprintf(job, sizeof(job), "%s/mo", D->root);
+	snprintf(dir, sizeof(dir), "%s/step1", job);
+	for (int r = 0; r < world; r++) {
+		k[r].c = rank_conn("mo", r, world);
+		rank_save(&k[r], r, dir, 1);
+	}
+	for (int r = 0; r < world; r++)
+		rank_wait(&k[r], r, DSCKPT_DURABLE, 60000);
+	h_sleep_ms(200);	/* the flushes' last operations land before the count starts */
+	metaops_zero(ops);
+	for (int r = 0; r < world; r++)
+		CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
+	double t0 = now_s(), t = latest_after(job, "step1", t0);
+	for (int r = 0; r < world; r++)
+		rank_wait(&k[r], r, DSCKPT_COMMITTED, 60000);
+	fprintf(stderr, "metaops: N=%d nodes (%d ranks): %llu metadata operations per commit "
+		"(%.1f per node; open %llu, stat %llu, rename %llu, unlink %llu, mkdir %llu); last "
+		"seal to latest %.3f s\n", n, world, (unsigned long long)metaops_total(ops),
+		(double)metaops_total(ops) / n, (unsigned long long)ops[METAOPS_OPEN],
+		(unsigned long long)ops[METAOPS_STAT], (unsigned long long)ops[METAOPS_RENAME],
+		(unsigned long long)ops[METAOPS_UNLINK], (unsigned long long)ops[METAOPS_MKDIR], t);
+	for (int r = 0; r < world; r++) {
+		rank_done(&k[r]);
+		dsckpt_close(k[r].c);
+	}
+	free(k);
+	munmap(ops, METAOPS_PAGE);
+	nodes_stop();
+}
+
+/* The count at 8, 32 and 64 nodes. */
+START_TEST(test_metaops)
+{
+	static const int ns[] = {8, 32, 64};
+	measure_commit(ns[_i]);
+}
+END_TEST
+
+/* Issue 32 item 4 at 1,000 nodes: one real daemon (ranks 0 and 1, the last to seal) beside
+ * 999 nodes whose files and seal records the test writes as their daemons would, 1 ms added
+ * to each of the daemon's metadata operations: the seconds from the last seal to latest and
+ * the operations counted are printed; the tag commits with every rank's file. */
+START_TEST(test_thousand_nodes)
+{
+	enum { N = 1000 };
+	int world = N * PER_NODE;
+	struct rank k[PER_NODE];
+	char job[PATH_MAX - 16], dir[PATH_MAX];
+	set_run("sim");
+	uint64_t *ops = metaops_start(1000);
+	nodes_start(1, NULL);
+	metaops_stop();
+	snprintf(job, sizeof(job), "%s/th", D->root);
+	snprintf(dir, sizeof(dir), "%s/step1", job);
+	static char *roots[1];	/* write_ckpt_run writes below harness_store's cfg's root */
+	roots[0] = D->root;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.allowed_roots = roots;
+	cfg.n_roots = 1;
+	cfg.file_mode = 0644;
+	cfg.dir_mode = 0755;
+	ck_assert_int_eq(mkdir(job, 0755), 0);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	for (int i = 1; i < N; i++) {
+		char host[16], file[16], name[64];
+		unsigned ranks[PER_NODE];
+		snprintf(host, sizeof(host), "s%04d", i);
+		for (int j = 0; j < PER_NODE; j++) {
+			ranks[j] = (unsigned)(i * PER_NODE + j);
+			snprintf(file, sizeof(file), "rank%u", ranks[j]);
+			write_ckpt_run(dir, file, (int)ranks[j], NULL, host, "sim");
+		}
+		struct seal_record rec = {host, "th", (unsigned)world, ranks, PER_NODE, "sim", 0};
+		char *text = seal_record_write(&rec);
+		ck_assert_ptr_nonnull(text);
+		snprintf(name, sizeof(name), "%s/SEAL.%s.json", dir, host);
+		write_text(name, text);
+		free(text);
+	}
+	for (int r = 0; r < PER_NODE; r++) {
+		k[r].c = rank_conn("th", r, world);
+		rank_save(&k[r], r, dir, 1);
+		rank_wait(&k[r], r, DSCKPT_DURABLE, 60000);
+	}
+	h_sleep_ms(200);
+	metaops_zero(ops);
+	for (int r = 0; r < PER_NODE; r++)
+		CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
+	double t0 = now_s(), t = latest_after(job, "step1", t0);
+	for (int r = 0; r < PER_NODE; r++)
+		rank_wait(&k[r], r, DSCKPT_COMMITTED, 60000);
+	fprintf(stderr, "metaops: N=%d nodes (simulated, 1 ms per operation): %llu metadata "
+		"operations by the last node's daemon (open %llu, stat %llu, rename %llu, unlink "
+		"%llu, mkdir %llu); last seal to latest %.3f s\n", N,
+		(unsigned long long)metaops_total(ops), (unsigned long long)ops[METAOPS_OPEN],
+		(unsigned long long)ops[METAOPS_STAT], (unsigned long long)ops[METAOPS_RENAME],
+		(unsigned long long)ops[METAOPS_UNLINK], (unsigned long long)ops[METAOPS_MKDIR], t);
+	ctl_verify(dir);
+	for (int r = 0; r < PER_NODE; r++) {
+		rank_done(&k[r]);
+		dsckpt_close(k[r].c);
+	}
+	munmap(ops, METAOPS_PAGE);
+	set_run(NULL);
+	nodes_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *nodes_suite(void)
 {
@@ -376,6 +570,8 @@ static Suite *nodes_suite(void)
 	h_add_case(s, "back to back", test_back_to_back, 300, 1);
 	h_add_case(s, "new run replaces", test_new_run_replaces, 300, 1);
 	h_add_case(s, "rerun after delete", test_rerun_after_delete, 300, 1);
+	h_add_case(s, "metaops", test_metaops, 300, 3);
+	h_add_case(s, "thousand nodes", test_thousand_nodes, 300, 1);
 	return s;
 }
 
