@@ -1,8 +1,12 @@
 /*
  * check_nodes.c — many nodes on one shared root, as a multi-node job uses dsckptd: N daemons
  * with distinct "host" values (tiny caches, few threads), two ranks per node (connections of
- * this process), each saving its own byte pattern and sealing. Every rank's wait for
- * COMMITTED returns COMMITTED on every node, not only on the one that wrote the manifest.
+ * this process), each saving its own byte pattern and sealing (issue 32). Every rank's wait
+ * for COMMITTED returns COMMITTED on every node, not only on the one that wrote the manifest;
+ * 20 back-to-back steps all commit and keep_last keeps the newest; two runs of one tag never
+ * mix, and a tag deleted and re-run at once commits again; list --json names the missing
+ * ranks; the metadata operations of one commit are counted (tests/metaops.c) and a commit at
+ * 1,000 nodes (999 simulated) is timed with 1 ms per operation: printed, not asserted.
  */
 #include "harness_daemon.h"
 #include "harness_store.h"
