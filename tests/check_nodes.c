@@ -522,7 +522,7 @@ START_TEST(test_thousand_nodes)
 	ck_assert_int_eq(mkdir(job, 0755), 0);
 	ck_assert_int_eq(mkdir(dir, 0755), 0);
 	for (int i = 1; i < N; i++) {
-		char host[16], file[16], name[64];
+		char host[16], file[16], name[PATH_MAX + 32];
 		unsigned ranks[PER_NODE];
 		snprintf(host, sizeof(host), "s%04d", i);
 		for (int j = 0; j < PER_NODE; j++) {
