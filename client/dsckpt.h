@@ -144,6 +144,9 @@ DSCKPT_EXTERN int dsckpt_identify_run(dsckpt_conn_t *c, const char *job, int ran
 /* The run this connection identified with ("" for the unknown run, or before identifying);
  * valid until dsckpt_close. */
 DSCKPT_EXTERN const char *dsckpt_run(dsckpt_conn_t *c);
+/* The most tensors one save (or plan) may hold on this daemon (its max_tensors_per_save, as
+ * it said when connected); a larger one is refused with DSCKPT_ELIMIT before anything is sent. */
+DSCKPT_EXTERN int64_t dsckpt_max_tensors(dsckpt_conn_t *c);
 /* Closes the connection; saves already ACCEPTED still complete in the daemon. */
 DSCKPT_EXTERN void dsckpt_close(dsckpt_conn_t *c);
 /* Detailed message of the last failed call on this connection (never NULL); with c NULL,

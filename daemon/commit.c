@@ -3,11 +3,14 @@
  * write the manifest, `latest` and retention (store_commit) in libuv's threadpool, then mark
  * the directory's saves COMMITTED. Loop thread only, but for commit_work.
  *
- * A commit names its client by connection id and is answered through reply.c (dropped when
- * the client has left). It is owned by the list from commit_request until its timer's close
- * callback; while "running" it belongs to the threadpool and nothing else touches it. One
- * commit per user runs at a time: a user's expensive commits queue behind each other and
- * never hold every threadpool thread against other users.
+ * A commit is owned by the registry from commit_request until it is answered. While it waits
+ * for durability its request is parked in waiter.c (by the commit's id, with its deadline);
+ * commits_check publishes there when it may run (its saves durable, its user's previous
+ * commit done) or a save failed, and commit_wait_end moves it on. A commit goes on when its
+ * client leaves: its answer, by connection id, is dropped by reply.c. While "running" it
+ * belongs to the threadpool and nothing else touches it. One commit per user runs at a time:
+ * a user's expensive commits queue behind each other and never hold every threadpool thread
+ * against other users.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
@@ -17,39 +20,33 @@
 #include <unistd.h>
 #include <uv.h>
 
+#define COMMIT_READY 1     /* the level a commit's wait waits for: it may run */
+
 struct commit {
+	uint64_t id;
 	struct config *cfg;   /* a reference: the config as of the request, across reloads */
-	uint64_t conn;
-	uint64_t req;
+	uint64_t conn, req;   /* the request, once its wait ended: what the answer goes to */
 	char dir[PROTO_MAX_STR + 1];
 	struct store_dirid dirid;  /* dir as the request found it */
 	char run[PROTO_MAX_RUN + 1];
 	unsigned world;
 	uid_t uid;
 	gid_t gid;
-	int running;          /* in the threadpool (or just back, until commit_finish) */
+	int running;          /* in the threadpool (or just back, until commit_free) */
 	int rc;
-	char err[ERRLEN];
+	char err[ERRLEN + 300];  /* store_commit's error, or which save failed */
 	struct store_commit_info info;
-	uv_timer_t timer;
 	uv_work_t work;
 	struct commit *next;
 };
 
 static struct commit *commits;
+static uint64_t next_commit_id = 1;
 
 static void commits_check(void);
 
-/* Frees a commit once its timer is closed. */
-static void commit_closed(uv_handle_t *h)
-{
-	struct commit *cm = h->data;
-	config_unref(cm->cfg);
-	free(cm);
-}
-
-/* Unlinks, answers and frees a commit. */
-static void commit_finish(struct commit *cm, int code, const char *msg)
+/* Unlinks and frees a commit. */
+static void commit_free(struct commit *cm)
 {
 	for (struct commit **p = &commits; *p; p = &(*p)->next) {
 		if (*p == cm) {
@@ -57,12 +54,8 @@ static void commit_finish(struct commit *cm, int code, const char *msg)
 			break;
 		}
 	}
-	if (code < 0)
-		reply_error(cm->conn, cm->req, code, "%s", msg);
-	else
-		reply_committed(cm->conn, cm->req, &cm->info);
-	uv_timer_stop(&cm->timer);
-	uv_close((uv_handle_t *)&cm->timer, commit_closed);
+	config_unref(cm->cfg);
+	free(cm);
 }
 
 /* Threadpool: writes the manifest, latest and retention. */
@@ -78,18 +71,19 @@ static void commit_after(uv_work_t *w, int status)
 {
 	struct commit *cm = w->data;
 
-	/* cm stays "running" until commit_finish unlinks it, so the observer call that marking
+	/* cm stays "running" until commit_free unlinks it, so the observer call that marking
 	 * the saves makes cannot start it a second time. */
 	if (cm->rc < 0) {
 		log_warnx("commit of %s failed: %s", cm->dir, cm->err);
-		commit_finish(cm, cm->rc, cm->err);
+		reply_error(cm->conn, cm->req, cm->rc, "%s", cm->err);
 	} else {
 		log_info("committed %s: %u files, %llu bytes", cm->dir, cm->info.files,
 			 (unsigned long long)cm->info.bytes);
 		save_mark_committed(&cm->dirid, cm->uid, cm->run);
-		overwrite_committed(cm->dir);
-		commit_finish(cm, 0, NULL);
+		resident_committed(cm->dir);
+		reply_committed(cm->conn, cm->req, &cm->info);
 	}
+	commit_free(cm);
 	commits_check();	/* the user's next commit may start */
 }
 
@@ -102,31 +96,62 @@ static int user_busy(uid_t uid)
 	return 0;
 }
 
-/* Starts every waiting commit whose saves are all durable; fails those with a failed save. */
+/* Publishes, for every waiting commit, that it may run (its saves all durable, its user's
+ * previous commit done) or that a save of it failed. */
 static void commits_check(void)
 {
 	struct commit *cm = commits, *next;
 
 	for (; cm; cm = next) {
-		next = cm->next;
+		next = cm->next;	/* the publication may free cm, never another commit */
 		if (cm->running)
 			continue;
 		int pending;
 		struct save_view v;
 		struct save *bad = save_dir_state(&cm->dirid, cm->uid, cm->run, &pending);
 		if (bad) {
-			char msg[ERRLEN + 300];
 			save_view(bad, &v);
-			snprintf(msg, sizeof(msg), "save of %s (rank %u) failed: %s", v.file, v.rank,
-				 v.error);
-			commit_finish(cm, ERR_EFAILED, msg);
+			snprintf(cm->err, sizeof(cm->err), "save of %s (rank %u) failed: %s", v.file,
+				 v.rank, v.error);
+			waiter_publish(WAITER_COMMIT, cm->id, LEVEL_FAILED);
 		} else if (!pending && !user_busy(cm->uid)) {
-			cm->running = 1;
-			uv_timer_stop(&cm->timer);
-			cm->work.data = cm;
-			uv_queue_work(loop, &cm->work, commit_work, commit_after);
+			waiter_publish(WAITER_COMMIT, cm->id, COMMIT_READY);
 		}
 	}
+}
+
+/* The commit of id, or NULL. */
+static struct commit *commit_find(uint64_t id)
+{
+	for (struct commit *cm = commits; cm; cm = cm->next)
+		if (cm->id == id)
+			return cm;
+	return NULL;
+}
+
+/* waiter_fn of WAITER_COMMIT: starts a commit that may run, or answers one that cannot. */
+void commit_wait_end(const struct waiter_end *e)
+{
+	struct commit *cm = commit_find(e->on.key);
+
+	if (!cm)
+		return;
+	if (e->how == WAITER_REACHED && e->level == COMMIT_READY) {
+		cm->conn = e->conn;
+		cm->req = e->req;
+		cm->running = 1;
+		cm->work.data = cm;
+		uv_queue_work(loop, &cm->work, commit_work, commit_after);
+		return;
+	}
+	if (e->how == WAITER_REACHED)
+		reply_error(e->conn, e->req, ERR_EFAILED, "%s", cm->err);
+	else if (e->how == WAITER_TIMEOUT)
+		reply_error(e->conn, e->req, ERR_ETIMEDOUT,
+			    "timed out waiting for saves to be durable");
+	else
+		reply_error(e->conn, e->req, ERR_ESHUTDOWN, "daemon shutting down");
+	commit_free(cm);
 }
 
 /* Observer of save levels: a save reaching DURABLE or failing may let a commit go on. */
@@ -138,16 +163,8 @@ void commit_on_save(struct save *s)
 		commits_check();
 }
 
-/* Fires when a commit waited too long for durability. */
-static void on_commit_timeout(uv_timer_t *t)
-{
-	struct commit *cm = t->data;
-	if (!cm->running)
-		commit_finish(cm, ERR_ETIMEDOUT, "timed out waiting for saves to be durable");
-}
-
-/* Handles COMMIT of dir for a client (auth_check'ed for AUTH_COMMIT by the caller). */
-void commit_request(const struct session *cl, uint64_t req, const char *dir, unsigned world,
+/* Handles COMMIT of dir for o (auth_check'ed for AUTH_COMMIT by the caller). */
+void commit_request(const struct owner *o, uint64_t req, const char *dir, unsigned world,
 		    int64_t timeout_ms)
 {
 	struct commit *cm = calloc(1, sizeof(*cm));
@@ -155,15 +172,14 @@ void commit_request(const struct session *cl, uint64_t req, const char *dir, uns
 	int dfd, jobfd, rc;
 
 	if (!cm) {
-		reply_error(session_id(cl), req, ERR_ENOMEM, "out of memory");
+		reply_error(o->conn, req, ERR_ENOMEM, "out of memory");
 		return;
 	}
 	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
-	overwrite_commit_dir(cm->dir, sizeof(cm->dir), session_uid(cl), session_run(cl));
-	if ((dfd = store_open_tag(config, cm->dir, session_uid(cl), session_gid(cl), &jobfd, err,
+	if ((dfd = store_open_tag(config, cm->dir, o->uid, o->gid, &jobfd, err,
 				  sizeof(err))) < 0) {
 		free(cm);
-		reply_error(session_id(cl), req, dfd, "%s", err);
+		reply_error(o->conn, req, dfd, "%s", err);
 		return;
 	}
 	rc = store_dir_id(dfd, &cm->dirid, err, sizeof(err));
@@ -171,20 +187,21 @@ void commit_request(const struct session *cl, uint64_t req, const char *dir, uns
 	close(jobfd);
 	if (rc < 0) {
 		free(cm);
-		reply_error(session_id(cl), req, rc, "%s", err);
+		reply_error(o->conn, req, rc, "%s", err);
 		return;
 	}
-	snprintf(cm->run, sizeof(cm->run), "%s", session_run(cl));
+	cm->id = next_commit_id++;
+	struct waiter_on on = {.tag = WAITER_COMMIT, .key = cm->id, .level = COMMIT_READY};
+	if (waiter_add(o->conn, req, &on, timeout_ms) < 0) {
+		free(cm);
+		reply_error(o->conn, req, ERR_ENOMEM, "out of memory");
+		return;
+	}
+	snprintf(cm->run, sizeof(cm->run), "%s", o->run);
 	cm->cfg = config_ref(config);
-	cm->conn = session_id(cl);
-	cm->req = req;
 	cm->world = world;
-	cm->uid = session_uid(cl);
-	cm->gid = session_gid(cl);
-	uv_timer_init(loop, &cm->timer);
-	cm->timer.data = cm;
-	if (timeout_ms >= 0)
-		uv_timer_start(&cm->timer, on_commit_timeout, (uint64_t)timeout_ms, 0);
+	cm->uid = o->uid;
+	cm->gid = o->gid;
 	cm->next = commits;
 	commits = cm;
 	commits_check();
@@ -197,11 +214,4 @@ unsigned commit_running(void)
 	for (struct commit *cm = commits; cm; cm = cm->next)
 		n += cm->running;
 	return n;
-}
-
-/* Fails every commit that is not running (shutdown, nothing in flight). */
-void commit_free_all(void)
-{
-	while (commits)
-		commit_finish(commits, ERR_ESHUTDOWN, "daemon shutting down");
 }

@@ -8,22 +8,26 @@
  *     → request.c (dispatch, down to request_load.c and request_plan.c; request_decode.c
  *       their shared decoding; auth.c checks; session.c: identity and regions)
  *       → query.c (STATUS, PENDING, METRICS from the registries' read-only views)
- *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs)
+ *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs)
+ *         → waiter.c (requests parked until a level or a deadline, by connection id)
  *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
  *           → cache.c (chunks) → flush threads (flush_file.c: a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
  *             store_latest.c → retention.c → store_tag.c; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
- *     → request_load.c → load.c (loads: the file, its header, the destinations)
+ *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
- * thread), save levels to their observers (wait.c, commit.c, seal.c, metrics_save.c;
- * wired in main.c), and every answer to the client through reply.c, by connection id; reply.c
- * encodes values it is handed (query.c's for the queries) and reads no registry.
- * conn.c knows no handler: main.c hands it request.c's dispatch and disconnect callbacks.
- * Below the request layer nothing holds a connection pointer.
+ * thread), save and load levels published to waiter.c (which ends the waits they satisfy
+ * through their state machines' handlers), save levels to their observers (commit.c, seal.c,
+ * metrics_save.c; all wired in main.c), and every answer to the client through reply.c, by
+ * connection id; reply.c encodes values it is handed (query.c's for the queries) and reads
+ * no registry. conn.c knows no handler: main.c hands it request.c's dispatch and disconnect
+ * callbacks. Below the request layer nothing holds a connection pointer or a struct session:
+ * a request reaches the registries as a struct owner. tests/check-layers checks that no file
+ * calls up.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -474,10 +478,12 @@ uint64_t store_tag_committed_within(int jobfd, const char *tag, struct store_bud
 uint64_t store_latest_get(int jobfd, char *tag, size_t len);
 /* The same with the manifests read within b. */
 uint64_t store_latest_within(int jobfd, char *tag, size_t len, struct store_budget *b);
+#define STORE_TAG_NEXT ".dsckpt-next" /* .<tag>.dsckpt-next: a tag's next version, staged */
+#define STORE_TAG_OLD ".dsckpt-old"   /* .<tag>.dsckpt-old: its old one, being removed */
+/* Whether name is ".<tag>.dsckpt-next" (1) or ".<tag>.dsckpt-old" (2), its tag into tag; or 0. */
+int store_tag_version(const char *name, char *tag, size_t len);
 /* store_swap.c — a committed tag saved again: its staging directory .<tag>.dsckpt-next, the
  * exchange that replaces the tag in one step, and their recovery. */
-/* Whether name is ".<tag>.dsckpt-next" (1) or ".<tag>.dsckpt-old" (2), its tag into tag; or 0. */
-int swap_is_staging(const char *name, char *tag, size_t len);
 /* The staging path of the tag directory dir into out; 0, or ERR_ENAMETOOLONG with err. */
 int swap_staging_path(const char *dir, char *out, size_t len, char *err, size_t errlen);
 /* Opens (creating) the staging directory stage for uid/gid as store_open_dir does, after
@@ -947,6 +953,18 @@ int plan_del(uint64_t client, uint64_t id);
 /* Forgets client's plans reading src (a deleted region), or all of them for NULL. */
 void plan_forget(uint64_t client, const struct source *src);
 
+/* Who a request comes from, as the layers below the request layer know a client (they never
+ * see its struct session): its connection's id and kernel credentials, and what HELLO said (a
+ * trainer's job, run, rank and world; the strings are borrowed for the call). */
+struct owner {
+	uint64_t conn;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	const char *job, *run;
+	unsigned rank, world;
+};
+
 /* save.c — the registry of saves and their levels; loop thread only. */
 /* What a reply or a listing shows of a save (strings borrowed from it). */
 struct save_view {
@@ -968,8 +986,16 @@ typedef void (*save_change_cb)(struct save *s);
 int save_engine_start(char *err, size_t errlen);
 /* Registers an observer of level changes (at start-up; a few at most). */
 void save_observe(save_change_cb cb);
-/* Opens a save for client c; returns its id or a negative ERR_E* with err. */
-int64_t save_begin(const struct session *c, const char *dir, const char *file, char *err,
+/* Opens the directory a SAVE_BEGIN of o into dir (normalised, of size len) goes into, which
+ * may be another version's (its path then replaces dir): fd with *root and *id, or a negative
+ * ERR_E* with err. */
+typedef int (*save_dir_cb)(char *dir, size_t len, const struct owner *o,
+			   struct store_root *root, struct store_dirid *id, char *err,
+			   size_t errlen);
+/* Registers that opener (at start-up; overwrite.c's, wired in main.c; none: the tag itself). */
+void save_open_with(save_dir_cb cb);
+/* Opens a save for o; returns its id or a negative ERR_E* with err. */
+int64_t save_begin(const struct owner *o, const char *dir, const char *file, char *err,
 		   size_t errlen);
 /* Finds a save of client (a connection id) that is still open for adding; NULL otherwise. */
 struct save *save_find_open(uint64_t client, uint64_t id);
@@ -1018,31 +1044,72 @@ void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *ru
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
 
-/* wait.c — WAITs in progress, by connection id; loop thread only. */
+/* waiter.c — requests parked until something happens (a WAIT's level, a COMMIT's durability,
+ * a LOAD_WAIT's end): each by connection id, what it waits for and its deadline; registries
+ * publish their levels to it, and each end goes to its tag's handler. Loop thread only. */
+enum waiter_tag { WAITER_SAVE, WAITER_LOAD, WAITER_COMMIT, WAITER_TAGS };
+/* What a wait is for: the save, load or commit key (its id) reaching level; a negative level
+ * published (failed) ends it too. */
+struct waiter_on {
+	enum waiter_tag tag;
+	uint64_t key;
+	int level;
+};
+/* How a wait ended: its level was published, its deadline passed, or it was dropped (its
+ * connection left, or shutdown). */
+enum waiter_how { WAITER_REACHED, WAITER_TIMEOUT, WAITER_DROPPED };
+/* A wait that ended (given to its tag's handler, gone once the handler returns). */
+struct waiter_end {
+	uint64_t conn, req;      /* the request parked */
+	struct waiter_on on;
+	enum waiter_how how;
+	int level;               /* REACHED: the level published */
+};
+/* A tag's handler: answers (through reply.c) or moves its state machine on. */
+typedef void (*waiter_fn)(const struct waiter_end *e);
+/* Makes the layer's one timer on loop l (start-up); 0, or ERR_ENOMEM. */
+int waiter_init(struct uv_loop_s *l);
+/* Sets tag's handler (start-up), and whether its waits outlive their connection (a COMMIT
+ * goes on without its client; reply.c drops the answer). */
+void waiter_handle(enum waiter_tag tag, waiter_fn fn, int outlive);
+/* Parks request req of connection conn until on is reached, or for timeout_ms (< 0: no
+ * deadline; 0: until the loop's next turn); 0, or ERR_ENOMEM. */
+int waiter_add(uint64_t conn, uint64_t req, const struct waiter_on *on, int64_t timeout_ms);
+/* A registry's news: key of tag is at level now; ends the waits it satisfies, in the order
+ * they were parked. */
+void waiter_publish(enum waiter_tag tag, uint64_t key, int level);
+/* Whether a wait on key of tag is parked. */
+int waiter_parked(enum waiter_tag tag, uint64_t key);
+/* Drops a departed connection's waits (those of tags that outlive it go on). */
+void waiter_conn_gone(uint64_t conn);
+/* Waits parked now. */
+unsigned waiter_count(void);
+/* Drops every wait and closes the timer (shutdown). */
+void waiter_close(void);
+
+/* wait.c — WAITs: parked in waiter.c by save id, each holding its save; loop thread only. */
 /* Answers a WAIT for s now or when the level is reached, it fails or timeout_ms passes. */
 void wait_add(uint64_t conn, uint64_t req, struct save *s, int level, int64_t timeout_ms);
-/* save_change_cb: answers the waiters of s whose level is reached. */
-void wait_on_save(struct save *s);
-/* Drops a departed client's waits unanswered. */
-void wait_client_gone(uint64_t conn);
-/* Drops every wait unanswered (shutdown). */
-void wait_free_all(void);
+/* waiter_fn of WAITER_SAVE: answers a WAIT that ended (not one dropped) and lets its save go. */
+void wait_end(const struct waiter_end *e);
 
 /* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
-/* Handles COMMIT of dir for client cl, answered when done, failed or timed out. */
-void commit_request(const struct session *cl, uint64_t req, const char *dir, unsigned world,
+/* Handles COMMIT of dir for o, answered when done, failed or timed out. */
+void commit_request(const struct owner *o, uint64_t req, const char *dir, unsigned world,
 		    int64_t timeout_ms);
 /* save_change_cb: a save becoming DURABLE or FAILED may let a commit go on. */
 void commit_on_save(struct save *s);
+/* waiter_fn of WAITER_COMMIT: a commit's wait for durability ended (its saves durable and
+ * its user's previous commit done; a save failed; time up; shutdown). */
+void commit_wait_end(const struct waiter_end *e);
 /* Commits in the threadpool now. */
 unsigned commit_running(void);
-/* Fails every commit not running (shutdown, nothing in flight). */
-void commit_free_all(void);
 
 /* seal.c — SEAL, and the commits the daemons make once every rank has sealed. */
 struct seal_record;
-/* Handles SEAL of dir by client cl: answered at once; the commit follows on its own. */
-void seal_request(const struct session *cl, uint64_t req, const char *dir);
+/* Handles SEAL of dir by o (an identified trainer): answered at once; the commit follows on
+ * its own. */
+void seal_request(const struct owner *o, uint64_t req, const char *dir);
 /* Whether rank of uid's job and run sealed the directory id through this daemon (its next
  * save of the tag begins a new version, overwrite.c). */
 int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
@@ -1070,22 +1137,19 @@ void seal_watch_stop(struct seal_watch *w);
 int seal_watch_mine(int dfd, const char *run, unsigned world);
 
 /* overwrite.c — which version of a tag a save, a seal, a commit names (loop thread). */
-/* Opens the directory a save of dir by rank of uid's job and run goes into: the tag, or its
- * staging directory (its path then replaces dir) when the tag is committed or rank sealed it;
- * fd with *root and *id, or a negative ERR_E* with err. */
-int overwrite_save_dir(char *dir, size_t len, uid_t uid, gid_t gid, const char *job,
-		       const char *run, unsigned rank, struct store_root *root,
+/* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, or its
+ * staging directory (its path then replaces dir) when the tag is committed or the rank
+ * sealed it; fd with *root and *id, or a negative ERR_E* with err. */
+int overwrite_save_dir(char *dir, size_t len, const struct owner *o, struct store_root *root,
 		       struct store_dirid *id, char *err, size_t errlen);
 /* Rewrites a SEAL's dir to the staging path when rank's newest save of run into the tag went
  * there (or none did, and the tag is committed with a staging beside it). */
 void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsigned rank);
 /* Rewrites a COMMIT's dir to the staging path when uid's run saved there last, uncommitted. */
 void overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run);
-/* dir was committed: resident_committed of its tag (a staging's files moved there first). */
-void overwrite_committed(const char *dir);
 
 /* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
- * header's parse (threadpool). */
+ * header's parse (threadpool), which load_file.c does (load.h: what the two share). */
 struct load;
 enum load_level { LOAD_FAILED = -1, LOAD_OPEN = 0, LOAD_ACCEPTED = 1, LOAD_LOADED = 2 };
 /* What a reply shows of a load. */
@@ -1100,10 +1164,10 @@ struct load_view {
 };
 /* Starts the restore threads (restore.c) with load.c's event handler. */
 int load_start(unsigned threads, char *err, size_t errlen);
-/* Opens dir/file.safetensors for client cl's LOAD_BEGIN req: checks the file here, then its
- * header and resident copy in the threadpool, and answers req once they are (a load of
- * client found by no request until then). 0, or a negative ERR_E* with err to answer now. */
-int load_begin(const struct session *cl, uint64_t req, const char *dir, const char *file,
+/* Opens dir/file.safetensors for o's LOAD_BEGIN req: checks the file here, then its header
+ * and resident copy in the threadpool, and answers req once they are (a load of o's
+ * connection found by no request until then). 0, or a negative ERR_E* with err to answer now. */
+int load_begin(const struct owner *o, uint64_t req, const char *dir, const char *file,
 	       char *err, size_t errlen);
 /* Finds a load of client still open for adding; NULL otherwise. */
 struct load *load_find_open(uint64_t client, uint64_t id);
@@ -1123,9 +1187,11 @@ void load_drop(struct load *l);
 int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen);
 /* Fills v with what a reply shows of l. */
 void load_view(const struct load *l, struct load_view *v);
-/* Answers a LOAD_WAIT of request req now or once l is done, failed or timeout_ms passed;
- * forgets l after answering a final level. */
+/* Answers a LOAD_WAIT of request req now or once l is done, failed or timeout_ms passed
+ * (parked in waiter.c); forgets l after answering a final level. */
 void load_wait(struct load *l, uint64_t req, int64_t timeout_ms);
+/* waiter_fn of WAITER_LOAD: answers a LOAD_WAIT that ended (not one dropped). */
+void load_wait_end(const struct waiter_end *e);
 /* Cancels and forgets a departed client's loads. */
 void load_client_gone(uint64_t client);
 /* Loads in progress. */
@@ -1202,7 +1268,8 @@ void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
 /* The save failed or was abandoned: every kept chunk goes back (r is freed unless pinned,
  * which it cannot be before DURABLE). NULL is fine. */
 void resident_drop(struct resident *r);
-/* dir was committed (loop thread): its files are marked committed; of its job (dir's parent)
+/* dir was committed (loop thread; a tag's staging directory: its files are moved to the tag
+ * first, resident_moved): its files are marked committed; of its job (dir's parent)
  * the other committed tags' files go, and uncommitted ones begun before dir's (tags are
  * ordered by when their files began here; a dir with none here counts as the newest
  * committed tag and leaves uncommitted files be). */

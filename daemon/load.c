@@ -5,11 +5,12 @@
  * LOAD_BEGIN opens the file for its client — a regular file below an allowed root, reached
  * without symbolic links and owned by the client's user — then, in libuv's threadpool
  * (parse_work), reads and checks its header and pins the resident copy the cache may still
- * hold of it (resident.c; the same file, the same header); LOAD_BEGIN is answered when that
- * is done. Until then the load has no id its client knows and is found by no request: a
- * LOAD_ADD naming it is answered ENOENT, as for any load not open. One parse of a user runs
- * at a time (the others wait in the list), so that one user's headers never hold every
- * threadpool thread; a parse's client gone meanwhile frees the load once the parse is over.
+ * hold of it (resident.c; the same file, the same header): load_file.c does both, and
+ * LOAD_BEGIN is answered when that is done. Until then the load has no id its client knows
+ * and is found by no request: a LOAD_ADD naming it is answered ENOENT, as for any load not
+ * open. One parse of a user runs at a time (the others wait in the list), so that one user's
+ * headers never hold every threadpool thread; a parse's client gone meanwhile frees the load
+ * once the parse is over.
  *
  * Memory: a load charges its user's max_held_mib_per_user for what it holds: the header's
  * text and cJSON's estimated peak while parsing (st_parse_cost, before the parse), then the
@@ -21,18 +22,14 @@
  * another dtype or shape, or a name given twice is only noted, so that LOAD_END can refuse
  * them all at once before any byte is written. LOAD_END hands the destinations, in
  * file order, to the restore threads (restore.c); their final event makes the load LOADED or
- * FAILED, which a LOAD_WAIT reports once and then the load is forgotten.
+ * FAILED, which a LOAD_WAIT reports once and then the load is forgotten. A LOAD_WAIT not
+ * answered at once parks in waiter.c by the load's id; load.c publishes the final level there.
  */
-#include "dsckptd.h"
-#include "../proto/proto.h"
+#include "load.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -40,79 +37,9 @@
 /* Held per destination: its entry, the restore job's description of it and its XXH3 state
  * (576 bytes, aligned), charged at LOAD_ADD. */
 #define DST_HELD (sizeof(struct load_dst) + sizeof(struct restore_dst) + 640)
-#define TRIM_AFTER (64u << 20)  /* a parse estimated this large gives its memory back */
-
-enum parse_state { PARSE_DONE, PARSE_QUEUED, PARSE_RUNNING };
-
-/* A destination: a tensor of the file and where it goes. */
-struct load_dst {
-	long t;                 /* index in the header */
-	struct source *src;     /* a reference the load owns until the job takes it */
-	uint64_t off;
-};
-
-struct load {
-	uint64_t id, client;    /* client: the connection's id; 0 once it is gone */
-	uid_t uid;
-	char path[PROTO_MAX_STR + 160];   /* dir/file.safetensors, for messages */
-	/* While parse != PARSE_DONE: the LOAD_BEGIN, and what parse_work needs; while it
-	 * runs, parse_work alone touches the fields below up to res (and code, error). */
-	enum parse_state parse;
-	uint64_t req;
-	uv_work_t work;
-	struct stat st;
-	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1];
-	unsigned max_tensors;   /* the config's max_tensors_per_save at LOAD_BEGIN */
-	uint64_t held;          /* charged to uid as QUOTA_HELD */
-	int fd, dfd;            /* the file, buffered and O_DIRECT (or -1) */
-	struct st_header *h;
-	uint64_t data_len;      /* bytes of the data region */
-	struct resident *res;   /* pinned, or NULL */
-	uint64_t cached;        /* data bytes the resident copy holds */
-	struct load_dst *d;
-	size_t n, cap;
-	uint8_t *named;         /* per header tensor: named already */
-	uint64_t bytes;         /* destination bytes */
-	char mismatch[2048];    /* the first MISMATCH_SHOWN, "; "-separated */
-	unsigned nmismatch;
-	int level, code;
-	char error[ERRLEN];
-	struct restore_job *job;
-	uint64_t done;          /* bytes in place, once the job is gone */
-	int waiting;            /* a LOAD_WAIT is pending */
-	uint64_t wait_req;
-	uv_timer_t *timer;      /* its timeout, or NULL */
-	struct load *next;
-};
 
 static struct load *loads;
 static uint64_t next_load_id = 1;
-
-/* Collects one problem of a header for the error message. */
-static void note_problem(void *arg, const char *msg)
-{
-	char *buf = arg;
-	size_t used = strlen(buf);
-
-	if (used + 3 < ERRLEN)
-		snprintf(buf + used, ERRLEN - used, "%s%s", used ? "; " : "", msg);
-}
-
-/* Frees a timer once libuv has closed it. */
-static void timer_free(uv_handle_t *h)
-{
-	free(h);
-}
-
-/* Stops and closes a load's wait timer, if any. */
-static void load_timer_stop(struct load *l)
-{
-	if (l->timer) {
-		uv_timer_stop(l->timer);
-		uv_close((uv_handle_t *)l->timer, timer_free);
-		l->timer = NULL;
-	}
-}
 
 /* Frees a load whose job is gone, giving back what it holds. */
 static void load_free(struct load *l)
@@ -123,7 +50,6 @@ static void load_free(struct load *l)
 			break;
 		}
 	}
-	load_timer_stop(l);
 	for (size_t i = 0; i < l->n; i++)
 		if (l->d[i].src)
 			source_unref(l->d[i].src);
@@ -141,170 +67,12 @@ static void load_free(struct load *l)
 	free(l);
 }
 
-/* Opens dir's file.safetensors for uid: below an allowed root, no symbolic link, a regular
- * file of uid (any for root). An fd, or a negative ERR_E* with err. */
-static int open_file(const char *dir, const char *file, uid_t uid, gid_t gid, struct stat *st,
-		     char *err, size_t errlen)
-{
-	char name[160], why[200];
-	int jobfd = -1, fd;
-	int dirfd = store_open_tag(config, dir, uid, gid, &jobfd, err, errlen);
-
-	if (dirfd < 0)
-		return dirfd;
-	if (jobfd >= 0)
-		close(jobfd);
-	snprintf(name, sizeof(name), "%s%s", file, FMT_SAFETENSORS);
-	fd = userfile_open(dirfd, name, UINT64_MAX, 0, st, why, sizeof(why));
-	close(dirfd);
-	if (fd < 0)
-		return err_set(err, errlen, fd == -ELOOP ? ERR_EACCES : err_from_errno(-fd),
-			       "%s/%s: %s", dir, name, why);
-	if (uid != 0 && st->st_uid != uid) {
-		close(fd);
-		return err_set(err, errlen, ERR_EACCES, "%s/%s belongs to another user", dir, name);
-	}
-	return fd;
-}
-
-/* The same file again with O_DIRECT, when its data start allows and the filesystem has it
- * (not tmpfs); -1 otherwise. */
-static int open_direct(int fd, const struct stat *st, uint64_t data_start)
-{
-	char proc[64];
-	struct stat st2;
-
-	if (data_start % 4096 != 0)
-		return -1;
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-	int dfd = open(proc, O_RDONLY | O_DIRECT | O_CLOEXEC);
-	if (dfd >= 0 && (fstat(dfd, &st2) != 0 || st2.st_dev != st->st_dev ||
-			 st2.st_ino != st->st_ino)) {
-		close(dfd);
-		dfd = -1;
-	}
-	return dfd;
-}
-
-/* Pins the resident copy of the file when it still matches it: the same inode and the same
- * header (json, len bytes; the copy's first 8 bytes are its length). Threadpool (resident.c
- * locks). */
-static void find_resident(struct load *l, const char *json, size_t len)
-{
-	size_t hlen;
-
-	if (!(l->res = resident_pin(l->dir, l->file, l->st.st_dev, l->st.st_ino)))
-		return;
-	const uint8_t *hdr = resident_header(l->res, &hlen);
-	if (hlen == 8 + len && memcmp(hdr + 8, json, len) == 0) {
-		l->cached = resident_held(l->res);
-		return;
-	}
-	resident_unpin(l->res);	/* the file was rewritten since: its copy is stale */
-	l->res = NULL;
-}
-
-/* Charges n more bytes to l's user as QUOTA_HELD; 0 or ELIMIT with err. Any thread. */
-static int hold(struct load *l, uint64_t n, char *err, size_t errlen)
-{
-	int rc = quota_take(l->uid, QUOTA_HELD, n, err, errlen);
-
-	if (rc == 0)
-		l->held += n;
-	return rc;
-}
-
-/* Gives n bytes of l's QUOTA_HELD back. */
-static void unhold(struct load *l, uint64_t n)
-{
-	quota_give(l->uid, QUOTA_HELD, n);
-	l->held -= n;
-}
-
-/* Parses the header's text (n bytes) into l->h, charging cJSON's peak while it runs and then
- * what the header keeps; 0 or a negative ERR_E* with err. Threadpool. */
-static int parse_text(struct load *l, const char *json, uint64_t n, char *err, size_t errlen)
-{
-	char problems[ERRLEN] = "", why[ERRLEN];
-	uint64_t members, cost = st_parse_cost(json, n, &members);
-	int rc;
-
-	if (members > (uint64_t)l->max_tensors + 1)	/* + __metadata__ */
-		return err_set(err, errlen, ERR_ELIMIT, "%s: its header describes up to %llu "
-			       "tensors, more than a save may write (max_tensors_per_save %u)",
-			       l->path, (unsigned long long)members, l->max_tensors);
-	if ((rc = hold(l, cost, why, sizeof(why))) < 0)
-		return err_set(err, errlen, rc, "%s: parsing its %llu-byte header would take up to "
-			       "%llu bytes: %s", l->path, (unsigned long long)n,
-			       (unsigned long long)cost, why);
-	l->h = st_header_parse(json, n, note_problem, problems);
-	if (cost >= TRIM_AFTER)
-		malloc_trim(0);	/* cJSON's tree is gone: its pages go back to the system */
-	unhold(l, cost);
-	if (!l->h)
-		return err_set(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
-			       problems);
-	if ((rc = hold(l, l->h->held + l->h->n, why, sizeof(why))) < 0)
-		return err_set(err, errlen, rc, "%s: its header of %zu tensors takes %llu bytes: %s",
-			       l->path, l->h->n, (unsigned long long)(l->h->held + l->h->n), why);
-	if (l->h->n > l->max_tensors)
-		return err_set(err, errlen, ERR_ELIMIT, "%s holds %zu tensors, more than a save may "
-			       "write (max_tensors_per_save %u)", l->path, l->h->n, l->max_tensors);
-	return 0;
-}
-
-/* Reads and checks the file's header, charging its text to the user before reading it, and
- * pins its resident copy; 0 or a negative ERR_E* with err. Threadpool. */
-static int read_header(struct load *l, char *err, size_t errlen)
-{
-	char problems[ERRLEN] = "", why[ERRLEN];
-	uint64_t size = (uint64_t)l->st.st_size, data_start = 0, text = 0;
-	uint8_t len8[8];
-	int rc;
-
-	if (size >= 8 && pread(l->fd, len8, 8, 0) == 8) {
-		for (int i = 7; i >= 0; i--)
-			text = text << 8 | len8[i];
-		text = text < ST_MAX_HEADER ? text : ST_MAX_HEADER;  /* longer: refused unread */
-	}
-	if ((rc = hold(l, text, why, sizeof(why))) < 0)
-		return err_set(err, errlen, rc, "%s: its header has %llu bytes: %s", l->path,
-			       (unsigned long long)text, why);
-	char *json = st_header_text(l->fd, size, &data_start, note_problem, problems);
-	if (!json) {
-		unhold(l, text);
-		return err_set(err, errlen, ERR_EINVAL, "%s is not a safetensors file: %s", l->path,
-			       problems);
-	}
-	uint64_t n = data_start - 8;	/* as read (the file may have changed since) */
-	rc = parse_text(l, json, n, err, errlen);
-	if (rc == 0)
-		find_resident(l, json, n);
-	free(json);
-	unhold(l, text);
-	if (rc < 0)
-		return rc;
-	l->h->data_start = data_start;
-	for (size_t i = 0; i < l->h->n; i++)
-		if (l->h->t[i].end > l->data_len)
-			l->data_len = l->h->t[i].end;
-	if (l->h->data_start + l->data_len > size)
-		return err_set(err, errlen, ERR_EINVAL, "%s is truncated: %llu bytes, its header "
-			       "describes %llu", l->path, (unsigned long long)size,
-			       (unsigned long long)(l->h->data_start + l->data_len));
-	if (!(l->named = calloc(l->h->n ? l->h->n : 1, 1)))
-		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	if (l->cached < l->data_len)
-		l->dfd = open_direct(l->fd, &l->st, l->h->data_start);
-	return 0;
-}
-
 /* Threadpool: the header of a load begun. */
 static void parse_work(uv_work_t *w)
 {
 	struct load *l = w->data;
 
-	l->code = read_header(l, l->error, sizeof(l->error));
+	l->code = load_file_read(l, l->error, sizeof(l->error));
 }
 
 static void parse_after(uv_work_t *w, int status);
@@ -353,8 +121,8 @@ static void parse_after(uv_work_t *w, int status)
 	}
 }
 
-/* Opens a load of dir/file.safetensors for client cl (see dsckptd.h). */
-int load_begin(const struct session *cl, uint64_t req, const char *dir, const char *file,
+/* Opens a load of dir/file.safetensors for o (see dsckptd.h). */
+int load_begin(const struct owner *o, uint64_t req, const char *dir, const char *file,
 	       char *err, size_t errlen)
 {
 	int rc;
@@ -362,15 +130,15 @@ int load_begin(const struct session *cl, uint64_t req, const char *dir, const ch
 	if (!store_valid_file(file))
 		return err_set(err, errlen, ERR_EINVAL, "file name '%s' must be 1-128 characters "
 			       "of [A-Za-z0-9._-], not starting with '.'", file);
-	if ((rc = quota_take(session_uid(cl), QUOTA_LOADS, 1, err, errlen)) < 0)
+	if ((rc = quota_take(o->uid, QUOTA_LOADS, 1, err, errlen)) < 0)
 		return rc;
 	struct load *l = calloc(1, sizeof(*l));
 	if (!l) {
-		quota_give(session_uid(cl), QUOTA_LOADS, 1);
+		quota_give(o->uid, QUOTA_LOADS, 1);
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
-	l->uid = session_uid(cl);
-	l->client = session_id(cl);
+	l->uid = o->uid;
+	l->client = o->conn;
 	l->req = req;
 	l->fd = l->dfd = -1;
 	l->max_tensors = config->max_tensors_per_save;
@@ -379,7 +147,7 @@ int load_begin(const struct session *cl, uint64_t req, const char *dir, const ch
 	store_norm_dir(l->dir, sizeof(l->dir), dir);
 	snprintf(l->file, sizeof(l->file), "%s", file);
 	snprintf(l->path, sizeof(l->path), "%s/%s%s", l->dir, file, FMT_SAFETENSORS);
-	if ((l->fd = open_file(l->dir, file, l->uid, session_gid(cl), &l->st, err, errlen)) < 0) {
+	if ((l->fd = load_file_open(l->dir, file, l->uid, o->gid, &l->st, err, errlen)) < 0) {
 		rc = l->fd;
 		load_free(l);
 		return rc;
@@ -494,13 +262,13 @@ int load_add_tensor(struct load *l, const char *name, const char *dtype,
 	l->named[t] = 1;
 	if (!matches(l, &l->h->t[t], name, dtype, shape, ndim))
 		return 0;
-	if ((rc = hold(l, DST_HELD, err, errlen)) < 0)
+	if ((rc = load_hold(l, DST_HELD, err, errlen)) < 0)
 		return rc;
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? 2 * l->cap : 64;
 		struct load_dst *d = realloc(l->d, cap * sizeof(*d));
 		if (!d) {
-			unhold(l, DST_HELD);
+			load_unhold(l, DST_HELD);
 			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		}
 		l->d = d;
@@ -620,40 +388,37 @@ void load_view(const struct load *l, struct load_view *v)
 	};
 }
 
-/* Answers the pending LOAD_WAIT of l; forgets l once its final level is told. */
-static void answer(struct load *l)
+/* Answers LOAD_WAIT req of l with its state; forgets l once its final level is told. */
+static void answer(struct load *l, uint64_t req)
 {
 	struct load_view v;
 
-	load_timer_stop(l);
-	l->waiting = 0;
 	load_view(l, &v);
-	reply_load_state(l->client, l->wait_req, &v);
+	reply_load_state(l->client, req, &v);
 	if (l->level == LOAD_LOADED || l->level == LOAD_FAILED)
 		load_free(l);
-}
-
-/* A LOAD_WAIT's time is up. */
-static void on_wait_timeout(uv_timer_t *t)
-{
-	answer(t->data);
 }
 
 /* Answers a LOAD_WAIT now or later (see dsckptd.h). */
 void load_wait(struct load *l, uint64_t req, int64_t timeout_ms)
 {
-	if (l->waiting)
+	if (waiter_parked(WAITER_LOAD, l->id))
 		return reply_error(l->client, req, ERR_EBUSY, "load %llu already has a LOAD_WAIT",
 				   (unsigned long long)l->id);
-	l->waiting = 1;
-	l->wait_req = req;
 	if (l->level != LOAD_ACCEPTED || timeout_ms == 0)
-		return answer(l);
-	if (timeout_ms > 0 && (l->timer = malloc(sizeof(*l->timer))) != NULL) {
-		uv_timer_init(loop, l->timer);
-		l->timer->data = l;
-		uv_timer_start(l->timer, on_wait_timeout, (uint64_t)timeout_ms, 0);
-	}
+		return answer(l, req);
+	struct waiter_on on = {.tag = WAITER_LOAD, .key = l->id, .level = LOAD_LOADED};
+	if (waiter_add(l->client, req, &on, timeout_ms) < 0)
+		reply_error(l->client, req, ERR_ENOMEM, "out of memory");
+}
+
+/* waiter_fn of WAITER_LOAD: a LOAD_WAIT ended (the load done or failed, or time up). */
+void load_wait_end(const struct waiter_end *e)
+{
+	struct load *l = find(e->conn, e->on.key, 0);
+
+	if (l && e->how != WAITER_DROPPED)
+		answer(l, e->req);
 }
 
 /* The restore threads' final event: the load is LOADED or FAILED. */
@@ -678,8 +443,8 @@ static void on_restore(void *owner, struct restore_job *j, int code, const char 
 	}
 	if (l->client == 0)
 		load_free(l);	/* its client is gone */
-	else if (l->waiting)
-		answer(l);
+	else
+		waiter_publish(WAITER_LOAD, l->id, l->level);
 }
 
 /* Starts the restore threads with load.c's event handler. */
@@ -697,9 +462,7 @@ void load_client_gone(uint64_t client)
 		next = l->next;
 		if (l->client != client)
 			continue;
-		l->client = 0;
-		l->waiting = 0;
-		load_timer_stop(l);
+		l->client = 0;	/* its LOAD_WAIT, if any, waiter.c dropped */
 		if (l->job)
 			restore_cancel(l->job, ERR_EPIPE, "the client went away");
 		else if (l->parse != PARSE_RUNNING)

@@ -9,6 +9,13 @@
  * drops the locks when the daemon exits, however it exits. Daemons of other hosts sharing a
  * root (Lustre, NFS) are not excluded: each host's /run is its own.
  *
+ * Lock files do not pile up (every scratch root or socket directory names a file of its own):
+ * a daemon removes each of its lock files when it lets go of it (at exit, or a root dropped at
+ * a reload), and at start the files no process holds, left by daemons that were killed. Both
+ * remove a file only while holding its lock, and whoever takes a lock checks afterwards that
+ * the name still leads to the file it locked (else it was removed in between: it tries again),
+ * so two daemons never both hold one name.
+ *
  * The lock files live in a directory that nobody but the daemon's user can write, so that no
  * other user can take a lock first (and stop the daemon) or write a pid into one: /run/dsckptd
  * for root (made 0755 when missing); for another user $XDG_RUNTIME_DIR/dsckptd, or, without
@@ -18,6 +25,7 @@
  */
 #include "dsckptd.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -30,15 +38,20 @@
 #include <xxhash.h>
 
 #define LOCK_MAX_ROOTS 256
+#define LOCK_NAME_MAX 80
+/* Tries at taking a lock whose file another daemon removes in between, each time. */
+#define LOCK_TRIES 64
 
 /* A root this daemon holds. */
 struct root_lock {
 	dev_t dev;
 	ino_t ino;
 	int fd;
+	char name[LOCK_NAME_MAX];	/* its file in the lock directory */
 };
 
 static int socket_fd = -1;
+static char socket_name[LOCK_NAME_MAX];
 static struct root_lock roots[LOCK_MAX_ROOTS];
 static unsigned nroots;
 
@@ -123,25 +136,91 @@ static int lock_dir(char *out, size_t len, char *err, size_t errlen)
 	return lock_own_dir(out, 0700, 022, "", err, errlen);
 }
 
+/* Whether fd is still the file that name names in directory dirfd (not removed or replaced
+ * since it was opened). */
+static int lock_is_named(int dirfd, const char *name, int fd)
+{
+	struct stat a, b;
+
+	return fstat(fd, &a) == 0 && fstatat(dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 /* Opens and locks name in directory dirfd (exclusive, not waiting); the fd, or -1 (errno
  * EWOULDBLOCK when another process holds it). The pid of the holder is written into it. */
 static int lock_file(int dirfd, const char *name)
 {
-	int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	for (int tries = 0; tries < LOCK_TRIES; tries++) {
+		int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 
-	if (fd < 0)
-		return -1;
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		int e = errno;
-		close(fd);
-		errno = e;
-		return -1;
+		if (fd < 0)
+			return -1;
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+			int e = errno;
+			close(fd);
+			errno = e;
+			return -1;
+		}
+		if (!lock_is_named(dirfd, name, fd)) {	/* removed while we were locking it */
+			close(fd);
+			continue;
+		}
+		char pid[32];
+		int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+		if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+			log_warn("writing the lock %s", name);
+		return fd;
 	}
-	char pid[32];
-	int n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-	if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
-		log_warn("writing the lock %s", name);
-	return fd;
+	errno = EWOULDBLOCK;
+	return -1;
+}
+
+/* Lets go of lock fd, the file name of directory dirfd (-1: unknown), removing the file first
+ * while it is still held. */
+static void lock_drop(int dirfd, const char *name, int fd)
+{
+	if (dirfd >= 0 && lock_is_named(dirfd, name, fd) && unlinkat(dirfd, name, 0) < 0)
+		log_warn("removing the lock %s", name);
+	close(fd);
+}
+
+/* Whether name is one of this module's lock file names. */
+static int lock_is_lock_name(const char *name)
+{
+	size_t n = strlen(name);
+
+	return (strncmp(name, "root-", 5) == 0 || strncmp(name, "socket-", 7) == 0) && n > 5 &&
+	       strcmp(name + n - 5, ".lock") == 0;
+}
+
+/* Removes the lock files of directory dirfd that no process holds (left by daemons that were
+ * killed); their number. */
+static unsigned lock_sweep(int dirfd)
+{
+	int dup_fd = dup(dirfd);
+	DIR *d = dup_fd >= 0 ? fdopendir(dup_fd) : NULL;
+	struct dirent *de;
+	unsigned removed = 0;
+
+	if (!d) {
+		if (dup_fd >= 0)
+			close(dup_fd);
+		return 0;
+	}
+	while ((de = readdir(d)) != NULL) {
+		if (!lock_is_lock_name(de->d_name))
+			continue;
+		int fd = openat(dirfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		struct stat st;
+		if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+		    lock_is_named(dirfd, de->d_name, fd) && unlinkat(dirfd, de->d_name, 0) == 0)
+			removed++;
+		close(fd);
+	}
+	closedir(d);
+	return removed;
 }
 
 /* The pid another daemon wrote into lock file name of directory dirfd, or 0. */
@@ -161,7 +240,7 @@ static int lock_holder(int dirfd, const char *name)
  * directory; 0 or -1 with err. */
 int lock_socket(const struct config *cfg, char *err, size_t errlen)
 {
-	char sdir[PATH_MAX], dir[PATH_MAX], name[128];
+	char sdir[PATH_MAX], dir[PATH_MAX], name[LOCK_NAME_MAX];
 	struct stat st;
 	const char *base = strrchr(cfg->socket, '/') + 1;	/* config_load.c: an absolute path */
 
@@ -176,7 +255,11 @@ int lock_socket(const struct config *cfg, char *err, size_t errlen)
 	int dfd = lock_dir(dir, sizeof(dir), err, errlen);
 	if (dfd < 0)
 		return -1;
+	unsigned stale = lock_sweep(dfd);
+	if (stale)
+		log_info("removed %u stale lock file%s from %s", stale, stale == 1 ? "" : "s", dir);
 	if ((socket_fd = lock_file(dfd, name)) >= 0) {
+		snprintf(socket_name, sizeof(socket_name), "%s", name);
 		close(dfd);
 		return 0;
 	}
@@ -202,7 +285,7 @@ static int lock_find(dev_t dev, ino_t ino)
  * on failure nothing changes and err says which root another daemon holds. */
 int lock_roots(const struct config *cfg, char *err, size_t errlen)
 {
-	char dir[PATH_MAX], name[128];
+	char dir[PATH_MAX], name[LOCK_NAME_MAX];
 	struct root_lock want[LOCK_MAX_ROOTS];
 	unsigned n = 0;
 
@@ -215,15 +298,16 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 		struct stat st;
 		if (stat(cfg->allowed_roots[i], &st) < 0)
 			continue;	/* recovery and saves report a missing root */
-		want[n] = (struct root_lock){st.st_dev, st.st_ino, -1};
 		int held = lock_find(st.st_dev, st.st_ino);
 		if (held >= 0) {
-			want[n++].fd = roots[held].fd;
+			want[n++] = roots[held];
 			continue;
 		}
 		snprintf(name, sizeof(name), "root-%llx-%llx-%016llx.lock",
 			 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
 			 (unsigned long long)XXH3_64bits(store_host(), strlen(store_host())));
+		want[n] = (struct root_lock){.dev = st.st_dev, .ino = st.st_ino, .fd = -1};
+		snprintf(want[n].name, sizeof(want[n].name), "%s", name);
 		if ((want[n].fd = lock_file(dfd, name)) < 0) {
 			if (errno == EWOULDBLOCK)
 				err_set(err, errlen, -1, "another dsckptd (pid %d) on this host serves "
@@ -242,27 +326,32 @@ int lock_roots(const struct config *cfg, char *err, size_t errlen)
 		for (unsigned k = 0; k < n; k++)
 			kept |= want[k].fd == roots[i].fd;
 		if (!kept)
-			close(roots[i].fd);
+			lock_drop(dfd, roots[i].name, roots[i].fd);
 	}
 	memcpy(roots, want, n * sizeof(*want));
 	nroots = n;
 	close(dfd);
 	return 0;
 fail:
-	close(dfd);
 	for (unsigned k = 0; k < n; k++)
 		if (lock_find(want[k].dev, want[k].ino) < 0)
-			close(want[k].fd);
+			lock_drop(dfd, want[k].name, want[k].fd);
+	close(dfd);
 	return -1;
 }
 
-/* Lets go of every lock (exit). */
+/* Lets go of every lock, removing its file (exit). */
 void lock_release(void)
 {
+	char dir[PATH_MAX], err[256];
+	int dfd = nroots || socket_fd >= 0 ? lock_dir(dir, sizeof(dir), err, sizeof(err)) : -1;
+
 	for (unsigned i = 0; i < nroots; i++)
-		close(roots[i].fd);
+		lock_drop(dfd, roots[i].name, roots[i].fd);
 	nroots = 0;
 	if (socket_fd >= 0)
-		close(socket_fd);
+		lock_drop(dfd, socket_name, socket_fd);
 	socket_fd = -1;
+	if (dfd >= 0)
+		close(dfd);
 }

@@ -5,8 +5,9 @@
  * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
  * per socket and root), then the pid file → recover leftovers on disk →
  * CUDA probe → host cache (touched, pinned)
- * → engine threads → wiring (connections to the request layer, save levels to waits and
- * commits) → socket → READY. Under systemd each step shows in `systemctl status` and the
+ * → engine threads → wiring (connections to the request layer, parked requests' ends to
+ * their state machines, save levels to commits and seals) → socket → READY. Under systemd
+ * each step shows in `systemctl status` and the
  * cache's progress extends the start timeout (service.c). Shutdown (SIGTERM/SIGINT): stop accepting, let every accepted
  * save finish flushing and every running commit end (a check handle looks after each loop
  * turn), close connections, stop and join the workers, close every handle, and check
@@ -90,8 +91,7 @@ static void finish(void)
 	restore_stop();
 	load_free_all();
 	resident_free_all();	/* every kept chunk back before cache_destroy */
-	wait_free_all();
-	commit_free_all();
+	waiter_close();		/* what is still parked: commits, answered ESHUTDOWN */
 	seal_free_all();
 	save_free_all();
 	service_close();
@@ -385,12 +385,20 @@ int main(int argc, char **argv)
 		log_error("restore threads: %s", err);
 		goto fail_engine;
 	}
-	/* The wiring: frames go up to the request layer; level changes to waits and commits. */
+	/* The wiring: frames go up to the request layer; the ends of parked requests to their
+	 * state machines; save levels to commits, seals and metrics; SAVE_BEGIN past the seals. */
 	conn_init(request_dispatch, request_conn_gone);
-	save_observe(wait_on_save);
+	if (waiter_init(loop) < 0) {
+		log_error("out of memory");
+		goto fail_restore;
+	}
+	waiter_handle(WAITER_SAVE, wait_end, 0);
+	waiter_handle(WAITER_LOAD, load_wait_end, 0);
+	waiter_handle(WAITER_COMMIT, commit_wait_end, 1);	/* a commit goes on without its client */
 	save_observe(commit_on_save);
 	save_observe(seal_on_save);
 	save_observe(metrics_on_save);
+	save_open_with(overwrite_save_dir);
 	uv_check_init(loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);

@@ -30,13 +30,16 @@ static int overwrite_exists(const char *path, int manifest)
 	return lstat(p, &st) == 0 && (manifest ? S_ISREG(st.st_mode) : S_ISDIR(st.st_mode));
 }
 
-/* Opens the directory a save of dir by rank of uid's job and run goes into: the tag, else
- * (committed, or sealed by rank) its staging directory, whose path then replaces dir. */
-int overwrite_save_dir(char *dir, size_t len, uid_t uid, gid_t gid, const char *job,
-		       const char *run, unsigned rank, struct store_root *root,
+/* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, else
+ * (committed, or sealed by that rank) its staging directory, whose path then replaces dir. */
+int overwrite_save_dir(char *dir, size_t len, const struct owner *o, struct store_root *root,
 		       struct store_dirid *id, char *err, size_t errlen)
 {
 	char stage[PATH_MAX];
+	uid_t uid = o->uid;
+	gid_t gid = o->gid;
+	const char *job = o->job, *run = o->run;
+	unsigned rank = o->rank;
 	int fd = store_open_dir(config, dir, uid, gid, root, err, errlen), rc;
 
 	if (fd < 0)
@@ -141,20 +144,4 @@ void overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run)
 		return;
 	if (overwrite_last_save(dir, stage, uid, run, -1) == 1)
 		snprintf(dir, len, "%s", stage);
-}
-
-/* dir was committed (loop thread): a staging directory's files now lie in its tag, whose old
- * version's resident copies go; then resident_committed of the tag. */
-void overwrite_committed(const char *dir)
-{
-	char tag[NAME_MAX + 1], path[PATH_MAX];
-	const char *slash = strrchr(dir, '/');
-
-	if (!slash || swap_is_staging(slash + 1, tag, sizeof(tag)) != 1) {
-		resident_committed(dir);
-		return;
-	}
-	snprintf(path, sizeof(path), "%.*s/%s", (int)(slash - dir), dir, tag);
-	resident_moved(dir, path);
-	resident_committed(path);
 }

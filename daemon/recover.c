@@ -186,8 +186,27 @@ static void recover_left_add(struct recover_left *l, const char *host)
 }
 
 /*
+ * Removes the .meta file beside the safetensors partial name (just removed) in a tag without a
+ * manifest: a flush renames a file's .meta into place right before the file itself, so a crash
+ * between the two leaves that .meta, of the same uncommitted save, without its file.
+ */
+static void recover_partial_meta(int dirfd, const char *path, const char *name)
+{
+	char meta[NAME_MAX + 1];
+	size_t n = strlen(name) - strlen(FMT_SAFETENSORS FMT_PARTIAL);
+
+	if (!store_has_suffix(name, FMT_SAFETENSORS FMT_PARTIAL) ||
+	    faccessat(dirfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		return;
+	snprintf(meta, sizeof(meta), "%.*s" FMT_META, (int)n, name);
+	if (store_is_regular(dirfd, meta))
+		recover_unlink(dirfd, path, meta, "file of an uncommitted checkpoint:");
+}
+
+/*
  * Removes our partial file dirfd/name (stat st) if this host wrote it, or if it names no host
- * and has not been modified for RECOVER_STALE_S; 1 if it was removed. A partial this host left
+ * and has not been modified for RECOVER_STALE_S (a safetensors partial with the .meta it left,
+ * recover_partial_meta); 1 if it was removed. A partial this host left
  * before any header was in it (a crash before the first flush), or a MANIFEST.json or latest
  * partial, looks like one another node is writing: it stays until a restart after the grace
  * period, or until the same file is written again (store_file_create replaces it). Left there
@@ -210,9 +229,12 @@ static int recover_partial(int fd, const char *path, const char *name,
 		l->fresh++;
 		return 0;
 	}
-	return recover_unlink(fd, path, name, w == RECOVER_MINE ?
-				    "partial file left by an interrupted write:" :
-				    "stale partial file that names no host:");
+	if (!recover_unlink(fd, path, name, w == RECOVER_MINE ?
+			    "partial file left by an interrupted write:" :
+			    "stale partial file that names no host:"))
+		return 0;
+	recover_partial_meta(fd, path, name);
+	return 1;
 }
 
 /* Reads this node's seal record in the tag fd into r, within b; 1 when there is a sound one
@@ -381,7 +403,7 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 			continue;
 		if (S_ISDIR(st.st_mode) && depth < RECOVER_DEPTH) {
 			char tag[NAME_MAX + 1];
-			int staging = swap_is_staging(names[i], tag, sizeof(tag));
+			int staging = store_tag_version(names[i], tag, sizeof(tag));
 			/* A tag saved again: its new version rolled forward, or removed. */
 			if (staging && swap_recover(fd, path, names[i], b)) {
 				committed_tags = 1;

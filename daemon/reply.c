@@ -73,16 +73,18 @@ void reply_empty(uint64_t conn, uint64_t req)
 	reply_send(conn, &o, 0);
 }
 
-/* Answers HELLO: the daemon's version, protocol and the client's id. */
+/* Answers HELLO: the daemon's version, protocol, the client's id and the tensors a save may
+ * hold. */
 void reply_hello(uint64_t conn, uint64_t req)
 {
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 3);
+	msgpack_pack_map(&o.pk, 4);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "client", conn);
+	proto_kv_u64(&o.pk, "max_tensors", config->max_tensors_per_save);
 	reply_send(conn, &o, 0);
 }
 

@@ -338,9 +338,10 @@ static void on_save_begin(struct session *c, const struct proto_hdr *h, struct p
 		request_fence(m, &event, &uuid);
 	if (m->err || (!end && proto_map_end(m) < 0))
 		return request_malformed(c, h, m->why);
+	struct owner o = request_owner(c);
 	int64_t id = auth_check(c, AUTH_SAVE, err, sizeof(err));
 	if (id == 0)
-		id = save_begin(c, dir, file, err, sizeof(err));
+		id = save_begin(&o, dir, file, err, sizeof(err));
 	if (id < 0) {
 		metrics_fail(METRIC_SAVES_REFUSED, (int)id);
 		return request_error(c, h, (int)id, "%s", err);
@@ -431,7 +432,11 @@ static void on_commit(struct session *c, const struct proto_hdr *h, struct proto
 	int rc = auth_check(c, AUTH_COMMIT, err, sizeof(err));
 	if (rc < 0)
 		return request_error(c, h, rc, "%s", err);
-	commit_request(c, h->id, dir, (unsigned)world, timeout);
+	struct owner o = request_owner(c);
+	char d[PROTO_MAX_STR + 1];
+	store_norm_dir(d, sizeof(d), dir);
+	overwrite_commit_dir(d, sizeof(d), o.uid, o.run);	/* a new version's, in flight */
+	commit_request(&o, h->id, d, (unsigned)world, timeout);
 }
 
 /* SEAL: this rank saves nothing more into dir; the daemons commit dir once every rank has. */
@@ -445,7 +450,11 @@ static void on_seal(struct session *c, const struct proto_hdr *h, struct proto_m
 	int rc = auth_check(c, AUTH_SEAL, err, sizeof(err));
 	if (rc < 0)
 		return request_error(c, h, rc, "%s", err);
-	seal_request(c, h->id, dir);
+	struct owner o = request_owner(c);
+	char d[PROTO_MAX_STR + 1];
+	store_norm_dir(d, sizeof(d), dir);
+	overwrite_seal_dir(d, sizeof(d), o.uid, o.run, o.rank);	/* the version it saved last */
+	seal_request(&o, h->id, d);
 }
 
 /* STATUS: the daemon at a glance (resident files: this client's user's, all for root). */
@@ -564,7 +573,7 @@ void request_conn_gone(struct conn *conn)
 {
 	uint64_t id = conn_id(conn);
 
-	wait_client_gone(id);
+	waiter_conn_gone(id);	/* first: load_client_gone counts on its LOAD_WAIT gone */
 	save_client_gone(id);
 	load_client_gone(id);
 	plan_forget(id, NULL);

@@ -14,6 +14,13 @@
 
 /* Answers request h of client c with ERROR {code, message}. */
 #define request_error(c, h, code, ...) reply_error(session_id(c), (h)->id, (code), __VA_ARGS__)
+/* What the layers below know of client c (its strings borrowed while c lives). */
+static inline struct owner request_owner(const struct session *c)
+{
+	return (struct owner){.conn = session_id(c), .pid = session_pid(c), .uid = session_uid(c),
+			      .gid = session_gid(c), .job = session_job(c), .run = session_run(c),
+			      .rank = session_rank(c), .world = session_world(c)};
+}
 
 /* request_decode.c — the helpers the message files share. */
 /* Rejects a malformed frame and closes the connection. */

@@ -14,9 +14,10 @@ void request_load_begin(struct session *c, const struct proto_hdr *h, struct pro
 	proto_get_str(m, "file", file, PROTO_MAX_NAME, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
+	struct owner o = request_owner(c);
 	int rc = auth_check(c, AUTH_LOAD, err, sizeof(err));
 	if (rc == 0)
-		rc = load_begin(c, h->id, dir, file, err, sizeof(err));
+		rc = load_begin(&o, h->id, dir, file, err, sizeof(err));
 	if (rc < 0)
 		return request_error(c, h, rc, "%s", err);
 	/* Answered by load.c once the header is parsed. */

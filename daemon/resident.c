@@ -42,7 +42,9 @@
  */
 #include "dsckptd.h"
 
+#include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -330,7 +332,7 @@ static int in_job(const struct resident *r, const char *job, size_t n)
  * is judged by when their residents began here; a dir with none here (evicted, or saved
  * elsewhere) counts as newer than every committed tag and says nothing of uncommitted ones.
  */
-void resident_committed(const char *dir)
+static void resident_committed_tag(const char *dir)
 {
 	size_t n = job_len(dir);
 	uint64_t cseq = UINT64_MAX;
@@ -362,6 +364,22 @@ void resident_committed(const char *dir)
 			let_go(r);
 	}
 	pthread_mutex_unlock(&R.lock);
+}
+
+/* dir was committed (loop thread): a staging directory's files now lie in its tag, whose old
+ * version's resident copies go; then the tag's older tags are let go as above. */
+void resident_committed(const char *dir)
+{
+	char tag[NAME_MAX + 1], path[PATH_MAX];
+	const char *slash = strrchr(dir, '/');
+
+	if (!slash || store_tag_version(slash + 1, tag, sizeof(tag)) != 1) {
+		resident_committed_tag(dir);
+		return;
+	}
+	snprintf(path, sizeof(path), "%.*s/%s", (int)(slash - dir), dir, tag);
+	resident_moved(dir, path);
+	resident_committed_tag(path);
 }
 
 /* The files of dir now lie in to (a staging directory exchanged with its tag, loop thread):

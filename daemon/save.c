@@ -2,9 +2,11 @@
  * save.c — the registry of saves: validation of what a client adds, the plan handed to the
  * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED, or FAILED with a
  * code and a reason). Everything here runs on the loop thread. It encodes no reply and knows
- * no connection: saves name their client by id, and every change of level goes to the
- * observers registered with save_observe (wait.c, commit.c, seal.c, metrics_save.c; wired
- * in main.c), which act on it.
+ * no connection: saves name their client by id, and every change of level is published to
+ * waiter.c (the WAITs parked there) and then told to the observers registered with
+ * save_observe (commits, seals, metrics; main.c wires them), which act on it. A SAVE_BEGIN
+ * opens its directory through the opener registered with save_open_with (overwrite.c's: a
+ * committed or sealed tag's next version goes into its staging directory).
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
  * last change once finished and no longer held (a WAIT holds it), or at once when its client
@@ -63,6 +65,7 @@ static uint64_t next_save_id = 1;
 static uv_timer_t *gc_timer;
 static save_change_cb observers[MAX_OBSERVERS];
 static unsigned nobservers;
+static save_dir_cb open_dir;
 
 /* Gives back what the save holds of its user's limits (at DURABLE or FAILED, or when it is
  * forgotten before that). */
@@ -148,6 +151,12 @@ void save_observe(save_change_cb cb)
 	observers[nobservers++] = cb;
 }
 
+/* Registers what opens the directory a SAVE_BEGIN goes into (at start-up). */
+void save_open_with(save_dir_cb cb)
+{
+	open_dir = cb;
+}
+
 /* Moves s to level (or FAILED with code and error) and tells the observers. */
 static void set_level(struct save *s, int level, int code, const char *error)
 {
@@ -166,6 +175,7 @@ static void set_level(struct save *s, int level, int code, const char *error)
 		log_debug("save %llu (%s/%s) %s", (unsigned long long)s->id, s->dir, s->file,
 			  level_name(level));
 	}
+	waiter_publish(WAITER_SAVE, s->id, level);
 	for (unsigned i = 0; i < nobservers; i++)
 		observers[i](s);
 }
@@ -213,8 +223,8 @@ int save_engine_start(char *err, size_t errlen)
 			    errlen);
 }
 
-/* Opens a save for a client (auth_check'ed for AUTH_SAVE by the caller). */
-int64_t save_begin(const struct session *c, const char *dir, const char *file, char *err,
+/* Opens a save for o (auth_check'ed for AUTH_SAVE by the caller). */
+int64_t save_begin(const struct owner *o, const char *dir, const char *file, char *err,
 		   size_t errlen)
 {
 	char d[PROTO_MAX_STR + 1];
@@ -226,14 +236,18 @@ int64_t save_begin(const struct session *c, const char *dir, const char *file, c
 		return ERR_EINVAL;
 	}
 	store_norm_dir(d, sizeof(d), dir);
-	int rc = quota_take(session_uid(c), QUOTA_SAVES, 1, err, errlen);
+	int rc = quota_take(o->uid, QUOTA_SAVES, 1, err, errlen);
 	if (rc < 0)
 		return rc;
 	struct store_root root;
 	struct store_dirid id;
-	/* The tag, or its staging directory when it is committed or this rank sealed it. */
-	int fd = overwrite_save_dir(d, sizeof(d), session_uid(c), session_gid(c), session_job(c),
-				    session_run(c), session_rank(c), &root, &id, err, errlen);
+	/* The tag, or another version of it (overwrite.c: its staging directory). */
+	int fd = open_dir ? open_dir(d, sizeof(d), o, &root, &id, err, errlen) :
+			    store_open_dir(config, d, o->uid, o->gid, &root, err, errlen);
+	if (!open_dir && fd >= 0 && (rc = store_dir_id(fd, &id, err, errlen)) < 0) {
+		close(fd);
+		fd = rc;
+	}
 	/* Saves in flight and seals are this directory's (its identity, not its name): a
 	 * directory removed and made again is a new one, whatever was left in the old. */
 	for (struct save *s = fd >= 0 ? saves : NULL; s; s = s->next) {
@@ -250,39 +264,39 @@ int64_t save_begin(const struct session *c, const char *dir, const char *file, c
 	char name[160];
 	struct store_file *out = NULL;
 	snprintf(name, sizeof(name), "%s.safetensors", file);
-	if (fd >= 0 && (rc = store_file_create(fd, name, session_uid(c), session_gid(c),
+	if (fd >= 0 && (rc = store_file_create(fd, name, o->uid, o->gid,
 					       config->file_mode, config->o_direct, &out, err,
 					       errlen)) < 0) {
 		close(fd);
 		fd = rc;
 	}
 	if (fd < 0) {
-		quota_give(session_uid(c), QUOTA_SAVES, 1);
+		quota_give(o->uid, QUOTA_SAVES, 1);
 		return fd;
 	}
 	struct save *s = calloc(1, sizeof(*s));
-	if (s && (!(s->blobs = blobs_new(session_uid(c))) || !(s->tl = tensors_new(session_uid(c))))) {
+	if (s && (!(s->blobs = blobs_new(o->uid)) || !(s->tl = tensors_new(o->uid)))) {
 		blobs_free(s->blobs);
 		free(s);
 		s = NULL;
 	}
 	if (!s) {
 		store_file_abort(out);
-		quota_give(session_uid(c), QUOTA_SAVES, 1);
+		quota_give(o->uid, QUOTA_SAVES, 1);
 		close(fd);
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	s->out = out;
 	s->counted = 1;
 	s->id = next_save_id++;
-	s->client = session_id(c);
-	s->pid = session_pid(c);
-	s->uid = session_uid(c);
-	s->gid = session_gid(c);
-	snprintf(s->jobname, sizeof(s->jobname), "%s", session_job(c));
-	s->rank = session_rank(c);
-	s->world = session_world(c);
-	snprintf(s->run, sizeof(s->run), "%s", session_run(c));
+	s->client = o->conn;
+	s->pid = o->pid;
+	s->uid = o->uid;
+	s->gid = o->gid;
+	snprintf(s->jobname, sizeof(s->jobname), "%s", o->job);
+	s->rank = o->rank;
+	s->world = o->world;
+	snprintf(s->run, sizeof(s->run), "%s", o->run);
 	snprintf(s->dir, sizeof(s->dir), "%s", d);
 	s->dirid = id;
 	snprintf(s->file, sizeof(s->file), "%s", file);

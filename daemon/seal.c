@@ -276,7 +276,7 @@ static void seal_after(uv_work_t *w, int status)
 		log_info("committed %s: by another node (job %s)", t->dir, t->job);
 		t->rc = 1;
 		save_mark_committed(&t->dirid, t->uid, t->run);
-		overwrite_committed(t->dir);
+		resident_committed(t->dir);
 		seal_end(t);
 	} else if (t->rc == 2) {
 		log_debug("seal of %s: committed already, not by this run", t->dir);
@@ -285,7 +285,7 @@ static void seal_after(uv_work_t *w, int status)
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
 			 t->job, t->info.files, (unsigned long long)t->info.bytes);
 		save_mark_committed(&t->dirid, t->uid, t->run);
-		overwrite_committed(t->dir);
+		resident_committed(t->dir);
 		seal_end(t);
 	} else if (t->written != t->nsealed || t->again) {
 		t->again = 0;
@@ -437,45 +437,44 @@ static uint64_t seal_now_ns(void)
 	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
-/* Handles SEAL of dir by client cl (an identified trainer, auth_check'ed by the caller). */
-void seal_request(const struct session *cl, uint64_t req, const char *dir)
+/* Handles SEAL of dir by o (an identified trainer, auth_check'ed by the caller). */
+void seal_request(const struct owner *o, uint64_t req, const char *dir)
 {
 	char d[PROTO_MAX_STR + 1], err[ERRLEN];
-	unsigned rank = session_rank(cl), world = session_world(cl);
-	uid_t uid = session_uid(cl);
+	unsigned rank = o->rank, world = o->world;
+	uid_t uid = o->uid;
 	struct store_dirid id;
 	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
-	overwrite_seal_dir(d, sizeof(d), uid, session_run(cl), rank);	/* a new version's */
-	int dfd = store_open_tag(config, d, uid, session_gid(cl), &jobfd, err, sizeof(err));
+	int dfd = store_open_tag(config, d, uid, o->gid, &jobfd, err, sizeof(err));
 	if (dfd < 0)
-		return reply_error(session_id(cl), req, dfd, "%s", err);
+		return reply_error(o->conn, req, dfd, "%s", err);
 	close(jobfd);
 	if ((rc = store_dir_id(dfd, &id, err, sizeof(err))) < 0) {
 		close(dfd);
-		return reply_error(session_id(cl), req, rc, "%s", err);
+		return reply_error(o->conn, req, rc, "%s", err);
 	}
 	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 	seal_sweep(uid);
 	struct seal_tag *t = seal_find(&id, uid);
-	if (t && !committed && strcmp(t->run, session_run(cl)) != 0 &&
+	if (t && !committed && strcmp(t->run, o->run) != 0 &&
 	    !(t->ended && t->rc == 1)) {
 		log_info("seal of %s: run '%s' of job %s takes the tag over from run '%s', which "
-			 "did not commit it", d, session_run(cl), session_job(cl), t->run);
+			 "did not commit it", d, o->run, o->job, t->run);
 		seal_forget(t);
 		t = NULL;
 	}
-	if (t && (t->world != world || strcmp(t->job, session_job(cl)) != 0)) {
+	if (t && (t->world != world || strcmp(t->job, o->job) != 0)) {
 		close(dfd);
-		return reply_error(session_id(cl), req, ERR_EBUSY, "%s is sealed by job %s of %u "
+		return reply_error(o->conn, req, ERR_EBUSY, "%s is sealed by job %s of %u "
 				   "ranks", d, t->job, t->world);
 	}
 	if (committed || t)
 		close(dfd);
-	else if (!(t = seal_new(d, dfd, &id, session_job(cl), session_run(cl), world, uid,
-				session_gid(cl), &rc, err, sizeof(err))))
-		return reply_error(session_id(cl), req, rc, "%s", err);
+	else if (!(t = seal_new(d, dfd, &id, o->job, o->run, world, uid,
+				o->gid, &rc, err, sizeof(err))))
+		return reply_error(o->conn, req, rc, "%s", err);
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
@@ -483,7 +482,7 @@ void seal_request(const struct session *cl, uint64_t req, const char *dir)
 		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
 			  t->nsealed, world);
 	}
-	reply_sealed(session_id(cl), req, committed || (t && t->ended && t->rc == 1));
+	reply_sealed(o->conn, req, committed || (t && t->ended && t->rc == 1));
 	if (t)
 		seal_check(t);
 }

@@ -381,7 +381,7 @@ static int store_staged(const char *dir, char *tagdir, size_t len)
 	char tag[NAME_MAX + 1];
 	const char *slash = strrchr(dir, '/');
 
-	if (!slash || swap_is_staging(slash + 1, tag, sizeof(tag)) != 1)
+	if (!slash || store_tag_version(slash + 1, tag, sizeof(tag)) != 1)
 		return 0;
 	return (size_t)snprintf(tagdir, len, "%.*s/%s", (int)(slash - dir), dir, tag) < len;
 }
@@ -434,7 +434,7 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		path[--len] = '\0';
 	tag = strrchr(path, '/');
 	*tag++ = '\0'; /* path is now the job directory */
-	int stage = swap_is_staging(tag, staged, sizeof(staged)) == 1;
+	int stage = store_tag_version(tag, staged, sizeof(staged)) == 1;
 	const char *name = stage ? staged : tag;	/* what the manifest and latest name */
 	if ((rc = store_job_lock(jobfd, err, errlen)) < 0)
 		goto out_lock;

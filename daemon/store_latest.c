@@ -5,7 +5,9 @@
  * Commits of one job are serialized by an exclusive flock on the job directory, held from the
  * manifest through `latest` to retention; recovery takes it too. Under it, `latest` only moves
  * forward: it is pointed at a tag only when that tag's manifest is newer than the one `latest`
- * names now, so it always names an existing committed tag once one exists.
+ * names now, so it always names an existing committed tag once one exists. A job directory
+ * holding STORE_NO_LATEST gets no `latest` at all (the Lightning plugin's dirpath, where
+ * Lightning resumes by its own names and users expect only their checkpoints).
  */
 #include "dsckptd.h"
 
@@ -20,6 +22,8 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#define STORE_NO_LATEST ".dsckpt-no-latest" /* in a job directory: no `latest` there */
 
 /*
  * Takes the job directory's commit lock, waiting up to wait_ms for another commit of the job.
@@ -67,14 +71,25 @@ void store_job_unlock(int jobfd)
 	flock(jobfd, LOCK_UN);
 }
 
-/* Points `latest` at tag (committed at ns) unless it names a tag committed later already;
- * 0 (also when left), or a negative ERR_E* with err. The job lock is held. */
+/* Whether the job directory jobfd opts out of `latest` (holds STORE_NO_LATEST). */
+static int store_job_no_latest(int jobfd)
+{
+	struct stat st;
+
+	return fstatat(jobfd, STORE_NO_LATEST, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* Points `latest` at tag (committed at ns) unless it names a tag committed later already, or
+ * the job opts out; 0 (also when left), or a negative ERR_E* with err. The job lock is held. */
 int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
 			 uid_t uid, gid_t gid, char *err, size_t errlen)
 {
 	char now[NAME_MAX + 1];
-	uint64_t now_ns = store_latest_get(jobfd, now, sizeof(now));
+	uint64_t now_ns;
 
+	if (store_job_no_latest(jobfd))
+		return 0;
+	now_ns = store_latest_get(jobfd, now, sizeof(now));
 	if (now_ns > ns && strcmp(now, tag) != 0) {
 		log_info("latest stays at %s, committed after %s", now, tag);
 		return 0;
@@ -120,9 +135,10 @@ int store_finish_manifest(int dirfd, const char *path, struct store_budget *b)
 /*
  * Repairs the job directory jobfd (at path) after a crash, under its lock if it is free:
  * `latest` is pointed at the newest committed tag when it is behind (or missing, or names a
- * deleted tag), and keep_last is applied again (an interrupted retention completes). Owner
- * and group of a written `latest` are the job directory's, set on its descriptor; only tags
- * of that owner count. Entries listed and manifests read are charged to b.
+ * deleted tag) unless the job opts out (STORE_NO_LATEST), and keep_last is applied again (an
+ * interrupted retention completes). Owner and group of a written `latest` are the job
+ * directory's, set on its descriptor; only tags of that owner count. Entries listed and
+ * manifests read are charged to b.
  */
 void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		      struct store_budget *b)
@@ -146,7 +162,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		char tag[NAME_MAX + 1];
 		if (fstatat(jobfd, names[i], &ts, AT_SYMLINK_NOFOLLOW) < 0 ||
 		    !S_ISDIR(ts.st_mode) || ts.st_uid != st.st_uid ||
-		    swap_is_staging(names[i], tag, sizeof(tag)))
+		    store_tag_version(names[i], tag, sizeof(tag)))
 			continue;	/* a staging directory is no tag of its own */
 		uint64_t ns = store_tag_committed_within(jobfd, names[i], b);
 		if (ns > best_ns || (ns && ns == best_ns && strcmp(names[i], best) > 0)) {
@@ -158,7 +174,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 	uint64_t now_ns = store_latest_within(jobfd, now, sizeof(now), b);
 	if (!best_ns || (b && b->spent))
 		goto out;	/* over budget: what was not read may be newer */
-	if (now_ns < best_ns || !now_ns) {
+	if ((now_ns < best_ns || !now_ns) && !store_job_no_latest(jobfd)) {
 		if (store_write_atomic(jobfd, FMT_LATEST, best, strlen(best), st.st_uid, st.st_gid,
 				       cfg->file_mode, err, sizeof(err)) < 0)
 			log_warnx("recovery: cannot point %s/latest at %s: %s", path, best, err);

@@ -27,31 +27,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SWAP_NEXT ".dsckpt-next"
-#define SWAP_OLD ".dsckpt-old"
-
 /* Writes ".<tag><suffix>" into out; -1 when it would not fit a file name. */
 static int swap_name(const char *tag, const char *suffix, char *out, size_t len)
 {
 	int n = snprintf(out, len, ".%s%s", tag, suffix);
 	return n < 0 || (size_t)n >= len || n > NAME_MAX ? -1 : 0;
-}
-
-/* Whether name is ".<tag>.dsckpt-next" (1) or ".<tag>.dsckpt-old" (2), its tag into tag; else 0. */
-int swap_is_staging(const char *name, char *tag, size_t len)
-{
-	static const char *const sfx[] = {SWAP_NEXT, SWAP_OLD};
-	size_t n = strlen(name);
-
-	for (int k = 0; k < 2; k++) {
-		size_t s = strlen(sfx[k]);
-		if (n > s + 1 && name[0] == '.' && strcmp(name + n - s, sfx[k]) == 0 &&
-		    n - s - 1 < len) {
-			snprintf(tag, len, "%.*s", (int)(n - s - 1), name + 1);
-			return k + 1;
-		}
-	}
-	return 0;
 }
 
 /* The staging path of the tag directory dir (no trailing slash) into out; 0, or
@@ -61,11 +41,11 @@ int swap_staging_path(const char *dir, char *out, size_t len, char *err, size_t 
 	const char *slash = strrchr(dir, '/');
 	char name[NAME_MAX + 1];
 
-	if (!slash || swap_name(slash + 1, SWAP_NEXT, name, sizeof(name)) < 0 ||
+	if (!slash || swap_name(slash + 1, STORE_TAG_NEXT, name, sizeof(name)) < 0 ||
 	    (size_t)snprintf(out, len, "%.*s/%s", (int)(slash - dir), dir, name) >= len)
 		return err_set(err, errlen, ERR_ENAMETOOLONG, "%s: the tag's name is too long to "
 			       "be saved again (its staging directory .<tag>%s must fit %d bytes)",
-			       dir, SWAP_NEXT, NAME_MAX);
+			       dir, STORE_TAG_NEXT, NAME_MAX);
 	return 0;
 }
 
@@ -106,7 +86,7 @@ int swap_open_staging(const struct config *cfg, const char *stage, uid_t uid, gi
 		return fd;
 	char tag[NAME_MAX + 1], why[ERRLEN];
 	int jobfd;
-	if (swap_is_staging(slash + 1, tag, sizeof(tag)) != 1 ||
+	if (store_tag_version(slash + 1, tag, sizeof(tag)) != 1 ||
 	    (size_t)snprintf(job, sizeof(job), "%.*s/%s", (int)(slash - stage), stage, tag) >=
 	    sizeof(job))
 		return fd;
@@ -177,8 +157,8 @@ void swap_remove_old(int jobfd, const char *path, const char *tag, struct store_
 {
 	char next[NAME_MAX + 1], old[NAME_MAX + 1];
 
-	if (swap_name(tag, SWAP_NEXT, next, sizeof(next)) < 0 ||
-	    swap_name(tag, SWAP_OLD, old, sizeof(old)) < 0)
+	if (swap_name(tag, STORE_TAG_NEXT, next, sizeof(next)) < 0 ||
+	    swap_name(tag, STORE_TAG_OLD, old, sizeof(old)) < 0)
 		return;
 	if (faccessat(jobfd, old, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
 		swap_rmtree(jobfd, path, old, b);	/* an earlier removal's leftover */
@@ -227,7 +207,7 @@ int swap_recover(int jobfd, const char *path, const char *name, struct store_bud
 {
 	char tag[NAME_MAX + 1], err[ERRLEN];
 	struct stat job, st;
-	int kind = swap_is_staging(name, tag, sizeof(tag)), done = 0;
+	int kind = store_tag_version(name, tag, sizeof(tag)), done = 0;
 
 	if (!kind || fstat(jobfd, &job) < 0 ||
 	    fstatat(jobfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode) ||

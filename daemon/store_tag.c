@@ -93,3 +93,20 @@ uint64_t store_latest_get(int jobfd, char *tag, size_t len)
 {
 	return store_latest_within(jobfd, tag, len, NULL);
 }
+
+/* Whether name is ".<tag>.dsckpt-next" (1) or ".<tag>.dsckpt-old" (2), its tag into tag; else 0. */
+int store_tag_version(const char *name, char *tag, size_t len)
+{
+	static const char *const sfx[] = {STORE_TAG_NEXT, STORE_TAG_OLD};
+	size_t n = strlen(name);
+
+	for (int k = 0; k < 2; k++) {
+		size_t s = strlen(sfx[k]);
+		if (n > s + 1 && name[0] == '.' && strcmp(name + n - s, sfx[k]) == 0 &&
+		    n - s - 1 < len) {
+			snprintf(tag, len, "%.*s", (int)(n - s - 1), name + 1);
+			return k + 1;
+		}
+	}
+	return 0;
+}

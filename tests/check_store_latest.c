@@ -115,6 +115,25 @@ START_TEST(test_latest_forward)
 }
 END_TEST
 
+/* A job directory holding .dsckpt-no-latest (the Lightning plugin's dirpath) gets no latest
+ * from a commit nor from recovery, while keep_last still applies. */
+START_TEST(test_no_latest)
+{
+	cfg.keep_last = 1;
+	write_ckpt(rpath("%s", "job/t1"), "rank0", 0, NULL);
+	write_text(rpath("%s", "job/.dsckpt-no-latest"), "");
+	commit_ok(rpath("%s", "job/t1"), 1);
+	write_ckpt(rpath("%s", "job/t2"), "rank0", 0, NULL);
+	commit_ok(rpath("%s", "job/t2"), 1);
+	ck_assert(!h_exists(rpath("%s", "job/latest")));
+	ck_assert(committed("job", "t2"));
+	ck_assert_msg(!h_exists(rpath("%s", "job/t1")), "keep_last 1 was not applied");
+	recover_run(&cfg, NULL);
+	ck_assert(!h_exists(rpath("%s", "job/latest")));
+	ck_assert(committed("job", "t2"));
+}
+END_TEST
+
 /* Killed after the manifest's rename, before latest: recovery points latest at the newest
  * committed tag and completes keep_last, never deleting latest's tag. */
 START_TEST(test_recover_latest)
@@ -244,6 +263,7 @@ static Suite *latest_suite(void)
 	tcase_add_test(tc, test_latest_failure_uncommits);
 	tcase_add_test(tc, test_latest_forward);
 	tcase_add_test(tc, test_recover_latest);
+	tcase_add_test(tc, test_no_latest);
 	tcase_add_test(tc, test_recover_whole_manifest);
 	tcase_add_test(tc, test_thousand_nodes);
 	tcase_set_timeout(tc, 60);

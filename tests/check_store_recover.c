@@ -136,6 +136,34 @@ START_TEST(test_recover_hosts)
 }
 END_TEST
 
+/* A crash between a file's .meta and its rename (the .meta in place, the file a partial):
+ * in a tag without a manifest the .meta goes with our partial (another node's stays for that
+ * node); in a committed tag it stays. */
+START_TEST(test_recover_meta_beside_partial)
+{
+	store_set_host("node-b");
+	write_ckpt_host(rpath("%s", "job/t"), "dcp_metadata", 0, "m", "node-b");
+	make_partial(rpath("%s", "job/t/dcp_metadata.safetensors"));
+	write_ckpt_host(rpath("%s", "job/t"), "rank1", 1, "m", "node-a");
+	make_partial(rpath("%s", "job/t/rank1.safetensors"));
+	write_ckpt(rpath("%s", "job/done"), "rank0", 0, "m");
+	commit_ok(rpath("%s", "job/done"), 1);
+	write_ckpt_host(rpath("%s", "job/done"), "extra", 0, "m", "node-b");
+	make_partial(rpath("%s", "job/done/extra.safetensors"));
+
+	recover_run(&cfg, NULL);
+
+	ck_assert(!h_exists(rpath("%s", "job/t/dcp_metadata.safetensors.partial")));
+	ck_assert_msg(!h_exists(rpath("%s", "job/t/dcp_metadata.meta")),
+		      "the .meta of a removed partial is left");
+	ck_assert(h_exists(rpath("%s", "job/t/rank1.safetensors.partial")));
+	ck_assert(h_exists(rpath("%s", "job/t/rank1.meta")));
+	ck_assert(!h_exists(rpath("%s", "job/done/extra.safetensors.partial")));
+	ck_assert(h_exists(rpath("%s", "job/done/extra.meta")));
+	ck_assert(h_exists(rpath("%s", "job/done/rank0.meta")));
+}
+END_TEST
+
 /* Recovery's budget is per user (the owner of a directory below the root): a tree past its
  * entries or bytes is left as it is from there on, another user's is still recovered; a file
  * with two links is never read (nor removed). */
@@ -189,6 +217,7 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_recover);
 	tcase_add_test(tc, test_host);
 	tcase_add_test(tc, test_recover_hosts);
+	tcase_add_test(tc, test_recover_meta_beside_partial);
 	tcase_add_test(tc, test_recover_budget);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);

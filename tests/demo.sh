@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # demo.sh BUILD_DIR — a local tour of dsckpt: starts dsckptd on a copy of conf/dsckptd.json
 # in BUILD_DIR/demo, runs the example trainer (4 ranks, 100 MB each, 3 checkpoints) while
-# showing `dsckptctl pending`, then lists and verifies what was written, shows the daemon's
+# showing `dsckptctl pending` whenever the saves moved, then lists and verifies what was written, shows the daemon's
 # status and stops it with SIGTERM. Any failure ends the demo with a non-zero status.
 set -euo pipefail
 
@@ -59,11 +59,27 @@ step "example trainer: 4 ranks x 100 MB, 3 checkpoints into $demo/ckpt/demo-job"
 "$build/dsckpt-example-trainer" --socket "$sock" --dir "$demo/ckpt/demo-job" --job demo \
 	--ranks 4 --mb 100 --ckpts 3 >"$demo/trainer.log" 2>&1 &
 trainer=$!
-for _ in 1 2 3 4 5; do
-	kill -0 "$trainer" 2>/dev/null || break
-	step "dsckptctl pending"
-	"${ctl[@]}" pending
-	sleep 0.3
+# `dsckptctl pending` while the saves move: asked every 20 ms, shown when a save is on its
+# way (ACCEPTED, SNAPSHOT or DURABLE) and the saves' levels changed since the last one shown,
+# twice per checkpoint at most; on a machine too fast to catch one moving, once at the end
+# (finished saves stay listed for a minute).
+start=$(date +%s%N)
+shown=0
+last=""
+declare -A per_tag=()
+while kill -0 "$trainer" 2>/dev/null; do
+	table=$("${ctl[@]}" pending 2>&1 || true)
+	levels=$(printf '%s\n' "$table" | awk 'NR > 1 { print $1, $4 }')
+	tag=$(printf '%s\n' "$table" | awk '$4 ~ /^(ACCEPTED|SNAPSHOT|DURABLE)$/ {
+		n = split($NF, p, "/"); print p[n - 1] }' | sort -V | tail -n 1)
+	if [ -n "$tag" ] && [ "$levels" != "$last" ] && [ "${per_tag[$tag]:-0}" -lt 2 ]; then
+		step "dsckptctl pending ($(( ($(date +%s%N) - start) / 1000000 )) ms into the run)"
+		printf '%s\n' "$table"
+		last=$levels
+		per_tag[$tag]=$(( ${per_tag[$tag]:-0} + 1 ))
+		shown=$((shown + 1))
+	fi
+	sleep 0.02
 done
 if ! wait "$trainer"; then
 	trainer=""
@@ -72,6 +88,10 @@ if ! wait "$trainer"; then
 	exit 1
 fi
 trainer=""
+if [ "$shown" -eq 0 ]; then
+	step "dsckptctl pending (after the run: every save was done before one could be seen moving)"
+	"${ctl[@]}" pending
+fi
 cat "$demo/trainer.log"
 
 step "dsckptctl list $demo/ckpt"

@@ -51,6 +51,8 @@ struct dsckpt_conn {
 	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
 	size_t nregs, capregs;
 	struct lib_cuda *cuda;      /* GPU regions and events (cuda.c); NULL until needed */
+	struct lib_stages pool;     /* staging arenas kept for the next save (stage.c) */
+	uint64_t max_tensors;       /* the daemon's max_tensors_per_save (HELLO); 0 unknown */
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 	char err[LIB_ERRLEN];       /* message of the last failed call */
 	char dead[LIB_ERRLEN];      /* why the connection broke */
@@ -181,6 +183,12 @@ void lib_conn_ref(dsckpt_conn_t *c)
 	lib_conn_unlock(c);
 }
 
+/* The connection's pool of staging arenas kept for later saves (lock held). */
+struct lib_stages *lib_conn_stage_pool(dsckpt_conn_t *c)
+{
+	return &c->pool;
+}
+
 /* Drops a reference; the last one frees the connection. */
 void lib_conn_unref(dsckpt_conn_t *c)
 {
@@ -191,6 +199,9 @@ void lib_conn_unref(dsckpt_conn_t *c)
 		return;
 	if (c->fd >= 0)
 		close(c->fd);
+	c->fd = -1;
+	c->broken = 1;	/* the daemon dropped the pool's regions with the socket */
+	lib_stage_free(c, &c->pool);
 	pthread_mutex_destroy(&c->lock);
 	lib_cuda_free(c->cuda);
 	free(c->regs);
@@ -542,6 +553,7 @@ static int lib_conn_hello(dsckpt_conn_t *c, const char *role, const char *job, i
 	proto_get_str(&r.m, "version", version, PROTO_MAX_STR, 1);
 	proto_get_u64(&r.m, "proto", UINT16_MAX, &proto, 1);
 	proto_get_u64(&r.m, "client", UINT64_MAX, &client, 1);
+	proto_get_u64(&r.m, "max_tensors", UINT32_MAX, &c->max_tensors, 0);
 	return lib_reply_end(c, &r, "HELLO");
 }
 
@@ -634,6 +646,23 @@ int dsckpt_identify_run(dsckpt_conn_t *c, const char *job, int rank, int world_s
 out:
 	lib_conn_unlock(c);
 	return e;
+}
+
+/* The daemon's max_tensors_per_save, as HELLO said (0 before). */
+int64_t dsckpt_max_tensors(dsckpt_conn_t *c)
+{
+	return c ? (int64_t)c->max_tensors : 0;
+}
+
+/* Fails (DSCKPT_ELIMIT, naming the daemon's limit) when what of n tensors in all is more than
+ * a save may hold; 0 otherwise (lock held). */
+int lib_conn_check_tensors(dsckpt_conn_t *c, const char *what, size_t n)
+{
+	if (!c->max_tensors || n <= c->max_tensors)
+		return 0;
+	return lib_conn_fail(c, DSCKPT_ELIMIT, "%s of %zu tensors: the daemon's "
+			     "max_tensors_per_save is %" PRIu64 " (no tensor was sent)", what, n,
+			     c->max_tensors);
 }
 
 /* The run this connection identified with ("" unknown, or not yet identified). */

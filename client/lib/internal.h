@@ -56,6 +56,9 @@ const char *lib_conn_error(dsckpt_conn_t *c);
 struct lib_cuda;
 /* The connection's CUDA state (cuda.c creates it on first need; freed with the connection). */
 struct lib_cuda **lib_conn_cuda(dsckpt_conn_t *c);
+/* Fails with DSCKPT_ELIMIT, naming the daemon's max_tensors_per_save, when what would hold
+ * n tensors, more than a save may (lock held). */
+int lib_conn_check_tensors(dsckpt_conn_t *c, const char *what, size_t n);
 /* World size given to dsckpt_identify, 0 before it (lock held). */
 int lib_conn_world(dsckpt_conn_t *c);
 /* Whether the connection can still carry requests (lock held). */
@@ -273,5 +276,10 @@ int lib_stage_copy(dsckpt_conn_t *c, struct lib_stages *ss, const void *ptr, siz
 		   uint64_t *region, uint64_t *offset);
 /* Unregisters (while the connection is alive) and frees every arena (lock held). */
 void lib_stage_free(dsckpt_conn_t *c, struct lib_stages *ss);
+/* Gives the arenas of ss, which the daemon reads no more, to the connection's pool for later
+ * saves, keeping at most a few (lock held). */
+void lib_stage_keep(dsckpt_conn_t *c, struct lib_stages *ss);
+/* The connection's pool of kept arenas (conn.c; lock held). */
+struct lib_stages *lib_conn_stage_pool(dsckpt_conn_t *c);
 
 #endif /* DSCKPT_INTERNAL_H */

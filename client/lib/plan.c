@@ -196,6 +196,8 @@ int dsckpt_plan_create(dsckpt_conn_t *c, const dsckpt_tensor_t *tensors, size_t 
 	lib_conn_lock(c);
 	if (lib_conn_world(c) == 0)
 		e = lib_conn_fail(c, DSCKPT_ESTATE, "dsckpt_identify must come before a plan");
+	else if ((e = lib_conn_check_tensors(c, "a plan", n)) < 0)
+		;
 	else if ((e = plan_copy(c, p, tensors, n)) == 0)
 		e = plan_send(p, &es);
 	lib_conn_unlock(c);

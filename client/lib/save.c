@@ -217,6 +217,8 @@ static int save_add_one(dsckpt_save_t *s, const dsckpt_tensor_t *t)
 	if (lib_names_has(&s->tnames, t->name))
 		return lib_conn_fail(s->c, DSCKPT_EEXIST, "tensor %s is already in the save",
 				     t->name);
+	if ((e = lib_conn_check_tensors(s->c, "a save", s->es.n + 1)) < 0)
+		return e;
 	if ((e = lib_entries_place(s->c, &s->es, t->ptr, t->nbytes, NULL, &region,
 				   &offset)) < 0)
 		return e;
@@ -255,11 +257,14 @@ int dsckpt_add_tensors(dsckpt_save_t *s, const dsckpt_tensor_t *tensors, size_t 
 	if (!s || (!tensors && n))
 		return DSCKPT_EINVAL;
 	lib_conn_lock(s->c);
+	/* More than the daemon takes: refused before any is staged or sent. */
+	if (s->state == SAVE_OPEN)
+		e = lib_conn_check_tensors(s->c, "a save", s->es.n + n);
 	for (; i < n && e == 0; i++)
 		e = save_add_one(s, &tensors[i]);
 	lib_conn_unlock(s->c);
 	if (added)
-		*added = e < 0 ? i - 1 : i;
+		*added = e < 0 && i ? i - 1 : i;
 	return e;
 }
 
@@ -527,6 +532,9 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	if ((e = lib_reply_end(s->c, &r, "WAIT")) < 0)
 		return e;
 	p->level = (int)reached;
+	/* From SNAPSHOT the daemon reads its staging memory no more: the next save may. */
+	if (reached >= DSCKPT_SNAPSHOT)
+		lib_stage_keep(s->c, &s->stages);
 	if (reached == DSCKPT_FAILED) {
 		lib_conn_fail(s->c, DSCKPT_EFAILED, "%s", *error ? error : "save failed");
 		lib_conn_set_cause(s->c, (int)cause);
@@ -594,7 +602,7 @@ void dsckpt_save_free(dsckpt_save_t *s)
 		proto_kv_u64(&o.pk, "save", s->id);
 		lib_conn_call_empty(s->c, &o, NULL, 0, "SAVE_ABORT");
 	}
-	lib_stage_free(s->c, &s->stages);
+	lib_stage_free(s->c, &s->stages);	/* none left once a reply said SNAPSHOT */
 	lib_conn_unlock(s->c);
 	lib_conn_unref(s->c);
 	lib_entries_free(&s->es);

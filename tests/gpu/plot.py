@@ -107,29 +107,42 @@ def progress_of(doc):
     return []
 
 
-def plot_progress(plt, doc, path):
-    """Bytes snapshotted (solid) and flushed (dashed) against seconds since each save call,
-    one colour per checkpoint, with a zoom on the snapshot; a dot where wait_snapshot returned
-    (drawn at the save's size)."""
-    saves = progress_of(doc)
-    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [2, 1]})
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+def checkpoint_colours(plt, n):
+    """n distinct colours, one per checkpoint: the default cycle while it lasts, else n
+    evenly spaced colours of a qualitative map."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if n <= len(cycle):
+        return cycle[:n]
+    cmap = plt.get_cmap("tab20" if n <= 20 else "turbo")
+    return [cmap(i / max(n - 1, 1)) if n > 20 else cmap(i) for i in range(n)]
+
+
+def progress_figure(plt, doc):
+    """The progress figure of plot_progress, not yet saved: bytes snapshotted (solid) and
+    flushed (dashed) against seconds since each save call, one colour per checkpoint, with a
+    zoom on the snapshot; a dot where wait_snapshot returned (drawn at the save's size). One
+    legend below both panels: the three line styles once, then one entry per checkpoint's
+    colour (not three per checkpoint over the data)."""
+    from matplotlib.lines import Line2D
+    saves = [p for p in progress_of(doc) if p["samples"]]
+    fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 5.5), gridspec_kw={"width_ratios": [2, 1]})
+    colours = checkpoint_colours(plt, len(saves))
     snap_end = 0.0
-    for i, p in enumerate(saves):
+    handles = [Line2D([], [], color="black", linewidth=1.5, label="snapshotted"),
+               Line2D([], [], color="black", linewidth=1.5, linestyle="--", label="flushed"),
+               Line2D([], [], color="black", marker="o", linestyle="", markersize=5,
+                      label="wait_snapshot returned")]
+    for p, c in zip(saves, colours):
         s = p["samples"]
-        if not s:
-            continue
-        c = colours[i % len(colours)]
         t = [0.0] + [x[0] for x in s]   # nothing is snapshotted at the save call
         snap = [0.0] + [x[1] / GB for x in s]
         flushed = [0.0] + [x[2] / GB for x in s]
         for a in (ax, zoom):
-            a.plot(t, snap, color=c, linewidth=1.5, label=f"{p['tag']} snapshotted")
-            a.plot(t, flushed, color=c, linewidth=1.5, linestyle="--",
-                   label=f"{p['tag']} flushed")
+            a.plot(t, snap, color=c, linewidth=1.5)
+            a.plot(t, flushed, color=c, linewidth=1.5, linestyle="--")
             if p.get("snapshot_s") is not None:
-                a.plot([p["snapshot_s"]], [s[-1][3] / GB], "o", color=c, markersize=5,
-                       label=f"{p['tag']} wait_snapshot returned" if a is ax else None)
+                a.plot([p["snapshot_s"]], [s[-1][3] / GB], "o", color=c, markersize=5)
+        handles.append(Line2D([], [], color=c, linewidth=4, label=p["tag"]))
         done = next((x[0] for x in s if x[3] and x[1] >= x[3]), p.get("snapshot_s"))
         if done is not None:
             snap_end = max(snap_end, done, p.get("snapshot_s") or 0.0)
@@ -140,11 +153,20 @@ def plot_progress(plt, doc, path):
         a.set_xlabel("seconds since the save call")
         a.grid(True, alpha=0.3)
     ax.set_ylabel("GB")
-    ax.set_title(f"dsckpt: snapshot and flush of each {total:.1f} GB save")
+    ax.set_title(f"dsckpt: snapshot and flush of each {total:.1f} GB save "
+                 f"({len(saves)} checkpoints)")
     zoom.set_xlim(0, max(snap_end * 1.5, 0.05))
     zoom.set_title("the snapshot (zoom)")
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    rows = -(-len(handles) // 8)
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.01, 1, 1))
+    return fig
+
+
+def plot_progress(plt, doc, path):
+    """Draws progress_figure into path."""
+    fig = progress_figure(plt, doc)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

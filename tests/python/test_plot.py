@@ -99,3 +99,40 @@ def test_no_matplotlib_skips(tmp_path, monkeypatch, capsys):
     assert plot.main([write(tmp_path, "train.json", train_doc())]) == 0
     assert capsys.readouterr().out.strip() == "plots: skipped (no matplotlib)"
     assert not (tmp_path / "train.png").exists()
+
+
+@needs_mpl
+def test_progress_legend_one_colour_per_checkpoint_outside(tmp_path, monkeypatch):
+    """Ten sampled checkpoints: one colour each (solid, dashed and the dot of a checkpoint
+    share it, no two checkpoints do), a legend of at most the three line styles plus one entry
+    per checkpoint, and no legend over either panel's data or title."""
+    plt = plot.pyplot()
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)   # keep the figure plot_progress made
+    doc = train_doc()
+    doc["results"][1]["progress"] = [
+        {"tag": f"step{s}", "snapshot_s": 0.2 + s / 1000,
+         "samples": [[t / 10, min(1.0, t / 3) * 4e9, max(0.0, t / 20 - 0.1) * 4e9, 4e9]
+                     for t in range(1, 25)]} for s in range(10, 110, 10)]
+    plot.plot_progress(plt, doc, str(tmp_path / "p.png"))
+    fig = drawn[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    panels = fig.axes
+    legends = list(fig.legends) + [a.get_legend() for a in panels if a.get_legend()]
+    assert legends
+    entries = sum(len(lg.get_texts()) for lg in legends)
+    assert entries <= 3 + 10, f"{entries} legend entries for 10 checkpoints"
+    for a in panels:
+        solid = [ln for ln in a.get_lines() if ln.get_linestyle() == "-" and len(ln.get_xdata()) > 2]
+        dashed = [ln for ln in a.get_lines() if ln.get_linestyle() == "--"]
+        colours = [tuple(plt.matplotlib.colors.to_rgba(ln.get_color())) for ln in solid]
+        assert len(solid) == 10 and len(set(colours)) == 10, "one colour per checkpoint"
+        assert [plt.matplotlib.colors.to_rgba(ln.get_color()) for ln in dashed] == colours
+    for lg in legends:
+        box = lg.get_window_extent(renderer)
+        for a in panels:
+            assert not box.overlaps(a.get_window_extent(renderer)), "legend over the data"
+            assert not box.overlaps(a.title.get_window_extent(renderer)), "legend over a title"
+    monkeypatch.undo()
+    plt.close(fig)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from ._files import DTYPES
+from .errors import Errno, error_for
 
 MAX_NAME = 512  # PROTO_MAX_NAME: longest tensor name the daemon takes
 
@@ -75,7 +76,8 @@ class _Flattener:
     """Walks a state dict: collects tensors into views (bytes in the file) and entries
     (tensor objects), and builds the skeleton with placeholders."""
 
-    def __init__(self):
+    def __init__(self, limit: int = 0):
+        self.limit = limit                # views a file may hold (0: any): LimitReached beyond
         self.views: List[dict] = []       # one per distinct view: goes to the file
         self.payload: List[torch.Tensor] = []  # contiguous data of each view
         self.specs: List[tuple] = []      # each view's (name, dtype, shape, ptr, nbytes)
@@ -117,6 +119,11 @@ class _Flattener:
         vkey = (skey, dtype, offset, shape, stride) if skey else None
         vi = self.by_view.get(vkey) if vkey is not None else None
         if vi is None:
+            if self.limit and len(self.views) == self.limit:   # the walk stops here
+                raise error_for(Errno.ELIMIT, "ELIMIT",
+                                f"more than {self.limit} tensors ('{path}' is one too many): "
+                                f"the daemon's max_tensors_per_save is {self.limit}, and a "
+                                "save may hold no more (no tensor was sent)")
             gkey = (skey, dtype) if skey else ("lone", len(self.views))
             group = self.groups.setdefault(gkey, len(self.groups))
             vi = len(self.views)

@@ -232,7 +232,8 @@ class _Handing:
 
     def __init__(self, conn: Connection, specs: List[tuple], datas: List[torch.Tensor]):
         planned, staged, others = [], [], []
-        small = 0
+        small = copied = 0
+        first = ""  # the first tensor copied (ordinary CPU memory), for the warning
         for spec, data in zip(specs, datas):
             nbytes, cpu = spec[4], data.device.type == "cpu"
             if nbytes and (data.is_cuda or (cpu and in_host_buffer(spec[3], nbytes))):
@@ -243,6 +244,11 @@ class _Handing:
                 small += nbytes
             else:
                 others.append(spec)
+                if cpu and nbytes:
+                    copied += nbytes
+                    first = first or spec[0]
+        if copied:
+            _stage.warn_copy(copied, first)
         self.plan: Optional[Plan] = None
         self.stage: Optional[_stage.Stage] = None
         try:
@@ -480,7 +486,7 @@ def _warm(conn: Connection, entry: _Entry, state_dict: Any,
 def _cold(conn: Connection, c: _Cache, state_dict: Any, s: Save) -> Handed:
     """The save s through the full walk; makes the file's entry when state_dict can be
     cached."""
-    flat = _Flattener()
+    flat = _Flattener(conn.max_tensors)   # more tensors: refused before any is staged or sent
     flat.walk(state_dict, "")
     made = _entry(conn, flat, state_dict, s.file)
     c.replace(s.file, made[0] if made is not None else None)

@@ -63,6 +63,7 @@ _SIGNATURES = {
     "dsckpt_identify": (_i, [_vp, _cp, _i, _i]),
     "dsckpt_identify_run": (_i, [_vp, _cp, _i, _i, _cp]),
     "dsckpt_run": (_cp, [_vp]),
+    "dsckpt_max_tensors": (ctypes.c_int64, [_vp]),
     "dsckpt_close": (None, [_vp]),
     "dsckpt_last_error": (_cp, [_vp]),
     "dsckpt_last_cause": (_i, [_vp]),

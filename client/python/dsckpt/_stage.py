@@ -11,10 +11,16 @@ has a plan of the planned tensors followed by the staged ones. Two buffers take 
 buffer is written only when the save that last read it is known to have reached SNAPSHOT (or
 FAILED), as the daemon reads it until then. When that is not known the save adds every
 tensor one by one, as without a plan (the library stages the small ones): it never waits.
+
+Larger tensors in ordinary CPU memory are copied by the library at every save (into shared
+memory it keeps for the next save, split between threads: client/lib/stage.c); the first save
+that copies at least ``COPY_WARN`` bytes says once per process, in a :class:`HostCopyWarning`,
+how to avoid the copy (:func:`dsckpt.torch.host_empty`).
 """
 from __future__ import annotations
 
 import ctypes
+import warnings
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -26,6 +32,28 @@ SMALL = 64 << 10    # a tensor up to this size may be staged here
 TOTAL = 16 << 20    # bytes staged here per file name (in each of two buffers)
 _ALIGN = 64
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # bytes as elements
+COPY_WARN = 1 << 20  # bytes of ordinary CPU memory a save copies before it says so (once)
+_copy_warned = False
+
+
+class HostCopyWarning(UserWarning):
+    """A save copies ordinary CPU tensors: :func:`dsckpt.torch.host_empty` memory would not
+    be copied."""
+
+
+def warn_copy(nbytes: int, name: str) -> None:
+    """Says once per process that a save copies nbytes of ordinary CPU memory (tensor name the
+    first of them) at every save, and how to avoid it; nothing below COPY_WARN."""
+    global _copy_warned
+    if _copy_warned or nbytes < COPY_WARN:
+        return
+    _copy_warned = True
+    warnings.warn(
+        f"dsckpt: this save copies {nbytes / (1 << 20):.1f} MiB of ordinary CPU tensors "
+        f"('{name}' first) into dsckpt memory, and so will every save of them; make them in "
+        "dsckpt host memory (dsckpt.torch.host_empty(shape, dtype), then copy_ into it once) "
+        "and the daemon reads them where they are, without a copy (said once per process)",
+        HostCopyWarning, stacklevel=4)
 
 
 _ESIZES: Dict[torch.dtype, int] = {}

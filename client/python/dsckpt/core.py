@@ -261,6 +261,13 @@ class Connection(_Handle):
         once: True when ``dir`` is committed already."""
         return self._check(_lib.lib().dsckpt_seal(self._handle(), _encode(dir, "dir"))) == 1
 
+    @property
+    def max_tensors(self) -> int:
+        """The most tensors one save or plan may hold on this daemon (its
+        ``max_tensors_per_save``); more is refused with :class:`LimitReached` before anything
+        is sent."""
+        return int(_lib.lib().dsckpt_max_tensors(self._handle()))
+
     def release_gpu(self) -> None:
         """Lets the daemon let go of every GPU allocation this connection handed it (closed
         as soon as no save in flight reads it; a later save sends the handles again). Call

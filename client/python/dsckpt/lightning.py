@@ -23,8 +23,8 @@ When each thing happens:
   backward inside ``optimizer.step(closure)``), the hook wraps it so that the wait comes
   after the closure, right before the parameters change; without one (manual optimization,
   AMP's scaler) it waits at once. The hook costs one list check while nothing is pending.
-* A background thread asks the daemon to commit each checkpoint (MANIFEST.json, then
-  ``latest`` in the directory above) on a connection of its own, off the training loop, as
+* A background thread asks the daemon to commit each checkpoint (MANIFEST.json) on a
+  connection of its own, off the training loop, as
   soon as it is handed over; the daemon waits for DURABLE and finishes a commit it has
   received even if the trainer dies meanwhile. (The plugin does not seal: a sealed
   directory refuses the same rank's saves for a minute after its commit, and ModelCheckpoint
@@ -36,8 +36,11 @@ When each thing happens:
 
 Paths: Lightning's checkpoint path itself becomes the checkpoint (tag) directory, so
 ``<dirpath>/epoch=0-step=100.ckpt/`` holds ``rank0.safetensors``, ``rank0.meta`` and
-``MANIFEST.json``, and ``<dirpath>/latest`` names the newest committed one. No name is
-rewritten (the daemon's character rule applies to file names, and ``rank0`` is ours), so
+``MANIFEST.json``. The daemon writes no ``latest`` into ``dirpath`` (the plugin leaves the
+hidden ``.dsckpt-no-latest`` there, see :data:`NO_LATEST`): Lightning's ``ckpt_path="last"``
+goes by the ``last*.ckpt`` names, and :func:`dsckpt.torch.find_latest` by the manifests.
+No name is rewritten (the daemon's character rule applies to file names, and ``rank0`` is
+ours), so
 ModelCheckpoint's existence checks, versioning, ``save_top_k`` and ``save_last="link"``
 work on the names it chose. ``dirpath`` must lie at least one directory below one of the
 daemon's ``allowed_roots`` (the daemon wants ``<root>/<job>/<tag>``). Saving to a path that
@@ -117,6 +120,26 @@ def allow_types() -> List[type]:
 # What the daemon writes into a tag directory: all that remove_checkpoint deletes.
 OURS = re.compile(r"(rank\d+\.(safetensors|meta)|MANIFEST\.json|SEAL\.[A-Za-z0-9._-]+\.json)"
                   r"(\.partial)?")
+
+# In a job directory, tells the daemon to write no `latest` there (store_latest.c).
+NO_LATEST = ".dsckpt-no-latest"
+
+
+def _no_latest(dirpath: str) -> None:
+    """Asks the daemon for no ``latest`` in ``dirpath`` (a hidden NO_LATEST file there:
+    Lightning resumes by its own names) and removes one an earlier version left; logs,
+    never raises, when it cannot."""
+    marker = os.path.join(dirpath, NO_LATEST)
+    try:
+        if os.path.lexists(marker):
+            return
+        with open(marker, "a"):
+            pass
+        latest = os.path.join(dirpath, "latest")
+        if os.path.isfile(latest) and not os.path.islink(latest):
+            os.unlink(latest)
+    except OSError as e:  # a save never fails for it: the daemon then writes latest
+        log.warning("dsckpt: cannot leave %s (the daemon writes latest there): %s", marker, e)
 
 
 class DsckptCheckpointIO(CheckpointIO):
@@ -207,6 +230,7 @@ class DsckptCheckpointIO(CheckpointIO):
                         "Lightning's TorchCheckpointIO", dir)
             _torch_io().save_checkpoint(checkpoint, dir)
             return
+        _no_latest(os.path.dirname(dir))
         done = threading.Event()
         self._install_hook()
         self._start_committer()

@@ -140,6 +140,18 @@ def _save_ranks(rank, world, socket, job_dir):
     with open(os.path.join(job_dir, "latest")) as f:
         assert f.read() == "plain"
     assert not os.path.exists(os.path.join(job_dir, ".plain.dsckpt-next"))
+
+    # 5. The daemon refuses a save at staging (a path below no allowed root): staging_completion
+    #    raises it (nothing was staged), and write_data reports it, so every rank raises
+    #    instead of waiting for the others.
+    outside = os.path.join(os.path.dirname(os.path.dirname(job_dir)), "outside", "job", "t")
+    resp = dcp.async_save(sd, storage_writer=dsckpt.dcp.Writer(outside, conn=conn, timeout=T))
+    with pytest.raises(dsckpt.DsckptError, match="allowed root"):
+        resp.staging_completion.result(timeout=T)
+    with pytest.raises(CheckpointException) as info:
+        resp.upload_completion.result(timeout=T)
+    assert sorted(info.value.failures) == [0, 1, 2, 3], str(info.value)
+    assert "allowed root" in str(info.value.failures[rank][0]), str(info.value)
     conn.close()
 
 
@@ -164,6 +176,35 @@ def _load_ranks(rank, world, socket, job_dir, tag, bump):
     assert sd["step"] == 7
     assert sd["extra"]["lr"] == (0.25 if bump == 0 else 99.0)
     assert reader.sources and set(reader.sources.values()) == {"daemon"}, reader.sources
+    conn.close()
+
+
+def _load_one_buffer(rank, world, socket, job_dir):
+    """Issue 31.11: a resharding load into CPU memory fills every stored chunk of every file
+    into one scratch buffer of dsckpt host memory, allocated once (it was one buffer per
+    chunk, each mapped, faulted in and unmapped again), and loads the values exact."""
+    import dsckpt.dcp.reader as reader_mod
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    conn = _connect(rank, world, socket, f"dcpbuf{world}")
+    mesh = init_device_mesh("cpu", (world,))
+    sd = {"model": {name: distribute_tensor(torch.zeros_like(full(name)), mesh, [Shard(1)])
+                    for name in ("w1", "w2")}}
+    made = []
+    real = reader_mod.host_empty
+
+    def counting(*args, **kw):
+        made.append(args)
+        return real(*args, **kw)
+    reader_mod.host_empty = counting
+    try:
+        dcp.load(sd, storage_reader=dsckpt.dcp.Reader(os.path.join(job_dir, "step1"),
+                                                      conn=conn))
+    finally:
+        reader_mod.host_empty = real
+    for name in ("w1", "w2"):
+        assert torch.equal(sd["model"][name].full_tensor(), full(name)), name
+    assert len(made) == 1, made  # before: 8 (w1 and w2 from each of the 4 files)
     conn.close()
 
 
@@ -209,6 +250,11 @@ def test_load_two_ranks_other_sharding(saved):
 def test_load_eight_ranks_other_sharding(saved):
     d, job_dir = saved
     run_ranks(_load_ranks, 8, d.socket, job_dir, "plain", 100, timeout=300)
+
+
+def test_load_reshards_through_one_buffer(saved):
+    d, job_dir = saved
+    run_ranks(_load_one_buffer, 2, d.socket, job_dir, timeout=300)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

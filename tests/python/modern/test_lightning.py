@@ -120,8 +120,8 @@ def test_fit_saves_removes_and_resumes(daemon):
     model = Tiny()
     trainer(io, job, 12).fit(model)
     # saves at steps 4, 8, 12; save_top_k=2 removed step 4's; teardown committed all
-    assert sorted(os.listdir(job)) == ["epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt",
-                                       "latest"]
+    assert sorted(os.listdir(job)) == [".dsckpt-no-latest", "epoch=0-step=8.ckpt",
+                                       "epoch=1-step=12.ckpt"]
     assert sorted(io.saved) == ["epoch=0-step=4.ckpt", "epoch=0-step=8.ckpt",
                                 "epoch=1-step=12.ckpt"]
     assert io.wait_committed() == [os.path.join(job, n) for n in sorted(io.saved)]
@@ -130,8 +130,9 @@ def test_fit_saves_removes_and_resumes(daemon):
         assert sorted(os.listdir(ckpt)) == ["MANIFEST.json", "rank0.meta",
                                             "rank0.safetensors"]
         verify(ckpt)
-    with open(os.path.join(job, "latest")) as f:
-        assert f.read().strip() == "epoch=1-step=12.ckpt"
+    # Issue 31.12: no `latest` beside Lightning's checkpoints; dsckpt's resume finds the
+    # newest by the manifests.
+    assert dt.find_latest(job) == "epoch=1-step=12.ckpt"
 
     # What Lightning gets back is what it handed over.
     loaded = io.load_checkpoint(os.path.join(job, "epoch=0-step=8.ckpt"))
@@ -151,7 +152,7 @@ def test_fit_saves_removes_and_resumes(daemon):
     assert_equal(io.saved["epoch=0-step=8.ckpt"]["optimizer_states"][0], restored.optim)
     assert t2.global_step == 16
     assert sorted(os.listdir(os.path.join(daemon.root, "tiny2"))) == [
-        "epoch=1-step=12.ckpt", "epoch=1-step=16.ckpt", "latest"]
+        ".dsckpt-no-latest", "epoch=1-step=12.ckpt", "epoch=1-step=16.ckpt"]
 
     # Training on from the resumed state gave what the first run gave at step 12.
     model3, io3 = Tiny(seed=9), DsckptCheckpointIO(daemon.socket)
@@ -187,7 +188,8 @@ def test_save_last_overwrites_and_links(daemon):
     job = os.path.join(daemon.root, "last")
     io = DsckptCheckpointIO(daemon.socket)
     trainer(io, job, 12, save_top_k=1, save_last=True).fit(Tiny())
-    assert sorted(os.listdir(job)) == ["epoch=1-step=12.ckpt", "last.ckpt", "latest"]
+    assert sorted(os.listdir(job)) == [".dsckpt-no-latest", "epoch=1-step=12.ckpt",
+                                       "last.ckpt"]
     verify(os.path.join(job, "last.ckpt"))  # saved three times, committed each time
     assert io.load_checkpoint(os.path.join(job, "last.ckpt"))["global_step"] == 12
 
@@ -244,7 +246,7 @@ def test_save_last_replaces_in_one_step(daemon, monkeypatch):
     io = LastIO(daemon.socket)
     trainer(io, job, 12, save_top_k=1, save_last=True).fit(Tiny())
     assert io.looked == [(4, 8), (8, 12)]
-    assert sorted(os.listdir(job)) == ["epoch=1-step=12.ckpt", "last.ckpt", "latest"]
+    assert sorted(os.listdir(job)) == [".dsckpt-no-latest", "epoch=1-step=12.ckpt", "last.ckpt"]
     verify(os.path.join(job, "last.ckpt"))
     assert io.load_checkpoint(os.path.join(job, "last.ckpt"))["global_step"] == 12
 
@@ -291,8 +293,8 @@ def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
     t = trainer(io, job, 8, **kw)
     t.fit(WithArgs(cfg=AttributeDict(width=8)))
     # a DistributedSampler halves the epoch: four steps each
-    assert sorted(os.listdir(job)) == ["epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt",
-                                       "latest"]
+    assert sorted(os.listdir(job)) == [".dsckpt-no-latest", "epoch=0-step=4.ckpt",
+                                       "epoch=1-step=8.ckpt"]
     for name in ("epoch=0-step=4.ckpt", "epoch=1-step=8.ckpt"):
         assert sorted(os.listdir(os.path.join(job, name))) == [
             "MANIFEST.json", "rank0.meta", "rank0.safetensors"]
@@ -302,7 +304,7 @@ def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
     t2.fit(WithArgs(seed=3), ckpt_path=os.path.join(job, "epoch=0-step=4.ckpt"))
     # the workers resumed at step 4 (the main process's trainer does not see their steps)
     assert sorted(os.listdir(os.path.join(daemon.root, "ddp2"))) == [
-        "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt", "latest"]
+        ".dsckpt-no-latest", "epoch=1-step=8.ckpt", "epoch=2-step=12.ckpt"]
 
 
 class Stats:

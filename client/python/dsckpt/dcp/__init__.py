@@ -21,8 +21,16 @@ Metadata DCP needs). A rank
 whose write fails raises in ``write_data``: DCP gathers it and the save raises on every rank;
 nothing is committed.
 
-Replicated tensors (plain tensors, Replicate DTensors) are handed over by every rank that holds
-them, as DCP's deduplication picks the rank that keeps each only after staging.
+A chunk several ranks hold (a plain tensor, a Replicate DTensor, a DTensor replicated over
+some mesh dimensions) is staged by one of them only, the same one on every rank without a
+collective (picked by the FQN's CRC-32 among the replicas the placements name; a plain
+tensor's among the default group's ranks), and the coordinator's
+:meth:`Writer.prepare_global_plan` has that rank write it: each is written once, as DCP's
+FileSystemWriter writes it. A chunk its chosen replica does not hold (a plain tensor on some
+ranks only, or a save over a subgroup) is written, with a warning, from the memory of the
+rank DCP's planner picked, as it is then. Staging that fails (no daemon, a refused save, a
+save FAILED before SNAPSHOT) fails ``staging_completion`` with the error; the upload still
+runs DCP's collectives and raises on every rank.
 
 Loading. :class:`Reader` reads the Metadata back (a tag must be committed), so DCP's planner
 reshards: any world size, any sharding. For each file it has the daemon fill the stored chunks

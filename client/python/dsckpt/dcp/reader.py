@@ -77,13 +77,19 @@ class Reader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        """Serves every ReadItem of the plan, one file at a time."""
+        """Serves every ReadItem of the plan, one file at a time, the stored chunks that go
+        to CPU memory through one scratch buffer of dsckpt host memory that every file reuses
+        (see _tensor_plan)."""
         by_file: Dict[str, list] = {}
         for item in plan.items:
             by_file.setdefault(self.storage_data[item.storage_index].file, []).append(item)
+        layouts = {file: self._tensor_plan(file, items, planner)
+                   for file, items in by_file.items()}
+        need = max((_scratch_bytes(layout[2]) for layout in layouts.values()), default=0)
+        scratch = host_empty((need,), torch.uint8) if need else None
         conn = self._daemon()
         for file, items in sorted(by_file.items()):
-            self._read_file(file, items, planner, conn)
+            self._read_file(file, items, planner, conn, layouts[file], scratch)
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -97,16 +103,41 @@ class Reader(StorageReader):
         except DsckptError:
             return None
 
-    def _read_file(self, file: str, items: list, planner: LoadPlanner,
-                   conn: Optional[Connection]) -> None:
-        """Serves the items stored in one file: blobs from its .meta; tensors filled by the
-        daemon (or read here), straight into a destination that is one whole stored chunk."""
-        blobs = None
+    def _tensor_plan(self, file: str, items: list, planner: LoadPlanner):
+        """Where the daemon writes each stored chunk of file the items need: (uses: name →
+        its items, direct: name → the destination it fills itself, staged: [(name, dtype,
+        shape, device)] to fill into a buffer and copy out of). A destination is filled
+        directly when it is exactly one whole stored chunk (the library stages ordinary
+        CPU memory itself, one arena per load); the other chunks for the CPU go to the
+        scratch buffer, for the GPU to a buffer on their device."""
         uses: Dict[str, list] = {}
         for item in items:
             loc = self.storage_data[item.storage_index]
             if loc.kind == "tensor":
                 uses.setdefault(loc.name, []).append(item)
+        if not uses:
+            return uses, {}, []
+        shapes = _fill.header(os.path.join(self.dir, file + ".safetensors"))
+        direct, staged = {}, []
+        for name, its in uses.items():
+            dtype, shape = shapes[name]
+            target = planner.resolve_tensor(its[0])
+            if (len(its) == 1 and target.is_contiguous() and target.dtype == dtype
+                    and tuple(target.shape) == tuple(shape)
+                    and not any(its[0].storage_offsets)):
+                direct[name] = target
+            else:
+                staged.append((name, dtype, tuple(shape), target.device))
+        return uses, direct, staged
+
+    def _read_file(self, file: str, items: list, planner: LoadPlanner,
+                   conn: Optional[Connection], layout, scratch: Optional[torch.Tensor]) -> None:
+        """Serves the items stored in one file: blobs from its .meta; tensors filled by the
+        daemon (or read here) as layout says (_tensor_plan)."""
+        blobs = None
+        for item in items:
+            loc = self.storage_data[item.storage_index]
+            if loc.kind == "tensor":
                 continue
             if blobs is None:
                 blobs = read_meta(os.path.join(self.dir, file + ".meta"))
@@ -118,32 +149,25 @@ class Reader(StorageReader):
             else:
                 src = torch.load(data, weights_only=True)
                 _copy_into(planner, item, _narrow(src, item.storage_offsets, item.lengths))
+        uses, direct, staged = layout
         if not uses:
             return
-        shapes = _fill.header(os.path.join(self.dir, file + ".safetensors"))
-        dests, direct = {}, []
-        for name, its in uses.items():
-            dtype, shape = shapes[name]
-            target = planner.resolve_tensor(its[0]) if len(its) == 1 else None
-            if (target is not None and target.is_contiguous() and target.dtype == dtype
-                    and tuple(target.shape) == tuple(shape)
-                    and not any(its[0].storage_offsets)):
-                dests[name] = target  # the daemon writes the destination itself
-                direct.append((its[0], target))
+        dests = dict(direct)
+        at = 0
+        for name, dtype, shape, device in staged:
+            if device.type == "cpu":
+                n = torch.Size(shape).numel() * _itemsize(dtype)
+                dests[name] = scratch[at:at + n].view(dtype).reshape(shape)
+                at += _aligned(n)
             else:
-                device = planner.resolve_tensor(its[0]).device
-                dests[name] = (host_empty(shape, dtype) if device.type == "cpu"
-                               else torch.empty(shape, dtype=dtype, device=device))
+                dests[name] = torch.empty(shape, dtype=dtype, device=device)
         self.sources[file] = _fill.fill(self.dir, file, dests, conn, strict=False)
-        for item, target in direct:
-            planner.commit_tensor(item, target)
-        for name, its in uses.items():
-            if any(item is d for d, _ in direct for item in its):
-                continue
-            for item in its:
+        for name, target in direct.items():
+            planner.commit_tensor(uses[name][0], target)
+        for name, _, _, _ in staged:
+            for item in uses[name]:
                 _copy_into(planner, item, _narrow(dests[name], item.storage_offsets,
                                                   item.lengths))
-
 
     def _check_pickle(self, file: str, fqn: str, data: bytes) -> None:
         """Raises PickleRefused unless torch's weights-only unpickler loads data (the planner
@@ -156,6 +180,25 @@ class Reader(StorageReader):
                                 "it with weights_only=False, which runs whatever code the "
                                 f"checkpoint's author put in it ({type(e).__name__}: "
                                 f"{str(e)[:200]}). " + PickleRefused.HOW) from None
+
+
+_ALIGN = 64  # where each chunk starts in the scratch buffer: any dtype's alignment
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of dtype."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _aligned(n: int) -> int:
+    """n rounded up to _ALIGN."""
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _scratch_bytes(staged) -> int:
+    """The scratch bytes the CPU chunks of one file take (_tensor_plan's staged)."""
+    return sum(_aligned(torch.Size(shape).numel() * _itemsize(dtype))
+               for _, dtype, shape, device in staged if device.type == "cpu")
 
 
 def _narrow(t: torch.Tensor, offsets, lengths) -> torch.Tensor:

@@ -3,11 +3,14 @@ AsyncStager async_save uses (see dsckpt.dcp for the whole story)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
+import logging
 import os
 import threading
+import zlib
 from concurrent.futures import Future as ConcurrentFuture
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -22,6 +25,8 @@ from ..core import Connection, Level
 from ..torch import run_connection
 from . import meta
 from .layout import META_BLOB, META_FILE, STAGED, WRITTEN, Location, chunk_name, file_name
+
+log = logging.getLogger("dsckpt.dcp")
 
 
 def _key(t: torch.Tensor) -> Optional[tuple]:
@@ -48,6 +53,38 @@ def _local_shards(value: Any) -> Optional[List[Tuple[torch.Tensor, Tuple[int, ..
     if hasattr(value, "local_shards"):  # ShardedTensor
         return [(s.tensor, tuple(s.metadata.shard_offsets)) for s in value.local_shards()]
     return [(value, (0,) * value.dim())]
+
+
+def _replicas(value: torch.Tensor) -> Tuple[int, int]:
+    """How many ranks hold the same chunk(s) of value as this one, and this rank's place
+    among them: a DTensor's replicas are the ranks of its mesh that differ from this one
+    only along the dimensions it is not sharded over; a plain tensor is taken to be on every
+    rank of the default group (DCP saves it as replicated); a ShardedTensor's shards are
+    this rank's own."""
+    mesh = getattr(value, "device_mesh", None)
+    if getattr(value, "_local_tensor", None) is not None and mesh is not None:
+        coord = mesh.get_coordinate()
+        count, place = 1, 0
+        for dim, p in enumerate(value.placements):
+            if not p.is_shard() and coord is not None:
+                count, place = count * mesh.size(dim), place * mesh.size(dim) + coord[dim]
+        return count, place
+    if hasattr(value, "local_shards"):
+        return 1, 0
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _writes(fqn: str, value: torch.Tensor) -> Optional[bool]:
+    """None when value's chunks are this rank's alone; else whether this rank is the one of
+    their replicas that stages and writes them, picked by the FQN's CRC-32 (the same choice
+    on every rank without a word between them, and spread over the replicas)."""
+    count, place = _replicas(value)
+    if count == 1:
+        return None
+    return zlib.crc32(fqn.encode()) % count == place
 
 
 def _restructure(obj: Any, prefix: str, out: List[Tuple[str, Any]]) -> Any:
@@ -81,6 +118,7 @@ def _add_tensors(conn: Connection, save, file: str, named: List[Tuple[str, torch
 
 class _Staged:
     """One rank's stage of one checkpoint: its save, which memory it holds under which name,
+    the replicated chunks it staged and those it left to another replica (by (fqn, offset)),
     and the error to report from write_data when staging failed."""
 
     def __init__(self, dir: str):
@@ -88,7 +126,68 @@ class _Staged:
         self.save = None
         self.names: Dict[tuple, str] = {}
         self.keep: List[torch.Tensor] = []
+        self.replicas: Set[tuple] = set()
+        self.skipped: Set[tuple] = set()
         self.error: Optional[BaseException] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Replicated:
+    """What a rank's local plan tells the coordinator (SavePlan.storage_data): the indices
+    of the replicated chunks it staged and of those it left to another replica."""
+
+    staged: FrozenSet[tuple]
+    skipped: FrozenSet[tuple]
+
+
+def _index(item) -> tuple:
+    """A WriteItem's chunk as (fqn, offset), the key _Staged's sets use."""
+    return (item.index.fqn, tuple(item.index.offset or ()))
+
+
+def _snapshot_whole(save) -> bool:
+    """Whether a failed save had its every byte in the daemon's cache first (it failed
+    later, writing: staging itself succeeded)."""
+    try:
+        p = save.progress()
+    except Exception:  # noqa: BLE001 - nothing known: staging failed too
+        return False
+    return p.bytes_total > 0 and p.bytes_snapshot >= p.bytes_total
+
+
+class _Staging(ConcurrentFuture):
+    """The future stage() returns: the staged state dict at SNAPSHOT. When staging failed,
+    result() still gives the state dict, as DCP's upload thread must run the save's
+    collectives (write_data then raises the error, and DCP fails the save on every rank,
+    none left waiting for this one), while the callbacks on it, staging_completion's, get
+    the error. done() stays False until a callback is added, as DCP's async_save reports
+    success for a staging future already done when it looks."""
+
+    def __init__(self):
+        super().__init__()
+        self.error: Optional[BaseException] = None
+        self._watched = False
+
+    def finish(self, staged: Dict[str, Any], error: Optional[BaseException]) -> None:
+        """Resolves the future: staged (and the error, for the callbacks)."""
+        self.error = error
+        self.set_result(staged)
+
+    def done(self) -> bool:
+        """Whether staging is over (a failure counts once someone waits for it)."""
+        return super().done() and (self.error is None or self._watched)
+
+    def add_done_callback(self, fn) -> None:
+        """Calls fn when staging is over, with a future of the error when it failed."""
+        self._watched = True
+
+        def call(f):
+            if self.error is None:
+                return fn(f)
+            failed: ConcurrentFuture = ConcurrentFuture()
+            failed.set_exception(self.error)
+            return fn(failed)
+        super().add_done_callback(call)
 
 
 class Writer(StorageWriter, AsyncStager):
@@ -124,19 +223,26 @@ class Writer(StorageWriter, AsyncStager):
 
     def stage(self, state_dict: Dict[str, Any]) -> "ConcurrentFuture[Dict[str, Any]]":
         """Hands every tensor of the rank to the daemon (ACCEPTED, about a millisecond) and
-        returns a future of the staged state dict that resolves at SNAPSHOT. Never raises: a
-        failure resolves the future too and fails write_data, so that every rank hears it."""
+        returns a future of the staged state dict that resolves at SNAPSHOT. Of a chunk
+        several ranks hold (replicated), only one of them stages it (_writes), and
+        prepare_global_plan has that one write it. Never raises: a failure fails the future's
+        callbacks (staging_completion) and write_data, so that every rank hears it."""
         tensors: List[Tuple[str, Any]] = []
         staged_dict = _restructure(state_dict, "", tensors)
         st = _Staged(self.dir)
-        future: ConcurrentFuture = ConcurrentFuture()
+        future = _Staging()
         try:
             named, seen = [], set()
             for fqn, value in tensors:
+                writes = _writes(fqn, value) if isinstance(value, torch.Tensor) else None
                 for local, offset in _local_shards(value) or []:
                     key = _key(local)
                     if key is None or key in st.names or local.dtype not in DTYPES:
                         continue  # write_data saves these
+                    if writes is not None:
+                        (st.replicas if writes else st.skipped).add((fqn, offset))
+                        if not writes:
+                            continue
                     name = chunk_name(fqn, offset)
                     while name in seen:
                         name += "'"
@@ -144,22 +250,25 @@ class Writer(StorageWriter, AsyncStager):
                     st.names[key] = name
                     named.append((name, local.detach().contiguous()))
             conn = self._conn()
-            st.save = conn.save(self.dir, file_name(conn.rank, STAGED), early=True)
-            _add_tensors(conn, st.save, file_name(conn.rank, STAGED), named, st.keep)
-            st.save.end()
+            if named:
+                st.save = conn.save(self.dir, file_name(conn.rank, STAGED), early=True)
+                _add_tensors(conn, st.save, file_name(conn.rank, STAGED), named, st.keep)
+                st.save.end()
         except Exception as e:  # noqa: BLE001 - reported by write_data on every rank
             st.error = e
         with self._lock:
             self._staged = st
 
         def wait_snapshot():  # no time limit: until SNAPSHOT the daemon may read the tensors
+            staging_error = st.error
             try:
                 if st.save is not None and st.error is None:
                     st.save.wait(Level.SNAPSHOT)
             except Exception as e:  # noqa: BLE001 - FAILED: the daemon reads nothing more
                 st.error = e
+                staging_error = None if _snapshot_whole(st.save) else e
             st.keep = []
-            future.set_result(staged_dict)
+            future.finish(staged_dict, staging_error)
 
         threading.Thread(target=wait_snapshot, name="dsckpt-dcp-snapshot", daemon=True).start()
         return future
@@ -191,12 +300,42 @@ class Writer(StorageWriter, AsyncStager):
         self.is_coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """The plan as the planner made it."""
-        return plan
+        """The plan as the planner made it, telling the coordinator which of its replicated
+        chunks this rank staged and which it left to another replica."""
+        st = self._staged
+        if st is None or not (st.replicas or st.skipped):
+            return plan
+        mine = {_index(item) for item in plan.items}
+        return dataclasses.replace(plan, storage_data=_Replicated(
+            frozenset(st.replicas & mine), frozenset(st.skipped & mine)))
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
-        """The plans as the planner made them."""
-        return plans
+        """The planner's plans, with each replicated chunk written by the rank that staged it:
+        DCP's deduplication picks one of the replicas without knowing which one staged it.
+        A chunk no rank staged (a plain tensor its chosen replica does not hold) stays where
+        the planner put it and is written from its memory as it is then, with a warning."""
+        owner: Dict[tuple, int] = {}
+        for r, plan in enumerate(plans):
+            if isinstance(plan.storage_data, _Replicated):
+                for index in plan.storage_data.staged:
+                    owner.setdefault(index, r)
+        items: List[list] = [[] for _ in plans]
+        for r, plan in enumerate(plans):
+            skipped = plan.storage_data.skipped \
+                if isinstance(plan.storage_data, _Replicated) else frozenset()
+            for item in plan.items:
+                index = _index(item)
+                if index not in skipped:
+                    items[r].append(item)
+                elif index in owner:
+                    items[owner[index]].append(item)
+                else:
+                    log.warning("dsckpt.dcp: %s@%s was staged by none of its replicas (a "
+                                "tensor not on every rank?): rank %d writes it as it is now",
+                                index[0], list(index[1]), r)
+                    items[r].append(item)
+        return [dataclasses.replace(plan, items=its, storage_data=None)
+                for plan, its in zip(plans, items)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         """Maps each item to the tensor staged for it, saves the rest and waits until this
