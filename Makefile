@@ -244,6 +244,12 @@ $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults: tests/moto.c tests/moto.h
+# check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
+$(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  LD      $@" || true
+	$(Q)$(CC) $(CFLAGS) -fvisibility=default -fPIC -shared -o $@ tests/metaops.c -ldl
+$(BUILD)/tests/check_nodes: | $(BUILD)/tests/libmetaops.so
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
 # pwrite for the whole binary, so it is linked into these alone, never into the harness archive.
 $(BUILD)/tests/check_engine_cancel $(BUILD)/tests/check_engine_fail: tests/engine_hooks.c

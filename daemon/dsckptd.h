@@ -525,6 +525,11 @@ struct store_commit_info {
 int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen);
+/* store_commit as of created_ns (0: now): the daemons' commit of a sealed tag dates it by its
+ * newest seal, so that a job's tags order by step however late each commit lands. */
+int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
+		    struct store_commit_info *info, char *err, size_t errlen);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
@@ -580,15 +585,29 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		     uid_t uid, gid_t gid, char *err, size_t errlen);
 /* Reads the record dirfd/name into r (seal_record_free); 0, or -1 when unsound. */
 int store_seal_read(int dirfd, const char *name, struct seal_record *r);
-/* Marks in have (world bytes) every rank of job's run the tag's records name; how many, or
- * -1. */
+/* Marks in have (world bytes) every rank of job's run the tag's records name, *newest the
+ * newest seal time they record; how many ranks, or -1. */
 int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
-		    uint8_t *have);
+		    uint8_t *have, uint64_t *newest);
+/* The records a collecting node has read already: each name with the inode it had (a record
+ * rewritten is renamed into place, so a new inode). */
+struct seal_seen {
+	char **names;
+	ino_t *inos;
+	size_t n, cap;
+};
+/* store_seal_scan reading only the records not in seen (which it adds), adding their ranks
+ * to have and *newest as they stand (a run's records only ever grow): each record is read
+ * about once however often the node looks. */
+int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
+			uint8_t *have, uint64_t *newest, struct seal_seen *seen);
+/* Frees what seen holds. */
+void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
- * never current (committed at current_ns), nor latest's, nor a directory (or a file in one)
- * that the job directory's owner does not own, nor one uid does not own (uid 0: any). The
- * job lock is held. */
+ * current (committed at current_ns) too when keep tags dated later are kept; never latest's,
+ * nor a directory (or a file in one) that the job directory's owner does not own, nor one uid
+ * does not own (uid 0: any). The job lock is held. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		     uid_t uid, unsigned keep);
 /* The same with the tag latest names given, reads within b; nothing is deleted once b is
@@ -1185,6 +1204,19 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 unsigned seal_running(void);
 /* Forgets every tag (shutdown, nothing running). */
 void seal_free_all(void);
+
+/* seal_watch.c — a sealed tag's directory watched for the manifest another node writes. */
+struct seal_watch;
+typedef void (*seal_watch_cb)(void *arg);
+/* Watches dir (open as dfd, kept open by the caller) for a manifest (and seal records, if
+ * records): inotify, and a poll (100 ms doubling to 2 s) for other hosts' writes; cb(arg) on
+ * the loop whenever one is seen. NULL without memory. */
+struct seal_watch *seal_watch_start(const char *dir, int dfd, int records, seal_watch_cb cb,
+				    void *arg);
+/* Stops and frees a watch (NULL is fine). */
+void seal_watch_stop(struct seal_watch *w);
+/* Threadpool: whether the manifest in the tag dfd commits run by world ranks. */
+int seal_watch_mine(int dfd, const char *run, unsigned world);
 
 /* overwrite.c — which version of a tag a save, a seal, a commit names (loop thread). */
 /* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, or its

@@ -2,9 +2,10 @@
  * retention.c — keep_last: after a commit, the committed tags of the job directory beyond
  * the newest keep are deleted, their manifest first (so that a tag half deleted reads as
  * not committed), then the files dsckptd writes, then the directory if nothing else is left.
- * The tag just committed is never deleted, nor the one `latest` names, nor anything the job
- * directory's owner does not own (a tag, or a file in it), nor anything of another user than
- * the committing one. It runs under the job directory's commit lock (store_latest.c), only
+ * The one `latest` names is never deleted, nor anything the job directory's owner does not
+ * own (a tag, or a file in it), nor anything of another user than the committing one; the tag
+ * just committed only when keep tags dated later are kept (on several nodes an older step's
+ * commit may land after newer ones: a sealed tag is dated by its newest seal, seal.c). It runs under the job directory's commit lock (store_latest.c), only
  * ever in a job directory: a commit's, or one that start-up recovery found a tag below.
  */
 #include "dsckptd.h"
@@ -110,7 +111,7 @@ void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_
 		k = 0;
 	qsort(tags, k, sizeof(*tags), retention_cmp);
 	for (size_t i = keep; i < k; i++) {
-		if (strcmp(tags[i].name, current) != 0 && strcmp(tags[i].name, latest) != 0)
+		if (strcmp(tags[i].name, latest) != 0)
 			retention_delete(jobfd, jobpath, tags[i].name, job.st_uid, b);
 	}
 	free(tags);

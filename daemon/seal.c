@@ -1,14 +1,16 @@
 /*
  * seal.c — seals, and the commits the daemons make of them. A rank seals a tag (SEAL): it will
  * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
- * DURABLE, the daemon writes its node's seal record (store_seal.c) and reads everyone's; when
- * the records name every rank 0..world-1, it commits the tag (store_commit: manifest, then
- * latest, then retention) — with no trainer left alive, if need be. On one node this daemon
- * sees every rank; on several nodes sharing a root, whichever daemon completes the set
- * commits, under the job directory's lock, and committing a committed tag changes nothing.
- * A daemon whose record leaves the set incomplete looks again (1 s, 2 s, ... then every 30 s,
- * for about an hour): another node's record may land in the same instant, or later, and its
- * own saves become COMMITTED only when it sees the commit.
+ * DURABLE, the daemon writes its node's seal record (store_seal.c); the node that rank 0
+ * sealed through collects: it reads the records (each about once, as they come: inotify, or
+ * the directory's mtime polled) and, when they name every rank 0..world-1, commits the tag
+ * (store_commit: manifest, then latest, then retention) — with no trainer left alive, if
+ * need be — dated by the newest seal the records hold, so that a job's tags order by step
+ * however late each commit lands. The other nodes only write their record and watch for the
+ * manifest (seal_watch.c), marking their saves COMMITTED when it commits their run; they look
+ * at the records themselves only every 30 s (the collecting node may have died), and
+ * committing a committed tag changes nothing. Every look runs under the job directory's lock.
+ * A tag not complete is looked at for about an hour (1 s, 2 s, ... then every 30 s).
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
  * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open while the
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -46,6 +49,8 @@ struct seal_tag {
 	gid_t gid;
 	uint8_t *sealed;            /* world entries: ranks sealed through this daemon */
 	unsigned nsealed;
+	uint64_t sealed_ns;         /* when the newest of them sealed (the record's sealed_ns) */
+	uint64_t written_ns;        /* sealed_ns as of written */
 	unsigned written;           /* nsealed when our record was last written (seal_work
 				     * reads it, not nsealed, which a new seal changes meanwhile) */
 	unsigned tries;             /* looks left at the others' records */
@@ -55,6 +60,9 @@ struct seal_tag {
 	int gone;                   /* forgotten while busy (its directory removed, a newer run
 				     * took it over): seal_after frees it */
 	uv_timer_t timer;
+	struct seal_watch *watch;   /* for the manifest, while waiting for the other nodes */
+	int watch_records;          /* it watches for the others' records too (collecting) */
+	int again;                  /* the watch saw something while busy: look once more */
 	/* seal_work's: in (cfg, write) and out */
 	uv_work_t work;
 	struct config *cfg;         /* a reference, while busy */
@@ -62,7 +70,12 @@ struct seal_tag {
 				     * seal_check, cleared when a seal_work is back */
 	unsigned *ranks;            /* the ranks to write */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
-	int have;                   /* ranks the records name */
+	int look;                   /* read the records (collecting, or the slow timer's look) */
+	uint8_t *have_map;          /* world entries: the ranks the records read so far name */
+	struct seal_seen seen;      /* the records read so far */
+	int have;                   /* ranks the records name; -2: not looked */
+	uint64_t newest;            /* the newest seal they record: the commit's date */
+	int mine;                   /* rc 2: the manifest found commits this tag's run */
 	char err[ERRLEN];
 	struct store_commit_info info;
 	struct seal_tag *next;
@@ -80,6 +93,8 @@ static void seal_closed(uv_handle_t *h)
 	close(t->dfd);
 	free(t->sealed);
 	free(t->ranks);
+	free(t->have_map);
+	store_seal_seen_free(&t->seen);
 	free(t);
 }
 
@@ -92,6 +107,7 @@ static void seal_free(struct seal_tag *t)
 			break;
 		}
 	}
+	seal_watch_stop(t->watch);
 	uv_timer_stop(&t->timer);
 	uv_close((uv_handle_t *)&t->timer, seal_closed);
 }
@@ -131,16 +147,20 @@ static void on_seal_timer(uv_timer_t *h)
 {
 	struct seal_tag *t = h->data;
 
-	if (t->ended || seal_dir_gone(t))
+	if (t->ended || seal_dir_gone(t)) {
 		seal_free(t);
-	else
+	} else {
+		t->look = 1;	/* a node not collecting looks too, now and then */
 		seal_check(t);
+	}
 }
 
 /* Ends a tag (committed, or failed for good); it is forgotten after SEAL_LINGER_MS. */
 static void seal_end(struct seal_tag *t)
 {
 	t->ended = 1;
+	seal_watch_stop(t->watch);
+	t->watch = NULL;
 	uv_timer_start(&t->timer, on_seal_timer, SEAL_LINGER_MS, 0);
 }
 
@@ -148,19 +168,13 @@ static void seal_end(struct seal_tag *t)
 static void seal_work(uv_work_t *w)
 {
 	struct seal_tag *t = w->data;
-	uint8_t *have = calloc(t->world, 1);
 	struct store_dirid id;
 	int jobfd, dfd;
 
 	t->rc = 0;
-	if (!have) {
-		t->rc = err_set(t->err, sizeof(t->err), ERR_ENOMEM, "out of memory");
-		return;
-	}
 	dfd = store_open_tag(t->cfg, t->dir, t->uid, t->gid, &jobfd, t->err, sizeof(t->err));
 	if (dfd < 0) {
 		t->rc = dfd;
-		free(have);
 		return;
 	}
 	if ((t->rc = store_dir_id(dfd, &id, t->err, sizeof(t->err))) == 0 &&
@@ -169,14 +183,13 @@ static void seal_work(uv_work_t *w)
 	if (t->rc < 0) {
 		close(dfd);
 		close(jobfd);
-		free(have);
 		return;
 	}
 	/* Our record and the look at everyone's happen under the job's lock: of two nodes
 	 * writing at once, the second sees the first's record. */
 	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
 		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
-					t->run};
+					t->run, t->written_ns};
 		const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
 		/* Committed meanwhile (a COMMIT): no record to add, and none half-written to be
 		 * found beside the manifest once the commit has answered. */
@@ -185,30 +198,57 @@ static void seal_work(uv_work_t *w)
 		else if (t->write)
 			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
 						 sizeof(t->err));
-		if (t->rc == 0)
-			t->have = store_seal_scan(dfd, t->job, t->run, t->world, have);
+		/* Only the collecting node reads the others' records (each about once): the
+		 * others learn the outcome from the manifest (seal_watch.c). */
+		t->have = -2;
+		if (t->rc == 0 && t->look)
+			t->have = store_seal_scan_new(dfd, t->job, t->run, t->world, t->have_map,
+						      &t->newest, &t->seen);
+		else if (t->rc == 2)
+			t->mine = seal_watch_mine(dfd, t->run, t->world);
 		store_job_unlock(jobfd);
 	}
 	close(dfd);
 	close(jobfd);
-	free(have);
 	if (t->rc == 0 && t->have == (int)t->world) {
-		t->rc = store_commit(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid, t->gid,
-				     &t->info, t->err, sizeof(t->err));
+		t->rc = store_commit_at(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid,
+					t->gid, t->newest, &t->info, t->err, sizeof(t->err));
 		if (t->rc == 0)
 			t->rc = 1;
 	}
 }
 
-/* Starts uid's next tag waiting for its turn (seal_user_busy), if any. */
+/* seal_watch_cb: a manifest (or, collecting, a record) appeared in the tag's directory; a
+ * look decides whose it is, or whether the records are complete now. */
+static void seal_on_manifest(void *arg)
+{
+	struct seal_tag *t = arg;
+
+	if (t->busy)
+		t->again = 1;
+	else
+		seal_check(t);
+}
+
+/* Whether this node collects the tag's records: the node its rank 0 sealed through, which
+ * the records themselves name, so that one node reads N records rather than N nodes each. */
+static int seal_collects(const struct seal_tag *t)
+{
+	return t->sealed[0];
+}
+
+/* Starts uid's next tag waiting for its turn (seal_user_busy), if any: the one sealed first
+ * (the list is newest first), so that a job's steps commit in their order where they can. */
 static void seal_next(uid_t uid)
 {
-	for (struct seal_tag *o = tags; o; o = o->next) {
-		if (o->deferred && o->uid == uid) {
-			o->deferred = 0;
-			seal_check(o);
-			break;
-		}
+	struct seal_tag *first = NULL;
+
+	for (struct seal_tag *o = tags; o; o = o->next)
+		if (o->deferred && o->uid == uid)
+			first = o;
+	if (first) {
+		first->deferred = 0;
+		seal_check(first);
 	}
 }
 
@@ -219,6 +259,7 @@ static void seal_after(uv_work_t *w, int status)
 
 	t->busy = 0;
 	t->write = 0;
+	t->look = 0;
 	config_unref(t->cfg);
 	t->cfg = NULL;
 	if (t->gone) {
@@ -230,8 +271,15 @@ static void seal_after(uv_work_t *w, int status)
 	if (t->rc < 0) {
 		log_warnx("seal of %s: %s", t->dir, t->err);
 		seal_end(t);
+	} else if (t->rc == 2 && t->mine) {
+		/* Another node's commit of this run: this node's saves are committed too. */
+		log_info("committed %s: by another node (job %s)", t->dir, t->job);
+		t->rc = 1;
+		save_mark_committed(&t->dirid, t->uid, t->run);
+		resident_committed(t->dir);
+		seal_end(t);
 	} else if (t->rc == 2) {
-		log_debug("seal of %s: committed already, no record written", t->dir);
+		log_debug("seal of %s: committed already, not by this run", t->dir);
 		seal_end(t);
 	} else if (t->rc == 1) {
 		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
@@ -239,13 +287,28 @@ static void seal_after(uv_work_t *w, int status)
 		save_mark_committed(&t->dirid, t->uid, t->run);
 		resident_committed(t->dir);
 		seal_end(t);
-	} else if (t->written != t->nsealed) {
-		seal_check(t);	/* more ranks sealed meanwhile */
+	} else if (t->written != t->nsealed || t->again) {
+		t->again = 0;
+		seal_check(t);	/* more ranks sealed meanwhile, or records came */
 	} else if (t->tries > 0) {
-		log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have, t->world);
+		int collect = seal_collects(t);
+		if (t->have >= 0)
+			log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have,
+				  t->world);
+		else
+			log_debug("seal of %s: record written; the node of rank 0 collects",
+				  t->dir);
+		if (t->watch && t->watch_records != collect) {
+			seal_watch_stop(t->watch);
+			t->watch = NULL;
+		}
+		if (!t->watch) {	/* the records that come, or the commit */
+			t->watch = seal_watch_start(t->dir, t->dfd, collect, seal_on_manifest, t);
+			t->watch_records = collect;
+		}
 		unsigned k = SEAL_TRIES - t->tries;
 		uv_timer_start(&t->timer, on_seal_timer,
-			       k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
+			       collect && k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
 		t->tries--;
 	} else {
 		log_info("seal of %s: %d of %u ranks sealed after an hour; no longer followed "
@@ -303,8 +366,10 @@ static void seal_check(struct seal_tag *t)
 			if (t->sealed[r])
 				t->ranks[k++] = r;
 		t->written = t->nsealed;
+		t->written_ns = t->sealed_ns;
 		t->tries = SEAL_TRIES;
 	}
+	t->look |= seal_collects(t);
 	uv_timer_stop(&t->timer);
 	if (seal_user_busy(t->uid)) {
 		t->deferred = 1;
@@ -337,9 +402,11 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 		return NULL;
 	}
 	struct seal_tag *t = calloc(1, sizeof(*t));
-	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned)))) {
+	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned))) ||
+	    !(t->have_map = calloc(world, 1))) {
 		if (t) {
 			free(t->sealed);
+			free(t->ranks);
 			free(t);
 		}
 		close(dfd);
@@ -360,6 +427,14 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 	t->next = tags;
 	tags = t;
 	return t;
+}
+
+/* The time now (CLOCK_REALTIME, ns): a rank's seals are dated by its node's clock. */
+static uint64_t seal_now_ns(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
 /* Handles SEAL of dir by o (an identified trainer, auth_check'ed by the caller). */
@@ -403,6 +478,7 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
+		t->sealed_ns = seal_now_ns();
 		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
 			  t->nsealed, world);
 	}
@@ -463,6 +539,7 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 		t->sealed[r->ranks[i]] = 1;
 	}
 	t->written = t->nsealed;
+	t->sealed_ns = t->written_ns = r->sealed_ns;
 	t->tries = SEAL_TRIES;
 	log_info("resuming the seals of %s: %u of %u ranks sealed here", dir, t->nsealed,
 		 t->world);

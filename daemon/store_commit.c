@@ -386,18 +386,26 @@ static int store_staged(const char *dir, char *tagdir, size_t len)
 	return (size_t)snprintf(tagdir, len, "%.*s/%s", (int)(slash - dir), dir, tag) < len;
 }
 
-/* Commits a checkpoint directory: manifest, latest, retention. A staging directory is
- * committed as its tag (store_swap.c): its manifest names the tag, it is exchanged with the
- * tag, the old version removed, then latest and retention follow. */
+/* Commits a checkpoint directory: manifest, latest, retention. */
 int store_commit(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen)
+{
+	return store_commit_at(cfg, dir, world, run, id, uid, gid, 0, info, err, errlen);
+}
+
+/* Commits a checkpoint directory as of created_ns (0: now): manifest, latest, retention. A
+ * staging directory is committed as its tag (store_swap.c): its manifest names the tag, it is
+ * exchanged with the tag, the old version removed, then latest and retention follow. */
+int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
+		    struct store_commit_info *info, char *err, size_t errlen)
 {
 	char path[PATH_MAX], tagdir[PATH_MAX], staged[NAME_MAX + 1], **names, *text = NULL, *tag;
 	struct store_entry *ents = NULL;
 	struct store_dirid now_id;
 	size_t n, nents = 0, len;
-	uint64_t total = 0, created_ns;
+	uint64_t total = 0;
 	struct timespec now;
 	int dfd, jobfd, rc;
 
@@ -406,16 +414,16 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0) {
 		/* A staging directory exchanged with its tag already is that tag now. */
 		if (id && store_staged(dir, tagdir, sizeof(tagdir)))
-			return store_commit(cfg, tagdir, world, run, id, uid, gid, info, err,
-					    errlen);
+			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
+					       info, err, errlen);
 		return dfd;
 	}
 	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
 		close(jobfd);
 		close(dfd);
 		if (store_staged(dir, tagdir, sizeof(tagdir)))
-			return store_commit(cfg, tagdir, world, run, id, uid, gid, info, err,
-					    errlen);
+			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
+					       info, err, errlen);
 		return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
 			       "name now is another)", dir);
 	}
@@ -436,7 +444,8 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		close(jobfd);
 		close(dfd);
 		return store_staged(dir, tagdir, sizeof(tagdir)) ?
-		       store_commit(cfg, tagdir, world, run, id, uid, gid, info, err, errlen) :
+		       store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns, info,
+				       err, errlen) :
 		       err_set(err, errlen, ERR_ENOENT, "%s was removed", dir);
 	}
 	if (stage && faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -468,8 +477,10 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		goto out;
 	store_clean_runs(dfd, path, tag, run, ents, nents, names, n);
 
-	clock_gettime(CLOCK_REALTIME, &now);
-	created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+	if (!created_ns) {
+		clock_gettime(CLOCK_REALTIME, &now);
+		created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+	}
 	if (!(text = store_manifest_text(name, world, run, ents, nents, created_ns, total))) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;

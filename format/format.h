@@ -57,6 +57,8 @@ struct seal_record {
 	unsigned *ranks;
 	unsigned nranks;
 	const char *run;          /* the run that sealed; "" (or NULL, writing) for none */
+	uint64_t sealed_ns;       /* when the newest of ranks sealed (this node's clock); 0:
+				   * not recorded (to within 256 ns: a double) */
 };
 /* The text of a record (malloc'd), or NULL without memory. */
 char *seal_record_write(const struct seal_record *r);

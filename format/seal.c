@@ -6,11 +6,14 @@
  * 1,000 nodes costs 1,000 small files, not one per rank.
  *
  *   {"format": "dsckpt-seal", "version": 1, "host": "node-7", "job": "gpt",
- *    "run": "8812.0.0", "world": 4096, "ranks": [0, 1, 2, 3, 4, 5, 6, 7]}
+ *    "run": "8812.0.0", "world": 4096, "ranks": [0, 1, 2, 3, 4, 5, 6, 7],
+ *    "sealed_ns": 1796400000123456768}
  *
  * "run" is the run of the job that sealed (the ranks' HELLO): records combine only with
  * records of the same run. A record without it (unknown run, or written before runs were
- * recorded) reads as run "".
+ * recorded) reads as run "". "sealed_ns" is when the newest of these ranks sealed, by this
+ * node's clock: a rank seals its steps one after another, so the newest seal of all records
+ * orders a job's tags by step however late each commit lands (absent: 0, unknown).
  */
 #include "format.h"
 
@@ -44,6 +47,8 @@ char *seal_record_write(const struct seal_record *r)
 		cJSON_AddItemToArray(ranks, cJSON_CreateNumber(r->ranks[i]));
 	cJSON_AddItemToObject(o, "ranks", ranks);
 	ranks = NULL;
+	if (r->sealed_ns)
+		cJSON_AddNumberToObject(o, "sealed_ns", (double)r->sealed_ns);
 	text = cJSON_PrintUnformatted(o);
 out:
 	cJSON_Delete(ranks);
@@ -56,7 +61,7 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 		      size_t whylen)
 {
 	cJSON *o = cJSON_ParseWithLength(text, len);
-	const cJSON *f, *v, *h, *j, *w, *ranks, *e, *run;
+	const cJSON *f, *v, *h, *j, *w, *ranks, *e, *run, *ns;
 	int rc = -1;
 
 	memset(r, 0, sizeof(*r));
@@ -71,6 +76,7 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 	w = cJSON_GetObjectItemCaseSensitive(o, "world");
 	run = cJSON_GetObjectItemCaseSensitive(o, "run");
 	ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
+	ns = cJSON_GetObjectItemCaseSensitive(o, "sealed_ns");
 	if (!cJSON_IsString(f) || strcmp(f->valuestring, SEAL_FORMAT) != 0 ||
 	    !cJSON_IsNumber(v) || v->valuedouble != SEAL_VERSION) {
 		snprintf(why, whylen, "not a %s record of version %d", SEAL_FORMAT, SEAL_VERSION);
@@ -87,6 +93,11 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 		snprintf(why, whylen, "run must be a string");
 		goto out;
 	}
+	if (ns && (!cJSON_IsNumber(ns) || ns->valuedouble < 0 || ns->valuedouble >= 0x1p64)) {
+		snprintf(why, whylen, "sealed_ns must be a time in nanoseconds");
+		goto out;
+	}
+	r->sealed_ns = ns ? (uint64_t)ns->valuedouble : 0;
 	r->world = (unsigned)w->valuedouble;
 	r->host = strdup(h->valuestring);
 	r->job = strdup(j->valuestring);

@@ -13,16 +13,19 @@
 START_TEST(test_round_trip)
 {
 	unsigned ranks[] = {0, 3, 7};
-	struct seal_record r = {"node-7", "gpt", 8, ranks, 3, NULL}, back;
+	struct seal_record r = {"node-7", "gpt", 8, ranks, 3, NULL, 0}, back;
 	char why[200];
 	char *text = seal_record_write(&r);
 	ck_assert_ptr_nonnull(text);
 	ck_assert_ptr_null(strstr(text, "\"run\""));	/* the unknown run: no key */
+	ck_assert_ptr_null(strstr(text, "\"sealed_ns\""));	/* not recorded: no key */
 	ck_assert_int_eq(seal_record_parse(text, strlen(text), &back, why, sizeof(why)), 0);
 	ck_assert_str_eq(back.run, "");
+	ck_assert_uint_eq(back.sealed_ns, 0);
 	seal_record_free(&back);
 	free(text);
 	r.run = "8812.0.1";
+	r.sealed_ns = 1796400000123456768ull;	/* a multiple of 256: exact as a double */
 	text = seal_record_write(&r);
 	ck_assert_ptr_nonnull(text);
 	ck_assert_int_eq(seal_record_parse(text, strlen(text), &back, why, sizeof(why)), 0);
@@ -32,6 +35,7 @@ START_TEST(test_round_trip)
 	ck_assert_uint_eq(back.world, 8);
 	ck_assert_uint_eq(back.nranks, 3);
 	ck_assert_uint_eq(back.ranks[2], 7);
+	ck_assert_uint_eq(back.sealed_ns, 1796400000123456768ull);
 	seal_record_free(&back);
 	free(text);
 	ck_assert(seal_record_name("SEAL.node-7.json"));

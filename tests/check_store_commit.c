@@ -4,6 +4,7 @@
 
 #include <check.h>
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,13 +256,15 @@ START_TEST(test_commit_one_run)
 	write_ckpt_run(dir, "other", 1, NULL, store_host(), "r2");
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1"};
-	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2"};
+	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1", 2048};
+	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2", 1024};
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r1, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r2, 0, 0, err, sizeof(err)), 0);
 	uint8_t have[2];
-	ck_assert_int_eq(store_seal_scan(dfd, "job", "r2", 2, have), 1);
+	uint64_t newest;
+	ck_assert_int_eq(store_seal_scan(dfd, "job", "r2", 2, have, &newest), 1);
 	ck_assert(have[0] && !have[1]);
+	ck_assert_uint_eq(newest, 1024);	/* r2's seal only: r1's is another run's */
 	ck_assert_int_eq(store_commit(&cfg, dir, 2, "r2", NULL, 0, 0, &info, err, sizeof(err)),
 			 ERR_EINCOMPLETE);
 	ck_assert_msg(strstr(err, "rank 0 of 2 has no file") && strstr(err, "of this run"), "%s",
@@ -291,6 +294,53 @@ START_TEST(test_commit_one_run)
 END_TEST
 
 /* Builds the suite. */
+/* The collecting node's scan reads each record once: a record left as it was (its inode) is
+ * not read again, one rewritten (renamed into place:
+ * another inode) is, and its new ranks count; records of another run never do. */
+START_TEST(test_seal_scan_new)
+{
+	char err[ERRLEN];
+	const char *dir = rpath("%s", "job/scan");
+	unsigned r0[1] = {0}, r12[2] = {1, 2}, r3[1] = {3};
+	uint8_t have[4] = {0};
+	uint64_t newest = 0;
+	struct seal_seen seen = {0};
+	int jobfd;
+
+	ck_assert_int_eq(mkdir(rpath("%s", "job"), 0755), 0);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
+	ck_assert_msg(dfd >= 0, "%s", err);
+	struct seal_record a = {"node-a", "job", 4, r0, 1, "r", 100};
+	struct seal_record b = {"node-b", "job", 4, r12, 1, "r", 200};
+	struct seal_record c = {"node-c", "job", 4, r3, 1, "other", 900};
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &a, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &b, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &c, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_scan_new(dfd, "job", "r", 4, have, &newest, &seen), 2);
+	ck_assert_uint_eq(newest, 200);
+	/* node-a's record changed in place (its inode kept; dsckptd never does that): not read
+	 * again, so its rank 3 does not count. */
+	unsigned r03[2] = {0, 3};
+	struct seal_record a2 = {"node-a", "job", 4, r03, 2, "r", 100};
+	char *text = seal_record_write(&a2);
+	int fd = openat(dfd, "SEAL.node-a.json", O_WRONLY | O_TRUNC);
+	ck_assert(text && fd >= 0);
+	ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+	free(text);
+	b.nranks = 2;	/* node-b's rank 2 sealed: its record is written again */
+	b.sealed_ns = 300;
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &b, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_scan_new(dfd, "job", "r", 4, have, &newest, &seen), 3);
+	ck_assert(have[0] && have[1] && have[2] && !have[3]);
+	ck_assert_uint_eq(newest, 300);
+	store_seal_seen_free(&seen);
+	close(dfd);
+	close(jobfd);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
 	Suite *s = suite_create("store commit");
@@ -301,6 +351,7 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_commit_rejects);
 	tcase_add_test(tc, test_keep_last);
 	tcase_add_test(tc, test_commit_one_run);
+	tcase_add_test(tc, test_seal_scan_new);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;

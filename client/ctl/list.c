@@ -29,6 +29,7 @@ struct tag {
 	unsigned world;      /* from its seal records; 0 when it has none */
 	unsigned sealed;     /* ranks they name */
 	char missing[96];    /* the first ranks not sealed, "2, 5, ..." */
+	uint8_t *have;       /* world entries: the ranks sealed (--json lists the others) */
 	int resident;        /* the daemon keeps files of it in its cache */
 };
 
@@ -126,7 +127,7 @@ static void tag_seals(int fd, struct tag *t)
 	}
 	if (shown < t->world - t->sealed)
 		snprintf(t->missing + n, sizeof(t->missing) - n, ", ...");
-	free(have);
+	t->have = have;
 }
 
 /* Records directory fd (path rel, base name name) as a tag. */
@@ -248,6 +249,10 @@ static cJSON *list_json(const struct tags *tags)
 		if (t->world) {
 			cJSON_AddNumberToObject(o, "sealed", t->sealed);
 			cJSON_AddNumberToObject(o, "world", t->world);
+			cJSON *miss = cJSON_AddArrayToObject(o, "missing");
+			for (unsigned r = 0; miss && r < t->world; r++)
+				if (!t->have[r])
+					cJSON_AddItemToArray(miss, cJSON_CreateNumber(r));
 		}
 		if (tags->asked)
 			cJSON_AddBoolToObject(o, "resident", t->resident);
@@ -348,6 +353,7 @@ out:
 	for (size_t i = 0; i < tags.n; i++) {
 		free(tags.v[i].path);
 		free(tags.v[i].created);
+		free(tags.v[i].have);
 	}
 	free(tags.v);
 	return rc;

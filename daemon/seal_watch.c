@@ -1,0 +1,157 @@
+/*
+ * seal_watch.c — how a node learns that another node committed a tag it sealed. Of the nodes
+ * sharing a root, one writes the manifest; every other node's sealed ranks wait for COMMITTED
+ * all the same. While a tag waits for the other nodes, its directory is watched: inotify
+ * (uv_fs_event) sees a manifest written on this host at once, and a poll of the manifest's
+ * name (one fstatat: 100 ms, doubling to 2 s) sees one written by another host of a shared
+ * filesystem, where inotify sees nothing. When the manifest is there, the watch tells its
+ * owner (seal.c), whose look under the job's lock decides (seal_watch_mine) whether that
+ * manifest is the commit of its own run. The node that collects the records (seal.c) also
+ * watches for records: a seal record renamed into place (inotify), or the directory's
+ * modification time changed (the poll), tells it too. Loop thread only, but for
+ * seal_watch_mine.
+ */
+#include "dsckptd.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define WATCH_POLL_FIRST_MS 100
+#define WATCH_POLL_MAX_MS 2000
+
+struct seal_watch {
+	uv_fs_event_t ev;       /* inotify on the directory, when it could be started */
+	uv_timer_t poll;        /* the look at the manifest's name */
+	int have_ev;
+	int open;               /* handles not yet closed */
+	int dfd;                /* the directory watched (the owner's descriptor, not ours) */
+	int records;            /* seal records tell the owner too */
+	struct timespec mtime;  /* the directory's, as the last poll saw it */
+	uint64_t next_ms;       /* the next poll's delay */
+	seal_watch_cb cb;
+	void *arg;
+};
+
+/* Whether the watched directory holds a manifest now. */
+static int watch_has_manifest(const struct seal_watch *w)
+{
+	struct stat st;
+	return fstatat(w->dfd, FMT_MANIFEST, &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* Whether the directory changed since the last look (records watched only; one fstat). */
+static int watch_dir_changed(struct seal_watch *w)
+{
+	struct stat st;
+
+	if (!w->records || fstat(w->dfd, &st) < 0 || (st.st_mtim.tv_sec == w->mtime.tv_sec &&
+						     st.st_mtim.tv_nsec == w->mtime.tv_nsec))
+		return 0;
+	w->mtime = st.st_mtim;
+	return 1;
+}
+
+/* Timer: looks for the manifest (or a change, records watched); tells the owner, and looks
+ * again later (the owner's look may have run while the manifest was being written). */
+static void on_watch_poll(uv_timer_t *h)
+{
+	struct seal_watch *w = h->data;
+	int changed = watch_dir_changed(w);
+
+	if (changed)
+		w->next_ms = WATCH_POLL_FIRST_MS;
+	else if (w->next_ms < WATCH_POLL_MAX_MS)
+		w->next_ms = w->next_ms * 2 > WATCH_POLL_MAX_MS ? WATCH_POLL_MAX_MS : w->next_ms * 2;
+	uv_timer_start(&w->poll, on_watch_poll, w->next_ms, 0);
+	if (w->cb && (changed || watch_has_manifest(w)))
+		w->cb(w->arg);
+}
+
+/* inotify: a name in the directory changed; the manifest's (or a record's, records watched)
+ * tells the owner. */
+static void on_watch_event(uv_fs_event_t *h, const char *name, int events, int status)
+{
+	struct seal_watch *w = h->data;
+
+	(void)events;
+	if (!w->cb || status != 0)
+		return;
+	if ((!name || strcmp(name, FMT_MANIFEST) == 0) && watch_has_manifest(w))
+		w->cb(w->arg);
+	else if (w->records && name && seal_record_name(name))
+		w->cb(w->arg);
+}
+
+/* Frees a watch once its last handle is closed. */
+static void watch_closed(uv_handle_t *h)
+{
+	struct seal_watch *w = h->data;
+	if (--w->open == 0)
+		free(w);
+}
+
+/* Starts watching dir (open as dfd, which the caller keeps open until seal_watch_stop) for a
+ * manifest, and for seal records if records; cb(arg) is called on the loop whenever one is
+ * seen there. NULL without memory. */
+struct seal_watch *seal_watch_start(const char *dir, int dfd, int records, seal_watch_cb cb,
+				    void *arg)
+{
+	struct stat st;
+	struct seal_watch *w = calloc(1, sizeof(*w));
+	int rc;
+
+	if (!w)
+		return NULL;
+	w->dfd = dfd;
+	w->records = records;
+	if (fstat(dfd, &st) == 0)
+		w->mtime = st.st_mtim;
+	w->cb = cb;
+	w->arg = arg;
+	w->next_ms = WATCH_POLL_FIRST_MS;
+	uv_timer_init(loop, &w->poll);
+	w->poll.data = w;
+	uv_fs_event_init(loop, &w->ev);
+	w->ev.data = w;
+	w->open = 2;
+	if ((rc = uv_fs_event_start(&w->ev, on_watch_event, dir, 0)) == 0) {
+		w->have_ev = 1;
+	} else {
+		log_debug("seal of %s: no inotify watch (%s); polling for the manifest", dir,
+			  uv_strerror(rc));
+		uv_close((uv_handle_t *)&w->ev, watch_closed);
+	}
+	uv_timer_start(&w->poll, on_watch_poll, w->next_ms, 0);
+	return w;
+}
+
+/* Stops and frees a watch (NULL is fine); its callback is not called again. */
+void seal_watch_stop(struct seal_watch *w)
+{
+	if (!w)
+		return;
+	w->cb = NULL;
+	uv_timer_stop(&w->poll);
+	uv_close((uv_handle_t *)&w->poll, watch_closed);
+	if (w->have_ev) {
+		uv_fs_event_stop(&w->ev);
+		uv_close((uv_handle_t *)&w->ev, watch_closed);
+	}
+}
+
+/* Threadpool: whether the manifest in the tag dfd is the commit of run by world ranks (its
+ * saves of run are then COMMITTED). */
+int seal_watch_mine(int dfd, const char *run, unsigned world)
+{
+	char why[200];
+	int present;
+	struct manifest *m = manifest_load(dfd, &present, why, sizeof(why));
+	int mine = m && m->world_size == world && strcmp(m->run ? m->run : "", run) == 0;
+
+	manifest_free(m);
+	return mine;
+}
