@@ -579,7 +579,4 @@ static Suite *nodes_suite(void)
 	return s;
 }
 
-int main(void)
-{
-	return h_run_suite(nodes_suite(), NULL);
-}
+CHECK_MAIN(nodes_suite)
