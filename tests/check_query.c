@@ -8,6 +8,7 @@
  * gauges of the registries and the cache.
  */
 #include "harness_store.h"
+#include "harness_unit.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -52,8 +53,7 @@ static void setup(void)
 	config = &cfg;
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
 	loop = &uvloop;
-	ck_assert_msg(cache_create(4 << 20, 256 << 10, NULL, &cache, err, sizeof(err)) == 0,
-		      "%s", err);
+	cache = h_mkcache(4 << 20, 256 << 10);
 	resident_init(cache, 1);
 	ck_assert_msg(save_engine_start(err, sizeof(err)) == 0, "%s", err);
 }
