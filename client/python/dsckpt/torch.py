@@ -476,6 +476,10 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     return _blob.skeleton(info, table)
 
 
+# A model built on the meta device, filled from a checkpoint (after _daemon: it imports it).
+from .materialize import Materialized, empty_weights, materialize  # noqa: E402
+
 __all__ = ["save", "load", "load_into", "commit", "find_latest", "release_gpu", "SaveHandle",
+           "materialize", "empty_weights", "Materialized",
            "StateDictMismatch", "host_empty", "default_connection", "run_connection",
            "set_default_connection", "dist_rank_world", "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
