@@ -224,3 +224,95 @@ def test_materialize_corrupted_file_leaves_model(daemon, conn, monkeypatch, tmp_
         assert untouched(model, opt)
     finally:
         dt.set_default_connection(None)
+
+
+# dsckpt.torch.load's paths: which one ran is counted, not timed.
+
+def counting(monkeypatch):
+    """Counts the file reads dsckpt.torch.load may make; the serial one fails the test."""
+    import dsckpt.torch as mod
+    from dsckpt import _files
+    calls = {"parallel": 0}
+    real = _files.read_safetensors_buffer
+
+    def parallel(*a, **kw):
+        calls["parallel"] += 1
+        return real(*a, **kw)
+
+    def serial(*a, **kw):
+        raise AssertionError("load read the file tensor by tensor, on one thread")
+
+    monkeypatch.setattr(mod, "read_safetensors_buffer", parallel, raising=False)
+    monkeypatch.setattr(mod, "read_safetensors", serial)
+    return calls
+
+
+def test_load_without_daemon_reads_in_parallel(daemon, conn, monkeypatch, tmp_path, caplog):
+    d, _, _ = trained(daemon.root, conn)
+    want = dt.load(d, "rank0", conn=conn)
+    calls = counting(monkeypatch)
+    monkeypatch.setenv("DSCKPT_SOCKET", str(tmp_path / "none.sock"))
+    dt.set_default_connection(None)
+    try:
+        with caplog.at_level("INFO", logger="dsckpt.torch"):
+            state = dt.load(d, "rank0", map_location="cpu")
+    finally:
+        dt.set_default_connection(None)
+    assert calls["parallel"] == 1
+    assert "no daemon for loading" in caplog.text
+    for k, t in want["model"].items():
+        assert torch.equal(state["model"][k], t), k
+    assert state["optimizer"]["param_groups"] == want["optimizer"]["param_groups"]
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_load_onto_gpu_and_cpu_goes_through_daemon(daemon, conn, monkeypatch):
+    """A model on the GPU with AdamW's step counters on the CPU (map_location None): one
+    load by the daemon, each tensor back on its device."""
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    opt = new_opt(model)
+    for b in batches(2):
+        step(model, opt, tuple(t.cuda() for t in b))
+    d = os.path.join(daemon.root, "job", "gpu")
+    dt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, d,
+            conn=conn).wait_durable(T)
+    dt.commit(d, conn=conn, timeout=T)
+    calls = counting(monkeypatch)
+    before = loads_seen(daemon)
+    state = dt.load(d, "rank0", conn=conn)
+    assert loads_seen(daemon) == before + 1 and calls["parallel"] == 0
+    assert state["model"]["wte.weight"].is_cuda
+    steps = [s["step"] for s in state["optimizer"]["state"].values()]
+    assert all(s.device == torch.device("cpu") for s in steps)
+    for k, t in model.state_dict().items():
+        assert torch.equal(state["model"][k], t), k
+
+
+@needs_cuda
+def test_materialize_on_gpu(daemon, conn):
+    """The H200 check: materialized on the GPU through the daemon, the next step equal."""
+    torch.manual_seed(0)
+    model = GPT().cuda()
+    opt = new_opt(model)
+    data = [tuple(t.cuda() for t in b) for b in batches(3)]
+    for b in data[:2]:
+        step(model, opt, b)
+    d = os.path.join(daemon.root, "job", "gpu-meta")
+    dt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, d,
+            conn=conn).wait_durable(T)
+    dt.commit(d, conn=conn, timeout=T)
+    loss = step(model, opt, data[2])
+    fresh, fopt = on_meta()
+    before = loads_seen(daemon)
+    assert dt.materialize(fresh, fopt, d, conn=conn, device="cuda:0").how == "daemon"
+    assert loads_seen(daemon) == before + 1
+    assert all(p.is_cuda for p in fresh.parameters()) and fresh.mask.is_cuda
+    assert fresh.head.weight is fresh.wte.weight
+    assert fopt.state[fresh.wte.weight]["exp_avg"].is_cuda
+    assert torch.equal(step(fresh, fopt, data[2]), loss)
+    for p, q in zip(fresh.parameters(), model.parameters()):
+        assert torch.equal(p, q)
