@@ -38,10 +38,11 @@ compared with the saved tensors once per column):
   Baseline copies are made one at a time and deleted after their cells (disk room).
 Part 2 (--train): the time from starting a new bench-train process (tests/gpu/bench_train.py's
 model and batches, --train-preset) to the end of its first training step restored from each
-source (hot, warm, cold; dsckpt.torch.load, dsckpt.torch.load_into, and dsckpt.torch.materialize
-of a model built on the meta device, its model_s then the build without weights), and whether that run's
-next losses equal those of an uninterrupted run that saved the checkpoint (exact, or a relative
-difference <= 1e-6, as bench-train's restore check).
+source (hot, warm, cold; dsckpt.torch.load, dsckpt.torch.load_into, and
+dsckpt.torch.materialize of a model built on the meta device, whose model_s is then the build
+without weights), and whether that run's next losses equal those of an uninterrupted run that
+saved the checkpoint (exact, or a relative difference <= 1e-6, as bench-train's restore
+check).
 
 A method the library does not have yet, a copy the disk has no room for, an item past --budget
 seconds: a cell with the reason, never a crash. Raw numbers go to --results (default

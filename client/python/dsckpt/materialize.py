@@ -73,6 +73,7 @@ def empty_weights() -> Iterator[None]:
     register = torch.nn.Module.register_parameter
 
     def on_meta(module, name, param):
+        """register_parameter with a meta copy of a parameter made elsewhere."""
         if param is not None and not param.is_meta:
             param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
