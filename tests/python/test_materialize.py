@@ -87,8 +87,8 @@ def trained(root, conn, tag="t"):
     for b in data[:2]:
         step(model, opt, b)
     d = os.path.join(root, "job", tag)
-    dt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, d,
-            conn=conn).wait_durable(T)
+    dt.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+             "extra": {"step": 2, "rng": torch.get_rng_state()}}, d, conn=conn).wait_durable(T)
     dt.commit(d, conn=conn, timeout=T)
     return d, step(model, opt, data[2]), model
 
@@ -126,6 +126,8 @@ def test_materialize_through_daemon(daemon, conn):
     before = loads_seen(daemon)
     got = dt.materialize(model, opt, d, conn=conn, device="cpu")
     assert got.how == "daemon" and got.model is model and got.optimizer is opt
+    assert got.state["extra"]["step"] == 2 and got.state["extra"]["rng"].dtype == torch.uint8
+    assert got.state["model"]["wte.weight"].data_ptr() == model.wte.weight.data_ptr()
     assert loads_seen(daemon) == before + 1
     assert_resumes(d, loss, ref, model, opt)
 
@@ -302,13 +304,14 @@ def test_materialize_on_gpu(daemon, conn):
     for b in data[:2]:
         step(model, opt, b)
     d = os.path.join(daemon.root, "job", "gpu-meta")
-    dt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, d,
-            conn=conn).wait_durable(T)
+    dt.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+             "rng": torch.get_rng_state()}, d, conn=conn).wait_durable(T)
     dt.commit(d, conn=conn, timeout=T)
     loss = step(model, opt, data[2])
     fresh, fopt = on_meta()
     before = loads_seen(daemon)
-    assert dt.materialize(fresh, fopt, d, conn=conn, device="cuda:0").how == "daemon"
+    got = dt.materialize(fresh, fopt, d, conn=conn, device="cuda:0")
+    assert got.how == "daemon" and got.state["rng"].device.type == "cpu"
     assert loads_seen(daemon) == before + 1
     assert all(p.is_cuda for p in fresh.parameters()) and fresh.mask.is_cuda
     assert fresh.head.weight is fresh.wte.weight

@@ -7,8 +7,8 @@ A restarted trainer that builds its model normally initialises every parameter a
     with dsckpt.materialize.empty_weights():        # or: with torch.device("meta"):
         model = GPT(config)                         # parameters on the meta device: no init
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    model, opt, how = dsckpt.torch.materialize(model, opt, "/ckpt/job/step100",
-                                               device="cuda:0")
+    model, opt, how, state = dsckpt.torch.materialize(model, opt, "/ckpt/job/step100",
+                                                      device="cuda:0")
 
 :func:`materialize` reads the checkpoint's structure (its ``.meta`` blob: the state dict
 ``dsckpt.torch.save`` wrote, ``{"model": model.state_dict(), "optimizer":
@@ -56,12 +56,14 @@ Device = Union[str, torch.device, None]
 
 
 class Materialized(NamedTuple):
-    """What :func:`materialize` returns: the model and optimizer (the objects given, filled)
-    and how the checkpoint was read: ``"daemon"`` or ``"file"``."""
+    """What :func:`materialize` returns: the model and optimizer (the objects given, filled),
+    how the checkpoint was read (``"daemon"`` or ``"file"``) and the whole state dict loaded
+    (what else was saved beside them: a step count, a scheduler's state, an RNG state)."""
 
     model: torch.nn.Module
     optimizer: Optional[torch.optim.Optimizer]
     how: str
+    state: Any
 
 
 @contextlib.contextmanager
@@ -167,18 +169,33 @@ def _check_optimizer(optimizer: torch.optim.Optimizer, saved: dict, path: str) -
                          f"{stray[:8]} of no parameter group")
 
 
-def _kept_on_cpu(saved_opt: Optional[dict], views: List[dict],
-                 view_of: Dict[int, int]) -> set:
-    """Views of the optimizer's ``step`` scalars saved on the CPU (torch's optimizers keep
-    them there unless capturable or fused, and move them themselves then)."""
-    keep = set()
-    for per_param in (saved_opt or {}).get("state", {}).values():
-        step = per_param.get("step") if isinstance(per_param, dict) else None
-        if isinstance(step, torch.Tensor) and step.dim() == 0:
-            vi = view_of.get(id(step))
-            if vi is not None and views[vi]["device"] == "cpu":
-                keep.add(vi)
-    return keep
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside nested dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors_in(v)
+
+
+def _places(saved_model: dict, saved_opt: Optional[dict], views: List[dict],
+            view_of: Dict[int, int], target: torch.device) -> List[torch.device]:
+    """Where each view goes: the model's and the optimizer's to target, but the optimizer's
+    ``step`` scalars saved on the CPU (torch's optimizers keep them there unless capturable or
+    fused, and move them themselves then); anything else saved on the CPU (an RNG state, say)
+    stays there, the rest goes to target."""
+    places = [torch.device("cpu") if v["device"] == "cpu" else target for v in views]
+    steps = {id(s.get("step")) for s in (saved_opt or {}).get("state", {}).values()
+             if isinstance(s, dict)}
+    for t in chain(_tensors_in(saved_model), _tensors_in(saved_opt)):
+        vi = view_of.get(id(t))
+        cpu_step = id(t) in steps and t.dim() == 0
+        if vi is not None and not (cpu_step and views[vi]["device"] == "cpu"):
+            places[vi] = target
+    return places
 
 
 def _allocate(views: List[dict], places: List[torch.device]) -> Dict[str, torch.Tensor]:
@@ -187,23 +204,23 @@ def _allocate(views: List[dict], places: List[torch.device]) -> Dict[str, torch.
             for v, p in zip(views, places)}
 
 
-def _tensors(views: List[dict], dests: Dict[str, torch.Tensor], device: torch.device,
+def _tensors(views: List[dict], dests: Dict[str, torch.Tensor], places: List[torch.device],
              entries: List[dict]) -> List[torch.Tensor]:
     """A tensor per entry from the filled destinations: a view alone in its storage is its
-    destination; views that shared a storage when saved share one again (on device)."""
+    destination; views that shared a storage when saved share one again (on the place of the
+    first)."""
     groups: Dict[int, List[int]] = {}
     for i, v in enumerate(views):
         groups.setdefault(v["group"], []).append(i)
     out: List[Optional[torch.Tensor]] = [None] * len(views)
-    shared = []
     for members in groups.values():
         v = views[members[0]]
         if len(members) == 1 and _is_contiguous(v["shape"], v["stride"]):
             out[members[0]] = dests[v["name"]]
-        else:
-            shared += members
-    for i, t in zip(shared, _rebuild_views([views[i] for i in shared], dests, device)):
-        out[i] = t
+            continue
+        shared = _rebuild_views([views[i] for i in members], dests, places[members[0]])
+        for i, t in zip(members, shared):
+            out[i] = t
     table, used = [], set()
     for e in entries:
         t = out[e["view"]]
@@ -296,7 +313,7 @@ def materialize(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimize
     dict is the model's); ``optimizer_key``: the optimizer's. ``strict``: a tensor the
     checkpoint holds for the model but the model lacks fails too. Raises before touching
     the model or the optimizer (see the module's documentation); returns
-    :class:`Materialized` ``(model, optimizer, how)``.
+    :class:`Materialized` ``(model, optimizer, how, state)``.
     """
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
@@ -309,17 +326,16 @@ def materialize(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimize
     _check_model(model, saved_model, path, strict, model_key + "." if model_key else "")
     if optimizer is not None:
         _check_optimizer(optimizer, saved_opt, path)
-    keep = _kept_on_cpu(saved_opt, views, view_of)
-    places = [torch.device("cpu") if i in keep else target for i in range(len(views))]
+    places = _places(saved_model, saved_opt, views, view_of, target)
     dests = _allocate(views, places)
     how = _fill.fill(path_dir, file, dests, _daemon(conn, path_dir), strict=True)
-    state = _blob.skeleton(info, _tensors(views, dests, target, entries))
+    state = _blob.skeleton(info, _tensors(views, dests, places, entries))
     params = _assign_model(model, state if model_key is None else state[model_key], target)
     if optimizer is not None:
         for g in optimizer.param_groups:
             g["params"] = [params.get(id(p), p) for p in g["params"]]
         _load_optimizer(optimizer, state[optimizer_key])
-    return Materialized(model, optimizer, how)
+    return Materialized(model, optimizer, how, state)
 
 
 __all__ = ["materialize", "empty_weights", "Materialized"]
