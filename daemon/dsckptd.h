@@ -95,6 +95,8 @@ void log_to_syslog(void);
 void log_detach(void);
 /* The log file's path, "syslog", or NULL when lines go to stderr alone. */
 const char *log_target(void);
+/* Seconds on the monotonic clock. */
+double now_mono(void);
 
 /* userconf.c — the configuration of a dsckptd started without -c: root's
  * /etc/dsckptd/dsckptd.json, another user's ~/.config/dsckptd/dsckptd.json, else built-in
@@ -747,8 +749,6 @@ extern struct config *config;   /* current config; replaced whole on SIGHUP */
 extern struct cache *cache;
 extern const char *gpu_line;    /* gpu_init()'s answer, for status */
 extern double start_time;       /* CLOCK_REALTIME seconds at start */
-/* Seconds on the monotonic clock. */
-double now_mono(void);
 
 /* server.c — the listening socket. */
 /* Before anything is touched: takes systemd's socket, or refuses (-1 with err) a socket path

@@ -36,14 +36,6 @@ static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_check_t drain_check;  /* active while draining */
 static int draining;
 
-/* Seconds on the monotonic clock. */
-double now_mono(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Prints usage (and, for --help, every configuration option). */
 static void usage(FILE *f, int options)
 {

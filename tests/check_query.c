@@ -28,15 +28,6 @@ struct cache *cache;
 const char *gpu_line = "none: check_query";
 double start_time;
 
-/* Seconds on the monotonic clock (main.c's in the daemon). */
-double now_mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static uv_loop_t uvloop;
 static char err[ERRLEN];
 
