@@ -378,8 +378,8 @@ static void *thread_main(void *arg)
 }
 
 /* Starts the worker threads, each copy thread with a copier of its own. */
-int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
-		 char *err, size_t errlen)
+int engine_start(struct uv_loop_s *loop, struct cache *c, unsigned copy_threads,
+		 unsigned flush_threads, engine_cb cb, char *err, size_t errlen)
 {
 	int rc;
 

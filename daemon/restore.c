@@ -596,7 +596,8 @@ static void *thread_main(void *arg)
 }
 
 /* Starts n restore threads, each with a copier of its own. */
-int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t errlen)
+int restore_start(struct uv_loop_s *loop, struct cache *c, unsigned n, restore_cb cb,
+		  char *err, size_t errlen)
 {
 	int rc;
 
