@@ -31,6 +31,13 @@
  * a request reaches the registries as a struct owner. tests/check-layers checks that no file
  * calls up.
  *
+ * main.c makes the daemon's one context, struct daemon (the loop, the current config, the
+ * cache, the GPU line, the start time), and hands it at start-up to the modules that read it
+ * (server, service, request, query, save, load, commit, seal, tensors), which keep it in a
+ * file-static daemon_ctx and read the config through it, so a reload's is the one they see;
+ * the layers below get what they need as arguments. No file reads or calls anything of
+ * main.c's (tests/check-layers fails on it).
+ *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
  * completions back to the loop through workq.c (a locked queue + uv_async_send, shared by

@@ -1,5 +1,7 @@
 /*
- * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
+ * main.c — dsckptd: start-up, signals, reload and the ordered shutdown. It owns the daemon's
+ * context (struct daemon, dsckptd.h) and hands it to the modules that keep it; a reload
+ * replaces the context's config whole.
  *
  * Start-up: config → into the background unless -d (detach.c: the command returns when the
  * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
