@@ -8,6 +8,7 @@
  * a time (other users' alongside), and is answered with store_commit's outcome.
  */
 #include "../daemon/dsckptd.h"
+#include "harness.h"
 
 #include <check.h>
 #include <fcntl.h>
@@ -424,12 +425,4 @@ static Suite *commit_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(commit_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed != 0;
-}
+CHECK_MAIN(commit_suite)

@@ -271,7 +271,7 @@ START_TEST(test_help_lists_keys)
 END_TEST
 
 /* The suite. */
-static Suite *suite(void)
+static Suite *config_remote_suite(void)
 {
 	Suite *s = suite_create("config_remote");
 	TCase *tc = tcase_create("config_remote");
@@ -289,11 +289,4 @@ static Suite *suite(void)
 	return s;
 }
 
-int main(void)
-{
-	SRunner *sr = srunner_create(suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+CHECK_MAIN(config_remote_suite)

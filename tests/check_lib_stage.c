@@ -106,9 +106,12 @@ START_TEST(test_stage_reused)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *lib_stage_suite(void)
 {
-	Suite *s = suite_create("client stage");
+	Suite *s = suite_create("lib stage");
 	h_add_case(s, "stage reused", test_stage_reused, 180, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(lib_stage_suite)

@@ -151,11 +151,14 @@ START_TEST(test_killed_daemon_swept)
 }
 END_TEST
 
-int main(void)
+/* The suite. */
+static Suite *lock_suite(void)
 {
 	Suite *s = suite_create("lock files");
 	h_add_case(s, "no pile-up", test_no_pile_up, 240, 1);
 	h_add_case(s, "reload drops a root's lock", test_reload_drops_root_lock, 120, 1);
 	h_add_case(s, "killed daemon swept", test_killed_daemon_swept, 120, 1);
-	return h_run_suite(s, NULL);
+	return s;
 }
+
+CHECK_MAIN(lock_suite)

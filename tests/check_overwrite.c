@@ -85,17 +85,6 @@ static void load_check(dsckpt_conn_t *c, const char *dir, const char *file, size
 	load_finish(c, l, n, mem, seed);
 }
 
-/* Saves seed's pattern into dir/file and waits until it is DURABLE. */
-static void save_durable(dsckpt_conn_t *c, const char *dir, const char *file, size_t n,
-			 uint64_t seed)
-{
-	void *mem;
-	dsckpt_save_t *s = save_pattern(c, dir, file, n, seed, &mem);
-	wait_level(c, s, DSCKPT_DURABLE, 60000);
-	dsckpt_save_free(s);
-	dsckpt_host_free(mem);
-}
-
 /* The same tag three times: until each commit the tag is the previous version (on disk, to a
  * load, to latest) and a load begun before the commit reads it even when it ends after;
  * then the new one, with nothing left beside it. */
@@ -356,8 +345,4 @@ static Suite *overwrite_suite(void)
 	return s;
 }
 
-/* Runs the suite. */
-int main(void)
-{
-	return h_run_suite(overwrite_suite(), NULL);
-}
+CHECK_MAIN(overwrite_suite)

@@ -166,8 +166,4 @@ static Suite *overwrite_crash_suite(void)
 	return s;
 }
 
-/* Runs the suite. */
-int main(void)
-{
-	return h_run_suite(overwrite_crash_suite(), NULL);
-}
+CHECK_MAIN(overwrite_crash_suite)

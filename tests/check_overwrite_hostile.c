@@ -124,8 +124,4 @@ static Suite *overwrite_hostile_suite(void)
 	return s;
 }
 
-/* Runs the suite. */
-int main(void)
-{
-	return h_run_suite(overwrite_hostile_suite(), NULL);
-}
+CHECK_MAIN(overwrite_hostile_suite)

@@ -8,6 +8,7 @@
  * gauges of the registries and the cache.
  */
 #include "harness_store.h"
+#include "harness_unit.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -38,8 +39,7 @@ static void setup(void)
 	cfg.max_tensors_per_save = 16;
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
 	dsckptd.loop = &uvloop;
-	ck_assert_msg(cache_create(4 << 20, 256 << 10, NULL, &dsckptd.cache, err, sizeof(err)) == 0,
-		      "%s", err);
+	dsckptd.cache = h_mkcache(4 << 20, 256 << 10);
 	resident_init(dsckptd.cache, 1);
 	query_init(&dsckptd);
 	tensors_init(&dsckptd);

@@ -14,10 +14,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-static struct moto shared;    /* started by main for the tests that share one */
+static struct moto shared;    /* started by shared_up for the tests that share one */
 static char err[ERRLEN];
 
 /* Says SKIP and returns from the test when moto is not installed. */
@@ -145,11 +144,10 @@ START_TEST(test_multipart_ranges)
 	uint64_t size;
 
 	h_pattern_fill(data, n, 33);
-	struct timespec t0, t1, t2;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	double t0 = h_now_us();
 	ck_assert_msg(remote_upload(r, "job/t1/rank0.safetensors", &src, err, sizeof(err)) == 0,
 		      "%s", err);
-	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double t1 = h_now_us();
 	ck_assert_msg(remote_head(r, "job/t1/rank0.safetensors", &size, NULL, err,
 				  sizeof(err)) == 0, "%s", err);
 	ck_assert_uint_eq(size, n);
@@ -157,12 +155,10 @@ START_TEST(test_multipart_ranges)
 	memset(back, 0, n);
 	ck_assert_msg(remote_get(r, "job/t1/rank0.safetensors", 0, back, n, err,
 				 sizeof(err)) == 0, "%s", err);
-	clock_gettime(CLOCK_MONOTONIC, &t2);
+	double t2 = h_now_us();
 	ck_assert_int_eq(h_pattern_diff(back, n, 33), n);
 	printf("moto on loopback, 40 MiB in 5 MiB parts, 4 in flight: upload %.0f MB/s, "
-	       "ranged read %.0f MB/s\n", n / 1e6 / ((t1.tv_sec - t0.tv_sec) +
-						     (t1.tv_nsec - t0.tv_nsec) / 1e9),
-	       n / 1e6 / ((t2.tv_sec - t1.tv_sec) + (t2.tv_nsec - t1.tv_nsec) / 1e9));
+	       "ranged read %.0f MB/s\n", n / (t1 - t0), n / (t2 - t1));
 	static const size_t ranges[][2] = { { 1, 1 }, { 5 * MIB - 3, 7 }, { 17 * MIB + 5, 11 * MIB },
 					    { 40 * MIB + 12340, 5 } };
 	for (size_t i = 0; i < 4; i++) {
@@ -243,11 +239,30 @@ START_TEST(test_virtual_addressing)
 }
 END_TEST
 
+/* Once, in the runner before the tests: quiet logs, curl, and the moto server the tests
+ * share (when moto is installed; the suite fails when it does not start). */
+static void shared_up(void)
+{
+	log_init("check_remote_s3", LOG_LVL_ERROR);
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	if (moto_path() != NULL)
+		ck_assert_msg(moto_start(&shared, 0, -1) == 0, "%s did not start (log %s)",
+			      moto_path(), shared.log);
+}
+
+/* Once, after the tests (failed ones too): kills the shared moto and removes its log. */
+static void shared_down(void)
+{
+	moto_kill(&shared);
+	unlink(shared.log);
+}
+
 /* The suite. */
-static Suite *suite(void)
+static Suite *remote_s3_suite(void)
 {
 	Suite *s = suite_create("remote_s3");
 	TCase *tc = tcase_create("remote_s3");
+	tcase_add_unchecked_fixture(tc, shared_up, shared_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_conditional_put);
 	tcase_add_test(tc, test_race_create);
@@ -258,20 +273,4 @@ static Suite *suite(void)
 	return s;
 }
 
-int main(void)
-{
-	log_init("check_remote_s3", LOG_LVL_ERROR);
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	if (moto_path() != NULL && moto_start(&shared, 0, -1) != 0) {
-		fprintf(stderr, "check_remote_s3: %s did not start (log %s)\n", moto_path(),
-			shared.log);
-		return 1;
-	}
-	SRunner *sr = srunner_create(suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	moto_kill(&shared);
-	unlink(shared.log);
-	return failed ? 1 : 0;
-}
+CHECK_MAIN(remote_s3_suite)

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static struct moto shared;    /* started by main for the tests that share one */
+static struct moto shared;    /* started by shared_up for the tests that share one */
 static char err[ERRLEN];
 
 /* Says SKIP and returns from the test when moto is not installed. */
@@ -305,11 +305,30 @@ START_TEST(test_dsckptd_check)
 }
 END_TEST
 
+/* Once, in the runner before the tests: quiet logs, curl, and the moto server the tests
+ * share (when moto is installed; the suite fails when it does not start). */
+static void shared_up(void)
+{
+	log_init("check_remote_s3_faults", LOG_LVL_ERROR);
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	if (moto_path() != NULL)
+		ck_assert_msg(moto_start(&shared, 0, -1) == 0, "%s did not start (log %s)",
+			      moto_path(), shared.log);
+}
+
+/* Once, after the tests (failed ones too): kills the shared moto and removes its log. */
+static void shared_down(void)
+{
+	moto_kill(&shared);
+	unlink(shared.log);
+}
+
 /* The suite. */
-static Suite *suite(void)
+static Suite *remote_s3_faults_suite(void)
 {
 	Suite *s = suite_create("remote_s3_faults");
 	TCase *tc = tcase_create("remote_s3_faults");
+	tcase_add_unchecked_fixture(tc, shared_up, shared_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_missing_bucket_unreachable);
 	tcase_add_test(tc, test_credentials);
@@ -320,20 +339,4 @@ static Suite *suite(void)
 	return s;
 }
 
-int main(void)
-{
-	log_init("check_remote_s3_faults", LOG_LVL_ERROR);
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	if (moto_path() != NULL && moto_start(&shared, 0, -1) != 0) {
-		fprintf(stderr, "check_remote_s3_faults: %s did not start (log %s)\n", moto_path(),
-			shared.log);
-		return 1;
-	}
-	SRunner *sr = srunner_create(suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	moto_kill(&shared);
-	unlink(shared.log);
-	return failed ? 1 : 0;
-}
+CHECK_MAIN(remote_s3_faults_suite)

@@ -7,6 +7,7 @@
  * may park and publish again; closing drops everything and leaves the loop closable.
  */
 #include "../daemon/dsckptd.h"
+#include "harness.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -205,12 +206,4 @@ static Suite *waiter_suite(void)
 	return s;
 }
 
-/* Runs the suite; non-zero on failure. */
-int main(void)
-{
-	SRunner *sr = srunner_create(waiter_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed != 0;
-}
+CHECK_MAIN(waiter_suite)

@@ -38,9 +38,11 @@ compared with the saved tensors once per column):
   Baseline copies are made one at a time and deleted after their cells (disk room).
 Part 2 (--train): the time from starting a new bench-train process (tests/gpu/bench_train.py's
 model and batches, --train-preset) to the end of its first training step restored from each
-source (hot, warm, cold; dsckpt.torch.load and dsckpt.torch.load_into), and whether that run's
-next losses equal those of an uninterrupted run that saved the checkpoint (exact, or a relative
-difference <= 1e-6, as bench-train's restore check).
+source (hot, warm, cold; dsckpt.torch.load, dsckpt.torch.load_into, and
+dsckpt.torch.materialize of a model built on the meta device, whose model_s is then the build
+without weights), and whether that run's next losses equal those of an uninterrupted run that
+saved the checkpoint (exact, or a relative difference <= 1e-6, as bench-train's restore
+check).
 
 A method the library does not have yet, a copy the disk has no room for, an item past --budget
 seconds: a cell with the reason, never a crash. Raw numbers go to --results (default
@@ -756,7 +758,15 @@ def child_resume(a):
     import dsckpt.torch as dt
     dev = child_setup()
     cfg = child_cfg(a, a.start + bench_train.RESUME_ITERS)
-    tr = bench_train.Trainer(cfg, dev)
+    if a.how == "materialize":  # built on the meta device: no weight allocated nor initialised
+        tr = bench_train.Trainer.__new__(bench_train.Trainer)
+        tr.dev, tr.cfg = dev, cfg
+        tr.model = bench_train.GPT(cfg.vocab, cfg.seq, cfg.d_model, cfg.layers, cfg.heads,
+                                   torch.device("meta"))
+        tr.model.mask = torch.ones(cfg.seq, cfg.seq, dtype=torch.bool, device=dev).triu(1)
+        tr.opt = torch.optim.AdamW(tr.model.parameters(), lr=cfg.lr, weight_decay=0.1)
+    else:
+        tr = bench_train.Trainer(cfg, dev)
     batches = bench_train.make_batches(cfg, dev)
     sync()
     t_model = time.time()
@@ -771,6 +781,13 @@ def child_resume(a):
         tr.model.load_state_dict(state["model"])
         tr.opt.load_state_dict(state["optim"])
         del state
+    elif a.how == "materialize":
+        if not hasattr(dt, "materialize"):
+            print("SKIP: dsckpt.torch has no materialize", file=sys.stderr)
+            sys.exit(77)
+        got = dt.materialize(tr.model, tr.opt, a.tag, "rank0", device=dev, conn=conn,
+                             optimizer_key="optim")
+        how = f"materialize ({got.how})"
     else:
         if not hasattr(dt, "load_into"):
             print("SKIP: dsckpt.torch has no load_into", file=sys.stderr)
@@ -832,9 +849,10 @@ def part_train(b):
     out.update(state_bytes=ref["state_bytes"], save_s=ref["save_s"], reference=ref_losses)
     log(f"  uninterrupted run: {ref['state_bytes'] / 1e9:.2f} GB of state saved after step "
         f"{a.start}; losses {ref_losses}")
-    plan = [("hot", "load", None), ("hot", "load_into", None),
+    plan = [("hot", "load", None), ("hot", "load_into", None), ("hot", "materialize", None),
             ("warm", "load", "restart"), ("warm", "load_into", None),
-            ("cold", "load", "cold"), ("cold", "load_into", "cold")]
+            ("warm", "materialize", None), ("cold", "load", "cold"),
+            ("cold", "load_into", "cold"), ("cold", "materialize", "cold")]
     for source, how, prep in plan:
         if b.left() < 60:
             out["runs"].append({"source": source, "how": how, "skipped": "out of time"})
@@ -926,17 +944,17 @@ def table(res, sizes, drop_note):
                      "its first restored step")
         if t.get("skipped"):
             lines.append(f"  skipped: {t['skipped']}")
-        lines.append(f"{'source':8s}{'restore':20s}{'to step s':>10s}{'restore s':>10s}"
-                     f"{'GB/s':>7s}  next losses")
+        lines.append(f"{'source':8s}{'restore':24s}{'to step s':>10s}{'model s':>9s}"
+                     f"{'restore s':>10s}{'GB/s':>7s}  next losses")
         for r in t["runs"]:
             if "to_first_step_s" in r:
-                lines.append(f"{r['source']:8s}{(r.get('loaded_by') or r['how'])[:19]:20s}"
-                             f"{r['to_first_step_s']:10.2f}"
+                lines.append(f"{r['source']:8s}{(r.get('loaded_by') or r['how'])[:23]:24s}"
+                             f"{r['to_first_step_s']:10.2f}{r['model_s']:9.2f}"
                              f"{r['restore_s']:10.2f}{r['restore_gbps']:7.1f}  "
                              + ("equal to the uninterrupted run's" if r["losses_equal"]
                                 else "DIFFER: " + str(r["losses"])))
             else:
-                lines.append(f"{r['source']:8s}{r['how']:20s}  "
+                lines.append(f"{r['source']:8s}{r['how']:24s}  "
                              + (r.get("skipped") or "FAILED: " + r.get("error", "?"))[:100])
     return "\n".join(lines)
 
@@ -1003,7 +1021,7 @@ def parse(argv):
     p.add_argument("--socket")
     p.add_argument("--dir")
     p.add_argument("--tag")
-    p.add_argument("--how", choices=["load", "load_into"], default="load")
+    p.add_argument("--how", choices=["load", "load_into", "materialize"], default="load")
     a = p.parse_args(argv)
     if a.no_copies and a.copies_only:
         p.error("--no-copies and --copies-only exclude each other")

@@ -8,7 +8,8 @@ Layers, each usable alone:
   in the repository's ``build/``, or through ``$DSCKPT_LIB`` (see ``dsckpt._lib``).
 * ``dsckpt.torch``: ``save(state_dict, dir)`` / ``load(dir)`` of nested PyTorch state dicts
   as plain safetensors files, ``load_into(state_dict, dir)`` restoring existing tensors in
-  place, and ``commit(dir, group)`` across torch.distributed ranks.
+  place, ``materialize(model, optimizer, dir)`` filling a model built on the meta device
+  (``dsckpt.materialize``), and ``commit(dir, group)`` across torch.distributed ranks.
 * ``dsckpt.deepspeed``: a DeepSpeed checkpoint engine (imports without DeepSpeed).
 * ``dsckpt.dcp``: a torch.distributed.checkpoint storage backend, ``Writer`` (also the
   AsyncStager ``async_save`` uses) and ``Reader`` (PyTorch >= 2.4).

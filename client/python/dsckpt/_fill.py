@@ -95,7 +95,8 @@ def through_daemon(conn: Connection, path_dir: str, file: str,
         if load is not None and load.level != LoadLevel.OPEN \
                 and not isinstance(e, DaemonUnavailable):
             raise
-        log.debug("dsckpt: %s/%s not loaded through the daemon: %s", path_dir, file, e)
+        log.info("dsckpt: %s/%s not loaded through the daemon (the file is read here): %s",
+                 path_dir, file, e)
         return False
     finally:
         if load is not None:

@@ -45,12 +45,14 @@ import logging
 import os
 import threading
 import uuid
+from collections import defaultdict
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import _blob, _fill, _handover
-from ._files import DTYPES, ST_DTYPES, read_meta, read_safetensors, read_safetensors_to
+from ._files import (DTYPES, ST_DTYPES, read_meta, read_safetensors,
+                     read_safetensors_buffer, read_safetensors_to, tensors_of)
 from ._fill import StateDictMismatch
 from ._flatten import MapLocation, _Flattener, _rebuild_views, _target
 from .core import Connection, HostBuffer, Level, Save, SaveProgress
@@ -358,7 +360,7 @@ def _daemon(conn: Optional[Connection], path_dir: str) -> Optional[Connection]:
     try:
         return default_connection(path_dir)
     except DsckptError as e:
-        log.debug("dsckpt: no daemon for loading %s: %s", path_dir, e)
+        log.info("dsckpt: no daemon for loading %s (the file is read here): %s", path_dir, e)
         return None
 
 
@@ -402,25 +404,36 @@ def load_into(state_dict: Any, path_dir: str, file: Optional[str] = None, *,
 
 
 def _through_daemon(conn: Connection, path_dir: str, file: str,
-                    device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
-    """Every tensor of the file on device, filled by the daemon: views of one buffer (dsckpt
-    host memory on the CPU, which the daemon writes without a copy); None when the daemon
-    cannot serve the file."""
+                    place: Dict[str, torch.device]) -> Optional[Dict[str, torch.Tensor]]:
+    """Every tensor of the file on its device (``place``, by name), filled by the daemon in
+    one load: views of one buffer per device (dsckpt host memory on the CPU, which the daemon
+    writes without a copy); None when the daemon cannot serve the file."""
     have = _fill.header(os.path.join(path_dir, file + ".safetensors"))
-    dtypes = {dtype for dtype, _ in have.values()}
-    sizes = {dt: torch.empty((), dtype=dt).element_size() for dt in dtypes}
-    spans, size = [], 0
-    for dtype, shape in have.values():
+    sizes = {dt: torch.empty((), dtype=dt).element_size() for dt, _ in have.values()}
+    spans, size = [], {}
+    for name, (dtype, shape) in have.items():
         nbytes = torch.Size(shape).numel() * sizes[dtype]
-        spans.append((size, nbytes))
-        size += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-    if device.type == "cpu":
-        buf = host_empty((max(size, 1),), torch.uint8)
-    else:
-        buf = torch.empty(max(size, 1), dtype=torch.uint8, device=device)
-    data = {name: buf[at:at + nbytes].view(dtype).reshape(shape)
+        at = size.get(place[name], 0)
+        spans.append((at, nbytes))
+        size[place[name]] = at + (nbytes + ALIGN - 1) // ALIGN * ALIGN
+    bufs = {dev: host_empty((max(n, 1),), torch.uint8) if dev.type == "cpu"
+            else torch.empty(max(n, 1), dtype=torch.uint8, device=dev)
+            for dev, n in size.items()}
+    data = {name: bufs[place[name]][at:at + nbytes].view(dtype).reshape(shape)
             for (name, (dtype, shape)), (at, nbytes) in zip(have.items(), spans)}
     return data if _fill.through_daemon(conn, path_dir, file, data) else None
+
+
+def _read_here(path: str, place: Dict[str, torch.device]) -> Dict[str, torch.Tensor]:
+    """Every tensor of the file on its device (``place``, by name), read here: the data
+    region read by several threads into one buffer (pinned when a tensor goes to a GPU),
+    checksums checked; one copy to a single GPU, else a copy per tensor not on the CPU."""
+    devices = set(place.values())
+    if len(devices) == 1 and next(iter(devices)).type == "cuda":
+        return read_safetensors_to(path, next(iter(devices)))
+    buf, entries = read_safetensors_buffer(path, pin=any(d.type == "cuda" for d in devices))
+    return {name: t if place[name].type == "cpu" else t.to(place[name], non_blocking=True)
+            for name, t in tensors_of(buf, entries).items()}
 
 
 def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = None, *,
@@ -430,9 +443,12 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     ``map_location`` works as torch.load's: None puts tensors back on the device they were
     saved from; a device or string puts all of them there; a dict maps device strings; a
     callable gets ``(storage, location)``. A file without our ``.meta`` blob (written by
-    another tool) loads as a flat ``{name: tensor}`` dict. When every tensor goes to one
-    device and a daemon answers (``conn``, else :func:`default_connection`), the daemon
-    fills them there (see :func:`load_into`); else the file is read here.
+    another tool) loads as a flat ``{name: tensor}`` dict. Each tensor is read straight onto
+    the device it goes to: when a daemon answers (``conn``, else :func:`default_connection`)
+    it fills them all in one load (see :func:`load_into`), one buffer per device, the GPU's
+    written by the daemon (tensors on several GPUs: the file is read here); else the file is
+    read here by several threads at once (through pinned memory to a GPU). Logger
+    ``dsckpt.torch`` says at INFO when a load did not go through a daemon, and why.
 
     ``weights_only`` (default True) loads without unpickling anything: a checkpoint whose
     blob holds a pickle raises :class:`dsckpt.PickleRefused` (a pickle.UnpicklingError)
@@ -445,17 +461,18 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     blob = read_meta(base + ".meta").get(BLOB) if os.path.exists(base + ".meta") else None
     info = _blob.read(blob, base + ".meta", weights_only) if blob is not None else None
     views, entries = _blob.tables(info) if info else ([], [])
-    saved_on = {v["device"] for v in views} if info else {"cpu"}
-    targets = {_target(d, map_location) for d in saved_on}
-    daemon = _daemon(conn, path_dir) if len(targets) == 1 else None
-    data = _through_daemon(daemon, path_dir, file, next(iter(targets))) if daemon else None
-    if data is None and len(targets) == 1 and next(iter(targets)).type == "cuda":
-        # One GPU for everything: one parallel read into pinned memory, one copy over.
-        data = read_safetensors_to(base + ".safetensors", next(iter(targets)))
-    elif data is None:
-        data = read_safetensors(base + ".safetensors")
+    # Each tensor of the file read straight onto the device it goes to, in one load however
+    # many devices that is (a model's on a GPU, AdamW's step counters on the CPU).
+    # A tensor no view names (a file without our blob) goes where the CPU's would.
+    where = {d: _target(d, map_location) for d in {v["device"] for v in views} | {"cpu"}}
+    place: Dict[str, torch.device] = defaultdict(lambda: where["cpu"])
+    place.update((v["name"], where[v["device"]]) for v in views)
+    daemon = _daemon(conn, path_dir)
+    data = _through_daemon(daemon, path_dir, file, place) if daemon else None
+    if data is None:
+        data = _read_here(base + ".safetensors", place)
     if info is None:
-        return {k: t.to(_target("cpu", map_location)) for k, t in data.items()}
+        return data
     missing = [v["name"] for v in views if v["name"] not in data]
     if missing:
         raise ValueError(f"{base}.meta names tensors {base}.safetensors lacks: "
@@ -476,6 +493,10 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     return _blob.skeleton(info, table)
 
 
+# A model built on the meta device, filled from a checkpoint (after _daemon: it imports it).
+from .materialize import Materialized, empty_weights, materialize  # noqa: E402
+
 __all__ = ["save", "load", "load_into", "commit", "find_latest", "release_gpu", "SaveHandle",
+           "materialize", "empty_weights", "Materialized",
            "StateDictMismatch", "host_empty", "default_connection", "run_connection",
            "set_default_connection", "dist_rank_world", "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
