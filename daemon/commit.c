@@ -40,6 +40,7 @@ struct commit {
 	struct commit *next;
 };
 
+static const struct daemon *daemon_ctx;  /* commit_init's: its loop, the config of the moment */
 static struct commit *commits;
 static uint64_t next_commit_id = 1;
 
@@ -141,7 +142,7 @@ void commit_wait_end(const struct waiter_end *e)
 		cm->req = e->req;
 		cm->running = 1;
 		cm->work.data = cm;
-		uv_queue_work(loop, &cm->work, commit_work, commit_after);
+		uv_queue_work(daemon_ctx->loop, &cm->work, commit_work, commit_after);
 		return;
 	}
 	if (e->how == WAITER_REACHED)
@@ -176,7 +177,7 @@ void commit_request(const struct owner *o, uint64_t req, const char *dir, unsign
 		return;
 	}
 	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
-	if ((dfd = store_open_tag(config, cm->dir, o->uid, o->gid, &jobfd, err,
+	if ((dfd = store_open_tag(daemon_ctx->config, cm->dir, o->uid, o->gid, &jobfd, err,
 				  sizeof(err))) < 0) {
 		free(cm);
 		reply_error(o->conn, req, dfd, "%s", err);
@@ -198,13 +199,19 @@ void commit_request(const struct owner *o, uint64_t req, const char *dir, unsign
 		return;
 	}
 	snprintf(cm->run, sizeof(cm->run), "%s", o->run);
-	cm->cfg = config_ref(config);
+	cm->cfg = config_ref(daemon_ctx->config);
 	cm->world = world;
 	cm->uid = o->uid;
 	cm->gid = o->gid;
 	cm->next = commits;
 	commits = cm;
 	commits_check();
+}
+
+/* Hands the module the daemon it commits for (start-up). */
+void commit_init(const struct daemon *d)
+{
+	daemon_ctx = d;
 }
 
 /* Commits in the threadpool now. */

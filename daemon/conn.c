@@ -72,6 +72,7 @@ static unsigned nrefused;
 static uint64_t next_conn_id = 1;
 static conn_dispatch_cb dispatch;
 static conn_gone_cb gone;
+static struct uv_loop_s *conn_loop;  /* conn_init's */
 
 static void on_poll(uv_poll_t *p, int status, int events);
 
@@ -83,9 +84,11 @@ gid_t conn_gid(const struct conn *c) { return c->gid; }
 void *conn_data(const struct conn *c) { return c->data; }
 void conn_set_data(struct conn *c, void *data) { c->data = data; }
 
-/* Sets the callbacks every frame and every disconnect go to (before the first accept). */
-void conn_init(conn_dispatch_cb on_frame, conn_gone_cb on_gone)
+/* Sets the loop and the callbacks every frame and every disconnect go to (before the first
+ * accept). */
+void conn_init(struct uv_loop_s *loop, conn_dispatch_cb on_frame, conn_gone_cb on_gone)
 {
+	conn_loop = loop;
 	dispatch = on_frame;
 	gone = on_gone;
 }
@@ -222,12 +225,12 @@ static void conn_refuse(int fd, const char *msg)
 	proto_out_free(&o);
 	shutdown(fd, SHUT_WR);
 	struct refused *r = nrefused < REFUSED_MAX ? calloc(1, sizeof(*r)) : NULL;
-	if (!r || uv_poll_init(loop, &r->poll, fd) != 0) {
+	if (!r || uv_poll_init(conn_loop, &r->poll, fd) != 0) {
 		free(r);
 		close(fd);
 		return;
 	}
-	uv_timer_init(loop, &r->timer);
+	uv_timer_init(conn_loop, &r->timer);
 	r->fd = fd;
 	r->handles = 2;
 	r->poll.data = r->timer.data = r;
@@ -269,7 +272,7 @@ void conn_accept(int fd)
 		return;
 	}
 	c->counted = 1;
-	if (uv_poll_init(loop, &c->poll, fd) != 0) {
+	if (uv_poll_init(conn_loop, &c->poll, fd) != 0) {
 		quota_give(c->uid, QUOTA_CONNS, 1);
 		log_warnx("uv_poll_init failed for a client");
 		free(c);

@@ -42,7 +42,7 @@ static struct {
 	char why[256];             /* "CUDA not available: …" when count is 0 */
 	char line[512];            /* gpu_init's answer */
 	void *registered;          /* base pinned by gpu_register_host, or NULL */
-} G = { .once = PTHREAD_ONCE_INIT };
+} probe = { .once = PTHREAD_ONCE_INIT };
 
 struct cuda_drv cuda_drv;
 
@@ -74,7 +74,7 @@ static void cuda_uuid_str(const uint8_t u[16], char out[41])
 		 u[12], u[13], u[14], u[15]);
 }
 
-/* Looks every driver function up; 0, or -1 with the reason in G.why. */
+/* Looks every driver function up; 0, or -1 with the reason in probe.why. */
 static int cuda_resolve(void)
 {
 	static const struct {
@@ -101,7 +101,7 @@ static int cuda_resolve(void)
 								 CUDA_DRIVER_ABI,
 								 cudaEnableDefault, &q);
 		if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || *tab[i].fn == NULL) {
-			snprintf(G.why, sizeof(G.why),
+			snprintf(probe.why, sizeof(probe.why),
 				 "CUDA not available: driver function %s not found (%s, %d)",
 				 tab[i].name, cudaGetErrorName(e), (int)q);
 			return -1;
@@ -121,48 +121,50 @@ static void cuda_probe(void)
 	if (e != cudaSuccess) {
 		/* The runtime says "insufficient driver" also when there is no driver at all. */
 		cudaDriverGetVersion(&driver);
-		snprintf(G.why, sizeof(G.why), "CUDA not available: %s", cudaGetErrorName(e));
-		snprintf(G.line, sizeof(G.line), "none: %s (%s)", cudaGetErrorName(e),
+		snprintf(probe.why, sizeof(probe.why), "CUDA not available: %s",
+			 cudaGetErrorName(e));
+		snprintf(probe.line, sizeof(probe.line), "none: %s (%s)", cudaGetErrorName(e),
 			 driver == 0 ? "no driver" : cudaGetErrorString(e));
 		return;
 	}
 	if (n == 0) {
-		snprintf(G.why, sizeof(G.why), "CUDA not available: no CUDA devices");
-		snprintf(G.line, sizeof(G.line), "none: no CUDA devices");
+		snprintf(probe.why, sizeof(probe.why), "CUDA not available: no CUDA devices");
+		snprintf(probe.line, sizeof(probe.line), "none: no CUDA devices");
 		return;
 	}
 	if (cuda_resolve() < 0 ||
-	    (G.uuid = calloc((size_t)n, sizeof(*G.uuid))) == NULL ||
-	    (G.node = calloc((size_t)n, sizeof(*G.node))) == NULL) {
-		if (G.why[0] == '\0')
-			snprintf(G.why, sizeof(G.why), "CUDA not available: out of resources");
-		snprintf(G.line, sizeof(G.line), "none: %s", G.why);
+	    (probe.uuid = calloc((size_t)n, sizeof(*probe.uuid))) == NULL ||
+	    (probe.node = calloc((size_t)n, sizeof(*probe.node))) == NULL) {
+		if (probe.why[0] == '\0')
+			snprintf(probe.why, sizeof(probe.why),
+				 "CUDA not available: out of resources");
+		snprintf(probe.line, sizeof(probe.line), "none: %s", probe.why);
 		return;
 	}
-	len = (size_t)snprintf(G.line, sizeof(G.line), "%d device(s)", n);
+	len = (size_t)snprintf(probe.line, sizeof(probe.line), "%d device(s)", n);
 	for (int i = 0; i < n; i++) {
 		struct cudaDeviceProp p;
 		char u[41];
 		if ((e = cudaGetDeviceProperties(&p, i)) != cudaSuccess) {
 			/* A device we cannot name cannot be found by UUID: stay CUDA-less. */
-			snprintf(G.why, sizeof(G.why),
+			snprintf(probe.why, sizeof(probe.why),
 				 "CUDA not available: cudaGetDeviceProperties(%d): %s", i,
 				 cudaGetErrorName(e));
-			snprintf(G.line, sizeof(G.line), "none: %s", G.why);
+			snprintf(probe.line, sizeof(probe.line), "none: %s", probe.why);
 			return;
 		}
-		memcpy(G.uuid[i], p.uuid.bytes, 16);
-		cuda_uuid_str(G.uuid[i], u);
+		memcpy(probe.uuid[i], p.uuid.bytes, 16);
+		cuda_uuid_str(probe.uuid[i], u);
 		/* sysfs names the device by its PCI address, lowercase, function 0. */
 		snprintf(bus, sizeof(bus), "%04x:%02x:%02x.0", (unsigned)p.pciDomainID,
 			 (unsigned)p.pciBusID, (unsigned)p.pciDeviceID);
-		G.node[i] = cache_pci_node(bus);
-		log_info("cuda: device %d (%s) at PCI %s, NUMA node %d", i, u, bus, G.node[i]);
-		if (len < sizeof(G.line))
-			len += (size_t)snprintf(G.line + len, sizeof(G.line) - len, "%s %s (%s)",
-						i == 0 ? ":" : ",", p.name, u);
+		probe.node[i] = cache_pci_node(bus);
+		log_info("cuda: device %d (%s) at PCI %s, NUMA node %d", i, u, bus, probe.node[i]);
+		if (len < sizeof(probe.line))
+			len += (size_t)snprintf(probe.line + len, sizeof(probe.line) - len,
+						"%s %s (%s)", i == 0 ? ":" : ",", p.name, u);
 	}
-	G.count = n;
+	probe.count = n;
 }
 
 /* The ordinal of the GPU with this UUID (probing first): ERR_ENOCUDA or ERR_ENOENT with err. */
@@ -170,11 +172,11 @@ int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errlen)
 {
 	char u[41];
 
-	pthread_once(&G.once, cuda_probe);
-	if (G.count == 0)
-		return err_set(err, errlen, ERR_ENOCUDA, "%s", G.why);
-	for (int i = 0; i < G.count; i++) {
-		if (memcmp(G.uuid[i], uuid, 16) == 0) {
+	pthread_once(&probe.once, cuda_probe);
+	if (probe.count == 0)
+		return err_set(err, errlen, ERR_ENOCUDA, "%s", probe.why);
+	for (int i = 0; i < probe.count; i++) {
+		if (memcmp(probe.uuid[i], uuid, 16) == 0) {
 			*dev = i;
 			return 0;
 		}
@@ -186,21 +188,21 @@ int cuda_device(const uint8_t uuid[16], int *dev, char *err, size_t errlen)
 /* NUMA node of device dev (a valid ordinal), or -1 if unknown. */
 int cuda_device_node(int dev)
 {
-	return G.node[dev];
+	return probe.node[dev];
 }
 
 /* Probes for a driver and devices; returns a line for status ("none: <reason>" or names). */
 const char *gpu_init(void)
 {
-	pthread_once(&G.once, cuda_probe);
-	return G.line;
+	pthread_once(&probe.once, cuda_probe);
+	return probe.line;
 }
 
 /* Number of usable GPUs (0 without CUDA). */
 int gpu_count(void)
 {
-	pthread_once(&G.once, cuda_probe);
-	return G.count;
+	pthread_once(&probe.once, cuda_probe);
+	return probe.count;
 }
 
 /* Pins [base, base+len) for fast device copies when CUDA is usable; no-op otherwise. */
@@ -209,8 +211,8 @@ void gpu_register_host(void *base, uint64_t len)
 	struct timespec t0, t1;
 	cudaError_t e;
 
-	pthread_once(&G.once, cuda_probe);
-	if (G.count == 0)
+	pthread_once(&probe.once, cuda_probe);
+	if (probe.count == 0)
 		return;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	/* Portable: pinned for every device's context, not only the current one. */
@@ -221,7 +223,7 @@ void gpu_register_host(void *base, uint64_t len)
 			  cudaGetErrorName(e));
 		return;
 	}
-	G.registered = base;
+	probe.registered = base;
 	log_info("pinned %.2f GiB for CUDA in %.0f ms", (double)len / (1 << 30),
 		 (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
 }
@@ -231,9 +233,9 @@ void gpu_unregister_host(void *base)
 {
 	cudaError_t e;
 
-	if (base == NULL || base != G.registered)
+	if (base == NULL || base != probe.registered)
 		return;
-	G.registered = NULL;
+	probe.registered = NULL;
 	if ((e = cudaHostUnregister(base)) != cudaSuccess)
 		log_warnx("cudaHostUnregister: %s", cudaGetErrorName(e));
 }

@@ -143,7 +143,7 @@ static struct {
 	pthread_mutex_t lock;
 	int state[DIGEST_DEVS];
 	pthread_mutex_t run[DIGEST_DEVS];
-} D = { .lock = PTHREAD_MUTEX_INITIALIZER,
+} digest_devs = { .lock = PTHREAD_MUTEX_INITIALIZER,
 	.run = { [0 ... DIGEST_DEVS - 1] = PTHREAD_MUTEX_INITIALIZER } };
 
 /* Whether the memory's device checksums it: xxh3_gpu's self-test, run on the device's first
@@ -156,8 +156,8 @@ static int cuda_mem_can_digest(void *priv)
 
 	if (m->dev < 0 || m->dev >= DIGEST_DEVS)
 		return 0;
-	pthread_mutex_lock(&D.lock);
-	if (D.state[m->dev] == 0) {
+	pthread_mutex_lock(&digest_devs.lock);
+	if (digest_devs.state[m->dev] == 0) {
 		if ((e = xxh3_gpu_selftest(m->dev, &ok, &call)) != 0)
 			log_warnx("device %d: checksums on the host: %s: %s", m->dev, call,
 				  cudaGetErrorName((cudaError_t)e));
@@ -167,10 +167,10 @@ static int cuda_mem_can_digest(void *priv)
 		else
 			log_info("device %d: checksums of loads on the device (self-test passed)",
 				 m->dev);
-		D.state[m->dev] = ok ? 1 : -1;
+		digest_devs.state[m->dev] = ok ? 1 : -1;
 	}
-	ok = D.state[m->dev] == 1;
-	pthread_mutex_unlock(&D.lock);
+	ok = digest_devs.state[m->dev] == 1;
+	pthread_mutex_unlock(&digest_devs.lock);
 	return ok;
 }
 
@@ -205,10 +205,10 @@ static int cuda_mem_digest(struct digest *d, size_t n, char *err, size_t errlen)
 		}
 		struct timespec t0, t1;
 		clock_gettime(CLOCK_MONOTONIC, &t0);
-		pthread_mutex_lock(&D.run[dev]);
+		pthread_mutex_lock(&digest_devs.run[dev]);
 		if ((e = xxh3_gpu(dev, addr, len, k, out, 0, &call)) != 0)
 			rc = cuda_fail(err, errlen, ERR_EIO, call, (cudaError_t)e);
-		pthread_mutex_unlock(&D.run[dev]);
+		pthread_mutex_unlock(&digest_devs.run[dev]);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		log_debug("device %d: %zu checksums in %.2f ms", dev, k,
 			  (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6);

@@ -31,6 +31,13 @@
  * a request reaches the registries as a struct owner. tests/check-layers checks that no file
  * calls up.
  *
+ * main.c makes the daemon's one context, struct daemon (the loop, the current config, the
+ * cache, the GPU line, the start time), and hands it at start-up to the modules that read it
+ * (server, service, request, query, save, load, commit, seal, tensors), which keep it in a
+ * file-static daemon_ctx and read the config through it, so a reload's is the one they see;
+ * the layers below get what they need as arguments. No file reads or calls anything of
+ * main.c's (tests/check-layers fails on it).
+ *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
  * completions back to the loop through workq.c (a locked queue + uv_async_send, shared by
@@ -62,6 +69,7 @@ struct store_file;
 struct resident;
 struct uv_loop_s;
 struct proto_out;
+struct daemon;
 
 /* log.c */
 enum log_level { LOG_LVL_ERROR, LOG_LVL_WARN, LOG_LVL_INFO, LOG_LVL_DEBUG };
@@ -95,6 +103,8 @@ void log_to_syslog(void);
 void log_detach(void);
 /* The log file's path, "syslog", or NULL when lines go to stderr alone. */
 const char *log_target(void);
+/* Seconds on the monotonic clock. */
+double now_mono(void);
 
 /* userconf.c — the configuration of a dsckptd started without -c: root's
  * /etc/dsckptd/dsckptd.json, another user's ~/.config/dsckptd/dsckptd.json, else built-in
@@ -730,8 +740,8 @@ void service_status(const char *what);
 void service_cache_progress(const char *step, uint64_t done, uint64_t total);
 /* The cache of bytes is being pinned for CUDA: status and time for it. */
 void service_cuda_pin(uint64_t bytes);
-/* READY=1 and the running status, refreshed from now on (once a second at most). */
-void service_ready(void);
+/* READY=1 and the running status of d, refreshed from now on (once a second at most). */
+void service_ready(const struct daemon *d);
 /* RELOADING=1 (with MONOTONIC_USEC=), then READY=1 when the reload is over. */
 void service_reloading(void);
 void service_reloaded(void);
@@ -741,20 +751,25 @@ void service_stopping(void);
 /* The drain is over; closes the refresh timer (shutdown). */
 void service_close(void);
 
-/* main.c — the daemon's singletons, owned by the loop thread. */
-extern struct uv_loop_s *loop;
-extern struct config *config;   /* current config; replaced whole on SIGHUP */
-extern struct cache *cache;
-extern const char *gpu_line;    /* gpu_init()'s answer, for status */
-extern double start_time;       /* CLOCK_REALTIME seconds at start */
-/* Seconds on the monotonic clock. */
-double now_mono(void);
+/* main.c — the daemon's context: main.c makes the one there is and hands it to the modules
+ * that need it when they start (server, service, request, query, save, load, commit, seal,
+ * tensors), which keep the pointer; those below them get the values they need as arguments.
+ * Owned by the loop thread. */
+struct daemon {
+	struct uv_loop_s *loop;
+	struct config *config;   /* the current one: replaced whole on SIGHUP, so read it here
+				  * each time (config_ref for work that outlives a reload) */
+	struct cache *cache;
+	const char *gpu_line;    /* gpu_init()'s answer, for status */
+	double start_time;       /* CLOCK_REALTIME seconds at start */
+};
 
 /* server.c — the listening socket. */
 /* Before anything is touched: takes systemd's socket, or refuses (-1 with err) a socket path
  * another user could take, another user's entry at it, or a socket someone listens on. */
-int server_prepare(char *err, size_t errlen);
-/* Binds config->socket (unless systemd's was taken) and starts accepting; -1 with err. */
+int server_prepare(const struct daemon *d, char *err, size_t errlen);
+/* Binds the socket of server_prepare's daemon (unless systemd's was taken) and starts
+ * accepting; -1 with err. */
 int server_start(char *err, size_t errlen);
 /* Stops accepting and removes the socket path (when we created it). */
 void server_stop(void);
@@ -766,8 +781,8 @@ typedef void (*conn_dispatch_cb)(struct conn *c, const struct proto_hdr *h,
 				 const uint8_t *body, int *fds, unsigned nfds);
 /* Told that c is closing; whatever refers to it must be let go (conn_data too). */
 typedef void (*conn_gone_cb)(struct conn *c);
-/* Sets the two callbacks, once, before the first accept. */
-void conn_init(conn_dispatch_cb on_frame, conn_gone_cb on_gone);
+/* Sets the loop and the two callbacks, once, before the first accept. */
+void conn_init(struct uv_loop_s *loop, conn_dispatch_cb on_frame, conn_gone_cb on_gone);
 /* Takes an accepted, non-blocking socket; reads peer credentials. */
 void conn_accept(int fd);
 /* Number of open connections. */
@@ -794,6 +809,8 @@ void request_dispatch(struct conn *c, const struct proto_hdr *h, const uint8_t *
 		      int *fds, unsigned nfds);
 /* conn_gone_cb: forgets a departed client's waits, open saves, events and regions. */
 void request_conn_gone(struct conn *c);
+/* Hands the layer the daemon it serves (start-up, before the first frame). */
+void request_init(const struct daemon *d);
 
 /* session.c — a connected client above the connection (its session): identity and regions. */
 struct session;
@@ -908,9 +925,9 @@ enum engine_event { ENGINE_SNAPSHOT, ENGINE_DURABLE, ENGINE_FAILED };
  * FAILED comes with a negative ERR_E* code and its message (valid for the whole call, even
  * once the job is freed); other events with 0 and NULL. */
 typedef void (*engine_cb)(void *owner, struct job *j, int event, int code, const char *error);
-/* Starts the worker threads. */
-int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
-		 char *err, size_t errlen);
+/* Starts the worker threads, their events to loop. */
+int engine_start(struct uv_loop_s *loop, struct cache *c, unsigned copy_threads,
+		 unsigned flush_threads, engine_cb cb, char *err, size_t errlen);
 /* Queues a job (a zero-byte job completes at once): 0 and the engine owns r's pointers, or a
  * negative ERR_E* with err and r still the caller's. */
 int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errlen);
@@ -977,6 +994,8 @@ void blobs_free(struct blobs *bs);
 struct tensors;
 /* An empty list with one reference; NULL without memory. */
 struct tensors *tensors_new(uid_t uid);
+/* Hands the module the daemon whose max_tensors_per_save it applies (start-up). */
+void tensors_init(const struct daemon *d);
 /* Another reference / drops one (the last frees it). */
 struct tensors *tensors_ref(struct tensors *tl);
 void tensors_unref(struct tensors *tl);
@@ -1064,16 +1083,16 @@ struct save_view {
 };
 /* Told of every change of a save's level. */
 typedef void (*save_change_cb)(struct save *s);
-/* Starts the engine with save.c's event handler, and the timer that forgets old saves. */
-int save_engine_start(char *err, size_t errlen);
+/* Starts the engine of d with save.c's event handler, and the timer that forgets old saves. */
+int save_engine_start(const struct daemon *d, char *err, size_t errlen);
 /* Registers an observer of level changes (at start-up; a few at most). */
 void save_observe(save_change_cb cb);
-/* Opens the directory a SAVE_BEGIN of o into dir (normalised, of size len) goes into, which
- * may be another version's (its path then replaces dir): fd with *root and *id, or a negative
- * ERR_E* with err. */
-typedef int (*save_dir_cb)(char *dir, size_t len, const struct owner *o,
-			   struct store_root *root, struct store_dirid *id, char *err,
-			   size_t errlen);
+/* Opens the directory a SAVE_BEGIN of o into dir (normalised, of size len) goes into, below
+ * c's roots, which may be another version's (its path then replaces dir): fd with *root and
+ * *id, or a negative ERR_E* with err. */
+typedef int (*save_dir_cb)(const struct config *c, char *dir, size_t len,
+			   const struct owner *o, struct store_root *root,
+			   struct store_dirid *id, char *err, size_t errlen);
 /* Registers that opener (at start-up; overwrite.c's, wired in main.c; none: the tag itself). */
 void save_open_with(save_dir_cb cb);
 /* Opens a save for o; returns its id or a negative ERR_E* with err. */
@@ -1186,12 +1205,16 @@ void commit_on_save(struct save *s);
 void commit_wait_end(const struct waiter_end *e);
 /* Commits in the threadpool now. */
 unsigned commit_running(void);
+/* Hands the module the daemon it commits for (start-up). */
+void commit_init(const struct daemon *d);
 
 /* seal.c — SEAL, and the commits the daemons make once every rank has sealed. */
 struct seal_record;
 /* Handles SEAL of dir by o (an identified trainer): answered at once; the commit follows on
  * its own. */
 void seal_request(const struct owner *o, uint64_t req, const char *dir);
+/* Hands the module the daemon it seals for (start-up, before recovery resumes seals). */
+void seal_init(const struct daemon *d);
 /* Whether rank of uid's job and run sealed the directory id through this daemon (its next
  * save of the tag begins a new version, overwrite.c). */
 int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const char *run,
@@ -1210,9 +1233,9 @@ struct seal_watch;
 typedef void (*seal_watch_cb)(void *arg);
 /* Watches dir (open as dfd, kept open by the caller) for a manifest (and seal records, if
  * records): inotify, and a poll (100 ms doubling to 2 s) for other hosts' writes; cb(arg) on
- * the loop whenever one is seen. NULL without memory. */
-struct seal_watch *seal_watch_start(const char *dir, int dfd, int records, seal_watch_cb cb,
-				    void *arg);
+ * loop whenever one is seen. NULL without memory. */
+struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int dfd,
+				    int records, seal_watch_cb cb, void *arg);
 /* Stops and frees a watch (NULL is fine). */
 void seal_watch_stop(struct seal_watch *w);
 /* Threadpool: whether the manifest in the tag dfd commits run by world ranks. */
@@ -1222,8 +1245,9 @@ int seal_watch_mine(int dfd, const char *run, unsigned world);
 /* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, or its
  * staging directory (its path then replaces dir) when the tag is committed or the rank
  * sealed it; fd with *root and *id, or a negative ERR_E* with err. */
-int overwrite_save_dir(char *dir, size_t len, const struct owner *o, struct store_root *root,
-		       struct store_dirid *id, char *err, size_t errlen);
+int overwrite_save_dir(const struct config *c, char *dir, size_t len, const struct owner *o,
+		       struct store_root *root, struct store_dirid *id, char *err,
+		       size_t errlen);
 /* Rewrites a SEAL's dir to the staging path when rank's newest save of run into the tag went
  * there (or none did, and the tag is committed with a staging beside it). */
 void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsigned rank);
@@ -1244,8 +1268,8 @@ struct load_view {
 	uint64_t tensors, bytes, bytes_cached; /* of the file */
 	uint64_t bytes_total, bytes_done;      /* of the destinations named */
 };
-/* Starts the restore threads (restore.c) with load.c's event handler. */
-int load_start(unsigned threads, char *err, size_t errlen);
+/* Starts the restore threads (restore.c) of d with load.c's event handler. */
+int load_start(const struct daemon *d, unsigned threads, char *err, size_t errlen);
 /* Opens dir/file.safetensors for o's LOAD_BEGIN req: checks the file here, then its header
  * and resident copy in the threadpool, and answers req once they are (a load of o's
  * connection found by no request until then). 0, or a negative ERR_E* with err to answer now. */
@@ -1314,8 +1338,9 @@ struct restore_req {
 /* Final event on the loop thread: code 0 (every byte in place) or a negative ERR_E* and its
  * message; the job is the loop's to free. */
 typedef void (*restore_cb)(void *owner, struct restore_job *j, int code, const char *error);
-/* Starts n restore threads over the cache. */
-int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t errlen);
+/* Starts n restore threads over the cache, their ends to loop. */
+int restore_start(struct uv_loop_s *loop, struct cache *c, unsigned n, restore_cb cb,
+		  char *err, size_t errlen);
 /* Queues a job: 0 and the job owns r's references, or a negative ERR_E* with err. */
 int restore_submit(struct restore_req *r, struct restore_job **out, char *err, size_t errlen);
 /* Bytes in place so far. */
@@ -1519,6 +1544,8 @@ struct query_metrics {
 	uint64_t clients, saves_in_flight, loads_in_flight;
 };
 void query_metrics(struct query_metrics *q);
+/* Hands the module the daemon it answers for (start-up). */
+void query_init(const struct daemon *d);
 
 /* reply.c — the one place that encodes replies (ERROR frames through proto_pack_error), from
  * values it is handed: it reads no registry. Each names its client by connection id and is
@@ -1532,7 +1559,7 @@ void reply_fatal(uint64_t conn, uint64_t req, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 /* The replies of PROTOCOL.md, one per message. */
 void reply_empty(uint64_t conn, uint64_t req);
-void reply_hello(uint64_t conn, uint64_t req);
+void reply_hello(uint64_t conn, uint64_t req, unsigned max_tensors);
 void reply_save_begun(uint64_t conn, uint64_t req, uint64_t save);
 void reply_save_totals(uint64_t conn, uint64_t req, uint64_t tensors, uint64_t bytes);
 void reply_save_accepted(uint64_t conn, uint64_t req);

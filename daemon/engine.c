@@ -62,6 +62,7 @@ struct job {
 /* An event's bit in a job's posted and deliver sets. */
 #define EVENT_BIT(event) (1u << (event))
 
+/* The engine: its threads, their jobs and the lock over both. */
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t copy_cv;    /* a job has unclaimed pieces */
@@ -77,12 +78,12 @@ static struct {
 	unsigned ncopiers;
 	engine_cb cb;
 	struct workq *events;      /* jobs' events, to the loop */
-} E;
+} engine;
 
 /* Hands an event to the loop thread (engine.lock held). */
 static void post(struct job *j, int event)
 {
-	workq_push(E.events, &j->done, EVENT_BIT(event));
+	workq_push(engine.events, &j->done, EVENT_BIT(event));
 }
 
 /* Loop side: a job's events, SNAPSHOT before the final one (workq.c runs each job once per
@@ -92,15 +93,15 @@ static void on_events(struct workq_item *it, unsigned ev)
 	struct job *j = (struct job *)((char *)it - offsetof(struct job, done));
 
 	if (ev & EVENT_BIT(ENGINE_SNAPSHOT))
-		E.cb(j->r.owner, j, ENGINE_SNAPSHOT, 0, NULL);
+		engine.cb(j->r.owner, j, ENGINE_SNAPSHOT, 0, NULL);
 	/* Ownership: with its final event the job goes to the loop (which frees it). */
 	if (ev & EVENT_BIT(ENGINE_DURABLE)) {
-		E.cb(j->r.owner, j, ENGINE_DURABLE, 0, NULL);
+		engine.cb(j->r.owner, j, ENGINE_DURABLE, 0, NULL);
 	} else if (ev & EVENT_BIT(ENGINE_FAILED)) {
 		/* The message outlives the job: the callback may free it first. */
 		char why[ERRLEN];
 		snprintf(why, sizeof(why), "%s", j->error);
-		E.cb(j->r.owner, j, ENGINE_FAILED, j->code, why);
+		engine.cb(j->r.owner, j, ENGINE_FAILED, j->code, why);
 	}
 }
 
@@ -117,22 +118,22 @@ static void fail_locked(struct job *j, int code, const char *error)
 /* Removes a job from the active list (engine.lock held). */
 static void unlink_locked(struct job *j)
 {
-	for (struct job **p = &E.jobs; *p; p = &(*p)->next) {
+	for (struct job **p = &engine.jobs; *p; p = &(*p)->next) {
 		if (*p == j) {
 			*p = j->next;
 			break;
 		}
 	}
-	if (E.rr_copy == j)
-		E.rr_copy = NULL;
-	if (E.rr_flush == j)
-		E.rr_flush = NULL;
+	if (engine.rr_copy == j)
+		engine.rr_copy = NULL;
+	if (engine.rr_flush == j)
+		engine.rr_flush = NULL;
 }
 
 /* Picks the next job after cursor that satisfies ok (engine.lock held). */
 static struct job *pick(struct job **cursor, int (*ok)(const struct job *))
 {
-	struct job *start = *cursor && (*cursor)->next ? (*cursor)->next : E.jobs;
+	struct job *start = *cursor && (*cursor)->next ? (*cursor)->next : engine.jobs;
 	struct job *j = start;
 
 	if (!j)
@@ -142,7 +143,7 @@ static struct job *pick(struct job **cursor, int (*ok)(const struct job *))
 			*cursor = j;
 			return j;
 		}
-		j = j->next ? j->next : E.jobs;
+		j = j->next ? j->next : engine.jobs;
 	} while (j != start);
 	return NULL;
 }
@@ -226,37 +227,37 @@ static void copy_loop(struct copier *cp)
 		struct job *next = NULL, *cursor;
 		int node = -1;
 
-		pthread_mutex_lock(&E.lock);
+		pthread_mutex_lock(&engine.lock);
 		/* Peek (the cursor stays) at the job whose turn it is, for its NUMA node. */
 		for (;;) {
-			cursor = E.rr_copy;
-			if (E.stop || (next = pick(&cursor, can_copy)) != NULL)
+			cursor = engine.rr_copy;
+			if (engine.stop || (next = pick(&cursor, can_copy)) != NULL)
 				break;
-			pthread_cond_wait(&E.copy_cv, &E.lock);
+			pthread_cond_wait(&engine.copy_cv, &engine.lock);
 		}
 		if (next)
 			node = piece_node(next, next->next_claim);
-		pthread_mutex_unlock(&E.lock);
+		pthread_mutex_unlock(&engine.lock);
 		/* A chunk near that node if one is free, else any: a preference, never a wait. */
-		void *chunk = cache_get(E.cache, node);
+		void *chunk = cache_get(engine.cache, node);
 		if (!chunk)
 			return;	/* cache shut down: stopping */
-		pthread_mutex_lock(&E.lock);
-		struct job *j = pick(&E.rr_copy, can_copy);
+		pthread_mutex_lock(&engine.lock);
+		struct job *j = pick(&engine.rr_copy, can_copy);
 		if (!j) {
-			pthread_mutex_unlock(&E.lock);
-			cache_put(E.cache, chunk);
+			pthread_mutex_unlock(&engine.lock);
+			cache_put(engine.cache, chunk);
 			continue;
 		}
 		uint64_t piece = j->next_claim++;
-		pthread_mutex_unlock(&E.lock);
+		pthread_mutex_unlock(&engine.lock);
 
 		int rc = copy_piece(cp, j, piece, chunk, err, sizeof(err));
 		uint64_t len = j->chunk;
 		if (piece == j->npieces - 1)
 			len = j->data_len - piece * j->chunk;
 
-		pthread_mutex_lock(&E.lock);
+		pthread_mutex_lock(&engine.lock);
 		/* Ownership: the chunk now belongs to the job until a flush thread returns it. */
 		j->ready[piece] = chunk;
 		if (rc < 0) {
@@ -267,8 +268,8 @@ static void copy_loop(struct copier *cp)
 			if (++j->copied == j->npieces && !j->failed)
 				post(j, ENGINE_SNAPSHOT);
 		}
-		pthread_cond_broadcast(&E.flush_cv);
-		pthread_mutex_unlock(&E.lock);
+		pthread_cond_broadcast(&engine.flush_cv);
+		pthread_mutex_unlock(&engine.lock);
 	}
 }
 
@@ -294,22 +295,22 @@ static void flush_loop(void)
 {
 	char err[ERRLEN];
 
-	pthread_mutex_lock(&E.lock);
+	pthread_mutex_lock(&engine.lock);
 	for (;;) {
-		struct job *j = pick(&E.rr_flush, can_flush);
+		struct job *j = pick(&engine.rr_flush, can_flush);
 		if (!j) {
-			if (E.stop && !E.jobs)
+			if (engine.stop && !engine.jobs)
 				break;
-			pthread_cond_wait(&E.flush_cv, &E.lock);
+			pthread_cond_wait(&engine.flush_cv, &engine.lock);
 			continue;
 		}
 		j->flushing = 1;
 		if (!flush_file_started(j->ff) && !j->failed) {
 			/* First visit: the header goes first, so that a partial file names its
 			 * host ("dsckpt.host") from the start (flush_file.c). */
-			pthread_mutex_unlock(&E.lock);
+			pthread_mutex_unlock(&engine.lock);
 			int rc = flush_file_begin(j->ff, &j->r, err, sizeof(err));
-			pthread_mutex_lock(&E.lock);
+			pthread_mutex_lock(&engine.lock);
 			if (rc < 0)
 				fail_locked(j, rc, err);
 			j->flushing = 0;
@@ -319,7 +320,7 @@ static void flush_loop(void)
 			uint64_t piece = j->next_flush;
 			uint8_t *chunk = j->ready[piece];
 			int failed = j->failed;
-			pthread_mutex_unlock(&E.lock);
+			pthread_mutex_unlock(&engine.lock);
 			uint64_t start = piece * j->chunk;
 			uint64_t len = start + j->chunk < j->data_len ? j->chunk
 								       : j->data_len - start;
@@ -331,26 +332,26 @@ static void flush_loop(void)
 			}
 			/* Ownership: a written chunk goes to the job's resident copy, or back. */
 			if (rc < 0 || failed || !resident_keep(j->r.res, piece, chunk))
-				cache_put(E.cache, chunk);
-			pthread_mutex_lock(&E.lock);
+				cache_put(engine.cache, chunk);
+			pthread_mutex_lock(&engine.lock);
 			j->ready[piece] = NULL;
 			j->next_flush++;
 			if (rc < 0)
 				fail_locked(j, rc, err);
 			j->flushing = 0;
-			pthread_cond_broadcast(&E.copy_cv);	/* a chunk is free again */
-			pthread_cond_broadcast(&E.flush_cv);
+			pthread_cond_broadcast(&engine.copy_cv);	/* a chunk is free again */
+			pthread_cond_broadcast(&engine.flush_cv);
 			continue;
 		}
 		/* The end: every claimed piece is flushed and nothing more will be claimed. */
 		int failed = j->failed;
 		j->finishing = !failed;
-		pthread_mutex_unlock(&E.lock);
+		pthread_mutex_unlock(&engine.lock);
 		int rc = failed ? 0 : flush_file_finish(j->ff, &j->r, j->data_len, err,
 							sizeof(err));
 		if (j->r.res)
 			end_resident(j, !failed && rc == 0);
-		pthread_mutex_lock(&E.lock);
+		pthread_mutex_lock(&engine.lock);
 		if (rc < 0)
 			fail_locked(j, rc, err);
 		if (j->failed && j->r.file) {
@@ -362,9 +363,9 @@ static void flush_loop(void)
 		unlink_locked(j);
 		/* Ownership: the job goes back to the loop with its final event. */
 		post(j, j->failed ? ENGINE_FAILED : ENGINE_DURABLE);
-		pthread_cond_broadcast(&E.flush_cv);
+		pthread_cond_broadcast(&engine.flush_cv);
 	}
-	pthread_mutex_unlock(&E.lock);
+	pthread_mutex_unlock(&engine.lock);
 }
 
 /* Thread entry: a copy thread gets its copier, a flush thread NULL. */
@@ -378,37 +379,37 @@ static void *thread_main(void *arg)
 }
 
 /* Starts the worker threads, each copy thread with a copier of its own. */
-int engine_start(struct cache *c, unsigned copy_threads, unsigned flush_threads, engine_cb cb,
-		 char *err, size_t errlen)
+int engine_start(struct uv_loop_s *loop, struct cache *c, unsigned copy_threads,
+		 unsigned flush_threads, engine_cb cb, char *err, size_t errlen)
 {
 	int rc;
 
-	pthread_mutex_init(&E.lock, NULL);
-	pthread_cond_init(&E.copy_cv, NULL);
-	pthread_cond_init(&E.flush_cv, NULL);
-	E.cache = c;
-	E.cb = cb;
-	if ((rc = workq_open(&E.events, loop, on_events, err, errlen)) < 0)
+	pthread_mutex_init(&engine.lock, NULL);
+	pthread_cond_init(&engine.copy_cv, NULL);
+	pthread_cond_init(&engine.flush_cv, NULL);
+	engine.cache = c;
+	engine.cb = cb;
+	if ((rc = workq_open(&engine.events, loop, on_events, err, errlen)) < 0)
 		return rc;
-	E.threads = calloc(copy_threads + flush_threads, sizeof(pthread_t));
-	E.copiers = calloc(copy_threads ? copy_threads : 1, sizeof(*E.copiers));
-	if (!E.threads || !E.copiers) {
+	engine.threads = calloc(copy_threads + flush_threads, sizeof(pthread_t));
+	engine.copiers = calloc(copy_threads ? copy_threads : 1, sizeof(*engine.copiers));
+	if (!engine.threads || !engine.copiers) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
-	for (E.ncopiers = 0; E.ncopiers < copy_threads; E.ncopiers++) {
-		if ((rc = copier_new(&E.copiers[E.ncopiers], err, errlen)) < 0)
+	for (engine.ncopiers = 0; engine.ncopiers < copy_threads; engine.ncopiers++) {
+		if ((rc = copier_new(&engine.copiers[engine.ncopiers], err, errlen)) < 0)
 			goto fail;
 	}
 	for (unsigned i = 0; i < copy_threads + flush_threads; i++) {
-		rc = pthread_create(&E.threads[i], NULL, thread_main,
-				    i < copy_threads ? E.copiers[i] : NULL);
+		rc = pthread_create(&engine.threads[i], NULL, thread_main,
+				    i < copy_threads ? engine.copiers[i] : NULL);
 		if (rc != 0) {
 			rc = err_set(err, errlen, err_from_errno(rc), "pthread_create: %s",
 				     strerror(rc));
 			goto fail;
 		}
-		E.nthreads = i + 1;
+		engine.nthreads = i + 1;
 	}
 	return 0;
 
@@ -432,7 +433,7 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 	if (!j)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	j->r = *r;
-	j->chunk = cache_chunk(E.cache);
+	j->chunk = cache_chunk(engine.cache);
 	if (r->n)	/* the tensors are in data order */
 		j->data_len = r->t[r->n - 1].off + r->t[r->n - 1].nbytes;
 	j->npieces = (j->data_len + j->chunk - 1) / j->chunk;
@@ -442,20 +443,20 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
 		job_free_own(j);
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the save");
 	}
-	pthread_mutex_lock(&E.lock);
-	j->next = E.jobs;
-	E.jobs = j;
+	pthread_mutex_lock(&engine.lock);
+	j->next = engine.jobs;
+	engine.jobs = j;
 	if (j->npieces == 0)
 		post(j, ENGINE_SNAPSHOT);
 	/* A copy thread per piece and one flush thread (the header): each thread woken costs
 	 * the loop thread, which answers the save next, a system call's worth. */
-	if (j->npieces >= E.ncopiers)
-		pthread_cond_broadcast(&E.copy_cv);
+	if (j->npieces >= engine.ncopiers)
+		pthread_cond_broadcast(&engine.copy_cv);
 	else
 		for (uint64_t k = 0; k < j->npieces; k++)
-			pthread_cond_signal(&E.copy_cv);
-	pthread_cond_signal(&E.flush_cv);
-	pthread_mutex_unlock(&E.lock);
+			pthread_cond_signal(&engine.copy_cv);
+	pthread_cond_signal(&engine.flush_cv);
+	pthread_mutex_unlock(&engine.lock);
 	metrics_add(METRIC_SAVES_STARTED, 1);
 	*out = j;
 	return 0;
@@ -465,11 +466,11 @@ int engine_submit(struct engine_req *r, struct job **out, char *err, size_t errl
  * already finishing its file (or finished) goes on as it would have. */
 void engine_cancel(struct job *j, int code, const char *why)
 {
-	pthread_mutex_lock(&E.lock);
+	pthread_mutex_lock(&engine.lock);
 	if (!j->finished && !j->finishing)
 		fail_locked(j, code, why);
-	pthread_cond_broadcast(&E.flush_cv);
-	pthread_mutex_unlock(&E.lock);
+	pthread_cond_broadcast(&engine.flush_cv);
+	pthread_mutex_unlock(&engine.lock);
 }
 
 /* Bytes copied and written so far. */
@@ -520,26 +521,26 @@ void engine_job_free(struct job *j)
 /* Stops and joins every thread. */
 void engine_stop(void)
 {
-	pthread_mutex_lock(&E.lock);
-	E.stop = 1;
-	pthread_cond_broadcast(&E.copy_cv);
-	pthread_cond_broadcast(&E.flush_cv);
-	pthread_mutex_unlock(&E.lock);
-	cache_shutdown(E.cache);
-	for (unsigned i = 0; i < E.nthreads; i++)
-		pthread_join(E.threads[i], NULL);
-	free(E.threads);
-	E.threads = NULL;
-	E.nthreads = 0;
+	pthread_mutex_lock(&engine.lock);
+	engine.stop = 1;
+	pthread_cond_broadcast(&engine.copy_cv);
+	pthread_cond_broadcast(&engine.flush_cv);
+	pthread_mutex_unlock(&engine.lock);
+	cache_shutdown(engine.cache);
+	for (unsigned i = 0; i < engine.nthreads; i++)
+		pthread_join(engine.threads[i], NULL);
+	free(engine.threads);
+	engine.threads = NULL;
+	engine.nthreads = 0;
 	/* Ownership: the copiers come back from their joined threads. */
-	for (unsigned i = 0; i < E.ncopiers; i++)
-		copier_free(E.copiers[i]);
-	free(E.copiers);
-	E.copiers = NULL;
-	E.ncopiers = 0;
-	/* Run what the workers posted last; E.events is cleared first, as a final event's
+	for (unsigned i = 0; i < engine.ncopiers; i++)
+		copier_free(engine.copiers[i]);
+	free(engine.copiers);
+	engine.copiers = NULL;
+	engine.ncopiers = 0;
+	/* Run what the workers posted last; engine.events is cleared first, as a final event's
 	 * callback may stop the engine again from inside this. */
-	struct workq *q = E.events;
-	E.events = NULL;
+	struct workq *q = engine.events;
+	engine.events = NULL;
 	workq_close(q);
 }

@@ -38,6 +38,7 @@
  * (576 bytes, aligned), charged at LOAD_ADD. */
 #define DST_HELD (sizeof(struct load_dst) + sizeof(struct restore_dst) + 640)
 
+static const struct daemon *daemon_ctx;  /* load_start's */
 static struct load *loads;
 static uint64_t next_load_id = 1;
 
@@ -88,7 +89,7 @@ static void parse_start(struct load *l)
 	}
 	l->parse = PARSE_RUNNING;
 	l->work.data = l;
-	uv_queue_work(loop, &l->work, parse_work, parse_after);
+	uv_queue_work(daemon_ctx->loop, &l->work, parse_work, parse_after);
 }
 
 /* Loop: a parse is over; LOAD_BEGIN is answered (or the load freed, its client gone), and
@@ -141,13 +142,14 @@ int load_begin(const struct owner *o, uint64_t req, const char *dir, const char 
 	l->client = o->conn;
 	l->req = req;
 	l->fd = l->dfd = -1;
-	l->max_tensors = config->max_tensors_per_save;
+	l->max_tensors = daemon_ctx->config->max_tensors_per_save;
 	l->next = loads;
 	loads = l;
 	store_norm_dir(l->dir, sizeof(l->dir), dir);
 	snprintf(l->file, sizeof(l->file), "%s", file);
 	snprintf(l->path, sizeof(l->path), "%s/%s%s", l->dir, file, FMT_SAFETENSORS);
-	if ((l->fd = load_file_open(l->dir, file, l->uid, o->gid, &l->st, err, errlen)) < 0) {
+	if ((l->fd = load_file_open(daemon_ctx->config, l->dir, file, l->uid, o->gid, &l->st,
+				    err, errlen)) < 0) {
 		rc = l->fd;
 		load_free(l);
 		return rc;
@@ -353,7 +355,8 @@ int load_end(struct load *l, struct cuda_fence *fence, char *err, size_t errlen)
 	struct restore_req r = {
 		.d = rd, .n = l->n, .fd = l->fd, .dfd = l->dfd,
 		.data_start = l->h->data_start, .data_len = l->data_len, .path = l->path,
-		.res = l->res, .fence = fence, .ondev = config->gpu_checksums, .owner = l,
+		.res = l->res, .fence = fence, .ondev = daemon_ctx->config->gpu_checksums,
+		.owner = l,
 	};
 	if ((rc = restore_submit(&r, &l->job, err, errlen)) < 0) {
 		free(rd);
@@ -447,10 +450,11 @@ static void on_restore(void *owner, struct restore_job *j, int code, const char 
 		waiter_publish(WAITER_LOAD, l->id, l->level);
 }
 
-/* Starts the restore threads with load.c's event handler. */
-int load_start(unsigned threads, char *err, size_t errlen)
+/* Starts the restore threads of d with load.c's event handler. */
+int load_start(const struct daemon *d, unsigned threads, char *err, size_t errlen)
 {
-	return restore_start(cache, threads, on_restore, err, errlen);
+	daemon_ctx = d;
+	return restore_start(d->loop, d->cache, threads, on_restore, err, errlen);
 }
 
 /* Cancels and forgets a departed client's loads (running ones once their job ends). */

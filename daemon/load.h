@@ -70,10 +70,10 @@ static inline void load_unhold(struct load *l, uint64_t n)
 }
 
 /* load_file.c */
-/* Opens dir's file.safetensors for uid: below an allowed root, no symbolic link, a regular
- * file of uid (any for root). An fd (st filled), or a negative ERR_E* with err. */
-int load_file_open(const char *dir, const char *file, uid_t uid, gid_t gid, struct stat *st,
-		   char *err, size_t errlen);
+/* Opens dir's file.safetensors for uid: below one of c's allowed roots, no symbolic link, a
+ * regular file of uid (any for root). An fd (st filled), or a negative ERR_E* with err. */
+int load_file_open(const struct config *c, const char *dir, const char *file, uid_t uid,
+		   gid_t gid, struct stat *st, char *err, size_t errlen);
 /* Reads and checks l's header into l->h (charged to its user), pins its resident copy and
  * opens the file again with O_DIRECT where it helps; 0 or a negative ERR_E* with err.
  * Threadpool: it alone touches l's file fields meanwhile. */

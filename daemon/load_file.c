@@ -28,14 +28,14 @@ static void note_problem(void *arg, const char *msg)
 		snprintf(buf + used, ERRLEN - used, "%s%s", used ? "; " : "", msg);
 }
 
-/* Opens dir's file.safetensors for uid: below an allowed root, no symbolic link, a regular
- * file of uid (any for root). An fd, or a negative ERR_E* with err. */
-int load_file_open(const char *dir, const char *file, uid_t uid, gid_t gid, struct stat *st,
-		   char *err, size_t errlen)
+/* Opens dir's file.safetensors for uid: below one of c's allowed roots, no symbolic link, a
+ * regular file of uid (any for root). An fd, or a negative ERR_E* with err. */
+int load_file_open(const struct config *c, const char *dir, const char *file, uid_t uid,
+		   gid_t gid, struct stat *st, char *err, size_t errlen)
 {
 	char name[160], why[200];
 	int jobfd = -1, fd;
-	int dirfd = store_open_tag(config, dir, uid, gid, &jobfd, err, errlen);
+	int dirfd = store_open_tag(c, dir, uid, gid, &jobfd, err, errlen);
 
 	if (dirfd < 0)
 		return dirfd;

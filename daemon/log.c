@@ -14,6 +14,7 @@
  * below 0x20, 0x7f and 0x80 and up as \xHH, newline, tab and backslash as \n, \t and \\.
  * A line break in a message (a directory named "a\n...: error: forged") can then never
  * start a line of its own, and the log reads back unambiguously.
+ * It keeps the daemon's monotonic clock too (now_mono), below every file that measures time.
  */
 #include "dsckptd.h"
 
@@ -348,4 +349,13 @@ char *log_uid(unsigned uid, char *buf, size_t len)
 	else
 		snprintf(buf, len, "uid %u", uid);
 	return buf;
+}
+
+/* Seconds on the monotonic clock (a log line's durations, a save's ages). */
+double now_mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
 }

@@ -1,5 +1,7 @@
 /*
- * main.c — dsckptd: start-up, signals, reload and the ordered shutdown.
+ * main.c — dsckptd: start-up, signals, reload and the ordered shutdown. It owns the daemon's
+ * context (struct daemon, dsckptd.h) and hands it to the modules that keep it; a reload
+ * replaces the context's config whole.
  *
  * Start-up: config → into the background unless -d (detach.c: the command returns when the
  * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
@@ -25,24 +27,14 @@
 #include <unistd.h>
 #include <uv.h>
 
-uv_loop_t *loop;
-struct config *config;
-struct cache *cache;
-const char *gpu_line = "none";
-double start_time;
+/* The daemon's context: every module that needs the loop, the current config or the cache is
+ * handed it at start-up (dsckptd.h). */
+static struct daemon dsckptd = {.gpu_line = "none"};
 
 static char *config_path;	/* absolute: a detached daemon's directory is / */
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_check_t drain_check;  /* active while draining */
 static int draining;
-
-/* Seconds on the monotonic clock. */
-double now_mono(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Prints usage (and, for --help, every configuration option). */
 static void usage(FILE *f, int options)
@@ -99,7 +91,7 @@ static void finish(void)
 	uv_close((uv_handle_t *)&sig_term, NULL);
 	uv_close((uv_handle_t *)&sig_int, NULL);
 	uv_close((uv_handle_t *)&sig_hup, NULL);
-	uv_stop(loop);
+	uv_stop(dsckptd.loop);
 }
 
 /* While draining, after every loop turn: finishes once no save, commit or load's parse is in
@@ -191,35 +183,35 @@ static void reload(void)
 		return;
 	}
 	/* What was built from these at start-up stays: say so and keep the running values. */
-	if (strcmp(n->socket, config->socket) != 0 || n->socket_mode != config->socket_mode ||
-	    strcmp(n->socket_group, config->socket_group) != 0 ||
-	    n->host_cache_bytes != config->host_cache_bytes ||
-	    n->chunk_bytes != config->chunk_bytes || n->flush_threads != config->flush_threads ||
-	    n->copy_threads != config->copy_threads || strcmp(n->host, config->host) != 0)
+	struct config *old = dsckptd.config;
+	if (strcmp(n->socket, old->socket) != 0 || n->socket_mode != old->socket_mode ||
+	    strcmp(n->socket_group, old->socket_group) != 0 ||
+	    n->host_cache_bytes != old->host_cache_bytes ||
+	    n->chunk_bytes != old->chunk_bytes || n->flush_threads != old->flush_threads ||
+	    n->copy_threads != old->copy_threads || strcmp(n->host, old->host) != 0)
 		log_warnx("socket, socket_mode, socket_group, host, host_cache_size, chunk_size and "
 			  "thread counts take effect at the next start");
 	free(n->socket);
-	n->socket = strdup(config->socket);
-	n->socket_mode = config->socket_mode;
+	n->socket = strdup(old->socket);
+	n->socket_mode = old->socket_mode;
 	free(n->socket_group);
-	n->socket_group = strdup(config->socket_group);
-	n->socket_gid = config->socket_gid;
-	n->host_cache_gib = config->host_cache_gib;
-	n->host_cache_bytes = config->host_cache_bytes;
-	n->chunk_bytes = config->chunk_bytes;
-	n->flush_threads = config->flush_threads;
-	n->copy_threads = config->copy_threads;
+	n->socket_group = strdup(old->socket_group);
+	n->socket_gid = old->socket_gid;
+	n->host_cache_gib = old->host_cache_gib;
+	n->host_cache_bytes = old->host_cache_bytes;
+	n->chunk_bytes = old->chunk_bytes;
+	n->flush_threads = old->flush_threads;
+	n->copy_threads = old->copy_threads;
 	free(n->host);
-	n->host = strdup(config->host);
+	n->host = strdup(old->host);
 	/* Work that reads the old one (a commit in the threadpool) holds a reference to it. */
-	config_unref(config);
-	config = n;
-	log_set_level(config->log_level);
-	resident_init(cache, config->keep_resident);	/* files saved from now on */
-	quota_set_limits(config);
+	config_unref(old);
+	dsckptd.config = n;	/* every module reads the current one through the context */
+	log_set_level(n->log_level);
+	resident_init(dsckptd.cache, n->keep_resident);	/* files saved from now on */
+	quota_set_limits(n);
 	log_info("configuration reloaded from %s (%zu allowed roots, keep_last %u, log %s)",
-		 config_path, config->n_roots, config->keep_last,
-		 log_level_name(config->log_level));
+		 config_path, n->n_roots, n->keep_last, log_level_name(n->log_level));
 }
 
 /* The one signal switch. */
@@ -294,8 +286,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("dsckptd", LOG_LVL_INFO);
-	int loaded = config_arg ? config_load(config_arg, &config, err, sizeof(err)) :
-		userconf_load(&config, &found, say, sizeof(say), err, sizeof(err));
+	int loaded = config_arg ? config_load(config_arg, &dsckptd.config, err, sizeof(err)) :
+		userconf_load(&dsckptd.config, &found, say, sizeof(say), err, sizeof(err));
 	if (!config_arg)
 		config_arg = found;
 	int from_file = config_arg != NULL;
@@ -308,16 +300,16 @@ int main(int argc, char **argv)
 		log_info("%s", say);
 	if (check_only) {
 		/* The file is good; each root's remote tier must also answer. */
-		int unreachable = remote_check_roots(config, err, sizeof(err)) != 0;
+		int unreachable = remote_check_roots(dsckptd.config, err, sizeof(err)) != 0;
 		if (unreachable)
 			print_config_errors(config_arg ? config_arg : "built-in defaults", err);
 		else
 			printf("configuration OK\n");
-		config_free(config);
+		config_free(dsckptd.config);
 		free(found);
 		return unreachable;
 	}
-	log_set_level(config->log_level);
+	log_set_level(dsckptd.config->log_level);
 	/* Paths given relative to where dsckptd was started: a reload and a log file opened
 	 * again on SIGHUP find them from /. */
 	config_path = from_file ? detach_abspath(config_arg) : NULL;
@@ -344,20 +336,21 @@ int main(int argc, char **argv)
 		}
 	}
 	clock_gettime(CLOCK_REALTIME, &ts);
-	start_time = ts.tv_sec + ts.tv_nsec / 1e9;
+	dsckptd.start_time = ts.tv_sec + ts.tv_nsec / 1e9;
 	signal(SIGPIPE, SIG_IGN);
 	raise_nofile();
-	quota_set_limits(config);
+	quota_set_limits(dsckptd.config);
 	/* Commits run in libuv's threadpool, one per user at a time (commit.c's, and seal.c's
 	 * for the commits of sealed tags): room for 16 users' commits at once instead of 4. */
 	setenv("UV_THREADPOOL_SIZE", "16", 0);
 
-	if (config->host[0])
-		store_set_host(config->host);
+	if (dsckptd.config->host[0])
+		store_set_host(dsckptd.config->host);
 	/* A socket path another user could take is refused, and one daemon per socket and per
 	 * root: a second one touches nothing, not even the cache. */
-	if (server_prepare(err, sizeof(err)) < 0 || lock_socket(config, err, sizeof(err)) < 0 ||
-	    lock_roots(config, err, sizeof(err)) < 0) {
+	if (server_prepare(&dsckptd, err, sizeof(err)) < 0 ||
+	    lock_socket(dsckptd.config, err, sizeof(err)) < 0 ||
+	    lock_roots(dsckptd.config, err, sizeof(err)) < 0) {
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
@@ -366,34 +359,40 @@ int main(int argc, char **argv)
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
-	loop = uv_default_loop();	/* recovery hands sealed tags to seal.c, which uses it */
+	dsckptd.loop = uv_default_loop();
+	/* The context to the modules that keep it (seal.c's first: recovery resumes seals). */
+	seal_init(&dsckptd);
+	commit_init(&dsckptd);
+	tensors_init(&dsckptd);
+	query_init(&dsckptd);
 	service_status("recovering what an interrupted daemon left under the allowed roots");
-	recover_run(config, seal_resume);
+	recover_run(dsckptd.config, seal_resume);
 	service_status("probing CUDA");
-	gpu_line = gpu_init();
-	config->copy_threads = copy_threads_for(config->copy_threads);
-	if (cache_create(config->host_cache_bytes, config->chunk_bytes, service_cache_progress,
-			 &cache, err, sizeof(err)) < 0) {
+	dsckptd.gpu_line = gpu_init();
+	dsckptd.config->copy_threads = copy_threads_for(dsckptd.config->copy_threads);
+	if (cache_create(dsckptd.config->host_cache_bytes, dsckptd.config->chunk_bytes,
+			 service_cache_progress, &dsckptd.cache, err, sizeof(err)) < 0) {
 		log_error("host cache: %s", err);
 		goto fail_locks;
 	}
 	if (gpu_count() > 0)
-		service_cuda_pin(cache_total(cache));
-	gpu_register_host(cache_base(cache), cache_total(cache));
-	resident_init(cache, config->keep_resident);
-	if (save_engine_start(err, sizeof(err)) < 0) {
+		service_cuda_pin(cache_total(dsckptd.cache));
+	gpu_register_host(cache_base(dsckptd.cache), cache_total(dsckptd.cache));
+	resident_init(dsckptd.cache, dsckptd.config->keep_resident);
+	if (save_engine_start(&dsckptd, err, sizeof(err)) < 0) {
 		log_error("engine: %s", err);
 		goto fail_cache;
 	}
-	config->restore_threads = restore_threads_for(config->restore_threads);
-	if (load_start(config->restore_threads, err, sizeof(err)) < 0) {
+	dsckptd.config->restore_threads = restore_threads_for(dsckptd.config->restore_threads);
+	if (load_start(&dsckptd, dsckptd.config->restore_threads, err, sizeof(err)) < 0) {
 		log_error("restore threads: %s", err);
 		goto fail_engine;
 	}
 	/* The wiring: frames go up to the request layer; the ends of parked requests to their
 	 * state machines; save levels to commits, seals and metrics; SAVE_BEGIN past the seals. */
-	conn_init(request_dispatch, request_conn_gone);
-	if (waiter_init(loop) < 0) {
+	conn_init(dsckptd.loop, request_dispatch, request_conn_gone);
+	request_init(&dsckptd);
+	if (waiter_init(dsckptd.loop) < 0) {
 		log_error("out of memory");
 		goto fail_restore;
 	}
@@ -404,36 +403,37 @@ int main(int argc, char **argv)
 	save_observe(seal_on_save);
 	save_observe(metrics_on_save);
 	save_open_with(overwrite_save_dir);
-	uv_check_init(loop, &drain_check);
+	uv_check_init(dsckptd.loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);
 		goto fail_restore;
 	}
-	uv_signal_init(loop, &sig_term);
-	uv_signal_init(loop, &sig_int);
-	uv_signal_init(loop, &sig_hup);
+	uv_signal_init(dsckptd.loop, &sig_term);
+	uv_signal_init(dsckptd.loop, &sig_int);
+	uv_signal_init(dsckptd.loop, &sig_hup);
 	uv_signal_start(&sig_term, on_signal, SIGTERM);
 	uv_signal_start(&sig_int, on_signal, SIGINT);
 	uv_signal_start(&sig_hup, on_signal, SIGHUP);
 
 	log_info("dsckptd %s ready on %s: cache %.2f GiB in %llu MiB chunks (touched in %.0f ms), "
 		 "%u copy + %u flush + %u restore threads, CUDA: %s", DSCKPTD_VERSION,
-		 config->socket, cache_total(cache) / 1073741824.0,
-		 (unsigned long long)(cache_chunk(cache) >> 20), cache_touch_ms(cache),
-		 config->copy_threads, config->flush_threads, config->restore_threads, gpu_line);
+		 dsckptd.config->socket, cache_total(dsckptd.cache) / 1073741824.0,
+		 (unsigned long long)(cache_chunk(dsckptd.cache) >> 20),
+		 cache_touch_ms(dsckptd.cache), dsckptd.config->copy_threads,
+		 dsckptd.config->flush_threads, dsckptd.config->restore_threads, dsckptd.gpu_line);
 	if (!foreground)
 		log_info("pid %d; the log goes to %s from now on", (int)getpid(), log_target());
-	service_ready();
+	service_ready(&dsckptd);
 	detach_ready();
-	uv_run(loop, UV_RUN_DEFAULT);
+	uv_run(dsckptd.loop, UV_RUN_DEFAULT);
 
-	uv_run(loop, UV_RUN_NOWAIT);	/* let the close callbacks run */
-	int rc = uv_loop_close(loop);
+	uv_run(dsckptd.loop, UV_RUN_NOWAIT);	/* let the close callbacks run */
+	int rc = uv_loop_close(dsckptd.loop);
 	if (rc != 0)
 		log_error("event loop still had handles at exit: %s", uv_strerror(rc));
-	gpu_unregister_host(cache_base(cache));
-	cache_destroy(cache);
-	config_unref(config);
+	gpu_unregister_host(cache_base(dsckptd.cache));
+	cache_destroy(dsckptd.cache);
+	config_unref(dsckptd.config);
 	pidfile_remove();
 	lock_release();
 	log_info("stopped");
@@ -447,12 +447,12 @@ fail_engine:
 	engine_stop();
 	resident_free_all();
 fail_cache:
-	cache_destroy(cache);
+	cache_destroy(dsckptd.cache);
 fail_locks:
 	pidfile_remove();
 	lock_release();
 fail_args:
-	config_free(config);
+	config_free(dsckptd.config);
 	free(config_path);
 	free(pid_abs);
 	return 1;

@@ -48,17 +48,18 @@ static const char *const hist_keys[METRIC_HIST_N] = {
 	"snapshot_seconds", "flush_seconds", "commit_seconds",
 };
 
+/* Every counter and histogram since start. */
 static struct {
 	uint64_t counter[METRIC_N];                          /* atomic */
 	uint64_t reasoned[METRIC_REASONED_N][METRIC_CODES];  /* atomic */
 	uint64_t recovery[RECOVERY_N];                       /* atomic */
 	struct metrics_hist hist[METRIC_HIST_N];             /* loop thread */
-} M;
+} metrics;
 
 /* Adds n to counter m (any thread). */
 void metrics_add(enum metric m, uint64_t n)
 {
-	__atomic_add_fetch(&M.counter[m], n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&metrics.counter[m], n, __ATOMIC_RELAXED);
 }
 
 /* Counts one of m with reason code (a negative ERR_E*; one outside the table is EFAILED). */
@@ -72,13 +73,13 @@ void metrics_fail(enum metric_reasoned m, int code)
 		metrics_fail(m, ERR_EFAILED);
 		return;
 	}
-	__atomic_add_fetch(&M.reasoned[m][slot], 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&metrics.reasoned[m][slot], 1, __ATOMIC_RELAXED);
 }
 
 /* Counts n recovery actions of kind a. */
 void metrics_recovered(enum metric_recovery a, uint64_t n)
 {
-	__atomic_add_fetch(&M.recovery[a], n, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&metrics.recovery[a], n, __ATOMIC_RELAXED);
 }
 
 /* Puts one observation of seconds into histogram h (loop thread). */
@@ -89,29 +90,29 @@ void metrics_observe(enum metric_hist h, double seconds)
 
 	while (i < METRIC_BUCKETS && us > le_us[i])
 		i++;
-	M.hist[h].bucket[i]++;
-	M.hist[h].sum_us += us;
+	metrics.hist[h].bucket[i]++;
+	metrics.hist[h].sum_us += us;
 }
 
 /* Fills v with every counter and histogram as of now (loop thread). */
 void metrics_view(struct metrics_view *v)
 {
 	for (unsigned i = 0; i < METRIC_N; i++)
-		v->counter[i] = __atomic_load_n(&M.counter[i], __ATOMIC_RELAXED);
+		v->counter[i] = __atomic_load_n(&metrics.counter[i], __ATOMIC_RELAXED);
 	for (unsigned m = 0; m < METRIC_REASONED_N; m++) {
 		v->nreasons[m] = 0;
 		for (unsigned i = 0; i < METRIC_CODES; i++) {
-			uint64_t n = __atomic_load_n(&M.reasoned[m][i], __ATOMIC_RELAXED);
+			uint64_t n = __atomic_load_n(&metrics.reasoned[m][i], __ATOMIC_RELAXED);
 			if (n > 0)
 				v->reasons[m][v->nreasons[m]++] = (struct metrics_reason){codes[i], n};
 		}
 	}
 	for (unsigned i = 0; i < RECOVERY_N; i++)
-		v->recovery[i] = __atomic_load_n(&M.recovery[i], __ATOMIC_RELAXED);
+		v->recovery[i] = __atomic_load_n(&metrics.recovery[i], __ATOMIC_RELAXED);
 	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
 		v->le_us[i] = le_us[i];
 	for (unsigned i = 0; i < METRIC_HIST_N; i++)
-		v->hist[i] = M.hist[i];
+		v->hist[i] = metrics.hist[i];
 }
 
 /* The wire keys of counter m, reasoned counter m, recovery action a and histogram h. */

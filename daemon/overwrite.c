@@ -30,17 +30,19 @@ static int overwrite_exists(const char *path, int manifest)
 	return lstat(p, &st) == 0 && (manifest ? S_ISREG(st.st_mode) : S_ISDIR(st.st_mode));
 }
 
-/* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, else
- * (committed, or sealed by that rank) its staging directory, whose path then replaces dir. */
-int overwrite_save_dir(char *dir, size_t len, const struct owner *o, struct store_root *root,
-		       struct store_dirid *id, char *err, size_t errlen)
+/* save_dir_cb: opens the directory (below c's roots) a save of dir by o's rank goes into: the
+ * tag, else (committed, or sealed by that rank) its staging directory, whose path then
+ * replaces dir. */
+int overwrite_save_dir(const struct config *c, char *dir, size_t len, const struct owner *o,
+		       struct store_root *root, struct store_dirid *id, char *err,
+		       size_t errlen)
 {
 	char stage[PATH_MAX];
 	uid_t uid = o->uid;
 	gid_t gid = o->gid;
 	const char *job = o->job, *run = o->run;
 	unsigned rank = o->rank;
-	int fd = store_open_dir(config, dir, uid, gid, root, err, errlen), rc;
+	int fd = store_open_dir(c, dir, uid, gid, root, err, errlen), rc;
 
 	if (fd < 0)
 		return fd;
@@ -55,7 +57,7 @@ int overwrite_save_dir(char *dir, size_t len, const struct owner *o, struct stor
 	if ((rc = swap_staging_path(dir, stage, len < sizeof(stage) ? len : sizeof(stage), err,
 				    errlen)) < 0)
 		return rc;
-	if ((fd = swap_open_staging(config, stage, uid, gid, root, err, errlen)) < 0)
+	if ((fd = swap_open_staging(c, stage, uid, gid, root, err, errlen)) < 0)
 		return fd;
 	if ((rc = store_dir_id(fd, id, err, errlen)) < 0) {
 		close(fd);

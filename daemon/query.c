@@ -16,13 +16,21 @@
 #include <time.h>
 #include <unistd.h>
 
+static const struct daemon *daemon_ctx;  /* query_init's */
+
+/* Hands the module the daemon it answers for (start-up). */
+void query_init(const struct daemon *d)
+{
+	daemon_ctx = d;
+}
+
 /* Seconds since start (CLOCK_REALTIME, as start_time), never negative. */
 static double query_uptime(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_REALTIME, &ts);
-	double up = ts.tv_sec + ts.tv_nsec / 1e9 - start_time;
+	double up = ts.tv_sec + ts.tv_nsec / 1e9 - daemon_ctx->start_time;
 	return up > 0 ? up : 0;
 }
 
@@ -75,27 +83,27 @@ void query_status(struct query_status *q, uid_t viewer)
 	resident_each(query_resident_add, q);
 	q->pid = (uint64_t)getpid();
 	q->uptime_s = (uint64_t)query_uptime();
-	q->cache_total = cache_total(cache);
-	q->cache_used = cache_used(cache);
-	q->chunk = cache_chunk(cache);
+	q->cache_total = cache_total(daemon_ctx->cache);
+	q->cache_used = cache_used(daemon_ctx->cache);
+	q->chunk = cache_chunk(daemon_ctx->cache);
 	q->clients = query_other_clients();
 	q->saves = save_inflight() + commit_running() + seal_running();
-	q->flush_threads = config->flush_threads;
-	q->copy_threads = config->copy_threads;
-	q->cuda = gpu_line;
-	q->npools = cache_pools(cache);
+	q->flush_threads = daemon_ctx->config->flush_threads;
+	q->copy_threads = daemon_ctx->config->copy_threads;
+	q->cuda = daemon_ctx->gpu_line;
+	q->npools = cache_pools(daemon_ctx->cache);
 	q->pools = calloc(q->npools, sizeof(*q->pools));
 	if (!q->pools)
 		q->npools = 0;	/* short of memory: listed without its pools */
 	for (unsigned i = 0; i < q->npools; i++)
-		cache_pool_info(cache, i, &q->pools[i].node, &q->pools[i].total,
+		cache_pool_info(daemon_ctx->cache, i, &q->pools[i].node, &q->pools[i].total,
 				&q->pools[i].used);
 	q->cache_resident = resident_bytes();
 	q->resident_data = resident_data_bytes();
-	q->cache_locked = cache_locked(cache);
+	q->cache_locked = cache_locked(daemon_ctx->cache);
 	q->loads = load_count();
-	q->roots = (const char *const *)config->allowed_roots;
-	q->nroots = config->n_roots;
+	q->roots = (const char *const *)daemon_ctx->config->allowed_roots;
+	q->nroots = daemon_ctx->config->n_roots;
 }
 
 /* Frees what query_status copied. */
@@ -159,10 +167,10 @@ void query_metrics(struct query_metrics *q)
 {
 	memset(q, 0, sizeof(*q));
 	metrics_view(&q->v);
-	q->start_time_ms = (uint64_t)(start_time * 1e3);
+	q->start_time_ms = (uint64_t)(daemon_ctx->start_time * 1e3);
 	q->uptime_ms = (uint64_t)(query_uptime() * 1e3);
-	q->cache_total = cache_total(cache);
-	q->cache_used = cache_used(cache);
+	q->cache_total = cache_total(daemon_ctx->cache);
+	q->cache_used = cache_used(daemon_ctx->cache);
 	q->cache_resident = resident_bytes();
 	q->clients = query_other_clients();
 	q->saves_in_flight = save_inflight();

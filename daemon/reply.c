@@ -75,7 +75,7 @@ void reply_empty(uint64_t conn, uint64_t req)
 
 /* Answers HELLO: the daemon's version, protocol, the client's id and the tensors a save may
  * hold. */
-void reply_hello(uint64_t conn, uint64_t req)
+void reply_hello(uint64_t conn, uint64_t req, unsigned max_tensors)
 {
 	struct proto_out o;
 
@@ -84,7 +84,7 @@ void reply_hello(uint64_t conn, uint64_t req)
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "client", conn);
-	proto_kv_u64(&o.pk, "max_tensors", config->max_tensors_per_save);
+	proto_kv_u64(&o.pk, "max_tensors", max_tensors);
 	reply_send(conn, &o, 0);
 }
 

@@ -14,6 +14,14 @@
 #include <unistd.h>
 #include <uv.h>
 
+static const struct daemon *daemon_ctx;  /* request_init's */
+
+/* Hands the layer the daemon it serves (start-up, before the first frame). */
+void request_init(const struct daemon *d)
+{
+	daemon_ctx = d;
+}
+
 /* Closes descriptors nobody took. */
 static void request_close_fds(int *fds, unsigned nfds)
 {
@@ -52,7 +60,7 @@ static void on_hello(struct session *c, const struct proto_hdr *h, struct proto_
 	log_debug("client %llu is %s %s rank %llu/%llu, run '%s' (pid %d, says %llu)",
 		  (unsigned long long)session_id(c), role, job, (unsigned long long)rank,
 		  (unsigned long long)world, run, (int)session_pid(c), (unsigned long long)pid);
-	reply_hello(session_id(c), h->id);
+	reply_hello(session_id(c), h->id, daemon_ctx->config->max_tensors_per_save);
 }
 
 /* REGION_ADD of a cuda_vmm range: the first frame creates it, later ones continue it. */

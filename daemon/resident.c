@@ -34,10 +34,10 @@
  * the cache less an eighth (at least one chunk): a restore that reads the rest of such a file
  * from disk needs chunks of its own, and the pinned pieces could otherwise hold them all.
  *
- * Lock order: resident.lock, then the cache's lock (cache_put and cache_evictable are called
- * with resident.lock held; the cache calls resident_evict without its own lock). No caller
- * holds engine.lock while calling in here. resident.lock guards the list, R.bytes and every
- * field marked (R); the others are set before the resident is shared or, for the durable
+ * Lock order: hot_set.lock, then the cache's lock (cache_put and cache_evictable are called
+ * with hot_set.lock held; the cache calls resident_evict without its own lock). No caller
+ * holds engine.lock while calling in here. hot_set.lock guards the list, hot_set.bytes and every
+ * field marked (H); the others are set before the resident is shared or, for the durable
  * identity and header, before it can be pinned (under the lock).
  */
 #include "dsckptd.h"
@@ -57,39 +57,40 @@ struct resident {
 	uint64_t data_len;
 	uint64_t npieces;
 	uint64_t seq;              /* resident_begin order */
-	void **pieces;             /* (R) npieces slots: the kept chunk, or NULL */
-	uint64_t nheld;            /* (R) pieces held */
-	uint64_t held;             /* (R) data bytes held */
-	uint64_t low;              /* (R) no piece below this one is held */
-	int listed;                /* (R) in the registry: a load may find it once durable */
-	int writing;               /* (R) its job has not yet ended it (durable or drop) */
-	unsigned pins;             /* (R) loads reading it */
-	int durable;               /* (R) */
-	int committed;             /* (R) its tag was committed */
+	void **pieces;             /* (H) npieces slots: the kept chunk, or NULL */
+	uint64_t nheld;            /* (H) pieces held */
+	uint64_t held;             /* (H) data bytes held */
+	uint64_t low;              /* (H) no piece below this one is held */
+	int listed;                /* (H) in the registry: a load may find it once durable */
+	int writing;               /* (H) its job has not yet ended it (durable or drop) */
+	unsigned pins;             /* (H) loads reading it */
+	int durable;               /* (H) */
+	int committed;             /* (H) its tag was committed */
 	dev_t dev;                 /* the file, once durable */
 	ino_t ino;
 	uint8_t *hdr;              /* the file's first hdr_len bytes, once durable */
 	size_t hdr_len;
-	struct resident *prev, *next; /* (R) registry links, oldest first */
+	struct resident *prev, *next; /* (H) registry links, oldest first */
 };
 
+/* The hot set: the registry of resident files, oldest first, and the cache they keep. */
 static struct {
 	pthread_mutex_t lock;
 	struct cache *cache;
 	uint64_t chunk;
 	uint64_t nchunks;
-	int enabled;               /* (R) */
-	uint64_t seq;              /* (R) */
-	uint64_t bytes;            /* (R) cache bytes held by every resident */
-	struct resident *head;     /* (R) */
-	struct resident *tail;     /* (R) */
-} R = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	int enabled;               /* (H) */
+	uint64_t seq;              /* (H) */
+	uint64_t bytes;            /* (H) cache bytes held by every resident */
+	struct resident *head;     /* (H) */
+	struct resident *tail;     /* (H) */
+} hot_set = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Data bytes of piece i of r. */
 static uint64_t piece_len(const struct resident *r, uint64_t i)
 {
-	uint64_t start = i * R.chunk;
-	return r->data_len - start < R.chunk ? r->data_len - start : R.chunk;
+	uint64_t start = i * hot_set.chunk;
+	return r->data_len - start < hot_set.chunk ? r->data_len - start : hot_set.chunk;
 }
 
 /* Gives piece i of r back to the cache (lock held; the piece is held). */
@@ -100,8 +101,8 @@ static void give_piece(struct resident *r, uint64_t i)
 	r->pieces[i] = NULL;
 	r->nheld--;
 	r->held -= piece_len(r, i);
-	R.bytes -= R.chunk;
-	cache_put(R.cache, chunk);
+	hot_set.bytes -= hot_set.chunk;
+	cache_put(hot_set.cache, chunk);
 }
 
 /* Gives the lowest piece r holds back (lock held; r holds one). */
@@ -144,11 +145,11 @@ static void unlist(struct resident *r)
 	if (r->prev)
 		r->prev->next = r->next;
 	else
-		R.head = r->next;
+		hot_set.head = r->next;
 	if (r->next)
 		r->next->prev = r->prev;
 	else
-		R.tail = r->prev;
+		hot_set.tail = r->prev;
 	r->prev = r->next = NULL;
 	if (!r->pins)
 		give_all(r);
@@ -167,8 +168,8 @@ static int resident_evict(struct cache *c)
 {
 	int got = 0;
 
-	pthread_mutex_lock(&R.lock);
-	for (struct resident *r = R.head; r; r = r->next) {
+	pthread_mutex_lock(&hot_set.lock);
+	for (struct resident *r = hot_set.head; r; r = r->next) {
 		if (r->pins || r->nheld == 0)
 			continue;
 		give_lowest(r);
@@ -178,7 +179,7 @@ static int resident_evict(struct cache *c)
 			let_go(r);
 		break;
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	return got;
 }
 
@@ -186,15 +187,15 @@ static int resident_evict(struct cache *c)
  * only whether new files are kept. */
 void resident_init(struct cache *c, int enabled)
 {
-	pthread_mutex_lock(&R.lock);
-	R.enabled = enabled;
-	if (R.cache != c) {
-		R.cache = c;
-		R.chunk = cache_chunk(c);
-		R.nchunks = cache_total(c) / R.chunk;
+	pthread_mutex_lock(&hot_set.lock);
+	hot_set.enabled = enabled;
+	if (hot_set.cache != c) {
+		hot_set.cache = c;
+		hot_set.chunk = cache_chunk(c);
+		hot_set.nchunks = cache_total(c) / hot_set.chunk;
 		cache_set_evict(c, resident_evict);
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }
 
 /* A save's file about to be written into dir/file (data_len bytes in cache-chunk pieces),
@@ -205,16 +206,16 @@ struct resident *resident_begin(const char *dir, const char *file, uid_t uid,
 	struct resident *r;
 	int enabled;
 
-	pthread_mutex_lock(&R.lock);
-	enabled = R.enabled && R.cache;
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
+	enabled = hot_set.enabled && hot_set.cache;
+	pthread_mutex_unlock(&hot_set.lock);
 	if (!enabled || strlen(dir) >= RESIDENT_DIR_MAX || !(r = calloc(1, sizeof(*r))))
 		return NULL;
 	r->dir = strdup(dir);
 	r->file = strdup(file);
 	r->uid = uid;
 	r->data_len = data_len;
-	r->npieces = (data_len + R.chunk - 1) / R.chunk;
+	r->npieces = (data_len + hot_set.chunk - 1) / hot_set.chunk;
 	r->pieces = calloc(r->npieces ? r->npieces : 1, sizeof(void *));
 	if (!r->dir || !r->file || !r->pieces) {
 		free(r->dir);
@@ -225,15 +226,15 @@ struct resident *resident_begin(const char *dir, const char *file, uid_t uid,
 	}
 	r->listed = 1;
 	r->writing = 1;
-	pthread_mutex_lock(&R.lock);
-	r->seq = ++R.seq;
-	r->prev = R.tail;
-	if (R.tail)
-		R.tail->next = r;
+	pthread_mutex_lock(&hot_set.lock);
+	r->seq = ++hot_set.seq;
+	r->prev = hot_set.tail;
+	if (hot_set.tail)
+		hot_set.tail->next = r;
 	else
-		R.head = r;
-	R.tail = r;
-	pthread_mutex_unlock(&R.lock);
+		hot_set.head = r;
+	hot_set.tail = r;
+	pthread_mutex_unlock(&hot_set.lock);
 	return r;
 }
 
@@ -245,20 +246,20 @@ int resident_keep(struct resident *r, uint64_t piece, void *chunk)
 
 	if (!r)
 		return 0;
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
 	if (r->listed && r->writing && piece < r->npieces && !r->pieces[piece]) {
 		/* Ownership: the chunk is the resident's until it is given back. */
 		r->pieces[piece] = chunk;
 		r->nheld++;
 		r->held += piece_len(r, piece);
-		R.bytes += R.chunk;
+		hot_set.bytes += hot_set.chunk;
 		if (piece < r->low)
 			r->low = piece;
 		kept = 1;
 		/* A taker waiting for a chunk may now evict this one. */
-		cache_evictable(R.cache);
+		cache_evictable(hot_set.cache);
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	return kept;
 }
 
@@ -277,7 +278,7 @@ void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
 
 	if (copy)
 		memcpy(copy, hdr, hdr_len);
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
 	r->writing = 0;
 	if (r->listed && copy) {
 		r->hdr = copy;
@@ -286,7 +287,7 @@ void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
 		r->ino = ino;
 		r->durable = 1;
 		copy = NULL;
-		for (struct resident *o = R.head, *next; o; o = next) {
+		for (struct resident *o = hot_set.head, *next; o; o = next) {
 			next = o->next;
 			if (o != r && same_file(o, r))
 				let_go(o);
@@ -295,7 +296,7 @@ void resident_durable(struct resident *r, dev_t dev, ino_t ino, const void *hdr,
 		unlist(r);	/* without its header no load could use it */
 	}
 	maybe_free(r);
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	free(copy);
 }
 
@@ -304,10 +305,10 @@ void resident_drop(struct resident *r)
 {
 	if (!r)
 		return;
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
 	r->writing = 0;
 	let_go(r);
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }
 
 /* Length of dir's parent (the job directory) in dir; 0 when dir has no '/' past its first
@@ -340,8 +341,8 @@ static void resident_committed_tag(const char *dir)
 
 	if (n == 0)
 		return;
-	pthread_mutex_lock(&R.lock);
-	for (struct resident *r = R.head; r; r = r->next) {
+	pthread_mutex_lock(&hot_set.lock);
+	for (struct resident *r = hot_set.head; r; r = r->next) {
 		if (strcmp(r->dir, dir) == 0) {
 			r->committed = 1;
 			here = 1;
@@ -349,7 +350,7 @@ static void resident_committed_tag(const char *dir)
 				cseq = r->seq;
 		}
 	}
-	for (struct resident *r = R.head, *next; r; r = next) {
+	for (struct resident *r = hot_set.head, *next; r; r = next) {
 		next = r->next;
 		if (strcmp(r->dir, dir) == 0 || !in_job(r, dir, n))
 			continue;
@@ -358,12 +359,12 @@ static void resident_committed_tag(const char *dir)
 		else if (r->committed)
 			newer = 1;	/* a newer tag was committed first: dir is the old one */
 	}
-	for (struct resident *r = R.head, *next; newer && r; r = next) {
+	for (struct resident *r = hot_set.head, *next; newer && r; r = next) {
 		next = r->next;
 		if (strcmp(r->dir, dir) == 0)
 			let_go(r);
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }
 
 /* dir was committed (loop thread): a staging directory's files now lie in its tag, whose old
@@ -389,19 +390,19 @@ void resident_moved(const char *dir, const char *to)
 {
 	char *copy;
 
-	pthread_mutex_lock(&R.lock);
-	for (struct resident *r = R.head, *next; r; r = next) {
+	pthread_mutex_lock(&hot_set.lock);
+	for (struct resident *r = hot_set.head, *next; r; r = next) {
 		next = r->next;
 		if (strcmp(r->dir, to) == 0)
 			let_go(r);
 	}
-	for (struct resident *r = R.head; r; r = r->next) {
+	for (struct resident *r = hot_set.head; r; r = r->next) {
 		if (strcmp(r->dir, dir) == 0 && (copy = strdup(to))) {
 			free(r->dir);
 			r->dir = copy;
 		}
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }
 
 /* Trims r (about to be pinned, lock held) so that partial pinned copies leave a reader of
@@ -410,14 +411,14 @@ void resident_moved(const char *dir, const char *to)
  * pinned already is being read: it stays too (and is counted already). */
 static void trim_for_pin(struct resident *r)
 {
-	uint64_t reserve = R.nchunks / 8 ? R.nchunks / 8 : 1, pinned = 0;
+	uint64_t reserve = hot_set.nchunks / 8 ? hot_set.nchunks / 8 : 1, pinned = 0;
 
 	if (r->nheld == r->npieces || r->pins)
 		return;
-	for (struct resident *o = R.head; o; o = o->next)
+	for (struct resident *o = hot_set.head; o; o = o->next)
 		if (o->pins && o->nheld < o->npieces)
 			pinned += o->nheld;
-	while (r->nheld > 0 && pinned + r->nheld + reserve > R.nchunks)
+	while (r->nheld > 0 && pinned + r->nheld + reserve > hot_set.nchunks)
 		give_lowest(r);
 }
 
@@ -427,8 +428,8 @@ struct resident *resident_pin(const char *dir, const char *file, dev_t dev, ino_
 {
 	struct resident *found = NULL;
 
-	pthread_mutex_lock(&R.lock);
-	for (struct resident *r = R.tail; r; r = r->prev) {
+	pthread_mutex_lock(&hot_set.lock);
+	for (struct resident *r = hot_set.tail; r; r = r->prev) {
 		if (r->durable && r->dev == dev && r->ino == ino && strcmp(r->dir, dir) == 0 &&
 		    strcmp(r->file, file) == 0) {
 			found = r;
@@ -439,7 +440,7 @@ struct resident *resident_pin(const char *dir, const char *file, dev_t dev, ino_
 		trim_for_pin(found);
 		found->pins++;
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	return found;
 }
 
@@ -455,9 +456,9 @@ const void *resident_piece(const struct resident *r, uint64_t i)
 {
 	const void *p;
 
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
 	p = i < r->npieces ? r->pieces[i] : NULL;
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	return p;
 }
 
@@ -466,25 +467,25 @@ uint64_t resident_held(const struct resident *r)
 {
 	uint64_t held;
 
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
 	held = r->held;
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	return held;
 }
 
 /* Ends a pin: the pieces may go again (freed now if it was let go meanwhile). */
 void resident_unpin(struct resident *r)
 {
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
 	if (--r->pins == 0) {
 		if (r->listed && r->nheld == 0 && r->npieces > 0)
 			unlist(r);	/* trimmed to nothing at its pin: of no use any more */
 		if (!r->listed)
 			give_all(r);
 		if (!maybe_free(r) && r->nheld > 0)
-			cache_evictable(R.cache);	/* its pieces may be evicted now */
+			cache_evictable(hot_set.cache);	/* its pieces may be evicted now */
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }
 
 /* Cache bytes held by resident files now (whole chunks). */
@@ -492,9 +493,9 @@ uint64_t resident_bytes(void)
 {
 	uint64_t b;
 
-	pthread_mutex_lock(&R.lock);
-	b = R.bytes;
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_lock(&hot_set.lock);
+	b = hot_set.bytes;
+	pthread_mutex_unlock(&hot_set.lock);
 	return b;
 }
 
@@ -503,10 +504,10 @@ uint64_t resident_data_bytes(void)
 {
 	uint64_t b = 0;
 
-	pthread_mutex_lock(&R.lock);
-	for (struct resident *r = R.head; r; r = r->next)
+	pthread_mutex_lock(&hot_set.lock);
+	for (struct resident *r = hot_set.head; r; r = r->next)
 		b += r->held;
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 	return b;
 }
 
@@ -515,22 +516,22 @@ uint64_t resident_data_bytes(void)
 void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_t uid,
 			      uint64_t bytes, int committed), void *arg)
 {
-	pthread_mutex_lock(&R.lock);
-	for (struct resident *r = R.head; r; r = r->next)
+	pthread_mutex_lock(&hot_set.lock);
+	for (struct resident *r = hot_set.head; r; r = r->next)
 		if (r->durable)
 			fn(arg, r->dir, r->file, r->uid, r->held, r->committed);
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }
 
 /* Gives every chunk back and frees every resident nobody writes (shutdown: the engine and
  * the restore threads are stopped). */
 void resident_free_all(void)
 {
-	pthread_mutex_lock(&R.lock);
-	while (R.head) {
-		struct resident *r = R.head;
+	pthread_mutex_lock(&hot_set.lock);
+	while (hot_set.head) {
+		struct resident *r = hot_set.head;
 		r->pins = 0;
 		let_go(r);
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&hot_set.lock);
 }

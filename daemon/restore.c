@@ -2,7 +2,7 @@
  * restore.c — the restore threads: a load's pieces, from the resident copy or the file, are
  * checked and written into the client's tensors.
  *
- * It is over 600 lines on purpose: one lock (R.lock) guards a job's claims, its pieces'
+ * It is over 600 lines on purpose: one lock (pool.lock) guards a job's claims, its pieces'
  * holds and its checksum chains together, and the no-deadlock argument below spans them all;
  * cut into files, those invariants would be read in pieces.
  *
@@ -44,9 +44,9 @@
  * are done, and a part left in a slot is hashed as soon as the part before it is), so its
  * thread never waits; it finishes, and the next unit becomes the lowest.
  *
- * Lock order: R.lock, then resident.c's lock (resident_piece), the cache's lock (cache_put)
- * or the workq's lock (a finished job is pushed with R.lock held); nothing here is called
- * with either of the first two held. R.lock guards the job list, every job field marked (L)
+ * Lock order: pool.lock, then resident.c's lock (resident_piece), the cache's lock (cache_put)
+ * or the workq's lock (a finished job is pushed with pool.lock held); nothing here is called
+ * with either of the first two held. pool.lock guards the job list, every job field marked (L)
  * and stop. held_cv is told when a piece's holds fall to one and when a job fails. Finished
  * jobs go to the loop through a workq (workq.c), in the order they finished.
  */
@@ -74,7 +74,7 @@ struct part {
 	uint64_t ord;              /* the piece's index in pieces */
 };
 
-/* One restore job; R.lock guards the fields marked (L). */
+/* One restore job; pool.lock guards the fields marked (L). */
 struct restore_job {
 	struct restore_req r;
 	uint64_t chunk;
@@ -101,6 +101,7 @@ struct restore_job {
 	struct workq_item end;         /* its end, on its way to the loop */
 };
 
+/* The pool of restore threads: their jobs and the lock over both. */
 static struct {
 	pthread_mutex_t lock;
 	pthread_cond_t work_cv;    /* a job has a unit to claim, or stop */
@@ -114,7 +115,7 @@ static struct {
 	unsigned nthreads;
 	restore_cb cb;
 	struct workq *finished;    /* finished jobs, to the loop */
-} R;
+} pool;
 
 /* Loop side: hands a finished job to the callback (which frees it). */
 static void on_finished(struct workq_item *it, unsigned events)
@@ -125,10 +126,10 @@ static void on_finished(struct workq_item *it, unsigned events)
 
 	(void)events;	/* one: the end */
 	snprintf(why, sizeof(why), "%s", j->error);
-	R.cb(j->r.owner, j, j->code, j->code < 0 ? why : NULL);
+	pool.cb(j->r.owner, j, j->code, j->code < 0 ? why : NULL);
 }
 
-/* Ends a job whose units are all done or given up (R.lock held): off the list, posted. */
+/* Ends a job whose units are all done or given up (pool.lock held): off the list, posted. */
 static void finish_locked(struct restore_job *j)
 {
 	if (j->finished || j->active > 0 || (!j->failed && j->next_unit < j->nunits))
@@ -137,42 +138,43 @@ static void finish_locked(struct restore_job *j)
 	/* After a failure, parts left unhashed still hold their pieces' chunks. */
 	for (uint64_t o = 0; o < j->npieces; o++)
 		if (j->chunk_of[o]) {
-			cache_put(R.cache, j->chunk_of[o]);
+			cache_put(pool.cache, j->chunk_of[o]);
 			j->chunk_of[o] = NULL;
 		}
-	for (struct restore_job **p = &R.jobs; *p; p = &(*p)->next) {
+	for (struct restore_job **p = &pool.jobs; *p; p = &(*p)->next) {
 		if (*p == j) {
 			*p = j->next;
 			break;
 		}
 	}
-	if (R.rr == j)
-		R.rr = NULL;
-	workq_push(R.finished, &j->end, 1);
+	if (pool.rr == j)
+		pool.rr = NULL;
+	workq_push(pool.finished, &j->end, 1);
 }
 
-/* Records a job's first error (R.lock held). */
+/* Records a job's first error (pool.lock held). */
 static void fail_locked(struct restore_job *j, int code, const char *error)
 {
 	if (!j->failed) {
 		j->failed = 1;
 		j->code = code < 0 ? code : ERR_EIO;
 		snprintf(j->error, sizeof(j->error), "%s", error);
-		pthread_cond_broadcast(&R.held_cv);
+		pthread_cond_broadcast(&pool.held_cv);
 	}
 }
 
-/* The next job with a unit to claim after the round-robin cursor (R.lock held). */
+/* The next job with a unit to claim after the round-robin cursor (pool.lock held). */
 static struct restore_job *pick_locked(void)
 {
-	struct restore_job *start = R.rr && R.rr->next ? R.rr->next : R.jobs, *j = start;
+	struct restore_job *start = pool.rr && pool.rr->next ? pool.rr->next : pool.jobs;
+	struct restore_job *j = start;
 
 	if (!j)
 		return NULL;
 	do {
 		if (!j->failed && j->next_unit < j->nunits)
-			return R.rr = j;
-		j = j->next ? j->next : R.jobs;
+			return pool.rr = j;
+		j = j->next ? j->next : pool.jobs;
 	} while (j != start);
 	return NULL;
 }
@@ -269,19 +271,19 @@ static size_t first_dst(const struct restore_job *j, uint64_t start)
 	return lo;
 }
 
-/* Lets go of one hold on claimed piece o (R.lock held): the last gives its chunk back; at
+/* Lets go of one hold on claimed piece o (pool.lock held): the last gives its chunk back; at
  * one left, its unit's thread may be waiting to take the chunk back. */
 static void unhold_locked(struct restore_job *j, uint64_t o)
 {
 	if (--j->holds[o] == 0 && j->chunk_of[o]) {
-		cache_put(R.cache, j->chunk_of[o]);
+		cache_put(pool.cache, j->chunk_of[o]);
 		j->chunk_of[o] = NULL;
 	} else if (j->holds[o] == 1 && j->chunk_of[o]) {
-		pthread_cond_broadcast(&R.held_cv);
+		pthread_cond_broadcast(&pool.held_cv);
 	}
 }
 
-/* Hashes destination i from part pt on, then every part left for it that follows (R.lock
+/* Hashes destination i from part pt on, then every part left for it that follows (pool.lock
  * held on entry and on return, dropped while hashing); a mismatch at its end fails the job. */
 static void hash_chain_locked(struct restore_job *j, size_t i, struct part pt)
 {
@@ -289,10 +291,10 @@ static void hash_chain_locked(struct restore_job *j, size_t i, struct part pt)
 	char why[ERRLEN];
 
 	while (pt.p) {
-		pthread_mutex_unlock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
 		XXH3_64bits_update(j->hs[i], pt.p, pt.b - pt.a);
 		uint64_t h = pt.b == d->end ? XXH3_64bits_digest(j->hs[i]) : 0;
-		pthread_mutex_lock(&R.lock);
+		pthread_mutex_lock(&pool.lock);
 		j->hashed[i] = pt.b - d->begin;
 		unhold_locked(j, pt.ord);
 		if (pt.b == d->end) {
@@ -315,7 +317,7 @@ static void hash_chain_locked(struct restore_job *j, size_t i, struct part pt)
 }
 
 /* Hashes, or leaves for later, destination i's part [a, b) of claimed piece o, whose bytes
- * are at p (R.lock held). */
+ * are at p (pool.lock held). */
 static void hash_part_locked(struct restore_job *j, size_t i, uint64_t a, uint64_t b,
 			     const uint8_t *p, uint64_t o)
 {
@@ -334,7 +336,7 @@ static void hash_part_locked(struct restore_job *j, size_t i, uint64_t a, uint64
 /* Hashes destination i's bytes in [s, e) of claimed piece o, which starts at data offset
  * start, ends at end and lies at base, once every byte before them is hashed; at the end of
  * its part, what is not hashed yet is left for the thread that hashes the part before it
- * (R.lock held, dropped while hashing). */
+ * (pool.lock held, dropped while hashing). */
 static void hash_step_locked(struct restore_job *j, size_t i, uint64_t start, uint64_t end,
 			     uint64_t s, uint64_t e, const uint8_t *base, uint64_t o)
 {
@@ -349,9 +351,9 @@ static void hash_step_locked(struct restore_job *j, size_t i, uint64_t start, ui
 		j->holds[o]++;
 		hash_part_locked(j, i, from, b, base + (from - start), o);
 	} else if (!j->failed && at >= a) {
-		pthread_mutex_unlock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
 		XXH3_64bits_update(j->hs[i], base + (at - start), to - at);
-		pthread_mutex_lock(&R.lock);
+		pthread_mutex_lock(&pool.lock);
 		j->hashed[i] = to - d->begin;
 	}
 }
@@ -376,11 +378,11 @@ static int fill_step(struct copier *cp, struct restore_job *j, uint64_t o, uint6
 	}
 	/* The copies run while the bytes are hashed: both only read the piece. A part left
 	 * for later holds the piece until it is hashed, by whoever hashes the part before it. */
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&pool.lock);
 	for (i = first; i < j->r.n && j->r.d[i].begin < e && rc == 0; i++)
 		if (j->r.d[i].end > j->r.d[i].begin && j->hs[i])
 			hash_step_locked(j, i, start, end, s, e, base, o);
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&pool.lock);
 	return rc;
 }
 
@@ -431,18 +433,18 @@ static uint8_t *take_back(struct restore_job *j, uint64_t o)
 {
 	uint8_t *c;
 
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&pool.lock);
 	if (j->holds[o] > 1 && !j->failed) {
-		pthread_mutex_unlock(&R.lock);
-		uint8_t *fresh = cache_tryget(R.cache, -1);
-		pthread_mutex_lock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
+		uint8_t *fresh = cache_tryget(pool.cache, -1);
+		pthread_mutex_lock(&pool.lock);
 		if (fresh) {
 			unhold_locked(j, o);
-			pthread_mutex_unlock(&R.lock);
+			pthread_mutex_unlock(&pool.lock);
 			return fresh;
 		}
 		while (j->holds[o] > 1 && !j->failed)
-			pthread_cond_wait(&R.held_cv, &R.lock);
+			pthread_cond_wait(&pool.held_cv, &pool.lock);
 	}
 	if (j->holds[o] > 1) {
 		unhold_locked(j, o);
@@ -452,7 +454,7 @@ static uint8_t *take_back(struct restore_job *j, uint64_t o)
 		j->chunk_of[o] = NULL;
 		j->holds[o] = 0;
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&pool.lock);
 	return c;
 }
 
@@ -467,14 +469,14 @@ static int fill_unit(struct copier *cp, struct restore_job *j, uint64_t u, uint8
 	for (uint64_t o = j->units[u]; o < j->units[u + 1] && rc == 0; o++) {
 		uint64_t p = j->pieces[o];
 		const uint8_t *data = j->r.res ? resident_piece(j->r.res, p) : NULL;
-		pthread_mutex_lock(&R.lock);
+		pthread_mutex_lock(&pool.lock);
 		if (j->failed) {
-			pthread_mutex_unlock(&R.lock);
+			pthread_mutex_unlock(&pool.lock);
 			break;
 		}
 		j->chunk_of[o] = data ? NULL : *chunk;	/* Ownership: shared with the job */
 		j->holds[o] = 1;	/* this thread's, until its copies are done */
-		pthread_mutex_unlock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
 		rc = fill_piece(cp, j, o, p, data, *chunk, err, errlen);
 		if (!data && rc == 0 && o + 1 < j->units[u + 1]) {
 			*chunk = take_back(j, o);
@@ -482,16 +484,16 @@ static int fill_unit(struct copier *cp, struct restore_job *j, uint64_t u, uint8
 				break;	/* the job failed */
 			continue;
 		}
-		pthread_mutex_lock(&R.lock);
+		pthread_mutex_lock(&pool.lock);
 		unhold_locked(j, o);
-		pthread_mutex_unlock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
 		if (!data)
 			*chunk = NULL;	/* the job's now */
 	}
 	return rc;
 }
 
-/* Whether some piece of unit u must be read from the file (R.lock held). */
+/* Whether some piece of unit u must be read from the file (pool.lock held). */
 static int unit_cold_locked(const struct restore_job *j, uint64_t u)
 {
 	for (uint64_t o = j->units[u]; o < j->units[u + 1]; o++)
@@ -500,10 +502,10 @@ static int unit_cold_locked(const struct restore_job *j, uint64_t u)
 	return 0;
 }
 
-/* Whether job j is still on the list with unit u next to claim (R.lock held). */
+/* Whether job j is still on the list with unit u next to claim (pool.lock held). */
 static int still_next_locked(const struct restore_job *j, uint64_t u)
 {
-	for (const struct restore_job *k = R.jobs; k; k = k->next)
+	for (const struct restore_job *k = pool.jobs; k; k = k->next)
 		if (k == j)
 			return !j->failed && j->next_unit == u;
 	return 0;
@@ -542,49 +544,49 @@ static void restore_loop(struct copier *cp)
 	char err[ERRLEN];
 
 	for (;;) {
-		pthread_mutex_lock(&R.lock);
+		pthread_mutex_lock(&pool.lock);
 		struct restore_job *j;
-		while (!R.stop && (j = pick_locked()) == NULL)
-			pthread_cond_wait(&R.work_cv, &R.lock);
-		if (R.stop) {
-			pthread_mutex_unlock(&R.lock);
+		while (!pool.stop && (j = pick_locked()) == NULL)
+			pthread_cond_wait(&pool.work_cv, &pool.lock);
+		if (pool.stop) {
+			pthread_mutex_unlock(&pool.lock);
 			return;
 		}
 		uint64_t u = j->next_unit;
 		uint8_t *chunk = NULL;
 		if (unit_cold_locked(j, u)) {
 			/* Memory first, then the claim (see engine.c and the top of this file). */
-			pthread_mutex_unlock(&R.lock);
-			if ((chunk = cache_get(R.cache, -1)) == NULL)
+			pthread_mutex_unlock(&pool.lock);
+			if ((chunk = cache_get(pool.cache, -1)) == NULL)
 				return;	/* the cache shut down: stopping */
-			pthread_mutex_lock(&R.lock);
-			if (R.stop || !still_next_locked(j, u)) {
-				pthread_mutex_unlock(&R.lock);
-				cache_put(R.cache, chunk);
+			pthread_mutex_lock(&pool.lock);
+			if (pool.stop || !still_next_locked(j, u)) {
+				pthread_mutex_unlock(&pool.lock);
+				cache_put(pool.cache, chunk);
 				continue;	/* someone else took it meanwhile: look again */
 			}
 		}
 		j->next_unit++;
 		j->active++;
-		pthread_mutex_unlock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
 
 		int rc = fill_unit(cp, j, u, &chunk, err, sizeof(err));
 		if (chunk)
-			cache_put(R.cache, chunk);
-		pthread_mutex_lock(&R.lock);
+			cache_put(pool.cache, chunk);
+		pthread_mutex_lock(&pool.lock);
 		if (rc < 0)
 			fail_locked(j, rc, err);
 		if (j->nondev > 0 && !j->failed && j->active == 1 && j->next_unit == j->nunits) {
 			/* The last unit: every other is done, its copies synced. */
-			pthread_mutex_unlock(&R.lock);
+			pthread_mutex_unlock(&pool.lock);
 			rc = check_ondev(j, err, sizeof(err));
-			pthread_mutex_lock(&R.lock);
+			pthread_mutex_lock(&pool.lock);
 			if (rc < 0)
 				fail_locked(j, rc, err);
 		}
 		j->active--;
 		finish_locked(j);
-		pthread_mutex_unlock(&R.lock);
+		pthread_mutex_unlock(&pool.lock);
 	}
 }
 
@@ -596,34 +598,36 @@ static void *thread_main(void *arg)
 }
 
 /* Starts n restore threads, each with a copier of its own. */
-int restore_start(struct cache *c, unsigned n, restore_cb cb, char *err, size_t errlen)
+int restore_start(struct uv_loop_s *loop, struct cache *c, unsigned n, restore_cb cb,
+		  char *err, size_t errlen)
 {
 	int rc;
 
-	pthread_mutex_init(&R.lock, NULL);
-	pthread_cond_init(&R.work_cv, NULL);
-	pthread_cond_init(&R.held_cv, NULL);
-	R.cache = c;
-	R.cb = cb;
-	if ((rc = workq_open(&R.finished, loop, on_finished, err, errlen)) < 0)
+	pthread_mutex_init(&pool.lock, NULL);
+	pthread_cond_init(&pool.work_cv, NULL);
+	pthread_cond_init(&pool.held_cv, NULL);
+	pool.cache = c;
+	pool.cb = cb;
+	if ((rc = workq_open(&pool.finished, loop, on_finished, err, errlen)) < 0)
 		return rc;
-	R.threads = calloc(n, sizeof(*R.threads));
-	R.copiers = calloc(n, sizeof(*R.copiers));
-	if (!R.threads || !R.copiers) {
+	pool.threads = calloc(n, sizeof(*pool.threads));
+	pool.copiers = calloc(n, sizeof(*pool.copiers));
+	if (!pool.threads || !pool.copiers) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		if ((rc = copier_new(&R.copiers[i], err, errlen)) < 0)
+		if ((rc = copier_new(&pool.copiers[i], err, errlen)) < 0)
 			goto fail;
-		if ((rc = pthread_create(&R.threads[i], NULL, thread_main, R.copiers[i])) != 0) {
-			copier_free(R.copiers[i]);
-			R.copiers[i] = NULL;
+		if ((rc = pthread_create(&pool.threads[i], NULL, thread_main,
+					  pool.copiers[i])) != 0) {
+			copier_free(pool.copiers[i]);
+			pool.copiers[i] = NULL;
 			rc = err_set(err, errlen, err_from_errno(rc), "pthread_create: %s",
 				     strerror(rc));
 			goto fail;
 		}
-		R.nthreads = i + 1;
+		pool.nthreads = i + 1;
 	}
 	return 0;
 
@@ -699,7 +703,7 @@ static int plan_units(struct restore_job *j)
 	for (uint64_t o = 0; o < j->npieces; o++) {
 		if (o > 0 && o - j->units[n - 1] < cap && crossed(j, o))
 			continue;
-		uint64_t share = (j->npieces - o) / R.nthreads;
+		uint64_t share = (j->npieces - o) / pool.nthreads;
 		cap = whole || share < 1 ? 1 : share > UNIT_MAX ? UNIT_MAX : share;
 		j->units[n++] = o;
 	}
@@ -737,7 +741,7 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 	if (!j)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory queueing the load");
 	j->r = *r;
-	j->chunk = cache_chunk(R.cache);
+	j->chunk = cache_chunk(pool.cache);
 	j->hashed = calloc(r->n ? r->n : 1, sizeof(*j->hashed));
 	j->hs = calloc(r->n ? r->n : 1, sizeof(*j->hs));
 	j->ondev = calloc(r->n ? r->n : 1, 1);
@@ -762,12 +766,12 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 			XXH3_64bits_reset(j->hs[i]);
 		}
 	}
-	pthread_mutex_lock(&R.lock);
-	j->next = R.jobs;
-	R.jobs = j;
+	pthread_mutex_lock(&pool.lock);
+	j->next = pool.jobs;
+	pool.jobs = j;
 	finish_locked(j);	/* nothing to read: done at once */
-	pthread_cond_broadcast(&R.work_cv);
-	pthread_mutex_unlock(&R.lock);
+	pthread_cond_broadcast(&pool.work_cv);
+	pthread_mutex_unlock(&pool.lock);
 	*out = j;
 	return 0;
 
@@ -786,12 +790,12 @@ uint64_t restore_progress(struct restore_job *j)
  * progress are done. */
 void restore_cancel(struct restore_job *j, int code, const char *why)
 {
-	pthread_mutex_lock(&R.lock);
+	pthread_mutex_lock(&pool.lock);
 	if (!j->finished) {
 		fail_locked(j, code, why);
 		finish_locked(j);
 	}
-	pthread_mutex_unlock(&R.lock);
+	pthread_mutex_unlock(&pool.lock);
 }
 
 /* Frees a finished job and everything its request owned. */
@@ -815,21 +819,21 @@ void restore_job_free(struct restore_job *j)
 /* Stops and joins the threads; every job must have finished. */
 void restore_stop(void)
 {
-	pthread_mutex_lock(&R.lock);
-	R.stop = 1;
-	pthread_cond_broadcast(&R.work_cv);
-	pthread_mutex_unlock(&R.lock);
-	for (unsigned i = 0; i < R.nthreads; i++)
-		pthread_join(R.threads[i], NULL);
-	for (unsigned i = 0; R.copiers && i < R.nthreads; i++)
-		copier_free(R.copiers[i]);
-	free(R.threads);
-	free(R.copiers);
-	R.threads = NULL;
-	R.copiers = NULL;
-	R.nthreads = 0;
+	pthread_mutex_lock(&pool.lock);
+	pool.stop = 1;
+	pthread_cond_broadcast(&pool.work_cv);
+	pthread_mutex_unlock(&pool.lock);
+	for (unsigned i = 0; i < pool.nthreads; i++)
+		pthread_join(pool.threads[i], NULL);
+	for (unsigned i = 0; pool.copiers && i < pool.nthreads; i++)
+		copier_free(pool.copiers[i]);
+	free(pool.threads);
+	free(pool.copiers);
+	pool.threads = NULL;
+	pool.copiers = NULL;
+	pool.nthreads = 0;
 	/* Deliver what finished last (cleared first: a callback may stop restores again). */
-	struct workq *q = R.finished;
-	R.finished = NULL;
+	struct workq *q = pool.finished;
+	pool.finished = NULL;
 	workq_close(q);
 }

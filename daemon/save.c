@@ -60,6 +60,7 @@ struct save {
 	unsigned holds;          /* save_hold without save_release: not forgotten */
 };
 
+static const struct daemon *daemon_ctx;  /* save_engine_start's */
 static struct save *saves;
 static uint64_t next_save_id = 1;
 static uv_timer_t *gc_timer;
@@ -209,18 +210,19 @@ static void on_engine(void *owner, struct job *j, int event, int code, const cha
 }
 
 /* Starts the engine with this module's event handler and the forget timer. */
-int save_engine_start(char *err, size_t errlen)
+int save_engine_start(const struct daemon *d, char *err, size_t errlen)
 {
+	daemon_ctx = d;
 	gc_timer = malloc(sizeof(*gc_timer));
 	if (!gc_timer) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	uv_timer_init(loop, gc_timer);
+	uv_timer_init(d->loop, gc_timer);
 	uv_timer_start(gc_timer, on_gc, 10000, 10000);
 	uv_unref((uv_handle_t *)gc_timer);
-	return engine_start(cache, config->copy_threads, config->flush_threads, on_engine, err,
-			    errlen);
+	return engine_start(d->loop, d->cache, d->config->copy_threads, d->config->flush_threads,
+			    on_engine, err, errlen);
 }
 
 /* Opens a save for o (auth_check'ed for AUTH_SAVE by the caller). */
@@ -242,8 +244,9 @@ int64_t save_begin(const struct owner *o, const char *dir, const char *file, cha
 	struct store_root root;
 	struct store_dirid id;
 	/* The tag, or another version of it (overwrite.c: its staging directory). */
-	int fd = open_dir ? open_dir(d, sizeof(d), o, &root, &id, err, errlen) :
-			    store_open_dir(config, d, o->uid, o->gid, &root, err, errlen);
+	const struct config *c = daemon_ctx->config;
+	int fd = open_dir ? open_dir(c, d, sizeof(d), o, &root, &id, err, errlen) :
+			    store_open_dir(c, d, o->uid, o->gid, &root, err, errlen);
 	if (!open_dir && fd >= 0 && (rc = store_dir_id(fd, &id, err, errlen)) < 0) {
 		close(fd);
 		fd = rc;
@@ -264,9 +267,8 @@ int64_t save_begin(const struct owner *o, const char *dir, const char *file, cha
 	char name[160];
 	struct store_file *out = NULL;
 	snprintf(name, sizeof(name), "%s.safetensors", file);
-	if (fd >= 0 && (rc = store_file_create(fd, name, o->uid, o->gid,
-					       config->file_mode, config->o_direct, &out, err,
-					       errlen)) < 0) {
+	if (fd >= 0 && (rc = store_file_create(fd, name, o->uid, o->gid, c->file_mode,
+					       c->o_direct, &out, err, errlen)) < 0) {
 		close(fd);
 		fd = rc;
 	}
@@ -389,8 +391,8 @@ int save_end(struct save *s, struct cuda_fence *fence, char *err, size_t errlen)
 {
 	size_t n = tensors_count(s->tl);
 	struct engine_req r = {.n = n, .dirfd = -1, .uid = s->uid, .gid = s->gid,
-			       .mode = config->file_mode, .root = s->root, .fence = fence,
-			       .owner = s};
+			       .mode = daemon_ctx->config->file_mode, .root = s->root,
+			       .fence = fence, .owner = s};
 	char name[160];
 	int rc = ERR_ENOMEM;
 

@@ -81,6 +81,7 @@ struct seal_tag {
 	struct seal_tag *next;
 };
 
+static const struct daemon *daemon_ctx;  /* seal_init's: its loop, the config of the moment */
 static struct seal_tag *tags;
 
 static void seal_check(struct seal_tag *t);
@@ -303,7 +304,8 @@ static void seal_after(uv_work_t *w, int status)
 			t->watch = NULL;
 		}
 		if (!t->watch) {	/* the records that come, or the commit */
-			t->watch = seal_watch_start(t->dir, t->dfd, collect, seal_on_manifest, t);
+			t->watch = seal_watch_start(daemon_ctx->loop, t->dir, t->dfd, collect,
+						    seal_on_manifest, t);
 			t->watch_records = collect;
 		}
 		unsigned k = SEAL_TRIES - t->tries;
@@ -376,9 +378,9 @@ static void seal_check(struct seal_tag *t)
 		return;
 	}
 	t->busy = 1;
-	t->cfg = config_ref(config);
+	t->cfg = config_ref(daemon_ctx->config);
 	t->work.data = t;
-	uv_queue_work(loop, &t->work, seal_work, seal_after);
+	uv_queue_work(daemon_ctx->loop, &t->work, seal_work, seal_after);
 }
 
 /* uid's tag of the directory id, or NULL. */
@@ -422,7 +424,7 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 	t->world = world;
 	t->uid = uid;
 	t->gid = gid;
-	uv_timer_init(loop, &t->timer);
+	uv_timer_init(daemon_ctx->loop, &t->timer);
 	t->timer.data = t;
 	t->next = tags;
 	tags = t;
@@ -437,6 +439,12 @@ static uint64_t seal_now_ns(void)
 	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
+/* Hands the module the daemon it seals for (start-up, before recovery resumes seals). */
+void seal_init(const struct daemon *d)
+{
+	daemon_ctx = d;
+}
+
 /* Handles SEAL of dir by o (an identified trainer, auth_check'ed by the caller). */
 void seal_request(const struct owner *o, uint64_t req, const char *dir)
 {
@@ -447,7 +455,7 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
-	int dfd = store_open_tag(config, d, uid, o->gid, &jobfd, err, sizeof(err));
+	int dfd = store_open_tag(daemon_ctx->config, d, uid, o->gid, &jobfd, err, sizeof(err));
 	if (dfd < 0)
 		return reply_error(o->conn, req, dfd, "%s", err);
 	close(jobfd);
@@ -517,7 +525,7 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 	struct store_dirid id;
 	char err[ERRLEN];
 	int jobfd, rc;
-	int dfd = store_open_tag(config, dir, uid, gid, &jobfd, err, sizeof(err));
+	int dfd = store_open_tag(daemon_ctx->config, dir, uid, gid, &jobfd, err, sizeof(err));
 
 	if (dfd < 0) {
 		log_warnx("not resuming the seals of %s: %s", dir, err);

@@ -95,10 +95,10 @@ static void watch_closed(uv_handle_t *h)
 }
 
 /* Starts watching dir (open as dfd, which the caller keeps open until seal_watch_stop) for a
- * manifest, and for seal records if records; cb(arg) is called on the loop whenever one is
- * seen there. NULL without memory. */
-struct seal_watch *seal_watch_start(const char *dir, int dfd, int records, seal_watch_cb cb,
-				    void *arg)
+ * manifest, and for seal records if records; cb(arg) is called on loop whenever one is seen
+ * there. NULL without memory. */
+struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int dfd,
+				    int records, seal_watch_cb cb, void *arg)
 {
 	struct stat st;
 	struct seal_watch *w = calloc(1, sizeof(*w));

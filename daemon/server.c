@@ -28,6 +28,7 @@
 
 #define BACKOFF_MS 1000
 
+static const struct daemon *daemon_ctx;  /* server_prepare's: the socket's config */
 static int lfd = -1;
 static int owned_path;          /* we bound the path (not systemd) */
 static char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -77,17 +78,18 @@ static int check_dir(const char *dir, const struct stat *st, char *err, size_t e
 
 	if (!S_ISDIR(st->st_mode))
 		return err_set(err, errlen, -1, "the socket's path %s passes through %s, which is not "
-			       "a directory", config->socket, dir);
+			       "a directory", daemon_ctx->config->socket, dir);
 	if (!trusted(st->st_uid))
 		return err_set(err, errlen, -1, "the socket's path %s passes through %s, which "
 			       "belongs to %s: that user could take or replace the socket (choose a "
 			       "directory of root's or of this daemon's user)",
-			       config->socket, dir, log_uid(st->st_uid, who, sizeof(who)));
+			       daemon_ctx->config->socket, dir,
+			       log_uid(st->st_uid, who, sizeof(who)));
 	if ((st->st_mode & 022) && !(st->st_mode & S_ISVTX))
 		return err_set(err, errlen, -1, "the socket's path %s passes through %s, which "
 			       "others may write (mode %04o) and is not sticky: another user could "
 			       "take or replace the socket (make it 0755, or sticky 1777, or "
-			       "choose another directory)", config->socket, dir,
+			       "choose another directory)", daemon_ctx->config->socket, dir,
 			       (unsigned)(st->st_mode & 07777));
 	return 0;
 }
@@ -104,7 +106,7 @@ static int check_path(char *err, size_t errlen)
 	struct stat st;
 	int links = 0;
 
-	snprintf(rest, sizeof(rest), "%s", config->socket);
+	snprintf(rest, sizeof(rest), "%s", daemon_ctx->config->socket);
 	*strrchr(rest, '/') = 0;	/* config_load.c: an absolute path */
 	if (lstat("/", &st) < 0 || check_dir("/", &st, err, errlen) < 0)
 		return -1;
@@ -112,7 +114,7 @@ static int check_path(char *err, size_t errlen)
 		size_t n = strcspn(p, "/");
 		if (n > NAME_MAX)
 			return err_set(err, errlen, -1, "the socket's path %s has a name too long",
-				       config->socket);
+				       daemon_ctx->config->socket);
 		memcpy(comp, p, n);
 		comp[n] = 0;
 		p += n + (p[n] == '/');
@@ -126,10 +128,10 @@ static int check_path(char *err, size_t errlen)
 		snprintf(next, sizeof(next), "%s%s%s", cur, strcmp(cur, "/") ? "/" : "", comp);
 		if (strlen(next) >= sizeof(cur))
 			return err_set(err, errlen, -1, "the socket's path %s is too long",
-				       config->socket);
+				       daemon_ctx->config->socket);
 		if (lstat(next, &st) < 0)
 			return err_set(err, errlen, -1, "the socket's path %s: %s: %s",
-				       config->socket, next, strerror(errno));
+				       daemon_ctx->config->socket, next, strerror(errno));
 		if (!S_ISLNK(st.st_mode)) {
 			if (check_dir(next, &st, err, errlen) < 0)
 				return -1;
@@ -139,12 +141,12 @@ static int check_path(char *err, size_t errlen)
 		if (!trusted(st.st_uid))
 			return err_set(err, errlen, -1, "the socket's path %s passes through %s, a "
 				       "symbolic link of %s: that user could point it elsewhere",
-				       config->socket, next,
+				       daemon_ctx->config->socket, next,
 				       log_uid(st.st_uid, who, sizeof(who)));
 		ssize_t len = readlink(next, target, sizeof(target) - 1);
 		if (len < 0 || ++links > 40)
 			return err_set(err, errlen, -1, "the socket's path %s: %s: %s",
-				       config->socket, next, len < 0 ? strerror(errno) :
+				       daemon_ctx->config->socket, next, len < 0 ? strerror(errno) :
 				       "too many levels of symbolic links");
 		target[len] = 0;
 		/* The link's target takes its place; the rest of the path follows it. */
@@ -222,10 +224,12 @@ static int check_entry(const struct sockaddr_un *sa, char *err, size_t errlen)
 /* Fills sa with the socket's address; 0, or -1 with err when the path is too long. */
 static int socket_addr(struct sockaddr_un *sa, char *err, size_t errlen)
 {
+	const char *socket_path = daemon_ctx->config->socket;
+
 	*sa = (struct sockaddr_un){.sun_family = AF_UNIX};
-	if (strlen(config->socket) >= sizeof(sa->sun_path))
-		return err_set(err, errlen, -1, "socket path %s is too long", config->socket);
-	snprintf(sa->sun_path, sizeof(sa->sun_path), "%s", config->socket);
+	if (strlen(socket_path) >= sizeof(sa->sun_path))
+		return err_set(err, errlen, -1, "socket path %s is too long", socket_path);
+	snprintf(sa->sun_path, sizeof(sa->sun_path), "%s", socket_path);
 	return 0;
 }
 
@@ -256,13 +260,13 @@ static int bind_socket(char *err, size_t errlen)
 			snprintf(err, errlen, "bind %s: %s", sa.sun_path, strerror(e));
 		goto fail_fd;
 	}
-	if (config->socket_gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1,
-						      config->socket_gid) < 0) {
+	if (daemon_ctx->config->socket_gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1,
+						      daemon_ctx->config->socket_gid) < 0) {
 		snprintf(err, errlen, "giving %s to group %s (socket_group): %s", sa.sun_path,
-			 config->socket_group, strerror(errno));
+			 daemon_ctx->config->socket_group, strerror(errno));
 		goto fail_bound;
 	}
-	if (chmod(sa.sun_path, config->socket_mode) < 0) {
+	if (chmod(sa.sun_path, daemon_ctx->config->socket_mode) < 0) {
 		snprintf(err, errlen, "chmod %s: %s", sa.sun_path, strerror(errno));
 		goto fail_bound;
 	}
@@ -284,10 +288,11 @@ fail_fd:
  * Before anything is touched: takes the socket systemd hands over, or checks the socket's
  * path (its directories and links, and what lies at it; see the top); 0 or -1 with err.
  */
-int server_prepare(char *err, size_t errlen)
+int server_prepare(const struct daemon *d, char *err, size_t errlen)
 {
 	struct sockaddr_un sa;
 
+	daemon_ctx = d;
 	if ((lfd = notify_listen_fd()) >= 0)
 		return 0;
 	if (socket_addr(&sa, err, errlen) < 0 || check_path(err, errlen) < 0 ||
@@ -305,7 +310,8 @@ int server_start(char *err, size_t errlen)
 	} else if ((lfd = bind_socket(err, errlen)) < 0) {
 		return -1;
 	}
-	if (uv_poll_init(loop, &lpoll, lfd) != 0 || uv_timer_init(loop, &backoff) != 0) {
+	if (uv_poll_init(daemon_ctx->loop, &lpoll, lfd) != 0 ||
+	    uv_timer_init(daemon_ctx->loop, &backoff) != 0) {
 		snprintf(err, errlen, "cannot watch the listening socket");
 		return -1;
 	}

@@ -38,6 +38,7 @@
 
 #define USEC_PER_S 1000000ULL
 
+static const struct daemon *daemon_ctx;  /* service_ready's: its loop, its cache */
 static uv_timer_t tick;
 static int ticking;             /* tick initialized (and running) */
 static int draining;
@@ -90,7 +91,7 @@ static void service_send(const char *line, const char *extra)
 /* The running line: clients, saves in flight, restores (if any), cache use, resident bytes. */
 static void service_running_line(char *buf, size_t len)
 {
-	uint64_t total = cache_total(cache), used = cache_used(cache);
+	uint64_t total = cache_total(daemon_ctx->cache), used = cache_used(daemon_ctx->cache);
 	char clients[32], saves[32], loads[40] = "", res[32];
 	unsigned nloads = load_count();
 
@@ -199,15 +200,16 @@ void service_cuda_pin(uint64_t bytes)
 }
 
 /* READY=1 with the running line; starts the one-second refresh (under systemd only). */
-void service_ready(void)
+void service_ready(const struct daemon *d)
 {
 	char line[sizeof(last)];
 
+	daemon_ctx = d;
 	service_running_line(line, sizeof(line));
 	service_send(line, "READY=1\n");
 	if (!notify_wanted())
 		return;
-	uv_timer_init(loop, &tick);
+	uv_timer_init(daemon_ctx->loop, &tick);
 	uv_timer_start(&tick, on_tick, SERVICE_TICK_MS, SERVICE_TICK_MS);
 	ticking = 1;
 }

@@ -58,6 +58,14 @@ struct tensors {
 	uint64_t held;        /* charged to uid */
 };
 
+static const struct daemon *daemon_ctx;  /* tensors_init's: max_tensors_per_save, as of now */
+
+/* Hands the module the daemon whose limit it applies (start-up). */
+void tensors_init(const struct daemon *d)
+{
+	daemon_ctx = d;
+}
+
 /* An empty list of uid's with one reference; NULL without memory. */
 struct tensors *tensors_new(uid_t uid)
 {
@@ -243,7 +251,8 @@ int tensors_reserve(struct tensors **tlp, size_t more)
 	struct tensors *tl;
 	char err[ERRLEN];
 
-	if (more > config->max_tensors_per_save || tensors_own(tlp, err, sizeof(err)) < 0)
+	if (more > daemon_ctx->config->max_tensors_per_save ||
+	    tensors_own(tlp, err, sizeof(err)) < 0)
 		return -1;
 	tl = *tlp;
 	if (names_grow(tl, more) < 0)
@@ -273,10 +282,10 @@ int tensors_add(struct tensors **tlp, const char *name, const char *dtype,
 		return rc;
 	tl = *tlp;
 	tensors_forget(tl);	/* describes fewer entries than there will be */
-	if (tl->n >= config->max_tensors_per_save)
+	if (tl->n >= daemon_ctx->config->max_tensors_per_save)
 		return err_set(err, errlen, ERR_ELIMIT, "tensor '%s': a save holds at most "
 			       "max_tensors_per_save (%u) tensors", name,
-			       config->max_tensors_per_save);
+			       daemon_ctx->config->max_tensors_per_save);
 	uint64_t hdr = st_tensor_header_bytes(name, dtype, ndim);
 	if (tl->hdr_bytes + hdr > ST_MAX_HEADER - ST_HEADER_FIXED)
 		return err_set(err, errlen, ERR_ELIMIT, "tensor '%s': the file's header would "

@@ -17,7 +17,7 @@
  * twice; the inner run carries on with the rest of the list.
  *
  * Lock order: the queue's lock is the innermost of its users' locks (engine.lock and
- * restore's R.lock are held while pushing); nothing is called with it held.
+ * restore.c's pool.lock are held while pushing); nothing is called with it held.
  */
 #include "dsckptd.h"
 

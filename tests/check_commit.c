@@ -23,9 +23,8 @@
 #define MAX_EVENTS 32
 
 static uv_loop_t uvloop;
-struct uv_loop_s *loop = &uvloop;          /* main.c's in the daemon */
 static struct config cfg = {.refs = 1};
-struct config *config = &cfg;
+static struct daemon dsckptd = {.loop = &uvloop, .config = &cfg};  /* main.c's in the daemon */
 
 /* The fake registry: saves of a directory (named by one letter), a user and a run. */
 struct save {
@@ -263,6 +262,7 @@ static void setup(void)
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
 	ck_assert_int_eq(waiter_init(&uvloop), 0);
 	waiter_handle(WAITER_COMMIT, commit_wait_end, 1);
+	commit_init(&dsckptd);
 	nsaves = nanswers = nevents = 0;
 	held[0] = failing[0] = 0;
 }

@@ -91,7 +91,7 @@ START_TEST(test_cancel_after_snapshot)
 	gate_writes("snapped.safetensors", 2);	/* hold the first data piece */
 	submit(&jobs[0], dfd, 0);
 	while (jobs[0].nev == 0)
-		uv_run(loop, UV_RUN_ONCE);
+		uv_run(eng_loop, UV_RUN_ONCE);
 	ck_assert_int_eq(jobs[0].ev[0], ENGINE_SNAPSHOT);
 	ck_assert(!jobs[0].done);
 	engine_cancel(jobs[0].job, ERR_EINVAL, "cancelled after snapshot");
@@ -123,7 +123,7 @@ START_TEST(test_cancel_after_finish)
 	engine_cancel(jobs[0].job, ERR_EIO, "too late");
 	submit(&jobs[1], dfd, 0);
 	run_until(2);
-	uv_run(loop, UV_RUN_NOWAIT);
+	uv_run(eng_loop, UV_RUN_NOWAIT);
 	verify(&jobs[0], "job/c4");
 	verify(&jobs[1], "job/c4");
 	ck_assert_uint_eq(jobs[0].nev, 2);

@@ -22,21 +22,8 @@
 #define UID_B 4343
 #define UID_NOBODY 5555
 
-/* What main.c owns in the daemon. */
-struct uv_loop_s *loop;
-struct config *config;
-struct cache *cache;
-const char *gpu_line = "none: check_query";
-double start_time;
-
-/* Seconds on the monotonic clock (main.c's in the daemon). */
-double now_mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+/* The daemon's context (main.c's in the daemon). */
+static struct daemon dsckptd = {.config = &cfg, .gpu_line = "none: check_query"};
 
 static uv_loop_t uvloop;
 static char err[ERRLEN];
@@ -50,12 +37,13 @@ static void setup(void)
 	cfg.flush_threads = 1;
 	cfg.keep_resident = 1;
 	cfg.max_tensors_per_save = 16;
-	config = &cfg;
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
-	loop = &uvloop;
-	cache = h_mkcache(4 << 20, 256 << 10);
-	resident_init(cache, 1);
-	ck_assert_msg(save_engine_start(err, sizeof(err)) == 0, "%s", err);
+	dsckptd.loop = &uvloop;
+	dsckptd.cache = h_mkcache(4 << 20, 256 << 10);
+	resident_init(dsckptd.cache, 1);
+	query_init(&dsckptd);
+	tensors_init(&dsckptd);
+	ck_assert_msg(save_engine_start(&dsckptd, err, sizeof(err)) == 0, "%s", err);
 }
 
 /* Removes the scratch directory (each test runs in a process of its own). */
@@ -121,7 +109,7 @@ static struct save *save_as(uint64_t id, uid_t uid, const char *job, const char 
 static void run_until_durable(struct save *s)
 {
 	while (save_level(s) != LEVEL_FAILED && save_level(s) < LEVEL_DURABLE)
-		uv_run(loop, UV_RUN_ONCE);
+		uv_run(dsckptd.loop, UV_RUN_ONCE);
 	ck_assert_int_eq(save_level(s), LEVEL_DURABLE);
 }
 
@@ -195,7 +183,7 @@ START_TEST(test_pending_failed)
 	use_broken = 1;
 	struct save *a = save_as(1, UID_A, "ja", rpath("%s/t1", "ja"), "a", 1);
 	while (save_level(a) != LEVEL_FAILED && save_level(a) < LEVEL_DURABLE)
-		uv_run(loop, UV_RUN_ONCE);
+		uv_run(dsckptd.loop, UV_RUN_ONCE);
 	ck_assert_int_eq(save_level(a), LEVEL_FAILED);
 	ck_assert_int_eq(query_pending(&q, UID_A), 0);
 	ck_assert_uint_eq(q.n, 1);
@@ -226,7 +214,7 @@ START_TEST(test_status_by_viewer)
 	ck_assert_uint_eq(q.pid, (uint64_t)getpid());
 	ck_assert_uint_eq(q.cache_total, 4 << 20);
 	ck_assert_uint_eq(q.chunk, 256 << 10);
-	ck_assert_uint_eq(q.cache_used, cache_used(cache));
+	ck_assert_uint_eq(q.cache_used, cache_used(dsckptd.cache));
 	ck_assert_uint_eq(q.cache_resident, resident_bytes());
 	ck_assert_uint_eq(q.resident_data, 2 * N_BYTES);
 	ck_assert_uint_eq(q.saves, 0);		/* both durable, the third never ended */
@@ -237,7 +225,7 @@ START_TEST(test_status_by_viewer)
 	ck_assert_str_eq(q.cuda, "none: check_query");
 	ck_assert_uint_eq(q.nroots, 1);
 	ck_assert_str_eq(q.roots[0], root);
-	ck_assert_uint_eq(q.npools, cache_pools(cache));
+	ck_assert_uint_eq(q.npools, cache_pools(dsckptd.cache));
 	uint64_t pooled = 0;
 	for (unsigned i = 0; i < q.npools; i++)
 		pooled += q.pools[i].total;

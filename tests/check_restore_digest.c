@@ -22,9 +22,9 @@
 #define MIB (1024ULL * 1024)
 #define NT 6
 
-/* restore.c posts to this loop (main.c's in the daemon). */
-struct uv_loop_s *loop;
+/* The loop restore.c posts to (main.c's in the daemon, handed to restore_start). */
 static uv_loop_t uvloop;
+static struct uv_loop_s *loop = &uvloop;
 static char err[ERRLEN];
 static struct cache *tcache;
 
@@ -113,9 +113,8 @@ static void setup(void)
 {
 	log_init("check_restore_digest", LOG_LVL_ERROR);
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
-	loop = &uvloop;
 	ck_assert_msg(cache_create(8 * MIB, MIB, NULL, &tcache, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_msg(restore_start(tcache, 3, on_done, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(restore_start(loop, tcache, 3, on_done, err, sizeof(err)) == 0, "%s", err);
 }
 
 /* Stops the threads, closes the loop (its handles' close callbacks run) and frees the cache. */

@@ -15,9 +15,9 @@
 
 #define UID 1234
 
-/* tensors.c reads the daemon's config (main.c's, which a unit test does not link). */
-struct config *config;
+/* The daemon's context tensors.c reads max_tensors_per_save from (main.c's in the daemon). */
 static struct config cfg;
+static struct daemon dsckptd = {.config = &cfg};
 
 /* A test source: whether it may be read whole yet, and how often it was closed. */
 struct fake {
@@ -58,7 +58,7 @@ static void setup(void)
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.max_tensors_per_save = 1000000;
 	cfg.max_held_bytes = UINT64_MAX;
-	config = &cfg;
+	tensors_init(&dsckptd);
 	quota_set_limits(&cfg);
 }
 

@@ -18,8 +18,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-/* engine.c posts to this loop (main.c's in the daemon). */
-struct uv_loop_s *loop;
+/* The loop engine.c posts to (main.c's in the daemon, handed to engine_start). */
+struct uv_loop_s *eng_loop;
 
 /* The running test's engine: its loop, cache, scratch root's id and jobs (ndone: finished). */
 static char err[ERRLEN];
@@ -183,11 +183,11 @@ void eng_teardown(void)
 void eng_start(unsigned copy, unsigned flush, uint64_t cache_bytes, uint64_t chunk)
 {
 	ck_assert_int_eq(uv_loop_init(&uvloop), 0);
-	loop = &uvloop;
+	eng_loop = &uvloop;
 	ck_assert_msg(cache_create(cache_bytes, chunk, NULL, &tcache, err, sizeof(err)) == 0,
 		      "%s", err);
-	ck_assert_msg(engine_start(tcache, copy, flush, on_event, err, sizeof(err)) == 0, "%s",
-		      err);
+	ck_assert_msg(engine_start(eng_loop, tcache, copy, flush, on_event, err, sizeof(err)) == 0,
+		      "%s", err);
 }
 
 /* Stops the engine: its threads join, every chunk is back, the loop closes. */
@@ -195,8 +195,8 @@ void eng_stop(void)
 {
 	engine_stop();
 	ck_assert_uint_eq(cache_used(tcache), 0);
-	uv_run(loop, UV_RUN_NOWAIT);
-	ck_assert_int_eq(uv_loop_close(loop), 0);
+	uv_run(eng_loop, UV_RUN_NOWAIT);
+	ck_assert_int_eq(uv_loop_close(eng_loop), 0);
 	cache_destroy(tcache);
 }
 
@@ -307,7 +307,7 @@ void submit(struct tjob *t, int dirfd, int o_direct)
 void run_until(unsigned n)
 {
 	while (ndone < n)
-		uv_run(loop, UV_RUN_ONCE);
+		uv_run(eng_loop, UV_RUN_ONCE);
 }
 
 /* Checks a job's events: at most one SNAPSHOT, before exactly one final event, which is

@@ -70,6 +70,7 @@ struct tjob {
 /* The jobs of the running test, and the cache its engine was started over. */
 extern struct tjob jobs[MAXJ];
 extern struct cache *tcache;
+extern struct uv_loop_s *eng_loop;  /* the loop the engine posts to */
 
 /* Where fake reads and interposed pwrites wait: closed gates hold them until opened. */
 struct gate {
