@@ -8,15 +8,21 @@
  *     → request.c (dispatch, down to request_load.c and request_plan.c; request_decode.c
  *       their shared decoding; auth.c checks; session.c: identity and regions)
  *       → query.c (STATUS, PENDING, METRICS from the registries' read-only views)
- *       → save.c (registry, levels) · wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs)
+ *       → overwrite.c (which version of a tag a save, seal, commit names: the tag or its
+ *         staging directory .<tag>.dsckpt-next)
+ *       → wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs; seal_watch.c: a sealed tag
+ *         watched for the manifest another node writes)
+ *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
+ *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
- *         → engine.c: copy threads, each with a copier (source.c, cuda*.c: the bytes in)
- *           → cache.c (chunks) → flush threads (flush_file.c: a file's header, pieces, finish)
+ *         → engine.c: copy threads, each with a copier (source.c, cuda_source.c,
+ *           cuda_copier.c, cuda.c: the bytes in)
+ *           → cache.c (chunks; cache_numa.c: its NUMA pools) → flush threads (flush_file.c:
+ *             a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
- *             store_latest.c → retention.c → store_tag.c; their format is format/'s)
+ *             store_latest.c → retention.c → store_tag.c; store_swap.c: a tag's staging
+ *             directory and the exchange that replaces the tag; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
- *           → remote.c (a root's remote tier: remote_s3.c over libcurl, remote_file.c;
- *             built and tested, not yet called by saves or loads)
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
@@ -36,7 +42,11 @@
  * (server, service, request, query, save, load, commit, seal, tensors), which keep it in a
  * file-static daemon_ctx and read the config through it, so a reload's is the one they see;
  * the layers below get what they need as arguments. No file reads or calls anything of
- * main.c's (tests/check-layers fails on it).
+ * main.c's (tests/check-layers fails on it). Beside the layers, main.c also calls config.c
+ * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
+ * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
+ * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
+ * remote_cap.c's upload cap; checked by dsckptd -n, not yet called by saves or loads).
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
