@@ -255,10 +255,11 @@ class Connection(_Handle):
                                              _timeout_ms(timeout)))
 
     def seal(self, dir: str) -> bool:
-        """Declares that this rank saves nothing more into ``dir``. Once every rank of the job
-        has sealed it and every sealed file is DURABLE, the daemons commit ``dir`` themselves
-        (MANIFEST.json, then ``latest``), even if every trainer has died by then. Returns at
-        once: True when ``dir`` is committed already."""
+        """Declares that this rank saves nothing more into this version of ``dir`` (a later save
+        of ``dir`` begins its next version, staged in ``.<tag>.dsckpt-next``). Once every rank
+        of the job has sealed it and every sealed file is DURABLE, the daemons commit ``dir``
+        themselves (MANIFEST.json, then ``latest``), even if every trainer has died by then.
+        Returns at once: True when ``dir`` is committed already."""
         return self._check(_lib.lib().dsckpt_seal(self._handle(), _encode(dir, "dir"))) == 1
 
     @property

@@ -26,9 +26,9 @@ When each thing happens:
 * A background thread asks the daemon to commit each checkpoint (MANIFEST.json) on a
   connection of its own, off the training loop, as
   soon as it is handed over; the daemon waits for DURABLE and finishes a commit it has
-  received even if the trainer dies meanwhile. (The plugin does not seal: a sealed
-  directory refuses the same rank's saves for a minute after its commit, and ModelCheckpoint
-  saves ``last.ckpt`` again and again under one name.)
+  received even if the trainer dies meanwhile. (The plugin commits rather than seals: only
+  global rank 0 saves, so its commit names the whole checkpoint; a path saved again, such as
+  ``last.ckpt``, goes to the tag's next version, see Paths below.)
   ``teardown()`` (the end of ``fit``) waits for SNAPSHOT and for those commits, logs any
   failure, and closes the connections; a later save reopens them. A failed checkpoint is
   logged, never raised into the training step; :meth:`DsckptCheckpointIO.wait_committed`

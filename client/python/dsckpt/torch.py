@@ -305,7 +305,7 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
            timeout: Optional[float] = None) -> None:
     """Commits checkpoint directory ``dir`` for the whole job; call it on every rank.
 
-    Each rank first seals ``dir`` (it saves nothing more there): from then on the daemons
+    Each rank first seals ``dir`` (this version is whole): from then on the daemons
     commit the tag by themselves once every rank's files are DURABLE, even if the trainers
     die. Then each rank waits until its own saves into ``dir`` are DURABLE; the ranks agree
     through ``group`` (an all-reduce of a success flag, so a failure anywhere fails everywhere);
