@@ -5,15 +5,15 @@
  *
  * Start-up: config → into the background unless -d (detach.c: the command returns when the
  * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
- * per socket and root), then the pid file → recover leftovers on disk →
- * CUDA probe → host cache (touched, pinned)
- * → engine threads → wiring (connections to the request layer, parked requests' ends to
- * their state machines, save levels to commits and seals) → socket → READY. Under systemd
- * each step shows in `systemctl status` and the
- * cache's progress extends the start timeout (service.c). Shutdown (SIGTERM/SIGINT): stop accepting, let every accepted
- * save finish flushing and every running commit end (a check handle looks after each loop
- * turn), close connections, stop and join the workers, close every handle, and check
- * uv_loop_close() == 0. A second SIGTERM exits at once.
+ * per socket and root), then the pid file → recover leftovers on disk → CUDA probe → host
+ * cache (touched, pinned) → engine threads → wiring (connections to the request layer,
+ * parked requests' ends to their state machines, save levels to commits and seals, a save's
+ * directory to overwrite.c) → socket → READY. Under systemd each step shows in `systemctl
+ * status` and the cache's progress extends the start timeout (service.c). Shutdown
+ * (SIGTERM/SIGINT): stop accepting, let every accepted save finish flushing and every
+ * running commit end (a check handle looks after each loop turn), close connections, stop
+ * and join the workers, close every handle, and check uv_loop_close() == 0. A second
+ * SIGTERM exits at once.
  */
 #include "dsckptd.h"
 

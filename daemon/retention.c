@@ -5,8 +5,9 @@
  * The one `latest` names is never deleted, nor anything the job directory's owner does not
  * own (a tag, or a file in it), nor anything of another user than the committing one; the tag
  * just committed only when keep tags dated later are kept (on several nodes an older step's
- * commit may land after newer ones: a sealed tag is dated by its newest seal, seal.c). It runs under the job directory's commit lock (store_latest.c), only
- * ever in a job directory: a commit's, or one that start-up recovery found a tag below.
+ * commit may land after newer ones: a sealed tag is dated by its newest seal, seal.c). It
+ * runs under the job directory's commit lock (store_latest.c), only ever in a job
+ * directory: a commit's, or one that start-up recovery found a tag below.
  */
 #include "dsckptd.h"
 
