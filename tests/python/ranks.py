@@ -7,8 +7,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank, world, rendezvous, fn, args):
-    """One spawned rank: joins the gloo group, runs fn(rank, world, *args), leaves."""
+def _entry(rank, world, rendezvous, fn, args, after=None):
+    """One spawned rank: joins the gloo group, runs fn(rank, world, *args), leaves, then runs
+    after(rank, world) when given."""
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank,
                             world_size=world)
     try:
@@ -16,19 +17,22 @@ def _entry(rank, world, rendezvous, fn, args):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    if after is not None:
+        after(rank, world)
 
 
-def run_ranks(fn, world, *args, timeout=120, preload=()):
+def run_ranks(fn, world, *args, timeout=120, preload=(), after=None):
     """Spawns world processes running fn; re-raises the first rank's exception; kills all
     of them when they do not finish within timeout seconds (a hang fails, not blocks).
     preload: modules a fork server imports once for every later call's ranks (forked from
-    it, they start in a fraction of the time each spawned one takes to import torch)."""
+    it, they start in a fraction of the time each spawned one takes to import torch).
+    after: a module-level function each rank runs after leaving the group."""
     if preload:
         mp.set_forkserver_preload(list(preload))
     fd, rendezvous = tempfile.mkstemp(prefix="dsckpt-rdzv.")
     os.close(fd)
     os.unlink(rendezvous)  # init_method=file:// wants a path nobody uses yet
-    ctx = mp.start_processes(_entry, args=(world, rendezvous, fn, args), nprocs=world,
+    ctx = mp.start_processes(_entry, args=(world, rendezvous, fn, args, after), nprocs=world,
                              join=False,
                              start_method="forkserver" if preload else "spawn")
     deadline = time.monotonic() + timeout

@@ -4,8 +4,10 @@ for the whole job, as DCP's FileSystemWriter writes it, from the snapshot stagin
 values changed after staging_completion are not saved), and loads back exact in the same and
 in another sharding; and without a daemon, staging_completion raises the daemon's error while
 every rank's upload fails (none waits for another)."""
+import gc
 import json
 import os
+import threading
 
 import pytest
 import torch
@@ -155,6 +157,27 @@ def test_no_daemon_on_one_rank(daemon):
     run_ranks(_no_daemon_ranks, 2, daemon.socket, os.path.join(daemon.root, "nod", "t"),
               timeout=300)
     assert not os.path.exists(os.path.join(daemon.root, "nod", "t", "MANIFEST.json"))
+
+
+def _group_freed(rank, world):
+    """After destroy_process_group: no gloo thread is left (the group was freed then), and a
+    garbage collection in another thread than the main one, as the interpreter exits, frees
+    nothing of it (torch aborts the process when it does)."""
+    left = sorted(n for n in (open(f"/proc/self/task/{t}/comm").read().strip()
+                              for t in os.listdir("/proc/self/task"))
+                  if n.startswith(("pt_gloo", "gloo")))
+    assert not left, f"rank {rank}: the process group outlived destroy_process_group: {left}"
+    threading.Thread(target=gc.collect, daemon=True).start()
+
+
+def test_no_daemon_frees_group(daemon):
+    """Issue 31.1: after rank 1's failed staging, its process group is freed by
+    destroy_process_group (before, the staging error's traceback held async_save's frame,
+    and with it the group, in a reference cycle; the garbage collector freed it later in
+    whichever thread it ran, and at interpreter exit torch aborted the rank: "terminate
+    called without an active exception")."""
+    run_ranks(_no_daemon_ranks, 2, daemon.socket, os.path.join(daemon.root, "nod2", "t"),
+              timeout=300, after=_group_freed)
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import threading
+import traceback
 import zlib
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple
@@ -145,6 +146,31 @@ def _index(item) -> tuple:
     return (item.index.fqn, tuple(item.index.offset or ()))
 
 
+def _strip(e: BaseException) -> BaseException:
+    """e with no traceback frames, nor those of the errors it was raised from. A kept error
+    must not hold frames that reach async_save's, which holds the process group and the
+    futures keeping the error: that cycle kept a failed rank's group alive past
+    destroy_process_group, until the garbage collector freed it in whichever thread it ran,
+    and torch aborts the process ("terminate called without an active exception") when
+    that is not the main thread and the interpreter is exiting."""
+    todo, seen = [e], set()
+    while todo:
+        x = todo.pop()
+        if x is not None and id(x) not in seen:
+            seen.add(id(x))
+            x.__traceback__ = None
+            todo += [x.__cause__, x.__context__]
+    return e
+
+
+def _detached(e: BaseException) -> BaseException:
+    """e _strip()ped, with where it was raised kept as a note (Python 3.11 and later)."""
+    where = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip()
+    if hasattr(e, "add_note"):
+        e.add_note(f"dsckpt.dcp staging failed here:\n{where}")
+    return _strip(e)
+
+
 def _snapshot_whole(save) -> bool:
     """Whether a failed save had its every byte in the daemon's cache first (it failed
     later, writing: staging itself succeeded)."""
@@ -186,7 +212,10 @@ class _Staging(ConcurrentFuture):
                 return fn(f)
             failed: ConcurrentFuture = ConcurrentFuture()
             failed.set_exception(self.error)
-            return fn(failed)
+            try:
+                return fn(failed)
+            finally:  # fn raised it (DCP's callback does), taking in async_save's frame
+                _strip(self.error)
         super().add_done_callback(call)
 
 
@@ -255,7 +284,7 @@ class Writer(StorageWriter, AsyncStager):
                 _add_tensors(conn, st.save, file_name(conn.rank, STAGED), named, st.keep)
                 st.save.end()
         except Exception as e:  # noqa: BLE001 - reported by write_data on every rank
-            st.error = e
+            st.error = _detached(e)
         with self._lock:
             self._staged = st
 
@@ -265,8 +294,8 @@ class Writer(StorageWriter, AsyncStager):
                 if st.save is not None and st.error is None:
                     st.save.wait(Level.SNAPSHOT)
             except Exception as e:  # noqa: BLE001 - FAILED: the daemon reads nothing more
-                st.error = e
-                staging_error = None if _snapshot_whole(st.save) else e
+                st.error = _detached(e)
+                staging_error = None if _snapshot_whole(st.save) else st.error
             st.keep = []
             future.finish(staged_dict, staging_error)
 
