@@ -118,3 +118,11 @@ def test_corrupt_remote_object(replaced):
     assert e.value.code == dsckpt.Errno.ECHECKSUM, e.value
     assert "corrupt" in str(e.value)
     assert not os.path.exists(os.path.join(job, "t1", "MANIFEST.json"))
+
+
+def test_deepspeed_engine_load(replaced):
+    """DeepSpeed's load goes through the engine's load: the file, missing here, is pulled."""
+    import dsckpt.deepspeed as dd
+    node, job, _ = replaced
+    ce = dd.DsckptCheckpointEngine(config={"socket": node.socket, "job": "jobB", "timeout": T})
+    assert equal(ce.load(os.path.join(job, "t1", "rank0")), state())
