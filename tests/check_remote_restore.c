@@ -28,6 +28,7 @@
 #define S3_KNOBS "\"upload_concurrency\": 4, \"upload_part_size\": 5,"
 
 static struct moto shared;      /* the suite's moto (shared_up) */
+static const char *extra_cfg = ""; /* more keys of the replacement node's config */
 static char err[ERRLEN];
 
 /* Says SKIP and returns from the test when moto is not installed. */
@@ -76,7 +77,7 @@ static void write_remote_config(const char *url, int port)
 		fprintf(f, "  \"s3\": {\"endpoint\": \"http://127.0.0.1:%d\", \"region\": "
 			"\"us-east-1\", \"addressing\": \"path\", \"credentials_file\": \"%s\"},\n",
 			port, creds);
-	fprintf(f, "  \"log_level\": \"debug\"\n}\n");
+	fprintf(f, "  %s\n  \"log_level\": \"debug\"\n}\n", extra_cfg);
 	fclose(f);
 }
 
@@ -331,6 +332,39 @@ START_TEST(test_ctl_pull)
 }
 END_TEST
 
+/* Retention: tags pulled from the remote count for keep_last like any other local tag, and a
+ * pull of an older tag never moves `latest` back (the tag it names is never deleted). */
+START_TEST(test_pulled_tags_retention)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	const char *job = h_path("%s/jobB", D->root), *rdir = h_path("%s/shared", D->dir);
+	node_b_commits("jobB", h_path("%s/t1", job));
+	node_b_commits("jobB", h_path("%s/t2", job));
+	copy_to_dir(rdir, "jobB", "t1", 0);
+	copy_to_dir(rdir, "jobB", "t2", 0);
+	ck_assert_str_eq(file_text(h_path("%s/jobB/latest", rdir)), "t2");
+	extra_cfg = "\"keep_last\": 1,";
+	replace_node(h_path("file://%s", rdir), 0);
+	dsckpt_conn_t *c = conn_open("jobB", 0, 2);
+	dsckpt_prefetch_info_t info;
+	CK_DS(c, dsckpt_prefetch(c, job, NULL, 1, &info));
+	ck_assert_str_eq(info.tag, "t2");
+	CK_DS(c, dsckpt_prefetch(c, job, "t1", 1, &info));
+	ck_assert_str_eq(info.tag, "t1");
+	ck_assert_uint_gt(info.bytes_pulled, 0);
+	ck_assert_str_eq(file_text(h_path("%s/latest", job)), "t2");
+	ck_assert(h_exists(h_path("%s/t1/MANIFEST.json", job)));
+	ck_assert(h_exists(h_path("%s/t2/MANIFEST.json", job)));
+	dsckpt_close(c);
+	/* The next commit applies keep_last 1 to every committed tag here, pulled or not. */
+	node_b_commits("jobB", h_path("%s/t3", job));
+	ck_assert_str_eq(file_text(h_path("%s/latest", job)), "t3");
+	ck_assert(!h_exists(h_path("%s/t1", job)));
+	ck_assert(!h_exists(h_path("%s/t2", job)));
+	d_stop();
+}
+END_TEST
+
 /* Once, in the runner before the tests: curl, and the moto server the S3 tests share. */
 static void shared_up(void)
 {
@@ -360,6 +394,7 @@ static Suite *remote_restore_suite(void)
 	tcase_add_test(tc, test_missing_manifest);
 	tcase_add_test(tc, test_prefetch_then_cache);
 	tcase_add_test(tc, test_ctl_pull);
+	tcase_add_test(tc, test_pulled_tags_retention);
 	suite_add_tcase(s, tc);
 	return s;
 }
