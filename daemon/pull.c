@@ -179,7 +179,10 @@ static int get_manifest(struct remote *r, const char *rel, const char *tag, uid_
 						  FMT_MANIFEST) : rc;
 	if (!(*m = manifest_parse(*text, *len, why, sizeof(why))))
 		return err_set(err, errlen, ERR_EINVAL, "remote %s: %s", key, why);
-	if ((*m)->uid == MANIFEST_BAD || (uid != 0 && (*m)->uid != uid))
+	if ((*m)->uid != MANIFEST_BAD && (*m)->uid >= (uid_t)-1)
+		return err_set(err, errlen, ERR_EINVAL, "remote %s: uid %" PRIu64 " is no uid", key,
+			       (*m)->uid);
+	if (uid != 0 && ((*m)->uid == MANIFEST_BAD || (*m)->uid != uid))
 		return err_set(err, errlen, ERR_EACCES, "remote %s belongs to another user", rel);
 	if (!(*m)->tag || strcmp((*m)->tag, tag) != 0)
 		return err_set(err, errlen, ERR_EINVAL, "remote %s names another tag", key);
@@ -365,7 +368,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		goto out;
 	if ((rc = get_manifest(r, rel, tag, uid, &text, &len, &m, err, errlen)) < 0)
 		goto out;
-	uid_t owner = (uid_t)m->uid;
+	uid_t owner = m->uid == MANIFEST_BAD ? 0 : (uid_t)m->uid;	/* older: root's */
 	info->created_ns = m->created_ns;
 	if (owner != uid && (rc = group_of(owner, &gid, err, errlen)) < 0)
 		goto out;
