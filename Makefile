@@ -380,4 +380,10 @@ include tests/python/python.mk
 include tests/python/modern.mk
 include tests/remote.mk
 
+# Restores from a root's remote tier through the daemon beside boto3, curl and cp moving the
+# same bytes, in one run: a table, not a test (tests/bench_remote_restore.py; moto's venv).
+.PHONY: bench-remote-restore
+bench-remote-restore: all $(MOTO_VENV)/.ready
+	@BUILD=$(BUILD) $(MOTO_VENV)/bin/python tests/bench_remote_restore.py $(BENCH_REMOTE_RESTORE_ARGS)
+
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)
