@@ -283,29 +283,51 @@ static int local_committed(const struct config *cfg, const char *dir, uid_t owne
 	return yes;
 }
 
-/* Writes the pulled tag's files, its manifest (text, len bytes) last, then `latest`. */
-static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
-		     const char *rel, const char *tag, const struct manifest *m, const char *text,
-		     size_t len, uid_t owner, gid_t gid, struct pull_info *info, char *err,
-		     size_t errlen)
+/* The read window of a pull of m: upload_concurrency ranges of upload_part_size (all in
+ * flight at once), at most PULL_WINDOW_MAX and the largest file, charged to uid as
+ * QUOTA_HELD (else one part): into *buf and *cap; 0 or a code with err. */
+static int window_of(const struct config *cfg, const struct manifest *m, uid_t uid,
+		     uint8_t **buf, size_t *cap, char *err, size_t errlen)
 {
-	uint64_t window = (uint64_t)cfg->upload_concurrency * cfg->upload_part_bytes, big = 1;
-	int jobfd = -1, rc;
-	uint8_t *buf = NULL;
+	uint64_t w = (uint64_t)cfg->upload_concurrency * cfg->upload_part_bytes, big = 1;
+	int rc;
 
 	for (size_t i = 0; i < m->nfiles; i++)
 		big = m->files[i].size > big ? m->files[i].size : big;
-	window = window < PULL_WINDOW_MAX ? window : PULL_WINDOW_MAX;
-	window = window > big ? big : window ? window : 1;
-	int dfd = store_open_dir(cfg, dir, owner, gid, NULL, err, errlen);
-	if (dfd < 0)
+	w = w < PULL_WINDOW_MAX ? w : PULL_WINDOW_MAX;
+	w = w > big ? big : w ? w : 1;
+	if (quota_take(uid, QUOTA_HELD, w, err, errlen) < 0) {
+		w = cfg->upload_part_bytes < w ? cfg->upload_part_bytes : w;
+		if ((rc = quota_take(uid, QUOTA_HELD, w, err, errlen)) < 0)
+			return rc;
+	}
+	if (!(*buf = malloc(w))) {
+		quota_give(uid, QUOTA_HELD, w);
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
+	}
+	*cap = (size_t)w;
+	return 0;
+}
+
+/* Writes the pulled tag's files (read through buf, cap bytes), its manifest (text, len
+ * bytes) last, then `latest`. */
+static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
+		     const char *rel, const char *tag, const struct manifest *m, const char *text,
+		     size_t len, uid_t owner, gid_t gid, uint8_t *buf, size_t cap,
+		     struct pull_info *info, char *err, size_t errlen)
+{
+	int jobfd = -1, rc;
+	uint8_t *made = calloc(m->nfiles ? m->nfiles : 1, 1);	/* files not here before */
+	int dfd = made ? store_open_dir(cfg, dir, owner, gid, NULL, err, errlen) :
+		  err_set(err, errlen, ERR_ENOMEM, "out of memory");
+
+	if (dfd < 0) {
+		free(made);
 		return dfd;
-	if (!(buf = malloc(window))) {
-		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		goto out;
 	}
 	for (size_t i = 0; i < m->nfiles; i++) {
-		if ((rc = pull_file(cfg, r, rel, dfd, &m->files[i], owner, gid, buf, window, err,
+		made[i] = faccessat(dfd, m->files[i].name, F_OK, AT_SYMLINK_NOFOLLOW) != 0;
+		if ((rc = pull_file(cfg, r, rel, dfd, &m->files[i], owner, gid, buf, cap, err,
 				    errlen)) < 0)
 			goto undo;
 		info->files++;
@@ -324,16 +346,17 @@ static int pull_into(const struct config *cfg, struct remote *r, const char *dir
 		store_job_unlock(jobfd);
 	}
 out:
-	free(buf);
+	free(made);
 	if (jobfd >= 0)
 		close(jobfd);
 	if (dfd >= 0)
 		close(dfd);
 	return rc;
-undo:	/* nothing of a failed pull is kept: the files it put in place go, then the directory
-	 * when nothing else is there */
+undo:	/* nothing of a failed pull is kept: the files it made go (one it replaced holds the
+	 * manifest's bytes, checked), then the directory when nothing else is there */
 	for (size_t i = 0; i < info->files; i++)
-		unlinkat(dfd, m->files[i].name, 0);
+		if (made[i])
+			unlinkat(dfd, m->files[i].name, 0);
 	if ((jobfd = openat(dfd, "..", STORE_DIR_FLAGS)) >= 0)
 		unlinkat(jobfd, tag, AT_REMOVEDIR);	/* only when empty */
 	info->files = info->bytes = 0;
@@ -349,7 +372,8 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	struct manifest *m = NULL;
 	const char *rel, *url = remote_of(cfg, dir, 2, &rel);
 	char *text = NULL;
-	size_t len = 0;
+	size_t len = 0, cap = 0;
+	uint8_t *buf = NULL;
 	struct timespec t0, t1;
 	int rc;
 
@@ -374,7 +398,12 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		goto out;
 	if (local_committed(cfg, dir, owner, gid))
 		goto out;	/* here already (an earlier pull, or never gone) */
-	rc = pull_into(cfg, r, dir, rel, tag, m, text, len, owner, gid, info, err, errlen);
+	if ((rc = window_of(cfg, m, uid, &buf, &cap, err, errlen)) < 0)
+		goto out;
+	rc = pull_into(cfg, r, dir, rel, tag, m, text, len, owner, gid, buf, cap, info, err,
+		       errlen);
+	free(buf);
+	quota_give(uid, QUOTA_HELD, cap);
 	if (rc == 0) {
 		info->pulled = 1;
 		clock_gettime(CLOCK_MONOTONIC, &t1);
