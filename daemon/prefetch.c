@@ -15,10 +15,12 @@
  *   what saves need; like every resident copy it is evicted oldest first. PREFETCH with wait
  *   is answered here, with what was pulled and cached and how long it took.
  *
- * Trust: a prefetch is a load of its user's (it counts against max_loads_per_user while it
- * runs), opens only that user's files (as load_file.c does) and pulls only that user's remote
- * tags (pull.c). Loop thread, but for the two work functions, which alone touch their
- * prefetch while they run.
+ * Trust: a prefetch is a load of its user's (it counts against max_loads_per_user until it
+ * ends), opens only that user's files (as load_file.c does) and pulls only that user's remote
+ * tags (pull.c). One prefetch of a user runs at a time and PREFETCH_MAX_RUNNING of all users
+ * (the others wait in order), so that prefetches never hold the threadpool's threads that
+ * commits and loads' parses need. Loop thread, but for the two work functions, which alone
+ * touch their prefetch while they run.
  */
 #include "dsckptd.h"
 
@@ -46,11 +48,16 @@ struct prefetch {
 	struct pull_info pulled;
 	uint64_t cached, files;        /* data bytes put in the cache, files read there */
 	double t0, seconds;
+	int started;                   /* its work was queued (else it waits its turn) */
 	uv_work_t work;
+	struct prefetch *next;
 };
 
+#define PREFETCH_MAX_RUNNING 4
+
 static const struct daemon *daemon_ctx;  /* prefetch_start's */
-static unsigned running;
+static struct prefetch *prefetches;      /* oldest first */
+static unsigned running;                 /* of them started */
 
 /* Keeps d for the cache and the config. */
 void prefetch_start(const struct daemon *d)
@@ -58,10 +65,14 @@ void prefetch_start(const struct daemon *d)
 	daemon_ctx = d;
 }
 
-/* Prefetches in the threadpool now (a drain waits for them). */
+/* Prefetches not yet ended, started or waiting (a drain waits for them). */
 unsigned prefetch_running(void)
 {
-	return running;
+	unsigned n = 0;
+
+	for (struct prefetch *p = prefetches; p; p = p->next)
+		n++;
+	return n;
 }
 
 /* Whether dir/MANIFEST.json exists here for uid (a committed local tag). */
@@ -230,13 +241,39 @@ static void fetch_work(uv_work_t *w)
 	p->seconds = now_mono() - p->t0;
 }
 
-/* Frees p, giving back its load. */
+static void resolve_work(uv_work_t *w);
+static void resolve_after(uv_work_t *w, int status);
+
+/* Starts the prefetches whose turn it is: the oldest waiting of each user without one
+ * running, while fewer than PREFETCH_MAX_RUNNING run. */
+static void admit(void)
+{
+	for (struct prefetch *p = prefetches; p && running < PREFETCH_MAX_RUNNING; p = p->next) {
+		struct prefetch *o = prefetches;
+		while (o != p && o->uid != p->uid)
+			o = o->next;
+		if (p->started || o != p)
+			continue;	/* running, or an older one of its user is there */
+		p->started = 1;
+		running++;
+		uv_queue_work(daemon_ctx->loop, &p->work, resolve_work, resolve_after);
+	}
+}
+
+/* Frees p, giving back its load, and starts the next in turn. */
 static void prefetch_free(struct prefetch *p)
 {
+	for (struct prefetch **q = &prefetches; *q; q = &(*q)->next) {
+		if (*q == p) {
+			*q = p->next;
+			break;
+		}
+	}
 	running--;
 	quota_give(p->uid, QUOTA_LOADS, 1);
 	config_unref(p->cfg);
 	free(p);
+	admit();
 }
 
 /* Loop: the fetch is over; answered when PREFETCH waited, logged either way. */
@@ -311,7 +348,10 @@ int prefetch_begin(const struct owner *o, uint64_t req, const char *dir, const c
 			       .t0 = now_mono()};
 	snprintf(p->dir, sizeof(p->dir), "%s%s%s", norm, tag ? "/" : "", tag ? tag : "");
 	p->work.data = p;
-	running++;
-	uv_queue_work(daemon_ctx->loop, &p->work, resolve_work, resolve_after);
+	struct prefetch **q = &prefetches;
+	while (*q)
+		q = &(*q)->next;
+	*q = p;
+	admit();
 	return 0;
 }

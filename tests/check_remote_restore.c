@@ -332,6 +332,32 @@ START_TEST(test_ctl_pull)
 }
 END_TEST
 
+/* Prefetches of one user run one at a time, in order: the last asked, waited for, ends after
+ * every one before it (each logs its end). */
+START_TEST(test_prefetch_order)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	const char *job = h_path("%s/jobB", D->root), *rdir = h_path("%s/shared", D->dir);
+	node_b_commits("jobB", h_path("%s/t1", job));
+	copy_to_dir(rdir, "jobB", "t1", 0);
+	replace_node(h_path("file://%s", rdir), 0);
+	dsckpt_conn_t *c = conn_open("jobB", 0, 2);
+	dsckpt_prefetch_info_t info;
+	for (int i = 0; i < 5; i++)
+		CK_DS(c, dsckpt_prefetch(c, job, NULL, 0, &info));
+	CK_DS(c, dsckpt_prefetch(c, job, "t1", 1, &info));
+	size_t len;
+	char *log = h_read_file(D->log, &len);
+	int ends = 0;
+	for (const char *p = log; (p = strstr(p, "info: prefetch of ")) != NULL; p++)
+		ends++;
+	free(log);
+	ck_assert_int_eq(ends, 6);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* Retention: tags pulled from the remote count for keep_last like any other local tag, and a
  * pull of an older tag never moves `latest` back (the tag it names is never deleted). */
 START_TEST(test_pulled_tags_retention)
@@ -395,6 +421,7 @@ static Suite *remote_restore_suite(void)
 	tcase_add_test(tc, test_prefetch_then_cache);
 	tcase_add_test(tc, test_ctl_pull);
 	tcase_add_test(tc, test_pulled_tags_retention);
+	tcase_add_test(tc, test_prefetch_order);
 	suite_add_tcase(s, tc);
 	return s;
 }
