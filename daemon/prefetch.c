@@ -161,16 +161,27 @@ static uint64_t warm_file(struct prefetch *p, int fd, const char *name, const st
 	struct cache *c = daemon_ctx->cache;
 	uint64_t chunk = cache_chunk(c), len = (uint64_t)st->st_size - data_start, kept = 0;
 	struct resident *r = resident_pin(p->dir, name, st->st_dev, st->st_ino);
-	uint8_t *hdr;
+	uint8_t *hdr, len8[8];
+	uint64_t text = 0;
+	char why[ERRLEN];
 
 	if (r) {	/* held already (whole or in part): left as it is */
 		kept = resident_held(r);
 		resident_unpin(r);
 		return kept;
 	}
+	/* The header as the file says (its manifest is the user's to edit): 8 + its length. */
+	if (pread(fd, len8, 8, 0) != 8)
+		return 0;
+	for (int i = 7; i >= 0; i--)
+		text = text << 8 | len8[i];
+	if (text > ST_MAX_HEADER || 8 + text != data_start ||
+	    quota_take(p->uid, QUOTA_HELD, data_start, why, sizeof(why)) < 0)
+		return 0;
 	if (!(hdr = malloc(data_start)) || pread(fd, hdr, data_start, 0) != (ssize_t)data_start ||
 	    !(r = resident_begin(p->dir, name, p->uid, len))) {
 		free(hdr);
+		quota_give(p->uid, QUOTA_HELD, data_start);
 		return 0;
 	}
 	for (uint64_t i = 0; i * chunk < len && *budget > 0; i++) {
@@ -189,8 +200,9 @@ static uint64_t warm_file(struct prefetch *p, int fd, const char *name, const st
 		kept += n;
 		--*budget;
 	}
-	resident_durable(r, st->st_dev, st->st_ino, hdr, data_start);
+	resident_durable(r, st->st_dev, st->st_ino, hdr, data_start);	/* copies hdr */
 	free(hdr);
+	quota_give(p->uid, QUOTA_HELD, data_start);
 	return kept;
 }
 
@@ -211,6 +223,7 @@ static void warm(struct prefetch *p)
 		size_t n = f->name ? strlen(f->name) : 0, sl = strlen(FMT_SAFETENSORS);
 		struct stat st;
 		if (!f->kind || strcmp(f->kind, MANIFEST_KIND_ST) != 0 || n <= sl ||
+		    !f->name || !store_valid_file(f->name) ||
 		    f->header_len == MANIFEST_BAD || n - sl >= sizeof(name))
 			continue;
 		int fd = userfile_open(dfd, f->name, UINT64_MAX, 0, &st, why, sizeof(why));
