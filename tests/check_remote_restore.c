@@ -7,7 +7,8 @@
  * then committed locally. A corrupted remote object fails the load (ECHECKSUM) with nothing
  * committed or left locally; a tag without its remote manifest is not found; dsckpt_prefetch
  * (and dsckptctl pull) of the job's remote latest puts it in the cache, whose next load says
- * "cache". Without moto the S3 tests say SKIP.
+ * "cache"; the same for a local tag after a restart (no remote); pulled tags count for
+ * keep_last; one user's prefetches run in order. Without moto the S3 tests say SKIP.
  */
 #include "harness_daemon.h"
 #undef MIB
@@ -332,6 +333,33 @@ START_TEST(test_ctl_pull)
 }
 END_TEST
 
+/* Issue 34.3 without a remote tier: a restarted daemon (cold cache) asked to prefetch the
+ * job's latest reads it from the local files into the cache; the load says "cache". */
+START_TEST(test_prefetch_local)
+{
+	d_start(CACHE_32M, CHUNK_1M);
+	const char *job = h_path("%s/jobB", D->root), *dir = h_path("%s/t1", job);
+	node_b_commits("jobB", dir);
+	d_kill(SIGKILL);
+	d_restart(0);
+	dsckpt_conn_t *c = conn_open("jobB", 0, 2);
+	char src[16] = "";
+	int exact;
+	ck_assert_int_eq(load_t(c, dir, "rank0", N0, 10, src, &exact), DSCKPT_LOADED);
+	ck_assert_str_eq(src, "file");	/* cold */
+	dsckpt_prefetch_info_t info;
+	CK_DS(c, dsckpt_prefetch(c, job, NULL, 1, &info));
+	ck_assert_str_eq(info.tag, "t1");
+	ck_assert_uint_eq(info.bytes_pulled, 0);
+	ck_assert_uint_eq(info.bytes_cached, N0 + N1);
+	ck_assert_int_eq(load_t(c, dir, "rank1", N1, 11, src, &exact), DSCKPT_LOADED);
+	ck_assert_str_eq(src, "cache");
+	ck_assert(exact);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* Prefetches of one user run one at a time, in order: the last asked, waited for, ends after
  * every one before it (each logs its end). */
 START_TEST(test_prefetch_order)
@@ -422,6 +450,7 @@ static Suite *remote_restore_suite(void)
 	tcase_add_test(tc, test_ctl_pull);
 	tcase_add_test(tc, test_pulled_tags_retention);
 	tcase_add_test(tc, test_prefetch_order);
+	tcase_add_test(tc, test_prefetch_local);
 	suite_add_tcase(s, tc);
 	return s;
 }
