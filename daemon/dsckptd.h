@@ -292,6 +292,9 @@ struct pull_info {
 	uint64_t created_ns;     /* the tag's commit time (its manifest's) */
 	double seconds;
 };
+/* Whether the tag dir is committed here: its MANIFEST.json there, the directory owner's (any
+ * for owner 0). */
+int pull_committed_here(const struct config *cfg, const char *dir, uid_t owner, gid_t gid);
 /* Whether dir (<root>/<job>/<tag>) lies below a root that has a remote tier. */
 int pull_has_remote(const struct config *cfg, const char *dir);
 /* Whether the remote tier holds tag dir committed for uid: 0, or a code (ENOENT: not

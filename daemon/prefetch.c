@@ -75,20 +75,6 @@ unsigned prefetch_running(void)
 	return n;
 }
 
-/* Whether dir/MANIFEST.json exists here for uid (a committed local tag). */
-static int committed_here(const struct config *cfg, const char *dir, uid_t uid, gid_t gid)
-{
-	char why[ERRLEN];
-	int jobfd = -1, dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, why, sizeof(why));
-	int yes = dfd >= 0 && faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
-
-	if (dfd >= 0)
-		close(dfd);
-	if (jobfd >= 0)
-		close(jobfd);
-	return yes;
-}
-
 /* Opens the job directory dir for uid: as store_open_tag opens a tag's, or, one level below
  * its allowed root, reached without a link and owned by uid (any for root); an fd or -1. */
 static int open_job(const struct config *cfg, const char *dir, uid_t uid, gid_t gid)
@@ -127,7 +113,7 @@ static int resolve(struct prefetch *p)
 	int rc;
 
 	snprintf(p->tag, sizeof(p->tag), "%s", strrchr(p->dir, '/') + 1);
-	if (committed_here(p->cfg, p->dir, p->uid, p->gid))
+	if (pull_committed_here(p->cfg, p->dir, p->uid, p->gid))
 		return 0;
 	if (pull_has_remote(p->cfg, p->dir)) {
 		rc = pull_check(p->cfg, p->dir, p->uid, p->error, sizeof(p->error));
@@ -246,7 +232,7 @@ static void fetch_work(uv_work_t *w)
 {
 	struct prefetch *p = w->data;
 
-	if (!committed_here(p->cfg, p->dir, p->uid, p->gid))
+	if (!pull_committed_here(p->cfg, p->dir, p->uid, p->gid))
 		p->code = pull_tag(p->cfg, p->dir, p->uid, p->gid, &p->pulled, p->error,
 				   sizeof(p->error));
 	if (p->code == 0)

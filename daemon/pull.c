@@ -269,8 +269,8 @@ static int group_of(uid_t uid, gid_t *gid, char *err, size_t errlen)
 	return 0;
 }
 
-/* Whether dir is committed here already (its manifest there, the directory of owner). */
-static int local_committed(const struct config *cfg, const char *dir, uid_t owner, gid_t gid)
+/* Whether the tag dir is committed here (its manifest there, the directory of owner). */
+int pull_committed_here(const struct config *cfg, const char *dir, uid_t owner, gid_t gid)
 {
 	char why[ERRLEN];
 	int jobfd = -1, dfd = store_open_tag(cfg, dir, owner, gid, &jobfd, why, sizeof(why));
@@ -396,7 +396,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	info->created_ns = m->created_ns;
 	if (owner != uid && (rc = group_of(owner, &gid, err, errlen)) < 0)
 		goto out;
-	if (local_committed(cfg, dir, owner, gid))
+	if (pull_committed_here(cfg, dir, owner, gid))
 		goto out;	/* here already (an earlier pull, or never gone) */
 	if ((rc = window_of(cfg, m, uid, &buf, &cap, err, errlen)) < 0)
 		goto out;

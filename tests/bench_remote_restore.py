@@ -84,6 +84,7 @@ class Daemon:
             time.sleep(0.01)
 
     def _answers(self):
+        """Whether the daemon accepts connections on its socket."""
         s = socketlib.socket(socketlib.AF_UNIX)
         try:
             s.connect(self.socket)
@@ -94,6 +95,7 @@ class Daemon:
             s.close()
 
     def stop(self):
+        """SIGTERM, and wait for the exit."""
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=60)
 
@@ -159,6 +161,7 @@ def load_all(sock, tag, files, nbytes, want):
 
 
 def row(rows, name, nbytes, seconds, cpu=None, note=""):
+    """Adds a row of the table: bytes moved in seconds, the daemon's CPU seconds, a note."""
     rows.append((name, nbytes, seconds, cpu, note))
 
 
@@ -248,7 +251,10 @@ def main():
             sink = bytearray()
 
             class Sink:
+                """A file object keeping what boto3 writes in memory."""
+
                 def write(self, b):
+                    """Keeps b."""
                     sink.extend(b)
                     return len(b)
             s3.download_fileobj("bench", key, Sink(), Config=conf)
