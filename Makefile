@@ -243,7 +243,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
-$(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults: tests/moto.c tests/moto.h
+$(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
+		$(BUILD)/tests/check_remote_restore: tests/moto.c tests/moto.h
 # check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
 	@mkdir -p $(dir $@)
@@ -378,5 +379,11 @@ include tests/gpu/gpu.mk
 include tests/python/python.mk
 include tests/python/modern.mk
 include tests/remote.mk
+
+# Restores from a root's remote tier through the daemon beside boto3, curl and cp moving the
+# same bytes, in one run: a table, not a test (tests/bench_remote_restore.py; moto's venv).
+.PHONY: bench-remote-restore
+bench-remote-restore: all $(MOTO_VENV)/.ready
+	@BUILD=$(BUILD) $(MOTO_VENV)/bin/python tests/bench_remote_restore.py $(BENCH_REMOTE_RESTORE_ARGS)
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

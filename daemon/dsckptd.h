@@ -26,6 +26,9 @@
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
+ *       → prefetch.c (PREFETCH: a tag read ahead into the cache's resident copies)
+ *         → pull.c (load.c's and prefetch.c's: a remote-only tag brought into the local tier
+ *           over remote.c, checked, then store_*.c's files, manifest and latest)
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
@@ -46,7 +49,7 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n, not yet called by saves or loads).
+ * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH).
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -274,6 +277,38 @@ int remote_retryable(int code);
 /* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
  * remote that does not answer in err. */
 int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
+
+/* pull.c — a committed tag of a root's remote tier brought into the local tier for a user
+ * (loads of a tag the node lacks, PREFETCH): only a tag whose remote manifest names that uid
+ * (any for root); files checked against the manifest's checksums before they are renamed into
+ * place, owned by the manifest's user, the manifest written last, `latest` moved forward.
+ * Blocking (libuv's threadpool); pulls of one directory run one at a time. */
+#define PULL_DIR_MAX 4096
+/* What a pull did. */
+struct pull_info {
+	char tag[256];
+	int pulled;              /* 1: the remote's files were written here; 0: here already */
+	uint64_t files, bytes;   /* pulled */
+	uint64_t created_ns;     /* the tag's commit time (its manifest's) */
+	double seconds;
+};
+/* Whether the tag dir is committed here: its MANIFEST.json there, the directory owner's (any
+ * for owner 0). */
+int pull_committed_here(const struct config *cfg, const char *dir, uid_t owner, gid_t gid);
+/* Whether dir (<root>/<job>/<tag>) lies below a root that has a remote tier. */
+int pull_has_remote(const struct config *cfg, const char *dir);
+/* Whether the remote tier holds tag dir committed for uid: 0, or a code (ENOENT: not
+ * committed there; EACCES: another user's) with err. */
+int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen);
+/* Brings the remote tag dir into the local tier for uid/gid (nothing when it is committed here
+ * already); 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
+ * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
+int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+	     struct pull_info *info, char *err, size_t errlen);
+/* The tag the remote `latest` of jobdir names, when its remote manifest is there and names uid
+ * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
+int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
+		size_t taglen, uint64_t *created_ns, char *err, size_t errlen);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {
@@ -1319,6 +1354,19 @@ void load_cancel_all(void);
 /* Frees every load (shutdown, once the restore threads are stopped). */
 void load_free_all(void);
 
+/* prefetch.c — PREFETCH: a tag (or a job's latest, here or in the remote tier) pulled into
+ * the local tier when only the remote holds it, then read into the cache as resident copies
+ * (only chunks free or evictable now, at most 7/8 of the cache); loop thread, the work in
+ * libuv's threadpool. */
+/* Keeps d (the cache, the config) for the prefetches to come. */
+void prefetch_start(const struct daemon *d);
+/* Starts a prefetch of dir (a tag or job directory; tag: one of that job, or NULL) for o;
+ * answers req once the tag is known (wait: once it is in the cache), or returns a code. */
+int prefetch_begin(const struct owner *o, uint64_t req, const char *dir, const char *tag,
+		   int wait, char *err, size_t errlen);
+/* Prefetches still running (a drain waits for them). */
+unsigned prefetch_running(void);
+
 /* restore.c — the restore threads: file or resident pieces → checked → destinations. */
 struct restore_job;
 /* One destination of a restore job, in file order. */
@@ -1584,5 +1632,9 @@ void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q);
 void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q);
 void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);
+/* Answers PREFETCH: the tag directory and tag, bytes pulled from the remote tier and put in
+ * the cache, and the milliseconds it took (0s when answered at its start). */
+void reply_prefetch(uint64_t conn, uint64_t req, const char *dir, const char *tag,
+		    uint64_t pulled, uint64_t cached, uint64_t ms);
 
 #endif /* DSCKPTD_H */

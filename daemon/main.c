@@ -99,7 +99,7 @@ static void finish(void)
 static void on_drain_check(uv_check_t *h)
 {
 	if (save_inflight() == 0 && commit_running() == 0 && seal_running() == 0 &&
-	    load_parsing() == 0) {
+	    load_parsing() == 0 && prefetch_running() == 0) {
 		uv_check_stop(h);
 		log_info("all saves finished; exiting");
 		finish();
@@ -384,6 +384,7 @@ int main(int argc, char **argv)
 		goto fail_cache;
 	}
 	dsckptd.config->restore_threads = restore_threads_for(dsckptd.config->restore_threads);
+	prefetch_start(&dsckptd);
 	if (load_start(&dsckptd, dsckptd.config->restore_threads, err, sizeof(err)) < 0) {
 		log_error("restore threads: %s", err);
 		goto fail_engine;

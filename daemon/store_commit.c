@@ -277,8 +277,9 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 	return rc;
 }
 
-/* The manifest text of tag from its described files of run; NULL without memory. */
-static char *store_manifest_text(const char *tag, unsigned world, const char *run,
+/* The manifest text of tag from its described files of run, owned by uid; NULL without
+ * memory. */
+static char *store_manifest_text(const char *tag, unsigned world, const char *run, uid_t uid,
 				 const struct store_entry *ents, size_t n, uint64_t created_ns,
 				 uint64_t total)
 {
@@ -307,7 +308,7 @@ static char *store_manifest_text(const char *tag, unsigned world, const char *ru
 		k++;
 	}
 	struct manifest m = {.tag = tag, .dsckptd_version = DSCKPTD_VERSION,
-			     .created_ns = created_ns, .world_size = world, .run = run,
+			     .created_ns = created_ns, .world_size = world, .run = run, .uid = uid,
 			     .total_bytes = total, .files = files, .nfiles = k};
 	text = manifest_write(&m);
 	free(files);
@@ -481,7 +482,7 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		clock_gettime(CLOCK_REALTIME, &now);
 		created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 	}
-	if (!(text = store_manifest_text(name, world, run, ents, nents, created_ns, total))) {
+	if (!(text = store_manifest_text(name, world, run, uid, ents, nents, created_ns, total))) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}

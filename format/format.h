@@ -251,6 +251,8 @@ struct manifest {
 	uint64_t created_ns;      /* reading: to within 256 ns (a double), 0 if absent */
 	uint64_t world_size;
 	const char *run;          /* the run committed; "" or NULL: unknown (not written) */
+	uint64_t uid;             /* the owner's uid (whose restores a remote tier serves);
+				   * reading: MANIFEST_BAD when absent (written before it was) */
 	const char *checksum;     /* reading: the algorithm named (CHECKSUM_ALGO is written) */
 	uint64_t total_bytes;
 	const struct manifest_file *files;

@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _blob, _fill, _handover
+from . import _blob, _fill, _handover, _remote
 from ._files import (DTYPES, ST_DTYPES, read_meta, read_safetensors,
                      read_safetensors_buffer, read_safetensors_to, tensors_of)
 from ._fill import StateDictMismatch
@@ -395,7 +395,9 @@ def load_into(state_dict: Any, path_dir: str, file: Optional[str] = None, *,
             raise error_for(Errno.EINVAL, "EINVAL", f"{view['name']} is a broadcast view: "
                             "several of its elements share memory")
         dests[view["name"]] = data
-    how = _fill.fill(path_dir, file, dests, _daemon(conn, path_dir), strict)
+    daemon = _daemon(conn, path_dir)
+    _remote.ensure_local(daemon, path_dir, file + ".safetensors")
+    how = _fill.fill(path_dir, file, dests, daemon, strict)
     with torch.no_grad():
         for data, orig in zip(flat.payload, flat.originals):
             if data is not orig:
@@ -458,6 +460,8 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
     base = os.path.join(path_dir, file)
+    daemon = _daemon(conn, path_dir)
+    _remote.ensure_local(daemon, path_dir, file + ".safetensors")
     blob = read_meta(base + ".meta").get(BLOB) if os.path.exists(base + ".meta") else None
     info = _blob.read(blob, base + ".meta", weights_only) if blob is not None else None
     views, entries = _blob.tables(info) if info else ([], [])
@@ -467,7 +471,6 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     where = {d: _target(d, map_location) for d in {v["device"] for v in views} | {"cpu"}}
     place: Dict[str, torch.device] = defaultdict(lambda: where["cpu"])
     place.update((v["name"], where[v["device"]]) for v in views)
-    daemon = _daemon(conn, path_dir)
     data = _through_daemon(daemon, path_dir, file, place) if daemon else None
     if data is None:
         data = _read_here(base + ".safetensors", place)

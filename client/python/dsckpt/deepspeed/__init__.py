@@ -87,7 +87,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .. import _tree
+from .. import _remote, _tree
 from .. import torch as dtorch
 from ..core import Connection, Level
 from ..errors import DsckptError, Errno, error_for
@@ -281,6 +281,9 @@ class DsckptCheckpointEngine(_Base):
         engine's daemon, from its host cache when it still holds the file. Unpickles
         nothing unless the config block's ``weights_only`` is false."""
         path = self._durable_path(path)
+        # A tag only the root's remote tier holds: the daemon pulls it here first.
+        _remote.ensure_local(dtorch._daemon(self.conn, os.path.dirname(path)),
+                             os.path.dirname(path), os.path.basename(path) + ".safetensors")
         if os.path.exists(path + ".safetensors"):
             return dtorch.load(os.path.dirname(path), os.path.basename(path), map_location,
                                conn=self.conn, weights_only=self.weights_only)
