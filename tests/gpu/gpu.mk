@@ -135,3 +135,11 @@ bench-load: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 
 bench-restore: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-bench-restore $(GPU_DIR) $(RESTORE_ARGS)
+
+# Time to resume (issue 34): a trainer SIGKILLed, fresh processes restoring its checkpoint
+# hot, warm, cold and with prefetch, beside torch.load, DCP and the floor of any restart
+# (tests/gpu/bench_resume.py). RESUME_ARGS go to the script, e.g. "--preset smoke" (the CPU)
+# or "--repeat 3".
+.PHONY: bench-resume
+bench-resume: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-resume $(GPU_DIR) $(RESUME_ARGS)
