@@ -256,8 +256,8 @@ START_TEST(test_commit_one_run)
 	write_ckpt_run(dir, "other", 1, NULL, store_host(), "r2");
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1", 2048};
-	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2", 1024};
+	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1", 2048, NULL, 0, NULL};
+	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2", 1024, NULL, 0, NULL};
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r1, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r2, 0, 0, err, sizeof(err)), 0);
 	uint8_t have[2];
@@ -311,9 +311,9 @@ START_TEST(test_seal_scan_new)
 	ck_assert_int_eq(mkdir(dir, 0755), 0);
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	struct seal_record a = {"node-a", "job", 4, r0, 1, "r", 100};
-	struct seal_record b = {"node-b", "job", 4, r12, 1, "r", 200};
-	struct seal_record c = {"node-c", "job", 4, r3, 1, "other", 900};
+	struct seal_record a = {"node-a", "job", 4, r0, 1, "r", 100, NULL, 0, NULL};
+	struct seal_record b = {"node-b", "job", 4, r12, 1, "r", 200, NULL, 0, NULL};
+	struct seal_record c = {"node-c", "job", 4, r3, 1, "other", 900, NULL, 0, NULL};
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &a, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &b, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &c, 0, 0, err, sizeof(err)), 0);
@@ -322,7 +322,7 @@ START_TEST(test_seal_scan_new)
 	/* node-a's record changed in place (its inode kept; dsckptd never does that): not read
 	 * again, so its rank 3 does not count. */
 	unsigned r03[2] = {0, 3};
-	struct seal_record a2 = {"node-a", "job", 4, r03, 2, "r", 100};
+	struct seal_record a2 = {"node-a", "job", 4, r03, 2, "r", 100, NULL, 0, NULL};
 	char *text = seal_record_write(&a2);
 	int fd = openat(dfd, "SEAL.node-a.json", O_WRONLY | O_TRUNC);
 	ck_assert(text && fd >= 0);
