@@ -550,7 +550,8 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen);
 /* store_commit as of created_ns (0: now): the daemons' commit of a sealed tag dates it by its
- * newest seal, so that a job's tags order by step however late each commit lands. */
+ * newest seal, so that a job's tags order by step however late each commit lands, and takes
+ * the descriptions of its files from the run's seal records seen (NULL: from the headers). */
 int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
 		    const struct seal_seen *seen, struct store_commit_info *info, char *err,

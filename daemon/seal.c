@@ -1,9 +1,11 @@
 /*
  * seal.c — seals, and the commits the daemons make of them. A rank seals a tag (SEAL): it will
  * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
- * DURABLE, the daemon writes its node's seal record (store_seal.c); the node that rank 0
- * sealed through collects: it reads the records (each about once, as they come: inotify, or
- * the directory's mtime polled) and, when they name every rank 0..world-1, commits the tag
+ * DURABLE, the daemon writes its node's seal record (store_seal.c), describing their files
+ * there (seal_files.c), once per node where it can: while a rank that saved here has not
+ * sealed, the record waits for it (1 s at most). The node that rank 0 sealed through
+ * collects: it reads the records (each about once, as they come: inotify, or the directory's
+ * mtime polled) and, when they name every rank 0..world-1, commits the tag from them
  * (store_commit: manifest, then latest, then retention) — with no trainer left alive, if
  * need be — dated by the newest seal the records hold, so that a job's tags order by step
  * however late each commit lands. The other nodes only write their record and watch for the
@@ -13,10 +15,10 @@
  * A tag not complete is looked at for about an hour (1 s, 2 s, ... then every 30 s).
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
- * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open while the
- * tag is followed, so that it cannot name another directory) and its owner, never by its path.
- * A directory removed is forgotten with its seals; one made again under the same name is a
- * new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
+ * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open with its job
+ * directory's while the tag is followed, so that it cannot name another directory and no look
+ * walks its path again) and its owner, never by its path. A directory removed is forgotten
+ * with its seals; one made again under the same name is a new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
  * never committed: records, files and saves of one run never combine with another's, and no
  * reply names what another user sealed.
  *
@@ -40,7 +42,7 @@
 #define SEAL_WRITE_WAIT_MS 1000 /* our record waits this long at most for a rank saving here */
 
 struct seal_tag {
-	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; reopened by seal_work) */
+	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; the commit reopens it) */
 	struct store_dirid dirid;     /* the directory sealed */
 	int dfd;                      /* held open while followed: the identity stays its */
 	int jobfd;                    /* its job directory, as SEAL opened it (its lock) */
