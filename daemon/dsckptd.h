@@ -11,7 +11,8 @@
  *       → overwrite.c (which version of a tag a save, seal, commit names: the tag or its
  *         staging directory .<tag>.dsckpt-next)
  *       → wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs; seal_watch.c: a sealed tag
- *         watched for the manifest another node writes)
+ *         watched for the manifest another node writes; seal_files.c: the files a node's
+ *         seal record describes)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
@@ -20,7 +21,8 @@
  *           → cache.c (chunks; cache_numa.c: its NUMA pools) → flush threads (flush_file.c:
  *             a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
- *             store_latest.c → retention.c → store_tag.c; store_swap.c: a tag's staging
+ *             store_describe.c → store_seal.c; store_commit.c → store_latest.c →
+ *             retention.c → store_tag.c; store_swap.c: a tag's staging
  *             directory and the exchange that replaces the tag; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
@@ -79,6 +81,7 @@ struct source;
 struct save;
 struct conn;
 struct store_file;
+struct seal_seen;
 struct resident;
 struct uv_loop_s;
 struct proto_out;
@@ -490,8 +493,9 @@ void *source_priv(struct source *s, const struct source_ops *ops);
 /* Whether every byte of the source can be read (a VMM range may still be mapping). */
 int source_complete(const struct source *s);
 
-/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, store_latest.c,
- * store_tag.c, retention.c — the checkpoint directories on disk (their format is format/'s). */
+/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, store_describe.c,
+ * store_latest.c, store_tag.c, retention.c — the checkpoint directories on disk (their format
+ * is format/'s). */
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
 #define STORE_XATTR_HOST "user.dsckpt.host" /* on a partial from its creation: its node */
@@ -581,10 +585,53 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen);
 /* store_commit as of created_ns (0: now): the daemons' commit of a sealed tag dates it by its
- * newest seal, so that a job's tags order by step however late each commit lands. */
+ * newest seal, so that a job's tags order by step however late each commit lands, and takes
+ * the descriptions of its files from the run's seal records seen (NULL: from the headers). */
 int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
-		    struct store_commit_info *info, char *err, size_t errlen);
+		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
+		    size_t errlen);
+/* store_describe.c — a tag's files described for its manifest: from their headers, or from
+ * the seal records of the nodes that wrote them. */
+/* One file of a checkpoint as its manifest will describe it. */
+struct store_entry {
+	const char *name;
+	uint64_t size;
+	long rank;
+	int other;                       /* of another run than the commit's */
+	/* safetensors */
+	struct st_header *h;             /* its parsed header */
+	struct manifest_tensor *t;       /* its tensors, as the manifest lists them */
+	const char *data_xxh3;           /* borrowed from h */
+	char meta_xxh3[CHECKSUM_HEX + 1]; /* its .meta's checksum as recorded, or "" */
+	uint64_t meta_size;              /* and size */
+	/* meta */
+	char xxh3[CHECKSUM_HEX + 1];
+	const struct manifest_file *d;   /* its seal record's description, or NULL */
+};
+struct store_seal_desc;
+/* Describes every *.safetensors and *.meta file of the tag dfd (at path) among names (n,
+ * sorted) into ents (n entries; *nents used), marking those of another run than run: as desc
+ * describes them (NULL: none), else from their headers. 0 or a negative ERR_E* with err. */
+int store_describe_all(int dfd, const char *path, const char *run, char **names, size_t n,
+		       struct store_seal_desc *desc, struct store_entry *ents, size_t *nents,
+		       char *err, size_t errlen);
+/* Whether e is a safetensors file. */
+int store_entry_st(const struct store_entry *e);
+/* The manifest's entry of e (its strings and tensors borrowed from e). */
+struct manifest_file store_entry_file(const struct store_entry *e);
+/* A node's files of a tag as its seal record describes them. */
+struct store_files {
+	struct manifest_file *files;
+	size_t n;
+	void *own;            /* what files point into */
+};
+/* Describes <base>.safetensors of each of bases (n) in the tag dfd, files of run, and the
+ * .meta siblings their headers record, into out (store_files_free); 0 or a negative ERR_E*. */
+int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
+			 struct store_files *out, char *err, size_t errlen);
+/* Frees what store_describe_files made. */
+void store_files_free(struct store_files *f);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
@@ -645,12 +692,32 @@ int store_seal_read(int dirfd, const char *name, struct seal_record *r);
 int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
 		    uint8_t *have, uint64_t *newest);
 /* The records a collecting node has read already: each name with the inode it had (a record
- * rewritten is renamed into place, so a new inode). */
+ * rewritten is renamed into place, so a new inode), and the record as read when it is of the
+ * job's run (its files' descriptions make the commit's manifest). */
 struct seal_seen {
 	char **names;
 	ino_t *inos;
+	struct seal_record *recs;   /* host NULL: not of the run (or unreadable) */
 	size_t n, cap;
 };
+/* The files the run's records describe, by name, for one commit. */
+struct store_seal_desc {
+	const struct manifest_file **files;  /* sorted by name */
+	uint8_t *listed;                     /* each found in the directory's listing */
+	size_t n;
+	const struct seal_seen *seen;
+};
+/* Collects the files the records of seen describe into d (store_seal_desc_free); 0, or -1
+ * without memory. A file two records describe is the first's. */
+int store_seal_desc_build(const struct seal_seen *seen, struct store_seal_desc *d);
+/* The description of the file name (NULL d: none), marked as listed; NULL if none. */
+const struct manifest_file *store_seal_desc_find(struct store_seal_desc *d, const char *name);
+/* ERR_EINCOMPLETE with err when a record describes a file the listing did not hold; else 0. */
+int store_seal_desc_missing(const struct store_seal_desc *d, char *err, size_t errlen);
+/* Whether name is a record of the run seen read (NULL d: no). */
+int store_seal_desc_ours(const struct store_seal_desc *d, const char *name);
+/* Frees what store_seal_desc_build made. */
+void store_seal_desc_free(struct store_seal_desc *d);
 /* store_seal_scan reading only the records not in seen (which it adds), adding their ranks
  * to have and *newest as they stand (a run's records only ever grow): each record is read
  * about once however often the node looks. */
@@ -1283,8 +1350,34 @@ struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int
 				    int records, seal_watch_cb cb, void *arg);
 /* Stops and frees a watch (NULL is fine). */
 void seal_watch_stop(struct seal_watch *w);
-/* Threadpool: whether the manifest in the tag dfd commits run by world ranks. */
-int seal_watch_mine(int dfd, const char *run, unsigned world);
+/* Threadpool: whether the manifest in the tag dfd commits run by world ranks; *present:
+ * whether there is one (one open either way). */
+int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
+
+/* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
+/* The ranks of uid's job and run (world) sealed through this daemon into the directory. */
+struct seal_scope {
+	uid_t uid;
+	struct store_dirid dirid;
+	const char *job, *run;
+	unsigned world;
+	const uint8_t *sealed;    /* world entries */
+};
+/* The names (without .safetensors) of the files those ranks saved there. */
+struct seal_files {
+	char **bases;
+	size_t n;
+};
+/* Collects them into f (replacing what it held). */
+void seal_files_gather(struct seal_files *f, const struct seal_scope *sc);
+/* Whether a rank of the scope's job and run saved there through this daemon, unsealed. */
+int seal_files_unsealed(const struct seal_scope *sc);
+/* Threadpool: writes record r into the tag dfd (at dir), f's files described. */
+int seal_files_write(const struct config *cfg, int dfd, const struct seal_record *r,
+		     const struct seal_files *f, uid_t uid, gid_t gid, const char *dir,
+		     char *err, size_t errlen);
+/* Frees what f holds. */
+void seal_files_free(struct seal_files *f);
 
 /* overwrite.c — which version of a tag a save, a seal, a commit names (loop thread). */
 /* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, or its
