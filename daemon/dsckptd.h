@@ -191,6 +191,15 @@ struct config {
 	uint64_t upload_part_bytes;    /* multipart part size */
 	double upload_max_mib_per_s;   /* shared by all uploads of the daemon; 0: no cap */
 	unsigned keep_last_remote;     /* committed tags kept per job in the remote tier; 0: all */
+	/* Peer copies (config_peer.c reads these; peer*.c and replica_store.c use them). */
+	unsigned replicas;         /* other nodes holding each node's committed files; 0: none */
+	unsigned peer_port;        /* UCX listener's TCP port */
+	char *peer_secret_file;    /* "": peer copies off */
+	char *peer_secret;         /* its bytes, trailing white space cut; never logged */
+	size_t peer_secret_len;
+	double replica_cache_gib;  /* as written */
+	uint64_t replica_cache_bytes;
+	char *replica_root;        /* canonical; "": copies held in memory only */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -205,6 +214,9 @@ void config_unref(struct config *cfg);
 void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);
+/* Whether cfg turns peer copies on: a peer_secret_file read and replicas not 0
+ * (config_peer.c). */
+int config_peer_on(const struct config *cfg);
 
 /* remote.c — a root's remote tier (DESIGN.md §9): an S3-compatible store (remote_s3.c, over
  * libcurl: SigV4 signing, parallel requests on a multi handle) or a shared directory
