@@ -46,7 +46,8 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n, not yet called by saves or loads).
+ * remote_cap.c's upload cap; checked by dsckptd -n, not yet called by saves or loads), and
+ * peer_place.c (where a node's peer copies go: a pure function of the job's host names).
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -286,6 +287,19 @@ int remote_retryable(int code);
 /* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
  * remote that does not answer in err. */
 int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
+
+/* peer_place.c — where a node's committed files get their peer copies (issue 35): the job's
+ * host names (from its seal records, in any order) sorted, each once, read as a ring. The
+ * pointers written into out are hosts' own. */
+/* The peers that keep self's copies: the `replicas` hosts after self on the ring (fewer when
+ * the job has fewer other nodes), at most cap; how many, -ENOENT when self is not among
+ * hosts, or -ENOMEM. */
+int peer_place(const char *const *hosts, size_t n, const char *self, unsigned replicas,
+	       const char **out, size_t cap);
+/* The nodes whose copies self keeps: the `replicas` hosts before self on the ring; as
+ * peer_place. */
+int peer_place_owners(const char *const *hosts, size_t n, const char *self, unsigned replicas,
+		      const char **out, size_t cap);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {
