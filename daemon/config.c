@@ -113,6 +113,9 @@ const struct option config_options[] = {
 	{ "replica_root", OPT_STRING, 0, 4095, "\"\"", OFF(replica_root),
 	  "directory (the daemon's own, apart from allowed_roots) that other nodes' copies spill "
 	  "to past replica_cache_size; \"\": memory only" },
+	{ "peer_max_mib_per_s", OPT_NUMBER, 0, 1048576, "0", OFF(peer_max_mib_per_s),
+	  "MiB/s all peer copies the daemon sends may take together, so that they leave the "
+	  "trainer its network; 0: no cap" },
 };
 const size_t config_noptions = sizeof(config_options) / sizeof(config_options[0]);
 _Static_assert(sizeof(config_options) / sizeof(config_options[0]) <= CONFIG_MAX_OPTIONS,

@@ -30,7 +30,7 @@
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
  * through their state machines' handlers), save levels to their observers (commit.c, seal.c,
- * metrics_save.c; all wired in main.c), and every answer to the client through reply.c, by
+ * metrics_save.c, peer.c; all wired in main.c), and every answer to the client through reply.c, by
  * connection id; reply.c encodes values it is handed (query.c's for the queries) and reads
  * no registry. conn.c knows no handler: main.c hands it request.c's dispatch and disconnect
  * callbacks. Below the request layer nothing holds a connection pointer or a struct session:
@@ -47,7 +47,12 @@
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
  * remote_cap.c's upload cap; checked by dsckptd -n, not yet called by saves or loads), and
- * peer_place.c (where a node's peer copies go: a pure function of the job's host names).
+ * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
+ * sender thread → peer_place.c (where copies go: a pure function of the job's host names)
+ * and peer_send.c; peer_ucx.c's listener and connection threads → peer_serve.c; both →
+ * peer_auth.c (HMAC over the shared secret), peer_ucx.c (UCX's ucp) and replica_store.c
+ * (other nodes' copies, checked, in memory or replica_root). None runs on the loop thread
+ * but peer_on_save, which only queues.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -201,6 +206,7 @@ struct config {
 	double replica_cache_gib;  /* as written */
 	uint64_t replica_cache_bytes;
 	char *replica_root;        /* canonical; "": copies held in memory only */
+	double peer_max_mib_per_s; /* what sending copies may take of the network; 0: no cap */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -332,6 +338,8 @@ int peer_net_open(double timeout_s, struct peer_net **out, char *err, size_t err
 /* Listens on port, serving each connection with serve(arg, link), max_conns at once. */
 int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
 		void *arg, char *err, size_t errlen);
+/* Makes every call on the net's links fail from now on (any thread). */
+void peer_net_stop(struct peer_net *n);
 /* Stops listening, ends every connection's calls, waits for their threads, closes. */
 void peer_net_close(struct peer_net *n);
 /* Connects to host:port (resolved as the system does); a peer that is down is found by the
@@ -435,6 +443,18 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
 	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
+
+/* peer.c — peer copies in the daemon, on with a peer_secret_file: the service on peer_port
+ * and, for each COMMITTED save of a tag this node sealed, its files sent on a thread of its
+ * own to the first `replicas` peers of the ring (peer_place) that take them. */
+/* Starts them when cfg turns them on; 0 (also when off) or -1 with err. */
+int peer_start(const struct config *cfg, char *err, size_t errlen);
+/* Stops them (shutdown); no-op when off. */
+void peer_stop(void);
+/* save_change_cb: queues a COMMITTED save's tag for sending (loop thread). */
+void peer_on_save(struct save *s);
+/* dsckptd -n: UCX opens with a transport when cfg turns peer copies on; 0 or -1 with err. */
+int peer_check(const struct config *cfg, char *err, size_t errlen);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {

@@ -522,6 +522,14 @@ fail_worker:
 	return peer_errno(st) ? peer_errno(st) : -EIO;
 }
 
+/* Makes every call in flight on the net's links fail at its next wait, and every later one;
+ * any thread. */
+void peer_net_stop(struct peer_net *n)
+{
+	if (n)
+		atomic_store(&n->stopping, 1);
+}
+
 /* Stops: no new connection, every connection thread's call fails at its next wait and the
  * thread ends; waits for them all, then closes the listener and the context. NULL is fine. */
 void peer_net_close(struct peer_net *n)

@@ -2,12 +2,13 @@
  * links (tests/netns.c), UCX forced onto TCP over them: a node's peer service (peer_ucx.c,
  * peer_serve.c, replica_store.c) in one, a sender (peer_send.c) in the other. A committed
  * tag's files go across and come back by a fetch byte for byte, checked at the receiver; a
- * corrupted byte, a sender without the secret or with a wrong one, a server with a wrong one,
- * a sender that skips the challenge, and a sender killed mid-transfer: nothing is stored and
+ * corrupted byte, a sender without the secret or with a wrong one, a forged answer to the
+ * challenge, a server with a wrong one, a sender that skips the challenge, and a sender killed mid-transfer: nothing is stored and
  * nothing partial is ever visible. SKIP without root or ip(8). */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 #include "netns.h"
+#include "../daemon/peer_int.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -352,6 +353,56 @@ START_TEST(test_secret_refused)
 }
 END_TEST
 
+START_TEST(test_forged_response)
+{
+	struct peer_hello hello = { .magic = PEER_MAGIC, .version = PEER_VERSION };
+	struct peer_challenge ch;
+	struct peer_response resp;
+	struct peer_result res;
+	struct replica_store *mine;
+	struct peer_net *net;
+	struct peer_link *l;
+	struct replica *r;
+	char err[512], junk[sizeof(struct peer_ids)] = "";
+	uint64_t t;
+	size_t len;
+	int rc = -1;
+
+	if (!usable)
+		return;
+	/* A sender that ignores the listener's proof and answers with a made-up one: the
+	 * listener refuses it (RESULT -EACCES) and reads nothing after. */
+	start_server(SECRET);
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	for (int tries = 0; tries < 100 && rc != 0; tries++) {
+		if ((rc = peer_connect(net, ns.addr[0], PORT, 10, &l, err, sizeof(err))) == 0 &&
+		    ((rc = peer_send(l, PEER_HELLO, &hello, sizeof(hello))) != 0 ||
+		     (rc = peer_recv(l, &t, &ch, sizeof(ch), &len)) != 0)) {
+			peer_link_close(l);
+			h_sleep_ms(50);
+		}
+	}
+	ck_assert_int_eq(rc, 0);
+	ck_assert_uint_eq(t, PEER_CHALLENGE);
+	/* The proof of a sender holding the secret, one bit off. */
+	ck_assert_int_eq(peer_auth_mac(SECRET, strlen(SECRET), PEER_CLIENT, hello.nonce,
+				       ch.nonce, resp.mac), 0);
+	resp.mac[31] ^= 1;
+	ck_assert_int_eq(peer_send(l, PEER_RESPONSE, &resp, sizeof(resp)), 0);
+	ck_assert_int_eq(peer_recv(l, &t, &res, sizeof(res), &len), 0);
+	ck_assert_uint_eq(t, PEER_RESULT);
+	ck_assert_int_eq(res.code, -EACCES);
+	/* A PUT after it is not read: the link is closed. */
+	peer_send(l, PEER_PUT, junk, sizeof(junk));
+	ck_assert_int_ne(peer_recv(l, &t, &res, sizeof(res), &len), 0);
+	peer_link_close(l);
+	ck_assert_int_eq(replica_store_open(64u << 20, NULL, &mine, err, sizeof(err)), 0);
+	ck_assert_int_eq(fetch(net, mine, &r), -ENOENT);
+	replica_store_close(mine);
+	peer_net_close(net);
+}
+END_TEST
+
 START_TEST(test_server_without_secret)
 {
 	struct peer_net *net;
@@ -431,6 +482,7 @@ static Suite *peer_ucx_suite(void)
 	tcase_add_test(tc, test_put_fetch_exact);
 	tcase_add_test(tc, test_corrupt_refused);
 	tcase_add_test(tc, test_secret_refused);
+	tcase_add_test(tc, test_forged_response);
 	tcase_add_test(tc, test_server_without_secret);
 	tcase_add_test(tc, test_sender_killed);
 	suite_add_tcase(s, tc);
