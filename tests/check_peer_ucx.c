@@ -3,8 +3,9 @@
  * peer_serve.c, replica_store.c) in one, a sender (peer_send.c) in the other. A committed
  * tag's files go across and come back by a fetch byte for byte, checked at the receiver; a
  * corrupted byte, a sender without the secret or with a wrong one, a forged answer to the
- * challenge, a server with a wrong one, a sender that skips the challenge, and a sender killed mid-transfer: nothing is stored and
- * nothing partial is ever visible. SKIP without root or ip(8). */
+ * challenge, a server with a wrong one, a sender that skips the challenge, and a sender
+ * killed mid-transfer: nothing is stored and nothing partial is ever visible. SKIP without
+ * root or ip(8). */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 #include "netns.h"
