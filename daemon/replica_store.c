@@ -145,11 +145,18 @@ void replica_store_close(struct replica_store *rs)
 	free(rs);
 }
 
+/* Whether a is newer than b: by the manifest's created_ns, then by arrival. */
+static int replica_newer(const struct replica *a, const struct replica *b)
+{
+	return a->id.created_ns > b->id.created_ns ||
+	       (a->id.created_ns == b->id.created_ns && a->seq > b->seq);
+}
+
 /* Whether r is the newest copy its owner sent of its job (rs->lock held). */
 static int replica_newest(const struct replica_store *rs, const struct replica *r)
 {
 	for (const struct replica *o = rs->head; o; o = o->next)
-		if (o != r && o->seq > r->seq && strcmp(o->id.owner, r->id.owner) == 0 &&
+		if (o != r && replica_newer(o, r) && strcmp(o->id.owner, r->id.owner) == 0 &&
 		    strcmp(o->id.job, r->id.job) == 0)
 			return 0;
 	return 1;
@@ -470,8 +477,7 @@ struct replica *replica_find(struct replica_store *rs, const char *job, const un
 					have++;
 					break;
 				}
-		if (have == n && (best == NULL || r->id.created_ns > best->id.created_ns ||
-				  (r->id.created_ns == best->id.created_ns && r->seq > best->seq)))
+		if (have == n && (best == NULL || replica_newer(r, best)))
 			best = r;
 	}
 	if (best)
