@@ -4,7 +4,8 @@
  * node) saves and seals; once COMMITTED each node's daemon sends its rank's file to the other,
  * which keeps it checked: fetched back from each daemon (with the secret) it is byte for byte
  * the file on disk. A third daemon with another secret is refused both ways and holds
- * nothing of the job. SKIP
+ * nothing of the job; one of the job's nodes with another secret is skipped for the next
+ * node of the ring. SKIP
  * without root or ip(8). */
 #include "harness_daemon.h"
 #include "netns.h"
@@ -191,6 +192,65 @@ START_TEST(test_two_nodes_exchange)
 }
 END_TEST
 
+/* The next node of the ring takes a copy when a peer refuses it: three nodes seal a job of
+ * three ranks, but node 1 holds another secret; node 0's copy goes past it to node 2, and node
+ * 2's to node 0 (its successor on the ring). */
+START_TEST(test_next_node_when_refused)
+{
+	char dir[PATH_MAX], json[1024], scratch[256];
+	struct hdaemon n[3];
+	dsckpt_conn_t *c[3];
+	dsckpt_save_t *s[3];
+	void *mem[3];
+
+	if (!usable)
+		return;
+	netns_ucx_env();
+	h_tmpdir(scratch, sizeof(scratch));
+	const char *good = secret_file(scratch, 0, SECRET);
+	const char *other = secret_file(scratch, 1, "another-cluster-secret-9876543210");
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
+		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
+			 "\"%s\", \"replica_cache_size\": 0.0625,", ns.addr[i], i == 1 ? other : good);
+		if (i == 0) {
+			d_start(0.0625, json);
+			n[0] = *D;
+		} else {
+			char name[8];
+			snprintf(name, sizeof(name), "n%d", i);
+			h_daemon_start_peer(&n[i], D, name, 0.0625, json);
+		}
+	}
+	snprintf(dir, sizeof(dir), "%s/rj/step1", D->root);
+	for (int r = 0; r < 3; r++) {
+		ck_assert_int_eq(dsckpt_connect(n[r].socket, &c[r]), 0);
+		CK_DS(c[r], dsckpt_identify(c[r], "rj", r, 3));
+		char file[16];
+		snprintf(file, sizeof(file), "rank%d", r);
+		s[r] = save_pattern(c[r], dir, file, N_BYTES, 90 + (uint64_t)r, &mem[r]);
+	}
+	for (int r = 0; r < 3; r++) {
+		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
+		CK_DS(c[r], dsckpt_seal(c[r], dir));
+	}
+	for (int r = 0; r < 3; r++)
+		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+	check_copy(ns.addr[2], "rj", 0, h_path("%s/rank0.safetensors", dir), ns.addr[0]);
+	check_copy(ns.addr[0], "rj", 2, h_path("%s/rank2.safetensors", dir), ns.addr[2]);
+	ck_assert_msg(h_file_has(D->log, "trying the next node"), "%s", h_text(D->log));
+	for (int r = 0; r < 3; r++) {
+		dsckpt_save_free(s[r]);
+		dsckpt_host_free(mem[r]);
+		dsckpt_close(c[r]);
+	}
+	ck_assert_int_eq(h_daemon_kill(&n[1], SIGTERM), 0);
+	ck_assert_int_eq(h_daemon_kill(&n[2], SIGTERM), 0);
+	d_stop();
+	h_rm_rf(scratch);
+}
+END_TEST
+
 /* The suite. */
 static Suite *peer_replicate_suite(void)
 {
@@ -200,6 +260,7 @@ static Suite *peer_replicate_suite(void)
 	tcase_add_checked_fixture(tc, NULL, h_leftovers);
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_two_nodes_exchange);
+	tcase_add_test(tc, test_next_node_when_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

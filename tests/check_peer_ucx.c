@@ -3,8 +3,8 @@
  * peer_serve.c, replica_store.c) in one, a sender (peer_send.c) in the other. A committed
  * tag's files go across and come back by a fetch byte for byte, checked at the receiver; a
  * corrupted byte, a sender without the secret or with a wrong one, a forged answer to the
- * challenge, a server with a wrong one, a sender that skips the challenge, and a sender
- * killed mid-transfer: nothing is stored and nothing partial is ever visible. SKIP without
+ * challenge, a server with a wrong one, a sender that skips the challenge, a server that
+ * never answers (its timeout), and a sender killed mid-transfer: nothing is stored and nothing partial is ever visible. SKIP without
  * root or ip(8). */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
@@ -404,6 +404,28 @@ START_TEST(test_forged_response)
 }
 END_TEST
 
+START_TEST(test_peer_never_answers)
+{
+	struct peer_net *net;
+	struct peer_link *l;
+	char err[512];
+
+	if (!usable)
+		return;
+	/* A peer whose process stopped answering (SIGSTOP): its kernel still takes the
+	 * connection, nothing more comes; the sender gives up at its timeout, never hangs. */
+	start_server(SECRET);
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	ck_assert_int_eq(open_peer(net, SECRET, &l, err, sizeof(err)), 0);
+	peer_link_close(l);
+	ck_assert_int_eq(kill(server, SIGSTOP), 0);
+	int rc = peer_open(net, ns.addr[0], PORT, SECRET, strlen(SECRET), 2, &l, err, sizeof(err));
+	ck_assert_msg(rc == -ETIMEDOUT, "%d %s", rc, err);
+	kill(server, SIGCONT);
+	peer_net_close(net);
+}
+END_TEST
+
 START_TEST(test_server_without_secret)
 {
 	struct peer_net *net;
@@ -484,6 +506,7 @@ static Suite *peer_ucx_suite(void)
 	tcase_add_test(tc, test_corrupt_refused);
 	tcase_add_test(tc, test_secret_refused);
 	tcase_add_test(tc, test_forged_response);
+	tcase_add_test(tc, test_peer_never_answers);
 	tcase_add_test(tc, test_server_without_secret);
 	tcase_add_test(tc, test_sender_killed);
 	suite_add_tcase(s, tc);
