@@ -29,6 +29,8 @@
 #define PEER_TIMEOUT_S 30      /* one call on a link (a peer that never answers) */
 #define PEER_MAX_CONNS 64
 #define PEER_MAX_HOSTS 4096    /* seal records read from one tag */
+#define PEER_MAX_MINE 512      /* this node's ranks and files of one tag (the protocol takes
+				* 256 ranks a copy: peer_int.h) */
 #define PEER_SENT_KEPT 64      /* copies remembered as sent (not sent twice) */
 
 /* A tag to send: its directory, as SAVE_BEGIN opened it. */
@@ -62,10 +64,10 @@ struct peer_tag {
 	char *manifest;
 	size_t mlen;
 	struct manifest *m;
-	const struct manifest_file *files[PEER_MAX_HOSTS];
-	int fds[PEER_MAX_HOSTS];
+	const struct manifest_file *files[PEER_MAX_MINE];
+	int fds[PEER_MAX_MINE];
 	unsigned nfiles;
-	unsigned ranks[PEER_MAX_HOSTS];
+	unsigned ranks[PEER_MAX_MINE];
 	unsigned nranks;
 	char *hosts[PEER_MAX_HOSTS];
 	unsigned nhosts;
@@ -116,7 +118,7 @@ static int peer_tag_seals(int dirfd, struct peer_tag *t)
 			t->nhosts++;
 			if (strcmp(r.host, store_host()) == 0 && t->nranks == 0) {
 				snprintf(t->job, sizeof(t->job), "%s", r.job);
-				for (unsigned i = 0; i < r.nranks && i < PEER_MAX_HOSTS; i++)
+				for (unsigned i = 0; i < r.nranks && i < PEER_MAX_MINE; i++)
 					t->ranks[t->nranks++] = r.ranks[i];
 			}
 		}
@@ -145,7 +147,7 @@ static int peer_tag_read(int dirfd, struct peer_tag *t, char *err, size_t errlen
 		snprintf(err, errlen, "no seal record of this node (%s)", store_host());
 		return -ENOENT;
 	}
-	for (size_t i = 0; i < t->m->nfiles && t->nfiles < PEER_MAX_HOSTS; i++) {
+	for (size_t i = 0; i < t->m->nfiles && t->nfiles < PEER_MAX_MINE; i++) {
 		const struct manifest_file *f = &t->m->files[i];
 		int mine = 0;
 		for (unsigned k = 0; k < t->nranks; k++)
