@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -297,6 +298,15 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 {
 	if (!config_peer_on(cfg))
 		return 0;
+	int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (probe < 0 && (errno == EAFNOSUPPORT || errno == EPERM)) {
+		snprintf(err, errlen, "peer copies need the network (AF_INET), which this process "
+			 "may not use: under systemd, a drop-in with RestrictAddressFamilies=AF_UNIX "
+			 "AF_INET AF_INET6 AF_NETLINK (dsckptd.8)");
+		return -1;
+	}
+	if (probe >= 0)
+		close(probe);
 	peer.secret = malloc(cfg->peer_secret_len);
 	if (peer.secret == NULL || (peer.cap = peer_cap_new(cfg->peer_max_mib_per_s)) == NULL) {
 		snprintf(err, errlen, "peer copies: out of memory");
