@@ -5,8 +5,9 @@
  * files to their placement peers. It observes save levels (save_observe): when a save of a
  * sealed tag is COMMITTED, its directory is queued for the sender thread, which reads the
  * tag's manifest and seal records there (the job's hosts, this node's ranks), places the
- * copies (peer_place.c) and sends this node's files, from the files, to the first `replicas`
- * peers of the ring that take them (a peer down or refusing: the next one). A tag committed
+ * copies (peer_place.c) and sends this node's files, from the cache's resident copy where it
+ * still holds one (resident.c, pinned while sent) and from the files otherwise, to the first
+ * `replicas` peers of the ring that take them (a peer down or refusing: the next one). A tag committed
  * without seal records (a coordinator's COMMIT) names no hosts and is not sent.
  *
  * Threads: peer_on_save runs on the loop thread and only queues; the sender thread does the
@@ -50,6 +51,7 @@ static struct {
 	char *secret;
 	size_t secret_len;
 	unsigned port, replicas;
+	uint64_t chunk;               /* the cache's chunk: a resident copy's piece */
 	pthread_t sender;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -70,25 +72,85 @@ struct peer_tag {
 	unsigned nfiles;
 	unsigned ranks[PEER_MAX_MINE];
 	unsigned nranks;
+	struct resident *res[PEER_MAX_MINE]; /* a file's pinned resident copy, or NULL */
 	char *hosts[PEER_MAX_HOSTS];
 	unsigned nhosts;
 	char job[513], run[256];
+	uint64_t bytes_read, bytes_cached; /* what the sends read, and of it from the cache */
 };
 
-/* peer_read_fn: bytes of file i of the tag being sent, from its file. */
+/* peer_read_fn: bytes of file i of the tag being sent: its data from the cache's resident
+ * copy where a piece is held, the rest (the header, pieces given up) from the file. */
 static int peer_read_file(void *arg, unsigned i, uint64_t off, void *buf, size_t len)
 {
 	struct peer_tag *t = arg;
-	ssize_t n = userfile_pread(t->fds[i], buf, len, off);
+	uint64_t hl = t->files[i]->header_len;
+	uint8_t *out = buf;
+	ssize_t n;
 
+	t->bytes_read += len;
+	if (t->res[i] && off < hl) {  /* the header, from the file */
+		size_t h = len < hl - off ? len : (size_t)(hl - off);
+		if ((n = userfile_pread(t->fds[i], out, h, off)) != (ssize_t)h)
+			return n < 0 ? (int)n : -EIO;
+		out += h;
+		off += h;
+		len -= h;
+	}
+	while (len > 0 && t->res[i]) {
+		uint64_t d = off - hl, in = d % peer.chunk;
+		const uint8_t *piece = resident_piece(t->res[i], d / peer.chunk);
+		size_t k = len < peer.chunk - in ? len : (size_t)(peer.chunk - in);
+		if (piece == NULL)
+			break;
+		memcpy(out, piece + in, k);
+		out += k;
+		off += k;
+		len -= k;
+		t->bytes_cached += k;
+	}
+	n = len ? userfile_pread(t->fds[i], out, len, off) : 0;
 	return n == (ssize_t)len ? 0 : n < 0 ? (int)n : -EIO;
+}
+
+/* Pins the resident copy of file i (dir/<name>.safetensors, opened as fd) when the cache
+ * still holds one of this very file: the same inode and the same header bytes. */
+static void peer_tag_resident(struct peer_tag *t, unsigned i, const char *dir)
+{
+	const struct manifest_file *f = t->files[i];
+	size_t n = strlen(f->name), sfx = strlen(FMT_SAFETENSORS), hlen;
+	struct stat st;
+	char base[256];
+
+	if (strcmp(f->kind, MANIFEST_KIND_ST) != 0 || n <= sfx || n - sfx >= sizeof(base) ||
+	    fstat(t->fds[i], &st) != 0)
+		return;
+	memcpy(base, f->name, n - sfx);
+	base[n - sfx] = '\0';
+	if ((t->res[i] = resident_pin(dir, base, st.st_dev, st.st_ino)) == NULL) {
+		log_debug("peer: %s/%s: no resident copy; sent from the file", dir, f->name);
+		return;
+	}
+	const uint8_t *hdr = resident_header(t->res[i], &hlen);
+	uint8_t *disk = hlen == f->header_len ? malloc(hlen) : NULL;
+	if (disk == NULL || userfile_pread(t->fds[i], disk, hlen, 0) != (ssize_t)hlen ||
+	    memcmp(disk, hdr, hlen) != 0) {
+		log_debug("peer: %s/%s: its resident copy is stale; sent from the file", dir,
+			  f->name);
+		resident_unpin(t->res[i]);  /* rewritten since: the copy is stale */
+		t->res[i] = NULL;
+	}
+	free(disk);
 }
 
 /* Frees what peer_tag_read read. */
 static void peer_tag_free(struct peer_tag *t)
 {
-	for (unsigned i = 0; i < t->nfiles; i++)
+	for (unsigned i = 0; i < t->nfiles; i++) {
+		if (t->res[i])
+			resident_unpin(t->res[i]);
 		close(t->fds[i]);
+	}
 	for (unsigned i = 0; i < t->nhosts; i++)
 		free(t->hosts[i]);
 	manifest_free(t->m);
@@ -130,9 +192,10 @@ static int peer_tag_seals(int dirfd, struct peer_tag *t)
 	return t->nranks > 0 ? 0 : -ENOENT;
 }
 
-/* Reads a committed tag's manifest, seal records and this node's files, opened; 0 or a
- * negative errno with err. */
-static int peer_tag_read(int dirfd, struct peer_tag *t, char *err, size_t errlen)
+/* Reads a committed tag's manifest, seal records and this node's files, opened, with their
+ * resident copies pinned where the cache holds them; 0 or a negative errno with err. */
+static int peer_tag_read(int dirfd, const char *dir, struct peer_tag *t, char *err,
+			 size_t errlen)
 {
 	char why[256];
 	int e;
@@ -161,7 +224,8 @@ static int peer_tag_read(int dirfd, struct peer_tag *t, char *err, size_t errlen
 			return fd;
 		}
 		t->files[t->nfiles] = f;
-		t->fds[t->nfiles++] = fd;
+		t->fds[t->nfiles] = fd;
+		peer_tag_resident(t, t->nfiles++, dir);
 	}
 	return 0;
 }
@@ -227,7 +291,7 @@ static void peer_send_job(struct peer_job *j)
 		log_warnx("peer: %s not copied: the directory is gone or replaced", j->dir);
 		goto out;
 	}
-	if (peer_tag_read(dirfd, t, err, sizeof(err)) != 0) {
+	if (peer_tag_read(dirfd, j->dir, t, err, sizeof(err)) != 0) {
 		log_info("peer: %s not copied: %s", j->dir, err);
 		goto out;
 	}
@@ -236,6 +300,8 @@ static void peer_send_job(struct peer_job *j)
 	unsigned done = peer_send_tag(t, j->dir);
 	if (done < peer.replicas)
 		log_warnx("peer: %s is held by %u of %u peers", j->dir, done, peer.replicas);
+	log_info("peer: %s: %llu bytes read for its copies, %llu of them from the cache", j->dir,
+		 (unsigned long long)t->bytes_read, (unsigned long long)t->bytes_cached);
 out:
 	if (t)
 		peer_tag_free(t);
@@ -316,6 +382,7 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 	peer.secret_len = cfg->peer_secret_len;
 	peer.port = cfg->peer_port;
 	peer.replicas = cfg->replicas;
+	peer.chunk = cfg->chunk_bytes;
 	if (replica_store_open(cfg->replica_cache_bytes, cfg->replica_root, &peer.rs, err,
 			       errlen) != 0 ||
 	    peer_net_open(PEER_TIMEOUT_S, &peer.net, err, errlen) != 0)

@@ -3,7 +3,7 @@
  * root, UCX forced onto TCP over veths, a peer_secret_file. A two-rank job (one rank per
  * node) saves and seals; once COMMITTED each node's daemon sends its rank's file to the other,
  * which keeps it checked: fetched back from each daemon (with the secret) it is byte for byte
- * the file on disk. A third daemon with another secret is refused both ways and holds
+ * the file on disk, its data read from the cache's resident copy. A third daemon with another secret is refused both ways and holds
  * nothing of the job; one of the job's nodes with another secret is skipped for the next
  * node of the ring. SKIP
  * without root or ip(8). */
@@ -118,6 +118,19 @@ static void check_copy(const char *addr, const char *job, unsigned rank, const c
 	replica_store_close(mine);
 }
 
+/* The bytes a daemon's log says its copies of dir read in all, and from the cache. */
+static void cached_bytes(const char *log, const char *dir, unsigned long long *all,
+			 unsigned long long *cached)
+{
+	char *text = h_read_file(log, NULL), key[PATH_MAX + 16];
+	snprintf(key, sizeof(key), "peer: %s: ", dir);
+	const char *at = text ? strstr(text, key) : NULL;
+	ck_assert_msg(at, "no line '%s' in %s", key, log);
+	ck_assert_int_eq(sscanf(at + strlen(key), "%llu bytes read for its copies, %llu of them",
+				all, cached), 2);
+	free(text);
+}
+
 START_TEST(test_two_nodes_exchange)
 {
 	char dir[PATH_MAX], json[1024], scratch[256];
@@ -167,6 +180,12 @@ START_TEST(test_two_nodes_exchange)
 	/* Each node's file is kept by the other, checked, and comes back exactly. */
 	check_copy(ns.addr[1], "pj", 0, h_path("%s/rank0.safetensors", dir), ns.addr[0]);
 	check_copy(ns.addr[0], "pj", 1, h_path("%s/rank1.safetensors", dir), ns.addr[1]);
+	/* The data came from the cache's resident copy (keep_resident, a cache that holds it):
+	 * all of it but the header. */
+	unsigned long long all, cached;
+	cached_bytes(D->log, dir, &all, &cached);
+	ck_assert_uint_eq(cached, N_BYTES);
+	ck_assert_uint_gt(all, cached);
 	/* The other cluster's node: refused by both, and holding nothing of ours. */
 	struct replica_store *mine;
 	struct replica *rep;
