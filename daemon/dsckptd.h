@@ -48,8 +48,8 @@
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
  * remote_cap.c's upload cap; checked by dsckptd -n, not yet called by saves or loads), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
- * sender thread → peer_place.c (where copies go: a pure function of the job's host names)
- * and peer_send.c; peer_ucx.c's listener and connection threads → peer_serve.c; both →
+ * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
+ * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's listener and connection threads → peer_serve.c; both →
  * peer_auth.c (HMAC over the shared secret), peer_ucx.c (UCX's ucp) and replica_store.c
  * (other nodes' copies, checked, in memory or replica_root). None runs on the loop thread
  * but peer_on_save, which only queues.
@@ -446,7 +446,8 @@ int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsi
 
 /* peer.c — peer copies in the daemon, on with a peer_secret_file: the service on peer_port
  * and, for each COMMITTED save of a tag this node sealed, its files sent on a thread of its
- * own to the first `replicas` peers of the ring (peer_place) that take them. */
+ * own (from their resident copies where the cache keeps them) to the first `replicas` peers
+ * of the ring (peer_place) that take them. */
 /* Starts them when cfg turns them on; 0 (also when off) or -1 with err. */
 int peer_start(const struct config *cfg, char *err, size_t errlen);
 /* Stops them (shutdown); no-op when off. */
