@@ -7,8 +7,8 @@
  * tag's manifest and seal records there (the job's hosts, this node's ranks), places the
  * copies (peer_place.c) and sends this node's files, from the cache's resident copy where it
  * still holds one (resident.c, pinned while sent) and from the files otherwise, to the first
- * `replicas` peers of the ring that take them (a peer down or refusing: the next one). A tag committed
- * without seal records (a coordinator's COMMIT) names no hosts and is not sent.
+ * `replicas` peers of the ring that take them (a peer down or refusing: the next one). A tag
+ * committed without seal records (a coordinator's COMMIT) names no hosts and is not sent.
  *
  * Threads: peer_on_save runs on the loop thread and only queues; the sender thread does the
  * reading and sending; peer_ucx.c's threads serve. peer.lock guards the queue, the stop flag

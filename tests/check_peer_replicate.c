@@ -3,9 +3,9 @@
  * root, UCX forced onto TCP over veths, a peer_secret_file. A two-rank job (one rank per
  * node) saves and seals; once COMMITTED each node's daemon sends its rank's file to the other,
  * which keeps it checked: fetched back from each daemon (with the secret) it is byte for byte
- * the file on disk, its data read from the cache's resident copy. A third daemon with another secret is refused both ways and holds
- * nothing of the job; one of the job's nodes with another secret is skipped for the next
- * node of the ring. SKIP
+ * the file on disk, its data read from the cache's resident copy. A third daemon with
+ * another secret is refused both ways and holds nothing of the job; one of the job's nodes
+ * with another secret is skipped for the next node of the ring. SKIP
  * without root or ip(8). */
 #include "harness_daemon.h"
 #include "netns.h"

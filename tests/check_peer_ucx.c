@@ -4,8 +4,8 @@
  * tag's files go across and come back by a fetch byte for byte, checked at the receiver; a
  * corrupted byte, a sender without the secret or with a wrong one, a forged answer to the
  * challenge, a server with a wrong one, a sender that skips the challenge, a server that
- * never answers (its timeout), and a sender killed mid-transfer: nothing is stored and nothing partial is ever visible. SKIP without
- * root or ip(8). */
+ * never answers (its timeout), and a sender killed mid-transfer: nothing is stored and
+ * nothing partial is ever visible. SKIP without root or ip(8). */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 #include "netns.h"
