@@ -50,9 +50,10 @@
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
  * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
- * listener and connection threads → peer_serve.c; both → peer_auth.c (HMAC over the shared secret), peer_ucx.c (UCX's ucp) and replica_store.c
- * (other nodes' copies, checked, in memory or replica_root). None runs on the loop thread
- * but peer_on_save, which only queues.
+ * listener and connection threads → peer_serve.c; both → peer_auth.c (HMAC over the
+ * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
+ * in memory or replica_root). None runs on the loop thread but peer_on_save, which only
+ * queues.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
