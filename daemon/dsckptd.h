@@ -35,7 +35,7 @@
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
  * through their state machines' handlers), save levels to their observers (commit.c, seal.c,
- * metrics_save.c; all wired in main.c), and every answer to the client through reply.c, by
+ * metrics_save.c, peer.c; all wired in main.c), and every answer to the client through reply.c, by
  * connection id; reply.c encodes values it is handed (query.c's for the queries) and reads
  * no registry. conn.c knows no handler: main.c hands it request.c's dispatch and disconnect
  * callbacks. Below the request layer nothing holds a connection pointer or a struct session:
@@ -51,7 +51,14 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH).
+ * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH), and
+ * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
+ * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
+ * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
+ * listener and connection threads → peer_serve.c; both → peer_auth.c (HMAC over the
+ * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
+ * in memory or replica_root). None runs on the loop thread but peer_on_save, which only
+ * queues.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -197,6 +204,16 @@ struct config {
 	uint64_t upload_part_bytes;    /* multipart part size */
 	double upload_max_mib_per_s;   /* shared by all uploads of the daemon; 0: no cap */
 	unsigned keep_last_remote;     /* committed tags kept per job in the remote tier; 0: all */
+	/* Peer copies (config_peer.c reads these; peer*.c and replica_store.c use them). */
+	unsigned replicas;         /* other nodes holding each node's committed files; 0: none */
+	unsigned peer_port;        /* UCX listener's TCP port */
+	char *peer_secret_file;    /* "": peer copies off */
+	char *peer_secret;         /* its bytes, trailing white space cut; never logged */
+	size_t peer_secret_len;
+	double replica_cache_gib;  /* as written */
+	uint64_t replica_cache_bytes;
+	char *replica_root;        /* canonical; "": copies held in memory only */
+	double peer_max_mib_per_s; /* what sending copies may take of the network; 0: no cap */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -211,6 +228,9 @@ void config_unref(struct config *cfg);
 void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);
+/* Whether cfg turns peer copies on: a peer_secret_file read and replicas not 0
+ * (config_peer.c). */
+int config_peer_on(const struct config *cfg);
 
 /* remote.c — a root's remote tier (DESIGN.md §9): an S3-compatible store (remote_s3.c, over
  * libcurl: SigV4 signing, parallel requests on a multi handle) or a shared directory
@@ -312,6 +332,169 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
  * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
 int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
 		size_t taglen, uint64_t *created_ns, char *err, size_t errlen);
+
+/* peer_place.c — where a node's committed files get their peer copies (issue 35): the job's
+ * host names (from its seal records, in any order) sorted, each once, read as a ring. The
+ * pointers written into out are hosts' own. */
+/* The peers that keep self's copies: the `replicas` hosts after self on the ring (fewer when
+ * the job has fewer other nodes), at most cap; how many, -ENOENT when self is not among
+ * hosts, or -ENOMEM. */
+int peer_place(const char *const *hosts, size_t n, const char *self, unsigned replicas,
+	       const char **out, size_t cap);
+/* The nodes whose copies self keeps: the `replicas` hosts before self on the ring; as
+ * peer_place. */
+int peer_place_owners(const char *const *hosts, size_t n, const char *self, unsigned replicas,
+		      const char **out, size_t cap);
+
+/* peer_auth.c — daemons prove to each other that they hold the cluster's secret
+ * (peer_secret_file): HMAC-SHA256 (OpenSSL's libcrypto) of the secret over a label naming the
+ * side and both sides' fresh nonces, compared in constant time. Pure; any thread. */
+#define PEER_NONCE_LEN 32
+#define PEER_MAC_LEN 32
+enum { PEER_SERVER, PEER_CLIENT };
+/* Fills a nonce from getrandom(2); 0 or -errno. */
+int peer_auth_nonce(uint8_t nonce[PEER_NONCE_LEN]);
+/* side's proof over the nonces into mac; 0 or -EIO. */
+int peer_auth_mac(const void *secret, size_t len, int side,
+		  const uint8_t client_nonce[PEER_NONCE_LEN],
+		  const uint8_t server_nonce[PEER_NONCE_LEN], uint8_t mac[PEER_MAC_LEN]);
+/* 0 when mac is side's proof over the nonces, -EACCES when not, -EIO. */
+int peer_auth_check(const void *secret, size_t len, int side,
+		    const uint8_t client_nonce[PEER_NONCE_LEN],
+		    const uint8_t server_nonce[PEER_NONCE_LEN], const uint8_t mac[PEER_MAC_LEN]);
+
+/* peer_ucx.c — links between daemons over UCX's ucp API (tagged messages; RDMA, TCP or shared
+ * memory as UCX picks): a listener thread hands each connection to a thread of its own, with a
+ * worker of its own; every call blocks its thread at most the link's timeout and returns 0
+ * or a negative errno (ECONNRESET: the other side went away; ETIMEDOUT). Never the loop
+ * thread's. */
+struct peer_net;
+struct peer_link;
+/* Serves one accepted link on its own thread; the link is closed when it returns. */
+typedef void (*peer_serve_fn)(void *arg, struct peer_link *l);
+/* Opens the daemon's UCX context; links it accepts wait timeout_s per call. */
+int peer_net_open(double timeout_s, struct peer_net **out, char *err, size_t errlen);
+/* Listens on port, serving each connection with serve(arg, link), max_conns at once. */
+int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
+		void *arg, char *err, size_t errlen);
+/* Makes every call on the net's links fail from now on (any thread). */
+void peer_net_stop(struct peer_net *n);
+/* Stops listening, ends every connection's calls, waits for their threads, closes. */
+void peer_net_close(struct peer_net *n);
+/* Connects to host:port (resolved as the system does); a peer that is down is found by the
+ * first call. */
+int peer_connect(struct peer_net *n, const char *host, unsigned port, double timeout_s,
+		 struct peer_link **out, char *err, size_t errlen);
+/* Sends a message of type tag. */
+int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len);
+/* Receives the next message of any type into buf (cap bytes; -EMSGSIZE past it). */
+int peer_recv(struct peer_link *l, uint64_t *tag, void *buf, size_t cap, size_t *len);
+/* The other side's address, for messages. */
+const char *peer_link_who(const struct peer_link *l);
+/* Sets how long each call of l may wait. */
+void peer_link_set_timeout(struct peer_link *l, double seconds);
+/* Closes a link (what was sent is flushed first while the peer answers). NULL is fine. */
+void peer_link_close(struct peer_link *l);
+
+/* replica_store.c — other nodes' copies of their committed files (one owner's files of one
+ * tag, with the tag's manifest), in replica_cache_size of host memory, spilling to
+ * replica_root; a copy is visible only once every file arrived whole and checked against the
+ * manifest's checksums and the sender's; the oldest go first for room, never an owner's
+ * newest of a job nor one being read. Thread-safe. */
+struct replica_store;
+struct replica;
+/* A copy's identity: whose (owner host), which job, run and tag, the tag's directory there
+ * and its manifest's created_ns. */
+struct replica_id {
+	const char *owner, *job, *run, *tag, *dir;
+	uint64_t created_ns;
+};
+/* Opens a store of mem bytes spilling to root ("" or NULL: none). */
+int replica_store_open(uint64_t mem, const char *root, struct replica_store **out, char *err,
+		       size_t errlen);
+/* Frees every copy (none referenced) and the store. NULL is fine. */
+void replica_store_close(struct replica_store *rs);
+/* Begins an incoming copy of the files of the n ranks in manifest text (len bytes). */
+int replica_in_begin(struct replica_store *rs, const struct replica_id *id, const char *text,
+		     size_t len, const unsigned *ranks, unsigned n, struct replica **out,
+		     char *err, size_t errlen);
+/* Begins its file name of size bytes (one of those files, that size); its index into *index. */
+int replica_in_file(struct replica *r, const char *name, uint64_t size, unsigned *index,
+		    char *err, size_t errlen);
+/* Appends bytes to file index, in order. */
+int replica_in_write(struct replica *r, unsigned index, const void *buf, size_t len, char *err,
+		     size_t errlen);
+/* Ends file index: whole, and matching sent_xxh3 and the manifest (else -EBADMSG). */
+int replica_in_file_end(struct replica *r, unsigned index, uint64_t sent_xxh3, char *err,
+			size_t errlen);
+/* Makes the copy visible once every file of it ended checked. */
+int replica_in_commit(struct replica *r, char *err, size_t errlen);
+/* Drops an incoming copy, never seen. NULL is fine. */
+void replica_in_abort(struct replica *r);
+/* The newest visible copy of job with a file of each of the n ranks, referenced; or NULL. */
+struct replica *replica_find(struct replica_store *rs, const char *job, const unsigned *ranks,
+			     unsigned n);
+/* Takes a reference to a visible copy. */
+void replica_hold(struct replica *r);
+/* Drops a reference (an evicted copy goes with its last). */
+void replica_put(struct replica *r);
+/* A copy's identity, manifest text and number of files (the copy's own). */
+const struct replica_id *replica_id(const struct replica *r, const char **manifest,
+				    size_t *len, unsigned *nfiles);
+/* File i's manifest entry. */
+const struct manifest_file *replica_file(const struct replica *r, unsigned i);
+/* Reads len bytes at off of file i. */
+int replica_read(const struct replica *r, unsigned i, uint64_t off, void *buf, size_t len);
+/* Copies held, bytes of memory held, evictions so far. */
+void replica_stats(struct replica_store *rs, unsigned *copies, uint64_t *mem,
+		   uint64_t *evictions);
+
+/* peer_serve.c — the listening side: a peer proves it holds the secret (and is shown that we
+ * do) before it may place copies in the store or fetch them. */
+struct peer_service {
+	const void *secret;
+	size_t secret_len;
+	struct replica_store *rs;
+	_Atomic unsigned long copies_in, refused, fetches;
+};
+/* peer_serve_fn over a struct peer_service. */
+void peer_serve(void *arg, struct peer_link *l);
+
+/* peer_send.c — the connecting side: open (prove membership both ways), put a copy, fetch
+ * one. Blocking, on the caller's thread. */
+struct peer_cap;
+/* Reads len bytes at off of file i of a copy being sent into buf; 0 or a negative errno. */
+typedef int (*peer_read_fn)(void *arg, unsigned i, uint64_t off, void *buf, size_t len);
+/* A sending bandwidth cap of mib_per_s (0: none), shared by the sends given it. */
+struct peer_cap *peer_cap_new(double mib_per_s);
+/* Frees a cap no send uses. NULL is fine. */
+void peer_cap_free(struct peer_cap *c);
+/* Connects and authenticates both ways (EACCES: the secrets differ). */
+int peer_open(struct peer_net *n, const char *host, unsigned port, const void *secret,
+	      size_t slen, double timeout_s, struct peer_link **out, char *err, size_t errlen);
+/* Sends a copy (identity, ranks, manifest, the files of those ranks read through read, under
+ * cap); 0 once the peer checked and kept it. */
+int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *ranks,
+	     unsigned nranks, const char *manifest, size_t mlen,
+	     const struct manifest_file *const *files, unsigned nfiles, peer_read_fn read,
+	     void *arg, struct peer_cap *cap, char *err, size_t errlen);
+/* Fetches the peer's newest copy of job holding the n ranks into the store into, checked;
+ * the copy referenced into *out, or -ENOENT when the peer holds none. */
+int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
+	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
+
+/* peer.c — peer copies in the daemon, on with a peer_secret_file: the service on peer_port
+ * and, for each COMMITTED save of a tag this node sealed, its files sent on a thread of its
+ * own (from their resident copies where the cache keeps them) to the first `replicas` peers
+ * of the ring (peer_place) that take them. */
+/* Starts them when cfg turns them on; 0 (also when off) or -1 with err. */
+int peer_start(const struct config *cfg, char *err, size_t errlen);
+/* Stops them (shutdown); no-op when off. */
+void peer_stop(void);
+/* save_change_cb: queues a COMMITTED save's tag for sending (loop thread). */
+void peer_on_save(struct save *s);
+/* dsckptd -n: UCX opens with a transport when cfg turns peer copies on; 0 or -1 with err. */
+int peer_check(const struct config *cfg, char *err, size_t errlen);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {

@@ -78,6 +78,7 @@ static void print_config_errors(const char *path, const char *err)
 static void finish(void)
 {
 	conn_close_all();	/* their loads are cancelled */
+	peer_stop();		/* sends and peers' connections broken, threads joined */
 	load_cancel_all();
 	engine_stop();
 	restore_stop();
@@ -300,7 +301,8 @@ int main(int argc, char **argv)
 		log_info("%s", say);
 	if (check_only) {
 		/* The file is good; each root's remote tier must also answer. */
-		int unreachable = remote_check_roots(dsckptd.config, err, sizeof(err)) != 0;
+		int unreachable = remote_check_roots(dsckptd.config, err, sizeof(err)) != 0 ||
+				  peer_check(dsckptd.config, err, sizeof(err)) != 0;
 		if (unreachable)
 			print_config_errors(config_arg ? config_arg : "built-in defaults", err);
 		else
@@ -359,6 +361,12 @@ int main(int argc, char **argv)
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
+	/* Peer copies (with a peer_secret_file): before any other thread, as UCX reads its
+	 * environment; their sends start at the first COMMITTED. */
+	if (peer_start(dsckptd.config, err, sizeof(err)) < 0) {
+		log_error("%s; not starting", err);
+		goto fail_locks;
+	}
 	dsckptd.loop = uv_default_loop();
 	/* The context to the modules that keep it (seal.c's first: recovery resumes seals). */
 	seal_init(&dsckptd);
@@ -403,6 +411,7 @@ int main(int argc, char **argv)
 	save_observe(commit_on_save);
 	save_observe(seal_on_save);
 	save_observe(metrics_on_save);
+	save_observe(peer_on_save);
 	save_open_with(overwrite_save_dir);
 	uv_check_init(dsckptd.loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
@@ -450,6 +459,7 @@ fail_engine:
 fail_cache:
 	cache_destroy(dsckptd.cache);
 fail_locks:
+	peer_stop();
 	pidfile_remove();
 	lock_release();
 fail_args:
