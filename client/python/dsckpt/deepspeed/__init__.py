@@ -38,11 +38,9 @@ answering ``is_decoupled() == True``):
   ``save_latest=False`` to DeepSpeed so that DeepSpeed does not write ``latest`` before the
   daemon has committed: the daemon writes it.
 * ``cleanup()`` (DeepSpeed's ``destroy``, also run when the engine is garbage-collected)
-  commits what is pending and waits for the background commits;
-  :meth:`DsckptCheckpointEngine.wait_committed` does the same on demand and raises the first
-  failure; after :meth:`~DsckptCheckpointEngine.close` neither waits. A failed checkpoint
-  is logged, never raised into ``engine.step()``: training goes on and the previous
-  ``latest`` stays.
+  commits what is pending and waits for the background commits; ``wait_committed()`` does the
+  same on demand and raises the first failure; after ``close()`` neither waits. A failed
+  checkpoint is logged, never raised into ``engine.step()``: training goes on, ``latest`` stays.
 * A fixed tag (``save_checkpoint(dir, tag="last")`` at every save): the daemon stages each
   new version beside the committed one and exchanges them in one step at the commit, so the
   tag is always one whole version. A save of the tag whose previous version is still queued
