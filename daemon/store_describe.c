@@ -250,20 +250,22 @@ int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
 		goto out;
 	}
 	for (size_t i = 0; i < n && rc == 0; i++) {
-		struct store_entry *st = store_files_add(o, bases[i], FMT_SAFETENSORS), *m;
+		struct store_entry *st = store_files_add(o, bases[i], FMT_SAFETENSORS);
 		if (!st)
 			rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		else if ((rc = store_describe_st(dfd, st, run, err, errlen)) < 0)
 			break;
 		else if (st->other)
 			rc = err_set(err, errlen, ERR_EBUSY, "%s is of another run", st->name);
-		else if (st->meta_xxh3[0] && !(m = store_files_add(o, bases[i], FMT_META)))
+		if (rc < 0 || !st->meta_xxh3[0])
+			continue;
+		struct store_entry *m = store_files_add(o, bases[i], FMT_META);
+		if (!m) {
 			rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		else if (st->meta_xxh3[0])
-			*m = (struct store_entry){.name = m->name, .rank = st->rank,
-						  .size = st->meta_size};
-		if (rc == 0 && st->meta_xxh3[0])
-			memcpy(o->ents[o->n - 1].xxh3, st->meta_xxh3, sizeof(st->meta_xxh3));
+			break;
+		}
+		*m = (struct store_entry){.name = m->name, .rank = st->rank, .size = st->meta_size};
+		memcpy(m->xxh3, st->meta_xxh3, sizeof(st->meta_xxh3));
 	}
 	for (size_t i = 0; rc == 0 && i < o->n; i++)
 		out->files[out->n++] = store_entry_file(&o->ents[i]);
