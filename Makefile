@@ -243,7 +243,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
-$(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults: tests/moto.c tests/moto.h
+$(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
+		$(BUILD)/tests/check_upload: tests/moto.c tests/moto.h
 # check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
 	@mkdir -p $(dir $@)

@@ -42,7 +42,7 @@ static void apply(const char *tag, uid_t uid, unsigned keep)
 {
 	int fd = job_open();
 
-	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep);
+	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep, 0);
 	close(fd);
 }
 
@@ -89,7 +89,7 @@ START_TEST(test_current_and_latest)
 	/* A commit of b (older than e) with latest naming a: keep 1 keeps e and a; b, older
 	 * than e, goes with c and d. */
 	retention_keep(fd, rpath("%s", "job"), "b", store_tag_committed(fd, "b"), "a", 0, 1,
-		       NULL);
+		       NULL, 0);
 	close(fd);
 	ck_assert(has("a/" FMT_MANIFEST) && has("e/" FMT_MANIFEST));
 	ck_assert(!has("b") && !has("c") && !has("d"));
@@ -172,18 +172,18 @@ START_TEST(test_budget)
 	fd = job_open();
 	uint64_t ns = store_tag_committed(fd, "d");
 	struct store_budget small = {.entries = 3, .bytes = 1 << 20};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small, 0);
 	ck_assert(small.spent);
 	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
 
 	ck_assert_int_eq(stat(rpath("job/%s", "a/" FMT_MANIFEST), &st), 0);
 	struct store_budget two = {.entries = 1000, .bytes = (uint64_t)st.st_size * 5 / 2};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two, 0);
 	ck_assert(two.spent);
 	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
 
 	struct store_budget enough = {.entries = 1000, .bytes = 1 << 20};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough, 0);
 	close(fd);
 	ck_assert(!enough.spent);
 	ck_assert(!has("a") && !has("b") && !has("c") && has("d/" FMT_MANIFEST));
