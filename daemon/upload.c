@@ -248,6 +248,28 @@ static void run_file(struct uptag *t, size_t i)
 	tag_ok(t);
 }
 
+/* Makes t's files those of its plan (lock held): a file queued at DURABLE that the commit
+ * left out (another run's) is dropped before it is uploaded; 0 or ERR_ENOMEM. */
+static int plan_files(struct uptag *t, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < t->nfiles;) {
+		int planned = 0;
+		for (size_t k = 0; k < t->nmine && !planned; k++)
+			planned = strcmp(t->mine[k].name, t->files[i].name) == 0;
+		if (planned || t->files[i].state != UPF_WAIT) {
+			i++;
+			continue;
+		}
+		t->bytes_total -= t->files[i].size;
+		t->files[i] = t->files[--t->nfiles];
+	}
+	for (size_t i = 0; i < t->nmine; i++) {
+		if (file_add(t, t->mine[i].name, t->mine[i].stem, t->mine[i].size) < 0)
+			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
 /* Runs t's step (lock held on entry and exit): its plan, or its finish once every file is
  * up; a finished tag goes to the loop. */
 static void run_step(struct uptag *t)
@@ -265,10 +287,8 @@ static void run_step(struct uptag *t)
 		rc = uptag_finish(t, err, sizeof(err));
 	pthread_mutex_lock(&up.lock);
 	t->busy = 0;
-	for (size_t i = 0; !finishing && rc == 0 && i < t->nmine; i++) {
-		if (file_add(t, t->mine[i].name, t->mine[i].stem, t->mine[i].size) < 0)
-			rc = err_set(err, sizeof(err), ERR_ENOMEM, "out of memory");
-	}
+	if (!finishing && rc == 0)
+		rc = plan_files(t, err, sizeof(err));
 	if (rc < 0) {
 		/* Another version remotely, or a tag gone here: no retry mends them. */
 		t->stuck = rc == ERR_EEXIST || (!finishing && rc == ERR_ENOENT);

@@ -2,8 +2,8 @@
  * check_retention.c — keep_last (daemon/retention.c) on real tags committed in a scratch job
  * directory (store_commit, no daemon): the newest keep stay whatever their names, the tag
  * just committed and the one `latest` names are never deleted, uncommitted tags and files
- * dsckptd did not write stay, nothing of another user is touched, and a spent budget
- * deletes nothing.
+ * dsckptd did not write stay, nothing of another user is touched, a spent budget deletes
+ * nothing, and under a root with a remote tier only tags already there (REMOTE.json) go.
  */
 #include "harness_store.h"
 
@@ -190,6 +190,28 @@ START_TEST(test_budget)
 }
 END_TEST
 
+/* Under a root with a remote tier a tag not yet there (no REMOTE.json) is kept past keep;
+ * once it has its REMOTE.json it goes, with REMOTE.json itself. */
+START_TEST(test_remote_kept)
+{
+	const char *order[] = {"a", "b", "c"};
+	int fd;
+
+	for (int i = 0; i < 3; i++)
+		commit_tag(order[i]);
+	write_text(rpath("job/%s", "a/" FMT_REMOTE), "{}");
+	fd = job_open();
+	retention_apply(fd, rpath("%s", "job"), "c", store_tag_committed(fd, "c"), 0, 1, 1);
+	close(fd);
+	ck_assert(!has("a"));		/* in the remote: gone whole */
+	ck_assert(has("b/" FMT_MANIFEST));	/* not yet: kept */
+	ck_assert(has("c/" FMT_MANIFEST));
+	write_text(rpath("job/%s", "b/" FMT_REMOTE), "{}");
+	apply("c", 0, 1);		/* without a remote the marker does not matter */
+	ck_assert(!has("b"));
+}
+END_TEST
+
 /* The suite. */
 static Suite *retention_suite(void)
 {
@@ -202,6 +224,7 @@ static Suite *retention_suite(void)
 	tcase_add_test(tc, test_foreign_files);
 	tcase_add_test(tc, test_owners);
 	tcase_add_test(tc, test_budget);
+	tcase_add_test(tc, test_remote_kept);
 	suite_add_tcase(s, tc);
 	return s;
 }

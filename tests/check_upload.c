@@ -183,6 +183,11 @@ START_TEST(test_two_nodes)
 	struct found f;
 	ck_assert_int_eq(open_uploads(rm, &f), 0);
 	ck_assert_int_eq(access(h_path("%s/REMOTE.json", dir), F_OK), 0);
+	char *out = NULL;
+	ck_assert_int_eq(ctl(&out, "list '%s'", D->root), 0);
+	ck_assert_msg(out && strstr(out, "local remote"), "%s", out ? out : "");
+	free(out);
+	ctl_verify(dir);
 	/* Exactly one daemon wrote the remote manifest; the other found it there. */
 	int wrote = log_count(D->log, "wrote the remote manifest") +
 		    log_count(peer.log, "wrote the remote manifest");
