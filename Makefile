@@ -130,7 +130,7 @@ SOMAJOR := 0
 MANPAGES := $(wildcard man/*.[1-8])
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
 
-.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz FORCE
+.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz bench-remote FORCE
 all: $(BINS) $(BUILD)/_match.abi3.so
 
 deps:
@@ -282,6 +282,11 @@ fuzz: FUZZ_SECONDS ?= 60
 fuzz: $(FUZZERS)
 	@BUILD=$(BUILD) tests/run-fuzz $(FUZZ_SECONDS) $(FUZZERS)
 
+# Upload throughput to moto on 127.0.0.1 beside a boto3 baseline, and the daemon's CPU per
+# GB (tests/bench-remote); not part of make check.
+bench-remote: all moto
+	@BUILD=$(BUILD) tests/bench-remote $(BENCH_REMOTE_ARGS)
+
 # The bounded run that make check includes.
 check-fuzz: FUZZ_SECONDS ?= 20
 check-fuzz: $(FUZZERS)
@@ -302,7 +307,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_load.c tests/check_notify.c tests/check_metrics.c tests/check_plan.c \
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
 	tests/check_query.c tests/check_overwrite.c tests/check_lib_stage.c tests/check_lock.c \
-	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c))
+	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
+	tests/check_upload.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
