@@ -67,10 +67,21 @@ static int moto_up(int port, int auth_after, int bucket)
 	return 1;
 }
 
+static struct config *rcfg;  /* test_remote's */
+
 /* The test's own handle on the remote (for reading what the daemons wrote). */
 static struct remote *test_remote(void)
 {
-	return open_remote(test_cfg(moto.port, 0), URL);
+	rcfg = test_cfg(moto.port, 0);
+	return open_remote(rcfg, URL);
+}
+
+/* Closes test_remote's handle and frees its config. */
+static void test_remote_close(struct remote *r)
+{
+	remote_close(r);
+	config_free(rcfg);
+	rcfg = NULL;
 }
 
 /* Reads key from r whole (malloc'd, NUL after it) into *len; NULL when it is not there. */
@@ -196,7 +207,7 @@ START_TEST(test_two_nodes)
 	ck_assert_int_eq(wrote, 1);
 	ck_assert_int_ge(saw, 1);
 	ck_assert_int_eq(log_count(D->log, SECRET) + log_count(peer.log, SECRET), 0);
-	remote_close(rm);
+	test_remote_close(rm);
 	for (int r = 0; r < 4; r++) {
 		dsckpt_save_free(k[r].s);
 		dsckpt_host_free(k[r].mem);
@@ -291,7 +302,7 @@ START_TEST(test_killed_mid_upload)
 	same_bytes(rm, "job/step1/rank0.safetensors", path);
 	snprintf(path, sizeof(path), "%s/MANIFEST.json", dir);
 	same_bytes(rm, "job/step1/MANIFEST.json", path);
-	remote_close(rm);
+	test_remote_close(rm);
 	d_stop();
 	moto_kill(&moto);
 }
@@ -341,13 +352,13 @@ START_TEST(test_server_down)
 	make_bucket(port, BUCKET);
 	wait_level(c, s1, DSCKPT_REMOTE, WAIT_MS);
 	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
-	remote_close(rm);
+	test_remote_close(rm);
 	rm = test_remote();
 	char *latest = remote_read(rm, "job/latest", &len);
 	ck_assert_msg(latest && strcmp(latest, "step2") == 0, "latest %s", latest ? latest : "-");
 	free(latest);
 	ck_assert_int_ge(log_count(D->log, "keep_last: kept"), 1);
-	remote_close(rm);
+	test_remote_close(rm);
 	dsckpt_save_free(s1);
 	dsckpt_save_free(s2);
 	dsckpt_host_free(m1);
