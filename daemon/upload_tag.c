@@ -188,12 +188,21 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
 
 	if (dfd < 0)
 		return dfd;
-	rd.fd = openat(dfd, f->name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat dst;
+	rd.fd = openat(dfd, f->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	int dok = fstat(dfd, &dst) == 0;
 	close(dfd);
 	if (rd.fd < 0 || fstat(rd.fd, &st) < 0 || !S_ISREG(st.st_mode)) {
 		rc = err_set(err, errlen, rd.fd < 0 ? err_from_errno(errno) : ERR_EINVAL,
 			     "%s/%s: %s", t->dir, f->name,
 			     rd.fd < 0 ? strerror(errno) : "not a regular file");
+		goto out;
+	}
+	/* The daemon reads as root: only a file of the tag's owner, of one link (not another
+	 * file linked in), goes up under the tag's keys. */
+	if (!dok || st.st_uid != dst.st_uid || st.st_nlink != 1) {
+		rc = err_set(err, errlen, ERR_EACCES, "%s/%s: not uploaded: not a file of the "
+			     "tag's owner with one link", t->dir, f->name);
 		goto out;
 	}
 	if (store_has_suffix(f->name, FMT_SAFETENSORS) &&

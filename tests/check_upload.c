@@ -9,7 +9,8 @@
  * mid-upload: the restart aborts the multipart upload left open and resumes; the remote
  * latest never names a tag whose manifest is not there. Bad credentials, a missing bucket,
  * an unreachable endpoint and a full shared filesystem each give one clear error in
- * PENDING, the log and the metrics, and never a credential.
+ * PENDING, the log and the metrics, and never a credential. A file hard-linked into a tag is
+ * never uploaded (the daemon reads as root).
  */
 #include "harness_daemon.h"
 #undef MIB
@@ -460,6 +461,55 @@ START_TEST(test_fault)
 }
 END_TEST
 
+/* Issue 33 item 7: the daemon reads as root, but a file hard-linked into a tag (another
+ * file's bytes) is never uploaded under the tag's keys: its upload fails with EACCES. */
+START_TEST(test_linked_file)
+{
+	char dir[512], remote_dir[256], url[300], secret[300];
+	void *mem;
+
+	h_tmpdir(remote_dir, sizeof(remote_dir));
+	snprintf(url, sizeof(url), "file://%s", remote_dir);
+	h_root_remote = url;
+	d_start(CACHE_32M, CHUNK_1M);
+	snprintf(dir, sizeof(dir), "%s/job/step1", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	dsckpt_save_t *s = commit_one(c, dir, 4096, 9, &mem);
+	wait_level(c, s, DSCKPT_REMOTE, WAIT_MS);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_kill(SIGKILL);
+	/* While it is down: the tag loses its mark and its file becomes a link to a secret. */
+	snprintf(secret, sizeof(secret), "%s/secret", D->dir);
+	FILE *f = fopen(secret, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("not for the bucket", f);
+	fclose(f);
+	ck_assert_int_eq(unlink(h_path("%s/REMOTE.json", dir)), 0);
+	ck_assert_int_eq(unlink(h_path("%s/rank0.safetensors", dir)), 0);
+	ck_assert_int_eq(link(secret, h_path("%s/rank0.safetensors", dir)), 0);
+	d_restart(0);
+	char *out = NULL;
+	int seen = 0;
+	for (int i = 0; i < WAIT_MS / 100 && !seen; i++) {
+		free(out);
+		ctl(&out, "pending --json");
+		seen = out && strstr(out, "one link");
+		if (!seen)
+			h_sleep_ms(100);
+	}
+	ck_assert_msg(seen, "no refusal in pending");
+	ck_assert_msg(strstr(out, "EACCES"), "pending");
+	free(out);
+	size_t len;
+	char *up = local_read(h_path("%s/job/step1/rank0.safetensors", remote_dir), &len);
+	ck_assert_msg(len < 18 || memcmp(up, "not for the bucket", 18) != 0, "the secret went up");
+	free(up);
+	d_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *upload_suite(void)
 {
@@ -468,6 +518,7 @@ static Suite *upload_suite(void)
 	h_add_case(s, "no remote", test_no_remote, 60, 1);
 	h_add_case(s, "killed mid-upload", test_killed_mid_upload, 300, 1);
 	h_add_case(s, "server down", test_server_down, 300, 1);
+	h_add_case(s, "linked file", test_linked_file, 300, 1);
 	TCase *tc = tcase_create("faults");
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, test_fault, 0, 4);
