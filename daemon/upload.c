@@ -202,6 +202,8 @@ void upload_on_save(struct save *s)
  * changes, tried again after the backoff. */
 static void tag_failed(struct uptag *t, int code, const char *err)
 {
+	if (up.stop)
+		return;		/* shutdown cut it short: the next start resumes it */
 	double wait = BACKOFF_FIRST_S;
 	for (unsigned i = 0; i < t->fails && wait < BACKOFF_MAX_S; i++)
 		wait *= 2;
