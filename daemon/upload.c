@@ -48,7 +48,7 @@ static struct {
 	size_t nroots;
 	struct config *cfg;        /* the config the remotes were opened with (a reference) */
 	struct workq *finished;
-} up = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+} up = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* Adds name (of the save's file stem, size bytes) to t unless there (lock held); 0 or -1. */
 static int file_add(struct uptag *t, const char *name, const char *stem, uint64_t size)
@@ -411,6 +411,12 @@ int upload_start(const struct daemon *d, char *err, size_t errlen)
 	}
 	if ((rc = workq_open(&up.finished, d->loop, on_finished, err, errlen)) < 0)
 		goto fail_remotes;
+	/* The workers' deadlines are on the monotonic clock: so must their condition be. */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&up.cond, &ca);
+	pthread_condattr_destroy(&ca);
 	up.cfg = config_ref(cfg);
 	for (; up.nth < UPLOAD_THREADS; up.nth++) {
 		if ((rc = pthread_create(&up.th[up.nth], NULL, worker,
@@ -434,6 +440,8 @@ fail_remotes:
  * frees every tag (shutdown, loop thread). */
 void upload_stop(void)
 {
+	if (!up.cfg)
+		return;		/* never started: no root has a remote */
 	pthread_mutex_lock(&up.lock);
 	__atomic_store_n(&up.stop, 1, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&up.cond);
@@ -441,6 +449,7 @@ void upload_stop(void)
 	for (unsigned i = 0; i < up.nth; i++)
 		pthread_join(up.th[i], NULL);
 	up.nth = 0;
+	pthread_cond_destroy(&up.cond);
 	workq_close(up.finished);
 	up.finished = NULL;
 	while (up.tags) {
