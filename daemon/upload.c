@@ -47,6 +47,8 @@ static struct {
 	struct remote **remotes;   /* per root: open, or NULL */
 	size_t nroots;
 	struct config *cfg;        /* the config the remotes were opened with (a reference) */
+	int *orphans_done;         /* per root: its uploads left open were looked for (worker 0) */
+	double orphans_at;         /* when worker 0 looks again for those not done */
 	struct workq *finished;
 } up = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -331,21 +333,59 @@ static int run_one(void)
 	return 0;
 }
 
-/* A worker: the first runs the start-up pass; then each takes work until stop. */
+/* Whether key is a file this daemon is uploading now (the lock taken). */
+static int key_busy(const char *key)
+{
+	char k[PATH_MAX + NAME_MAX + 2];
+	int busy = 0;
+
+	pthread_mutex_lock(&up.lock);
+	for (struct uptag *t = up.tags; t && !busy; t = t->next) {
+		for (size_t i = 0; i < t->nfiles && !busy; i++) {
+			snprintf(k, sizeof(k), "%s/%s", t->key, t->files[i].name);
+			busy = t->files[i].state == UPF_BUSY && strcmp(k, key) == 0;
+		}
+	}
+	pthread_mutex_unlock(&up.lock);
+	return busy;
+}
+
+/* Worker 0, lock held: looks again, every BACKOFF_MAX_S, for the uploads left open in the
+ * remotes that could not be listed at start (down then); 1 when it did. */
+static int orphans_again(void)
+{
+	if (!up.orphans_at || now_mono() < up.orphans_at)
+		return 0;
+	pthread_mutex_unlock(&up.lock);
+	unsigned left = uptag_orphans(up.cfg, up.remotes, up.orphans_done, key_busy, 1);
+	pthread_mutex_lock(&up.lock);
+	up.orphans_at = left ? now_mono() + BACKOFF_MAX_S : 0;
+	return 1;
+}
+
+/* A worker: the first aborts the uploads left open and queues the committed tags not yet
+ * REMOTE; then each takes work until stop (the first also looks again for uploads left
+ * open where the remote could not be listed). */
 static void *worker(void *arg)
 {
 	if (arg) {
+		unsigned left = uptag_orphans(up.cfg, up.remotes, up.orphans_done, key_busy, 0);
 		uptag_startup(up.cfg, up.remotes, upload_resume);
 		pthread_mutex_lock(&up.lock);
 		up.ready = 1;
+		up.orphans_at = left ? now_mono() + BACKOFF_MAX_S : 0;
 		pthread_cond_broadcast(&up.cond);
 		pthread_mutex_unlock(&up.lock);
 	}
 	pthread_mutex_lock(&up.lock);
 	while (!up.stop) {
+		if (arg && orphans_again())
+			continue;
 		if (up.ready && run_one())
 			continue;
 		double next = now_mono() + 1.0;
+		if (arg && up.orphans_at && up.orphans_at < next)
+			next = up.orphans_at;
 		for (struct uptag *t = up.tags; t; t = t->next)
 			if (!t->done && !t->stuck && t->retry_at && t->retry_at < next)
 				next = t->retry_at;
@@ -401,8 +441,12 @@ int upload_start(const struct daemon *d, char *err, size_t errlen)
 		any |= cfg->root_remotes[i] != NULL;
 	if (!any)
 		return 0;
-	if (!(up.remotes = calloc(cfg->n_roots, sizeof(*up.remotes))))
+	if (!(up.remotes = calloc(cfg->n_roots, sizeof(*up.remotes))) ||
+	    !(up.orphans_done = calloc(cfg->n_roots, sizeof(*up.orphans_done)))) {
+		free(up.remotes);
+		up.remotes = NULL;
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
+	}
 	up.nroots = cfg->n_roots;
 	for (size_t i = 0; i < cfg->n_roots; i++) {
 		if (cfg->root_remotes[i] &&
@@ -431,7 +475,9 @@ fail_remotes:
 	for (size_t i = 0; i < up.nroots; i++)
 		remote_close(up.remotes[i]);
 	free(up.remotes);
+	free(up.orphans_done);
 	up.remotes = NULL;
+	up.orphans_done = NULL;
 	up.nroots = 0;
 	return rc;
 }
@@ -462,7 +508,9 @@ void upload_stop(void)
 	for (size_t i = 0; i < up.nroots; i++)
 		remote_close(up.remotes[i]);
 	free(up.remotes);
+	free(up.orphans_done);
 	up.remotes = NULL;
+	up.orphans_done = NULL;
 	up.nroots = 0;
 	config_unref(up.cfg);
 	up.cfg = NULL;

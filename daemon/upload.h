@@ -74,8 +74,13 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen);
 int uptag_finish(struct uptag *t, char *err, size_t errlen);
 /* Frees what the worker's steps held. */
 void uptag_clear(struct uptag *t);
-/* Start-up: aborts the uploads this node left open in the remote of each root i of cfg
- * (remotes[i], NULL: none), then calls resume(dir) for each committed tag below the root
+/* Aborts this node's uploads left open (a daemon killed mid-upload) in the remote of each
+ * root i of cfg (remotes[i], NULL: none) whose done[i] is 0, but those busy(key) says are
+ * in flight now; done[i] set once the remote could be listed (quiet: a failure is logged
+ * at debug level); how many remain. */
+unsigned uptag_orphans(const struct config *cfg, struct remote *const *remotes, int *done,
+		       int (*busy)(const char *key), int quiet);
+/* Start-up: calls resume(dir) for each committed tag below a root with a remote (remotes[i])
  * that has no REMOTE.json. */
 void uptag_startup(const struct config *cfg, struct remote *const *remotes,
 		   int (*resume)(const char *dir));

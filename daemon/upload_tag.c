@@ -528,18 +528,22 @@ static int key_ours(const char *root, const char *key)
 	return rc == 1 && strcmp(host, store_host()) == 0;
 }
 
-/* Aborts the uploads of this node's files left open in root i's remote. */
-static void abort_orphans(const struct config *cfg, unsigned i, struct remote *r)
+/* Aborts the uploads of this node's files left open in root i's remote but those busy(key)
+ * says this daemon uploads now; 0, or -1 when the remote could not be listed or a key was
+ * busy (to be looked at again). */
+static int abort_orphans(const struct config *cfg, unsigned i, struct remote *r,
+			 int (*busy)(const char *key), int quiet)
 {
 	struct open_uploads o = {0};
 	char err[ERRLEN];
-	unsigned aborted = 0;
+	unsigned aborted = 0, skipped = 0;
 
 	int rc = remote_list_uploads(r, "", collect_upload, &o, err, sizeof(err));
-	if (rc < 0)
-		log_warnx("uploads left open in %s: %s", remote_url(r), err);
 	for (size_t k = 0; k < o.n; k++) {
-		if (rc >= 0 && key_ours(cfg->allowed_roots[i], o.keys[k])) {
+		/* A key this daemon uploads now may be its own upload's, or one left open:
+		 * looked at again once it is not busy. */
+		if (rc >= 0 && key_ours(cfg->allowed_roots[i], o.keys[k]) &&
+		    !(busy(o.keys[k]) && ++skipped)) {
 			if (remote_abort(r, o.keys[k], o.ids[k], err, sizeof(err)) < 0)
 				log_warnx("%s", err);
 			else
@@ -553,17 +557,39 @@ static void abort_orphans(const struct config *cfg, unsigned i, struct remote *r
 	if (aborted)
 		log_info("aborted %u upload%s to %s that an interrupted daemon left open",
 			 aborted, aborted == 1 ? "" : "s", remote_url(r));
+	if (rc < 0 && quiet)
+		log_debug("uploads left open in %s: %s", remote_url(r), err);
+	else if (rc < 0)
+		log_warnx("uploads left open in %s: %s (looked for again every few seconds)",
+			  remote_url(r), err);
+	return rc < 0 || skipped ? -1 : 0;
 }
 
-/* Start-up: aborts this node's uploads left open, then queues every committed tag without
- * REMOTE.json under each root with a remote. */
+/* Aborts this node's uploads left open (a daemon killed mid-upload) in the remote of each
+ * root i of cfg whose done[i] is 0, setting it once the remote was listed and no key of it
+ * was busy (a failure logged at debug level when quiet); how many remain to be looked at. */
+unsigned uptag_orphans(const struct config *cfg, struct remote *const *remotes, int *done,
+		       int (*busy)(const char *key), int quiet)
+{
+	unsigned left = 0;
+	for (unsigned i = 0; i < cfg->n_roots; i++) {
+		if (!remotes[i] || done[i])
+			continue;
+		if (abort_orphans(cfg, i, remotes[i], busy, quiet) == 0)
+			done[i] = 1;
+		else
+			left++;
+	}
+	return left;
+}
+
+/* Start-up: queues every committed tag without REMOTE.json under each root with a remote. */
 void uptag_startup(const struct config *cfg, struct remote *const *remotes,
 		   int (*resume)(const char *dir))
 {
 	for (unsigned i = 0; i < cfg->n_roots; i++) {
 		if (!remotes[i])
 			continue;
-		abort_orphans(cfg, i, remotes[i]);
 		int fd = open(cfg->allowed_roots[i], STORE_DIR_FLAGS);
 		if (fd >= 0)
 			scan_dir(resume, fd, cfg->allowed_roots[i], 0);

@@ -6,8 +6,9 @@
  * bytes, written by exactly one daemon) and latest, and every rank's save reaches REMOTE. A
  * root without a remote refuses a wait for REMOTE at once. The S3 server killed mid-upload:
  * later saves still commit, the upload completes once it is back. The daemon SIGKILLed
- * mid-upload: the restart aborts the multipart upload left open and resumes; the remote
- * latest never names a tag whose manifest is not there. Bad credentials, a missing bucket,
+ * mid-upload: the restart aborts the multipart upload left open and resumes (on the file
+ * tier also when the remote comes back only after the restart); the remote latest never
+ * names a tag whose manifest is not there. Bad credentials, a missing bucket,
  * an unreachable endpoint and a full shared filesystem each give one clear error in
  * PENDING, the log and the metrics, and never a credential. A file hard-linked into a tag is
  * never uploaded (the daemon reads as root).
@@ -461,6 +462,60 @@ START_TEST(test_fault)
 }
 END_TEST
 
+/* Whether any ".<name>.dsckpt-upload-*" (an upload of the file tier left open) lies in
+ * dir/job/step1. */
+static int tmp_left(const char *dir)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "ls -a '%s/job/step1' 2>/dev/null | grep -q dsckpt-upload-",
+		 dir);
+	return system(cmd) == 0;
+}
+
+/* Issue 33 item 6 on the file tier, its remote unreachable when the killed daemon restarts:
+ * the upload it left open is removed once the remote is back, and the tag goes up. */
+START_TEST(test_orphan_later)
+{
+	char dir[512], remote_dir[256], away[300], url[300], json[256];
+	void *mem;
+
+	h_tmpdir(remote_dir, sizeof(remote_dir));
+	snprintf(away, sizeof(away), "%s.away", remote_dir);
+	snprintf(url, sizeof(url), "file://%s", remote_dir);
+	h_root_remote = url;
+	snprintf(json, sizeof(json), CHUNK_1M "\"upload_max_mib_per_s\": 2,");
+	d_start(CACHE_32M, json);
+	snprintf(dir, sizeof(dir), "%s/job/step1", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	dsckpt_save_t *s = commit_one(c, dir, 16 * 1024 * 1024, 3, &mem);
+	for (int i = 0; i < WAIT_MS / 50 && !tmp_left(remote_dir); i++)
+		h_sleep_ms(50);
+	ck_assert(tmp_left(remote_dir));
+	d_kill(SIGKILL);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	/* The shared filesystem "unmounted": a file where its directory was. */
+	ck_assert_int_eq(rename(remote_dir, away), 0);
+	FILE *f = fopen(remote_dir, "w");
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	d_restart(0);
+	for (int i = 0; i < WAIT_MS / 50 && log_count(D->log, "uploads left open in") == 0; i++)
+		h_sleep_ms(50);
+	ck_assert_int_ge(log_count(D->log, "uploads left open in"), 1);
+	ck_assert_int_eq(unlink(remote_dir), 0);
+	ck_assert_int_eq(rename(away, remote_dir), 0);
+	for (int i = 0; i < WAIT_MS / 50 && (access(h_path("%s/REMOTE.json", dir), F_OK) != 0 ||
+					     tmp_left(remote_dir)); i++)
+		h_sleep_ms(50);
+	ck_assert_int_eq(access(h_path("%s/REMOTE.json", dir), F_OK), 0);
+	ck_assert_msg(!tmp_left(remote_dir), "the upload left open is still there");
+	ck_assert_int_ge(log_count(D->log, "that an interrupted daemon left open"), 1);
+	d_stop();
+}
+END_TEST
+
 /* Issue 33 item 7: the daemon reads as root, but a file hard-linked into a tag (another
  * file's bytes) is never uploaded under the tag's keys: its upload fails with EACCES. */
 START_TEST(test_linked_file)
@@ -519,6 +574,7 @@ static Suite *upload_suite(void)
 	h_add_case(s, "killed mid-upload", test_killed_mid_upload, 300, 1);
 	h_add_case(s, "server down", test_server_down, 300, 1);
 	h_add_case(s, "linked file", test_linked_file, 300, 1);
+	h_add_case(s, "orphan aborted later", test_orphan_later, 300, 1);
 	TCase *tc = tcase_create("faults");
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, test_fault, 0, 4);
