@@ -227,6 +227,7 @@ START_TEST(test_no_remote)
 	void *mem;
 	char dir[512];
 
+	h_root_remote = NULL;	/* whatever an earlier test of this process set */
 	d_start(CACHE_32M, NULL);
 	snprintf(dir, sizeof(dir), "%s/job/t1", D->root);
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
