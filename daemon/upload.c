@@ -9,7 +9,8 @@
  * its plan (this node's files as the manifest lists them, any not queued yet), then, with
  * every file up, its finish (upload_tag.c: node record, remote manifest, latest). A failure
  * is kept on the tag (shown by PENDING, counted by reason, logged when it changes) and the
- * tag is tried again after a backoff (0.25 s doubling to 5 s); nothing of the local commit
+ * tag is tried again after a backoff (0.25 s doubling to 5 s; 5 s at once for what
+ * remote_retryable says needs a person); nothing of the local commit
  * waits for any of it. A finished tag goes back to the loop through a workq: its saves are
  * marked REMOTE and it is forgotten.
  *
@@ -206,7 +207,11 @@ static void tag_failed(struct uptag *t, int code, const char *err)
 {
 	if (up.stop)
 		return;		/* shutdown cut it short: the next start resumes it */
-	double wait = BACKOFF_FIRST_S;
+	/* What may pass by itself (unreachable, a server error, a full filesystem) is tried
+	 * again soon, then less often; what needs a person (credentials, a missing bucket)
+	 * every BACKOFF_MAX_S from the first. */
+	int soon = remote_retryable(code);
+	double wait = soon ? BACKOFF_FIRST_S : BACKOFF_MAX_S;
 	for (unsigned i = 0; i < t->fails && wait < BACKOFF_MAX_S; i++)
 		wait *= 2;
 	t->fails++;
@@ -214,7 +219,9 @@ static void tag_failed(struct uptag *t, int code, const char *err)
 	if (code < 0)
 		metrics_fail(METRIC_UPLOADS_FAILED, code);
 	if (t->code != code || strcmp(t->error, err) != 0)
-		log_warnx("upload of %s: %s (%s; trying again)", t->dir, err, err_name(code));
+		log_warnx("upload of %s: %s (%s; %s)", t->dir, err, err_name(code),
+			  soon ? "trying again" : "needs a fix of the remote or its credentials; "
+			  "trying again every 5 s");
 	t->code = code;
 	snprintf(t->error, sizeof(t->error), "%s", err);
 }
