@@ -54,7 +54,7 @@ endif
 
 DEBIAN_PKGS := build-essential pkg-config libuv1-dev libmsgpack-dev libcjson-dev \
 	libxxhash-dev check clang-14 libclang-rt-14-dev groff-base man-db python3 python3-dev \
-	ninja-build strace libcurl4-openssl-dev
+	ninja-build strace libcurl4-openssl-dev libucx-dev ucx-utils libssl-dev
 
 CFLAGS_BASE := -MMD -MP -std=gnu11 -g -O2 -Wall -Wextra $(WERROR_FLAG) -Wshadow -Wno-unused-parameter \
 	-Wstrict-prototypes -Wmissing-prototypes -D_GNU_SOURCE -fvisibility=hidden
@@ -83,6 +83,9 @@ MSGPACK_LIBS := $(call pc_libs,$(MSGPACK_PC),-lmsgpackc)
 CJSON_LIBS := $(call pc_libs,libcjson,-lcjson)
 XXHASH_LIBS := $(call pc_libs,libxxhash,-lxxhash)
 CURL_LIBS := $(call pc_libs,libcurl,-lcurl)
+# Peer copies: UCX's ucp (libucx-dev) between daemons, HMAC-SHA256 from OpenSSL's libcrypto.
+UCX_LIBS := $(call pc_libs,ucx,-lucp -luct -lucs -lucm)
+CRYPTO_LIBS := $(call pc_libs,libcrypto,-lcrypto)
 CHECK_LIBS = $(call pc_libs,check,-lcheck)
 DEPS_CFLAGS := $(call pc_cflags,libuv $(MSGPACK_PC) libcjson libxxhash)
 override CFLAGS += $(DEPS_CFLAGS)
@@ -163,7 +166,7 @@ $(BUILD)/pic/%.o: %.c
 $(BUILD)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(LDSAN) $(LDFLAGS) -o $@ $^ $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) \
-		$(CURL_LIBS) $(LIBS_COMMON) $(CUDA_LIBS)
+		$(CURL_LIBS) $(UCX_LIBS) $(CRYPTO_LIBS) $(LIBS_COMMON) $(CUDA_LIBS)
 
 $(BUILD)/libdsckpt.so: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
@@ -237,14 +240,15 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(CFLAGS) $(CUDA_CFLAGS) $(VERSION_DEF) $(LDFLAGS) -o $@ $(filter %.c,$^) \
 		$(BUILD)/libtest-harness.a $(BUILD)/libdsckptd-core.a $(BUILD)/libdsckpt.a \
-		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(CURL_LIBS) $(LIBS_COMMON) \
-		$(CUDA_LIBS) $(CHECK_LIBS)
+		$(LDSAN) $(UV_LIBS) $(CJSON_LIBS) $(XXHASH_LIBS) $(CURL_LIBS) $(UCX_LIBS) \
+		$(CRYPTO_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) $(CHECK_LIBS)
 
 $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
-		$(BUILD)/tests/check_upload: tests/moto.c tests/moto.h
+		$(BUILD)/tests/check_remote_restore $(BUILD)/tests/check_upload: tests/moto.c \
+		tests/moto.h
 # check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
 	@mkdir -p $(dir $@)
@@ -270,12 +274,12 @@ $(BUILD)/fuzz/proto: tests/fuzz_proto.c $(PROTO_SRC) proto/proto.h | deps
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_proto.c $(PROTO_SRC) $(MSGPACK_LIBS)
 $(BUILD)/fuzz/config: tests/fuzz_config.c daemon/config.c daemon/config_load.c daemon/log.c \
-		daemon/config_remote.c format/userfile.c \
+		daemon/config_remote.c daemon/config_peer.c format/userfile.c \
 		format/errors.c daemon/config.h daemon/dsckptd.h | deps
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  FUZZ    $@" || true
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ tests/fuzz_config.c daemon/config.c \
-		daemon/config_load.c daemon/config_remote.c format/userfile.c \
+		daemon/config_load.c daemon/config_remote.c daemon/config_peer.c format/userfile.c \
 		daemon/log.c format/errors.c $(DEPS_CFLAGS) $(CJSON_LIBS) -lpthread
 
 fuzz: FUZZ_SECONDS ?= 60
@@ -308,13 +312,17 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
 	tests/check_query.c tests/check_overwrite.c tests/check_lib_stage.c tests/check_lock.c \
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
+	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
 	tests/check_upload.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
+# UCX's memory hooks (libucm, set up when it loads) crash beside TSan's interceptors: off for
+# the peer suites and their daemons (TCP needs none).
 check-tsan-run: deps all $(TSAN_CHECKS)
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 \
 		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
+		UCX_MEM_MALLOC_HOOKS=n UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=n \
 		tests/run-checks $(TSAN_CHECKS)
 
 # The man pages and the package version against the code (tests/check-docs says what).
@@ -385,5 +393,12 @@ include tests/gpu/gpu.mk
 include tests/python/python.mk
 include tests/python/modern.mk
 include tests/remote.mk
+include tests/peer.mk
+
+# Restores from a root's remote tier through the daemon beside boto3, curl and cp moving the
+# same bytes, in one run: a table, not a test (tests/bench_remote_restore.py; moto's venv).
+.PHONY: bench-remote-restore
+bench-remote-restore: all $(MOTO_VENV)/.ready
+	@BUILD=$(BUILD) $(MOTO_VENV)/bin/python tests/bench_remote_restore.py $(BENCH_REMOTE_RESTORE_ARGS)
 
 -include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)

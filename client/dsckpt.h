@@ -307,8 +307,8 @@ typedef struct dsckpt_load dsckpt_load_t;
  * dsckpt_identify first (DSCKPT_ESTATE otherwise): the daemon serves identified clients. */
 DSCKPT_EXTERN int dsckpt_load_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 				    dsckpt_load_t **out);
-/* Where the daemon takes the bytes from: "cache" (its host cache holds the whole file) or
- * "file" (never NULL). */
+/* Where the daemon takes the bytes from: "cache" (its host cache holds the whole file),
+ * "file", or "remote" (the tag was pulled from its root's remote tier first; never NULL). */
 DSCKPT_EXTERN const char *dsckpt_load_source(const dsckpt_load_t *l);
 /*
  * Names where n tensors of the file go (name, dtype, shape as in the file; ptr the
@@ -342,6 +342,28 @@ DSCKPT_EXTERN void dsckpt_load_progress(const dsckpt_load_t *l, uint64_t *total,
  * until its connection closes, so its GPU and dsckpt_host_alloc destinations must stay
  * allocated until then, and staged ones are never filled). */
 DSCKPT_EXTERN void dsckpt_load_free(dsckpt_load_t *l);
+
+/*
+ * Prefetch: the daemon reads a checkpoint ahead of its load, so that the load is served from
+ * its host cache. dir is a tag directory, or a job directory whose tag is tag (NULL: the job's
+ * latest, on this node or else in its root's remote tier). A tag only the remote tier holds is
+ * first pulled into the local tier (checksums checked; only the caller's own tags); then its
+ * files are read into the cache as far as room allows (evictable like any cached file). With
+ * wait 0 it returns once the daemon knows the tag and has started; with wait 1 once it is
+ * done (no reply timeout then). info (NULL is fine) gets the tag directory, the tag, and with
+ * wait the bytes pulled and cached and the seconds it took. Any connection past its HELLO
+ * (dsckpt_identify, or dsckptctl's) may ask. DSCKPT_ENOENT: no such tag here or remotely;
+ * DSCKPT_EACCES: another user's; DSCKPT_ECHECKSUM: a remote object is corrupt.
+ */
+typedef struct dsckpt_prefetch_info {
+	char dir[4097];
+	char tag[257];
+	uint64_t bytes_pulled;   /* from the remote tier into the local tier */
+	uint64_t bytes_cached;   /* data bytes now in the daemon's cache */
+	double seconds;
+} dsckpt_prefetch_info_t;
+DSCKPT_EXTERN int dsckpt_prefetch(dsckpt_conn_t *c, const char *dir, const char *tag, int wait,
+				  dsckpt_prefetch_info_t *info);
 
 /* Allocates host memory the daemon can read without a copy (memfd-backed); NULL on failure. */
 DSCKPT_EXTERN void *dsckpt_host_alloc(size_t size);

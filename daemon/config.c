@@ -98,6 +98,24 @@ const struct option config_options[] = {
 	{ "keep_last_remote", OPT_UINT, 0, 100000, "0", OFF(keep_last_remote),
 	  "committed checkpoints kept per job in the remote tier (0 = all; never the one "
 	  "latest names)" },
+	/* Peer copies (config_peer.c). */
+	{ "replicas", OPT_UINT, 0, 8, "1", OFF(replicas),
+	  "copies of each node's committed files kept by other nodes of the job (a ring over "
+	  "their host names); 0: none. Nothing is sent without peer_secret_file" },
+	{ "peer_port", OPT_UINT, 1, 65535, "18540", OFF(peer_port),
+	  "TCP port (UCX's listener) this daemon takes peer copies on, the same on every node" },
+	{ "peer_secret_file", OPT_STRING, 0, 4095, "\"\"", OFF(peer_secret_file),
+	  "the cluster's shared secret (16 bytes or more; owned by the daemon's user, mode 0600 "
+	  "or 0400) that daemons prove membership with; \"\": peer copies off" },
+	{ "replica_cache_size", OPT_NUMBER, 0, 4096, "1", OFF(replica_cache_gib),
+	  "GiB of host memory that other nodes' copies may take; past it they go to "
+	  "replica_root" },
+	{ "replica_root", OPT_STRING, 0, 4095, "\"\"", OFF(replica_root),
+	  "directory (the daemon's own, apart from allowed_roots) that other nodes' copies spill "
+	  "to past replica_cache_size; \"\": memory only" },
+	{ "peer_max_mib_per_s", OPT_NUMBER, 0, 1048576, "0", OFF(peer_max_mib_per_s),
+	  "MiB/s all peer copies the daemon sends may take together, so that they leave the "
+	  "trainer its network; 0: no cap" },
 };
 const size_t config_noptions = sizeof(config_options) / sizeof(config_options[0]);
 _Static_assert(sizeof(config_options) / sizeof(config_options[0]) <= CONFIG_MAX_OPTIONS,
@@ -208,6 +226,9 @@ void config_free(struct config *cfg)
 	config_wipe(cfg->s3_key_id);
 	config_wipe(cfg->s3_secret);
 	config_wipe(cfg->s3_token);
+	free(cfg->peer_secret_file);
+	config_wipe(cfg->peer_secret);
+	free(cfg->replica_root);
 	free(cfg);
 }
 

@@ -61,4 +61,9 @@ int config_s3(struct config *cfg, const struct option *o, const void *v, char *e
  * owned by the daemon's user, private to it); 0 or -1 with err. */
 int config_remote_check(struct config *cfg, char *err, size_t errlen);
 
+/* config_peer.c — the peer copies' keys across each other: the secret file read (owned by
+ * the daemon's user, private), replica_root checked, the memory budget in bytes; 0 or -1 with
+ * err. */
+int config_peer_check(struct config *cfg, char *err, size_t errlen);
+
 #endif /* DSCKPTD_CONFIG_H */

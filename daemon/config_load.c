@@ -457,6 +457,8 @@ int config_load_text(const char *text, size_t len, struct config **out, char *er
 	}
 	if (config_remote_check(cfg, err, errlen) != 0)
 		bad = 1;
+	if (config_peer_check(cfg, err, errlen) != 0)
+		bad = 1;
 	/* The sizes are checked even after another problem: -n names every one at once. */
 	if ((sizes_ok && config_sizes(cfg, err, errlen) != 0) || bad) {
 		config_free(cfg);

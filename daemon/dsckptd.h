@@ -11,7 +11,8 @@
  *       → overwrite.c (which version of a tag a save, seal, commit names: the tag or its
  *         staging directory .<tag>.dsckpt-next)
  *       → wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs; seal_watch.c: a sealed tag
- *         watched for the manifest another node writes)
+ *         watched for the manifest another node writes; seal_files.c: the files a node's
+ *         seal record describes)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
@@ -20,17 +21,21 @@
  *           → cache.c (chunks; cache_numa.c: its NUMA pools) → flush threads (flush_file.c:
  *             a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
- *             store_latest.c → retention.c → store_tag.c; store_swap.c: a tag's staging
+ *             store_describe.c → store_seal.c; store_commit.c → store_latest.c →
+ *             retention.c → store_tag.c; store_swap.c: a tag's staging
  *             directory and the exchange that replaces the tag; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
  *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
+ *       → prefetch.c (PREFETCH: a tag read ahead into the cache's resident copies)
+ *         → pull.c (load.c's and prefetch.c's: a remote-only tag brought into the local tier
+ *           over remote.c, checked, then store_*.c's files, manifest and latest)
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
  * through their state machines' handlers), save levels to their observers (commit.c, seal.c,
- * metrics_save.c; all wired in main.c), and every answer to the client through reply.c, by
+ * metrics_save.c, peer.c; all wired in main.c), and every answer to the client through reply.c, by
  * connection id; reply.c encodes values it is handed (query.c's for the queries) and reads
  * no registry. conn.c knows no handler: main.c hands it request.c's dispatch and disconnect
  * callbacks. Below the request layer nothing holds a connection pointer or a struct session:
@@ -46,10 +51,17 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n). Uploads to it: upload.c, a save
- * observer beside commit.c and seal.c (its worker threads, upload_tag.c the remote steps of
- * a tag; upload.h what the two share), calling down into save.c (REMOTE), resident.c,
- * store_*.c and remote.c.
+ * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
+ * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
+ * its own, upload_tag.c the remote steps of a tag, upload.h what the two share, calling
+ * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
+ * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
+ * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
+ * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
+ * listener and connection threads → peer_serve.c; both → peer_auth.c (HMAC over the
+ * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
+ * in memory or replica_root). None runs on the loop thread but peer_on_save, which only
+ * queues.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -79,6 +91,7 @@ struct source;
 struct save;
 struct conn;
 struct store_file;
+struct seal_seen;
 struct resident;
 struct uv_loop_s;
 struct proto_out;
@@ -194,6 +207,16 @@ struct config {
 	uint64_t upload_part_bytes;    /* multipart part size */
 	double upload_max_mib_per_s;   /* shared by all uploads of the daemon; 0: no cap */
 	unsigned keep_last_remote;     /* committed tags kept per job in the remote tier; 0: all */
+	/* Peer copies (config_peer.c reads these; peer*.c and replica_store.c use them). */
+	unsigned replicas;         /* other nodes holding each node's committed files; 0: none */
+	unsigned peer_port;        /* UCX listener's TCP port */
+	char *peer_secret_file;    /* "": peer copies off */
+	char *peer_secret;         /* its bytes, trailing white space cut; never logged */
+	size_t peer_secret_len;
+	double replica_cache_gib;  /* as written */
+	uint64_t replica_cache_bytes;
+	char *replica_root;        /* canonical; "": copies held in memory only */
+	double peer_max_mib_per_s; /* what sending copies may take of the network; 0: no cap */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -211,6 +234,9 @@ void config_print_help(FILE *f);
 /* config_remote.c: the index of the allowed root of cfg that path (absolute) lies in or
  * below, or -1; its remote tier's URL (NULL: none) into *remote when remote is not NULL. */
 int config_root_of(const struct config *cfg, const char *path, const char **remote);
+/* Whether cfg turns peer copies on: a peer_secret_file read and replicas not 0
+ * (config_peer.c). */
+int config_peer_on(const struct config *cfg);
 
 /* remote.c — a root's remote tier (DESIGN.md §9): an S3-compatible store (remote_s3.c, over
  * libcurl: SigV4 signing, parallel requests on a multi handle) or a shared directory
@@ -280,6 +306,201 @@ int remote_retryable(int code);
 /* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
  * remote that does not answer in err. */
 int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
+
+/* pull.c — a committed tag of a root's remote tier brought into the local tier for a user
+ * (loads of a tag the node lacks, PREFETCH): only a tag whose remote manifest names that uid
+ * (any for root); files checked against the manifest's checksums before they are renamed into
+ * place, owned by the manifest's user, the manifest written last, `latest` moved forward.
+ * Blocking (libuv's threadpool); pulls of one directory run one at a time. */
+#define PULL_DIR_MAX 4096
+/* What a pull did. */
+struct pull_info {
+	char tag[256];
+	int pulled;              /* 1: the remote's files were written here; 0: here already */
+	uint64_t files, bytes;   /* pulled */
+	uint64_t created_ns;     /* the tag's commit time (its manifest's) */
+	double seconds;
+};
+/* Whether the tag dir is committed here: its MANIFEST.json there, the directory owner's (any
+ * for owner 0). */
+int pull_committed_here(const struct config *cfg, const char *dir, uid_t owner, gid_t gid);
+/* Whether dir (<root>/<job>/<tag>) lies below a root that has a remote tier. */
+int pull_has_remote(const struct config *cfg, const char *dir);
+/* Whether the remote tier holds tag dir committed for uid: 0, or a code (ENOENT: not
+ * committed there; EACCES: another user's) with err. */
+int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen);
+/* Brings the remote tag dir into the local tier for uid/gid (nothing when it is committed here
+ * already); 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
+ * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
+int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+	     struct pull_info *info, char *err, size_t errlen);
+/* The tag the remote `latest` of jobdir names, when its remote manifest is there and names uid
+ * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
+int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
+		size_t taglen, uint64_t *created_ns, char *err, size_t errlen);
+
+/* peer_place.c — where a node's committed files get their peer copies (issue 35): the job's
+ * host names (from its seal records, in any order) sorted, each once, read as a ring. The
+ * pointers written into out are hosts' own. */
+/* The peers that keep self's copies: the `replicas` hosts after self on the ring (fewer when
+ * the job has fewer other nodes), at most cap; how many, -ENOENT when self is not among
+ * hosts, or -ENOMEM. */
+int peer_place(const char *const *hosts, size_t n, const char *self, unsigned replicas,
+	       const char **out, size_t cap);
+/* The nodes whose copies self keeps: the `replicas` hosts before self on the ring; as
+ * peer_place. */
+int peer_place_owners(const char *const *hosts, size_t n, const char *self, unsigned replicas,
+		      const char **out, size_t cap);
+
+/* peer_auth.c — daemons prove to each other that they hold the cluster's secret
+ * (peer_secret_file): HMAC-SHA256 (OpenSSL's libcrypto) of the secret over a label naming the
+ * side and both sides' fresh nonces, compared in constant time. Pure; any thread. */
+#define PEER_NONCE_LEN 32
+#define PEER_MAC_LEN 32
+enum { PEER_SERVER, PEER_CLIENT };
+/* Fills a nonce from getrandom(2); 0 or -errno. */
+int peer_auth_nonce(uint8_t nonce[PEER_NONCE_LEN]);
+/* side's proof over the nonces into mac; 0 or -EIO. */
+int peer_auth_mac(const void *secret, size_t len, int side,
+		  const uint8_t client_nonce[PEER_NONCE_LEN],
+		  const uint8_t server_nonce[PEER_NONCE_LEN], uint8_t mac[PEER_MAC_LEN]);
+/* 0 when mac is side's proof over the nonces, -EACCES when not, -EIO. */
+int peer_auth_check(const void *secret, size_t len, int side,
+		    const uint8_t client_nonce[PEER_NONCE_LEN],
+		    const uint8_t server_nonce[PEER_NONCE_LEN], const uint8_t mac[PEER_MAC_LEN]);
+
+/* peer_ucx.c — links between daemons over UCX's ucp API (tagged messages; RDMA, TCP or shared
+ * memory as UCX picks): a listener thread hands each connection to a thread of its own, with a
+ * worker of its own; every call blocks its thread at most the link's timeout and returns 0
+ * or a negative errno (ECONNRESET: the other side went away; ETIMEDOUT). Never the loop
+ * thread's. */
+struct peer_net;
+struct peer_link;
+/* Serves one accepted link on its own thread; the link is closed when it returns. */
+typedef void (*peer_serve_fn)(void *arg, struct peer_link *l);
+/* Opens the daemon's UCX context; links it accepts wait timeout_s per call. */
+int peer_net_open(double timeout_s, struct peer_net **out, char *err, size_t errlen);
+/* Listens on port, serving each connection with serve(arg, link), max_conns at once. */
+int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
+		void *arg, char *err, size_t errlen);
+/* Makes every call on the net's links fail from now on (any thread). */
+void peer_net_stop(struct peer_net *n);
+/* Stops listening, ends every connection's calls, waits for their threads, closes. */
+void peer_net_close(struct peer_net *n);
+/* Connects to host:port (resolved as the system does); a peer that is down is found by the
+ * first call. */
+int peer_connect(struct peer_net *n, const char *host, unsigned port, double timeout_s,
+		 struct peer_link **out, char *err, size_t errlen);
+/* Sends a message of type tag. */
+int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len);
+/* Receives the next message of any type into buf (cap bytes; -EMSGSIZE past it). */
+int peer_recv(struct peer_link *l, uint64_t *tag, void *buf, size_t cap, size_t *len);
+/* The other side's address, for messages. */
+const char *peer_link_who(const struct peer_link *l);
+/* Sets how long each call of l may wait. */
+void peer_link_set_timeout(struct peer_link *l, double seconds);
+/* Closes a link (what was sent is flushed first while the peer answers). NULL is fine. */
+void peer_link_close(struct peer_link *l);
+
+/* replica_store.c — other nodes' copies of their committed files (one owner's files of one
+ * tag, with the tag's manifest), in replica_cache_size of host memory, spilling to
+ * replica_root; a copy is visible only once every file arrived whole and checked against the
+ * manifest's checksums and the sender's; the oldest go first for room, never an owner's
+ * newest of a job nor one being read. Thread-safe. */
+struct replica_store;
+struct replica;
+/* A copy's identity: whose (owner host), which job, run and tag, the tag's directory there
+ * and its manifest's created_ns. */
+struct replica_id {
+	const char *owner, *job, *run, *tag, *dir;
+	uint64_t created_ns;
+};
+/* Opens a store of mem bytes spilling to root ("" or NULL: none). */
+int replica_store_open(uint64_t mem, const char *root, struct replica_store **out, char *err,
+		       size_t errlen);
+/* Frees every copy (none referenced) and the store. NULL is fine. */
+void replica_store_close(struct replica_store *rs);
+/* Begins an incoming copy of the files of the n ranks in manifest text (len bytes). */
+int replica_in_begin(struct replica_store *rs, const struct replica_id *id, const char *text,
+		     size_t len, const unsigned *ranks, unsigned n, struct replica **out,
+		     char *err, size_t errlen);
+/* Begins its file name of size bytes (one of those files, that size); its index into *index. */
+int replica_in_file(struct replica *r, const char *name, uint64_t size, unsigned *index,
+		    char *err, size_t errlen);
+/* Appends bytes to file index, in order. */
+int replica_in_write(struct replica *r, unsigned index, const void *buf, size_t len, char *err,
+		     size_t errlen);
+/* Ends file index: whole, and matching sent_xxh3 and the manifest (else -EBADMSG). */
+int replica_in_file_end(struct replica *r, unsigned index, uint64_t sent_xxh3, char *err,
+			size_t errlen);
+/* Makes the copy visible once every file of it ended checked. */
+int replica_in_commit(struct replica *r, char *err, size_t errlen);
+/* Drops an incoming copy, never seen. NULL is fine. */
+void replica_in_abort(struct replica *r);
+/* The newest visible copy of job with a file of each of the n ranks, referenced; or NULL. */
+struct replica *replica_find(struct replica_store *rs, const char *job, const unsigned *ranks,
+			     unsigned n);
+/* Takes a reference to a visible copy. */
+void replica_hold(struct replica *r);
+/* Drops a reference (an evicted copy goes with its last). */
+void replica_put(struct replica *r);
+/* A copy's identity, manifest text and number of files (the copy's own). */
+const struct replica_id *replica_id(const struct replica *r, const char **manifest,
+				    size_t *len, unsigned *nfiles);
+/* File i's manifest entry. */
+const struct manifest_file *replica_file(const struct replica *r, unsigned i);
+/* Reads len bytes at off of file i. */
+int replica_read(const struct replica *r, unsigned i, uint64_t off, void *buf, size_t len);
+/* Copies held, bytes of memory held, evictions so far. */
+void replica_stats(struct replica_store *rs, unsigned *copies, uint64_t *mem,
+		   uint64_t *evictions);
+
+/* peer_serve.c — the listening side: a peer proves it holds the secret (and is shown that we
+ * do) before it may place copies in the store or fetch them. */
+struct peer_service {
+	const void *secret;
+	size_t secret_len;
+	struct replica_store *rs;
+	_Atomic unsigned long copies_in, refused, fetches;
+};
+/* peer_serve_fn over a struct peer_service. */
+void peer_serve(void *arg, struct peer_link *l);
+
+/* peer_send.c — the connecting side: open (prove membership both ways), put a copy, fetch
+ * one. Blocking, on the caller's thread. */
+struct peer_cap;
+/* Reads len bytes at off of file i of a copy being sent into buf; 0 or a negative errno. */
+typedef int (*peer_read_fn)(void *arg, unsigned i, uint64_t off, void *buf, size_t len);
+/* A sending bandwidth cap of mib_per_s (0: none), shared by the sends given it. */
+struct peer_cap *peer_cap_new(double mib_per_s);
+/* Frees a cap no send uses. NULL is fine. */
+void peer_cap_free(struct peer_cap *c);
+/* Connects and authenticates both ways (EACCES: the secrets differ). */
+int peer_open(struct peer_net *n, const char *host, unsigned port, const void *secret,
+	      size_t slen, double timeout_s, struct peer_link **out, char *err, size_t errlen);
+/* Sends a copy (identity, ranks, manifest, the files of those ranks read through read, under
+ * cap); 0 once the peer checked and kept it. */
+int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *ranks,
+	     unsigned nranks, const char *manifest, size_t mlen,
+	     const struct manifest_file *const *files, unsigned nfiles, peer_read_fn read,
+	     void *arg, struct peer_cap *cap, char *err, size_t errlen);
+/* Fetches the peer's newest copy of job holding the n ranks into the store into, checked;
+ * the copy referenced into *out, or -ENOENT when the peer holds none. */
+int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
+	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
+
+/* peer.c — peer copies in the daemon, on with a peer_secret_file: the service on peer_port
+ * and, for each COMMITTED save of a tag this node sealed, its files sent on a thread of its
+ * own (from their resident copies where the cache keeps them) to the first `replicas` peers
+ * of the ring (peer_place) that take them. */
+/* Starts them when cfg turns them on; 0 (also when off) or -1 with err. */
+int peer_start(const struct config *cfg, char *err, size_t errlen);
+/* Stops them (shutdown); no-op when off. */
+void peer_stop(void);
+/* save_change_cb: queues a COMMITTED save's tag for sending (loop thread). */
+void peer_on_save(struct save *s);
+/* dsckptd -n: UCX opens with a transport when cfg turns peer copies on; 0 or -1 with err. */
+int peer_check(const struct config *cfg, char *err, size_t errlen);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {
@@ -461,8 +682,9 @@ void *source_priv(struct source *s, const struct source_ops *ops);
 /* Whether every byte of the source can be read (a VMM range may still be mapping). */
 int source_complete(const struct source *s);
 
-/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, store_latest.c,
- * store_tag.c, retention.c — the checkpoint directories on disk (their format is format/'s). */
+/* store_path.c, store_file.c, store_list.c, store_host.c, store_commit.c, store_describe.c,
+ * store_latest.c, store_tag.c, retention.c — the checkpoint directories on disk (their format
+ * is format/'s). */
 #define STORE_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
 #define STORE_HOST_MAX 256 /* "dsckpt.host": at most 255 bytes */
 #define STORE_XATTR_HOST "user.dsckpt.host" /* on a partial from its creation: its node */
@@ -552,10 +774,53 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 		 const struct store_dirid *id, uid_t uid, gid_t gid,
 		 struct store_commit_info *info, char *err, size_t errlen);
 /* store_commit as of created_ns (0: now): the daemons' commit of a sealed tag dates it by its
- * newest seal, so that a job's tags order by step however late each commit lands. */
+ * newest seal, so that a job's tags order by step however late each commit lands, and takes
+ * the descriptions of its files from the run's seal records seen (NULL: from the headers). */
 int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
-		    struct store_commit_info *info, char *err, size_t errlen);
+		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
+		    size_t errlen);
+/* store_describe.c — a tag's files described for its manifest: from their headers, or from
+ * the seal records of the nodes that wrote them. */
+/* One file of a checkpoint as its manifest will describe it. */
+struct store_entry {
+	const char *name;
+	uint64_t size;
+	long rank;
+	int other;                       /* of another run than the commit's */
+	/* safetensors */
+	struct st_header *h;             /* its parsed header */
+	struct manifest_tensor *t;       /* its tensors, as the manifest lists them */
+	const char *data_xxh3;           /* borrowed from h */
+	char meta_xxh3[CHECKSUM_HEX + 1]; /* its .meta's checksum as recorded, or "" */
+	uint64_t meta_size;              /* and size */
+	/* meta */
+	char xxh3[CHECKSUM_HEX + 1];
+	const struct manifest_file *d;   /* its seal record's description, or NULL */
+};
+struct store_seal_desc;
+/* Describes every *.safetensors and *.meta file of the tag dfd (at path) among names (n,
+ * sorted) into ents (n entries; *nents used), marking those of another run than run: as desc
+ * describes them (NULL: none), else from their headers. 0 or a negative ERR_E* with err. */
+int store_describe_all(int dfd, const char *path, const char *run, char **names, size_t n,
+		       struct store_seal_desc *desc, struct store_entry *ents, size_t *nents,
+		       char *err, size_t errlen);
+/* Whether e is a safetensors file. */
+int store_entry_st(const struct store_entry *e);
+/* The manifest's entry of e (its strings and tensors borrowed from e). */
+struct manifest_file store_entry_file(const struct store_entry *e);
+/* A node's files of a tag as its seal record describes them. */
+struct store_files {
+	struct manifest_file *files;
+	size_t n;
+	void *own;            /* what files point into */
+};
+/* Describes <base>.safetensors of each of bases (n) in the tag dfd, files of run, and the
+ * .meta siblings their headers record, into out (store_files_free); 0 or a negative ERR_E*. */
+int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
+			 struct store_files *out, char *err, size_t errlen);
+/* Frees what store_describe_files made. */
+void store_files_free(struct store_files *f);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
 /* Takes the job directory's commit lock (waiting); 0 or a negative ERR_E* with err. */
 int store_job_lock(int jobfd, char *err, size_t errlen);
@@ -616,12 +881,32 @@ int store_seal_read(int dirfd, const char *name, struct seal_record *r);
 int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
 		    uint8_t *have, uint64_t *newest);
 /* The records a collecting node has read already: each name with the inode it had (a record
- * rewritten is renamed into place, so a new inode). */
+ * rewritten is renamed into place, so a new inode), and the record as read when it is of the
+ * job's run (its files' descriptions make the commit's manifest). */
 struct seal_seen {
 	char **names;
 	ino_t *inos;
+	struct seal_record *recs;   /* host NULL: not of the run (or unreadable) */
 	size_t n, cap;
 };
+/* The files the run's records describe, by name, for one commit. */
+struct store_seal_desc {
+	const struct manifest_file **files;  /* sorted by name */
+	uint8_t *listed;                     /* each found in the directory's listing */
+	size_t n;
+	const struct seal_seen *seen;
+};
+/* Collects the files the records of seen describe into d (store_seal_desc_free); 0, or -1
+ * without memory. A file two records describe is the first's. */
+int store_seal_desc_build(const struct seal_seen *seen, struct store_seal_desc *d);
+/* The description of the file name (NULL d: none), marked as listed; NULL if none. */
+const struct manifest_file *store_seal_desc_find(struct store_seal_desc *d, const char *name);
+/* ERR_EINCOMPLETE with err when a record describes a file the listing did not hold; else 0. */
+int store_seal_desc_missing(const struct store_seal_desc *d, char *err, size_t errlen);
+/* Whether name is a record of the run seen read (NULL d: no). */
+int store_seal_desc_ours(const struct store_seal_desc *d, const char *name);
+/* Frees what store_seal_desc_build made. */
+void store_seal_desc_free(struct store_seal_desc *d);
 /* store_seal_scan reading only the records not in seen (which it adds), adding their ranks
  * to have and *newest as they stand (a run's records only ever grow): each record is read
  * about once however often the node looks. */
@@ -1283,8 +1568,34 @@ struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int
 				    int records, seal_watch_cb cb, void *arg);
 /* Stops and frees a watch (NULL is fine). */
 void seal_watch_stop(struct seal_watch *w);
-/* Threadpool: whether the manifest in the tag dfd commits run by world ranks. */
-int seal_watch_mine(int dfd, const char *run, unsigned world);
+/* Threadpool: whether the manifest in the tag dfd commits run by world ranks; *present:
+ * whether there is one (one open either way). */
+int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
+
+/* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
+/* The ranks of uid's job and run (world) sealed through this daemon into the directory. */
+struct seal_scope {
+	uid_t uid;
+	struct store_dirid dirid;
+	const char *job, *run;
+	unsigned world;
+	const uint8_t *sealed;    /* world entries */
+};
+/* The names (without .safetensors) of the files those ranks saved there. */
+struct seal_files {
+	char **bases;
+	size_t n;
+};
+/* Collects them into f (replacing what it held). */
+void seal_files_gather(struct seal_files *f, const struct seal_scope *sc);
+/* Whether a rank of the scope's job and run saved there through this daemon, unsealed. */
+int seal_files_unsealed(const struct seal_scope *sc);
+/* Threadpool: writes record r into the tag dfd (at dir), f's files described. */
+int seal_files_write(const struct config *cfg, int dfd, const struct seal_record *r,
+		     const struct seal_files *f, uid_t uid, gid_t gid, const char *dir,
+		     char *err, size_t errlen);
+/* Frees what f holds. */
+void seal_files_free(struct seal_files *f);
 
 /* overwrite.c — which version of a tag a save, a seal, a commit names (loop thread). */
 /* save_dir_cb: opens the directory a save of dir by o's rank goes into: the tag, or its
@@ -1353,6 +1664,19 @@ unsigned load_parsing(void);
 void load_cancel_all(void);
 /* Frees every load (shutdown, once the restore threads are stopped). */
 void load_free_all(void);
+
+/* prefetch.c — PREFETCH: a tag (or a job's latest, here or in the remote tier) pulled into
+ * the local tier when only the remote holds it, then read into the cache as resident copies
+ * (only chunks free or evictable now, at most 7/8 of the cache); loop thread, the work in
+ * libuv's threadpool. */
+/* Keeps d (the cache, the config) for the prefetches to come. */
+void prefetch_start(const struct daemon *d);
+/* Starts a prefetch of dir (a tag or job directory; tag: one of that job, or NULL) for o;
+ * answers req once the tag is known (wait: once it is in the cache), or returns a code. */
+int prefetch_begin(const struct owner *o, uint64_t req, const char *dir, const char *tag,
+		   int wait, char *err, size_t errlen);
+/* Prefetches still running (a drain waits for them). */
+unsigned prefetch_running(void);
 
 /* restore.c — the restore threads: file or resident pieces → checked → destinations. */
 struct restore_job;
@@ -1635,5 +1959,9 @@ void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q);
 void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q);
 void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v);
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v);
+/* Answers PREFETCH: the tag directory and tag, bytes pulled from the remote tier and put in
+ * the cache, and the milliseconds it took (0s when answered at its start). */
+void reply_prefetch(uint64_t conn, uint64_t req, const char *dir, const char *tag,
+		    uint64_t pulled, uint64_t cached, uint64_t ms);
 
 #endif /* DSCKPTD_H */

@@ -3,7 +3,9 @@
  * parse_work (libuv's threadpool), which alone touches its load while it runs.
  *
  * LOAD_BEGIN opens the file for its client — a regular file below an allowed root, reached
- * without symbolic links and owned by the client's user — then, in libuv's threadpool
+ * without symbolic links and owned by the client's user; a tag not on this node whose root
+ * has a remote tier is first pulled into the local tier in the parse (pull.c: only the
+ * user's, checksums checked) and the file opened then — then, in libuv's threadpool
  * (parse_work), reads and checks its header and pins the resident copy the cache may still
  * hold of it (resident.c; the same file, the same header): load_file.c does both, and
  * LOAD_BEGIN is answered when that is done. Until then the load has no id its client knows
@@ -63,16 +65,31 @@ static void load_free(struct load *l)
 		close(l->dfd);
 	if (l->res)
 		resident_unpin(l->res);
+	if (l->pull)
+		config_unref(l->pull);
 	quota_give(l->uid, QUOTA_LOADS, 1);
 	quota_give(l->uid, QUOTA_HELD, l->held);
 	free(l);
 }
 
-/* Threadpool: the header of a load begun. */
+/* Threadpool: the header of a load begun, its tag pulled first from the remote tier when
+ * only that holds it. */
 static void parse_work(uv_work_t *w)
 {
 	struct load *l = w->data;
+	struct pull_info info;
 
+	if (l->pull) {
+		l->code = pull_tag(l->pull, l->dir, l->uid, l->gid, &info, l->error,
+				   sizeof(l->error));
+		if (l->code < 0)
+			return;
+		l->pulled = info.pulled;
+		l->fd = load_file_open(l->pull, l->dir, l->file, l->uid, l->gid, &l->st, l->error,
+				       sizeof(l->error));
+		if ((l->code = l->fd < 0 ? l->fd : 0) < 0)
+			return;
+	}
 	l->code = load_file_read(l, l->error, sizeof(l->error));
 }
 
@@ -148,8 +165,13 @@ int load_begin(const struct owner *o, uint64_t req, const char *dir, const char 
 	store_norm_dir(l->dir, sizeof(l->dir), dir);
 	snprintf(l->file, sizeof(l->file), "%s", file);
 	snprintf(l->path, sizeof(l->path), "%s/%s%s", l->dir, file, FMT_SAFETENSORS);
-	if ((l->fd = load_file_open(daemon_ctx->config, l->dir, file, l->uid, o->gid, &l->st,
-				    err, errlen)) < 0) {
+	l->gid = o->gid;
+	l->fd = load_file_open(daemon_ctx->config, l->dir, file, l->uid, o->gid, &l->st, err,
+			       errlen);
+	if (l->fd == ERR_ENOENT && pull_has_remote(daemon_ctx->config, l->dir)) {
+		l->fd = -1;	/* not on this node: the parse pulls it from the remote tier */
+		l->pull = config_ref(daemon_ctx->config);
+	} else if (l->fd < 0) {
 		rc = l->fd;
 		load_free(l);
 		return rc;
@@ -384,7 +406,7 @@ void load_view(const struct load *l, struct load_view *v)
 	*v = (struct load_view){
 		.id = l->id, .level = l->level, .code = l->code,
 		.error = l->level == LOAD_FAILED ? l->error : NULL,
-		.read_from = l->cached >= l->data_len ? "cache" : "file",
+		.read_from = l->pulled ? "remote" : l->cached >= l->data_len ? "cache" : "file",
 		.tensors = l->h->n, .bytes = l->data_len, .bytes_cached = l->cached,
 		.bytes_total = l->bytes,
 		.bytes_done = l->job ? restore_progress(l->job) : l->done,

@@ -33,6 +33,9 @@ struct load {
 	struct stat st;
 	char dir[PROTO_MAX_STR + 1], file[PROTO_MAX_NAME + 1];
 	unsigned max_tensors;   /* the config's max_tensors_per_save at LOAD_BEGIN */
+	gid_t gid;
+	struct config *pull;    /* referenced: the tag is pulled from its remote tier first */
+	int pulled;             /* it was: the bytes came from the remote tier */
 	uint64_t held;          /* charged to uid as QUOTA_HELD */
 	int fd, dfd;            /* the file, buffered and O_DIRECT (or -1) */
 	struct st_header *h;

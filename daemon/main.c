@@ -78,6 +78,7 @@ static void print_config_errors(const char *path, const char *err)
 static void finish(void)
 {
 	conn_close_all();	/* their loads are cancelled */
+	peer_stop();		/* sends and peers' connections broken, threads joined */
 	load_cancel_all();
 	engine_stop();
 	restore_stop();
@@ -100,7 +101,7 @@ static void finish(void)
 static void on_drain_check(uv_check_t *h)
 {
 	if (save_inflight() == 0 && commit_running() == 0 && seal_running() == 0 &&
-	    load_parsing() == 0) {
+	    load_parsing() == 0 && prefetch_running() == 0) {
 		uv_check_stop(h);
 		log_info("all saves finished; exiting");
 		finish();
@@ -301,7 +302,8 @@ int main(int argc, char **argv)
 		log_info("%s", say);
 	if (check_only) {
 		/* The file is good; each root's remote tier must also answer. */
-		int unreachable = remote_check_roots(dsckptd.config, err, sizeof(err)) != 0;
+		int unreachable = remote_check_roots(dsckptd.config, err, sizeof(err)) != 0 ||
+				  peer_check(dsckptd.config, err, sizeof(err)) != 0;
 		if (unreachable)
 			print_config_errors(config_arg ? config_arg : "built-in defaults", err);
 		else
@@ -360,6 +362,12 @@ int main(int argc, char **argv)
 		log_error("%s; not starting", err);
 		goto fail_locks;
 	}
+	/* Peer copies (with a peer_secret_file): before any other thread, as UCX reads its
+	 * environment; their sends start at the first COMMITTED. */
+	if (peer_start(dsckptd.config, err, sizeof(err)) < 0) {
+		log_error("%s; not starting", err);
+		goto fail_locks;
+	}
 	dsckptd.loop = uv_default_loop();
 	/* The context to the modules that keep it (seal.c's first: recovery resumes seals). */
 	seal_init(&dsckptd);
@@ -385,6 +393,7 @@ int main(int argc, char **argv)
 		goto fail_cache;
 	}
 	dsckptd.config->restore_threads = restore_threads_for(dsckptd.config->restore_threads);
+	prefetch_start(&dsckptd);
 	if (load_start(&dsckptd, dsckptd.config->restore_threads, err, sizeof(err)) < 0) {
 		log_error("restore threads: %s", err);
 		goto fail_engine;
@@ -409,6 +418,7 @@ int main(int argc, char **argv)
 	save_observe(seal_on_save);
 	save_observe(upload_on_save);
 	save_observe(metrics_on_save);
+	save_observe(peer_on_save);
 	save_open_with(overwrite_save_dir);
 	uv_check_init(dsckptd.loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
@@ -457,6 +467,7 @@ fail_engine:
 fail_cache:
 	cache_destroy(dsckptd.cache);
 fail_locks:
+	peer_stop();
 	pidfile_remove();
 	lock_release();
 fail_args:

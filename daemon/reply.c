@@ -315,6 +315,22 @@ void reply_load_begun(uint64_t conn, uint64_t req, const struct load_view *v)
 	reply_send(conn, &o, 0);
 }
 
+/* Answers PREFETCH: the tag it reads, and once done what it pulled and cached. */
+void reply_prefetch(uint64_t conn, uint64_t req, const char *dir, const char *tag,
+		    uint64_t pulled, uint64_t cached, uint64_t ms)
+{
+	struct proto_out o;
+
+	proto_out_init(&o, PROTO_REPLY, req);
+	msgpack_pack_map(&o.pk, 5);
+	proto_kv_str(&o.pk, "dir", dir);
+	proto_kv_str(&o.pk, "tag", tag);
+	proto_kv_u64(&o.pk, "bytes_pulled", pulled);
+	proto_kv_u64(&o.pk, "bytes_cached", cached);
+	proto_kv_u64(&o.pk, "ms", ms);
+	reply_send(conn, &o, 0);
+}
+
 /* Answers LOAD_WAIT with the load's state. */
 void reply_load_state(uint64_t conn, uint64_t req, const struct load_view *v)
 {

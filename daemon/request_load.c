@@ -1,5 +1,5 @@
 /*
- * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT): decoded and checked here,
+ * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT, PREFETCH): decoded and checked here,
  * acted on by load.c, answered through reply.c. As for saves, a malformed frame closes the
  * connection and a refused destination abandons the load with an error reply.
  */
@@ -149,4 +149,24 @@ void request_load_abort(struct session *c, const struct proto_hdr *h, struct pro
 				     (unsigned long long)id);
 	load_drop(l);
 	reply_empty(session_id(c), h->id);
+}
+
+/* PREFETCH: a tag (or a job's latest) into the local tier and the cache; answered by
+ * prefetch.c once the tag is known, or once it is in place when the client waits. */
+void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1], tag[PROTO_MAX_NAME + 1] = "", err[ERRLEN];
+	int wait = 0;
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	proto_get_str(m, "tag", tag, PROTO_MAX_NAME, 0);
+	proto_get_bool(m, "wait", &wait, 0);
+	if (proto_map_end(m) < 0)
+		return request_malformed(c, h, m->why);
+	struct owner o = request_owner(c);
+	int rc = auth_check(c, AUTH_LOAD, err, sizeof(err));
+	if (rc == 0)
+		rc = prefetch_begin(&o, h->id, dir, tag[0] ? tag : NULL, wait, err, sizeof(err));
+	if (rc < 0)
+		return request_error(c, h, rc, "%s", err);
 }

@@ -1,9 +1,11 @@
 /*
  * seal.c — seals, and the commits the daemons make of them. A rank seals a tag (SEAL): it will
  * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
- * DURABLE, the daemon writes its node's seal record (store_seal.c); the node that rank 0
- * sealed through collects: it reads the records (each about once, as they come: inotify, or
- * the directory's mtime polled) and, when they name every rank 0..world-1, commits the tag
+ * DURABLE, the daemon writes its node's seal record (store_seal.c), describing their files
+ * there (seal_files.c), once per node where it can: while a rank that saved here has not
+ * sealed, the record waits for it (1 s at most). The node that rank 0 sealed through
+ * collects: it reads the records (each about once, as they come: inotify, or the directory's
+ * mtime polled) and, when they name every rank 0..world-1, commits the tag from them
  * (store_commit: manifest, then latest, then retention) — with no trainer left alive, if
  * need be — dated by the newest seal the records hold, so that a job's tags order by step
  * however late each commit lands. The other nodes only write their record and watch for the
@@ -13,10 +15,10 @@
  * A tag not complete is looked at for about an hour (1 s, 2 s, ... then every 30 s).
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
- * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open while the
- * tag is followed, so that it cannot name another directory) and its owner, never by its path.
- * A directory removed is forgotten with its seals; one made again under the same name is a
- * new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
+ * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open with its job
+ * directory's while the tag is followed, so that it cannot name another directory and no look
+ * walks its path again) and its owner, never by its path. A directory removed is forgotten
+ * with its seals; one made again under the same name is a new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
  * never committed: records, files and saves of one run never combine with another's, and no
  * reply names what another user sealed.
  *
@@ -37,11 +39,13 @@
 #define SEAL_TRIES 126         /* looks at the other nodes' records after ours: */
 #define SEAL_BACKOFF_MAX 30000 /* 1, 2, 4, ... 16 s, then every 30 s: about an hour */
 #define SEAL_LINGER_MS 60000   /* an ended tag is forgotten this long after */
+#define SEAL_WRITE_WAIT_MS 1000 /* our record waits this long at most for a rank saving here */
 
 struct seal_tag {
-	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; reopened by seal_work) */
+	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; the commit reopens it) */
 	struct store_dirid dirid;     /* the directory sealed */
 	int dfd;                      /* held open while followed: the identity stays its */
+	int jobfd;                    /* its job directory, as SEAL opened it (its lock) */
 	char job[PROTO_MAX_NAME + 1];
 	char run[PROTO_MAX_RUN + 1];
 	unsigned world;
@@ -63,12 +67,15 @@ struct seal_tag {
 	struct seal_watch *watch;   /* for the manifest, while waiting for the other nodes */
 	int watch_records;          /* it watches for the others' records too (collecting) */
 	int again;                  /* the watch saw something while busy: look once more */
+	int write_wait;             /* our record waits for a rank saving here to seal */
+	int write_due;              /* that wait is over: write what is sealed */
 	/* seal_work's: in (cfg, write) and out */
 	uv_work_t work;
 	struct config *cfg;         /* a reference, while busy */
 	int write;                  /* write our record (written ranks) before looking: set by
 				     * seal_check, cleared when a seal_work is back */
 	unsigned *ranks;            /* the ranks to write */
+	struct seal_files files;    /* the files of their saves here, described in the record */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int look;                   /* read the records (collecting, or the slow timer's look) */
 	uint8_t *have_map;          /* world entries: the ranks the records read so far name */
@@ -92,6 +99,8 @@ static void seal_closed(uv_handle_t *h)
 	struct seal_tag *t = h->data;
 	quota_give(t->uid, QUOTA_SEALS, 1);
 	close(t->dfd);
+	close(t->jobfd);
+	seal_files_free(&t->files);
 	free(t->sealed);
 	free(t->ranks);
 	free(t->have_map);
@@ -165,55 +174,47 @@ static void seal_end(struct seal_tag *t)
 	uv_timer_start(&t->timer, on_seal_timer, SEAL_LINGER_MS, 0);
 }
 
-/* Threadpool: writes our record (when asked), reads everyone's, commits when complete. */
+/* Threadpool: writes our record (when asked), reads everyone's, commits when complete. The
+ * tag's directory and job directory are the ones SEAL opened, held: no path is walked. */
 static void seal_work(uv_work_t *w)
 {
 	struct seal_tag *t = w->data;
-	struct store_dirid id;
-	int jobfd, dfd;
+	const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
 
 	t->rc = 0;
-	dfd = store_open_tag(t->cfg, t->dir, t->uid, t->gid, &jobfd, t->err, sizeof(t->err));
-	if (dfd < 0) {
-		t->rc = dfd;
-		return;
-	}
-	if ((t->rc = store_dir_id(dfd, &id, t->err, sizeof(t->err))) == 0 &&
-	    !store_dirid_eq(&id, &t->dirid))
+	t->have = -2;
+	if (seal_dir_gone(t)) {
 		t->rc = err_set(t->err, sizeof(t->err), ERR_ENOENT, "the directory was removed");
-	if (t->rc < 0) {
-		close(dfd);
-		close(jobfd);
 		return;
 	}
 	/* Our record and the look at everyone's happen under the job's lock: of two nodes
 	 * writing at once, the second sees the first's record. */
-	if ((t->rc = store_job_lock(jobfd, t->err, sizeof(t->err))) == 0) {
+	if ((t->rc = store_job_lock(t->jobfd, t->err, sizeof(t->err))) == 0) {
+		/* Committed meanwhile (by a COMMIT, or another node: the manifest, opened once,
+		 * says whether by this run): no record to add, and none half-written to be found
+		 * beside the manifest once the commit has answered. A look at the records alone
+		 * needs no such check: the commit it may lead to makes its own. */
 		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
-					t->run, t->written_ns};
-		const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
-		/* Committed meanwhile (a COMMIT): no record to add, and none half-written to be
-		 * found beside the manifest once the commit has answered. */
-		if (store_tag_committed(jobfd, tag) != 0 || !store_dir_at(jobfd, tag, dfd))
+					t->run, t->written_ns, NULL, 0, NULL};
+		int present = 0;
+		if (t->write || !t->look)
+			t->mine = seal_watch_mine(t->dfd, t->run, t->world, &present);
+		if (present || ((t->write || !t->look) && !store_dir_at(t->jobfd, tag, t->dfd)))
 			t->rc = 2;	/* or a new version exchanged with its tag, committed */
 		else if (t->write)
-			t->rc = store_seal_write(t->cfg, dfd, &r, t->uid, t->gid, t->err,
-						 sizeof(t->err));
+			t->rc = seal_files_write(t->cfg, t->dfd, &r, &t->files, t->uid, t->gid,
+						 t->dir, t->err, sizeof(t->err));
 		/* Only the collecting node reads the others' records (each about once): the
 		 * others learn the outcome from the manifest (seal_watch.c). */
-		t->have = -2;
 		if (t->rc == 0 && t->look)
-			t->have = store_seal_scan_new(dfd, t->job, t->run, t->world, t->have_map,
+			t->have = store_seal_scan_new(t->dfd, t->job, t->run, t->world, t->have_map,
 						      &t->newest, &t->seen);
-		else if (t->rc == 2)
-			t->mine = seal_watch_mine(dfd, t->run, t->world);
-		store_job_unlock(jobfd);
+		store_job_unlock(t->jobfd);
 	}
-	close(dfd);
-	close(jobfd);
 	if (t->rc == 0 && t->have == (int)t->world) {
 		t->rc = store_commit_at(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid,
-					t->gid, t->newest, &t->info, t->err, sizeof(t->err));
+					t->gid, t->newest, &t->seen, &t->info, t->err,
+					sizeof(t->err));
 		if (t->rc == 0)
 			t->rc = 1;
 	}
@@ -339,6 +340,16 @@ static int seal_covers(const struct seal_tag *t, const struct save_view *v)
 	       v->rank < t->world && t->sealed[v->rank];
 }
 
+/* Timer: our record waited long enough for the ranks saving here; it is written now. */
+static void on_write_timer(uv_timer_t *h)
+{
+	struct seal_tag *t = h->data;
+
+	t->write_wait = 0;
+	t->write_due = 1;
+	seal_check(t);
+}
+
 /* Moves a tag on: waits for its sealed ranks' saves, then writes our record and looks. */
 static void seal_check(struct seal_tag *t)
 {
@@ -361,12 +372,23 @@ static void seal_check(struct seal_tag *t)
 	}
 	/* A write asked for stays asked for until a seal_work has done it, even while the tag
 	 * waits behind another of its user's (seal_user_busy). */
+	struct seal_scope scope = {t->uid, t->dirid, t->job, t->run, t->world, t->sealed};
+	if (t->written != t->nsealed && !t->write_due && seal_files_unsealed(&scope)) {
+		/* One record per node where it can be: while a rank that saved here has not
+		 * sealed yet, the write waits for it (SEAL_WRITE_WAIT_MS at most). */
+		if (!t->write_wait)
+			uv_timer_start(&t->timer, on_write_timer, SEAL_WRITE_WAIT_MS, 0);
+		t->write_wait = 1;
+		return;
+	}
 	if (t->written != t->nsealed) {
 		t->write = 1;
+		t->write_wait = t->write_due = 0;
 		unsigned k = 0;
 		for (unsigned r = 0; r < t->world; r++)
 			if (t->sealed[r])
 				t->ranks[k++] = r;
+		seal_files_gather(&t->files, &scope);
 		t->written = t->nsealed;
 		t->written_ns = t->sealed_ns;
 		t->tries = SEAL_TRIES;
@@ -392,15 +414,18 @@ static struct seal_tag *seal_find(const struct store_dirid *id, uid_t uid)
 	return NULL;
 }
 
-/* A new tag of dir (the directory dfd, whose identity is id; the tag takes dfd) of job and run
- * (world ranks) owned by uid/gid, charged to uid's max_seals_per_user until it is freed; NULL
- * with a negative ERR_E* in *code and err (ELIMIT, ENOMEM), dfd closed. */
-static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_dirid *id,
-				 const char *job, const char *run, unsigned world, uid_t uid,
-				 gid_t gid, int *code, char *err, size_t errlen)
+/* A new tag of dir (the directory dfd, whose identity is id, in the job directory jobfd; the
+ * tag takes both) of job and run (world ranks) owned by uid/gid, charged to uid's
+ * max_seals_per_user until it is freed; NULL with a negative ERR_E* in *code and err
+ * (ELIMIT, ENOMEM), dfd and jobfd closed. */
+static struct seal_tag *seal_new(const char *dir, int dfd, int jobfd,
+				 const struct store_dirid *id, const char *job, const char *run,
+				 unsigned world, uid_t uid, gid_t gid, int *code, char *err,
+				 size_t errlen)
 {
 	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0) {
 		close(dfd);
+		close(jobfd);
 		return NULL;
 	}
 	struct seal_tag *t = calloc(1, sizeof(*t));
@@ -412,6 +437,7 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 			free(t);
 		}
 		close(dfd);
+		close(jobfd);
 		quota_give(uid, QUOTA_SEALS, 1);
 		*code = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		return NULL;
@@ -419,6 +445,7 @@ static struct seal_tag *seal_new(const char *dir, int dfd, const struct store_di
 	snprintf(t->dir, sizeof(t->dir), "%s", dir);
 	t->dirid = *id;
 	t->dfd = dfd;
+	t->jobfd = jobfd;
 	snprintf(t->job, sizeof(t->job), "%s", job);
 	snprintf(t->run, sizeof(t->run), "%s", run);
 	t->world = world;
@@ -458,9 +485,9 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	int dfd = store_open_tag(daemon_ctx->config, d, uid, o->gid, &jobfd, err, sizeof(err));
 	if (dfd < 0)
 		return reply_error(o->conn, req, dfd, "%s", err);
-	close(jobfd);
 	if ((rc = store_dir_id(dfd, &id, err, sizeof(err))) < 0) {
 		close(dfd);
+		close(jobfd);
 		return reply_error(o->conn, req, rc, "%s", err);
 	}
 	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
@@ -475,13 +502,15 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	}
 	if (t && (t->world != world || strcmp(t->job, o->job) != 0)) {
 		close(dfd);
+		close(jobfd);
 		return reply_error(o->conn, req, ERR_EBUSY, "%s is sealed by job %s of %u "
 				   "ranks", d, t->job, t->world);
 	}
-	if (committed || t)
+	if (committed || t) {
 		close(dfd);
-	else if (!(t = seal_new(d, dfd, &id, o->job, o->run, world, uid,
-				o->gid, &rc, err, sizeof(err))))
+		close(jobfd);
+	} else if (!(t = seal_new(d, dfd, jobfd, &id, o->job, o->run, world, uid, o->gid, &rc,
+				  err, sizeof(err))))
 		return reply_error(o->conn, req, rc, "%s", err);
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
@@ -531,13 +560,13 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 		log_warnx("not resuming the seals of %s: %s", dir, err);
 		return;
 	}
-	close(jobfd);
 	if (store_dir_id(dfd, &id, err, sizeof(err)) < 0 || seal_find(&id, uid)) {
 		close(dfd);
+		close(jobfd);
 		return;
 	}
-	struct seal_tag *t = seal_new(dir, dfd, &id, r->job, r->run, r->world, uid, gid, &rc, err,
-				      sizeof(err));
+	struct seal_tag *t = seal_new(dir, dfd, jobfd, &id, r->job, r->run, r->world, uid, gid,
+				      &rc, err, sizeof(err));
 	if (!t) {
 		log_warnx("not resuming the seals of %s: %s", dir, err);
 		return;

@@ -4,8 +4,9 @@
  * all the same. While a tag waits for the other nodes, its directory is watched: inotify
  * (uv_fs_event) sees a manifest written on this host at once, and a poll of the manifest's
  * name (one fstatat: 100 ms, doubling to 2 s) sees one written by another host of a shared
- * filesystem, where inotify sees nothing. When the manifest is there, the watch tells its
- * owner (seal.c), whose look under the job's lock decides (seal_watch_mine) whether that
+ * filesystem, where inotify sees nothing (on a local filesystem inotify sees every writer:
+ * no poll). When the manifest is there, the watch tells its owner (seal.c), whose look
+ * under the job's lock (one open of the manifest, seal_watch_mine) decides whether that
  * manifest is the commit of its own run. The node that collects the records (seal.c) also
  * watches for records: a seal record renamed into place (inotify), or the directory's
  * modification time changed (the poll), tells it too. Loop thread only, but for
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -35,6 +37,30 @@ struct seal_watch {
 	seal_watch_cb cb;
 	void *arg;
 };
+
+/* Whether the directory dfd is on a filesystem only this host writes (a local disk's, or
+ * memory's): another host's writes to a shared one (NFS, Lustre, GPFS, CephFS, FUSE, ...)
+ * reach no inotify watch here, so only an unknown or shared type is polled. */
+static int watch_local(int dfd)
+{
+	static const unsigned long local[] = {
+		0xEF53,      /* ext2, ext3, ext4 */
+		0x58465342,  /* xfs */
+		0x9123683E,  /* btrfs */
+		0x01021994,  /* tmpfs */
+		0x2FC12FC1,  /* zfs */
+		0xF2F52010,  /* f2fs */
+		0x794C7630,  /* overlay (containers) */
+	};
+	struct statfs sf;
+
+	if (fstatfs(dfd, &sf) < 0)
+		return 0;
+	for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+		if ((unsigned long)sf.f_type == local[i])
+			return 1;
+	return 0;
+}
 
 /* Whether the watched directory holds a manifest now. */
 static int watch_has_manifest(const struct seal_watch *w)
@@ -80,7 +106,8 @@ static void on_watch_event(uv_fs_event_t *h, const char *name, int events, int s
 	(void)events;
 	if (!w->cb || status != 0)
 		return;
-	if ((!name || strcmp(name, FMT_MANIFEST) == 0) && watch_has_manifest(w))
+	/* The owner's look opens the manifest whether or not it is there: no stat first. */
+	if (!name || strcmp(name, FMT_MANIFEST) == 0)
 		w->cb(w->arg);
 	else if (w->records && name && seal_record_name(name))
 		w->cb(w->arg);
@@ -125,7 +152,9 @@ struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int
 			  uv_strerror(rc));
 		uv_close((uv_handle_t *)&w->ev, watch_closed);
 	}
-	uv_timer_start(&w->poll, on_watch_poll, w->next_ms, 0);
+	/* On a local filesystem every writer is of this host, and inotify sees it all. */
+	if (!w->have_ev || !watch_local(dfd))
+		uv_timer_start(&w->poll, on_watch_poll, w->next_ms, 0);
 	return w;
 }
 
@@ -144,12 +173,11 @@ void seal_watch_stop(struct seal_watch *w)
 }
 
 /* Threadpool: whether the manifest in the tag dfd is the commit of run by world ranks (its
- * saves of run are then COMMITTED). */
-int seal_watch_mine(int dfd, const char *run, unsigned world)
+ * saves of run are then COMMITTED), and whether there is one: one open either way. */
+int seal_watch_mine(int dfd, const char *run, unsigned world, int *present)
 {
 	char why[200];
-	int present;
-	struct manifest *m = manifest_load(dfd, &present, why, sizeof(why));
+	struct manifest *m = manifest_load(dfd, present, why, sizeof(why));
 	int mine = m && m->world_size == world && strcmp(m->run ? m->run : "", run) == 0;
 
 	manifest_free(m);

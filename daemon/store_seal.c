@@ -1,7 +1,11 @@
 /*
  * store_seal.c — the seal records of a tag directory on disk (their format is format/seal.c's):
  * this node's record written atomically, everyone's read back to see whether every rank of
- * the job has sealed.
+ * the job has sealed, and the files they describe collected for the commit.
+ *
+ * On a shared filesystem every name looked up is a round trip to its metadata server, so a
+ * record costs two there to write (its partial created, then renamed into place) and one to
+ * read (its open); the collecting node reads many at once on a few threads.
  */
 #include "dsckptd.h"
 
@@ -9,24 +13,79 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
-/* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
+#define SEAL_READERS 8          /* threads reading records at once */
+#define SEAL_PER_READER 16      /* records below which one more thread is not worth it */
+#define SEAL_CREATE_TRIES 4     /* a partial found in the way is removed this often */
+
+/* Creates dirfd/partial for writing, private (0600) and new: a name in the way (a crashed
+ * write's, or one its owner put there) is removed first. fd, or -1 with errno. */
+static int seal_create(int dirfd, const char *partial)
+{
+	int fd = -1;
+	for (int i = 0; i < SEAL_CREATE_TRIES && fd < 0; i++) {
+		fd = openat(dirfd, partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+			    0600);
+		if (fd < 0 && (errno != EEXIST || (unlinkat(dirfd, partial, 0) < 0 &&
+						   errno != ENOENT)))
+			break;
+	}
+	return fd;
+}
+
+/* Writes text to the new file fd whole, owned by uid/gid with mode, and syncs it; 0 or -1
+ * with errno. */
+static int seal_fill(int fd, const char *text, uid_t uid, gid_t gid, unsigned mode)
+{
+	size_t len = strlen(text), off = 0;
+
+	if ((geteuid() == 0 && fchown(fd, uid, gid) < 0) || fchmod(fd, (mode | 0600) & 0666) < 0)
+		return -1;
+	if (fsetxattr(fd, STORE_XATTR_HOST, store_host(), strlen(store_host()), 0) < 0)
+		log_debug("seal record: no %s: %s", STORE_XATTR_HOST, strerror(errno));
+	while (off < len) {
+		ssize_t w = write(fd, text + off, len - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		off += (size_t)w;
+	}
+	return fsync(fd);
+}
+
+/* Writes this node's record r into the tag dirfd atomically, owned by uid/gid: two names
+ * looked up (store_write_atomic's O_TMPFILE, link and stale-partial removal would be four). */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
 		     uid_t uid, gid_t gid, char *err, size_t errlen)
 {
-	char name[STORE_HOST_MAX + 16];
+	char name[STORE_HOST_MAX + 16], partial[STORE_HOST_MAX + 32];
 	char *text = seal_record_write(r);
+	int fd, rc = 0;
 
 	if (!text)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
 	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
-	int rc = store_write_atomic(dirfd, name, text, strlen(text), uid, gid, cfg->file_mode, err,
-				    errlen);
+	snprintf(partial, sizeof(partial), "%s" FMT_PARTIAL, name);
+	if ((fd = seal_create(dirfd, partial)) < 0) {
+		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", partial,
+			     strerror(errno));
+	} else {
+		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 ||
+		    renameat(dirfd, partial, dirfd, name) < 0 || fsync(dirfd) < 0)
+			rc = err_set(err, errlen, err_from_errno(errno), "write %s: %s", name,
+				     strerror(errno));
+		close(fd);
+		if (rc < 0)
+			unlinkat(dirfd, partial, 0);
+	}
 	free(text);
 	return rc;
 }
@@ -42,12 +101,19 @@ int store_seal_read(int dirfd, const char *name, struct seal_record *r)
 	return -1;
 }
 
+/* Whether record r is of job's run of world ranks. */
+static int seal_ours(const struct seal_record *r, const char *job, const char *run,
+		     unsigned world)
+{
+	return r->world == world && strcmp(r->job, job) == 0 && strcmp(r->run, run) == 0;
+}
+
 /* Adds the ranks of job's run (world ranks) that record r names to have, its seal to
  * *newest. */
 static void seal_add(const struct seal_record *r, const char *job, const char *run,
 		     unsigned world, uint8_t *have, uint64_t *newest)
 {
-	if (r->world != world || strcmp(r->job, job) != 0 || strcmp(r->run, run) != 0)
+	if (!seal_ours(r, job, run, world))
 		return;
 	if (r->sealed_ns > *newest)
 		*newest = r->sealed_ns;
@@ -102,15 +168,98 @@ static int seal_seen_add(struct seal_seen *seen, const char *name, ino_t ino, si
 		if (names)
 			seen->names = names;
 		ino_t *inos = names ? realloc(seen->inos, cap * sizeof(*inos)) : NULL;
-		if (!inos)
+		if (inos)
+			seen->inos = inos;
+		struct seal_record *recs = inos ? realloc(seen->recs, cap * sizeof(*recs)) : NULL;
+		if (!recs)
 			return -1;
-		seen->inos = inos;
+		seen->recs = recs;
 		seen->cap = cap;
 	}
 	if (!(seen->names[seen->n] = strdup(name)))
 		return -1;
 	*at = seen->n;
+	memset(&seen->recs[seen->n], 0, sizeof(seen->recs[0]));
 	seen->inos[seen->n++] = ino;
+	return 0;
+}
+
+/* Records to read at once: their names in seen (at[]) and what reading each gave. */
+struct seal_batch {
+	int dirfd;
+	struct seal_seen *seen;
+	const size_t *at;
+	struct seal_record *got;
+	int *ok;
+	size_t n, next;
+	pthread_mutex_t lock;
+};
+
+/* Reader thread: reads the batch's records until none is left. */
+static void *seal_reader(void *arg)
+{
+	struct seal_batch *b = arg;
+	for (;;) {
+		pthread_mutex_lock(&b->lock);
+		size_t i = b->next++;
+		pthread_mutex_unlock(&b->lock);
+		if (i >= b->n)
+			return NULL;
+		b->ok[i] = store_seal_read(b->dirfd, b->seen->names[b->at[i]], &b->got[i]) == 0;
+	}
+}
+
+/* Reads the batch's records, on up to SEAL_READERS threads when there are many: each is one
+ * round trip to a shared filesystem's server, and those overlap. */
+static void seal_read_batch(struct seal_batch *b)
+{
+	pthread_t th[SEAL_READERS];
+	size_t nth = b->n / SEAL_PER_READER, started = 0;
+
+	if (nth > SEAL_READERS)
+		nth = SEAL_READERS;
+	pthread_mutex_init(&b->lock, NULL);
+	for (; started + 1 < nth; started++)
+		if (pthread_create(&th[started], NULL, seal_reader, b) != 0)
+			break;
+	seal_reader(b);
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&b->lock);
+}
+
+/* Lists the records of dirfd not in seen (added there) into *at (*n of them, free'd by the
+ * caller); 0, or -1 (cannot list). */
+static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t *n)
+{
+	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+	size_t cap = 0;
+	struct dirent *e;
+
+	*at = NULL;
+	*n = 0;
+	if (!d) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	while ((e = readdir(d))) {
+		size_t i;
+		if (!seal_record_name(e->d_name) ||
+		    seal_seen_add(seen, e->d_name, e->d_ino, &i) != 0)
+			continue;
+		if (*n == cap) {
+			size_t *more = realloc(*at, (cap = cap ? 2 * cap : 64) * sizeof(**at));
+			if (!more) {
+				seen->inos[i] = 0;
+				break;
+			}
+			*at = more;
+		}
+		(*at)[(*n)++] = i;
+	}
+	closedir(d);
 	return 0;
 }
 
@@ -119,32 +268,33 @@ static int seal_seen_add(struct seal_seen *seen, const char *name, ino_t ino, si
 int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
 			uint8_t *have, uint64_t *newest, struct seal_seen *seen)
 {
-	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), count = 0;
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	struct dirent *e;
+	struct seal_batch b = {.dirfd = dirfd, .seen = seen};
+	size_t *at;
+	int count = 0;
 
-	if (!d) {
-		if (fd >= 0)
-			close(fd);
+	if (seal_list_new(dirfd, seen, &at, &b.n) < 0)
 		return -1;
-	}
-	while ((e = readdir(d))) {
-		struct seal_record r;
-		size_t at;
-		int known;
-		if (!seal_record_name(e->d_name) ||
-		    (known = seal_seen_add(seen, e->d_name, e->d_ino, &at)) == 1)
-			continue;
-		if (known < 0)
-			continue;
-		if (store_seal_read(dirfd, e->d_name, &r) < 0) {
-			seen->inos[at] = 0;	/* no inode is 0: read again next time */
+	b.at = at;
+	b.got = calloc(b.n ? b.n : 1, sizeof(*b.got));
+	b.ok = calloc(b.n ? b.n : 1, sizeof(*b.ok));
+	if (b.got && b.ok)
+		seal_read_batch(&b);
+	for (size_t i = 0; i < b.n; i++) {
+		struct seal_record *r = &seen->recs[at[i]];
+		seal_record_free(r);
+		if (!b.got || !b.ok || !b.ok[i]) {
+			seen->inos[at[i]] = 0;	/* no inode is 0: read again next time */
 			continue;
 		}
-		seal_add(&r, job, run, world, have, newest);
-		seal_record_free(&r);
+		seal_add(&b.got[i], job, run, world, have, newest);
+		if (seal_ours(&b.got[i], job, run, world))
+			*r = b.got[i];	/* kept: its files make the manifest */
+		else
+			seal_record_free(&b.got[i]);
 	}
-	closedir(d);
+	free(b.got);
+	free(b.ok);
+	free(at);
 	for (unsigned k = 0; k < world; k++)
 		count += have[k];
 	return count;
@@ -153,9 +303,81 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 /* Frees what seen holds. */
 void store_seal_seen_free(struct seal_seen *seen)
 {
-	for (size_t i = 0; i < seen->n; i++)
+	for (size_t i = 0; i < seen->n; i++) {
 		free(seen->names[i]);
+		seal_record_free(&seen->recs[i]);
+	}
 	free(seen->names);
 	free(seen->inos);
+	free(seen->recs);
 	memset(seen, 0, sizeof(*seen));
+}
+
+/* Compares two described files by name (qsort, bsearch). */
+static int seal_desc_cmp(const void *a, const void *b)
+{
+	return strcmp((*(const struct manifest_file *const *)a)->name,
+		      (*(const struct manifest_file *const *)b)->name);
+}
+
+/* Collects the files the records of seen describe (see dsckptd.h). */
+int store_seal_desc_build(const struct seal_seen *seen, struct store_seal_desc *d)
+{
+	size_t n = 0, k = 0;
+
+	memset(d, 0, sizeof(*d));
+	d->seen = seen;
+	for (size_t i = 0; i < seen->n; i++)
+		n += seen->recs[i].host ? seen->recs[i].nfiles : 0;
+	d->files = calloc(n ? n : 1, sizeof(*d->files));
+	d->listed = calloc(n ? n : 1, 1);
+	if (!d->files || !d->listed)
+		return -1;
+	for (size_t i = 0; i < seen->n; i++)
+		for (size_t f = 0; seen->recs[i].host && f < seen->recs[i].nfiles; f++)
+			d->files[k++] = &seen->recs[i].files[f];
+	qsort(d->files, k, sizeof(*d->files), seal_desc_cmp);
+	for (size_t i = 0; i < k; i++)	/* a name described twice: the first stays */
+		if (d->n == 0 || strcmp(d->files[d->n - 1]->name, d->files[i]->name) != 0)
+			d->files[d->n++] = d->files[i];
+	return 0;
+}
+
+/* The description of the file name, marked as listed (see dsckptd.h). */
+const struct manifest_file *store_seal_desc_find(struct store_seal_desc *d, const char *name)
+{
+	struct manifest_file key = {.name = name};
+	const struct manifest_file *k = &key, **f;
+
+	if (!d || !(f = bsearch(&k, d->files, d->n, sizeof(*d->files), seal_desc_cmp)))
+		return NULL;
+	d->listed[f - d->files] = 1;
+	return *f;
+}
+
+/* Whether a described file was not listed (see dsckptd.h). */
+int store_seal_desc_missing(const struct store_seal_desc *d, char *err, size_t errlen)
+{
+	for (size_t i = 0; d && i < d->n; i++)
+		if (!d->listed[i])
+			return err_set(err, errlen, ERR_EINCOMPLETE, "%s, which a seal record "
+				       "describes, is not in the directory", d->files[i]->name);
+	return 0;
+}
+
+/* Whether name is a record of the run (see dsckptd.h). */
+int store_seal_desc_ours(const struct store_seal_desc *d, const char *name)
+{
+	for (size_t i = 0; d && i < d->seen->n; i++)
+		if (d->seen->recs[i].host && strcmp(d->seen->names[i], name) == 0)
+			return 1;
+	return 0;
+}
+
+/* Frees what store_seal_desc_build made. */
+void store_seal_desc_free(struct store_seal_desc *d)
+{
+	free(d->files);
+	free(d->listed);
+	memset(d, 0, sizeof(*d));
 }

@@ -52,6 +52,7 @@ unsigned dtype_size(const char *name);
 
 /* seal.c — a node's seal record SEAL.<host>.json: the ranks it saw seal the tag. */
 #define SEAL_MAX_WORLD 65536
+#define SEAL_MAX_BYTES (64u << 20) /* larger records are refused (their files described) */
 struct seal_record {
 	const char *host;
 	const char *job;
@@ -61,6 +62,12 @@ struct seal_record {
 	const char *run;          /* the run that sealed; "" (or NULL, writing) for none */
 	uint64_t sealed_ns;       /* when the newest of ranks sealed (this node's clock); 0:
 				   * not recorded (to within 256 ns: a double) */
+	/* The files of these ranks, each described as the manifest will describe it (its
+	 * layout is the manifest's), so that the committing node reads records, not files;
+	 * NULL: not described (a record of an older version, or the node could not). */
+	const struct manifest_file *files;
+	size_t nfiles;
+	struct manifest *desc;    /* reading: what files points into (seal_record_free) */
 };
 /* The text of a record (malloc'd), or NULL without memory. */
 char *seal_record_write(const struct seal_record *r);
@@ -253,6 +260,8 @@ struct manifest {
 	uint64_t created_ns;      /* reading: to within 256 ns (a double), 0 if absent */
 	uint64_t world_size;
 	const char *run;          /* the run committed; "" or NULL: unknown (not written) */
+	uint64_t uid;             /* the owner's uid (whose restores a remote tier serves);
+				   * reading: MANIFEST_BAD when absent (written before it was) */
 	const char *checksum;     /* reading: the algorithm named (CHECKSUM_ALGO is written) */
 	uint64_t total_bytes;
 	const struct manifest_file *files;

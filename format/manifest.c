@@ -3,7 +3,8 @@
  * retention and by dsckptctl (list, verify). The layout, version 1:
  *
  *   {"format": "dsckpt-manifest", "version": 1, "dsckptd_version": "...", "tag": "...",
- *    "created": "<UTC>", "created_ns": N, "world_size": N, "run"?: "...", "checksum": "xxh3-64",
+ *    "created": "<UTC>", "created_ns": N, "world_size": N, "run"?: "...", "uid": N,
+ *    "checksum": "xxh3-64",
  *    "total_bytes": N, "files": [
  *      {"name", "kind": "safetensors", "size", "rank", "header_len", "data_xxh3",
  *       "tensors": [{"name", "dtype", "shape", "data_offsets": [b, e], "xxh3"}, ...]},
@@ -11,7 +12,8 @@
  *
  * Sizes, offsets and created_ns are printed exactly (cJSON would print doubles). "run" is the
  * run of the job whose files were committed, absent when unknown (readers of version 1 that
- * predate it ignore it).
+ * predate it ignore it). "uid" is the owner of the tag's files: a daemon restores a tag from a
+ * remote tier only for that user (or root); manifests written before it lack it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -129,6 +131,7 @@ char *manifest_write(const struct manifest *m)
 		 manifest_add_u64(doc, "created_ns", m->created_ns) &&
 		 cJSON_AddNumberToObject(doc, "world_size", (double)m->world_size) &&
 		 (!m->run || !*m->run || cJSON_AddStringToObject(doc, "run", m->run)) &&
+		 manifest_add_u64(doc, "uid", m->uid) &&
 		 cJSON_AddStringToObject(doc, "checksum", CHECKSUM_ALGO) &&
 		 manifest_add_u64(doc, "total_bytes", m->total_bytes) &&
 		 (files = cJSON_AddArrayToObject(doc, "files")) != NULL;
@@ -279,6 +282,7 @@ struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t 
 			  (uint64_t)c->valuedouble : 0;
 	d->m.world_size = manifest_u64(d->json, "world_size");
 	d->m.run = manifest_str(d->json, "run");
+	d->m.uid = manifest_u64(d->json, "uid");
 	d->m.checksum = manifest_str(d->json, "checksum");
 	d->m.total_bytes = manifest_u64(d->json, "total_bytes");
 	d->m.files = d->files;

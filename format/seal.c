@@ -14,6 +14,18 @@
  * recorded) reads as run "". "sealed_ns" is when the newest of these ranks sealed, by this
  * node's clock: a rank seals its steps one after another, so the newest seal of all records
  * orders a job's tags by step however late each commit lands (absent: 0, unknown).
+ *
+ * "files" (optional) describes the files of these ranks in the tag exactly as the manifest
+ * will (format/manifest.c's file entries: name, kind, size, rank, header_len, data_xxh3 and
+ * every tensor's name, dtype, shape, data_offsets and xxh3; a .meta file's size and xxh3),
+ * read by their node from the headers it wrote: the committing node reads N records, not
+ * every node's files. A record without it (older versions) leaves the describing to the
+ * committing node. Each entry is checked as it is read: a plain checkpoint file name, a
+ * rank the record names, checksums of CHECKSUM_HEX digits, and a safetensors file's size
+ * equal to its header and tensors.
+ *
+ *   "files": [{"name": "rank0.safetensors", "kind": "safetensors", "size": 16512,
+ *              "rank": 0, "header_len": 128, "data_xxh3": "...", "tensors": [...]}]
  */
 #include "format.h"
 
@@ -27,6 +39,116 @@
 
 #define SEAL_FORMAT "dsckpt-seal"
 #define SEAL_VERSION 1
+
+/* Adds r's files to the record o as the manifest writes them; -1 without memory. */
+static int seal_files_add(cJSON *o, const struct seal_record *r)
+{
+	struct manifest m = {.tag = "", .dsckptd_version = "", .files = r->files,
+			     .nfiles = r->nfiles};
+	char *text = manifest_write(&m);
+	cJSON *doc = text ? cJSON_Parse(text) : NULL;
+	cJSON *files = doc ? cJSON_DetachItemFromObjectCaseSensitive(doc, "files") : NULL;
+
+	free(text);
+	cJSON_Delete(doc);
+	if (!files || !cJSON_AddItemToObject(o, "files", files)) {
+		cJSON_Delete(files);
+		return -1;
+	}
+	return 0;
+}
+
+/* Whether hex is a checksum as written (CHECKSUM_HEX lowercase hex digits). */
+static int seal_hex(const char *hex)
+{
+	return hex && strlen(hex) == CHECKSUM_HEX &&
+	       strspn(hex, "0123456789abcdef") == CHECKSUM_HEX;
+}
+
+/* Whether rank is one of r's ranks. */
+static int seal_names_rank(const struct seal_record *r, uint64_t rank)
+{
+	for (unsigned k = 0; k < r->nranks; k++)
+		if (r->ranks[k] == rank)
+			return 1;
+	return 0;
+}
+
+/* Checks the described file f of record r: 0, or -1 with why. */
+static int seal_file_check(const struct seal_record *r, const struct manifest_file *f,
+			   char *why, size_t whylen)
+{
+	const char *name = f->name ? f->name : "";
+	size_t n = strlen(name), st = strlen(FMT_SAFETENSORS), meta = strlen(FMT_META);
+	int is_st = n > st && strcmp(name + n - st, FMT_SAFETENSORS) == 0;
+	int is_meta = n > meta && strcmp(name + n - meta, FMT_META) == 0;
+	uint64_t end = 0;
+
+	if (strchr(name, '/') || (!is_st && !is_meta) || !f->kind ||
+	    strcmp(f->kind, is_st ? MANIFEST_KIND_ST : MANIFEST_KIND_META) != 0 ||
+	    f->size == MANIFEST_BAD || !seal_names_rank(r, f->rank)) {
+		snprintf(why, whylen, "file \"%.100s\": a checkpoint file's name, its kind, size "
+			 "and one of the record's ranks are required", name);
+		return -1;
+	}
+	if (is_meta) {
+		if (seal_hex(f->xxh3))
+			return 0;
+		snprintf(why, whylen, "file %.100s: no checksum", name);
+		return -1;
+	}
+	if (!seal_hex(f->data_xxh3) || !f->has_tensors || f->header_len == MANIFEST_BAD) {
+		snprintf(why, whylen, "file %.100s: header_len, data_xxh3 and tensors are required",
+			 name);
+		return -1;
+	}
+	for (size_t i = 0; i < f->nt; i++) {
+		const struct manifest_tensor *t = &f->t[i];
+		if (!t->name || !t->dtype || !t->has_shape || !seal_hex(t->xxh3) ||
+		    t->begin == MANIFEST_BAD || t->end == MANIFEST_BAD || t->begin > t->end) {
+			snprintf(why, whylen, "file %.100s: tensor %zu is not described", name, i);
+			return -1;
+		}
+		if (t->end > end)
+			end = t->end;
+	}
+	if (f->header_len + end != f->size) {
+		snprintf(why, whylen, "file %.100s: its size is not its header's and tensors'",
+			 name);
+		return -1;
+	}
+	return 0;
+}
+
+/* Reads the files array of a record into r (see the top of the file); 0, or -1 with why. */
+static int seal_files_read(const cJSON *files, struct seal_record *r, char *why,
+			   size_t whylen)
+{
+	cJSON *doc = cJSON_CreateObject();
+	char *text = NULL;
+	int rc = -1;
+
+	/* The array is the manifest's: the manifest's reader decodes it. */
+	if (!doc || !cJSON_AddStringToObject(doc, "format", MANIFEST_FORMAT) ||
+	    !cJSON_AddNumberToObject(doc, "version", MANIFEST_VERSION) ||
+	    !cJSON_AddItemReferenceToObject(doc, "files", (cJSON *)files) ||
+	    !(text = cJSON_PrintUnformatted(doc))) {
+		snprintf(why, whylen, "out of memory");
+		goto out;
+	}
+	if (!(r->desc = manifest_parse(text, strlen(text), why, whylen)))
+		goto out;
+	r->files = r->desc->files;
+	r->nfiles = r->desc->nfiles;
+	for (size_t i = 0; i < r->nfiles; i++)
+		if (seal_file_check(r, &r->files[i], why, whylen) < 0)
+			goto out;
+	rc = 0;
+out:
+	free(text);
+	cJSON_Delete(doc);
+	return rc;
+}
 
 /* The text of a record (malloc'd), or NULL without memory. */
 char *seal_record_write(const struct seal_record *r)
@@ -49,6 +171,8 @@ char *seal_record_write(const struct seal_record *r)
 	ranks = NULL;
 	if (r->sealed_ns)
 		cJSON_AddNumberToObject(o, "sealed_ns", (double)r->sealed_ns);
+	if (r->files && seal_files_add(o, r) < 0)
+		goto out;
 	text = cJSON_PrintUnformatted(o);
 out:
 	cJSON_Delete(ranks);
@@ -61,7 +185,7 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 		      size_t whylen)
 {
 	cJSON *o = cJSON_ParseWithLength(text, len);
-	const cJSON *f, *v, *h, *j, *w, *ranks, *e, *run, *ns;
+	const cJSON *f, *v, *h, *j, *w, *ranks, *e, *run, *ns, *files;
 	int rc = -1;
 
 	memset(r, 0, sizeof(*r));
@@ -115,6 +239,13 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 		}
 		r->ranks[r->nranks++] = (unsigned)e->valuedouble;
 	}
+	files = cJSON_GetObjectItemCaseSensitive(o, "files");
+	if (files && !cJSON_IsArray(files)) {
+		snprintf(why, whylen, "files must be an array");
+		goto out;
+	}
+	if (files && seal_files_read(files, r, why, whylen) < 0)
+		goto out;
 	rc = 0;
 out:
 	cJSON_Delete(o);
@@ -130,6 +261,7 @@ void seal_record_free(struct seal_record *r)
 	free((char *)r->job);
 	free((char *)r->run);
 	free(r->ranks);
+	manifest_free(r->desc);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -142,14 +274,14 @@ int seal_record_name(const char *name)
 	       strcmp(name + n - strlen(FMT_SEAL_SUFFIX), FMT_SEAL_SUFFIX) == 0;
 }
 
-/* Reads and parses the record dirfd/name (a regular file of at most 1 MiB, not followed
- * through a link); 0, or -1 with why. */
+/* Reads and parses the record dirfd/name (a regular file of at most SEAL_MAX_BYTES, not
+ * followed through a link); 0, or -1 with why. */
 int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *why,
 		     size_t whylen)
 {
 	size_t len;
 	int e, rc = -1;
-	char *buf = userfile_read(dirfd, name, 1 << 20, 0, &len, &e, why, whylen);
+	char *buf = userfile_read(dirfd, name, SEAL_MAX_BYTES, 0, &len, &e, why, whylen);
 
 	if (buf)
 		rc = seal_record_parse(buf, len, r, why, whylen);

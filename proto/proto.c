@@ -37,6 +37,7 @@ const char *proto_type_name(unsigned type)
 	case PROTO_STATUS: return "STATUS";
 	case PROTO_PENDING: return "PENDING";
 	case PROTO_METRICS: return "METRICS";
+	case PROTO_PREFETCH: return "PREFETCH";
 	case PROTO_REPLY: return "REPLY";
 	case PROTO_ERROR: return "ERROR";
 	}

@@ -57,6 +57,7 @@ enum proto_type {
 	PROTO_STATUS = 64,
 	PROTO_PENDING = 65,
 	PROTO_METRICS = 66,
+	PROTO_PREFETCH = 67,    /* version 8 */
 	/* 128-: replies from the daemon */
 	PROTO_REPLY = 128,
 	PROTO_ERROR = 129,

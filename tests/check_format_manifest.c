@@ -30,7 +30,7 @@ START_TEST(test_manifest_roundtrip)
 	/* 2026-12-02T21:00:00Z and some nanoseconds: beyond 2^53, so read back to 256 ns. */
 	const uint64_t ns = 1796245200123456789ull;
 	const struct manifest m = {.tag = "step10", .dsckptd_version = "9.8.7", .created_ns = ns,
-				   .world_size = 3, .total_bytes = 12345678901234ull,
+				   .world_size = 3, .uid = 1002, .total_bytes = 12345678901234ull,
 				   .files = files, .nfiles = 2};
 	char why[300] = "";
 
@@ -47,6 +47,7 @@ START_TEST(test_manifest_roundtrip)
 	ck_assert_msg(r->created_ns >= ns - 256 && r->created_ns <= ns + 256, "%llu",
 		      (unsigned long long)r->created_ns);
 	ck_assert_uint_eq(r->world_size, 3);
+	ck_assert_uint_eq(r->uid, 1002);
 	ck_assert_str_eq(r->checksum, CHECKSUM_ALGO);
 	ck_assert_uint_eq(r->total_bytes, 12345678901234ull);
 	ck_assert_uint_eq(r->nfiles, 2);

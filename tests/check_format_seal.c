@@ -1,7 +1,8 @@
 /* check_format_seal.c — a node's seal record (format/seal.c): written and read back (its run
- * too; a record without one reads as the unknown run ""), and every malformed record (not
- * JSON, another format, world or ranks out of range, a run that is not a string) refused
- * with why. */
+ * too; a record without one reads as the unknown run ""; the files it describes, as the
+ * manifest will), and every malformed record (not JSON, another format, world or ranks out
+ * of range, a run that is not a string, a described file with a path, another rank, no
+ * checksum or a size its tensors do not make) refused with why. */
 #include "../format/format.h"
 #include "harness.h"
 
@@ -13,7 +14,7 @@
 START_TEST(test_round_trip)
 {
 	unsigned ranks[] = {0, 3, 7};
-	struct seal_record r = {"node-7", "gpt", 8, ranks, 3, NULL, 0}, back;
+	struct seal_record r = {"node-7", "gpt", 8, ranks, 3, NULL, 0, NULL, 0, NULL}, back;
 	char why[200];
 	char *text = seal_record_write(&r);
 	ck_assert_ptr_nonnull(text);
@@ -40,6 +41,90 @@ START_TEST(test_round_trip)
 	free(text);
 	ck_assert(seal_record_name("SEAL.node-7.json"));
 	ck_assert(!seal_record_name("SEAL..json") && !seal_record_name("SEAL.x.json.partial"));
+}
+END_TEST
+
+/* A record's files read back as written, and an older record has none. */
+START_TEST(test_files)
+{
+	unsigned ranks[] = {2, 3};
+	uint64_t shape[] = {4, 2};
+	struct manifest_tensor t[] = {
+		{.name = "w", .dtype = "F32", .shape = shape, .ndim = 2, .has_shape = 1,
+		 .begin = 0, .end = 32, .xxh3 = "0123456789abcdef"},
+		{.name = "b", .dtype = "F32", .shape = shape, .ndim = 1, .has_shape = 1,
+		 .begin = 32, .end = 48, .xxh3 = "fedcba9876543210"}};
+	struct manifest_file f[] = {
+		{.name = "rank2.safetensors", .kind = MANIFEST_KIND_ST, .size = 176, .rank = 2,
+		 .header_len = 128, .data_xxh3 = "00000000000000aa", .t = t, .nt = 2},
+		{.name = "rank2.meta", .kind = MANIFEST_KIND_META, .size = 9, .rank = 2,
+		 .xxh3 = "00000000000000bb"}};
+	struct seal_record r = {"node-1", "gpt", 4, ranks, 2, "run", 0, f, 2, NULL}, back;
+	char why[200];
+	char *text = seal_record_write(&r);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_msg(seal_record_parse(text, strlen(text), &back, why, sizeof(why)) == 0, "%s",
+		      why);
+	ck_assert_uint_eq(back.nfiles, 2);
+	ck_assert_str_eq(back.files[0].name, "rank2.safetensors");
+	ck_assert_str_eq(back.files[0].kind, MANIFEST_KIND_ST);
+	ck_assert_uint_eq(back.files[0].size, 176);
+	ck_assert_uint_eq(back.files[0].header_len, 128);
+	ck_assert_str_eq(back.files[0].data_xxh3, "00000000000000aa");
+	ck_assert_uint_eq(back.files[0].nt, 2);
+	ck_assert_str_eq(back.files[0].t[1].name, "b");
+	ck_assert_uint_eq(back.files[0].t[1].end, 48);
+	ck_assert_uint_eq(back.files[0].t[0].shape[1], 2);
+	ck_assert_str_eq(back.files[1].xxh3, "00000000000000bb");
+	seal_record_free(&back);
+	free(text);
+	r.files = NULL;
+	r.nfiles = 0;
+	text = seal_record_write(&r);
+	ck_assert_ptr_null(strstr(text, "\"files\""));
+	ck_assert_int_eq(seal_record_parse(text, strlen(text), &back, why, sizeof(why)), 0);
+	ck_assert_ptr_null(back.files);
+	seal_record_free(&back);
+	free(text);
+}
+END_TEST
+
+/* A record describing files it may not is refused whole: a forged description never reaches
+ * a manifest. */
+START_TEST(test_bad_files)
+{
+#define REC(files) "{\"format\": \"dsckpt-seal\", \"version\": 1, \"host\": \"h\", " \
+		   "\"job\": \"j\", \"world\": 4, \"ranks\": [1], \"files\": " files "}"
+#define ST(name, rank, size, x) "{\"name\": \"" name "\", \"kind\": \"safetensors\", " \
+		"\"size\": " size ", \"rank\": " rank ", \"header_len\": 8, \"data_xxh3\": " \
+		"\"00000000000000aa\", \"tensors\": [{\"name\": \"w\", \"dtype\": \"U8\", " \
+		"\"shape\": [4], \"data_offsets\": [0, 4], \"xxh3\": \"" x "\"}]}"
+	static const char *const ok =
+		REC("[" ST("a.safetensors", "1", "12", "00000000000000cc") "]");
+	static const char *const bad[] = {
+		REC("{}"),
+		REC("[" ST("../a.safetensors", "1", "12", "00000000000000cc") "]"),
+		REC("[" ST("a.txt", "1", "12", "00000000000000cc") "]"),
+		REC("[" ST("a.safetensors", "2", "12", "00000000000000cc") "]"),
+		REC("[" ST("a.safetensors", "1", "13", "00000000000000cc") "]"),
+		REC("[" ST("a.safetensors", "1", "12", "XYZ") "]"),
+		REC("[{\"name\": \"a.meta\", \"kind\": \"meta\", \"size\": 3, \"rank\": 1}]"),
+		REC("[{\"name\": \"a.meta\", \"kind\": \"safetensors\", \"size\": 3, "
+		    "\"rank\": 1, \"xxh3\": \"00000000000000cc\"}]"),
+	};
+	struct seal_record r;
+	char why[200] = "";
+	ck_assert_msg(seal_record_parse(ok, strlen(ok), &r, why, sizeof(why)) == 0, "%s", why);
+	ck_assert_uint_eq(r.nfiles, 1);
+	seal_record_free(&r);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		why[0] = '\0';
+		ck_assert_msg(seal_record_parse(bad[i], strlen(bad[i]), &r, why, sizeof(why)) < 0,
+			      "accepted: %s", bad[i]);
+		ck_assert_msg(why[0], "no reason for: %s", bad[i]);
+	}
+#undef ST
+#undef REC
 }
 END_TEST
 
@@ -84,6 +169,8 @@ static Suite *format_seal_suite(void)
 	TCase *tc = tcase_create("seal");
 	tcase_add_test(tc, test_round_trip);
 	tcase_add_test(tc, test_malformed);
+	tcase_add_test(tc, test_files);
+	tcase_add_test(tc, test_bad_files);
 	suite_add_tcase(s, tc);
 	return s;
 }

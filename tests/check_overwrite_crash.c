@@ -27,7 +27,7 @@ static void two_versions(const char *job)
 {
 	char tag[PATH_MAX], stage[PATH_MAX], err[ERRLEN];
 	unsigned ranks[2] = {0, 1};
-	struct seal_record r = {store_host(), "j", 2, ranks, 2, "", 0};
+	struct seal_record r = {store_host(), "j", 2, ranks, 2, "", 0, NULL, 0, NULL};
 
 	snprintf(tag, sizeof(tag), "%s/last", rpath("%s", job));
 	snprintf(stage, sizeof(stage), "%s/.last.dsckpt-next", rpath("%s", job));

@@ -256,8 +256,8 @@ START_TEST(test_commit_one_run)
 	write_ckpt_run(dir, "other", 1, NULL, store_host(), "r2");
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1", 2048};
-	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2", 1024};
+	struct seal_record r1 = {"node-x", "job", 2, &one, 1, "r1", 2048, NULL, 0, NULL};
+	struct seal_record r2 = {"node-y", "job", 2, &zero, 1, "r2", 1024, NULL, 0, NULL};
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r1, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &r2, 0, 0, err, sizeof(err)), 0);
 	uint8_t have[2];
@@ -311,9 +311,9 @@ START_TEST(test_seal_scan_new)
 	ck_assert_int_eq(mkdir(dir, 0755), 0);
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	struct seal_record a = {"node-a", "job", 4, r0, 1, "r", 100};
-	struct seal_record b = {"node-b", "job", 4, r12, 1, "r", 200};
-	struct seal_record c = {"node-c", "job", 4, r3, 1, "other", 900};
+	struct seal_record a = {"node-a", "job", 4, r0, 1, "r", 100, NULL, 0, NULL};
+	struct seal_record b = {"node-b", "job", 4, r12, 1, "r", 200, NULL, 0, NULL};
+	struct seal_record c = {"node-c", "job", 4, r3, 1, "other", 900, NULL, 0, NULL};
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &a, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &b, 0, 0, err, sizeof(err)), 0);
 	ck_assert_int_eq(store_seal_write(&cfg, dfd, &c, 0, 0, err, sizeof(err)), 0);
@@ -322,7 +322,7 @@ START_TEST(test_seal_scan_new)
 	/* node-a's record changed in place (its inode kept; dsckptd never does that): not read
 	 * again, so its rank 3 does not count. */
 	unsigned r03[2] = {0, 3};
-	struct seal_record a2 = {"node-a", "job", 4, r03, 2, "r", 100};
+	struct seal_record a2 = {"node-a", "job", 4, r03, 2, "r", 100, NULL, 0, NULL};
 	char *text = seal_record_write(&a2);
 	int fd = openat(dfd, "SEAL.node-a.json", O_WRONLY | O_TRUNC);
 	ck_assert(text && fd >= 0);
@@ -341,6 +341,63 @@ START_TEST(test_seal_scan_new)
 }
 END_TEST
 
+/* The collecting node commits from the records: a file its node's record describes is taken
+ * from the record (as its header says), one no record describes (an older daemon's record;
+ * a .meta whose header records no checksum, as the harness writes it) from its header; a
+ * record describing a file the directory no longer holds fails the commit (EINCOMPLETE),
+ * naming the file. */
+START_TEST(test_commit_from_records)
+{
+	char err[ERRLEN], why[ERRLEN];
+	char *base[] = {"rank0"};
+	unsigned r0 = 0, r1 = 1;
+	uint8_t have[2];
+	uint64_t newest;
+	struct seal_seen seen = {0};
+	struct store_files files;
+	struct store_commit_info info;
+	int jobfd, present;
+	const char *dir = rpath("%s", "job/recs");
+
+	ck_assert_int_eq(mkdir(rpath("%s", "job"), 0755), 0);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	write_ckpt_run(dir, "rank0", 0, "blob", "node-a", "r");
+	write_ckpt_run(dir, "rank1", 1, NULL, "node-b", "r");
+	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
+	ck_assert_msg(dfd >= 0, "%s", err);
+	ck_assert_msg(store_describe_files(dfd, base, 1, "r", &files, why, sizeof(why)) == 0,
+		      "%s", why);
+	ck_assert_uint_eq(files.n, 1);	/* rank0.safetensors; its .meta is of no checksum */
+	struct seal_record a = {"node-a", "job", 2, &r0, 1, "r", 100, files.files, files.n, NULL};
+	struct seal_record b = {"node-b", "job", 2, &r1, 1, "r", 200, NULL, 0, NULL};
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &a, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &b, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_scan_new(dfd, "job", "r", 2, have, &newest, &seen), 2);
+	ck_assert_msg(store_commit_at(&cfg, dir, 2, "r", NULL, 0, 0, newest, &seen, &info, err,
+				      sizeof(err)) == 0, "%s", err);
+	ck_assert_uint_eq(info.files, 3);
+	struct manifest *m = manifest_load(dfd, &present, why, sizeof(why));
+	ck_assert_msg(m, "%s", why);
+	ck_assert_uint_eq(m->nfiles, 3);
+	ck_assert_str_eq(m->files[0].name, "rank0.meta");	/* hashed at commit */
+	ck_assert_str_eq(m->files[1].name, files.files[0].name);
+	ck_assert_uint_eq(m->files[1].size, files.files[0].size);
+	ck_assert_uint_eq(m->files[1].nt, files.files[0].nt);
+	ck_assert_str_eq(m->files[1].data_xxh3, files.files[0].data_xxh3);
+	ck_assert_str_eq(m->files[2].name, "rank1.safetensors");	/* from its header */
+	manifest_free(m);
+	store_files_free(&files);
+	ck_assert_int_eq(unlinkat(dfd, FMT_MANIFEST, 0), 0);
+	ck_assert_int_eq(unlinkat(dfd, "rank0.safetensors", 0), 0);
+	ck_assert_int_eq(store_commit_at(&cfg, dir, 2, "r", NULL, 0, 0, newest, &seen, &info, err,
+					 sizeof(err)), ERR_EINCOMPLETE);
+	ck_assert_msg(strstr(err, "rank0.safetensors, which a seal record"), "%s", err);
+	store_seal_seen_free(&seen);
+	close(dfd);
+	close(jobfd);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
 	Suite *s = suite_create("store commit");
@@ -352,6 +409,7 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_keep_last);
 	tcase_add_test(tc, test_commit_one_run);
 	tcase_add_test(tc, test_seal_scan_new);
+	tcase_add_test(tc, test_commit_from_records);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;

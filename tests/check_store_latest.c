@@ -226,7 +226,7 @@ START_TEST(test_thousand_nodes)
 	for (unsigned r = 0; r < NODES; r++) {
 		unsigned rank = r;
 		snprintf(host, sizeof(host), "node-%04u", r);
-		struct seal_record rec = {host, "job", NODES, &rank, 1, "", 0};
+		struct seal_record rec = {host, "job", NODES, &rank, 1, "", 0, NULL, 0, NULL};
 		ck_assert_int_eq(store_seal_write(&cfg, dfd, &rec, 0, 0, err, sizeof(err)), 0);
 		if (r == NODES - 2 || r == NODES - 1) {
 			double s0 = mono();

@@ -35,6 +35,7 @@ struct ctl {
 	int dry_run;              /* rm/prune --dry-run */
 	int force;                /* rm/prune --force: no daemon to ask about saves in flight */
 	int rm_latest;            /* rm --latest: the tag `latest` names may go */
+	int wait;                 /* pull --wait */
 };
 
 /* The staging directory of an overwrite of tag T lies beside it as .T.dsckpt-next; names of
@@ -70,6 +71,11 @@ void query_residents_free(struct ctl_resident *v, long n);
 long query_roots(const struct ctl *ctl, char ***out);
 /* Frees what query_roots returned. */
 void query_roots_free(char **roots, long n);
+
+/* pull.c — a checkpoint read ahead into the daemon's cache (PREFETCH), pulled from the
+ * remote tier first when only that holds it. */
+/* pull [--wait] JOB[/TAG]. */
+int pull_run(struct ctl *ctl);
 
 /* metrics.c */
 struct ctl_metrics;

@@ -121,6 +121,17 @@ static const struct command commands[] = {
 	 "    --force    as rm's, for tags no daemon answers for\n"
 	 "    --dry-run  print what would be removed, remove nothing\n",
 	 prune_run},
+	{"pull", "[--wait] JOB[/TAG]", "w", 1,
+	 "  Asks the daemon to read a checkpoint ahead of its load (PREFETCH), so that a\n"
+	 "  trainer started next restores from the daemon's cache: JOB/TAG, or JOB's latest\n"
+	 "  tag (on this node, else in the root's remote tier). A tag only the remote tier\n"
+	 "  holds is first pulled into the local tier (only your own; every object checked\n"
+	 "  against its manifest's checksum); then its files are read into the cache as far\n"
+	 "  as room allows. Returns once the daemon has started, printing the tag directory.\n"
+	 "  Run it before the trainer: a torchrun wrapper, a Slurm prolog, a systemd\n"
+	 "  ExecStartPre= line.\n"
+	 "    --wait     wait until it is done; print the bytes pulled and cached, and the time\n",
+	 pull_run},
 	{"export", "[--format F] [--file NAME] [--key PATH] TAG OUT", "", 2,
 	 "  Writes the checkpoint tag TAG as one file of full tensors, for inference and\n"
 	 "  model hubs: torch.save's format, or safetensors when OUT ends in .safetensors\n"
@@ -154,6 +165,7 @@ static const struct option long_opts[] = {
 	{"force", no_argument, NULL, 'f'},
 	{"dry-run", no_argument, NULL, 'n'},
 	{"latest", no_argument, NULL, 'l'},
+	{"wait", no_argument, NULL, 'w'},
 	{NULL, 0, NULL, 0},
 };
 
@@ -287,6 +299,9 @@ static int apply_opt(struct ctl *ctl, const struct command *c, int opt, const ch
 		break;
 	case 'l':
 		ctl->rm_latest = 1;
+		break;
+	case 'w':
+		ctl->wait = 1;
 		break;
 	}
 	return -1;

@@ -707,6 +707,15 @@ int lib_wait_slice(struct lib_wait *w, int *last)
 	return ms;
 }
 
+/* Sets the longest wait for a reply and returns the one before (lock held). */
+int lib_conn_timeout(dsckpt_conn_t *c, int timeout_ms)
+{
+	int old = c->timeout_ms;
+
+	c->timeout_ms = timeout_ms;
+	return old;
+}
+
 /* Introduces the connection as dsckptctl (HELLO as "ctl"), replies awaited timeout_ms. */
 int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms)
 {

@@ -63,6 +63,8 @@ int lib_conn_check_tensors(dsckpt_conn_t *c, const char *what, size_t n);
 int lib_conn_world(dsckpt_conn_t *c);
 /* Whether the connection can still carry requests (lock held). */
 int lib_conn_alive(dsckpt_conn_t *c);
+/* Sets the longest wait for a reply (-1: none) and returns the one before (lock held). */
+int lib_conn_timeout(dsckpt_conn_t *c, int timeout_ms);
 /* Starts a request frame of type with the connection's next request id (lock held). */
 void lib_conn_frame(dsckpt_conn_t *c, struct proto_out *o, unsigned type);
 /*

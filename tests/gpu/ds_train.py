@@ -32,7 +32,9 @@ A run passes when the N losses after each reload equal the reference's exactly (
 settings), and the saving runs' own N losses do too (saving changed nothing). Then the fp32
 weights `python -m dsckpt zero-to-fp32` consolidates from each dsckpt run's tag must equal, bit
 for bit, what DeepSpeed's own zero_to_fp32 makes of the torch run's tag (saved at the same step
-of the same deterministic run): a row "<engine>-fp32" per dsckpt engine. Prints a PASS or
+of the same deterministic run), and so must what the zero_to_fp32.py DeepSpeed copied beside
+each dsckpt run's tags (ours) writes, run as DeepSpeed's script is (SAVE_DIR OUTPUT_DIR -t
+TAG): a row "<engine>-fp32" per dsckpt engine. Prints a PASS or
 FAIL line per stage and engine, then a table with the time save_checkpoint blocked, the wait in
 the next step, and the time until the checkpoint was committed (MANIFEST.json written). Exit
 status 1 on any failure, 2 on bad usage. --cpu (or --smoke) runs on the CPU (DS_ACCELERATOR=cpu,
@@ -44,6 +46,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -394,6 +397,24 @@ def run(stage, kind, batches, reference):
     return row
 
 
+def copied_script(stage, kind, tag, ref):
+    """Problems of the zero_to_fp32.py DeepSpeed copied beside a dsckpt run's tags (ours, with
+    DeepSpeed's command line: SAVE_DIR OUTPUT_DIR -t TAG): it must run and write
+    OUTPUT_DIR/pytorch_model.bin equal, bit for bit, to DeepSpeed's zero_to_fp32 of the torch
+    run's tag."""
+    save_dir = os.path.join(ARGS.dir, f"zero{stage}-{kind}")
+    out = os.path.join(ARGS.dir, f"fp32-zero{stage}-{kind}")
+    r = subprocess.run([sys.executable, os.path.join(save_dir, "zero_to_fp32.py"), save_dir,
+                        out, "-t", tag], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        return [f"{save_dir}/zero_to_fp32.py exited {r.returncode}: {r.stderr.strip()[-300:]}"]
+    got = torch.load(os.path.join(out, "pytorch_model.bin"))
+    if list(got) != list(ref) or any(a.dtype != got[n].dtype or not torch.equal(a, got[n])
+                                     for n, a in ref.items()):
+        return [f"{save_dir}/zero_to_fp32.py's output differs from DeepSpeed's zero_to_fp32"]
+    return []
+
+
 def fp32_parity(stage):
     """dsckpt's zero-to-fp32 of each dsckpt run's tag against DeepSpeed's own zero_to_fp32 of
     the torch run's (same seed and batches, saved at the same step): a result row per run."""
@@ -411,9 +432,11 @@ def fp32_parity(stage):
             a, b = ref[name], got.get(name)
             if b is None or a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
                 row["problems"].append(f"{name} differs from DeepSpeed's zero_to_fp32")
+        row["problems"] += copied_script(stage, kind, tag, ref)
         log(f"{'FAIL' if row['problems'] else 'PASS'}: ZeRO stage {stage}, {kind}: "
-            f"python -m dsckpt zero-to-fp32 gives DeepSpeed's zero_to_fp32 ({len(ref)} tensors "
-            "bit for bit)" + "".join(f"\n  problem: {p}" for p in row["problems"][:5]))
+            f"python -m dsckpt zero-to-fp32 and the zero_to_fp32.py beside the tags give "
+            f"DeepSpeed's zero_to_fp32 ({len(ref)} tensors bit for bit)"
+            + "".join(f"\n  problem: {p}" for p in row["problems"][:5]))
         rows.append(row)
     return rows
 

@@ -9,7 +9,9 @@
 #                     libxxhash.so.0 (whose XXH3 picks AVX2/AVX-512 at run time) copied into
 #                     build/gpu/lib (found through RUNPATH $ORIGIN/lib), so the folder
 #                     runs on a GPU node that has none of the build dependencies (dsckptd
-#                     takes libcurl.so.4 from the node: Debian's libcurl4, curl's library).
+#                     takes libcurl.so.4 from the node: Debian's libcurl4, curl's library;
+#                     UCX's libucp, libuct, libucs, libucm and libucs's libnuma travel in
+#                     build/gpu/lib, with UCX's built-in transports: TCP, shared memory).
 #   make gpu-check    (on the GPU node) tests/gpu/run-gpu-checks build/gpu (gpu-trainer: saves;
 #                     gpu-restore: loads from the cache and, after a restart, from files)
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
@@ -55,11 +57,12 @@ gpu-bundle-files: $(GPU_BINS) $(GPU_DIR)/lib/_match.abi3.so
 			case "$$f $$curl_deps" in $(GPU_DIR)/dsckptd*" $$lib "*) continue ;; esac; \
 			case "$$lib" in linux-vdso.so.*|libc.so.6|libm.so.6|libpthread.so.0|libdl.so.2|\
 			librt.so.1|libgcc_s.so.1|libstdc++.so.6|/lib64/ld-linux-x86-64.so.2|\
-			ld-linux-x86-64.so.2|libdsckpt.so.0|libcjson.so.1|libxxhash.so.0) ;; \
+			ld-linux-x86-64.so.2|libdsckpt.so.0|libcjson.so.1|libxxhash.so.0|\
+			libucp.so.0|libuct.so.0|libucs.so.0|libucm.so.0|libnuma.so.1) ;; \
 			*) echo "$$f needs $$lib, which the bundle does not carry" >&2; bad=1 ;; esac; \
 		done; \
 		if LD_LIBRARY_PATH= ldd $$f | grep -q 'not found'; then ldd $$f >&2; bad=1; fi; \
-		if LD_LIBRARY_PATH= ldd $$f | grep -E 'lib(dsckpt|cjson|xxhash)\.so' | grep -vq '$(GPU_DIR)/lib/'; then \
+		if LD_LIBRARY_PATH= ldd $$f | grep -E 'lib(dsckpt|cjson|xxhash|uc[ptsm]|numa)\.so' | grep -vq '$(GPU_DIR)/lib/'; then \
 			echo "$$f does not find the bundled libraries" >&2; bad=1; fi; \
 	done; [ $$bad -eq 0 ]
 	@{ echo "dsckpt GPU bundle"; echo "built: $$(date -u +%FT%TZ) on $$(hostname)"; \
@@ -85,12 +88,23 @@ $(GPU_DIR)/lib/libxxhash.so.0:
 	@[ -n "$(Q)" ] && echo "  CP      $@" || true
 	$(Q)cp -L "$$($(CC) -print-file-name=libxxhash.so.0)" $@
 
+# UCX (peer copies) travels as its four libraries and libucs's libnuma, each named by
+# dsckptd itself (so that the libraries' own needs are met by those already loaded from
+# $$ORIGIN/lib).
+GPU_UCX := libucp.so.0 libuct.so.0 libucs.so.0 libucm.so.0 libnuma.so.1
+$(addprefix $(GPU_DIR)/lib/,$(GPU_UCX)):
+	@mkdir -p $(dir $@)
+	@[ -n "$(Q)" ] && echo "  CP      $@" || true
+	$(Q)cp -L "$$($(CC) -print-file-name=$(notdir $@))" $@
+
 $(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC)) \
-		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0
+		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0 \
+		$(addprefix $(GPU_DIR)/lib/,$(GPU_UCX))
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) -o $@ $(filter %.o,$^) $(GPU_RPATH) $(GPU_DIR)/lib/libcjson.so.1 \
 		$(GPU_DIR)/lib/libxxhash.so.0 $(GPU_STATIC) \
-		$(CUDA_LIBS) $(CURL_LIBS) $(GPU_SYSLIBS)
+		$(CUDA_LIBS) $(CURL_LIBS) $(CRYPTO_LIBS) -Wl,--no-as-needed \
+		$(addprefix $(GPU_DIR)/lib/,$(GPU_UCX)) -Wl,--as-needed $(GPU_SYSLIBS)
 
 $(GPU_DIR)/lib/libdsckpt.so.0: $(call pic,$(LIB_SRC) $(PROTO_SRC) $(FORMAT_LIB_SRC))
 	@mkdir -p $(dir $@)
@@ -135,3 +149,11 @@ bench-load: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 
 bench-restore: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-bench-restore $(GPU_DIR) $(RESTORE_ARGS)
+
+# Time to resume (issue 34): a trainer SIGKILLed, fresh processes restoring its checkpoint
+# hot, warm, cold and with prefetch, beside torch.load, DCP and the floor of any restart
+# (tests/gpu/bench_resume.py). RESUME_ARGS go to the script, e.g. "--preset smoke" (the CPU)
+# or "--repeat 3".
+.PHONY: bench-resume
+bench-resume: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-resume $(GPU_DIR) $(RESUME_ARGS)

@@ -24,7 +24,7 @@ allows a class (as ``torch.serialization.add_safe_globals``), :func:`safe_types`
 allowed (``argparse.Namespace`` and ``types.SimpleNamespace`` by default; the DeepSpeed and
 Lightning integrations add the classes their checkpoints hold when used).
 """
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 from .core import (Connection, HostBuffer, Level, Load, LoadLevel, LoadProgress, Plan, Save,
                    SaveProgress, err_name, strerror, version)
@@ -53,11 +53,21 @@ def safe_types() -> List[type]:
     from . import _tree
     return _tree.safe_types()
 
+def prefetch(dir: str, tag: Optional[str] = None, wait: bool = False, *,
+             socket: Optional[str] = None) -> dict:
+    """Asks the node's daemon to read a checkpoint into its cache before the trainer loads
+    it (``dsckptctl pull``): ``dir`` a tag directory, or a job directory whose tag is ``tag``
+    (None: its latest, on this node or else in the root's remote tier, pulled into the local
+    tier first). See :meth:`Connection.prefetch`; ``socket`` as :class:`Connection`'s."""
+    with Connection(socket, job="prefetch") as conn:
+        return conn.prefetch(dir, tag, wait)
+
+
 __all__ = [
     "Connection", "Save", "Load", "Plan", "Level", "LoadLevel", "SaveProgress", "LoadProgress",
     "HostBuffer", "version", "strerror", "err_name", "DsckptError", "Errno",
     "DaemonUnavailable", "SaveFailed", "LoadFailed",
     "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",
     "NotSupported", "LimitReached", "PickleRefused", "UncheckedLoad", "add_safe_types",
-    "safe_types",
+    "safe_types", "prefetch",
 ]

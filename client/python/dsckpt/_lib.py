@@ -51,6 +51,18 @@ class Progress(ctypes.Structure):
     ]
 
 
+class PrefetchInfo(ctypes.Structure):
+    """dsckpt_prefetch_info_t: what a prefetch read (see dsckpt_prefetch)."""
+
+    _fields_ = [
+        ("dir", ctypes.c_char * 4097),
+        ("tag", ctypes.c_char * 257),
+        ("bytes_pulled", ctypes.c_uint64),
+        ("bytes_cached", ctypes.c_uint64),
+        ("seconds", ctypes.c_double),
+    ]
+
+
 _vp, _cp, _i, _sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
 
 # name: (restype, argtypes), exactly as client/dsckpt.h declares them.
@@ -91,6 +103,7 @@ _SIGNATURES = {
     "dsckpt_load_progress": (None, [_vp, ctypes.POINTER(ctypes.c_uint64),
                                     ctypes.POINTER(ctypes.c_uint64)]),
     "dsckpt_load_free": (None, [_vp]),
+    "dsckpt_prefetch": (_i, [_vp, _cp, _cp, _i, ctypes.POINTER(PrefetchInfo)]),
     "dsckpt_commit": (_i, [_vp, _cp, _i]),
     "dsckpt_release_gpu": (_i, [_vp]),
     "dsckpt_host_alloc": (_vp, [_sz]),

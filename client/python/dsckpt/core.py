@@ -248,6 +248,25 @@ class Connection(_Handle):
                                                  _encode(file, "file"), ctypes.byref(out)))
         return Load(self, out.value, str(dir), str(file))
 
+    def prefetch(self, dir: str, tag: Optional[str] = None, wait: bool = False) -> dict:
+        """Has the daemon read a checkpoint ahead of its load (PREFETCH): ``dir`` is a tag
+        directory, or a job directory whose tag is ``tag`` (None: the job's latest, on this
+        node, else in its root's remote tier). A tag only the remote tier holds is pulled into
+        the local tier first (only this user's; every object checked against its manifest);
+        then its files are read into the daemon's cache as far as room allows. Returns once
+        the daemon knows the tag, or with ``wait`` once it is done: a dict of ``dir``,
+        ``tag``, ``bytes_pulled``, ``bytes_cached`` and ``seconds`` (0 without ``wait``).
+        Needs an identified connection. Raises DsckptError ``ENOENT`` when no such tag is
+        committed here or remotely, PermissionDenied for another user's, ``ECHECKSUM`` for a
+        corrupt remote object."""
+        info = _lib.PrefetchInfo()
+        self._check(_lib.lib().dsckpt_prefetch(
+            self._handle(), _encode(dir, "dir"), None if tag is None else _encode(tag, "tag"),
+            1 if wait else 0, ctypes.byref(info)))
+        return {"dir": info.dir.decode(), "tag": info.tag.decode(),
+                "bytes_pulled": int(info.bytes_pulled), "bytes_cached": int(info.bytes_cached),
+                "seconds": float(info.seconds)}
+
     def commit(self, dir: str, timeout: Optional[float] = None) -> None:
         """Commits ``dir`` (MANIFEST.json, then ``latest``) once every save into it that
         this daemon holds is DURABLE and ranks 0..world_size-1 all have files there.
@@ -515,7 +534,8 @@ class Load(_Handle):
     @property
     def source(self) -> str:
         """Where the daemon takes the bytes from: ``"cache"`` (its host cache holds the whole
-        file) or ``"file"``."""
+        file), ``"file"``, or ``"remote"`` (the tag was pulled from the root's remote tier
+        into the local tier first)."""
         return _lib.lib().dsckpt_load_source(self._handle()).decode()
 
     def _handle(self) -> int:

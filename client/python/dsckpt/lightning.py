@@ -32,7 +32,10 @@ When each thing happens:
   ``teardown()`` (the end of ``fit``) waits for SNAPSHOT and for those commits, logs any
   failure, and closes the connections; a later save reopens them. A failed checkpoint is
   logged, never raised into the training step; :meth:`DsckptCheckpointIO.wait_committed`
-  raises it.
+  raises it. A process whose ``teardown()`` ran with a process group up destroys that
+  group at exit, on the main thread, if it is still up then (see :func:`_leave_group`:
+  Lightning leaves a gloo group to the interpreter's finalization, where its threads may
+  abort the process).
 
 Paths: Lightning's checkpoint path itself becomes the checkpoint (tag) directory, so
 ``<dirpath>/epoch=0-step=100.ckpt/`` holds ``rank0.safetensors``, ``rank0.meta`` and
@@ -83,6 +86,8 @@ are read by the daemon until SNAPSHOT: buffers that the forward pass changes in 
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 import queue
@@ -294,6 +299,7 @@ class DsckptCheckpointIO(CheckpointIO):
             if c is not None:
                 c.close()
         self._conn = self._commit_conn = None
+        _leave_group_at_exit()
 
     # -- ours ---------------------------------------------------------------------------
 
@@ -406,6 +412,34 @@ class DsckptCheckpointIO(CheckpointIO):
                     if self._pending.get(dir) is done:
                         del self._pending[dir]
                 done.set()
+
+
+_LEAVING = []  # holds True once _leave_group is registered in this process
+
+
+def _leave_group_at_exit() -> None:
+    """Registers _leave_group (once per process) when a process group is up: teardown()
+    runs on every rank at the end of fit."""
+    dist = torch.distributed
+    if not _LEAVING and dist.is_available() and dist.is_initialized():
+        _LEAVING.append(True)
+        atexit.register(_leave_group)
+
+
+def _leave_group() -> None:
+    """At exit, before the interpreter finalizes: destroys the default process group if it
+    is still up, then collects the cycles that may still hold it, on the main thread.
+    Lightning destroys an NCCL group at exit but leaves a gloo one (ddp_spawn on the CPU)
+    to the interpreter's finalization, while a gloo worker thread may still be dropping
+    the last reference to a Python tensor (a barrier's work holding an earlier
+    all_reduce's): taking the GIL for it there is pthread_exit, whose forced unwind
+    through pybind11's noexcept gil_scoped_acquire aborts the rank ("terminate called
+    without an active exception"). Destroyed here, the group's destructor joins those
+    threads while they still may take the GIL."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def _torch_io() -> CheckpointIO:

@@ -6,6 +6,11 @@ holds every rank's files, so no manifest is ever written there: each node holds 
 ranks' files and its daemon's seal record (``SEAL.<host>.json``, written once the sealed
 files were durable). A restarted job then agrees over its process group on the newest tag
 that every rank holds complete, and loads that.
+
+A rank that holds no complete tag here (a replacement node with an empty disk) asks its
+daemon for the job's latest: on a root with a remote tier that is the tag the remote
+``latest`` names, whose remote manifest is there (the daemon starts pulling it at once; the
+load that follows waits for it).
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import os
 from typing import Dict, Optional
 
 import torch
+
+from .errors import DsckptError
 
 MANIFEST = "MANIFEST.json"
 SEAL_PREFIX, SEAL_SUFFIX = "SEAL.", ".json"
@@ -67,19 +74,34 @@ def local_complete(job_dir: str, rank: int) -> Dict[str, float]:
     return tags
 
 
+def _from_daemon(job_dir: str) -> Dict[str, float]:
+    """The job's latest as the daemon finds it (here, else in the remote tier), as a tag
+    complete at no particular time; empty when none is or no daemon answers."""
+    from . import _remote
+    from .torch import default_connection
+    try:
+        conn = default_connection(os.path.join(job_dir, "latest"))
+    except DsckptError:
+        return {}
+    tag = _remote.remote_latest(conn, job_dir)
+    return {tag: 0.0} if tag else {}
+
+
 def find_latest(job_dir: str, group=None) -> Optional[str]:
     """The newest tag of ``job_dir`` that every rank of ``group`` holds complete (committed,
     or sealed by that rank with its files durable), or None. Call it on every rank after a
     restart: the ranks agree (an all-gather over torch.distributed, when initialized) and
-    all return the same tag, the one that became complete last on the slowest rank."""
+    all return the same tag, the one that became complete last on the slowest rank. A rank
+    holding none here counts the job's latest in the root's remote tier (see above)."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         rank = dist.get_rank(group)
-        mine = local_complete(job_dir, rank)
+        mine = local_complete(job_dir, rank) or _from_daemon(job_dir)
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, mine, group=group)
     else:
-        everyone = [local_complete(job_dir, int(os.environ.get("RANK", 0)))]
+        everyone = [local_complete(job_dir, int(os.environ.get("RANK", 0)))
+                    or _from_daemon(job_dir)]
     common = set(everyone[0])
     for tags in everyone[1:]:
         common &= set(tags)

@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _blob, _fill, _handover
+from . import _blob, _fill, _handover, _remote
 from ._files import (DTYPES, ST_DTYPES, read_meta, read_safetensors,
                      read_safetensors_buffer, read_safetensors_to, tensors_of)
 from ._fill import StateDictMismatch
@@ -112,25 +112,81 @@ def set_default_connection(conn: Optional[Connection]) -> None:
 def run_connection(dir: str) -> Connection:
     """The shared connection for saving into ``dir``, of one run on every rank. When the
     environment names no run (libdsckpt(3)) and torch.distributed has several ranks, the
-    first call agrees on one (rank 0's uuid4, broadcast: every rank's first save is then a
+    first call agrees on one (rank 0's uuid4, gathered: every rank's first save is then a
     collective, on the main thread) and remakes the connection it made with it; a connection
-    given to :func:`set_default_connection` is used as it is."""
+    given to :func:`set_default_connection` is used as it is. A rank whose connection fails
+    takes part in the agreement all the same, then raises its error; the other ranks raise
+    one naming that rank (of its class: :class:`dsckpt.DaemonUnavailable` for no daemon)
+    instead of waiting for it in the collective."""
     global _default_conn, _run
-    conn = default_connection(dir)
     dist = torch.distributed
-    if (conn.run or _run is not None or not _default_ours
+    try:
+        conn: Optional[Connection] = default_connection(dir)
+        ours, failed = _default_ours, None
+    except Exception as e:  # noqa: BLE001 - raised below, once every rank has agreed
+        conn, ours, failed = None, True, e
+    if (_run is not None or not ours or _env_run()
             or not (dist.is_available() and dist.is_initialized())
             or dist.get_world_size() < 2
             or threading.current_thread() is not threading.main_thread()):
+        if failed is not None:
+            raise failed
         return conn
-    box = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+    run = _agree_run(failed)
     with _default_lock:
-        _run = box[0]
-        if _default_conn is conn:
+        _run = run
+        if _default_conn is conn and conn is not None:
             _default_conn = Connection(conn.socket, job=conn.job, rank=conn.rank,
                                        world_size=conn.world_size, run=_run)
         return _default_conn
+
+
+def _agree_run(failed: Optional[Exception]) -> str:
+    """Rank 0's new run id, gathered by every rank (each sends how its connection went);
+    raises ``failed`` on the rank it failed on, and on the others the first failed rank's
+    error, naming it."""
+    dist = torch.distributed
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if failed is None:
+        how = None
+    elif isinstance(failed, DsckptError):
+        how = (failed.code, failed.name, failed.message)
+    else:
+        how = (int(Errno.EFAILED), "EFAILED", f"{type(failed).__name__}: {failed}")
+    got: List[Any] = [None] * world
+    dist.all_gather_object(got, (uuid.uuid4().hex if rank == 0 else None, how))
+    if failed is not None:
+        raise failed
+    for r, (_, other) in enumerate(got):
+        if other is not None:
+            code, name, message = other
+            raise error_for(code, name, f"rank {r} of {world} has no connection to dsckptd, "
+                            f"so this save cannot be committed: {message}")
+    return got[0][0]
+
+
+# Where libdsckpt finds a run id in the environment, in its order (conn.c's lib_run_default).
+_RUN_VARS = ("DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PMIX_NAMESPACE",
+             "OMPI_MCA_ess_base_jobid")
+_RUN_MAX = 128  # bytes of printable ASCII in a run id (PROTO_MAX_RUN)
+
+
+def _env_run() -> str:
+    """The run id libdsckpt takes from the environment ("" for none), read here so that
+    every rank decides alike whether to agree on one, whether its connection failed or not:
+    the first of _RUN_VARS set, not empty and valid (SLURM's as job.step.restarts,
+    TORCHELASTIC_RUN_ID's placeholder "none" skipped)."""
+    env = os.environ
+    for var in _RUN_VARS:
+        v = env.get(var) or ""
+        if var == "SLURM_JOB_ID" and v:
+            step, count = env.get("SLURM_STEP_ID"), env.get("SLURM_RESTART_COUNT")
+            v = f"{v}.{step or 'batch'}.{count or '0'}"
+        if var == "TORCHELASTIC_RUN_ID" and v == "none":
+            continue
+        if v and len(v) <= _RUN_MAX and all(" " <= c <= "~" for c in v):
+            return v
+    return ""
 
 
 # ---------------------------------------------------------------------------------------
@@ -401,7 +457,9 @@ def load_into(state_dict: Any, path_dir: str, file: Optional[str] = None, *,
             raise error_for(Errno.EINVAL, "EINVAL", f"{view['name']} is a broadcast view: "
                             "several of its elements share memory")
         dests[view["name"]] = data
-    how = _fill.fill(path_dir, file, dests, _daemon(conn, path_dir), strict)
+    daemon = _daemon(conn, path_dir)
+    _remote.ensure_local(daemon, path_dir, file + ".safetensors")
+    how = _fill.fill(path_dir, file, dests, daemon, strict)
     with torch.no_grad():
         for data, orig in zip(flat.payload, flat.originals):
             if data is not orig:
@@ -464,6 +522,8 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
     base = os.path.join(path_dir, file)
+    daemon = _daemon(conn, path_dir)
+    _remote.ensure_local(daemon, path_dir, file + ".safetensors")
     blob = read_meta(base + ".meta").get(BLOB) if os.path.exists(base + ".meta") else None
     info = _blob.read(blob, base + ".meta", weights_only) if blob is not None else None
     views, entries = _blob.tables(info) if info else ([], [])
@@ -473,7 +533,6 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
     where = {d: _target(d, map_location) for d in {v["device"] for v in views} | {"cpu"}}
     place: Dict[str, torch.device] = defaultdict(lambda: where["cpu"])
     place.update((v["name"], where[v["device"]]) for v in views)
-    daemon = _daemon(conn, path_dir)
     data = _through_daemon(daemon, path_dir, file, place) if daemon else None
     if data is None:
         data = _read_here(base + ".safetensors", place)

@@ -133,7 +133,10 @@ def test_replicated_load_other_sharding(saved):
 
 
 def _no_daemon_ranks(rank, world, socket, tag):
-    """Rank 1 has no daemon: its staging raises DaemonUnavailable; both uploads fail."""
+    """Rank 1 has no daemon: its staging raises DaemonUnavailable; both uploads fail. The
+    run is the environment's: only rank 1 saves through dsckpt.torch's connection, whose
+    agreement on a run (a collective) rank 0 would never join."""
+    os.environ["DSCKPT_RUN_ID"] = "nod"
     if rank == 1:
         os.environ["DSCKPT_SOCKET"] = socket + ".none"
         writer = dsckpt.dcp.Writer(tag, timeout=T)

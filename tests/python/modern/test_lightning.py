@@ -2,10 +2,12 @@
 the CPU against real daemons: a fit that checkpoints through DsckptCheckpointIO, ModelCheckpoint
 removing old checkpoints, a new Trainer resuming from ours with equal state, the optimizer
 step waiting for SNAPSHOT after the closure, and the constructor without a daemon."""
+import atexit
 import copy
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -282,13 +284,39 @@ def test_without_a_daemon_the_constructor_fails(tmp_path):
         DsckptCheckpointIO(sock)
 
 
+def _no_gloo_thread_at_exit():
+    """At exit, after the plugin's own exit handler: a gloo thread still running when the
+    interpreter finalizes may abort the rank (see GroupGoneAtExit); the rank exits 3."""
+    left = sorted(n for n in (open(f"/proc/self/task/{t}/comm").read().strip()
+                              for t in os.listdir("/proc/self/task"))
+                  if n.startswith(("pt_gloo", "gloo")))
+    if left:
+        sys.stderr.write(f"rank {os.environ.get('LOCAL_RANK')}: the process group is still "
+                         f"up as the interpreter finalizes: {left}\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+
+class GroupGoneAtExit(Callback):
+    """Issue 31.1: Lightning leaves a gloo group up until the interpreter finalizes, where a
+    gloo thread dropping a barrier's work (holding an earlier all_reduce's Python tensor)
+    takes the GIL: pthread_exit, and "terminate called without an active exception"
+    (SIGABRT, rarely: a set_terminate hook showed that stack). Registered before the
+    plugin's teardown registers its own handler, this check runs after it."""
+
+    def setup(self, trainer, module, stage):
+        if torch.distributed.is_initialized():
+            atexit.register(_no_gloo_thread_at_exit)
+
+
 def test_ddp_spawn_saves_on_rank_zero_and_every_rank_resumes(daemon):
     """Two CPU ranks (gloo): the plugin is pickled into each; only rank 0 saves, and the
     commit's world is that one saver's. Resuming loads on both ranks, without pickle: the
-    spawned processes allow the AttributeDict of the hyper-parameters too."""
+    spawned processes allow the AttributeDict of the hyper-parameters too. Each rank's
+    process group is gone before its interpreter finalizes (GroupGoneAtExit)."""
     from lightning.fabric.utilities.data import AttributeDict
     job = os.path.join(daemon.root, "ddp")
-    kw = dict(strategy="ddp_spawn", devices=2)
+    kw = dict(strategy="ddp_spawn", devices=2, callbacks=[GroupGoneAtExit()])
     io = DsckptCheckpointIO(daemon.socket)
     t = trainer(io, job, 8, **kw)
     t.fit(WithArgs(cfg=AttributeDict(width=8)))

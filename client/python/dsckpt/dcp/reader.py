@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from .. import _fill
+from .. import _fill, _remote
 from .._files import read_meta
 from ..core import Connection
 from ..errors import DsckptError, Errno, PickleRefused, error_for
@@ -53,7 +53,9 @@ class Reader(StorageReader):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
-        """DCP's Metadata of the tag; raises CheckpointIncomplete unless it is committed."""
+        """DCP's Metadata of the tag; raises CheckpointIncomplete unless it is committed. A tag
+        only the root's remote tier holds is pulled into the local tier first (the daemon)."""
+        _remote.ensure_local(self._daemon(), self.dir, _remote.MANIFEST)
         if not os.path.exists(os.path.join(self.dir, "MANIFEST.json")):
             raise error_for(Errno.EINCOMPLETE, "EINCOMPLETE",
                             f"{self.dir} is not a committed checkpoint (no MANIFEST.json)")

@@ -38,11 +38,9 @@ answering ``is_decoupled() == True``):
   ``save_latest=False`` to DeepSpeed so that DeepSpeed does not write ``latest`` before the
   daemon has committed: the daemon writes it.
 * ``cleanup()`` (DeepSpeed's ``destroy``, also run when the engine is garbage-collected)
-  commits what is pending and waits for the background commits;
-  :meth:`DsckptCheckpointEngine.wait_committed` does the same on demand and raises the first
-  failure; after :meth:`~DsckptCheckpointEngine.close` neither waits. A failed checkpoint
-  is logged, never raised into ``engine.step()``: training goes on and the previous
-  ``latest`` stays.
+  commits what is pending and waits for the background commits; ``wait_committed()`` does the
+  same on demand and raises the first failure; after ``close()`` neither waits. A failed
+  checkpoint is logged, never raised into ``engine.step()``: training goes on, ``latest`` stays.
 * A fixed tag (``save_checkpoint(dir, tag="last")`` at every save): the daemon stages each
   new version beside the committed one and exchanges them in one step at the commit, so the
   tag is always one whole version. A save of the tag whose previous version is still queued
@@ -55,8 +53,8 @@ Files: DeepSpeed's path ``<dir>/mp_rank_00_model_states.pt`` becomes
 DURABLE a relative symlink at the original path points at it, so DeepSpeed's globbing and
 existence checks find it (a new version's links are made beside its files in the staging
 directory, and travel with them). Every rank contributes at least one file to a tag directory
-(an empty ``dsckpt_rank<N>`` file for a rank DeepSpeed gave nothing), as the daemon's
-commit requires.
+(an empty ``dsckpt_rank<N>`` file for a rank DeepSpeed gave nothing), as the daemon's commit
+requires. The ``zero_to_fp32.py`` DeepSpeed copies beside the tags is ours (:mod:`.recovery`).
 
 Configuration: a block ``"dsckpt"`` (or, so existing configs keep working,
 ``"datastates_ckpt"``) of the DeepSpeed config. Keys: ``socket`` (else $DSCKPT_SOCKET),
@@ -87,10 +85,11 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .. import _tree
+from .. import _remote, _tree
 from .. import torch as dtorch
 from ..core import Connection, Level
 from ..errors import DsckptError, Errno, error_for
+from .recovery import use_our_script
 
 log = logging.getLogger("dsckpt.deepspeed")
 
@@ -281,6 +280,9 @@ class DsckptCheckpointEngine(_Base):
         engine's daemon, from its host cache when it still holds the file. Unpickles
         nothing unless the config block's ``weights_only`` is false."""
         path = self._durable_path(path)
+        # A tag only the root's remote tier holds: the daemon pulls it here first.
+        _remote.ensure_local(dtorch._daemon(self.conn, os.path.dirname(path)),
+                             os.path.dirname(path), os.path.basename(path) + ".safetensors")
         if os.path.exists(path + ".safetensors"):
             return dtorch.load(os.path.dirname(path), os.path.basename(path), map_location,
                                conn=self.conn, weights_only=self.weights_only)
@@ -523,14 +525,13 @@ def _link(path: str, target: str) -> None:
 def install(engine: Any, config: Optional[dict] = None) -> DsckptCheckpointEngine:
     """Replaces a DeepSpeed engine's checkpoint engine with ours (call on every rank).
     The config block comes from ``config`` or the engine's DeepSpeed config."""
-    ours = DsckptCheckpointEngine(getattr(engine, "_config", None),
-                                  rank=torch.distributed.get_rank()
-                                  if torch.distributed.is_initialized() else 0,
-                                  config=config)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    ours = DsckptCheckpointEngine(getattr(engine, "_config", None), rank=rank, config=config)
     old = getattr(engine, "checkpoint_engine", None)
     if old is not None and hasattr(old, "cleanup") and old.is_decoupled():
         old.cleanup()
     engine.checkpoint_engine = ours
+    use_our_script(type(engine))
     return ours
 
 
@@ -564,6 +565,7 @@ def enable() -> None:
         import deepspeed.runtime.engine as ds_engine
     except ImportError as e:
         raise ImportError(f"dsckpt.deepspeed.enable: DeepSpeed cannot be imported ({e})") from e
+    use_our_script(ds_engine.DeepSpeedEngine)
     create = getattr(ds_engine, "create_checkpoint_engine", None)
     if create is not None:
         if getattr(create, "_dsckpt", False):

@@ -2,10 +2,11 @@
 through :mod:`dsckpt.deepspeed`: the fp32 master weights, consolidated from the ZeRO stage 1,
 2 or 3 optimizer shards of every data-parallel rank, as one state dict of full tensors.
 
-DeepSpeed copies its script into each tag, but it ``torch.load``\\ s the files, and ours are
+DeepSpeed copies its script beside the tags, but it ``torch.load``\\ s the files, and ours are
 safetensors files with a ``.meta`` skeleton (its error: ``UnpicklingError: invalid load
-key``). This module does what the script does, with the same names and meaning
-(:func:`get_fp32_state_dict_from_zero_checkpoint`,
+key``); with :mod:`dsckpt.deepspeed` that copy is ours, running this module with DeepSpeed's
+command line (:mod:`dsckpt.deepspeed.recovery`). This module does what the script does,
+with the same names and meaning (:func:`get_fp32_state_dict_from_zero_checkpoint`,
 :func:`convert_zero_checkpoint_to_fp32_state_dict`), reading the files with
 :func:`dsckpt.torch.load` (every tensor checked against its checksum, nothing unpickled unless
 ``weights_only=False``). From the shell::
@@ -20,9 +21,10 @@ trainable ones from ``single_partition_of_fp32_groups`` (ZeRO 1 and 2, bf16 incl
 partitions of each group concatenated in rank order, parameters laid out in
 ``param_shapes``' order, the group's tail padding to 2 x world size checked) or
 ``fp32_flat_groups`` (ZeRO 3: each parameter split ``ceil(numel / world)`` per rank); tied
-parameters (``shared_params``) are the same tensor. Unlike DeepSpeed's script, the tag must be
-committed (``allow_uncommitted``: the files of one that is not). A tag DeepSpeed saved without ZeRO (no
-ZeRO optimizer files) has no fp32 partitions: its ``module`` weights are returned as saved.
+parameters (``shared_params``) are the same tensor. Unlike DeepSpeed's script, the tag must
+be committed (``allow_uncommitted``: the files of one that is not). A tag DeepSpeed saved
+without ZeRO (no ZeRO optimizer files) has no fp32 partitions: its ``module`` weights are
+returned as saved.
 
 DeepSpeed itself is not needed: where it is not installed, stand-ins named as its classes
 (the ZeRO stage enum, the loss scalers, ``fragment_address``) let the files' skeletons load

@@ -1,0 +1,330 @@
+/*
+ * peer_send.c — the connecting side of the peer protocol (peer_int.h): open a link to a peer
+ * and prove membership both ways, send it a copy of this node's committed files (PUT), ask
+ * it for a job's newest copy of some ranks (FETCH). Blocking calls on the caller's thread
+ * (never the loop's), one link per thread. What a fetch brings is checked as a PUT's is, by
+ * receiving it into a replica store (replica_store.c): nothing unchecked is handed on.
+ *
+ * The sending bandwidth cap (peer_max_mib_per_s) is a token bucket shared by every thread
+ * that sends; cap->lock guards it.
+ */
+#include "peer_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxh_x86dispatch.h>
+
+struct peer_cap {
+	pthread_mutex_t lock;
+	double rate;                   /* bytes per second; 0: no cap */
+	double tokens;
+	double last;
+};
+
+/* A cap of mib_per_s MiB/s (0: none) for the sends that share it; NULL without memory. */
+struct peer_cap *peer_cap_new(double mib_per_s)
+{
+	struct peer_cap *c = calloc(1, sizeof(*c));
+
+	if (c == NULL)
+		return NULL;
+	pthread_mutex_init(&c->lock, NULL);
+	c->rate = mib_per_s * 1048576.0;
+	c->last = now_mono();
+	return c;
+}
+
+/* Frees a cap no send uses. NULL is fine. */
+void peer_cap_free(struct peer_cap *c)
+{
+	if (c) {
+		pthread_mutex_destroy(&c->lock);
+		free(c);
+	}
+}
+
+/* Waits until n more bytes may be sent: the bucket refills at the rate and holds at most a
+ * second of it; a sender takes its bytes at once and waits out any debt it leaves. */
+static void peer_throttle(struct peer_cap *c, size_t n)
+{
+	double wait, now;
+
+	if (c == NULL || c->rate <= 0)
+		return;
+	pthread_mutex_lock(&c->lock);
+	now = now_mono();
+	c->tokens += c->rate * (now - c->last);
+	if (c->tokens > c->rate)
+		c->tokens = c->rate;
+	c->last = now;
+	c->tokens -= (double)n;
+	wait = c->tokens < 0 ? -c->tokens / c->rate : 0;
+	pthread_mutex_unlock(&c->lock);
+	if (wait > 0) {
+		struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* Receives a RESULT; its code (the peer's word) with its message in err, or a negative errno
+ * of the link. */
+static int peer_result(struct peer_link *l, const char *what, char *err, size_t errlen)
+{
+	struct peer_result res;
+	uint64_t tag;
+	size_t len;
+	int rc = peer_recv(l, &tag, &res, sizeof(res), &len);
+
+	if (rc != 0) {
+		snprintf(err, errlen, "peer %s: %s: %s", peer_link_who(l), what, strerror(-rc));
+		return rc;
+	}
+	if (tag != PEER_RESULT || len != sizeof(res) || !peer_str_ok(res.msg, sizeof(res.msg)) ||
+	    res.code > 0) {
+		snprintf(err, errlen, "peer %s: %s: a reply out of the protocol", peer_link_who(l),
+			 what);
+		return -EPROTO;
+	}
+	if (res.code != 0)
+		snprintf(err, errlen, "peer %s: %s: %s", peer_link_who(l), what,
+			 res.msg[0] ? res.msg : strerror(-res.code));
+	return res.code;
+}
+
+/* Connects to host:port and proves membership both ways with secret: the peer's proof is
+ * checked before ours is sent. 0 with the link, or a negative errno with err (EACCES: the
+ * peer does not hold the secret, or refused ours). */
+int peer_open(struct peer_net *n, const char *host, unsigned port, const void *secret,
+	      size_t slen, double timeout_s, struct peer_link **out, char *err, size_t errlen)
+{
+	struct peer_hello hello = { .magic = PEER_MAGIC, .version = PEER_VERSION };
+	struct peer_challenge ch;
+	struct peer_response resp;
+	struct peer_link *l;
+	uint64_t tag;
+	size_t len;
+	int rc;
+
+	if ((rc = peer_connect(n, host, port, timeout_s, &l, err, errlen)) != 0)
+		return rc;
+	if ((rc = peer_auth_nonce(hello.nonce)) != 0 ||
+	    (rc = peer_send(l, PEER_HELLO, &hello, sizeof(hello))) != 0 ||
+	    (rc = peer_recv(l, &tag, &ch, sizeof(ch), &len)) != 0) {
+		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+		goto fail;
+	}
+	if (tag != PEER_CHALLENGE || len != sizeof(ch)) {
+		snprintf(err, errlen, "peer %s: not a dsckptd of this version", peer_link_who(l));
+		rc = -EPROTO;
+		goto fail;
+	}
+	rc = peer_auth_check(secret, slen, PEER_SERVER, hello.nonce, ch.nonce, ch.mac);
+	if (rc != 0) {
+		snprintf(err, errlen, "peer %s: does not hold the cluster's secret "
+			 "(peer_secret_file)", peer_link_who(l));
+		goto fail;
+	}
+	if ((rc = peer_auth_mac(secret, slen, PEER_CLIENT, hello.nonce, ch.nonce, resp.mac)) ||
+	    (rc = peer_send(l, PEER_RESPONSE, &resp, sizeof(resp))) != 0) {
+		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+		goto fail;
+	}
+	if ((rc = peer_result(l, "authentication", err, errlen)) != 0)
+		goto fail;
+	*out = l;
+	return 0;
+
+fail:
+	peer_link_close(l);
+	return rc;
+}
+
+/* Fills the wire's identity of a copy; -ENAMETOOLONG when a string does not fit. */
+static int peer_ids_set(struct peer_ids *w, const struct replica_id *id, const unsigned *ranks,
+			unsigned nranks, size_t manifest_len)
+{
+	memset(w, 0, sizeof(*w));
+	if (nranks > PEER_MAX_RANKS ||
+	    snprintf(w->owner, sizeof(w->owner), "%s", id->owner) >= (int)sizeof(w->owner) ||
+	    snprintf(w->job, sizeof(w->job), "%s", id->job) >= (int)sizeof(w->job) ||
+	    snprintf(w->run, sizeof(w->run), "%s", id->run) >= (int)sizeof(w->run) ||
+	    snprintf(w->tag, sizeof(w->tag), "%s", id->tag) >= (int)sizeof(w->tag) ||
+	    snprintf(w->dir, sizeof(w->dir), "%s", id->dir) >= (int)sizeof(w->dir))
+		return -ENAMETOOLONG;
+	w->created_ns = id->created_ns;
+	w->manifest_len = manifest_len;
+	w->nranks = nranks;
+	for (unsigned i = 0; i < nranks; i++)
+		w->ranks[i] = ranks[i];
+	return 0;
+}
+
+/* Sends the nfiles files of a copy, each read through read(arg, i, off, buf, len), in
+ * PEER_CHUNK pieces under cap; 0 or a negative errno with err. */
+static int peer_put_files(struct peer_link *l, const struct manifest_file *const *files,
+			  unsigned nfiles, peer_read_fn read, void *arg, struct peer_cap *cap,
+			  uint8_t *buf, char *err, size_t errlen)
+{
+	XXH3_state_t *st = XXH3_createState();
+	int rc = st ? 0 : -ENOMEM;
+
+	for (unsigned i = 0; rc == 0 && i < nfiles; i++) {
+		struct peer_file f = { .size = files[i]->size };
+		struct peer_file_end end;
+		snprintf(f.name, sizeof(f.name), "%s", files[i]->name);
+		XXH3_64bits_reset(st);
+		if ((rc = peer_send(l, PEER_FILE, &f, sizeof(f))) != 0)
+			break;
+		for (uint64_t off = 0; rc == 0 && off < f.size; off += PEER_CHUNK) {
+			size_t n = f.size - off < PEER_CHUNK ? (size_t)(f.size - off) : PEER_CHUNK;
+			if ((rc = read(arg, i, off, buf, n)) != 0) {
+				snprintf(err, errlen, "reading %s: %s", f.name, strerror(-rc));
+				XXH3_freeState(st);
+				return rc;
+			}
+			XXH3_64bits_update(st, buf, n);
+			peer_throttle(cap, n);
+			rc = peer_send(l, PEER_DATA, buf, n);
+		}
+		end.xxh3 = XXH3_64bits_digest(st);
+		if (rc == 0)
+			rc = peer_send(l, PEER_FILE_END, &end, sizeof(end));
+	}
+	XXH3_freeState(st);
+	if (rc != 0)
+		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+	return rc;
+}
+
+/* Sends a copy of a committed tag to the peer: its identity, the ranks it holds, the tag's
+ * manifest text and the files (of those ranks, in order), read through read; 0 once the peer
+ * checked and kept it all, else a negative errno with err. */
+int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *ranks,
+	     unsigned nranks, const char *manifest, size_t mlen,
+	     const struct manifest_file *const *files, unsigned nfiles, peer_read_fn read,
+	     void *arg, struct peer_cap *cap, char *err, size_t errlen)
+{
+	struct peer_ids *w = malloc(sizeof(*w));
+	uint8_t *buf = malloc(PEER_CHUNK);
+	int rc = w && buf ? 0 : -ENOMEM;
+
+	if (rc == 0 && (rc = peer_ids_set(w, id, ranks, nranks, mlen)) != 0)
+		snprintf(err, errlen, "a copy of %s: a name too long for the peer protocol",
+			 id->tag);
+	else if (rc == 0 && ((rc = peer_send(l, PEER_PUT, w, sizeof(*w))) != 0 ||
+			     (rc = peer_send(l, PEER_MANIFEST, manifest, mlen)) != 0))
+		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+	else if (rc == 0 && (rc = peer_result(l, "a copy refused", err, errlen)) == 0 &&
+		 (rc = peer_put_files(l, files, nfiles, read, arg, cap, buf, err, errlen)) == 0) {
+		if ((rc = peer_send(l, PEER_PUT_END, NULL, 0)) != 0)
+			snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+		else
+			rc = peer_result(l, "the copy", err, errlen);
+	}
+	free(buf);
+	free(w);
+	return rc;
+}
+
+/* Receives the files a HAVE announced into the incoming copy r; 0 or a negative errno with
+ * err. */
+static int peer_fetch_files(struct peer_link *l, struct replica *r, unsigned nfiles,
+			    uint8_t *buf, char *err, size_t errlen)
+{
+	for (unsigned i = 0; i < nfiles; i++) {
+		struct peer_file f;
+		struct peer_file_end end;
+		unsigned idx;
+		uint64_t tag;
+		size_t len;
+		int rc = peer_recv(l, &tag, &f, sizeof(f), &len);
+		if (rc == 0 && (tag != PEER_FILE || len != sizeof(f) ||
+				!peer_str_ok(f.name, sizeof(f.name))))
+			rc = -EPROTO;
+		if (rc == 0 && (rc = replica_in_file(r, f.name, f.size, &idx, err, errlen)) != 0)
+			return rc;
+		for (uint64_t got = 0; rc == 0 && got < f.size; got += len) {
+			rc = peer_recv(l, &tag, buf, PEER_CHUNK, &len);
+			if (rc == 0 && (tag != PEER_DATA || len == 0 || len > f.size - got))
+				rc = -EPROTO;
+			if (rc == 0 && (rc = replica_in_write(r, idx, buf, len, err, errlen)) != 0)
+				return rc;
+		}
+		if (rc == 0 && (rc = peer_recv(l, &tag, &end, sizeof(end), &len)) == 0 &&
+		    (tag != PEER_FILE_END || len != sizeof(end)))
+			rc = -EPROTO;
+		if (rc != 0) {
+			snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+			return rc;
+		}
+		if ((rc = replica_in_file_end(r, idx, end.xxh3, err, errlen)) != 0)
+			return rc;
+	}
+	return 0;
+}
+
+/* Asks the peer for the newest copy it holds of job with a file of each of the n ranks and
+ * receives it into the store into, checked as a PUT's copy is: 0 with the copy (a reference,
+ * for replica_put), -ENOENT when the peer holds none, or a negative errno with err. */
+int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
+	       struct replica_store *into, struct replica **out, char *err, size_t errlen)
+{
+	struct peer_fetch *q = calloc(1, sizeof(*q));
+	struct peer_ids *w = malloc(sizeof(*w));
+	uint8_t *buf = malloc(PEER_CHUNK);
+	char *manifest = NULL;
+	struct replica *r = NULL;
+	uint64_t tag;
+	size_t len;
+	int rc = q && w && buf ? 0 : -ENOMEM;
+
+	if (rc == 0 && (n > PEER_MAX_RANKS || snprintf(q->job, sizeof(q->job), "%s", job) >=
+					       (int)sizeof(q->job)))
+		rc = -ENAMETOOLONG;
+	for (unsigned i = 0; rc == 0 && i < n; i++)
+		q->ranks[i] = ranks[i];
+	if (rc == 0)
+		q->nranks = n;
+	if (rc == 0 && (rc = peer_send(l, PEER_FETCH, q, sizeof(*q))) == 0 &&
+	    (rc = peer_recv(l, &tag, w, sizeof(*w), &len)) == 0 &&
+	    (tag != PEER_HAVE || len != sizeof(*w) || w->code > 0 || w->nranks > PEER_MAX_RANKS ||
+	     w->manifest_len > PEER_MAX_MANIFEST || !peer_str_ok(w->owner, sizeof(w->owner)) ||
+	     !peer_str_ok(w->job, sizeof(w->job)) || !peer_str_ok(w->run, sizeof(w->run)) ||
+	     !peer_str_ok(w->tag, sizeof(w->tag)) || !peer_str_ok(w->dir, sizeof(w->dir))))
+		rc = -EPROTO;
+	if (rc == 0 && w->code != 0) {
+		rc = w->code;
+		snprintf(err, errlen, "peer %s holds no copy of job %s with those ranks",
+			 peer_link_who(l), job);
+		goto out;
+	}
+	if (rc == 0 && (manifest = malloc(w->manifest_len + 1)) == NULL)
+		rc = -ENOMEM;
+	if (rc == 0 && (rc = peer_recv(l, &tag, manifest, w->manifest_len, &len)) == 0 &&
+	    (tag != PEER_MANIFEST || len != w->manifest_len))
+		rc = -EPROTO;
+	if (rc != 0) {
+		snprintf(err, errlen, "peer %s: fetch: %s", peer_link_who(l), strerror(-rc));
+		goto out;
+	}
+	struct replica_id id = { w->owner, w->job, w->run, w->tag, w->dir, w->created_ns };
+	if ((rc = replica_in_begin(into, &id, manifest, len, w->ranks, w->nranks, &r, err,
+				   errlen)) != 0 ||
+	    (rc = peer_fetch_files(l, r, w->nfiles, buf, err, errlen)) != 0 ||
+	    (rc = replica_in_commit(r, err, errlen)) != 0) {
+		replica_in_abort(r);
+		goto out;
+	}
+	replica_hold(r);
+	*out = r;
+out:
+	free(manifest);
+	free(buf);
+	free(w);
+	free(q);
+	return rc;
+}

@@ -1,0 +1,271 @@
+/*
+ * peer_serve.c — the listening side of the peer protocol (peer_int.h), run by peer_ucx.c on
+ * each connection's own thread: the peer proves it holds the cluster's secret (and is shown
+ * that we do) before anything else is read; then it may place copies in the replica store
+ * (PUT) and fetch them (FETCH), nothing more. A copy is kept only once whole and checked
+ * (replica_store.c); one that fails is answered with why and dropped, and one whose sender
+ * vanishes mid-way is dropped without a word. The service's counters are atomics.
+ */
+#include "peer_int.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxh_x86dispatch.h>
+
+/* Sends RESULT code with a message (may be ""); the link's result. */
+static int peer_serve_result(struct peer_link *l, int code, const char *msg)
+{
+	struct peer_result res = { .code = code };
+
+	snprintf(res.msg, sizeof(res.msg), "%s", msg);
+	return peer_send(l, PEER_RESULT, &res, sizeof(res));
+}
+
+/* The challenge: the peer's HELLO, our nonce and proof, its proof checked in constant time;
+ * 0 when it holds the secret (told RESULT 0), else a negative errno (told when refused). */
+static int peer_serve_auth(struct peer_service *svc, struct peer_link *l)
+{
+	struct peer_hello hello;
+	struct peer_challenge ch;
+	struct peer_response resp;
+	uint64_t tag;
+	size_t len;
+	int rc;
+
+	if ((rc = peer_recv(l, &tag, &hello, sizeof(hello), &len)) != 0)
+		return rc;
+	if (tag != PEER_HELLO || len != sizeof(hello) ||
+	    memcmp(hello.magic, PEER_MAGIC, sizeof(hello.magic)) != 0 ||
+	    hello.version != PEER_VERSION) {
+		log_warnx("peer %s: refused: not a dsckptd of peer protocol %d",
+			  peer_link_who(l), PEER_VERSION);
+		return -EPROTO;
+	}
+	if ((rc = peer_auth_nonce(ch.nonce)) != 0 ||
+	    (rc = peer_auth_mac(svc->secret, svc->secret_len, PEER_SERVER, hello.nonce, ch.nonce,
+				ch.mac)) != 0 ||
+	    (rc = peer_send(l, PEER_CHALLENGE, &ch, sizeof(ch))) != 0 ||
+	    (rc = peer_recv(l, &tag, &resp, sizeof(resp), &len)) != 0)
+		return rc;
+	if (tag != PEER_RESPONSE || len != sizeof(resp) ||
+	    peer_auth_check(svc->secret, svc->secret_len, PEER_CLIENT, hello.nonce, ch.nonce,
+			    resp.mac) != 0) {
+		atomic_fetch_add(&svc->refused, 1);
+		log_warnx("peer %s: refused: it does not hold the cluster's secret "
+			  "(peer_secret_file)", peer_link_who(l));
+		peer_serve_result(l, -EACCES, "refused: not a member of the cluster (the "
+				  "peer_secret_file differs)");
+		return -EACCES;
+	}
+	return peer_serve_result(l, 0, "");
+}
+
+/* Whether every string of a copy's identity ends within its array and the counts fit. */
+static int peer_ids_ok(const struct peer_ids *w)
+{
+	return peer_str_ok(w->owner, sizeof(w->owner)) && peer_str_ok(w->job, sizeof(w->job)) &&
+	       peer_str_ok(w->run, sizeof(w->run)) && peer_str_ok(w->tag, sizeof(w->tag)) &&
+	       peer_str_ok(w->dir, sizeof(w->dir)) && w->nranks <= PEER_MAX_RANKS &&
+	       w->manifest_len > 0 && w->manifest_len <= PEER_MAX_MANIFEST;
+}
+
+/* Receives a PUT's files and PUT_END into r; 0 when all arrived checked, a negative errno
+ * of the link (r to drop quietly), or 1 with *code and err: the copy is refused, and what the
+ * peer still sent up to PUT_END was read and dropped. */
+static int peer_serve_files(struct peer_link *l, struct replica *r, uint8_t *buf, int *code,
+			    char *err, size_t errlen)
+{
+	unsigned idx = 0;
+	int bad = 0, rc;
+
+	for (;;) {
+		uint64_t tag;
+		size_t len;
+		if ((rc = peer_recv(l, &tag, buf, PEER_CHUNK, &len)) != 0)
+			return rc;
+		if (tag == PEER_PUT_END)
+			return bad;
+		if (bad)
+			continue;
+		if (tag == PEER_FILE && len == sizeof(struct peer_file)) {
+			struct peer_file *f = (struct peer_file *)buf;
+			if (!peer_str_ok(f->name, sizeof(f->name))) {
+				rc = -EPROTO;
+				snprintf(err, errlen, "a file name out of the protocol");
+			} else
+				rc = replica_in_file(r, f->name, f->size, &idx, err, errlen);
+		} else if (tag == PEER_DATA) {
+			rc = replica_in_write(r, idx, buf, len, err, errlen);
+		} else if (tag == PEER_FILE_END && len == sizeof(struct peer_file_end)) {
+			rc = replica_in_file_end(r, idx, ((struct peer_file_end *)buf)->xxh3, err,
+						 errlen);
+		} else {
+			rc = -EPROTO;
+			snprintf(err, errlen, "a message out of the protocol");
+		}
+		if (rc != 0) {
+			*code = rc;
+			bad = 1;
+		}
+	}
+}
+
+/* A PUT: the copy's identity and manifest, checked; its files; kept once whole. 0 to go on
+ * serving, or a negative errno to close. */
+static int peer_serve_put(struct peer_service *svc, struct peer_link *l,
+			  const struct peer_ids *w, uint8_t *buf)
+{
+	char err[512] = "", *manifest = NULL;
+	struct replica *r = NULL;
+	uint64_t tag;
+	size_t len;
+	int rc, code = 0;
+
+	if (!peer_ids_ok(w) || (manifest = malloc(w->manifest_len)) == NULL)
+		return -EPROTO;
+	if ((rc = peer_recv(l, &tag, manifest, w->manifest_len, &len)) != 0 ||
+	    tag != PEER_MANIFEST || len != w->manifest_len) {
+		free(manifest);
+		return rc ? rc : -EPROTO;
+	}
+	struct replica_id id = { w->owner, w->job, w->run, w->tag, w->dir, w->created_ns };
+	code = replica_in_begin(svc->rs, &id, manifest, len, w->ranks, w->nranks, &r, err,
+				sizeof(err));
+	free(manifest);
+	if ((rc = peer_serve_result(l, code, err)) != 0 || code != 0) {
+		replica_in_abort(r);
+		return rc ? rc : 0;
+	}
+	rc = peer_serve_files(l, r, buf, &code, err, sizeof(err));
+	if (rc < 0) {
+		log_warnx("peer %s: %s's copy of %s dropped: %s", peer_link_who(l), w->owner,
+			  w->tag, strerror(-rc));
+		replica_in_abort(r);
+		return rc;
+	}
+	if (rc == 0 && (code = replica_in_commit(r, err, sizeof(err))) == 0) {
+		atomic_fetch_add(&svc->copies_in, 1);
+		log_info("peer %s: kept %s's copy of %s (job %s)", peer_link_who(l), w->owner,
+			 w->tag, w->job);
+		return peer_serve_result(l, 0, "");
+	}
+	log_warnx("peer %s: %s", peer_link_who(l), err);
+	replica_in_abort(r);
+	return peer_serve_result(l, code, err);
+}
+
+/* Whether file f of a copy is of one of the n ranks. */
+static int peer_rank_in(const struct manifest_file *f, const uint32_t *ranks, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (f->rank == ranks[i])
+			return 1;
+	return 0;
+}
+
+/* Sends the files of copy r of the fetch's ranks, each checksummed as it goes. */
+static int peer_serve_send(struct peer_link *l, struct replica *r, unsigned nfiles,
+			   const struct peer_fetch *q, uint8_t *buf)
+{
+	XXH3_state_t *st = XXH3_createState();
+	int rc = st ? 0 : -ENOMEM;
+
+	for (unsigned i = 0; rc == 0 && i < nfiles; i++) {
+		const struct manifest_file *mf = replica_file(r, i);
+		struct peer_file f = { .size = mf->size };
+		struct peer_file_end end;
+		if (!peer_rank_in(mf, q->ranks, q->nranks))
+			continue;
+		snprintf(f.name, sizeof(f.name), "%s", mf->name);
+		XXH3_64bits_reset(st);
+		rc = peer_send(l, PEER_FILE, &f, sizeof(f));
+		for (uint64_t off = 0; rc == 0 && off < f.size; off += PEER_CHUNK) {
+			size_t n = f.size - off < PEER_CHUNK ? (size_t)(f.size - off) : PEER_CHUNK;
+			if ((rc = replica_read(r, i, off, buf, n)) == 0) {
+				XXH3_64bits_update(st, buf, n);
+				rc = peer_send(l, PEER_DATA, buf, n);
+			}
+		}
+		end.xxh3 = XXH3_64bits_digest(st);
+		if (rc == 0)
+			rc = peer_send(l, PEER_FILE_END, &end, sizeof(end));
+	}
+	XXH3_freeState(st);
+	return rc;
+}
+
+/* A FETCH: the newest copy of the job holding those ranks, or -ENOENT in HAVE. */
+static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
+			    const struct peer_fetch *q, struct peer_ids *w, uint8_t *buf)
+{
+	const char *manifest;
+	struct replica *r;
+	unsigned nfiles;
+	size_t mlen;
+	int rc;
+
+	if (!peer_str_ok(q->job, sizeof(q->job)) || q->nranks == 0 ||
+	    q->nranks > PEER_MAX_RANKS)
+		return -EPROTO;
+	memset(w, 0, sizeof(*w));
+	if ((r = replica_find(svc->rs, q->job, q->ranks, q->nranks)) == NULL) {
+		w->code = -ENOENT;
+		return peer_send(l, PEER_HAVE, w, sizeof(*w));
+	}
+	const struct replica_id *id = replica_id(r, &manifest, &mlen, &nfiles);
+	w->manifest_len = mlen;
+	snprintf(w->owner, sizeof(w->owner), "%s", id->owner);
+	snprintf(w->job, sizeof(w->job), "%s", id->job);
+	snprintf(w->run, sizeof(w->run), "%s", id->run);
+	snprintf(w->tag, sizeof(w->tag), "%s", id->tag);
+	snprintf(w->dir, sizeof(w->dir), "%s", id->dir);
+	w->created_ns = id->created_ns;
+	w->nranks = q->nranks;
+	memcpy(w->ranks, q->ranks, q->nranks * sizeof(q->ranks[0]));
+	for (unsigned i = 0; i < nfiles; i++)
+		w->nfiles += peer_rank_in(replica_file(r, i), q->ranks, q->nranks);
+	if ((rc = peer_send(l, PEER_HAVE, w, sizeof(*w))) == 0 &&
+	    (rc = peer_send(l, PEER_MANIFEST, manifest, w->manifest_len)) == 0)
+		rc = peer_serve_send(l, r, nfiles, q, buf);
+	if (rc == 0)
+		atomic_fetch_add(&svc->fetches, 1);
+	replica_put(r);
+	return rc;
+}
+
+/* peer_serve_fn: one connection, from the challenge until it closes or breaks the protocol. */
+void peer_serve(void *arg, struct peer_link *l)
+{
+	struct peer_service *svc = arg;
+	union {
+		struct peer_ids put;
+		struct peer_fetch fetch;
+	} *msg = malloc(sizeof(*msg));
+	struct peer_ids *w = malloc(sizeof(*w));
+	uint8_t *buf = malloc(PEER_CHUNK);
+	uint64_t tag;
+	size_t len;
+	int rc;
+
+	if (msg == NULL || w == NULL || buf == NULL || peer_serve_auth(svc, l) != 0)
+		goto out;
+	while ((rc = peer_recv(l, &tag, msg, sizeof(*msg), &len)) == 0) {
+		if (tag == PEER_PUT && len == sizeof(msg->put))
+			rc = peer_serve_put(svc, l, &msg->put, buf);
+		else if (tag == PEER_FETCH && len == sizeof(msg->fetch))
+			rc = peer_serve_fetch(svc, l, &msg->fetch, w, buf);
+		else
+			rc = -EPROTO;
+		if (rc != 0)
+			break;
+	}
+	if (rc == -EPROTO)
+		log_warnx("peer %s: closed: a message out of the protocol", peer_link_who(l));
+out:
+	free(buf);
+	free(w);
+	free(msg);
+}

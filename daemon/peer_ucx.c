@@ -1,0 +1,556 @@
+/*
+ * peer_ucx.c — the daemons' links to each other over UCX's ucp API (issue 35 item 2): RDMA
+ * where the fabric has it, TCP or shared memory elsewhere, as UCX picks (UCX_TLS and
+ * UCX_NET_DEVICES in the environment narrow it). Messages are tagged sends: the tag is the
+ * message's type, and large ones go by UCX's rendezvous protocol (zero-copy on RDMA), which
+ * is what UCX recommends for large buffers.
+ *
+ * Threads: a listener thread progresses the listener's worker; each connection it is offered
+ * gets a thread of its own with a worker of its own (UCX lets a connection request be accepted
+ * on another worker), on which the caller's serve function runs blocking calls. A connecting
+ * side's link likewise has its own worker, used by one thread at a time. So every worker has
+ * one thread and no lock is needed around UCX; the context is shared (mt_workers_shared).
+ * net->lock guards the pending requests, the count of connection threads and their cond; the
+ * stop flag is atomic. None of it runs on the loop thread.
+ *
+ * Every blocking call waits at most the link's timeout; past it, or when the other side fails
+ * or the net stops, the endpoint is closed at once (UCX completes what was in flight with an
+ * error) and the call returns a negative errno. Progress sleeps on the worker's event fd.
+ */
+#include "dsckptd.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+#define PEER_MAX_PENDING 64    /* connection requests not yet taken by a thread */
+
+struct peer_net {
+	ucp_context_h ctx;
+	ucp_worker_h lworker;              /* the listener's; listener thread only */
+	ucp_listener_h listener;
+	pthread_t thread;
+	int listening;
+	peer_serve_fn serve;
+	void *arg;
+	unsigned max_conns;
+	double timeout_s;                  /* of the links it accepts */
+	atomic_int stopping;
+	pthread_mutex_t lock;
+	pthread_cond_t idle;               /* signalled when a connection thread ends */
+	unsigned active;                   /* connection threads running (lock) */
+	ucp_conn_request_h pending[PEER_MAX_PENDING]; /* listener thread only */
+	unsigned npending;
+};
+
+struct peer_link {
+	struct peer_net *net;
+	ucp_worker_h worker;
+	ucp_ep_h ep;                       /* NULL once broken */
+	void *close_req;                   /* the forced close in flight, if any */
+	int efd;
+	int failed;                        /* the error handler ran */
+	int timed_out;
+	double timeout_s;
+	char who[80];                      /* the other side's address */
+};
+
+/* One operation in flight; completed by UCX's callback on the link's thread. */
+struct peer_op {
+	int done;
+	ucs_status_t st;
+	ucp_tag_t tag;
+	size_t len;
+};
+
+/* A negative errno for a UCX status. */
+static int peer_errno(ucs_status_t st)
+{
+	switch (st) {
+	case UCS_OK:
+		return 0;
+	case UCS_ERR_NO_MEMORY:
+		return -ENOMEM;
+	case UCS_ERR_MESSAGE_TRUNCATED:
+		return -EMSGSIZE;
+	case UCS_ERR_TIMED_OUT:
+		return -ETIMEDOUT;
+	case UCS_ERR_UNREACHABLE:
+	case UCS_ERR_REJECTED:
+	case UCS_ERR_NOT_CONNECTED:
+		return -ECONNREFUSED;
+	case UCS_ERR_CANCELED:
+	case UCS_ERR_CONNECTION_RESET:
+	case UCS_ERR_ENDPOINT_TIMEOUT:
+		return -ECONNRESET;
+	default:
+		return -EIO;
+	}
+}
+
+/* Opens the UCX context every link of the daemon shares; 0 or a negative errno with err. */
+int peer_net_open(double timeout_s, struct peer_net **out, char *err, size_t errlen)
+{
+	struct peer_net *n = calloc(1, sizeof(*n));
+	ucp_params_t params = { 0 };
+	ucp_config_t *config;
+	ucs_status_t st;
+
+	if (n == NULL)
+		return -ENOMEM;
+	n->timeout_s = timeout_s;
+	pthread_mutex_init(&n->lock, NULL);
+	pthread_cond_init(&n->idle, NULL);
+	/* A restarted daemon takes its port back while the old connections linger (TIME_WAIT),
+	 * unless UCX's environment says otherwise. ucp_config_modify does not reach the TCP
+	 * connection manager's keys: the environment does. peer_net_open runs at start-up,
+	 * before the daemon's threads, so setenv races no getenv. */
+	setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+	if ((st = ucp_config_read(NULL, NULL, &config)) != UCS_OK) {
+		snprintf(err, errlen, "UCX configuration: %s", ucs_status_string(st));
+		goto fail;
+	}
+	params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+	params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+	params.mt_workers_shared = 1;
+	st = ucp_init(&params, config, &n->ctx);
+	ucp_config_release(config);
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "UCX: %s (ucx_info -d lists the transports)",
+			 ucs_status_string(st));
+		goto fail;
+	}
+	*out = n;
+	return 0;
+
+fail:
+	pthread_cond_destroy(&n->idle);
+	pthread_mutex_destroy(&n->lock);
+	free(n);
+	return peer_errno(st);
+}
+
+/* Makes a worker of its own for a link, with its event fd; 0 or a negative errno. */
+static int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link **out)
+{
+	ucp_worker_params_t wp = { 0 };
+	struct peer_link *l = calloc(1, sizeof(*l));
+	ucs_status_t st;
+
+	if (l == NULL)
+		return -ENOMEM;
+	l->net = n;
+	l->timeout_s = timeout_s;
+	wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+	wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+	if ((st = ucp_worker_create(n->ctx, &wp, &l->worker)) != UCS_OK) {
+		free(l);
+		return peer_errno(st);
+	}
+	if ((st = ucp_worker_get_efd(l->worker, &l->efd)) != UCS_OK) {
+		ucp_worker_destroy(l->worker);
+		free(l);
+		return peer_errno(st);
+	}
+	*out = l;
+	return 0;
+}
+
+/* UCX: the other side of a link failed (reset, gone); on the link's thread. */
+static void peer_link_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+	struct peer_link *l = arg;
+
+	l->failed = 1;
+}
+
+/* Closes the link's endpoint at once; what was in flight completes with an error. */
+static void peer_link_break(struct peer_link *l)
+{
+	ucp_request_param_t p = { 0 };
+
+	if (l->ep == NULL)
+		return;
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+	l->close_req = ucp_ep_close_nbx(l->ep, &p);
+	if (UCS_PTR_IS_ERR(l->close_req))
+		l->close_req = NULL;
+	l->ep = NULL;
+}
+
+/* Sleeps on the worker's event fd until it may have work (a tenth of a second at most). */
+static void peer_link_sleep(struct peer_link *l)
+{
+	struct pollfd p = { .fd = l->efd, .events = POLLIN };
+
+	if (ucp_worker_arm(l->worker) == UCS_ERR_BUSY)
+		return;
+	poll(&p, 1, 100);
+}
+
+/* Waits until op, posted as req, completes: past the link's timeout, on the other side's
+ * failure or when the net stops, the link is broken first. 0 or a negative errno. */
+static int peer_link_wait(struct peer_link *l, struct peer_op *op, void *req)
+{
+	double deadline = now_mono() + l->timeout_s;
+
+	if (UCS_PTR_IS_ERR(req))
+		return peer_errno(UCS_PTR_STATUS(req));
+	while (!op->done) {
+		if (ucp_worker_progress(l->worker))
+			continue;
+		if (l->ep && (l->failed || atomic_load(&l->net->stopping) ||
+			      now_mono() > deadline)) {
+			l->timed_out = !l->failed && now_mono() > deadline;
+			ucp_request_cancel(l->worker, req);
+			peer_link_break(l);
+			continue;
+		}
+		peer_link_sleep(l);
+	}
+	ucp_request_free(req);
+	if (op->st != UCS_OK && l->timed_out)
+		return -ETIMEDOUT;
+	return peer_errno(op->st);
+}
+
+/* UCX: a send completed. */
+static void peer_sent(void *req, ucs_status_t st, void *user)
+{
+	struct peer_op *op = user;
+
+	op->st = st;
+	op->done = 1;
+}
+
+/* UCX: a receive completed. */
+static void peer_received(void *req, ucs_status_t st, const ucp_tag_recv_info_t *info,
+			  void *user)
+{
+	struct peer_op *op = user;
+
+	op->st = st;
+	if (st == UCS_OK) {
+		op->tag = info->sender_tag;
+		op->len = info->length;
+	}
+	op->done = 1;
+}
+
+/* Sends len bytes of buf as a message of type tag; 0 or a negative errno. */
+int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len)
+{
+	struct peer_op op = { 0 };
+	ucp_request_param_t p = { 0 };
+
+	if (l->ep == NULL)
+		return l->timed_out ? -ETIMEDOUT : -ECONNRESET;
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+			 UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+	p.cb.send = peer_sent;
+	p.user_data = &op;
+	return peer_link_wait(l, &op, ucp_tag_send_nbx(l->ep, buf, len, tag, &p));
+}
+
+/* Receives the next message, of any type, into buf (cap bytes): its type into *tag and
+ * length into *len; 0 or a negative errno (-EMSGSIZE: longer than cap). */
+int peer_recv(struct peer_link *l, uint64_t *tag, void *buf, size_t cap, size_t *len)
+{
+	struct peer_op op = { 0 };
+	ucp_request_param_t p = { 0 };
+	int rc;
+
+	if (l->ep == NULL)
+		return l->timed_out ? -ETIMEDOUT : -ECONNRESET;
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+			 UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+	p.cb.recv = peer_received;
+	p.user_data = &op;
+	rc = peer_link_wait(l, &op, ucp_tag_recv_nbx(l->worker, buf, cap, 0, 0, &p));
+	if (rc == 0) {
+		*tag = op.tag;
+		*len = op.len;
+	}
+	return rc;
+}
+
+/* The other side's address, for messages. */
+const char *peer_link_who(const struct peer_link *l)
+{
+	return l->who;
+}
+
+/* Sets how long each blocking call of l may wait. */
+void peer_link_set_timeout(struct peer_link *l, double seconds)
+{
+	l->timeout_s = seconds;
+}
+
+/* Closes a link: its endpoint (politely when it is still up, so that what was sent arrives
+ * first), then its worker. NULL is fine. */
+void peer_link_close(struct peer_link *l)
+{
+	ucp_request_param_t p = { 0 };
+
+	if (l == NULL)
+		return;
+	if (l->ep) {
+		double deadline = now_mono() + 2;
+		l->close_req = ucp_ep_close_nbx(l->ep, &p);
+		if (UCS_PTR_IS_ERR(l->close_req))
+			l->close_req = NULL;
+		l->ep = NULL;
+		while (l->close_req && ucp_request_check_status(l->close_req) == UCS_INPROGRESS &&
+		       now_mono() < deadline)
+			if (!ucp_worker_progress(l->worker))
+				peer_link_sleep(l);
+		if (l->close_req && ucp_request_check_status(l->close_req) == UCS_INPROGRESS) {
+			ucp_request_free(l->close_req);
+			l->close_req = NULL;
+		}
+	}
+	if (l->close_req) {
+		while (ucp_request_check_status(l->close_req) == UCS_INPROGRESS)
+			if (!ucp_worker_progress(l->worker))
+				peer_link_sleep(l);
+		ucp_request_free(l->close_req);
+	}
+	ucp_worker_destroy(l->worker);
+	free(l);
+}
+
+/* Connects to host:port (a name resolved as the system does, or an address); the link's
+ * calls wait at most timeout_s each. 0 or a negative errno with err; a peer that is down is
+ * found by the first call. */
+int peer_connect(struct peer_net *n, const char *host, unsigned port, double timeout_s,
+		 struct peer_link **out, char *err, size_t errlen)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai;
+	ucp_ep_params_t ep = { 0 };
+	struct peer_link *l;
+	char service[16];
+	ucs_status_t st;
+	int rc;
+
+	snprintf(service, sizeof(service), "%u", port);
+	if ((rc = getaddrinfo(host, service, &hints, &ai)) != 0) {
+		snprintf(err, errlen, "peer %s: %s", host, gai_strerror(rc));
+		return -EHOSTUNREACH;
+	}
+	if ((rc = peer_link_new(n, timeout_s, &l)) != 0) {
+		snprintf(err, errlen, "peer %s: a UCX worker: %s", host, strerror(-rc));
+		freeaddrinfo(ai);
+		return rc;
+	}
+	snprintf(l->who, sizeof(l->who), "%s:%u", host, port);
+	ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+			UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+	ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	ep.err_handler.cb = peer_link_error;
+	ep.err_handler.arg = l;
+	ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+	ep.sockaddr.addr = ai->ai_addr;
+	ep.sockaddr.addrlen = ai->ai_addrlen;
+	st = ucp_ep_create(l->worker, &ep, &l->ep);
+	freeaddrinfo(ai);
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "peer %s: %s", l->who, ucs_status_string(st));
+		l->ep = NULL;
+		peer_link_close(l);
+		return peer_errno(st);
+	}
+	*out = l;
+	return 0;
+}
+
+/* A connection thread: accepts one request on a worker of its own, serves it, closes it. */
+static void *peer_conn_main(void *arg)
+{
+	struct peer_link *l = arg;
+	struct peer_net *n = l->net;
+
+	n->serve(n->arg, l);
+	peer_link_close(l);
+	pthread_mutex_lock(&n->lock);
+	n->active--;
+	pthread_cond_broadcast(&n->idle);
+	pthread_mutex_unlock(&n->lock);
+	return NULL;
+}
+
+/* UCX, on the listener thread: a connection request, kept for the loop below. */
+static void peer_on_request(ucp_conn_request_h req, void *arg)
+{
+	struct peer_net *n = arg;
+
+	if (n->npending == PEER_MAX_PENDING)
+		ucp_listener_reject(n->listener, req);
+	else
+		n->pending[n->npending++] = req;
+}
+
+/* Gives a connection request a link and a thread, or refuses it (too many, no memory). */
+static void peer_accept(struct peer_net *n, ucp_conn_request_h req)
+{
+	ucp_conn_request_attr_t attr = { .field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR };
+	ucp_ep_params_t ep = { 0 };
+	struct peer_link *l;
+	char host[64] = "?", port[16] = "?";
+	pthread_attr_t pa;
+	pthread_t t;
+
+	pthread_mutex_lock(&n->lock);
+	int full = n->active >= n->max_conns;
+	pthread_mutex_unlock(&n->lock);
+	if (full || peer_link_new(n, n->timeout_s, &l) != 0) {
+		log_warnx("peer: a connection refused (%s)", full ? "too many" : "no memory");
+		ucp_listener_reject(n->listener, req);
+		return;
+	}
+	if (ucp_conn_request_query(req, &attr) == UCS_OK)
+		getnameinfo((struct sockaddr *)&attr.client_address, sizeof(attr.client_address),
+			    host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+	snprintf(l->who, sizeof(l->who), "%s:%s", host, port);
+	ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+			UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+	ep.conn_request = req;
+	ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	ep.err_handler.cb = peer_link_error;
+	ep.err_handler.arg = l;
+	if (ucp_ep_create(l->worker, &ep, &l->ep) != UCS_OK) {
+		l->ep = NULL;
+		peer_link_close(l);
+		return;
+	}
+	pthread_mutex_lock(&n->lock);
+	n->active++;
+	pthread_mutex_unlock(&n->lock);
+	pthread_attr_init(&pa);
+	pthread_attr_setdetachstate(&pa, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &pa, peer_conn_main, l) != 0) {
+		pthread_mutex_lock(&n->lock);
+		n->active--;
+		pthread_mutex_unlock(&n->lock);
+		peer_link_break(l);
+		peer_link_close(l);
+	}
+	pthread_attr_destroy(&pa);
+}
+
+/* The listener thread: progresses the listener's worker and hands requests out. */
+static void *peer_listen_main(void *arg)
+{
+	struct peer_net *n = arg;
+	int efd = -1;
+
+	ucp_worker_get_efd(n->lworker, &efd);
+	while (!atomic_load(&n->stopping)) {
+		while (ucp_worker_progress(n->lworker))
+			;
+		for (unsigned i = 0; i < n->npending; i++)
+			peer_accept(n, n->pending[i]);
+		n->npending = 0;
+		if (ucp_worker_arm(n->lworker) == UCS_OK) {
+			struct pollfd p = { .fd = efd, .events = POLLIN };
+			poll(&p, 1, 100);
+		}
+	}
+	return NULL;
+}
+
+/* Listens on port (every address) and serves each authenticated or not connection with
+ * serve(arg, link) on a thread of its own, max_conns at once; 0 or a negative errno with
+ * err. */
+int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
+		void *arg, char *err, size_t errlen)
+{
+	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
+				   .sin6_addr = IN6ADDR_ANY_INIT };
+	struct sockaddr_in sa4 = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				   .sin_addr.s_addr = INADDR_ANY };
+	ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+				   .thread_mode = UCS_THREAD_MODE_SINGLE };
+	ucp_listener_params_t lp = { 0 };
+	ucs_status_t st;
+
+	n->serve = serve;
+	n->arg = arg;
+	n->max_conns = max_conns;
+	if ((st = ucp_worker_create(n->ctx, &wp, &n->lworker)) != UCS_OK) {
+		snprintf(err, errlen, "peer_port %u: a UCX worker: %s", port,
+			 ucs_status_string(st));
+		return peer_errno(st);
+	}
+	lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+	lp.conn_handler.cb = peer_on_request;
+	lp.conn_handler.arg = n;
+	/* IPv4 first: UCX finds no interface for an IPv4 peer reaching an IPv6 listener (its
+	 * ::ffff: address), and refuses it. IPv6 where the node has no IPv4. */
+	lp.sockaddr.addr = (struct sockaddr *)&sa4;
+	lp.sockaddr.addrlen = sizeof(sa4);
+	st = ucp_listener_create(n->lworker, &lp, &n->listener);
+	if (st != UCS_OK) {
+		lp.sockaddr.addr = (struct sockaddr *)&sa;
+		lp.sockaddr.addrlen = sizeof(sa);
+		st = ucp_listener_create(n->lworker, &lp, &n->listener);
+	}
+	if (st != UCS_OK) {
+		snprintf(err, errlen, "peer_port %u: UCX cannot listen: %s", port,
+			 ucs_status_string(st));
+		goto fail_worker;
+	}
+	if (pthread_create(&n->thread, NULL, peer_listen_main, n) != 0) {
+		snprintf(err, errlen, "peer_port %u: no thread", port);
+		st = UCS_ERR_NO_RESOURCE;
+		goto fail_listener;
+	}
+	n->listening = 1;
+	return 0;
+
+fail_listener:
+	ucp_listener_destroy(n->listener);
+fail_worker:
+	ucp_worker_destroy(n->lworker);
+	n->lworker = NULL;
+	return peer_errno(st) ? peer_errno(st) : -EIO;
+}
+
+/* Makes every call in flight on the net's links fail at its next wait, and every later one;
+ * any thread. */
+void peer_net_stop(struct peer_net *n)
+{
+	if (n)
+		atomic_store(&n->stopping, 1);
+}
+
+/* Stops: no new connection, every connection thread's call fails at its next wait and the
+ * thread ends; waits for them all, then closes the listener and the context. NULL is fine. */
+void peer_net_close(struct peer_net *n)
+{
+	if (n == NULL)
+		return;
+	atomic_store(&n->stopping, 1);
+	if (n->listening) {
+		pthread_join(n->thread, NULL);
+		for (unsigned i = 0; i < n->npending; i++)
+			ucp_listener_reject(n->listener, n->pending[i]);
+		ucp_listener_destroy(n->listener);
+	}
+	pthread_mutex_lock(&n->lock);
+	while (n->active > 0)
+		pthread_cond_wait(&n->idle, &n->lock);
+	pthread_mutex_unlock(&n->lock);
+	if (n->lworker)
+		ucp_worker_destroy(n->lworker);
+	ucp_cleanup(n->ctx);
+	pthread_cond_destroy(&n->idle);
+	pthread_mutex_destroy(&n->lock);
+	free(n);
+}

@@ -1,0 +1,94 @@
+/*
+ * seal_files.c — what a node's seal record of a tag speaks for: the ranks sealed through this
+ * daemon and the files their saves here wrote, described from the headers this daemon wrote
+ * (store_describe_files), so that the committing node reads records, not files. A record is
+ * written once per node where it can be: while a rank of the job's run that saved into the
+ * tag through this daemon has not sealed it, seal.c waits for it a little (seal_files_unsealed).
+ * Loop thread only, but for seal_files_write (the threadpool's, with seal.c's work).
+ */
+#include "dsckptd.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Whether the save (viewed) is of the scope's user, directory, job and run. */
+static int seal_files_of(const struct seal_scope *sc, const struct save_view *v)
+{
+	return v->uid == sc->uid && store_dirid_eq(&v->dirid, &sc->dirid) &&
+	       strcmp(v->job, sc->job) == 0 && strcmp(v->run, sc->run) == 0 &&
+	       v->rank < sc->world;
+}
+
+/* Frees the names f holds. */
+void seal_files_free(struct seal_files *f)
+{
+	for (size_t i = 0; i < f->n; i++)
+		free(f->bases[i]);
+	free(f->bases);
+	memset(f, 0, sizeof(*f));
+}
+
+/* Collects into f the names of the files the scope's sealed ranks saved here (each once,
+ * DURABLE); a file forgotten (or not known for want of memory) is described by the
+ * committing node instead. */
+void seal_files_gather(struct seal_files *f, const struct seal_scope *sc)
+{
+	struct save_view v;
+	size_t cap = 0;
+
+	seal_files_free(f);
+	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
+		save_view(s, &v);
+		if (!seal_files_of(sc, &v) || !sc->sealed[v.rank] || v.level < LEVEL_DURABLE ||
+		    strchr(v.file, '/'))
+			continue;
+		size_t i = 0;
+		while (i < f->n && strcmp(f->bases[i], v.file) != 0)
+			i++;
+		if (i < f->n)
+			continue;
+		if (f->n == cap) {
+			char **more = realloc(f->bases, (cap = cap ? 2 * cap : 8) * sizeof(*more));
+			if (!more)
+				return;
+			f->bases = more;
+		}
+		if (!(f->bases[f->n] = strdup(v.file)))
+			return;
+		f->n++;
+	}
+}
+
+/* Whether a rank of the scope's job and run saved into its directory through this daemon
+ * and has not sealed it (nor failed). */
+int seal_files_unsealed(const struct seal_scope *sc)
+{
+	struct save_view v;
+
+	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
+		save_view(s, &v);
+		if (seal_files_of(sc, &v) && !sc->sealed[v.rank] && v.level != LEVEL_FAILED)
+			return 1;
+	}
+	return 0;
+}
+
+/* Threadpool: writes the record r (its files not set) into the tag dfd (at dir), its files
+ * f described from their headers (one open each; a record not described leaves them to the
+ * committing node). 0 or a negative ERR_E* with err. */
+int seal_files_write(const struct config *cfg, int dfd, const struct seal_record *r,
+		     const struct seal_files *f, uid_t uid, gid_t gid, const char *dir,
+		     char *err, size_t errlen)
+{
+	struct seal_record w = *r;
+	struct store_files files;
+	char why[ERRLEN];
+
+	if (store_describe_files(dfd, f->bases, f->n, r->run, &files, why, sizeof(why)) < 0)
+		log_debug("seal of %s: the record does not describe its files: %s", dir, why);
+	w.files = files.files;
+	w.nfiles = files.n;
+	int rc = store_seal_write(cfg, dfd, &w, uid, gid, err, errlen);
+	store_files_free(&files);
+	return rc;
+}

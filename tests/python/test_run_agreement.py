@@ -1,0 +1,67 @@
+"""dsckpt.torch.run_connection's agreement on a run id (issue 31): a rank whose connection to
+the daemon fails still takes part in it, so no rank waits forever in the collective; the
+rank raises its own error and every other rank one naming it. Real gloo ranks, one of them
+pointed at a socket that does not exist."""
+import os
+
+import pytest
+import torch
+
+import dsckpt
+import dsckpt.torch as dt
+from ranks import run_ranks
+
+RUN_VARS = ("DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
+            "SLURM_RESTART_COUNT", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid")
+
+
+def _one_rank_without_daemon(rank, world, socket, root, bad):
+    """Every rank saves; rank `bad` has no daemon at its socket."""
+    os.environ["DSCKPT_SOCKET"] = socket if rank != bad else socket + ".missing"
+    tag = os.path.join(root, "nodaemon", "step1")
+    state = {"w": torch.full((64,), float(rank))}
+    with pytest.raises(dsckpt.DaemonUnavailable) as e:
+        dt.save(state, tag)
+    if rank == bad:  # its own error, naming its socket
+        assert "missing" in str(e.value), e.value
+    else:
+        assert f"rank {bad} of {world} has no connection to dsckptd" in str(e.value), e.value
+        assert "missing" in str(e.value), e.value
+    # A retry once the daemon answers everywhere agrees on a run as a first save does.
+    os.environ["DSCKPT_SOCKET"] = socket
+    dt.save(state, tag).wait()
+    dt.commit(tag, timeout=60)
+    assert len(dt.default_connection().run) == 32
+
+
+@pytest.mark.parametrize("bad", [0, 1])
+def test_one_rank_without_daemon(daemon, bad):
+    """Rank `bad` cannot connect at its first save: it raises DaemonUnavailable, the other
+    raises one naming rank `bad` and its error. Before, the failed rank skipped the
+    broadcast of the run id and the other waited in it for as long as the failed rank's
+    process lived (here it left, through run_ranks' barrier: gloo's "Connection closed by
+    peer"; a trainer catching the error and going on hung the other rank)."""
+    run_ranks(_one_rank_without_daemon, 2, daemon.socket, daemon.root, bad, timeout=120)
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"DSCKPT_RUN_ID": "r-1", "TORCHELASTIC_RUN_ID": "te"},
+    {"TORCHELASTIC_RUN_ID": "none"},
+    {"TORCHELASTIC_RUN_ID": "none", "PMIX_NAMESPACE": "pmix.7"},
+    {"DSCKPT_RUN_ID": "", "TORCHELASTIC_RUN_ID": "te-2"},
+    {"SLURM_JOB_ID": "42"},
+    {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3", "SLURM_RESTART_COUNT": "1"},
+    {"DSCKPT_RUN_ID": "x" * 128},
+    {"DSCKPT_RUN_ID": "x" * 129, "OMPI_MCA_ess_base_jobid": "ompi-9"},
+    {"DSCKPT_RUN_ID": "tab\there", "SLURM_JOB_ID": "x" * 130},
+])
+def test_env_run_is_libdsckpts(daemon, monkeypatch, env):
+    """The run id dsckpt.torch reads from the environment (every rank's decision to agree on
+    one, whether its connection failed or not) is the one libdsckpt sends."""
+    for var in RUN_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    with dsckpt.Connection(daemon.socket, job="r") as c:
+        assert dt._env_run() == c.run
