@@ -133,7 +133,7 @@ SOMAJOR := 0
 MANPAGES := $(wildcard man/*.[1-8])
 TESTS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_*.c))
 
-.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz FORCE
+.PHONY: all deps check check-plain check-san check-fuzz demo install clean fuzz bench-remote FORCE
 all: $(BINS) $(BUILD)/_match.abi3.so
 
 deps:
@@ -247,7 +247,8 @@ $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
-		$(BUILD)/tests/check_remote_restore: tests/moto.c tests/moto.h
+		$(BUILD)/tests/check_remote_restore $(BUILD)/tests/check_upload: tests/moto.c \
+		tests/moto.h
 # check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
 	@mkdir -p $(dir $@)
@@ -285,6 +286,11 @@ fuzz: FUZZ_SECONDS ?= 60
 fuzz: $(FUZZERS)
 	@BUILD=$(BUILD) tests/run-fuzz $(FUZZ_SECONDS) $(FUZZERS)
 
+# Upload throughput to moto on 127.0.0.1 beside a boto3 baseline, and the daemon's CPU per
+# GB (tests/bench-remote); not part of make check.
+bench-remote: all moto
+	@BUILD=$(BUILD) tests/bench-remote $(BENCH_REMOTE_ARGS)
+
 # The bounded run that make check includes.
 check-fuzz: FUZZ_SECONDS ?= 20
 check-fuzz: $(FUZZERS)
@@ -306,7 +312,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_restore_digest.c tests/check_hostile_recover.c tests/check_workq.c \
 	tests/check_query.c tests/check_overwrite.c tests/check_lib_stage.c tests/check_lock.c \
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
-	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c))
+	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
+	tests/check_upload.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

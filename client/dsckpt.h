@@ -89,7 +89,10 @@ typedef enum {
 	DSCKPT_ACCEPTED = 1,   /* validated, sources open; the daemon owns it now */
 	DSCKPT_SNAPSHOT = 2,   /* every byte is in the daemon: tensors may change */
 	DSCKPT_DURABLE = 3,    /* files written, fsynced and renamed into place */
-	DSCKPT_COMMITTED = 4   /* the checkpoint directory is committed (manifest, latest) */
+	DSCKPT_COMMITTED = 4,  /* the checkpoint directory is committed (manifest, latest) */
+	DSCKPT_REMOTE = 5      /* the committed tag, its manifest and the job's latest are in the
+				* root's remote tier (allowed_roots' "remote"); waiting for it on
+				* a root without one fails at once with DSCKPT_ENOTSUP */
 } dsckpt_level_t;
 
 /* A connection to the daemon (opaque). */

@@ -323,3 +323,22 @@ int config_remote_check(struct config *cfg, char *err, size_t errlen)
 	}
 	return 0;
 }
+
+/* The index of the allowed root of cfg that path (absolute, canonical) lies in or below, or
+ * -1; with its remote ("s3://…", "file://…" or NULL) in *remote when remote is not NULL. */
+int config_root_of(const struct config *cfg, const char *path, const char **remote)
+{
+	for (size_t i = 0; i < cfg->n_roots; i++) {
+		const char *root = cfg->allowed_roots[i];
+		size_t n = strlen(root);
+		if (strncmp(path, root, n) != 0 ||
+		    (path[n] != '/' && path[n] != '\0' && !(n == 1 && root[0] == '/')))
+			continue;
+		if (remote)
+			*remote = cfg->root_remotes ? cfg->root_remotes[i] : NULL;
+		return (int)i;
+	}
+	if (remote)
+		*remote = NULL;
+	return -1;
+}

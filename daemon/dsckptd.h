@@ -51,7 +51,10 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH), and
+ * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
+ * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
+ * its own, upload_tag.c the remote steps of a tag, upload.h what the two share, calling
+ * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
  * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
@@ -228,6 +231,9 @@ void config_unref(struct config *cfg);
 void config_free(struct config *cfg);
 /* Prints every option (name, type, range, default, help) for --help. */
 void config_print_help(FILE *f);
+/* config_remote.c: the index of the allowed root of cfg that path (absolute) lies in or
+ * below, or -1; its remote tier's URL (NULL: none) into *remote when remote is not NULL. */
+int config_root_of(const struct config *cfg, const char *path, const char **remote);
 /* Whether cfg turns peer copies on: a peer_secret_file read and replicas not 0
  * (config_peer.c). */
 int config_peer_on(const struct config *cfg);
@@ -912,13 +918,15 @@ void store_seal_seen_free(struct seal_seen *seen);
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
  * current (committed at current_ns) too when keep tags dated later are kept; never latest's,
  * nor a directory (or a file in one) that the job directory's owner does not own, nor one uid
- * does not own (uid 0: any). The job lock is held. */
+ * does not own (uid 0: any), nor (remote: its root has a remote tier) one without REMOTE.json.
+ * The job lock is held. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep);
+		     uid_t uid, unsigned keep, int remote);
 /* The same with the tag latest names given, reads within b; nothing is deleted once b is
  * spent, nor what the job directory's owner does not own. */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b);
+		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b,
+		    int remote);
 /* store_host.c — which machine wrote a file. */
 /*
  * This machine's name (gethostname(), read once, at most 255 bytes of printable ASCII); every
@@ -1437,6 +1445,8 @@ struct save *save_dir_state(const struct store_dirid *id, uid_t uid, const char 
 			    int *pending);
 /* Marks uid's DURABLE saves of run into the directory id COMMITTED. */
 void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *run);
+/* Marks the COMMITTED saves into the directory id REMOTE. */
+void save_mark_remote(const struct store_dirid *id);
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
 
@@ -1488,6 +1498,31 @@ void waiter_close(void);
 void wait_add(uint64_t conn, uint64_t req, struct save *s, int level, int64_t timeout_ms);
 /* waiter_fn of WAITER_SAVE: answers a WAIT that ended (not one dropped) and lets its save go. */
 void wait_end(const struct waiter_end *e);
+
+/* upload.c, upload_tag.c — the remote tier's uploads (level REMOTE): a save's files from
+ * DURABLE, its tag's node record, remote manifest and latest after COMMITTED, on worker
+ * threads of their own; start-up resumes committed tags without REMOTE.json. */
+/* What PENDING shows of a tag not yet REMOTE (strings valid during the callback). */
+struct upload_view {
+	const char *dir, *remote, *key;
+	uid_t uid;               /* the tag's owner */
+	int committed;           /* the tag is committed here (else its files go up early) */
+	int code;                /* the last failure's ERR_E*, or 0 */
+	const char *error;       /* its message, or what the tag waits for; NULL: nothing */
+	uint64_t files, files_done, bytes_total, bytes_done;
+	double age_s;            /* since it was queued (or committed) */
+};
+/* Opens the remote of every root of d's config that has one (the remote settings of the
+ * start hold until a restart) and starts the upload threads; 0 or a negative ERR_E*. */
+int upload_start(const struct daemon *d, char *err, size_t errlen);
+/* save_change_cb: files go up from DURABLE; a tag is finished from COMMITTED. */
+void upload_on_save(struct save *s);
+/* Calls fn for each tag not yet REMOTE (loop thread; fn must not call into upload.c). */
+void upload_each(void (*fn)(void *arg, const struct upload_view *v), void *arg);
+/* Tags not yet REMOTE and their bytes still to upload. */
+void upload_backlog(uint64_t *tags, uint64_t *bytes);
+/* Stops the threads (an upload in flight is aborted) and frees every tag (shutdown). */
+void upload_stop(void);
 
 /* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
 /* Handles COMMIT of dir for o, answered when done, failed or timed out. */
@@ -1758,6 +1793,9 @@ enum metric {
 	METRIC_LOADS_STARTED,      /* accepted (LOAD_END) */
 	METRIC_LOADS_DONE,
 	METRIC_RESTORED_BYTES,     /* put in place in loads' destinations */
+	METRIC_UPLOADED_BYTES,     /* files uploaded to remote tiers (upload.c) */
+	METRIC_UPLOADS_DONE,       /* tags that reached REMOTE */
+	METRIC_RETENTION_HELD,     /* keep_last passes that kept a tag not yet REMOTE */
 	METRIC_N
 };
 /* Counters by reason, an ERR_E* code. */
@@ -1765,6 +1803,7 @@ enum metric_reasoned {
 	METRIC_SAVES_FAILED,       /* accepted saves that reached FAILED */
 	METRIC_SAVES_REFUSED,      /* SAVE_BEGIN/ADD/END answered with an error: never started */
 	METRIC_LOADS_FAILED,
+	METRIC_UPLOADS_FAILED,     /* failed steps of uploads (each tried again) */
 	METRIC_REASONED_N
 };
 /* What start-up recovery did (recover.c). */
@@ -1776,8 +1815,10 @@ enum metric_recovery {
 	RECOVERY_FILE_LEFT,        /* files left to other hosts (or too recent to judge) */
 	RECOVERY_N
 };
-/* Latencies of saves from ACCEPTED to SNAPSHOT, DURABLE and COMMITTED. */
-enum metric_hist { METRIC_SNAPSHOT_S, METRIC_FLUSH_S, METRIC_COMMIT_S, METRIC_HIST_N };
+/* Latencies of saves from ACCEPTED to SNAPSHOT, DURABLE and COMMITTED; of tags from
+ * COMMITTED (or start-up) to REMOTE. */
+enum metric_hist { METRIC_SNAPSHOT_S, METRIC_FLUSH_S, METRIC_COMMIT_S, METRIC_UPLOAD_S,
+		   METRIC_HIST_N };
 #define METRIC_BUCKETS 18          /* bounds of every histogram: 1 ms … 10 min */
 #define METRIC_CODE_XX_(name, value, msg) +1
 #define METRIC_CODES (0 ERR_TABLE(METRIC_CODE_XX_))
@@ -1861,10 +1902,19 @@ struct query_save {
 	uint64_t age_ms;         /* since ACCEPTED */
 	int client_alive;        /* its connection is still open */
 };
-/* PENDING's answer: the ended saves a viewer may see, in the registry's order. */
+/* One tag PENDING lists as not yet REMOTE (copied). */
+struct query_upload {
+	struct upload_view v;    /* its strings point into the copies below (key: NULL) */
+	char *dir, *remote, *error;
+};
+/* PENDING's answer: the ended saves a viewer may see, in the registry's order, and its tags
+ * not yet in their remote tier. */
 struct query_pending {
+	uid_t viewer;
 	struct query_save *saves;
 	size_t n;
+	struct query_upload *uploads;
+	size_t nuploads, uploads_cap;
 };
 /* Fills q for a client of uid viewer (all saves for root); 0, or -1 without memory. Free it
  * with query_pending_free. */
@@ -1876,6 +1926,7 @@ struct query_metrics {
 	uint64_t start_time_ms, uptime_ms;
 	uint64_t cache_total, cache_used, cache_resident;
 	uint64_t clients, saves_in_flight, loads_in_flight;
+	uint64_t upload_backlog_tags, upload_backlog_bytes;
 };
 void query_metrics(struct query_metrics *q);
 /* Hands the module the daemon it answers for (start-up). */

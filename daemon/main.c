@@ -6,9 +6,9 @@
  * Start-up: config → into the background unless -d (detach.c: the command returns when the
  * daemon is ready or failed) → the socket's path checked (server_prepare) → locks (one daemon
  * per socket and root), then the pid file → recover leftovers on disk → CUDA probe → host
- * cache (touched, pinned) → engine threads → wiring (connections to the request layer,
- * parked requests' ends to their state machines, save levels to commits and seals, a save's
- * directory to overwrite.c) → socket → READY. Under systemd each step shows in `systemctl
+ * cache (touched, pinned) → engine threads → upload threads → wiring (connections to the
+ * request layer, parked requests' ends to their state machines, save levels to commits,
+ * seals and uploads, a save's directory to overwrite.c) → socket → READY. Under systemd each step shows in `systemctl
  * status` and the cache's progress extends the start timeout (service.c). Shutdown
  * (SIGTERM/SIGINT): stop accepting, let every accepted save finish flushing and every
  * running commit end (a check handle looks after each loop turn), close connections, stop
@@ -82,6 +82,7 @@ static void finish(void)
 	load_cancel_all();
 	engine_stop();
 	restore_stop();
+	upload_stop();		/* its pins of resident files go */
 	load_free_all();
 	resident_free_all();	/* every kept chunk back before cache_destroy */
 	waiter_close();		/* what is still parked: commits, answered ESHUTDOWN */
@@ -397,8 +398,13 @@ int main(int argc, char **argv)
 		log_error("restore threads: %s", err);
 		goto fail_engine;
 	}
+	if (upload_start(&dsckptd, err, sizeof(err)) < 0) {
+		log_error("uploads: %s", err);
+		goto fail_restore;
+	}
 	/* The wiring: frames go up to the request layer; the ends of parked requests to their
-	 * state machines; save levels to commits, seals and metrics; SAVE_BEGIN past the seals. */
+	 * state machines; save levels to commits, seals, uploads and metrics; SAVE_BEGIN past
+	 * the seals. */
 	conn_init(dsckptd.loop, request_dispatch, request_conn_gone);
 	request_init(&dsckptd);
 	if (waiter_init(dsckptd.loop) < 0) {
@@ -410,6 +416,7 @@ int main(int argc, char **argv)
 	waiter_handle(WAITER_COMMIT, commit_wait_end, 1);	/* a commit goes on without its client */
 	save_observe(commit_on_save);
 	save_observe(seal_on_save);
+	save_observe(upload_on_save);
 	save_observe(metrics_on_save);
 	save_observe(peer_on_save);
 	save_open_with(overwrite_save_dir);
@@ -452,6 +459,7 @@ int main(int argc, char **argv)
 	return rc == 0 ? 0 : 1;
 
 fail_restore:
+	upload_stop();
 	restore_stop();
 fail_engine:
 	engine_stop();

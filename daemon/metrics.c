@@ -31,11 +31,12 @@ static const int codes[METRIC_CODES] = {
 static const char *const counter_keys[METRIC_N] = {
 	"saves_started", "saves_snapshotted", "saves_durable", "saves_committed",
 	"copied_bytes", "flushed_bytes", "loads_started", "loads_done", "restored_bytes",
+	"uploaded_bytes", "uploads_done", "retention_held",
 };
 
 /* Wire keys of the counters by reason (enum metric_reasoned order). */
 static const char *const reasoned_keys[METRIC_REASONED_N] = {
-	"saves_failed", "saves_refused", "loads_failed",
+	"saves_failed", "saves_refused", "loads_failed", "uploads_failed",
 };
 
 /* Wire keys of the recovery actions (enum metric_recovery order). */
@@ -45,7 +46,7 @@ static const char *const recovery_keys[RECOVERY_N] = {
 
 /* Wire keys of the histograms (enum metric_hist order). */
 static const char *const hist_keys[METRIC_HIST_N] = {
-	"snapshot_seconds", "flush_seconds", "commit_seconds",
+	"snapshot_seconds", "flush_seconds", "commit_seconds", "upload_seconds",
 };
 
 /* Every counter and histogram since start. */

@@ -309,6 +309,20 @@ static int window_of(const struct config *cfg, const struct manifest *m, uid_t u
 	return 0;
 }
 
+/* Marks a pulled tag as in its remote tier (REMOTE.json, upload.c's mark): keep_last may
+ * drop it, and no restart uploads it again; a failure only costs that upload. */
+static void pull_mark_remote(int dfd, struct remote *r, const char *rel, uid_t owner,
+			     gid_t gid, unsigned mode)
+{
+	char text[2400], err[ERRLEN];
+	int n = snprintf(text, sizeof(text), "{\"remote\": \"%s\", \"key\": \"%s\", "
+			 "\"pulled\": %lld}\n", remote_url(r), rel, (long long)time(NULL));
+	if (n > 0 && (size_t)n < sizeof(text) &&
+	    store_write_atomic(dfd, FMT_REMOTE, text, (size_t)n, owner, gid, mode, err,
+			       sizeof(err)) < 0)
+		log_warnx("pull of %s: %s", rel, err);
+}
+
 /* Writes the pulled tag's files (read through buf, cap bytes), its manifest (text, len
  * bytes) last, then `latest`. */
 static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
@@ -336,6 +350,7 @@ static int pull_into(const struct config *cfg, struct remote *r, const char *dir
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, len, owner, gid, cfg->file_mode,
 				     err, errlen)) < 0)
 		goto undo;
+	pull_mark_remote(dfd, r, rel, owner, gid, cfg->file_mode);
 	close(dfd);
 	if ((dfd = store_open_tag(cfg, dir, owner, gid, &jobfd, err, errlen)) < 0) {
 		rc = dfd;

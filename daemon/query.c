@@ -126,6 +126,43 @@ static int query_pending_shows(const struct save_view *v, uid_t uid)
 	return v->level != LEVEL_NONE && auth_sees(uid, v->uid);
 }
 
+/* upload_each's callback: copies a tag the viewer (q->viewer) may see into q's uploads
+ * (uploads_cap (size_t)-1 once short of memory). */
+static void query_pending_upload(void *arg, const struct upload_view *v)
+{
+	struct query_pending *q = arg;
+
+	if (q->uploads_cap == (size_t)-1 || !auth_sees(q->viewer, v->uid))
+		return;
+	if (q->nuploads == q->uploads_cap) {
+		size_t cap = q->uploads_cap ? 2 * q->uploads_cap : 8;
+		struct query_upload *u = realloc(q->uploads, cap * sizeof(*u));
+		if (!u) {
+			q->uploads_cap = (size_t)-1;
+			return;
+		}
+		q->uploads = u;
+		q->uploads_cap = cap;
+	}
+	struct query_upload *u = &q->uploads[q->nuploads];
+	u->v = *v;
+	u->dir = strdup(v->dir);
+	u->remote = strdup(v->remote);
+	u->error = v->error ? strdup(v->error) : NULL;
+	if (!u->dir || !u->remote || (v->error && !u->error)) {
+		free(u->dir);
+		free(u->remote);
+		free(u->error);
+		q->uploads_cap = (size_t)-1;
+		return;
+	}
+	u->v.dir = u->dir;
+	u->v.remote = u->remote;
+	u->v.error = u->error;
+	u->v.key = NULL;
+	q->nuploads++;
+}
+
 /* Fills q with PENDING's answer for a client of uid viewer: the saves the daemon still knows
  * that it may see, in the registry's order; 0, or -1 without memory. */
 int query_pending(struct query_pending *q, uid_t viewer)
@@ -134,6 +171,7 @@ int query_pending(struct query_pending *q, uid_t viewer)
 	size_t n = 0;
 
 	memset(q, 0, sizeof(*q));
+	q->viewer = viewer;
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
 		n += query_pending_shows(&v, viewer);
@@ -151,7 +189,8 @@ int query_pending(struct query_pending *q, uid_t viewer)
 		e->age_ms = (uint64_t)(v.age_s * 1000);
 		e->client_alive = conn_find(v.client) != NULL;
 	}
-	return 0;
+	upload_each(query_pending_upload, q);
+	return q->uploads_cap == (size_t)-1 ? -1 : 0;
 }
 
 /* Frees query_pending's list. */
@@ -160,6 +199,14 @@ void query_pending_free(struct query_pending *q)
 	free(q->saves);
 	q->saves = NULL;
 	q->n = 0;
+	for (size_t i = 0; i < q->nuploads; i++) {
+		free(q->uploads[i].dir);
+		free(q->uploads[i].remote);
+		free(q->uploads[i].error);
+	}
+	free(q->uploads);
+	q->uploads = NULL;
+	q->nuploads = q->uploads_cap = 0;
 }
 
 /* Fills q with METRICS's answer: the counters and histograms since start, the gauges of now. */
@@ -175,4 +222,5 @@ void query_metrics(struct query_metrics *q)
 	q->clients = query_other_clients();
 	q->saves_in_flight = save_inflight();
 	q->loads_in_flight = load_count();
+	upload_backlog(&q->upload_backlog_tags, &q->upload_backlog_bytes);
 }

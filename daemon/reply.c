@@ -263,17 +263,40 @@ static void pack_pending_save(msgpack_packer *pk, const struct query_save *e)
 		pack_failure(pk, v->code, v->error);
 }
 
-/* Answers PENDING with the saves query_pending listed. */
+/* Packs a tag not yet REMOTE: {dir, remote, committed, files, files_done, bytes_total,
+ * bytes_done, age_ms, code?, error?}. */
+static void pack_pending_upload(msgpack_packer *pk, const struct upload_view *v)
+{
+	msgpack_pack_map(pk, 8 + (v->code != 0) + (v->error != NULL));
+	proto_kv_str(pk, "dir", v->dir);
+	proto_kv_str(pk, "remote", v->remote);
+	proto_kv_bool(pk, "committed", v->committed);
+	proto_kv_u64(pk, "files", v->files);
+	proto_kv_u64(pk, "files_done", v->files_done);
+	proto_kv_u64(pk, "bytes_total", v->bytes_total);
+	proto_kv_u64(pk, "bytes_done", v->bytes_done);
+	proto_kv_u64(pk, "age_ms", (uint64_t)(v->age_s * 1000));
+	if (v->code != 0)
+		proto_kv_i64(pk, "code", v->code);
+	if (v->error)
+		proto_kv_str(pk, "error", v->error);
+}
+
+/* Answers PENDING with the saves and uploads query_pending listed. */
 void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q)
 {
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 1);
+	msgpack_pack_map(&o.pk, 2);
 	proto_key(&o.pk, "saves");
 	msgpack_pack_array(&o.pk, q->n);
 	for (size_t i = 0; i < q->n; i++)
 		pack_pending_save(&o.pk, &q->saves[i]);
+	proto_key(&o.pk, "uploads");
+	msgpack_pack_array(&o.pk, q->nuploads);
+	for (size_t i = 0; i < q->nuploads; i++)
+		pack_pending_upload(&o.pk, &q->uploads[i].v);
 	reply_send(conn, &o, 0);
 }
 
@@ -357,7 +380,7 @@ void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 	const struct metrics_view *v = &q->v;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 9 + METRIC_N + METRIC_REASONED_N + 2 + METRIC_HIST_N);
+	msgpack_pack_map(&o.pk, 11 + METRIC_N + METRIC_REASONED_N + 2 + METRIC_HIST_N);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "start_time_ms", q->start_time_ms);
 	proto_kv_u64(&o.pk, "uptime_ms", q->uptime_ms);
@@ -367,6 +390,8 @@ void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 	proto_kv_u64(&o.pk, "clients", q->clients);
 	proto_kv_u64(&o.pk, "saves_in_flight", q->saves_in_flight);
 	proto_kv_u64(&o.pk, "loads_in_flight", q->loads_in_flight);
+	proto_kv_u64(&o.pk, "upload_backlog_tags", q->upload_backlog_tags);
+	proto_kv_u64(&o.pk, "upload_backlog_bytes", q->upload_backlog_bytes);
 	for (unsigned i = 0; i < METRIC_N; i++)
 		proto_kv_u64(&o.pk, metrics_counter_key(i), v->counter[i]);
 	for (unsigned i = 0; i < METRIC_REASONED_N; i++)

@@ -412,7 +412,7 @@ static void on_wait(struct session *c, const struct proto_hdr *h, struct proto_m
 	int64_t level = 0, timeout = -1;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	proto_get_i64(m, "level", 0, LEVEL_COMMITTED, &level, 1);
+	proto_get_i64(m, "level", 0, LEVEL_REMOTE, &level, 1);
 	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
@@ -420,6 +420,12 @@ static void on_wait(struct session *c, const struct proto_hdr *h, struct proto_m
 	if (!s)
 		return request_error(c, h, ERR_ENOENT, "no save %llu on this connection",
 				     (unsigned long long)id);
+	const char *remote = NULL;
+	if (level == LEVEL_REMOTE &&
+	    (config_root_of(daemon_ctx->config, save_dir(s), &remote) < 0 || !remote))
+		return request_error(c, h, ERR_ENOTSUP, "%s is under a root without a remote tier "
+				     "(allowed_roots' \"remote\"): it never reaches REMOTE",
+				     save_dir(s));
 	wait_add(session_id(c), h->id, s, (int)level, level == 0 ? 0 : timeout);
 }
 

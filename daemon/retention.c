@@ -75,10 +75,25 @@ static int retention_cmp(const void *a, const void *b)
 	return -strcmp(x->name, y->name);
 }
 
+/* Whether jobfd/tag may go under a remote tier: it is there (its REMOTE.json, upload.c);
+ * else it is kept, with a warning and a count. */
+static int retention_uploaded(int jobfd, const char *jobpath, const char *tag)
+{
+	char path[NAME_MAX + sizeof(FMT_REMOTE) + 1];
+
+	snprintf(path, sizeof(path), "%s/%s", tag, FMT_REMOTE);
+	if (faccessat(jobfd, path, F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+		return 1;
+	log_warnx("keep_last: kept %s/%s: it is not yet in its root's remote tier", jobpath, tag);
+	metrics_add(METRIC_RETENTION_HELD, 1);
+	return 0;
+}
+
 /* Applies keep_last in the job directory (see retention_apply), latest naming latest and the
  * manifests read and entries listed charged to b (NULL: no bound). */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b)
+		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b,
+		    int remote)
 {
 	struct retention_tag *tags;
 	struct stat job;
@@ -112,7 +127,8 @@ void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_
 		k = 0;
 	qsort(tags, k, sizeof(*tags), retention_cmp);
 	for (size_t i = keep; i < k; i++) {
-		if (strcmp(tags[i].name, latest) != 0)
+		if (strcmp(tags[i].name, latest) != 0 &&
+		    (!remote || retention_uploaded(jobfd, jobpath, tags[i].name)))
 			retention_delete(jobfd, jobpath, tags[i].name, job.st_uid, b);
 	}
 	free(tags);
@@ -122,10 +138,10 @@ out:
 
 /* Applies keep_last in the job directory: deletes committed tags beyond the newest keep. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep)
+		     uid_t uid, unsigned keep, int remote)
 {
 	char latest[NAME_MAX + 1];
 
 	store_latest_get(jobfd, latest, sizeof(latest));
-	retention_keep(jobfd, jobpath, current, current_ns, latest, uid, keep, NULL);
+	retention_keep(jobfd, jobpath, current, current_ns, latest, uid, keep, NULL, remote);
 }

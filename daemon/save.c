@@ -1,12 +1,13 @@
 /*
  * save.c — the registry of saves: validation of what a client adds, the plan handed to the
- * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED, or FAILED with a
- * code and a reason). Everything here runs on the loop thread. It encodes no reply and knows
- * no connection: saves name their client by id, and every change of level is published to
- * waiter.c (the WAITs parked there) and then told to the observers registered with
- * save_observe (commits, seals, metrics; main.c wires them), which act on it. A SAVE_BEGIN
- * opens its directory through the opener registered with save_open_with (overwrite.c's: a
- * committed or sealed tag's next version goes into its staging directory).
+ * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED → REMOTE, or
+ * FAILED with a code and a reason). Everything here runs on the loop thread. It encodes no
+ * reply and knows no connection: saves name their client by id, and every change of level
+ * is published to waiter.c (the WAITs parked there) and then told to the observers
+ * registered with save_observe (commits, seals, uploads, metrics; main.c wires them), which
+ * act on it. A SAVE_BEGIN opens its directory through the opener registered with
+ * save_open_with (overwrite.c's: a committed or sealed tag's next version goes into its
+ * staging directory).
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
  * last change once finished and no longer held (a WAIT holds it), or at once when its client
@@ -561,6 +562,15 @@ void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *ru
 	for (struct save *s = saves; s; s = s->next)
 		if (s->level == LEVEL_DURABLE && save_of(s, id, uid, run))
 			set_level(s, LEVEL_COMMITTED, 0, NULL);
+}
+
+/* Marks the COMMITTED saves into the directory id REMOTE (upload.c: the tag, its manifest
+ * and latest are in the remote tier). */
+void save_mark_remote(const struct store_dirid *id)
+{
+	for (struct save *s = saves; s; s = s->next)
+		if (s->level == LEVEL_COMMITTED && store_dirid_eq(&s->dirid, id))
+			set_level(s, LEVEL_REMOTE, 0, NULL);
 }
 
 /* Frees every save (shutdown, once nothing is in flight and nothing holds one). */

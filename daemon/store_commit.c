@@ -288,8 +288,10 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 			log_warn("commit of %s/%s: cannot take the manifest back", path, tag);
 		goto out;
 	}
+	const char *remote = NULL;
 	if (cfg->keep_last > 0)
-		retention_apply(jobfd, path, name, created_ns, uid, cfg->keep_last);
+		retention_apply(jobfd, path, name, created_ns, uid, cfg->keep_last,
+				config_root_of(cfg, path, &remote) >= 0 && remote);
 	if (info) {
 		size_t mine = 0;
 		for (size_t i = 0; i < nents; i++)

@@ -144,6 +144,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 		      struct store_budget *b)
 {
 	char err[ERRLEN], best[NAME_MAX + 1] = "", now[NAME_MAX + 1], **names;
+	const char *remote = NULL;
 	uint64_t best_ns = 0;
 	struct stat st, ts;
 	size_t n;
@@ -184,7 +185,8 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 	}
 	if (cfg->keep_last > 0)
 		retention_keep(jobfd, path, best, best_ns, now_ns < best_ns ? best : now,
-			       st.st_uid, cfg->keep_last, b);
+			       st.st_uid, cfg->keep_last, b,
+			       config_root_of(cfg, path, &remote) >= 0 && remote);
 out:
 	store_job_unlock(jobfd);
 }

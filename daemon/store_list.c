@@ -32,7 +32,7 @@ int store_is_our_partial(const char *name)
 	snprintf(base, sizeof(base), "%.*s", (int)(n - m), name);
 	return store_has_suffix(base, FMT_SAFETENSORS) || store_has_suffix(base, FMT_META) ||
 	       strcmp(base, FMT_MANIFEST) == 0 || strcmp(base, FMT_LATEST) == 0 ||
-	       seal_record_name(base);
+	       strcmp(base, FMT_REMOTE) == 0 || seal_record_name(base);
 }
 
 /* Whether name is a kind of file dsckptd writes into a tag directory. */
@@ -40,7 +40,7 @@ int store_is_ours(const char *name)
 {
 	return store_has_suffix(name, FMT_SAFETENSORS) || store_has_suffix(name, FMT_META) ||
 	       store_has_suffix(name, FMT_PARTIAL) || strcmp(name, FMT_MANIFEST) == 0 ||
-	       seal_record_name(name);
+	       strcmp(name, FMT_REMOTE) == 0 || seal_record_name(name);
 }
 
 /* Whether dirfd/name is a regular file (not following a link). */

@@ -85,6 +85,8 @@ const char *level_name(int level)
 		return "DURABLE";
 	case LEVEL_COMMITTED:
 		return "COMMITTED";
+	case LEVEL_REMOTE:
+		return "REMOTE";
 	}
 	return "UNKNOWN";
 }

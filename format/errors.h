@@ -53,7 +53,8 @@ enum level {
 	LEVEL_ACCEPTED = 1,  /* validated, sources open; the daemon owns it */
 	LEVEL_SNAPSHOT = 2,  /* every byte is in the daemon */
 	LEVEL_DURABLE = 3,   /* files written, fsynced and renamed into place */
-	LEVEL_COMMITTED = 4  /* the checkpoint directory is committed */
+	LEVEL_COMMITTED = 4, /* the checkpoint directory is committed */
+	LEVEL_REMOTE = 5     /* the committed tag, its manifest and latest are in the remote tier */
 };
 
 /* Message for a code ("invalid argument"; "success" for 0, "unknown error" otherwise). */

@@ -16,6 +16,7 @@
  *   <name>.partial       a file still being written; never part of a checkpoint
  *   SEAL.<host>.json     the ranks this node's daemon saw seal the tag (seal.c)
  *   MANIFEST.json        written last, deleted first: a tag is committed exactly when it exists
+ *   REMOTE.json          written once the tag is in its root's remote tier (daemon/upload.c)
  *   ../latest            the name of the job's newest committed tag
  */
 #ifndef DSCKPT_FORMAT_H
@@ -37,6 +38,7 @@ struct stat;
 #define FMT_LATEST "latest"
 #define FMT_SEAL_PREFIX "SEAL."
 #define FMT_SEAL_SUFFIX ".json"
+#define FMT_REMOTE "REMOTE.json"  /* in a committed tag: it is in its root's remote tier */
 
 /* dtype.c — the safetensors dtypes. */
 /* XX(name, size in bytes): every dtype a tensor may have. */

@@ -106,23 +106,25 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 		"start_time_ms", "uptime_ms", "cache_total", "cache_used", "cache_resident",
 		"clients", "saves_in_flight", "loads_in_flight", "saves_started",
 		"saves_snapshotted", "saves_durable", "saves_committed", "copied_bytes",
-		"flushed_bytes", "loads_started", "loads_done", "restored_bytes"};
+		"flushed_bytes", "loads_started", "loads_done", "restored_bytes", "uploaded_bytes",
+		"uploads_done", "retention_held", "upload_backlog_tags", "upload_backlog_bytes"};
 	static const uint64_t values[] = {
 		1700000000123ull, 7384000, 4ull << 30, 1ull << 30, 1ull << 29, 3, 2, 1, 10, 9, 8,
-		6, 10ull << 30, 8ull << 30, 2, 1, 3ull << 30};
+		6, 10ull << 30, 8ull << 30, 2, 1, 3ull << 30, 5ull << 30, 4, 1, 1, 1ull << 20};
 	static const char *const actions[] = {"partial_removed", "file_removed",
 					      "commit_finished", "seal_resumed", "file_left"};
 	static const char *const hists[] = {"snapshot_seconds", "flush_seconds",
-					    "commit_seconds"};
+					    "commit_seconds", "upload_seconds"};
 	size_t nc = sizeof(counters) / sizeof(counters[0]);
 
-	msgpack_pack_map(pk, 1 + nc + 3 + 1 + 1 + 3 + 1);
+	msgpack_pack_map(pk, 1 + nc + 4 + 1 + 1 + 4 + 1);
 	proto_kv_str(pk, "version", "9.9.9");
 	for (size_t i = 0; i < nc; i++)
 		proto_kv_u64(pk, counters[i], values[i]);
 	fake_reasons(pk, "saves_failed", "ENOSPC", 1, "EIO");
 	fake_reasons(pk, "saves_refused", mode == FAKE_BADPOOLS ? "no space" : "EACCES", 4, NULL);
 	fake_reasons(pk, "loads_failed", "ECHECKSUM", 1, NULL);
+	fake_reasons(pk, "uploads_failed", "EACCES", 2, NULL);
 	proto_key(pk, "recovery");
 	msgpack_pack_map(pk, 5);
 	for (int i = 0; i < 5; i++)
@@ -131,7 +133,7 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 	msgpack_pack_array(pk, 2);
 	msgpack_pack_uint64(pk, 1000);
 	msgpack_pack_uint64(pk, 2500000);
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		proto_key(pk, hists[i]);
 		msgpack_pack_map(pk, 2);
 		proto_key(pk, "buckets");
@@ -211,15 +213,19 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		}
 	} else {
 		proto_out_init(&o, PROTO_REPLY, h->id);
-		msgpack_pack_map(&o.pk, 1);
+		msgpack_pack_map(&o.pk, mode == FAKE_EMPTY || mode == FAKE_GOOD ? 2 : 1);
 		if (mode == FAKE_EMPTY) {
 			proto_key(&o.pk, "saves");
+			msgpack_pack_array(&o.pk, 0);
+			proto_key(&o.pk, "uploads");
 			msgpack_pack_array(&o.pk, 0);
 		} else if (mode == FAKE_GOOD) {
 			proto_key(&o.pk, "saves");
 			msgpack_pack_array(&o.pk, 2);
 			fake_save(&o.pk, 1, "rank1", 3, NULL);
 			fake_save(&o.pk, 2, "rank2", -1, "writing rank2.safetensors: disk full");
+			proto_key(&o.pk, "uploads");
+			msgpack_pack_array(&o.pk, 0);
 		} else {
 			proto_kv_str(&o.pk, "saves", "none");
 		}

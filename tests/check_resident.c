@@ -710,7 +710,7 @@ START_TEST(test_daemon_resident)
 		      "%s", out);
 	free(out);
 	ck_assert_int_eq(ctl(&out, "list '%s'", D->root), 0);
-	ck_assert_msg(strstr(line_of(out, "job/step1 "), " resident"), "%s", out);
+	ck_assert_msg(strstr(line_of(out, "job/step1 "), " cache local"), "%s", out);
 	free(out);
 
 	/* 8 MiB into the 8 MiB cache: step1's pieces, the oldest, are evicted first. */
@@ -732,8 +732,8 @@ START_TEST(test_daemon_resident)
 	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(status_file(doc, dir2), "committed")));
 	cJSON_Delete(doc);
 	ck_assert_int_eq(ctl(&out, "list '%s'", D->root), 0);
-	ck_assert_msg(!strstr(line_of(out, "job/step1 "), "resident"), "%s", out);
-	ck_assert_msg(strstr(line_of(out, "job/step2 "), " resident"), "%s", out);
+	ck_assert_msg(!strstr(line_of(out, "job/step1 "), "cache"), "%s", out);
+	ck_assert_msg(strstr(line_of(out, "job/step2 "), " cache local"), "%s", out);
 	free(out);
 	ck_assert_int_eq(ctl(&out, "list --json '%s'", D->root), 0);
 	doc = cJSON_Parse(out);

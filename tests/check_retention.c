@@ -2,8 +2,8 @@
  * check_retention.c — keep_last (daemon/retention.c) on real tags committed in a scratch job
  * directory (store_commit, no daemon): the newest keep stay whatever their names, the tag
  * just committed and the one `latest` names are never deleted, uncommitted tags and files
- * dsckptd did not write stay, nothing of another user is touched, and a spent budget
- * deletes nothing.
+ * dsckptd did not write stay, nothing of another user is touched, a spent budget deletes
+ * nothing, and under a root with a remote tier only tags already there (REMOTE.json) go.
  */
 #include "harness_store.h"
 
@@ -42,7 +42,7 @@ static void apply(const char *tag, uid_t uid, unsigned keep)
 {
 	int fd = job_open();
 
-	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep);
+	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep, 0);
 	close(fd);
 }
 
@@ -89,7 +89,7 @@ START_TEST(test_current_and_latest)
 	/* A commit of b (older than e) with latest naming a: keep 1 keeps e and a; b, older
 	 * than e, goes with c and d. */
 	retention_keep(fd, rpath("%s", "job"), "b", store_tag_committed(fd, "b"), "a", 0, 1,
-		       NULL);
+		       NULL, 0);
 	close(fd);
 	ck_assert(has("a/" FMT_MANIFEST) && has("e/" FMT_MANIFEST));
 	ck_assert(!has("b") && !has("c") && !has("d"));
@@ -172,21 +172,43 @@ START_TEST(test_budget)
 	fd = job_open();
 	uint64_t ns = store_tag_committed(fd, "d");
 	struct store_budget small = {.entries = 3, .bytes = 1 << 20};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small, 0);
 	ck_assert(small.spent);
 	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
 
 	ck_assert_int_eq(stat(rpath("job/%s", "a/" FMT_MANIFEST), &st), 0);
 	struct store_budget two = {.entries = 1000, .bytes = (uint64_t)st.st_size * 5 / 2};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two, 0);
 	ck_assert(two.spent);
 	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
 
 	struct store_budget enough = {.entries = 1000, .bytes = 1 << 20};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough, 0);
 	close(fd);
 	ck_assert(!enough.spent);
 	ck_assert(!has("a") && !has("b") && !has("c") && has("d/" FMT_MANIFEST));
+}
+END_TEST
+
+/* Under a root with a remote tier a tag not yet there (no REMOTE.json) is kept past keep;
+ * once it has its REMOTE.json it goes, with REMOTE.json itself. */
+START_TEST(test_remote_kept)
+{
+	const char *order[] = {"a", "b", "c"};
+	int fd;
+
+	for (int i = 0; i < 3; i++)
+		commit_tag(order[i]);
+	write_text(rpath("job/%s", "a/" FMT_REMOTE), "{}");
+	fd = job_open();
+	retention_apply(fd, rpath("%s", "job"), "c", store_tag_committed(fd, "c"), 0, 1, 1);
+	close(fd);
+	ck_assert(!has("a"));		/* in the remote: gone whole */
+	ck_assert(has("b/" FMT_MANIFEST));	/* not yet: kept */
+	ck_assert(has("c/" FMT_MANIFEST));
+	write_text(rpath("job/%s", "b/" FMT_REMOTE), "{}");
+	apply("c", 0, 1);		/* without a remote the marker does not matter */
+	ck_assert(!has("b"));
 }
 END_TEST
 
@@ -202,6 +224,7 @@ static Suite *retention_suite(void)
 	tcase_add_test(tc, test_foreign_files);
 	tcase_add_test(tc, test_owners);
 	tcase_add_test(tc, test_budget);
+	tcase_add_test(tc, test_remote_kept);
 	suite_add_tcase(s, tc);
 	return s;
 }

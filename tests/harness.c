@@ -317,6 +317,18 @@ static void spawn(struct hdaemon *d)
 	spawn_keep(d);
 }
 
+const char *h_root_remote;
+
+/* Writes the allowed_roots entry of root into f: a string, or with h_root_remote an object
+ * naming that remote tier. */
+static void root_entry(FILE *f, const char *root)
+{
+	if (h_root_remote)
+		fprintf(f, "{\"path\": \"%s\", \"remote\": \"%s\"}", root, h_root_remote);
+	else
+		fprintf(f, "\"%s\"", root);
+}
+
 /* Writes a config and starts the daemon on it. */
 void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
 {
@@ -332,12 +344,13 @@ void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json)
 	ck_assert_ptr_nonnull(f);
 	/* The config loader refuses a key given twice: extra_json may choose the mode. */
 	int own_mode = !extra_json || !strstr(extra_json, "\"socket_mode\"");
+	fprintf(f, "{\n  \"socket\": \"%s\",%s\n  \"allowed_roots\": [", d->socket,
+		own_mode ? "\n  \"socket_mode\": \"0600\"," : "");
+	root_entry(f, d->root);
 	fprintf(f,
-		"{\n  \"socket\": \"%s\",%s\n"
-		"  \"allowed_roots\": [\"%s\"],\n  \"host_cache_size\": %g,\n"
+		"],\n  \"host_cache_size\": %g,\n"
 		"  \"flush_threads\": 2,\n  %s\n  \"log_level\": \"debug\"\n}\n",
-		d->socket, own_mode ? "\n  \"socket_mode\": \"0600\"," : "", d->root, cache_gib,
-		extra_json ? extra_json : "");
+		cache_gib, extra_json ? extra_json : "");
 	fclose(f);
 	spawn(d);
 }
@@ -352,11 +365,13 @@ void h_daemon_start_peer(struct hdaemon *peer, const struct hdaemon *d, const ch
 	snprintf(peer->log, sizeof(peer->log), "%s/%s.log", d->dir, name);
 	FILE *f = fopen(peer->config, "w");
 	ck_assert_ptr_nonnull(f);
+	fprintf(f, "{\n  \"socket\": \"%s\",\n  \"socket_mode\": \"0600\",\n"
+		"  \"allowed_roots\": [", peer->socket);
+	root_entry(f, d->root);
 	fprintf(f,
-		"{\n  \"socket\": \"%s\",\n  \"socket_mode\": \"0600\",\n"
-		"  \"allowed_roots\": [\"%s\"],\n  \"host_cache_size\": %g,\n"
+		"],\n  \"host_cache_size\": %g,\n"
 		"  \"flush_threads\": 2,\n  %s\n  \"log_level\": \"debug\"\n}\n",
-		peer->socket, d->root, cache_gib, extra_json ? extra_json : "");
+		cache_gib, extra_json ? extra_json : "");
 	fclose(f);
 	unlink(peer->socket);
 	spawn_as(peer, 1);

@@ -33,6 +33,9 @@ const char *h_bin(const char *name);
  * Waits until the socket answers. Fails the test on error.
  */
 void h_daemon_start(struct hdaemon *d, double cache_gib, const char *extra_json);
+/* When set, the daemons h_daemon_start and h_daemon_start_peer start give their root this
+ * remote tier ("s3://bucket/prefix", "file:///dir"): allowed_roots' entry is an object. */
+extern const char *h_root_remote;
 /*
  * Starts a second daemon, another node of a shared root (extra_json gives its "host"), on d's
  * root, with socket, config and log <name>.sock, .json, .log in d's scratch directory. It is

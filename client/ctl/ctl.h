@@ -1,7 +1,7 @@
 /*
  * ctl.h — dsckptctl's modules, one section each: the command line (main.c), the connection
  * to the daemon and status (query.c), its counters (metrics.c), the saves it holds
- * (pending.c), offline listing (list.c) and verification (verify*.c) of checkpoints, one tag
+ * (pending.c) and its uploads to remote tiers (uploads.c), offline listing (list.c) and verification (verify*.c) of checkpoints, one tag
  * (tagdir.c) described (info.c) and removed (remove.c), export through Python (export.c), and
  * the output helpers they share (output.c).
  *
@@ -192,5 +192,26 @@ void table_row(struct table *t, ...);
 void table_note(struct table *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints the table on f and frees it. */
 void table_print(struct table *t, FILE *f);
+
+/* uploads.c — PENDING's tags not yet REMOTE (dsckptctl pending). */
+struct proto_map;
+struct pupload {
+	char *dir, *remote, *error;   /* error: the last failure, or what the tag waits for */
+	uint64_t files, files_done, total, done, age_ms;
+	int64_t code;                 /* the last failure's DSCKPT_E*, or 0 */
+	int committed;
+};
+struct pupload_list {
+	struct pupload *v;
+	size_t n;
+};
+/* Decodes PENDING's "uploads" from m into l (a failure is m's error). */
+void pupload_decode(struct proto_map *m, struct pupload_list *l);
+/* Frees the list. */
+void pupload_free(struct pupload_list *l);
+/* The list as a JSON array. */
+cJSON *pupload_json(const struct pupload_list *l);
+/* Prints one row per tag (with its error below it) after a blank line and a summary. */
+void pupload_print(const struct pupload_list *l, FILE *f);
 
 #endif /* DSCKPTCTL_H */

@@ -1,6 +1,7 @@
 /* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk; for
  * an incomplete tag, how many ranks sealed it (its SEAL.<host>.json records) and which not;
- * when the daemon answers, which tags it keeps in its host cache (resident). */
+ * which tiers hold each tag: the local files, the daemon's host cache (resident, when the
+ * daemon answers) and the root's remote tier (a committed tag's REMOTE.json). */
 #include "ctl.h"
 
 #include "../../format/format.h"
@@ -31,6 +32,7 @@ struct tag {
 	char missing[96];    /* the first ranks not sealed, "2, 5, ..." */
 	uint8_t *have;       /* world entries: the ranks sealed (--json lists the others) */
 	int resident;        /* the daemon keeps files of it in its cache */
+	int remote;          /* committed and in its root's remote tier (REMOTE.json) */
 };
 
 /* Every tag found. */
@@ -159,6 +161,7 @@ static int tag_add(struct tags *out, int fd, const char *rel, const char *name, 
 		manifest_free(m);
 	}
 	t->state = partial || !present ? "incomplete" : m ? "committed" : "corrupt";
+	t->remote = m && !partial && faccessat(fd, FMT_REMOTE, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 	if (!present)
 		tag_seals(fd, t);
 	return 0;
@@ -256,6 +259,13 @@ static cJSON *list_json(const struct tags *tags)
 		}
 		if (tags->asked)
 			cJSON_AddBoolToObject(o, "resident", t->resident);
+		cJSON_AddBoolToObject(o, "remote", t->remote);
+		cJSON *tiers = cJSON_AddArrayToObject(o, "tiers");
+		if (t->resident)
+			cJSON_AddItemToArray(tiers, cJSON_CreateString("cache"));
+		cJSON_AddItemToArray(tiers, cJSON_CreateString("local"));
+		if (t->remote)
+			cJSON_AddItemToArray(tiers, cJSON_CreateString("remote"));
 		cJSON_AddItemToArray(a, o);
 	}
 	return doc;
@@ -277,15 +287,13 @@ static int list_print(const struct tags *tags, cJSON *docs)
 		printf("no checkpoints under %s\n", tags->root);
 		return CTL_OK;
 	}
-	struct table *tb = tags->asked ? table_new(7, "PATH", "STATE", "FILES", "SIZE", "CREATED",
-						   "LATEST", "CACHE")
-				       : table_new(6, "PATH", "STATE", "FILES", "SIZE", "CREATED",
-						   "LATEST");
+	struct table *tb = table_new(7, "PATH", "STATE", "FILES", "SIZE", "CREATED", "LATEST",
+				     "TIERS");
 	table_right(tb, 2);
 	table_right(tb, 3);
 	for (size_t i = 0; i < tags->n; i++) {
 		const struct tag *t = &tags->v[i];
-		char files[16], size[32], state[160];
+		char files[16], size[32], state[160], tiers[32];
 		snprintf(files, sizeof(files), "%u", t->files);
 		if (t->world && t->sealed < t->world)
 			snprintf(state, sizeof(state), "%s: sealed %u/%u, missing %s", t->state,
@@ -295,9 +303,10 @@ static int list_print(const struct tags *tags, cJSON *docs)
 				 t->world);
 		else
 			snprintf(state, sizeof(state), "%s", t->state);
+		snprintf(tiers, sizeof(tiers), "%slocal%s", t->resident ? "cache " : "",
+			 t->remote ? " remote" : "");
 		table_row(tb, t->path, state, files, out_bytes(t->bytes, size, sizeof(size)),
-			  t->created ? t->created : "-", t->latest ? "latest" : "",
-			  t->resident ? "resident" : "");
+			  t->created ? t->created : "-", t->latest ? "latest" : "", tiers);
 	}
 	table_print(tb, stdout);
 	return CTL_OK;

@@ -49,6 +49,16 @@ static const struct scalar_def scalars[] = {
 	 "Loads that put every byte in place, checked."},
 	{"restored_bytes", "dsckpt_restored_bytes_total", "counter", 0,
 	 "Bytes put in place in loads' destinations."},
+	{"uploaded_bytes", "dsckpt_uploaded_bytes_total", "counter", 0,
+	 "Bytes of checkpoint files uploaded to remote tiers."},
+	{"uploads_done", "dsckpt_uploads_done_total", "counter", 0,
+	 "Tags that reached REMOTE: files, manifest and latest in the root's remote tier."},
+	{"retention_held", "dsckpt_retention_held_total", "counter", 0,
+	 "Times keep_last kept a tag because it was not yet in its root's remote tier."},
+	{"upload_backlog_tags", "dsckpt_upload_backlog_tags", "gauge", 0,
+	 "Tags of this node not yet REMOTE (uploading, waiting or failing)."},
+	{"upload_backlog_bytes", "dsckpt_upload_backlog_bytes", "gauge", 0,
+	 "Bytes of this node's files still to upload to remote tiers."},
 	{"saves_in_flight", "dsckpt_saves_in_flight", "gauge", 0,
 	 "Saves accepted and not yet DURABLE or FAILED."},
 	{"loads_in_flight", "dsckpt_loads_in_flight", "gauge", 0,
@@ -76,6 +86,8 @@ static const struct reasoned_def reasoned[] = {
 	 "SAVE_BEGIN, SAVE_ADD or SAVE_END refused, by reason: the save never started."},
 	{"loads_failed", "dsckpt_loads_failed_total",
 	 "Accepted loads that failed, by reason (a DSCKPT_E* name without DSCKPT_)."},
+	{"uploads_failed", "dsckpt_uploads_failed_total",
+	 "Failed steps of uploads to remote tiers, by reason; each is tried again."},
 };
 #define NREASONED (sizeof(reasoned) / sizeof(reasoned[0]))
 
@@ -97,6 +109,8 @@ static const struct hist_def hists[] = {
 	 "Seconds from a save's ACCEPTED to DURABLE (written, fsynced, renamed)."},
 	{"commit_seconds", "dsckpt_save_commit_seconds",
 	 "Seconds from a save's ACCEPTED to COMMITTED (every rank's files, the manifest)."},
+	{"upload_seconds", "dsckpt_upload_seconds",
+	 "Seconds from a tag's COMMITTED (or the daemon's start) to REMOTE."},
 };
 #define NHISTS (sizeof(hists) / sizeof(hists[0]))
 

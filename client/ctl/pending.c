@@ -27,10 +27,11 @@ struct psave {
 	char *error;   /* NULL unless the save FAILED */
 };
 
-/* The saves of one PENDING reply. */
+/* The saves of one PENDING reply, and its tags not yet REMOTE. */
 struct plist {
 	struct psave *v;
 	size_t n;
+	struct pupload_list up;
 };
 
 /* Frees the saves of a PENDING reply. */
@@ -45,6 +46,7 @@ static void plist_free(struct plist *pl)
 	free(pl->v);
 	pl->v = NULL;
 	pl->n = 0;
+	pupload_free(&pl->up);
 }
 
 /* Decodes one save of a PENDING reply; -1 with why on a malformed entry. */
@@ -62,7 +64,7 @@ static int psave_decode(const msgpack_object *obj, struct psave *s, char *why, s
 	proto_get_u64(&pm, "rank", UINT32_MAX, &s->rank, 1);
 	proto_get_str(&pm, "dir", dir, PROTO_MAX_STR, 1);
 	proto_get_str(&pm, "file", file, PROTO_MAX_NAME, 1);
-	proto_get_i64(&pm, "level", DSCKPT_FAILED, DSCKPT_COMMITTED, &s->level, 1);
+	proto_get_i64(&pm, "level", DSCKPT_FAILED, DSCKPT_REMOTE, &s->level, 1);
 	proto_get_u64(&pm, "bytes_total", UINT64_MAX, &s->total, 1);
 	proto_get_u64(&pm, "bytes_snapshot", UINT64_MAX, &s->snapshot, 1);
 	proto_get_u64(&pm, "bytes_flushed", UINT64_MAX, &s->flushed, 1);
@@ -95,6 +97,7 @@ static int plist_fetch(dsckpt_conn_t *c, struct plist *pl)
 		return -1;
 	pl->n = 0;
 	pl->v = NULL;
+	pl->up = (struct pupload_list){0};
 	if (proto_get_array(&r.m, "saves", &a, MAX_SAVES, 1) == 1 &&
 	    !(pl->v = calloc(a->size ? a->size : 1, sizeof(*pl->v)))) {
 		out_err("out of memory");
@@ -106,6 +109,7 @@ static int plist_fetch(dsckpt_conn_t *c, struct plist *pl)
 		if (psave_decode(&a->ptr[i], &pl->v[i], why, sizeof(why)) != 0)
 			proto_map_fail(&r.m, "save %u: %s", i, why);
 	}
+	pupload_decode(&r.m, &pl->up);
 	if (query_end(c, &r) != 0) {
 		plist_free(pl);
 		return -1;
@@ -154,12 +158,15 @@ int pending_run(struct ctl *ctl)
 		cJSON *a = cJSON_AddArrayToObject(doc, "saves");
 		for (size_t i = 0; i < pl.n; i++)
 			cJSON_AddItemToArray(a, psave_json(&pl.v[i]));
+		cJSON_AddItemToObject(doc, "uploads", pupload_json(&pl.up));
 		plist_free(&pl);
 		return out_json(doc);
 	}
 	if (pl.n == 0) {
-		plist_free(&pl);
 		printf("no saves\n");
+		if (pl.up.n)
+			pupload_print(&pl.up, stdout);
+		plist_free(&pl);
 		return CTL_OK;
 	}
 	struct table *t = table_new(8, "ID", "RANK", "JOB", "LEVEL", "SNAP/FLUSHED/TOTAL", "RATE",
@@ -187,6 +194,8 @@ int pending_run(struct ctl *ctl)
 			table_note(t, "error: %s", s->error);
 	}
 	table_print(t, stdout);
+	if (pl.up.n)
+		pupload_print(&pl.up, stdout);
 	plist_free(&pl);
 	return CTL_OK;
 }

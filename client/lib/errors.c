@@ -8,7 +8,8 @@ DSCKPT_ERRNO_MAP(XX)
 #undef XX
 _Static_assert((int)DSCKPT_FAILED == LEVEL_FAILED && (int)DSCKPT_NONE == LEVEL_NONE &&
 	       (int)DSCKPT_ACCEPTED == LEVEL_ACCEPTED && (int)DSCKPT_SNAPSHOT == LEVEL_SNAPSHOT &&
-	       (int)DSCKPT_DURABLE == LEVEL_DURABLE && (int)DSCKPT_COMMITTED == LEVEL_COMMITTED,
+	       (int)DSCKPT_DURABLE == LEVEL_DURABLE && (int)DSCKPT_COMMITTED == LEVEL_COMMITTED &&
+	       (int)DSCKPT_REMOTE == LEVEL_REMOTE,
 	       "levels");
 
 /* Version of the loaded library. */

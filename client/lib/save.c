@@ -521,7 +521,7 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
 		return e;
 	proto_get_u64(&r.m, "save", UINT64_MAX, &id, 1);
-	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_COMMITTED, &reached, 1);
+	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_REMOTE, &reached, 1);
 	proto_get_u64(&r.m, "bytes_total", UINT64_MAX, &p->bytes_total, 1);
 	proto_get_u64(&r.m, "bytes_snapshot", UINT64_MAX, &p->bytes_snapshot, 1);
 	proto_get_u64(&r.m, "bytes_flushed", UINT64_MAX, &p->bytes_flushed, 1);
@@ -555,9 +555,9 @@ int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
 	do {
 		again = 0;
 		lib_conn_lock(s->c);
-		if (level < DSCKPT_NONE || level > DSCKPT_COMMITTED)
+		if (level < DSCKPT_NONE || level > DSCKPT_REMOTE)
 			e = lib_conn_fail(s->c, DSCKPT_EINVAL, "level %d is not in 0..%d", level,
-					  DSCKPT_COMMITTED);
+					  DSCKPT_REMOTE);
 		else if ((e = save_query(s, level, lib_wait_slice(&w, &last), &p)) < 0)
 			;
 		else if (p.level == DSCKPT_FAILED)

@@ -57,6 +57,7 @@ class Level(enum.IntEnum):
     SNAPSHOT = 2
     DURABLE = 3
     COMMITTED = 4
+    REMOTE = 5  # the committed tag, its manifest and latest are in the root's remote tier
 
 
 class LoadLevel(enum.IntEnum):

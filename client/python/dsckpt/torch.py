@@ -261,6 +261,12 @@ class SaveHandle:
         """Waits until the file is written, fsynced and renamed into place."""
         return self.wait(Level.DURABLE, timeout)
 
+    def wait_remote(self, timeout: Optional[float] = None) -> Level:
+        """Waits until the committed tag, its manifest and the job's ``latest`` are in the
+        root's remote tier (REMOTE); raises DsckptError (ENOTSUP) at once when the root has
+        no remote tier, DsckptTimeout while the remote is down."""
+        return self.wait(Level.REMOTE, timeout)
+
     def progress(self) -> SaveProgress:
         """Level and byte counters now, without waiting."""
         p = self.save.progress()

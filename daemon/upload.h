@@ -1,0 +1,88 @@
+/*
+ * upload.h — what upload.c (the scheduler: tags to upload, their files, the worker threads,
+ * the loop's side) and upload_tag.c (the remote steps of one tag: its plan from the local
+ * manifest, a file's upload, the node record, the remote manifest and latest, the local
+ * REMOTE.json; the start-up pass) share; nothing else includes it.
+ */
+#ifndef DSCKPTD_UPLOAD_H
+#define DSCKPTD_UPLOAD_H
+
+#include "dsckptd.h"
+
+#include <limits.h>
+
+enum upfile_state { UPF_WAIT, UPF_BUSY, UPF_DONE };
+
+/* A file of this node in a tag: <dir>/<name> → <key>/<name>. */
+struct upfile {
+	char name[NAME_MAX + 1];
+	char stem[NAME_MAX + 1];  /* the save's file (resident copies are kept by it) */
+	enum upfile_state state;  /* (lock) */
+	dev_t dev;                /* the file as uploaded (0: not yet) */
+	ino_t ino;
+	uint64_t size;
+};
+
+/* A committed (or committing) tag of this node whose files go to its root's remote tier.
+ * The scheduler's lock guards the list and the fields marked (lock); while busy (a worker
+ * on its tag step) that worker alone touches the fields below busy. */
+struct uptag {
+	struct uptag *next;       /* (lock) */
+	char dir[PATH_MAX];       /* <root>/<job path>/<tag> */
+	char key[PATH_MAX];       /* <job path>/<tag>, under the remote's prefix */
+	char jobkey[PATH_MAX];    /* <job path> */
+	char tag[NAME_MAX + 1];
+	unsigned root;            /* index of the root */
+	struct remote *r;         /* its remote */
+	const int *stop;          /* nonzero: the daemon is stopping (an upload gives up) */
+	uid_t uid;                /* the tag's owner (PENDING shows it to its user) */
+	struct config *cfg;       /* a reference, dropped on the loop */
+	struct store_dirid dirid; /* of the saves to mark REMOTE */
+	int has_dirid;
+	double t_commit;          /* when COMMITTED was seen (now_mono) */
+	/* (lock) */
+	int committed;            /* the manifest is written: plan, then finish */
+	int busy;
+	int done;                 /* REMOTE, handed to the loop */
+	int stuck;                /* a failure no retry mends (another version remotely) */
+	struct upfile *files;
+	size_t nfiles, cap;
+	int code;                 /* the last failure (0: none) */
+	char error[ERRLEN];       /* its message, or what the tag waits for */
+	unsigned fails;
+	double retry_at;          /* now_mono() before which it is not tried again */
+	uint64_t bytes_total, bytes_done;  /* bytes_done: atomic */
+	struct workq_item wi;
+	/* the worker's, while busy */
+	int planned;
+	char *manifest;           /* the local MANIFEST.json's bytes */
+	size_t manifest_len;
+	uint64_t created_ns;
+	char **hosts;             /* the nodes whose files the tag holds */
+	size_t nhosts;
+	struct upfile *mine;      /* the plan: this node's files as the manifest lists them */
+	size_t nmine;
+};
+
+/* upload_tag.c */
+/* Reads t's manifest: which nodes' files it holds, and this node's (t->mine). */
+int uptag_plan(struct uptag *t, char *err, size_t errlen);
+/* Uploads file f of t (from its resident copy when whole in the cache, else the file). */
+int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen);
+/* Once t's files are up: the node record, then (every node's there) the remote manifest,
+ * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, or a negative code. */
+int uptag_finish(struct uptag *t, char *err, size_t errlen);
+/* Frees what the worker's steps held. */
+void uptag_clear(struct uptag *t);
+/* Aborts this node's uploads left open (a daemon killed mid-upload) in the remote of each
+ * root i of cfg (remotes[i], NULL: none) whose done[i] is 0, but those busy(key) says are
+ * in flight now; done[i] set once the remote could be listed (quiet: a failure is logged
+ * at debug level); how many remain. */
+unsigned uptag_orphans(const struct config *cfg, struct remote *const *remotes, int *done,
+		       int (*busy)(const char *key), int quiet);
+/* Start-up: calls resume(dir) for each committed tag below a root with a remote (remotes[i])
+ * that has no REMOTE.json. */
+void uptag_startup(const struct config *cfg, struct remote *const *remotes,
+		   int (*resume)(const char *dir));
+
+#endif /* DSCKPTD_UPLOAD_H */

@@ -1,0 +1,122 @@
+"""The remote tier through the binding (issue 33): a root with an S3 remote (moto's server on
+127.0.0.1, from build/venv-moto: skipped without it), ``Level.REMOTE`` and
+``SaveHandle.wait_remote()``; the files downloaded from the bucket (with the moto venv's
+boto3) open with ``safetensors.safe_open`` and hold the saved tensors; a root without a
+remote refuses the wait at once with ENOTSUP."""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+
+import dsckpt
+import dsckpt.torch as dt
+from dsckpt import Errno, Level
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MOTO = os.environ.get("MOTO_SERVER", os.path.join(REPO, "build", "venv-moto", "bin",
+                                                  "moto_server"))
+MOTO_PY = os.path.join(os.path.dirname(MOTO), "python")
+KEY, SECRET = "AKIDPYTESTREMOTE", "pytest/remote+SECRET0123456789"
+T = 120  # seconds
+
+need_moto = pytest.mark.skipif(not os.access(MOTO, os.X_OK),
+                               reason=f"no moto_server at {MOTO} (make moto)")
+
+
+def free_port():
+    """A TCP port nothing listens on now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def boto(port, code):
+    """Runs code with an S3 client ``s3`` of the moto venv's boto3; its stdout."""
+    prelude = ("import boto3, sys\n"
+               f"s3 = boto3.client('s3', endpoint_url='http://127.0.0.1:{port}', "
+               f"region_name='us-east-1', aws_access_key_id='{KEY}', "
+               f"aws_secret_access_key='{SECRET}')\n")
+    return subprocess.run([MOTO_PY, "-c", prelude + code], check=True, capture_output=True,
+                          text=True, timeout=T).stdout
+
+
+@pytest.fixture
+def moto():
+    """moto's S3 server on a free port with bucket "bkt"; its port."""
+    port = free_port()
+    log = open(os.path.join(tempfile.gettempdir(), f"pytest-moto.{port}.log"), "ab")
+    proc = subprocess.Popen([MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+                            stderr=log)
+    deadline = time.monotonic() + T
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "moto did not start"
+            time.sleep(0.1)
+    boto(port, "s3.create_bucket(Bucket='bkt')")
+    yield port
+    proc.kill()
+    proc.wait()
+    log.close()
+
+
+@need_moto
+def test_wait_remote(make_daemon, moto, tmp_path):
+    """A save reaches REMOTE after its commit; the remote holds the file (safetensors opens
+    it, tensors exact), the manifest and latest."""
+    from safetensors import safe_open
+    creds = tmp_path / "creds"
+    creds.write_text(f"[default]\naws_access_key_id = {KEY}\n"
+                     f"aws_secret_access_key = {SECRET}\n")
+    os.chmod(creds, 0o600)
+    root = str(tmp_path / "ckpt")
+    os.makedirs(root)
+    d = make_daemon(root=root, allowed_roots=[{"path": root, "remote": "s3://bkt/pre"}],
+                    s3={"endpoint": f"http://127.0.0.1:{moto}", "region": "us-east-1",
+                        "addressing": "path", "credentials_file": str(creds)})
+    conn = dsckpt.Connection(d.socket, job="job", rank=0, world_size=1)
+    state = {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64),
+             "b": torch.ones(7, dtype=torch.bfloat16)}
+    tag = os.path.join(root, "job", "step1")
+    h = dt.save(state, tag, conn=conn)
+    h.wait_durable(T)
+    dt.commit(tag, conn=conn, timeout=T)
+    assert h.wait_remote(T) == Level.REMOTE
+    assert h.level == Level.REMOTE
+    out = tmp_path / "down"
+    out.mkdir()
+    listing = boto(moto, f"""
+for k in ['job/step1/rank0.safetensors', 'job/step1/MANIFEST.json', 'job/latest']:
+    s3.download_file('bkt', 'pre/' + k, '{out}/' + k.replace('/', '_'))
+print(len(s3.list_multipart_uploads(Bucket='bkt').get('Uploads', [])))
+""")
+    assert listing.strip() == "0"
+    assert (out / "job_latest").read_text() == "step1"
+    with open(os.path.join(tag, "MANIFEST.json"), "rb") as f:
+        assert (out / "job_step1_MANIFEST.json").read_bytes() == f.read()
+    with safe_open(str(out / "job_step1_rank0.safetensors"), framework="pt") as f:
+        assert torch.equal(f.get_tensor("w"), state["w"])
+        assert torch.equal(f.get_tensor("b"), state["b"])
+    assert KEY not in d.read_log() and SECRET not in d.read_log()
+    conn.close()
+
+
+def test_wait_remote_without_remote(conn, daemon):
+    """A root without a remote tier: wait_remote fails at once with ENOTSUP."""
+    tag = os.path.join(daemon.root, "job", "step1")
+    h = dt.save({"x": torch.zeros(3)}, tag, conn=conn)
+    h.wait_durable(T)
+    dt.commit(tag, conn=conn, timeout=T)
+    with pytest.raises(dsckpt.DsckptError) as e:
+        h.wait_remote(T)
+    assert e.value.code == Errno.ENOTSUP
+    assert "remote" in str(e.value)
