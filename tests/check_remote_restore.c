@@ -28,19 +28,8 @@
 #define N1 (12u << 20)          /* rank1's: three 5 MiB ranges */
 #define S3_KNOBS "\"upload_concurrency\": 4, \"upload_part_size\": 5,"
 
-static struct moto shared;      /* the suite's moto (shared_up) */
 static const char *extra_cfg = ""; /* more keys of the replacement node's config */
 static char err[ERRLEN];
-
-/* Says SKIP and returns from the test when moto is not installed. */
-#define NEED_MOTO()                                                                       \
-	do {                                                                              \
-		if (moto_path() == NULL || shared.pid <= 0) {                             \
-			printf("SKIP: %s: no moto_server (make check installs it into "   \
-			       "build/venv-moto)\n", __func__);                            \
-			return;                                                           \
-		}                                                                         \
-	} while (0)
 
 /* Node B: saves rank r's file (n bytes of seed 10 + r's pattern) of a 2-rank job into dir,
  * on one connection per rank, and commits it from rank 0. */
@@ -120,11 +109,11 @@ static void put_file(struct remote *r, const char *rel)
 /* Copies the local tag job/tag and job/latest into moto's bucket under prefix "tier". */
 static void copy_to_s3(const char *bucket, const char *job, const char *tag)
 {
-	struct config *c = test_cfg(shared.port, 0);
+	struct config *c = test_cfg(moto_shared.port, 0);
 	char url[200];
 
 	snprintf(url, sizeof(url), "s3://%s/tier", bucket);
-	make_bucket(shared.port, bucket);
+	make_bucket(moto_shared.port, bucket);
 	struct remote *r = open_remote(c, url);
 	put_file(r, h_path("%s/%s/rank0.safetensors", job, tag));
 	put_file(r, h_path("%s/%s/rank1.safetensors", job, tag));
@@ -207,7 +196,7 @@ START_TEST(test_s3_tier_resume)
 	const char *dir = h_path("%s/jobB/t1", D->root);
 	node_b_commits("jobB", dir);
 	copy_to_s3("resume", "jobB", "t1");
-	replace_node("s3://resume/tier", shared.port);
+	replace_node("s3://resume/tier", moto_shared.port);
 	resume_ranks(dir);
 	ck_assert(!h_file_has(D->log, SECRET));
 	d_stop();
@@ -273,7 +262,7 @@ START_TEST(test_prefetch_then_cache)
 	const char *dir = h_path("%s/jobB/t1", D->root);
 	node_b_commits("jobB", dir);
 	copy_to_s3("prefetch", "jobB", "t1");
-	replace_node("s3://prefetch/tier", shared.port);
+	replace_node("s3://prefetch/tier", moto_shared.port);
 	dsckpt_conn_t *c = conn_open("jobB", 0, 2);
 	dsckpt_prefetch_info_t info;
 	CK_DS(c, dsckpt_prefetch(c, h_path("%s/jobB", D->root), NULL, 1, &info));
@@ -419,28 +408,12 @@ START_TEST(test_pulled_tags_retention)
 }
 END_TEST
 
-/* Once, in the runner before the tests: curl, and the moto server the S3 tests share. */
-static void shared_up(void)
-{
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	if (moto_path() != NULL)
-		ck_assert_msg(moto_start(&shared, 0, -1) == 0, "%s did not start (log %s)",
-			      moto_path(), shared.log);
-}
-
-/* Once, after the tests: kills the shared moto and removes its log. */
-static void shared_down(void)
-{
-	moto_kill(&shared);
-	unlink(shared.log);
-}
-
 /* The suite. */
 static Suite *remote_restore_suite(void)
 {
 	Suite *s = suite_create("remote_restore");
 	TCase *tc = tcase_create("remote_restore");
-	tcase_add_unchecked_fixture(tc, shared_up, shared_down);
+	tcase_add_unchecked_fixture(tc, moto_shared_up, moto_shared_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_file_tier_resume);
 	tcase_add_test(tc, test_s3_tier_resume);

@@ -16,24 +16,13 @@
 #include <string.h>
 #include <unistd.h>
 
-static struct moto shared;    /* started by shared_up for the tests that share one */
 static char err[ERRLEN];
-
-/* Says SKIP and returns from the test when moto is not installed. */
-#define NEED_MOTO()                                                                       \
-	do {                                                                              \
-		if (moto_path() == NULL || shared.pid <= 0) {                             \
-			printf("SKIP: %s: no moto_server (make check installs it into "   \
-			       "build/venv-moto)\n", __func__);                            \
-			return;                                                           \
-		}                                                                         \
-	} while (0)
 
 START_TEST(test_conditional_put)
 {
 	NEED_MOTO();
-	struct config *c = test_cfg(shared.port, 0);
-	make_bucket(shared.port, "cond");
+	struct config *c = test_cfg(moto_shared.port, 0);
+	make_bucket(moto_shared.port, "cond");
 	struct remote *r = open_remote(c, "s3://cond/team/ckpt");
 	char e1[REMOTE_ETAG_MAX], e2[REMOTE_ETAG_MAX], buf[16] = "";
 	uint64_t size;
@@ -59,7 +48,7 @@ START_TEST(test_conditional_put)
 	ck_assert_uint_eq(size, 5);
 	ck_assert_str_eq(e1, e2);
 	/* Under the prefix, as the key says. */
-	ck_assert_int_eq(raw(shared.port, "GET", "/cond/team/ckpt/job/latest", NULL, buf,
+	ck_assert_int_eq(raw(moto_shared.port, "GET", "/cond/team/ckpt/job/latest", NULL, buf,
 			     sizeof(buf)), 200);
 	ck_assert_str_eq(buf, "tag-2");
 	ck_assert_msg(remote_delete(r, "job/latest", err, sizeof(err)) == 0, "%s", err);
@@ -98,8 +87,8 @@ static void *race(void *arg)
 START_TEST(test_race_create)
 {
 	NEED_MOTO();
-	struct config *c = test_cfg(shared.port, 0);
-	make_bucket(shared.port, "race");
+	struct config *c = test_cfg(moto_shared.port, 0);
+	make_bucket(moto_shared.port, "race");
 	struct remote *r = open_remote(c, "s3://race");
 
 	for (int round = 0; round < 10; round++) {
@@ -134,8 +123,8 @@ END_TEST
 START_TEST(test_multipart_ranges)
 {
 	NEED_MOTO();
-	struct config *c = test_cfg(shared.port, 0);
-	make_bucket(shared.port, "multi");
+	struct config *c = test_cfg(moto_shared.port, 0);
+	make_bucket(moto_shared.port, "multi");
 	struct remote *r = open_remote(c, "s3://multi/p");
 	size_t n = 40 * MIB + 12345;
 	char *data = malloc(n), *back = malloc(n);
@@ -188,8 +177,8 @@ static int failing_read(void *arg, uint64_t off, void *buf, size_t len)
 START_TEST(test_abort)
 {
 	NEED_MOTO();
-	struct config *c = test_cfg(shared.port, 0);
-	make_bucket(shared.port, "abort");
+	struct config *c = test_cfg(moto_shared.port, 0);
+	make_bucket(moto_shared.port, "abort");
 	struct remote *r = open_remote(c, "s3://abort/pre");
 	struct remote_src src = { failing_read, NULL, 30 * MIB };
 	struct found f;
@@ -202,9 +191,9 @@ START_TEST(test_abort)
 	ck_assert_int_eq(open_uploads(r, &f), 0);
 	ck_assert_int_eq(remote_head(r, "job/t/f", &size, NULL, err, sizeof(err)), ERR_ENOENT);
 	/* An upload left open (a daemon killed mid-upload) is found and aborted. */
-	ck_assert_int_eq(raw(shared.port, "POST", "/abort/pre/job/t2/g?uploads=", "", body,
+	ck_assert_int_eq(raw(moto_shared.port, "POST", "/abort/pre/job/t2/g?uploads=", "", body,
 			     sizeof(body)), 200);
-	ck_assert_int_eq(raw(shared.port, "POST", "/abort/elsewhere?uploads=", "", body,
+	ck_assert_int_eq(raw(moto_shared.port, "POST", "/abort/elsewhere?uploads=", "", body,
 			     sizeof(body)), 200);
 	ck_assert_int_eq(open_uploads(r, &f), 1);  /* not the one outside the prefix */
 	ck_assert_str_eq(f.key, "job/t2/g");
@@ -219,8 +208,8 @@ END_TEST
 START_TEST(test_virtual_addressing)
 {
 	NEED_MOTO();
-	struct config *c = test_cfg(shared.port, 1);  /* bucket.localhost: curl resolves it */
-	make_bucket(shared.port, "virt");
+	struct config *c = test_cfg(moto_shared.port, 1);  /* bucket.localhost: curl resolves it */
+	make_bucket(moto_shared.port, "virt");
 	char logpath[64] = "/tmp/check_remote_s3.log.XXXXXX", buf[4] = "", want[128];
 	int saved = capture_begin(logpath);
 	struct remote *r = open_remote(c, "s3://virt/a/b");
@@ -229,9 +218,9 @@ START_TEST(test_virtual_addressing)
 	char *log = capture_end(logpath, saved);
 	ck_assert_msg(checked == 0 && put == 0, "%s", err);
 	/* The bucket in the host name, the prefix and key in the path. */
-	snprintf(want, sizeof(want), "PUT http://virt.localhost:%d/a/b/k: HTTP 200", shared.port);
+	snprintf(want, sizeof(want), "PUT http://virt.localhost:%d/a/b/k: HTTP 200", moto_shared.port);
 	ck_assert_msg(strstr(log, want), "%s", log);
-	ck_assert_int_eq(raw(shared.port, "GET", "/virt/a/b/k", NULL, buf, sizeof(buf)), 200);
+	ck_assert_int_eq(raw(moto_shared.port, "GET", "/virt/a/b/k", NULL, buf, sizeof(buf)), 200);
 	ck_assert_str_eq(buf, "abc");
 	free(log);
 	remote_close(r);
@@ -239,22 +228,11 @@ START_TEST(test_virtual_addressing)
 }
 END_TEST
 
-/* Once, in the runner before the tests: quiet logs, curl, and the moto server the tests
- * share (when moto is installed; the suite fails when it does not start). */
+/* Once, in the runner before the tests: quiet logs, then moto_shared_up. */
 static void shared_up(void)
 {
 	log_init("check_remote_s3", LOG_LVL_ERROR);
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	if (moto_path() != NULL)
-		ck_assert_msg(moto_start(&shared, 0, -1) == 0, "%s did not start (log %s)",
-			      moto_path(), shared.log);
-}
-
-/* Once, after the tests (failed ones too): kills the shared moto and removes its log. */
-static void shared_down(void)
-{
-	moto_kill(&shared);
-	unlink(shared.log);
+	moto_shared_up();
 }
 
 /* The suite. */
@@ -262,7 +240,7 @@ static Suite *remote_s3_suite(void)
 {
 	Suite *s = suite_create("remote_s3");
 	TCase *tc = tcase_create("remote_s3");
-	tcase_add_unchecked_fixture(tc, shared_up, shared_down);
+	tcase_add_unchecked_fixture(tc, shared_up, moto_shared_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_conditional_put);
 	tcase_add_test(tc, test_race_create);

@@ -20,23 +20,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static struct moto shared;    /* started by shared_up for the tests that share one */
 static char err[ERRLEN];
-
-/* Says SKIP and returns from the test when moto is not installed. */
-#define NEED_MOTO()                                                                       \
-	do {                                                                              \
-		if (moto_path() == NULL || shared.pid <= 0) {                             \
-			printf("SKIP: %s: no moto_server (make check installs it into "   \
-			       "build/venv-moto)\n", __func__);                            \
-			return;                                                           \
-		}                                                                         \
-	} while (0)
 
 START_TEST(test_missing_bucket_unreachable)
 {
 	NEED_MOTO();
-	struct config *c = test_cfg(shared.port, 0);
+	struct config *c = test_cfg(moto_shared.port, 0);
 	struct remote *r = open_remote(c, "s3://no-such-bucket/p");
 	char buf[4];
 
@@ -209,8 +198,8 @@ START_TEST(test_no_secret_logged)
 	NEED_MOTO();
 	char logpath[64] = "/tmp/check_remote_s3.log.XXXXXX", big[6 * MIB / 4];
 	int saved = capture_begin(logpath);
-	struct config *c = test_cfg(shared.port, 0);
-	make_bucket(shared.port, "quiet");
+	struct config *c = test_cfg(moto_shared.port, 0);
+	make_bucket(moto_shared.port, "quiet");
 	struct remote *r = open_remote(c, "s3://quiet");
 	struct remote_src src = { mem_read, big, sizeof(big) };
 	char msgs[8][ERRLEN];
@@ -274,20 +263,20 @@ START_TEST(test_dsckptd_check)
 	NEED_MOTO();
 	char dir[256], roots[2048], out[8192];
 	h_tmpdir(dir, sizeof(dir));
-	make_bucket(shared.port, "good");
+	make_bucket(moto_shared.port, "good");
 	ck_assert_int_eq(mkdir(h_path("%s/shared", dir), 0700), 0);
 	for (const char *n = "abcde"; *n; n++)
 		ck_assert_int_eq(mkdir(h_path("%s/%c", dir, *n), 0700), 0);
 	snprintf(roots, sizeof(roots), "\"%s/a\", {\"path\": \"%s/b\", \"remote\": \"s3://good/p\"}, "
 		 "{\"path\": \"%s/e\", \"remote\": \"file://%s/shared\"}", dir, dir, dir, dir);
-	ck_assert_msg(check_config(dir, roots, shared.port, out, sizeof(out)) == 0, "%s", out);
+	ck_assert_msg(check_config(dir, roots, moto_shared.port, out, sizeof(out)) == 0, "%s", out);
 	ck_assert_str_eq(out, "configuration OK\n");
 
 	/* A missing bucket, a missing directory: one line each, naming the root. */
 	snprintf(roots, sizeof(roots), "{\"path\": \"%s/b\", \"remote\": \"s3://good/p\"}, "
 		 "{\"path\": \"%s/c\", \"remote\": \"s3://gone/p\"}, "
 		 "{\"path\": \"%s/d\", \"remote\": \"file://%s/nowhere\"}", dir, dir, dir, dir);
-	ck_assert_int_eq(check_config(dir, roots, shared.port, out, sizeof(out)), 1);
+	ck_assert_int_eq(check_config(dir, roots, moto_shared.port, out, sizeof(out)), 1);
 	ck_assert_msg(strstr(out, h_path("root %s/c: remote 's3://gone/p': bucket check: bucket "
 					 "'gone' does not exist", dir)) &&
 		      strstr(out, h_path("root %s/d: remote 'file://%s/nowhere': directory", dir,
@@ -305,22 +294,11 @@ START_TEST(test_dsckptd_check)
 }
 END_TEST
 
-/* Once, in the runner before the tests: quiet logs, curl, and the moto server the tests
- * share (when moto is installed; the suite fails when it does not start). */
+/* Once, in the runner before the tests: quiet logs, then moto_shared_up. */
 static void shared_up(void)
 {
 	log_init("check_remote_s3_faults", LOG_LVL_ERROR);
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	if (moto_path() != NULL)
-		ck_assert_msg(moto_start(&shared, 0, -1) == 0, "%s did not start (log %s)",
-			      moto_path(), shared.log);
-}
-
-/* Once, after the tests (failed ones too): kills the shared moto and removes its log. */
-static void shared_down(void)
-{
-	moto_kill(&shared);
-	unlink(shared.log);
+	moto_shared_up();
 }
 
 /* The suite. */
@@ -328,7 +306,7 @@ static Suite *remote_s3_faults_suite(void)
 {
 	Suite *s = suite_create("remote_s3_faults");
 	TCase *tc = tcase_create("remote_s3_faults");
-	tcase_add_unchecked_fixture(tc, shared_up, shared_down);
+	tcase_add_unchecked_fixture(tc, shared_up, moto_shared_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_missing_bucket_unreachable);
 	tcase_add_test(tc, test_credentials);

@@ -149,6 +149,24 @@ void make_bucket(int port, const char *bucket)
 	ck_assert_int_eq(raw(port, "PUT", path, NULL, NULL, 0), 200);
 }
 
+struct moto moto_shared;
+
+/* curl, and the suite's shared moto when moto is installed. */
+void moto_shared_up(void)
+{
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	if (moto_path() != NULL)
+		ck_assert_msg(moto_start(&moto_shared, 0, -1) == 0, "%s did not start (log %s)",
+			      moto_path(), moto_shared.log);
+}
+
+/* Kills the shared moto and removes its log. */
+void moto_shared_down(void)
+{
+	moto_kill(&moto_shared);
+	unlink(moto_shared.log);
+}
+
 /* A config for remote_open: moto at port, path addressing, our test credentials. */
 struct config *test_cfg(int port, int virtual_hosted)
 {

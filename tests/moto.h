@@ -44,6 +44,23 @@ long raw(int port, const char *method, const char *path, const char *body, char 
 /* Makes bucket on moto at port (fails the test otherwise). */
 void make_bucket(int port, const char *bucket);
 
+/* The moto server a suite's tests share, started by moto_shared_up. */
+extern struct moto moto_shared;
+/* An unchecked fixture, once before a suite's tests: curl, and moto_shared when moto is
+ * installed (the suite fails when it does not start). */
+void moto_shared_up(void);
+/* Its pair, once after the tests (failed ones too): kills moto_shared, removes its log. */
+void moto_shared_down(void);
+/* Says SKIP and returns from the test when moto is not installed. */
+#define NEED_MOTO()                                                                       \
+	do {                                                                              \
+		if (moto_path() == NULL || moto_shared.pid <= 0) {                        \
+			printf("SKIP: %s: no moto_server (make check installs it into "   \
+			       "build/venv-moto)\n", __func__);                           \
+			return;                                                           \
+		}                                                                         \
+	} while (0)
+
 
 /* ---- what the S3 suites share ---- */
 
