@@ -32,29 +32,6 @@ static int r_prefetch(int fd, const char *dir, struct res *res)
 	return r_call(fd, &o, 0, NULL, NULL, res, 30000);
 }
 
-/* LOAD_BEGIN of dir/file then, when granted, LOAD_END of U8 "t" (n bytes) into region 1 and
- * LOAD_WAIT: 0 when loaded, else the code of the step that refused. */
-static int r_load(int fd, const char *dir, const char *file, uint64_t n, struct res *res)
-{
-	struct proto_out o;
-
-	out_map(&o, PROTO_LOAD_BEGIN, 2);
-	proto_kv_str(&o.pk, "dir", dir);
-	proto_kv_str(&o.pk, "file", file);
-	int rc = r_call(fd, &o, 0, NULL, "load", res, 30000);
-	if (rc != 0)
-		return rc;
-	int64_t load = res->v;
-	out_map(&o, PROTO_LOAD_END, 2);
-	proto_kv_u64(&o.pk, "load", (uint64_t)load);
-	proto_key(&o.pk, "tensors");
-	msgpack_pack_array(&o.pk, 1);
-	pack_u8(&o.pk, "t", 1, 0, n);
-	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 10000)) != 0)
-		return rc;
-	return r_load_wait(fd, load, res);
-}
-
 /* The attacker: rc[1] its load of the victim's remote tag, rc[2] a PREFETCH of that tag,
  * rc[3] of the victim's job (its remote latest); msg[1..3] their messages. */
 static int atk_remote(void *arg)

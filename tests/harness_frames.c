@@ -343,3 +343,25 @@ int r_load_wait(int fd, int64_t load, struct res *res)
 		snprintf(res->msg, sizeof(res->msg), "level %lld", (long long)res->v);
 	return res->v == DSCKPT_LOADED ? 0 : DSCKPT_EFAILED;
 }
+
+/* LOAD_BEGIN, LOAD_END of U8 "t" into region 1, LOAD_WAIT: 0, or the refusing step's code. */
+int r_load(int fd, const char *dir, const char *file, uint64_t n, struct res *res)
+{
+	struct proto_out o;
+
+	out_map(&o, PROTO_LOAD_BEGIN, 2);
+	proto_kv_str(&o.pk, "dir", dir);
+	proto_kv_str(&o.pk, "file", file);
+	int rc = r_call(fd, &o, 0, NULL, "load", res, 30000);
+	if (rc != 0)
+		return rc;
+	int64_t load = res->v;
+	out_map(&o, PROTO_LOAD_END, 2);
+	proto_kv_u64(&o.pk, "load", (uint64_t)load);
+	proto_key(&o.pk, "tensors");
+	msgpack_pack_array(&o.pk, 1);
+	pack_u8(&o.pk, "t", 1, 0, n);
+	if ((rc = r_call(fd, &o, 0, NULL, "level", res, 10000)) != 0)
+		return rc;
+	return r_load_wait(fd, load, res);
+}

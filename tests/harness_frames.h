@@ -88,5 +88,9 @@ int r_commit_send(int fd, const char *dir);
 /* LOAD_WAIT of load (20 s): 0 when LOADED, DSCKPT_EFAILED when it ended at another level
  * (res->msg says which), or a negative code. */
 int r_load_wait(int fd, int64_t load, struct res *res);
+/* LOAD_BEGIN of dir/file (30 s: a remote tag is pulled first) then, when it is granted,
+ * LOAD_END of U8 "t" (n bytes) into region 1 and LOAD_WAIT: 0 when loaded, else the code of
+ * the step that refused. */
+int r_load(int fd, const char *dir, const char *file, uint64_t n, struct res *res);
 
 #endif
