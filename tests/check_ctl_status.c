@@ -78,7 +78,8 @@ START_TEST(test_status_bytes)
 END_TEST
 
 /* list without ROOT lists the daemon's allowed root (a table headed by it; under --json the
- * root's object), with the tag resident; with no daemon it says it needs ROOT. */
+ * root's object), with the tag in the cache and local tiers; with no daemon it says it needs
+ * ROOT. */
 START_TEST(test_list_roots)
 {
 	const char *out, *err;
@@ -89,8 +90,8 @@ START_TEST(test_list_roots)
 	dsckpt_close(c);
 	ck_assert_int_eq(ctl2(&out, &err, "list"), 0);
 	ck_assert_msg(strstr(out, h_path("%s:\n", D->root)) && strstr(out, "ls/t1") &&
-		      strstr(out, "committed") && strstr(out, "resident"), "list said: %s%s", out,
-		      err);
+		      strstr(out, "committed") && strstr(out, "cache local"), "list said: %s%s",
+		      out, err);
 	ck_assert_int_eq(ctl2(&out, &err, "--json list"), 0);
 	cJSON *doc = cJSON_Parse(out);
 	ck_assert_msg(doc != NULL, "not JSON: %s", out);
