@@ -387,6 +387,7 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 			       errlen) != 0 ||
 	    peer_net_open(PEER_TIMEOUT_S, &peer.net, err, errlen) != 0)
 		goto fail;
+	replica_recover(peer.rs);  /* the copies left on replica_root, checked again */
 	peer.svc = (struct peer_service){ .secret = peer.secret, .secret_len = peer.secret_len,
 					  .rs = peer.rs };
 	if (peer_listen(peer.net, peer.port, PEER_MAX_CONNS, peer_serve, &peer.svc, err,
@@ -440,6 +441,23 @@ void peer_stop(void)
 	explicit_bzero(peer.secret, peer.secret_len);
 	free(peer.secret);
 	peer.on = 0;
+}
+
+/* Whether peer copies run. */
+int peer_on(void)
+{
+	return peer.on;
+}
+
+/* Opens an authenticated link to host's daemon for a restore (see dsckptd.h). */
+int peer_restore_open(const char *host, struct peer_link **out, char *err, size_t errlen)
+{
+	if (!peer.on) {
+		snprintf(err, errlen, "peer copies are off");
+		return -ENOTCONN;
+	}
+	return peer_open(peer.net, host, peer.port, peer.secret, peer.secret_len, PEER_TIMEOUT_S,
+			 out, err, errlen);
 }
 
 /* Checks that UCX opens with a transport (dsckptd -n) when cfg turns peer copies on; 0, or

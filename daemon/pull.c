@@ -15,6 +15,9 @@
  * nothing of it is loaded. Keys come only from the validated directory (store_open_dir's
  * rules, names of [A-Za-z0-9._-]) and the manifest's file names (store_valid_file).
  *
+ * With peer copies on, a tag (or a job's latest) is asked of other nodes' daemons first
+ * (pull_peer.c), and the remote tier is the fallback when no peer holds it whole.
+ *
  * Threads: pull_tag blocks (libuv's threadpool runs it); two pulls of one directory do not run
  * at once (the second waits, then finds the tag local).
  */
@@ -129,6 +132,12 @@ int pull_has_remote(const struct config *cfg, const char *dir)
 	const char *rel;
 
 	return remote_of(cfg, dir, 2, &rel) != NULL;
+}
+
+/* Whether a tag dir missing here could be pulled: from peer copies, or a remote tier. */
+int pull_has_source(const struct config *cfg, const char *dir)
+{
+	return peer_on() || pull_has_remote(cfg, dir);
 }
 
 /* Reads key (at most max bytes) into a malloc'd, NUL-terminated buffer (*len bytes), charged
@@ -378,16 +387,24 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	int rc;
 
 	memset(info, 0, sizeof(*info));
-	if (!url)
+	if (!url && !peer_on())
 		return err_set(err, errlen, ERR_ENOENT, "%s is not on this node, and its root has "
 			       "no remote tier it could come from", dir);
 	if (strlen(dir) >= sizeof(me.dir))
 		return err_set(err, errlen, ERR_ENAMETOOLONG, "%s: too long", dir);
-	const char *tag = strrchr(rel, '/') + 1;
-	snprintf(info->tag, sizeof(info->tag), "%s", tag);
+	snprintf(info->tag, sizeof(info->tag), "%s", strrchr(dir, '/') + 1);
 	snprintf(me.dir, sizeof(me.dir), "%s", dir);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	busy_enter(&me);
+	if (peer_on()) {	/* other nodes' copies first, at the network's speed */
+		rc = pull_peer_tag(cfg, dir, uid, gid, info, err, errlen);
+		if (rc == 0 || rc == ERR_EACCES || !url)
+			goto out;
+		log_info("%s not pulled from peer copies (%s); from the remote tier", dir, err);
+		memset(info, 0, sizeof(*info));
+		snprintf(info->tag, sizeof(info->tag), "%s", strrchr(dir, '/') + 1);
+	}
+	const char *tag = strrchr(rel, '/') + 1;
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) < 0)
 		goto out;
 	if ((rc = get_manifest(r, rel, tag, uid, &text, &len, &m, err, errlen)) < 0)
@@ -405,7 +422,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	free(buf);
 	quota_give(uid, QUOTA_HELD, cap);
 	if (rc == 0) {
-		info->pulled = 1;
+		info->pulled = PULL_REMOTE;
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		info->seconds = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
 		log_info("pulled %s from %s: %" PRIu64 " files, %" PRIu64 " bytes in %.3f s", dir,
@@ -432,6 +449,16 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
 	size_t len = 0;
 	int rc;
 
+	if (peer_on()) {	/* a tag the peers hold */
+		struct peer_restore pr;
+		const char *tag = strrchr(dir, '/'), *j = tag;
+		char job[256];
+		while (j > dir && j[-1] != '/')
+			j--;
+		snprintf(job, sizeof(job), "%.*s", (int)(tag - j), j);
+		if ((rc = peer_restore(cfg, dir, job, tag + 1, 0, &pr, err, errlen)) == 0 || !url)
+			return rc;
+	}
 	if (!url)
 		return err_set(err, errlen, ERR_ENOENT, "%s: its root has no remote tier", dir);
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) == 0)
@@ -456,6 +483,9 @@ int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *t
 	size_t len = 0, held = 0, tlen = 0;
 	int rc;
 
+	if (peer_on() && ((rc = pull_peer_latest(cfg, jobdir, tag, taglen, created_ns, err,
+						 errlen)) == 0 || !url))
+		return rc;	/* the newest commit other nodes' copies hold */
 	if (!url)
 		return err_set(err, errlen, ERR_ENOENT, "%s has no committed tag on this node, and "
 			       "its root has no remote tier", jobdir);
