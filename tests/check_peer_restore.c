@@ -7,8 +7,9 @@
  * on an empty root, told the cluster's hosts (peer_hosts): with another secret it restores
  * nothing; with the secret it loads its ranks through libdsckpt: source "peer", bytes exact
  * (checked again by the load), the tag committed there with run-b's manifest, not run-a's.
- * A node whose copies lie on replica_root keeps them over a restart, checked. SKIP without
- * root or ip(8). */
+ * A replacement of a new host name prefetches the job's latest (find_latest's path): every
+ * owner's copy the peers still hold. A node whose copies lie on replica_root keeps them over
+ * a restart, checked. SKIP without root or ip(8). */
 #include "harness_daemon.h"
 #include "netns.h"
 #include "../daemon/dsckptd.h"
@@ -170,8 +171,10 @@ out:
 	return rc;
 }
 
-/* Starts a fresh node 2 (namespace 2, its address) on root, asking the other nodes. */
-static void start_node2(struct hdaemon *n, const char *root, const char *secret_path)
+/* Starts a fresh node 2 (namespace 2) on root, named host (NULL: node 2's address), asking
+ * the other nodes. */
+static void start_node2(struct hdaemon *n, const char *root, const char *secret_path,
+			const char *host)
 {
 	struct hdaemon at = *D;
 	char json[1024];
@@ -180,7 +183,7 @@ static void start_node2(struct hdaemon *n, const char *root, const char *secret_
 	ck_assert_int_eq(mkdir(root, 0755), 0);
 	ck_assert_int_eq(netns_enter(&ns, 2), 0);
 	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
-		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s,%s,%s\",", ns.addr[2],
+		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s,%s,%s\",", host ? host : ns.addr[2],
 		 secret_path, ns.addr[0], ns.addr[1], ns.addr[3]);
 	h_daemon_start_peer(n, &at, "fresh2", 0.0625, json);
 }
@@ -235,7 +238,8 @@ START_TEST(test_lost_node_restored_from_peers)
 	h_daemon_kill(&n[2], SIGKILL);
 	/* One with another secret: refused by every peer, nothing restored. */
 	snprintf(root2, sizeof(root2), "%s/root-wrong", scratch);
-	start_node2(&fresh, root2, secret_file(scratch, 1, "another-cluster-secret-987654321"));
+	start_node2(&fresh, root2, secret_file(scratch, 1, "another-cluster-secret-987654321"),
+		    NULL);
 	dsckpt_conn_t *c2;
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
@@ -248,7 +252,7 @@ START_TEST(test_lost_node_restored_from_peers)
 
 	/* With the secret: both ranks from the peers, exact, run-b's commit. */
 	snprintf(root2, sizeof(root2), "%s/root2", scratch);
-	start_node2(&fresh, root2, good);
+	start_node2(&fresh, root2, good, NULL);
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
 	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
@@ -263,6 +267,25 @@ START_TEST(test_lost_node_restored_from_peers)
 		      h_text(h_path("%s/pj/step1/MANIFEST.json", root2)));
 	ck_assert(!h_file_has(h_path("%s/pj/step1/MANIFEST.json", root2), "run-a"));
 	ck_assert_msg(h_file_has(fresh.log, "from 1 peer copies"), "%s", h_text(fresh.log));
+	dsckpt_close(c2);
+	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
+
+	/* A replacement of a new name, as find_latest asks: the job's latest, every owner's copy
+	 * the peers still hold (node 1's only copy was on node 2, gone with it). */
+	snprintf(root2, sizeof(root2), "%s/root3", scratch);
+	start_node2(&fresh, root2, good, "replacement-node");
+	dsckpt_prefetch_info_t info;
+	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
+	CK_DS(c2, dsckpt_identify(c2, "pj", 7, 2 * NODES));
+	CK_DS(c2, dsckpt_prefetch(c2, h_path("%s/pj", root2), NULL, 1, &info));
+	ck_assert_str_eq(info.tag, "step1");
+	ck_assert_uint_gt(info.bytes_pulled, 6 * (uint64_t)N_BYTES);
+	for (int r = 0; r < 2 * NODES; r++)
+		ck_assert_int_eq(access(h_path("%s/pj/step1/rank%d.safetensors", root2, r), F_OK) == 0,
+				 r / 2 != 1);
+	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank7", N_BYTES, 507, src,
+				&exact), DSCKPT_LOADED);
+	ck_assert(exact);
 	dsckpt_close(c2);
 
 	for (int r = 0; r < 2 * NODES; r++) {
