@@ -1876,6 +1876,35 @@ void metrics_recovered(enum metric_recovery a, uint64_t n);
 void metrics_observe(enum metric_hist h, double seconds);
 /* Fills v with every counter and histogram as of now (loop thread). */
 void metrics_view(struct metrics_view *v);
+/* Peer copies' block (issue 35), apart from the above: counters and gauges any thread sets,
+ * and the replication histogram (seconds from COMMITTED to a peer keeping the copy),
+ * observed by the sender thread. */
+enum metric_peer {
+	METRIC_PEER_BYTES_SENT,       /* bytes of copies peers kept */
+	METRIC_PEER_BYTES_RECEIVED,   /* bytes of other nodes' copies kept here */
+	METRIC_PEER_COPIES_SENT,      /* copies peers kept */
+	METRIC_PEER_COPIES_RECEIVED,  /* copies kept here (taken back at start too) */
+	METRIC_PEER_RESTORED_BYTES,   /* bytes written into the local tier from peers' copies */
+	METRIC_PEER_COPIES_HELD,      /* gauge: copies the replica store holds */
+	METRIC_PEER_MEMORY_BYTES,     /* gauge: of replica_cache_size in use */
+	METRIC_PEER_EVICTIONS,        /* copies dropped for room */
+	METRIC_PEER_N
+};
+struct metrics_peer_view {
+	uint64_t v[METRIC_PEER_N];
+	struct metrics_hist replication;
+};
+/* Adds n to peer counter m (any thread). */
+void metrics_peer_add(enum metric_peer m, uint64_t n);
+/* Sets peer gauge (or store-kept count) m to n (any thread). */
+void metrics_peer_set(enum metric_peer m, uint64_t n);
+/* One replication of seconds into the histogram (any thread). */
+void metrics_peer_replicated(double seconds);
+/* Fills v as of now (any thread; a reader may see one value a piece ahead of another). */
+void metrics_peer_view(struct metrics_peer_view *v);
+/* The wire key of peer value m; the replication histogram's is METRIC_PEER_HIST_KEY. */
+const char *metrics_peer_key(enum metric_peer m);
+#define METRIC_PEER_HIST_KEY "peer_replication_seconds"
 /* Wire keys (PROTOCOL.md's METRICS) of a counter, a reasoned one, an action, a histogram. */
 const char *metrics_counter_key(enum metric m);
 const char *metrics_reasoned_key(enum metric_reasoned m);
@@ -1939,6 +1968,7 @@ void query_pending_free(struct query_pending *q);
 /* METRICS's answer: metrics.c's view and the gauges of the moment. */
 struct query_metrics {
 	struct metrics_view v;
+	struct metrics_peer_view peer;
 	uint64_t start_time_ms, uptime_ms;
 	uint64_t cache_total, cache_used, cache_resident;
 	uint64_t clients, saves_in_flight, loads_in_flight;

@@ -72,6 +72,25 @@ static int peer_ids_ok(const struct peer_ids *w)
 	       w->manifest_len > 0 && w->manifest_len <= PEER_MAX_MANIFEST;
 }
 
+/* Counts a copy kept (its bytes) and the store's gauges in the metrics. */
+static void peer_serve_count(struct peer_service *svc, const struct replica *r)
+{
+	const char *text;
+	size_t len;
+	unsigned nfiles, copies;
+	uint64_t bytes = 0, mem, evictions;
+
+	replica_id(r, &text, &len, &nfiles);
+	for (unsigned i = 0; i < nfiles; i++)
+		bytes += replica_file(r, i)->size;
+	metrics_peer_add(METRIC_PEER_COPIES_RECEIVED, 1);
+	metrics_peer_add(METRIC_PEER_BYTES_RECEIVED, bytes);
+	replica_stats(svc->rs, &copies, &mem, &evictions);
+	metrics_peer_set(METRIC_PEER_COPIES_HELD, copies);
+	metrics_peer_set(METRIC_PEER_MEMORY_BYTES, mem);
+	metrics_peer_set(METRIC_PEER_EVICTIONS, evictions);
+}
+
 /* Receives a PUT's files and PUT_END into r; 0 when all arrived checked, a negative errno
  * of the link (r to drop quietly), or 1 with *code and err: the copy is refused, and what the
  * peer still sent up to PUT_END was read and dropped. */
@@ -148,6 +167,7 @@ static int peer_serve_put(struct peer_service *svc, struct peer_link *l,
 	}
 	if (rc == 0 && (code = replica_in_commit(r, err, sizeof(err))) == 0) {
 		atomic_fetch_add(&svc->copies_in, 1);
+		peer_serve_count(svc, r);
 		log_info("peer %s: kept %s's copy of %s (job %s)", peer_link_who(l), w->owner,
 			 w->tag, w->job);
 		return peer_serve_result(l, 0, "");

@@ -185,6 +185,7 @@ int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gi
 		rc = pull_peer_into(cfg, dir, &pr, owner, gid, info, err, errlen);
 	if (rc == 0) {
 		info->pulled = PULL_PEER;
+		metrics_peer_add(METRIC_PEER_RESTORED_BYTES, info->bytes);
 		info->created_ns = pr.created_ns;
 		info->seconds = now_mono() - t0;
 		log_info("pulled %s from %u peer copies: %" PRIu64 " files, %" PRIu64 " bytes in "

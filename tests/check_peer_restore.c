@@ -15,6 +15,7 @@
 #include "../daemon/dsckptd.h"
 
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -171,6 +172,26 @@ out:
 	return rc;
 }
 
+/* The value of key in the METRICS of the daemon on socket (dsckptd metrics --json); for a
+ * histogram, its count. */
+static double metric(const char *socket, const char *key)
+{
+	char cmd[1024], out[65536];
+	snprintf(cmd, sizeof(cmd), "%s -s %s metrics --json", h_bin("dsckptctl"), socket);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	size_t n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	ck_assert_int_eq(pclose(p), 0);
+	cJSON *doc = cJSON_Parse(out), *v = cJSON_GetObjectItem(doc, key);
+	ck_assert_msg(v != NULL, "no %s in %s", key, out);
+	if (cJSON_IsObject(v))
+		v = cJSON_GetObjectItem(v, "count");
+	double x = cJSON_GetNumberValue(v);
+	cJSON_Delete(doc);
+	return x;
+}
+
 /* Starts a fresh node 2 (namespace 2) on root, named host (NULL: node 2's address), asking
  * the other nodes. */
 static void start_node2(struct hdaemon *n, const char *root, const char *secret_path,
@@ -233,6 +254,15 @@ START_TEST(test_lost_node_restored_from_peers)
 	for (int i = 0; i < NODES; i++)
 		wait_copy(ns.addr[(i + 1) % NODES], "pj", 2 * (unsigned)i, ns.addr[i]);
 	put_stale(ns.addr[1], dir, ns.addr[2]);
+	/* The peer block of the metrics: node 2 sent one copy (its two files), node 3 keeps it;
+	 * node 1 holds node 0's and the stale one. */
+	ck_assert_double_eq(metric(n[2].socket, "peer_copies_sent"), 1);
+	ck_assert_double_ge(metric(n[2].socket, "peer_bytes_sent"), 2.0 * N_BYTES);
+	ck_assert_double_eq(metric(n[2].socket, "peer_replication_seconds"), 1);
+	ck_assert_double_eq(metric(n[3].socket, "peer_copies_received"), 1);
+	ck_assert_double_ge(metric(n[3].socket, "peer_bytes_received"), 2.0 * N_BYTES);
+	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 2);
+	ck_assert_double_eq(metric(n[1].socket, "peer_evictions"), 0);
 
 	/* Node 2 is lost; its replacement starts on an empty root. */
 	h_daemon_kill(&n[2], SIGKILL);
@@ -267,6 +297,7 @@ START_TEST(test_lost_node_restored_from_peers)
 		      h_text(h_path("%s/pj/step1/MANIFEST.json", root2)));
 	ck_assert(!h_file_has(h_path("%s/pj/step1/MANIFEST.json", root2), "run-a"));
 	ck_assert_msg(h_file_has(fresh.log, "from 1 peer copies"), "%s", h_text(fresh.log));
+	ck_assert_double_ge(metric(fresh.socket, "peer_restored_bytes"), 2.0 * N_BYTES);
 	dsckpt_close(c2);
 	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
 
