@@ -9,7 +9,8 @@
  * (checked again by the load), the tag committed there with run-b's manifest, not run-a's.
  * A replacement of a new host name prefetches the job's latest (find_latest's path): every
  * owner's copy the peers still hold. A node whose copies lie on replica_root keeps them over
- * a restart, checked. SKIP without root or ip(8). */
+ * a restart, checked. A peer that breaks off mid-file leaves nothing of the tag behind.
+ * SKIP without root or ip(8). */
 #include "harness_daemon.h"
 #include "netns.h"
 #include "../daemon/dsckptd.h"
@@ -24,6 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define N_BYTES (2 * MIB + 4321)
 #define SECRET "restore-suite-secret-0123456789"
@@ -333,6 +335,113 @@ START_TEST(test_lost_node_restored_from_peers)
 }
 END_TEST
 
+/* Puts the files of rank 0 of the committed tag dir into rs as owner's copy; the spilled
+ * file's path under rootdir into spilled. */
+static void hold_copy(struct replica_store *rs, const char *dir, const char *owner,
+		      const char *rootdir, char *spilled, size_t len)
+{
+	size_t mlen, flen;
+	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), &mlen), why[256], err[512];
+	struct manifest *m = manifest_parse(text, mlen, why, sizeof(why));
+	struct replica *r;
+	unsigned rank = 0, idx;
+	ck_assert_ptr_nonnull(m);
+	struct replica_id id = { owner, "mj", m->run ? m->run : "", "step1", dir, m->created_ns };
+	ck_assert_int_eq(replica_in_begin(rs, &id, text, mlen, &rank, 1, &r, err, sizeof(err)), 0);
+	for (size_t i = 0; i < m->nfiles; i++) {
+		if (m->files[i].rank != 0)
+			continue;
+		char *bytes = h_read_file(h_path("%s/%s", dir, m->files[i].name), &flen);
+		ck_assert_int_eq(replica_in_file(r, m->files[i].name, flen, &idx, err, sizeof(err)),
+				 0);
+		ck_assert_int_eq(replica_in_write(r, idx, bytes, flen, err, sizeof(err)), 0);
+		ck_assert_msg(replica_in_file_end(r, idx, XXH3_64bits(bytes, flen), err,
+						  sizeof(err)) == 0, "%s", err);
+		free(bytes);
+	}
+	ck_assert_msg(replica_in_commit(r, err, sizeof(err)) == 0, "%s", err);
+	snprintf(spilled, len, "%s/1/rank0.safetensors", rootdir);
+	manifest_free(m);
+	free(text);
+}
+
+/* A peer that breaks off mid-file: the one holder of a lost node's copy (this test process's
+ * own peer service, in namespace 1) cannot read its spilled file past half (truncated), so it
+ * closes the link after the first 4 MiB of the file's data; the replacement restores nothing (no file, no .partial, no
+ * manifest) and the load fails. With the file whole again, the same load restores it. */
+START_TEST(test_peer_dies_mid_transfer)
+{
+	char scratch[256], rootdir[300], spilled[600], json[2048], src[16], err[512];
+	struct hdaemon fresh;
+	dsckpt_conn_t *c;
+	void *mem;
+	int exact;
+
+	if (!usable)
+		return;
+	netns_ucx_env();
+	h_tmpdir(scratch, sizeof(scratch));
+	/* A committed one-node tag to copy from (no peer copies on this daemon). */
+	d_start(0.0625, CHUNK_1M);
+	const char *dir = h_path("%s/mj/step1", D->root);
+	ck_assert_int_eq(dsckpt_connect(D->socket, &c), 0);
+	CK_DS(c, dsckpt_identify(c, "mj", 0, 1));
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", 10 * MIB + 99, 71, &mem);
+	ck_assert_int_ge(dsckpt_wait(s, DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
+	CK_DS(c, dsckpt_seal(c, dir));
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	/* This process holds the copy, spilled to disk, and serves it from namespace 1. */
+	struct peer_service svc = { .secret = SECRET, .secret_len = strlen(SECRET) };
+	struct peer_net *net;
+	snprintf(rootdir, sizeof(rootdir), "%s/held", scratch);
+	ck_assert_int_eq(mkdir(rootdir, 0700), 0);
+	ck_assert_int_eq(replica_store_open(0, rootdir, &svc.rs, err, sizeof(err)), 0);
+	hold_copy(svc.rs, dir, "lost-node", rootdir, spilled, sizeof(spilled));
+	size_t whole_len;
+	char *whole = h_read_file(spilled, &whole_len);
+	ck_assert_int_eq(truncate(spilled, (off_t)(whole_len / 2)), 0);
+	ck_assert_int_eq(netns_enter(&ns, 1), 0);
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	ck_assert_msg(peer_listen(net, PORT, 4, peer_serve, &svc, err, sizeof(err)) == 0, "%s",
+		      err);
+	/* The replacement (the lost node's name) asks it alone. */
+	struct hdaemon at = *D;
+	snprintf(at.root, sizeof(at.root), "%s/root2", scratch);
+	const char *root2 = at.root;
+	ck_assert_int_eq(mkdir(root2, 0755), 0);
+	ck_assert_int_eq(netns_enter(&ns, 2), 0);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"lost-node\", \"peer_secret_file\": "
+		 "\"%s\", \"peer_hosts\": \"%s\",", secret_file(scratch, 0, SECRET), ns.addr[1]);
+	h_daemon_start_peer(&fresh, &at, "fresh", 0.0625, json);
+	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c), 0);
+	CK_DS(c, dsckpt_identify(c, "mj", 0, 1));
+	ck_assert_int_lt(load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
+				&exact), 0);
+	ck_assert_int_ne(access(h_path("%s/mj/step1/MANIFEST.json", root2), F_OK), 0);
+	ck_assert_int_ne(access(h_path("%s/mj/step1/rank0.safetensors", root2), F_OK), 0);
+	ck_assert_int_ne(access(h_path("%s/mj/step1/rank0.safetensors.partial", root2), F_OK), 0);
+	/* Whole again: restored, exact. */
+	int fd = open(spilled, O_WRONLY);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, whole, whole_len, 0), (ssize_t)whole_len);
+	close(fd);
+	ck_assert_int_eq(load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
+				&exact), DSCKPT_LOADED);
+	ck_assert_str_eq(src, "peer");
+	ck_assert(exact);
+	dsckpt_close(c);
+	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
+	peer_net_close(net);
+	replica_store_close(svc.rs);
+	free(whole);
+	d_stop();
+	h_rm_rf(scratch);
+}
+END_TEST
+
 /* A node whose copies spill to replica_root (no memory for them) takes them back, checked,
  * after a restart: node 1 holds node 0's rank before and after it is SIGKILLed and started
  * again. */
@@ -402,6 +511,7 @@ static Suite *peer_restore_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_lost_node_restored_from_peers);
 	tcase_add_test(tc, test_replica_root_recovered);
+	tcase_add_test(tc, test_peer_dies_mid_transfer);
 	suite_add_tcase(s, tc);
 	return s;
 }
