@@ -5,7 +5,8 @@
  * of the ring; a stale copy of node 2's ranks from an earlier run ("run-a") is placed on
  * node 1, ahead in peer_hosts' order. Node 2 is destroyed (SIGKILL); a fresh daemon of node 2
  * on an empty root, told the cluster's hosts (peer_hosts): with another secret it restores
- * nothing; with the secret it loads its ranks through libdsckpt: source "peer", bytes exact
+ * nothing; with the secret and a remote tier whose directory is gone by then (any read of
+ * it fails) it loads its ranks through libdsckpt: source "peer", bytes exact
  * (checked again by the load), the tag committed there with run-b's manifest, not run-a's.
  * A replacement of a new host name prefetches the job's latest (find_latest's path): every
  * owner's copy the peers still hold. A node whose copies lie on replica_root keeps them over
@@ -211,6 +212,28 @@ static void start_node2(struct hdaemon *n, const char *root, const char *secret_
 	h_daemon_start_peer(n, &at, "fresh2", 0.0625, json);
 }
 
+/* Restarts n with its root root given a remote tier in directory remote, which is then
+ * removed: any read of the remote fails. */
+static void with_remote(struct hdaemon *n, const char *root, const char *remote)
+{
+	char key[PATH_MAX + 32], url[PATH_MAX + 64];
+	ck_assert_int_eq(h_daemon_kill(n, SIGTERM), 0);
+	ck_assert_int_eq(mkdir(remote, 0700), 0);
+	char *cfg = h_read_file(n->config, NULL);
+	snprintf(key, sizeof(key), "[\"%s\"]", root);
+	char *at = strstr(cfg, key);
+	ck_assert_ptr_nonnull(at);
+	snprintf(url, sizeof(url), "[{\"path\": \"%s\", \"remote\": \"file://%s\"}]", root,
+		 remote);
+	FILE *f = fopen(n->config, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%.*s%s%s", (int)(at - cfg), cfg, url, at + strlen(key));
+	fclose(f);
+	free(cfg);
+	h_daemon_restart(n);
+	ck_assert_int_eq(rmdir(remote), 0);
+}
+
 START_TEST(test_lost_node_restored_from_peers)
 {
 	char dir[PATH_MAX], json[1024], scratch[256], root2[PATH_MAX], src[16];
@@ -282,9 +305,11 @@ START_TEST(test_lost_node_restored_from_peers)
 	dsckpt_close(c2);
 	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
 
-	/* With the secret: both ranks from the peers, exact, run-b's commit. */
+	/* With the secret and a remote tier (file://) that is gone by the load: both ranks from
+	 * the peers, exact, run-b's commit, the remote never read. */
 	snprintf(root2, sizeof(root2), "%s/root2", scratch);
 	start_node2(&fresh, root2, good, NULL);
+	with_remote(&fresh, root2, h_path("%s/remote", scratch));
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
 	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
