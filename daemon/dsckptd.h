@@ -456,10 +456,11 @@ void replica_in_abort(struct replica *r);
 /* The newest visible copy of job with a file of each of the n ranks, referenced; or NULL. */
 struct replica *replica_find(struct replica_store *rs, const char *job, const unsigned *ranks,
 			     unsigned n);
-/* The newest visible copy owner sent of job's tag, referenced; or NULL. A copy is of job
- * when its seal records name job or its directory is <root>/<job>/<tag>. */
+/* The newest visible copy owner sent of job's tag of run and commit time created_ns,
+ * referenced; or NULL. A copy is of job when its seal records name job or its directory is
+ * <root>/<job>/<tag>. */
 struct replica *replica_find_copy(struct replica_store *rs, const char *job, const char *tag,
-				  const char *owner);
+				  const char *owner, const char *run, uint64_t created_ns);
 /* What replica_list calls for each copy: its identity and how many ranks its files are of. */
 typedef void (*replica_each_fn)(void *arg, const struct replica_id *id, unsigned nranks);
 /* Calls fn (under the store's lock: it may not call the store) for each visible copy of job
@@ -514,9 +515,11 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
 	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
-/* Fetches owner's copy of job's tag (every rank it holds) into the store into, as peer_fetch. */
+/* Fetches owner's copy of job's tag of run and commit time created_ns (every rank it holds)
+ * into the store into, as peer_fetch. */
 int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
-		    struct replica_store *into, struct replica **out, char *err, size_t errlen);
+		    const char *run, uint64_t created_ns, struct replica_store *into,
+		    struct replica **out, char *err, size_t errlen);
 struct peer_copies;
 /* Asks which copies of job (of tag; "": any) the peer holds (owner, run, tag, commit time,
  * ranks: peer_int.h's COPIES), into *c. */

@@ -18,7 +18,7 @@
  *   PUT_END                             →
  *                                       ←      RESULT (0: the copy is whole, checked, kept)
  * or
- *   FETCH (job, ranks; or job, tag, owner)→
+ *   FETCH (job, ranks; or job, tag, owner, run, commit time)→
  *                                       ←      HAVE (ids, ranks, manifest length, files; or
  *                                              a code), MANIFEST, then per file FILE, DATA...,
  *                                              FILE_END
@@ -107,12 +107,14 @@ struct peer_file_end {
 	uint64_t xxh3;
 };
 
-/* A fetch of the newest copy of job holding the ranks, or (tag set) of owner's copy of tag,
- * all its ranks (nranks 0). */
+/* A fetch of the newest copy of job holding the ranks, or (tag set) of owner's copy of tag
+ * of that run and commit time, all its ranks (nranks 0). */
 struct peer_fetch {
 	char job[513];
 	char tag[256];
 	char owner[STORE_HOST_MAX];
+	char run[256];
+	uint64_t created_ns;
 	uint32_t nranks;
 	uint32_t ranks[PEER_MAX_RANKS];
 };

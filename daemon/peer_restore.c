@@ -12,7 +12,8 @@
  * 16's run identity). Of those, the copy this node's host name sent when a peer holds one (a
  * replacement with the lost node's name); else, for a node of a new name that cannot tell
  * which ranks were its, every owner's. Each copy is fetched from the first peer that lists
- * it, each owner on a thread of its own (in parallel), into a store of memory of its own
+ * it, by its owner, tag, run and commit time (a peer holding only another run's copy under
+ * that tag is passed over, and answers nothing else), each owner on a thread of its own, into a store of memory of its own
  * (host_cache_size + replica_cache_size: a replacement's cache is empty), where it is
  * checked against the manifest's checksums as it arrives; a peer that fails mid-way (killed,
  * refused) is followed by the next that lists the copy, and what it sent is dropped.
@@ -107,18 +108,6 @@ static int restore_same(const struct peer_copy *e, const struct peer_copy *best)
 	       e->created_ns == best->created_ns;
 }
 
-/* Whether the fetched copy r is of best's tag, run and commit. */
-static int restore_is(const struct replica *r, const struct peer_copy *best)
-{
-	const char *text;
-	size_t len;
-	unsigned nfiles;
-	const struct replica_id *id = replica_id(r, &text, &len, &nfiles);
-
-	return strcmp(id->tag, best->tag) == 0 && strcmp(id->run, best->run) == 0 &&
-	       id->created_ns == best->created_ns;
-}
-
 /* Fetches one owner's copy from the first daemon that lists it (a thread). */
 static void *restore_fetch(void *arg)
 {
@@ -140,15 +129,10 @@ static void *restore_fetch(void *arg)
 			continue;  /* none, or only another run's or commit's */
 		w->rc = peer_restore_open(w->hosts[i].name, &l, w->err, sizeof(w->err));
 		if (w->rc == 0) {
-			w->rc = peer_fetch_copy(l, w->job, tag, w->owner, w->pr->rs, &w->got,
-						w->err, sizeof(w->err));
+			w->rc = peer_fetch_copy(l, w->job, tag, w->owner, w->best->run,
+						w->best->created_ns, w->pr->rs, &w->got, w->err,
+						sizeof(w->err));
 			peer_link_close(l);
-		}
-		if (w->rc == 0 && !restore_is(w->got, w->best)) {
-			snprintf(w->err, sizeof(w->err), "it sent a copy of another run or commit");
-			replica_put(w->got);
-			w->got = NULL;
-			w->rc = -ESTALE;
 		}
 		if (w->rc != 0)
 			log_warnx("peer: %s's copy of %s not fetched from %s: %s", w->owner, tag,

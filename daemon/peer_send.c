@@ -296,7 +296,8 @@ static int peer_fetch_q(struct peer_link *l, const struct peer_fetch *q,
 		goto out;
 	}
 	if (rc == 0 && q->tag[0] && (strcmp(w->tag, q->tag) != 0 ||
-				     strcmp(w->owner, q->owner) != 0))
+				     strcmp(w->owner, q->owner) != 0 || strcmp(w->run, q->run) != 0 ||
+				     w->created_ns != q->created_ns))
 		rc = -EPROTO;  /* not the copy asked for */
 	if (rc == 0 && (manifest = malloc(w->manifest_len + 1)) == NULL)
 		rc = -ENOMEM;
@@ -347,9 +348,11 @@ int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsi
 	return rc;
 }
 
-/* Asks the peer for owner's copy of job's tag, every rank of it (see peer_fetch_q). */
+/* Asks the peer for owner's copy of job's tag of run and commit time created_ns, every rank
+ * of it (see peer_fetch_q). */
 int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
-		    struct replica_store *into, struct replica **out, char *err, size_t errlen)
+		    const char *run, uint64_t created_ns, struct replica_store *into,
+		    struct replica **out, char *err, size_t errlen)
 {
 	struct peer_fetch *q = calloc(1, sizeof(*q));
 	int rc = q ? 0 : -ENOMEM;
@@ -357,12 +360,15 @@ int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const
 	if (rc == 0 && (snprintf(q->job, sizeof(q->job), "%s", job) >= (int)sizeof(q->job) ||
 			snprintf(q->tag, sizeof(q->tag), "%s", tag) >= (int)sizeof(q->tag) ||
 			!tag[0] ||
-			snprintf(q->owner, sizeof(q->owner), "%s", owner) >= (int)sizeof(q->owner)))
+			snprintf(q->owner, sizeof(q->owner), "%s", owner) >= (int)sizeof(q->owner) ||
+			snprintf(q->run, sizeof(q->run), "%s", run) >= (int)sizeof(q->run)))
 		rc = -EINVAL;
-	if (rc == 0)
+	if (rc == 0) {
+		q->created_ns = created_ns;
 		rc = peer_fetch_q(l, q, into, out, err, errlen);
-	else
+	} else {
 		snprintf(err, errlen, "fetch: %s", strerror(-rc));
+	}
 	free(q);
 	return rc;
 }

@@ -228,11 +228,13 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	int rc;
 
 	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)) ||
-	    !peer_str_ok(q->owner, sizeof(q->owner)) || q->nranks > PEER_MAX_RANKS ||
+	    !peer_str_ok(q->owner, sizeof(q->owner)) || !peer_str_ok(q->run, sizeof(q->run)) ||
+	    q->nranks > PEER_MAX_RANKS ||
 	    (q->nranks == 0) != (q->tag[0] != '\0'))
 		return -EPROTO;
 	memset(w, 0, sizeof(*w));
-	r = q->tag[0] ? replica_find_copy(svc->rs, q->job, q->tag, q->owner) :
+	r = q->tag[0] ? replica_find_copy(svc->rs, q->job, q->tag, q->owner, q->run,
+					  q->created_ns) :
 			replica_find(svc->rs, q->job, q->ranks, q->nranks);
 	if (r == NULL) {
 		w->code = -ENOENT;

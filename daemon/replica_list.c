@@ -28,16 +28,18 @@ static int replica_of_job(const struct replica *r, const char *job)
 	return end && start && (size_t)(end - start) == n && strncmp(start, job, n) == 0;
 }
 
-/* The newest copy owner sent of job's tag, with a reference; NULL when none. */
+/* The newest copy owner sent of job's tag of run and commit time created_ns, with a
+ * reference; NULL when none. */
 struct replica *replica_find_copy(struct replica_store *rs, const char *job, const char *tag,
-				  const char *owner)
+				  const char *owner, const char *run, uint64_t created_ns)
 {
 	struct replica *best = NULL;
 
 	pthread_mutex_lock(&rs->lock);
 	for (struct replica *r = rs->head; r; r = r->next)
 		if (replica_of_job(r, job) && strcmp(r->id.tag, tag) == 0 &&
-		    strcmp(r->id.owner, owner) == 0 && (best == NULL || replica_list_newer(r, best)))
+		    strcmp(r->id.owner, owner) == 0 && strcmp(r->id.run, run) == 0 &&
+		    r->id.created_ns == created_ns && (best == NULL || replica_list_newer(r, best)))
 			best = r;
 	if (best)
 		best->refs++;
