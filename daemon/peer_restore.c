@@ -13,10 +13,11 @@
  * replacement with the lost node's name); else, for a node of a new name that cannot tell
  * which ranks were its, every owner's. Each copy is fetched from the first peer that lists
  * it, by its owner, tag, run and commit time (a peer holding only another run's copy under
- * that tag is passed over, and answers nothing else), each owner on a thread of its own, into a store of memory of its own
- * (host_cache_size + replica_cache_size: a replacement's cache is empty), where it is
- * checked against the manifest's checksums as it arrives; a peer that fails mid-way (killed,
- * refused) is followed by the next that lists the copy, and what it sent is dropped.
+ * that tag is passed over, and answers nothing else), each owner on a thread of its own,
+ * into a store of memory of its own (host_cache_size + replica_cache_size: a replacement's
+ * cache is empty), where it is checked against the manifest's checksums as it arrives; a
+ * peer that fails mid-way (killed, refused) is followed by the next that lists the copy, and
+ * what it sent is dropped.
  *
  * Blocking, on the caller's thread (libuv's threadpool) and the fetch threads it starts.
  */
@@ -193,7 +194,8 @@ static void restore_ask(struct restore_host *hosts, unsigned n, const char *job,
 	for (unsigned i = 0; i < n; i++) {
 		struct peer_link *l;
 		if (peer_restore_open(hosts[i].name, &l, err, sizeof(err)) != 0) {
-			log_info("peer: %s not asked for copies of %s: %s", hosts[i].name, job, err);
+			log_info("peer: %s not asked for copies of %s: %s", hosts[i].name, job,
+				 err);
 			continue;
 		}
 		if ((hosts[i].c = malloc(sizeof(*hosts[i].c))) != NULL &&

@@ -295,9 +295,9 @@ static int peer_fetch_q(struct peer_link *l, const struct peer_fetch *q,
 			 q->job, q->tag[0] ? " tag " : " with those ranks", q->tag);
 		goto out;
 	}
-	if (rc == 0 && q->tag[0] && (strcmp(w->tag, q->tag) != 0 ||
-				     strcmp(w->owner, q->owner) != 0 || strcmp(w->run, q->run) != 0 ||
-				     w->created_ns != q->created_ns))
+	if (rc == 0 && q->tag[0] &&
+	    (strcmp(w->tag, q->tag) != 0 || strcmp(w->owner, q->owner) != 0 ||
+	     strcmp(w->run, q->run) != 0 || w->created_ns != q->created_ns))
 		rc = -EPROTO;  /* not the copy asked for */
 	if (rc == 0 && (manifest = malloc(w->manifest_len + 1)) == NULL)
 		rc = -ENOMEM;
@@ -360,7 +360,8 @@ int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const
 	if (rc == 0 && (snprintf(q->job, sizeof(q->job), "%s", job) >= (int)sizeof(q->job) ||
 			snprintf(q->tag, sizeof(q->tag), "%s", tag) >= (int)sizeof(q->tag) ||
 			!tag[0] ||
-			snprintf(q->owner, sizeof(q->owner), "%s", owner) >= (int)sizeof(q->owner) ||
+			snprintf(q->owner, sizeof(q->owner), "%s", owner) >=
+				(int)sizeof(q->owner) ||
 			snprintf(q->run, sizeof(q->run), "%s", run) >= (int)sizeof(q->run)))
 		rc = -EINVAL;
 	if (rc == 0) {

@@ -2,9 +2,10 @@
  * peer_serve.c — the listening side of the peer protocol (peer_int.h), run by peer_ucx.c on
  * each connection's own thread: the peer proves it holds the cluster's secret (and is shown
  * that we do) before anything else is read; then it may place copies in the replica store
- * (PUT), list those of a job (LIST) and fetch them (FETCH), nothing more. A copy is kept only once whole and checked
- * (replica_store.c); one that fails is answered with why and dropped, and one whose sender
- * vanishes mid-way is dropped without a word. The service's counters are atomics.
+ * (PUT), list those of a job (LIST) and fetch them (FETCH), nothing more. A copy is kept
+ * only once whole and checked (replica_store.c); one that fails is answered with why and
+ * dropped, and one whose sender vanishes mid-way is dropped without a word. The service's
+ * counters are atomics.
  */
 #include "peer_int.h"
 

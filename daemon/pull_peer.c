@@ -54,7 +54,8 @@ static int pull_peer_file(const struct config *cfg, const struct replica *r, uns
 	}
 	XXH3_64bits_reset(xs);
 	for (uint64_t off = 0; off < f->size && rc == 0;) {
-		size_t n = f->size - off < PULL_PEER_PIECE ? (size_t)(f->size - off) : PULL_PEER_PIECE;
+		size_t n = f->size - off < PULL_PEER_PIECE ? (size_t)(f->size - off)
+							   : PULL_PEER_PIECE;
 		if ((rc = replica_read(r, i, off, buf, n)) < 0) {
 			rc = err_set(err, errlen, ERR_EIO, "a peer copy of %s: %s", f->name,
 				     strerror(-rc));

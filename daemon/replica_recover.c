@@ -3,11 +3,12 @@
  * wholly on replica_root (issue 35 item 7). A copy whose every file spilled to disk gets its
  * identity (#id: owner, job, run, tag, directory, commit time, ranks, one a line) and its
  * manifest (#manifest) written into its directory before the directory is renamed from
- * .partial-<n> to <n>; at start-up (peer.c, once the store is open) replica_recover finds those directories again, reads
- * every byte of every file and checks it against the manifest's checksums as on arrival,
- * and puts the copies that pass back in the store, oldest first. A copy that held files in
- * memory is gone with them (its directory is removed, as is every .partial-* and anything
- * that does not check): its owner sends the copy of its next commit, as after any loss.
+ * .partial-<n> to <n> (replica_store.c), and a close leaves it there. At start-up (peer.c,
+ * once the store is open) replica_recover finds those directories again, reads every byte of
+ * every file and checks it against the manifest's checksums as on arrival, and puts the
+ * copies that pass back in the store, oldest first. A copy that held files in memory is gone
+ * with them (its directory is removed, as is every .partial-* and anything that does not
+ * check): its owner sends the copy of its next commit, as after any loss.
  */
 #include "replica_int.h"
 

@@ -455,8 +455,8 @@ int replica_in_commit(struct replica *r, char *err, size_t errlen)
 		for (unsigned i = 0; i < r->nfiles; i++)
 			in_mem += r->files[i].mem != NULL;
 		if (in_mem == 0 && (r->saved = replica_save_id(r) == 0) == 0)  /* wholly on disk */
-			log_warnx("peer: %s's copy of %s will not outlive a restart: %s", r->id.owner,
-				  r->id.tag, strerror(errno));
+			log_warnx("peer: %s's copy of %s will not outlive a restart: %s",
+				  r->id.owner, r->id.tag, strerror(errno));
 		snprintf(from, sizeof(from), ".partial-%llu", (unsigned long long)r->seq);
 		snprintf(to, sizeof(to), "%llu", (unsigned long long)r->seq);
 		if (fsync(r->dirfd) != 0 || renameat(rs->rootfd, from, rs->rootfd, to) != 0) {

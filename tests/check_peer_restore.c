@@ -207,8 +207,8 @@ static void start_node2(struct hdaemon *n, const char *root, const char *secret_
 	ck_assert_int_eq(mkdir(root, 0755), 0);
 	ck_assert_int_eq(netns_enter(&ns, 2), 0);
 	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
-		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s,%s,%s\",", host ? host : ns.addr[2],
-		 secret_path, ns.addr[0], ns.addr[1], ns.addr[3]);
+		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s,%s,%s\",",
+		 host ? host : ns.addr[2], secret_path, ns.addr[0], ns.addr[1], ns.addr[3]);
 	h_daemon_start_peer(n, &at, "fresh2", 0.0625, json);
 }
 
@@ -339,8 +339,8 @@ START_TEST(test_lost_node_restored_from_peers)
 	ck_assert_str_eq(info.tag, "step1");
 	ck_assert_uint_gt(info.bytes_pulled, 6 * (uint64_t)N_BYTES);
 	for (int r = 0; r < 2 * NODES; r++)
-		ck_assert_int_eq(access(h_path("%s/pj/step1/rank%d.safetensors", root2, r), F_OK) == 0,
-				 r / 2 != 1);
+		ck_assert_int_eq(access(h_path("%s/pj/step1/rank%d.safetensors", root2, r),
+					F_OK) == 0, r / 2 != 1);
 	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank7", N_BYTES, 507, src,
 				&exact), DSCKPT_LOADED);
 	ck_assert(exact);
@@ -392,8 +392,9 @@ static void hold_copy(struct replica_store *rs, const char *dir, const char *own
 
 /* A peer that breaks off mid-file: the one holder of a lost node's copy (this test process's
  * own peer service, in namespace 1) cannot read its spilled file past half (truncated), so it
- * closes the link after the first 4 MiB of the file's data; the replacement restores nothing (no file, no .partial, no
- * manifest) and the load fails. With the file whole again, the same load restores it. */
+ * closes the link after the first 4 MiB of the file's data; the replacement restores nothing
+ * (no file, no .partial, no manifest) and the load fails. With the file whole again, the same
+ * load restores it. */
 START_TEST(test_peer_dies_mid_transfer)
 {
 	char scratch[256], rootdir[300], spilled[600], json[2048], src[16], err[512];
