@@ -329,11 +329,12 @@ int pull_committed_here(const struct config *cfg, const char *dir, uid_t owner, 
 int pull_has_remote(const struct config *cfg, const char *dir);
 /* Whether a tag dir missing here could be pulled: peer copies on, or a remote tier. */
 int pull_has_source(const struct config *cfg, const char *dir);
-/* Whether the remote tier holds tag dir committed for uid: 0, or a code (ENOENT: not
- * committed there; EACCES: another user's) with err. */
+/* Whether the peers' copies (asked first) or the remote tier hold tag dir committed for uid:
+ * 0, or a code (ENOENT: not committed there; EACCES: another user's) with err. */
 int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen);
-/* Brings the remote tag dir into the local tier for uid/gid (nothing when it is committed here
- * already); 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
+/* Brings the tag dir into the local tier for uid/gid from peers' copies (pull_peer_tag) when
+ * peer copies are on, else (or when no peer holds it) from the remote tier; nothing when it is
+ * committed here already; 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
  * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
 int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	     struct pull_info *info, char *err, size_t errlen);
@@ -344,6 +345,8 @@ int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gi
 		  struct pull_info *info, char *err, size_t errlen);
 int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, size_t taglen,
 		     uint64_t *created_ns, char *err, size_t errlen);
+/* Whether a peer holds a copy of tag dir: 0, ENOENT, or a code with err. */
+int pull_peer_check(const struct config *cfg, const char *dir, char *err, size_t errlen);
 /* The tag the remote `latest` of jobdir names, when its remote manifest is there and names uid
  * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
 int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,

@@ -397,6 +397,10 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	busy_enter(&me);
 	if (peer_on()) {	/* other nodes' copies first, at the network's speed */
+		if (pull_committed_here(cfg, dir, uid, gid)) {
+			rc = 0;	/* here already: a file it lacks is not pulled */
+			goto out;
+		}
 		rc = pull_peer_tag(cfg, dir, uid, gid, info, err, errlen);
 		if (rc == 0 || rc == ERR_EACCES || !url)
 			goto out;
@@ -438,8 +442,8 @@ out:
 	return rc;
 }
 
-/* Whether the remote tier holds the tag dir committed, for uid: 0, or a code (ENOENT: not
- * committed there, EACCES: another user's). */
+/* Whether the peers' copies (asked first) or the remote tier hold the tag dir committed, for
+ * uid: 0, or a code (ENOENT: not committed there, EACCES: another user's). */
 int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen)
 {
 	struct remote *r = NULL;
@@ -449,16 +453,8 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
 	size_t len = 0;
 	int rc;
 
-	if (peer_on()) {	/* a tag the peers hold */
-		struct peer_restore pr;
-		const char *tag = strrchr(dir, '/'), *j = tag;
-		char job[256];
-		while (j > dir && j[-1] != '/')
-			j--;
-		snprintf(job, sizeof(job), "%.*s", (int)(tag - j), j);
-		if ((rc = peer_restore(cfg, dir, job, tag + 1, 0, &pr, err, errlen)) == 0 || !url)
-			return rc;
-	}
+	if (peer_on() && ((rc = pull_peer_check(cfg, dir, err, errlen)) == 0 || !url))
+		return rc;	/* a tag the peers hold */
 	if (!url)
 		return err_set(err, errlen, ERR_ENOENT, "%s: its root has no remote tier", dir);
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) == 0)

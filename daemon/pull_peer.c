@@ -162,6 +162,34 @@ static int pull_peer_into(const struct config *cfg, const char *dir,
 	return rc;
 }
 
+/* The job (its directory's name, into job) and tag of tag dir <root>/<job>/<tag>; 0 or
+ * ERR_EINVAL with err. */
+static int pull_peer_names(const char *dir, char *job, size_t joblen, const char **tag,
+			   char *err, size_t errlen)
+{
+	const char *t = strrchr(dir, '/'), *j = t;
+
+	while (j && j > dir && j[-1] != '/')
+		j--;
+	if (!t || j == t || (size_t)(t - j) >= joblen || !t[1])
+		return err_set(err, errlen, ERR_EINVAL, "%s is no tag directory", dir);
+	memcpy(job, j, (size_t)(t - j));
+	job[t - j] = '\0';
+	*tag = t + 1;
+	return 0;
+}
+
+/* Whether a peer holds a copy of tag dir (see dsckptd.h). */
+int pull_peer_check(const struct config *cfg, const char *dir, char *err, size_t errlen)
+{
+	struct peer_restore pr;
+	const char *tag;
+	char job[256];
+	int rc = pull_peer_names(dir, job, sizeof(job), &tag, err, errlen);
+
+	return rc ? rc : peer_restore(cfg, dir, job, tag, 0, &pr, err, errlen);
+}
+
 /* Brings tag dir (<root>/<job>/<tag>) from the peers' copies into the local tier for uid
  * (see dsckptd.h). */
 int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
@@ -169,18 +197,13 @@ int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gi
 {
 	struct peer_restore pr;
 	char job[256];
-	const char *tag = strrchr(dir, '/'), *j = tag;
+	const char *tag;
 	double t0 = now_mono();
 	uid_t owner = 0;
 	int rc;
 
-	while (j && j > dir && j[-1] != '/')
-		j--;
-	if (!tag || j == tag || (size_t)(tag - j) >= sizeof(job) || !tag[1])
-		return err_set(err, errlen, ERR_EINVAL, "%s is no tag directory", dir);
-	memcpy(job, j, (size_t)(tag - j));
-	job[tag - j] = '\0';
-	if ((rc = peer_restore(cfg, dir, job, tag + 1, 1, &pr, err, errlen)) != 0)
+	if ((rc = pull_peer_names(dir, job, sizeof(job), &tag, err, errlen)) != 0 ||
+	    (rc = peer_restore(cfg, dir, job, tag, 1, &pr, err, errlen)) != 0)
 		return rc;
 	if ((rc = pull_peer_owner(&pr, uid, &owner, &gid, err, errlen)) == 0)
 		rc = pull_peer_into(cfg, dir, &pr, owner, gid, info, err, errlen);
