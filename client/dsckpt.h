@@ -308,7 +308,8 @@ typedef struct dsckpt_load dsckpt_load_t;
 DSCKPT_EXTERN int dsckpt_load_begin(dsckpt_conn_t *c, const char *dir, const char *file,
 				    dsckpt_load_t **out);
 /* Where the daemon takes the bytes from: "cache" (its host cache holds the whole file),
- * "file", or "remote" (the tag was pulled from its root's remote tier first; never NULL). */
+ * "file", "remote" (the tag was pulled from its root's remote tier first) or "peer" (from
+ * other nodes' peer copies first); never NULL. */
 DSCKPT_EXTERN const char *dsckpt_load_source(const dsckpt_load_t *l);
 /*
  * Names where n tensors of the file go (name, dtype, shape as in the file; ptr the

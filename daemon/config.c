@@ -116,6 +116,10 @@ const struct option config_options[] = {
 	{ "peer_max_mib_per_s", OPT_NUMBER, 0, 1048576, "0", OFF(peer_max_mib_per_s),
 	  "MiB/s all peer copies the daemon sends may take together, so that they leave the "
 	  "trainer its network; 0: no cap" },
+	{ "peer_hosts", OPT_STRING, 0, 65535, "\"\"", OFF(peer_hosts),
+	  "the cluster's hosts (names or addresses, comma-separated, the same on every node) a "
+	  "node asks for peer copies of a tag it lacks, beside the hosts of the tag's seal records "
+	  "here; \"\": those alone" },
 };
 const size_t config_noptions = sizeof(config_options) / sizeof(config_options[0]);
 _Static_assert(sizeof(config_options) / sizeof(config_options[0]) <= CONFIG_MAX_OPTIONS,
@@ -229,6 +233,7 @@ void config_free(struct config *cfg)
 	free(cfg->peer_secret_file);
 	config_wipe(cfg->peer_secret);
 	free(cfg->replica_root);
+	free(cfg->peer_hosts);
 	free(cfg);
 }
 

@@ -30,7 +30,9 @@
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *       → prefetch.c (PREFETCH: a tag read ahead into the cache's resident copies)
  *         → pull.c (load.c's and prefetch.c's: a remote-only tag brought into the local tier
- *           over remote.c, checked, then store_*.c's files, manifest and latest)
+ *           over remote.c, checked, then store_*.c's files, manifest and latest; asking
+ *           pull_peer.c first: the same from other nodes' copies, found and fetched by
+ *           peer_restore.c over peer.c's links)
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
@@ -60,8 +62,9 @@
  * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
  * listener and connection threads → peer_serve.c; both → peer_auth.c (HMAC over the
  * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
- * in memory or replica_root). None runs on the loop thread but peer_on_save, which only
- * queues.
+ * in memory or replica_root; replica_list.c: LIST and FETCH by tag; replica_recover.c: those
+ * on replica_root taken back at start). None runs on the loop thread but peer_on_save, which
+ * only queues.
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -217,6 +220,7 @@ struct config {
 	uint64_t replica_cache_bytes;
 	char *replica_root;        /* canonical; "": copies held in memory only */
 	double peer_max_mib_per_s; /* what sending copies may take of the network; 0: no cap */
+	char *peer_hosts;          /* the cluster's daemons a restore asks for copies; "": none */
 };
 /* Reads, parses and validates path into a fresh config; -1 with every problem in err. */
 int config_load(const char *path, struct config **out, char *err, size_t errlen);
@@ -313,10 +317,13 @@ int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
  * place, owned by the manifest's user, the manifest written last, `latest` moved forward.
  * Blocking (libuv's threadpool); pulls of one directory run one at a time. */
 #define PULL_DIR_MAX 4096
+/* Where a pull's files came from (pull_info.pulled). */
+enum { PULL_REMOTE = 1, PULL_PEER = 2 };
 /* What a pull did. */
 struct pull_info {
 	char tag[256];
-	int pulled;              /* 1: the remote's files were written here; 0: here already */
+	int pulled;              /* PULL_REMOTE, PULL_PEER: the files were written here from
+				  * there; 0: here already */
 	uint64_t files, bytes;   /* pulled */
 	uint64_t created_ns;     /* the tag's commit time (its manifest's) */
 	double seconds;
@@ -326,14 +333,26 @@ struct pull_info {
 int pull_committed_here(const struct config *cfg, const char *dir, uid_t owner, gid_t gid);
 /* Whether dir (<root>/<job>/<tag>) lies below a root that has a remote tier. */
 int pull_has_remote(const struct config *cfg, const char *dir);
-/* Whether the remote tier holds tag dir committed for uid: 0, or a code (ENOENT: not
- * committed there; EACCES: another user's) with err. */
+/* Whether a tag dir missing here could be pulled: peer copies on, or a remote tier. */
+int pull_has_source(const struct config *cfg, const char *dir);
+/* Whether the peers' copies (asked first) or the remote tier hold tag dir committed for uid:
+ * 0, or a code (ENOENT: not committed there; EACCES: another user's) with err. */
 int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen);
-/* Brings the remote tag dir into the local tier for uid/gid (nothing when it is committed here
- * already); 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
+/* Brings the tag dir into the local tier for uid/gid from peers' copies (pull_peer_tag) when
+ * peer copies are on, else (or when no peer holds it) from the remote tier; nothing when it is
+ * committed here already; 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
  * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
 int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	     struct pull_info *info, char *err, size_t errlen);
+/* pull_peer.c — the same from other nodes' copies (peer_restore.c), asked before the remote
+ * tier: a tag dir brought into the local tier for uid, as pull_tag (ENOENT: no peer holds
+ * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */
+int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+		  struct pull_info *info, char *err, size_t errlen);
+int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, size_t taglen,
+		     uint64_t *created_ns, char *err, size_t errlen);
+/* Whether a peer holds a copy of tag dir: 0, ENOENT, or a code with err. */
+int pull_peer_check(const struct config *cfg, const char *dir, char *err, size_t errlen);
 /* The tag the remote `latest` of jobdir names, when its remote manifest is there and names uid
  * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
 int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
@@ -418,8 +437,14 @@ struct replica_id {
 /* Opens a store of mem bytes spilling to root ("" or NULL: none). */
 int replica_store_open(uint64_t mem, const char *root, struct replica_store **out, char *err,
 		       size_t errlen);
-/* Frees every copy (none referenced) and the store. NULL is fine. */
+/* Frees every copy (none referenced) and the store; copies wholly on the root stay there for
+ * replica_recover. NULL is fine. */
 void replica_store_close(struct replica_store *rs);
+/* replica_recover.c: takes back the copies a daemon left wholly on rs's root (their identity
+ * and manifest there, every byte checked again against the manifest's checksums), oldest
+ * first, and removes the rest of the root (.partial-*, copies that held files in memory).
+ * Copies wholly on the root get their identity written as they arrive. */
+void replica_recover(struct replica_store *rs);
 /* Begins an incoming copy of the files of the n ranks in manifest text (len bytes). */
 int replica_in_begin(struct replica_store *rs, const struct replica_id *id, const char *text,
 		     size_t len, const unsigned *ranks, unsigned n, struct replica **out,
@@ -440,6 +465,17 @@ void replica_in_abort(struct replica *r);
 /* The newest visible copy of job with a file of each of the n ranks, referenced; or NULL. */
 struct replica *replica_find(struct replica_store *rs, const char *job, const unsigned *ranks,
 			     unsigned n);
+/* The newest visible copy owner sent of job's tag of run and commit time created_ns,
+ * referenced; or NULL. A copy is of job when its seal records name job or its directory is
+ * <root>/<job>/<tag>. */
+struct replica *replica_find_copy(struct replica_store *rs, const char *job, const char *tag,
+				  const char *owner, const char *run, uint64_t created_ns);
+/* What replica_list calls for each copy: its identity and how many ranks its files are of. */
+typedef void (*replica_each_fn)(void *arg, const struct replica_id *id, unsigned nranks);
+/* Calls fn (under the store's lock: it may not call the store) for each visible copy of job
+ * (of tag; "" or NULL: any). */
+void replica_list(struct replica_store *rs, const char *job, const char *tag,
+		  replica_each_fn fn, void *arg);
 /* Takes a reference to a visible copy. */
 void replica_hold(struct replica *r);
 /* Drops a reference (an evicted copy goes with its last). */
@@ -488,6 +524,16 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
 	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
+/* Fetches owner's copy of job's tag of run and commit time created_ns (every rank it holds)
+ * into the store into, as peer_fetch. */
+int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
+		    const char *run, uint64_t created_ns, struct replica_store *into,
+		    struct replica **out, char *err, size_t errlen);
+struct peer_copies;
+/* Asks which copies of job (of tag; "": any) the peer holds (owner, run, tag, commit time,
+ * ranks: peer_int.h's COPIES), into *c. */
+int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer_copies *c,
+	      char *err, size_t errlen);
 
 /* peer.c — peer copies in the daemon, on with a peer_secret_file: the service on peer_port
  * and, for each COMMITTED save of a tag this node sealed, its files sent on a thread of its
@@ -501,6 +547,32 @@ void peer_stop(void);
 void peer_on_save(struct save *s);
 /* dsckptd -n: UCX opens with a transport when cfg turns peer copies on; 0 or -1 with err. */
 int peer_check(const struct config *cfg, char *err, size_t errlen);
+/* Whether peer copies run (restores may ask peers). */
+int peer_on(void);
+/* Opens an authenticated link to the daemon on host (the peer service's net, secret and
+ * port), for restores; 0 or a negative errno with err (-ENOTCONN: peer copies are off). */
+int peer_restore_open(const char *host, struct peer_link **out, char *err, size_t errlen);
+
+/* peer_restore.c — a tag this node lacks found in other nodes' daemons: the hosts of
+ * peer_hosts and of the tag's seal records here asked which copies of the job they hold, the
+ * tag picked (asked, or the newest commit listed) with its run and commit time, and its
+ * copies (this host's own, else every owner's) fetched in parallel and checked into a store
+ * of their own. Blocking; never the loop thread. */
+#define PEER_RESTORE_MAX 64
+struct peer_restore {
+	char tag[256];                   /* the tag picked */
+	uint64_t created_ns;             /* its commit time */
+	struct replica_store *rs;        /* the copies' store */
+	struct replica *copies[PEER_RESTORE_MAX]; /* referenced */
+	unsigned n;
+};
+/* Finds job's tag ("": its newest) on the peers for dir (<root>/<job>/<tag>, or the job's
+ * directory), and with fetch set fetches its copies into pr (peer_restore_free); 0, ENOENT
+ * (no peer holds one), or a code with err. */
+int peer_restore(const struct config *cfg, const char *dir, const char *job, const char *tag,
+		 int fetch, struct peer_restore *pr, char *err, size_t errlen);
+/* Drops what peer_restore fetched. */
+void peer_restore_free(struct peer_restore *pr);
 
 /* quota.c — per-user limits (thread-safe); a user is a uid over all its connections. */
 enum quota_kind {
@@ -1851,6 +1923,35 @@ void metrics_recovered(enum metric_recovery a, uint64_t n);
 void metrics_observe(enum metric_hist h, double seconds);
 /* Fills v with every counter and histogram as of now (loop thread). */
 void metrics_view(struct metrics_view *v);
+/* Peer copies' block (issue 35), apart from the above: counters and gauges any thread sets,
+ * and the replication histogram (seconds from COMMITTED to a peer keeping the copy),
+ * observed by the sender thread. */
+enum metric_peer {
+	METRIC_PEER_BYTES_SENT,       /* bytes of copies peers kept */
+	METRIC_PEER_BYTES_RECEIVED,   /* bytes of other nodes' copies kept here */
+	METRIC_PEER_COPIES_SENT,      /* copies peers kept */
+	METRIC_PEER_COPIES_RECEIVED,  /* copies kept here (taken back at start too) */
+	METRIC_PEER_RESTORED_BYTES,   /* bytes written into the local tier from peers' copies */
+	METRIC_PEER_COPIES_HELD,      /* gauge: copies the replica store holds */
+	METRIC_PEER_MEMORY_BYTES,     /* gauge: of replica_cache_size in use */
+	METRIC_PEER_EVICTIONS,        /* copies dropped for room */
+	METRIC_PEER_N
+};
+struct metrics_peer_view {
+	uint64_t v[METRIC_PEER_N];
+	struct metrics_hist replication;
+};
+/* Adds n to peer counter m (any thread). */
+void metrics_peer_add(enum metric_peer m, uint64_t n);
+/* Sets peer gauge (or store-kept count) m to n (any thread). */
+void metrics_peer_set(enum metric_peer m, uint64_t n);
+/* One replication of seconds into the histogram (any thread). */
+void metrics_peer_replicated(double seconds);
+/* Fills v as of now (any thread; a reader may see one value a piece ahead of another). */
+void metrics_peer_view(struct metrics_peer_view *v);
+/* The wire key of peer value m; the replication histogram's is METRIC_PEER_HIST_KEY. */
+const char *metrics_peer_key(enum metric_peer m);
+#define METRIC_PEER_HIST_KEY "peer_replication_seconds"
 /* Wire keys (PROTOCOL.md's METRICS) of a counter, a reasoned one, an action, a histogram. */
 const char *metrics_counter_key(enum metric m);
 const char *metrics_reasoned_key(enum metric_reasoned m);
@@ -1923,6 +2024,7 @@ void query_pending_free(struct query_pending *q);
 /* METRICS's answer: metrics.c's view and the gauges of the moment. */
 struct query_metrics {
 	struct metrics_view v;
+	struct metrics_peer_view peer;
 	uint64_t start_time_ms, uptime_ms;
 	uint64_t cache_total, cache_used, cache_resident;
 	uint64_t clients, saves_in_flight, loads_in_flight;

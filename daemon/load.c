@@ -168,8 +168,8 @@ int load_begin(const struct owner *o, uint64_t req, const char *dir, const char 
 	l->gid = o->gid;
 	l->fd = load_file_open(daemon_ctx->config, l->dir, file, l->uid, o->gid, &l->st, err,
 			       errlen);
-	if (l->fd == ERR_ENOENT && pull_has_remote(daemon_ctx->config, l->dir)) {
-		l->fd = -1;	/* not on this node: the parse pulls it from the remote tier */
+	if (l->fd == ERR_ENOENT && pull_has_source(daemon_ctx->config, l->dir)) {
+		l->fd = -1;	/* not on this node: the parse pulls it (peers, remote tier) */
 		l->pull = config_ref(daemon_ctx->config);
 	} else if (l->fd < 0) {
 		rc = l->fd;
@@ -406,7 +406,8 @@ void load_view(const struct load *l, struct load_view *v)
 	*v = (struct load_view){
 		.id = l->id, .level = l->level, .code = l->code,
 		.error = l->level == LOAD_FAILED ? l->error : NULL,
-		.read_from = l->pulled ? "remote" : l->cached >= l->data_len ? "cache" : "file",
+		.read_from = l->pulled == PULL_PEER ? "peer" : l->pulled ? "remote" :
+			     l->cached >= l->data_len ? "cache" : "file",
 		.tensors = l->h->n, .bytes = l->data_len, .bytes_cached = l->cached,
 		.bytes_total = l->bytes,
 		.bytes_done = l->job ? restore_progress(l->job) : l->done,

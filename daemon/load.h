@@ -35,7 +35,7 @@ struct load {
 	unsigned max_tensors;   /* the config's max_tensors_per_save at LOAD_BEGIN */
 	gid_t gid;
 	struct config *pull;    /* referenced: the tag is pulled from its remote tier first */
-	int pulled;             /* it was: the bytes came from the remote tier */
+	int pulled;             /* it was: PULL_REMOTE or PULL_PEER, where the bytes came from */
 	uint64_t held;          /* charged to uid as QUOTA_HELD */
 	int fd, dfd;            /* the file, buffered and O_DIRECT (or -1) */
 	struct st_header *h;

@@ -121,3 +121,53 @@ const char *metrics_counter_key(enum metric m) { return counter_keys[m]; }
 const char *metrics_reasoned_key(enum metric_reasoned m) { return reasoned_keys[m]; }
 const char *metrics_recovery_key(enum metric_recovery a) { return recovery_keys[a]; }
 const char *metrics_hist_key(enum metric_hist h) { return hist_keys[h]; }
+
+/* Peer copies' block (issue 35): its own counters and histogram, all relaxed atomics (the
+ * sender, service and restore threads set them). */
+static const char *const peer_keys[METRIC_PEER_N] = {
+	"peer_bytes_sent", "peer_bytes_received", "peer_copies_sent", "peer_copies_received",
+	"peer_restored_bytes", "peer_copies_held", "peer_replica_memory_bytes", "peer_evictions",
+};
+static struct {
+	uint64_t v[METRIC_PEER_N];
+	struct metrics_hist replication;
+} peer_metrics;
+
+/* Adds n to peer counter m (any thread). */
+void metrics_peer_add(enum metric_peer m, uint64_t n)
+{
+	__atomic_add_fetch(&peer_metrics.v[m], n, __ATOMIC_RELAXED);
+}
+
+/* Sets peer value m to n (any thread). */
+void metrics_peer_set(enum metric_peer m, uint64_t n)
+{
+	__atomic_store_n(&peer_metrics.v[m], n, __ATOMIC_RELAXED);
+}
+
+/* Puts one replication of seconds into the peer histogram (any thread). */
+void metrics_peer_replicated(double seconds)
+{
+	uint64_t us = seconds > 0 ? (uint64_t)(seconds * 1e6) : 0;
+	unsigned i = 0;
+
+	while (i < METRIC_BUCKETS && us > le_us[i])
+		i++;
+	__atomic_add_fetch(&peer_metrics.replication.bucket[i], 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&peer_metrics.replication.sum_us, us, __ATOMIC_RELAXED);
+}
+
+/* Fills v with the peer block as of now (any thread). */
+void metrics_peer_view(struct metrics_peer_view *v)
+{
+	for (unsigned i = 0; i < METRIC_PEER_N; i++)
+		v->v[i] = __atomic_load_n(&peer_metrics.v[i], __ATOMIC_RELAXED);
+	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
+		v->replication.bucket[i] = __atomic_load_n(&peer_metrics.replication.bucket[i],
+							   __ATOMIC_RELAXED);
+	v->replication.sum_us = __atomic_load_n(&peer_metrics.replication.sum_us,
+						__ATOMIC_RELAXED);
+}
+
+/* The wire key of peer value m. */
+const char *metrics_peer_key(enum metric_peer m) { return peer_keys[m]; }

@@ -39,6 +39,7 @@
 struct peer_job {
 	struct peer_job *next;
 	char *dir;
+	double t0;                    /* when it was COMMITTED (the replication's start) */
 	struct store_dirid id;
 };
 
@@ -244,7 +245,7 @@ static int peer_sent_before(const char *dir, uint64_t created_ns)
 
 /* Sends a copy of t to the first `replicas` peers after this node on the ring that take
  * it; how many did. */
-static unsigned peer_send_tag(struct peer_tag *t, const char *dir)
+static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since)
 {
 	const char *ring[PEER_MAX_HOSTS];
 	struct replica_id id = { store_host(), t->job, t->run, t->m->tag, dir,
@@ -265,8 +266,14 @@ static unsigned peer_send_tag(struct peer_tag *t, const char *dir)
 			peer_link_close(l);
 		}
 		if (rc == 0) {
+			uint64_t bytes = 0;
+			for (unsigned k = 0; k < t->nfiles; k++)
+				bytes += t->files[k]->size;
 			done++;
 			atomic_fetch_add(&peer.copies_out, 1);
+			metrics_peer_add(METRIC_PEER_COPIES_SENT, 1);
+			metrics_peer_add(METRIC_PEER_BYTES_SENT, bytes);
+			metrics_peer_replicated(now_mono() - since);
 			log_info("peer: %s's copy of %s (%u files) kept by %s in %.2f s", store_host(),
 				 dir, t->nfiles, ring[i], now_mono() - t0);
 		} else {
@@ -297,7 +304,7 @@ static void peer_send_job(struct peer_job *j)
 	}
 	if (peer_sent_before(j->dir, t->m->created_ns))
 		goto out;
-	unsigned done = peer_send_tag(t, j->dir);
+	unsigned done = peer_send_tag(t, j->dir, j->t0);
 	if (done < peer.replicas)
 		log_warnx("peer: %s is held by %u of %u peers", j->dir, done, peer.replicas);
 	log_info("peer: %s: %llu bytes read for its copies, %llu of them from the cache", j->dir,
@@ -351,6 +358,7 @@ void peer_on_save(struct save *s)
 			free(j);
 		} else {
 			j->id = v.dirid;
+			j->t0 = now_mono();
 			*p = j;
 			pthread_cond_signal(&peer.cond);
 		}
@@ -387,6 +395,12 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 			       errlen) != 0 ||
 	    peer_net_open(PEER_TIMEOUT_S, &peer.net, err, errlen) != 0)
 		goto fail;
+	replica_recover(peer.rs);  /* the copies left on replica_root, checked again */
+	unsigned held;
+	uint64_t mem, evictions;
+	replica_stats(peer.rs, &held, &mem, &evictions);
+	metrics_peer_set(METRIC_PEER_COPIES_HELD, held);
+	metrics_peer_add(METRIC_PEER_COPIES_RECEIVED, held);
 	peer.svc = (struct peer_service){ .secret = peer.secret, .secret_len = peer.secret_len,
 					  .rs = peer.rs };
 	if (peer_listen(peer.net, peer.port, PEER_MAX_CONNS, peer_serve, &peer.svc, err,
@@ -440,6 +454,23 @@ void peer_stop(void)
 	explicit_bzero(peer.secret, peer.secret_len);
 	free(peer.secret);
 	peer.on = 0;
+}
+
+/* Whether peer copies run. */
+int peer_on(void)
+{
+	return peer.on;
+}
+
+/* Opens an authenticated link to host's daemon for a restore (see dsckptd.h). */
+int peer_restore_open(const char *host, struct peer_link **out, char *err, size_t errlen)
+{
+	if (!peer.on) {
+		snprintf(err, errlen, "peer copies are off");
+		return -ENOTCONN;
+	}
+	return peer_open(peer.net, host, peer.port, peer.secret, peer.secret_len, PEER_TIMEOUT_S,
+			 out, err, errlen);
 }
 
 /* Checks that UCX opens with a transport (dsckptd -n) when cfg turns peer copies on; 0, or

@@ -18,10 +18,14 @@
  *   PUT_END                             →
  *                                       ←      RESULT (0: the copy is whole, checked, kept)
  * or
- *   FETCH (job, ranks)                  →
+ *   FETCH (job, ranks; or job, tag, owner, run, commit time)→
  *                                       ←      HAVE (ids, ranks, manifest length, files; or
  *                                              a code), MANIFEST, then per file FILE, DATA...,
  *                                              FILE_END
+ * or
+ *   LIST (job, tag or "")               →
+ *                                       ←      COPIES (the copies held of the job: owner,
+ *                                              run, tag, commit time, ranks)
  * Nothing but HELLO and RESPONSE is read before the peer proved it holds the secret.
  */
 #ifndef DSCKPTD_PEER_INT_H
@@ -35,7 +39,7 @@
 #error "the peer protocol's structs are little-endian"
 #endif
 
-#define PEER_VERSION 1
+#define PEER_VERSION 2
 #define PEER_MAGIC "DSCKPEER"
 #define PEER_CHUNK (4u << 20)      /* bytes of one DATA message */
 #define PEER_MAX_RANKS 256         /* ranks of one node in one PUT or FETCH */
@@ -54,6 +58,8 @@ enum peer_type {
 	PEER_PUT_END = 21,
 	PEER_FETCH = 32,
 	PEER_HAVE = 33,
+	PEER_LIST = 34,
+	PEER_COPIES = 35,
 };
 
 struct peer_hello {
@@ -101,10 +107,39 @@ struct peer_file_end {
 	uint64_t xxh3;
 };
 
+/* A fetch of the newest copy of job holding the ranks, or (tag set) of owner's copy of tag
+ * of that run and commit time, all its ranks (nranks 0). */
 struct peer_fetch {
 	char job[513];
+	char tag[256];
+	char owner[STORE_HOST_MAX];
+	char run[256];
+	uint64_t created_ns;
 	uint32_t nranks;
 	uint32_t ranks[PEER_MAX_RANKS];
+};
+
+/* A LIST: the copies held of job (a seal record's job or its directory's name), of tag ("":
+ * every tag). */
+struct peer_list {
+	char job[513];
+	char tag[256];
+};
+
+/* COPIES: the first n (at most PEER_LIST_MAX, newest first) copies a LIST matched. */
+#define PEER_LIST_MAX 64
+struct peer_copy {
+	char owner[STORE_HOST_MAX];
+	char run[256];
+	char tag[256];
+	uint64_t created_ns;
+	uint32_t nranks;
+	uint32_t pad;
+};
+struct peer_copies {
+	uint32_t n;
+	uint32_t pad;
+	struct peer_copy c[PEER_LIST_MAX];
 };
 
 /* Whether the array s of n bytes holds a NUL (a string the peer may not overrun). */

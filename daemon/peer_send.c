@@ -1,7 +1,8 @@
 /*
  * peer_send.c — the connecting side of the peer protocol (peer_int.h): open a link to a peer
  * and prove membership both ways, send it a copy of this node's committed files (PUT), ask
- * it for a job's newest copy of some ranks (FETCH). Blocking calls on the caller's thread
+ * it which copies of a job it holds (LIST) and for one of them or a job's newest copy of some
+ * ranks (FETCH). Blocking calls on the caller's thread
  * (never the loop's), one link per thread. What a fetch brings is checked as a PUT's is, by
  * receiving it into a replica store (replica_store.c): nothing unchecked is handed on.
  *
@@ -267,28 +268,20 @@ static int peer_fetch_files(struct peer_link *l, struct replica *r, unsigned nfi
 	return 0;
 }
 
-/* Asks the peer for the newest copy it holds of job with a file of each of the n ranks and
- * receives it into the store into, checked as a PUT's copy is: 0 with the copy (a reference,
- * for replica_put), -ENOENT when the peer holds none, or a negative errno with err. */
-int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
-	       struct replica_store *into, struct replica **out, char *err, size_t errlen)
+/* Sends fetch q and receives the copy it names into the store into, checked as a PUT's copy
+ * is: 0 with the copy (a reference, for replica_put), -ENOENT when the peer holds none, or a
+ * negative errno with err. */
+static int peer_fetch_q(struct peer_link *l, const struct peer_fetch *q,
+			struct replica_store *into, struct replica **out, char *err, size_t errlen)
 {
-	struct peer_fetch *q = calloc(1, sizeof(*q));
 	struct peer_ids *w = malloc(sizeof(*w));
 	uint8_t *buf = malloc(PEER_CHUNK);
 	char *manifest = NULL;
 	struct replica *r = NULL;
 	uint64_t tag;
 	size_t len;
-	int rc = q && w && buf ? 0 : -ENOMEM;
+	int rc = w && buf ? 0 : -ENOMEM;
 
-	if (rc == 0 && (n > PEER_MAX_RANKS || snprintf(q->job, sizeof(q->job), "%s", job) >=
-					       (int)sizeof(q->job)))
-		rc = -ENAMETOOLONG;
-	for (unsigned i = 0; rc == 0 && i < n; i++)
-		q->ranks[i] = ranks[i];
-	if (rc == 0)
-		q->nranks = n;
 	if (rc == 0 && (rc = peer_send(l, PEER_FETCH, q, sizeof(*q))) == 0 &&
 	    (rc = peer_recv(l, &tag, w, sizeof(*w), &len)) == 0 &&
 	    (tag != PEER_HAVE || len != sizeof(*w) || w->code > 0 || w->nranks > PEER_MAX_RANKS ||
@@ -298,10 +291,14 @@ int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsi
 		rc = -EPROTO;
 	if (rc == 0 && w->code != 0) {
 		rc = w->code;
-		snprintf(err, errlen, "peer %s holds no copy of job %s with those ranks",
-			 peer_link_who(l), job);
+		snprintf(err, errlen, "peer %s holds no copy of job %s%s%s", peer_link_who(l),
+			 q->job, q->tag[0] ? " tag " : " with those ranks", q->tag);
 		goto out;
 	}
+	if (rc == 0 && q->tag[0] &&
+	    (strcmp(w->tag, q->tag) != 0 || strcmp(w->owner, q->owner) != 0 ||
+	     strcmp(w->run, q->run) != 0 || w->created_ns != q->created_ns))
+		rc = -EPROTO;  /* not the copy asked for */
 	if (rc == 0 && (manifest = malloc(w->manifest_len + 1)) == NULL)
 		rc = -ENOMEM;
 	if (rc == 0 && (rc = peer_recv(l, &tag, manifest, w->manifest_len, &len)) == 0 &&
@@ -325,6 +322,82 @@ out:
 	free(manifest);
 	free(buf);
 	free(w);
+	return rc;
+}
+
+/* Asks the peer for the newest copy it holds of job with a file of each of the n ranks (see
+ * peer_fetch_q). */
+int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
+	       struct replica_store *into, struct replica **out, char *err, size_t errlen)
+{
+	struct peer_fetch *q = calloc(1, sizeof(*q));
+	int rc = q ? 0 : -ENOMEM;
+
+	if (rc == 0 && (n == 0 || n > PEER_MAX_RANKS ||
+			snprintf(q->job, sizeof(q->job), "%s", job) >= (int)sizeof(q->job)))
+		rc = -EINVAL;
+	for (unsigned i = 0; rc == 0 && i < n; i++)
+		q->ranks[i] = ranks[i];
+	if (rc == 0) {
+		q->nranks = n;
+		rc = peer_fetch_q(l, q, into, out, err, errlen);
+	} else {
+		snprintf(err, errlen, "fetch: %s", strerror(-rc));
+	}
 	free(q);
+	return rc;
+}
+
+/* Asks the peer for owner's copy of job's tag of run and commit time created_ns, every rank
+ * of it (see peer_fetch_q). */
+int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
+		    const char *run, uint64_t created_ns, struct replica_store *into,
+		    struct replica **out, char *err, size_t errlen)
+{
+	struct peer_fetch *q = calloc(1, sizeof(*q));
+	int rc = q ? 0 : -ENOMEM;
+
+	if (rc == 0 && (snprintf(q->job, sizeof(q->job), "%s", job) >= (int)sizeof(q->job) ||
+			snprintf(q->tag, sizeof(q->tag), "%s", tag) >= (int)sizeof(q->tag) ||
+			!tag[0] ||
+			snprintf(q->owner, sizeof(q->owner), "%s", owner) >=
+				(int)sizeof(q->owner) ||
+			snprintf(q->run, sizeof(q->run), "%s", run) >= (int)sizeof(q->run)))
+		rc = -EINVAL;
+	if (rc == 0) {
+		q->created_ns = created_ns;
+		rc = peer_fetch_q(l, q, into, out, err, errlen);
+	} else {
+		snprintf(err, errlen, "fetch: %s", strerror(-rc));
+	}
+	free(q);
+	return rc;
+}
+
+/* Asks the peer which copies of job (of tag; "": any) it holds, into *c; 0 or a negative
+ * errno with err. */
+int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer_copies *c,
+	      char *err, size_t errlen)
+{
+	struct peer_list q;
+	uint64_t type;
+	size_t len;
+	int rc = 0;
+
+	memset(&q, 0, sizeof(q));
+	if (snprintf(q.job, sizeof(q.job), "%s", job) >= (int)sizeof(q.job) ||
+	    snprintf(q.tag, sizeof(q.tag), "%s", tag) >= (int)sizeof(q.tag))
+		rc = -EINVAL;
+	if (rc == 0 && (rc = peer_send(l, PEER_LIST, &q, sizeof(q))) == 0 &&
+	    (rc = peer_recv(l, &type, c, sizeof(*c), &len)) == 0 &&
+	    (type != PEER_COPIES || len != sizeof(*c) || c->n > PEER_LIST_MAX))
+		rc = -EPROTO;
+	for (unsigned i = 0; rc == 0 && i < c->n; i++)
+		if (!peer_str_ok(c->c[i].owner, sizeof(c->c[i].owner)) ||
+		    !peer_str_ok(c->c[i].run, sizeof(c->c[i].run)) ||
+		    !peer_str_ok(c->c[i].tag, sizeof(c->c[i].tag)))
+			rc = -EPROTO;
+	if (rc != 0)
+		snprintf(err, errlen, "peer %s: list: %s", peer_link_who(l), strerror(-rc));
 	return rc;
 }

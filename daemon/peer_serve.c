@@ -2,9 +2,10 @@
  * peer_serve.c — the listening side of the peer protocol (peer_int.h), run by peer_ucx.c on
  * each connection's own thread: the peer proves it holds the cluster's secret (and is shown
  * that we do) before anything else is read; then it may place copies in the replica store
- * (PUT) and fetch them (FETCH), nothing more. A copy is kept only once whole and checked
- * (replica_store.c); one that fails is answered with why and dropped, and one whose sender
- * vanishes mid-way is dropped without a word. The service's counters are atomics.
+ * (PUT), list those of a job (LIST) and fetch them (FETCH), nothing more. A copy is kept
+ * only once whole and checked (replica_store.c); one that fails is answered with why and
+ * dropped, and one whose sender vanishes mid-way is dropped without a word. The service's
+ * counters are atomics.
  */
 #include "peer_int.h"
 
@@ -70,6 +71,25 @@ static int peer_ids_ok(const struct peer_ids *w)
 	       peer_str_ok(w->run, sizeof(w->run)) && peer_str_ok(w->tag, sizeof(w->tag)) &&
 	       peer_str_ok(w->dir, sizeof(w->dir)) && w->nranks <= PEER_MAX_RANKS &&
 	       w->manifest_len > 0 && w->manifest_len <= PEER_MAX_MANIFEST;
+}
+
+/* Counts a copy kept (its bytes) and the store's gauges in the metrics. */
+static void peer_serve_count(struct peer_service *svc, const struct replica *r)
+{
+	const char *text;
+	size_t len;
+	unsigned nfiles, copies;
+	uint64_t bytes = 0, mem, evictions;
+
+	replica_id(r, &text, &len, &nfiles);
+	for (unsigned i = 0; i < nfiles; i++)
+		bytes += replica_file(r, i)->size;
+	metrics_peer_add(METRIC_PEER_COPIES_RECEIVED, 1);
+	metrics_peer_add(METRIC_PEER_BYTES_RECEIVED, bytes);
+	replica_stats(svc->rs, &copies, &mem, &evictions);
+	metrics_peer_set(METRIC_PEER_COPIES_HELD, copies);
+	metrics_peer_set(METRIC_PEER_MEMORY_BYTES, mem);
+	metrics_peer_set(METRIC_PEER_EVICTIONS, evictions);
 }
 
 /* Receives a PUT's files and PUT_END into r; 0 when all arrived checked, a negative errno
@@ -148,6 +168,7 @@ static int peer_serve_put(struct peer_service *svc, struct peer_link *l,
 	}
 	if (rc == 0 && (code = replica_in_commit(r, err, sizeof(err))) == 0) {
 		atomic_fetch_add(&svc->copies_in, 1);
+		peer_serve_count(svc, r);
 		log_info("peer %s: kept %s's copy of %s (job %s)", peer_link_who(l), w->owner,
 			 w->tag, w->job);
 		return peer_serve_result(l, 0, "");
@@ -166,9 +187,9 @@ static int peer_rank_in(const struct manifest_file *f, const uint32_t *ranks, un
 	return 0;
 }
 
-/* Sends the files of copy r of the fetch's ranks, each checksummed as it goes. */
+/* Sends the files of copy r of the HAVE's ranks, each checksummed as it goes. */
 static int peer_serve_send(struct peer_link *l, struct replica *r, unsigned nfiles,
-			   const struct peer_fetch *q, uint8_t *buf)
+			   const struct peer_ids *q, uint8_t *buf)
 {
 	XXH3_state_t *st = XXH3_createState();
 	int rc = st ? 0 : -ENOMEM;
@@ -207,11 +228,16 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	size_t mlen;
 	int rc;
 
-	if (!peer_str_ok(q->job, sizeof(q->job)) || q->nranks == 0 ||
-	    q->nranks > PEER_MAX_RANKS)
+	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)) ||
+	    !peer_str_ok(q->owner, sizeof(q->owner)) || !peer_str_ok(q->run, sizeof(q->run)) ||
+	    q->nranks > PEER_MAX_RANKS ||
+	    (q->nranks == 0) != (q->tag[0] != '\0'))
 		return -EPROTO;
 	memset(w, 0, sizeof(*w));
-	if ((r = replica_find(svc->rs, q->job, q->ranks, q->nranks)) == NULL) {
+	r = q->tag[0] ? replica_find_copy(svc->rs, q->job, q->tag, q->owner, q->run,
+					  q->created_ns) :
+			replica_find(svc->rs, q->job, q->ranks, q->nranks);
+	if (r == NULL) {
 		w->code = -ENOENT;
 		return peer_send(l, PEER_HAVE, w, sizeof(*w));
 	}
@@ -225,14 +251,52 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	w->created_ns = id->created_ns;
 	w->nranks = q->nranks;
 	memcpy(w->ranks, q->ranks, q->nranks * sizeof(q->ranks[0]));
+	for (unsigned i = 0; q->nranks == 0 && i < nfiles && w->nranks < PEER_MAX_RANKS; i++)
+		if (!peer_rank_in(replica_file(r, i), w->ranks, w->nranks))  /* the copy's all */
+			w->ranks[w->nranks++] = (uint32_t)replica_file(r, i)->rank;
 	for (unsigned i = 0; i < nfiles; i++)
-		w->nfiles += peer_rank_in(replica_file(r, i), q->ranks, q->nranks);
+		w->nfiles += peer_rank_in(replica_file(r, i), w->ranks, w->nranks);
 	if ((rc = peer_send(l, PEER_HAVE, w, sizeof(*w))) == 0 &&
 	    (rc = peer_send(l, PEER_MANIFEST, manifest, w->manifest_len)) == 0)
-		rc = peer_serve_send(l, r, nfiles, q, buf);
+		rc = peer_serve_send(l, r, nfiles, w, buf);
 	if (rc == 0)
 		atomic_fetch_add(&svc->fetches, 1);
 	replica_put(r);
+	return rc;
+}
+
+/* replica_each_fn: one copy into a COPIES answer, while it has room. */
+static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks)
+{
+	struct peer_copies *c = arg;
+	struct peer_copy *e = &c->c[c->n];
+
+	if (c->n == PEER_LIST_MAX)
+		return;
+	snprintf(e->owner, sizeof(e->owner), "%s", id->owner);
+	snprintf(e->run, sizeof(e->run), "%s", id->run);
+	snprintf(e->tag, sizeof(e->tag), "%s", id->tag);
+	e->created_ns = id->created_ns;
+	e->nranks = nranks;
+	c->n++;
+}
+
+/* A LIST: the copies held of the job (of the tag), in COPIES. */
+static int peer_serve_list(struct peer_service *svc, struct peer_link *l,
+			   const struct peer_list *q)
+{
+	struct peer_copies *c = calloc(1, sizeof(*c));
+	int rc;
+
+	if (c == NULL)
+		return -ENOMEM;
+	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag))) {
+		free(c);
+		return -EPROTO;
+	}
+	replica_list(svc->rs, q->job, q->tag, peer_serve_one, c);
+	rc = peer_send(l, PEER_COPIES, c, sizeof(*c));
+	free(c);
 	return rc;
 }
 
@@ -243,6 +307,7 @@ void peer_serve(void *arg, struct peer_link *l)
 	union {
 		struct peer_ids put;
 		struct peer_fetch fetch;
+		struct peer_list list;
 	} *msg = malloc(sizeof(*msg));
 	struct peer_ids *w = malloc(sizeof(*w));
 	uint8_t *buf = malloc(PEER_CHUNK);
@@ -257,6 +322,8 @@ void peer_serve(void *arg, struct peer_link *l)
 			rc = peer_serve_put(svc, l, &msg->put, buf);
 		else if (tag == PEER_FETCH && len == sizeof(msg->fetch))
 			rc = peer_serve_fetch(svc, l, &msg->fetch, w, buf);
+		else if (tag == PEER_LIST && len == sizeof(msg->list))
+			rc = peer_serve_list(svc, l, &msg->list);
 		else
 			rc = -EPROTO;
 		if (rc != 0)

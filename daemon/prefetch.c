@@ -115,7 +115,7 @@ static int resolve(struct prefetch *p)
 	snprintf(p->tag, sizeof(p->tag), "%s", strrchr(p->dir, '/') + 1);
 	if (pull_committed_here(p->cfg, p->dir, p->uid, p->gid))
 		return 0;
-	if (pull_has_remote(p->cfg, p->dir)) {
+	if (pull_has_source(p->cfg, p->dir)) {
 		rc = pull_check(p->cfg, p->dir, p->uid, p->error, sizeof(p->error));
 		if (rc == 0 || rc == ERR_EACCES)
 			return rc;	/* a tag the remote holds committed (for this user or not) */
@@ -283,7 +283,7 @@ static void fetch_after(uv_work_t *w, int status)
 	(void)status;
 	if (p->code == 0) {
 		resident_committed(p->dir);	/* the tag's copies are committed ones */
-		log_info("prefetch of %s: %" PRIu64 " bytes pulled from the remote, %" PRIu64
+		log_info("prefetch of %s: %" PRIu64 " bytes pulled (peers, remote), %" PRIu64
 			 " bytes of %" PRIu64 " files in the cache, %.3f s", p->dir,
 			 p->pulled.bytes, p->cached, p->files, p->seconds);
 	} else {

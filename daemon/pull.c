@@ -15,6 +15,9 @@
  * nothing of it is loaded. Keys come only from the validated directory (store_open_dir's
  * rules, names of [A-Za-z0-9._-]) and the manifest's file names (store_valid_file).
  *
+ * With peer copies on, a tag (or a job's latest) is asked of other nodes' daemons first
+ * (pull_peer.c), and the remote tier is the fallback when no peer holds it whole.
+ *
  * Threads: pull_tag blocks (libuv's threadpool runs it); two pulls of one directory do not run
  * at once (the second waits, then finds the tag local).
  */
@@ -129,6 +132,12 @@ int pull_has_remote(const struct config *cfg, const char *dir)
 	const char *rel;
 
 	return remote_of(cfg, dir, 2, &rel) != NULL;
+}
+
+/* Whether a tag dir missing here could be pulled: from peer copies, or a remote tier. */
+int pull_has_source(const struct config *cfg, const char *dir)
+{
+	return peer_on() || pull_has_remote(cfg, dir);
 }
 
 /* Reads key (at most max bytes) into a malloc'd, NUL-terminated buffer (*len bytes), charged
@@ -393,16 +402,28 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	int rc;
 
 	memset(info, 0, sizeof(*info));
-	if (!url)
+	if (!url && !peer_on())
 		return err_set(err, errlen, ERR_ENOENT, "%s is not on this node, and its root has "
 			       "no remote tier it could come from", dir);
 	if (strlen(dir) >= sizeof(me.dir))
 		return err_set(err, errlen, ERR_ENAMETOOLONG, "%s: too long", dir);
-	const char *tag = strrchr(rel, '/') + 1;
-	snprintf(info->tag, sizeof(info->tag), "%s", tag);
+	snprintf(info->tag, sizeof(info->tag), "%s", strrchr(dir, '/') + 1);
 	snprintf(me.dir, sizeof(me.dir), "%s", dir);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	busy_enter(&me);
+	if (peer_on()) {	/* other nodes' copies first, at the network's speed */
+		if (pull_committed_here(cfg, dir, uid, gid)) {
+			rc = 0;	/* here already: a file it lacks is not pulled */
+			goto out;
+		}
+		rc = pull_peer_tag(cfg, dir, uid, gid, info, err, errlen);
+		if (rc == 0 || rc == ERR_EACCES || !url)
+			goto out;
+		log_info("%s not pulled from peer copies (%s); from the remote tier", dir, err);
+		memset(info, 0, sizeof(*info));
+		snprintf(info->tag, sizeof(info->tag), "%s", strrchr(dir, '/') + 1);
+	}
+	const char *tag = strrchr(rel, '/') + 1;
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) < 0)
 		goto out;
 	if ((rc = get_manifest(r, rel, tag, uid, &text, &len, &m, err, errlen)) < 0)
@@ -420,7 +441,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	free(buf);
 	quota_give(uid, QUOTA_HELD, cap);
 	if (rc == 0) {
-		info->pulled = 1;
+		info->pulled = PULL_REMOTE;
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		info->seconds = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
 		log_info("pulled %s from %s: %" PRIu64 " files, %" PRIu64 " bytes in %.3f s", dir,
@@ -436,8 +457,8 @@ out:
 	return rc;
 }
 
-/* Whether the remote tier holds the tag dir committed, for uid: 0, or a code (ENOENT: not
- * committed there, EACCES: another user's). */
+/* Whether the peers' copies (asked first) or the remote tier hold the tag dir committed, for
+ * uid: 0, or a code (ENOENT: not committed there, EACCES: another user's). */
 int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen)
 {
 	struct remote *r = NULL;
@@ -447,6 +468,8 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
 	size_t len = 0;
 	int rc;
 
+	if (peer_on() && ((rc = pull_peer_check(cfg, dir, err, errlen)) == 0 || !url))
+		return rc;	/* a tag the peers hold */
 	if (!url)
 		return err_set(err, errlen, ERR_ENOENT, "%s: its root has no remote tier", dir);
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) == 0)
@@ -471,6 +494,9 @@ int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *t
 	size_t len = 0, held = 0, tlen = 0;
 	int rc;
 
+	if (peer_on() && ((rc = pull_peer_latest(cfg, jobdir, tag, taglen, created_ns, err,
+						 errlen)) == 0 || !url))
+		return rc;	/* the newest commit other nodes' copies hold */
 	if (!url)
 		return err_set(err, errlen, ERR_ENOENT, "%s has no committed tag on this node, and "
 			       "its root has no remote tier", jobdir);

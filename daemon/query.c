@@ -214,6 +214,7 @@ void query_metrics(struct query_metrics *q)
 {
 	memset(q, 0, sizeof(*q));
 	metrics_view(&q->v);
+	metrics_peer_view(&q->peer);
 	q->start_time_ms = (uint64_t)(daemon_ctx->start_time * 1e3);
 	q->uptime_ms = (uint64_t)(query_uptime() * 1e3);
 	q->cache_total = cache_total(daemon_ctx->cache);

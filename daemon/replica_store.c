@@ -16,51 +16,17 @@
  * belongs to its one caller until replica_in_commit puts it in the list, after which its
  * files are read-only. Lookups take a reference, which replica_put drops.
  */
-#include "dsckptd.h"
+#include "replica_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxh_x86dispatch.h>  /* XXH3 with the CPU's widest vectors (AVX2, AVX-512) */
-
-struct replica_file {
-	const struct manifest_file *mf;  /* its entry in the copy's manifest */
-	uint8_t *mem;                    /* in memory, or NULL: spilled */
-	int fd;                          /* spilled: the file, else -1 */
-	uint64_t got;                    /* bytes arrived */
-	XXH3_state_t *whole, *data;      /* the checksums of what arrived */
-	int done;                        /* checked whole */
-};
-
-struct replica {
-	struct replica *next;            /* the store's list, oldest first */
-	struct replica_store *rs;
-	struct replica_id id;            /* strings owned */
-	struct manifest *m;
-	char *manifest;
-	size_t manifest_len;
-	struct replica_file *files;      /* the owner's files: nfiles of m's */
-	unsigned nfiles;
-	uint64_t mem;                    /* bytes of the budget it holds */
-	uint64_t seq;
-	int dirfd;                       /* its directory under the root, or -1 */
-	unsigned refs;                   /* lookups holding it (rs->lock) */
-	int evicted;                     /* out of the list; freed by the last replica_put */
-};
-
-struct replica_store {
-	pthread_mutex_t lock;
-	uint64_t cap, used;              /* memory budget, bytes of it held */
-	int rootfd;                      /* replica_root, or -1 */
-	struct replica *head;
-	uint64_t seq;
-	uint64_t evictions;
-};
 
 /* Opens a store of mem bytes of host memory spilling to root ("" or NULL: none); 0 or a
  * negative errno with err. */
@@ -91,8 +57,15 @@ static void replica_unlink_dir(struct replica *r)
 
 	if (r->dirfd < 0)
 		return;
+	if (r->keep) {	/* for the next start's replica_recover */
+		close(r->dirfd);
+		r->dirfd = -1;
+		return;
+	}
 	for (unsigned i = 0; i < r->nfiles; i++)
 		unlinkat(r->dirfd, r->files[i].mf->name, 0);
+	unlinkat(r->dirfd, REPLICA_ID_FILE, 0);
+	unlinkat(r->dirfd, REPLICA_MANIFEST_FILE, 0);
 	close(r->dirfd);
 	r->dirfd = -1;
 	snprintf(name, sizeof(name), ".partial-%llu", (unsigned long long)r->seq);
@@ -129,7 +102,8 @@ static void replica_free(struct replica *r)
 	free(r);
 }
 
-/* Closes the store: every copy is freed (none may be referenced). NULL is fine. */
+/* Closes the store: every copy is freed (none may be referenced), those wholly on the root
+ * left there for the next start. NULL is fine. */
 void replica_store_close(struct replica_store *rs)
 {
 	if (rs == NULL)
@@ -137,6 +111,7 @@ void replica_store_close(struct replica_store *rs)
 	while (rs->head) {
 		struct replica *r = rs->head;
 		rs->head = r->next;
+		r->keep = r->saved;
 		replica_free(r);
 	}
 	if (rs->rootfd >= 0)
@@ -255,9 +230,10 @@ int replica_in_begin(struct replica_store *rs, const struct replica_id *id, cons
 	r->manifest_len = len;
 	if (!replica_name_ok(id->owner) || !replica_name_ok(id->tag) || id->dir[0] != '/' ||
 	    (r->m = manifest_parse(r->manifest, len, why, sizeof(why))) == NULL ||
-	    r->m->tag == NULL || strcmp(r->m->tag, id->tag) != 0) {
+	    r->m->tag == NULL || strcmp(r->m->tag, id->tag) != 0 ||
+	    strcmp(r->m->run ? r->m->run : "", id->run) != 0) {
 		snprintf(err, errlen, "a copy from %s refused: %s", id->owner,
-			 r->m ? "the manifest is of another tag" :
+			 r->m ? "the manifest is of another tag or run" :
 			 replica_name_ok(id->owner) && replica_name_ok(id->tag) &&
 			 id->dir[0] == '/' ? why : "a bad owner, tag or directory name");
 		replica_free(r);
@@ -420,6 +396,46 @@ int replica_in_file_end(struct replica *r, unsigned index, uint64_t sent_xxh3, c
 	return 0;
 }
 
+/* Writes text (len bytes) as name in dirfd, synced; 0 or -errno. */
+static int recover_write(int dirfd, const char *name, const char *text, size_t len)
+{
+	int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	int rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, text, len) != (ssize_t)len || fsync(fd) != 0)
+		rc = errno ? -errno : -EIO;
+	close(fd);
+	return rc;
+}
+
+/* Writes r's identity and manifest into its directory, for replica_recover. */
+static int replica_save_id(struct replica *r)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	int rc;
+
+	if (f == NULL)
+		return -ENOMEM;
+	fprintf(f, "%s\n%s\n%s\n%s\n%s\n%" PRIu64 "\n", r->id.owner, r->id.job, r->id.run,
+		r->id.tag, r->id.dir, r->id.created_ns);
+	for (unsigned i = 0; i < r->nfiles; i++)
+		fprintf(f, "%s%" PRIu64, i ? " " : "", r->files[i].mf->rank);
+	fputc('\n', f);
+	if (fclose(f) != 0) {
+		free(text);
+		return -ENOMEM;
+	}
+	rc = recover_write(r->dirfd, REPLICA_ID_FILE, text, len);
+	free(text);
+	if (rc == 0)
+		rc = recover_write(r->dirfd, REPLICA_MANIFEST_FILE, r->manifest, r->manifest_len);
+	return rc;
+}
+
 /* Makes the copy visible once every file of it ended checked (its directory renamed from
  * .partial-<n> to <n> first); 0, or a negative errno with err (the copy stays the caller's,
  * for replica_in_abort). */
@@ -435,6 +451,12 @@ int replica_in_commit(struct replica *r, char *err, size_t errlen)
 			return -EBADMSG;
 		}
 	if (r->dirfd >= 0) {
+		unsigned in_mem = 0;
+		for (unsigned i = 0; i < r->nfiles; i++)
+			in_mem += r->files[i].mem != NULL;
+		if (in_mem == 0 && (r->saved = replica_save_id(r) == 0) == 0)  /* wholly on disk */
+			log_warnx("peer: %s's copy of %s will not outlive a restart: %s",
+				  r->id.owner, r->id.tag, strerror(errno));
 		snprintf(from, sizeof(from), ".partial-%llu", (unsigned long long)r->seq);
 		snprintf(to, sizeof(to), "%llu", (unsigned long long)r->seq);
 		if (fsync(r->dirfd) != 0 || renameat(rs->rootfd, from, rs->rootfd, to) != 0) {

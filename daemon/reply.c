@@ -380,7 +380,8 @@ void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 	const struct metrics_view *v = &q->v;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 11 + METRIC_N + METRIC_REASONED_N + 2 + METRIC_HIST_N);
+	msgpack_pack_map(&o.pk, 11 + METRIC_N + METRIC_REASONED_N + 2 + METRIC_HIST_N +
+			 METRIC_PEER_N + 1);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "start_time_ms", q->start_time_ms);
 	proto_kv_u64(&o.pk, "uptime_ms", q->uptime_ms);
@@ -406,5 +407,14 @@ void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 		msgpack_pack_uint64(&o.pk, v->le_us[i]);
 	for (unsigned i = 0; i < METRIC_HIST_N; i++)
 		pack_hist(&o.pk, v, i);
+	for (unsigned i = 0; i < METRIC_PEER_N; i++)	/* peer copies' block */
+		proto_kv_u64(&o.pk, metrics_peer_key(i), q->peer.v[i]);
+	proto_key(&o.pk, METRIC_PEER_HIST_KEY);
+	msgpack_pack_map(&o.pk, 2);
+	proto_key(&o.pk, "buckets");
+	msgpack_pack_array(&o.pk, METRIC_BUCKETS + 1);
+	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
+		msgpack_pack_uint64(&o.pk, q->peer.replication.bucket[i]);
+	proto_kv_u64(&o.pk, "sum_us", q->peer.replication.sum_us);
 	reply_send(conn, &o, 0);
 }

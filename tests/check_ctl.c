@@ -107,17 +107,22 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 		"clients", "saves_in_flight", "loads_in_flight", "saves_started",
 		"saves_snapshotted", "saves_durable", "saves_committed", "copied_bytes",
 		"flushed_bytes", "loads_started", "loads_done", "restored_bytes", "uploaded_bytes",
-		"uploads_done", "retention_held", "upload_backlog_tags", "upload_backlog_bytes"};
+		"uploads_done", "retention_held", "upload_backlog_tags", "upload_backlog_bytes",
+		"peer_bytes_sent", "peer_bytes_received", "peer_copies_sent", "peer_copies_received",
+		"peer_restored_bytes", "peer_copies_held", "peer_replica_memory_bytes",
+		"peer_evictions"};
 	static const uint64_t values[] = {
 		1700000000123ull, 7384000, 4ull << 30, 1ull << 30, 1ull << 29, 3, 2, 1, 10, 9, 8,
-		6, 10ull << 30, 8ull << 30, 2, 1, 3ull << 30, 5ull << 30, 4, 1, 1, 1ull << 20};
+		6, 10ull << 30, 8ull << 30, 2, 1, 3ull << 30, 5ull << 30, 4, 1, 1, 1ull << 20,
+		5, 6, 1, 2, 7, 2, 8, 0};
 	static const char *const actions[] = {"partial_removed", "file_removed",
 					      "commit_finished", "seal_resumed", "file_left"};
 	static const char *const hists[] = {"snapshot_seconds", "flush_seconds",
-					    "commit_seconds", "upload_seconds"};
+					    "commit_seconds", "upload_seconds",
+					    "peer_replication_seconds"};
 	size_t nc = sizeof(counters) / sizeof(counters[0]);
 
-	msgpack_pack_map(pk, 1 + nc + 4 + 1 + 1 + 4 + 1);
+	msgpack_pack_map(pk, 1 + nc + 4 + 1 + 1 + 5 + 1);
 	proto_kv_str(pk, "version", "9.9.9");
 	for (size_t i = 0; i < nc; i++)
 		proto_kv_u64(pk, counters[i], values[i]);
@@ -133,7 +138,7 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 	msgpack_pack_array(pk, 2);
 	msgpack_pack_uint64(pk, 1000);
 	msgpack_pack_uint64(pk, 2500000);
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < 5; i++) {
 		proto_key(pk, hists[i]);
 		msgpack_pack_map(pk, 2);
 		proto_key(pk, "buckets");

@@ -2,7 +2,8 @@
 # tests/netns.c makes the network namespaces and veth links the multi-node suites run their
 # "nodes" in (root and ip(8) needed; they say SKIP without).
 
-$(BUILD)/tests/check_peer_ucx $(BUILD)/tests/check_peer_replicate: tests/netns.c tests/netns.h
+$(BUILD)/tests/check_peer_ucx $(BUILD)/tests/check_peer_replicate \
+	$(BUILD)/tests/check_peer_restore: tests/netns.c tests/netns.h
 
 # make bench-peer: replication and fetch throughput over a veth link beside ucx_perftest's
 # tag_bw on the same link (tests/bench_peer.c); PEER_BENCH_ARGS="SIZE_MIB RUNS" (512 3).

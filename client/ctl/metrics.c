@@ -71,6 +71,23 @@ static const struct scalar_def scalars[] = {
 	 "Bytes of the host cache in use (saves in flight and resident files)."},
 	{"cache_resident", "dsckpt_cache_resident_bytes", "gauge", 0,
 	 "Bytes of the host cache holding files just saved, kept for fast restores."},
+	/* Peer copies (issue 35). */
+	{"peer_bytes_sent", "dsckpt_peer_sent_bytes_total", "counter", 0,
+	 "Bytes of this node's committed files that peers kept as copies."},
+	{"peer_bytes_received", "dsckpt_peer_received_bytes_total", "counter", 0,
+	 "Bytes of other nodes' copies kept here, checked."},
+	{"peer_copies_sent", "dsckpt_peer_copies_sent_total", "counter", 0,
+	 "Copies of this node's committed files that peers kept."},
+	{"peer_copies_received", "dsckpt_peer_copies_received_total", "counter", 0,
+	 "Other nodes' copies kept here (and taken back from replica_root at start)."},
+	{"peer_restored_bytes", "dsckpt_peer_restored_bytes_total", "counter", 0,
+	 "Bytes of tags this node lacked, written into its local tier from peers' copies."},
+	{"peer_copies_held", "dsckpt_peer_copies_held", "gauge", 0,
+	 "Other nodes' copies the daemon holds (memory and replica_root)."},
+	{"peer_replica_memory_bytes", "dsckpt_peer_replica_memory_bytes", "gauge", 0,
+	 "Bytes of replica_cache_size other nodes' copies take."},
+	{"peer_evictions", "dsckpt_peer_evictions_total", "counter", 0,
+	 "Other nodes' copies dropped to make room for newer ones."},
 };
 #define NSCALARS (sizeof(scalars) / sizeof(scalars[0]))
 
@@ -111,6 +128,8 @@ static const struct hist_def hists[] = {
 	 "Seconds from a save's ACCEPTED to COMMITTED (every rank's files, the manifest)."},
 	{"upload_seconds", "dsckpt_upload_seconds",
 	 "Seconds from a tag's COMMITTED (or the daemon's start) to REMOTE."},
+	{"peer_replication_seconds", "dsckpt_peer_replication_seconds",
+	 "Seconds from a save's COMMITTED to a peer keeping its copy (peer copies)."},
 };
 #define NHISTS (sizeof(hists) / sizeof(hists[0]))
 

@@ -58,8 +58,8 @@ static int load_begin_reply(dsckpt_load_t *l, struct lib_reply *r)
 	proto_get_u64(&r->m, "bytes", UINT64_MAX, &bytes, 1);
 	proto_get_u64(&r->m, "bytes_cached", UINT64_MAX, &cached, 1);
 	if (!r->m.err && strcmp(l->source, "cache") != 0 && strcmp(l->source, "file") != 0 &&
-	    strcmp(l->source, "remote") != 0)
-		proto_map_fail(&r->m, "source '%s' is not cache, file or remote", l->source);
+	    strcmp(l->source, "remote") != 0 && strcmp(l->source, "peer") != 0)
+		proto_map_fail(&r->m, "source '%s' is not cache, file, remote or peer", l->source);
 	return lib_reply_end(l->c, r, "LOAD_BEGIN");
 }
 

@@ -534,8 +534,8 @@ class Load(_Handle):
     @property
     def source(self) -> str:
         """Where the daemon takes the bytes from: ``"cache"`` (its host cache holds the whole
-        file), ``"file"``, or ``"remote"`` (the tag was pulled from the root's remote tier
-        into the local tier first)."""
+        file), ``"file"``, ``"remote"`` (the tag was pulled from the root's remote tier
+        into the local tier first) or ``"peer"`` (from other nodes' peer copies first)."""
         return _lib.lib().dsckpt_load_source(self._handle()).decode()
 
     def _handle(self) -> int:

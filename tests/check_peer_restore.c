@@ -1,0 +1,545 @@
+/* check_peer_restore.c — a lost node restored from its peers' copies (issue 35 items 6, 7),
+ * between real daemons, each in a network namespace of its own (tests/netns.c) named by its
+ * address, UCX forced onto TCP over veths, one peer_secret_file. A 4-node, 8-rank job (two
+ * ranks a node, run "run-b") commits on a shared root; every node's files reach the next node
+ * of the ring; a stale copy of node 2's ranks from an earlier run ("run-a") is placed on
+ * node 1, ahead in peer_hosts' order. Node 2 is destroyed (SIGKILL); a fresh daemon of node 2
+ * on an empty root, told the cluster's hosts (peer_hosts): with another secret it restores
+ * nothing; with the secret and a remote tier whose directory is gone by then (any read of
+ * it fails) it loads its ranks through libdsckpt: source "peer", bytes exact
+ * (checked again by the load), the tag committed there with run-b's manifest, not run-a's.
+ * A replacement of a new host name prefetches the job's latest (find_latest's path): every
+ * owner's copy the peers still hold. A node whose copies lie on replica_root keeps them over
+ * a restart, checked. A peer that breaks off mid-file leaves nothing of the tag behind.
+ * SKIP without root or ip(8). */
+#include "harness_daemon.h"
+#include "netns.h"
+#include "../daemon/dsckptd.h"
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define N_BYTES (2 * MIB + 4321)
+#define SECRET "restore-suite-secret-0123456789"
+#define PORT 18540
+#define NODES 4
+
+static struct netns ns;
+static int usable;
+
+/* Makes the namespaces once for the case (in the parent: removed even after a crash). */
+static void ns_setup(void)
+{
+	usable = netns_usable("check_peer_restore");
+	if (usable && netns_make(&ns, NODES) != 0) {
+		printf("SKIP: check_peer_restore: ip netns/veth failed here\n");
+		usable = 0;
+	}
+}
+
+/* Removes them. */
+static void ns_teardown(void)
+{
+	if (usable)
+		netns_destroy(&ns);
+}
+
+/* Writes a secret file (0600) into dir; its path (a static buffer per slot). */
+static const char *secret_file(const char *dir, int slot, const char *secret)
+{
+	static char path[2][512];
+	snprintf(path[slot], sizeof(path[slot]), "%s/secret%d", dir, slot);
+	int fd = open(path[slot], O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
+	close(fd);
+	return path[slot];
+}
+
+/* Fetches job's copy of rank from the daemon at addr into into; the result. */
+static int fetch(const char *addr, const char *job, unsigned rank, struct replica_store *into,
+		 struct replica **r, char *err, size_t errlen)
+{
+	struct peer_net *net;
+	struct peer_link *l;
+	int rc = peer_net_open(10, &net, err, errlen);
+	ck_assert_int_eq(rc, 0);
+	rc = peer_open(net, addr, PORT, SECRET, strlen(SECRET), 10, &l, err, errlen);
+	if (rc == 0) {
+		rc = peer_fetch(l, job, &rank, 1, into, r, err, errlen);
+		peer_link_close(l);
+	}
+	peer_net_close(net);
+	return rc;
+}
+
+/* Waits (60 s at most) until the daemon at addr holds job's copy of rank, from owner. */
+static void wait_copy(const char *addr, const char *job, unsigned rank, const char *owner)
+{
+	struct replica_store *mine;
+	struct replica *r = NULL;
+	char err[512] = "";
+	int rc = -1;
+
+	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
+	for (int i = 0; i < 600 && rc != 0; i++)
+		if ((rc = fetch(addr, job, rank, mine, &r, err, sizeof(err))) != 0)
+			h_sleep_ms(100);
+	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
+	const char *text;
+	size_t len;
+	unsigned nfiles;
+	ck_assert_str_eq(replica_id(r, &text, &len, &nfiles)->owner, owner);
+	replica_put(r);
+	replica_store_close(mine);
+}
+
+/* peer_read_fn over files open in arg (an array of descriptors). */
+static int read_fds(void *arg, unsigned i, uint64_t off, void *buf, size_t len)
+{
+	const int *fds = arg;
+	return pread(fds[i], buf, len, (off_t)off) == (ssize_t)len ? 0 : -EIO;
+}
+
+/* Places on the daemon at addr a copy of owner's ranks 4 and 5 of dir (their files, checked
+ * against the manifest) as of run "run-a", committed a second before run-b's: what an earlier
+ * run of the job left under the same tag name. */
+static void put_stale(const char *addr, const char *dir, const char *owner)
+{
+	size_t len;
+	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), &len), why[256], err[512];
+	char *at = strstr(text, "\"run-b\"");
+	ck_assert_ptr_nonnull(at);
+	at[5] = 'a';
+	struct manifest *m = manifest_parse(text, len, why, sizeof(why));
+	ck_assert_ptr_nonnull(m);
+	const struct manifest_file *files[8];
+	int fds[8];
+	unsigned n = 0, ranks[2] = {4, 5};
+	for (size_t i = 0; i < m->nfiles; i++)
+		if (m->files[i].rank == 4 || m->files[i].rank == 5) {
+			files[n] = &m->files[i];
+			fds[n] = open(h_path("%s/%s", dir, m->files[i].name), O_RDONLY);
+			ck_assert_int_ge(fds[n++], 0);
+		}
+	struct replica_id id = { owner, "pj", "run-a", "step1", dir, m->created_ns - 1000000000 };
+	struct peer_net *net;
+	struct peer_link *l;
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	ck_assert_int_eq(peer_open(net, addr, PORT, SECRET, strlen(SECRET), 10, &l, err,
+				   sizeof(err)), 0);
+	ck_assert_msg(peer_put(l, &id, ranks, 2, text, len, files, n, read_fds, fds, NULL, err,
+			       sizeof(err)) == 0, "%s", err);
+	peer_link_close(l);
+	peer_net_close(net);
+	for (unsigned i = 0; i < n; i++)
+		close(fds[i]);
+	manifest_free(m);
+	free(text);
+}
+
+/* Loads dir/file's U8 "t" (n bytes) into host memory: the load's code, its source into src
+ * (16 bytes), and whether the bytes are seed's pattern into *exact. */
+static int load_t(dsckpt_conn_t *c, const char *dir, const char *file, size_t n, uint64_t seed,
+		  char *src, int *exact)
+{
+	int64_t shape[1] = {(int64_t)n};
+	uint8_t *mem = dsckpt_host_alloc(n);
+	dsckpt_tensor_t t = {"t", "U8", shape, 1, mem, n};
+	dsckpt_load_t *l = NULL;
+	int rc;
+
+	ck_assert_ptr_nonnull(mem);
+	memset(mem, 0xee, n);
+	*exact = 0;
+	src[0] = '\0';
+	if ((rc = dsckpt_load_begin(c, dir, file, &l)) < 0)
+		goto out;
+	snprintf(src, 16, "%s", dsckpt_load_source(l));
+	if ((rc = dsckpt_load_add_tensors(l, &t, 1, NULL)) < 0 || (rc = dsckpt_load_end(l)) < 0)
+		goto out;
+	rc = dsckpt_load_wait(l, 60000);
+	*exact = h_pattern_diff(mem, n, seed) == n;
+out:
+	dsckpt_load_free(l);
+	dsckpt_host_free(mem);
+	return rc;
+}
+
+/* The value of key in the METRICS of the daemon on socket (dsckptd metrics --json); for a
+ * histogram, its count. */
+static double metric(const char *socket, const char *key)
+{
+	char cmd[1024], out[65536];
+	snprintf(cmd, sizeof(cmd), "%s -s %s metrics --json", h_bin("dsckptctl"), socket);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	size_t n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	ck_assert_int_eq(pclose(p), 0);
+	cJSON *doc = cJSON_Parse(out), *v = cJSON_GetObjectItem(doc, key);
+	ck_assert_msg(v != NULL, "no %s in %s", key, out);
+	if (cJSON_IsObject(v))
+		v = cJSON_GetObjectItem(v, "count");
+	double x = cJSON_GetNumberValue(v);
+	cJSON_Delete(doc);
+	return x;
+}
+
+/* Starts a fresh node 2 (namespace 2) on root, named host (NULL: node 2's address), asking
+ * the other nodes. */
+static void start_node2(struct hdaemon *n, const char *root, const char *secret_path,
+			const char *host)
+{
+	struct hdaemon at = *D;
+	char json[1024];
+
+	snprintf(at.root, sizeof(at.root), "%s", root);
+	ck_assert_int_eq(mkdir(root, 0755), 0);
+	ck_assert_int_eq(netns_enter(&ns, 2), 0);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
+		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s,%s,%s\",",
+		 host ? host : ns.addr[2], secret_path, ns.addr[0], ns.addr[1], ns.addr[3]);
+	h_daemon_start_peer(n, &at, "fresh2", 0.0625, json);
+}
+
+/* Restarts n with its root root given a remote tier in directory remote, which is then
+ * removed: any read of the remote fails. */
+static void with_remote(struct hdaemon *n, const char *root, const char *remote)
+{
+	char key[PATH_MAX + 32], url[PATH_MAX + 64];
+	ck_assert_int_eq(h_daemon_kill(n, SIGTERM), 0);
+	ck_assert_int_eq(mkdir(remote, 0700), 0);
+	char *cfg = h_read_file(n->config, NULL);
+	snprintf(key, sizeof(key), "[\"%s\"]", root);
+	char *at = strstr(cfg, key);
+	ck_assert_ptr_nonnull(at);
+	snprintf(url, sizeof(url), "[{\"path\": \"%s\", \"remote\": \"file://%s\"}]", root,
+		 remote);
+	FILE *f = fopen(n->config, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%.*s%s%s", (int)(at - cfg), cfg, url, at + strlen(key));
+	fclose(f);
+	free(cfg);
+	h_daemon_restart(n);
+	ck_assert_int_eq(rmdir(remote), 0);
+}
+
+START_TEST(test_lost_node_restored_from_peers)
+{
+	char dir[PATH_MAX], json[1024], scratch[256], root2[PATH_MAX], src[16];
+	struct hdaemon n[NODES], fresh;
+	dsckpt_conn_t *c[2 * NODES];
+	dsckpt_save_t *s[2 * NODES];
+	void *mem[2 * NODES];
+	int exact;
+
+	if (!usable)
+		return;
+	netns_ucx_env();
+	h_tmpdir(scratch, sizeof(scratch));
+	const char *good = secret_file(scratch, 0, SECRET);
+	for (int i = 0; i < NODES; i++) {
+		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
+		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
+			 "\"%s\", \"replica_cache_size\": 0.0625,", ns.addr[i], good);
+		if (i == 0) {
+			d_start(0.0625, json);
+			n[0] = *D;
+		} else {
+			char name[8];
+			snprintf(name, sizeof(name), "n%d", i);
+			h_daemon_start_peer(&n[i], D, name, 0.0625, json);
+		}
+	}
+	snprintf(dir, sizeof(dir), "%s/pj/step1", D->root);
+	for (int r = 0; r < 2 * NODES; r++) {
+		char file[16];
+		ck_assert_int_eq(dsckpt_connect(n[r / 2].socket, &c[r]), 0);
+		CK_DS(c[r], dsckpt_identify_run(c[r], "pj", r, 2 * NODES, "run-b"));
+		snprintf(file, sizeof(file), "rank%d", r);
+		s[r] = save_pattern(c[r], dir, file, N_BYTES, 500 + (uint64_t)r, &mem[r]);
+	}
+	for (int r = 0; r < 2 * NODES; r++) {
+		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
+		CK_DS(c[r], dsckpt_seal(c[r], dir));
+	}
+	for (int r = 0; r < 2 * NODES; r++)
+		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+	/* Every node's ranks reach the next node of the ring (addresses sort as the nodes). */
+	for (int i = 0; i < NODES; i++)
+		wait_copy(ns.addr[(i + 1) % NODES], "pj", 2 * (unsigned)i, ns.addr[i]);
+	put_stale(ns.addr[1], dir, ns.addr[2]);
+	/* The peer block of the metrics: node 2 sent one copy (its two files), node 3 keeps it;
+	 * node 1 holds node 0's and the stale one. */
+	ck_assert_double_eq(metric(n[2].socket, "peer_copies_sent"), 1);
+	ck_assert_double_ge(metric(n[2].socket, "peer_bytes_sent"), 2.0 * N_BYTES);
+	ck_assert_double_eq(metric(n[2].socket, "peer_replication_seconds"), 1);
+	ck_assert_double_eq(metric(n[3].socket, "peer_copies_received"), 1);
+	ck_assert_double_ge(metric(n[3].socket, "peer_bytes_received"), 2.0 * N_BYTES);
+	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 2);
+	ck_assert_double_eq(metric(n[1].socket, "peer_evictions"), 0);
+
+	/* Node 2 is lost; its replacement starts on an empty root. */
+	h_daemon_kill(&n[2], SIGKILL);
+	/* One with another secret: refused by every peer, nothing restored. */
+	snprintf(root2, sizeof(root2), "%s/root-wrong", scratch);
+	start_node2(&fresh, root2, secret_file(scratch, 1, "another-cluster-secret-987654321"),
+		    NULL);
+	dsckpt_conn_t *c2;
+	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
+	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
+	ck_assert_int_lt(load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
+				&exact), 0);
+	ck_assert_int_ne(access(h_path("%s/pj/step1/MANIFEST.json", root2), F_OK), 0);
+	ck_assert_int_ne(access(h_path("%s/pj/step1/rank4.safetensors", root2), F_OK), 0);
+	dsckpt_close(c2);
+	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
+
+	/* With the secret and a remote tier (file://) that is gone by the load: both ranks from
+	 * the peers, exact, run-b's commit, the remote never read. */
+	snprintf(root2, sizeof(root2), "%s/root2", scratch);
+	start_node2(&fresh, root2, good, NULL);
+	with_remote(&fresh, root2, h_path("%s/remote", scratch));
+	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
+	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
+	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
+				&exact), DSCKPT_LOADED);
+	ck_assert_str_eq(src, "peer");
+	ck_assert(exact);
+	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank5", N_BYTES, 505, src,
+				&exact), DSCKPT_LOADED);
+	ck_assert_str_ne(src, "peer");	/* local since the first load's pull */
+	ck_assert(exact);
+	ck_assert_msg(h_file_has(h_path("%s/pj/step1/MANIFEST.json", root2), "run-b"), "%s",
+		      h_text(h_path("%s/pj/step1/MANIFEST.json", root2)));
+	ck_assert(!h_file_has(h_path("%s/pj/step1/MANIFEST.json", root2), "run-a"));
+	ck_assert_msg(h_file_has(fresh.log, "from 1 peer copies"), "%s", h_text(fresh.log));
+	ck_assert_double_ge(metric(fresh.socket, "peer_restored_bytes"), 2.0 * N_BYTES);
+	dsckpt_close(c2);
+	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
+
+	/* A replacement of a new name, as find_latest asks: the job's latest, every owner's copy
+	 * the peers still hold (node 1's only copy was on node 2, gone with it). */
+	snprintf(root2, sizeof(root2), "%s/root3", scratch);
+	start_node2(&fresh, root2, good, "replacement-node");
+	dsckpt_prefetch_info_t info;
+	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
+	CK_DS(c2, dsckpt_identify(c2, "pj", 7, 2 * NODES));
+	CK_DS(c2, dsckpt_prefetch(c2, h_path("%s/pj", root2), NULL, 1, &info));
+	ck_assert_str_eq(info.tag, "step1");
+	ck_assert_uint_gt(info.bytes_pulled, 6 * (uint64_t)N_BYTES);
+	for (int r = 0; r < 2 * NODES; r++)
+		ck_assert_int_eq(access(h_path("%s/pj/step1/rank%d.safetensors", root2, r),
+					F_OK) == 0, r / 2 != 1);
+	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank7", N_BYTES, 507, src,
+				&exact), DSCKPT_LOADED);
+	ck_assert(exact);
+	dsckpt_close(c2);
+
+	for (int r = 0; r < 2 * NODES; r++) {
+		dsckpt_save_free(s[r]);
+		dsckpt_host_free(mem[r]);
+		dsckpt_close(c[r]);
+	}
+	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
+	for (int i = 1; i < NODES; i++)
+		if (i != 2)
+			ck_assert_int_eq(h_daemon_kill(&n[i], SIGTERM), 0);
+	d_stop();
+	h_rm_rf(scratch);
+}
+END_TEST
+
+/* Puts the files of rank 0 of the committed tag dir into rs as owner's copy; the spilled
+ * file's path under rootdir into spilled. */
+static void hold_copy(struct replica_store *rs, const char *dir, const char *owner,
+		      const char *rootdir, char *spilled, size_t len)
+{
+	size_t mlen, flen;
+	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), &mlen), why[256], err[512];
+	struct manifest *m = manifest_parse(text, mlen, why, sizeof(why));
+	struct replica *r;
+	unsigned rank = 0, idx;
+	ck_assert_ptr_nonnull(m);
+	struct replica_id id = { owner, "mj", m->run ? m->run : "", "step1", dir, m->created_ns };
+	ck_assert_int_eq(replica_in_begin(rs, &id, text, mlen, &rank, 1, &r, err, sizeof(err)), 0);
+	for (size_t i = 0; i < m->nfiles; i++) {
+		if (m->files[i].rank != 0)
+			continue;
+		char *bytes = h_read_file(h_path("%s/%s", dir, m->files[i].name), &flen);
+		ck_assert_int_eq(replica_in_file(r, m->files[i].name, flen, &idx, err, sizeof(err)),
+				 0);
+		ck_assert_int_eq(replica_in_write(r, idx, bytes, flen, err, sizeof(err)), 0);
+		ck_assert_msg(replica_in_file_end(r, idx, XXH3_64bits(bytes, flen), err,
+						  sizeof(err)) == 0, "%s", err);
+		free(bytes);
+	}
+	ck_assert_msg(replica_in_commit(r, err, sizeof(err)) == 0, "%s", err);
+	snprintf(spilled, len, "%s/1/rank0.safetensors", rootdir);
+	manifest_free(m);
+	free(text);
+}
+
+/* A peer that breaks off mid-file: the one holder of a lost node's copy (this test process's
+ * own peer service, in namespace 1) cannot read its spilled file past half (truncated), so it
+ * closes the link after the first 4 MiB of the file's data; the replacement restores nothing
+ * (no file, no .partial, no manifest) and the load fails. With the file whole again, the same
+ * load restores it. */
+START_TEST(test_peer_dies_mid_transfer)
+{
+	char scratch[256], rootdir[300], spilled[600], json[2048], src[16], err[512];
+	struct hdaemon fresh;
+	dsckpt_conn_t *c;
+	void *mem;
+	int exact;
+
+	if (!usable)
+		return;
+	netns_ucx_env();
+	h_tmpdir(scratch, sizeof(scratch));
+	/* A committed one-node tag to copy from (no peer copies on this daemon). */
+	d_start(0.0625, CHUNK_1M);
+	const char *dir = h_path("%s/mj/step1", D->root);
+	ck_assert_int_eq(dsckpt_connect(D->socket, &c), 0);
+	CK_DS(c, dsckpt_identify(c, "mj", 0, 1));
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", 10 * MIB + 99, 71, &mem);
+	ck_assert_int_ge(dsckpt_wait(s, DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
+	CK_DS(c, dsckpt_seal(c, dir));
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	/* This process holds the copy, spilled to disk, and serves it from namespace 1. */
+	struct peer_service svc = { .secret = SECRET, .secret_len = strlen(SECRET) };
+	struct peer_net *net;
+	snprintf(rootdir, sizeof(rootdir), "%s/held", scratch);
+	ck_assert_int_eq(mkdir(rootdir, 0700), 0);
+	ck_assert_int_eq(replica_store_open(0, rootdir, &svc.rs, err, sizeof(err)), 0);
+	hold_copy(svc.rs, dir, "lost-node", rootdir, spilled, sizeof(spilled));
+	size_t whole_len;
+	char *whole = h_read_file(spilled, &whole_len);
+	ck_assert_int_eq(truncate(spilled, (off_t)(whole_len / 2)), 0);
+	ck_assert_int_eq(netns_enter(&ns, 1), 0);
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	ck_assert_msg(peer_listen(net, PORT, 4, peer_serve, &svc, err, sizeof(err)) == 0, "%s",
+		      err);
+	/* The replacement (the lost node's name) asks it alone. */
+	struct hdaemon at = *D;
+	snprintf(at.root, sizeof(at.root), "%s/root2", scratch);
+	const char *root2 = at.root;
+	ck_assert_int_eq(mkdir(root2, 0755), 0);
+	ck_assert_int_eq(netns_enter(&ns, 2), 0);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"lost-node\", \"peer_secret_file\": "
+		 "\"%s\", \"peer_hosts\": \"%s\",", secret_file(scratch, 0, SECRET), ns.addr[1]);
+	h_daemon_start_peer(&fresh, &at, "fresh", 0.0625, json);
+	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c), 0);
+	CK_DS(c, dsckpt_identify(c, "mj", 0, 1));
+	ck_assert_int_lt(load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
+				&exact), 0);
+	ck_assert_int_ne(access(h_path("%s/mj/step1/MANIFEST.json", root2), F_OK), 0);
+	ck_assert_int_ne(access(h_path("%s/mj/step1/rank0.safetensors", root2), F_OK), 0);
+	ck_assert_int_ne(access(h_path("%s/mj/step1/rank0.safetensors.partial", root2), F_OK), 0);
+	/* Whole again: restored, exact. */
+	int fd = open(spilled, O_WRONLY);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, whole, whole_len, 0), (ssize_t)whole_len);
+	close(fd);
+	ck_assert_int_eq(load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
+				&exact), DSCKPT_LOADED);
+	ck_assert_str_eq(src, "peer");
+	ck_assert(exact);
+	dsckpt_close(c);
+	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
+	peer_net_close(net);
+	replica_store_close(svc.rs);
+	free(whole);
+	d_stop();
+	h_rm_rf(scratch);
+}
+END_TEST
+
+/* A node whose copies spill to replica_root (no memory for them) takes them back, checked,
+ * after a restart: node 1 holds node 0's rank before and after it is SIGKILLed and started
+ * again. */
+START_TEST(test_replica_root_recovered)
+{
+	char dir[PATH_MAX], json[8192], scratch[256], reps[1024];
+	struct hdaemon n1;
+	dsckpt_conn_t *c[2];
+	dsckpt_save_t *s[2];
+	void *mem[2];
+
+	if (!usable)
+		return;
+	netns_ucx_env();
+	h_tmpdir(scratch, sizeof(scratch));
+	const char *good = secret_file(scratch, 0, SECRET);
+	snprintf(reps, sizeof(reps), "%s/replicas", scratch);
+	ck_assert_int_eq(mkdir(reps, 0700), 0);
+	ck_assert_int_eq(netns_enter(&ns, 0), 0);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
+		 "\"replica_cache_size\": 0.0625,", ns.addr[0], good);
+	d_start(0.0625, json);
+	ck_assert_int_eq(netns_enter(&ns, 1), 0);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
+		 "\"replica_cache_size\": 0, \"replica_root\": \"%s\",", ns.addr[1], good, reps);
+	h_daemon_start_peer(&n1, D, "n1", 0.0625, json);
+	snprintf(dir, sizeof(dir), "%s/kj/step1", D->root);
+	const char *socks[2] = { D->socket, n1.socket };
+	for (int r = 0; r < 2; r++) {
+		char file[16];
+		ck_assert_int_eq(dsckpt_connect(socks[r], &c[r]), 0);
+		CK_DS(c[r], dsckpt_identify(c[r], "kj", r, 2));
+		snprintf(file, sizeof(file), "rank%d", r);
+		s[r] = save_pattern(c[r], dir, file, N_BYTES, 60 + (uint64_t)r, &mem[r]);
+	}
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
+		CK_DS(c[r], dsckpt_seal(c[r], dir));
+	}
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+	wait_copy(ns.addr[1], "kj", 0, ns.addr[0]);
+	dsckpt_close(c[1]);
+	h_daemon_kill(&n1, SIGKILL);
+	h_daemon_restart(&n1);
+	wait_copy(ns.addr[1], "kj", 0, ns.addr[0]);
+	ck_assert_msg(h_file_has(n1.log, "1 of the 1 copies on replica_root taken back"), "%s",
+		      h_text(n1.log));
+	for (int r = 0; r < 2; r++) {
+		dsckpt_save_free(s[r]);
+		dsckpt_host_free(mem[r]);
+	}
+	dsckpt_close(c[0]);
+	ck_assert_int_eq(h_daemon_kill(&n1, SIGTERM), 0);
+	d_stop();
+	h_rm_rf(scratch);
+}
+END_TEST
+
+/* The suite. */
+static Suite *peer_restore_suite(void)
+{
+	Suite *s = suite_create("peer_restore");
+	TCase *tc = tcase_create("peer_restore");
+	tcase_add_unchecked_fixture(tc, ns_setup, ns_teardown);
+	tcase_add_checked_fixture(tc, NULL, h_leftovers);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_lost_node_restored_from_peers);
+	tcase_add_test(tc, test_replica_root_recovered);
+	tcase_add_test(tc, test_peer_dies_mid_transfer);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CHECK_MAIN(peer_restore_suite)
