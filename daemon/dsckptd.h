@@ -809,10 +809,19 @@ struct store_files {
 	size_t n;
 	void *own;            /* what files point into */
 };
+/* A file's header as this daemon wrote it (its first len bytes) and the file's size, kept
+ * since; hdr NULL: not kept. */
+struct store_known {
+	const uint8_t *hdr;
+	size_t len;
+	uint64_t size;
+};
 /* Describes <base>.safetensors of each of bases (n) in the tag dfd, files of run, and the
- * .meta siblings their headers record, into out (store_files_free); 0 or a negative ERR_E*. */
-int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
-			 struct store_files *out, char *err, size_t errlen);
+ * .meta siblings their headers record, into out (store_files_free): from known[i] where it
+ * holds a header (known NULL: none does), else from the file's; 0 or a negative ERR_E*. */
+int store_describe_files(int dfd, char *const *bases, const struct store_known *known,
+			 size_t n, const char *run, struct store_files *out, char *err,
+			 size_t errlen);
 /* Frees what store_describe_files made. */
 void store_files_free(struct store_files *f);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
@@ -1233,6 +1242,8 @@ void engine_cancel(struct job *j, int code, const char *why);
 void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed);
 /* Per-tensor checksums once DURABLE (n entries). */
 const uint64_t *engine_checksums(struct job *j);
+/* The durable file's header (*len bytes, as written) and size; NULL when none was laid out. */
+const uint8_t *engine_header(struct job *j, size_t *len, uint64_t *size);
 /* Frees a finished job. */
 void engine_job_free(struct job *j);
 /* Drops the job's references to its sources once it reached SNAPSHOT (nothing reads them any
@@ -1369,6 +1380,9 @@ struct save_view {
 	uid_t uid;
 	const char *job, *run, *dir, *file;
 	struct store_dirid dirid;  /* dir as SAVE_BEGIN opened it */
+	const uint8_t *hdr;        /* DURABLE: the file's header as written (hdr_len bytes), or */
+	size_t hdr_len;            /* NULL; and the file's size */
+	uint64_t size;
 	unsigned rank;
 	int level;
 	int code;                /* FAILED: its ERR_E*; else 0 */
@@ -1546,9 +1560,11 @@ struct seal_scope {
 	unsigned world;
 	const uint8_t *sealed;    /* world entries */
 };
-/* The names (without .safetensors) of the files those ranks saved there. */
+/* The names (without .safetensors) of the files those ranks saved there, and the headers
+ * their saves kept (malloc'd copies). */
 struct seal_files {
 	char **bases;
+	struct store_known *known;
 	size_t n;
 };
 /* Collects them into f (replacing what it held). */

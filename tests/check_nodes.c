@@ -578,7 +578,7 @@ START_TEST(test_thousand_nodes)
 			bases[j] = file[j];
 			write_ckpt_run(dir, file[j], (int)ranks[j], NULL, host, "sim");
 		}
-		ck_assert_msg(store_describe_files(dfd, bases, PER_NODE, "sim", &files, why,
+		ck_assert_msg(store_describe_files(dfd, bases, NULL, PER_NODE, "sim", &files, why,
 						   sizeof(why)) == 0, "%s", why);
 		struct seal_record rec = {host, "th", (unsigned)world, ranks, PER_NODE, "sim", 0,
 					  files.files, files.n, NULL};
