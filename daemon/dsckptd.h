@@ -12,7 +12,8 @@
  *         staging directory .<tag>.dsckpt-next)
  *       → wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs; seal_watch.c: a sealed tag
  *         watched for the manifest another node writes; seal_files.c: the files a node's
- *         seal record describes)
+ *         seal record describes; seal_dirs.c: the tag directories SAVE_BEGINs opened, kept
+ *         for their ranks' SEALs)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
@@ -708,6 +709,9 @@ struct store_root {
  */
 int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		   struct store_root *root, char *err, size_t errlen);
+/* store_open_dir, and dir's parent (the job directory) opened on the way into *jobfd. */
+int store_open_dir_job(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+		       struct store_root *root, int *jobfd, char *err, size_t errlen);
 /* Opens the existing directory dir (checked as store_open_dir does, nothing created) and its
  * parent, the job directory, into *jobfd; an O_DIRECTORY fd or a negative ERR_E* with err. */
 int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
@@ -1551,6 +1555,20 @@ void seal_watch_stop(struct seal_watch *w);
  * whether there is one (one open either way). */
 int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
 
+/* seal_dirs.c — the tag directories SAVE_BEGINs opened, kept for their ranks' SEALs. */
+/* SAVE_BEGIN: keeps dir of uid (dfd duplicated, jobfd taken) with its identity id. */
+void seal_dirs_keep(uid_t uid, const char *dir, int dfd, int jobfd,
+		    const struct store_dirid *id);
+/* Opens the existing tag dir of uid/gid by its path, with its job directory and identity. */
+int seal_dirs_walk(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
+		   struct store_dirid *id, char *err, size_t errlen);
+/* SEAL of dir by o: the directory kept, else walked; 1 when o's rank's save of its run there
+ * is not committed yet, else 0, or a negative ERR_E* with err. */
+int seal_dirs_open(const struct config *cfg, const struct owner *o, const char *dir, int *dfd,
+		   int *jobfd, struct store_dirid *id, char *err, size_t errlen);
+/* Closes every directory kept (shutdown). */
+void seal_dirs_free_all(void);
+
 /* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
 /* The ranks of uid's job and run (world) sealed through this daemon into the directory. */
 struct seal_scope {
@@ -1567,6 +1585,10 @@ struct seal_files {
 	struct store_known *known;
 	size_t n;
 };
+/* Whether the save (viewed) is of a rank the scope holds sealed. */
+int seal_files_sealed(const struct seal_scope *sc, const struct save_view *v);
+/* The time now (CLOCK_REALTIME, ns), as records date their seals. */
+uint64_t seal_files_now_ns(void);
 /* Collects them into f (replacing what it held). */
 void seal_files_gather(struct seal_files *f, const struct seal_scope *sc);
 /* Whether a rank of the scope's job and run saved there through this daemon, unsealed. */

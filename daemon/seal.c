@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -74,6 +73,8 @@ struct seal_tag {
 	struct config *cfg;         /* a reference, while busy */
 	int write;                  /* write our record (written ranks) before looking: set by
 				     * seal_check, cleared when a seal_work is back */
+	int wrote;                  /* a record of ours was written */
+	int check;                  /* look at the manifest and the tag's name (seal_check) */
 	unsigned *ranks;            /* the ranks to write */
 	struct seal_files files;    /* the files of their saves here, described in the record */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
@@ -197,9 +198,9 @@ static void seal_work(uv_work_t *w)
 		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
 					t->run, t->written_ns, NULL, 0, NULL};
 		int present = 0;
-		if (t->write || !t->look)
+		if (t->check)
 			t->mine = seal_watch_mine(t->dfd, t->run, t->world, &present);
-		if (present || ((t->write || !t->look) && !store_dir_at(t->jobfd, tag, t->dfd)))
+		if (present || (t->check && !store_dir_at(t->jobfd, tag, t->dfd)))
 			t->rc = 2;	/* or a new version exchanged with its tag, committed */
 		else if (t->write)
 			t->rc = seal_files_write(t->cfg, t->dfd, &r, &t->files, t->uid, t->gid,
@@ -232,6 +233,20 @@ static void seal_on_manifest(void *arg)
 		seal_check(t);
 }
 
+/* Watches the tag for the commit (and, collecting, for the records that come). */
+static void seal_watch_go(struct seal_tag *t, int collect)
+{
+	if (t->watch && t->watch_records != collect) {
+		seal_watch_stop(t->watch);
+		t->watch = NULL;
+	}
+	if (!t->watch) {
+		t->watch = seal_watch_start(daemon_ctx->loop, t->dir, t->dfd, collect,
+					    seal_on_manifest, t);
+		t->watch_records = collect;
+	}
+}
+
 /* Whether this node collects the tag's records: the node its rank 0 sealed through, which
  * the records themselves name, so that one node reads N records rather than N nodes each. */
 static int seal_collects(const struct seal_tag *t)
@@ -260,6 +275,7 @@ static void seal_after(uv_work_t *w, int status)
 	struct seal_tag *t = w->data;
 
 	t->busy = 0;
+	t->wrote |= t->write && t->rc >= 0;
 	t->write = 0;
 	t->look = 0;
 	config_unref(t->cfg);
@@ -300,15 +316,7 @@ static void seal_after(uv_work_t *w, int status)
 		else
 			log_debug("seal of %s: record written; the node of rank 0 collects",
 				  t->dir);
-		if (t->watch && t->watch_records != collect) {
-			seal_watch_stop(t->watch);
-			t->watch = NULL;
-		}
-		if (!t->watch) {	/* the records that come, or the commit */
-			t->watch = seal_watch_start(daemon_ctx->loop, t->dir, t->dfd, collect,
-						    seal_on_manifest, t);
-			t->watch_records = collect;
-		}
+		seal_watch_go(t, collect);
 		unsigned k = SEAL_TRIES - t->tries;
 		uv_timer_start(&t->timer, on_seal_timer,
 			       collect && k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
@@ -331,15 +339,6 @@ static int seal_user_busy(uid_t uid)
 	return 0;
 }
 
-/* Whether a save (viewed) belongs to a rank t holds sealed: the same user's, directory,
- * job and run. */
-static int seal_covers(const struct seal_tag *t, const struct save_view *v)
-{
-	return v->uid == t->uid && store_dirid_eq(&v->dirid, &t->dirid) &&
-	       strcmp(v->job, t->job) == 0 && strcmp(v->run, t->run) == 0 &&
-	       v->rank < t->world && t->sealed[v->rank];
-}
-
 /* Timer: our record waited long enough for the ranks saving here; it is written now. */
 static void on_write_timer(uv_timer_t *h)
 {
@@ -353,13 +352,14 @@ static void on_write_timer(uv_timer_t *h)
 /* Moves a tag on: waits for its sealed ranks' saves, then writes our record and looks. */
 static void seal_check(struct seal_tag *t)
 {
+	struct seal_scope scope = {t->uid, t->dirid, t->job, t->run, t->world, t->sealed};
 	struct save_view v;
 
 	if (t->busy || t->ended || t->gone)
 		return;
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
-		if (!seal_covers(t, &v))
+		if (!seal_files_sealed(&scope, &v))
 			continue;
 		if (v.level == LEVEL_FAILED) {
 			log_warnx("seal of %s: the save of %s (rank %u) failed, so the tag will not be "
@@ -372,7 +372,6 @@ static void seal_check(struct seal_tag *t)
 	}
 	/* A write asked for stays asked for until a seal_work has done it, even while the tag
 	 * waits behind another of its user's (seal_user_busy). */
-	struct seal_scope scope = {t->uid, t->dirid, t->job, t->run, t->world, t->sealed};
 	if (t->written != t->nsealed && !t->write_due && seal_files_unsealed(&scope)) {
 		/* One record per node where it can be: while a rank that saved here has not
 		 * sealed yet, the write waits for it (SEAL_WRITE_WAIT_MS at most). */
@@ -393,7 +392,15 @@ static void seal_check(struct seal_tag *t)
 		t->written_ns = t->sealed_ns;
 		t->tries = SEAL_TRIES;
 	}
-	t->look |= seal_collects(t);
+	/* Under the lock, the manifest (does it commit this run?) and the tag's name are looked
+	 * at as a record is written, and by a look of a node not collecting; but not as such a
+	 * node writes its first: no commit of its ranks comes before that record, and the watch,
+	 * started first, sees the one after (each look is a round trip to a shared server). */
+	int collect = seal_collects(t);
+	t->check = t->write ? collect || t->wrote : !collect;
+	if (t->write && !t->check)
+		seal_watch_go(t, collect);
+	t->look |= collect;
 	uv_timer_stop(&t->timer);
 	if (seal_user_busy(t->uid)) {
 		t->deferred = 1;
@@ -458,14 +465,6 @@ static struct seal_tag *seal_new(const char *dir, int dfd, int jobfd,
 	return t;
 }
 
-/* The time now (CLOCK_REALTIME, ns): a rank's seals are dated by its node's clock. */
-static uint64_t seal_now_ns(void)
-{
-	struct timespec now;
-	clock_gettime(CLOCK_REALTIME, &now);
-	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
-}
-
 /* Hands the module the daemon it seals for (start-up, before recovery resumes seals). */
 void seal_init(const struct daemon *d)
 {
@@ -482,15 +481,14 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
-	int dfd = store_open_tag(daemon_ctx->config, d, uid, o->gid, &jobfd, err, sizeof(err));
-	if (dfd < 0)
-		return reply_error(o->conn, req, dfd, "%s", err);
-	if ((rc = store_dir_id(dfd, &id, err, sizeof(err))) < 0) {
-		close(dfd);
-		close(jobfd);
-		return reply_error(o->conn, req, rc, "%s", err);
-	}
-	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+	/* The directory this user's SAVE_BEGIN opened there (else the path walked); a save of
+	 * the rank's there not committed yet says the tag was not, as far as this daemon knows:
+	 * no name is looked up (the commit's own look at the manifest says the rest). */
+	int dfd, pending = seal_dirs_open(daemon_ctx->config, o, d, &dfd, &jobfd, &id, err,
+					  sizeof(err));
+	if (pending < 0)
+		return reply_error(o->conn, req, pending, "%s", err);
+	int committed = !pending && faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 	seal_sweep(uid);
 	struct seal_tag *t = seal_find(&id, uid);
 	if (t && !committed && strcmp(t->run, o->run) != 0 &&
@@ -515,7 +513,7 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
-		t->sealed_ns = seal_now_ns();
+		t->sealed_ns = seal_files_now_ns();
 		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
 			  t->nsealed, world);
 	}
@@ -554,13 +552,13 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 	struct store_dirid id;
 	char err[ERRLEN];
 	int jobfd, rc;
-	int dfd = store_open_tag(daemon_ctx->config, dir, uid, gid, &jobfd, err, sizeof(err));
+	int dfd = seal_dirs_walk(daemon_ctx->config, dir, uid, gid, &jobfd, &id, err, sizeof(err));
 
 	if (dfd < 0) {
 		log_warnx("not resuming the seals of %s: %s", dir, err);
 		return;
 	}
-	if (store_dir_id(dfd, &id, err, sizeof(err)) < 0 || seal_find(&id, uid)) {
+	if (seal_find(&id, uid)) {
 		close(dfd);
 		close(jobfd);
 		return;
@@ -597,4 +595,5 @@ void seal_free_all(void)
 {
 	while (tags)
 		seal_free(tags);
+	seal_dirs_free_all();
 }

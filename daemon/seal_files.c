@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Whether the save (viewed) is of the scope's user, directory, job and run. */
 static int seal_files_of(const struct seal_scope *sc, const struct save_view *v)
@@ -18,6 +19,20 @@ static int seal_files_of(const struct seal_scope *sc, const struct save_view *v)
 	return v->uid == sc->uid && store_dirid_eq(&v->dirid, &sc->dirid) &&
 	       strcmp(v->job, sc->job) == 0 && strcmp(v->run, sc->run) == 0 &&
 	       v->rank < sc->world;
+}
+
+/* Whether the save (viewed) is of a rank the scope holds sealed. */
+int seal_files_sealed(const struct seal_scope *sc, const struct save_view *v)
+{
+	return seal_files_of(sc, v) && sc->sealed[v->rank];
+}
+
+/* The time now (CLOCK_REALTIME, ns): a record dates its ranks' seals by its node's clock. */
+uint64_t seal_files_now_ns(void)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 }
 
 /* Frees the names f holds. */

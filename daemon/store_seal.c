@@ -4,8 +4,10 @@
  * the job has sealed, and the files they describe collected for the commit.
  *
  * On a shared filesystem every name looked up is a round trip to its metadata server, so a
- * record costs two there to write (its partial created, then renamed into place) and one to
- * read (its open); the collecting node reads many at once on a few threads.
+ * record costs one there to write (created under its name, new, while its writer holds the
+ * job directory's lock, under which it is read) and one to read (its open); the collecting
+ * node reads many at once on a few threads. A record replaced (a rank sealed late, another
+ * run's left behind) costs three: its partial is renamed over it.
  */
 #include "dsckptd.h"
 
@@ -61,8 +63,11 @@ static int seal_fill(int fd, const char *text, uid_t uid, gid_t gid, unsigned mo
 	return fsync(fd);
 }
 
-/* Writes this node's record r into the tag dirfd atomically, owned by uid/gid: two names
- * looked up (store_write_atomic's O_TMPFILE, link and stale-partial removal would be four). */
+/* Writes this node's record r into the tag dirfd, owned by uid/gid, the job directory's lock
+ * held (its readers' too): made under its name where none is there yet (one name looked up;
+ * a record that could not be written whole is removed again), else written beside it and
+ * renamed over it (three). A crash while it is written may leave it unreadable, which its
+ * readers take for no record and a later write replaces. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
 		     uid_t uid, gid_t gid, char *err, size_t errlen)
 {
@@ -74,7 +79,18 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
 	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
 	snprintf(partial, sizeof(partial), "%s" FMT_PARTIAL, name);
-	if ((fd = seal_create(dirfd, partial)) < 0) {
+	fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 || fsync(dirfd) < 0) {
+			rc = err_set(err, errlen, err_from_errno(errno), "write %s: %s", name,
+				     strerror(errno));
+			unlinkat(dirfd, name, 0);
+		}
+		close(fd);
+	} else if (errno != EEXIST) {
+		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", name,
+			     strerror(errno));
+	} else if ((fd = seal_create(dirfd, partial)) < 0) {
 		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", partial,
 			     strerror(errno));
 	} else {
