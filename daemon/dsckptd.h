@@ -919,6 +919,11 @@ void store_seal_desc_free(struct store_seal_desc *d);
  * about once however often the node looks. */
 int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
 			uint8_t *have, uint64_t *newest, struct seal_seen *seen);
+/* The same for the records names (n) only, which the directory's watch saw come: no listing
+ * (a round trip to a shared filesystem's server); -1 without memory. */
+int store_seal_scan_names(int dirfd, char *const *names, size_t n, const char *job,
+			  const char *run, unsigned world, uint8_t *have, uint64_t *newest,
+			  struct seal_seen *seen);
 /* Frees what seen holds. */
 void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
@@ -1554,6 +1559,20 @@ void seal_watch_stop(struct seal_watch *w);
 /* Threadpool: whether the manifest in the tag dfd commits run by world ranks; *present:
  * whether there is one (one open either way). */
 int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
+/* w, or (NULL, or of other records) a new watch as seal_watch_start makes. */
+struct seal_watch *seal_watch_keep(struct seal_watch *w, struct uv_loop_s *loop,
+				   const char *dir, int dfd, int records, seal_watch_cb cb,
+				   void *arg);
+/* Names of seal records (malloc'd). */
+struct seal_names {
+	char **v;
+	size_t n;
+};
+/* Frees the names s holds (s itself is the caller's). */
+void seal_names_free(struct seal_names *s);
+/* The seal records inotify saw come since the last call, handed over into *out (freed first);
+ * -1 when the watch cannot say (NULL, polled, an event missed): the directory is listed. */
+int seal_watch_names(struct seal_watch *w, struct seal_names *out);
 
 /* seal_dirs.c — the tag directories SAVE_BEGINs opened, kept for their ranks' SEALs. */
 /* SAVE_BEGIN: keeps dir of uid (dfd duplicated, jobfd taken) with its identity id. */

@@ -4,23 +4,25 @@
  * DURABLE, the daemon writes its node's seal record (store_seal.c), describing their files
  * there (seal_files.c), once per node where it can: while a rank that saved here has not
  * sealed, the record waits for it (1 s at most). The node that rank 0 sealed through
- * collects: it reads the records (each about once, as they come: inotify, or the directory's
- * mtime polled) and, when they name every rank 0..world-1, commits the tag from them
- * (store_commit: manifest, then latest, then retention) — with no trainer left alive, if
- * need be — dated by the newest seal the records hold, so that a job's tags order by step
+ * collects: it reads the records (each about once, as they come: by the names inotify gives,
+ * or listing the directory when its mtime changed) and, when they name every rank, commits
+ * the tag from them (store_commit: manifest, latest, retention) — with no trainer left alive,
+ * if need be — dated by the newest seal the records hold, so that a job's tags order by step
  * however late each commit lands. The other nodes only write their record and watch for the
- * manifest (seal_watch.c), marking their saves COMMITTED when it commits their run; they look
+ * manifest (seal_watch.c), marking their saves COMMITTED when it commits their run: two
+ * metadata operations per node (seal_dirs.c spares its SEALs the path walk); they look
  * at the records themselves only every 30 s (the collecting node may have died), and
  * committing a committed tag changes nothing. Every look runs under the job directory's lock.
  * A tag not complete is looked at for about an hour (1 s, 2 s, ... then every 30 s).
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
- * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open with its job
- * directory's while the tag is followed, so that it cannot name another directory and no look
- * walks its path again) and its owner, never by its path. A directory removed is forgotten
- * with its seals; one made again under the same name is a new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
- * never committed: records, files and saves of one run never combine with another's, and no
- * reply names what another user sealed.
+ * directory's identity (st_dev, st_ino of the descriptor its save or SEAL validated, held open
+ * with its job directory's while the tag is followed, so that it cannot name another directory
+ * and no look walks its path again) and its owner, never by its path. A directory removed is
+ * forgotten with its seals; one made again under the same name is a new tag. A seal of a newer
+ * run (HELLO's run) takes the tag over from an older run's that never committed: records,
+ * files and saves of one run never combine with another's, and no reply names what another
+ * user sealed.
  *
  * Loop thread only, but for seal_work (libuv's threadpool), which touches only the tag's
  * work fields while busy. A tag is owned by the list from its first seal until it lingers
@@ -63,8 +65,7 @@ struct seal_tag {
 	int gone;                   /* forgotten while busy (its directory removed, a newer run
 				     * took it over): seal_after frees it */
 	uv_timer_t timer;
-	struct seal_watch *watch;   /* for the manifest, while waiting for the other nodes */
-	int watch_records;          /* it watches for the others' records too (collecting) */
+	struct seal_watch *watch;   /* for the manifest (collecting: and the others' records) */
 	int again;                  /* the watch saw something while busy: look once more */
 	int write_wait;             /* our record waits for a rank saving here to seal */
 	int write_due;              /* that wait is over: write what is sealed */
@@ -79,6 +80,9 @@ struct seal_tag {
 	struct seal_files files;    /* the files of their saves here, described in the record */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int look;                   /* read the records (collecting, or the slow timer's look) */
+	int listed;                 /* a look listed the directory since the watch started */
+	int by_name;                /* this look reads names, the records the watch saw come */
+	struct seal_names names;
 	uint8_t *have_map;          /* world entries: the ranks the records read so far name */
 	struct seal_seen seen;      /* the records read so far */
 	int have;                   /* ranks the records name; -2: not looked */
@@ -102,6 +106,7 @@ static void seal_closed(uv_handle_t *h)
 	close(t->dfd);
 	close(t->jobfd);
 	seal_files_free(&t->files);
+	seal_names_free(&t->names);
 	free(t->sealed);
 	free(t->ranks);
 	free(t->have_map);
@@ -162,6 +167,7 @@ static void on_seal_timer(uv_timer_t *h)
 		seal_free(t);
 	} else {
 		t->look = 1;	/* a node not collecting looks too, now and then */
+		t->listed = 0;	/* and lists the directory: the watch may have missed one */
 		seal_check(t);
 	}
 }
@@ -207,7 +213,11 @@ static void seal_work(uv_work_t *w)
 						 t->dir, t->err, sizeof(t->err));
 		/* Only the collecting node reads the others' records (each about once): the
 		 * others learn the outcome from the manifest (seal_watch.c). */
-		if (t->rc == 0 && t->look)
+		if (t->rc == 0 && t->look && t->by_name)
+			t->have = store_seal_scan_names(t->dfd, t->names.v, t->names.n, t->job,
+							t->run, t->world, t->have_map, &t->newest,
+							&t->seen);
+		else if (t->rc == 0 && t->look)
 			t->have = store_seal_scan_new(t->dfd, t->job, t->run, t->world, t->have_map,
 						      &t->newest, &t->seen);
 		store_job_unlock(t->jobfd);
@@ -231,20 +241,6 @@ static void seal_on_manifest(void *arg)
 		t->again = 1;
 	else
 		seal_check(t);
-}
-
-/* Watches the tag for the commit (and, collecting, for the records that come). */
-static void seal_watch_go(struct seal_tag *t, int collect)
-{
-	if (t->watch && t->watch_records != collect) {
-		seal_watch_stop(t->watch);
-		t->watch = NULL;
-	}
-	if (!t->watch) {
-		t->watch = seal_watch_start(daemon_ctx->loop, t->dir, t->dfd, collect,
-					    seal_on_manifest, t);
-		t->watch_records = collect;
-	}
 }
 
 /* Whether this node collects the tag's records: the node its rank 0 sealed through, which
@@ -276,6 +272,8 @@ static void seal_after(uv_work_t *w, int status)
 
 	t->busy = 0;
 	t->wrote |= t->write && t->rc >= 0;
+	t->listed = t->have >= 0 && (t->listed || !t->by_name);
+	seal_names_free(&t->names);
 	t->write = 0;
 	t->look = 0;
 	config_unref(t->cfg);
@@ -289,19 +287,17 @@ static void seal_after(uv_work_t *w, int status)
 	if (t->rc < 0) {
 		log_warnx("seal of %s: %s", t->dir, t->err);
 		seal_end(t);
-	} else if (t->rc == 2 && t->mine) {
-		/* Another node's commit of this run: this node's saves are committed too. */
-		log_info("committed %s: by another node (job %s)", t->dir, t->job);
-		t->rc = 1;
-		save_mark_committed(&t->dirid, t->uid, t->run);
-		resident_committed(t->dir);
-		seal_end(t);
-	} else if (t->rc == 2) {
+	} else if (t->rc == 2 && !t->mine) {
 		log_debug("seal of %s: committed already, not by this run", t->dir);
 		seal_end(t);
-	} else if (t->rc == 1) {
-		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
-			 t->job, t->info.files, (unsigned long long)t->info.bytes);
+	} else if (t->rc == 1 || t->rc == 2) {
+		/* Ours, or another node's commit of this run: this node's saves are committed. */
+		if (t->rc == 2)
+			log_info("committed %s: by another node (job %s)", t->dir, t->job);
+		else
+			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)",
+				 t->dir, t->job, t->info.files, (unsigned long long)t->info.bytes);
+		t->rc = 1;
 		save_mark_committed(&t->dirid, t->uid, t->run);
 		resident_committed(t->dir);
 		seal_end(t);
@@ -310,13 +306,10 @@ static void seal_after(uv_work_t *w, int status)
 		seal_check(t);	/* more ranks sealed meanwhile, or records came */
 	} else if (t->tries > 0) {
 		int collect = seal_collects(t);
-		if (t->have >= 0)
-			log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have,
-				  t->world);
-		else
-			log_debug("seal of %s: record written; the node of rank 0 collects",
-				  t->dir);
-		seal_watch_go(t, collect);
+		log_debug("seal of %s: %d of %u ranks sealed so far (-2: not looked, the node of "
+			  "rank 0 collects)", t->dir, t->have, t->world);
+		t->watch = seal_watch_keep(t->watch, daemon_ctx->loop, t->dir, t->dfd, collect,
+					   seal_on_manifest, t);
 		unsigned k = SEAL_TRIES - t->tries;
 		uv_timer_start(&t->timer, on_seal_timer,
 			       collect && k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
@@ -398,14 +391,20 @@ static void seal_check(struct seal_tag *t)
 	 * started first, sees the one after (each look is a round trip to a shared server). */
 	int collect = seal_collects(t);
 	t->check = t->write ? collect || t->wrote : !collect;
-	if (t->write && !t->check)
-		seal_watch_go(t, collect);
+	if (collect || (t->write && !t->check))
+		t->watch = seal_watch_keep(t->watch, daemon_ctx->loop, t->dir, t->dfd, collect,
+					   seal_on_manifest, t);
 	t->look |= collect;
 	uv_timer_stop(&t->timer);
 	if (seal_user_busy(t->uid)) {
 		t->deferred = 1;
 		return;
 	}
+	/* A look reads the records the watch saw come since the directory was last listed; the
+	 * first lists it (the watch started before), as does one the watch cannot vouch for. */
+	t->by_name = t->look && seal_watch_names(t->watch, &t->names) == 0 && t->listed;
+	if (!t->by_name)
+		seal_names_free(&t->names);	/* a listing reads them */
 	t->busy = 1;
 	t->cfg = config_ref(daemon_ctx->config);
 	t->work.data = t;
@@ -430,24 +429,15 @@ static struct seal_tag *seal_new(const char *dir, int dfd, int jobfd,
 				 unsigned world, uid_t uid, gid_t gid, int *code, char *err,
 				 size_t errlen)
 {
-	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0) {
-		close(dfd);
-		close(jobfd);
-		return NULL;
-	}
-	struct seal_tag *t = calloc(1, sizeof(*t));
-	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned))) ||
-	    !(t->have_map = calloc(world, 1))) {
-		if (t) {
-			free(t->sealed);
-			free(t->ranks);
-			free(t);
-		}
-		close(dfd);
-		close(jobfd);
+	struct seal_tag *t = NULL;
+
+	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0)
+		goto fail;
+	if (!(t = calloc(1, sizeof(*t))) || !(t->sealed = calloc(world, 1)) ||
+	    !(t->ranks = calloc(world, sizeof(unsigned))) || !(t->have_map = calloc(world, 1))) {
 		quota_give(uid, QUOTA_SEALS, 1);
 		*code = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		return NULL;
+		goto fail;
 	}
 	snprintf(t->dir, sizeof(t->dir), "%s", dir);
 	t->dirid = *id;
@@ -463,6 +453,15 @@ static struct seal_tag *seal_new(const char *dir, int dfd, int jobfd,
 	t->next = tags;
 	tags = t;
 	return t;
+fail:
+	if (t) {
+		free(t->sealed);
+		free(t->ranks);
+		free(t);
+	}
+	close(dfd);
+	close(jobfd);
+	return NULL;
 }
 
 /* Hands the module the daemon it seals for (start-up, before recovery resumes seals). */
