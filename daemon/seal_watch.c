@@ -186,8 +186,10 @@ static void on_watch_event(uv_fs_event_t *h, const char *name, int events, int s
 		watch_add_name(w, name);
 		w->cb(w->arg);
 	} else if (w->records && (events & UV_RENAME) && watch_partial(name)) {
-		w->lost = 1;	/* a record replaced (its inode read is not the new one's): the */
-		w->cb(w->arg);	/* look lists, under the lock its writer holds until it is done */
+		/* A record replaced (the inode read is not the new one's): the look lists, under
+		 * the lock its writer holds until it is done. */
+		w->lost = 1;
+		w->cb(w->arg);
 	}
 }
 

@@ -348,7 +348,7 @@ static int seal_scan(int dirfd, size_t *at, size_t n, const char *job, const cha
 			seen->inos[at[i]] = 0;	/* no inode is 0: read again next time */
 			continue;
 		}
-		seen->inos[at[i]] = b.inos[i];	/* the one read (replaced since: read again) */
+		seen->inos[at[i]] = b.inos[i];	/* the one read (replaced: read again) */
 		seal_add(&b.got[i], job, run, world, have, newest);
 		if (seal_ours(&b.got[i], job, run, world))
 			*r = b.got[i];	/* kept: its files make the manifest */
