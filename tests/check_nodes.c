@@ -379,6 +379,34 @@ START_TEST(test_rerun_after_delete)
 }
 END_TEST
 
+/* A SEAL takes the directory its user's SAVE_BEGIN opened instead of walking the path again
+ * (seal_dirs.c), but not one removed since: a rank saves into a tag, the tag is removed and
+ * made again, and the rank's SEAL seals the tag made again: its node's record is written
+ * there (the commit then fails: the rank has no file there). */
+START_TEST(test_seal_remade)
+{
+	struct rank k;
+	char dir[PATH_MAX];
+	nodes_start(1, NULL);
+	snprintf(dir, sizeof(dir), "%s/rm", D->root);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	snprintf(dir, sizeof(dir), "%s/rm/t", D->root);
+	k.c = rank_conn("rm", 0, 1);
+	rank_save(&k, 0, dir, 1);
+	rank_wait(&k, 0, DSCKPT_DURABLE, 60000);
+	h_rm_rf(dir);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	CK_DS(k.c, dsckpt_seal(k.c, dir));
+	const char *rec = h_path("%s/SEAL.n000.json", dir);
+	for (int i = 0; i < 60000 && access(rec, F_OK) != 0; i++)
+		h_sleep_ms(1);
+	ck_assert_msg(access(rec, F_OK) == 0, "no seal record in the tag made again");
+	rank_done(&k);
+	dsckpt_close(k.c);
+	nodes_stop();
+}
+END_TEST
+
 /* The file of the shim's counter page. */
 static char page[PATH_MAX];
 
@@ -637,6 +665,7 @@ static Suite *nodes_suite(void)
 	h_add_case(s, "back to back", test_back_to_back, 300, 1);
 	h_add_case(s, "new run replaces", test_new_run_replaces, 300, 1);
 	h_add_case(s, "rerun after delete", test_rerun_after_delete, 300, 1);
+	h_add_case(s, "seal remade", test_seal_remade, 300, 1);
 	h_add_case(s, "metaops", test_metaops, 300, 3);
 	h_add_case(s, "thousand nodes", test_thousand_nodes, 300, 1);
 	return s;
