@@ -74,7 +74,6 @@ struct seal_tag {
 	struct config *cfg;         /* a reference, while busy */
 	int write;                  /* write our record (written ranks) before looking: set by
 				     * seal_check, cleared when a seal_work is back */
-	int wrote;                  /* a record of ours was written */
 	int check;                  /* look at the manifest and the tag's name (seal_check) */
 	unsigned *ranks;            /* the ranks to write */
 	struct seal_files files;    /* the files of their saves here, described in the record */
@@ -271,7 +270,6 @@ static void seal_after(uv_work_t *w, int status)
 	struct seal_tag *t = w->data;
 
 	t->busy = 0;
-	t->wrote |= t->write && t->rc >= 0;
 	t->listed = t->have >= 0 && (t->listed || !t->by_name);
 	seal_names_free(&t->names);
 	t->write = 0;
@@ -386,12 +384,13 @@ static void seal_check(struct seal_tag *t)
 		t->tries = SEAL_TRIES;
 	}
 	/* Under the lock, the manifest (does it commit this run?) and the tag's name are looked
-	 * at as a record is written, and by a look of a node not collecting; but not as such a
-	 * node writes its first: no commit of its ranks comes before that record, and the watch,
-	 * started first, sees the one after (each look is a round trip to a shared server). */
+	 * at as the collecting node writes its record, and by a look of a node not collecting,
+	 * but not as such a node writes one: no commit of its ranks comes before that record,
+	 * and the watch, started first, sees the one after (each look at a name is a round trip
+	 * to a shared filesystem's server). */
 	int collect = seal_collects(t);
-	t->check = t->write ? collect || t->wrote : !collect;
-	if (collect || (t->write && !t->check))
+	t->check = t->write ? collect : !collect;
+	if (collect || t->write)
 		t->watch = seal_watch_keep(t->watch, daemon_ctx->loop, t->dir, t->dfd, collect,
 					   seal_on_manifest, t);
 	t->look |= collect;
