@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -407,6 +408,68 @@ START_TEST(test_seal_remade)
 }
 END_TEST
 
+/* A daemon creates its record under its name holding the job directory's lock, so that it
+ * costs one metadata operation: `dsckptctl list` reads a record that does not read whole (one
+ * being written) again once the lock is free, and reports no error. Here a process holds the
+ * lock with half a record written, and completes it 300 ms after list began. */
+START_TEST(test_list_record_written)
+{
+	char job[PATH_MAX - 16], dir[PATH_MAX], *out = NULL;
+	int ready[2];
+	unsigned r0 = 0, r1 = 1;
+	nodes_start(1, NULL);
+	snprintf(job, sizeof(job), "%s/lw", D->root);
+	snprintf(dir, sizeof(dir), "%s/t", job);
+	ck_assert_int_eq(mkdir(job, 0755), 0);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	static char *roots[1];	/* write_ckpt_run writes below harness_store's cfg's root */
+	roots[0] = D->root;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.allowed_roots = roots;
+	cfg.n_roots = 1;
+	cfg.file_mode = 0644;
+	cfg.dir_mode = 0755;
+	write_ckpt_run(dir, "rank0", 0, NULL, "a", "lw-run");
+	struct seal_record a = {"a", "lw", 2, &r0, 1, "lw-run", 1, NULL, 0, NULL};
+	struct seal_record b = {"b", "lw", 2, &r1, 1, "lw-run", 2, NULL, 0, NULL};
+	char *ta = seal_record_write(&a), *tb = seal_record_write(&b);
+	ck_assert(ta && tb);
+	write_text(h_path("%s/SEAL.a.json", dir), ta);
+	ck_assert_int_eq(pipe(ready), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {	/* the writer: lock, half a record, then the rest */
+		int jfd = open(job, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		int fd = open(h_path("%s/SEAL.b.json", dir), O_WRONLY | O_CREAT | O_EXCL, 0644);
+		if (jfd < 0 || fd < 0 || flock(jfd, LOCK_EX) < 0 ||
+		    write(fd, tb, strlen(tb) / 2) < 0 || write(ready[1], "x", 1) != 1)
+			_exit(1);
+		h_sleep_ms(300);
+		_exit(write(fd, tb + strlen(tb) / 2, strlen(tb) - strlen(tb) / 2) < 0);
+	}
+	char x;
+	close(ready[1]);
+	ck_assert_int_eq(read(ready[0], &x, 1), 1);
+	close(ready[0]);
+	ck_assert_int_eq(ctl(&out, "list --json %s", D->root), 0);
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_int_eq(status, 0);
+	cJSON *doc = cJSON_Parse(out), *e, *t = NULL;
+	ck_assert_msg(doc && !cJSON_GetObjectItem(doc, "error"), "list: %s", out);
+	cJSON_ArrayForEach(e, cJSON_GetObjectItem(doc, "tags"))
+		if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(e, "path")), "lw/t") == 0)
+			t = e;
+	ck_assert_msg(t, "no lw/t in: %s", out);
+	ck_assert_int_eq(cJSON_GetNumberValue(cJSON_GetObjectItem(t, "sealed")), 2);
+	cJSON_Delete(doc);
+	free(out);
+	free(ta);
+	free(tb);
+	nodes_stop();
+}
+END_TEST
+
 /* The file of the shim's counter page. */
 static char page[PATH_MAX];
 
@@ -666,6 +729,7 @@ static Suite *nodes_suite(void)
 	h_add_case(s, "new run replaces", test_new_run_replaces, 300, 1);
 	h_add_case(s, "rerun after delete", test_rerun_after_delete, 300, 1);
 	h_add_case(s, "seal remade", test_seal_remade, 300, 1);
+	h_add_case(s, "list record written", test_list_record_written, 300, 1);
 	h_add_case(s, "metaops", test_metaops, 300, 3);
 	h_add_case(s, "thousand nodes", test_thousand_nodes, 300, 1);
 	return s;
