@@ -6,8 +6,9 @@
  * again: on a shared filesystem that walk is a round trip to its metadata server per
  * component, for every rank of every node. What is kept is the user's own: found by the
  * user and the path the save named (as overwrite.c rewrote it), it is the directory the
- * user's saves went into, checked then, whatever has been renamed since; one removed since
- * is dropped, and its SEAL walks the path.
+ * user's saves went into, checked then, whatever has been renamed since; one removed since,
+ * or that no save of the user not yet committed is in any more, is not taken, and its SEAL
+ * walks the path.
  *
  * A directory is kept SEAL_DIRS_KEEP_S after the last SAVE_BEGIN into it, at most
  * SEAL_DIRS_PER_USER per user and SEAL_DIRS_MAX in all (the oldest go first). Loop thread only.
@@ -92,38 +93,47 @@ void seal_dirs_keep(uid_t uid, const char *dir, int dfd, int jobfd,
 	snprintf(d->dir, sizeof(d->dir), "%s", dir);
 }
 
-/* Whether o's rank has a save of its run into the directory id not yet COMMITTED (nor
- * FAILED): the tag was not committed with it when this daemon last heard. */
-static int seal_dirs_pending(const struct owner *o, const struct store_dirid *id)
+/* Whether o's user has a save into the directory id not yet COMMITTED (nor FAILED): it is
+ * still the version in flight it was when kept (a version committed may have been exchanged
+ * with its tag since); *pending: whether one of them is o's rank's, of its run (the tag was
+ * not committed with it when this daemon last heard). */
+static int seal_dirs_live(const struct owner *o, const struct store_dirid *id, int *pending)
 {
 	struct save_view v;
+	int live = 0;
 
+	*pending = 0;
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
-		if (v.uid == o->uid && v.rank == o->rank && store_dirid_eq(&v.dirid, id) &&
-		    strcmp(v.run, o->run) == 0 && v.level != LEVEL_FAILED &&
-		    v.level != LEVEL_COMMITTED)
-			return 1;
+		if (v.uid != o->uid || !store_dirid_eq(&v.dirid, id) || v.level == LEVEL_FAILED ||
+		    v.level == LEVEL_COMMITTED)
+			continue;
+		live = 1;
+		*pending |= v.rank == o->rank && strcmp(v.run, o->run) == 0;
 	}
-	return 0;
+	return live;
 }
 
 /* SEAL of dir (normalized, as overwrite.c rewrote it) by o: the directory a SAVE_BEGIN of o's
  * user opened there, duplicated into *dfd with its job directory's into *jobfd and its
  * identity in *id, and no name looked up. 1 when o's rank has a save of its run there not
- * yet committed, else 0; -1 when none is kept (or no descriptor is left). */
+ * yet committed, else 0; -1 when none is kept, or none that a save of the user not yet
+ * committed is in (or no descriptor is left). */
 static int seal_dirs_take(const struct owner *o, const char *dir, int *dfd, int *jobfd,
 			  struct store_dirid *id)
 {
 	for (size_t i = 0; i < SEAL_DIRS_MAX; i++) {
 		struct seal_dir *d = &dirs[i];
 		struct stat st;
+		int pending;
 		if (!d->dir[0] || d->uid != o->uid || strcmp(d->dir, dir) != 0)
 			continue;
 		if (fstat(d->dfd, &st) < 0 || st.st_nlink == 0) {
 			seal_dir_drop(d);	/* removed: the path may name a new one */
 			return -1;
 		}
+		if (!seal_dirs_live(o, &d->id, &pending))
+			return -1;
 		if ((*dfd = fcntl(d->dfd, F_DUPFD_CLOEXEC, 0)) < 0)
 			return -1;
 		if ((*jobfd = fcntl(d->jobfd, F_DUPFD_CLOEXEC, 0)) < 0) {
@@ -131,7 +141,7 @@ static int seal_dirs_take(const struct owner *o, const char *dir, int *dfd, int 
 			return -1;
 		}
 		*id = d->id;
-		return seal_dirs_pending(o, id);
+		return pending;
 	}
 	return -1;
 }
