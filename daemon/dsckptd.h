@@ -12,7 +12,8 @@
  *         staging directory .<tag>.dsckpt-next)
  *       → wait.c (WAITs) · commit.c (COMMITs) · seal.c (SEALs; seal_watch.c: a sealed tag
  *         watched for the manifest another node writes; seal_files.c: the files a node's
- *         seal record describes)
+ *         seal record describes; seal_dirs.c: the tag directories SAVE_BEGINs opened, kept
+ *         for their ranks' SEALs)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
@@ -786,6 +787,9 @@ struct store_root {
  */
 int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		   struct store_root *root, char *err, size_t errlen);
+/* store_open_dir, and dir's parent (the job directory) opened on the way into *jobfd. */
+int store_open_dir_job(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+		       struct store_root *root, int *jobfd, char *err, size_t errlen);
 /* Opens the existing directory dir (checked as store_open_dir does, nothing created) and its
  * parent, the job directory, into *jobfd; an O_DIRECTORY fd or a negative ERR_E* with err. */
 int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
@@ -887,10 +891,19 @@ struct store_files {
 	size_t n;
 	void *own;            /* what files point into */
 };
+/* A file's header as this daemon wrote it (its first len bytes) and the file's size, kept
+ * since; hdr NULL: not kept. */
+struct store_known {
+	const uint8_t *hdr;
+	size_t len;
+	uint64_t size;
+};
 /* Describes <base>.safetensors of each of bases (n) in the tag dfd, files of run, and the
- * .meta siblings their headers record, into out (store_files_free); 0 or a negative ERR_E*. */
-int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
-			 struct store_files *out, char *err, size_t errlen);
+ * .meta siblings their headers record, into out (store_files_free): from known[i] where it
+ * holds a header (known NULL: none does), else from the file's; 0 or a negative ERR_E*. */
+int store_describe_files(int dfd, char *const *bases, const struct store_known *known,
+			 size_t n, const char *run, struct store_files *out, char *err,
+			 size_t errlen);
 /* Frees what store_describe_files made. */
 void store_files_free(struct store_files *f);
 /* store_latest.c — the job directory: its commit lock, `latest` (forward only), repair. */
@@ -984,6 +997,11 @@ void store_seal_desc_free(struct store_seal_desc *d);
  * about once however often the node looks. */
 int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
 			uint8_t *have, uint64_t *newest, struct seal_seen *seen);
+/* The same for the records names (n) only, which the directory's watch saw come: no listing
+ * (a round trip to a shared filesystem's server); -1 without memory. */
+int store_seal_scan_names(int dirfd, char *const *names, size_t n, const char *job,
+			  const char *run, unsigned world, uint8_t *have, uint64_t *newest,
+			  struct seal_seen *seen);
 /* Frees what seen holds. */
 void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
@@ -1313,6 +1331,8 @@ void engine_cancel(struct job *j, int code, const char *why);
 void engine_progress(struct job *j, uint64_t *snapshot, uint64_t *flushed);
 /* Per-tensor checksums once DURABLE (n entries). */
 const uint64_t *engine_checksums(struct job *j);
+/* The durable file's header (*len bytes, as written) and size; NULL when none was laid out. */
+const uint8_t *engine_header(struct job *j, size_t *len, uint64_t *size);
 /* Frees a finished job. */
 void engine_job_free(struct job *j);
 /* Drops the job's references to its sources once it reached SNAPSHOT (nothing reads them any
@@ -1449,6 +1469,9 @@ struct save_view {
 	uid_t uid;
 	const char *job, *run, *dir, *file;
 	struct store_dirid dirid;  /* dir as SAVE_BEGIN opened it */
+	const uint8_t *hdr;        /* DURABLE: the file's header as written (hdr_len bytes), or */
+	size_t hdr_len;            /* NULL; and the file's size */
+	uint64_t size;
 	unsigned rank;
 	int level;
 	int code;                /* FAILED: its ERR_E*; else 0 */
@@ -1643,6 +1666,34 @@ void seal_watch_stop(struct seal_watch *w);
 /* Threadpool: whether the manifest in the tag dfd commits run by world ranks; *present:
  * whether there is one (one open either way). */
 int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
+/* w, or (NULL, or of other records) a new watch as seal_watch_start makes. */
+struct seal_watch *seal_watch_keep(struct seal_watch *w, struct uv_loop_s *loop,
+				   const char *dir, int dfd, int records, seal_watch_cb cb,
+				   void *arg);
+/* Names of seal records (malloc'd). */
+struct seal_names {
+	char **v;
+	size_t n;
+};
+/* Frees the names s holds (s itself is the caller's). */
+void seal_names_free(struct seal_names *s);
+/* The seal records inotify saw come since the last call, handed over into *out (freed first);
+ * -1 when the watch cannot say (NULL, polled, an event missed): the directory is listed. */
+int seal_watch_names(struct seal_watch *w, struct seal_names *out);
+
+/* seal_dirs.c — the tag directories SAVE_BEGINs opened, kept for their ranks' SEALs. */
+/* SAVE_BEGIN: keeps dir of uid (dfd duplicated, jobfd taken) with its identity id. */
+void seal_dirs_keep(uid_t uid, const char *dir, int dfd, int jobfd,
+		    const struct store_dirid *id);
+/* Opens the existing tag dir of uid/gid by its path, with its job directory and identity. */
+int seal_dirs_walk(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
+		   struct store_dirid *id, char *err, size_t errlen);
+/* SEAL of dir by o: the directory kept, else walked; 1 when o's rank's save of its run there
+ * is not committed yet, else 0, or a negative ERR_E* with err. */
+int seal_dirs_open(const struct config *cfg, const struct owner *o, const char *dir, int *dfd,
+		   int *jobfd, struct store_dirid *id, char *err, size_t errlen);
+/* Closes every directory kept (shutdown). */
+void seal_dirs_free_all(void);
 
 /* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
 /* The ranks of uid's job and run (world) sealed through this daemon into the directory. */
@@ -1653,11 +1704,17 @@ struct seal_scope {
 	unsigned world;
 	const uint8_t *sealed;    /* world entries */
 };
-/* The names (without .safetensors) of the files those ranks saved there. */
+/* The names (without .safetensors) of the files those ranks saved there, and the headers
+ * their saves kept (malloc'd copies). */
 struct seal_files {
 	char **bases;
+	struct store_known *known;
 	size_t n;
 };
+/* Whether the save (viewed) is of a rank the scope holds sealed. */
+int seal_files_sealed(const struct seal_scope *sc, const struct save_view *v);
+/* The time now (CLOCK_REALTIME, ns), as records date their seals. */
+uint64_t seal_files_now_ns(void);
 /* Collects them into f (replacing what it held). */
 void seal_files_gather(struct seal_files *f, const struct seal_scope *sc);
 /* Whether a rank of the scope's job and run saved there through this daemon, unsealed. */

@@ -486,6 +486,15 @@ const uint64_t *engine_checksums(struct job *j)
 	return flush_file_checksums(j->ff);
 }
 
+/* The finished file's header as written (its first *len bytes, checksums filled), and the
+ * file's size; NULL when no header was laid out. */
+const uint8_t *engine_header(struct job *j, size_t *len, uint64_t *size)
+{
+	const uint8_t *h = flush_file_header(j->ff, len);
+	*size = *len + j->data_len;
+	return h;
+}
+
 /* Drops the sources of a job past SNAPSHOT (loop thread): every piece is copied. */
 void engine_release_sources(struct job *j)
 {

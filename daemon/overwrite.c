@@ -42,40 +42,47 @@ int overwrite_save_dir(const struct config *c, char *dir, size_t len, const stru
 	gid_t gid = o->gid;
 	const char *job = o->job, *run = o->run;
 	unsigned rank = o->rank;
-	int fd = store_open_dir(c, dir, uid, gid, root, err, errlen), rc;
+	int jobfd, fd = store_open_dir_job(c, dir, uid, gid, root, &jobfd, err, errlen), rc;
 
 	if (fd < 0)
 		return fd;
 	if ((rc = store_dir_id(fd, id, err, errlen)) < 0) {
 		close(fd);
+		close(jobfd);
 		return rc;
 	}
 	if (faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) < 0 &&
-	    !seal_holds(id, uid, job, run, rank))
+	    !seal_holds(id, uid, job, run, rank)) {
+		seal_dirs_keep(uid, dir, fd, jobfd, id);	/* for this rank's SEAL */
 		return fd;	/* the version in flight in the tag itself */
-	close(fd);
-	if ((rc = swap_staging_path(dir, stage, len < sizeof(stage) ? len : sizeof(stage), err,
-				    errlen)) < 0)
-		return rc;
-	if ((fd = swap_open_staging(c, stage, uid, gid, root, err, errlen)) < 0)
-		return fd;
-	if ((rc = store_dir_id(fd, id, err, errlen)) < 0) {
-		close(fd);
-		return rc;
 	}
+	close(fd);
+	fd = -1;
+	if ((rc = swap_staging_path(dir, stage, len < sizeof(stage) ? len : sizeof(stage), err,
+				    errlen)) < 0 ||
+	    (rc = fd = swap_open_staging(c, stage, uid, gid, root, err, errlen)) < 0 ||
+	    (rc = store_dir_id(fd, id, err, errlen)) < 0)
+		goto fail;
 	if (faccessat(fd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
-		close(fd);	/* between its manifest and the exchange: an instant */
-		return err_set(err, errlen, ERR_EBUSY, "%s: its new version is being committed "
-			       "right now; save again", dir);
+		/* between its manifest and the exchange: an instant */
+		rc = err_set(err, errlen, ERR_EBUSY, "%s: its new version is being committed "
+			     "right now; save again", dir);
+		goto fail;
 	}
 	if (seal_holds(id, uid, job, run, rank)) {
-		close(fd);
-		return err_set(err, errlen, ERR_EBUSY, "rank %u sealed two versions of %s that are "
-			       "not committed yet: wait for one (dsckpt_commit) before saving a "
-			       "third", rank, dir);
+		rc = err_set(err, errlen, ERR_EBUSY, "rank %u sealed two versions of %s that are "
+			     "not committed yet: wait for one (dsckpt_commit) before saving a "
+			     "third", rank, dir);
+		goto fail;
 	}
 	snprintf(dir, len, "%s", stage);
+	seal_dirs_keep(uid, dir, fd, jobfd, id);	/* the same job directory */
 	return fd;
+fail:
+	if (fd >= 0)
+		close(fd);
+	close(jobfd);
+	return rc;
 }
 
 /* The newest save (highest id) of uid's run, of rank (-1: any), into dir or stage that is
@@ -121,17 +128,19 @@ static int overwrite_has_files(const char *path, uid_t uid)
 
 /* Rewrites dir (a SEAL's, normalized) to its staging path when rank's newest save of run
  * into the tag went there, or none is known (long forgotten) and the tag is committed with a
- * staging beside it that holds files. */
+ * staging beside it that holds files. A newest save into the tag itself decides without a
+ * name looked up (each is a round trip to a shared filesystem's server, for every rank). */
 void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsigned rank)
 {
 	char stage[PATH_MAX], err[ERRLEN];
 
 	if (swap_staging_path(dir, stage, len < sizeof(stage) ? len : sizeof(stage), err,
-			      sizeof(err)) < 0 || !overwrite_exists(stage, 0))
+			      sizeof(err)) < 0)
 		return;
 	int where = overwrite_last_save(dir, stage, uid, run, rank);
-	if (where == 1 ||
-	    (where < 0 && overwrite_exists(dir, 1) && overwrite_has_files(stage, uid)))
+	if (where == 0 || !overwrite_exists(stage, 0))
+		return;
+	if (where == 1 || (overwrite_exists(dir, 1) && overwrite_has_files(stage, uid)))
 		snprintf(dir, len, "%s", stage);
 }
 

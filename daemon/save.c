@@ -57,6 +57,9 @@ struct save {
 	struct job *job;
 	struct st_origin origin; /* the header's __metadata__ pairs, lent to the job */
 	uint64_t snap, flushed;  /* final counts, once the job is gone */
+	uint8_t *hdr;            /* DURABLE: the file's header as written (hdr_len bytes) and */
+	size_t hdr_len;          /* its size, which its node's seal record describes without */
+	uint64_t size;           /* opening the file; NULL without memory */
 	double t_accept, t_change;
 	unsigned holds;          /* save_hold without save_release: not forgotten */
 };
@@ -102,6 +105,7 @@ static void save_free(struct save *s)
 	save_unshare(s);
 	tensors_unref(s->tl);
 	blobs_free(s->blobs);
+	free(s->hdr);
 	if (s->out)
 		store_file_abort(s->out);
 	if (s->dirfd >= 0)
@@ -196,6 +200,10 @@ static void on_engine(void *owner, struct job *j, int event, int code, const cha
 	case ENGINE_DURABLE:
 	case ENGINE_FAILED:
 		engine_progress(j, &s->snap, &s->flushed);
+		const uint8_t *hdr = event == ENGINE_DURABLE ?
+			engine_header(j, &s->hdr_len, &s->size) : NULL;
+		if (hdr && (s->hdr = malloc(s->hdr_len)))
+			memcpy(s->hdr, hdr, s->hdr_len);
 		s->job = NULL;
 		engine_job_free(j);
 		if (event == ENGINE_DURABLE) {
@@ -487,6 +495,9 @@ void save_view(const struct save *s, struct save_view *v)
 	v->dir = s->dir;
 	v->dirid = s->dirid;
 	v->file = s->file;
+	v->hdr = s->hdr;
+	v->hdr_len = s->hdr_len;
+	v->size = s->size;
 	v->level = s->level;
 	v->code = s->level == LEVEL_FAILED ? s->code : 0;
 	v->error = s->level == LEVEL_FAILED ? s->error : NULL;

@@ -4,23 +4,25 @@
  * DURABLE, the daemon writes its node's seal record (store_seal.c), describing their files
  * there (seal_files.c), once per node where it can: while a rank that saved here has not
  * sealed, the record waits for it (1 s at most). The node that rank 0 sealed through
- * collects: it reads the records (each about once, as they come: inotify, or the directory's
- * mtime polled) and, when they name every rank 0..world-1, commits the tag from them
- * (store_commit: manifest, then latest, then retention) — with no trainer left alive, if
- * need be — dated by the newest seal the records hold, so that a job's tags order by step
+ * collects: it reads the records (each about once, as they come: by the names inotify gives,
+ * or listing the directory when its mtime changed) and, when they name every rank, commits
+ * the tag from them (store_commit: manifest, latest, retention) — with no trainer left alive,
+ * if need be — dated by the newest seal the records hold, so that a job's tags order by step
  * however late each commit lands. The other nodes only write their record and watch for the
- * manifest (seal_watch.c), marking their saves COMMITTED when it commits their run; they look
+ * manifest (seal_watch.c), marking their saves COMMITTED when it commits their run: two
+ * metadata operations per node (seal_dirs.c spares its SEALs the path walk); they look
  * at the records themselves only every 30 s (the collecting node may have died), and
  * committing a committed tag changes nothing. Every look runs under the job directory's lock.
  * A tag not complete is looked at for about an hour (1 s, 2 s, ... then every 30 s).
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
- * directory's identity (st_dev, st_ino of the descriptor SEAL validated, held open with its job
- * directory's while the tag is followed, so that it cannot name another directory and no look
- * walks its path again) and its owner, never by its path. A directory removed is forgotten
- * with its seals; one made again under the same name is a new tag. A seal of a newer run (HELLO's run) takes the tag over from an older run's that
- * never committed: records, files and saves of one run never combine with another's, and no
- * reply names what another user sealed.
+ * directory's identity (st_dev, st_ino of the descriptor its save or SEAL validated, held open
+ * with its job directory's while the tag is followed, so that it cannot name another directory
+ * and no look walks its path again) and its owner, never by its path. A directory removed is
+ * forgotten with its seals; one made again under the same name is a new tag. A seal of a newer
+ * run (HELLO's run) takes the tag over from an older run's that never committed: records,
+ * files and saves of one run never combine with another's, and no reply names what another
+ * user sealed.
  *
  * Loop thread only, but for seal_work (libuv's threadpool), which touches only the tag's
  * work fields while busy. A tag is owned by the list from its first seal until it lingers
@@ -32,7 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -64,8 +65,7 @@ struct seal_tag {
 	int gone;                   /* forgotten while busy (its directory removed, a newer run
 				     * took it over): seal_after frees it */
 	uv_timer_t timer;
-	struct seal_watch *watch;   /* for the manifest, while waiting for the other nodes */
-	int watch_records;          /* it watches for the others' records too (collecting) */
+	struct seal_watch *watch;   /* for the manifest (collecting: and the others' records) */
 	int again;                  /* the watch saw something while busy: look once more */
 	int write_wait;             /* our record waits for a rank saving here to seal */
 	int write_due;              /* that wait is over: write what is sealed */
@@ -74,10 +74,14 @@ struct seal_tag {
 	struct config *cfg;         /* a reference, while busy */
 	int write;                  /* write our record (written ranks) before looking: set by
 				     * seal_check, cleared when a seal_work is back */
+	int check;                  /* look at the manifest and the tag's name (seal_check) */
 	unsigned *ranks;            /* the ranks to write */
 	struct seal_files files;    /* the files of their saves here, described in the record */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
 	int look;                   /* read the records (collecting, or the slow timer's look) */
+	int listed;                 /* a look listed the directory since the watch started */
+	int by_name;                /* this look reads names, the records the watch saw come */
+	struct seal_names names;
 	uint8_t *have_map;          /* world entries: the ranks the records read so far name */
 	struct seal_seen seen;      /* the records read so far */
 	int have;                   /* ranks the records name; -2: not looked */
@@ -101,6 +105,7 @@ static void seal_closed(uv_handle_t *h)
 	close(t->dfd);
 	close(t->jobfd);
 	seal_files_free(&t->files);
+	seal_names_free(&t->names);
 	free(t->sealed);
 	free(t->ranks);
 	free(t->have_map);
@@ -161,6 +166,7 @@ static void on_seal_timer(uv_timer_t *h)
 		seal_free(t);
 	} else {
 		t->look = 1;	/* a node not collecting looks too, now and then */
+		t->listed = 0;	/* and lists the directory: the watch may have missed one */
 		seal_check(t);
 	}
 }
@@ -197,16 +203,20 @@ static void seal_work(uv_work_t *w)
 		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
 					t->run, t->written_ns, NULL, 0, NULL};
 		int present = 0;
-		if (t->write || !t->look)
+		if (t->check)
 			t->mine = seal_watch_mine(t->dfd, t->run, t->world, &present);
-		if (present || ((t->write || !t->look) && !store_dir_at(t->jobfd, tag, t->dfd)))
+		if (present || (t->check && !store_dir_at(t->jobfd, tag, t->dfd)))
 			t->rc = 2;	/* or a new version exchanged with its tag, committed */
 		else if (t->write)
 			t->rc = seal_files_write(t->cfg, t->dfd, &r, &t->files, t->uid, t->gid,
 						 t->dir, t->err, sizeof(t->err));
 		/* Only the collecting node reads the others' records (each about once): the
 		 * others learn the outcome from the manifest (seal_watch.c). */
-		if (t->rc == 0 && t->look)
+		if (t->rc == 0 && t->look && t->by_name)
+			t->have = store_seal_scan_names(t->dfd, t->names.v, t->names.n, t->job,
+							t->run, t->world, t->have_map, &t->newest,
+							&t->seen);
+		else if (t->rc == 0 && t->look)
 			t->have = store_seal_scan_new(t->dfd, t->job, t->run, t->world, t->have_map,
 						      &t->newest, &t->seen);
 		store_job_unlock(t->jobfd);
@@ -260,6 +270,8 @@ static void seal_after(uv_work_t *w, int status)
 	struct seal_tag *t = w->data;
 
 	t->busy = 0;
+	t->listed = t->have >= 0 && (t->listed || !t->by_name);
+	seal_names_free(&t->names);
 	t->write = 0;
 	t->look = 0;
 	config_unref(t->cfg);
@@ -273,19 +285,17 @@ static void seal_after(uv_work_t *w, int status)
 	if (t->rc < 0) {
 		log_warnx("seal of %s: %s", t->dir, t->err);
 		seal_end(t);
-	} else if (t->rc == 2 && t->mine) {
-		/* Another node's commit of this run: this node's saves are committed too. */
-		log_info("committed %s: by another node (job %s)", t->dir, t->job);
-		t->rc = 1;
-		save_mark_committed(&t->dirid, t->uid, t->run);
-		resident_committed(t->dir);
-		seal_end(t);
-	} else if (t->rc == 2) {
+	} else if (t->rc == 2 && !t->mine) {
 		log_debug("seal of %s: committed already, not by this run", t->dir);
 		seal_end(t);
-	} else if (t->rc == 1) {
-		log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)", t->dir,
-			 t->job, t->info.files, (unsigned long long)t->info.bytes);
+	} else if (t->rc == 1 || t->rc == 2) {
+		/* Ours, or another node's commit of this run: this node's saves are committed. */
+		if (t->rc == 2)
+			log_info("committed %s: by another node (job %s)", t->dir, t->job);
+		else
+			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)",
+				 t->dir, t->job, t->info.files, (unsigned long long)t->info.bytes);
+		t->rc = 1;
 		save_mark_committed(&t->dirid, t->uid, t->run);
 		resident_committed(t->dir);
 		seal_end(t);
@@ -294,21 +304,10 @@ static void seal_after(uv_work_t *w, int status)
 		seal_check(t);	/* more ranks sealed meanwhile, or records came */
 	} else if (t->tries > 0) {
 		int collect = seal_collects(t);
-		if (t->have >= 0)
-			log_debug("seal of %s: %d of %u ranks sealed so far", t->dir, t->have,
-				  t->world);
-		else
-			log_debug("seal of %s: record written; the node of rank 0 collects",
-				  t->dir);
-		if (t->watch && t->watch_records != collect) {
-			seal_watch_stop(t->watch);
-			t->watch = NULL;
-		}
-		if (!t->watch) {	/* the records that come, or the commit */
-			t->watch = seal_watch_start(daemon_ctx->loop, t->dir, t->dfd, collect,
-						    seal_on_manifest, t);
-			t->watch_records = collect;
-		}
+		log_debug("seal of %s: %d of %u ranks sealed so far (-2: not looked, the node of "
+			  "rank 0 collects)", t->dir, t->have, t->world);
+		t->watch = seal_watch_keep(t->watch, daemon_ctx->loop, t->dir, t->dfd, collect,
+					   seal_on_manifest, t);
 		unsigned k = SEAL_TRIES - t->tries;
 		uv_timer_start(&t->timer, on_seal_timer,
 			       collect && k < 5 ? 1000u << k : SEAL_BACKOFF_MAX, 0);
@@ -331,15 +330,6 @@ static int seal_user_busy(uid_t uid)
 	return 0;
 }
 
-/* Whether a save (viewed) belongs to a rank t holds sealed: the same user's, directory,
- * job and run. */
-static int seal_covers(const struct seal_tag *t, const struct save_view *v)
-{
-	return v->uid == t->uid && store_dirid_eq(&v->dirid, &t->dirid) &&
-	       strcmp(v->job, t->job) == 0 && strcmp(v->run, t->run) == 0 &&
-	       v->rank < t->world && t->sealed[v->rank];
-}
-
 /* Timer: our record waited long enough for the ranks saving here; it is written now. */
 static void on_write_timer(uv_timer_t *h)
 {
@@ -353,13 +343,14 @@ static void on_write_timer(uv_timer_t *h)
 /* Moves a tag on: waits for its sealed ranks' saves, then writes our record and looks. */
 static void seal_check(struct seal_tag *t)
 {
+	struct seal_scope scope = {t->uid, t->dirid, t->job, t->run, t->world, t->sealed};
 	struct save_view v;
 
 	if (t->busy || t->ended || t->gone)
 		return;
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
-		if (!seal_covers(t, &v))
+		if (!seal_files_sealed(&scope, &v))
 			continue;
 		if (v.level == LEVEL_FAILED) {
 			log_warnx("seal of %s: the save of %s (rank %u) failed, so the tag will not be "
@@ -372,7 +363,6 @@ static void seal_check(struct seal_tag *t)
 	}
 	/* A write asked for stays asked for until a seal_work has done it, even while the tag
 	 * waits behind another of its user's (seal_user_busy). */
-	struct seal_scope scope = {t->uid, t->dirid, t->job, t->run, t->world, t->sealed};
 	if (t->written != t->nsealed && !t->write_due && seal_files_unsealed(&scope)) {
 		/* One record per node where it can be: while a rank that saved here has not
 		 * sealed yet, the write waits for it (SEAL_WRITE_WAIT_MS at most). */
@@ -393,12 +383,27 @@ static void seal_check(struct seal_tag *t)
 		t->written_ns = t->sealed_ns;
 		t->tries = SEAL_TRIES;
 	}
-	t->look |= seal_collects(t);
+	/* Under the lock, the manifest (does it commit this run?) and the tag's name are looked
+	 * at as the collecting node writes its record, and by a look of a node not collecting,
+	 * but not as such a node writes one: no commit of its ranks comes before that record,
+	 * and the watch, started first, sees the one after (each look at a name is a round trip
+	 * to a shared filesystem's server). */
+	int collect = seal_collects(t);
+	t->check = t->write ? collect : !collect;
+	if (collect || t->write)
+		t->watch = seal_watch_keep(t->watch, daemon_ctx->loop, t->dir, t->dfd, collect,
+					   seal_on_manifest, t);
+	t->look |= collect;
 	uv_timer_stop(&t->timer);
 	if (seal_user_busy(t->uid)) {
 		t->deferred = 1;
 		return;
 	}
+	/* A look reads the records the watch saw come since the directory was last listed; the
+	 * first lists it (the watch started before), as does one the watch cannot vouch for. */
+	t->by_name = t->look && seal_watch_names(t->watch, &t->names) == 0 && t->listed;
+	if (!t->by_name)
+		seal_names_free(&t->names);	/* a listing reads them */
 	t->busy = 1;
 	t->cfg = config_ref(daemon_ctx->config);
 	t->work.data = t;
@@ -423,24 +428,15 @@ static struct seal_tag *seal_new(const char *dir, int dfd, int jobfd,
 				 unsigned world, uid_t uid, gid_t gid, int *code, char *err,
 				 size_t errlen)
 {
-	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0) {
-		close(dfd);
-		close(jobfd);
-		return NULL;
-	}
-	struct seal_tag *t = calloc(1, sizeof(*t));
-	if (!t || !(t->sealed = calloc(world, 1)) || !(t->ranks = calloc(world, sizeof(unsigned))) ||
-	    !(t->have_map = calloc(world, 1))) {
-		if (t) {
-			free(t->sealed);
-			free(t->ranks);
-			free(t);
-		}
-		close(dfd);
-		close(jobfd);
+	struct seal_tag *t = NULL;
+
+	if ((*code = quota_take(uid, QUOTA_SEALS, 1, err, errlen)) < 0)
+		goto fail;
+	if (!(t = calloc(1, sizeof(*t))) || !(t->sealed = calloc(world, 1)) ||
+	    !(t->ranks = calloc(world, sizeof(unsigned))) || !(t->have_map = calloc(world, 1))) {
 		quota_give(uid, QUOTA_SEALS, 1);
 		*code = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		return NULL;
+		goto fail;
 	}
 	snprintf(t->dir, sizeof(t->dir), "%s", dir);
 	t->dirid = *id;
@@ -456,14 +452,15 @@ static struct seal_tag *seal_new(const char *dir, int dfd, int jobfd,
 	t->next = tags;
 	tags = t;
 	return t;
-}
-
-/* The time now (CLOCK_REALTIME, ns): a rank's seals are dated by its node's clock. */
-static uint64_t seal_now_ns(void)
-{
-	struct timespec now;
-	clock_gettime(CLOCK_REALTIME, &now);
-	return (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
+fail:
+	if (t) {
+		free(t->sealed);
+		free(t->ranks);
+		free(t);
+	}
+	close(dfd);
+	close(jobfd);
+	return NULL;
 }
 
 /* Hands the module the daemon it seals for (start-up, before recovery resumes seals). */
@@ -482,15 +479,14 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	int jobfd, rc;
 
 	store_norm_dir(d, sizeof(d), dir);
-	int dfd = store_open_tag(daemon_ctx->config, d, uid, o->gid, &jobfd, err, sizeof(err));
-	if (dfd < 0)
-		return reply_error(o->conn, req, dfd, "%s", err);
-	if ((rc = store_dir_id(dfd, &id, err, sizeof(err))) < 0) {
-		close(dfd);
-		close(jobfd);
-		return reply_error(o->conn, req, rc, "%s", err);
-	}
-	int committed = faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
+	/* The directory this user's SAVE_BEGIN opened there (else the path walked); a save of
+	 * the rank's there not committed yet says the tag was not, as far as this daemon knows:
+	 * no name is looked up (the commit's own look at the manifest says the rest). */
+	int dfd, pending = seal_dirs_open(daemon_ctx->config, o, d, &dfd, &jobfd, &id, err,
+					  sizeof(err));
+	if (pending < 0)
+		return reply_error(o->conn, req, pending, "%s", err);
+	int committed = !pending && faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0;
 	seal_sweep(uid);
 	struct seal_tag *t = seal_find(&id, uid);
 	if (t && !committed && strcmp(t->run, o->run) != 0 &&
@@ -515,7 +511,7 @@ void seal_request(const struct owner *o, uint64_t req, const char *dir)
 	if (t && !t->sealed[rank]) {
 		t->sealed[rank] = 1;
 		t->nsealed++;
-		t->sealed_ns = seal_now_ns();
+		t->sealed_ns = seal_files_now_ns();
 		log_debug("rank %u of job %s sealed %s (%u of %u here)", rank, t->job, d,
 			  t->nsealed, world);
 	}
@@ -554,13 +550,13 @@ void seal_resume(const char *dir, const struct seal_record *r, uid_t uid, gid_t 
 	struct store_dirid id;
 	char err[ERRLEN];
 	int jobfd, rc;
-	int dfd = store_open_tag(daemon_ctx->config, dir, uid, gid, &jobfd, err, sizeof(err));
+	int dfd = seal_dirs_walk(daemon_ctx->config, dir, uid, gid, &jobfd, &id, err, sizeof(err));
 
 	if (dfd < 0) {
 		log_warnx("not resuming the seals of %s: %s", dir, err);
 		return;
 	}
-	if (store_dir_id(dfd, &id, err, sizeof(err)) < 0 || seal_find(&id, uid)) {
+	if (seal_find(&id, uid)) {
 		close(dfd);
 		close(jobfd);
 		return;
@@ -597,4 +593,5 @@ void seal_free_all(void)
 {
 	while (tags)
 		seal_free(tags);
+	seal_dirs_free_all();
 }

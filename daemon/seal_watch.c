@@ -15,6 +15,7 @@
 #include "dsckptd.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -36,6 +37,10 @@ struct seal_watch {
 	uint64_t next_ms;       /* the next poll's delay */
 	seal_watch_cb cb;
 	void *arg;
+	struct seal_names names;  /* records inotify saw come since seal_watch_names */
+	size_t cap;
+	int polls;              /* the poll runs (another host may write) */
+	int lost;               /* an event was missed: seal_watch_names cannot say */
 };
 
 /* Whether the directory dfd is on a filesystem only this host writes (a local disk's, or
@@ -97,28 +102,105 @@ static void on_watch_poll(uv_timer_t *h)
 		w->cb(w->arg);
 }
 
-/* inotify: a name in the directory changed; the manifest's (or a record's, records watched)
- * tells the owner. */
+/* Whether name is a seal record's partial (a record about to be replaced). */
+static int watch_partial(const char *name)
+{
+	char rec[NAME_MAX + 1];
+	size_t n = strlen(name), k = strlen(FMT_PARTIAL);
+
+	if (n <= k || n - k >= sizeof(rec) || strcmp(name + n - k, FMT_PARTIAL) != 0)
+		return 0;
+	memcpy(rec, name, n - k);
+	rec[n - k] = '\0';
+	return seal_record_name(rec);
+}
+
+/* Adds name to the records seen come (once); lost when it cannot. */
+static void watch_add_name(struct seal_watch *w, const char *name)
+{
+	struct seal_names *s = &w->names;
+
+	for (size_t i = 0; i < s->n; i++)
+		if (strcmp(s->v[i], name) == 0)
+			return;
+	if (s->n == w->cap) {
+		size_t cap = w->cap ? 2 * w->cap : 16;
+		char **more = realloc(s->v, cap * sizeof(*more));
+		if (!more) {
+			w->lost = 1;
+			return;
+		}
+		s->v = more;
+		w->cap = cap;
+	}
+	if (!(s->v[s->n] = strdup(name)))
+		w->lost = 1;
+	else
+		s->n++;
+}
+
+/* Frees the names s holds. */
+void seal_names_free(struct seal_names *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		free(s->v[i]);
+	free(s->v);
+	*s = (struct seal_names){NULL, 0};
+}
+
+/* Hands over into *out (freed first) the names of the seal records inotify saw come since the
+ * last call (or the watch's start); -1 when the watch cannot say (NULL w, it polls, or an
+ * event was missed): then the directory must be listed. */
+int seal_watch_names(struct seal_watch *w, struct seal_names *out)
+{
+	seal_names_free(out);
+	if (!w)
+		return -1;
+	if (w->lost || !w->have_ev || !w->cb || w->polls) {
+		seal_names_free(&w->names);
+		w->cap = 0;
+		w->lost = 0;	/* the listing that follows sees what was missed */
+		return -1;
+	}
+	*out = w->names;
+	w->names = (struct seal_names){NULL, 0};
+	w->cap = 0;
+	return 0;
+}
+
+/* inotify: a name in the directory changed; the manifest's (or a record's made or renamed
+ * into place, records watched) tells the owner. A record is written whole under the job
+ * lock, which the owner's look takes: its later changes (its owner, its bytes) say nothing
+ * new. */
 static void on_watch_event(uv_fs_event_t *h, const char *name, int events, int status)
 {
 	struct seal_watch *w = h->data;
 
-	(void)events;
 	if (!w->cb || status != 0)
 		return;
 	/* The owner's look opens the manifest whether or not it is there: no stat first. */
-	if (!name || strcmp(name, FMT_MANIFEST) == 0)
+	if (!name || strcmp(name, FMT_MANIFEST) == 0) {
+		w->lost |= !name;
 		w->cb(w->arg);
-	else if (w->records && name && seal_record_name(name))
+	} else if (w->records && (events & UV_RENAME) && seal_record_name(name)) {
+		watch_add_name(w, name);
 		w->cb(w->arg);
+	} else if (w->records && (events & UV_RENAME) && watch_partial(name)) {
+		/* A record replaced (the inode read is not the new one's): the look lists, under
+		 * the lock its writer holds until it is done. */
+		w->lost = 1;
+		w->cb(w->arg);
+	}
 }
 
 /* Frees a watch once its last handle is closed. */
 static void watch_closed(uv_handle_t *h)
 {
 	struct seal_watch *w = h->data;
-	if (--w->open == 0)
+	if (--w->open == 0) {
+		seal_names_free(&w->names);
 		free(w);
+	}
 }
 
 /* Starts watching dir (open as dfd, which the caller keeps open until seal_watch_stop) for a
@@ -153,9 +235,20 @@ struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int
 		uv_close((uv_handle_t *)&w->ev, watch_closed);
 	}
 	/* On a local filesystem every writer is of this host, and inotify sees it all. */
-	if (!w->have_ev || !watch_local(dfd))
+	if ((w->polls = !w->have_ev || !watch_local(dfd)))
 		uv_timer_start(&w->poll, on_watch_poll, w->next_ms, 0);
 	return w;
+}
+
+/* w, or (NULL, or watching records unless records) a new watch as seal_watch_start makes. */
+struct seal_watch *seal_watch_keep(struct seal_watch *w, struct uv_loop_s *loop,
+				   const char *dir, int dfd, int records, seal_watch_cb cb,
+				   void *arg)
+{
+	if (w && w->records == records)
+		return w;
+	seal_watch_stop(w);
+	return seal_watch_start(loop, dir, dfd, records, cb, arg);
 }
 
 /* Stops and frees a watch (NULL is fine); its callback is not called again. */

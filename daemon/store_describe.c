@@ -3,10 +3,10 @@
  * from the headers dsckptd wrote (a .safetensors file's tensors and checksums, its .meta
  * sibling's size and checksum), or from the seal records of the nodes that wrote them.
  *
- * A node describes its own files for its seal record (store_describe_files, one open each);
- * the committing node takes each file a record of the run describes from that record, and
- * describes from its header only a file no record describes (store_describe_all): its
- * metadata operations grow with the nodes, not with their files.
+ * A node describes its own files for its seal record (store_describe_files: from the headers
+ * its saves kept, or one open each); the committing node takes each file a record of the run
+ * describes from that record, and describes from its header only a file no record describes
+ * (store_describe_all): its metadata operations grow with the nodes, not with their files.
  */
 #include "dsckptd.h"
 
@@ -60,14 +60,35 @@ static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t
 	return 0;
 }
 
-/* Describes dsckptd's safetensors file dirfd/name for the manifest from its header, and
- * whether it is of another run than run. */
-static int store_describe_st(int dirfd, struct store_entry *f, const char *run, char *err,
-			     size_t errlen)
+/* Parses the header k kept of f as this daemon wrote it (its length, then its JSON), and
+ * f->size: what store_read_header reads from the file, without a lookup. */
+static int store_known_header(const struct store_known *k, struct store_entry *f, char *err,
+			      size_t errlen)
+{
+	struct store_problem p = {.seen = 0};
+	uint64_t len = 0;
+
+	for (int i = 7; k->len >= 8 && i >= 0; i--)
+		len = len << 8 | k->hdr[i];
+	if (k->len < 8 || len > k->len - 8)
+		return err_set(err, errlen, ERR_EIO, "%s: the header kept is short", f->name);
+	f->size = k->size;
+	if (!(f->h = st_header_parse((const char *)k->hdr + 8, (size_t)len, store_first_problem,
+				     &p)))
+		return err_set(err, errlen, ERR_EIO, "%s: %s", f->name, p.msg);
+	f->h->data_start = 8 + len;
+	return 0;
+}
+
+/* Describes dsckptd's safetensors file dirfd/name for the manifest from its header (k's, kept
+ * by this daemon, when k is not NULL), and whether it is of another run than run. */
+static int store_describe_st(int dirfd, const struct store_known *k, struct store_entry *f,
+			     const char *run, char *err, size_t errlen)
 {
 	uint64_t end = 0;
 	char *rest;
-	int rc = store_read_header(dirfd, f, err, errlen);
+	int rc = k ? store_known_header(k, f, err, errlen) :
+		     store_read_header(dirfd, f, err, errlen);
 	if (rc < 0)
 		return rc;
 	const struct st_header *h = f->h;
@@ -233,10 +254,12 @@ static struct store_entry *store_files_add(struct store_files_own *o, const char
 }
 
 /* Describes this node's files of run in the tag dfd for its seal record: <base>.safetensors
- * of each of bases, from its header (one open each), and the .meta sibling its header
- * records (not opened: its size and checksum are in that header). 0, or a negative ERR_E*. */
-int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
-			 struct store_files *out, char *err, size_t errlen)
+ * of each of bases, from its header (as known[i] kept it where it did, else one open), and
+ * the .meta sibling its header records (not opened: its size and checksum are in that
+ * header). 0, or a negative ERR_E*. */
+int store_describe_files(int dfd, char *const *bases, const struct store_known *known,
+			 size_t n, const char *run, struct store_files *out, char *err,
+			 size_t errlen)
 {
 	struct store_files_own *o = calloc(1, sizeof(*o));
 	int rc = 0;
@@ -253,7 +276,8 @@ int store_describe_files(int dfd, char *const *bases, size_t n, const char *run,
 		struct store_entry *st = store_files_add(o, bases[i], FMT_SAFETENSORS);
 		if (!st)
 			rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		else if ((rc = store_describe_st(dfd, st, run, err, errlen)) < 0)
+		else if ((rc = store_describe_st(dfd, known && known[i].hdr ? &known[i] : NULL, st,
+						 run, err, errlen)) < 0)
 			break;
 		else if (st->other)
 			rc = err_set(err, errlen, ERR_EBUSY, "%s is of another run", st->name);
@@ -308,7 +332,7 @@ int store_describe_all(int dfd, const char *path, const char *run, char **names,
 	/* Safetensors first: a .meta file takes the rank of its .safetensors sibling. */
 	for (size_t i = 0; i < k; i++) {
 		if (!ents[i].d && store_has_suffix(ents[i].name, FMT_SAFETENSORS) &&
-		    (rc = store_describe_st(dfd, &ents[i], run, err, errlen)) < 0)
+		    (rc = store_describe_st(dfd, NULL, &ents[i], run, err, errlen)) < 0)
 			return rc;
 	}
 	for (size_t i = 0; i < k; i++) {

@@ -194,6 +194,14 @@ int store_open_dir(const struct config *cfg, const char *dir, uid_t uid, gid_t g
 	return store_walk(cfg, dir, uid, gid, 1, NULL, root, err, errlen);
 }
 
+/* Opens (creating what is missing) a client's directory as store_open_dir does, and its parent,
+ * the job directory, into *jobfd. */
+int store_open_dir_job(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+		       struct store_root *root, int *jobfd, char *err, size_t errlen)
+{
+	return store_walk(cfg, dir, uid, gid, 1, jobfd, root, err, errlen);
+}
+
 /* The identity (st_dev, st_ino) of the open directory dirfd. */
 int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen)
 {

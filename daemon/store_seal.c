@@ -4,8 +4,10 @@
  * the job has sealed, and the files they describe collected for the commit.
  *
  * On a shared filesystem every name looked up is a round trip to its metadata server, so a
- * record costs two there to write (its partial created, then renamed into place) and one to
- * read (its open); the collecting node reads many at once on a few threads.
+ * record costs one there to write (created under its name, new, while its writer holds the
+ * job directory's lock, under which it is read) and one to read (its open); the collecting
+ * node reads many at once on a few threads. A record replaced (a rank sealed late, another
+ * run's left behind) costs three: its partial is renamed over it.
  */
 #include "dsckptd.h"
 
@@ -61,8 +63,11 @@ static int seal_fill(int fd, const char *text, uid_t uid, gid_t gid, unsigned mo
 	return fsync(fd);
 }
 
-/* Writes this node's record r into the tag dirfd atomically, owned by uid/gid: two names
- * looked up (store_write_atomic's O_TMPFILE, link and stale-partial removal would be four). */
+/* Writes this node's record r into the tag dirfd, owned by uid/gid, the job directory's lock
+ * held (its readers' too): made under its name where none is there yet (one name looked up;
+ * a record that could not be written whole is removed again), else written beside it and
+ * renamed over it (three). A crash while it is written may leave it unreadable, which its
+ * readers take for no record and a later write replaces. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
 		     uid_t uid, gid_t gid, char *err, size_t errlen)
 {
@@ -74,7 +79,18 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
 	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
 	snprintf(partial, sizeof(partial), "%s" FMT_PARTIAL, name);
-	if ((fd = seal_create(dirfd, partial)) < 0) {
+	fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 || fsync(dirfd) < 0) {
+			rc = err_set(err, errlen, err_from_errno(errno), "write %s: %s", name,
+				     strerror(errno));
+			unlinkat(dirfd, name, 0);
+		}
+		close(fd);
+	} else if (errno != EEXIST) {
+		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", name,
+			     strerror(errno));
+	} else if ((fd = seal_create(dirfd, partial)) < 0) {
 		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", partial,
 			     strerror(errno));
 	} else {
@@ -184,12 +200,37 @@ static int seal_seen_add(struct seal_seen *seen, const char *name, ino_t ino, si
 	return 0;
 }
 
+/* Reads the record dirfd/name (one open) into r, and the inode read into *ino; 0, or -1 (not
+ * a sound record: logged). */
+static int seal_read_at(int dirfd, const char *name, struct seal_record *r, ino_t *ino)
+{
+	char why[200], *buf = NULL;
+	struct stat st;
+	int rc = -1, fd = userfile_open(dirfd, name, SEAL_MAX_BYTES, 0, &st, why, sizeof(why));
+
+	if (fd >= 0) {
+		*ino = st.st_ino;
+		if (!(buf = malloc((size_t)st.st_size + 1)))
+			snprintf(why, sizeof(why), "out of memory");
+		else if (userfile_pread(fd, buf, (size_t)st.st_size, 0) != st.st_size)
+			snprintf(why, sizeof(why), "short read");
+		else
+			rc = seal_record_parse(buf, (size_t)st.st_size, r, why, sizeof(why));
+		close(fd);
+	}
+	free(buf);
+	if (rc < 0)
+		log_warnx("seal record %s is unreadable: %s", name, why);
+	return rc;
+}
+
 /* Records to read at once: their names in seen (at[]) and what reading each gave. */
 struct seal_batch {
 	int dirfd;
 	struct seal_seen *seen;
 	const size_t *at;
 	struct seal_record *got;
+	ino_t *inos;
 	int *ok;
 	size_t n, next;
 	pthread_mutex_t lock;
@@ -205,7 +246,8 @@ static void *seal_reader(void *arg)
 		pthread_mutex_unlock(&b->lock);
 		if (i >= b->n)
 			return NULL;
-		b->ok[i] = store_seal_read(b->dirfd, b->seen->names[b->at[i]], &b->got[i]) == 0;
+		b->ok[i] = seal_read_at(b->dirfd, b->seen->names[b->at[i]], &b->got[i],
+					&b->inos[i]) == 0;
 	}
 }
 
@@ -263,29 +305,50 @@ static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t 
 	return 0;
 }
 
-/* Reads the records of the tag dirfd not in seen (see dsckptd.h); how many ranks have holds
- * then, or -1 (cannot list). */
-int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
-			uint8_t *have, uint64_t *newest, struct seal_seen *seen)
+/* The records names (n, of the tag's: the watch saw them come) not read yet into *at (*nat of
+ * them, free'd by the caller), each added to seen. A record read already is not read again
+ * by name: one renamed over it since (a node's ranks that sealed late) has another inode,
+ * which the next listing finds. 0 or -1. */
+static int seal_names_new(struct seal_seen *seen, char *const *names, size_t n, size_t **at,
+			  size_t *nat)
 {
-	struct seal_batch b = {.dirfd = dirfd, .seen = seen};
-	size_t *at;
+	*nat = 0;
+	if (!(*at = calloc(n ? n : 1, sizeof(**at))))
+		return -1;
+	for (size_t k = 0; k < n; k++) {
+		size_t i = 0;
+		while (i < seen->n && strcmp(seen->names[i], names[k]) != 0)
+			i++;
+		if (i < seen->n && seen->inos[i] != 0)
+			continue;
+		if (i == seen->n && seal_seen_add(seen, names[k], 0, &i) < 0)
+			return -1;
+		(*at)[(*nat)++] = i;
+	}
+	return 0;
+}
+
+/* Reads the records at (n indexes into seen) of the tag dirfd; how many ranks have holds
+ * then. Frees at. */
+static int seal_scan(int dirfd, size_t *at, size_t n, const char *job, const char *run,
+		     unsigned world, uint8_t *have, uint64_t *newest, struct seal_seen *seen)
+{
+	struct seal_batch b = {.dirfd = dirfd, .seen = seen, .at = at, .n = n};
 	int count = 0;
 
-	if (seal_list_new(dirfd, seen, &at, &b.n) < 0)
-		return -1;
-	b.at = at;
 	b.got = calloc(b.n ? b.n : 1, sizeof(*b.got));
+	b.inos = calloc(b.n ? b.n : 1, sizeof(*b.inos));
 	b.ok = calloc(b.n ? b.n : 1, sizeof(*b.ok));
-	if (b.got && b.ok)
+	if (b.got && b.inos && b.ok)
 		seal_read_batch(&b);
 	for (size_t i = 0; i < b.n; i++) {
 		struct seal_record *r = &seen->recs[at[i]];
 		seal_record_free(r);
-		if (!b.got || !b.ok || !b.ok[i]) {
+		if (!b.got || !b.inos || !b.ok || !b.ok[i]) {
 			seen->inos[at[i]] = 0;	/* no inode is 0: read again next time */
 			continue;
 		}
+		seen->inos[at[i]] = b.inos[i];	/* the one read (replaced: read again) */
 		seal_add(&b.got[i], job, run, world, have, newest);
 		if (seal_ours(&b.got[i], job, run, world))
 			*r = b.got[i];	/* kept: its files make the manifest */
@@ -293,11 +356,39 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 			seal_record_free(&b.got[i]);
 	}
 	free(b.got);
+	free(b.inos);
 	free(b.ok);
 	free(at);
 	for (unsigned k = 0; k < world; k++)
 		count += have[k];
 	return count;
+}
+
+/* Reads the records of the tag dirfd not in seen (see dsckptd.h); how many ranks have holds
+ * then, or -1 (cannot list). */
+int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned world,
+			uint8_t *have, uint64_t *newest, struct seal_seen *seen)
+{
+	size_t *at, n;
+
+	if (seal_list_new(dirfd, seen, &at, &n) < 0)
+		return -1;
+	return seal_scan(dirfd, at, n, job, run, world, have, newest, seen);
+}
+
+/* Reads the records names (n) of the tag dirfd, which the directory's watch saw come, as
+ * store_seal_scan_new does, without listing the directory; -1 without memory. */
+int store_seal_scan_names(int dirfd, char *const *names, size_t n, const char *job,
+			  const char *run, unsigned world, uint8_t *have, uint64_t *newest,
+			  struct seal_seen *seen)
+{
+	size_t *at, nat;
+
+	if (seal_names_new(seen, names, n, &at, &nat) < 0) {
+		free(at);
+		return -1;
+	}
+	return seal_scan(dirfd, at, nat, job, run, world, have, newest, seen);
 }
 
 /* Frees what seen holds. */

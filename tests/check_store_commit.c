@@ -365,7 +365,7 @@ START_TEST(test_commit_from_records)
 	write_ckpt_run(dir, "rank1", 1, NULL, "node-b", "r");
 	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
 	ck_assert_msg(dfd >= 0, "%s", err);
-	ck_assert_msg(store_describe_files(dfd, base, 1, "r", &files, why, sizeof(why)) == 0,
+	ck_assert_msg(store_describe_files(dfd, base, NULL, 1, "r", &files, why, sizeof(why)) == 0,
 		      "%s", why);
 	ck_assert_uint_eq(files.n, 1);	/* rank0.safetensors; its .meta is of no checksum */
 	struct seal_record a = {"node-a", "job", 2, &r0, 1, "r", 100, files.files, files.n, NULL};

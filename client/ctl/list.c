@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,6 +70,28 @@ static int is_latest(int fd, const char *name)
 	return strcmp(buf, name) == 0;
 }
 
+/* Reads the seal record fd/name into r (0, or -1 with why). A daemon writes a record under its
+ * name holding its job directory's lock (a flock): one that does not read whole is read again
+ * once that lock is free (waiting 2 s at most: its owner may hold it). */
+static int load_record(int fd, const char *name, struct seal_record *r, char *why,
+		       size_t whylen)
+{
+	int job, rc = seal_record_load(fd, name, r, why, whylen);
+
+	if (rc == 0 || (job = openat(fd, "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+		return rc;
+	for (int i = 0; i < 200; i++) {
+		if (flock(job, LOCK_SH | LOCK_NB) == 0) {
+			rc = seal_record_load(fd, name, r, why, whylen);
+			flock(job, LOCK_UN);
+			break;
+		}
+		usleep(10000);
+	}
+	close(job);
+	return rc;
+}
+
 /* Reads the seal records of tag directory fd into t: the world size, how many ranks they
  * name, and the first missing ones. Records of one run combine (as the daemons' do): those
  * of the run of the newest record. */
@@ -92,7 +115,7 @@ static void tag_seals(int fd, struct tag *t)
 			struct stat st;
 			if (!seal_record_name(e->d_name))
 				continue;
-			if (seal_record_load(fd, e->d_name, &r, why, sizeof(why)) < 0) {
+			if (load_record(fd, e->d_name, &r, why, sizeof(why)) < 0) {
 				if (pass)
 					out_err("%s/%s: %s", t->path, e->d_name, why);
 				continue;
