@@ -125,14 +125,17 @@ def run_connection(dir: str) -> Connection:
         ours, failed = _default_ours, None
     except Exception as e:  # noqa: BLE001 - raised below, once every rank has agreed
         conn, ours, failed = None, True, e
-    if (_run is not None or not ours or _env_run()
-            or not (dist.is_available() and dist.is_initialized())
-            or dist.get_world_size() < 2
-            or threading.current_thread() is not threading.main_thread()):
-        if failed is not None:
-            raise failed
-        return conn
-    run = _agree_run(failed)
+    try:
+        if (_run is not None or not ours or _env_run()
+                or not (dist.is_available() and dist.is_initialized())
+                or dist.get_world_size() < 2
+                or threading.current_thread() is not threading.main_thread()):
+            if failed is not None:
+                raise failed
+            return conn
+        run = _agree_run(failed)
+    finally:
+        failed = None  # see _agree_run
     with _default_lock:
         _run = run
         if _default_conn is conn and conn is not None:
@@ -156,7 +159,13 @@ def _agree_run(failed: Optional[Exception]) -> str:
     got: List[Any] = [None] * world
     dist.all_gather_object(got, (uuid.uuid4().hex if rank == 0 else None, how))
     if failed is not None:
-        raise failed
+        try:
+            raise failed
+        finally:
+            # A frame holding the exception it raised is a reference cycle (its traceback
+            # holds the frame), freed by the collector on whatever thread runs it next:
+            # at interpreter exit, torch aborts the process when that is not the main one.
+            failed = None
     for r, (_, other) in enumerate(got):
         if other is not None:
             code, name, message = other
