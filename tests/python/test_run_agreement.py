@@ -80,6 +80,21 @@ def test_failed_connection_leaves_no_cycle(monkeypatch, tmp_path):
         dt.set_default_connection(None)
 
 
+def test_failed_commit_leaves_no_cycle(daemon, tmp_path):
+    """dsckpt.torch.commit's error (a tag outside the daemon's roots) is in no reference
+    cycle with its frame, which holds the process group and the saves' handles."""
+    conn = dsckpt.Connection(daemon.socket, job="cyc")
+    gc.disable()
+    try:
+        with pytest.raises(dsckpt.DsckptError) as e:
+            dt.commit(str(tmp_path / "outside" / "t"), conn=conn, timeout=10)
+        del e
+        assert _dsckpt_frames_in_cycles() == []
+    finally:
+        gc.enable()
+        conn.close()
+
+
 @pytest.mark.parametrize("env", [
     {},
     {"DSCKPT_RUN_ID": "r-1", "TORCHELASTIC_RUN_ID": "te"},

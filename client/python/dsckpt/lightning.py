@@ -321,8 +321,8 @@ class DsckptCheckpointIO(CheckpointIO):
         self.wait_snapshot()
         self._drain()
         if self.failures:
-            first, self.failures = self.failures[0], []
-            raise first
+            del self.failures[1:]  # raised from no local: a frame holding what it raised
+            raise self.failures.pop()  # is a reference cycle (dsckpt.torch._agree_run)
         return list(self.committed)
 
     def _connection(self, dir: str) -> Connection:

@@ -400,7 +400,10 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
             error = error or e
     ok = _collective_min(0 if error is not None else 1, group)
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            error = None  # see _agree_run
     if not ok:
         raise error_for(Errno.EFAILED, "EFAILED",
                         f"a save into {dir} failed on another rank; not committed")
@@ -413,7 +416,10 @@ def commit(dir: str, group=None, *, conn: Optional[Connection] = None,
             error, code = e, e.code
     code = _collective_min(code, group)
     if error is not None:
-        raise error
+        try:
+            raise error
+        finally:
+            error = None  # see _agree_run
     if code < 0:
         name = Errno(code).name if code in Errno._value2member_map_ else str(code)
         raise error_for(code, name, f"commit of {dir} failed on rank 0")

@@ -376,7 +376,11 @@ class Writer(StorageWriter, AsyncStager):
         if st is not None and st.error is not None:
             if st.save is not None:
                 st.save.close()
-            raise st.error
+            error, st = st.error, None
+            try:
+                raise error
+            finally:
+                error = None  # a frame holding what it raised is a reference cycle
         conn = self._conn()
         staged = st.names if st is not None else {}
         results, tensors, blobs = [], [], []

@@ -370,8 +370,8 @@ class DsckptCheckpointEngine(_Base):
         tag directories committed so far; raises the first failure (once)."""
         self.cleanup()
         if self.failures:
-            first, self.failures = self.failures[0], []
-            raise first
+            del self.failures[1:]  # raised from no local: a frame holding what it raised
+            raise self.failures.pop()  # is a reference cycle (dsckpt.torch._agree_run)
         return list(self.committed)
 
     def close(self) -> None:
