@@ -301,6 +301,13 @@ int remote_delete(struct remote *r, const char *key, char *err, size_t errlen);
  * code. */
 int remote_list_uploads(struct remote *r, const char *prefix, remote_upload_cb cb, void *arg,
 			char *err, size_t errlen);
+/* A name directly below a listed prefix (remote_list). */
+typedef int (*remote_name_cb)(void *arg, const char *name);
+/* Calls cb with each name directly below prefix (the "directories" and the keys), only names
+ * a key may hold (no '/', ".", ".." or temporary file), page by page; cb's nonzero return
+ * stops it and is returned. 0 or a code. */
+int remote_list(struct remote *r, const char *prefix, remote_name_cb cb, void *arg, char *err,
+		size_t errlen);
 /* Aborts the upload id of key (from remote_list_uploads); 0 or a code. */
 int remote_abort(struct remote *r, const char *key, const char *id, char *err,
 		 size_t errlen);
