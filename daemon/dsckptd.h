@@ -55,7 +55,8 @@
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
  * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
- * its own, upload_tag.c the remote steps of a tag, upload.h what the two share, calling
+ * its own, upload_tag.c the remote steps of a tag, upload_retain.c keep_last_remote after
+ * them, upload.h what the three share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
