@@ -56,7 +56,8 @@
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
  * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
- * its own, upload_tag.c the remote steps of a tag, upload.h what the two share, calling
+ * its own, upload_tag.c the remote steps of a tag, upload_retain.c keep_last_remote after
+ * them, upload.h what the three share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
@@ -302,6 +303,13 @@ int remote_delete(struct remote *r, const char *key, char *err, size_t errlen);
  * code. */
 int remote_list_uploads(struct remote *r, const char *prefix, remote_upload_cb cb, void *arg,
 			char *err, size_t errlen);
+/* A name directly below a listed prefix (remote_list). */
+typedef int (*remote_name_cb)(void *arg, const char *name);
+/* Calls cb with each name directly below prefix (the "directories" and the keys), only names
+ * a key may hold (no '/', ".", ".." or temporary file), page by page; cb's nonzero return
+ * stops it and is returned. 0 or a code. */
+int remote_list(struct remote *r, const char *prefix, remote_name_cb cb, void *arg, char *err,
+		size_t errlen);
 /* Aborts the upload id of key (from remote_list_uploads); 0 or a code. */
 int remote_abort(struct remote *r, const char *key, const char *id, char *err,
 		 size_t errlen);

@@ -192,6 +192,30 @@ int remote_list_uploads(struct remote *r, const char *prefix, remote_upload_cb c
 	return rc ? rc : r->ops->list_uploads(r, prefix, cb, arg, err, errlen);
 }
 
+/* remote_list's filter between a tier and its caller. */
+struct remote_names {
+	remote_name_cb cb;
+	void *arg;
+};
+
+/* Passes name on when it is one key segment. */
+static int remote_name_filter(void *arg, const char *name)
+{
+	struct remote_names *f = arg;
+
+	return strchr(name, '/') || !remote_key_ok(name) ? 0 : f->cb(f->arg, name);
+}
+
+/* Calls cb with each name directly below prefix. */
+int remote_list(struct remote *r, const char *prefix, remote_name_cb cb, void *arg, char *err,
+		size_t errlen)
+{
+	struct remote_names f = { cb, arg };
+	int rc = remote_key_check(prefix, err, errlen);
+
+	return rc ? rc : r->ops->list(r, prefix, remote_name_filter, &f, err, errlen);
+}
+
 /* Aborts the upload id of key. */
 int remote_abort(struct remote *r, const char *key, const char *id, char *err, size_t errlen)
 {

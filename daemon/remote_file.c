@@ -218,7 +218,8 @@ static int file_head(struct remote *r, const char *key, uint64_t *size, char *et
 	return 0;
 }
 
-/* Deletes key (0 when it was not there). */
+/* Deletes key (0 when it was not there), and its directory once empty (as an S3 prefix
+ * goes with its last key), never r's own. */
 static int file_delete(struct remote *r, const char *key, char *err, size_t errlen)
 {
 	char path[2300];
@@ -226,6 +227,9 @@ static int file_delete(struct remote *r, const char *key, char *err, size_t errl
 	snprintf(path, sizeof(path), "%s/%s", r->prefix, key);
 	if (unlink(path) != 0 && errno != ENOENT)
 		return file_fail(errno, "unlink", path, err, errlen);
+	*strrchr(path, '/') = '\0';
+	if (strlen(path) > strlen(r->prefix))
+		(void)rmdir(path);	/* ENOTEMPTY: other keys are there */
 	return 0;
 }
 
@@ -286,6 +290,25 @@ static int file_abort(struct remote *r, const char *key, const char *id, char *e
 	return 0;
 }
 
+/* Calls cb with each name in the directory prefix (none when it is not there). */
+static int file_list(struct remote *r, const char *prefix, remote_name_cb cb, void *arg,
+		     char *err, size_t errlen)
+{
+	char dir[2300];
+	struct dirent *e;
+	DIR *d;
+	int rc = 0;
+
+	snprintf(dir, sizeof(dir), "%s/%s", r->prefix, prefix);
+	if ((d = opendir(dir)) == NULL)
+		return errno == ENOENT ? 0 : file_fail(errno, "list", dir, err, errlen);
+	while (rc == 0 && (e = readdir(d)) != NULL)
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			rc = cb(arg, e->d_name);
+	closedir(d);
+	return rc;
+}
+
 /* Checks that the directory exists and takes a file. */
 static int file_check(struct remote *r, char *err, size_t errlen)
 {
@@ -319,6 +342,7 @@ const struct remote_ops remote_file_ops = {
 	.head = file_head,
 	.del = file_delete,
 	.list_uploads = file_list_uploads,
+	.list = file_list,
 	.abort = file_abort,
 	.close = NULL,
 };

@@ -25,6 +25,8 @@ struct remote_ops {
 	int (*del)(struct remote *r, const char *key, char *err, size_t errlen);
 	int (*list_uploads)(struct remote *r, const char *prefix, remote_upload_cb cb,
 			    void *arg, char *err, size_t errlen);
+	int (*list)(struct remote *r, const char *prefix, remote_name_cb cb, void *arg,
+		    char *err, size_t errlen);
 	int (*abort)(struct remote *r, const char *key, const char *id, char *err,
 		     size_t errlen);
 	void (*close)(struct remote *r);

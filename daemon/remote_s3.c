@@ -1,7 +1,8 @@
 /*
  * remote_s3.c — the S3 tier: an S3-compatible store's operations for remote.c (a bucket
  * check, PUT with If-None-Match or If-Match, multipart uploads in parallel parts, ranged
- * reads in parallel, HEAD, DELETE, listing and aborting multipart uploads), each made of
+ * reads in parallel, HEAD, DELETE, a listing of names, listing and aborting multipart uploads),
+ * each made of
  * remote_s3_req.c's requests.
  *
  * The secret key and session token live only in struct s3 (wiped on close) and the curl
@@ -363,6 +364,54 @@ static int s3_list_uploads(struct remote *r, const char *prefix, remote_upload_c
 	return rc;
 }
 
+/* Calls cb with each name directly below prefix: ListObjectsV2 with delimiter '/' (its
+ * CommonPrefixes and Contents), page by page. */
+static int s3_list(struct remote *r, const char *prefix, remote_name_cb cb, void *arg,
+		   char *err, size_t errlen)
+{
+	char full[2200], token[2048] = "", what[1200];
+	int rc = 0, more = 1;
+
+	snprintf(full, sizeof(full), "%s%s%s/", r->prefix, r->prefix[0] ? "/" : "", prefix);
+	snprintf(what, sizeof(what), "remote '%s': list %s", r->url, prefix);
+	while (rc == 0 && more) {
+		struct s3_req q = { 0 };
+		char query[9000] = "", flag[16] = "";
+		/* Canonical: parameters sorted by name. */
+		if (token[0]) {
+			strcat(query, "continuation-token=");
+			s3_encode(query, sizeof(query), token);
+			strcat(query, "&");
+		}
+		strcat(query, "delimiter=%2F&list-type=2&prefix=");
+		s3_encode(query, sizeof(query), full);
+		if ((rc = s3_req_init(&q, r, "GET", "", query, NULL, err, errlen)) == 0)
+			rc = s3_perform(&q, what, err, errlen);
+		for (const char *p = q.body; rc == 0 && p && (p = strstr(p, "<CommonPrefixes>"));
+		     p++) {
+			char name[1100];
+			size_t n;
+			if (s3_xml(p, "Prefix", name, sizeof(name)) &&
+			    strncmp(name, full, strlen(full)) == 0 &&
+			    (n = strlen(name)) > strlen(full) + 1 && name[n - 1] == '/') {
+				name[n - 1] = '\0';
+				rc = cb(arg, name + strlen(full));
+			}
+		}
+		for (const char *p = q.body; rc == 0 && p && (p = strstr(p, "<Contents>")); p++) {
+			char key[1100];
+			if (s3_xml(p, "Key", key, sizeof(key)) &&
+			    strncmp(key, full, strlen(full)) == 0 && strlen(key) > strlen(full))
+				rc = cb(arg, key + strlen(full));
+		}
+		more = rc == 0 && s3_xml(q.body, "IsTruncated", flag, sizeof(flag)) &&
+		       strcmp(flag, "true") == 0 &&
+		       s3_xml(q.body, "NextContinuationToken", token, sizeof(token));
+		s3_req_free(&q);
+	}
+	return rc;
+}
+
 const struct remote_ops remote_s3_ops = {
 	.check = s3_check,
 	.put = s3_put,
@@ -371,6 +420,7 @@ const struct remote_ops remote_s3_ops = {
 	.head = s3_head,
 	.del = s3_delete,
 	.list_uploads = s3_list_uploads,
+	.list = s3_list,
 	.abort = s3_abort,
 	.close = s3_close,
 };

@@ -2,7 +2,8 @@
  * upload.h — what upload.c (the scheduler: tags to upload, their files, the worker threads,
  * the loop's side) and upload_tag.c (the remote steps of one tag: its plan from the local
  * manifest, a file's upload, the node record, the remote manifest and latest, the local
- * REMOTE.json; the start-up pass) share; nothing else includes it.
+ * REMOTE.json; the start-up pass) and upload_retain.c (keep_last_remote) share; nothing else
+ * includes it but check_upload_retain.c.
  */
 #ifndef DSCKPTD_UPLOAD_H
 #define DSCKPTD_UPLOAD_H
@@ -62,6 +63,7 @@ struct uptag {
 	size_t nhosts;
 	struct upfile *mine;      /* the plan: this node's files as the manifest lists them */
 	size_t nmine;
+	int wrote;                /* this node wrote the remote manifest (its finish) */
 };
 
 /* upload_tag.c */
@@ -72,6 +74,15 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen);
 /* Once t's files are up: the node record, then (every node's there) the remote manifest,
  * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, or a negative code. */
 int uptag_finish(struct uptag *t, char *err, size_t errlen);
+/* upload_retain.c */
+/* Deletes jobkey's committed remote tags of r beyond the newest keep (0: all kept), never
+ * the one the remote latest names nor one without a manifest; 0 or a code with err. */
+int upload_retain(struct remote *r, const char *jobkey, unsigned keep, char *err,
+		  size_t errlen);
+/* Applies keep_last_remote to t's job once t is REMOTE, when this node wrote t's manifest;
+ * a failure is logged and counted (the job's next REMOTE tries again). */
+void uptag_retain(struct uptag *t);
+
 /* Frees what the worker's steps held. */
 void uptag_clear(struct uptag *t);
 /* Aborts this node's uploads left open (a daemon killed mid-upload) in the remote of each

@@ -14,7 +14,8 @@
  *   loser checks that the winner's bytes are the same; then <job path>/latest moves forward
  *   only (If-Match on the version read; a later commit's tag, by its manifest's created_ns,
  *   is never replaced); last the local REMOTE.json, which retention reads (a committed tag
- *   without it is kept) and start-up looks for (a committed tag without it is uploaded).
+ *   without it is kept) and start-up looks for (a committed tag without it is uploaded);
+ *   then, on the node that wrote the manifest, keep_last_remote (upload_retain.c).
  * - start-up: every committed tag without REMOTE.json under a root with a remote is queued,
  *   and the uploads this node left open (a daemon killed mid-upload) are aborted.
  *
@@ -282,7 +283,7 @@ static int put_manifest(struct uptag *t, char *err, size_t errlen)
 	snprintf(key, sizeof(key), "%s/%s", t->key, FMT_MANIFEST);
 	int rc = remote_put(r, key, t->manifest, t->manifest_len, REMOTE_CREATE, NULL, NULL, err,
 			    errlen);
-	if (rc == 0)
+	if ((t->wrote = rc == 0))
 		log_info("upload of %s: wrote the remote manifest", t->dir);
 	if (rc != ERR_EEXIST)
 		return rc;
@@ -424,6 +425,7 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 	if ((rc = put_manifest(t, err, errlen)) < 0 || (rc = advance_latest(t, err, errlen)) < 0 ||
 	    (rc = mark_local(t, err, errlen)) < 0)
 		return rc;
+	uptag_retain(t);
 	uptag_clear(t);
 	return 0;
 }
