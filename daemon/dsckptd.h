@@ -1702,6 +1702,8 @@ int seal_dirs_open(const struct config *cfg, const struct owner *o, const char *
 		   int *jobfd, struct store_dirid *id, char *err, size_t errlen);
 /* Closes every directory kept (shutdown). */
 void seal_dirs_free_all(void);
+/* A save of uid into the directory id ended: its kept directory goes once none is in flight. */
+void seal_dirs_release(uid_t uid, const struct store_dirid *id);
 
 /* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
 /* The ranks of uid's job and run (world) sealed through this daemon into the directory. */

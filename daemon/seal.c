@@ -529,15 +529,20 @@ int seal_holds(const struct store_dirid *id, uid_t uid, const char *job, const c
 	       t->sealed[rank];
 }
 
-/* save_change_cb: a save becoming DURABLE or failing may let its tag go on. */
+/* save_change_cb: a save becoming DURABLE or failing may let its tag go on; one ending
+ * (COMMITTED or FAILED) may let its directory go (seal_dirs.c). */
 void seal_on_save(struct save *s)
 {
 	int level = save_level(s);
 	struct save_view v;
 
-	if (level != LEVEL_DURABLE && level != LEVEL_FAILED)
+	if (level != LEVEL_DURABLE && level != LEVEL_FAILED && level != LEVEL_COMMITTED)
 		return;
 	save_view(s, &v);
+	if (level != LEVEL_DURABLE)
+		seal_dirs_release(v.uid, &v.dirid);
+	if (level == LEVEL_COMMITTED)
+		return;
 	struct seal_tag *t = seal_find(&v.dirid, v.uid);
 	if (t)
 		seal_check(t);

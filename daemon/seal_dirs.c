@@ -93,11 +93,12 @@ void seal_dirs_keep(uid_t uid, const char *dir, int dfd, int jobfd,
 	snprintf(d->dir, sizeof(d->dir), "%s", dir);
 }
 
-/* Whether o's user has a save into the directory id not yet COMMITTED (nor FAILED): it is
- * still the version in flight it was when kept (a version committed may have been exchanged
- * with its tag since); *pending: whether one of them is o's rank's, of its run (the tag was
- * not committed with it when this daemon last heard). */
-static int seal_dirs_live(const struct owner *o, const struct store_dirid *id, int *pending)
+/* Whether uid has a save into the directory id not yet COMMITTED (nor FAILED): it is still
+ * the version in flight it was when kept (a version committed may have been exchanged with its
+ * tag since); *pending (when o is given, o's user being uid): whether one of them is o's
+ * rank's, of its run (the tag was not committed with it when this daemon last heard). */
+static int seal_dirs_live(uid_t uid, const struct owner *o, const struct store_dirid *id,
+			  int *pending)
 {
 	struct save_view v;
 	int live = 0;
@@ -105,13 +106,28 @@ static int seal_dirs_live(const struct owner *o, const struct store_dirid *id, i
 	*pending = 0;
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
-		if (v.uid != o->uid || !store_dirid_eq(&v.dirid, id) || v.level == LEVEL_FAILED ||
+		if (v.uid != uid || !store_dirid_eq(&v.dirid, id) || v.level == LEVEL_FAILED ||
 		    v.level == LEVEL_COMMITTED)
 			continue;
 		live = 1;
-		*pending |= v.rank == o->rank && strcmp(v.run, o->run) == 0;
+		*pending |= o && v.rank == o->rank && strcmp(v.run, o->run) == 0;
 	}
 	return live;
+}
+
+/* A save of uid into the directory id ended (COMMITTED or FAILED): once none of uid's is left
+ * in flight there, the directory is no longer kept (nor its filesystem held busy: an
+ * administrator's umount after a failed save must not find the daemon in it). */
+void seal_dirs_release(uid_t uid, const struct store_dirid *id)
+{
+	int pending;
+
+	for (size_t i = 0; i < SEAL_DIRS_MAX; i++) {
+		struct seal_dir *d = &dirs[i];
+		if (d->dir[0] && d->uid == uid && store_dirid_eq(&d->id, id) &&
+		    !seal_dirs_live(uid, NULL, id, &pending))
+			seal_dir_drop(d);
+	}
 }
 
 /* SEAL of dir (normalized, as overwrite.c rewrote it) by o: the directory a SAVE_BEGIN of o's
@@ -132,7 +148,7 @@ static int seal_dirs_take(const struct owner *o, const char *dir, int *dfd, int 
 			seal_dir_drop(d);	/* removed: the path may name a new one */
 			return -1;
 		}
-		if (!seal_dirs_live(o, &d->id, &pending))
+		if (!seal_dirs_live(o->uid, o, &d->id, &pending))
 			return -1;
 		if ((*dfd = fcntl(d->dfd, F_DUPFD_CLOEXEC, 0)) < 0)
 			return -1;
