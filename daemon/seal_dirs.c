@@ -10,8 +10,9 @@
  * or that no save of the user not yet committed is in any more, is not taken, and its SEAL
  * walks the path.
  *
- * A directory is kept SEAL_DIRS_KEEP_S after the last SAVE_BEGIN into it, at most
- * SEAL_DIRS_PER_USER per user and SEAL_DIRS_MAX in all (the oldest go first). Loop thread only.
+ * A directory is kept until the last save of its user in it ends (seal_dirs_release), and
+ * SEAL_DIRS_KEEP_S after the last SAVE_BEGIN into it at most, SEAL_DIRS_PER_USER per user and
+ * SEAL_DIRS_MAX in all (the oldest go first). Loop thread only.
  */
 #include "dsckptd.h"
 #include "../proto/proto.h"
