@@ -19,7 +19,8 @@ RUN_VARS = ("DSCKPT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_
 def _dsckpt_frames_in_cycles():
     """The names of dsckpt's frames that only reference cycles keep: what the collector
     would free on whatever thread runs it next (at interpreter exit torch aborts the process
-    when that is not the main thread). Call with the collector disabled since the error."""
+    when that is not the main thread). Call with the collector disabled (by _no_collector)
+    since the error."""
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         gc.collect()
@@ -31,12 +32,19 @@ def _dsckpt_frames_in_cycles():
         gc.enable()
 
 
+def _no_collector():
+    """Frees the garbage made so far (earlier tests'), then stops the collector, so that
+    _dsckpt_frames_in_cycles sees only what is made from now on."""
+    gc.collect()
+    gc.disable()
+
+
 def _one_rank_without_daemon(rank, world, socket, root, bad):
     """Every rank saves; rank `bad` has no daemon at its socket."""
     os.environ["DSCKPT_SOCKET"] = socket if rank != bad else socket + ".missing"
     tag = os.path.join(root, "nodaemon", "step1")
     state = {"w": torch.full((64,), float(rank))}
-    gc.disable()
+    _no_collector()
     with pytest.raises(dsckpt.DaemonUnavailable) as e:
         dt.save(state, tag)
     if rank == bad:  # its own error, naming its socket
@@ -69,7 +77,7 @@ def test_failed_connection_leaves_no_cycle(monkeypatch, tmp_path):
     freed later by the collector, on whichever thread it ran; issue 31.1's abort)."""
     monkeypatch.setenv("DSCKPT_SOCKET", str(tmp_path / "none.sock"))
     dt.set_default_connection(None)
-    gc.disable()
+    _no_collector()
     try:
         with pytest.raises(dsckpt.DaemonUnavailable) as e:
             dt.run_connection(str(tmp_path / "job" / "t"))
@@ -84,7 +92,7 @@ def test_failed_commit_leaves_no_cycle(daemon, tmp_path):
     """dsckpt.torch.commit's error (a tag outside the daemon's roots) is in no reference
     cycle with its frame, which holds the process group and the saves' handles."""
     conn = dsckpt.Connection(daemon.socket, job="cyc")
-    gc.disable()
+    _no_collector()
     try:
         with pytest.raises(dsckpt.DsckptError) as e:
             dt.commit(str(tmp_path / "outside" / "t"), conn=conn, timeout=10)
