@@ -324,8 +324,11 @@ def run_child(a, method, prefetch=None):
     if prefetch is not None:
         pull = subprocess.Popen([a.ctl, "-s", a.socket, "pull", prefetch],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # DSCKPT_SOCKET: the trainer finds this run's daemon as a user's finds theirs (without
+    # it, dsckpt.torch asks the system socket, finds none and reads the files itself).
     r = subprocess.run(child_cmd(a, "--child", "resume", "--method", method),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600,
+                       env=dict(os.environ, DSCKPT_SOCKET=a.socket))
     if pull is not None:
         _, err = pull.communicate(timeout=600)
         if pull.returncode != 0:
