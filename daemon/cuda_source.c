@@ -146,32 +146,47 @@ static struct {
 } digest_devs = { .lock = PTHREAD_MUTEX_INITIALIZER,
 	.run = { [0 ... DIGEST_DEVS - 1] = PTHREAD_MUTEX_INITIALIZER } };
 
-/* Whether the memory's device checksums it: xxh3_gpu's self-test, run on the device's first
- * question (cudaMemcpy and cudaFree there: once), decides. */
-static int cuda_mem_can_digest(void *priv)
+/* Whether device dev checksums loads of its memory: xxh3_gpu's self-test, run on the
+ * device's first question (cudaMemcpy and cudaFree there: once), decides. */
+static int digest_dev_ready(int dev)
 {
-	const struct cuda_mem *m = priv;
 	const char *call;
 	int ok = 0, e;
 
-	if (m->dev < 0 || m->dev >= DIGEST_DEVS)
+	if (dev < 0 || dev >= DIGEST_DEVS)
 		return 0;
 	pthread_mutex_lock(&digest_devs.lock);
-	if (digest_devs.state[m->dev] == 0) {
-		if ((e = xxh3_gpu_selftest(m->dev, &ok, &call)) != 0)
-			log_warnx("device %d: checksums on the host: %s: %s", m->dev, call,
+	if (digest_devs.state[dev] == 0) {
+		if ((e = xxh3_gpu_selftest(dev, &ok, &call)) != 0)
+			log_warnx("device %d: checksums on the host: %s: %s", dev, call,
 				  cudaGetErrorName((cudaError_t)e));
 		else if (!ok)
 			log_warnx("device %d: its XXH3 differs from the host's: checksums on the "
-				  "host", m->dev);
+				  "host", dev);
 		else
 			log_info("device %d: checksums of loads on the device (self-test passed)",
-				 m->dev);
-		digest_devs.state[m->dev] = ok ? 1 : -1;
+				 dev);
+		digest_devs.state[dev] = ok ? 1 : -1;
 	}
-	ok = digest_devs.state[m->dev] == 1;
+	ok = digest_devs.state[dev] == 1;
 	pthread_mutex_unlock(&digest_devs.lock);
 	return ok;
+}
+
+/* Whether the memory's device checksums it (digest_dev_ready). */
+static int cuda_mem_can_digest(void *priv)
+{
+	const struct cuda_mem *m = priv;
+
+	return digest_dev_ready(m->dev);
+}
+
+/* Runs every device's self-test now, at start-up, so that a restarted trainer's first
+ * load does not wait for it (60 ms on an H200, with the kernels' first load). */
+void gpu_digest_prepare(void)
+{
+	for (int dev = 0; dev < gpu_count(); dev++)
+		digest_dev_ready(dev);
 }
 
 /* Checksums ranges of device memory on their devices (one xxh3_gpu call per device). */
@@ -468,6 +483,11 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 {
 	*out = NULL;
 	return err_set(err, errlen, ERR_ENOCUDA, NOCUDA);
+}
+
+/* Runs the devices' self-tests: this build has no CUDA. */
+void gpu_digest_prepare(void)
+{
 }
 
 /* Creates a VMM source: this build has no CUDA. */

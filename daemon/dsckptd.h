@@ -1118,6 +1118,9 @@ void cuda_fence_free(struct cuda_fence *f);
 const char *gpu_init(void);
 /* Number of usable GPUs (0 without CUDA); gpu_init must have run. */
 int gpu_count(void);
+/* Runs each GPU's checksum self-test (cuda_source.c), which a first load would otherwise
+ * wait for; no-op without CUDA. */
+void gpu_digest_prepare(void);
 /* Pins [base, base+len) for fast device copies when CUDA is usable; no-op otherwise. */
 void gpu_register_host(void *base, uint64_t len);
 /* Undoes gpu_register_host. */

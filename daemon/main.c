@@ -387,6 +387,8 @@ int main(int argc, char **argv)
 	if (gpu_count() > 0)
 		service_cuda_pin(cache_total(dsckptd.cache));
 	gpu_register_host(cache_base(dsckptd.cache), cache_total(dsckptd.cache));
+	if (dsckptd.config->gpu_checksums)
+		gpu_digest_prepare();
 	resident_init(dsckptd.cache, dsckptd.config->keep_resident);
 	if (save_engine_start(&dsckptd, err, sizeof(err)) < 0) {
 		log_error("engine: %s", err);
