@@ -17,7 +17,9 @@ Then each way of resuming runs R times in the same process, each time a fresh en
                    DeepSpeed's files;
   dsckpt-meta      the same with ours selected by the config's "dsckpt" block (enable()).
 
-and N iterations follow, whose losses must equal the reference exactly. Prints a PASS/FAIL
+and N iterations follow, whose losses must equal the reference exactly. First, what the meta
+path refuses: deepspeed.initialize of a meta model, a resume with nothing saved, an optimizer
+made over the meta parameters. Prints a PASS/FAIL
 line per stage and way, then a table last: per stage and way, the medians of the model build,
 deepspeed.initialize, load_checkpoint, their sum, the state's bytes over load_checkpoint's
 time, and whether the losses are equal. Exit status 1 on any failure. Without --cpu it needs a
@@ -242,6 +244,38 @@ def resume_once(b, stage, way, d):
     return times, losses
 
 
+def check_refusals(b, root):
+    """What the meta path must refuse, each a PASS/FAIL line: deepspeed.initialize itself
+    (module.to(device) of meta tensors), a resume with nothing to load (the parameters are
+    uninitialised memory), an optimizer object made over the meta parameters; all passed."""
+    import deepspeed
+    from dsckpt.deepspeed.resume import resume
+    empty = os.path.join(root, "empty")
+    os.makedirs(empty, exist_ok=True)
+    meta = b.model(2, True)
+    opt = b.torch.optim.AdamW(meta.parameters(), lr=1e-3)
+    cfg = b.config(1, False)
+    cases = (("initialize(meta model)", NotImplementedError,
+              lambda: deepspeed.initialize(model=b.model(2, True), config=cfg)),
+             ("resume(nothing saved)", FileNotFoundError,
+              lambda: resume(b.model(2, True), empty, config=cfg)),
+             ("resume(optimizer over meta)", ValueError,
+              lambda: resume(meta, empty, optimizer=opt, config=cfg)))
+    ok = True
+    for name, want, call in cases:
+        try:
+            call()
+            got = "no error"
+        except Exception as e:  # which one is the finding
+            got = e
+        good = isinstance(got, want)
+        ok = ok and good
+        log(f"{'PASS' if good else 'FAIL'} refused: {name}: "
+            + (f"{type(got).__name__}: {str(got).splitlines()[0][:120]}" if good
+               else f"wanted {want.__name__}, got {got!r}"))
+    return ok
+
+
 def median(xs):
     """The median of a non-empty list."""
     return sorted(xs)[len(xs) // 2]
@@ -309,7 +343,7 @@ def main(argv):
     import dsckpt.deepspeed as dd
     dd.enable()  # the -meta ways select ours by the config's block
     b = Bench(a)
-    rows, ok = [], True
+    rows, ok = [], check_refusals(b, a.dir)
     for stage in a.stages:
         r, good = run_stage(b, stage, a.dir)
         rows += r
