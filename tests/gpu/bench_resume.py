@@ -21,6 +21,8 @@ the daemon it is given, so that it can empty the daemon's cache between methods)
                        dsckpt.torch.materialize (no init, no CPU copy);
       torch.load       model built as usual, torch.load + load_state_dict;
       dcp              model built as usual, DCP load through FileSystemReader (get/set_state_dict);
+      dcp-meta         the same into a model built under empty_weights and given memory, no
+                       init, by dsckpt.materialize.allocate;
     and the dsckpt ones in three states of the node: hot (the daemon keeps the tag in its
     cache, as after the save), warm (the daemon restarted: files in the page cache only),
     cold (the daemon restarted and the files dropped from the page cache with
@@ -173,9 +175,12 @@ def restore(torch, method, a, model, opt, dev):
         sd = dt.load(tag, "rank0", map_location=dev)
     elif method == "torch.load":
         sd = torch.load(tfile, map_location=dev)
-    elif method == "dcp":
+    elif method in ("dcp", "dcp-meta"):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
+        if method == "dcp-meta":
+            from dsckpt.materialize import allocate
+            allocate(model, dev, optimizer=opt)  # memory for DCP to fill, no init
         sd = dcp_state(torch, model, opt)
         dcp.load(sd, storage_reader=dcp.FileSystemReader(dcp_dir))
         set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
@@ -192,7 +197,7 @@ def child_resume(a):
     torch, bt, cfg, dev, marks = child_setup(a)
     if a.method != "floor":
         import dsckpt.torch  # noqa: F401  (the import is part of the restart)
-    meta = a.method in ("floor", "dsckpt-meta")
+    meta = a.method in ("floor", "dsckpt-meta", "dcp-meta")
     model, opt = build(bt, cfg, dev, meta)
     bt.sync(dev)
     marks["build"] = time.time()
@@ -349,7 +354,7 @@ def rows_wanted(a, has_dcp, can_prefetch):
     rows += [(f"{m} hot", "hot", m) for m in DSCKPT_METHODS]
     rows += [("torch.load", "hot", "torch.load")]
     if has_dcp:
-        rows += [("dcp", "hot", "dcp")]
+        rows += [("dcp", "hot", "dcp"), ("dcp-meta", "hot", "dcp-meta")]
     rows += [(f"{m} {s}", s, m) for s in ("warm", "cold") for m in DSCKPT_METHODS]
     if can_prefetch:
         rows += [(f"{m} cold+prefetch", "prefetch", m) for m in DSCKPT_METHODS]
