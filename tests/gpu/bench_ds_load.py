@@ -220,8 +220,9 @@ def resume_once(b, stage, way, d):
         model = b.model(2, meta)
         b.sync()
         t1 = time.perf_counter()
-        if meta:
-            engine = resume(model, d, config=b.config(stage, ours)).engine
+        if meta:  # model_parameters named on meta: resume maps them to the allocated ones
+            engine = resume(model, d, config=b.config(stage, ours),
+                            model_parameters=[{"params": list(model.parameters())}]).engine
         else:
             engine, _, _, _ = deepspeed.initialize(model=model, config=b.config(stage, False))
             if ours:

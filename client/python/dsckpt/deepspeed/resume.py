@@ -28,11 +28,13 @@ A resume that did not load (no ``latest``, a missing file) raises: the parameter
 uninitialised memory, which must never be trained. The optimizer comes from the DeepSpeed
 config or as a callable ``optimizer=lambda params: AdamW(params, ...)``; an optimizer object
 made over the meta parameters is refused (it would update tensors that no longer exist).
+``model_parameters`` (parameter groups, say) may be made from the meta model: each meta
+parameter in it is replaced by its allocated one.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import torch
 
@@ -66,18 +68,36 @@ def _check_optimizer(optimizer: Any) -> None:
                          "AdamW(params, ...)) or define it in the DeepSpeed config")
 
 
+def _remapped(params: Any, new: Dict[int, torch.nn.Parameter]) -> Any:
+    """model_parameters with each of the model's old parameters replaced by its new one
+    (tensors, or parameter groups: dicts with ``params``); None stays None."""
+    if params is None:
+        return None
+    out = []
+    for item in params:
+        if isinstance(item, dict):
+            out.append(dict(item, params=[new.get(id(p), p) for p in item["params"]]))
+        else:
+            out.append(new.get(id(item), item))
+    return out
+
+
 def resume(model: torch.nn.Module, load_dir: str, *, tag: Optional[str] = None,
            device: Any = None, **initialize_kwargs: Any) -> Resumed:
     """Allocates ``model``'s meta parameters on ``device`` (default: DeepSpeed's current
     device) without initialising them, runs ``deepspeed.initialize(model=model,
     **initialize_kwargs)`` and ``engine.load_checkpoint(load_dir, tag)`` (strict, optimizer
-    and scheduler states included); raises FileNotFoundError when nothing was loaded."""
+    and scheduler states included); raises FileNotFoundError when nothing was loaded.
+    ``model_parameters`` may name the meta parameters (tensors or parameter groups): they
+    are given to DeepSpeed as the allocated ones."""
     import deepspeed
 
     _check_optimizer(initialize_kwargs.get("optimizer"))
+    old = list(model.parameters())
     allocate(model, device if device is not None else _engine_device())
-    if initialize_kwargs.get("model_parameters") is None:
-        initialize_kwargs["model_parameters"] = [p for p in model.parameters() if p.requires_grad]
+    new = {id(p): q for p, q in zip(old, model.parameters())}
+    initialize_kwargs["model_parameters"] = _remapped(initialize_kwargs.get("model_parameters"),
+                                                      new)
     engine, optimizer, loader, scheduler = deepspeed.initialize(model=model, **initialize_kwargs)
     load_path, client_state = engine.load_checkpoint(load_dir, tag, load_module_strict=True,
                                                      load_optimizer_states=True,
