@@ -458,8 +458,8 @@ def parent(a):
     write_results(a, {"preset": a.preset, "trainer": ref, "results": results,
                       "tmpfs": on_tmpfs})
     log("")
-    log(f"== bench-resume, preset {a.preset}: {ref['params'] / 1e6:.0f}M parameters + AdamW, "
-        f"{ref['bytes'] / 1e9:.2f} GB; seconds from exec, medians of {a.repeat}; "
+    log(f"== bench-resume, preset {a.preset}: {ref['params'] / 1e6:.3g}M parameters + AdamW, "
+        f"{ref['bytes'] / 1e9:.3g} GB; seconds from exec, medians of {a.repeat}; "
         f"loss = iteration {PRESETS[a.preset]['every'] + 1} against the uninterrupted run's")
     log(summary)
     return 0 if ok else 1
