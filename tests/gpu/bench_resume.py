@@ -21,6 +21,8 @@ the daemon it is given, so that it can empty the daemon's cache between methods)
                        dsckpt.torch.materialize (no init, no CPU copy);
       torch.load       model built as usual, torch.load + load_state_dict;
       dcp              model built as usual, DCP load through FileSystemReader (get/set_state_dict);
+      dcp-meta         the same into a model built under empty_weights and given memory, no
+                       init, by dsckpt.materialize.allocate;
     and the dsckpt ones in three states of the node: hot (the daemon keeps the tag in its
     cache, as after the save), warm (the daemon restarted: files in the page cache only),
     cold (the daemon restarted and the files dropped from the page cache with
@@ -29,8 +31,9 @@ the daemon it is given, so that it can empty the daemon's cache between methods)
     torch.load and DCP read warm files.
  3. Prints a table last: per method the seconds from exec to the resumed step, split into
     start+import, CUDA init, build, restore, first step; the excess over the floor; whether
-    the resumed loss equals the uninterrupted one. Writes $OUT/resume.json and, with
-    matplotlib, $OUT/resume.png (stacked bars). Exit 1 when a loss differs or a method fails.
+    the resumed loss equals the uninterrupted one. Writes resume.json and resume.svg (stacked
+    bars, tests/gpu/plot_resume.py) into $OUT, else build/. Exit 1 when a loss differs or a
+    method fails.
 
 --preset gpt-8gb (default: d_model 2048, 11 layers, 686M parameters, 8.2 GB with AdamW) or
 smoke (a tiny model on the CPU, any torch, for checking the paths end to end).
@@ -172,9 +175,12 @@ def restore(torch, method, a, model, opt, dev):
         sd = dt.load(tag, "rank0", map_location=dev)
     elif method == "torch.load":
         sd = torch.load(tfile, map_location=dev)
-    elif method == "dcp":
+    elif method in ("dcp", "dcp-meta"):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
+        if method == "dcp-meta":
+            from dsckpt.materialize import allocate
+            allocate(model, dev, optimizer=opt)  # memory for DCP to fill, no init
         sd = dcp_state(torch, model, opt)
         dcp.load(sd, storage_reader=dcp.FileSystemReader(dcp_dir))
         set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
@@ -191,7 +197,7 @@ def child_resume(a):
     torch, bt, cfg, dev, marks = child_setup(a)
     if a.method != "floor":
         import dsckpt.torch  # noqa: F401  (the import is part of the restart)
-    meta = a.method in ("floor", "dsckpt-meta")
+    meta = a.method in ("floor", "dsckpt-meta", "dcp-meta")
     model, opt = build(bt, cfg, dev, meta)
     bt.sync(dev)
     marks["build"] = time.time()
@@ -351,7 +357,7 @@ def rows_wanted(a, has_dcp, can_prefetch):
     rows += [(f"{m} hot", "hot", m) for m in DSCKPT_METHODS]
     rows += [("torch.load", "hot", "torch.load")]
     if has_dcp:
-        rows += [("dcp", "hot", "dcp")]
+        rows += [("dcp", "hot", "dcp"), ("dcp-meta", "hot", "dcp-meta")]
     rows += [(f"{m} {s}", s, m) for s in ("warm", "cold") for m in DSCKPT_METHODS]
     if can_prefetch:
         rows += [(f"{m} cold+prefetch", "prefetch", m) for m in DSCKPT_METHODS]
@@ -418,36 +424,19 @@ def table(results, ref_loss, on_tmpfs):
     return "\n".join(lines), ok
 
 
-def plot(results, path):
-    """Stacked bars per method (start+import, CUDA, build, restore, step) into path."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("plot: skipped (no matplotlib)")
-        return
-    labels = [k for k, v in results.items() if not any(isinstance(r, str) for r in v)]
-    keys = ("import", "cuda", "build", "restore", "step")
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
-    seen = set()
-    for i, label in enumerate(labels):
-        left = 0.0
-        for j, k in enumerate(keys):
-            v = median_of(results[label], k)
-            if v is None:
-                continue
-            ax.barh(i, v - left, left=left, color=f"C{j}", label=None if k in seen else k)
-            seen.add(k)
-            left = v
-    ax.set_yticks(range(len(labels)), labels)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds from exec")
-    ax.set_title("time to resume, per restore method")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    log(f"plot: {path}")
+def write_results(a, doc):
+    """resume.json and its plot resume.svg (plot_resume.py) into $OUT, else the repository's
+    build/."""
+    import plot_resume
+    out = os.environ.get("OUT")
+    if not (out and os.path.isdir(out)):
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")
+        os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "resume.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(out, "resume.svg"), "w") as f:
+        f.write(plot_resume.svg(doc))
+    log(f"results: {os.path.normpath(os.path.join(out, 'resume.json'))} and resume.svg")
 
 
 def parent(a):
@@ -469,15 +458,11 @@ def parent(a):
     on_tmpfs = subprocess.run(["stat", "-f", "-c", "%T", a.dir], capture_output=True,
                               text=True).stdout.strip() == "tmpfs"
     summary, ok = table(results, ref["ref_loss"], on_tmpfs)
-    out = os.environ.get("OUT")
-    if out and os.path.isdir(out):
-        with open(os.path.join(out, "resume.json"), "w") as f:
-            json.dump({"preset": a.preset, "trainer": ref, "results": results,
-                       "tmpfs": on_tmpfs}, f, indent=1)
-        plot(results, os.path.join(out, "resume.png"))
+    write_results(a, {"preset": a.preset, "trainer": ref, "results": results,
+                      "tmpfs": on_tmpfs})
     log("")
-    log(f"== bench-resume, preset {a.preset}: {ref['params'] / 1e6:.0f}M parameters + AdamW, "
-        f"{ref['bytes'] / 1e9:.2f} GB; seconds from exec, medians of {a.repeat}; "
+    log(f"== bench-resume, preset {a.preset}: {ref['params'] / 1e6:.3g}M parameters + AdamW, "
+        f"{ref['bytes'] / 1e9:.3g} GB; seconds from exec, medians of {a.repeat}; "
         f"loss = iteration {PRESETS[a.preset]['every'] + 1} against the uninterrupted run's")
     log(summary)
     return 0 if ok else 1

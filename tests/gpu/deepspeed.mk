@@ -14,6 +14,12 @@
 #                       DS_ARGS="--stages 3 --dtype fp32", DS_ARGS="--engines torch,auto";
 #                       DS_ARGS=--fixed-tag saves tag "last" twice, the second before the
 #                       first is committed; --cpu runs it without a GPU).
+#   make bench-ds-load  (on the GPU node) the same set-up running tests/gpu/bench_ds_load.py:
+#                       engine.load_checkpoint through dsckpt beside DeepSpeed's own loader,
+#                       ZeRO-1 and ZeRO-3, models built as usual and on the meta device
+#                       (dsckpt.deepspeed.resume), time and loss equality; a table last.
+#                       A 16 GiB cache holds the tag (hot). BENCH_DS_ARGS go to the script
+#                       (e.g. "--repeat 5", "--d-model 2048", "--cpu").
 #
 # The GPU node already has torch, numpy, einops, msgpack, ninja, packaging, psutil, py-cpuinfo,
 # tqdm and nvidia-ml-py. typing-extensions is pinned here too: pydantic 2.14 wants ≥ 4.16.
@@ -25,11 +31,12 @@ DS_WHEELS := $(GPU_DIR)/wheels
 DS_SITE ?= /tmp/site
 DS_PYTHON ?= python3
 DS_ARGS ?=
+BENCH_DS_ARGS ?=
 DS_PLATFORM := --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: gpu-wheels gpu-deepspeed
+.PHONY: gpu-wheels gpu-deepspeed bench-ds-load
 
 gpu-wheels: $(DS_WHEELS)/WHEELS
 
@@ -50,3 +57,12 @@ gpu-deepspeed: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 		--target $(DS_SITE) $(DS_WHEELS)/*.whl
 	PYTHONPATH=$(DS_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHON=$(DS_PYTHON) tests/gpu/run-ds $(GPU_DIR) \
 		$(DS_ARGS)
+
+bench-ds-load: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	@[ -f $(DS_WHEELS)/WHEELS ] || { echo "bench-ds-load: no $(DS_WHEELS); run make gpu-wheels" \
+		"where PyPI is reachable" >&2; exit 1; }
+	$(DS_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+		--target $(DS_SITE) $(DS_WHEELS)/*.whl
+	PYTHONPATH=$(DS_SITE)$${PYTHONPATH:+:$$PYTHONPATH} PYTHON=$(DS_PYTHON) DS_CACHE_GIB=16 \
+		DS_TIMEOUT=560 DS_SCRIPT=tests/gpu/bench_ds_load.py tests/gpu/run-ds $(GPU_DIR) \
+		$(BENCH_DS_ARGS)

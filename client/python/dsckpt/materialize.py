@@ -50,7 +50,6 @@ from ._files import read_meta
 from ._fill import StateDictMismatch
 from ._flatten import _DTYPES_BY_NAME, _is_contiguous, _rebuild_views
 from .core import Connection
-from .torch import BLOB, _daemon, dist_rank_world
 
 Device = Union[str, torch.device, None]
 
@@ -89,6 +88,7 @@ def empty_weights() -> Iterator[None]:
 
 def _saved(path_dir: str, file: str, weights_only: bool) -> Tuple[dict, List[dict], List[dict]]:
     """The checkpoint's blob sections, views and entries; raises where it has none."""
+    from .torch import BLOB  # here: dsckpt.torch imports this module at its end
     meta = os.path.join(path_dir, file + ".meta")
     blob = read_meta(meta).get(BLOB) if os.path.exists(meta) else None
     if blob is None:
@@ -139,6 +139,11 @@ def _check_model(model: torch.nn.Module, saved: dict, path: str, strict: bool,
                   and (t.dtype != saved[k].dtype or t.shape != saved[k].shape)]
     if missing or unexpected or mismatched:
         raise StateDictMismatch(path, missing, unexpected, mismatched)
+    _check_lost(model)
+
+
+def _check_lost(model: torch.nn.Module) -> None:
+    """Raises ValueError naming the non-persistent buffers left on the meta device."""
     lost = [f"{mod_name + '.' if mod_name else ''}{name}"
             for mod_name, mod in model.named_modules()
             for name, b in mod._buffers.items()
@@ -289,6 +294,40 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     optimizer.__setstate__({"state": state, "param_groups": param_groups})
 
 
+def allocate(model: torch.nn.Module, device: Device = None,
+             optimizer: Optional[torch.optim.Optimizer] = None) -> torch.nn.Module:
+    """Gives every parameter and buffer of ``model`` left on the meta device uninitialised
+    memory on ``device`` (``torch.empty``: nothing initialised, nothing copied) and moves the
+    others there, for a loader that fills allocated tensors (DeepSpeed's ``load_checkpoint``,
+    DCP's ``dcp.load``). Unlike ``model.to_empty`` a parameter several modules share stays
+    one parameter and real buffers keep their values; ``optimizer`` (made over the meta
+    parameters) then points at the new ones. Raises ValueError, changing nothing, for a
+    non-persistent buffer on the meta device (no checkpoint holds it). Returns the model."""
+    _check_lost(model)
+    target = _device(device)
+    params: Dict[int, torch.nn.Parameter] = {}
+    buffers: Dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for p in mod._parameters.values():
+            if p is not None and id(p) not in params:
+                data = torch.empty_like(p, device=target) if p.is_meta else p.detach().to(target)
+                params[id(p)] = torch.nn.Parameter(data, requires_grad=p.requires_grad)
+        for b in mod._buffers.values():
+            if b is not None and id(b) not in buffers:
+                buffers[id(b)] = torch.empty_like(b, device=target) if b.is_meta else b.to(target)
+    for mod in model.modules():
+        for name, p in mod._parameters.items():
+            if p is not None:
+                mod._parameters[name] = params[id(p)]
+        for name, b in mod._buffers.items():
+            if b is not None:
+                mod._buffers[name] = buffers[id(b)]
+    if optimizer is not None:
+        for g in optimizer.param_groups:
+            g["params"] = [params.get(id(p), p) for p in g["params"]]
+    return model
+
+
 def _device(device: Device) -> torch.device:
     """The target device: as given, else the current CUDA device, else the CPU."""
     if device is not None:
@@ -315,6 +354,7 @@ def materialize(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimize
     the model or the optimizer (see the module's documentation); returns
     :class:`Materialized` ``(model, optimizer, how, state)``.
     """
+    from .torch import _daemon, dist_rank_world
     if file is None:
         file = f"rank{dist_rank_world()[0]}"
     target = _device(device)
@@ -338,4 +378,4 @@ def materialize(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimize
     return Materialized(model, optimizer, how, state)
 
 
-__all__ = ["materialize", "empty_weights", "Materialized"]
+__all__ = ["materialize", "empty_weights", "allocate", "Materialized"]
