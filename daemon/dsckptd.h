@@ -33,7 +33,7 @@
  *         → pull.c (load.c's and prefetch.c's: a remote-only tag brought into the local tier
  *           over remote.c, checked, then store_*.c's files, manifest and latest; asking
  *           pull_peer.c first: the same from other nodes' copies, found and fetched by
- *           peer_restore.c over peer.c's links)
+ *           peer_restore.c over peer.c's links; both write each file through pull_file.c)
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
@@ -353,6 +353,18 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
  * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
 int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	     struct pull_info *info, char *err, size_t errlen);
+/* pull_file.c — one file of a pulled tag written into the local tier, for pull.c and
+ * pull_peer.c. Reads len bytes at off of the file being pulled into buf; 0 or a code with
+ * err. */
+typedef int (*pull_read_fn)(void *arg, uint64_t off, void *buf, size_t len, char *err,
+			    size_t errlen);
+/* Writes file f into dfd as <name>.partial owned by uid/gid (replacing one a dead pull
+ * left), read through read in pieces of cap bytes into buf, hashed on the way and checked
+ * against the manifest's checksum before it is renamed into place; 0 or a code with err
+ * naming what (ECHECKSUM: it differs), nothing of the file left then. */
+int pull_file_write(const struct config *cfg, int dfd, const struct manifest_file *f,
+		    uid_t uid, gid_t gid, pull_read_fn read, void *arg, uint8_t *buf, size_t cap,
+		    const char *what, char *err, size_t errlen);
 /* pull_peer.c — the same from other nodes' copies (peer_restore.c), asked before the remote
  * tier: a tag dir brought into the local tier for uid, as pull_tag (ENOENT: no peer holds
  * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */
