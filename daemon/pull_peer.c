@@ -203,7 +203,7 @@ int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, si
 
 	if (!job || !job[1])
 		return err_set(err, errlen, ERR_EINVAL, "%s is no job directory", jobdir);
-	if ((rc = peer_restore(cfg, NULL, job + 1, "", 0, &pr, err, errlen)) != 0)
+	if ((rc = peer_restore(cfg, jobdir, job + 1, "", 0, &pr, err, errlen)) != 0)
 		return rc;
 	snprintf(tag, taglen, "%s", pr.tag);
 	*created_ns = pr.created_ns;

@@ -177,7 +177,9 @@ START_TEST(test_two_nodes_exchange)
 	for (int r = 0; r < 2; r++)
 		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
 
-	/* Each node's file is kept by the other, checked, and comes back exactly. */
+	/* Each node's file is kept by the other, checked, and comes back exactly, to a node of
+	 * the job (node 0's address: the other cluster's is shown none). */
+	ck_assert_int_eq(netns_enter(&ns, 0), 0);
 	check_copy(ns.addr[1], "pj", 0, h_path("%s/rank0.safetensors", dir), ns.addr[0]);
 	check_copy(ns.addr[0], "pj", 1, h_path("%s/rank1.safetensors", dir), ns.addr[1]);
 	/* The data came from the cache's resident copy (keep_resident, a cache that holds it):
