@@ -17,7 +17,7 @@
  * them over a restart, checked. A peer that breaks off mid-file leaves nothing of the tag
  * behind. SKIP without root or ip(8). */
 #include "harness_daemon.h"
-#include "netns.h"
+#include "harness_peer.h"
 #include "../daemon/dsckptd.h"
 #include "../daemon/peer_int.h"
 
@@ -44,11 +44,7 @@ static int usable;
 /* Makes the namespaces once for the case (in the parent: removed even after a crash). */
 static void ns_setup(void)
 {
-	usable = netns_usable("check_peer_restore");
-	if (usable && netns_make(&ns, NODES + 1) != 0) {
-		printf("SKIP: check_peer_restore: ip netns/veth failed here\n");
-		usable = 0;
-	}
+	usable = hp_netns(&ns, "check_peer_restore", NODES + 1);
 }
 
 /* Removes them. */
@@ -56,35 +52,6 @@ static void ns_teardown(void)
 {
 	if (usable)
 		netns_destroy(&ns);
-}
-
-/* Writes a secret file (0600) into dir; its path (a static buffer per slot). */
-static const char *secret_file(const char *dir, int slot, const char *secret)
-{
-	static char path[2][512];
-	snprintf(path[slot], sizeof(path[slot]), "%s/secret%d", dir, slot);
-	int fd = open(path[slot], O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
-	close(fd);
-	return path[slot];
-}
-
-/* Fetches job's copy of rank from the daemon at addr into into; the result. */
-static int fetch(const char *addr, const char *job, unsigned rank, struct replica_store *into,
-		 struct replica **r, char *err, size_t errlen)
-{
-	struct peer_net *net;
-	struct peer_link *l;
-	int rc = peer_net_open(10, &net, err, errlen);
-	ck_assert_int_eq(rc, 0);
-	rc = peer_open(net, addr, PORT, SECRET, strlen(SECRET), 10, &l, err, errlen);
-	if (rc == 0) {
-		rc = peer_fetch(l, job, &rank, 1, into, r, err, errlen);
-		peer_link_close(l);
-	}
-	peer_net_close(net);
-	return rc;
 }
 
 /* Waits (60 s at most) until the daemon at addr holds job's copy of rank, from owner. */
@@ -97,7 +64,7 @@ static void wait_copy(const char *addr, const char *job, unsigned rank, const ch
 
 	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
 	for (int i = 0; i < 600 && rc != 0; i++)
-		if ((rc = fetch(addr, job, rank, mine, &r, err, sizeof(err))) != 0)
+		if ((rc = hp_fetch(addr, PORT, SECRET, job, rank, mine, &r, err, sizeof(err))) != 0)
 			h_sleep_ms(100);
 	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
 	const char *text;
@@ -334,7 +301,7 @@ START_TEST(test_lost_node_restored_from_peers)
 		return;
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
-	const char *good = secret_file(scratch, 0, SECRET);
+	const char *good = hp_secret_file(scratch, 0, SECRET);
 	for (int i = 0; i < NODES; i++) {
 		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
 		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
@@ -376,7 +343,7 @@ START_TEST(test_lost_node_restored_from_peers)
 	/* One with another secret: refused by every peer, nothing restored. */
 	snprintf(root2, sizeof(root2), "%s/root-wrong", scratch);
 	snprintf(json, sizeof(json), "%s,%s,%s", ns.addr[0], ns.addr[1], ns.addr[3]);
-	start_node(&fresh, 2, root2, secret_file(scratch, 1, "another-cluster-secret-987654321"),
+	start_node(&fresh, 2, root2, hp_secret_file(scratch, 1, "another-cluster-secret-987654321"),
 		   NULL, json);
 	dsckpt_conn_t *c2;
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
@@ -526,7 +493,7 @@ START_TEST(test_peer_dies_mid_transfer)
 	ck_assert_int_eq(mkdir(root2, 0755), 0);
 	ck_assert_int_eq(netns_enter(&ns, 2), 0);
 	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
-		 "\"%s\", \"peer_hosts\": \"%s\",", ns.addr[2], secret_file(scratch, 0, SECRET),
+		 "\"%s\", \"peer_hosts\": \"%s\",", ns.addr[2], hp_secret_file(scratch, 0, SECRET),
 		 ns.addr[1]);
 	h_daemon_start_peer(&fresh, &at, "fresh", 0.0625, json);
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c), 0);
@@ -570,7 +537,7 @@ START_TEST(test_replica_root_recovered)
 		return;
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
-	const char *good = secret_file(scratch, 0, SECRET);
+	const char *good = hp_secret_file(scratch, 0, SECRET);
 	snprintf(reps, sizeof(reps), "%s/replicas", scratch);
 	ck_assert_int_eq(mkdir(reps, 0700), 0);
 	ck_assert_int_eq(netns_enter(&ns, 0), 0);
