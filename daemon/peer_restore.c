@@ -43,7 +43,7 @@
 #define RESTORE_HOSTS 256        /* daemons asked */
 #define RESTORE_OWNERS 64        /* copies fetched for one tag */
 #define RESTORE_TAGS 64          /* tag directories of the job read for seal records */
-#define RESTORE_TIMEOUT_S 30
+#define RESTORE_ENTRIES 4096     /* entries of the job directory looked at for them */
 
 /* One daemon asked and what it holds. */
 struct restore_host {
@@ -93,11 +93,12 @@ static int restore_add_host(void *arg, const char *host)
 	return 0;
 }
 
-/* Adds the hosts of the seal records of the job directory's tags (at most RESTORE_TAGS). */
+/* Adds the hosts of the seal records of the job directory's tags (at most RESTORE_TAGS of
+ * its first RESTORE_ENTRIES entries). */
 static void restore_job_hosts(const char *jobdir, struct restore_into *in)
 {
 	int fd = open(jobdir, STORE_DIR_FLAGS);
-	unsigned tags = 0;
+	unsigned tags = 0, seen = 0;
 	struct dirent *e;
 	DIR *d;
 
@@ -107,7 +108,7 @@ static void restore_job_hosts(const char *jobdir, struct restore_into *in)
 		close(fd);
 		return;
 	}
-	while (tags < RESTORE_TAGS && (e = readdir(d)) != NULL) {
+	while (tags < RESTORE_TAGS && seen++ < RESTORE_ENTRIES && (e = readdir(d)) != NULL) {
 		char path[PULL_DIR_MAX + 260];
 		if (e->d_name[0] == '.' || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) ||
 		    (size_t)snprintf(path, sizeof(path), "%s/%s", jobdir, e->d_name) >=

@@ -130,6 +130,7 @@ def test_lost_node_restored_by_find_latest_and_load_into(nodes, tmp_path, monkey
         assert torch.equal(got["w"], states[1]["w"]) and torch.equal(got["b"], states[1]["b"])
         log = replacement.read_log()
         assert "from 1 peer copies" in log, log
+        print(next(line for line in log.splitlines() if "from 1 peer copies" in line))
         assert sorted(f for f in os.listdir(os.path.join(job2, "step1"))
                       if f.endswith(".safetensors")) == ["rank1.safetensors"]
     finally:
