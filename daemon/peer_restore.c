@@ -11,7 +11,9 @@
  * a node of the job that holds copies too, so one daemon of the ring found leads to the
  * others. Each answering with the secret is asked which copies of the job it holds (LIST);
  * it lists only the copies of tags whose seal records name this node's address
- * (peer_member.c).
+ * (peer_member.c). The daemons of a round are asked at once, RESTORE_PARALLEL threads at a
+ * time, so a thousand nodes' records cost a few round trips and a daemon that never
+ * answers one timeout, not one each.
  *
  * Which copies: this node's own, those whose owner is this node's `host` or a name of one of
  * its addresses (a replacement under the lost node's name, or under a new name at its
@@ -44,6 +46,7 @@
 #define RESTORE_OWNERS 64        /* copies fetched for one tag */
 #define RESTORE_TAGS 64          /* tag directories of the job read for seal records */
 #define RESTORE_ENTRIES 4096     /* entries of the job directory looked at for them */
+#define RESTORE_PARALLEL 32      /* daemons asked at once */
 
 /* One daemon asked and what it holds. */
 struct restore_host {
@@ -247,30 +250,70 @@ static unsigned restore_owners(struct restore_host *hosts, unsigned n,
 	return m;
 }
 
-/* Asks the hosts which copies of job (of tag) they hold, and then, in turn, the owners of
- * the copies listed that were not asked yet; how many hosts were asked in all. */
+/* One host asked for its copies (a thread). */
+struct restore_asking {
+	struct restore_host *h;
+	const char *job, *tag;
+};
+
+/* Asks one host which copies of the job (of the tag) it holds; h->c stays NULL when it
+ * does not answer. */
+static void *restore_list(void *arg)
+{
+	struct restore_asking *a = arg;
+	struct restore_host *h = a->h;
+	struct peer_link *l;
+	char err[512];
+
+	if (peer_restore_open(h->name, &l, err, sizeof(err)) != 0) {
+		log_info("peer: %s not asked for copies of %s: %s", h->name, a->job, err);
+		return NULL;
+	}
+	if ((h->c = malloc(sizeof(*h->c))) != NULL &&
+	    peer_list(l, a->job, a->tag, h->c, err, sizeof(err)) != 0) {
+		log_info("peer: %s: %s", h->name, err);
+		free(h->c);
+		h->c = NULL;
+	}
+	peer_link_close(l);
+	return NULL;
+}
+
+/* Asks hosts[from, to) at once, RESTORE_PARALLEL threads at a time. */
+static void restore_ask_some(struct restore_host *hosts, unsigned from, unsigned to,
+			     const char *job, const char *tag)
+{
+	while (from < to) {
+		struct restore_asking a[RESTORE_PARALLEL];
+		pthread_t th[RESTORE_PARALLEL];
+		int started[RESTORE_PARALLEL];
+		unsigned k = 0;
+		for (; k < RESTORE_PARALLEL && from + k < to; k++) {
+			a[k] = (struct restore_asking){ &hosts[from + k], job, tag };
+			started[k] = pthread_create(&th[k], NULL, restore_list, &a[k]) == 0;
+			if (!started[k])
+				restore_list(&a[k]);
+		}
+		for (unsigned i = 0; i < k; i++)
+			if (started[i])
+				pthread_join(th[i], NULL);
+		from += k;
+	}
+}
+
+/* Asks the hosts which copies of job (of tag) they hold, all at once, and then, in turn, the
+ * owners of the copies listed that were not asked yet; how many hosts were asked in all. */
 static unsigned restore_ask(struct restore_host *hosts, unsigned n, const char *job,
 			    const char *tag)
 {
-	char err[512];
-
-	for (unsigned i = 0; i < n; i++) {
-		struct peer_link *l;
-		if (peer_restore_open(hosts[i].name, &l, err, sizeof(err)) != 0) {
-			log_info("peer: %s not asked for copies of %s: %s", hosts[i].name, job,
-				 err);
-			continue;
-		}
-		if ((hosts[i].c = malloc(sizeof(*hosts[i].c))) != NULL &&
-		    peer_list(l, job, tag, hosts[i].c, err, sizeof(err)) != 0) {
-			log_info("peer: %s: %s", hosts[i].name, err);
-			free(hosts[i].c);
-			hosts[i].c = NULL;
-		}
-		peer_link_close(l);
-		for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++)
-			restore_add(hosts, &n, hosts[i].c->c[k].owner,
-				    strlen(hosts[i].c->c[k].owner));
+	for (unsigned done = 0; done < n;) {
+		unsigned end = n;
+		restore_ask_some(hosts, done, end, job, tag);
+		for (unsigned i = done; i < end; i++)
+			for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++)
+				restore_add(hosts, &n, hosts[i].c->c[k].owner,
+					    strlen(hosts[i].c->c[k].owner));
+		done = end;
 	}
 	return n;
 }
