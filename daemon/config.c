@@ -117,9 +117,9 @@ const struct option config_options[] = {
 	  "MiB/s all peer copies the daemon sends may take together, so that they leave the "
 	  "trainer its network; 0: no cap" },
 	{ "peer_hosts", OPT_STRING, 0, 65535, "\"\"", OFF(peer_hosts),
-	  "the cluster's hosts (names or addresses, comma-separated, the same on every node) a "
-	  "node asks for peer copies of a tag it lacks, beside the hosts of the tag's seal records "
-	  "here; \"\": those alone" },
+	  "hosts (names or addresses, comma-separated) a node also asks for peer copies of a tag "
+	  "it lacks, beside the hosts of the job's seal records here and the owners of the copies "
+	  "the peers list; \"\": those alone" },
 };
 const size_t config_noptions = sizeof(config_options) / sizeof(config_options[0]);
 _Static_assert(sizeof(config_options) / sizeof(config_options[0]) <= CONFIG_MAX_OPTIONS,

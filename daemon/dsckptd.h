@@ -33,7 +33,7 @@
  *         → pull.c (load.c's and prefetch.c's: a remote-only tag brought into the local tier
  *           over remote.c, checked, then store_*.c's files, manifest and latest; asking
  *           pull_peer.c first: the same from other nodes' copies, found and fetched by
- *           peer_restore.c over peer.c's links)
+ *           peer_restore.c over peer.c's links; both write each file through pull_file.c)
  *
  * and state changes come back up as events: the engine's to save.c (engine_cb, on the loop
  * thread), save and load levels published to waiter.c (which ends the waits they satisfy
@@ -62,7 +62,8 @@
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
  * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
- * listener and connection threads → peer_serve.c; both → peer_auth.c (HMAC over the
+ * listener and connection threads → peer_serve.c (→ peer_member.c: whether the asking
+ * daemon is a node of a copy's job); both → peer_auth.c (HMAC over the
  * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
  * in memory or replica_root; replica_list.c: LIST and FETCH by tag; replica_recover.c: those
  * on replica_root taken back at start). None runs on the loop thread but peer_on_save, which
@@ -353,6 +354,18 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
  * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
 int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	     struct pull_info *info, char *err, size_t errlen);
+/* pull_file.c — one file of a pulled tag written into the local tier, for pull.c and
+ * pull_peer.c. Reads len bytes at off of the file being pulled into buf; 0 or a code with
+ * err. */
+typedef int (*pull_read_fn)(void *arg, uint64_t off, void *buf, size_t len, char *err,
+			    size_t errlen);
+/* Writes file f into dfd as <name>.partial owned by uid/gid (replacing one a dead pull
+ * left), read through read in pieces of cap bytes into buf, hashed on the way and checked
+ * against the manifest's checksum before it is renamed into place; 0 or a code with err
+ * naming what (ECHECKSUM: it differs), nothing of the file left then. */
+int pull_file_write(const struct config *cfg, int dfd, const struct manifest_file *f,
+		    uid_t uid, gid_t gid, pull_read_fn read, void *arg, uint8_t *buf, size_t cap,
+		    const char *what, char *err, size_t errlen);
 /* pull_peer.c — the same from other nodes' copies (peer_restore.c), asked before the remote
  * tier: a tag dir brought into the local tier for uid, as pull_tag (ENOENT: no peer holds
  * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */
@@ -379,6 +392,24 @@ int peer_place(const char *const *hosts, size_t n, const char *self, unsigned re
  * peer_place. */
 int peer_place_owners(const char *const *hosts, size_t n, const char *self, unsigned replicas,
 		      const char **out, size_t cap);
+
+/* peer_member.c — whether a peer daemon is a node of a copy's job (issue 35 item 3): told
+ * apart by its link's address (peer_link_who's "address:port"), to which a node's host name
+ * resolves; a copy's nodes are its owner and the hosts of the seal records in its tag
+ * directory here. Blocking (name resolution); any thread. */
+struct replica_id;
+/* Calls fn(arg, host) for each seal record's host in dir (SEAL.<host>.json) until fn returns
+ * non-zero; that value, or 0 (also when dir is not here). */
+int peer_member_hosts(const char *dir, int (*fn)(void *arg, const char *host), void *arg);
+/* Whether name (a host name or address) resolves to the address of who. */
+int peer_member_is(const char *name, const char *who);
+/* Whether a host of a seal record in dir is the daemon at who. */
+int peer_member_dir(const char *dir, const char *who);
+/* Whether the daemon at who is a node of copy id (owner, or seal records of id->dir here). */
+int peer_member_of(const struct replica_id *id, const char *who);
+/* Whether name is this node: its `host`, or a name of one of its interfaces' addresses
+ * (loopback's aside). */
+int peer_member_self(const char *name);
 
 /* peer_auth.c — daemons prove to each other that they hold the cluster's secret
  * (peer_secret_file): HMAC-SHA256 (OpenSSL's libcrypto) of the secret over a label naming the
@@ -501,7 +532,8 @@ void replica_stats(struct replica_store *rs, unsigned *copies, uint64_t *mem,
 		   uint64_t *evictions);
 
 /* peer_serve.c — the listening side: a peer proves it holds the secret (and is shown that we
- * do) before it may place copies in the store or fetch them. */
+ * do) before it may place copies in the store; it lists and fetches only copies of jobs it
+ * is a node of (peer_member_of). */
 struct peer_service {
 	const void *secret;
 	size_t secret_len;
@@ -562,11 +594,12 @@ int peer_on(void);
  * port), for restores; 0 or a negative errno with err (-ENOTCONN: peer copies are off). */
 int peer_restore_open(const char *host, struct peer_link **out, char *err, size_t errlen);
 
-/* peer_restore.c — a tag this node lacks found in other nodes' daemons: the hosts of
- * peer_hosts and of the tag's seal records here asked which copies of the job they hold, the
- * tag picked (asked, or the newest commit listed) with its run and commit time, and its
- * copies (this host's own, else every owner's) fetched in parallel and checked into a store
- * of their own. Blocking; never the loop thread. */
+/* peer_restore.c — a tag this node lacks found in other nodes' daemons: the hosts of the
+ * job's seal records here (the tag's, else the job directory's other tags') and of
+ * peer_hosts asked which copies of the job they hold, then the owners of the copies listed,
+ * in turn; of this node's own copies (owner: its host or a name of its address) the tag
+ * picked (asked, or the newest commit listed) with its run and commit time, fetched in
+ * parallel and checked into a store of their own. Blocking; never the loop thread. */
 #define PEER_RESTORE_MAX 64
 struct peer_restore {
 	char tag[256];                   /* the tag picked */
@@ -575,9 +608,9 @@ struct peer_restore {
 	struct replica *copies[PEER_RESTORE_MAX]; /* referenced */
 	unsigned n;
 };
-/* Finds job's tag ("": its newest) on the peers for dir (<root>/<job>/<tag>, or the job's
- * directory), and with fetch set fetches its copies into pr (peer_restore_free); 0, ENOENT
- * (no peer holds one), or a code with err. */
+/* Finds job's tag ("": its newest) on the peers for dir (<root>/<job>/<tag>, or with tag ""
+ * the job's directory), and with fetch set fetches this node's copies of it into pr
+ * (peer_restore_free); 0, ENOENT (no peer holds one), or a code with err. */
 int peer_restore(const struct config *cfg, const char *dir, const char *job, const char *tag,
 		 int fetch, struct peer_restore *pr, char *err, size_t errlen);
 /* Drops what peer_restore fetched. */

@@ -20,12 +20,14 @@
  * or
  *   FETCH (job, ranks; or job, tag, owner, run, commit time)→
  *                                       ←      HAVE (ids, ranks, manifest length, files; or
- *                                              a code), MANIFEST, then per file FILE, DATA...,
- *                                              FILE_END
+ *                                              a code: -ENOENT none, -EACCES not a node of
+ *                                              its job), MANIFEST, then per file FILE,
+ *                                              DATA..., FILE_END
  * or
  *   LIST (job, tag or "")               →
- *                                       ←      COPIES (the copies held of the job: owner,
- *                                              run, tag, commit time, ranks)
+ *                                       ←      COPIES (the copies held of the job, of tags
+ *                                              the asker is a node of: owner, run, tag,
+ *                                              commit time, ranks)
  * Nothing but HELLO and RESPONSE is read before the peer proved it holds the secret.
  */
 #ifndef DSCKPTD_PEER_INT_H

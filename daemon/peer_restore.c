@@ -1,23 +1,33 @@
 /*
  * peer_restore.c — a tag this node lacks, found in other nodes' daemons (issue 35 item 6):
  * the copies of it the peers hold, fetched and checked, for pull_peer.c to write into the
- * local tier. Which daemons to ask: the hosts named by `peer_hosts` (the cluster's, the same
- * list on every node) and by the seal records of the tag's directory where this node still
- * has one; every one that answers with the secret is asked which copies of the job it holds
- * (LIST).
+ * local tier.
  *
- * Which copies: the tag asked for, or (none asked) the one of the newest commit among every
- * copy listed; of that tag only the copies of the newest commit's run and commit time, so
- * that a copy an earlier run of the job left under the same tag name is never taken (issue
- * 16's run identity). Of those, the copy this node's host name sent when a peer holds one (a
- * replacement with the lost node's name); else, for a node of a new name that cannot tell
- * which ranks were its, every owner's. Each copy is fetched from the first peer that lists
- * it, by its owner, tag, run and commit time (a peer holding only another run's copy under
- * that tag is passed over, and answers nothing else), each owner on a thread of its own,
- * into a store of memory of its own (host_cache_size + replica_cache_size: a replacement's
- * cache is empty), where it is checked against the manifest's checksums as it arrives; a
- * peer that fails mid-way (killed, refused) is followed by the next that lists the copy, and
- * what it sent is dropped.
+ * Which daemons to ask, with no list written by hand: the hosts of the seal records this
+ * node still has of the job (those of the tag's directory, then of the job directory's other
+ * tags: the nodes that committed them), and `peer_hosts` where it is set (an override for a
+ * node that has none of the job's directories, e.g. an empty disk on node-local roots); then,
+ * in turn, the owners of the copies each daemon that answers lists, since a copy's owner is
+ * a node of the job that holds copies too, so one daemon of the ring found leads to the
+ * others. Each answering with the secret is asked which copies of the job it holds (LIST);
+ * it lists only the copies of tags whose seal records name this node's address
+ * (peer_member.c). The daemons of a round are asked at once, RESTORE_PARALLEL threads at a
+ * time, so a thousand nodes' records cost a few round trips and a daemon that never
+ * answers one timeout, not one each.
+ *
+ * Which copies: this node's own, those whose owner is this node's `host` or a name of one of
+ * its addresses (a replacement under the lost node's name, or under a new name at its
+ * address): exactly the files of the ranks the lost node held, never other nodes' files,
+ * which their own nodes still have. Of them the tag asked for, or (none asked) the one of
+ * the newest commit, and of that tag only the copies of that commit's run and commit time,
+ * so that a copy an earlier run of the job left under the same tag name is never taken
+ * (issue 16's run identity). Each is fetched from the first peer that lists it, by its
+ * owner, tag, run and commit time (a peer holding only another run's copy under that tag is
+ * passed over, and answers nothing else), each owner on a thread of its own, into a store
+ * of memory of its own (host_cache_size + replica_cache_size: a replacement's cache is
+ * empty), where it is checked against the manifest's checksums as it arrives; a peer that
+ * fails mid-way (killed, refused) is followed by the next that lists the copy, and what it
+ * sent is dropped.
  *
  * Blocking, on the caller's thread (libuv's threadpool) and the fetch threads it starts.
  */
@@ -34,7 +44,9 @@
 
 #define RESTORE_HOSTS 256        /* daemons asked */
 #define RESTORE_OWNERS 64        /* copies fetched for one tag */
-#define RESTORE_TIMEOUT_S 30
+#define RESTORE_TAGS 64          /* tag directories of the job read for seal records */
+#define RESTORE_ENTRIES 4096     /* entries of the job directory looked at for them */
+#define RESTORE_PARALLEL 32      /* daemons asked at once */
 
 /* One daemon asked and what it holds. */
 struct restore_host {
@@ -54,51 +66,86 @@ struct restore_want {
 	char err[512];
 };
 
-/* Adds name to hosts (not this node, not twice, names of 1 to 255 bytes). */
+/* Adds name to hosts (names of 1 to 255 bytes, each once, not this node's own by its name
+ * or address). */
 static void restore_add(struct restore_host *hosts, unsigned *n, const char *name, size_t len)
 {
-	if (len == 0 || len >= STORE_HOST_MAX || *n == RESTORE_HOSTS ||
-	    (len == strlen(store_host()) && strncmp(name, store_host(), len) == 0))
+	if (len == 0 || len >= STORE_HOST_MAX || *n == RESTORE_HOSTS)
 		return;
 	for (unsigned i = 0; i < *n; i++)
 		if (strlen(hosts[i].name) == len && strncmp(hosts[i].name, name, len) == 0)
 			return;
 	memcpy(hosts[*n].name, name, len);
-	hosts[(*n)++].name[len] = '\0';
+	hosts[*n].name[len] = '\0';
+	if (!peer_member_self(hosts[*n].name))
+		(*n)++;
 }
 
-/* The daemons to ask: peer_hosts, then the hosts of the seal records in dir (when here). */
-static unsigned restore_hosts(const struct config *cfg, const char *dir,
+/* What restore_hosts' seal records are gathered into. */
+struct restore_into {
+	struct restore_host *hosts;
+	unsigned *n;
+};
+
+/* peer_member_hosts' fn: adds a seal record's host to the daemons to ask. */
+static int restore_add_host(void *arg, const char *host)
+{
+	struct restore_into *in = arg;
+
+	restore_add(in->hosts, in->n, host, strlen(host));
+	return 0;
+}
+
+/* Adds the hosts of the seal records of the job directory's tags (at most RESTORE_TAGS of
+ * its first RESTORE_ENTRIES entries). */
+static void restore_job_hosts(const char *jobdir, struct restore_into *in)
+{
+	int fd = open(jobdir, STORE_DIR_FLAGS);
+	unsigned tags = 0, seen = 0;
+	struct dirent *e;
+	DIR *d;
+
+	if (fd < 0)
+		return;
+	if ((d = fdopendir(fd)) == NULL) {
+		close(fd);
+		return;
+	}
+	while (tags < RESTORE_TAGS && seen++ < RESTORE_ENTRIES && (e = readdir(d)) != NULL) {
+		char path[PULL_DIR_MAX + 260];
+		if (e->d_name[0] == '.' || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN) ||
+		    (size_t)snprintf(path, sizeof(path), "%s/%s", jobdir, e->d_name) >=
+			    sizeof(path))
+			continue;
+		peer_member_hosts(path, restore_add_host, in);
+		tags++;
+	}
+	closedir(d);
+}
+
+/* The daemons to ask first: the hosts of the seal records of dir (a tag directory, or with
+ * tag "" the job's) and of the job's other tags here, then peer_hosts; how many. */
+static unsigned restore_hosts(const struct config *cfg, const char *dir, const char *tag,
 			      struct restore_host *hosts)
 {
+	char jobdir[PULL_DIR_MAX];
 	unsigned n = 0;
-	int fd, dfd;
-	DIR *d;
-	struct dirent *e;
+	struct restore_into in = { hosts, &n };
 
+	if (dir && dir[0] == '/' && strlen(dir) < sizeof(jobdir)) {
+		snprintf(jobdir, sizeof(jobdir), "%s", dir);
+		if (tag[0]) {
+			peer_member_hosts(dir, restore_add_host, &in);
+			*strrchr(jobdir, '/') = '\0';
+		}
+		restore_job_hosts(jobdir, &in);
+	}
 	for (const char *p = cfg->peer_hosts; p && *p;) {
 		size_t len = strcspn(p, ", \t");
 		restore_add(hosts, &n, p, len);
 		p += len;
 		p += strspn(p, ", \t");
 	}
-	if (dir == NULL || (dfd = open(dir, STORE_DIR_FLAGS)) < 0)
-		return n;
-	if ((fd = dup(dfd)) >= 0 && (d = fdopendir(fd)) != NULL) {
-		while ((e = readdir(d)) != NULL) {
-			struct seal_record r;
-			char why[128];
-			if (seal_record_name(e->d_name) &&
-			    seal_record_load(dfd, e->d_name, &r, why, sizeof(why)) == 0) {
-				restore_add(hosts, &n, r.host, strlen(r.host));
-				seal_record_free(&r);
-			}
-		}
-		closedir(d);
-	} else if (fd >= 0) {
-		close(fd);
-	}
-	close(dfd);
 	return n;
 }
 
@@ -142,40 +189,58 @@ static void *restore_fetch(void *arg)
 	return NULL;
 }
 
-/* Picks the tag (tag, or the newest listed), its run and commit time from what the hosts
- * listed; 0 or -ENOENT. */
+/* The owners judged so far: whether each is this node. */
+struct restore_self {
+	const char *owner[RESTORE_HOSTS];
+	int yes[RESTORE_HOSTS];
+	unsigned n;
+};
+
+/* Whether copy e is this node's own: its owner this node's `host` or a name of one of its
+ * addresses (each owner resolved once). */
+static int restore_mine(struct restore_self *me, const struct peer_copy *e)
+{
+	unsigned i = 0;
+
+	while (i < me->n && strcmp(me->owner[i], e->owner) != 0)
+		i++;
+	if (i < me->n)
+		return me->yes[i];
+	if (me->n == RESTORE_HOSTS)
+		return peer_member_self(e->owner);
+	me->owner[me->n] = e->owner;
+	return me->yes[me->n++] = peer_member_self(e->owner);
+}
+
+/* Picks, among this node's own copies, the tag (tag, or the newest listed), its run and
+ * commit time; 0 or -ENOENT. */
 static int restore_pick(struct restore_host *hosts, unsigned n, const char *tag,
-			const struct peer_copy **best)
+			struct restore_self *me, const struct peer_copy **best)
 {
 	*best = NULL;
 	for (unsigned i = 0; i < n; i++)
 		for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++) {
 			const struct peer_copy *e = &hosts[i].c->c[k];
 			if ((tag[0] == '\0' || strcmp(e->tag, tag) == 0) &&
-			    (*best == NULL || e->created_ns > (*best)->created_ns))
+			    (*best == NULL || e->created_ns > (*best)->created_ns) &&
+			    restore_mine(me, e))
 				*best = e;
 		}
 	return *best ? 0 : -ENOENT;
 }
 
-/* The owners whose copies of best to fetch (see the top), into owners; how many. */
+/* The owners (this node's names) whose copies of best to fetch, into owners; how many. */
 static unsigned restore_owners(struct restore_host *hosts, unsigned n,
-			       const struct peer_copy *best, const char **owners)
+			       const struct peer_copy *best, struct restore_self *me,
+			       const char **owners)
 {
 	unsigned m = 0;
 
 	for (unsigned i = 0; i < n; i++)
-		for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++)
-			if (restore_same(&hosts[i].c->c[k], best) &&
-			    strcmp(hosts[i].c->c[k].owner, store_host()) == 0) {
-				owners[0] = store_host();
-				return 1;
-			}
-	for (unsigned i = 0; i < n; i++)
 		for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++) {
 			const struct peer_copy *e = &hosts[i].c->c[k];
 			unsigned j = 0;
-			if (!restore_same(e, best))
+			if (!restore_same(e, best) || !restore_mine(me, e))
 				continue;
 			while (j < m && strcmp(owners[j], e->owner) != 0)
 				j++;
@@ -185,27 +250,72 @@ static unsigned restore_owners(struct restore_host *hosts, unsigned n,
 	return m;
 }
 
-/* Asks the hosts which copies of job (of tag) they hold. */
-static void restore_ask(struct restore_host *hosts, unsigned n, const char *job,
-			const char *tag)
+/* One host asked for its copies (a thread). */
+struct restore_asking {
+	struct restore_host *h;
+	const char *job, *tag;
+};
+
+/* Asks one host which copies of the job (of the tag) it holds; h->c stays NULL when it
+ * does not answer. */
+static void *restore_list(void *arg)
 {
+	struct restore_asking *a = arg;
+	struct restore_host *h = a->h;
+	struct peer_link *l;
 	char err[512];
 
-	for (unsigned i = 0; i < n; i++) {
-		struct peer_link *l;
-		if (peer_restore_open(hosts[i].name, &l, err, sizeof(err)) != 0) {
-			log_info("peer: %s not asked for copies of %s: %s", hosts[i].name, job,
-				 err);
-			continue;
-		}
-		if ((hosts[i].c = malloc(sizeof(*hosts[i].c))) != NULL &&
-		    peer_list(l, job, tag, hosts[i].c, err, sizeof(err)) != 0) {
-			log_info("peer: %s: %s", hosts[i].name, err);
-			free(hosts[i].c);
-			hosts[i].c = NULL;
-		}
-		peer_link_close(l);
+	if (peer_restore_open(h->name, &l, err, sizeof(err)) != 0) {
+		log_info("peer: %s not asked for copies of %s: %s", h->name, a->job, err);
+		return NULL;
 	}
+	if ((h->c = malloc(sizeof(*h->c))) != NULL &&
+	    peer_list(l, a->job, a->tag, h->c, err, sizeof(err)) != 0) {
+		log_info("peer: %s: %s", h->name, err);
+		free(h->c);
+		h->c = NULL;
+	}
+	peer_link_close(l);
+	return NULL;
+}
+
+/* Asks hosts[from, to) at once, RESTORE_PARALLEL threads at a time. */
+static void restore_ask_some(struct restore_host *hosts, unsigned from, unsigned to,
+			     const char *job, const char *tag)
+{
+	while (from < to) {
+		struct restore_asking a[RESTORE_PARALLEL];
+		pthread_t th[RESTORE_PARALLEL];
+		int started[RESTORE_PARALLEL];
+		unsigned k = 0;
+		for (; k < RESTORE_PARALLEL && from + k < to; k++) {
+			a[k] = (struct restore_asking){ &hosts[from + k], job, tag };
+			started[k] = pthread_create(&th[k], NULL, restore_list, &a[k]) == 0;
+			if (!started[k])
+				restore_list(&a[k]);
+		}
+		for (unsigned i = 0; i < k; i++)
+			if (started[i])
+				pthread_join(th[i], NULL);
+		from += k;
+	}
+}
+
+/* Asks the hosts which copies of job (of tag) they hold, all at once, and then, in turn, the
+ * owners of the copies listed that were not asked yet; how many hosts were asked in all. */
+static unsigned restore_ask(struct restore_host *hosts, unsigned n, const char *job,
+			    const char *tag)
+{
+	for (unsigned done = 0; done < n;) {
+		unsigned end = n;
+		restore_ask_some(hosts, done, end, job, tag);
+		for (unsigned i = done; i < end; i++)
+			for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++)
+				restore_add(hosts, &n, hosts[i].c->c[k].owner,
+					    strlen(hosts[i].c->c[k].owner));
+		done = end;
+	}
+	return n;
 }
 
 /* Frees what the hosts listed. */
@@ -224,30 +334,39 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 	struct restore_want *w = NULL;
 	const struct peer_copy *best;
 	const char *owners[RESTORE_OWNERS];
+	struct restore_self *me;
 	unsigned n, m;
 	int rc;
 
 	memset(pr, 0, sizeof(*pr));
 	if (hosts == NULL)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	if ((n = restore_hosts(cfg, dir, hosts)) == 0) {
+	if ((n = restore_hosts(cfg, dir, tag, hosts)) == 0) {
 		restore_hosts_free(hosts, 0);
-		return err_set(err, errlen, ERR_ENOENT, "no peer to ask for %s (no peer_hosts, no "
-			       "seal record here)", dir);
+		return err_set(err, errlen, ERR_ENOENT, "no peer to ask for %s (no seal record of "
+			       "the job here, no peer_hosts)", dir);
 	}
-	restore_ask(hosts, n, job, tag);
-	if (restore_pick(hosts, n, tag, &best) != 0) {
+	n = restore_ask(hosts, n, job, tag);
+	if ((me = calloc(1, sizeof(*me))) == NULL) {
+		restore_hosts_free(hosts, n);
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
+	}
+	if (restore_pick(hosts, n, tag, me, &best) != 0) {
+		free(me);
 		restore_hosts_free(hosts, n);
 		return err_set(err, errlen, ERR_ENOENT, "no peer of the %u asked holds a copy of "
-			       "%s%s%s", n, job, tag[0] ? "/" : "", tag);
+			       "%s%s%s sent by this node (%s or a name of its address)", n, job,
+			       tag[0] ? "/" : "", tag, store_host());
 	}
 	snprintf(pr->tag, sizeof(pr->tag), "%s", best->tag);
 	pr->created_ns = best->created_ns;
 	if (!fetch) {
+		free(me);
 		restore_hosts_free(hosts, n);
 		return 0;
 	}
-	m = restore_owners(hosts, n, best, owners);
+	m = restore_owners(hosts, n, best, me, owners);
+	free(me);
 	if ((w = calloc(m, sizeof(*w))) == NULL ||
 	    replica_store_open(cfg->host_cache_bytes + cfg->replica_cache_bytes, NULL, &pr->rs,
 			       err, errlen) != 0) {

@@ -4,8 +4,11 @@
  * that we do) before anything else is read; then it may place copies in the replica store
  * (PUT), list those of a job (LIST) and fetch them (FETCH), nothing more. A copy is kept
  * only once whole and checked (replica_store.c); one that fails is answered with why and
- * dropped, and one whose sender vanishes mid-way is dropped without a word. The service's
- * counters are atomics.
+ * dropped, and one whose sender vanishes mid-way is dropped without a word. A LIST or FETCH
+ * sees only the copies whose job the asking daemon is a node of (peer_member.c: its address
+ * is the owner's or that of a host of the tag's seal records here); a FETCH of another's is
+ * answered -EACCES and nothing of it is sent, and a LIST leaves such copies out. The
+ * service's counters are atomics.
  */
 #include "peer_int.h"
 
@@ -242,6 +245,15 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 		return peer_send(l, PEER_HAVE, w, sizeof(*w));
 	}
 	const struct replica_id *id = replica_id(r, &manifest, &mlen, &nfiles);
+	if (!peer_member_of(id, peer_link_who(l))) {
+		atomic_fetch_add(&svc->refused, 1);
+		log_warnx("peer %s: refused a fetch of %s's copy of %s (job %s): not a node of the "
+			  "job (neither its owner nor a host of the tag's seal records here)",
+			  peer_link_who(l), id->owner, id->tag, id->job);
+		replica_put(r);
+		w->code = -EACCES;
+		return peer_send(l, PEER_HAVE, w, sizeof(*w));
+	}
 	w->manifest_len = mlen;
 	snprintf(w->owner, sizeof(w->owner), "%s", id->owner);
 	snprintf(w->job, sizeof(w->job), "%s", id->job);
@@ -265,37 +277,77 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	return rc;
 }
 
-/* replica_each_fn: one copy into a COPIES answer, while it has room. */
+/* The copies a LIST matched, with their directories, before they are sifted. */
+#define SERVE_LIST_MAX 1024
+struct serve_found {
+	unsigned n;
+	struct peer_copy c[SERVE_LIST_MAX];
+	char *dir[SERVE_LIST_MAX];
+};
+
+/* replica_each_fn: one copy into the found ones, while there is room (under the store's
+ * lock: no name is resolved here). */
 static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks)
 {
-	struct peer_copies *c = arg;
-	struct peer_copy *e = &c->c[c->n];
+	struct serve_found *f = arg;
+	struct peer_copy *e = &f->c[f->n];
 
-	if (c->n == PEER_LIST_MAX)
+	if (f->n == SERVE_LIST_MAX || (f->dir[f->n] = strdup(id->dir)) == NULL)
 		return;
 	snprintf(e->owner, sizeof(e->owner), "%s", id->owner);
 	snprintf(e->run, sizeof(e->run), "%s", id->run);
 	snprintf(e->tag, sizeof(e->tag), "%s", id->tag);
 	e->created_ns = id->created_ns;
 	e->nranks = nranks;
-	c->n++;
+	f->n++;
 }
 
-/* A LIST: the copies held of the job (of the tag), in COPIES. */
+/* Moves into c the found copies (at most PEER_LIST_MAX) whose job the daemon at who is a
+ * node of (its owner, or a host of the seal records of its directory, each directory read
+ * once); how many were left out for that. */
+static unsigned peer_serve_sift(struct serve_found *f, const char *who, struct peer_copies *c)
+{
+	int *in_dir = malloc(f->n * sizeof(*in_dir) + 1);
+	unsigned out = 0;
+
+	for (unsigned i = 0; in_dir && i < f->n && c->n < PEER_LIST_MAX; i++) {
+		unsigned k = 0;
+		while (k < i && strcmp(f->dir[k], f->dir[i]) != 0)
+			k++;
+		in_dir[i] = k < i ? in_dir[k] : peer_member_dir(f->dir[i], who);
+		if (in_dir[i] || peer_member_is(f->c[i].owner, who))
+			c->c[c->n++] = f->c[i];
+		else
+			out++;
+	}
+	free(in_dir);
+	return out;
+}
+
+/* A LIST: the copies held of the job (of the tag) that the asking daemon may fetch, in
+ * COPIES. */
 static int peer_serve_list(struct peer_service *svc, struct peer_link *l,
 			   const struct peer_list *q)
 {
 	struct peer_copies *c = calloc(1, sizeof(*c));
-	int rc;
+	struct serve_found *f = calloc(1, sizeof(*f));
+	unsigned n;
+	int rc = -ENOMEM;
 
-	if (c == NULL)
-		return -ENOMEM;
-	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag))) {
-		free(c);
-		return -EPROTO;
-	}
-	replica_list(svc->rs, q->job, q->tag, peer_serve_one, c);
+	if (c == NULL || f == NULL)
+		goto out;
+	rc = -EPROTO;
+	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)))
+		goto out;
+	replica_list(svc->rs, q->job, q->tag, peer_serve_one, f);
+	if ((n = peer_serve_sift(f, peer_link_who(l), c)) > 0)
+		log_info("peer %s: %u copies of job %s held here not listed to it: not a node of "
+			 "their job", peer_link_who(l), n, q->job);
 	rc = peer_send(l, PEER_COPIES, c, sizeof(*c));
+out:
+	for (unsigned i = 0; f && i < f->n; i++)
+		free(f->dir[i]);
+	free(f);
 	free(c);
 	return rc;
 }

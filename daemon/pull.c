@@ -34,8 +34,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <xxh_x86dispatch.h>
-
 #define PULL_WINDOW_MAX (512u << 20)  /* the most bytes one file's reads keep in memory */
 #define PULL_MANIFEST_MAX (256u << 20) /* larger remote manifests are refused */
 #define PULL_LATEST_MAX 4096
@@ -207,62 +205,41 @@ static int get_manifest(struct remote *r, const char *rel, const char *tag, uid_
 	return 0;
 }
 
+/* A remote object being pulled (pull_read_fn's arg). */
+struct pull_src {
+	struct remote *r;
+	const char *key;
+};
+
+/* pull_read_fn over a remote object: ranged reads. */
+static int pull_read_remote(void *arg, uint64_t off, void *buf, size_t len, char *err,
+			    size_t errlen)
+{
+	struct pull_src *src = arg;
+
+	return remote_get(src->r, src->key, off, buf, len, err, errlen);
+}
+
 /* Reads remote file f of rel into dfd (owned by uid/gid), its checksum checked before it is
  * renamed into place; buf holds cap bytes. 0 or a code (nothing of the file left then). */
 static int pull_file(const struct config *cfg, struct remote *r, const char *rel, int dfd,
 		     const struct manifest_file *f, uid_t uid, gid_t gid, uint8_t *buf,
 		     size_t cap, char *err, size_t errlen)
 {
-	char key[PULL_DIR_MAX + 160];
-	int st = f->kind && strcmp(f->kind, MANIFEST_KIND_ST) == 0;
-	uint64_t want, from = st ? f->header_len : 0, size;
-	struct store_file *sf;
-	XXH3_state_t *xs;
+	char key[PULL_DIR_MAX + 160], what[PULL_DIR_MAX + 200];
+	struct pull_src src = { r, key };
+	uint64_t size;
 	int rc;
 
 	snprintf(key, sizeof(key), "%s/%s", rel, f->name);
-	checksum_parse(st ? f->data_xxh3 : f->xxh3, &want);
+	snprintf(what, sizeof(what), "remote %s", key);
 	if ((rc = remote_head(r, key, &size, NULL, err, errlen)) < 0)
 		return rc;
 	if (size != f->size)
 		return err_set(err, errlen, ERR_ECHECKSUM, "remote %s is %" PRIu64 " bytes, its "
 			       "manifest says %" PRIu64, key, size, f->size);
-	rc = store_file_create(dfd, f->name, uid, gid, cfg->file_mode, 0, &sf, err, errlen);
-	if (rc == ERR_EEXIST) {
-		char partial[160];
-		snprintf(partial, sizeof(partial), "%s.partial", f->name);
-		unlinkat(dfd, partial, 0);	/* a pull this daemon left before it died */
-		rc = store_file_create(dfd, f->name, uid, gid, cfg->file_mode, 0, &sf, err,
-				       errlen);
-	}
-	if (rc < 0)
-		return rc;
-	if (!(xs = XXH3_createState())) {
-		store_file_abort(sf);
-		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	}
-	XXH3_64bits_reset(xs);
-	for (uint64_t off = 0; off < size && rc == 0;) {
-		size_t n = size - off < cap ? (size_t)(size - off) : cap;
-		if ((rc = remote_get(r, key, off, buf, n, err, errlen)) < 0)
-			break;
-		if (off + n > from)
-			XXH3_64bits_update(xs, buf + (off < from ? from - off : 0),
-					   n - (off < from ? (size_t)(from - off) : 0));
-		rc = store_file_pwrite(sf, buf, n, off, err, errlen);
-		off += n;
-	}
-	uint64_t got = XXH3_64bits_digest(xs);
-	XXH3_freeState(xs);
-	if (rc == 0 && got != want)
-		rc = err_set(err, errlen, ERR_ECHECKSUM, "remote %s: its %s checksum differs from "
-			     "the manifest's (the object is corrupt); nothing of it was loaded", key,
-			     st ? "data" : "file");
-	if (rc < 0) {
-		store_file_abort(sf);
-		return rc;
-	}
-	return store_file_finish(sf, size, err, errlen);
+	return pull_file_write(cfg, dfd, f, uid, gid, pull_read_remote, &src, buf, cap, what,
+			       err, errlen);
 }
 
 /* The primary group of uid, for files a root request pulls for that user; 0 or ERR_EINVAL. */

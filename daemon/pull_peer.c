@@ -19,9 +19,25 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <xxh_x86dispatch.h>
-
 #define PULL_PEER_PIECE (4u << 20)
+
+/* A copy's file being pulled (pull_read_fn's arg). */
+struct pull_peer_src {
+	const struct replica *r;
+	unsigned i;
+	const char *name;
+};
+
+/* pull_read_fn over file i of a copy. */
+static int pull_peer_read(void *arg, uint64_t off, void *buf, size_t len, char *err,
+			  size_t errlen)
+{
+	struct pull_peer_src *src = arg;
+	int rc = replica_read(src->r, src->i, off, buf, len);
+
+	return rc < 0 ? err_set(err, errlen, ERR_EIO, "a peer copy of %s: %s", src->name,
+				strerror(-rc)) : 0;
+}
 
 /* Writes file i of copy r into dfd (owned by uid/gid), hashed and checked against the
  * manifest before it is renamed into place; 0 or a code with err. */
@@ -29,54 +45,12 @@ static int pull_peer_file(const struct config *cfg, const struct replica *r, uns
 			  int dfd, uid_t uid, gid_t gid, uint8_t *buf, char *err, size_t errlen)
 {
 	const struct manifest_file *f = replica_file(r, i);
-	int st = strcmp(f->kind, MANIFEST_KIND_ST) == 0;
-	uint64_t want, from = st ? f->header_len : 0;
-	struct store_file *sf;
-	XXH3_state_t *xs;
-	int rc;
+	struct pull_peer_src src = { r, i, f->name };
+	char what[300];
 
-	if (checksum_parse(st ? f->data_xxh3 : f->xxh3, &want) < 0 || !store_valid_file(f->name))
-		return err_set(err, errlen, ERR_EINVAL, "a peer copy's file %s is not described "
-			       "whole", f->name);
-	rc = store_file_create(dfd, f->name, uid, gid, cfg->file_mode, 0, &sf, err, errlen);
-	if (rc == ERR_EEXIST) {
-		char partial[300];
-		snprintf(partial, sizeof(partial), "%s.partial", f->name);
-		unlinkat(dfd, partial, 0);	/* a pull this daemon left before it died */
-		rc = store_file_create(dfd, f->name, uid, gid, cfg->file_mode, 0, &sf, err,
-				       errlen);
-	}
-	if (rc < 0)
-		return rc;
-	if (!(xs = XXH3_createState())) {
-		store_file_abort(sf);
-		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	}
-	XXH3_64bits_reset(xs);
-	for (uint64_t off = 0; off < f->size && rc == 0;) {
-		size_t n = f->size - off < PULL_PEER_PIECE ? (size_t)(f->size - off)
-							   : PULL_PEER_PIECE;
-		if ((rc = replica_read(r, i, off, buf, n)) < 0) {
-			rc = err_set(err, errlen, ERR_EIO, "a peer copy of %s: %s", f->name,
-				     strerror(-rc));
-			break;
-		}
-		if (off + n > from)
-			XXH3_64bits_update(xs, buf + (off < from ? from - off : 0),
-					   n - (off < from ? (size_t)(from - off) : 0));
-		rc = store_file_pwrite(sf, buf, n, off, err, errlen);
-		off += n;
-	}
-	uint64_t got = XXH3_64bits_digest(xs);
-	XXH3_freeState(xs);
-	if (rc == 0 && got != want)
-		rc = err_set(err, errlen, ERR_ECHECKSUM, "a peer copy of %s differs from its "
-			     "manifest; nothing of it was loaded", f->name);
-	if (rc < 0) {
-		store_file_abort(sf);
-		return rc;
-	}
-	return store_file_finish(sf, f->size, err, errlen);
+	snprintf(what, sizeof(what), "a peer copy of %s", f->name);
+	return pull_file_write(cfg, dfd, f, uid, gid, pull_peer_read, &src, buf, PULL_PEER_PIECE,
+			       what, err, errlen);
 }
 
 /* The owner (the manifest's uid; root's when it names none) of the copies' tag, when uid
@@ -229,7 +203,7 @@ int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, si
 
 	if (!job || !job[1])
 		return err_set(err, errlen, ERR_EINVAL, "%s is no job directory", jobdir);
-	if ((rc = peer_restore(cfg, NULL, job + 1, "", 0, &pr, err, errlen)) != 0)
+	if ((rc = peer_restore(cfg, jobdir, job + 1, "", 0, &pr, err, errlen)) != 0)
 		return rc;
 	snprintf(tag, taglen, "%s", pr.tag);
 	*created_ns = pr.created_ns;

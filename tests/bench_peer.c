@@ -124,7 +124,7 @@ int main(int argc, char **argv)
 					   .data_xxh3 = sum, .has_tensors = 1 };
 		struct manifest m = { .tag = "step", .dsckptd_version = "bench", .world_size = 1,
 				      .created_ns = r + 1, .files = &f, .nfiles = 1 };
-		struct replica_id id = { "node-b", "bench", "", "step", "/ckpt/bench/step", r + 1 };
+		struct replica_id id = { ns.addr[1], "bench", "", "step", "/ckpt/bench/step", r + 1 };
 		const struct manifest_file *files[] = { &f };
 		unsigned rank = 0;
 		char *text = manifest_write(&m);

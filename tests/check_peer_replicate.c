@@ -8,7 +8,7 @@
  * with another secret is skipped for the next node of the ring. SKIP
  * without root or ip(8). */
 #include "harness_daemon.h"
-#include "netns.h"
+#include "harness_peer.h"
 #include "../daemon/dsckptd.h"
 
 #include <check.h>
@@ -31,11 +31,7 @@ static int usable;
 /* Makes the namespaces once for the case (in the parent: removed even after a crash). */
 static void ns_setup(void)
 {
-	usable = netns_usable("check_peer_replicate");
-	if (usable && netns_make(&ns, 3) != 0) {
-		printf("SKIP: check_peer_replicate: ip netns/veth failed here\n");
-		usable = 0;
-	}
+	usable = hp_netns(&ns, "check_peer_replicate", 3);
 }
 
 /* Removes them. */
@@ -43,35 +39,6 @@ static void ns_teardown(void)
 {
 	if (usable)
 		netns_destroy(&ns);
-}
-
-/* Writes a secret file (0600) into dir; its path (a static buffer per slot). */
-static const char *secret_file(const char *dir, int slot, const char *secret)
-{
-	static char path[2][512];
-	snprintf(path[slot], sizeof(path[slot]), "%s/secret%d", dir, slot);
-	int fd = open(path[slot], O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
-	close(fd);
-	return path[slot];
-}
-
-/* Fetches job's copy of rank from the daemon at addr; the result, the copy in *r. */
-static int fetch(const char *addr, const char *secret, const char *job, unsigned rank,
-		 struct replica_store *into, struct replica **r, char *err, size_t errlen)
-{
-	struct peer_net *net;
-	struct peer_link *l;
-	int rc = peer_net_open(10, &net, err, errlen);
-	ck_assert_int_eq(rc, 0);
-	rc = peer_open(net, addr, PORT, secret, strlen(secret), 10, &l, err, errlen);
-	if (rc == 0) {
-		rc = peer_fetch(l, job, &rank, 1, into, r, err, errlen);
-		peer_link_close(l);
-	}
-	peer_net_close(net);
-	return rc;
 }
 
 /* Waits (60 s at most) until the daemon at addr holds job's copy of rank; then checks that
@@ -86,7 +53,7 @@ static void check_copy(const char *addr, const char *job, unsigned rank, const c
 
 	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
 	for (int i = 0; i < 600 && rc != 0; i++) {
-		rc = fetch(addr, SECRET, job, rank, mine, &r, err, sizeof(err));
+		rc = hp_fetch(addr, PORT, SECRET, job, rank, mine, &r, err, sizeof(err));
 		if (rc != 0)
 			h_sleep_ms(100);
 	}
@@ -143,7 +110,7 @@ START_TEST(test_two_nodes_exchange)
 		return;
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
-	const char *good = secret_file(scratch, 0, SECRET);
+	const char *good = hp_secret_file(scratch, 0, SECRET);
 	/* Node 0 (the test's daemon D) in namespace 0, node 1 in namespace 1. */
 	ck_assert_int_eq(netns_enter(&ns, 0), 0);
 	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
@@ -157,7 +124,7 @@ START_TEST(test_two_nodes_exchange)
 	ck_assert_int_eq(netns_enter(&ns, 2), 0);
 	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
 		 "\"replica_cache_size\": 0.0625,", ns.addr[2],
-		 secret_file(scratch, 1, "another-cluster-secret-9876543210"));
+		 hp_secret_file(scratch, 1, "another-cluster-secret-9876543210"));
 	h_daemon_start_peer(&n2, D, "n2", 0.0625, json);
 
 	snprintf(dir, sizeof(dir), "%s/pj/step1", D->root);
@@ -177,7 +144,9 @@ START_TEST(test_two_nodes_exchange)
 	for (int r = 0; r < 2; r++)
 		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
 
-	/* Each node's file is kept by the other, checked, and comes back exactly. */
+	/* Each node's file is kept by the other, checked, and comes back exactly, to a node of
+	 * the job (node 0's address: the other cluster's is shown none). */
+	ck_assert_int_eq(netns_enter(&ns, 0), 0);
 	check_copy(ns.addr[1], "pj", 0, h_path("%s/rank0.safetensors", dir), ns.addr[0]);
 	check_copy(ns.addr[0], "pj", 1, h_path("%s/rank1.safetensors", dir), ns.addr[1]);
 	/* The data came from the cache's resident copy (keep_resident, a cache that holds it):
@@ -191,12 +160,12 @@ START_TEST(test_two_nodes_exchange)
 	struct replica *rep;
 	char err[512];
 	ck_assert_int_eq(replica_store_open(MIB, NULL, &mine, err, sizeof(err)), 0);
-	ck_assert_int_eq(fetch(ns.addr[0], "another-cluster-secret-9876543210", "pj", 1, mine,
-			       &rep, err, sizeof(err)), -EACCES);
-	ck_assert_int_eq(fetch(ns.addr[2], SECRET, "pj", 0, mine, &rep, err, sizeof(err)),
-			 -EACCES);
-	ck_assert_int_eq(fetch(ns.addr[2], "another-cluster-secret-9876543210", "pj", 0, mine,
-			       &rep, err, sizeof(err)), -ENOENT);
+	ck_assert_int_eq(hp_fetch(ns.addr[0], PORT, "another-cluster-secret-9876543210", "pj", 1,
+				  mine, &rep, err, sizeof(err)), -EACCES);
+	ck_assert_int_eq(hp_fetch(ns.addr[2], PORT, SECRET, "pj", 0, mine, &rep, err,
+				  sizeof(err)), -EACCES);
+	ck_assert_int_eq(hp_fetch(ns.addr[2], PORT, "another-cluster-secret-9876543210", "pj", 0,
+				  mine, &rep, err, sizeof(err)), -ENOENT);
 	replica_store_close(mine);
 
 	for (int r = 0; r < 2; r++) {
@@ -226,8 +195,8 @@ START_TEST(test_next_node_when_refused)
 		return;
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
-	const char *good = secret_file(scratch, 0, SECRET);
-	const char *other = secret_file(scratch, 1, "another-cluster-secret-9876543210");
+	const char *good = hp_secret_file(scratch, 0, SECRET);
+	const char *other = hp_secret_file(scratch, 1, "another-cluster-secret-9876543210");
 	for (int i = 0; i < 3; i++) {
 		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
 		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "

@@ -1,20 +1,25 @@
-/* check_peer_restore.c — a lost node restored from its peers' copies (issue 35 items 6, 7),
- * between real daemons, each in a network namespace of its own (tests/netns.c) named by its
- * address, UCX forced onto TCP over veths, one peer_secret_file. A 4-node, 8-rank job (two
- * ranks a node, run "run-b") commits on a shared root; every node's files reach the next node
- * of the ring; a stale copy of node 2's ranks from an earlier run ("run-a") is placed on
- * node 1, ahead in peer_hosts' order. Node 2 is destroyed (SIGKILL); a fresh daemon of node 2
- * on an empty root, told the cluster's hosts (peer_hosts): with another secret it restores
- * nothing; with the secret and a remote tier whose directory is gone by then (any read of
- * it fails) it loads its ranks through libdsckpt: source "peer", bytes exact
- * (checked again by the load), the tag committed there with run-b's manifest, not run-a's.
- * A replacement of a new host name prefetches the job's latest (find_latest's path): every
- * owner's copy the peers still hold. A node whose copies lie on replica_root keeps them over
- * a restart, checked. A peer that breaks off mid-file leaves nothing of the tag behind.
- * SKIP without root or ip(8). */
+/* check_peer_restore.c — a lost node restored from its peers' copies (issue 35 items 3, 6,
+ * 7), between real daemons, each in a network namespace of its own (tests/netns.c) named by
+ * its address, UCX forced onto TCP over veths, one peer_secret_file. A 4-node, 8-rank job
+ * (two ranks a node, run "run-b") commits step0, then step1, on a shared root; every node's
+ * files reach the next node of the ring; a stale copy of node 2's ranks from an earlier run
+ * ("run-a") is placed on node 1. A fifth namespace is a node of another job holding the
+ * secret: node 3 lists it none of the job's copies and refuses it node 2's copy (nothing
+ * sent), and its daemon restores nothing. Node 2 is destroyed (SIGKILL); a fresh daemon of
+ * node 2 on an empty root: with another secret it restores nothing; with the secret, told
+ * one node (peer_hosts) and a remote tier whose directory is gone by then (any read of it
+ * fails), it finds node 3 through the copies' owners and loads its ranks through libdsckpt:
+ * source "peer", bytes exact (checked again by the load), the tag committed there with
+ * run-b's manifest, not run-a's. A replacement of a new host name at node 2's address,
+ * without peer_hosts, whose disk kept the job's step0 directory, prefetches the job's
+ * latest (find_latest's path): the peers found through step0's seal records, and only node
+ * 2's files (its ranks'), no other node's. A node whose copies lie on replica_root keeps
+ * them over a restart, checked. A peer that breaks off mid-file leaves nothing of the tag
+ * behind. SKIP without root or ip(8). */
 #include "harness_daemon.h"
-#include "netns.h"
+#include "harness_peer.h"
 #include "../daemon/dsckptd.h"
+#include "../daemon/peer_int.h"
 
 #include <check.h>
 #include <cjson/cJSON.h>
@@ -39,11 +44,7 @@ static int usable;
 /* Makes the namespaces once for the case (in the parent: removed even after a crash). */
 static void ns_setup(void)
 {
-	usable = netns_usable("check_peer_restore");
-	if (usable && netns_make(&ns, NODES) != 0) {
-		printf("SKIP: check_peer_restore: ip netns/veth failed here\n");
-		usable = 0;
-	}
+	usable = hp_netns(&ns, "check_peer_restore", NODES + 1);
 }
 
 /* Removes them. */
@@ -51,35 +52,6 @@ static void ns_teardown(void)
 {
 	if (usable)
 		netns_destroy(&ns);
-}
-
-/* Writes a secret file (0600) into dir; its path (a static buffer per slot). */
-static const char *secret_file(const char *dir, int slot, const char *secret)
-{
-	static char path[2][512];
-	snprintf(path[slot], sizeof(path[slot]), "%s/secret%d", dir, slot);
-	int fd = open(path[slot], O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
-	close(fd);
-	return path[slot];
-}
-
-/* Fetches job's copy of rank from the daemon at addr into into; the result. */
-static int fetch(const char *addr, const char *job, unsigned rank, struct replica_store *into,
-		 struct replica **r, char *err, size_t errlen)
-{
-	struct peer_net *net;
-	struct peer_link *l;
-	int rc = peer_net_open(10, &net, err, errlen);
-	ck_assert_int_eq(rc, 0);
-	rc = peer_open(net, addr, PORT, SECRET, strlen(SECRET), 10, &l, err, errlen);
-	if (rc == 0) {
-		rc = peer_fetch(l, job, &rank, 1, into, r, err, errlen);
-		peer_link_close(l);
-	}
-	peer_net_close(net);
-	return rc;
 }
 
 /* Waits (60 s at most) until the daemon at addr holds job's copy of rank, from owner. */
@@ -92,7 +64,7 @@ static void wait_copy(const char *addr, const char *job, unsigned rank, const ch
 
 	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
 	for (int i = 0; i < 600 && rc != 0; i++)
-		if ((rc = fetch(addr, job, rank, mine, &r, err, sizeof(err))) != 0)
+		if ((rc = hp_fetch(addr, PORT, SECRET, job, rank, mine, &r, err, sizeof(err))) != 0)
 			h_sleep_ms(100);
 	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
 	const char *text;
@@ -195,21 +167,106 @@ static double metric(const char *socket, const char *key)
 	return x;
 }
 
-/* Starts a fresh node 2 (namespace 2) on root, named host (NULL: node 2's address), asking
- * the other nodes. */
-static void start_node2(struct hdaemon *n, const char *root, const char *secret_path,
-			const char *host)
+/* Starts a daemon in namespace i on root (made here), named host (NULL: the namespace's
+ * address), asking peers (may be ""). */
+static void start_node(struct hdaemon *n, unsigned i, const char *root, const char *secret_path,
+		       const char *host, const char *peers)
 {
 	struct hdaemon at = *D;
 	char json[1024];
 
 	snprintf(at.root, sizeof(at.root), "%s", root);
-	ck_assert_int_eq(mkdir(root, 0755), 0);
-	ck_assert_int_eq(netns_enter(&ns, 2), 0);
+	if (access(root, F_OK) != 0)
+		ck_assert_int_eq(mkdir(root, 0755), 0);
+	ck_assert_int_eq(netns_enter(&ns, i), 0);
 	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
-		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s,%s,%s\",",
-		 host ? host : ns.addr[2], secret_path, ns.addr[0], ns.addr[1], ns.addr[3]);
-	h_daemon_start_peer(n, &at, "fresh2", 0.0625, json);
+		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s\",",
+		 host ? host : ns.addr[i], secret_path, peers);
+	h_daemon_start_peer(n, &at, "fresh", 0.0625, json);
+}
+
+/* Commits tag dir for job pj of 2 * NODES ranks on the nodes n (rank r on node r / 2, file
+ * rank<r>, seed base + r), run run-b. */
+static void commit_job(struct hdaemon *n, const char *dir, uint64_t base)
+{
+	dsckpt_conn_t *c[2 * NODES];
+	dsckpt_save_t *s[2 * NODES];
+	void *mem[2 * NODES];
+
+	for (int r = 0; r < 2 * NODES; r++) {
+		char file[16];
+		ck_assert_int_eq(dsckpt_connect(n[r / 2].socket, &c[r]), 0);
+		CK_DS(c[r], dsckpt_identify_run(c[r], "pj", r, 2 * NODES, "run-b"));
+		snprintf(file, sizeof(file), "rank%d", r);
+		s[r] = save_pattern(c[r], dir, file, N_BYTES, base + (uint64_t)r, &mem[r]);
+	}
+	for (int r = 0; r < 2 * NODES; r++) {
+		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
+		CK_DS(c[r], dsckpt_seal(c[r], dir));
+	}
+	for (int r = 0; r < 2 * NODES; r++)
+		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+	for (int r = 0; r < 2 * NODES; r++) {
+		dsckpt_save_free(s[r]);
+		dsckpt_host_free(mem[r]);
+		dsckpt_close(c[r]);
+	}
+}
+
+/* Waits (60 s at most) until metric key of the daemon on socket is at least v. */
+static void wait_metric(const char *socket, const char *key, double v)
+{
+	for (int i = 0; i < 600 && metric(socket, key) < v; i++)
+		h_sleep_ms(100);
+	ck_assert_double_ge(metric(socket, key), v);
+}
+
+/* A node of another job (namespace NODES) holding the cluster's secret asks node 3, which
+ * holds node 2's copy of pj: none listed, the fetch refused with nothing of it sent (its
+ * store holds nothing); its daemon, told of node 3, restores nothing of pj. */
+static void other_job_refused(const char *scratch, const char *good, const char *log3)
+{
+	struct replica_store *mine;
+	struct replica *r = NULL;
+	struct peer_net *net;
+	struct peer_link *l;
+	struct peer_copies *cp = calloc(1, sizeof(*cp));
+	unsigned rank = 4, copies;
+	uint64_t bytes, ev;
+	char err[512], src[16];
+	int exact;
+
+	ck_assert_int_eq(netns_enter(&ns, NODES), 0);
+	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	ck_assert_msg(peer_open(net, ns.addr[3], PORT, SECRET, strlen(SECRET), 10, &l, err,
+				sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(peer_list(l, "pj", "", cp, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_uint_eq(cp->n, 0);
+	ck_assert_int_eq(peer_fetch(l, "pj", &rank, 1, mine, &r, err, sizeof(err)), -EACCES);
+	ck_assert_ptr_null(r);
+	peer_link_close(l);
+	peer_net_close(net);
+	replica_stats(mine, &copies, &bytes, &ev);
+	ck_assert_uint_eq(copies, 0);
+	ck_assert_uint_eq(bytes, 0);
+	replica_store_close(mine);
+	free(cp);
+	ck_assert_msg(h_file_has(log3, "refused a fetch"), "%s", h_text(log3));
+
+	struct hdaemon other;
+	dsckpt_conn_t *c;
+	char root[PATH_MAX];
+	snprintf(root, sizeof(root), "%s/root-other", scratch);
+	start_node(&other, NODES, root, good, NULL, ns.addr[3]);
+	ck_assert_int_eq(dsckpt_connect(other.socket, &c), 0);
+	CK_DS(c, dsckpt_identify(c, "pj", 4, 2 * NODES));
+	ck_assert_int_lt(load_t(c, h_path("%s/pj/step1", root), "rank4", N_BYTES, 504, src,
+				&exact), 0);
+	ck_assert_int_ne(access(h_path("%s/pj/step1/rank4.safetensors", root), F_OK), 0);
+	ck_assert_int_ne(access(h_path("%s/pj/step1/MANIFEST.json", root), F_OK), 0);
+	dsckpt_close(c);
+	ck_assert_int_eq(h_daemon_kill(&other, SIGTERM), 0);
 }
 
 /* Restarts n with its root root given a remote tier in directory remote, which is then
@@ -238,16 +295,13 @@ START_TEST(test_lost_node_restored_from_peers)
 {
 	char dir[PATH_MAX], json[1024], scratch[256], root2[PATH_MAX], src[16];
 	struct hdaemon n[NODES], fresh;
-	dsckpt_conn_t *c[2 * NODES];
-	dsckpt_save_t *s[2 * NODES];
-	void *mem[2 * NODES];
 	int exact;
 
 	if (!usable)
 		return;
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
-	const char *good = secret_file(scratch, 0, SECRET);
+	const char *good = hp_secret_file(scratch, 0, SECRET);
 	for (int i = 0; i < NODES; i++) {
 		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
 		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
@@ -261,40 +315,36 @@ START_TEST(test_lost_node_restored_from_peers)
 			h_daemon_start_peer(&n[i], D, name, 0.0625, json);
 		}
 	}
-	snprintf(dir, sizeof(dir), "%s/pj/step1", D->root);
-	for (int r = 0; r < 2 * NODES; r++) {
-		char file[16];
-		ck_assert_int_eq(dsckpt_connect(n[r / 2].socket, &c[r]), 0);
-		CK_DS(c[r], dsckpt_identify_run(c[r], "pj", r, 2 * NODES, "run-b"));
-		snprintf(file, sizeof(file), "rank%d", r);
-		s[r] = save_pattern(c[r], dir, file, N_BYTES, 500 + (uint64_t)r, &mem[r]);
-	}
-	for (int r = 0; r < 2 * NODES; r++) {
-		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
-		CK_DS(c[r], dsckpt_seal(c[r], dir));
-	}
-	for (int r = 0; r < 2 * NODES; r++)
-		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
-	/* Every node's ranks reach the next node of the ring (addresses sort as the nodes). */
+	snprintf(dir, sizeof(dir), "%s/pj/step0", D->root);
+	commit_job(n, dir, 400);
 	for (int i = 0; i < NODES; i++)
+		wait_metric(n[(i + 1) % NODES].socket, "peer_copies_received", 1);
+	snprintf(dir, sizeof(dir), "%s/pj/step1", D->root);
+	commit_job(n, dir, 500);
+	/* Every node's ranks reach the next node of the ring (addresses sort as the nodes). */
+	for (int i = 0; i < NODES; i++) {
+		wait_metric(n[(i + 1) % NODES].socket, "peer_copies_received", 2);
 		wait_copy(ns.addr[(i + 1) % NODES], "pj", 2 * (unsigned)i, ns.addr[i]);
+	}
 	put_stale(ns.addr[1], dir, ns.addr[2]);
-	/* The peer block of the metrics: node 2 sent one copy (its two files), node 3 keeps it;
-	 * node 1 holds node 0's and the stale one. */
-	ck_assert_double_eq(metric(n[2].socket, "peer_copies_sent"), 1);
-	ck_assert_double_ge(metric(n[2].socket, "peer_bytes_sent"), 2.0 * N_BYTES);
-	ck_assert_double_eq(metric(n[2].socket, "peer_replication_seconds"), 1);
-	ck_assert_double_eq(metric(n[3].socket, "peer_copies_received"), 1);
-	ck_assert_double_ge(metric(n[3].socket, "peer_bytes_received"), 2.0 * N_BYTES);
-	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 2);
+	/* The peer block of the metrics: node 2 sent two copies (two files each), node 3 keeps
+	 * them; node 1 holds node 0's two and the stale one. */
+	ck_assert_double_eq(metric(n[2].socket, "peer_copies_sent"), 2);
+	ck_assert_double_ge(metric(n[2].socket, "peer_bytes_sent"), 4.0 * N_BYTES);
+	ck_assert_double_eq(metric(n[2].socket, "peer_replication_seconds"), 2);
+	ck_assert_double_eq(metric(n[3].socket, "peer_copies_received"), 2);
+	ck_assert_double_ge(metric(n[3].socket, "peer_bytes_received"), 4.0 * N_BYTES);
+	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 3);
 	ck_assert_double_eq(metric(n[1].socket, "peer_evictions"), 0);
+	other_job_refused(scratch, good, n[3].log);
 
 	/* Node 2 is lost; its replacement starts on an empty root. */
 	h_daemon_kill(&n[2], SIGKILL);
 	/* One with another secret: refused by every peer, nothing restored. */
 	snprintf(root2, sizeof(root2), "%s/root-wrong", scratch);
-	start_node2(&fresh, root2, secret_file(scratch, 1, "another-cluster-secret-987654321"),
-		    NULL);
+	snprintf(json, sizeof(json), "%s,%s,%s", ns.addr[0], ns.addr[1], ns.addr[3]);
+	start_node(&fresh, 2, root2, hp_secret_file(scratch, 1, "another-cluster-secret-987654321"),
+		   NULL, json);
 	dsckpt_conn_t *c2;
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
@@ -305,10 +355,11 @@ START_TEST(test_lost_node_restored_from_peers)
 	dsckpt_close(c2);
 	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
 
-	/* With the secret and a remote tier (file://) that is gone by the load: both ranks from
-	 * the peers, exact, run-b's commit, the remote never read. */
+	/* With the secret, told node 0 alone (which holds node 3's copies), and a remote tier
+	 * (file://) that is gone by the load: node 3 found as a copy's owner, both ranks from
+	 * it, exact, run-b's commit, the remote never read. */
 	snprintf(root2, sizeof(root2), "%s/root2", scratch);
-	start_node2(&fresh, root2, good, NULL);
+	start_node(&fresh, 2, root2, good, NULL, ns.addr[0]);
 	with_remote(&fresh, root2, h_path("%s/remote", scratch));
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
@@ -328,29 +379,31 @@ START_TEST(test_lost_node_restored_from_peers)
 	dsckpt_close(c2);
 	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
 
-	/* A replacement of a new name, as find_latest asks: the job's latest, every owner's copy
-	 * the peers still hold (node 1's only copy was on node 2, gone with it). */
+	/* A replacement of a new name at node 2's address, with no peer_hosts, whose disk kept
+	 * the job's step0 directory (its seal records), as find_latest asks: the job's latest,
+	 * node 2's files alone. */
 	snprintf(root2, sizeof(root2), "%s/root3", scratch);
-	start_node2(&fresh, root2, good, "replacement-node");
+	ck_assert_int_eq(mkdir(root2, 0755), 0);
+	ck_assert_int_eq(mkdir(h_path("%s/pj", root2), 0755), 0);
+	ck_assert_int_eq(system(h_path("cp -a %s/pj/step0 %s/pj/", D->root, root2)), 0);
+	ck_assert_int_eq(system(h_path("rm -f %s/pj/step0/*.safetensors %s/pj/step0/MANIFEST.json",
+				       root2, root2)), 0);
+	start_node(&fresh, 2, root2, good, "replacement-node", "");
 	dsckpt_prefetch_info_t info;
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
-	CK_DS(c2, dsckpt_identify(c2, "pj", 7, 2 * NODES));
+	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
 	CK_DS(c2, dsckpt_prefetch(c2, h_path("%s/pj", root2), NULL, 1, &info));
 	ck_assert_str_eq(info.tag, "step1");
-	ck_assert_uint_gt(info.bytes_pulled, 6 * (uint64_t)N_BYTES);
+	ck_assert_uint_ge(info.bytes_pulled, 2 * (uint64_t)N_BYTES);
+	ck_assert_uint_lt(info.bytes_pulled, 3 * (uint64_t)N_BYTES);
 	for (int r = 0; r < 2 * NODES; r++)
 		ck_assert_int_eq(access(h_path("%s/pj/step1/rank%d.safetensors", root2, r),
-					F_OK) == 0, r / 2 != 1);
-	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank7", N_BYTES, 507, src,
+					F_OK) == 0, r / 2 == 2);
+	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank5", N_BYTES, 505, src,
 				&exact), DSCKPT_LOADED);
 	ck_assert(exact);
 	dsckpt_close(c2);
 
-	for (int r = 0; r < 2 * NODES; r++) {
-		dsckpt_save_free(s[r]);
-		dsckpt_host_free(mem[r]);
-		dsckpt_close(c[r]);
-	}
 	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
 	for (int i = 1; i < NODES; i++)
 		if (i != 2)
@@ -425,7 +478,7 @@ START_TEST(test_peer_dies_mid_transfer)
 	snprintf(rootdir, sizeof(rootdir), "%s/held", scratch);
 	ck_assert_int_eq(mkdir(rootdir, 0700), 0);
 	ck_assert_int_eq(replica_store_open(0, rootdir, &svc.rs, err, sizeof(err)), 0);
-	hold_copy(svc.rs, dir, "lost-node", rootdir, spilled, sizeof(spilled));
+	hold_copy(svc.rs, dir, ns.addr[2], rootdir, spilled, sizeof(spilled));
 	size_t whole_len;
 	char *whole = h_read_file(spilled, &whole_len);
 	ck_assert_int_eq(truncate(spilled, (off_t)(whole_len / 2)), 0);
@@ -439,8 +492,9 @@ START_TEST(test_peer_dies_mid_transfer)
 	const char *root2 = at.root;
 	ck_assert_int_eq(mkdir(root2, 0755), 0);
 	ck_assert_int_eq(netns_enter(&ns, 2), 0);
-	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"lost-node\", \"peer_secret_file\": "
-		 "\"%s\", \"peer_hosts\": \"%s\",", secret_file(scratch, 0, SECRET), ns.addr[1]);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
+		 "\"%s\", \"peer_hosts\": \"%s\",", ns.addr[2], hp_secret_file(scratch, 0, SECRET),
+		 ns.addr[1]);
 	h_daemon_start_peer(&fresh, &at, "fresh", 0.0625, json);
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c), 0);
 	CK_DS(c, dsckpt_identify(c, "mj", 0, 1));
@@ -483,7 +537,7 @@ START_TEST(test_replica_root_recovered)
 		return;
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
-	const char *good = secret_file(scratch, 0, SECRET);
+	const char *good = hp_secret_file(scratch, 0, SECRET);
 	snprintf(reps, sizeof(reps), "%s/replicas", scratch);
 	ck_assert_int_eq(mkdir(reps, 0700), 0);
 	ck_assert_int_eq(netns_enter(&ns, 0), 0);

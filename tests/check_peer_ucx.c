@@ -92,7 +92,8 @@ static void make_tag(uint64_t seed, uint64_t big)
 	free(tag.manifest);
 	tag.manifest = manifest_write(&m);
 	ck_assert_ptr_nonnull(tag.manifest);
-	tag.id = (struct replica_id){ "node-b", "gpt", "run-a", "step-100", "/ckpt/gpt/step-100",
+	/* node 1's own copy: the one node 0's service lets it fetch back (peer_member.c) */
+	tag.id = (struct replica_id){ ns.addr[1], "gpt", "run-a", "step-100", "/ckpt/gpt/step-100",
 				      m.created_ns };
 }
 
@@ -251,7 +252,7 @@ START_TEST(test_put_fetch_exact)
 	size_t len;
 	unsigned nfiles;
 	const struct replica_id *id = replica_id(r, &text, &len, &nfiles);
-	ck_assert_str_eq(id->owner, "node-b");
+	ck_assert_str_eq(id->owner, ns.addr[1]);
 	ck_assert_str_eq(id->run, "run-a");
 	ck_assert_str_eq(id->dir, "/ckpt/gpt/step-100");
 	ck_assert_uint_eq(id->created_ns, tag.id.created_ns);

@@ -34,9 +34,10 @@ def socket_answers(path):
 
 
 class Daemon:
-    """One dsckptd on a scratch directory; ``root`` may be shared with another daemon."""
+    """One dsckptd on a scratch directory; ``root`` may be shared with another daemon;
+    ``netns``: run in that network namespace (``ip netns exec``)."""
 
-    def __init__(self, root=None, cache_gib=0.0625, **extra):
+    def __init__(self, root=None, cache_gib=0.0625, netns=None, **extra):
         self.dir = tempfile.mkdtemp(prefix="dsckpt-pytest.")
         self.root = root or os.path.join(self.dir, "ckpt")
         os.makedirs(self.root, exist_ok=True)
@@ -49,8 +50,9 @@ class Daemon:
         with open(self.config, "w") as f:
             json.dump(cfg, f)
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([DSCKPTD, "-d", "-c", self.config], stderr=log,
-                                         stdout=log)
+            wrap = ["ip", "netns", "exec", netns] if netns else []
+            self.proc = subprocess.Popen([*wrap, DSCKPTD, "-d", "-c", self.config],
+                                         stderr=log, stdout=log)
         deadline = time.monotonic() + 10
         while not socket_answers(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
