@@ -27,7 +27,8 @@
  *             directory and the exchange that replaces the tag; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
- *         → restore.c: restore threads, each with a copier (the bytes out): a piece from the
+ *         → restore.c: restore threads, each with a copier (the bytes out), their jobs and
+ *           claims → restore_fill.c (restore_int.h): a claimed unit's pieces from the
  *           resident copy or the file (page cache or O_DIRECT), checked, written back
  *       → prefetch.c (PREFETCH: a tag read ahead into the cache's resident copies)
  *         → pull.c (load.c's and prefetch.c's: a remote-only tag brought into the local tier
@@ -1853,7 +1854,8 @@ int prefetch_begin(const struct owner *o, uint64_t req, const char *dir, const c
 /* Prefetches still running (a drain waits for them). */
 unsigned prefetch_running(void);
 
-/* restore.c — the restore threads: file or resident pieces → checked → destinations. */
+/* restore.c — the restore threads: file or resident pieces → checked → destinations (the
+ * filling in restore_fill.c, through restore_int.h). */
 struct restore_job;
 /* One destination of a restore job, in file order. */
 struct restore_dst {

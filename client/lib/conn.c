@@ -1,9 +1,8 @@
 /*
- * conn.c — a connection to dsckptd: the socket, one request on the wire at a time under the
- * connection's lock, the daemon's last error message, and the host regions registered on it.
- * A request may be posted instead (lib_conn_post): its reply is then read at the next request
- * on the connection, or when its owner settles it, so that the daemon works on it while the
- * caller goes on (an early SAVE_BEGIN).
+ * conn.c — a connection to dsckptd: the socket, its references and lock, the daemon's last
+ * error message, the HELLO that introduces it, and the host regions registered on it. One
+ * request on the wire at a time under the connection's lock, posted requests and the replies'
+ * decoding are conn_wire.c's (struct dsckpt_conn, in conn_int.h, is shared by the two).
  * A trainer's connection (dsckpt_identify) and dsckptctl's (lib_conn_ctl_hello) share the
  * HELLO and every request/reply, so both report a failure in the same words.
  *
@@ -14,6 +13,7 @@
  * live save or load, so that dsckpt_save_free and dsckpt_load_free may come after dsckpt_close.
  */
 #include "internal.h"
+#include "conn_int.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -26,37 +26,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
-
-struct dsckpt_conn {
-	pthread_mutex_t lock;
-	int fd;                     /* -1 after dsckpt_close */
-	int broken;                 /* every request now fails with DSCKPT_EPIPE */
-	int refs;
-	int world;                  /* from dsckpt_identify; 0 before */
-	char run[PROTO_MAX_RUN + 1]; /* from dsckpt_identify_run; "" unknown */
-	int timeout_ms;             /* longest wait for a reply; -1: no limit */
-	int refused;                /* the last failure is the daemon's ERROR reply */
-	int cause;                  /* the code behind the last DSCKPT_EFAILED, or 0 */
-	const char *self;           /* this end in messages: "libdsckpt" or "dsckptctl" */
-	uint64_t next_id;
-	uint64_t req_id;            /* id of the request on the wire */
-	unsigned req_type;          /* its type */
-	uint64_t posted_id;         /* a posted request whose reply is not read yet */
-	unsigned posted_type;
-	lib_take_fn posted_take;    /* given its reply; NULL: nothing posted */
-	void *posted_arg;
-	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
-	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
-	size_t nregs, capregs;
-	struct lib_cuda *cuda;      /* GPU regions and events (cuda.c); NULL until needed */
-	struct lib_stages pool;     /* staging arenas kept for the next save (stage.c) */
-	uint64_t max_tensors;       /* the daemon's max_tensors_per_save (HELLO); 0 unknown */
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	char err[LIB_ERRLEN];       /* message of the last failed call */
-	char dead[LIB_ERRLEN];      /* why the connection broke */
-};
 
 /* Message of the last failed dsckpt_connect in this thread (there is no connection to hold it). */
 static __thread char conn_tls_err[LIB_ERRLEN];
@@ -276,20 +246,6 @@ struct lib_cuda **lib_conn_cuda(dsckpt_conn_t *c)
 	return &c->cuda;
 }
 
-/* Marks the connection broken with a message; every later request fails with EPIPE. */
-__attribute__((format(printf, 3, 4)))
-static int lib_conn_break(dsckpt_conn_t *c, int err, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(c->err, sizeof(c->err), fmt, ap);
-	va_end(ap);
-	c->refused = 0;
-	memcpy(c->dead, c->err, sizeof(c->dead));
-	c->broken = 1;
-	return err;
-}
-
 /* World size given to dsckpt_identify. */
 int lib_conn_world(dsckpt_conn_t *c)
 {
@@ -300,219 +256,6 @@ int lib_conn_world(dsckpt_conn_t *c)
 int lib_conn_alive(dsckpt_conn_t *c)
 {
 	return !c->broken;
-}
-
-/* Starts a request frame with the next id. */
-void lib_conn_frame(dsckpt_conn_t *c, struct proto_out *o, unsigned type)
-{
-	c->req_id = c->next_id++;
-	c->req_type = type;
-	proto_out_init(o, type, c->req_id);
-}
-
-/* Frees a decoded reply. */
-static void lib_conn_reply_free(struct lib_reply *r)
-{
-	proto_in_free(&r->in);
-	free(r->body);
-	r->body = NULL;
-}
-
-/* Fails with a protocol version mismatch, naming both versions; the connection is broken. */
-static int lib_conn_mismatch(dsckpt_conn_t *c, uint64_t server)
-{
-	return lib_conn_break(c, DSCKPT_EVERSION, "protocol version mismatch: dsckptd speaks "
-			      "protocol %" PRIu64 ", this %s speaks protocol %d", server, c->self,
-			      PROTO_VERSION);
-}
-
-/* Decodes an ERROR body into the connection's message; returns the daemon's code. A
- * connection-level one (id 0) means the daemon closed the connection. */
-static int lib_conn_reply_error(dsckpt_conn_t *c, struct lib_reply *r, uint64_t server,
-				int conn_level)
-{
-	char msg[PROTO_MAX_STR + 1] = "";
-	int64_t code = 0;
-	uint64_t client = 0;
-
-	proto_get_i64(&r->m, "code", INT32_MIN, -1, &code, 1);
-	proto_get_str(&r->m, "message", msg, PROTO_MAX_STR, 1);
-	proto_get_u64(&r->m, "server_proto", UINT16_MAX, &server, 0);
-	proto_get_u64(&r->m, "client_proto", UINT16_MAX, &client, 0);
-	if (proto_map_end(&r->m) < 0) {
-		int e = lib_conn_break(c, DSCKPT_EPROTO, "dsckptd answered %s with a malformed "
-				       "error: %s", proto_type_name(c->req_type), r->m.why);
-		lib_conn_reply_free(r);
-		return e;
-	}
-	lib_conn_reply_free(r);
-	if (code == DSCKPT_EVERSION)
-		return lib_conn_mismatch(c, server);
-	lib_conn_fail(c, (int)code, "%s", msg);
-	c->refused = 1;
-	/* The daemon closes the connection after these. */
-	if (code == DSCKPT_EPROTO || code == DSCKPT_EMSGSIZE || conn_level) {
-		c->broken = 1;
-		memcpy(c->dead, c->err, sizeof(c->dead));
-	}
-	return (int)code;
-}
-
-/* Sends frame o (freed here) with fds as request c->req_id: 0 with *sent the send's result
- * (a failed send's reason may still come as a reply), or a failure (the connection broken
- * before, the frame too long) with nothing sent. */
-static int conn_send(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
-		     int *sent)
-{
-	*sent = 0;
-	if (c->broken) {
-		proto_out_free(o);
-		return lib_conn_fail(c, DSCKPT_EPIPE, "%s", c->dead);
-	}
-	size_t len = proto_out_finish(o, nfds);
-	if (len - PROTO_HDR_SIZE > PROTO_MAX_BODY) {
-		proto_out_free(o);
-		return lib_conn_fail(c, DSCKPT_EMSGSIZE, "request of %zu bytes is too long",
-				     len);
-	}
-	*sent = proto_send(c->fd, o->sb.data, len, fds, nfds);
-	proto_out_free(o);
-	return 0;
-}
-
-/* Reads the reply to request c->req_id, sent with result sent. */
-static int conn_recv(dsckpt_conn_t *c, int sent, struct lib_reply *r)
-{
-	const char *what = proto_type_name(c->req_type);
-	struct proto_hdr h;
-	char why[160];
-	int e;
-
-	/* A daemon that refused the connection at accept may have closed it before the request
-	 * arrived; its ERROR of id 0, already here, says why. */
-	e = proto_recv(c->fd, &h, &r->body, NULL, NULL, sent < 0 ? 0 : c->timeout_ms, why,
-		       sizeof(why));
-	if (sent < 0 && (e < 0 || h.type != PROTO_ERROR || h.id != 0)) {
-		free(r->body);
-		r->body = NULL;
-		return lib_conn_break(c, DSCKPT_EPIPE, "sending %s to dsckptd at %s: %s", what,
-				      c->path, strerror(-sent));
-	}
-	if (e == -ETIMEDOUT)
-		return lib_conn_break(c, DSCKPT_ETIMEDOUT, "dsckptd at %s did not answer %s within "
-				      "%d s", c->path, what, c->timeout_ms / 1000);
-	if (e == -EPROTO)
-		return lib_conn_break(c, DSCKPT_EPROTO, "malformed reply to %s from dsckptd: %s",
-				      what, why);
-	if (e == -EPIPE)
-		return lib_conn_break(c, DSCKPT_EPIPE, "dsckptd at %s closed the connection "
-				      "instead of answering %s", c->path, what);
-	if (e < 0)
-		return lib_conn_break(c, DSCKPT_EPIPE, "reading the reply to %s from dsckptd: %s",
-				      what, strerror(-e));
-	/* An ERROR of id 0 is about the connection itself (refused at accept, or closed for a
-	 * per-user limit): it answers whatever was asked. */
-	int conn_level = h.type == PROTO_ERROR && h.id == 0;
-	if ((h.id != c->req_id && !conn_level) ||
-	    (h.type != PROTO_REPLY && h.type != PROTO_ERROR)) {
-		free(r->body);
-		r->body = NULL;
-		return lib_conn_break(c, DSCKPT_EPROTO, "dsckptd answered %s (request %" PRIu64
-				      ") with a %s frame of request %" PRIu64, what, c->req_id,
-				      proto_type_name(h.type), h.id);
-	}
-	if (proto_in_parse(&r->in, r->body, h.length, why, sizeof(why)) < 0) {
-		lib_conn_reply_free(r);
-		return lib_conn_break(c, DSCKPT_EPROTO, "malformed reply to %s from dsckptd: %s",
-				      what, why);
-	}
-	proto_map_init(&r->m, r->in.root);
-	if (h.type == PROTO_ERROR)
-		return lib_conn_reply_error(c, r, h.version, conn_level);
-	if (h.version != PROTO_VERSION) {
-		lib_conn_reply_free(r);
-		return lib_conn_mismatch(c, h.version);
-	}
-	return 0;
-}
-
-/* Reads the posted request's reply, if one is posted, and gives it to its owner (a broken
- * connection fails it without reading). */
-void lib_conn_settle(dsckpt_conn_t *c)
-{
-	lib_take_fn take = c->posted_take;
-	struct lib_reply r;
-	int e;
-
-	if (!take)
-		return;
-	c->posted_take = NULL;
-	uint64_t id = c->req_id;
-	unsigned type = c->req_type;
-	c->req_id = c->posted_id;
-	c->req_type = c->posted_type;
-	memset(&r, 0, sizeof(r));
-	e = c->broken ? lib_conn_fail(c, DSCKPT_EPIPE, "%s", c->dead) : conn_recv(c, 0, &r);
-	take(c, e, &r, c->posted_arg);
-	c->req_id = id;
-	c->req_type = type;
-}
-
-/* Sends a frame and reads its reply. */
-int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
-		  struct lib_reply *r)
-{
-	int sent, e;
-
-	memset(r, 0, sizeof(r[0]));
-	lib_conn_settle(c);
-	if ((e = conn_send(c, o, fds, nfds, &sent)) < 0)
-		return e;
-	return conn_recv(c, sent, r);
-}
-
-/* Sends a frame whose reply take gets later (lib_conn_settle). */
-int lib_conn_post(dsckpt_conn_t *c, struct proto_out *o, lib_take_fn take, void *arg)
-{
-	struct lib_reply r;
-	int sent, e;
-
-	lib_conn_settle(c);
-	if ((e = conn_send(c, o, NULL, 0, &sent)) < 0)
-		return e;
-	if (sent < 0) {		/* why, at once: the daemon's ERROR of id 0, or the send's */
-		memset(&r, 0, sizeof(r));
-		e = conn_recv(c, sent, &r);
-		return e < 0 ? e : lib_conn_break(c, DSCKPT_EPIPE, "sending %s to dsckptd at %s "
-						  "failed", proto_type_name(c->req_type), c->path);
-	}
-	c->posted_id = c->req_id;
-	c->posted_type = c->req_type;
-	c->posted_take = take;
-	c->posted_arg = arg;
-	return 0;
-}
-
-/* Checks that the reply was read completely and well, and frees it. */
-int lib_reply_end(dsckpt_conn_t *c, struct lib_reply *r, const char *what)
-{
-	int e = 0;
-	if (proto_map_end(&r->m) < 0)
-		e = lib_conn_fail(c, DSCKPT_EPROTO, "malformed %s reply from dsckptd: %s", what,
-				  r->m.why);
-	lib_conn_reply_free(r);
-	return e;
-}
-
-/* Sends a request whose reply is {}. */
-int lib_conn_call_empty(dsckpt_conn_t *c, struct proto_out *o, const int *fds,
-			unsigned nfds, const char *what)
-{
-	struct lib_reply r;
-	int e = lib_conn_call(c, o, fds, nfds, &r);
-	if (e < 0)
-		return e;
-	return lib_reply_end(c, &r, what);
 }
 
 /* Unregisters every GPU allocation the connection registered (REGION_DEL each). */
@@ -671,42 +414,6 @@ const char *dsckpt_run(dsckpt_conn_t *c)
 	return c ? c->run : "";
 }
 
-/* Seconds on CLOCK_MONOTONIC. */
-static double conn_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Notes the deadline of a wait of timeout_ms (< 0: none). */
-void lib_wait_start(struct lib_wait *w, int timeout_ms)
-{
-	w->timeout_ms = timeout_ms;
-	w->deadline = timeout_ms > 0 ? conn_now() + timeout_ms / 1e3 : 0;
-}
-
-/* The next query's timeout: a slice, or what is left of the wait (0 for timeout_ms 0). */
-int lib_wait_slice(struct lib_wait *w, int *last)
-{
-	int ms = LIB_WAIT_SLICE_MS;
-
-	*last = 0;
-	if (w->timeout_ms == 0) {
-		*last = 1;
-		return 0;
-	}
-	if (w->timeout_ms > 0) {
-		double left = (w->deadline - conn_now()) * 1e3;
-		if (left <= ms) {
-			*last = 1;
-			return left > 0 ? (int)left : 0;
-		}
-	}
-	return ms;
-}
-
 /* Sets the longest wait for a reply and returns the one before (lock held). */
 int lib_conn_timeout(dsckpt_conn_t *c, int timeout_ms)
 {
@@ -725,42 +432,6 @@ int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms)
 	int e = lib_conn_hello(c, "ctl", NULL, 0, 0, NULL);
 	lib_conn_unlock(c);
 	return e;
-}
-
-/* Sends a query of type without arguments and reads its reply. */
-int lib_conn_query(dsckpt_conn_t *c, unsigned type, struct lib_reply *r)
-{
-	struct proto_out o;
-
-	lib_conn_lock(c);
-	lib_conn_frame(c, &o, type);
-	msgpack_pack_map(&o.pk, 0);
-	int e = lib_conn_call(c, &o, NULL, 0, r);
-	lib_conn_unlock(c);
-	return e;
-}
-
-/* Frees a query's reply; DSCKPT_EPROTO if a key read from it was malformed. */
-int lib_conn_query_end(dsckpt_conn_t *c, struct lib_reply *r)
-{
-	int e = 0;
-
-	lib_conn_lock(c);
-	if (r->m.err)
-		e = lib_conn_fail(c, DSCKPT_EPROTO, "malformed %s reply from dsckptd: %s",
-				  proto_type_name(c->req_type), r->m.why);
-	lib_conn_reply_free(r);
-	lib_conn_unlock(c);
-	return e;
-}
-
-/* Whether the last failure was the daemon's ERROR reply. */
-int lib_conn_refused(dsckpt_conn_t *c)
-{
-	lib_conn_lock(c);
-	int refused = c->refused;
-	lib_conn_unlock(c);
-	return refused;
 }
 
 /* Registers a host memfd as a region (REGION_ADD). */

@@ -33,7 +33,9 @@ int lib_errno(int e);
  * (v and *cap are then as they were). */
 void *lib_grow(void *v, size_t *cap, size_t n, size_t size);
 
-/* conn.c — the socket, request/reply, last error and registered regions of a connection. */
+/* conn.c — the socket, last error, HELLO and registered regions of a connection; conn_wire.c
+ * — its requests and replies (lib_conn_frame, _call, _post, _settle, _call_empty, _query,
+ * _query_end, _refused, lib_reply_end, lib_wait_*). */
 /* A decoded REPLY; the caller reads m with proto_get_* and then calls lib_reply_end. */
 struct lib_reply {
 	uint8_t *body;       /* the frame body; msgpack strings point into it */

@@ -12,7 +12,9 @@
  * them from there
  * (first touching fresh shared memory ran at 0.1-0.4 GB/s on a 2-core VM against 2-4 GB/s
  * for a copy into memory touched before); and a large copy is split between threads, one
- * per CPU up to STAGE_THREADS.
+ * per CPU up to STAGE_THREADS. A new arena's pages are left to the copy's first touch:
+ * allocating them up front (fallocate) or populating each thread's slice first
+ * (MADV_POPULATE_WRITE) was no faster (tests/bench_stage_first.c).
  */
 #include "internal.h"
 

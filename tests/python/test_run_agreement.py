@@ -103,6 +103,47 @@ def test_failed_commit_leaves_no_cycle(daemon, tmp_path):
         conn.close()
 
 
+class _CommitOutside(dsckpt.Connection):
+    """A connection whose COMMIT names a directory outside the daemon's roots: rank 0's
+    commit fails there, with the daemon's own error."""
+
+    outside = ""
+
+    def commit(self, dir, timeout=None):
+        return super().commit(self.outside, timeout)
+
+
+@pytest.mark.parametrize("fails", ["save", "commit"])
+def test_deepspeed_failed_commit_leaves_no_cycle(daemon, tmp_path, monkeypatch, fails):
+    """The error dsckpt.deepspeed's committer raises for a tag (a save that failed, or rank
+    0's commit that failed) and wait_committed raises again is in no reference cycle with a
+    frame it passed through (before, the frame committing the tag held it in a local)."""
+    import dsckpt.deepspeed as dd
+    # The committer logs the error: pytest's log capture would hold it (and its frames).
+    monkeypatch.setattr(dd.log, "disabled", True)
+    ce = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": 60})
+    save_dir = os.path.join(daemon.root, "ds-cycle", fails)
+    path = os.path.join(save_dir, "step1", "mp_rank_00_model_states.pt")
+    if fails == "save":  # a directory where the file goes: the save fails
+        os.makedirs(path + ".safetensors")
+    else:  # rank 0 commits on its own connection, made at its first commit
+        _CommitOutside.outside = str(tmp_path / "outside" / "t")
+        ce._commit_conn = _CommitOutside(daemon.socket, job="cyc")
+    info = dd.CheckpointCommitInfo(tag="step1", save_dir=save_dir, save_latest=True)
+    _no_collector()
+    try:
+        ce.create(info)
+        ce.save({"w": torch.ones(16)}, path)
+        ce.commit(info)
+        with pytest.raises(dsckpt.DsckptError) as e:
+            ce.wait_committed()
+        del e
+        assert _dsckpt_frames_in_cycles() == []
+    finally:
+        gc.enable()
+        ce.close()
+
+
 @pytest.mark.parametrize("env", [
     {},
     {"DSCKPT_RUN_ID": "r-1", "TORCHELASTIC_RUN_ID": "te"},

@@ -36,7 +36,7 @@ answering ``is_decoupled() == True``):
   the engine's own gloo group, so training collectives are never interleaved), and rank 0
   asks its daemon to commit (MANIFEST.json, then ``latest``). ``get_commit_info`` reports
   ``save_latest=False`` to DeepSpeed so that DeepSpeed does not write ``latest`` before the
-  daemon has committed: the daemon writes it.
+  daemon has committed: the daemon writes it (:mod:`.committer`: one tag's steps).
 * ``cleanup()`` (DeepSpeed's ``destroy``, also run when the engine is garbage-collected)
   commits what is pending and waits for the background commits; ``wait_committed()`` does the
   same on demand and raises the first failure; after ``close()`` neither waits. A failed
@@ -80,15 +80,15 @@ import logging
 import os
 import queue
 import threading
-import time
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from .. import _remote, _tree
 from .. import torch as dtorch
-from ..core import Connection, Level
+from ..core import Connection
 from ..errors import DsckptError, Errno, error_for
+from .committer import Job, commit_tag, job_dirs
 from .recovery import use_our_script
 
 log = logging.getLogger("dsckpt.deepspeed")
@@ -113,7 +113,6 @@ KNOWN_KEYS = {"socket", "job", "timeout", "enabled", "weights_only"}
 BLOCK_KEYS = ("dsckpt", "datastates_ckpt")
 DEFAULT_SOCKET = "/run/dsckptd/dsckptd.sock"
 DAEMON_KEYS = {"host_cache_size"}
-MARKER = "dsckpt_rank{rank}"
 # DeepSpeed's classes in its optimizers' state dicts: module → class names. The loss scaler
 # (ZeRO 1-3 and fp16 save it whole), the ZeRO stage (ZeRO 1-3), the fragment addresses of
 # param_slice_mappings (ZeRO 1-2, bf16).
@@ -155,15 +154,6 @@ def _info_of(info: Any) -> Optional[CheckpointCommitInfo]:
                                 save_latest=info.save_latest)
 
 
-@dataclasses.dataclass
-class _Job:
-    """One tag handed to the committer thread."""
-
-    tag: str
-    tag_dir: Optional[str]
-    saves: List[Tuple[str, dtorch.SaveHandle]]  # (DeepSpeed's path, handle)
-
-
 class DsckptCheckpointEngine(_Base):
     """DeepSpeed checkpoint engine over dsckptd (see the module docstring)."""
 
@@ -192,8 +182,8 @@ class DsckptCheckpointEngine(_Base):
         # Tag directories queued to the committer thread (a count each), under _lock.
         self._queued: Dict[str, int] = {}
         self._lock = threading.Lock()
-        # _Job: a tag to commit; Event: set it when reached; None: stop.
-        self._jobs: "queue.Queue[Union[_Job, threading.Event, None]]" = queue.Queue()
+        # Job: a tag to commit; Event: set it when reached; None: stop.
+        self._jobs: "queue.Queue[Union[Job, threading.Event, None]]" = queue.Queue()
         self._thread = threading.Thread(target=self._committer, name="dsckpt-commit",
                                         daemon=True)
         self._thread.start()
@@ -314,9 +304,9 @@ class DsckptCheckpointEngine(_Base):
             return False
         tag_dir = os.path.abspath(os.path.join(info.save_dir, info.tag)) \
             if info.save_dir is not None else None
-        job = _Job(info.tag, tag_dir, self._saves)
+        job = Job(info.tag, tag_dir, self._saves)
         with self._lock:
-            for d in _job_dirs(job):
+            for d in job_dirs(job):
                 self._queued[d] = self._queued.get(d, 0) + 1
         self._jobs.put(job)
         self._saves = []
@@ -407,7 +397,7 @@ class DsckptCheckpointEngine(_Base):
                 job.set()
                 continue
             try:
-                self._commit_job(job)
+                commit_tag(self, job)
             except DsckptError as e:
                 log.error("dsckpt: checkpoint %s not committed: %s", job.tag_dir or job.tag, e)
                 self.failures.append(e)
@@ -416,7 +406,7 @@ class DsckptCheckpointEngine(_Base):
                 self.failures.append(error_for(Errno.EIO, "EIO", repr(e)))
             finally:
                 with self._lock:
-                    for d in _job_dirs(job):
+                    for d in job_dirs(job):
                         self._queued[d] -= 1
                         if not self._queued[d]:
                             del self._queued[d]
@@ -428,99 +418,6 @@ class DsckptCheckpointEngine(_Base):
         t = torch.tensor(values, dtype=torch.int64)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
         return [int(v) for v in t.tolist()]
-
-    def _durable(self, handle: dtorch.SaveHandle) -> Optional[DsckptError]:
-        """Polls a save until DURABLE without blocking the shared connection; its error."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        delay = 0.002
-        while True:
-            try:
-                p = handle.progress()
-            except DsckptError as e:
-                return e
-            if p.level == Level.FAILED:
-                return error_for(Errno.EFAILED, "EFAILED",
-                                 f"{handle.path}: {self.conn.last_error}")
-            if p.level >= Level.DURABLE:
-                return None
-            if deadline is not None and time.monotonic() > deadline:
-                return error_for(Errno.ETIMEDOUT, "ETIMEDOUT",
-                                 f"{handle.path} is {p.level.name} after {self.timeout} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-
-    def _commit_job(self, job: _Job) -> None:
-        """DURABLE here, agreement everywhere, then rank 0 commits; raises on failure."""
-        error: Optional[DsckptError] = None
-        for path, handle in job.saves:
-            error = error or self._durable(handle)
-            if error is None:
-                # Beside the file: in the tag, or in its staging directory for a new
-                # version of a committed tag (the link goes with it at the exchange).
-                for d in (os.path.dirname(path), _staging(os.path.dirname(path))):
-                    if os.path.isfile(os.path.join(d, os.path.basename(handle.path))):
-                        _link(os.path.join(d, os.path.basename(path)),
-                              os.path.join(d, os.path.basename(handle.path)))
-        tag_dir = job.tag_dir or next((h.dir for _, h in job.saves
-                                       if os.path.basename(h.dir) == job.tag), None)
-        mine = any(os.path.normpath(h.dir) == tag_dir for _, h in job.saves)
-        ok, no_writer = self._min(int(error is None), -int(mine))
-        if ok and no_writer == 0:
-            return  # nothing went into the tag directory (e.g. save_16bit_model)
-        if ok and not mine and tag_dir is not None:
-            marker = dtorch.save({}, tag_dir, conn=self.conn, file=MARKER.format(rank=self.rank),
-                                 track=False)
-            error = self._durable(marker)
-        if error is None and tag_dir is not None:
-            try:  # from here the daemons commit the tag even if every trainer dies
-                self.conn.seal(tag_dir)
-            except DsckptError as e:
-                error = e
-        (ok,) = self._min(int(error is None))
-        if error is not None:
-            raise error
-        if not ok:
-            raise error_for(Errno.EFAILED, "EFAILED", f"a save into {tag_dir} failed on "
-                            "another rank")
-        code, failure = 0, None
-        if self.rank == 0:
-            try:
-                if self._commit_conn is None:
-                    self._commit_conn = Connection(self.socket, job=self.job, rank=self.rank,
-                                                   world_size=self.world_size)
-                self._commit_conn.commit(tag_dir, self.timeout)
-            except DsckptError as e:
-                code, failure = e.code, e
-        (code,) = self._min(code)
-        if failure is not None:
-            raise failure
-        if code < 0:
-            raise error_for(code, Errno(code).name if code in Errno._value2member_map_
-                            else str(code), f"commit of {tag_dir} failed on rank 0")
-        self.committed.append(tag_dir)
-        log.info("dsckpt: committed %s", tag_dir)
-
-
-def _job_dirs(job: _Job) -> set:
-    """The directories a queued tag's saves went into (the tag's own, and any other)."""
-    return {os.path.dirname(p) for p, _ in job.saves} | ({job.tag_dir} if job.tag_dir else set())
-
-
-def _staging(tag_dir: str) -> str:
-    """Where the daemon stages a committed tag's new version: ``.<tag>.dsckpt-next``."""
-    return os.path.join(os.path.dirname(tag_dir), f".{os.path.basename(tag_dir)}.dsckpt-next")
-
-
-def _link(path: str, target: str) -> None:
-    """Points DeepSpeed's file name at our safetensors file (a relative symlink)."""
-    if os.path.realpath(path) == os.path.realpath(target):
-        return
-    tmp = f"{path}.dsckpt-link"
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    os.symlink(os.path.basename(target), tmp)
-    os.replace(tmp, path)
-
 
 def install(engine: Any, config: Optional[dict] = None) -> DsckptCheckpointEngine:
     """Replaces a DeepSpeed engine's checkpoint engine with ours (call on every rank).

@@ -1,0 +1,44 @@
+/*
+ * conn_int.h — the connection as conn.c (its life, errors, HELLO, regions) and conn_wire.c
+ * (its requests on the wire) share it. Nothing else includes it: the rest of the library
+ * reaches a connection through internal.h's lib_conn_* calls.
+ */
+#ifndef DSCKPT_CONN_INT_H
+#define DSCKPT_CONN_INT_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <sys/un.h>
+
+/* A connection to dsckptd (dsckpt_conn_t). */
+struct dsckpt_conn {
+	pthread_mutex_t lock;
+	int fd;                     /* -1 after dsckpt_close */
+	int broken;                 /* every request now fails with DSCKPT_EPIPE */
+	int refs;
+	int world;                  /* from dsckpt_identify; 0 before */
+	char run[PROTO_MAX_RUN + 1]; /* from dsckpt_identify_run; "" unknown */
+	int timeout_ms;             /* longest wait for a reply; -1: no limit */
+	int refused;                /* the last failure is the daemon's ERROR reply */
+	int cause;                  /* the code behind the last DSCKPT_EFAILED, or 0 */
+	const char *self;           /* this end in messages: "libdsckpt" or "dsckptctl" */
+	uint64_t next_id;
+	uint64_t req_id;            /* id of the request on the wire */
+	unsigned req_type;          /* its type */
+	uint64_t posted_id;         /* a posted request whose reply is not read yet */
+	unsigned posted_type;
+	lib_take_fn posted_take;    /* given its reply; NULL: nothing posted */
+	void *posted_arg;
+	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
+	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */
+	size_t nregs, capregs;
+	struct lib_cuda *cuda;      /* GPU regions and events (cuda.c); NULL until needed */
+	struct lib_stages pool;     /* staging arenas kept for the next save (stage.c) */
+	uint64_t max_tensors;       /* the daemon's max_tensors_per_save (HELLO); 0 unknown */
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char err[LIB_ERRLEN];       /* message of the last failed call */
+	char dead[LIB_ERRLEN];      /* why the connection broke */
+};
+
+#endif
