@@ -897,6 +897,13 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
 		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
 		    size_t errlen);
+/* store_commit_at of the tag dir by the daemons that sealed it, from the directory dfd and
+ * its job directory jobfd that its SEAL opened and validated, whose lock the caller holds:
+ * no path walked again, dir's name looked up once to see that it still names dfd. */
+int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
+		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
+		      const struct seal_seen *seen, struct store_commit_info *info, char *err,
+		      size_t errlen);
 /* store_describe.c — a tag's files described for its manifest: from their headers, or from
  * the seal records of the nodes that wrote them. */
 /* One file of a checkpoint as its manifest will describe it. */
@@ -1043,6 +1050,28 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 int store_seal_scan_names(int dirfd, char *const *names, size_t n, const char *job,
 			  const char *run, unsigned world, uint8_t *have, uint64_t *newest,
 			  struct seal_seen *seen);
+/* A collecting node's listing of the tag for a look: the records not in seen (indexes into
+ * it, added there), and whether the manifest is there (no other name looked up for it). */
+struct seal_listing {
+	size_t *at;
+	size_t n;
+	int manifest;
+};
+/* Lists the tag dirfd into l (store_seal_read_listed or store_seal_listing_free); 0, or -1
+ * (cannot list). */
+int store_seal_list(int dirfd, struct seal_seen *seen, struct seal_listing *l);
+/* Reads the records l listed (but this node's when skip_own: store_seal_write_seen kept it),
+ * as store_seal_scan_new does; how many ranks have holds then. Empties l. */
+int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, const char *job,
+			   const char *run, unsigned world, uint8_t *have, uint64_t *newest,
+			   struct seal_seen *seen);
+/* Frees what l holds. */
+void store_seal_listing_free(struct seal_listing *l);
+/* store_seal_write, the record written kept in seen as if read (its inode the one written),
+ * its ranks added to have and its seal to *newest: the collecting node never reads its own. */
+int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal_record *r,
+			  uid_t uid, gid_t gid, uint8_t *have, uint64_t *newest,
+			  struct seal_seen *seen, char *err, size_t errlen);
 /* Frees what seen holds. */
 void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
@@ -1710,6 +1739,10 @@ void seal_watch_stop(struct seal_watch *w);
 /* Threadpool: whether the manifest in the tag dfd commits run by world ranks; *present:
  * whether there is one (one open either way). */
 int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
+/* Threadpool: whether the tag dfd (tag in jobfd) is committed already, from the listing l when
+ * there is one, else from its manifest and name; *mine as seal_watch_mine. */
+int seal_watch_committed(int dfd, int jobfd, const char *tag, const char *run, unsigned world,
+			 const struct seal_listing *l, int *mine);
 /* w, or (NULL, or of other records) a new watch as seal_watch_start makes. */
 struct seal_watch *seal_watch_keep(struct seal_watch *w, struct uv_loop_s *loop,
 				   const char *dir, int dfd, int records, seal_watch_cb cb,
@@ -1765,10 +1798,12 @@ uint64_t seal_files_now_ns(void);
 void seal_files_gather(struct seal_files *f, const struct seal_scope *sc);
 /* Whether a rank of the scope's job and run saved there through this daemon, unsealed. */
 int seal_files_unsealed(const struct seal_scope *sc);
-/* Threadpool: writes record r into the tag dfd (at dir), f's files described. */
+/* Threadpool: writes record r into the tag dfd (at dir), f's files described; with seen
+ * (not NULL), keeps it there as read (store_seal_write_seen: have, newest). */
 int seal_files_write(const struct config *cfg, int dfd, const struct seal_record *r,
 		     const struct seal_files *f, uid_t uid, gid_t gid, const char *dir,
-		     char *err, size_t errlen);
+		     uint8_t *have, uint64_t *newest, struct seal_seen *seen, char *err,
+		     size_t errlen);
 /* Frees what f holds. */
 void seal_files_free(struct seal_files *f);
 
