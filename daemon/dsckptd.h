@@ -998,6 +998,8 @@ int swap_open_staging(const struct config *cfg, const char *stage, uid_t uid, gi
 		      struct store_root *root, char *err, size_t errlen);
 /* Exchanges jobfd/stage with jobfd/tag (renames it when the tag is gone), durably. */
 int swap_exchange(int jobfd, const char *stage, const char *tag, char *err, size_t errlen);
+/* Removes the staging directory stage if it is still dfd (in jobfd) and empty. */
+void swap_remove_empty(int jobfd, const char *stage, int dfd);
 /* Removes the old version left at the staging name of tag after swap_exchange (b: NULL). */
 void swap_remove_old(int jobfd, const char *path, const char *tag, struct store_budget *b);
 /* Start-up recovery of the staging or old directory jobfd/name: 1 when rolled forward or
@@ -1564,8 +1566,11 @@ void save_observe(save_change_cb cb);
 typedef int (*save_dir_cb)(const struct config *c, char *dir, size_t len,
 			   const struct owner *o, struct store_root *root,
 			   struct store_dirid *id, char *err, size_t errlen);
-/* Registers that opener (at start-up; overwrite.c's, wired in main.c; none: the tag itself). */
-void save_open_with(save_dir_cb cb);
+/* Told of a save of uid into the directory id dropped before its SAVE_END (loop thread). */
+typedef void (*save_drop_cb)(uid_t uid, const struct store_dirid *id);
+/* Registers that opener and drop's callback (at start-up; overwrite.c's and seal_dirs.c's,
+ * wired in main.c; none: the tag itself, nobody told). */
+void save_open_with(save_dir_cb cb, save_drop_cb drop);
 /* Opens a save for o; returns its id or a negative ERR_E* with err. */
 int64_t save_begin(const struct owner *o, const char *dir, const char *file, char *err,
 		   size_t errlen);
@@ -1771,8 +1776,12 @@ int seal_dirs_open(const struct config *cfg, const struct owner *o, const char *
 		   int *jobfd, struct store_dirid *id, char *err, size_t errlen);
 /* Closes every directory kept (shutdown). */
 void seal_dirs_free_all(void);
-/* A save of uid into the directory id ended: its kept directory goes once none is in flight. */
-void seal_dirs_release(uid_t uid, const struct store_dirid *id);
+/* A save of uid into the directory id ended: its kept directory goes once none is in flight;
+ * a staging directory, when failed (no save of it committed) and empty, is removed. */
+void seal_dirs_release(uid_t uid, const struct store_dirid *id, int failed);
+/* save_drop_cb: a save of uid into the directory id was dropped before its SAVE_END
+ * (abandoned, aborted, its client gone): seal_dirs_release as failed. */
+void seal_dirs_dropped(uid_t uid, const struct store_dirid *id);
 
 /* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
 /* The ranks of uid's job and run (world) sealed through this daemon into the directory. */

@@ -538,7 +538,7 @@ void seal_on_save(struct save *s)
 		return;
 	save_view(s, &v);
 	if (level != LEVEL_DURABLE)
-		seal_dirs_release(v.uid, &v.dirid);
+		seal_dirs_release(v.uid, &v.dirid, level == LEVEL_FAILED);
 	if (level == LEVEL_COMMITTED)
 		return;
 	struct seal_tag *t = seal_find(&v.dirid, v.uid);
