@@ -931,6 +931,9 @@ int store_describe_all(int dfd, const char *path, const char *run, char **names,
 		       char *err, size_t errlen);
 /* Whether e is a safetensors file. */
 int store_entry_st(const struct store_entry *e);
+/* Whether the safetensors file dirfd/name is of run: 1, 0 (another recorded), -1 (no run
+ * recorded, or unreadable). */
+int store_file_of_run(int dirfd, const char *name, const char *run);
 /* The manifest's entry of e (its strings and tensors borrowed from e). */
 struct manifest_file store_entry_file(const struct store_entry *e);
 /* A node's files of a tag as its seal record describes them. */
@@ -1083,12 +1086,13 @@ void store_seal_seen_free(struct seal_seen *seen);
  * does not own (uid 0: any), nor (remote: its root has a remote tier) one without REMOTE.json.
  * The job lock is held. */
 void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep, int remote);
+		     uid_t uid, unsigned keep, int remote, const char *run);
 /* The same with the tag latest names given, reads within b; nothing is deleted once b is
- * spent, nor what the job directory's owner does not own. */
+ * spent, nor what the job directory's owner does not own; with run (the committing run's;
+ * NULL: none), the tags other runs left uncommitted before the newest commit go too. */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b,
-		    int remote);
+		    int remote, const char *run);
 /* store_host.c — which machine wrote a file. */
 /*
  * This machine's name (gethostname(), read once, at most 255 bytes of printable ASCII); every

@@ -260,7 +260,7 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 	const char *remote = NULL;
 	if (cfg->keep_last > 0)
 		retention_apply(jobfd, path, name, created_ns, uid, cfg->keep_last,
-				config_root_of(cfg, path, &remote) >= 0 && remote);
+				config_root_of(cfg, path, &remote) >= 0 && remote, run);
 	if (info) {
 		size_t mine = 0;
 		for (size_t i = 0; i < nents; i++)

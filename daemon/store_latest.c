@@ -186,7 +186,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 	if (cfg->keep_last > 0)
 		retention_keep(jobfd, path, best, best_ns, now_ns < best_ns ? best : now,
 			       st.st_uid, cfg->keep_last, b,
-			       config_root_of(cfg, path, &remote) >= 0 && remote);
+			       config_root_of(cfg, path, &remote) >= 0 && remote, NULL);
 out:
 	store_job_unlock(jobfd);
 }

@@ -4,8 +4,9 @@
  * this process), each saving its own byte pattern and sealing (issue 32). Every rank's wait
  * for COMMITTED returns COMMITTED on every node, not only on the one that wrote the manifest;
  * 20 back-to-back steps all commit and keep_last keeps the newest; two runs of one tag never
- * mix, and a tag deleted and re-run at once commits again; list --json names the missing
- * ranks; the metadata operations of one commit are counted (tests/metaops.c) and a commit at
+ * mix, and a tag deleted and re-run at once commits again; an uncommitted tag an earlier run
+ * left goes at the next commit (a tag another node still seals stays); list --json names the
+ * missing ranks; the metadata operations of one commit are counted (tests/metaops.c) and a commit at
  * 1,000 nodes (999 simulated) is timed with 1 ms per operation: printed, not asserted.
  */
 #include "harness_daemon.h"
@@ -387,6 +388,70 @@ START_TEST(test_rerun_after_delete)
 }
 END_TEST
 
+/* Waits (a minute at most) until path exists; fails the test otherwise. */
+static void wait_path(const char *path)
+{
+	for (int i = 0; i < 60000 && !h_exists(path); i++)
+		h_sleep_ms(1);
+	ck_assert_msg(h_exists(path), "%s never appeared", path);
+}
+
+/* Ranks of run (of world) of job lo save step's pattern into dir, wait DURABLE, and the ranks
+ * of node 1 seal it; once node 1's record is there, the tag is what a rank of node 0 left
+ * unsealed. */
+static void half_sealed(struct rank *k, int world, const char *run, const char *dir, int step)
+{
+	set_run(run);
+	for (int r = 0; r < world; r++) {
+		k[r].c = k[r].c ? k[r].c : rank_conn("lo", r, world);
+		rank_save(&k[r], r, dir, step);
+		rank_wait(&k[r], r, DSCKPT_DURABLE, 60000);
+	}
+	for (int r = PER_NODE; r < world; r++)
+		CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
+	wait_path(h_path("%s/SEAL.n001.json", dir));
+}
+
+/* Issue 32 item 2: uncommitted tags left behind are cleaned by retention. Run A of a job on 2
+ * nodes leaves t1 sealed by node 1 only and ends (killed); run B leaves t3 the same way (node
+ * 0 still to seal), then commits t4 (keep_last 3): that commit removes t1, all of it, and
+ * keeps t3, which commits once node 0's ranks seal it. */
+START_TEST(test_leftovers)
+{
+	enum { N = 2 };
+	int world = N * PER_NODE;
+	struct rank a[N * PER_NODE] = {{0}}, b[N * PER_NODE] = {{0}};
+	char job[PATH_MAX - 16], t1[PATH_MAX], t3[PATH_MAX], t4[PATH_MAX];
+	nodes_start(N, "\"keep_last\": 3,");
+	snprintf(job, sizeof(job), "%s/lo", D->root);
+	snprintf(t1, sizeof(t1), "%s/t1", job);
+	snprintf(t3, sizeof(t3), "%s/t3", job);
+	snprintf(t4, sizeof(t4), "%s/t4", job);
+	half_sealed(a, world, "run-a", t1, 1);
+	run_end(a, world);	/* run A is gone */
+	half_sealed(b, world, "run-b", t3, 3);
+	for (int r = 0; r < world; r++) {
+		rank_done(&b[r]);
+		rank_save(&b[r], r, t4, 4);
+		rank_wait(&b[r], r, DSCKPT_DURABLE, 60000);
+		CK_DS(b[r].c, dsckpt_seal(b[r].c, t4));
+	}
+	for (int r = 0; r < world; r++)
+		rank_wait(&b[r], r, DSCKPT_COMMITTED, 60000);
+	ck_assert_msg(!h_exists(t1), "run A's uncommitted t1 is left: %s", dir_names(t1));
+	ck_assert_msg(h_exists(h_path("%s/SEAL.n001.json", t3)) &&
+		      h_exists(h_path("%s/rank0.safetensors", t3)), "t3, still being sealed, went");
+	for (int r = 0; r < PER_NODE; r++)
+		CK_DS(b[r].c, dsckpt_seal(b[r].c, t3));
+	wait_path(h_path("%s/MANIFEST.json", t3));
+	check_run(t3, "run-b", world, 3);
+	check_run(t4, "run-b", world, 4);
+	run_end(b, world);
+	set_run(NULL);
+	nodes_stop();
+}
+END_TEST
+
 /* A SEAL takes the directory its user's SAVE_BEGIN opened instead of walking the path again
  * (seal_dirs.c), but not one removed since: a rank saves into a tag, the tag is removed and
  * made again, and the rank's SEAL seals the tag made again: its node's record is written
@@ -744,6 +809,7 @@ static Suite *nodes_suite(void)
 	h_add_case(s, "back to back", test_back_to_back, 300, 1);
 	h_add_case(s, "new run replaces", test_new_run_replaces, 300, 1);
 	h_add_case(s, "rerun after delete", test_rerun_after_delete, 300, 1);
+	h_add_case(s, "leftovers", test_leftovers, 300, 1);
 	h_add_case(s, "seal remade", test_seal_remade, 300, 1);
 	h_add_case(s, "list record written", test_list_record_written, 300, 1);
 	h_add_case(s, "metaops", test_metaops, 300, 3);
