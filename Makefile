@@ -315,6 +315,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
 	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
 	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c))
+# The multi-node suite: 64 TSan-built daemons on one root (its metadata shim preloaded too).
+TSAN_CHECKS += $(BUILD)/tests/check_nodes
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
