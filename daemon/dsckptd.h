@@ -1070,8 +1070,8 @@ int store_seal_list(int dirfd, struct seal_seen *seen, struct seal_listing *l);
 int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, const char *job,
 			   const char *run, unsigned world, uint8_t *have, uint64_t *newest,
 			   struct seal_seen *seen);
-/* Frees what l holds. */
-void store_seal_listing_free(struct seal_listing *l);
+/* Frees what l holds; the records it listed unread are read at the next look. */
+void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen);
 /* store_seal_write, the record written kept in seen as if read (its inode the one written),
  * its ranks added to have and its seal to *newest: the collecting node never reads its own. */
 int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal_record *r,

@@ -217,7 +217,7 @@ static void seal_work(uv_work_t *w)
 						 t->have_map, &t->newest, &t->seen);
 	else if (t->rc == 0 && listing)
 		t->have = -1;	/* cannot list */
-	store_seal_listing_free(&l);
+	store_seal_listing_free(&l, &t->seen);
 	/* Complete: committed from the directories held, under the same lock. */
 	if (t->rc == 0 && t->have == (int)t->world) {
 		if ((t->rc = store_commit_held(t->cfg, t->dir, t->jobfd, t->dfd, t->world, t->run,

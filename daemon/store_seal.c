@@ -418,9 +418,12 @@ int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, cons
 	return seal_scan(dirfd, at, k, job, run, world, have, newest, seen);
 }
 
-/* Frees what a listing holds. */
-void store_seal_listing_free(struct seal_listing *l)
+/* Frees what a listing holds; the records it listed but nobody read are to be read by the
+ * next look (their inode in seen forgotten). */
+void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen)
 {
+	for (size_t i = 0; i < l->n; i++)
+		seen->inos[l->at[i]] = 0;
 	free(l->at);
 	*l = (struct seal_listing){NULL, 0, 0};
 }
