@@ -967,6 +967,10 @@ void store_job_unlock(int jobfd);
 /* Points `latest` at tag (committed at ns) unless it names a later commit; the lock is held. */
 int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
 			 uid_t uid, gid_t gid, char *err, size_t errlen);
+/* The same, the tag latest names then (NAME_MAX + 1 bytes: "" for none) into named. */
+int store_latest_advance_to(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
+			    uid_t uid, gid_t gid, char *named, size_t len, char *err,
+			    size_t errlen);
 /* Renames a whole MANIFEST.json.partial (every file there, sizes right; read within b) into
  * place in the tag dirfd; 1 when the tag is committed now, else 0. */
 int store_finish_manifest(int dirfd, const char *path, struct store_budget *b);
@@ -1081,15 +1085,13 @@ int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal
 void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
- * current (committed at current_ns) too when keep tags dated later are kept; never latest's,
- * nor a directory (or a file in one) that the job directory's owner does not own, nor one uid
- * does not own (uid 0: any), nor (remote: its root has a remote tier) one without REMOTE.json.
- * The job lock is held. */
-void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep, int remote, const char *run);
-/* The same with the tag latest names given, reads within b; nothing is deleted once b is
- * spent, nor what the job directory's owner does not own; with run (the committing run's;
- * NULL: none), the tags other runs left uncommitted before the newest commit go too. */
+ * current (committed at current_ns) too when keep tags dated later are kept; never latest
+ * (the tag `latest` names), nor a directory (or a file in one) that the job directory's
+ * owner does not own, nor one uid does not own (uid 0: any), nor (remote: its root has a
+ * remote tier) one without REMOTE.json; manifests read and entries listed are charged to b
+ * (NULL: no bound), and nothing is deleted once b is spent. With run (the committing run's;
+ * NULL: none), the tags other runs left uncommitted before the newest commit go too. The
+ * job lock is held. */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b,
 		    int remote, const char *run);

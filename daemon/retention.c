@@ -147,7 +147,7 @@ static void retention_leftovers(int jobfd, const char *jobpath, const struct ret
 	}
 }
 
-/* Applies keep_last in the job directory (see retention_apply), latest naming latest and the
+/* Applies keep_last in the job directory (see dsckptd.h), latest naming latest and the
  * manifests read and entries listed charged to b (NULL: no bound); with run, the leftovers
  * of other runs go too (retention_leftovers). */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
@@ -205,15 +205,4 @@ out:
 	free(tags);
 	free(left);
 	store_list_free(names, n);
-}
-
-/* Applies keep_last in the job directory: deletes committed tags beyond the newest keep, and
- * what runs other than run (the commit's) left uncommitted before the newest commit. */
-void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep, int remote, const char *run)
-{
-	char latest[NAME_MAX + 1];
-
-	store_latest_get(jobfd, latest, sizeof(latest));
-	retention_keep(jobfd, jobpath, current, current_ns, latest, uid, keep, NULL, remote, run);
 }

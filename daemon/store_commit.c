@@ -190,7 +190,7 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 			       gid_t gid, uint64_t created_ns, const struct seal_seen *seen,
 			       struct store_commit_info *info, char *err, size_t errlen)
 {
-	char staged[NAME_MAX + 1], **names, *text = NULL;
+	char staged[NAME_MAX + 1], latest[NAME_MAX + 1], **names, *text = NULL;
 	struct store_entry *ents = NULL;
 	struct store_seal_desc desc = {0};
 	size_t n, nents = 0;
@@ -247,8 +247,8 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 	}
 	if (stage)	/* the new version is the tag's: what is under the staging name goes */
 		swap_remove_old(jobfd, path, staged, NULL);
-	if ((rc = store_latest_advance(cfg, jobfd, name, created_ns, uid, gid, err,
-				       errlen)) < 0 && stage) {
+	if ((rc = store_latest_advance_to(cfg, jobfd, name, created_ns, uid, gid, latest,
+					  sizeof(latest), err, errlen)) < 0 && stage) {
 		/* Exchanged: the tag is committed whatever latest says (recovery repairs it). */
 		log_warnx("commit of %s/%s: latest not moved: %s", path, staged, err);
 	} else if (rc < 0) {
@@ -259,8 +259,8 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 	}
 	const char *remote = NULL;
 	if (cfg->keep_last > 0)
-		retention_apply(jobfd, path, name, created_ns, uid, cfg->keep_last,
-				config_root_of(cfg, path, &remote) >= 0 && remote, run);
+		retention_keep(jobfd, path, name, created_ns, latest, uid, cfg->keep_last, NULL,
+			       config_root_of(cfg, path, &remote) >= 0 && remote, run);
 	if (info) {
 		size_t mine = 0;
 		for (size_t i = 0; i < nents; i++)

@@ -10,6 +10,7 @@
 
 #include <check.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,13 +41,24 @@ static int has(const char *rel)
 	return h_exists(rpath("job/%s", rel));
 }
 
+/* Applies keep_last keep in the job directory fd as a commit of tag by uid (of run; NULL:
+ * none) would, latest read from the disk, under a root with a remote tier when remote. */
+static void apply_in(int fd, const char *tag, uid_t uid, unsigned keep, int remote,
+		     const char *run)
+{
+	char latest[NAME_MAX + 1];
+
+	store_latest_get(fd, latest, sizeof(latest));
+	retention_keep(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), latest, uid,
+		       keep, NULL, remote, run);
+}
+
 /* Applies keep_last keep as a commit of tag by uid would, latest read from the disk. */
 static void apply(const char *tag, uid_t uid, unsigned keep)
 {
 	int fd = job_open();
 
-	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep, 0,
-			NULL);
+	apply_in(fd, tag, uid, keep, 0, NULL);
 	close(fd);
 }
 
@@ -205,7 +217,7 @@ START_TEST(test_remote_kept)
 		commit_tag(order[i]);
 	write_text(rpath("job/%s", "a/" FMT_REMOTE), "{}");
 	fd = job_open();
-	retention_apply(fd, rpath("%s", "job"), "c", store_tag_committed(fd, "c"), 0, 1, 1, NULL);
+	apply_in(fd, "c", 0, 1, 1, NULL);
 	close(fd);
 	ck_assert(!has("a"));		/* in the remote: gone whole */
 	ck_assert(has("b/" FMT_MANIFEST));	/* not yet: kept */
@@ -260,7 +272,7 @@ START_TEST(test_leftovers)
 	uint64_t ns = store_tag_committed(fd, "new");
 	retention_keep(fd, rpath("%s", "job"), "new", ns, "new", 0, 5, NULL, 0, NULL);
 	ck_assert(has("old/model.safetensors"));	/* no run committing: nothing goes */
-	retention_apply(fd, rpath("%s", "job"), "new", ns, 0, 5, 0, "r2");
+	apply_in(fd, "new", 0, 5, 0, "r2");
 	close(fd);
 	ck_assert_msg(!has("old"), "r1's leftover is still there");
 	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
