@@ -250,12 +250,12 @@ $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
 		$(BUILD)/tests/check_remote_restore $(BUILD)/tests/check_upload \
 		$(BUILD)/tests/check_upload_retain: tests/moto.c \
 		tests/moto.h
-# check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
+# check_nodes_ops preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
 	@mkdir -p $(dir $@)
 	@[ -n "$(Q)" ] && echo "  LD      $@" || true
 	$(Q)$(CC) $(CFLAGS) -fvisibility=default -fPIC -shared -o $@ tests/metaops.c -ldl
-$(BUILD)/tests/check_nodes: | $(BUILD)/tests/libmetaops.so
+$(BUILD)/tests/check_nodes_ops: | $(BUILD)/tests/libmetaops.so
 # The engine suites that hold a flush thread at a chosen write: tests/engine_hooks.c interposes
 # pwrite for the whole binary, so it is linked into these alone, never into the harness archive.
 $(BUILD)/tests/check_engine_cancel $(BUILD)/tests/check_engine_fail: tests/engine_hooks.c
@@ -315,6 +315,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
 	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
 	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c))
+# The multi-node suites: 64 TSan-built daemons on one root (the metadata shim preloaded too).
+TSAN_CHECKS += $(BUILD)/tests/check_nodes $(BUILD)/tests/check_nodes_ops
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

@@ -898,6 +898,13 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
 		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
 		    size_t errlen);
+/* store_commit_at of the tag dir by the daemons that sealed it, from the directory dfd and
+ * its job directory jobfd that its SEAL opened and validated, whose lock the caller holds:
+ * no path walked again, dir's name looked up once to see that it still names dfd. */
+int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
+		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
+		      const struct seal_seen *seen, struct store_commit_info *info, char *err,
+		      size_t errlen);
 /* store_describe.c — a tag's files described for its manifest: from their headers, or from
  * the seal records of the nodes that wrote them. */
 /* One file of a checkpoint as its manifest will describe it. */
@@ -925,6 +932,9 @@ int store_describe_all(int dfd, const char *path, const char *run, char **names,
 		       char *err, size_t errlen);
 /* Whether e is a safetensors file. */
 int store_entry_st(const struct store_entry *e);
+/* Whether the safetensors file dirfd/name is of run: 1, 0 (another recorded), -1 (no run
+ * recorded, or unreadable). */
+int store_file_of_run(int dirfd, const char *name, const char *run);
 /* The manifest's entry of e (its strings and tensors borrowed from e). */
 struct manifest_file store_entry_file(const struct store_entry *e);
 /* A node's files of a tag as its seal record describes them. */
@@ -958,6 +968,10 @@ void store_job_unlock(int jobfd);
 /* Points `latest` at tag (committed at ns) unless it names a later commit; the lock is held. */
 int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
 			 uid_t uid, gid_t gid, char *err, size_t errlen);
+/* The same, the tag latest names then (NAME_MAX + 1 bytes: "" for none) into named. */
+int store_latest_advance_to(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
+			    uid_t uid, gid_t gid, char *named, size_t len, char *err,
+			    size_t errlen);
 /* Renames a whole MANIFEST.json.partial (every file there, sizes right; read within b) into
  * place in the tag dirfd; 1 when the tag is committed now, else 0. */
 int store_finish_manifest(int dirfd, const char *path, struct store_budget *b);
@@ -992,6 +1006,8 @@ int swap_open_staging(const struct config *cfg, const char *stage, uid_t uid, gi
 		      struct store_root *root, char *err, size_t errlen);
 /* Exchanges jobfd/stage with jobfd/tag (renames it when the tag is gone), durably. */
 int swap_exchange(int jobfd, const char *stage, const char *tag, char *err, size_t errlen);
+/* Removes the staging directory stage if it is still dfd (in jobfd) and empty. */
+void swap_remove_empty(int jobfd, const char *stage, int dfd);
 /* Removes the old version left at the staging name of tag after swap_exchange (b: NULL). */
 void swap_remove_old(int jobfd, const char *path, const char *tag, struct store_budget *b);
 /* Start-up recovery of the staging or old directory jobfd/name: 1 when rolled forward or
@@ -1044,21 +1060,42 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 int store_seal_scan_names(int dirfd, char *const *names, size_t n, const char *job,
 			  const char *run, unsigned world, uint8_t *have, uint64_t *newest,
 			  struct seal_seen *seen);
+/* A collecting node's listing of the tag for a look: the records not in seen (indexes into
+ * it, added there), and whether the manifest is there (no other name looked up for it). */
+struct seal_listing {
+	size_t *at;
+	size_t n;
+	int manifest;
+};
+/* Lists the tag dirfd into l (store_seal_read_listed or store_seal_listing_free); 0, or -1
+ * (cannot list). */
+int store_seal_list(int dirfd, struct seal_seen *seen, struct seal_listing *l);
+/* Reads the records l listed (but this node's when skip_own: store_seal_write_seen kept it),
+ * as store_seal_scan_new does; how many ranks have holds then. Empties l. */
+int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, const char *job,
+			   const char *run, unsigned world, uint8_t *have, uint64_t *newest,
+			   struct seal_seen *seen);
+/* Frees what l holds; the records it listed unread are read at the next look. */
+void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen);
+/* store_seal_write, the record written kept in seen as if read (its inode the one written),
+ * its ranks added to have and its seal to *newest: the collecting node never reads its own. */
+int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal_record *r,
+			  uid_t uid, gid_t gid, uint8_t *have, uint64_t *newest,
+			  struct seal_seen *seen, char *err, size_t errlen);
 /* Frees what seen holds. */
 void store_seal_seen_free(struct seal_seen *seen);
 /* retention.c — keep_last. */
 /* Deletes the committed tags of the job directory jobfd (at jobpath) beyond the newest keep,
- * current (committed at current_ns) too when keep tags dated later are kept; never latest's,
- * nor a directory (or a file in one) that the job directory's owner does not own, nor one uid
- * does not own (uid 0: any), nor (remote: its root has a remote tier) one without REMOTE.json.
- * The job lock is held. */
-void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep, int remote);
-/* The same with the tag latest names given, reads within b; nothing is deleted once b is
- * spent, nor what the job directory's owner does not own. */
+ * current (committed at current_ns) too when keep tags dated later are kept; never latest
+ * (the tag `latest` names), nor a directory (or a file in one) that the job directory's
+ * owner does not own, nor one uid does not own (uid 0: any), nor (remote: its root has a
+ * remote tier) one without REMOTE.json; manifests read and entries listed are charged to b
+ * (NULL: no bound), and nothing is deleted once b is spent. With run (the committing run's;
+ * NULL: none), the tags other runs left uncommitted before the newest commit go too. The
+ * job lock is held. */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b,
-		    int remote);
+		    int remote, const char *run);
 /* store_host.c — which machine wrote a file. */
 /*
  * This machine's name (gethostname(), read once, at most 255 bytes of printable ASCII); every
@@ -1536,8 +1573,11 @@ void save_observe(save_change_cb cb);
 typedef int (*save_dir_cb)(const struct config *c, char *dir, size_t len,
 			   const struct owner *o, struct store_root *root,
 			   struct store_dirid *id, char *err, size_t errlen);
-/* Registers that opener (at start-up; overwrite.c's, wired in main.c; none: the tag itself). */
-void save_open_with(save_dir_cb cb);
+/* Told of a save of uid into the directory id dropped before its SAVE_END (loop thread). */
+typedef void (*save_drop_cb)(uid_t uid, const struct store_dirid *id);
+/* Registers that opener and drop's callback (at start-up; overwrite.c's and seal_dirs.c's,
+ * wired in main.c; none: the tag itself, nobody told). */
+void save_open_with(save_dir_cb cb, save_drop_cb drop);
 /* Opens a save for o; returns its id or a negative ERR_E* with err. */
 int64_t save_begin(const struct owner *o, const char *dir, const char *file, char *err,
 		   size_t errlen);
@@ -1711,6 +1751,10 @@ void seal_watch_stop(struct seal_watch *w);
 /* Threadpool: whether the manifest in the tag dfd commits run by world ranks; *present:
  * whether there is one (one open either way). */
 int seal_watch_mine(int dfd, const char *run, unsigned world, int *present);
+/* Threadpool: whether the tag dfd (tag in jobfd) is committed already, from the listing l when
+ * there is one, else from its manifest and name; *mine as seal_watch_mine. */
+int seal_watch_committed(int dfd, int jobfd, const char *tag, const char *run, unsigned world,
+			 const struct seal_listing *l, int *mine);
 /* w, or (NULL, or of other records) a new watch as seal_watch_start makes. */
 struct seal_watch *seal_watch_keep(struct seal_watch *w, struct uv_loop_s *loop,
 				   const char *dir, int dfd, int records, seal_watch_cb cb,
@@ -1739,8 +1783,12 @@ int seal_dirs_open(const struct config *cfg, const struct owner *o, const char *
 		   int *jobfd, struct store_dirid *id, char *err, size_t errlen);
 /* Closes every directory kept (shutdown). */
 void seal_dirs_free_all(void);
-/* A save of uid into the directory id ended: its kept directory goes once none is in flight. */
-void seal_dirs_release(uid_t uid, const struct store_dirid *id);
+/* A save of uid into the directory id ended: its kept directory goes once none is in flight;
+ * a staging directory, when failed (no save of it committed) and empty, is removed. */
+void seal_dirs_release(uid_t uid, const struct store_dirid *id, int failed);
+/* save_drop_cb: a save of uid into the directory id was dropped before its SAVE_END
+ * (abandoned, aborted, its client gone): seal_dirs_release as failed. */
+void seal_dirs_dropped(uid_t uid, const struct store_dirid *id);
 
 /* seal_files.c — what this node's seal record of a tag speaks for: its ranks' files. */
 /* The ranks of uid's job and run (world) sealed through this daemon into the directory. */
@@ -1766,10 +1814,12 @@ uint64_t seal_files_now_ns(void);
 void seal_files_gather(struct seal_files *f, const struct seal_scope *sc);
 /* Whether a rank of the scope's job and run saved there through this daemon, unsealed. */
 int seal_files_unsealed(const struct seal_scope *sc);
-/* Threadpool: writes record r into the tag dfd (at dir), f's files described. */
+/* Threadpool: writes record r into the tag dfd (at dir), f's files described; with seen
+ * (not NULL), keeps it there as read (store_seal_write_seen: have, newest). */
 int seal_files_write(const struct config *cfg, int dfd, const struct seal_record *r,
 		     const struct seal_files *f, uid_t uid, gid_t gid, const char *dir,
-		     char *err, size_t errlen);
+		     uint8_t *have, uint64_t *newest, struct seal_seen *seen, char *err,
+		     size_t errlen);
 /* Frees what f holds. */
 void seal_files_free(struct seal_files *f);
 

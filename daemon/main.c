@@ -421,7 +421,7 @@ int main(int argc, char **argv)
 	save_observe(upload_on_save);
 	save_observe(metrics_on_save);
 	save_observe(peer_on_save);
-	save_open_with(overwrite_save_dir);
+	save_open_with(overwrite_save_dir, seal_dirs_dropped);
 	uv_check_init(dsckptd.loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {
 		log_error("%s", err);

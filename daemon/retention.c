@@ -8,6 +8,13 @@
  * commit may land after newer ones: a sealed tag is dated by its newest seal, seal.c). It
  * runs under the job directory's commit lock (store_latest.c), only ever in a job
  * directory: a commit's, or one that start-up recovery found a tag below.
+ *
+ * A commit's retention also removes what an earlier run of the job left uncommitted (a run
+ * killed before every rank sealed): a tag directory without a manifest that last changed
+ * before the job's newest commit, holding seal records or files of some run but none of the
+ * committing run, and no *.partial (a save in flight, on any node). A tag of the committing
+ * run is never removed this way (another node may still be sealing it), nor a staging
+ * directory, nor anything at recovery (no run is committing).
  */
 #include "dsckptd.h"
 
@@ -89,35 +96,95 @@ static int retention_uploaded(int jobfd, const char *jobpath, const char *tag)
 	return 0;
 }
 
-/* Applies keep_last in the job directory (see retention_apply), latest naming latest and the
- * manifests read and entries listed charged to b (NULL: no bound). */
+/* Whether the uncommitted tag jobfd/tag is what a run other than run left: something in it
+ * is of a run (a seal record, a safetensors file), nothing of run, and no save is in flight
+ * there (no *.partial, whichever node's). Its records and files are read until one of run is
+ * found. */
+static int retention_leftover(int jobfd, const char *tag, const char *run)
+{
+	int fd = openat(jobfd, tag, STORE_DIR_FLAGS), found = 0, ours = 0;
+	char **names;
+	size_t n;
+
+	if (fd < 0)
+		return 0;
+	if (store_list(fd, &names, &n) < 0) {
+		close(fd);
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++)
+		ours |= store_has_suffix(names[i], FMT_PARTIAL) || !strcmp(names[i], FMT_MANIFEST);
+	for (size_t i = 0; i < n && !ours; i++) {
+		struct seal_record r;
+		if (seal_record_name(names[i]) && store_seal_read(fd, names[i], &r) == 0) {
+			found = 1;
+			ours = strcmp(r.run, run) == 0;
+			seal_record_free(&r);
+		} else if (store_has_suffix(names[i], FMT_SAFETENSORS)) {
+			int of = store_file_of_run(fd, names[i], run);
+			found |= of >= 0;
+			ours = of != 0;	/* unreadable: kept */
+		}
+	}
+	store_list_free(names, n);
+	close(fd);
+	return found && !ours;
+}
+
+/* Removes the uncommitted tags of left (n) that changed last before newest (the newest
+ * commit of the job) and that a run other than run left (retention_leftover), but latest. */
+static void retention_leftovers(int jobfd, const char *jobpath, const struct retention_tag *left,
+				size_t n, uint64_t newest, const char *run, const char *latest,
+				uid_t owner, struct store_budget *b)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (left[i].created_ns >= newest || strcmp(left[i].name, latest) == 0 ||
+		    !retention_leftover(jobfd, left[i].name, run))
+			continue;
+		log_info("keep_last: %s/%s is what an earlier run left uncommitted", jobpath,
+			 left[i].name);
+		retention_delete(jobfd, jobpath, left[i].name, owner, b);
+	}
+}
+
+/* Applies keep_last in the job directory (see dsckptd.h), latest naming latest and the
+ * manifests read and entries listed charged to b (NULL: no bound); with run, the leftovers
+ * of other runs go too (retention_leftovers). */
 void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
 		    const char *latest, uid_t uid, unsigned keep, struct store_budget *b,
-		    int remote)
+		    int remote, const char *run)
 {
-	struct retention_tag *tags;
+	struct retention_tag *tags, *left;
 	struct stat job;
 	char **names;
-	size_t n, k = 0;
+	size_t n, k = 0, nleft = 0;
 
 	if (fstat(jobfd, &job) < 0 || store_list_within(jobfd, b, &names, &n) < 0) {
 		if (!b || !b->spent)	/* over budget: recovery says so once */
 			log_warn("keep_last: cannot list %s", jobpath);
 		return;
 	}
-	if (!(tags = calloc(n ? n : 1, sizeof(*tags)))) {
+	tags = calloc(n ? n : 1, sizeof(*tags));
+	left = calloc(n ? n : 1, sizeof(*left));
+	if (!tags || !left) {
 		log_warnx("keep_last: out of memory");
 		goto out;
 	}
 	for (size_t i = 0; i < n; i++) {
 		struct stat st;
+		char base[NAME_MAX + 1];
 		uint64_t ns = current_ns;
 		if (strcmp(names[i], current) != 0) {
 			if (fstatat(jobfd, names[i], &st, AT_SYMLINK_NOFOLLOW) < 0 ||
 			    !S_ISDIR(st.st_mode) || st.st_uid != job.st_uid ||
 			    (uid != 0 && st.st_uid != uid))
 				continue;
-			if ((ns = store_tag_committed_within(jobfd, names[i], b)) == 0)
+			ns = store_tag_committed_within(jobfd, names[i], b);
+			if (ns == 0 && run && !store_tag_version(names[i], base, sizeof(base)))
+				left[nleft++] = (struct retention_tag){
+					names[i], (uint64_t)st.st_mtim.tv_sec * 1000000000u +
+						  (uint64_t)st.st_mtim.tv_nsec};	/* last change */
+			if (ns == 0)
 				continue;
 		}
 		tags[k++] = (struct retention_tag){names[i], ns};
@@ -131,17 +198,11 @@ void retention_keep(int jobfd, const char *jobpath, const char *current, uint64_
 		    (!remote || retention_uploaded(jobfd, jobpath, tags[i].name)))
 			retention_delete(jobfd, jobpath, tags[i].name, job.st_uid, b);
 	}
-	free(tags);
+	if (k > 0)
+		retention_leftovers(jobfd, jobpath, left, nleft, tags[0].created_ns, run, latest,
+				    job.st_uid, b);
 out:
+	free(tags);
+	free(left);
 	store_list_free(names, n);
-}
-
-/* Applies keep_last in the job directory: deletes committed tags beyond the newest keep. */
-void retention_apply(int jobfd, const char *jobpath, const char *current, uint64_t current_ns,
-		     uid_t uid, unsigned keep, int remote)
-{
-	char latest[NAME_MAX + 1];
-
-	store_latest_get(jobfd, latest, sizeof(latest));
-	retention_keep(jobfd, jobpath, current, current_ns, latest, uid, keep, NULL, remote);
 }

@@ -71,6 +71,7 @@ static uv_timer_t *gc_timer;
 static save_change_cb observers[MAX_OBSERVERS];
 static unsigned nobservers;
 static save_dir_cb open_dir;
+static save_drop_cb dropped;  /* told of a save dropped before its SAVE_END */
 
 /* Gives back what the save holds of its user's limits (at DURABLE or FAILED, or when it is
  * forgotten before that). */
@@ -112,6 +113,8 @@ static void save_free(struct save *s)
 		close(s->dirfd);
 	if (s->job)
 		engine_job_free(s->job);
+	if (s->level == LEVEL_NONE && dropped)	/* its file gone, its directory may go */
+		dropped(s->uid, &s->dirid);
 	free(s);
 }
 
@@ -157,10 +160,11 @@ void save_observe(save_change_cb cb)
 	observers[nobservers++] = cb;
 }
 
-/* Registers what opens the directory a SAVE_BEGIN goes into (at start-up). */
-void save_open_with(save_dir_cb cb)
+/* Registers what opens a SAVE_BEGIN's directory, and whom a save dropped unended tells. */
+void save_open_with(save_dir_cb cb, save_drop_cb drop)
 {
 	open_dir = cb;
+	dropped = drop;
 }
 
 /* Moves s to level (or FAILED with code and error) and tells the observers. */

@@ -1,19 +1,17 @@
 /*
  * seal.c — seals, and the commits the daemons make of them. A rank seals a tag (SEAL): it will
  * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
- * DURABLE, the daemon writes its node's seal record (store_seal.c), describing their files
- * there (seal_files.c), once per node where it can: while a rank that saved here has not
- * sealed, the record waits for it (1 s at most). The node that rank 0 sealed through
- * collects: it reads the records (each about once, as they come: by the names inotify gives,
- * or listing the directory when its mtime changed) and, when they name every rank, commits
- * the tag from them (store_commit: manifest, latest, retention) — with no trainer left alive,
- * if need be — dated by the newest seal the records hold, so that a job's tags order by step
- * however late each commit lands. The other nodes only write their record and watch for the
- * manifest (seal_watch.c), marking their saves COMMITTED when it commits their run: two
- * metadata operations per node (seal_dirs.c spares its SEALs the path walk); they look
- * at the records themselves only every 30 s (the collecting node may have died), and
- * committing a committed tag changes nothing. Every look runs under the job directory's lock.
- * A tag not complete is looked at for about an hour (1 s, 2 s, ... then every 30 s).
+ * DURABLE, the daemon writes its node's seal record (store_seal.c, seal_files.c: their
+ * files), once per node where it can (it waits 1 s at most for a rank that saved here to
+ * seal). The node that rank 0 sealed through collects: it reads the records (each once, by
+ * the names inotify gives, or listing the directory when its mtime changed) and, when they
+ * name every rank, commits the tag from them under the same lock (store_commit_held:
+ * manifest, latest, retention), with no trainer left alive if need be, dated by the newest
+ * seal, so that a job's tags order by step however late each commit lands. The others only
+ * write their record and watch for the manifest (seal_watch.c), marking their saves COMMITTED
+ * when it commits their run: two metadata operations per node; they look at the records
+ * only every 30 s (the collecting node may have died). Every look runs under the job
+ * directory's lock. A tag not complete is looked at for about an hour (1 s, 2 s, ... 30 s).
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
  * directory's identity (st_dev, st_ino of the descriptor its save or SEAL validated, held open
@@ -43,7 +41,7 @@
 #define SEAL_WRITE_WAIT_MS 1000 /* our record waits this long at most for a rank saving here */
 
 struct seal_tag {
-	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; the commit reopens it) */
+	char dir[PROTO_MAX_STR + 1];  /* the path the seals named (logs; the commit's names) */
 	struct store_dirid dirid;     /* the directory sealed */
 	int dfd;                      /* held open while followed: the identity stays its */
 	int jobfd;                    /* its job directory, as SEAL opened it (its lock) */
@@ -56,14 +54,12 @@ struct seal_tag {
 	unsigned nsealed;
 	uint64_t sealed_ns;         /* when the newest of them sealed (the record's sealed_ns) */
 	uint64_t written_ns;        /* sealed_ns as of written */
-	unsigned written;           /* nsealed when our record was last written (seal_work
-				     * reads it, not nsealed, which a new seal changes meanwhile) */
+	unsigned written;           /* nsealed as of our record's last write (seal_work's) */
 	unsigned tries;             /* looks left at the others' records */
 	int busy;                   /* seal_work runs */
 	int deferred;               /* ready for seal_work, behind another tag of its user */
 	int ended;                  /* committed, or failed for good */
-	int gone;                   /* forgotten while busy (its directory removed, a newer run
-				     * took it over): seal_after frees it */
+	int gone;                   /* forgotten while busy: seal_after frees it */
 	uv_timer_t timer;
 	struct seal_watch *watch;   /* for the manifest (collecting: and the others' records) */
 	int again;                  /* the watch saw something while busy: look once more */
@@ -72,9 +68,8 @@ struct seal_tag {
 	/* seal_work's: in (cfg, write) and out */
 	uv_work_t work;
 	struct config *cfg;         /* a reference, while busy */
-	int write;                  /* write our record (written ranks) before looking: set by
-				     * seal_check, cleared when a seal_work is back */
-	int check;                  /* look at the manifest and the tag's name (seal_check) */
+	int write;                  /* write our record (written ranks) before looking */
+	int check;                  /* look whether committed already (seal_watch_committed) */
 	unsigned *ranks;            /* the ranks to write */
 	struct seal_files files;    /* the files of their saves here, described in the record */
 	int rc;                     /* < 0 failed; 1 committed; 2 committed by another; 0 not yet */
@@ -180,12 +175,14 @@ static void seal_end(struct seal_tag *t)
 	uv_timer_start(&t->timer, on_seal_timer, SEAL_LINGER_MS, 0);
 }
 
-/* Threadpool: writes our record (when asked), reads everyone's, commits when complete. The
- * tag's directory and job directory are the ones SEAL opened, held: no path is walked. */
+/* Threadpool: writes our record (when asked), reads everyone's, commits when complete, from
+ * the directories SEAL opened (no path walked). A look that lists lists first: the listing
+ * says whether a manifest is there, and our record written after it is not read back. */
 static void seal_work(uv_work_t *w)
 {
 	struct seal_tag *t = w->data;
 	const char *tag = strrchr(t->dir, '/') ? strrchr(t->dir, '/') + 1 : t->dir;
+	struct seal_listing l = {0};
 
 	t->rc = 0;
 	t->have = -2;
@@ -193,41 +190,42 @@ static void seal_work(uv_work_t *w)
 		t->rc = err_set(t->err, sizeof(t->err), ERR_ENOENT, "the directory was removed");
 		return;
 	}
-	/* Our record and the look at everyone's happen under the job's lock: of two nodes
-	 * writing at once, the second sees the first's record. */
-	if ((t->rc = store_job_lock(t->jobfd, t->err, sizeof(t->err))) == 0) {
-		/* Committed meanwhile (by a COMMIT, or another node: the manifest, opened once,
-		 * says whether by this run): no record to add, and none half-written to be found
-		 * beside the manifest once the commit has answered. A look at the records alone
-		 * needs no such check: the commit it may lead to makes its own. */
-		struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written,
-					t->run, t->written_ns, NULL, 0, NULL};
-		int present = 0;
-		if (t->check)
-			t->mine = seal_watch_mine(t->dfd, t->run, t->world, &present);
-		if (present || (t->check && !store_dir_at(t->jobfd, tag, t->dfd)))
-			t->rc = 2;	/* or a new version exchanged with its tag, committed */
-		else if (t->write)
-			t->rc = seal_files_write(t->cfg, t->dfd, &r, &t->files, t->uid, t->gid,
-						 t->dir, t->err, sizeof(t->err));
-		/* Only the collecting node reads the others' records (each about once): the
-		 * others learn the outcome from the manifest (seal_watch.c). */
-		if (t->rc == 0 && t->look && t->by_name)
-			t->have = store_seal_scan_names(t->dfd, t->names.v, t->names.n, t->job,
-							t->run, t->world, t->have_map, &t->newest,
-							&t->seen);
-		else if (t->rc == 0 && t->look)
-			t->have = store_seal_scan_new(t->dfd, t->job, t->run, t->world, t->have_map,
-						      &t->newest, &t->seen);
-		store_job_unlock(t->jobfd);
-	}
+	/* Our record, the look at everyone's and the commit happen under the job's lock: of
+	 * two nodes writing at once, the second sees the first's record. */
+	if ((t->rc = store_job_lock(t->jobfd, t->err, sizeof(t->err))) < 0)
+		return;
+	/* Committed meanwhile (by a COMMIT, or another node): no record to add beside the
+	 * manifest. A look at the records alone needs no such check: a commit makes its own. */
+	struct seal_record r = {store_host(), t->job, t->world, t->ranks, t->written, t->run,
+				t->written_ns, NULL, 0, NULL};
+	int listing = t->look && !t->by_name;
+	int listed = listing && store_seal_list(t->dfd, &t->seen, &l) == 0;
+	if (t->check && seal_watch_committed(t->dfd, t->jobfd, tag, t->run, t->world,
+					     listed ? &l : NULL, &t->mine))
+		t->rc = 2;	/* or a new version exchanged with its tag, committed */
+	else if (t->write)
+		t->rc = seal_files_write(t->cfg, t->dfd, &r, &t->files, t->uid, t->gid, t->dir,
+					 t->have_map, &t->newest, t->look ? &t->seen : NULL,
+					 t->err, sizeof(t->err));
+	/* Only the collecting node reads the others' records (each about once): the others
+	 * learn the outcome from the manifest (seal_watch.c). */
+	if (t->rc == 0 && t->look && t->by_name)
+		t->have = store_seal_scan_names(t->dfd, t->names.v, t->names.n, t->job, t->run,
+						t->world, t->have_map, &t->newest, &t->seen);
+	else if (t->rc == 0 && listed)
+		t->have = store_seal_read_listed(t->dfd, &l, t->write, t->job, t->run, t->world,
+						 t->have_map, &t->newest, &t->seen);
+	else if (t->rc == 0 && listing)
+		t->have = -1;	/* cannot list */
+	store_seal_listing_free(&l, &t->seen);
+	/* Complete: committed from the directories held, under the same lock. */
 	if (t->rc == 0 && t->have == (int)t->world) {
-		t->rc = store_commit_at(t->cfg, t->dir, t->world, t->run, &t->dirid, t->uid,
-					t->gid, t->newest, &t->seen, &t->info, t->err,
-					sizeof(t->err));
-		if (t->rc == 0)
+		if ((t->rc = store_commit_held(t->cfg, t->dir, t->jobfd, t->dfd, t->world, t->run,
+					       t->uid, t->gid, t->newest, &t->seen, &t->info,
+					       t->err, sizeof(t->err))) == 0)
 			t->rc = 1;
 	}
+	store_job_unlock(t->jobfd);
 }
 
 /* seal_watch_cb: a manifest (or, collecting, a record) appeared in the tag's directory; a
@@ -540,7 +538,7 @@ void seal_on_save(struct save *s)
 		return;
 	save_view(s, &v);
 	if (level != LEVEL_DURABLE)
-		seal_dirs_release(v.uid, &v.dirid);
+		seal_dirs_release(v.uid, &v.dirid, level == LEVEL_FAILED);
 	if (level == LEVEL_COMMITTED)
 		return;
 	struct seal_tag *t = seal_find(&v.dirid, v.uid);

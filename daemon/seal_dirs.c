@@ -116,19 +116,30 @@ static int seal_dirs_live(uid_t uid, const struct owner *o, const struct store_d
 	return live;
 }
 
-/* A save of uid into the directory id ended (COMMITTED or FAILED): once none of uid's is left
- * in flight there, the directory is no longer kept (nor its filesystem held busy: an
- * administrator's umount after a failed save must not find the daemon in it). */
-void seal_dirs_release(uid_t uid, const struct store_dirid *id)
+/* A save of uid into the directory id ended (COMMITTED, or failed: FAILED or dropped): once
+ * none of uid's is left in flight there, the directory is no longer kept (nor its filesystem
+ * held busy: an administrator's umount after a failed save must not find the daemon in it).
+ * A staging directory a failed save leaves empty goes too, rather than at the next start: a
+ * save of this daemon made again opens it again (on the loop thread, as this runs). */
+void seal_dirs_release(uid_t uid, const struct store_dirid *id, int failed)
 {
 	int pending;
 
 	for (size_t i = 0; i < SEAL_DIRS_MAX; i++) {
 		struct seal_dir *d = &dirs[i];
-		if (d->dir[0] && d->uid == uid && store_dirid_eq(&d->id, id) &&
-		    !seal_dirs_live(uid, NULL, id, &pending))
-			seal_dir_drop(d);
+		if (!d->dir[0] || d->uid != uid || !store_dirid_eq(&d->id, id) ||
+		    seal_dirs_live(uid, NULL, id, &pending))
+			continue;
+		if (failed)
+			swap_remove_empty(d->jobfd, d->dir, d->dfd);
+		seal_dir_drop(d);
 	}
+}
+
+/* A save of uid into id dropped before its SAVE_END (save_drop_cb): a failed one. */
+void seal_dirs_dropped(uid_t uid, const struct store_dirid *id)
+{
+	seal_dirs_release(uid, id, 1);
 }
 
 /* SEAL of dir (normalized, as overwrite.c rewrote it) by o: the directory a SAVE_BEGIN of o's

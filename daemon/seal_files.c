@@ -106,10 +106,12 @@ int seal_files_unsealed(const struct seal_scope *sc)
 
 /* Threadpool: writes the record r (its files not set) into the tag dfd (at dir), its files
  * f described from the headers kept (else from theirs, one open each; a record not described
- * leaves them to the committing node). 0 or a negative ERR_E* with err. */
+ * leaves them to the committing node); with seen, kept there as read (the collecting node's
+ * own). 0 or a negative ERR_E* with err. */
 int seal_files_write(const struct config *cfg, int dfd, const struct seal_record *r,
 		     const struct seal_files *f, uid_t uid, gid_t gid, const char *dir,
-		     char *err, size_t errlen)
+		     uint8_t *have, uint64_t *newest, struct seal_seen *seen, char *err,
+		     size_t errlen)
 {
 	struct seal_record w = *r;
 	struct store_files files;
@@ -120,7 +122,9 @@ int seal_files_write(const struct config *cfg, int dfd, const struct seal_record
 		log_debug("seal of %s: the record does not describe its files: %s", dir, why);
 	w.files = files.files;
 	w.nfiles = files.n;
-	int rc = store_seal_write(cfg, dfd, &w, uid, gid, err, errlen);
+	int rc = seen ? store_seal_write_seen(cfg, dfd, &w, uid, gid, have, newest, seen, err,
+					      errlen) :
+			store_seal_write(cfg, dfd, &w, uid, gid, err, errlen);
 	store_files_free(&files);
 	return rc;
 }

@@ -276,3 +276,18 @@ int seal_watch_mine(int dfd, const char *run, unsigned world, int *present)
 	manifest_free(m);
 	return mine;
 }
+
+/* Threadpool: whether the tag dfd (named tag in jobfd) is committed already, so that no record
+ * is added beside its manifest: said by the listing l when the look lists (no name looked
+ * up), else by an open of the manifest and a look at the tag's name (a new version exchanged
+ * with it is committed); *mine: the manifest commits run by world ranks. */
+int seal_watch_committed(int dfd, int jobfd, const char *tag, const char *run, unsigned world,
+			 const struct seal_listing *l, int *mine)
+{
+	int present = 0;
+
+	if (l && !l->manifest)
+		return 0;
+	*mine = seal_watch_mine(dfd, run, world, &present);
+	return present || (!l && !store_dir_at(jobfd, tag, dfd));
+}

@@ -172,76 +172,45 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 	return store_commit_at(cfg, dir, world, run, id, uid, gid, 0, NULL, info, err, errlen);
 }
 
-/* Commits a checkpoint directory as of created_ns (0: now), its files described by the seal
- * records seen (NULL: from their headers): manifest, latest, retention. A staging directory
- * is committed as its tag (store_swap.c): its manifest names the tag, it is exchanged with
- * the tag, the old version removed, then latest and retention follow. */
-int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
-		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
-		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
-		    size_t errlen)
+/* Whether a listing (n names) holds the manifest. */
+static int store_listed_manifest(char **names, size_t n)
 {
-	char path[PATH_MAX], tagdir[PATH_MAX], staged[NAME_MAX + 1], **names, *text = NULL, *tag;
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(names[i], FMT_MANIFEST) == 0)
+			return 1;
+	return 0;
+}
+
+/* The commit of the tag dfd, named tag in the job directory jobfd (at path), whose lock the
+ * caller holds (see store_commit_at). The directory is listed first: whether a manifest is
+ * there (committed already, or an old version in a staging directory) is read from the
+ * listing, no name looked up for it. */
+static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, const char *path,
+			       const char *tag, unsigned world, const char *run, uid_t uid,
+			       gid_t gid, uint64_t created_ns, const struct seal_seen *seen,
+			       struct store_commit_info *info, char *err, size_t errlen)
+{
+	char staged[NAME_MAX + 1], latest[NAME_MAX + 1], **names, *text = NULL;
 	struct store_entry *ents = NULL;
 	struct store_seal_desc desc = {0};
-	struct store_dirid now_id;
-	size_t n, nents = 0, len;
+	size_t n, nents = 0;
 	uint64_t total = 0;
 	struct timespec now;
-	int dfd, jobfd, rc;
-
-	if (world == 0)
-		return err_set(err, errlen, ERR_EINVAL, "world size must be at least 1");
-	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0) {
-		/* A staging directory exchanged with its tag already is that tag now. */
-		if (id && store_staged(dir, tagdir, sizeof(tagdir)))
-			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
-					       seen, info, err, errlen);
-		return dfd;
-	}
-	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
-		close(jobfd);
-		close(dfd);
-		if (store_staged(dir, tagdir, sizeof(tagdir)))
-			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
-					       seen, info, err, errlen);
-		return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
-			       "name now is another)", dir);
-	}
-	/* store_open_tag accepted dir, so it is absolute and fits; drop trailing slashes. */
-	len = strlen(dir);
-	memcpy(path, dir, len + 1);
-	while (len > 1 && path[len - 1] == '/')
-		path[--len] = '\0';
-	tag = strrchr(path, '/');
-	*tag++ = '\0'; /* path is now the job directory */
+	int rc;
 	int stage = store_tag_version(tag, staged, sizeof(staged)) == 1;
 	const char *name = stage ? staged : tag;	/* what the manifest and latest name */
-	if ((rc = store_job_lock(jobfd, err, errlen)) < 0)
-		goto out_lock;
-	if (stage && !store_dir_at(jobfd, tag, dfd)) {
-		/* Exchanged with its tag while this commit waited for the lock: it is the tag. */
-		store_job_unlock(jobfd);
-		close(jobfd);
-		close(dfd);
-		return store_staged(dir, tagdir, sizeof(tagdir)) ?
-		       store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns, seen,
-				       info, err, errlen) :
-		       err_set(err, errlen, ERR_ENOENT, "%s was removed", dir);
-	}
-	if (stage && faccessat(dfd, FMT_MANIFEST, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+
+	if (store_list(dfd, &names, &n) < 0)
+		return err_set(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
+	if (stage && store_listed_manifest(names, n)) {
 		rc = err_set(err, errlen, ERR_EIO, "%s/%s holds an old version of %s that could not "
 			     "be removed", path, tag, staged);
-		goto out_list;
+		goto out;
 	}
-	if ((rc = store_commit_again(cfg, dfd, jobfd, tag, world, run, uid, gid, info, err,
+	if (store_listed_manifest(names, n) &&
+	    (rc = store_commit_again(cfg, dfd, jobfd, tag, world, run, uid, gid, info, err,
 				     errlen)) != 1)
-		goto out_list;
-
-	if (store_list(dfd, &names, &n) < 0) {
-		rc = err_set(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
-		goto out_list;
-	}
+		goto out;
 	if (!(ents = calloc(n ? n : 1, sizeof(*ents))) ||
 	    (seen && store_seal_desc_build(seen, &desc) < 0)) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
@@ -278,8 +247,8 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 	}
 	if (stage)	/* the new version is the tag's: what is under the staging name goes */
 		swap_remove_old(jobfd, path, staged, NULL);
-	if ((rc = store_latest_advance(cfg, jobfd, name, created_ns, uid, gid, err,
-				       errlen)) < 0 && stage) {
+	if ((rc = store_latest_advance_to(cfg, jobfd, name, created_ns, uid, gid, latest,
+					  sizeof(latest), err, errlen)) < 0 && stage) {
 		/* Exchanged: the tag is committed whatever latest says (recovery repairs it). */
 		log_warnx("commit of %s/%s: latest not moved: %s", path, staged, err);
 	} else if (rc < 0) {
@@ -290,8 +259,8 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 	}
 	const char *remote = NULL;
 	if (cfg->keep_last > 0)
-		retention_apply(jobfd, path, name, created_ns, uid, cfg->keep_last,
-				config_root_of(cfg, path, &remote) >= 0 && remote);
+		retention_keep(jobfd, path, name, created_ns, latest, uid, cfg->keep_last, NULL,
+			       config_root_of(cfg, path, &remote) >= 0 && remote, run);
 	if (info) {
 		size_t mine = 0;
 		for (size_t i = 0; i < nents; i++)
@@ -311,10 +280,102 @@ out:
 	free(ents);
 	store_seal_desc_free(&desc);
 	store_list_free(names, n);
-out_list:
-	store_job_unlock(jobfd);
-out_lock:
+	return rc;
+}
+
+/* Splits dir (absolute, fitting PATH_MAX) into its job directory's path and its name. */
+static void store_split(const char *dir, char *path, const char **tag)
+{
+	size_t len = strlen(dir);
+
+	memcpy(path, dir, len + 1);
+	while (len > 1 && path[len - 1] == '/')
+		path[--len] = '\0';
+	char *slash = strrchr(path, '/');
+	*slash = '\0';
+	*tag = slash + 1;
+}
+
+/* Commits a checkpoint directory as of created_ns (0: now), its files described by the seal
+ * records seen (NULL: from their headers): manifest, latest, retention. A staging directory
+ * is committed as its tag (store_swap.c): its manifest names the tag, it is exchanged with
+ * the tag, the old version removed, then latest and retention follow. */
+int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
+		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
+		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
+		    size_t errlen)
+{
+	char path[PATH_MAX], tagdir[PATH_MAX];
+	const char *tag;
+	struct store_dirid now_id;
+	int dfd, jobfd, rc;
+
+	if (world == 0)
+		return err_set(err, errlen, ERR_EINVAL, "world size must be at least 1");
+	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0) {
+		/* A staging directory exchanged with its tag already is that tag now. */
+		if (id && store_staged(dir, tagdir, sizeof(tagdir)))
+			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
+					       seen, info, err, errlen);
+		return dfd;
+	}
+	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
+		close(jobfd);
+		close(dfd);
+		if (store_staged(dir, tagdir, sizeof(tagdir)))
+			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
+					       seen, info, err, errlen);
+		return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
+			       "name now is another)", dir);
+	}
+	/* store_open_tag accepted dir, so it is absolute and fits. */
+	store_split(dir, path, &tag);
+	if ((rc = store_job_lock(jobfd, err, errlen)) == 0) {
+		if (store_tag_version(tag, tagdir, sizeof(tagdir)) == 1 &&
+		    !store_dir_at(jobfd, tag, dfd)) {
+			/* Exchanged with its tag while this commit waited for the lock: it is the
+			 * tag now. */
+			store_job_unlock(jobfd);
+			close(jobfd);
+			close(dfd);
+			return store_staged(dir, tagdir, sizeof(tagdir)) ?
+			       store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
+					       seen, info, err, errlen) :
+			       err_set(err, errlen, ERR_ENOENT, "%s was removed", dir);
+		}
+		rc = store_commit_locked(cfg, jobfd, dfd, path, tag, world, run, uid, gid,
+					 created_ns, seen, info, err, errlen);
+		store_job_unlock(jobfd);
+	}
 	close(jobfd);
 	close(dfd);
 	return rc;
+}
+
+/* The daemons' commit of a sealed tag dir from the directories its SEAL opened (see
+ * dsckptd.h): no path is walked again, and one name is looked up to see that dir still names
+ * dfd (a staging directory exchanged with its tag meanwhile is committed already: the look
+ * at its manifest answers). */
+int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
+		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
+		      const struct seal_seen *seen, struct store_commit_info *info, char *err,
+		      size_t errlen)
+{
+	char path[PATH_MAX], staged[NAME_MAX + 1];
+	const char *tag;
+
+	if (world == 0)
+		return err_set(err, errlen, ERR_EINVAL, "world size must be at least 1");
+	if (strlen(dir) >= sizeof(path) || !strchr(dir, '/'))
+		return err_set(err, errlen, ERR_EINVAL, "%s is not a tag's path", dir);
+	store_split(dir, path, &tag);
+	if (store_dir_at(jobfd, tag, dfd))
+		return store_commit_locked(cfg, jobfd, dfd, path, tag, world, run, uid, gid,
+					   created_ns, seen, info, err, errlen);
+	if (store_tag_version(tag, staged, sizeof(staged)) == 1 &&
+	    store_dir_at(jobfd, staged, dfd))
+		return store_commit_locked(cfg, jobfd, dfd, path, staged, world, run, uid, gid,
+					   created_ns, seen, info, err, errlen);
+	return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that name now "
+		       "is another)", dir);
 }

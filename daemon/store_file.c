@@ -220,18 +220,69 @@ void store_file_abort(struct store_file *f)
 	store_file_free(f);
 }
 
-/* Writes a small file atomically. */
+/* Creates dirfd/partial new for writing (0600, whatever the umask), replacing one a crash left
+ * behind only when it is in the way: one name looked up when none is. fd, or -1 with errno. */
+static int store_small_create(int dirfd, const char *partial)
+{
+	const int flags = O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC;
+	int fd = openat(dirfd, partial, flags, 0600);
+
+	if (fd < 0 && errno == EEXIST) {
+		if (unlinkat(dirfd, partial, 0) < 0) {
+			errno = EEXIST;	/* what is in the way, not why it stays */
+			return -1;
+		}
+		log_warnx("removed stale %s before writing it again", partial);
+		fd = openat(dirfd, partial, flags, 0600);
+	}
+	return fd;
+}
+
+/*
+ * Writes a small file dirfd/name atomically, owned by uid/gid with mode: name.partial is
+ * created new, given owner, mode and this node's name (STORE_XATTR_HOST), written whole and
+ * fsynced, renamed over name, and the directory fsynced, so that name is only ever the old
+ * file or the new one, durably. Two names looked up (the create, the rename) where no crash
+ * left a partial: on a shared filesystem each is a round trip to its server. A crash between
+ * the create and the xattr leaves a partial that names no host: recovery removes it once
+ * stale, and the next write of the name replaces it.
+ */
 int store_write_atomic(int dirfd, const char *name, const void *buf, size_t len, uid_t uid,
 		       gid_t gid, unsigned mode, char *err, size_t errlen)
 {
-	struct store_file *f;
-	int rc = store_file_create(dirfd, name, uid, gid, mode, 0, &f, err, errlen);
-	if (rc < 0)
-		return rc;
-	if ((rc = store_file_pwrite(f, buf, len, 0, err, errlen)) < 0) {
-		store_file_abort(f);
-		return rc;
+	char partial[NAME_MAX + 1];
+	size_t n = name ? strlen(name) : 0;
+	int fd, rc = 0;
+
+	if (n == 0 || strchr(name, '/') || n + strlen(FMT_PARTIAL) > NAME_MAX)
+		return err_set(err, errlen, ERR_EINVAL, "bad file name \"%s\"", name ? name : "");
+	store_partial_name(name, partial);
+	if ((fd = store_small_create(dirfd, partial)) < 0)
+		return store_io_fail(err, errlen, errno, "creating", partial);
+	if ((geteuid() == 0 && fchown(fd, uid, gid) < 0) || fchmod(fd, (mode | 0600) & 0666) < 0)
+		rc = err_set(err, errlen, err_from_errno(errno), "chown %s: %s", partial,
+			     strerror(errno));
+	else if (fsetxattr(fd, STORE_XATTR_HOST, store_host(), strlen(store_host()), 0) < 0)
+		log_debug("%s: no %s: %s", partial, STORE_XATTR_HOST, strerror(errno));
+	for (size_t off = 0; rc == 0 && off < len;) {
+		ssize_t w = pwrite(fd, (const char *)buf + off, len - off, (off_t)off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			rc = store_io_fail(err, errlen, w < 0 ? errno : EIO, "writing", name);
+		else
+			off += (size_t)w;
 	}
-	return store_file_finish(f, len, err, errlen);
+	if (rc == 0 && fsync(fd) < 0)
+		rc = store_io_fail(err, errlen, errno, "syncing", name);
+	if (close(fd) < 0 && rc == 0)
+		rc = store_io_fail(err, errlen, errno, "closing", name);
+	if (rc == 0 && renameat(dirfd, partial, dirfd, name) < 0)
+		rc = store_io_fail(err, errlen, errno, "renaming", partial);
+	if (rc < 0)
+		unlinkat(dirfd, partial, 0);
+	else if (fsync(dirfd) < 0)
+		rc = store_io_fail(err, errlen, errno, "syncing the directory of", name);
+	return rc;
 }
 

@@ -80,24 +80,44 @@ static int store_job_no_latest(int jobfd)
 }
 
 /* Points `latest` at tag (committed at ns) unless it names a tag committed later already, or
- * the job opts out; 0 (also when left), or a negative ERR_E* with err. The job lock is held. */
-int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
-			 uid_t uid, gid_t gid, char *err, size_t errlen)
+ * the job opts out; the tag latest names then into named (len bytes; "" when none), for the
+ * retention that follows, which need not read it again. 0 (also when left), or a negative
+ * ERR_E* with err. The job lock is held. */
+int store_latest_advance_to(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
+			    uid_t uid, gid_t gid, char *named, size_t len, char *err,
+			    size_t errlen)
 {
 	char now[NAME_MAX + 1];
 	uint64_t now_ns;
+	int rc;
 
-	if (store_job_no_latest(jobfd))
+	if (store_job_no_latest(jobfd)) {
+		store_latest_get(jobfd, named, len);	/* not ours to move, kept all the same */
 		return 0;
+	}
 	now_ns = store_latest_get(jobfd, now, sizeof(now));
+	snprintf(named, len, "%s", now);
 	if (now_ns > ns && strcmp(now, tag) != 0) {
 		log_info("latest stays at %s, committed after %s", now, tag);
 		return 0;
 	}
 	if (now_ns && strcmp(now, tag) == 0)
 		return 0;
-	return store_write_atomic(jobfd, FMT_LATEST, tag, strlen(tag), uid, gid, cfg->file_mode,
-				  err, errlen);
+	rc = store_write_atomic(jobfd, FMT_LATEST, tag, strlen(tag), uid, gid, cfg->file_mode,
+			       err, errlen);
+	if (rc == 0)
+		snprintf(named, len, "%s", tag);
+	return rc;
+}
+
+/* store_latest_advance_to, what latest names then not wanted. */
+int store_latest_advance(const struct config *cfg, int jobfd, const char *tag, uint64_t ns,
+			 uid_t uid, gid_t gid, char *err, size_t errlen)
+{
+	char named[NAME_MAX + 1];
+
+	return store_latest_advance_to(cfg, jobfd, tag, ns, uid, gid, named, sizeof(named), err,
+				       errlen);
 }
 
 /*
@@ -186,7 +206,7 @@ void store_job_repair(const struct config *cfg, int jobfd, const char *path,
 	if (cfg->keep_last > 0)
 		retention_keep(jobfd, path, best, best_ns, now_ns < best_ns ? best : now,
 			       st.st_uid, cfg->keep_last, b,
-			       config_root_of(cfg, path, &remote) >= 0 && remote);
+			       config_root_of(cfg, path, &remote) >= 0 && remote, NULL);
 out:
 	store_job_unlock(jobfd);
 }

@@ -63,29 +63,29 @@ static int seal_fill(int fd, const char *text, uid_t uid, gid_t gid, unsigned mo
 	return fsync(fd);
 }
 
-/* Writes this node's record r into the tag dirfd, owned by uid/gid, the job directory's lock
- * held (its readers' too): made under its name where none is there yet (one name looked up;
+/* Writes this node's record r (as text) into the tag dirfd, owned by uid/gid, the inode
+ * written into *ino, the job directory's lock held (its readers' too): made under its name where none is there yet (one name looked up;
  * a record that could not be written whole is removed again), else written beside it and
  * renamed over it (three). A crash while it is written may leave it unreadable, which its
  * readers take for no record and a later write replaces. */
-int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
-		     uid_t uid, gid_t gid, char *err, size_t errlen)
+static int seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
+		      uid_t uid, gid_t gid, char *text, ino_t *ino, char *err, size_t errlen)
 {
 	char name[STORE_HOST_MAX + 16], partial[STORE_HOST_MAX + 32];
-	char *text = seal_record_write(r);
+	struct stat st;
 	int fd, rc = 0;
 
-	if (!text)
-		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
 	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
 	snprintf(partial, sizeof(partial), "%s" FMT_PARTIAL, name);
 	fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd >= 0) {
-		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 || fsync(dirfd) < 0) {
+		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 || fsync(dirfd) < 0 ||
+		    fstat(fd, &st) < 0) {
 			rc = err_set(err, errlen, err_from_errno(errno), "write %s: %s", name,
 				     strerror(errno));
 			unlinkat(dirfd, name, 0);
 		}
+		*ino = st.st_ino;
 		close(fd);
 	} else if (errno != EEXIST) {
 		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", name,
@@ -94,14 +94,29 @@ int store_seal_write(const struct config *cfg, int dirfd, const struct seal_reco
 		rc = err_set(err, errlen, err_from_errno(errno), "create %s: %s", partial,
 			     strerror(errno));
 	} else {
-		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 ||
+		if (seal_fill(fd, text, uid, gid, cfg->file_mode) < 0 || fstat(fd, &st) < 0 ||
 		    renameat(dirfd, partial, dirfd, name) < 0 || fsync(dirfd) < 0)
 			rc = err_set(err, errlen, err_from_errno(errno), "write %s: %s", name,
 				     strerror(errno));
+		*ino = st.st_ino;
 		close(fd);
 		if (rc < 0)
 			unlinkat(dirfd, partial, 0);
 	}
+	return rc;
+}
+
+/* Writes this node's record r into the tag dirfd (see seal_write). */
+int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
+		     uid_t uid, gid_t gid, char *err, size_t errlen)
+{
+	char *text = seal_record_write(r);
+	ino_t ino;
+	int rc;
+
+	if (!text)
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
+	rc = seal_write(cfg, dirfd, r, uid, gid, text, &ino, err, errlen);
 	free(text);
 	return rc;
 }
@@ -271,8 +286,9 @@ static void seal_read_batch(struct seal_batch *b)
 }
 
 /* Lists the records of dirfd not in seen (added there) into *at (*n of them, free'd by the
- * caller); 0, or -1 (cannot list). */
-static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t *n)
+ * caller), and whether the manifest is there into *manifest; 0, or -1 (cannot list). */
+static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t *n,
+			 int *manifest)
 {
 	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -281,6 +297,7 @@ static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t 
 
 	*at = NULL;
 	*n = 0;
+	*manifest = 0;
 	if (!d) {
 		if (fd >= 0)
 			close(fd);
@@ -288,6 +305,7 @@ static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t 
 	}
 	while ((e = readdir(d))) {
 		size_t i;
+		*manifest |= strcmp(e->d_name, FMT_MANIFEST) == 0;
 		if (!seal_record_name(e->d_name) ||
 		    seal_seen_add(seen, e->d_name, e->d_ino, &i) != 0)
 			continue;
@@ -370,10 +388,78 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 			uint8_t *have, uint64_t *newest, struct seal_seen *seen)
 {
 	size_t *at, n;
+	int manifest;
 
-	if (seal_list_new(dirfd, seen, &at, &n) < 0)
+	if (seal_list_new(dirfd, seen, &at, &n, &manifest) < 0)
 		return -1;
 	return seal_scan(dirfd, at, n, job, run, world, have, newest, seen);
+}
+
+/* Lists the tag dirfd for a look (see dsckptd.h); 0, or -1 (cannot list). */
+int store_seal_list(int dirfd, struct seal_seen *seen, struct seal_listing *l)
+{
+	return seal_list_new(dirfd, seen, &l->at, &l->n, &l->manifest);
+}
+
+/* Reads the records l listed, this node's but when skip_own (see dsckptd.h); how many ranks
+ * have holds then. */
+int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, const char *job,
+			   const char *run, unsigned world, uint8_t *have, uint64_t *newest,
+			   struct seal_seen *seen)
+{
+	char own[STORE_HOST_MAX + 16];
+	size_t k = 0, *at = l->at;
+
+	snprintf(own, sizeof(own), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, store_host());
+	for (size_t i = 0; i < l->n; i++)
+		if (!skip_own || strcmp(seen->names[at[i]], own) != 0)
+			at[k++] = at[i];
+	*l = (struct seal_listing){NULL, 0, l->manifest};
+	return seal_scan(dirfd, at, k, job, run, world, have, newest, seen);
+}
+
+/* Frees what a listing holds; the records it listed but nobody read are to be read by the
+ * next look (their inode in seen forgotten). */
+void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen)
+{
+	for (size_t i = 0; i < l->n; i++)
+		seen->inos[l->at[i]] = 0;
+	free(l->at);
+	*l = (struct seal_listing){NULL, 0, 0};
+}
+
+/* Writes this node's record r as store_seal_write does, and keeps it in seen as read, its
+ * ranks in have and its seal in *newest (see dsckptd.h). */
+int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal_record *r,
+			  uid_t uid, gid_t gid, uint8_t *have, uint64_t *newest,
+			  struct seal_seen *seen, char *err, size_t errlen)
+{
+	char name[STORE_HOST_MAX + 16], why[200], *text = seal_record_write(r);
+	struct seal_record got;
+	size_t i = 0;
+	ino_t ino = 0;
+	int rc;
+
+	if (!text)
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
+	rc = seal_write(cfg, dirfd, r, uid, gid, text, &ino, err, errlen);
+	/* Kept as written (no memory: a later look reads it like any other). */
+	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
+	if (rc == 0 && seal_record_parse(text, strlen(text), &got, why, sizeof(why)) == 0) {
+		int k = seal_seen_add(seen, name, ino, &i);
+		while (k == 1 && strcmp(seen->names[i], name) != 0)
+			i++;	/* there with that inode already: found from the first */
+		if (k < 0) {
+			seal_record_free(&got);
+		} else {
+			seen->inos[i] = ino;
+			seal_record_free(&seen->recs[i]);
+			seal_add(&got, r->job, r->run, r->world, have, newest);
+			seen->recs[i] = got;
+		}
+	}
+	free(text);
+	return rc;
 }
 
 /* Reads the records names (n) of the tag dirfd, which the directory's watch saw come, as

@@ -73,6 +73,22 @@ static int swap_clear(int jobfd, const char *path, const char *name, uid_t uid)
 	return 1;
 }
 
+/* Removes the staging directory stage (a path) if it is still the directory dfd, in jobfd,
+ * and empty: a new version whose every save here failed or was abandoned leaves nothing
+ * behind (rmdir removes nothing that holds a name). */
+void swap_remove_empty(int jobfd, const char *stage, int dfd)
+{
+	const char *name = strrchr(stage, '/') ? strrchr(stage, '/') + 1 : stage;
+	char tag[NAME_MAX + 1];
+
+	if (store_tag_version(name, tag, sizeof(tag)) != 1 || !store_dir_at(jobfd, name, dfd))
+		return;
+	if (unlinkat(jobfd, name, AT_REMOVEDIR) == 0)
+		log_info("removed %s: no save of that new version is left", stage);
+	else if (errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT)
+		log_warn("cannot remove %s", stage);
+}
+
 /* Opens (creating) the staging directory stage (a path swap_staging_path made) for uid/gid,
  * as store_open_dir opens a directory; what squats its name is cleared first. */
 int swap_open_staging(const struct config *cfg, const char *stage, uid_t uid, gid_t gid,

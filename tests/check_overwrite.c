@@ -4,7 +4,8 @@
  * commit. Against the real daemon: the same tag saved three times, a load begun before each
  * commit reads the old version and one after it the new; `latest` and the tag are whole at
  * every look; a second save while the first is in flight; two ranks; a trainer killed after
- * its seal; a daemon killed while the new version is in flight.
+ * its seal; a daemon killed while the new version is in flight; a new version aborted or
+ * failed leaves no staging directory.
  */
 #include "harness_daemon.h"
 
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -329,6 +331,88 @@ START_TEST(test_keep_last)
 }
 END_TEST
 
+/* Waits (a minute at most) until path exists (want 1) or not (want 0); whether it came. */
+static int wait_exists(const char *path, int want)
+{
+	for (int i = 0; i < 60000 && h_exists(path) != want; i++)
+		h_sleep_ms(1);
+	return h_exists(path) == want;
+}
+
+/* Begins a save of dir/rank0 whose SAVE_BEGIN goes out at once, and waits until the daemon
+ * made the staging directory next for it. */
+static dsckpt_save_t *begin_staged(dsckpt_conn_t *c, const char *dir, const char *next)
+{
+	dsckpt_save_t *s;
+
+	CK_DS(c, dsckpt_save_begin_flags(c, dir, "rank0", DSCKPT_SAVE_EARLY, &s));
+	ck_assert_msg(wait_exists(next, 1), "%s was never made", next);
+	return s;
+}
+
+/* A new version of a committed tag aborted before its end (SAVE_ABORT, or its trainer gone)
+ * leaves no staging directory behind, and the tag stays whole; a next version is saved and
+ * committed as before. */
+START_TEST(test_aborted_overwrite)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	char job[512], dir[600];
+
+	snprintf(job, sizeof(job), "%s/ab", D->root);
+	snprintf(dir, sizeof(dir), "%s/last", job);
+	const char *next = staging(job, "last", "next");
+	dsckpt_conn_t *c = conn_open("ab", 0, 1);
+	save_and_commit(c, dir, 701);
+	dsckpt_save_free(begin_staged(c, dir, next));	/* SAVE_ABORT, answered */
+	ck_assert_msg(!h_exists(next), "an aborted save left %s", next);
+	check_whole(job, "last", "rank0", 64 * 1024, 701);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {	/* a trainer that dies with its save begun */
+		begin_staged(conn_open("ab", 0, 1), dir, next);
+		_exit(0);
+	}
+	int status;
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_int_eq(status, 0);
+	ck_assert_msg(wait_exists(next, 0), "a save whose trainer died left %s", next);
+	check_whole(job, "last", "rank0", 64 * 1024, 701);
+	save_and_commit(c, dir, 702);
+	check_whole(job, "last", "rank0", 64 * 1024, 702);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
+/* A new version of a committed tag whose save fails (no space) leaves no staging directory
+ * behind; the tag stays whole. */
+START_TEST(test_failed_overwrite)
+{
+	d_start(CACHE_8M, CHUNK_1M);
+	const char *small = d_small_disk();
+	if (!small)
+		return;
+	char job[512], dir[600], next[700];
+	void *mem;
+
+	snprintf(job, sizeof(job), "%s/fo", small);
+	snprintf(dir, sizeof(dir), "%s/last", job);
+	snprintf(next, sizeof(next), "%s", staging(job, "last", "next"));
+	dsckpt_conn_t *c = conn_open("fo", 0, 1);
+	save_and_commit(c, dir, 801);
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", 16 * MIB, 802, &mem);
+	int rc = dsckpt_wait(s, DSCKPT_DURABLE, 60000);
+	ck_assert_msg(rc == DSCKPT_EFAILED, "the save into a full disk: %s", dsckpt_err_name(rc));
+	ck_assert_msg(wait_exists(next, 0), "a failed save left %s", next);
+	check_whole(job, "last", "rank0", 64 * 1024, 801);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	ck_assert_int_eq(umount(small), 0);
+	d_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *overwrite_suite(void)
 {
@@ -341,8 +425,10 @@ static Suite *overwrite_suite(void)
 	tcase_add_test(tc, test_trainer_killed);
 	tcase_add_test(tc, test_daemon_killed);
 	tcase_add_test(tc, test_keep_last);
+	tcase_add_test(tc, test_aborted_overwrite);
+	tcase_add_test(tc, test_failed_overwrite);
 	suite_add_tcase(s, tc);
 	return s;
 }
 
-CHECK_MAIN(overwrite_suite)
+CHECK_MAIN_BEFORE_RM(overwrite_suite, d_unmount_small)

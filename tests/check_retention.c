@@ -3,14 +3,18 @@
  * directory (store_commit, no daemon): the newest keep stay whatever their names, the tag
  * just committed and the one `latest` names are never deleted, uncommitted tags and files
  * dsckptd did not write stay, nothing of another user is touched, a spent budget deletes
- * nothing, and under a root with a remote tier only tags already there (REMOTE.json) go.
+ * nothing, under a root with a remote tier only tags already there (REMOTE.json) go, and
+ * what another run left uncommitted before the commit goes.
  */
 #include "harness_store.h"
 
 #include <check.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Writes one rank's file into job/tag and commits it (latest follows). */
@@ -37,12 +41,24 @@ static int has(const char *rel)
 	return h_exists(rpath("job/%s", rel));
 }
 
+/* Applies keep_last keep in the job directory fd as a commit of tag by uid (of run; NULL:
+ * none) would, latest read from the disk, under a root with a remote tier when remote. */
+static void apply_in(int fd, const char *tag, uid_t uid, unsigned keep, int remote,
+		     const char *run)
+{
+	char latest[NAME_MAX + 1];
+
+	store_latest_get(fd, latest, sizeof(latest));
+	retention_keep(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), latest, uid,
+		       keep, NULL, remote, run);
+}
+
 /* Applies keep_last keep as a commit of tag by uid would, latest read from the disk. */
 static void apply(const char *tag, uid_t uid, unsigned keep)
 {
 	int fd = job_open();
 
-	retention_apply(fd, rpath("%s", "job"), tag, store_tag_committed(fd, tag), uid, keep, 0);
+	apply_in(fd, tag, uid, keep, 0, NULL);
 	close(fd);
 }
 
@@ -89,7 +105,7 @@ START_TEST(test_current_and_latest)
 	/* A commit of b (older than e) with latest naming a: keep 1 keeps e and a; b, older
 	 * than e, goes with c and d. */
 	retention_keep(fd, rpath("%s", "job"), "b", store_tag_committed(fd, "b"), "a", 0, 1,
-		       NULL, 0);
+		       NULL, 0, NULL);
 	close(fd);
 	ck_assert(has("a/" FMT_MANIFEST) && has("e/" FMT_MANIFEST));
 	ck_assert(!has("b") && !has("c") && !has("d"));
@@ -172,18 +188,18 @@ START_TEST(test_budget)
 	fd = job_open();
 	uint64_t ns = store_tag_committed(fd, "d");
 	struct store_budget small = {.entries = 3, .bytes = 1 << 20};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small, 0);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &small, 0, NULL);
 	ck_assert(small.spent);
 	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
 
 	ck_assert_int_eq(stat(rpath("job/%s", "a/" FMT_MANIFEST), &st), 0);
 	struct store_budget two = {.entries = 1000, .bytes = (uint64_t)st.st_size * 5 / 2};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two, 0);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 2, &two, 0, NULL);
 	ck_assert(two.spent);
 	ck_assert(has("a/" FMT_MANIFEST) && has("b/" FMT_MANIFEST) && has("c/" FMT_MANIFEST));
 
 	struct store_budget enough = {.entries = 1000, .bytes = 1 << 20};
-	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough, 0);
+	retention_keep(fd, rpath("%s", "job"), "d", ns, "d", 0, 1, &enough, 0, NULL);
 	close(fd);
 	ck_assert(!enough.spent);
 	ck_assert(!has("a") && !has("b") && !has("c") && has("d/" FMT_MANIFEST));
@@ -201,7 +217,7 @@ START_TEST(test_remote_kept)
 		commit_tag(order[i]);
 	write_text(rpath("job/%s", "a/" FMT_REMOTE), "{}");
 	fd = job_open();
-	retention_apply(fd, rpath("%s", "job"), "c", store_tag_committed(fd, "c"), 0, 1, 1);
+	apply_in(fd, "c", 0, 1, 1, NULL);
 	close(fd);
 	ck_assert(!has("a"));		/* in the remote: gone whole */
 	ck_assert(has("b/" FMT_MANIFEST));	/* not yet: kept */
@@ -209,6 +225,59 @@ START_TEST(test_remote_kept)
 	write_text(rpath("job/%s", "b/" FMT_REMOTE), "{}");
 	apply("c", 0, 1);		/* without a remote the marker does not matter */
 	ck_assert(!has("b"));
+}
+END_TEST
+
+/* Dates path secs seconds ahead (a change after the newest commit). */
+static void postdate(const char *path, int secs)
+{
+	struct timespec t[2];
+
+	clock_gettime(CLOCK_REALTIME, &t[0]);
+	t[0].tv_sec += secs;
+	t[1] = t[0];
+	ck_assert_int_eq(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+/* A commit of run r2 removes what run r1 left uncommitted before it (old: r1's file and seal
+ * record, all of it), and keeps a tag holding a file of r2 (its run may still seal it), one
+ * with a save in flight (a *.partial), one whose file records no run (not attributable), one
+ * changed after the commit, and a staging directory; retention without a run (recovery's)
+ * removes none of them. */
+START_TEST(test_leftovers)
+{
+	static const char *kept[] = {"mixed", "busy", "plain", "late", ".new.dsckpt-next"};
+	unsigned r0 = 0;
+	struct seal_record rec = {"h", "job", 2, &r0, 1, "r1", 1, NULL, 0, NULL};
+	char *text = seal_record_write(&rec);
+	int fd;
+
+	ck_assert_ptr_nonnull(text);
+	commit_tag("new");
+	write_ckpt_run(rpath("job/%s", "old"), "model", 0, NULL, "h", "r1");
+	write_text(rpath("job/%s", "old/SEAL.h.json"), text);
+	write_ckpt_run(rpath("job/%s", "mixed"), "a", 0, NULL, "h", "r1");
+	write_ckpt_run(rpath("job/%s", "mixed"), "b", 1, NULL, "h", "r2");
+	write_ckpt_run(rpath("job/%s", "busy"), "model", 0, NULL, "h", "r1");
+	write_text(rpath("job/%s", "busy/rank1.safetensors.partial"), "x");
+	write_ckpt_run(rpath("job/%s", "plain"), "model", 0, NULL, "h", NULL);
+	write_ckpt_run(rpath("job/%s", "late"), "model", 0, NULL, "h", "r1");
+	write_ckpt_run(rpath("job/%s", ".new.dsckpt-next"), "model", 0, NULL, "h", "r1");
+	free(text);
+	backdate(rpath("job/%s", "old"), 3600);
+	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
+		backdate(rpath("job/%s", kept[i]), 3600);
+	postdate(rpath("job/%s", "late"), 3600);
+	fd = job_open();
+	uint64_t ns = store_tag_committed(fd, "new");
+	retention_keep(fd, rpath("%s", "job"), "new", ns, "new", 0, 5, NULL, 0, NULL);
+	ck_assert(has("old/model.safetensors"));	/* no run committing: nothing goes */
+	apply_in(fd, "new", 0, 5, 0, "r2");
+	close(fd);
+	ck_assert_msg(!has("old"), "r1's leftover is still there");
+	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
+		ck_assert_msg(has(kept[i]), "%s went", kept[i]);
+	ck_assert(has("new/" FMT_MANIFEST));
 }
 END_TEST
 
@@ -225,6 +294,7 @@ static Suite *retention_suite(void)
 	tcase_add_test(tc, test_owners);
 	tcase_add_test(tc, test_budget);
 	tcase_add_test(tc, test_remote_kept);
+	tcase_add_test(tc, test_leftovers);
 	suite_add_tcase(s, tc);
 	return s;
 }
