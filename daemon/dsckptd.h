@@ -932,9 +932,6 @@ int store_describe_all(int dfd, const char *path, const char *run, char **names,
 		       char *err, size_t errlen);
 /* Whether e is a safetensors file. */
 int store_entry_st(const struct store_entry *e);
-/* Whether the safetensors file dirfd/name is of run: 1, 0 (another recorded), -1 (no run
- * recorded, or unreadable). */
-int store_file_of_run(int dirfd, const char *name, const char *run);
 /* The manifest's entry of e (its strings and tensors borrowed from e). */
 struct manifest_file store_entry_file(const struct store_entry *e);
 /* A node's files of a tag as its seal record describes them. */

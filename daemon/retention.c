@@ -96,39 +96,22 @@ static int retention_uploaded(int jobfd, const char *jobpath, const char *tag)
 	return 0;
 }
 
-/* Whether the uncommitted tag jobfd/tag is what a run other than run left: something in it
- * is of a run (a seal record, a safetensors file), nothing of run, and no save is in flight
- * there (no *.partial, whichever node's). Its records and files are read until one of run is
- * found. */
+/* Whether the uncommitted tag jobfd/tag is what a run other than run left
+ * (leftover_of_other_run, the rule `dsckptctl prune` applies too). */
 static int retention_leftover(int jobfd, const char *tag, const char *run)
 {
-	int fd = openat(jobfd, tag, STORE_DIR_FLAGS), found = 0, ours = 0;
+	int fd = openat(jobfd, tag, STORE_DIR_FLAGS), left = 0;
 	char **names;
 	size_t n;
 
 	if (fd < 0)
 		return 0;
-	if (store_list(fd, &names, &n) < 0) {
-		close(fd);
-		return 0;
+	if (store_list(fd, &names, &n) == 0) {
+		left = leftover_of_other_run(fd, names, n, run);
+		store_list_free(names, n);
 	}
-	for (size_t i = 0; i < n; i++)
-		ours |= store_has_suffix(names[i], FMT_PARTIAL) || !strcmp(names[i], FMT_MANIFEST);
-	for (size_t i = 0; i < n && !ours; i++) {
-		struct seal_record r;
-		if (seal_record_name(names[i]) && store_seal_read(fd, names[i], &r) == 0) {
-			found = 1;
-			ours = strcmp(r.run, run) == 0;
-			seal_record_free(&r);
-		} else if (store_has_suffix(names[i], FMT_SAFETENSORS)) {
-			int of = store_file_of_run(fd, names[i], run);
-			found |= of >= 0;
-			ours = of != 0;	/* unreadable: kept */
-		}
-	}
-	store_list_free(names, n);
 	close(fd);
-	return found && !ours;
+	return left;
 }
 
 /* Removes the uncommitted tags of left (n) that changed last before newest (the newest

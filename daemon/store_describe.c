@@ -60,22 +60,6 @@ static int store_read_header(int dirfd, struct store_entry *f, char *err, size_t
 	return 0;
 }
 
-/* Whether the safetensors file dirfd/name records run (KEY_RUN): 1, 0 when it records
- * another, -1 when it records none (not attributable: a file of the unknown run, or not
- * dsckptd's) or its header cannot be read. One open. */
-int store_file_of_run(int dirfd, const char *name, const char *run)
-{
-	struct store_entry f = {.name = name};
-	char err[ERRLEN];
-
-	if (store_read_header(dirfd, &f, err, sizeof(err)) < 0)
-		return -1;
-	const char *frun = st_header_meta(f.h, KEY_RUN);
-	int of = !frun || !*frun ? (*run ? -1 : 1) : strcmp(frun, run) == 0;
-	st_header_free(f.h);
-	return of;
-}
-
 /* Parses the header k kept of f as this daemon wrote it (its length, then its JSON), and
  * f->size: what store_read_header reads from the file, without a lookup. */
 static int store_known_header(const struct store_known *k, struct store_entry *f, char *err,

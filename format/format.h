@@ -82,6 +82,14 @@ void seal_record_free(struct seal_record *r);
 /* Whether name is a seal record's file name. */
 int seal_record_name(const char *name);
 
+/* leftover.c — an uncommitted tag another run of its job left (keep_last and prune remove it). */
+/* Whether the uncommitted tag tagfd, holding the n entries names, is what a run other than
+ * run ("" the unknown one) left: something in it is of a run (a seal record, a safetensors
+ * file's KEY_RUN), nothing of run, and no save is in flight there (no *.partial, whichever
+ * node's) nor a manifest. Records and files are read until one of run is found; a safetensors file
+ * whose header does not read keeps the tag. */
+int leftover_of_other_run(int tagfd, char *const *names, size_t n, const char *run);
+
 /* meta.c — the <file>.meta file: a save's named blobs. */
 /* One blob: a name and its bytes. */
 struct meta_blob {
