@@ -3,17 +3,22 @@
  * daemon and the checkpoints it writes: verify of a single file (sound, flipped, truncated,
  * missing, not a checkpoint file, a .meta file, DeepSpeed's link), info of a tag (committed or
  * not, in flight, run, dtypes, checksums), rm (latest, in flight, no daemon, links, not a tag)
- * and prune (keep N, latest, uncommitted, links and hidden names left alone, --dry-run).
+ * and prune (keep N, latest, uncommitted, links and hidden names left alone, --dry-run; what
+ * an earlier, killed run left uncommitted removed, a save unfinished and the current run's
+ * tags kept).
  * Attacks by another user on rm and prune: check_ctl_hostile.c.
  */
 #include "harness_daemon.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Output of the last run() (stdout and stderr together). */
@@ -336,6 +341,138 @@ START_TEST(test_prune)
 }
 END_TEST
 
+/* Whether directory dir holds a seal record. */
+static int has_seal(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int found = 0;
+	while (d && !found && (e = readdir(d)))
+		found = strncmp(e->d_name, "SEAL.", 5) == 0;
+	if (d)
+		closedir(d);
+	return found;
+}
+
+/* Saves file name (tensor "t", 3000 bytes of seed's pattern) into dir and waits DURABLE. */
+static void save_file(dsckpt_conn_t *c, const char *dir, const char *name, uint64_t seed)
+{
+	dsckpt_save_t *s = NULL;
+	int64_t shape[1] = {3000};
+	void *mem = dsckpt_host_alloc(3000);
+	ck_assert_ptr_nonnull(mem);
+	h_pattern_fill(mem, 3000, seed);
+	CK_DS(c, dsckpt_save_begin(c, dir, name, &s));
+	CK_DS(c, dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, 3000));
+	CK_DS(c, dsckpt_save_end(s));
+	wait_level(c, s, DSCKPT_DURABLE, 30000);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+}
+
+/* Waits (a minute at most) until path exists. */
+static void wait_exists(const char *path)
+{
+	for (int i = 0; i < 60000 && !h_exists(path); i++)
+		h_sleep_ms(1);
+	ck_assert_msg(h_exists(path), "%s never appeared", path);
+}
+
+/* Rank 0 of 2 of job pl's run A, in a child process SIGKILLed once it saved l1 (and sealed
+ * it) and l2 under job: neither commits, rank 1 never came. */
+static void killed_run(const char *job)
+{
+	int ready[2];
+	ck_assert_int_eq(pipe(ready), 0);
+	setenv("DSCKPT_RUN_ID", "run-a", 1);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dsckpt_conn_t *c = conn_open("pl", 0, 2);
+		save_tag(c, h_path("%s/l1", job), 3000, 1, 0, 0);
+		save_tag(c, h_path("%s/l2", job), 3000, 2, 0, 0);
+		int rc = dsckpt_seal(c, h_path("%s/l1", job));
+		if (write(ready[1], rc == 0 ? "y" : "n", 1) != 1 || rc != 0)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	char b = 0;
+	ck_assert_int_eq(read(ready[0], &b, 1), 1);
+	ck_assert_int_eq(b, 'y');
+	close(ready[0]);
+	close(ready[1]);
+	for (int i = 0; i < 60000 && !has_seal(h_path("%s/l1", job)); i++)
+		h_sleep_ms(1);
+	ck_assert_msg(has_seal(h_path("%s/l1", job)), "run A's seal record never appeared");
+	kill(pid, SIGKILL);
+	ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+}
+
+/*
+ * Issue 32 item 2 from prune's side: run A of job pl (2 ranks) is SIGKILLed with l1 (rank 0
+ * saved and sealed) and l2 uncommitted; another node's save into l2 is still unfinished (a
+ * rank1.safetensors.partial). Run B saves and seals l4 on rank 0 only, then commits t3 on
+ * both ranks. prune --dry-run names l1 as an earlier run's leftover and removes nothing;
+ * prune removes l1, all of it, and keeps l2 (the *.partial) and l4 (run B's, rank 1 may still
+ * seal it), which then commits once rank 1 seals it. Before: l1 was "kept: not committed".
+ */
+START_TEST(test_prune_leftovers)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	const char *job = h_path("%s/pl", D->root);
+	char l1[400], l2[400], l4[400], t3[400];
+	snprintf(l1, sizeof(l1), "%s/l1", job);
+	snprintf(l2, sizeof(l2), "%s/l2", job);
+	snprintf(l4, sizeof(l4), "%s/l4", job);
+	snprintf(t3, sizeof(t3), "%s/t3", job);
+	killed_run(job);
+	ck_assert_int_eq(h_system("echo x > '%s/rank1.safetensors.partial'", l2), 0);
+
+	setenv("DSCKPT_RUN_ID", "run-b", 1);
+	dsckpt_conn_t *c0 = conn_open("pl", 0, 2), *c1 = conn_open("pl", 1, 2);
+	save_tag(c0, l4, 3000, 4, 0, 0);
+	CK_DS(c0, dsckpt_seal(c0, l4));
+	save_tag(c0, t3, 3000, 30, 0, 0);
+	save_file(c1, t3, "rank1", 31);
+	CK_DS(c0, dsckpt_seal(c0, t3));
+	CK_DS(c1, dsckpt_seal(c1, t3));
+	wait_exists(h_path("%s/MANIFEST.json", t3));
+
+	ck_assert_int_eq(run("prune --dry-run '%s'%s", job, ""), 0);
+	HAS(h_path("would remove %s (", l1));
+	HAS("): an earlier run left it uncommitted");
+	HAS(h_path("kept %s: not committed: a save into it is unfinished", l2));
+	HAS(h_path("kept %s: not committed: of the run that made", l4));
+	HAS(h_path("kept %s: one of the 1 newest", t3));
+	ck_assert(h_exists(h_path("%s/rank0.safetensors", l1)) && has_seal(l1));
+	ck_assert_int_eq(run("--json prune --dry-run '%s'%s", job, ""), 0);
+	cJSON *doc = cJSON_Parse(out);
+	ck_assert_msg(doc, "not JSON: %s", out);
+	cJSON *gone = cJSON_GetArrayItem(cJSON_GetObjectItem(doc, "removed"), 0);
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(doc, "removed")), 1);
+	ck_assert_str_eq(cJSON_GetObjectItem(gone, "path")->valuestring, l1);
+	ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(gone, "leftover")));
+	cJSON_Delete(doc);
+
+	ck_assert_int_eq(run("prune '%s'%s", job, ""), 0);
+	HAS(h_path("removed %s (", l1));
+	ck_assert_msg(!h_exists(l1), "run A's l1 is left");
+	ck_assert(h_exists(h_path("%s/rank0.safetensors", l2)) &&
+		  h_exists(h_path("%s/rank1.safetensors.partial", l2)));
+	ck_assert(h_exists(h_path("%s/rank0.safetensors", l4)) && has_seal(l4));
+	ck_assert(h_exists(h_path("%s/MANIFEST.json", t3)));
+	save_file(c1, l4, "rank1", 41);
+	CK_DS(c1, dsckpt_seal(c1, l4));
+	wait_exists(h_path("%s/MANIFEST.json", l4));
+	ck_assert_int_eq(run("verify '%s'%s", l4, ""), 0);
+	unsetenv("DSCKPT_RUN_ID");
+	dsckpt_close(c0);
+	dsckpt_close(c1);
+	d_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *ctl_tools_suite(void)
 {
@@ -344,6 +481,7 @@ static Suite *ctl_tools_suite(void)
 	h_add_case(s, "info", test_info, 60, 1);
 	h_add_case(s, "rm", test_rm, 90, 1);
 	h_add_case(s, "prune", test_prune, 90, 1);
+	h_add_case(s, "prune leftovers", test_prune_leftovers, 120, 1);
 	return s;
 }
 

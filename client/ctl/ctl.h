@@ -93,8 +93,12 @@ int metrics_run(struct ctl *ctl);
 int pending_run(struct ctl *ctl);
 /* Asks the daemon at ctl->socket, printing nothing, how many saves into tag directory dir
  * (absolute; or its .<tag>.dsckpt-next) it holds that are neither COMMITTED nor FAILED; the
- * first one in what. -1 when no daemon answers. */
-long pending_in_tag(const struct ctl *ctl, const char *dir, char *what, size_t len);
+ * first one in what. -1 when no daemon answers. With PENDING_LIVE, only the saves still live
+ * count: below DURABLE (being written), or whose trainer is still connected (it may seal);
+ * a DURABLE save of a trainer gone (a killed run) does not. */
+#define PENDING_ANY 0
+#define PENDING_LIVE 1
+long pending_in_tag(const struct ctl *ctl, const char *dir, int which, char *what, size_t len);
 /* Waits until no save (of ctl->dir) is below DURABLE; fails if one FAILED or on timeout. */
 int pending_wait(struct ctl *ctl);
 
@@ -125,6 +129,7 @@ struct tagdir {
 	int latest;              /* ../latest names it */
 	int next;                /* .<name>.dsckpt-next lies beside it (an overwrite) */
 	unsigned uid;            /* its owner */
+	uint64_t changed_ns;     /* when its directory last changed (mtime) */
 };
 /* Whether a directory entry's name is one of the daemon's hidden ones (TAG_HIDDEN_MARK). */
 int tagdir_hidden(const char *name);
@@ -142,11 +147,13 @@ int tagdir_mine(const struct tagdir *t, char *why, size_t len);
 /* The name the `latest` file in directory fd holds (into buf), or NULL when there is none. */
 const char *tagdir_latest(int fd, char *buf, size_t len);
 /* Whether a save into t may be in flight: 0 when not (the daemon says so, or, with no daemon,
- * t is committed with nothing unfinished); TAG_BUSY when the daemon holds one (in what);
- * TAG_MAYBE_BUSY when no daemon answers to tell and t is not plainly finished (what says so). */
+ * t is committed with nothing unfinished); TAG_BUSY when the daemon holds one (in what; which
+ * saves count: pending_in_tag's which); TAG_MAYBE_BUSY when no daemon answers to tell and t
+ * is not plainly finished (what says so). */
 #define TAG_BUSY 1
 #define TAG_MAYBE_BUSY 2
-int tagdir_busy(const struct ctl *ctl, const struct tagdir *t, char *what, size_t len);
+int tagdir_busy(const struct ctl *ctl, const struct tagdir *t, int which, char *what,
+		size_t len);
 
 /* info.c */
 /* Describes the tag directory ctl->arg: state, files, ranks, dtypes, run, checksums. */

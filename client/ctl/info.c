@@ -355,7 +355,7 @@ int info_run(struct ctl *ctl)
 		tagdir_close(&t);
 		return CTL_FAIL;
 	}
-	long saves = pending_in_tag(ctl, t.path, flight, sizeof(flight));
+	long saves = pending_in_tag(ctl, t.path, PENDING_ANY, flight, sizeof(flight));
 	int busy = saves > 0 ? TAG_BUSY : saves == 0 ? 0 : -1;
 	info_facts(&t, v, n, &x);
 	int rc = CTL_OK;

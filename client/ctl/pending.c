@@ -23,6 +23,7 @@
 struct psave {
 	uint64_t id, client, pid, rank, total, snapshot, flushed, rate, age_ms;
 	int64_t level;
+	int alive;     /* its trainer is connected (an older daemon's reply: taken as so) */
 	char *job, *dir, *file;
 	char *error;   /* NULL unless the save FAILED */
 };
@@ -70,6 +71,8 @@ static int psave_decode(const msgpack_object *obj, struct psave *s, char *why, s
 	proto_get_u64(&pm, "bytes_flushed", UINT64_MAX, &s->flushed, 1);
 	proto_get_u64(&pm, "rate", UINT64_MAX, &s->rate, 1);
 	proto_get_u64(&pm, "age_ms", UINT64_MAX, &s->age_ms, 1);
+	s->alive = 1;
+	proto_get_bool(&pm, "client_alive", &s->alive, 0);
 	int has_error = proto_get_str(&pm, "error", error, PROTO_MAX_STR, 0) == 1;
 	if (pm.err) {
 		snprintf(why, whylen, "%s", pm.why);
@@ -376,9 +379,10 @@ static int psave_into_tag(const struct psave *s, const char *dir)
 }
 
 /* Asks the daemon at ctl->socket, printing nothing, how many saves into tag directory dir
- * (absolute) it holds that are neither COMMITTED nor FAILED; the first one in what. -1 when
- * no daemon answers. */
-long pending_in_tag(const struct ctl *ctl, const char *dir, char *what, size_t len)
+ * (absolute) it holds that are neither COMMITTED nor FAILED (with PENDING_LIVE, only those
+ * below DURABLE or whose trainer is connected); the first one in what. -1 when no daemon
+ * answers. */
+long pending_in_tag(const struct ctl *ctl, const char *dir, int which, char *what, size_t len)
 {
 	dsckpt_conn_t *c;
 	struct plist pl = {0};
@@ -394,7 +398,8 @@ long pending_in_tag(const struct ctl *ctl, const char *dir, char *what, size_t l
 	for (size_t i = 0; i < pl.n; i++) {
 		const struct psave *s = &pl.v[i];
 		if (!psave_into_tag(s, dir) || s->level == DSCKPT_FAILED ||
-		    s->level >= DSCKPT_COMMITTED)
+		    s->level >= DSCKPT_COMMITTED ||
+		    (which == PENDING_LIVE && s->level >= DSCKPT_DURABLE && !s->alive))
 			continue;
 		if (n++ == 0)
 			snprintf(what, len, "save %" PRIu64 " of %s (job %s, rank %" PRIu64 ") is %s",

@@ -8,6 +8,13 @@
  * root, a user removes only tags whose directory is their own. A tag a save is in flight
  * into is never removed: the daemon is asked; with none answering, only a committed tag with
  * nothing unfinished goes, unless --force.
+ *
+ * prune also removes what an earlier run of the job left uncommitted, by the rule the daemon's
+ * keep_last applies at a commit (format/leftover.c): a tag without a manifest that last
+ * changed before the job's newest commit, holding seal records or files of some run but none
+ * of the run that made that commit, and no *.partial (a save in flight, on any node). A tag
+ * of the newest commit's run (another node may still be sealing it) is kept, and so is one
+ * the daemon holds a save into.
  */
 #include "ctl.h"
 
@@ -108,8 +115,9 @@ static int remove_tag(struct tagdir *t, char *why, size_t len)
 	return 0;
 }
 
-/* Prints (or adds to the JSON array a) that tag t was removed, or would be (--dry-run). */
-static void say_removed(const struct ctl *ctl, const struct tagdir *t, cJSON *a)
+/* Prints (or adds to the JSON array a) that tag t was removed, or would be (--dry-run);
+ * leftover: as what an earlier run left uncommitted. */
+static void say_removed(const struct ctl *ctl, const struct tagdir *t, int leftover, cJSON *a)
 {
 	char b[32];
 	if (a) {
@@ -118,11 +126,13 @@ static void say_removed(const struct ctl *ctl, const struct tagdir *t, cJSON *a)
 		cJSON_AddNumberToObject(o, "files", t->files);
 		cJSON_AddNumberToObject(o, "bytes", (double)t->bytes);
 		cJSON_AddBoolToObject(o, "latest", t->latest);
+		cJSON_AddBoolToObject(o, "leftover", leftover);
 		cJSON_AddItemToArray(a, o);
 		return;
 	}
-	printf("%s %s (%u file%s, %s)\n", ctl->dry_run ? "would remove" : "removed", t->path,
-	       t->files, t->files == 1 ? "" : "s", out_bytes(t->bytes, b, sizeof(b)));
+	printf("%s %s (%u file%s, %s)%s\n", ctl->dry_run ? "would remove" : "removed", t->path,
+	       t->files, t->files == 1 ? "" : "s", out_bytes(t->bytes, b, sizeof(b)),
+	       leftover ? ": an earlier run left it uncommitted" : "");
 	if (t->latest)
 		printf("%s the `latest` that named it\n", ctl->dry_run ? "would remove" : "removed");
 }
@@ -170,7 +180,7 @@ int remove_run(struct ctl *ctl)
 	} else if (t.latest && !ctl->rm_latest) {
 		out_err("%s is the tag `latest` beside it names: not removed (rm --latest removes "
 			"it and that `latest`)", t.path);
-	} else if ((busy = tagdir_busy(ctl, &t, why, sizeof(why))) == TAG_BUSY) {
+	} else if ((busy = tagdir_busy(ctl, &t, PENDING_ANY, why, sizeof(why))) == TAG_BUSY) {
 		out_err("%s: a save into it is in flight (%s): not removed", t.path, why);
 	} else if (busy == TAG_MAYBE_BUSY && !ctl->force) {
 		out_err("%s: %s: not removed (--force removes it anyway)", t.path, why);
@@ -178,7 +188,7 @@ int remove_run(struct ctl *ctl)
 		out_err("%s (partly removed)", why);
 	} else {
 		cJSON *doc = result_doc(ctl, &removed, &kept);
-		say_removed(ctl, &t, removed);
+		say_removed(ctl, &t, 0, removed);
 		rc = doc ? out_json(doc) : CTL_OK;
 	}
 	tagdir_close(&t);
@@ -251,6 +261,67 @@ static int prune_collect(int fd, const char *dir, struct jobtags *jt, cJSON *kep
 	return 0;
 }
 
+/* Lists the entries of directory fd but . and .. into *out (*n of them; free each and it);
+ * 0, or -1 when it cannot be read or without memory. */
+static int prune_names(int fd, char ***out, size_t *n)
+{
+	int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+	struct dirent *e;
+	size_t cap = 0;
+	int rc = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
+		return -1;
+	}
+	while (rc == 0 && (e = readdir(d))) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		char **v = *n < cap ? *out : realloc(*out, (cap = cap ? 2 * cap : 16) * sizeof(*v));
+		char *name = v ? strdup(e->d_name) : NULL;
+		if (v)
+			*out = v;
+		if (!name)
+			rc = -1;
+		else
+			(*out)[(*n)++] = name;
+	}
+	closedir(d);
+	return rc;
+}
+
+/* Why prune keeps the uncommitted tag t, newest being the job's newest committed tag (NULL:
+ * none), or NULL when an earlier run left it (format/leftover.c's rule; see the file's
+ * comment). */
+static const char *prune_uncommitted(const struct tagdir *t, const struct tagdir *newest)
+{
+	char **names;
+	size_t n;
+
+	if (t->manifest)
+		return "its " FMT_MANIFEST " does not parse";
+	if (t->partial)
+		return "not committed: a save into it is unfinished (*.partial)";
+	if (!newest || t->changed_ns >= newest->m->created_ns)
+		return "not committed: it changed after the job's newest commit";
+	if (prune_names(t->fd, &names, &n) != 0) {
+		for (size_t i = 0; i < n; i++)
+			free(names[i]);
+		free(names);
+		return "not committed: it cannot be read";
+	}
+	int left = leftover_of_other_run(t->fd, names, n, newest->m->run ? newest->m->run : "");
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	return left ? NULL : "not committed: of the run that made the job's newest commit, or of "
+			     "none known";
+}
+
 /* Closes the tags and the job directory fd; returns rc. */
 static int prune_end(struct jobtags *jt, int fd, int rc)
 {
@@ -262,7 +333,8 @@ static int prune_end(struct jobtags *jt, int fd, int rc)
 }
 
 /* Removes the committed tags of job directory ctl->arg but the ctl->keep newest and the one
- * `latest` names; every other tag is kept and said why. */
+ * `latest` names, and what earlier runs left uncommitted; every other tag is kept and said
+ * why. */
 int prune_run(struct ctl *ctl)
 {
 	char real[PATH_MAX], why[PATH_MAX + 400];
@@ -296,25 +368,26 @@ int prune_run(struct ctl *ctl)
 		qsort(jt.v, ncommitted, sizeof(*jt.v), newest_first);
 	for (size_t i = 0; i < jt.n; i++) {
 		struct tagdir *t = &jt.v[i];
+		const char *left = NULL;
 		int busy = 0;
-		if (!t->m) {
-			say_kept(t->path, t->manifest ? "its " FMT_MANIFEST " does not parse" :
-				 "not committed", kept);
-		} else if (i < ctl->keep) {
+		if (!t->m && (left = prune_uncommitted(t, ncommitted ? &jt.v[0] : NULL))) {
+			say_kept(t->path, left, kept);
+		} else if (t->m && i < ctl->keep) {
 			snprintf(why, sizeof(why), "one of the %u newest", ctl->keep);
 			say_kept(t->path, why, kept);
 		} else if (t->latest) {
 			say_kept(t->path, "the tag `latest` names", kept);
 		} else if (!tagdir_mine(t, why, sizeof(why))) {
 			say_kept(t->path, why, kept);
-		} else if ((busy = tagdir_busy(ctl, t, why, sizeof(why))) == TAG_BUSY ||
+		} else if ((busy = tagdir_busy(ctl, t, t->m ? PENDING_ANY : PENDING_LIVE, why,
+					       sizeof(why))) == TAG_BUSY ||
 			   (busy == TAG_MAYBE_BUSY && !ctl->force)) {
 			say_kept(t->path, why, kept);
 		} else if (!ctl->dry_run && remove_tag(t, why, sizeof(why)) != 0) {
 			out_err("%s (partly removed)", why);
 			rc = CTL_FAIL;
 		} else {
-			say_removed(ctl, t, removed);
+			say_removed(ctl, t, !t->m, removed);
 			ngone++;
 		}
 	}

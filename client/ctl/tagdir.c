@@ -116,6 +116,7 @@ int tagdir_openat(int parentfd, const char *parent, const char *name, struct tag
 		return -1;
 	}
 	t->uid = st.st_uid;
+	t->changed_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
 	t->fd = openat(parentfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (t->fd < 0) {
 		snprintf(why, len, "cannot open %s: %s", t->path, strerror(errno));
@@ -188,9 +189,10 @@ int tagdir_mine(const struct tagdir *t, char *why, size_t len)
 }
 
 /* Whether a save into t may be in flight (see ctl.h). */
-int tagdir_busy(const struct ctl *ctl, const struct tagdir *t, char *what, size_t len)
+int tagdir_busy(const struct ctl *ctl, const struct tagdir *t, int which, char *what,
+		size_t len)
 {
-	long n = pending_in_tag(ctl, t->path, what, len);
+	long n = pending_in_tag(ctl, t->path, which, what, len);
 	if (n > 0)
 		return TAG_BUSY;
 	if (n == 0)
