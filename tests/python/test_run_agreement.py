@@ -144,6 +144,70 @@ def test_deepspeed_failed_commit_leaves_no_cycle(daemon, tmp_path, monkeypatch, 
         ce.close()
 
 
+@pytest.mark.parametrize("fails", ["save", "commit", "saved again"])
+def test_deepspeed_kept_failure_leaves_no_cycle(daemon, tmp_path, monkeypatch, fails):
+    """An error dsckpt.deepspeed's engine keeps for wait_committed (a save that failed, rank
+    0's commit that failed, a save that failed before its file was saved again) is in no
+    reference cycle with the engine: an engine dropped without wait_committed (a trainer that
+    stops after a failed step) leaves no frame to the collector, which would free it on
+    whichever thread runs it. Before: engine -> failures -> error -> its traceback -> the
+    committer's (or save's) frame -> engine. The error keeps its type and message."""
+    import dsckpt.deepspeed as dd
+    # The engine logs the error: pytest's log capture would hold it (and its frames).
+    monkeypatch.setattr(dd.log, "disabled", True)
+    ce = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": 60})
+    save_dir = os.path.join(daemon.root, "ds-kept", fails.replace(" ", "-"))
+    path = os.path.join(save_dir, "step1", "mp_rank_00_model_states.pt")
+    if fails == "commit":
+        _CommitOutside.outside = str(tmp_path / "outside" / "t")
+        ce._commit_conn = _CommitOutside(daemon.socket, job="cyc")
+    else:  # a directory where the file goes: the save fails
+        os.makedirs(path + ".safetensors")
+    info = dd.CheckpointCommitInfo(tag="step1", save_dir=save_dir, save_latest=True)
+    _no_collector()
+    try:
+        ce.create(info)
+        ce.save({"w": torch.ones(16)}, path)
+        if fails == "saved again":  # save() waits for the first, which failed
+            ce.save({"w": torch.ones(16)}, path)
+            assert len(ce.failures) == 1
+        ce.commit(info)
+        ce.close()
+        assert ce.failures and all(isinstance(e, dsckpt.DsckptError) for e in ce.failures)
+        assert all(str(e) for e in ce.failures)
+        del ce
+        assert _dsckpt_frames_in_cycles() == []
+    finally:
+        gc.enable()
+
+
+def test_deepspeed_kept_failure_reads_as_raised(daemon, tmp_path, monkeypatch):
+    """The failure wait_committed raises after the engine kept it is rank 0's commit's own
+    error, of its type and with its message, raised from wait_committed."""
+    import dsckpt.deepspeed as dd
+    monkeypatch.setattr(dd.log, "disabled", True)
+    _CommitOutside.outside = str(tmp_path / "outside" / "t")
+    with dsckpt.Connection(daemon.socket, job="cyc") as c:
+        with pytest.raises(dsckpt.DsckptError) as direct:
+            c.commit(_CommitOutside.outside, 60)
+    ce = dd.DsckptCheckpointEngine(config={"socket": daemon.socket, "timeout": 60})
+    ce._commit_conn = _CommitOutside(daemon.socket, job="cyc")
+    save_dir = os.path.join(daemon.root, "ds-kept", "raised")
+    info = dd.CheckpointCommitInfo(tag="step1", save_dir=save_dir, save_latest=True)
+    try:
+        ce.create(info)
+        ce.save({"w": torch.ones(16)}, os.path.join(save_dir, "step1", "model.pt"))
+        with pytest.raises(dsckpt.DsckptError) as e:
+            ce.wait_committed()
+        assert type(e.value) is type(direct.value)
+        assert str(e.value) == str(direct.value)
+        assert e.value.code == direct.value.code
+        assert "wait_committed" in [t.name for t in e.traceback]
+        del e, direct
+    finally:
+        ce.close()
+
+
 @pytest.mark.parametrize("env", [
     {},
     {"DSCKPT_RUN_ID": "r-1", "TORCHELASTIC_RUN_ID": "te"},

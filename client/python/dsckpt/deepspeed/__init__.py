@@ -80,7 +80,7 @@ import logging
 import os
 import queue
 import threading
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
@@ -152,6 +152,22 @@ def _info_of(info: Any) -> Optional[CheckpointCommitInfo]:
         return CheckpointCommitInfo(tag=info, save_dir=None, save_latest=True)
     return CheckpointCommitInfo(tag=info.tag, save_dir=info.save_dir,
                                 save_latest=info.save_latest)
+
+
+def _detached(error: DsckptError) -> DsckptError:
+    """error without its traceback, nor those of the errors it chains to: an error the
+    engine keeps for wait_committed() would otherwise hold the frame that caught it, which
+    holds the engine (a reference cycle, freed only by the collector, on whichever thread
+    runs it). Its type and message stay; wait_committed() raises it with a new traceback."""
+    seen: Set[int] = set()
+    todo: List[Optional[BaseException]] = [error]
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            e.__traceback__ = None
+            todo += [e.__cause__, e.__context__]
+    return error
 
 
 class DsckptCheckpointEngine(_Base):
@@ -258,7 +274,7 @@ class DsckptCheckpointEngine(_Base):
                 handle.wait_durable(self.timeout)
             except DsckptError as e:  # kept for wait_committed(), never raised here
                 log.error("dsckpt: save %s failed: %s", handle.path, e)
-                self.failures.append(e)
+                self.failures.append(_detached(e))
             self._saves.remove((saved, handle))
         handle = dtorch.save(state_dict, os.path.dirname(path), conn=self.conn,
                              file=os.path.basename(path), track=False)
@@ -400,7 +416,7 @@ class DsckptCheckpointEngine(_Base):
                 commit_tag(self, job)
             except DsckptError as e:
                 log.error("dsckpt: checkpoint %s not committed: %s", job.tag_dir or job.tag, e)
-                self.failures.append(e)
+                self.failures.append(_detached(e))
             except Exception as e:  # never let the thread die: later tags must still agree
                 log.exception("dsckpt: checkpoint %s not committed", job.tag_dir or job.tag)
                 self.failures.append(error_for(Errno.EIO, "EIO", repr(e)))
