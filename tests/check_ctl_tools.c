@@ -412,22 +412,27 @@ static void killed_run(const char *job)
 /*
  * Issue 32 item 2 from prune's side: run A of job pl (2 ranks) is SIGKILLed with l1 (rank 0
  * saved and sealed) and l2 uncommitted; another node's save into l2 is still unfinished (a
- * rank1.safetensors.partial). Run B saves and seals l4 on rank 0 only, then commits t3 on
- * both ranks. prune --dry-run names l1 as an earlier run's leftover and removes nothing;
- * prune removes l1, all of it, and keeps l2 (the *.partial) and l4 (run B's, rank 1 may still
- * seal it), which then commits once rank 1 seals it. Before: l1 was "kept: not committed".
+ * rank1.safetensors.partial); a trainer of run A still connected holds its DURABLE save
+ * into l5. Run B saves and seals l4 on rank 0 only, then commits t3 on both ranks. prune
+ * --dry-run names l1 as an earlier run's leftover and removes nothing; prune removes l1, all
+ * of it, and keeps l2 (the *.partial), l5 (a live save) and l4 (run B's, rank 1 may still
+ * seal it), which then commits once rank 1 seals it; once l5's trainer is gone, prune
+ * removes l5. Before: l1 and l5 were "kept: not committed".
  */
 START_TEST(test_prune_leftovers)
 {
 	d_start(CACHE_16M, CHUNK_1M);
 	const char *job = h_path("%s/pl", D->root);
-	char l1[400], l2[400], l4[400], t3[400];
+	char l1[400], l2[400], l4[400], l5[400], t3[400];
 	snprintf(l1, sizeof(l1), "%s/l1", job);
 	snprintf(l2, sizeof(l2), "%s/l2", job);
 	snprintf(l4, sizeof(l4), "%s/l4", job);
+	snprintf(l5, sizeof(l5), "%s/l5", job);
 	snprintf(t3, sizeof(t3), "%s/t3", job);
 	killed_run(job);
 	ck_assert_int_eq(h_system("echo x > '%s/rank1.safetensors.partial'", l2), 0);
+	dsckpt_conn_t *ca = conn_open("pl", 0, 2);	/* still run A */
+	save_tag(ca, l5, 3000, 5, 0, 0);
 
 	setenv("DSCKPT_RUN_ID", "run-b", 1);
 	dsckpt_conn_t *c0 = conn_open("pl", 0, 2), *c1 = conn_open("pl", 1, 2);
@@ -444,6 +449,8 @@ START_TEST(test_prune_leftovers)
 	HAS("): an earlier run left it uncommitted");
 	HAS(h_path("kept %s: not committed: a save into it is unfinished", l2));
 	HAS(h_path("kept %s: not committed: of the run that made", l4));
+	HAS(h_path("kept %s: save", l5));
+	HAS("(job pl, rank 0) is DURABLE, its trainer still connected");
 	HAS(h_path("kept %s: one of the 1 newest", t3));
 	ck_assert(h_exists(h_path("%s/rank0.safetensors", l1)) && has_seal(l1));
 	ck_assert_int_eq(run("--json prune --dry-run '%s'%s", job, ""), 0);
@@ -466,6 +473,16 @@ START_TEST(test_prune_leftovers)
 	CK_DS(c1, dsckpt_seal(c1, l4));
 	wait_exists(h_path("%s/MANIFEST.json", l4));
 	ck_assert_int_eq(run("verify '%s'%s", l4, ""), 0);
+	ck_assert(h_exists(h_path("%s/rank0.safetensors", l5)));
+	dsckpt_close(ca);	/* the daemon sees it gone once it reads the close */
+	for (int i = 0; i < 600 && !strstr(out, h_path("would remove %s (", l5)); i++) {
+		h_sleep_ms(i ? 100 : 0);
+		ck_assert_int_eq(run("prune --dry-run '%s'%s", job, ""), 0);
+	}
+	ck_assert_int_eq(run("prune '%s'%s", job, ""), 0);
+	HAS(h_path("removed %s (", l5));
+	ck_assert_msg(!h_exists(l5), "l5 is left once its trainer is gone");
+	ck_assert(h_exists(h_path("%s/rank1.safetensors.partial", l2)));
 	unsetenv("DSCKPT_RUN_ID");
 	dsckpt_close(c0);
 	dsckpt_close(c1);

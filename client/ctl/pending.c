@@ -402,8 +402,10 @@ long pending_in_tag(const struct ctl *ctl, const char *dir, int which, char *wha
 		    (which == PENDING_LIVE && s->level >= DSCKPT_DURABLE && !s->alive))
 			continue;
 		if (n++ == 0)
-			snprintf(what, len, "save %" PRIu64 " of %s (job %s, rank %" PRIu64 ") is %s",
-				 s->id, s->file, s->job, s->rank, dsckpt_level_name((int)s->level));
+			snprintf(what, len, "save %" PRIu64 " of %s (job %s, rank %" PRIu64 ") is %s%s",
+				 s->id, s->file, s->job, s->rank, dsckpt_level_name((int)s->level),
+				 which == PENDING_LIVE && s->level >= DSCKPT_DURABLE ?
+				 ", its trainer still connected" : "");
 	}
 	plist_free(&pl);
 	return n;

@@ -281,14 +281,19 @@ static int prune_names(int fd, char ***out, size_t *n)
 	while (rc == 0 && (e = readdir(d))) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
-		char **v = *n < cap ? *out : realloc(*out, (cap = cap ? 2 * cap : 16) * sizeof(*v));
-		char *name = v ? strdup(e->d_name) : NULL;
-		if (v)
+		if (*n == cap) {
+			char **v = realloc(*out, (cap ? 2 * cap : 16) * sizeof(*v));
+			if (!v) {
+				rc = -1;
+				break;
+			}
 			*out = v;
-		if (!name)
+			cap = cap ? 2 * cap : 16;
+		}
+		if (!((*out)[*n] = strdup(e->d_name)))
 			rc = -1;
 		else
-			(*out)[(*n)++] = name;
+			(*n)++;
 	}
 	closedir(d);
 	return rc;
