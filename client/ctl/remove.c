@@ -311,18 +311,18 @@ static const char *prune_uncommitted(const struct tagdir *t, const struct tagdir
 		return "its " FMT_MANIFEST " does not parse";
 	if (t->partial)
 		return "not committed: a save into it is unfinished (*.partial)";
-	if (!newest || t->changed_ns >= newest->m->created_ns)
+	if (!newest)
+		return "not committed, and the job has no commit yet";
+	if (t->changed_ns >= newest->m->created_ns)
 		return "not committed: it changed after the job's newest commit";
-	if (prune_names(t->fd, &names, &n) != 0) {
-		for (size_t i = 0; i < n; i++)
-			free(names[i]);
-		free(names);
-		return "not committed: it cannot be read";
-	}
-	int left = leftover_of_other_run(t->fd, names, n, newest->m->run ? newest->m->run : "");
+	int rc = prune_names(t->fd, &names, &n);
+	int left = rc == 0 && leftover_of_other_run(t->fd, names, n, newest->m->run ?
+						    newest->m->run : "");
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
+	if (rc != 0)
+		return "not committed, and it cannot be read";
 	return left ? NULL : "not committed: of the run that made the job's newest commit, or of "
 			     "none known";
 }
