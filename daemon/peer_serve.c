@@ -2,7 +2,8 @@
  * peer_serve.c — the listening side of the peer protocol (peer_int.h), run by peer_ucx.c on
  * each connection's own thread: the peer proves it holds the cluster's secret (and is shown
  * that we do) before anything else is read; then it may place copies in the replica store
- * (PUT), list those of a job (LIST) and fetch them (FETCH), nothing more. A copy is kept
+ * (PUT: of its own files only, the owner it names resolving to its address), list those of
+ * a job (LIST) and fetch them (FETCH), nothing more. A copy is kept
  * only once whole and checked (replica_store.c); one that fails is answered with why and
  * dropped, and one whose sender vanishes mid-way is dropped without a word. A LIST or FETCH
  * sees only the copies whose job the asking daemon is a node of (peer_member.c: its address
@@ -155,8 +156,18 @@ static int peer_serve_put(struct peer_service *svc, struct peer_link *l,
 		return rc ? rc : -EPROTO;
 	}
 	struct replica_id id = { w->owner, w->job, w->run, w->tag, w->dir, w->created_ns };
-	code = replica_in_begin(svc->rs, &id, manifest, len, w->ranks, w->nranks, &r, err,
-				sizeof(err));
+	/* A daemon places copies of its own files only: the owner it names is its address. */
+	if (!peer_member_is(w->owner, peer_link_who(l))) {
+		code = err_set(err, sizeof(err), -EACCES, "a copy of %s's files offered by %s: a "
+			       "daemon places copies of its own files only", w->owner,
+			       peer_link_who(l));
+		atomic_fetch_add(&svc->refused, 1);
+		log_warnx("peer %s: refused %s's copy of %s: not its owner", peer_link_who(l),
+			  w->owner, w->tag);
+	} else {
+		code = replica_in_begin(svc->rs, &id, manifest, len, w->ranks, w->nranks, &r,
+					err, sizeof(err));
+	}
 	free(manifest);
 	if ((rc = peer_serve_result(l, code, err)) != 0 || code != 0) {
 		replica_in_abort(r);

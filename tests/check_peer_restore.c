@@ -84,11 +84,13 @@ static int read_fds(void *arg, unsigned i, uint64_t off, void *buf, size_t len)
 
 /* Places on the daemon at addr a copy of owner's ranks 4 and 5 of dir (their files, checked
  * against the manifest) as of run "run-a", committed a second before run-b's: what an earlier
- * run of the job left under the same tag name. */
-static void put_stale(const char *addr, const char *dir, const char *owner)
+ * run of the job left under the same tag name, from the current namespace: 0 or why it
+ * failed (a code and err). */
+static int put_stale(const char *addr, const char *dir, const char *owner, char *err,
+		     size_t errlen)
 {
 	size_t len;
-	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), &len), why[256], err[512];
+	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), &len), why[256];
 	char *at = strstr(text, "\"run-b\"");
 	ck_assert_ptr_nonnull(at);
 	at[5] = 'a';
@@ -106,17 +108,17 @@ static void put_stale(const char *addr, const char *dir, const char *owner)
 	struct replica_id id = { owner, "pj", "run-a", "step1", dir, m->created_ns - 1000000000 };
 	struct peer_net *net;
 	struct peer_link *l;
-	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
-	ck_assert_int_eq(peer_open(net, addr, PORT, SECRET, strlen(SECRET), 10, &l, err,
-				   sizeof(err)), 0);
-	ck_assert_msg(peer_put(l, &id, ranks, 2, text, len, files, n, read_fds, fds, NULL, err,
-			       sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(peer_net_open(10, &net, err, errlen), 0);
+	ck_assert_int_eq(peer_open(net, addr, PORT, SECRET, strlen(SECRET), 10, &l, err, errlen),
+			 0);
+	int rc = peer_put(l, &id, ranks, 2, text, len, files, n, read_fds, fds, NULL, err, errlen);
 	peer_link_close(l);
 	peer_net_close(net);
 	for (unsigned i = 0; i < n; i++)
 		close(fds[i]);
 	manifest_free(m);
 	free(text);
+	return rc;
 }
 
 /* Loads dir/file's U8 "t" (n bytes) into host memory: the load's code, its source into src
@@ -326,7 +328,15 @@ START_TEST(test_lost_node_restored_from_peers)
 		wait_metric(n[(i + 1) % NODES].socket, "peer_copies_received", 2);
 		wait_copy(ns.addr[(i + 1) % NODES], "pj", 2 * (unsigned)i, ns.addr[i]);
 	}
-	put_stale(ns.addr[1], dir, ns.addr[2]);
+	/* A daemon of the cluster offering node 2's files from node 3's address: refused,
+	 * nothing kept (node 1 holds node 0's two copies); from node 2's own, kept. */
+	char err[512];
+	ck_assert_int_eq(put_stale(ns.addr[1], dir, ns.addr[2], err, sizeof(err)), -EACCES);
+	ck_assert_msg(strstr(err, "copies of its own files only"), "%s", err);
+	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 2);
+	ck_assert_int_eq(netns_enter(&ns, 2), 0);
+	ck_assert_msg(put_stale(ns.addr[1], dir, ns.addr[2], err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(netns_enter(&ns, NODES - 1), 0);
 	/* The peer block of the metrics: node 2 sent two copies (two files each), node 3 keeps
 	 * them; node 1 holds node 0's two and the stale one. */
 	ck_assert_double_eq(metric(n[2].socket, "peer_copies_sent"), 2);
