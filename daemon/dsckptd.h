@@ -54,7 +54,7 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
+ * rate_cap.c's upload cap, shared with peer_send.c; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
  * its own, upload_tag.c the remote steps of a tag, upload_retain.c keep_last_remote after
  * them, upload.h what the three share, calling
@@ -136,6 +136,16 @@ void log_detach(void);
 const char *log_target(void);
 /* Seconds on the monotonic clock. */
 double now_mono(void);
+
+/* rate_cap.c — a bandwidth cap: a token bucket of bytes shared by threads (the remote tier's
+ * uploads, peer copies' sends), so that they leave the trainer its network. */
+struct rate_cap;
+/* A cap of mib_per_s MiB/s (0: none); NULL without memory. */
+struct rate_cap *rate_cap_new(double mib_per_s);
+/* Frees a cap no thread takes from any more. NULL is fine. */
+void rate_cap_free(struct rate_cap *c);
+/* Waits until n more bytes may go under c (NULL: no cap); any thread. */
+void rate_cap_take(struct rate_cap *c, size_t n);
 
 /* userconf.c — the configuration of a dsckptd started without -c: root's
  * /etc/dsckptd/dsckptd.json, another user's ~/.config/dsckptd/dsckptd.json, else built-in
@@ -513,13 +523,8 @@ void peer_serve(void *arg, struct peer_link *l);
 
 /* peer_send.c — the connecting side: open (prove membership both ways), put a copy, fetch
  * one. Blocking, on the caller's thread. */
-struct peer_cap;
 /* Reads len bytes at off of file i of a copy being sent into buf; 0 or a negative errno. */
 typedef int (*peer_read_fn)(void *arg, unsigned i, uint64_t off, void *buf, size_t len);
-/* A sending bandwidth cap of mib_per_s (0: none), shared by the sends given it. */
-struct peer_cap *peer_cap_new(double mib_per_s);
-/* Frees a cap no send uses. NULL is fine. */
-void peer_cap_free(struct peer_cap *c);
 /* Connects and authenticates both ways (EACCES: the secrets differ). */
 int peer_open(struct peer_net *n, const char *host, unsigned port, const void *secret,
 	      size_t slen, double timeout_s, struct peer_link **out, char *err, size_t errlen);
@@ -528,7 +533,7 @@ int peer_open(struct peer_net *n, const char *host, unsigned port, const void *s
 int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *ranks,
 	     unsigned nranks, const char *manifest, size_t mlen,
 	     const struct manifest_file *const *files, unsigned nfiles, peer_read_fn read,
-	     void *arg, struct peer_cap *cap, char *err, size_t errlen);
+	     void *arg, struct rate_cap *cap, char *err, size_t errlen);
 /* Fetches the peer's newest copy of job holding the n ranks into the store into, checked;
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,

@@ -48,7 +48,7 @@ static struct {
 	struct peer_net *net;
 	struct replica_store *rs;
 	struct peer_service svc;
-	struct peer_cap *cap;
+	struct rate_cap *cap;
 	char *secret;
 	size_t secret_len;
 	unsigned port, replicas;
@@ -382,7 +382,7 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 	if (probe >= 0)
 		close(probe);
 	peer.secret = malloc(cfg->peer_secret_len);
-	if (peer.secret == NULL || (peer.cap = peer_cap_new(cfg->peer_max_mib_per_s)) == NULL) {
+	if (peer.secret == NULL || (peer.cap = rate_cap_new(cfg->peer_max_mib_per_s)) == NULL) {
 		snprintf(err, errlen, "peer copies: out of memory");
 		goto fail;
 	}
@@ -419,7 +419,7 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 fail:
 	peer_net_close(peer.net);
 	replica_store_close(peer.rs);
-	peer_cap_free(peer.cap);
+	rate_cap_free(peer.cap);
 	if (peer.secret)
 		explicit_bzero(peer.secret, peer.secret_len);
 	free(peer.secret);
@@ -450,7 +450,7 @@ void peer_stop(void)
 	pthread_join(peer.sender, NULL);
 	peer_net_close(peer.net);
 	replica_store_close(peer.rs);
-	peer_cap_free(peer.cap);
+	rate_cap_free(peer.cap);
 	explicit_bzero(peer.secret, peer.secret_len);
 	free(peer.secret);
 	peer.on = 0;

@@ -361,16 +361,16 @@ static void pack_reasons(msgpack_packer *pk, const struct metrics_view *v,
 	}
 }
 
-/* Packs histogram h: {buckets: [u…], sum_us: u}. */
-static void pack_hist(msgpack_packer *pk, const struct metrics_view *v, enum metric_hist h)
+/* Packs histogram h under key: {buckets: [u…], sum_us: u}. */
+static void pack_hist(msgpack_packer *pk, const char *key, const struct metrics_hist *h)
 {
-	proto_key(pk, metrics_hist_key(h));
+	proto_key(pk, key);
 	msgpack_pack_map(pk, 2);
 	proto_key(pk, "buckets");
 	msgpack_pack_array(pk, METRIC_BUCKETS + 1);
 	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
-		msgpack_pack_uint64(pk, v->hist[h].bucket[i]);
-	proto_kv_u64(pk, "sum_us", v->hist[h].sum_us);
+		msgpack_pack_uint64(pk, h->bucket[i]);
+	proto_kv_u64(pk, "sum_us", h->sum_us);
 }
 
 /* Answers METRICS: the counters and histograms since start, and the gauges of now. */
@@ -406,15 +406,9 @@ void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
 		msgpack_pack_uint64(&o.pk, v->le_us[i]);
 	for (unsigned i = 0; i < METRIC_HIST_N; i++)
-		pack_hist(&o.pk, v, i);
+		pack_hist(&o.pk, metrics_hist_key(i), &v->hist[i]);
 	for (unsigned i = 0; i < METRIC_PEER_N; i++)	/* peer copies' block */
 		proto_kv_u64(&o.pk, metrics_peer_key(i), q->peer.v[i]);
-	proto_key(&o.pk, METRIC_PEER_HIST_KEY);
-	msgpack_pack_map(&o.pk, 2);
-	proto_key(&o.pk, "buckets");
-	msgpack_pack_array(&o.pk, METRIC_BUCKETS + 1);
-	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
-		msgpack_pack_uint64(&o.pk, q->peer.replication.bucket[i]);
-	proto_kv_u64(&o.pk, "sum_us", q->peer.replication.sum_us);
+	pack_hist(&o.pk, METRIC_PEER_HIST_KEY, &q->peer.replication);
 	reply_send(conn, &o, 0);
 }
