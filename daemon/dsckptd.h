@@ -14,6 +14,8 @@
  *         watched for the manifest another node writes; seal_files.c: the files a node's
  *         seal record describes; seal_dirs.c: the tag directories SAVE_BEGINs opened, kept
  *         for their ranks' SEALs)
+ *       → save_marks.c (the levels a tag directory's saves reach together: COMMITTED,
+ *         REMOTE, REPLICATED; called by commit.c, seal.c, upload.c, peer.c)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
