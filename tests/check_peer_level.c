@@ -5,8 +5,8 @@
  * list names the peer holding node 0's files); a node whose daemon was SIGKILLed before the
  * commit is passed for the next node of the ring, and with `replicas: 2` on 3 nodes the wait
  * fails with EINCOMPLETE naming how many peers hold the copies (dsckptctl pending says so
- * too); a daemon with peer copies off refuses the wait at once (ENOTSUP). SKIP without root
- * or ip(8). */
+ * too); under a root with a remote tier REPLICATED comes after REMOTE; a daemon with peer
+ * copies off refuses the wait at once (ENOTSUP). SKIP without root or ip(8). */
 #include "harness_daemon.h"
 #include "netns.h"
 #include "../daemon/dsckptd.h"
@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define N_BYTES (MIB + 4321)
@@ -221,6 +222,55 @@ START_TEST(test_killed_peer_fewer_copies)
 }
 END_TEST
 
+/* A root with a remote tier (file://, uploads capped at 1 MiB/s so that the copies are held
+ * first): two nodes' ranks reach REPLICATED only after REMOTE, so that REPLICATED implies
+ * REMOTE: when the wait returns, the tag's REMOTE.json is there. */
+START_TEST(test_replicated_after_remote)
+{
+	char dir[PATH_MAX], scratch[256], url[300], json[1024];
+	struct hdaemon n[2];
+	struct job j = { .ranks = 2 };
+
+	if (!usable)
+		return;
+	h_tmpdir(scratch, sizeof(scratch));
+	const char *secret = secret_file(scratch);
+	snprintf(url, sizeof(url), "file://%s/remote", scratch);
+	ck_assert_int_eq(mkdir(h_path("%s/remote", scratch), 0700), 0);
+	h_root_remote = url;
+	netns_ucx_env();
+	for (unsigned i = 0; i < 2; i++) {
+		ck_assert_int_eq(netns_enter(&ns, i), 0);
+		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
+			 "\"%s\", \"replica_cache_size\": 0.0625, \"upload_max_mib_per_s\": 1,",
+			 ns.addr[i], secret);
+		if (i == 0) {
+			d_start(0.0625, json);
+			n[0] = *D;
+		} else {
+			h_daemon_start_peer(&n[1], D, "n1", 0.0625, json);
+		}
+	}
+	snprintf(dir, sizeof(dir), "%s/rj/step1", D->root);
+	for (unsigned r = 0; r < 2; r++)
+		rank_save(&j, n, 2, "rj", dir, r);
+	for (unsigned r = 0; r < 2; r++)
+		CK_DS(j.c[r], dsckpt_seal(j.c[r], dir));
+	for (unsigned r = 0; r < 2; r++) {
+		int rc = dsckpt_wait(j.s[r], DSCKPT_REPLICATED, WAIT_MS);
+		ck_assert_msg(rc == DSCKPT_REPLICATED, "rank %u: %s: %s", r, dsckpt_err_name(rc),
+			      dsckpt_last_error(j.c[r]));
+		ck_assert_msg(h_exists(h_path("%s/" FMT_REMOTE, dir)), "REPLICATED before REMOTE");
+	}
+	ck_assert_msg(h_file_has(D->log, "kept by"), "%s", h_text(D->log));
+	job_free(&j);
+	ck_assert_int_eq(h_daemon_kill(&n[1], SIGTERM), 0);
+	d_stop();
+	h_root_remote = NULL;
+	h_rm_rf(scratch);
+}
+END_TEST
+
 /* A daemon with peer copies off (no peer_secret_file) refuses a wait for REPLICATED at once
  * with ENOTSUP; the save is COMMITTED as before. */
 START_TEST(test_peer_copies_off)
@@ -257,6 +307,7 @@ static Suite *peer_level_suite(void)
 	tcase_add_test(tc, test_every_rank_replicated);
 	tcase_add_test(tc, test_killed_peer_next_node);
 	tcase_add_test(tc, test_killed_peer_fewer_copies);
+	tcase_add_test(tc, test_replicated_after_remote);
 	tcase_add_test(tc, test_peer_copies_off);
 	suite_add_tcase(s, tc);
 	return s;
