@@ -314,7 +314,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_query.c tests/check_overwrite.c tests/check_lib_stage.c tests/check_lock.c \
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
 	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
-	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c))
+	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c \
+	tests/check_peer_level.c))
 # The multi-node suites: 64 TSan-built daemons on one root (the metadata shim preloaded too).
 TSAN_CHECKS += $(BUILD)/tests/check_nodes $(BUILD)/tests/check_nodes_ops
 .PHONY: check-tsan check-tsan-run

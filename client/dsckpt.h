@@ -90,9 +90,16 @@ typedef enum {
 	DSCKPT_SNAPSHOT = 2,   /* every byte is in the daemon: tensors may change */
 	DSCKPT_DURABLE = 3,    /* files written, fsynced and renamed into place */
 	DSCKPT_COMMITTED = 4,  /* the checkpoint directory is committed (manifest, latest) */
-	DSCKPT_REMOTE = 5      /* the committed tag, its manifest and the job's latest are in the
+	DSCKPT_REMOTE = 5,     /* the committed tag, its manifest and the job's latest are in the
 				* root's remote tier (allowed_roots' "remote"); waiting for it on
 				* a root without one fails at once with DSCKPT_ENOTSUP */
+	DSCKPT_REPLICATED = 6  /* this node's files of the committed tag are held by `replicas`
+				* other nodes' daemons, each having checked them (and the tag is
+				* REMOTE first where its root has a remote tier). Waiting for it
+				* fails at once with DSCKPT_ENOTSUP when the node's daemon has peer
+				* copies off, and with DSCKPT_EINCOMPLETE, its message naming how
+				* many peers hold a copy, once every node of the job was tried and
+				* fewer took one */
 } dsckpt_level_t;
 
 /* A connection to the daemon (opaque). */

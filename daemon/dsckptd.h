@@ -14,6 +14,8 @@
  *         watched for the manifest another node writes; seal_files.c: the files a node's
  *         seal record describes; seal_dirs.c: the tag directories SAVE_BEGINs opened, kept
  *         for their ranks' SEALs)
+ *       → save_marks.c (the levels a tag directory's saves reach together: COMMITTED,
+ *         REMOTE, REPLICATED; called by commit.c, seal.c, upload.c, peer.c)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
@@ -55,20 +57,22 @@
  * (the option table; config_load.c and config_remote.c read it, userconf.c picks the file),
  * detach.c, lock.c, recover.c, service.c (notify.c speaks to systemd), log.c, and remote.c
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
- * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
+ * rate_cap.c's upload cap, shared with peer_send.c; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
  * its own, upload_tag.c the remote steps of a tag, upload_retain.c keep_last_remote after
  * them, upload.h what the three share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
- * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
- * resident.c (the data sent from the cache where it is kept) and peer_send.c; peer_ucx.c's
+ * sender thread → peer_tag.c (the tag's files of this node; resident.c: the data sent from
+ * the cache where it is kept), peer_place.c (where copies go: a pure function of the job's
+ * host names) and peer_send.c (rate_cap.c caps it), its settling → save.c (REPLICATED,
+ * through workq.c); peer_ucx.c's
  * listener and connection threads → peer_serve.c (→ peer_member.c: whether the asking
  * daemon is a node of a copy's job); both → peer_auth.c (HMAC over the
  * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
  * in memory or replica_root; replica_list.c: LIST and FETCH by tag; replica_recover.c: those
  * on replica_root taken back at start). None runs on the loop thread but peer_on_save, which
- * only queues.
+ * only queues, the settling of a tag sent, and what PENDING reads (peer_each).
  *
  * Threads: the libuv loop thread owns connections, saves and their levels. Copy threads pull
  * bytes from sources into cache chunks; flush threads write chunks to files. Workers hand
@@ -138,6 +142,16 @@ void log_detach(void);
 const char *log_target(void);
 /* Seconds on the monotonic clock. */
 double now_mono(void);
+
+/* rate_cap.c — a bandwidth cap: a token bucket of bytes shared by threads (the remote tier's
+ * uploads, peer copies' sends), so that they leave the trainer its network. */
+struct rate_cap;
+/* A cap of mib_per_s MiB/s (0: none); NULL without memory. */
+struct rate_cap *rate_cap_new(double mib_per_s);
+/* Frees a cap no thread takes from any more. NULL is fine. */
+void rate_cap_free(struct rate_cap *c);
+/* Waits until n more bytes may go under c (NULL: no cap); any thread. */
+void rate_cap_take(struct rate_cap *c, size_t n);
 
 /* userconf.c — the configuration of a dsckptd started without -c: root's
  * /etc/dsckptd/dsckptd.json, another user's ~/.config/dsckptd/dsckptd.json, else built-in
@@ -546,13 +560,8 @@ void peer_serve(void *arg, struct peer_link *l);
 
 /* peer_send.c — the connecting side: open (prove membership both ways), put a copy, fetch
  * one. Blocking, on the caller's thread. */
-struct peer_cap;
 /* Reads len bytes at off of file i of a copy being sent into buf; 0 or a negative errno. */
 typedef int (*peer_read_fn)(void *arg, unsigned i, uint64_t off, void *buf, size_t len);
-/* A sending bandwidth cap of mib_per_s (0: none), shared by the sends given it. */
-struct peer_cap *peer_cap_new(double mib_per_s);
-/* Frees a cap no send uses. NULL is fine. */
-void peer_cap_free(struct peer_cap *c);
 /* Connects and authenticates both ways (EACCES: the secrets differ). */
 int peer_open(struct peer_net *n, const char *host, unsigned port, const void *secret,
 	      size_t slen, double timeout_s, struct peer_link **out, char *err, size_t errlen);
@@ -561,7 +570,7 @@ int peer_open(struct peer_net *n, const char *host, unsigned port, const void *s
 int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *ranks,
 	     unsigned nranks, const char *manifest, size_t mlen,
 	     const struct manifest_file *const *files, unsigned nfiles, peer_read_fn read,
-	     void *arg, struct peer_cap *cap, char *err, size_t errlen);
+	     void *arg, struct rate_cap *cap, char *err, size_t errlen);
 /* Fetches the peer's newest copy of job holding the n ranks into the store into, checked;
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
@@ -577,6 +586,36 @@ struct peer_copies;
 int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer_copies *c,
 	      char *err, size_t errlen);
 
+/* peer_tag.c — a committed tag's files of this node, opened for peer.c's sender: manifest,
+ * seal records (the job's hosts, this node's ranks) and files, resident copies pinned. */
+#define PEER_MAX_HOSTS 4096    /* seal records read from one tag */
+#define PEER_MAX_MINE 512      /* this node's ranks and files of one tag (the protocol takes
+				* 256 ranks a copy: peer_int.h) */
+struct peer_tag {
+	uint64_t chunk;               /* the cache's chunk: a resident copy's piece */
+	char *manifest;
+	size_t mlen;
+	struct manifest *m;
+	const struct manifest_file *files[PEER_MAX_MINE];
+	int fds[PEER_MAX_MINE];
+	unsigned nfiles;
+	unsigned ranks[PEER_MAX_MINE];
+	unsigned nranks;
+	struct resident *res[PEER_MAX_MINE]; /* a file's pinned resident copy, or NULL */
+	char *hosts[PEER_MAX_HOSTS];
+	unsigned nhosts;
+	char job[513], run[256];
+	uint64_t bytes_read, bytes_cached; /* what the sends read, and of it from the cache */
+};
+/* Reads the committed tag dir (open as dirfd; chunk: the cache's) into t, zeroed: 0, or a
+ * negative errno with err (-ENOENT: this node sealed nothing there). */
+int peer_tag_read(int dirfd, const char *dir, uint64_t chunk, struct peer_tag *t, char *err,
+		  size_t errlen);
+/* Frees what peer_tag_read read (unpins, closes). */
+void peer_tag_free(struct peer_tag *t);
+/* peer_read_fn over a struct peer_tag: the data from the resident copy where it is held. */
+int peer_read_file(void *arg, unsigned i, uint64_t off, void *buf, size_t len);
+
 /* peer.c — peer copies in the daemon, on with a peer_secret_file: the service on peer_port
  * and, for each COMMITTED save of a tag this node sealed, its files sent on a thread of its
  * own (from their resident copies where the cache keeps them) to the first `replicas` peers
@@ -591,6 +630,27 @@ void peer_on_save(struct save *s);
 int peer_check(const struct config *cfg, char *err, size_t errlen);
 /* Whether peer copies run (restores may ask peers). */
 int peer_on(void);
+/* Opens the queue that brings sent tags back to loop's thread to settle their saves'
+ * REPLICATED (save_mark_replicated); at start-up once the loop exists; 0 or a negative ERR_E*. */
+int peer_wire(struct uv_loop_s *loop, char *err, size_t errlen);
+/* A tag of this node whose copies are not all held yet (PENDING). */
+struct peer_view {
+	const char *dir;
+	uid_t uid;               /* the owner of the save that queued it */
+	const char *state;       /* "queued", "sending", or "short" (sent to fewer peers) */
+	unsigned copies, replicas;
+	uint64_t bytes;          /* of one copy (0 while queued) */
+	const char *holders;     /* the peers that kept one, ", " between */
+	const char *error;       /* "short": why no more; else NULL */
+	double age_s;            /* since it was COMMITTED */
+};
+/* Calls fn for each tag queued, being sent or left short (loop thread; fn must not call into
+ * peer.c). */
+void peer_each(void (*fn)(void *arg, const struct peer_view *v), void *arg);
+/* Calls fn with each tag of the last 64 sent that peers hold: its directory, owner and the
+ * peers that acknowledged a copy, ", " between (loop thread; fn must not call into peer.c). */
+void peer_each_held(void (*fn)(void *arg, const char *dir, uid_t uid, const char *peers),
+		    void *arg);
 /* Opens an authenticated link to the daemon on host (the peer service's net, secret and
  * port), for restores; 0 or a negative errno with err (-ENOTCONN: peer copies are off). */
 int peer_restore_open(const char *host, struct peer_link **out, char *err, size_t errlen);
@@ -1557,6 +1617,9 @@ struct save_view {
 	const char *error;       /* FAILED: the reason; else NULL */
 	uint64_t bytes_total, bytes_snapshot, bytes_flushed;
 	double age_s, busy_s;    /* since ACCEPTED; busy stops at the final level */
+	int settled;             /* peer copies of the node's files sent: copies of replicas */
+	unsigned copies, replicas;
+	const char *copies_why;  /* settled with copies < replicas: why no more; else NULL */
 };
 /* Told of every change of a save's level. */
 typedef void (*save_change_cb)(struct save *s);
@@ -1616,14 +1679,29 @@ void save_release(struct save *s);
 void save_client_gone(uint64_t client);
 /* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void);
+/* Moves s to level, one it reaches (save_marks.c); a FAILED save stays FAILED. */
+void save_set_level(struct save *s, int level);
+/* Records on s that copies of replicas peers hold its node's files (why: why no more). */
+void save_set_copies(struct save *s, unsigned copies, unsigned replicas, const char *why);
+
+/* save_marks.c — the levels a tag directory's saves reach together (through save.c), and the
+ * state a commit checks. Loop thread only. */
+/* Hands the module the daemon (start-up). */
+void save_marks_init(const struct daemon *d);
 /* The first failed save of uid's run into the directory id (or NULL); *pending: whether any
  * of them is short of DURABLE. */
 struct save *save_dir_state(const struct store_dirid *id, uid_t uid, const char *run,
 			    int *pending);
 /* Marks uid's DURABLE saves of run into the directory id COMMITTED. */
 void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *run);
-/* Marks the COMMITTED saves into the directory id REMOTE. */
+/* Marks the COMMITTED saves into the directory id REMOTE (then REPLICATED, where settled
+ * with every copy). */
 void save_mark_remote(const struct store_dirid *id);
+/* Settles the peer copies of the COMMITTED or REMOTE saves into the directory id: copies of
+ * replicas peers hold them (why: why no more); REPLICATED when all are (after REMOTE where the
+ * root has a remote tier), and a wait for REPLICATED on one left short ends now. */
+void save_mark_replicated(const struct store_dirid *id, unsigned copies, unsigned replicas,
+			  const char *why);
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
 
@@ -1661,6 +1739,8 @@ int waiter_add(uint64_t conn, uint64_t req, const struct waiter_on *on, int64_t 
 /* A registry's news: key of tag is at level now; ends the waits it satisfies, in the order
  * they were parked. */
 void waiter_publish(enum waiter_tag tag, uint64_t key, int level);
+/* A registry's news: key of tag, at level, will go no higher; every wait on it ends now. */
+void waiter_settle(enum waiter_tag tag, uint64_t key, int level);
 /* Whether a wait on key of tag is parked. */
 int waiter_parked(enum waiter_tag tag, uint64_t key);
 /* Drops a departed connection's waits (those of tags that outlive it go on). */
@@ -2142,7 +2222,13 @@ struct query_status {
 	size_t nroots;
 	struct query_resident *resident;
 	size_t nresident, resident_cap;
-	int resident_oom;        /* the list stopped short of memory */
+	int resident_oom;        /* the list stopped short of memory (either list) */
+	struct query_held *held; /* tags whose files peers hold (peer_each_held) */
+	size_t nheld, held_cap;
+};
+/* A tag of this node whose files peers hold (STATUS's peer_copies). */
+struct query_held {
+	char *dir, *peers;
 };
 /* Fills q for a client of uid viewer (short of memory, lists are cut short); free it with
  * query_status_free. */
@@ -2160,14 +2246,21 @@ struct query_upload {
 	struct upload_view v;    /* its strings point into the copies below (key: NULL) */
 	char *dir, *remote, *error;
 };
-/* PENDING's answer: the ended saves a viewer may see, in the registry's order, and its tags
- * not yet in their remote tier. */
+/* One tag PENDING lists as not yet REPLICATED (copied). */
+struct query_repl {
+	struct peer_view v;      /* its strings point into the copies below */
+	char *dir, *holders, *error;
+};
+/* PENDING's answer: the ended saves a viewer may see, in the registry's order, its tags not
+ * yet in their remote tier, and those whose peer copies are not all held. */
 struct query_pending {
 	uid_t viewer;
 	struct query_save *saves;
 	size_t n;
 	struct query_upload *uploads;
 	size_t nuploads, uploads_cap;
+	struct query_repl *repls;
+	size_t nrepls, repls_cap;
 };
 /* Fills q for a client of uid viewer (all saves for root); 0, or -1 without memory. Free it
  * with query_pending_free. */

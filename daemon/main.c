@@ -374,6 +374,7 @@ int main(int argc, char **argv)
 	commit_init(&dsckptd);
 	tensors_init(&dsckptd);
 	query_init(&dsckptd);
+	save_marks_init(&dsckptd);
 	service_status("recovering what an interrupted daemon left under the allowed roots");
 	recover_run(dsckptd.config, seal_resume);
 	service_status("probing CUDA");
@@ -421,6 +422,10 @@ int main(int argc, char **argv)
 	save_observe(upload_on_save);
 	save_observe(metrics_on_save);
 	save_observe(peer_on_save);
+	if (peer_wire(dsckptd.loop, err, sizeof(err)) < 0) {	/* copies sent: REPLICATED */
+		log_error("peer copies: %s", err);
+		goto fail_restore;
+	}
 	save_open_with(overwrite_save_dir, seal_dirs_dropped);
 	uv_check_init(dsckptd.loop, &drain_check);
 	if (server_start(err, sizeof(err)) < 0) {

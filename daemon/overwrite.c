@@ -96,7 +96,7 @@ static int overwrite_last_save(const char *dir, const char *stage, uid_t uid, co
 
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
-		if (v.uid != uid || strcmp(v.run, run) != 0 || v.level == LEVEL_COMMITTED ||
+		if (v.uid != uid || strcmp(v.run, run) != 0 || v.level >= LEVEL_COMMITTED ||
 		    (rank >= 0 && v.rank != (unsigned)rank) || v.id < best)
 			continue;
 		if (strcmp(v.dir, stage) == 0 || strcmp(v.dir, dir) == 0) {

@@ -9,15 +9,18 @@
  * still holds one (resident.c, pinned while sent) and from the files otherwise, to the first
  * `replicas` peers of the ring that take them (a peer down or refusing: the next one). A tag
  * committed without seal records (a coordinator's COMMIT) names no hosts and is not sent.
+ * Once every peer that could was sent its copy, the tag's replication is settled: how many
+ * peers acknowledged a copy (their RESULT 0 after checking every byte) goes back to the loop
+ * thread through a workq, where save.c moves its saves to REPLICATED (all `replicas` held) or
+ * ends their waits for it short. The last PEER_SENT_KEPT tags sent are remembered (which
+ * peers hold them: PENDING and STATUS show it) and not sent twice.
  *
- * Threads: peer_on_save runs on the loop thread and only queues; the sender thread does the
+ * Threads: peer_on_save and the settling run on the loop thread; the sender thread does the
  * reading and sending; peer_ucx.c's threads serve. peer.lock guards the queue, the stop flag
- * and the list of copies sent. The peer_* keys are read at start (a reload does not change
- * them).
+ * and the tags sent. The peer_* keys are read at start (a reload does not change them).
  */
 #include "dsckptd.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -25,22 +28,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define PEER_TIMEOUT_S 30      /* one call on a link (a peer that never answers) */
 #define PEER_MAX_CONNS 64
-#define PEER_MAX_HOSTS 4096    /* seal records read from one tag */
-#define PEER_MAX_MINE 512      /* this node's ranks and files of one tag (the protocol takes
-				* 256 ranks a copy: peer_int.h) */
 #define PEER_SENT_KEPT 64      /* copies remembered as sent (not sent twice) */
 
-/* A tag to send: its directory, as SAVE_BEGIN opened it. */
+/* A tag to send: its directory, as SAVE_BEGIN opened it; once sent, how many peers hold it,
+ * back to the loop thread. */
 struct peer_job {
+	struct workq_item wi;         /* first: pushed to peer.settled once sent */
 	struct peer_job *next;
 	char *dir;
 	double t0;                    /* when it was COMMITTED (the replication's start) */
 	struct store_dirid id;
+	uid_t uid;
+	unsigned copies;              /* peers that kept a copy */
+	char why[600];                /* copies < replicas: why no more */
+};
+
+/* A tag sent (or being sent): what PENDING and dsckptctl list show of it. */
+struct peer_sent {
+	char dir[4096];
+	uint64_t created_ns;
+	uid_t uid;
+	int done;                     /* settled (else still being sent) */
+	unsigned copies;
+	uint64_t bytes;               /* of one copy */
+	char holders[512];            /* the peers that kept it, ", " between */
+	char why[600];
+	double t0;
 };
 
 static struct {
@@ -48,7 +65,7 @@ static struct {
 	struct peer_net *net;
 	struct replica_store *rs;
 	struct peer_service svc;
-	struct peer_cap *cap;
+	struct rate_cap *cap;
 	char *secret;
 	size_t secret_len;
 	unsigned port, replicas;
@@ -58,194 +75,40 @@ static struct {
 	pthread_cond_t cond;
 	struct peer_job *head;        /* lock */
 	int stop;                     /* lock */
-	struct { char dir[4096]; uint64_t created_ns; } sent[PEER_SENT_KEPT]; /* sender only */
+	struct workq *settled;        /* sent jobs back to the loop (peer_wire) */
+	struct peer_sent sent[PEER_SENT_KEPT]; /* lock: the last tags sent, a ring */
 	unsigned nsent;
 	_Atomic unsigned long copies_out, send_failures;
 } peer = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
 
-/* A tag's files of this node, open for sending. */
-struct peer_tag {
-	char *manifest;
-	size_t mlen;
-	struct manifest *m;
-	const struct manifest_file *files[PEER_MAX_MINE];
-	int fds[PEER_MAX_MINE];
-	unsigned nfiles;
-	unsigned ranks[PEER_MAX_MINE];
-	unsigned nranks;
-	struct resident *res[PEER_MAX_MINE]; /* a file's pinned resident copy, or NULL */
-	char *hosts[PEER_MAX_HOSTS];
-	unsigned nhosts;
-	char job[513], run[256];
-	uint64_t bytes_read, bytes_cached; /* what the sends read, and of it from the cache */
-};
-
-/* peer_read_fn: bytes of file i of the tag being sent: its data from the cache's resident
- * copy where a piece is held, the rest (the header, pieces given up) from the file. */
-static int peer_read_file(void *arg, unsigned i, uint64_t off, void *buf, size_t len)
+/* Whether j's tag of created_ns was sent already (then j takes its copies); when not, it is
+ * remembered as being sent, its record into *rec (sender thread). */
+static int peer_sent_before(struct peer_job *j, uint64_t created_ns, struct peer_sent **rec)
 {
-	struct peer_tag *t = arg;
-	uint64_t hl = t->files[i]->header_len;
-	uint8_t *out = buf;
-	ssize_t n;
-
-	t->bytes_read += len;
-	if (t->res[i] && off < hl) {  /* the header, from the file */
-		size_t h = len < hl - off ? len : (size_t)(hl - off);
-		if ((n = userfile_pread(t->fds[i], out, h, off)) != (ssize_t)h)
-			return n < 0 ? (int)n : -EIO;
-		out += h;
-		off += h;
-		len -= h;
-	}
-	while (len > 0 && t->res[i]) {
-		uint64_t d = off - hl, in = d % peer.chunk;
-		const uint8_t *piece = resident_piece(t->res[i], d / peer.chunk);
-		size_t k = len < peer.chunk - in ? len : (size_t)(peer.chunk - in);
-		if (piece == NULL)
-			break;
-		memcpy(out, piece + in, k);
-		out += k;
-		off += k;
-		len -= k;
-		t->bytes_cached += k;
-	}
-	n = len ? userfile_pread(t->fds[i], out, len, off) : 0;
-	return n == (ssize_t)len ? 0 : n < 0 ? (int)n : -EIO;
-}
-
-/* Pins the resident copy of file i (dir/<name>.safetensors, opened as fd) when the cache
- * still holds one of this very file: the same inode and the same header bytes. */
-static void peer_tag_resident(struct peer_tag *t, unsigned i, const char *dir)
-{
-	const struct manifest_file *f = t->files[i];
-	size_t n = strlen(f->name), sfx = strlen(FMT_SAFETENSORS), hlen;
-	struct stat st;
-	char base[256];
-
-	if (strcmp(f->kind, MANIFEST_KIND_ST) != 0 || n <= sfx || n - sfx >= sizeof(base) ||
-	    fstat(t->fds[i], &st) != 0)
-		return;
-	memcpy(base, f->name, n - sfx);
-	base[n - sfx] = '\0';
-	if ((t->res[i] = resident_pin(dir, base, st.st_dev, st.st_ino)) == NULL) {
-		log_debug("peer: %s/%s: no resident copy; sent from the file", dir, f->name);
-		return;
-	}
-	const uint8_t *hdr = resident_header(t->res[i], &hlen);
-	uint8_t *disk = hlen == f->header_len ? malloc(hlen) : NULL;
-	if (disk == NULL || userfile_pread(t->fds[i], disk, hlen, 0) != (ssize_t)hlen ||
-	    memcmp(disk, hdr, hlen) != 0) {
-		log_debug("peer: %s/%s: its resident copy is stale; sent from the file", dir,
-			  f->name);
-		resident_unpin(t->res[i]);  /* rewritten since: the copy is stale */
-		t->res[i] = NULL;
-	}
-	free(disk);
-}
-
-/* Frees what peer_tag_read read. */
-static void peer_tag_free(struct peer_tag *t)
-{
-	for (unsigned i = 0; i < t->nfiles; i++) {
-		if (t->res[i])
-			resident_unpin(t->res[i]);
-		close(t->fds[i]);
-	}
-	for (unsigned i = 0; i < t->nhosts; i++)
-		free(t->hosts[i]);
-	manifest_free(t->m);
-	free(t->manifest);
-}
-
-/* Reads the seal records of dirfd of the manifest's run: the job's hosts and this node's
- * ranks into t; 0, or -ENOENT when this node sealed nothing there. */
-static int peer_tag_seals(int dirfd, struct peer_tag *t)
-{
-	int fd = dup(dirfd);
-	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	const char *run = t->m->run ? t->m->run : "";
-	struct dirent *e;
-
-	if (d == NULL) {
-		if (fd >= 0)
-			close(fd);
-		return -errno;
-	}
-	while ((e = readdir(d)) != NULL && t->nhosts < PEER_MAX_HOSTS) {
-		struct seal_record r;
-		char why[128];
-		if (!seal_record_name(e->d_name) ||
-		    seal_record_load(dirfd, e->d_name, &r, why, sizeof(why)) != 0)
-			continue;
-		if (strcmp(r.run ? r.run : "", run) == 0 && (t->hosts[t->nhosts] = strdup(r.host))) {
-			t->nhosts++;
-			if (strcmp(r.host, store_host()) == 0 && t->nranks == 0) {
-				snprintf(t->job, sizeof(t->job), "%s", r.job);
-				for (unsigned i = 0; i < r.nranks && i < PEER_MAX_MINE; i++)
-					t->ranks[t->nranks++] = r.ranks[i];
-			}
-		}
-		seal_record_free(&r);
-	}
-	closedir(d);
-	snprintf(t->run, sizeof(t->run), "%s", run);
-	return t->nranks > 0 ? 0 : -ENOENT;
-}
-
-/* Reads a committed tag's manifest, seal records and this node's files, opened, with their
- * resident copies pinned where the cache holds them; 0 or a negative errno with err. */
-static int peer_tag_read(int dirfd, const char *dir, struct peer_tag *t, char *err,
-			 size_t errlen)
-{
-	char why[256];
-	int e;
-
-	t->manifest = userfile_read(dirfd, FMT_MANIFEST, MANIFEST_MAX_BYTES, 0, &t->mlen, &e, why,
-				    sizeof(why));
-	if (t->manifest == NULL ||
-	    (t->m = manifest_parse(t->manifest, t->mlen, why, sizeof(why))) == NULL) {
-		snprintf(err, errlen, "its manifest: %s", why);
-		return -EINVAL;
-	}
-	if (peer_tag_seals(dirfd, t) != 0) {
-		snprintf(err, errlen, "no seal record of this node (%s)", store_host());
-		return -ENOENT;
-	}
-	for (size_t i = 0; i < t->m->nfiles && t->nfiles < PEER_MAX_MINE; i++) {
-		const struct manifest_file *f = &t->m->files[i];
-		int mine = 0;
-		for (unsigned k = 0; k < t->nranks; k++)
-			mine |= f->rank == t->ranks[k];
-		if (!mine)
-			continue;
-		int fd = userfile_open(dirfd, f->name, f->size, 0, NULL, why, sizeof(why));
-		if (fd < 0) {
-			snprintf(err, errlen, "%s: %s", f->name, why);
-			return fd;
-		}
-		t->files[t->nfiles] = f;
-		t->fds[t->nfiles] = fd;
-		peer_tag_resident(t, t->nfiles++, dir);
-	}
-	return 0;
-}
-
-/* Whether dir's tag of created_ns was sent already; remembers it as sent when not. */
-static int peer_sent_before(const char *dir, uint64_t created_ns)
-{
-	for (unsigned i = 0; i < peer.nsent && i < PEER_SENT_KEPT; i++)
-		if (peer.sent[i].created_ns == created_ns && strcmp(peer.sent[i].dir, dir) == 0)
+	pthread_mutex_lock(&peer.lock);
+	for (unsigned i = 0; i < peer.nsent && i < PEER_SENT_KEPT; i++) {
+		struct peer_sent *e = &peer.sent[i];
+		if (e->created_ns == created_ns && strcmp(e->dir, j->dir) == 0 && e->done) {
+			j->copies = e->copies;
+			snprintf(j->why, sizeof(j->why), "%s", e->why);
+			pthread_mutex_unlock(&peer.lock);
 			return 1;
-	unsigned at = peer.nsent++ % PEER_SENT_KEPT;
-	snprintf(peer.sent[at].dir, sizeof(peer.sent[at].dir), "%s", dir);
-	peer.sent[at].created_ns = created_ns;
+		}
+	}
+	*rec = &peer.sent[peer.nsent++ % PEER_SENT_KEPT];
+	memset(*rec, 0, sizeof(**rec));
+	snprintf((*rec)->dir, sizeof((*rec)->dir), "%s", j->dir);
+	(*rec)->created_ns = created_ns;
+	(*rec)->uid = j->uid;
+	(*rec)->t0 = j->t0;
+	pthread_mutex_unlock(&peer.lock);
 	return 0;
 }
 
 /* Sends a copy of t to the first `replicas` peers after this node on the ring that take
- * it; how many did. */
-static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since)
+ * it, each one that did added to rec; how many did, with why no more into why when fewer. */
+static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since,
+			      struct peer_sent *rec, char *why, size_t whylen)
 {
 	const char *ring[PEER_MAX_HOSTS];
 	struct replica_id id = { store_host(), t->job, t->run, t->m->tag, dir,
@@ -254,7 +117,15 @@ static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since)
 	char err[512];
 	int n = peer_place((const char *const *)t->hosts, t->nhosts, store_host(),
 			   PEER_MAX_HOSTS, ring, PEER_MAX_HOSTS);
+	uint64_t bytes = 0;
 
+	for (unsigned k = 0; k < t->nfiles; k++)
+		bytes += t->files[k]->size;
+	pthread_mutex_lock(&peer.lock);
+	rec->bytes = bytes;
+	pthread_mutex_unlock(&peer.lock);
+	snprintf(why, whylen, "the job has %d other node%s to hold one", n > 0 ? n : 0,
+		 n == 1 ? "" : "s");
 	for (int i = 0; i < n && done < peer.replicas; i++) {
 		struct peer_link *l;
 		double t0 = now_mono();
@@ -266,10 +137,12 @@ static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since)
 			peer_link_close(l);
 		}
 		if (rc == 0) {
-			uint64_t bytes = 0;
-			for (unsigned k = 0; k < t->nfiles; k++)
-				bytes += t->files[k]->size;
-			done++;
+			pthread_mutex_lock(&peer.lock);
+			size_t at = strlen(rec->holders);
+			snprintf(rec->holders + at, sizeof(rec->holders) - at, "%s%s", at ? ", " : "",
+				 ring[i]);
+			rec->copies = ++done;
+			pthread_mutex_unlock(&peer.lock);
 			atomic_fetch_add(&peer.copies_out, 1);
 			metrics_peer_add(METRIC_PEER_COPIES_SENT, 1);
 			metrics_peer_add(METRIC_PEER_BYTES_SENT, bytes);
@@ -278,6 +151,7 @@ static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since)
 				 dir, t->nfiles, ring[i], now_mono() - t0);
 		} else {
 			atomic_fetch_add(&peer.send_failures, 1);
+			snprintf(why, whylen, "%s", err);
 			log_warnx("peer: %s not copied to %s: %s%s", dir, ring[i], err,
 				  i + 1 < n ? "; trying the next node" : "");
 		}
@@ -285,28 +159,36 @@ static unsigned peer_send_tag(struct peer_tag *t, const char *dir, double since)
 	return done;
 }
 
-/* Sends one queued tag (sender thread). */
+/* Sends one queued tag (sender thread); j's copies and why are set for its settling. */
 static void peer_send_job(struct peer_job *j)
 {
 	struct peer_tag *t = calloc(1, sizeof(*t));
+	struct peer_sent *rec;
 	struct store_dirid id;
 	char err[512];
 	int dirfd = open(j->dir, STORE_DIR_FLAGS);
 
 	if (t == NULL || dirfd < 0 || store_dir_id(dirfd, &id, err, sizeof(err)) != 0 ||
 	    id.dev != j->id.dev || id.ino != j->id.ino) {
-		log_warnx("peer: %s not copied: the directory is gone or replaced", j->dir);
+		snprintf(j->why, sizeof(j->why), "not sent: the directory is gone or replaced");
+		log_warnx("peer: %s %s", j->dir, j->why);
 		goto out;
 	}
-	if (peer_tag_read(dirfd, j->dir, t, err, sizeof(err)) != 0) {
-		log_info("peer: %s not copied: %s", j->dir, err);
+	if (peer_tag_read(dirfd, j->dir, peer.chunk, t, err, sizeof(err)) != 0) {
+		snprintf(j->why, sizeof(j->why), "not sent: %s", err);
+		log_info("peer: %s %s", j->dir, j->why);
 		goto out;
 	}
-	if (peer_sent_before(j->dir, t->m->created_ns))
+	if (peer_sent_before(j, t->m->created_ns, &rec))
 		goto out;
-	unsigned done = peer_send_tag(t, j->dir, j->t0);
-	if (done < peer.replicas)
-		log_warnx("peer: %s is held by %u of %u peers", j->dir, done, peer.replicas);
+	j->copies = peer_send_tag(t, j->dir, j->t0, rec, j->why, sizeof(j->why));
+	pthread_mutex_lock(&peer.lock);
+	rec->done = 1;
+	snprintf(rec->why, sizeof(rec->why), "%s", j->copies < peer.replicas ? j->why : "");
+	pthread_mutex_unlock(&peer.lock);
+	if (j->copies < peer.replicas)
+		log_warnx("peer: %s is held by %u of %u peers: %s", j->dir, j->copies,
+			  peer.replicas, j->why);
 	log_info("peer: %s: %llu bytes read for its copies, %llu of them from the cache", j->dir,
 		 (unsigned long long)t->bytes_read, (unsigned long long)t->bytes_cached);
 out:
@@ -315,6 +197,23 @@ out:
 	free(t);
 	if (dirfd >= 0)
 		close(dirfd);
+}
+
+/* Frees a job. */
+static void peer_job_free(struct peer_job *j)
+{
+	free(j->dir);
+	free(j);
+}
+
+/* workq_fn (loop thread): a sent job's copies told to its saves (REPLICATED, or short). */
+static void peer_on_settled(struct workq_item *it, unsigned events)
+{
+	struct peer_job *j = (struct peer_job *)it;
+
+	(void)events;
+	save_mark_replicated(&j->id, j->copies, peer.replicas, j->why);
+	peer_job_free(j);
 }
 
 /* The sender thread: sends queued tags, one at a time, until told to stop. */
@@ -330,9 +229,11 @@ static void *peer_sender_main(void *arg)
 		peer.head = j->next;
 		pthread_mutex_unlock(&peer.lock);
 		peer_send_job(j);
-		free(j->dir);
-		free(j);
 		pthread_mutex_lock(&peer.lock);
+		if (peer.settled)
+			workq_push(peer.settled, &j->wi, 1);
+		else
+			peer_job_free(j);
 	}
 	pthread_mutex_unlock(&peer.lock);
 	return NULL;
@@ -358,11 +259,63 @@ void peer_on_save(struct save *s)
 			free(j);
 		} else {
 			j->id = v.dirid;
+			j->uid = v.uid;
 			j->t0 = now_mono();
 			*p = j;
 			pthread_cond_signal(&peer.cond);
 		}
 	}
+	pthread_mutex_unlock(&peer.lock);
+}
+
+/* Opens the queue that brings sent tags back to loop's thread, to settle their saves' level
+ * (main.c, once the loop exists); 0 (also when off) or a negative ERR_E* with err. */
+int peer_wire(struct uv_loop_s *loop, char *err, size_t errlen)
+{
+	return peer.on ? workq_open(&peer.settled, loop, peer_on_settled, err, errlen) : 0;
+}
+
+/* Calls fn with each tag of this node queued, being sent, or sent to fewer peers than
+ * `replicas` (loop thread, under peer.lock: fn must not call into peer.c). */
+void peer_each(void (*fn)(void *arg, const struct peer_view *v), void *arg)
+{
+	double now = now_mono();
+
+	if (!peer.on)
+		return;
+	pthread_mutex_lock(&peer.lock);
+	for (struct peer_job *j = peer.head; j; j = j->next) {
+		struct peer_view v = { .dir = j->dir, .uid = j->uid, .state = "queued",
+				       .replicas = peer.replicas, .holders = "",
+				       .age_s = now - j->t0 };
+		fn(arg, &v);
+	}
+	for (unsigned i = 0; i < peer.nsent && i < PEER_SENT_KEPT; i++) {
+		const struct peer_sent *e = &peer.sent[i];
+		if (e->done && e->copies >= peer.replicas)
+			continue;
+		struct peer_view v = { .dir = e->dir, .uid = e->uid,
+				       .state = e->done ? "short" : "sending", .copies = e->copies,
+				       .replicas = peer.replicas, .bytes = e->bytes,
+				       .holders = e->holders, .error = e->done ? e->why : NULL,
+				       .age_s = now - e->t0 };
+		fn(arg, &v);
+	}
+	pthread_mutex_unlock(&peer.lock);
+}
+
+/* Calls fn with each tag remembered as held by peers (of the last PEER_SENT_KEPT sent since
+ * the start): its directory, its owner and the peers that acknowledged a copy, ", " between
+ * (loop thread, under peer.lock: fn must not call into peer.c). */
+void peer_each_held(void (*fn)(void *arg, const char *dir, uid_t uid, const char *peers),
+		    void *arg)
+{
+	if (!peer.on)
+		return;
+	pthread_mutex_lock(&peer.lock);
+	for (unsigned i = 0; i < peer.nsent && i < PEER_SENT_KEPT; i++)
+		if (peer.sent[i].copies > 0)
+			fn(arg, peer.sent[i].dir, peer.sent[i].uid, peer.sent[i].holders);
 	pthread_mutex_unlock(&peer.lock);
 }
 
@@ -382,7 +335,7 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 	if (probe >= 0)
 		close(probe);
 	peer.secret = malloc(cfg->peer_secret_len);
-	if (peer.secret == NULL || (peer.cap = peer_cap_new(cfg->peer_max_mib_per_s)) == NULL) {
+	if (peer.secret == NULL || (peer.cap = rate_cap_new(cfg->peer_max_mib_per_s)) == NULL) {
 		snprintf(err, errlen, "peer copies: out of memory");
 		goto fail;
 	}
@@ -419,7 +372,7 @@ int peer_start(const struct config *cfg, char *err, size_t errlen)
 fail:
 	peer_net_close(peer.net);
 	replica_store_close(peer.rs);
-	peer_cap_free(peer.cap);
+	rate_cap_free(peer.cap);
 	if (peer.secret)
 		explicit_bzero(peer.secret, peer.secret_len);
 	free(peer.secret);
@@ -442,15 +395,16 @@ void peer_stop(void)
 	while (peer.head) {
 		struct peer_job *j = peer.head;
 		peer.head = j->next;
-		free(j->dir);
-		free(j);
+		peer_job_free(j);
 	}
 	pthread_mutex_unlock(&peer.lock);
 	peer_net_stop(peer.net);
 	pthread_join(peer.sender, NULL);
+	workq_close(peer.settled);  /* the last job sent settled */
+	peer.settled = NULL;
 	peer_net_close(peer.net);
 	replica_store_close(peer.rs);
-	peer_cap_free(peer.cap);
+	rate_cap_free(peer.cap);
 	explicit_bzero(peer.secret, peer.secret_len);
 	free(peer.secret);
 	peer.on = 0;

@@ -6,8 +6,8 @@
  * (never the loop's), one link per thread. What a fetch brings is checked as a PUT's is, by
  * receiving it into a replica store (replica_store.c): nothing unchecked is handed on.
  *
- * The sending bandwidth cap (peer_max_mib_per_s) is a token bucket shared by every thread
- * that sends; cap->lock guards it.
+ * The sending bandwidth cap (peer_max_mib_per_s) is a rate_cap.c bucket shared by every thread
+ * that sends.
  */
 #include "peer_int.h"
 
@@ -16,60 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <xxh_x86dispatch.h>
-
-struct peer_cap {
-	pthread_mutex_t lock;
-	double rate;                   /* bytes per second; 0: no cap */
-	double tokens;
-	double last;
-};
-
-/* A cap of mib_per_s MiB/s (0: none) for the sends that share it; NULL without memory. */
-struct peer_cap *peer_cap_new(double mib_per_s)
-{
-	struct peer_cap *c = calloc(1, sizeof(*c));
-
-	if (c == NULL)
-		return NULL;
-	pthread_mutex_init(&c->lock, NULL);
-	c->rate = mib_per_s * 1048576.0;
-	c->last = now_mono();
-	return c;
-}
-
-/* Frees a cap no send uses. NULL is fine. */
-void peer_cap_free(struct peer_cap *c)
-{
-	if (c) {
-		pthread_mutex_destroy(&c->lock);
-		free(c);
-	}
-}
-
-/* Waits until n more bytes may be sent: the bucket refills at the rate and holds at most a
- * second of it; a sender takes its bytes at once and waits out any debt it leaves. */
-static void peer_throttle(struct peer_cap *c, size_t n)
-{
-	double wait, now;
-
-	if (c == NULL || c->rate <= 0)
-		return;
-	pthread_mutex_lock(&c->lock);
-	now = now_mono();
-	c->tokens += c->rate * (now - c->last);
-	if (c->tokens > c->rate)
-		c->tokens = c->rate;
-	c->last = now;
-	c->tokens -= (double)n;
-	wait = c->tokens < 0 ? -c->tokens / c->rate : 0;
-	pthread_mutex_unlock(&c->lock);
-	if (wait > 0) {
-		struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
-		nanosleep(&ts, NULL);
-	}
-}
 
 /* Receives a RESULT; its code (the peer's word) with its message in err, or a negative errno
  * of the link. */
@@ -167,7 +114,7 @@ static int peer_ids_set(struct peer_ids *w, const struct replica_id *id, const u
 /* Sends the nfiles files of a copy, each read through read(arg, i, off, buf, len), in
  * PEER_CHUNK pieces under cap; 0 or a negative errno with err. */
 static int peer_put_files(struct peer_link *l, const struct manifest_file *const *files,
-			  unsigned nfiles, peer_read_fn read, void *arg, struct peer_cap *cap,
+			  unsigned nfiles, peer_read_fn read, void *arg, struct rate_cap *cap,
 			  uint8_t *buf, char *err, size_t errlen)
 {
 	XXH3_state_t *st = XXH3_createState();
@@ -188,7 +135,7 @@ static int peer_put_files(struct peer_link *l, const struct manifest_file *const
 				return rc;
 			}
 			XXH3_64bits_update(st, buf, n);
-			peer_throttle(cap, n);
+			rate_cap_take(cap, n);
 			rc = peer_send(l, PEER_DATA, buf, n);
 		}
 		end.xxh3 = XXH3_64bits_digest(st);
@@ -207,7 +154,7 @@ static int peer_put_files(struct peer_link *l, const struct manifest_file *const
 int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *ranks,
 	     unsigned nranks, const char *manifest, size_t mlen,
 	     const struct manifest_file *const *files, unsigned nfiles, peer_read_fn read,
-	     void *arg, struct peer_cap *cap, char *err, size_t errlen)
+	     void *arg, struct rate_cap *cap, char *err, size_t errlen)
 {
 	struct peer_ids *w = malloc(sizeof(*w));
 	uint8_t *buf = malloc(PEER_CHUNK);

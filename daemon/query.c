@@ -75,12 +75,43 @@ static void query_resident_add(void *arg, const char *dir, const char *file, uid
 	q->nresident++;
 }
 
+/* peer_each_held's callback: copies a tag the viewer may see (short of memory, the list ends
+ * where it could grow no more). */
+static void query_held_add(void *arg, const char *dir, uid_t uid, const char *peers)
+{
+	struct query_status *q = arg;
+
+	if (!auth_sees(q->viewer, uid) || q->resident_oom)
+		return;
+	if (q->nheld == q->held_cap) {
+		size_t cap = q->held_cap ? 2 * q->held_cap : 16;
+		struct query_held *v = realloc(q->held, cap * sizeof(*v));
+		if (!v) {
+			q->resident_oom = 1;
+			return;
+		}
+		q->held = v;
+		q->held_cap = cap;
+	}
+	struct query_held *e = &q->held[q->nheld];
+	e->dir = strdup(dir);
+	e->peers = strdup(peers);
+	if (!e->dir || !e->peers) {
+		free(e->dir);
+		free(e->peers);
+		q->resident_oom = 1;
+		return;
+	}
+	q->nheld++;
+}
+
 /* Fills q with STATUS's answer for a client of uid viewer. */
 void query_status(struct query_status *q, uid_t viewer)
 {
 	memset(q, 0, sizeof(*q));
 	q->viewer = viewer;
 	resident_each(query_resident_add, q);
+	peer_each_held(query_held_add, q);
 	q->pid = (uint64_t)getpid();
 	q->uptime_s = (uint64_t)query_uptime();
 	q->cache_total = cache_total(daemon_ctx->cache);
@@ -114,6 +145,13 @@ void query_status_free(struct query_status *q)
 		free(q->resident[i].file);
 	}
 	free(q->resident);
+	for (size_t i = 0; i < q->nheld; i++) {
+		free(q->held[i].dir);
+		free(q->held[i].peers);
+	}
+	free(q->held);
+	q->held = NULL;
+	q->nheld = q->held_cap = 0;
 	free(q->pools);
 	q->resident = NULL;
 	q->pools = NULL;
@@ -163,6 +201,42 @@ static void query_pending_upload(void *arg, const struct upload_view *v)
 	q->nuploads++;
 }
 
+/* peer_each's callback: copies a tag the viewer (q->viewer) may see into q's repls (repls_cap
+ * (size_t)-1 once short of memory). */
+static void query_pending_repl(void *arg, const struct peer_view *v)
+{
+	struct query_pending *q = arg;
+
+	if (q->repls_cap == (size_t)-1 || !auth_sees(q->viewer, v->uid))
+		return;
+	if (q->nrepls == q->repls_cap) {
+		size_t cap = q->repls_cap ? 2 * q->repls_cap : 8;
+		struct query_repl *r = realloc(q->repls, cap * sizeof(*r));
+		if (!r) {
+			q->repls_cap = (size_t)-1;
+			return;
+		}
+		q->repls = r;
+		q->repls_cap = cap;
+	}
+	struct query_repl *r = &q->repls[q->nrepls];
+	r->v = *v;
+	r->dir = strdup(v->dir);
+	r->holders = strdup(v->holders);
+	r->error = v->error ? strdup(v->error) : NULL;
+	if (!r->dir || !r->holders || (v->error && !r->error)) {
+		free(r->dir);
+		free(r->holders);
+		free(r->error);
+		q->repls_cap = (size_t)-1;
+		return;
+	}
+	r->v.dir = r->dir;
+	r->v.holders = r->holders;
+	r->v.error = r->error;
+	q->nrepls++;
+}
+
 /* Fills q with PENDING's answer for a client of uid viewer: the saves the daemon still knows
  * that it may see, in the registry's order; 0, or -1 without memory. */
 int query_pending(struct query_pending *q, uid_t viewer)
@@ -190,7 +264,8 @@ int query_pending(struct query_pending *q, uid_t viewer)
 		e->client_alive = conn_find(v.client) != NULL;
 	}
 	upload_each(query_pending_upload, q);
-	return q->uploads_cap == (size_t)-1 ? -1 : 0;
+	peer_each(query_pending_repl, q);
+	return q->uploads_cap == (size_t)-1 || q->repls_cap == (size_t)-1 ? -1 : 0;
 }
 
 /* Frees query_pending's list. */
@@ -207,6 +282,14 @@ void query_pending_free(struct query_pending *q)
 	free(q->uploads);
 	q->uploads = NULL;
 	q->nuploads = q->uploads_cap = 0;
+	for (size_t i = 0; i < q->nrepls; i++) {
+		free(q->repls[i].dir);
+		free(q->repls[i].holders);
+		free(q->repls[i].error);
+	}
+	free(q->repls);
+	q->repls = NULL;
+	q->nrepls = q->repls_cap = 0;
 }
 
 /* Fills q with METRICS's answer: the counters and histograms since start, the gauges of now. */

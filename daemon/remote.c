@@ -5,8 +5,7 @@
  * dispatches to remote_s3.c or remote_file.c.
  *
  * Threads: every call blocks its caller and may run on any thread at once; struct remote is
- * read-only after remote_open except the token bucket, which r->lock guards (held only to
- * count, never while waiting).
+ * read-only after remote_open (the cap, rate_cap.c, locks itself).
  */
 #include "remote_int.h"
 
@@ -64,9 +63,10 @@ int remote_open(const struct config *cfg, const char *url, struct remote **out, 
 	r->part_bytes = cfg->upload_part_bytes ? cfg->upload_part_bytes : 64 << 20;
 	r->file_mode = cfg->file_mode | 0600;
 	r->dir_mode = cfg->dir_mode | 0700;
-	r->rate = cfg->upload_max_mib_per_s * 1024 * 1024;
-	clock_gettime(CLOCK_MONOTONIC, &r->last);
-	pthread_mutex_init(&r->lock, NULL);
+	if ((r->cap = rate_cap_new(cfg->upload_max_mib_per_s)) == NULL) {
+		free(r);
+		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
+	}
 	if (strncmp(url, "s3://", 5) == 0) {
 		const char *b = url + 5, *slash = strchr(b, '/');
 		size_t n = slash ? (size_t)(slash - b) : strlen(b);
@@ -92,7 +92,7 @@ int remote_open(const struct config *cfg, const char *url, struct remote **out, 
 	*out = r;
 	return 0;
 fail:
-	pthread_mutex_destroy(&r->lock);
+	rate_cap_free(r->cap);
 	free(r);
 	return rc;
 }
@@ -104,7 +104,7 @@ void remote_close(struct remote *r)
 		return;
 	if (r->ops->close)
 		r->ops->close(r);
-	pthread_mutex_destroy(&r->lock);
+	rate_cap_free(r->cap);
 	free(r);
 }
 

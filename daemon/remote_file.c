@@ -72,7 +72,7 @@ static int file_write_src(struct remote *r, int fd, const struct remote_src *src
 			err_set(err, errlen, rc, "%s: reading the source failed", path);
 			break;
 		}
-		remote_throttle(r, n);
+		rate_cap_take(r->cap, n);
 		for (size_t done = 0; done < n && rc == 0;) {
 			ssize_t w = pwrite(fd, buf + done, n - done, (off_t)(off + done));
 			if (w < 0 && errno != EINTR)

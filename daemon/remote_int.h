@@ -32,7 +32,7 @@ struct remote_ops {
 	void (*close)(struct remote *r);
 };
 
-/* A remote tier, immutable after remote_open but for the bandwidth bucket (its lock). */
+/* A remote tier, immutable after remote_open (its bandwidth cap has a lock of its own). */
 struct remote {
 	const struct remote_ops *ops;
 	char url[1100];           /* as configured, for messages */
@@ -42,15 +42,8 @@ struct remote {
 	uint64_t part_bytes;      /* multipart part, ranged read */
 	unsigned file_mode, dir_mode;
 	void *tier;               /* the tier's own state (remote_s3.c) */
-	/* The upload bandwidth cap, shared by every call: a token bucket of bytes. */
-	pthread_mutex_t lock;
-	double rate;              /* bytes per second; 0: no cap */
-	double tokens;            /* may go below 0: a debt the next caller waits out */
-	struct timespec last;
+	struct rate_cap *cap;     /* upload_max_mib_per_s, shared by every call (rate_cap.c) */
 };
-
-/* remote_cap.c: waits until n more bytes may be uploaded under the cap (any thread). */
-void remote_throttle(struct remote *r, size_t n);
 
 /* remote_s3.c: opens the S3 tier of r (bucket and prefix set) with cfg's s3 keys. */
 int remote_s3_open(struct remote *r, const struct config *cfg, char *err, size_t errlen);

@@ -109,7 +109,7 @@ static size_t s3_read(char *buf, size_t size, size_t n, void *arg)
 
 	if (want == 0)
 		return 0;
-	remote_throttle(q->r, want);
+	rate_cap_take(q->r->cap, want);
 	if ((q->src_rc = q->src->read(q->src->arg, q->src_off + q->src_pos, buf, want)) != 0)
 		return CURL_READFUNC_ABORT;
 	q->src_pos += want;

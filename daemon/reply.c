@@ -156,15 +156,23 @@ static void pack_failure(msgpack_packer *pk, int code, const char *error)
 	proto_kv_str(pk, "error", error);
 }
 
-/* Answers a WAIT with a save's state (its level reached, or FAILED with the reason). */
+/* Answers a WAIT with a save's state (its level reached, or FAILED with the reason), and once
+ * its peer copies were sent, how many peers hold them of how many wanted (and why no more). */
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 {
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, v->level == LEVEL_FAILED ? 7 : 5);
+	msgpack_pack_map(&o.pk, (v->level == LEVEL_FAILED ? 7 : 5) + (v->settled ? 2 : 0) +
+			 (v->copies_why != NULL));
 	proto_kv_u64(&o.pk, "save", v->id);
 	pack_save_progress(&o.pk, v);
+	if (v->settled) {
+		proto_kv_u64(&o.pk, "copies", v->copies);
+		proto_kv_u64(&o.pk, "replicas", v->replicas);
+	}
+	if (v->copies_why)
+		proto_kv_str(&o.pk, "copies_error", v->copies_why);
 	if (v->level == LEVEL_FAILED)
 		pack_failure(&o.pk, v->code, v->error);
 	reply_send(conn, &o, 0);
@@ -201,7 +209,7 @@ void reply_status(uint64_t conn, uint64_t req, const struct query_status *q)
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 19);
+	msgpack_pack_map(&o.pk, 20);
 	proto_kv_str(&o.pk, "version", DSCKPTD_VERSION);
 	proto_kv_u64(&o.pk, "proto", PROTO_VERSION);
 	proto_kv_u64(&o.pk, "pid", q->pid);
@@ -238,6 +246,13 @@ void reply_status(uint64_t conn, uint64_t req, const struct query_status *q)
 		proto_kv_str(&o.pk, "file", q->resident[i].file);
 		proto_kv_u64(&o.pk, "bytes", q->resident[i].bytes);
 		proto_kv_bool(&o.pk, "committed", q->resident[i].committed);
+	}
+	proto_key(&o.pk, "peer_copies");
+	msgpack_pack_array(&o.pk, q->nheld);
+	for (size_t i = 0; i < q->nheld; i++) {
+		msgpack_pack_map(&o.pk, 2);
+		proto_kv_str(&o.pk, "dir", q->held[i].dir);
+		proto_kv_str(&o.pk, "peers", q->held[i].peers);
 	}
 	reply_send(conn, &o, 0);
 }
@@ -282,13 +297,29 @@ static void pack_pending_upload(msgpack_packer *pk, const struct upload_view *v)
 		proto_kv_str(pk, "error", v->error);
 }
 
-/* Answers PENDING with the saves and uploads query_pending listed. */
+/* Packs a tag whose peer copies are not all held: {dir, state, copies, replicas, bytes,
+ * peers, age_ms, error?}. */
+static void pack_pending_repl(msgpack_packer *pk, const struct peer_view *v)
+{
+	msgpack_pack_map(pk, 7 + (v->error != NULL));
+	proto_kv_str(pk, "dir", v->dir);
+	proto_kv_str(pk, "state", v->state);
+	proto_kv_u64(pk, "copies", v->copies);
+	proto_kv_u64(pk, "replicas", v->replicas);
+	proto_kv_u64(pk, "bytes", v->bytes);
+	proto_kv_str(pk, "peers", v->holders);
+	proto_kv_u64(pk, "age_ms", (uint64_t)(v->age_s * 1000));
+	if (v->error)
+		proto_kv_str(pk, "error", v->error);
+}
+
+/* Answers PENDING with the saves, uploads and replications query_pending listed. */
 void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q)
 {
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, 2);
+	msgpack_pack_map(&o.pk, 3);
 	proto_key(&o.pk, "saves");
 	msgpack_pack_array(&o.pk, q->n);
 	for (size_t i = 0; i < q->n; i++)
@@ -297,6 +328,10 @@ void reply_pending(uint64_t conn, uint64_t req, const struct query_pending *q)
 	msgpack_pack_array(&o.pk, q->nuploads);
 	for (size_t i = 0; i < q->nuploads; i++)
 		pack_pending_upload(&o.pk, &q->uploads[i].v);
+	proto_key(&o.pk, "replications");
+	msgpack_pack_array(&o.pk, q->nrepls);
+	for (size_t i = 0; i < q->nrepls; i++)
+		pack_pending_repl(&o.pk, &q->repls[i].v);
 	reply_send(conn, &o, 0);
 }
 
@@ -361,16 +396,16 @@ static void pack_reasons(msgpack_packer *pk, const struct metrics_view *v,
 	}
 }
 
-/* Packs histogram h: {buckets: [u…], sum_us: u}. */
-static void pack_hist(msgpack_packer *pk, const struct metrics_view *v, enum metric_hist h)
+/* Packs histogram h under key: {buckets: [u…], sum_us: u}. */
+static void pack_hist(msgpack_packer *pk, const char *key, const struct metrics_hist *h)
 {
-	proto_key(pk, metrics_hist_key(h));
+	proto_key(pk, key);
 	msgpack_pack_map(pk, 2);
 	proto_key(pk, "buckets");
 	msgpack_pack_array(pk, METRIC_BUCKETS + 1);
 	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
-		msgpack_pack_uint64(pk, v->hist[h].bucket[i]);
-	proto_kv_u64(pk, "sum_us", v->hist[h].sum_us);
+		msgpack_pack_uint64(pk, h->bucket[i]);
+	proto_kv_u64(pk, "sum_us", h->sum_us);
 }
 
 /* Answers METRICS: the counters and histograms since start, and the gauges of now. */
@@ -406,15 +441,9 @@ void reply_metrics(uint64_t conn, uint64_t req, const struct query_metrics *q)
 	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
 		msgpack_pack_uint64(&o.pk, v->le_us[i]);
 	for (unsigned i = 0; i < METRIC_HIST_N; i++)
-		pack_hist(&o.pk, v, i);
+		pack_hist(&o.pk, metrics_hist_key(i), &v->hist[i]);
 	for (unsigned i = 0; i < METRIC_PEER_N; i++)	/* peer copies' block */
 		proto_kv_u64(&o.pk, metrics_peer_key(i), q->peer.v[i]);
-	proto_key(&o.pk, METRIC_PEER_HIST_KEY);
-	msgpack_pack_map(&o.pk, 2);
-	proto_key(&o.pk, "buckets");
-	msgpack_pack_array(&o.pk, METRIC_BUCKETS + 1);
-	for (unsigned i = 0; i <= METRIC_BUCKETS; i++)
-		msgpack_pack_uint64(&o.pk, q->peer.replication.bucket[i]);
-	proto_kv_u64(&o.pk, "sum_us", q->peer.replication.sum_us);
+	pack_hist(&o.pk, METRIC_PEER_HIST_KEY, &q->peer.replication);
 	reply_send(conn, &o, 0);
 }

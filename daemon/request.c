@@ -412,7 +412,7 @@ static void on_wait(struct session *c, const struct proto_hdr *h, struct proto_m
 	int64_t level = 0, timeout = -1;
 
 	proto_get_u64(m, "save", UINT64_MAX, &id, 1);
-	proto_get_i64(m, "level", 0, LEVEL_REMOTE, &level, 1);
+	proto_get_i64(m, "level", 0, LEVEL_REPLICATED, &level, 1);
 	proto_get_i64(m, "timeout_ms", INT32_MIN, INT32_MAX, &timeout, 1);
 	if (proto_map_end(m) < 0)
 		return request_malformed(c, h, m->why);
@@ -426,6 +426,9 @@ static void on_wait(struct session *c, const struct proto_hdr *h, struct proto_m
 		return request_error(c, h, ERR_ENOTSUP, "%s is under a root without a remote tier "
 				     "(allowed_roots' \"remote\"): it never reaches REMOTE",
 				     save_dir(s));
+	if (level == LEVEL_REPLICATED && !peer_on())
+		return request_error(c, h, ERR_ENOTSUP, "peer copies are off on this node (no "
+				     "peer_secret_file, or replicas 0): no save reaches REPLICATED");
 	wait_add(session_id(c), h->id, s, (int)level, level == 0 ? 0 : timeout);
 }
 

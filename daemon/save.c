@@ -1,7 +1,8 @@
 /*
  * save.c — the registry of saves: validation of what a client adds, the plan handed to the
- * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED → REMOTE, or
- * FAILED with a code and a reason). Everything here runs on the loop thread. It encodes no
+ * engine, and each save's level (ACCEPTED → SNAPSHOT → DURABLE → COMMITTED → REMOTE →
+ * REPLICATED, or FAILED with a code and a reason; REMOTE only where the root has a remote
+ * tier, REPLICATED only with peer copies on and once `replicas` peers hold the node's files). Everything here runs on the loop thread. It encodes no
  * reply and knows no connection: saves name their client by id, and every change of level
  * is published to waiter.c (the WAITs parked there) and then told to the observers
  * registered with save_observe (commits, seals, uploads, metrics; main.c wires them), which
@@ -61,6 +62,9 @@ struct save {
 	size_t hdr_len;          /* its size, which its node's seal record describes without */
 	uint64_t size;           /* opening the file; NULL without memory */
 	double t_accept, t_change;
+	int settled;             /* peer.c sent the node's copies of the tag: copies of replicas */
+	unsigned copies, replicas;
+	char copies_why[256];    /* settled short of replicas: why no more */
 	unsigned holds;          /* save_hold without save_release: not forgotten */
 };
 
@@ -510,6 +514,10 @@ void save_view(const struct save *s, struct save_view *v)
 	v->bytes_flushed = s->flushed;
 	if (s->job)
 		engine_progress(s->job, &v->bytes_snapshot, &v->bytes_flushed);
+	v->settled = s->settled;
+	v->copies = s->copies;
+	v->replicas = s->replicas;
+	v->copies_why = s->settled && s->copies < s->replicas ? s->copies_why : NULL;
 	v->age_s = now - s->t_accept;
 	v->busy_s = (s->job ? now : s->t_change) - s->t_accept;
 }
@@ -544,48 +552,20 @@ unsigned save_inflight(void)
 	return n;
 }
 
-/* Whether s is a save of run into the directory id by uid. */
-static int save_of(const struct save *s, const struct store_dirid *id, uid_t uid,
-		   const char *run)
+/* Moves s to level, a level it reaches (save_marks.c: one a directory's saves reach
+ * together); a FAILED save stays FAILED. */
+void save_set_level(struct save *s, int level)
 {
-	return s->uid == uid && store_dirid_eq(&s->dirid, id) && strcmp(s->run, run) == 0;
+	set_level(s, level, 0, NULL);
 }
 
-/* The state of uid's saves of run into the directory id: the first failed one (or NULL), and
- * whether any (ended or still open) is not yet DURABLE. */
-struct save *save_dir_state(const struct store_dirid *id, uid_t uid, const char *run,
-			    int *pending)
+/* Records on s that copies of replicas peers hold its node's files (why: why no more). */
+void save_set_copies(struct save *s, unsigned copies, unsigned replicas, const char *why)
 {
-	struct save *bad = NULL;
-
-	*pending = 0;
-	for (struct save *s = saves; s; s = s->next) {
-		if (!save_of(s, id, uid, run))
-			continue;
-		if (s->level == LEVEL_FAILED && !bad)
-			bad = s;
-		else if (s->level < LEVEL_DURABLE)
-			*pending = 1;
-	}
-	return bad;
-}
-
-/* Marks uid's DURABLE saves of run into the directory id COMMITTED (its manifest is
- * written). */
-void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *run)
-{
-	for (struct save *s = saves; s; s = s->next)
-		if (s->level == LEVEL_DURABLE && save_of(s, id, uid, run))
-			set_level(s, LEVEL_COMMITTED, 0, NULL);
-}
-
-/* Marks the COMMITTED saves into the directory id REMOTE (upload.c: the tag, its manifest
- * and latest are in the remote tier). */
-void save_mark_remote(const struct store_dirid *id)
-{
-	for (struct save *s = saves; s; s = s->next)
-		if (s->level == LEVEL_COMMITTED && store_dirid_eq(&s->dirid, id))
-			set_level(s, LEVEL_REMOTE, 0, NULL);
+	s->settled = 1;
+	s->copies = copies;
+	s->replicas = replicas;
+	snprintf(s->copies_why, sizeof(s->copies_why), "%s", why ? why : "");
 }
 
 /* Frees every save (shutdown, once nothing is in flight and nothing holds one). */

@@ -108,7 +108,7 @@ static int seal_dirs_live(uid_t uid, const struct owner *o, const struct store_d
 	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
 		save_view(s, &v);
 		if (v.uid != uid || !store_dirid_eq(&v.dirid, id) || v.level == LEVEL_FAILED ||
-		    v.level == LEVEL_COMMITTED)
+		    v.level >= LEVEL_COMMITTED)
 			continue;
 		live = 1;
 		*pending |= o && v.rank == o->rank && strcmp(v.run, o->run) == 0;

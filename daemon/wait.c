@@ -2,19 +2,22 @@
  * wait.c — WAITs: a client asked to hear when a save reaches a level. Loop thread only. A
  * WAIT not answered at once parks in waiter.c by its save's id (save.c publishes each level
  * there) and holds its save (save_hold) so that the save is not forgotten under it; when the
- * level is reached, the save fails or its time is up, wait_end answers it through reply.c,
- * and a WAIT dropped (its client left) only lets its save go.
+ * level is reached, the save fails or settles below it (peer copies held by fewer peers than
+ * `replicas`), or its time is up, wait_end answers it through reply.c, and a WAIT dropped
+ * (its client left) only lets its save go.
  */
 #include "dsckptd.h"
 
-/* Answers a WAIT for s now (reached, failed, not ended, or no time to wait) or later. */
+/* Answers a WAIT for s now (reached, failed, not ended, no time to wait, or REPLICATED asked
+ * of a save whose copies were sent to fewer peers) or later. */
 void wait_add(uint64_t conn, uint64_t req, struct save *s, int level, int64_t timeout_ms)
 {
 	int now = save_level(s);
 	struct save_view v;
 
-	if (now == LEVEL_FAILED || now >= level || timeout_ms == 0 || now == LEVEL_NONE) {
-		save_view(s, &v);
+	save_view(s, &v);
+	if (now == LEVEL_FAILED || now >= level || timeout_ms == 0 || now == LEVEL_NONE ||
+	    (level == LEVEL_REPLICATED && v.copies_why)) {
 		reply_save_state(conn, req, &v);
 		return;
 	}

@@ -6,7 +6,8 @@
  * A waiter is a request (connection id, request id), what it waits for (a tag, a key — the
  * save's, load's or commit's id — and the level that ends it) and its deadline. Registries
  * publish their keys' levels here (waiter_publish); a wait ends when its level is reached, a
- * negative level (failed) is published, its deadline passes, or its connection goes. Each
+ * negative level (failed) is published, its key is settled (waiter_settle: it will go no
+ * higher), its deadline passes, or its connection goes. Each
  * end goes to its tag's handler (set by main.c's wiring), which answers through reply.c or
  * moves its state machine on; this layer encodes nothing and calls nothing above it.
  *
@@ -191,6 +192,26 @@ void waiter_publish(enum waiter_tag tag, uint64_t key, int level)
 {
 	struct published p = {tag, key, level};
 	struct waiter *ending = take(match_published, &p);
+
+	if (ending) {
+		end_all(ending, WAITER_REACHED, level);
+		timer_arm();
+	}
+}
+
+/* Whether w waits on the settled key. */
+static int match_key(const struct waiter *w, const void *arg)
+{
+	const struct published *p = arg;
+
+	return w->on.tag == p->tag && w->on.key == p->key;
+}
+
+/* A registry's news: key of tag, at level, will go no higher; every wait on it ends now. */
+void waiter_settle(enum waiter_tag tag, uint64_t key, int level)
+{
+	struct published p = {tag, key, level};
+	struct waiter *ending = take(match_key, &p);
 
 	if (ending) {
 		end_all(ending, WAITER_REACHED, level);

@@ -87,6 +87,8 @@ const char *level_name(int level)
 		return "COMMITTED";
 	case LEVEL_REMOTE:
 		return "REMOTE";
+	case LEVEL_REPLICATED:
+		return "REPLICATED";
 	}
 	return "UNKNOWN";
 }

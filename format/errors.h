@@ -54,7 +54,9 @@ enum level {
 	LEVEL_SNAPSHOT = 2,  /* every byte is in the daemon */
 	LEVEL_DURABLE = 3,   /* files written, fsynced and renamed into place */
 	LEVEL_COMMITTED = 4, /* the checkpoint directory is committed */
-	LEVEL_REMOTE = 5     /* the committed tag, its manifest and latest are in the remote tier */
+	LEVEL_REMOTE = 5,    /* the committed tag, its manifest and latest are in the remote tier */
+	LEVEL_REPLICATED = 6 /* this node's files of the committed tag are held by `replicas`
+				peers (and it is REMOTE first where its root has a remote tier) */
 };
 
 /* Message for a code ("invalid argument"; "success" for 0, "unknown error" otherwise). */

@@ -15,7 +15,7 @@
 #include <msgpack.h>
 
 /* Bump PROTO_VERSION if you change the header, a message type or a message's keys. */
-#define PROTO_VERSION 8
+#define PROTO_VERSION 9
 #define PROTO_MAGIC 0x4b435344u       /* "DSCK" as little-endian bytes */
 #define PROTO_HDR_SIZE 24
 #define PROTO_MAX_BODY (16u << 20)    /* bigger frames are rejected unread */

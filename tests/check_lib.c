@@ -43,7 +43,8 @@ START_TEST(test_levels)
 	ck_assert_str_eq(dsckpt_level_name(DSCKPT_DURABLE), "DURABLE");
 	ck_assert_str_eq(dsckpt_level_name(DSCKPT_COMMITTED), "COMMITTED");
 	ck_assert_str_eq(dsckpt_level_name(DSCKPT_REMOTE), "REMOTE");
-	ck_assert_str_eq(dsckpt_level_name(6), "UNKNOWN");
+	ck_assert_str_eq(dsckpt_level_name(DSCKPT_REPLICATED), "REPLICATED");
+	ck_assert_str_eq(dsckpt_level_name(7), "UNKNOWN");
 	ck_assert_str_eq(dsckpt_level_name(-2), "UNKNOWN");
 }
 END_TEST

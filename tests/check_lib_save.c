@@ -143,7 +143,7 @@ START_TEST(test_fake_save)
 	ck_assert_int_eq(dsckpt_add_tensor(s, "late", "U8", s1, 1, heap, 1000), DSCKPT_ESTATE);
 	ck_assert_int_eq(dsckpt_add_blob(s, "late", "x", 1), DSCKPT_ESTATE);
 	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_SNAPSHOT, -1), DSCKPT_SNAPSHOT);
-	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_REMOTE + 1, -1), DSCKPT_EINVAL);
+	ck_assert_int_eq(dsckpt_wait(s, DSCKPT_REPLICATED + 1, -1), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_wait(s, -1, -1), DSCKPT_EINVAL);
 	ck_assert_int_eq(dsckpt_save_progress(s, &p), 0);
 	ck_assert_int_eq(p.level, DSCKPT_SNAPSHOT);

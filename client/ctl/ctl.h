@@ -61,9 +61,18 @@ struct ctl_resident {
 	uint64_t bytes;
 	int committed;
 };
+/* A tag of the daemon's node whose files peers hold (STATUS's peer_copies). */
+struct ctl_held {
+	char *dir;
+	char *peers;    /* those that acknowledged a copy, ", " between */
+};
 /* Asks the daemon at ctl->socket, printing nothing, for the resident files this user may see:
- * how many (*out, query_residents_free), or -1 when it cannot say (not running, older). */
-long query_residents(const struct ctl *ctl, struct ctl_resident **out);
+ * how many (*out, query_residents_free), or -1 when it cannot say (not running, older); and
+ * the tags peers hold (*held, *nheld: none from an older daemon; query_held_free). */
+long query_residents(const struct ctl *ctl, struct ctl_resident **out, struct ctl_held **held,
+		     long *nheld);
+/* Frees what query_residents returned in held. */
+void query_held_free(struct ctl_held *v, long n);
 /* Frees what query_residents returned. */
 void query_residents_free(struct ctl_resident *v, long n);
 /* Asks the daemon at ctl->socket for its allowed roots: how many (*out, query_roots_free), or
@@ -220,5 +229,25 @@ void pupload_free(struct pupload_list *l);
 cJSON *pupload_json(const struct pupload_list *l);
 /* Prints one row per tag (with its error below it) after a blank line and a summary. */
 void pupload_print(const struct pupload_list *l, FILE *f);
+
+/* copies.c — PENDING's tags whose peer copies are not all held (dsckptctl pending). */
+struct prepl {
+	char *dir, *peers, *error;    /* peers: those holding a copy, ", " between; error: why
+				       * no more (state "short") */
+	char state[16];               /* "queued", "sending" or "short" */
+	uint64_t copies, replicas, bytes, age_ms;
+};
+struct prepl_list {
+	struct prepl *v;
+	size_t n;
+};
+/* Decodes PENDING's "replications" from m into l (a failure is m's error). */
+void prepl_decode(struct proto_map *m, struct prepl_list *l);
+/* Frees the list. */
+void prepl_free(struct prepl_list *l);
+/* The list as a JSON array. */
+cJSON *prepl_json(const struct prepl_list *l);
+/* Prints one row per tag (why no more below one left short) after a blank line. */
+void prepl_print(const struct prepl_list *l, FILE *f);
 
 #endif /* DSCKPTCTL_H */

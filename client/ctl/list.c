@@ -1,7 +1,8 @@
 /* list.c — `dsckptctl list ROOT`: the checkpoint tags under a directory, read from disk; for
  * an incomplete tag, how many ranks sealed it (its SEAL.<host>.json records) and which not;
  * which tiers hold each tag: the local files, the daemon's host cache (resident, when the
- * daemon answers) and the root's remote tier (a committed tag's REMOTE.json). */
+ * daemon answers), the root's remote tier (a committed tag's REMOTE.json) and other nodes'
+ * daemons (peers the daemon sent this node's files of the tag to, when it answers). */
 #include "ctl.h"
 
 #include "../../format/format.h"
@@ -34,6 +35,7 @@ struct tag {
 	uint8_t *have;       /* world entries: the ranks sealed (--json lists the others) */
 	int resident;        /* the daemon keeps files of it in its cache */
 	int remote;          /* committed and in its root's remote tier (REMOTE.json) */
+	char *peers;         /* the peers holding this node's files of it (the daemon's word) */
 };
 
 /* Every tag found. */
@@ -289,6 +291,10 @@ static cJSON *list_json(const struct tags *tags)
 		cJSON_AddItemToArray(tiers, cJSON_CreateString("local"));
 		if (t->remote)
 			cJSON_AddItemToArray(tiers, cJSON_CreateString("remote"));
+		if (t->peers) {
+			cJSON_AddItemToArray(tiers, cJSON_CreateString("peers"));
+			cJSON_AddStringToObject(o, "peers", t->peers);
+		}
 		cJSON_AddItemToArray(a, o);
 	}
 	return doc;
@@ -326,21 +332,25 @@ static int list_print(const struct tags *tags, cJSON *docs)
 				 t->world);
 		else
 			snprintf(state, sizeof(state), "%s", t->state);
-		snprintf(tiers, sizeof(tiers), "%slocal%s", t->resident ? "cache " : "",
-			 t->remote ? " remote" : "");
+		snprintf(tiers, sizeof(tiers), "%slocal%s%s", t->resident ? "cache " : "",
+			 t->remote ? " remote" : "", t->peers ? " peers" : "");
 		table_row(tb, t->path, state, files, out_bytes(t->bytes, size, sizeof(size)),
 			  t->created ? t->created : "-", t->latest ? "latest" : "", tiers);
+		if (t->peers)
+			table_note(tb, "peer copies: %s", t->peers);
 	}
 	table_print(tb, stdout);
 	return CTL_OK;
 }
 
-/* Marks the tags whose files the daemon keeps in its cache (real: ROOT's real path), when
- * it answers; a daemon that does not (none running here) leaves the listing as it was. */
+/* Marks the tags whose files the daemon keeps in its cache, and those whose files peers
+ * hold (real: ROOT's real path), when it answers; a daemon that does not (none running here)
+ * leaves the listing as it was. */
 static void list_mark_resident(const struct ctl *ctl, struct tags *tags, const char *real)
 {
 	struct ctl_resident *res;
-	long n = query_residents(ctl, &res);
+	struct ctl_held *held;
+	long nheld, n = query_residents(ctl, &res, &held, &nheld);
 
 	if (n < 0)
 		return;
@@ -353,9 +363,13 @@ static void list_mark_resident(const struct ctl *ctl, struct tags *tags, const c
 			continue;
 		for (long k = 0; k < n && !t->resident; k++)
 			t->resident = strcmp(res[k].dir, abs) == 0;
+		for (long k = 0; k < nheld && !t->peers; k++)
+			if (strcmp(held[k].dir, abs) == 0)
+				t->peers = strdup(held[k].peers);
 		free(abs);
 	}
 	query_residents_free(res, n);
+	query_held_free(held, nheld);
 }
 
 /* Lists the checkpoint tags under root (a table, or its JSON object added to docs). */
@@ -386,6 +400,7 @@ out:
 		free(tags.v[i].path);
 		free(tags.v[i].created);
 		free(tags.v[i].have);
+		free(tags.v[i].peers);
 	}
 	free(tags.v);
 	return rc;

@@ -28,11 +28,12 @@ struct psave {
 	char *error;   /* NULL unless the save FAILED */
 };
 
-/* The saves of one PENDING reply, and its tags not yet REMOTE. */
+/* The saves of one PENDING reply, its tags not yet REMOTE and those not yet REPLICATED. */
 struct plist {
 	struct psave *v;
 	size_t n;
 	struct pupload_list up;
+	struct prepl_list repl;
 };
 
 /* Frees the saves of a PENDING reply. */
@@ -48,6 +49,7 @@ static void plist_free(struct plist *pl)
 	pl->v = NULL;
 	pl->n = 0;
 	pupload_free(&pl->up);
+	prepl_free(&pl->repl);
 }
 
 /* Decodes one save of a PENDING reply; -1 with why on a malformed entry. */
@@ -65,7 +67,7 @@ static int psave_decode(const msgpack_object *obj, struct psave *s, char *why, s
 	proto_get_u64(&pm, "rank", UINT32_MAX, &s->rank, 1);
 	proto_get_str(&pm, "dir", dir, PROTO_MAX_STR, 1);
 	proto_get_str(&pm, "file", file, PROTO_MAX_NAME, 1);
-	proto_get_i64(&pm, "level", DSCKPT_FAILED, DSCKPT_REMOTE, &s->level, 1);
+	proto_get_i64(&pm, "level", DSCKPT_FAILED, DSCKPT_REPLICATED, &s->level, 1);
 	proto_get_u64(&pm, "bytes_total", UINT64_MAX, &s->total, 1);
 	proto_get_u64(&pm, "bytes_snapshot", UINT64_MAX, &s->snapshot, 1);
 	proto_get_u64(&pm, "bytes_flushed", UINT64_MAX, &s->flushed, 1);
@@ -101,6 +103,7 @@ static int plist_fetch(dsckpt_conn_t *c, struct plist *pl)
 	pl->n = 0;
 	pl->v = NULL;
 	pl->up = (struct pupload_list){0};
+	pl->repl = (struct prepl_list){0};
 	if (proto_get_array(&r.m, "saves", &a, MAX_SAVES, 1) == 1 &&
 	    !(pl->v = calloc(a->size ? a->size : 1, sizeof(*pl->v)))) {
 		out_err("out of memory");
@@ -113,6 +116,7 @@ static int plist_fetch(dsckpt_conn_t *c, struct plist *pl)
 			proto_map_fail(&r.m, "save %u: %s", i, why);
 	}
 	pupload_decode(&r.m, &pl->up);
+	prepl_decode(&r.m, &pl->repl);
 	if (query_end(c, &r) != 0) {
 		plist_free(pl);
 		return -1;
@@ -162,6 +166,7 @@ int pending_run(struct ctl *ctl)
 		for (size_t i = 0; i < pl.n; i++)
 			cJSON_AddItemToArray(a, psave_json(&pl.v[i]));
 		cJSON_AddItemToObject(doc, "uploads", pupload_json(&pl.up));
+		cJSON_AddItemToObject(doc, "replications", prepl_json(&pl.repl));
 		plist_free(&pl);
 		return out_json(doc);
 	}
@@ -169,6 +174,8 @@ int pending_run(struct ctl *ctl)
 		printf("no saves\n");
 		if (pl.up.n)
 			pupload_print(&pl.up, stdout);
+		if (pl.repl.n)
+			prepl_print(&pl.repl, stdout);
 		plist_free(&pl);
 		return CTL_OK;
 	}
@@ -199,6 +206,8 @@ int pending_run(struct ctl *ctl)
 	table_print(t, stdout);
 	if (pl.up.n)
 		pupload_print(&pl.up, stdout);
+	if (pl.repl.n)
+		prepl_print(&pl.repl, stdout);
 	plist_free(&pl);
 	return CTL_OK;
 }

@@ -163,14 +163,62 @@ static long residents_decode(struct proto_map *pm, struct ctl_resident **out)
 	return n;
 }
 
-/* Asks the daemon quietly for the resident files this user may see; -1 when it cannot. */
-long query_residents(const struct ctl *ctl, struct ctl_resident **out)
+/* Frees what held_decode returned. */
+void query_held_free(struct ctl_held *v, long n)
+{
+	for (long i = 0; i < n; i++) {
+		free(v[i].dir);
+		free(v[i].peers);
+	}
+	free(v);
+}
+
+/* Reads STATUS's peer_copies (absent from older daemons or with peer copies off: 0, *out
+ * NULL); the number read, or -1 (then pm carries the error). */
+static long held_decode(struct proto_map *pm, struct ctl_held **out)
+{
+	const msgpack_object_array *a = NULL;
+	static char dir[PROTO_MAX_STR + 1], peers[PROTO_MAX_STR + 1];
+	long n = 0;
+
+	*out = NULL;
+	if (proto_get_array(pm, "peer_copies", &a, MAX_RESIDENT, 0) < 0 || a == NULL || !a->size)
+		return 0;
+	if (!(*out = calloc(a->size, sizeof(**out)))) {
+		proto_map_fail(pm, "out of memory");
+		return -1;
+	}
+	for (; n < (long)a->size && !pm->err; n++) {
+		struct ctl_held *e = &(*out)[n];
+		struct proto_map sub;
+		proto_map_init(&sub, &a->ptr[n]);
+		proto_get_str(&sub, "dir", dir, PROTO_MAX_STR, 1);
+		proto_get_str(&sub, "peers", peers, PROTO_MAX_STR, 1);
+		if (sub.err)
+			proto_map_fail(pm, "peer_copies[%ld]: %s", n, sub.why);
+		else if (!(e->dir = strdup(dir)) || !(e->peers = strdup(peers)))
+			proto_map_fail(pm, "out of memory");
+	}
+	if (pm->err) {
+		query_held_free(*out, n);
+		*out = NULL;
+		return -1;
+	}
+	return n;
+}
+
+/* Asks the daemon quietly for the resident files this user may see, and the tags peers
+ * hold; -1 when it cannot. */
+long query_residents(const struct ctl *ctl, struct ctl_resident **out, struct ctl_held **held,
+		     long *nheld)
 {
 	dsckpt_conn_t *c;
 	struct lib_reply r;
 	long n;
 
 	*out = NULL;
+	*held = NULL;
+	*nheld = 0;
 	if (dsckpt_connect(ctl->socket, &c) < 0)
 		return -1;
 	if (lib_conn_ctl_hello(c, REPLY_TIMEOUT_MS) < 0 ||
@@ -179,10 +227,14 @@ long query_residents(const struct ctl *ctl, struct ctl_resident **out)
 		return -1;
 	}
 	n = residents_decode(&r.m, out);
+	*nheld = held_decode(&r.m, held);
 	int has = proto_get_u64(&r.m, "cache_resident", UINT64_MAX, &(uint64_t){0}, 1) > 0;
-	if (lib_conn_query_end(c, &r) < 0 || n < 0 || !has) {
+	if (lib_conn_query_end(c, &r) < 0 || n < 0 || *nheld < 0 || !has) {
 		query_residents_free(*out, n < 0 ? 0 : n);
+		query_held_free(*held, *nheld < 0 ? 0 : *nheld);
 		*out = NULL;
+		*held = NULL;
+		*nheld = 0;
 		n = -1;
 	}
 	dsckpt_close(c);

@@ -9,7 +9,7 @@ DSCKPT_ERRNO_MAP(XX)
 _Static_assert((int)DSCKPT_FAILED == LEVEL_FAILED && (int)DSCKPT_NONE == LEVEL_NONE &&
 	       (int)DSCKPT_ACCEPTED == LEVEL_ACCEPTED && (int)DSCKPT_SNAPSHOT == LEVEL_SNAPSHOT &&
 	       (int)DSCKPT_DURABLE == LEVEL_DURABLE && (int)DSCKPT_COMMITTED == LEVEL_COMMITTED &&
-	       (int)DSCKPT_REMOTE == LEVEL_REMOTE,
+	       (int)DSCKPT_REMOTE == LEVEL_REMOTE && (int)DSCKPT_REPLICATED == LEVEL_REPLICATED,
 	       "levels");
 
 /* Version of the loaded library. */

@@ -499,8 +499,17 @@ out:
 	return e;
 }
 
-/* Sends WAIT {save, level, timeout_ms} and decodes the progress (lock held). */
-static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progress_t *p)
+/* How many peers hold the node's copies of a save's tag, once the daemon sent them (a WAIT's
+ * copies, replicas and copies_error). */
+struct save_copies {
+	uint64_t copies, replicas;    /* replicas 0: not sent yet */
+	char why[PROTO_MAX_STR + 1];  /* copies < replicas: why no more */
+};
+
+/* Sends WAIT {save, level, timeout_ms} and decodes the progress and the copies held (lock
+ * held). */
+static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progress_t *p,
+		      struct save_copies *cp)
 {
 	char error[PROTO_MAX_STR + 1] = "";
 	struct proto_out o;
@@ -521,12 +530,16 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
 		return e;
 	proto_get_u64(&r.m, "save", UINT64_MAX, &id, 1);
-	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_REMOTE, &reached, 1);
+	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_REPLICATED, &reached, 1);
 	proto_get_u64(&r.m, "bytes_total", UINT64_MAX, &p->bytes_total, 1);
 	proto_get_u64(&r.m, "bytes_snapshot", UINT64_MAX, &p->bytes_snapshot, 1);
 	proto_get_u64(&r.m, "bytes_flushed", UINT64_MAX, &p->bytes_flushed, 1);
 	proto_get_str(&r.m, "error", error, PROTO_MAX_STR, 0);
 	proto_get_i64(&r.m, "code", INT32_MIN, 0, &cause, 0);
+	*cp = (struct save_copies){0};
+	proto_get_u64(&r.m, "copies", UINT32_MAX, &cp->copies, 0);
+	proto_get_u64(&r.m, "replicas", UINT32_MAX, &cp->replicas, 0);
+	proto_get_str(&r.m, "copies_error", cp->why, PROTO_MAX_STR, 0);
 	if (id != s->id)
 		proto_map_fail(&r.m, "reply names save %" PRIu64 ", not %" PRIu64, id, s->id);
 	if ((e = lib_reply_end(s->c, &r, "WAIT")) < 0)
@@ -545,6 +558,7 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 /* Waits until the save reaches level, holding the connection's lock a slice at a time. */
 int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
 {
+	struct save_copies cp;
 	dsckpt_progress_t p;
 	struct lib_wait w;
 	int e, last, again;
@@ -555,13 +569,17 @@ int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
 	do {
 		again = 0;
 		lib_conn_lock(s->c);
-		if (level < DSCKPT_NONE || level > DSCKPT_REMOTE)
+		if (level < DSCKPT_NONE || level > DSCKPT_REPLICATED)
 			e = lib_conn_fail(s->c, DSCKPT_EINVAL, "level %d is not in 0..%d", level,
-					  DSCKPT_REMOTE);
-		else if ((e = save_query(s, level, lib_wait_slice(&w, &last), &p)) < 0)
+					  DSCKPT_REPLICATED);
+		else if ((e = save_query(s, level, lib_wait_slice(&w, &last), &p, &cp)) < 0)
 			;
 		else if (p.level == DSCKPT_FAILED)
 			e = DSCKPT_EFAILED;
+		else if (level == DSCKPT_REPLICATED && p.level < level && cp.copies < cp.replicas)
+			e = lib_conn_fail(s->c, DSCKPT_EINCOMPLETE, "the save is %s, its node's "
+					  "files held by %" PRIu64 " of %" PRIu64 " peers (replicas): %s",
+					  dsckpt_level_name(p.level), cp.copies, cp.replicas, cp.why);
 		else if (p.level < level && !last)
 			again = 1;
 		else if (p.level < level)
@@ -581,7 +599,8 @@ int dsckpt_save_progress(dsckpt_save_t *s, dsckpt_progress_t *out)
 	if (!s || !out)
 		return DSCKPT_EINVAL;
 	lib_conn_lock(s->c);
-	int e = save_query(s, DSCKPT_NONE, 0, out);
+	struct save_copies cp;
+	int e = save_query(s, DSCKPT_NONE, 0, out, &cp);
 	lib_conn_unlock(s->c);
 	return e;
 }

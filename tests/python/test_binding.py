@@ -161,8 +161,8 @@ def test_levels_and_progress(conn, daemon):
 
 
 def test_level_enum_matches_header():
-    assert [int(x) for x in Level] == [-1, 0, 1, 2, 3, 4, 5]
-    assert Level.SNAPSHOT < Level.DURABLE < Level.COMMITTED < Level.REMOTE
+    assert [int(x) for x in Level] == [-1, 0, 1, 2, 3, 4, 5, 6]
+    assert Level.SNAPSHOT < Level.DURABLE < Level.COMMITTED < Level.REMOTE < Level.REPLICATED
 
 
 def test_exception_in_block_abandons_save(conn, daemon):

@@ -58,6 +58,7 @@ class Level(enum.IntEnum):
     DURABLE = 3
     COMMITTED = 4
     REMOTE = 5  # the committed tag, its manifest and latest are in the root's remote tier
+    REPLICATED = 6  # this node's files of the tag are held by `replicas` peers (after REMOTE)
 
 
 class LoadLevel(enum.IntEnum):

@@ -82,7 +82,8 @@ class LoadFailed(DsckptError):
 
 
 class CheckpointIncomplete(DsckptError):
-    """A commit found a rank without files, or files still being written."""
+    """A commit found a rank without files, or files still being written; or a wait for
+    REPLICATED found fewer peers holding copies than `replicas`."""
 
 
 class DsckptTimeout(DsckptError, TimeoutError):

@@ -276,6 +276,14 @@ class SaveHandle:
         no remote tier, DsckptTimeout while the remote is down."""
         return self.wait(Level.REMOTE, timeout)
 
+    def wait_replicated(self, timeout: Optional[float] = None) -> Level:
+        """Waits until this node's files of the committed tag are held by ``replicas`` other
+        nodes' daemons, each having checked them (REPLICATED; after REMOTE where the root has a
+        remote tier). Raises DsckptError (ENOTSUP) at once when the node's daemon has peer
+        copies off, and CheckpointIncomplete (EINCOMPLETE), its message naming how many peers
+        hold a copy, once every node of the job was tried and fewer took one."""
+        return self.wait(Level.REPLICATED, timeout)
+
     def progress(self) -> SaveProgress:
         """Level and byte counters now, without waiting."""
         p = self.save.progress()
