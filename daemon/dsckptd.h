@@ -56,8 +56,10 @@
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
  * remote_cap.c's upload cap; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
- * its own, upload_tag.c the remote steps of a tag, upload_retain.c keep_last_remote after
- * them, upload.h what the three share, calling
+ * its own, upload_tag.c the remote steps of a tag, upload_version.c the remote version a tag
+ * writes (a tag saved again replaces it), upload_orphans.c the uploads a killed daemon left
+ * open, upload_retain.c keep_last_remote after
+ * them, upload.h what they share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_place.c (where copies go: a pure function of the job's host names),
@@ -316,6 +318,9 @@ int remote_abort(struct remote *r, const char *key, const char *id, char *err,
 /* Whether a failure with code may pass if tried again later (unreachable, server error,
  * full filesystem), as opposed to one that needs a person (credentials, missing bucket). */
 int remote_retryable(int code);
+/* Whether name is the directory of a later version of a tag saved again ("v<created_ns>"),
+ * below the tag in a remote tier: its files and node records (its manifest's "remote_dir"). */
+int remote_version_name(const char *name);
 /* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
  * remote that does not answer in err. */
 int remote_check_roots(const struct config *cfg, char *err, size_t errlen);

@@ -195,6 +195,9 @@ static int get_manifest(struct remote *r, const char *rel, const char *tag, uid_
 		return err_set(err, errlen, ERR_EACCES, "remote %s belongs to another user", rel);
 	if (!(*m)->tag || strcmp((*m)->tag, tag) != 0)
 		return err_set(err, errlen, ERR_EINVAL, "remote %s names another tag", key);
+	if ((*m)->remote_dir && !remote_version_name((*m)->remote_dir))
+		return err_set(err, errlen, ERR_EINVAL, "remote %s: remote_dir is no version "
+			       "directory", key);
 	for (size_t i = 0; i < (*m)->nfiles; i++) {
 		const struct manifest_file *f = &(*m)->files[i];
 		int st = f->kind && strcmp(f->kind, MANIFEST_KIND_ST) == 0;
@@ -348,9 +351,12 @@ static int pull_into(const struct config *cfg, struct remote *r, const char *dir
 		free(made);
 		return dfd;
 	}
+	char at[PULL_DIR_MAX + 32];	/* a tag saved again: its files below its version */
+	snprintf(at, sizeof(at), "%s%s%s", rel, m->remote_dir ? "/" : "",
+		 m->remote_dir ? m->remote_dir : "");
 	for (size_t i = 0; i < m->nfiles; i++) {
 		made[i] = faccessat(dfd, m->files[i].name, F_OK, AT_SYMLINK_NOFOLLOW) != 0;
-		if ((rc = pull_file(cfg, r, rel, dfd, &m->files[i], owner, gid, buf, cap, err,
+		if ((rc = pull_file(cfg, r, at, dfd, &m->files[i], owner, gid, buf, cap, err,
 				    errlen)) < 0)
 			goto undo;
 		info->files++;

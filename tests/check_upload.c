@@ -86,21 +86,6 @@ static void test_remote_close(struct remote *r)
 	rcfg = NULL;
 }
 
-/* Reads key from r whole (malloc'd, NUL after it) into *len; NULL when it is not there. */
-static char *remote_read(struct remote *r, const char *key, size_t *len)
-{
-	char err[ERRLEN];
-	uint64_t size;
-	if (remote_head(r, key, &size, NULL, err, sizeof(err)) < 0)
-		return NULL;
-	char *buf = malloc(size + 1);
-	ck_assert_ptr_nonnull(buf);
-	ck_assert_msg(remote_get(r, key, 0, buf, size, err, sizeof(err)) == 0, "%s", err);
-	buf[size] = '\0';
-	*len = size;
-	return buf;
-}
-
 /* Reads a local file whole (malloc'd) into *len. */
 static char *local_read(const char *path, size_t *len)
 {

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -224,6 +225,42 @@ int open_uploads(struct remote *r, struct found *f)
 	ck_assert_msg(remote_list_uploads(r, "", count_upload, f, err, sizeof(err)) == 0, "%s",
 		      err);
 	return f->n;
+}
+
+/* Reads key from r whole (malloc'd, NUL after it); NULL when it is not there. */
+char *remote_read(struct remote *r, const char *key, size_t *len)
+{
+	char err[ERRLEN];
+	uint64_t size;
+
+	if (remote_head(r, key, &size, NULL, err, sizeof(err)) < 0)
+		return NULL;
+	char *buf = malloc(size + 1);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_msg(remote_get(r, key, 0, buf, size, err, sizeof(err)) == 0, "%s", err);
+	buf[size] = '\0';
+	*len = size;
+	return buf;
+}
+
+/* The keys of a daemon's config for moto at port (moto.h), extra after them, into json. */
+void s3_daemon_json(char *json, size_t len, int port, const char *extra)
+{
+	char dir[256], creds[300];
+
+	h_tmpdir(dir, sizeof(dir));
+	snprintf(creds, sizeof(creds), "%s/creds", dir);
+	FILE *f = fopen(creds, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", KEY_ID,
+		SECRET);
+	fclose(f);
+	ck_assert_int_eq(chmod(creds, 0600), 0);
+	ck_assert_int_lt(snprintf(json, len, "\"s3\": {\"endpoint\": \"http://127.0.0.1:%d\", "
+				  "\"region\": \"us-east-1\", \"addressing\": \"path\", "
+				  "\"credentials_file\": \"%s\"}, \"upload_part_size\": 5, "
+				  "\"chunk_size\": 1, %s", port, creds, extra ? extra : ""),
+			 (int)len);
 }
 
 /* Sends this process's stderr (the log) to a new temporary file; the saved stderr. */

@@ -80,6 +80,12 @@ struct found {
 int count_upload(void *arg, const char *key, const char *id);
 /* How many uploads are open under r (the last in f). */
 int open_uploads(struct remote *r, struct found *f);
+/* Reads key from r whole (malloc'd, NUL after it) into *len; NULL when it is not there. */
+char *remote_read(struct remote *r, const char *key, size_t *len);
+/* The keys of a daemon's config for moto at port: the "s3" object (path addressing, KEY_ID
+ * and SECRET in a credentials file of mode 0600 made in a new scratch directory), 5 MiB
+ * parts, 1 MiB chunks, then extra ("" or keys each ending in ','); into json (len bytes). */
+void s3_daemon_json(char *json, size_t len, int port, const char *extra);
 /* Sends this process's stderr (the log, at debug level) to a new temporary file made from
  * path (a mkstemp template); the saved stderr. */
 int capture_begin(char *path);

@@ -1,0 +1,240 @@
+/*
+ * check_upload_overwrite.c — a tag saved again (issue 31's fixed tag "last") replaces its
+ * version in the remote tier (issue 33), on a moto S3 server of the test's own and on a
+ * directory standing for a shared filesystem, through the real daemon. Three versions of
+ * job/last each reach REMOTE: the first under job/last/, each later one under its version
+ * directory job/last/v<created_ns>/ with the remote manifest naming it, the version before
+ * deleted once the new manifest is written; while the second version uploads, the remote
+ * manifest and the file it names are still the first version's, whole; one manifest write
+ * per version; a replacement node restores the third version from the remote.
+ */
+#include "harness_daemon.h"
+#undef MIB
+#include "moto.h"
+#include "../daemon/dsckptd.h"
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define BUCKET "bkt"
+#define URL "s3://" BUCKET "/pre"
+#define WAIT_MS 120000
+#define SMALL (1u << 20)
+#define BIG (16u << 20)         /* at 2 MiB/s: seconds of upload to look in */
+
+static struct moto moto;
+static struct config *rcfg;     /* the test's own handle's */
+static char rdir[256], rurl[300];
+
+/* Sets up tier s3 (moto) or file (a scratch directory) as the daemon's remote, its config
+ * keys with extra into json, and the test's own handle on it; NULL (SKIP) without moto. */
+static struct remote *tier_up(int s3, char *json, size_t len, const char *extra)
+{
+	if (!s3) {
+		rcfg = test_cfg(1, 0);
+		h_tmpdir(rdir, sizeof(rdir));
+		snprintf(rurl, sizeof(rurl), "file://%s", rdir);
+		h_root_remote = rurl;
+		snprintf(json, len, CHUNK_1M " %s", extra);
+		return open_remote(rcfg, rurl);
+	}
+	if (!moto_path()) {
+		printf("SKIP: no moto_server (make moto, or $MOTO_SERVER)\n");
+		return NULL;
+	}
+	ck_assert_int_eq(moto_start(&moto, 0, -1), 0);
+	make_bucket(moto.port, BUCKET);
+	rcfg = test_cfg(moto.port, 0);
+	s3_daemon_json(json, len, moto.port, extra);
+	h_root_remote = URL;
+	return open_remote(rcfg, URL);
+}
+
+/* Closes the test's handle, and stops moto. */
+static void tier_down(int s3, struct remote *r)
+{
+	remote_close(r);
+	config_free(rcfg);
+	if (s3)
+		moto_kill(&moto);
+}
+
+/* Saves n bytes of seed's pattern as dir/rank0, commits it and waits until it is REMOTE. */
+static void save_remote(dsckpt_conn_t *c, const char *dir, size_t n, uint64_t seed)
+{
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", n, seed, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	wait_level(c, s, DSCKPT_REMOTE, WAIT_MS);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+}
+
+/* Reads a local file whole (malloc'd) into *len. */
+static char *local_bytes(const char *path, size_t *len)
+{
+	char *buf = h_read_file(path, len);
+	ck_assert_msg(buf != NULL, "%s", path);
+	return buf;
+}
+
+/* The remote manifest of job/last: its "remote_dir" into dir ("" for none), and a check that
+ * the rest of it is the local manifest's bytes exactly. */
+static void remote_manifest(struct remote *r, const char *local, char *dir, size_t dirlen)
+{
+	size_t a, b;
+	char *there = remote_read(r, "job/last/MANIFEST.json", &a);
+	char *here = local_bytes(local, &b);
+
+	ck_assert_ptr_nonnull(there);
+	cJSON *doc = cJSON_Parse(there);
+	ck_assert_ptr_nonnull(doc);
+	const char *v = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "remote_dir"));
+	snprintf(dir, dirlen, "%s", v ? v : "");
+	char field[64] = "";
+	if (v)
+		snprintf(field, sizeof(field), "\"remote_dir\": \"%s\", ", v);
+	ck_assert_uint_eq(a, b + strlen(field));
+	ck_assert_int_eq(memcmp(there, here, 1), 0);
+	ck_assert_int_eq(memcmp(there + 1, field, strlen(field)), 0);
+	ck_assert_int_eq(memcmp(there + 1 + strlen(field), here + 1, b - 1), 0);
+	cJSON_Delete(doc);
+	free(there);
+	free(here);
+}
+
+/* Checks that the remote key holds exactly the bytes want (len). */
+static void remote_same(struct remote *r, const char *key, const char *want, size_t len)
+{
+	size_t n;
+	char *there = remote_read(r, key, &n);
+	ck_assert_msg(there != NULL, "%s is not in the remote", key);
+	ck_assert_msg(n == len && memcmp(there, want, len) == 0, "%s differs", key);
+	free(there);
+}
+
+/* Counts the lines of the file path that contain s. */
+static int log_count(const char *path, const char *s)
+{
+	size_t len;
+	char *text = local_bytes(path, &len);
+	int n = 0;
+	for (char *p = text; (p = strstr(p, s)) != NULL; p += strlen(s))
+		n++;
+	free(text);
+	return n;
+}
+
+/* Issue 33 with issue 31: three versions of job/last go up, each replacing the one before
+ * remotely, the one there whole until the next is complete; then restored elsewhere. */
+START_TEST(test_overwrite)
+{
+	char json[1400], v2[32], v3[32], key[600], got[32];
+	size_t len1, lenm1, len;
+	struct found f;
+
+	struct remote *rm = tier_up(_i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	const char *mf = h_path("%s/job/last/MANIFEST.json", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+
+	save_remote(c, dir, SMALL, 1);
+	remote_manifest(rm, mf, got, sizeof(got));
+	ck_assert_str_eq(got, "");	/* the first version mirrors the root */
+	char *f1 = local_bytes(h_path("%s/rank0.safetensors", dir), &len1);
+	char *m1 = local_bytes(mf, &lenm1);
+	remote_same(rm, "job/last/rank0.safetensors", f1, len1);
+
+	/* The second version, slow to upload: while its upload is open, the remote is the
+	 * first version, whole. */
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", BIG, 2, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	ck_assert_msg(strstr(f.key, "job/last/v"), "uploading %s", f.key);
+	char *mid = remote_read(rm, "job/last/MANIFEST.json", &len);
+	char *fmid = remote_read(rm, "job/last/rank0.safetensors", &len);
+	if (open_uploads(rm, &f) > 0) {	/* looked at before the new manifest was written */
+		ck_assert_msg(mid && strlen(mid) == lenm1 && memcmp(mid, m1, lenm1) == 0,
+			      "the remote manifest changed before the new version was up");
+		ck_assert_msg(fmid && len == len1 && memcmp(fmid, f1, len1) == 0,
+			      "the first version's file changed while the second uploaded");
+	}
+	free(mid);
+	free(fmid);
+	wait_level(c, s, DSCKPT_REMOTE, WAIT_MS);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	remote_manifest(rm, mf, v2, sizeof(v2));
+	ck_assert_msg(v2[0] == 'v', "remote_dir '%s'", v2);
+	char *f2 = local_bytes(h_path("%s/rank0.safetensors", dir), &len);
+	snprintf(key, sizeof(key), "job/last/%s/rank0.safetensors", v2);
+	remote_same(rm, key, f2, len);
+	free(f2);
+	ck_assert_ptr_null(remote_read(rm, "job/last/rank0.safetensors", &len));
+
+	/* The third replaces the second's version directory. */
+	save_remote(c, dir, SMALL, 3);
+	remote_manifest(rm, mf, v3, sizeof(v3));
+	ck_assert_msg(v3[0] == 'v' && strcmp(v3, v2) != 0, "remote_dir '%s' after '%s'", v3, v2);
+	ck_assert_ptr_null(remote_read(rm, key, &len));
+	char *latest = remote_read(rm, "job/latest", &len);
+	ck_assert_msg(latest && strcmp(latest, "last") == 0, "latest %s", latest ? latest : "-");
+	free(latest);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	ck_assert_int_eq(log_count(D->log, "wrote the remote manifest"), 3);
+	ck_assert_int_eq(log_count(D->log, "replaced remote version"), 2);
+	dsckpt_close(c);
+	free(f1);
+	free(m1);
+
+	/* The node lost: a fresh daemon on an empty root restores the third version. */
+	d_kill(SIGKILL);
+	h_rm_rf(D->root);
+	ck_assert_int_eq(mkdir(D->root, 0755), 0);
+	d_restart(0);
+	c = conn_open("job", 0, 1);
+	int64_t shape[1] = {SMALL};
+	uint8_t *buf = dsckpt_host_alloc(SMALL);
+	dsckpt_tensor_t t = {"t", "U8", shape, 1, buf, SMALL};
+	dsckpt_load_t *l = NULL;
+	CK_DS(c, dsckpt_load_begin(c, dir, "rank0", &l));
+	ck_assert_str_eq(dsckpt_load_source(l), "remote");
+	CK_DS(c, dsckpt_load_add_tensors(l, &t, 1, NULL));
+	CK_DS(c, dsckpt_load_end(l));
+	ck_assert_int_eq(dsckpt_load_wait(l, WAIT_MS), DSCKPT_LOADED);
+	ck_assert_uint_eq(h_pattern_diff(buf, SMALL, 3), SMALL);
+	dsckpt_load_free(l);
+	dsckpt_host_free(buf);
+	dsckpt_close(c);
+	ctl_verify(dir);
+	d_stop();
+	tier_down(_i, rm);
+}
+END_TEST
+
+/* The suite. */
+static Suite *upload_overwrite_suite(void)
+{
+	Suite *s = suite_create("upload_overwrite");
+	TCase *tc = tcase_create("overwrite");
+	tcase_set_timeout(tc, 300);
+	tcase_add_loop_test(tc, test_overwrite, 0, 2);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CHECK_MAIN(upload_overwrite_suite)
