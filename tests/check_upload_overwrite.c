@@ -6,14 +6,18 @@
  * directory job/last/v<created_ns>/ with the remote manifest naming it, the version before
  * deleted once the new manifest is written; while the second version uploads, the remote
  * manifest and the file it names are still the first version's, whole; one manifest write
- * per version; a replacement node restores the third version from the remote.
+ * per version; a replacement node restores the third version from the remote. And through
+ * upload_version.c itself: two daemons' uploads of one new version race to replace the
+ * remote manifest: exactly one writes it, the other finds it; an older version never
+ * replaces a newer one (EEXIST).
  */
 #include "harness_daemon.h"
 #undef MIB
 #include "moto.h"
-#include "../daemon/dsckptd.h"
+#include "../daemon/upload.h"
 
 #include <check.h>
+#include <pthread.h>
 #include <cjson/cJSON.h>
 #include <signal.h>
 #include <stdio.h>
@@ -226,6 +230,91 @@ START_TEST(test_overwrite)
 }
 END_TEST
 
+/* A manifest of job/last committed at ns (no files): its text, malloc'd. */
+static char *manifest_at(uint64_t ns)
+{
+	struct manifest m = {.tag = "last", .dsckptd_version = "test", .created_ns = ns,
+			     .world_size = 1, .uid = 0};
+	char *text = manifest_write(&m);
+	ck_assert_ptr_nonnull(text);
+	return text;
+}
+
+/* A tag of version text as a worker holds it once planned (uptag_version), over r. */
+static void planned(struct uptag *t, struct remote *r, const char *text)
+{
+	char err[ERRLEN], why[256];
+
+	memset(t, 0, sizeof(*t));
+	snprintf(t->dir, sizeof(t->dir), "/nowhere/job/last");
+	snprintf(t->key, sizeof(t->key), "job/last");
+	snprintf(t->jobkey, sizeof(t->jobkey), "job");
+	snprintf(t->tag, sizeof(t->tag), "last");
+	t->r = r;
+	ck_assert_ptr_nonnull(t->manifest = strdup(text));
+	t->manifest_len = strlen(text);
+	struct manifest *m = manifest_parse(text, t->manifest_len, why, sizeof(why));
+	ck_assert_msg(m != NULL, "%s", why);
+	t->created_ns = m->created_ns;
+	ck_assert_msg(uptag_version(t, m, err, sizeof(err)) == 0, "%s", err);
+	manifest_free(m);
+}
+
+/* A racer: t's manifest write; its code. */
+static void *put_thread(void *arg)
+{
+	char err[ERRLEN];
+	return (void *)(intptr_t)uptag_put_manifest(arg, err, sizeof(err));
+}
+
+/* Two uploads of version 2 race over version 1 there: one writes, both end well, the
+ * remote names v2's directory; then version 1 again is refused (EEXIST). */
+START_TEST(test_manifest_race)
+{
+	char json[1400], err[ERRLEN];
+	struct uptag a, b, old;
+	pthread_t ta, tb;
+	void *ra, *rb;
+	size_t len;
+
+	struct remote *rm = tier_up(_i, json, sizeof(json), "");
+	if (!rm)
+		return;
+	char *m1 = manifest_at(1000000000000000000ull), *m2 = manifest_at(2000000000000000000ull);
+	planned(&old, rm, m1);
+	ck_assert_str_eq(old.loc, "");
+	ck_assert_int_eq(uptag_put_manifest(&old, err, sizeof(err)), 0);
+	ck_assert(old.wrote);
+	planned(&a, rm, m2);
+	planned(&b, rm, m2);
+	ck_assert_str_eq(a.loc, b.loc);
+	ck_assert_msg(a.loc[0] == 'v', "loc '%s'", a.loc);
+	ck_assert_int_eq(pthread_create(&ta, NULL, put_thread, &a), 0);
+	ck_assert_int_eq(pthread_create(&tb, NULL, put_thread, &b), 0);
+	pthread_join(ta, &ra);
+	pthread_join(tb, &rb);
+	ck_assert_int_eq((int)(intptr_t)ra, 0);
+	ck_assert_int_eq((int)(intptr_t)rb, 0);
+	ck_assert_int_eq(a.wrote + b.wrote, 1);
+	char *there = remote_read(rm, "job/last/MANIFEST.json", &len);
+	ck_assert_ptr_nonnull(there);
+	ck_assert_uint_eq(len, a.rmanifest_len);
+	ck_assert_int_eq(memcmp(there, a.rmanifest, len), 0);
+	free(there);
+	/* Version 1 planned again now: a version of its own, never written over version 2. */
+	uptag_clear(&old);
+	planned(&old, rm, m1);
+	ck_assert_int_eq(uptag_put_manifest(&old, err, sizeof(err)), ERR_EEXIST);
+	ck_assert_msg(strstr(err, "later version"), "%s", err);
+	uptag_clear(&old);
+	uptag_clear(&a);
+	uptag_clear(&b);
+	free(m1);
+	free(m2);
+	tier_down(_i, rm);
+}
+END_TEST
+
 /* The suite. */
 static Suite *upload_overwrite_suite(void)
 {
@@ -233,6 +322,7 @@ static Suite *upload_overwrite_suite(void)
 	TCase *tc = tcase_create("overwrite");
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, test_overwrite, 0, 2);
+	tcase_add_loop_test(tc, test_manifest_race, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
