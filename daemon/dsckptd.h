@@ -1925,7 +1925,7 @@ void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_
 void resident_free_all(void);
 
 /* metrics.c — node-wide counters and latency histograms since start, for METRICS; they name
- * no path, job or user. Counters: any thread (atomic); histograms: the loop thread's. It
+ * no path, job or user. Counters and histograms: any thread (relaxed atomics). It
  * calls nothing of the daemon's; metrics_save.c feeds it save levels. */
 enum metric {
 	METRIC_SAVES_STARTED,      /* accepted (SAVE_END handed them to the engine) */
@@ -1940,6 +1940,7 @@ enum metric {
 	METRIC_UPLOADED_BYTES,     /* files uploaded to remote tiers (upload.c) */
 	METRIC_UPLOADS_DONE,       /* tags that reached REMOTE */
 	METRIC_RETENTION_HELD,     /* keep_last passes that kept a tag not yet REMOTE */
+	METRIC_PULLED_BYTES,       /* read from remote tiers into the local tier (pull.c) */
 	METRIC_N
 };
 /* Counters by reason, an ERR_E* code. */
@@ -1948,6 +1949,7 @@ enum metric_reasoned {
 	METRIC_SAVES_REFUSED,      /* SAVE_BEGIN/ADD/END answered with an error: never started */
 	METRIC_LOADS_FAILED,
 	METRIC_UPLOADS_FAILED,     /* failed steps of uploads (each tried again) */
+	METRIC_PULLS_FAILED,       /* pulls from a remote tier that failed */
 	METRIC_REASONED_N
 };
 /* What start-up recovery did (recover.c). */
@@ -1960,9 +1962,9 @@ enum metric_recovery {
 	RECOVERY_N
 };
 /* Latencies of saves from ACCEPTED to SNAPSHOT, DURABLE and COMMITTED; of tags from
- * COMMITTED (or start-up) to REMOTE. */
+ * COMMITTED (or start-up) to REMOTE; of pulls of a tag from a remote tier, whole. */
 enum metric_hist { METRIC_SNAPSHOT_S, METRIC_FLUSH_S, METRIC_COMMIT_S, METRIC_UPLOAD_S,
-		   METRIC_HIST_N };
+		   METRIC_PULL_S, METRIC_HIST_N };
 #define METRIC_BUCKETS 18          /* bounds of every histogram: 1 ms … 10 min */
 #define METRIC_CODE_XX_(name, value, msg) +1
 #define METRIC_CODES (0 ERR_TABLE(METRIC_CODE_XX_))
@@ -1991,7 +1993,7 @@ void metrics_add(enum metric m, uint64_t n);
 void metrics_fail(enum metric_reasoned m, int code);
 /* Counts n recovery actions of kind a. */
 void metrics_recovered(enum metric_recovery a, uint64_t n);
-/* Puts one observation of seconds into histogram h (loop thread). */
+/* Puts one observation of seconds into histogram h (any thread). */
 void metrics_observe(enum metric_hist h, double seconds);
 /* Fills v with every counter and histogram as of now (loop thread). */
 void metrics_view(struct metrics_view *v);

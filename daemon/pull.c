@@ -249,6 +249,7 @@ static int pull_file(const struct config *cfg, struct remote *r, const char *rel
 		size_t n = size - off < cap ? (size_t)(size - off) : cap;
 		if ((rc = remote_get(r, key, off, buf, n, err, errlen)) < 0)
 			break;
+		metrics_add(METRIC_PULLED_BYTES, n);
 		if (off + n > from)
 			XXH3_64bits_update(xs, buf + (off < from ? from - off : 0),
 					   n - (off < from ? (size_t)(from - off) : 0));
@@ -405,7 +406,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	size_t len = 0, cap = 0;
 	uint8_t *buf = NULL;
 	struct timespec t0, t1;
-	int rc;
+	int rc, from_remote = 0;
 
 	memset(info, 0, sizeof(*info));
 	if (!url && !peer_on())
@@ -430,6 +431,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		snprintf(info->tag, sizeof(info->tag), "%s", strrchr(dir, '/') + 1);
 	}
 	const char *tag = strrchr(rel, '/') + 1;
+	from_remote = 1;
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) < 0)
 		goto out;
 	if ((rc = get_manifest(r, rel, tag, uid, &text, &len, &m, err, errlen)) < 0)
@@ -450,11 +452,14 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		info->pulled = PULL_REMOTE;
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		info->seconds = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+		metrics_observe(METRIC_PULL_S, info->seconds);
 		log_info("pulled %s from %s: %" PRIu64 " files, %" PRIu64 " bytes in %.3f s", dir,
 			 remote_url(r), info->files, info->bytes, info->seconds);
 	}
 out:
 	busy_leave(&me);
+	if (rc < 0 && from_remote)
+		metrics_fail(METRIC_PULLS_FAILED, rc);
 	if (text)
 		quota_give(uid, QUOTA_HELD, len + 1);
 	free(text);

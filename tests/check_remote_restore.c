@@ -177,6 +177,22 @@ static void resume_ranks(const char *dir)
 	ctl_verify(dir);
 }
 
+/* The value of the metric line starting with name (and a space) in dsckptctl metrics' output;
+ * -1 when there is none. */
+static double metric_of(const char *name)
+{
+	char *out = NULL, want[200];
+	double v = -1;
+
+	ck_assert_int_eq(ctl(&out, "metrics"), 0);
+	snprintf(want, sizeof(want), "\n%s ", name);
+	const char *p = out ? strstr(out, want) : NULL;
+	if (p)
+		v = strtod(p + strlen(want), NULL);
+	free(out);
+	return v;
+}
+
 /* Node B with the remote tier url from its start (its daemon restarted on that config): a
  * 2-rank tag saved and committed, both ranks waiting until their saves are REMOTE (the
  * daemon's own uploads, nothing copied in by hand). */
@@ -228,7 +244,12 @@ START_TEST(test_upload_then_restore)
 	node_b_uploads(url, port, dir);
 	replace_node(url, port);
 	ck_assert(!h_exists(h_path("%s/jobB", D->root)));
+	ck_assert(metric_of("dsckpt_pulled_bytes_total") == 0);
 	resume_ranks(dir);
+	/* One pull: its bytes (the files, headers too) and its time in the metrics. */
+	ck_assert(metric_of("dsckpt_pulled_bytes_total") >= (double)(N0 + N1));
+	ck_assert(metric_of("dsckpt_pull_seconds_count") == 1);
+	ck_assert(metric_of("dsckpt_pulls_failed_total{reason=\"ECHECKSUM\"}") == -1);
 	ck_assert(!h_file_has(D->log, SECRET));
 	d_stop();
 }
@@ -283,6 +304,8 @@ START_TEST(test_corrupt_object)
 		      strstr(dsckpt_last_error(c), "corrupt"), "%s", dsckpt_last_error(c));
 	ck_assert_str_eq(src, "");
 	ck_assert(!h_exists(dir));	/* rank0 came whole, and went with the rest */
+	ck_assert(metric_of("dsckpt_pulls_failed_total{reason=\"ECHECKSUM\"}") == 1);
+	ck_assert(metric_of("dsckpt_pull_seconds_count") == 0);
 	ck_assert(!has_partial(D->root));
 	ck_assert(!h_exists(h_path("%s/jobB/latest", D->root)));
 	dsckpt_close(c);
