@@ -1940,7 +1940,7 @@ enum metric {
 	METRIC_UPLOADED_BYTES,     /* files uploaded to remote tiers (upload.c) */
 	METRIC_UPLOADS_DONE,       /* tags that reached REMOTE */
 	METRIC_RETENTION_HELD,     /* keep_last passes that kept a tag not yet REMOTE */
-	METRIC_PULLED_BYTES,       /* read from remote tiers into the local tier (pull.c) */
+	METRIC_PULLED_BYTES,       /* files read from remote tiers into the local tier (pull.c) */
 	METRIC_N
 };
 /* Counters by reason, an ERR_E* code. */

@@ -249,7 +249,6 @@ static int pull_file(const struct config *cfg, struct remote *r, const char *rel
 		size_t n = size - off < cap ? (size_t)(size - off) : cap;
 		if ((rc = remote_get(r, key, off, buf, n, err, errlen)) < 0)
 			break;
-		metrics_add(METRIC_PULLED_BYTES, n);
 		if (off + n > from)
 			XXH3_64bits_update(xs, buf + (off < from ? from - off : 0),
 					   n - (off < from ? (size_t)(from - off) : 0));
@@ -362,6 +361,7 @@ static int pull_into(const struct config *cfg, struct remote *r, const char *dir
 			goto undo;
 		info->files++;
 		info->bytes += m->files[i].size;
+		metrics_add(METRIC_PULLED_BYTES, m->files[i].size);
 	}
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, len, owner, gid, cfg->file_mode,
 				     err, errlen)) < 0)

@@ -56,7 +56,7 @@ static const struct scalar_def scalars[] = {
 	{"retention_held", "dsckpt_retention_held_total", "counter", 0,
 	 "Times keep_last kept a tag because it was not yet in its root's remote tier."},
 	{"pulled_bytes", "dsckpt_pulled_bytes_total", "counter", 0,
-	 "Bytes read from remote tiers into the local tier (tags this node lacked)."},
+	 "Bytes of files read from remote tiers into the local tier, checked."},
 	{"upload_backlog_tags", "dsckpt_upload_backlog_tags", "gauge", 0,
 	 "Tags of this node not yet REMOTE (uploading, waiting or failing)."},
 	{"upload_backlog_bytes", "dsckpt_upload_backlog_bytes", "gauge", 0,
