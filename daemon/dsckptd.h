@@ -358,6 +358,12 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
  * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
 int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	     struct pull_info *info, char *err, size_t errlen);
+/* A load's pull (load.c): as pull_tag, but from the remote tier only the files of the stem
+ * file (its .safetensors and .meta); the manifest and `latest` are written once every file
+ * of the tag is here (the other ranks' loads, or a whole pull), the tag uncommitted here
+ * until then. From peers' copies the tag comes whole. */
+int pull_tag_file(const struct config *cfg, const char *dir, const char *file, uid_t uid,
+		  gid_t gid, struct pull_info *info, char *err, size_t errlen);
 /* pull_peer.c — the same from other nodes' copies (peer_restore.c), asked before the remote
  * tier: a tag dir brought into the local tier for uid, as pull_tag (ENOENT: no peer holds
  * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */

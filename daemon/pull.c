@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -335,14 +336,34 @@ static void pull_mark_remote(int dfd, struct remote *r, const char *rel, uid_t o
 		log_warnx("pull of %s: %s", rel, err);
 }
 
-/* Writes the pulled tag's files (read through buf, cap bytes), its manifest (text, len
- * bytes) last, then `latest`. */
-static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
-		     const char *rel, const char *tag, const struct manifest *m, const char *text,
-		     size_t len, uid_t owner, gid_t gid, uint8_t *buf, size_t cap,
-		     struct pull_info *info, char *err, size_t errlen)
+/* Whether the manifest's file name is one of the stem only's (NULL: every file is). */
+static int wanted(const char *name, const char *only)
 {
-	int jobfd = -1, rc;
+	size_t n = only ? strlen(only) : 0;
+
+	return !only || (strncmp(name, only, n) == 0 && (strcmp(name + n, FMT_SAFETENSORS) == 0 ||
+							 strcmp(name + n, FMT_META) == 0));
+}
+
+/* Whether f is in dfd already: a regular file of its size (pulled for an earlier load). */
+static int present(int dfd, const struct manifest_file *f)
+{
+	struct stat st;
+
+	return fstatat(dfd, f->name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+	       (uint64_t)st.st_size == f->size;
+}
+
+/* Writes the pulled tag's files (read through buf, cap bytes) — only those of the stem only
+ * when not NULL — then, once every file of the tag is here, its manifest (text, len bytes)
+ * and `latest`; until then the tag stays uncommitted here. */
+static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
+		     const char *rel, const char *tag, const char *only, const struct manifest *m,
+		     const char *text, size_t len, uid_t owner, gid_t gid, uint8_t *buf,
+		     size_t cap, struct pull_info *info, char *err, size_t errlen)
+{
+	int jobfd = -1, rc, whole = 1;
+	size_t reached = 0;
 	uint8_t *made = calloc(m->nfiles ? m->nfiles : 1, 1);	/* files not here before */
 	int dfd = made ? store_open_dir(cfg, dir, owner, gid, NULL, err, errlen) :
 		  err_set(err, errlen, ERR_ENOMEM, "out of memory");
@@ -355,13 +376,23 @@ static int pull_into(const struct config *cfg, struct remote *r, const char *dir
 	snprintf(at, sizeof(at), "%s%s%s", rel, m->remote_dir ? "/" : "",
 		 m->remote_dir ? m->remote_dir : "");
 	for (size_t i = 0; i < m->nfiles; i++) {
+		reached = i;
 		made[i] = faccessat(dfd, m->files[i].name, F_OK, AT_SYMLINK_NOFOLLOW) != 0;
+		if (!wanted(m->files[i].name, only)) {
+			whole &= present(dfd, &m->files[i]);
+			continue;
+		}
 		if ((rc = pull_file(cfg, r, at, dfd, &m->files[i], owner, gid, buf, cap, err,
 				    errlen)) < 0)
 			goto undo;
 		info->files++;
 		info->bytes += m->files[i].size;
 		metrics_add(METRIC_PULLED_BYTES, m->files[i].size);
+	}
+	reached = m->nfiles;
+	if (!whole) {	/* the other ranks' files come with their loads, or a whole pull */
+		rc = 0;
+		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, len, owner, gid, cfg->file_mode,
 				     err, errlen)) < 0)
@@ -385,8 +416,8 @@ out:
 	return rc;
 undo:	/* nothing of a failed pull is kept: the files it made go (one it replaced holds the
 	 * manifest's bytes, checked), then the directory when nothing else is there */
-	for (size_t i = 0; i < info->files; i++)
-		if (made[i])
+	for (size_t i = 0; i < reached; i++)
+		if (made[i] && wanted(m->files[i].name, only))
 			unlinkat(dfd, m->files[i].name, 0);
 	if ((jobfd = openat(dfd, "..", STORE_DIR_FLAGS)) >= 0)
 		unlinkat(jobfd, tag, AT_REMOVEDIR);	/* only when empty */
@@ -394,9 +425,10 @@ undo:	/* nothing of a failed pull is kept: the files it made go (one it replaced
 	goto out;
 }
 
-/* Brings the committed remote tag dir into the local tier for uid (see dsckptd.h). */
-int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
-	     struct pull_info *info, char *err, size_t errlen)
+/* Brings the committed remote tag dir (only the files of the stem only, when not NULL) into
+ * the local tier for uid. */
+static int pull_some(const struct config *cfg, const char *dir, const char *only, uid_t uid,
+		     gid_t gid, struct pull_info *info, char *err, size_t errlen)
 {
 	struct pulling me;
 	struct remote *r = NULL;
@@ -444,8 +476,8 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		goto out;	/* here already (an earlier pull, or never gone) */
 	if ((rc = window_of(cfg, m, uid, &buf, &cap, err, errlen)) < 0)
 		goto out;
-	rc = pull_into(cfg, r, dir, rel, tag, m, text, len, owner, gid, buf, cap, info, err,
-		       errlen);
+	rc = pull_into(cfg, r, dir, rel, tag, only, m, text, len, owner, gid, buf, cap, info,
+		       err, errlen);
 	free(buf);
 	quota_give(uid, QUOTA_HELD, cap);
 	if (rc == 0) {
@@ -466,6 +498,20 @@ out:
 	manifest_free(m);
 	remote_close(r);
 	return rc;
+}
+
+/* Brings the committed remote tag dir into the local tier for uid (see dsckptd.h). */
+int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+	     struct pull_info *info, char *err, size_t errlen)
+{
+	return pull_some(cfg, dir, NULL, uid, gid, info, err, errlen);
+}
+
+/* Brings the files of dir's stem file from the remote tier for uid (see dsckptd.h). */
+int pull_tag_file(const struct config *cfg, const char *dir, const char *file, uid_t uid,
+		  gid_t gid, struct pull_info *info, char *err, size_t errlen)
+{
+	return pull_some(cfg, dir, file, uid, gid, info, err, errlen);
 }
 
 /* Whether the peers' copies (asked first) or the remote tier hold the tag dir committed, for

@@ -153,8 +153,9 @@ out:
 	return rc;
 }
 
-/* Both of B's ranks load on the replacement node: rank1 first (it pulls the tag: source
- * "remote"), then rank0 (local now); the tag is committed locally and latest names it. */
+/* Both of B's ranks load on the replacement node, each pulling only its own file (source
+ * "remote"): after rank1 the tag holds rank1's file alone and is not committed here (no
+ * manifest, no latest); after rank0 it is whole, committed locally, and latest names it. */
 static void resume_ranks(const char *dir)
 {
 	dsckpt_conn_t *c = conn_open("jobB", 1, 2);
@@ -166,9 +167,13 @@ static void resume_ranks(const char *dir)
 	ck_assert_msg(rc == DSCKPT_LOADED, "%s: %s", dsckpt_err_name(rc), dsckpt_last_error(c));
 	ck_assert_str_eq(src, "remote");
 	ck_assert(exact);
+	ck_assert(h_exists(h_path("%s/rank1.safetensors", dir)));
+	ck_assert(!h_exists(h_path("%s/rank0.safetensors", dir)));
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
+	ck_assert(!h_exists(h_path("%s/../latest", dir)));
 	rc = load_t(c, dir, "rank0", N0, 10, src, &exact);
 	ck_assert_msg(rc == DSCKPT_LOADED, "%s: %s", dsckpt_err_name(rc), dsckpt_last_error(c));
-	ck_assert_str_ne(src, "remote");
+	ck_assert_str_eq(src, "remote");
 	ck_assert(exact);
 	dsckpt_close(c);
 	ck_assert(h_exists(h_path("%s/MANIFEST.json", dir)));
@@ -246,9 +251,9 @@ START_TEST(test_upload_then_restore)
 	ck_assert(!h_exists(h_path("%s/jobB", D->root)));
 	ck_assert(metric_of("dsckpt_pulled_bytes_total") == 0);
 	resume_ranks(dir);
-	/* One pull: its bytes (the files, headers too) and its time in the metrics. */
+	/* A pull per rank: their bytes (each file whole, headers too) and times. */
 	ck_assert(metric_of("dsckpt_pulled_bytes_total") >= (double)(N0 + N1));
-	ck_assert(metric_of("dsckpt_pull_seconds_count") == 1);
+	ck_assert(metric_of("dsckpt_pull_seconds_count") == 2);
 	ck_assert(metric_of("dsckpt_pulls_failed_total{reason=\"ECHECKSUM\"}") == -1);
 	ck_assert(!h_file_has(D->log, SECRET));
 	d_stop();
@@ -303,7 +308,7 @@ START_TEST(test_corrupt_object)
 	ck_assert_msg(strstr(dsckpt_last_error(c), "rank1.safetensors") &&
 		      strstr(dsckpt_last_error(c), "corrupt"), "%s", dsckpt_last_error(c));
 	ck_assert_str_eq(src, "");
-	ck_assert(!h_exists(dir));	/* rank0 came whole, and went with the rest */
+	ck_assert(!h_exists(dir));	/* nothing of the pull is left */
 	ck_assert(metric_of("dsckpt_pulls_failed_total{reason=\"ECHECKSUM\"}") == 1);
 	ck_assert(metric_of("dsckpt_pull_seconds_count") == 0);
 	ck_assert(!has_partial(D->root));
