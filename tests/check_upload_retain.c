@@ -26,7 +26,6 @@
 #define LIST_MAX (256 * 1024)
 
 static struct moto moto;
-static char cred_path[300];
 static char rdir[256];       /* the file tier's directory */
 static char rurl[300];       /* file://rdir */
 static struct config *rcfg;  /* the test's own handle's */
@@ -60,18 +59,7 @@ static struct remote *tier_up(int s3, char *json, size_t len, const char *extra)
 		return NULL;
 	config_free(rcfg);
 	rcfg = test_cfg(moto.port, 0);
-	char dir[256];
-	h_tmpdir(dir, sizeof(dir));
-	snprintf(cred_path, sizeof(cred_path), "%s/creds", dir);
-	FILE *f = fopen(cred_path, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", KEY_ID,
-		SECRET);
-	fclose(f);
-	ck_assert_int_eq(chmod(cred_path, 0600), 0);
-	snprintf(json, len, "\"s3\": {\"endpoint\": \"http://127.0.0.1:%d\", \"region\": "
-		 "\"us-east-1\", \"addressing\": \"path\", \"credentials_file\": \"%s\"}, "
-		 "\"upload_part_size\": 5, " CHUNK_1M " %s", moto.port, cred_path, extra);
+	s3_daemon_json(json, len, moto.port, extra);
 	h_root_remote = URL;
 	return open_remote(rcfg, URL);
 }
