@@ -26,48 +26,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define BUCKET "bkt"
-#define URL "s3://" BUCKET "/pre"
 #define WAIT_MS 120000
 #define SMALL (1u << 20)
 #define BIG (16u << 20)         /* at 2 MiB/s: seconds of upload to look in */
 
-static struct moto moto;
-static struct config *rcfg;     /* the test's own handle's */
-static char rdir[256], rurl[300];
-
-/* Sets up tier s3 (moto) or file (a scratch directory) as the daemon's remote, its config
- * keys with extra into json, and the test's own handle on it; NULL (SKIP) without moto. */
-static struct remote *tier_up(int s3, char *json, size_t len, const char *extra)
-{
-	if (!s3) {
-		rcfg = test_cfg(1, 0);
-		h_tmpdir(rdir, sizeof(rdir));
-		snprintf(rurl, sizeof(rurl), "file://%s", rdir);
-		h_root_remote = rurl;
-		snprintf(json, len, CHUNK_1M " %s", extra);
-		return open_remote(rcfg, rurl);
-	}
-	if (!moto_path()) {
-		printf("SKIP: no moto_server (make moto, or $MOTO_SERVER)\n");
-		return NULL;
-	}
-	ck_assert_int_eq(moto_start(&moto, 0, -1), 0);
-	make_bucket(moto.port, BUCKET);
-	rcfg = test_cfg(moto.port, 0);
-	s3_daemon_json(json, len, moto.port, extra);
-	h_root_remote = URL;
-	return open_remote(rcfg, URL);
-}
-
-/* Closes the test's handle, and stops moto. */
-static void tier_down(int s3, struct remote *r)
-{
-	remote_close(r);
-	config_free(rcfg);
-	if (s3)
-		moto_kill(&moto);
-}
+static struct tier tier;
 
 /* Saves n bytes of seed's pattern as dir/rank0, commits it and waits until it is REMOTE. */
 static void save_remote(dsckpt_conn_t *c, const char *dir, size_t n, uint64_t seed)
@@ -144,7 +107,7 @@ START_TEST(test_overwrite)
 	size_t len1, lenm1, len;
 	struct found f;
 
-	struct remote *rm = tier_up(_i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
 	if (!rm)
 		return;
 	d_start(CACHE_32M, json);
@@ -226,7 +189,7 @@ START_TEST(test_overwrite)
 	dsckpt_close(c);
 	ctl_verify(dir);
 	d_stop();
-	tier_down(_i, rm);
+	tier_down(&tier);
 }
 END_TEST
 
@@ -277,7 +240,7 @@ START_TEST(test_manifest_race)
 	void *ra, *rb;
 	size_t len;
 
-	struct remote *rm = tier_up(_i, json, sizeof(json), "");
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "");
 	if (!rm)
 		return;
 	char *m1 = manifest_at(1000000000000000000ull), *m2 = manifest_at(2000000000000000000ull);
@@ -311,7 +274,7 @@ START_TEST(test_manifest_race)
 	uptag_clear(&b);
 	free(m1);
 	free(m2);
-	tier_down(_i, rm);
+	tier_down(&tier);
 }
 END_TEST
 

@@ -263,6 +263,44 @@ void s3_daemon_json(char *json, size_t len, int port, const char *extra)
 			 (int)len);
 }
 
+/* Sets up tier t as the daemon's remote, its config keys into json; t->r or NULL (SKIP). */
+struct remote *tier_up(struct tier *t, int s3, char *json, size_t len, const char *extra)
+{
+	memset(t, 0, sizeof(*t));
+	t->s3 = s3;
+	if (!s3) {
+		h_tmpdir(t->dir, sizeof(t->dir));
+		snprintf(t->url, sizeof(t->url), "file://%s", t->dir);
+		snprintf(json, len, "\"chunk_size\": 1, %s", extra);
+		t->cfg = test_cfg(1, 0);
+	} else {
+		if (!moto_path()) {
+			printf("SKIP: no moto_server (make moto, or $MOTO_SERVER)\n");
+			return NULL;
+		}
+		ck_assert_int_eq(moto_start(&t->moto, 0, -1), 0);
+		make_bucket(t->moto.port, "bkt");
+		snprintf(t->url, sizeof(t->url), "s3://bkt/pre");
+		s3_daemon_json(json, len, t->moto.port, extra);
+		t->cfg = test_cfg(t->moto.port, 0);
+	}
+	h_root_remote = t->url;
+	return t->r = open_remote(t->cfg, t->url);
+}
+
+/* Closes the test's handle, and stops moto or removes the directory. */
+void tier_down(struct tier *t)
+{
+	remote_close(t->r);
+	config_free(t->cfg);
+	t->r = NULL;
+	t->cfg = NULL;
+	if (t->s3)
+		moto_kill(&t->moto);
+	else
+		h_rm_rf(t->dir);
+}
+
 /* Sends this process's stderr (the log) to a new temporary file; the saved stderr. */
 int capture_begin(char *path)
 {
