@@ -324,6 +324,7 @@ static void run_step(struct uptag *t)
 		rc = plan_files(t, err, sizeof(err));
 	if (rc == 2) {
 		t->replan = 1;
+		t->retry_at = now_mono() + BACKOFF_FIRST_S;
 		snprintf(t->error, sizeof(t->error), "%s", err);
 	} else if (rc < 0) {
 		/* A later version remotely, or a tag gone here: no retry mends them. */
@@ -351,7 +352,8 @@ static int run_one(void)
 			continue;
 		int pending = 0;
 		for (size_t i = 0; i < t->nfiles; i++) {
-			if (t->files[i].state == UPF_WAIT && (t->planned || !t->early_off)) {
+			if (t->files[i].state == UPF_WAIT && !t->replan &&
+			    (t->planned || !t->early_off)) {
 				run_file(t, i);
 				return 1;
 			}

@@ -186,11 +186,17 @@ int uptag_put_manifest(struct uptag *t, char *err, size_t errlen)
 		struct manifest *rm = there ? manifest_parse(there, len, why, sizeof(why)) : NULL;
 		uint64_t ns = rm ? rm->created_ns : 0;
 		manifest_free(rm);
-		if (there && !t->loc[0]) {	/* a version appeared since the plan */
+		if (there && !t->loc[0] && ns != t->created_ns) {	/* since the plan */
 			free(there);
 			snprintf(err, errlen, "another version of %s reached the remote; planning "
 				 "again", t->key);
 			return 2;
+		}
+		if (there && ns == t->created_ns) {
+			free(there);
+			return err_set(err, errlen, ERR_EEXIST, "remote '%s' holds another copy of "
+				       "this version of %s (its MANIFEST.json differs from the local "
+				       "one)", remote_url(t->r), t->key);
 		}
 		if (there && ns >= t->created_ns) {
 			free(there);

@@ -6,7 +6,9 @@
  * directory job/last/v<created_ns>/ with the remote manifest naming it, the version before
  * deleted once the new manifest is written; while the second version uploads, the remote
  * manifest and the file it names are still the first version's, whole; one manifest write
- * per version; a replacement node restores the third version from the remote. And through
+ * per version; a replacement node restores the third version from the remote. A tag saved
+ * again while its first version still uploads: the new version is what reaches the remote,
+ * whole, and its save REMOTE. And through
  * upload_version.c itself: two daemons' uploads of one new version race to replace the
  * remote manifest: exactly one writes it, the other finds it; an older version never
  * replaces a newer one (EEXIST).
@@ -193,6 +195,53 @@ START_TEST(test_overwrite)
 }
 END_TEST
 
+/* The first version of job/last still uploading (slowly) when the second is committed and
+ * exchanged with it: the upload starts again from the second, which reaches REMOTE; the
+ * remote then holds the second version, whole, under the tag's own keys. */
+START_TEST(test_exchanged_mid_upload)
+{
+	char json[1400], got[32];
+	void *m1, *m2;
+	size_t len;
+	struct found f;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	dsckpt_save_t *s1 = save_pattern(c, dir, "rank0", BIG, 1, &m1);
+	wait_level(c, s1, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	dsckpt_save_t *s2 = save_pattern(c, dir, "rank0", SMALL, 2, &m2);
+	wait_level(c, s2, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	check_pattern_file(dir, "rank0", SMALL, 2);	/* exchanged */
+	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	char *f2 = local_bytes(h_path("%s/rank0.safetensors", dir), &len);
+	size_t n;
+	char *there = remote_read(rm, h_path("job/last/%s%srank0.safetensors", got,
+					    got[0] ? "/" : ""), &n);
+	ck_assert_msg(there && n == len && memcmp(there, f2, len) == 0,
+		      "the remote's file is not the second version's");
+	free(there);
+	free(f2);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	dsckpt_save_free(s1);
+	dsckpt_save_free(s2);
+	dsckpt_host_free(m1);
+	dsckpt_host_free(m2);
+	dsckpt_close(c);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
 /* A manifest of job/last committed at ns (no files): its text, malloc'd. */
 static char *manifest_at(uint64_t ns)
 {
@@ -286,6 +335,7 @@ static Suite *upload_overwrite_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, test_overwrite, 0, 2);
 	tcase_add_loop_test(tc, test_manifest_race, 0, 2);
+	tcase_add_loop_test(tc, test_exchanged_mid_upload, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
