@@ -248,7 +248,7 @@ $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
 		$(BUILD)/tests/check_remote_restore $(BUILD)/tests/check_upload \
-		$(BUILD)/tests/check_upload_retain $(BUILD)/tests/check_upload_overwrite: tests/moto.c \
+		$(BUILD)/tests/check_upload_retain $(BUILD)/tests/check_remote_overwrite: tests/moto.c \
 		tests/moto.h
 # check_nodes preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
@@ -314,8 +314,7 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_query.c tests/check_overwrite.c tests/check_lib_stage.c tests/check_lock.c \
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
 	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
-	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c \
-	tests/check_upload_overwrite.c))
+	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c))
 .PHONY: check-tsan check-tsan-run
 check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run

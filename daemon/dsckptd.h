@@ -352,18 +352,18 @@ int pull_has_source(const struct config *cfg, const char *dir);
 /* Whether the peers' copies (asked first) or the remote tier hold tag dir committed for uid:
  * 0, or a code (ENOENT: not committed there; EACCES: another user's) with err. */
 int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen);
-/* Brings the tag dir into the local tier for uid/gid from peers' copies (pull_peer_tag) when
- * peer copies are on, else (or when no peer holds it) from the remote tier; nothing when it is
- * committed here already; 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
- * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
-int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
-	     struct pull_info *info, char *err, size_t errlen);
 /* A load's pull (load.c): as pull_tag, but from the remote tier only the files of the stem
  * file (its .safetensors and .meta); the manifest and `latest` are written once every file
  * of the tag is here (the other ranks' loads, or a whole pull), the tag uncommitted here
  * until then. From peers' copies the tag comes whole. */
 int pull_tag_file(const struct config *cfg, const char *dir, const char *file, uid_t uid,
 		  gid_t gid, struct pull_info *info, char *err, size_t errlen);
+/* Brings the tag dir into the local tier for uid/gid from peers' copies (pull_peer_tag) when
+ * peer copies are on, else (or when no peer holds it) from the remote tier; nothing when it is
+ * committed here already; 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
+ * ECHECKSUM: an object differs from its manifest; nothing is committed here then). */
+int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+	     struct pull_info *info, char *err, size_t errlen);
 /* pull_peer.c — the same from other nodes' copies (peer_restore.c), asked before the remote
  * tier: a tag dir brought into the local tier for uid, as pull_tag (ENOENT: no peer holds
  * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */

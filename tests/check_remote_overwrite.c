@@ -1,5 +1,5 @@
 /*
- * check_upload_overwrite.c — a tag saved again (issue 31's fixed tag "last") replaces its
+ * check_remote_overwrite.c — a tag saved again (issue 31's fixed tag "last") replaces its
  * version in the remote tier (issue 33), on a moto S3 server of the test's own and on a
  * directory standing for a shared filesystem, through the real daemon. Three versions of
  * job/last each reach REMOTE: the first under job/last/, each later one under its version
@@ -328,9 +328,9 @@ START_TEST(test_manifest_race)
 END_TEST
 
 /* The suite. */
-static Suite *upload_overwrite_suite(void)
+static Suite *remote_overwrite_suite(void)
 {
-	Suite *s = suite_create("upload_overwrite");
+	Suite *s = suite_create("remote_overwrite");
 	TCase *tc = tcase_create("overwrite");
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, test_overwrite, 0, 2);
@@ -340,4 +340,4 @@ static Suite *upload_overwrite_suite(void)
 	return s;
 }
 
-CHECK_MAIN(upload_overwrite_suite)
+CHECK_MAIN(remote_overwrite_suite)
