@@ -6,14 +6,17 @@
  *
  * A pull reads the remote manifest first and goes on only when it names the requesting user's
  * uid (root may pull any), as a local load opens only the user's own files; nothing is
- * created before that. Each file is then read in windows of upload_concurrency ranges of
- * upload_part_size (remote_get's parallel ranged GETs) into <name>.partial, owned by the
- * manifest's user, hashed on the way and checked against the manifest's checksum (a
- * safetensors file's data region, a .meta file whole) before it is renamed into place; the
- * manifest is written last, as a commit writes it, and `latest` moves to the tag unless it
- * names a later one. A failed pull leaves no manifest, so the tag stays uncommitted here and
- * nothing of it is loaded. Keys come only from the validated directory (store_open_dir's
- * rules, names of [A-Za-z0-9._-]) and the manifest's file names (store_valid_file).
+ * created before that. A load's pull (pull_tag_file) reads only the file it names, a whole
+ * pull (pull_tag: PREFETCH) every file; a tag saved again has its files below the
+ * manifest's "remote_dir" (upload_version.c). Each file is read in windows of
+ * upload_concurrency ranges of upload_part_size (remote_get's parallel ranged GETs) into
+ * <name>.partial, owned by the manifest's user, hashed on the way and checked against the
+ * manifest's checksum (a safetensors file's data region, a .meta file whole) before it is
+ * renamed into place; the manifest is written last, once every file of the tag is here, as a
+ * commit writes it, and `latest` moves to the tag unless it names a later one. A failed pull
+ * leaves no manifest, so the tag stays uncommitted here and nothing of it is loaded. Keys
+ * come only from the validated directory (store_open_dir's rules, names of [A-Za-z0-9._-])
+ * and the manifest's file names (store_valid_file).
  *
  * With peer copies on, a tag (or a job's latest) is asked of other nodes' daemons first
  * (pull_peer.c), and the remote tier is the fallback when no peer holds it whole.
