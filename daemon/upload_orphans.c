@@ -49,7 +49,8 @@ static int key_ours(const char *root, const char *key)
 	const char *name = slash ? slash + 1 : key;
 	size_t n = strlen(name);
 
-	if (!slash || (!store_has_suffix(name, FMT_SAFETENSORS) && !store_has_suffix(name, FMT_META)))
+	if (!slash || (!store_has_suffix(name, FMT_SAFETENSORS) &&
+		       !store_has_suffix(name, FMT_META)))
 		return 0;
 	int dirlen = (int)(slash - key);
 	const char *up = memrchr(key, '/', (size_t)dirlen);

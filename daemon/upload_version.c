@@ -62,7 +62,8 @@ static int set_version(struct uptag *t, const char *loc, char *err, size_t errle
 	int n = loc[0] ? snprintf(field, sizeof(field), "\"remote_dir\": \"%s\", ", loc) : 0;
 
 	if (!brace)
-		return err_set(err, errlen, ERR_EINVAL, "%s: its manifest is no JSON object", t->dir);
+		return err_set(err, errlen, ERR_EINVAL, "%s: its manifest is no JSON object",
+			       t->dir);
 	free(t->rmanifest);
 	if ((t->rmanifest = malloc(t->manifest_len + (size_t)n + 1)) == NULL)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
@@ -194,9 +195,9 @@ int uptag_put_manifest(struct uptag *t, char *err, size_t errlen)
 		}
 		if (there && ns == t->created_ns) {
 			free(there);
-			return err_set(err, errlen, ERR_EEXIST, "remote '%s' holds another copy of "
-				       "this version of %s (its MANIFEST.json differs from the local "
-				       "one)", remote_url(t->r), t->key);
+			return err_set(err, errlen, ERR_EEXIST, "remote '%s' holds another "
+				       "copy of this version of %s (its MANIFEST.json differs from "
+				       "the local one)", remote_url(t->r), t->key);
 		}
 		if (there && ns >= t->created_ns) {
 			free(there);
