@@ -8,7 +8,9 @@
  * manifest and the file it names are still the first version's, whole; one manifest write
  * per version; a replacement node restores the third version from the remote. A tag saved
  * again while its first version still uploads: the new version is what reaches the remote,
- * whole, and its save REMOTE. And through
+ * whole, and its save REMOTE. The daemon SIGKILLed while a later version uploads under its
+ * version directory: the restart aborts that upload left open and uploads the version. And
+ * through
  * upload_version.c itself: two daemons' uploads of one new version race to replace the
  * remote manifest: exactly one writes it, the other finds it; an older version never
  * replaces a newer one (EEXIST).
@@ -242,6 +244,47 @@ START_TEST(test_exchanged_mid_upload)
 }
 END_TEST
 
+/* The daemon killed while the second version of job/last uploads (below v<created_ns>/):
+ * the restart aborts the upload it left open there and finishes the version. */
+START_TEST(test_killed_mid_version)
+{
+	char json[1400], got[32], dir[600], mark[640];
+	void *mem;
+	struct found f;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);	/* h_path's buffers get reused */
+	snprintf(mark, sizeof(mark), "%s/REMOTE.json", dir);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", BIG, 2, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	ck_assert_msg(strstr(f.key, "job/last/v"), "uploading %s", f.key);
+	d_kill(SIGKILL);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_restart(0);
+	for (int i = 0; i < WAIT_MS / 50 && (access(mark, F_OK) != 0 || open_uploads(rm, &f) > 0);
+	     i++)
+		h_sleep_ms(50);
+	ck_assert_int_eq(access(mark, F_OK), 0);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	ck_assert_int_ge(log_count(D->log, "that an interrupted daemon left open"), 1);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	ck_assert_msg(got[0] == 'v', "remote_dir '%s'", got);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
 /* A manifest of job/last committed at ns (no files): its text, malloc'd. */
 static char *manifest_at(uint64_t ns)
 {
@@ -336,6 +379,7 @@ static Suite *remote_overwrite_suite(void)
 	tcase_add_loop_test(tc, test_overwrite, 0, 2);
 	tcase_add_loop_test(tc, test_manifest_race, 0, 2);
 	tcase_add_loop_test(tc, test_exchanged_mid_upload, 0, 2);
+	tcase_add_loop_test(tc, test_killed_mid_version, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
