@@ -59,8 +59,10 @@
  * (a root's remote tier: remote_s3.c → remote_s3_req.c over libcurl, remote_file.c,
  * rate_cap.c's upload cap, shared with peer_send.c; checked by dsckptd -n; read by pull.c for loads and PREFETCH;
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
- * its own, upload_tag.c the remote steps of a tag, upload_retain.c keep_last_remote after
- * them, upload.h what the three share, calling
+ * its own, upload_tag.c the remote steps of a tag, upload_version.c the remote version a tag
+ * writes (a tag saved again replaces it), upload_orphans.c the uploads a killed daemon left
+ * open, upload_retain.c keep_last_remote after
+ * them, upload.h what they share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_tag.c (the tag's files of this node; resident.c: the data sent from
@@ -332,6 +334,9 @@ int remote_abort(struct remote *r, const char *key, const char *id, char *err,
 /* Whether a failure with code may pass if tried again later (unreachable, server error,
  * full filesystem), as opposed to one that needs a person (credentials, missing bucket). */
 int remote_retryable(int code);
+/* Whether name is the directory of a later version of a tag saved again ("v<created_ns>"),
+ * below the tag in a remote tier: its files and node records (its manifest's "remote_dir"). */
+int remote_version_name(const char *name);
 /* Checks the remote tier of every root of cfg (dsckptd -n): 0, or -1 with one line per
  * remote that does not answer in err. */
 int remote_check_roots(const struct config *cfg, char *err, size_t errlen);
@@ -363,6 +368,12 @@ int pull_has_source(const struct config *cfg, const char *dir);
 /* Whether the peers' copies (asked first) or the remote tier hold tag dir committed for uid:
  * 0, or a code (ENOENT: not committed there; EACCES: another user's) with err. */
 int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, size_t errlen);
+/* A load's pull (load.c): as pull_tag, but from the remote tier only the files of the stem
+ * file (its .safetensors and .meta); the manifest and `latest` are written once every file
+ * of the tag is here (the other ranks' loads, or a whole pull), the tag uncommitted here
+ * until then. From peers' copies the tag comes whole. */
+int pull_tag_file(const struct config *cfg, const char *dir, const char *file, uid_t uid,
+		  gid_t gid, struct pull_info *info, char *err, size_t errlen);
 /* Brings the tag dir into the local tier for uid/gid from peers' copies (pull_peer_tag) when
  * peer copies are on, else (or when no peer holds it) from the remote tier; nothing when it is
  * committed here already; 0 or a code with err (ENOENT: not committed remotely, EACCES: another user's,
@@ -2085,7 +2096,7 @@ void resident_each(void (*fn)(void *arg, const char *dir, const char *file, uid_
 void resident_free_all(void);
 
 /* metrics.c — node-wide counters and latency histograms since start, for METRICS; they name
- * no path, job or user. Counters: any thread (atomic); histograms: the loop thread's. It
+ * no path, job or user. Counters and histograms: any thread (relaxed atomics). It
  * calls nothing of the daemon's; metrics_save.c feeds it save levels. */
 enum metric {
 	METRIC_SAVES_STARTED,      /* accepted (SAVE_END handed them to the engine) */
@@ -2100,6 +2111,7 @@ enum metric {
 	METRIC_UPLOADED_BYTES,     /* files uploaded to remote tiers (upload.c) */
 	METRIC_UPLOADS_DONE,       /* tags that reached REMOTE */
 	METRIC_RETENTION_HELD,     /* keep_last passes that kept a tag not yet REMOTE */
+	METRIC_PULLED_BYTES,       /* files read from remote tiers into the local tier (pull.c) */
 	METRIC_N
 };
 /* Counters by reason, an ERR_E* code. */
@@ -2108,6 +2120,7 @@ enum metric_reasoned {
 	METRIC_SAVES_REFUSED,      /* SAVE_BEGIN/ADD/END answered with an error: never started */
 	METRIC_LOADS_FAILED,
 	METRIC_UPLOADS_FAILED,     /* failed steps of uploads (each tried again) */
+	METRIC_PULLS_FAILED,       /* pulls from a remote tier that failed */
 	METRIC_REASONED_N
 };
 /* What start-up recovery did (recover.c). */
@@ -2120,9 +2133,9 @@ enum metric_recovery {
 	RECOVERY_N
 };
 /* Latencies of saves from ACCEPTED to SNAPSHOT, DURABLE and COMMITTED; of tags from
- * COMMITTED (or start-up) to REMOTE. */
+ * COMMITTED (or start-up) to REMOTE; of pulls of a tag from a remote tier, whole. */
 enum metric_hist { METRIC_SNAPSHOT_S, METRIC_FLUSH_S, METRIC_COMMIT_S, METRIC_UPLOAD_S,
-		   METRIC_HIST_N };
+		   METRIC_PULL_S, METRIC_HIST_N };
 #define METRIC_BUCKETS 18          /* bounds of every histogram: 1 ms … 10 min */
 #define METRIC_CODE_XX_(name, value, msg) +1
 #define METRIC_CODES (0 ERR_TABLE(METRIC_CODE_XX_))
@@ -2151,7 +2164,7 @@ void metrics_add(enum metric m, uint64_t n);
 void metrics_fail(enum metric_reasoned m, int code);
 /* Counts n recovery actions of kind a. */
 void metrics_recovered(enum metric_recovery a, uint64_t n);
-/* Puts one observation of seconds into histogram h (loop thread). */
+/* Puts one observation of seconds into histogram h (any thread). */
 void metrics_observe(enum metric_hist h, double seconds);
 /* Fills v with every counter and histogram as of now (loop thread). */
 void metrics_view(struct metrics_view *v);

@@ -80,8 +80,8 @@ static void parse_work(uv_work_t *w)
 	struct pull_info info;
 
 	if (l->pull) {
-		l->code = pull_tag(l->pull, l->dir, l->uid, l->gid, &info, l->error,
-				   sizeof(l->error));
+		l->code = pull_tag_file(l->pull, l->dir, l->file, l->uid, l->gid, &info,
+					l->error, sizeof(l->error));
 		if (l->code < 0)
 			return;
 		l->pulled = info.pulled;

@@ -7,8 +7,9 @@
  * written), the restore threads (bytes restored), the loop thread (save levels through
  * save_observe, refusals, loads) and recovery at start-up. Every counter is a relaxed atomic
  * add: they order nothing, and a reader may see one counter a piece ahead of another. The
- * histograms are observed on the loop thread only (metrics_save.c) and read there
- * (metrics_view), so they need no lock. This module calls nothing of the daemon's: every
+ * histograms are observed on the loop thread (metrics_save.c, upload.c's REMOTE) and on the
+ * threads that pull from a remote tier (pull.c), each bucket a relaxed atomic too: a reader
+ * may see a bucket counted before the sum. This module calls nothing of the daemon's: every
  * layer may call it (the engine's unit tests link it alone).
  */
 #include "dsckptd.h"
@@ -31,12 +32,12 @@ static const int codes[METRIC_CODES] = {
 static const char *const counter_keys[METRIC_N] = {
 	"saves_started", "saves_snapshotted", "saves_durable", "saves_committed",
 	"copied_bytes", "flushed_bytes", "loads_started", "loads_done", "restored_bytes",
-	"uploaded_bytes", "uploads_done", "retention_held",
+	"uploaded_bytes", "uploads_done", "retention_held", "pulled_bytes",
 };
 
 /* Wire keys of the counters by reason (enum metric_reasoned order). */
 static const char *const reasoned_keys[METRIC_REASONED_N] = {
-	"saves_failed", "saves_refused", "loads_failed", "uploads_failed",
+	"saves_failed", "saves_refused", "loads_failed", "uploads_failed", "pulls_failed",
 };
 
 /* Wire keys of the recovery actions (enum metric_recovery order). */
@@ -46,7 +47,7 @@ static const char *const recovery_keys[RECOVERY_N] = {
 
 /* Wire keys of the histograms (enum metric_hist order). */
 static const char *const hist_keys[METRIC_HIST_N] = {
-	"snapshot_seconds", "flush_seconds", "commit_seconds", "upload_seconds",
+	"snapshot_seconds", "flush_seconds", "commit_seconds", "upload_seconds", "pull_seconds",
 };
 
 /* Every counter and histogram since start. */
@@ -54,7 +55,7 @@ static struct {
 	uint64_t counter[METRIC_N];                          /* atomic */
 	uint64_t reasoned[METRIC_REASONED_N][METRIC_CODES];  /* atomic */
 	uint64_t recovery[RECOVERY_N];                       /* atomic */
-	struct metrics_hist hist[METRIC_HIST_N];             /* loop thread */
+	struct metrics_hist hist[METRIC_HIST_N];             /* atomic (pulls: any thread) */
 } metrics;
 
 /* Adds n to counter m (any thread). */
@@ -83,7 +84,7 @@ void metrics_recovered(enum metric_recovery a, uint64_t n)
 	__atomic_add_fetch(&metrics.recovery[a], n, __ATOMIC_RELAXED);
 }
 
-/* Puts one observation of seconds into histogram h (loop thread). */
+/* Puts one observation of seconds into histogram h (any thread). */
 void metrics_observe(enum metric_hist h, double seconds)
 {
 	uint64_t us = seconds > 0 ? (uint64_t)(seconds * 1e6) : 0;
@@ -91,8 +92,8 @@ void metrics_observe(enum metric_hist h, double seconds)
 
 	while (i < METRIC_BUCKETS && us > le_us[i])
 		i++;
-	metrics.hist[h].bucket[i]++;
-	metrics.hist[h].sum_us += us;
+	__atomic_add_fetch(&metrics.hist[h].bucket[i], 1, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&metrics.hist[h].sum_us, us, __ATOMIC_RELAXED);
 }
 
 /* Fills v with every counter and histogram as of now (loop thread). */
@@ -112,8 +113,12 @@ void metrics_view(struct metrics_view *v)
 		v->recovery[i] = __atomic_load_n(&metrics.recovery[i], __ATOMIC_RELAXED);
 	for (unsigned i = 0; i < METRIC_BUCKETS; i++)
 		v->le_us[i] = le_us[i];
-	for (unsigned i = 0; i < METRIC_HIST_N; i++)
-		v->hist[i] = metrics.hist[i];
+	for (unsigned i = 0; i < METRIC_HIST_N; i++) {
+		for (unsigned b = 0; b <= METRIC_BUCKETS; b++)
+			v->hist[i].bucket[b] = __atomic_load_n(&metrics.hist[i].bucket[b],
+							       __ATOMIC_RELAXED);
+		v->hist[i].sum_us = __atomic_load_n(&metrics.hist[i].sum_us, __ATOMIC_RELAXED);
+	}
 }
 
 /* The wire keys of counter m, reasoned counter m, recovery action a and histogram h. */

@@ -6,14 +6,17 @@
  *
  * A pull reads the remote manifest first and goes on only when it names the requesting user's
  * uid (root may pull any), as a local load opens only the user's own files; nothing is
- * created before that. Each file is then read in windows of upload_concurrency ranges of
- * upload_part_size (remote_get's parallel ranged GETs) into <name>.partial, owned by the
- * manifest's user, hashed on the way and checked against the manifest's checksum (a
- * safetensors file's data region, a .meta file whole) before it is renamed into place; the
- * manifest is written last, as a commit writes it, and `latest` moves to the tag unless it
- * names a later one. A failed pull leaves no manifest, so the tag stays uncommitted here and
- * nothing of it is loaded. Keys come only from the validated directory (store_open_dir's
- * rules, names of [A-Za-z0-9._-]) and the manifest's file names (store_valid_file).
+ * created before that. A load's pull (pull_tag_file) reads only the file it names, a whole
+ * pull (pull_tag: PREFETCH) every file; a tag saved again has its files below the
+ * manifest's "remote_dir" (upload_version.c). Each file is read in windows of
+ * upload_concurrency ranges of upload_part_size (remote_get's parallel ranged GETs) into
+ * <name>.partial, owned by the manifest's user, hashed on the way and checked against the
+ * manifest's checksum (a safetensors file's data region, a .meta file whole) before it is
+ * renamed into place; the manifest is written last, once every file of the tag is here, as a
+ * commit writes it, and `latest` moves to the tag unless it names a later one. A failed pull
+ * leaves no manifest, so the tag stays uncommitted here and nothing of it is loaded. Keys
+ * come only from the validated directory (store_open_dir's rules, names of [A-Za-z0-9._-])
+ * and the manifest's file names (store_valid_file).
  *
  * With peer copies on, a tag (or a job's latest) is asked of other nodes' daemons first
  * (pull_peer.c), and the remote tier is the fallback when no peer holds it whole.
@@ -31,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -193,6 +197,9 @@ static int get_manifest(struct remote *r, const char *rel, const char *tag, uid_
 		return err_set(err, errlen, ERR_EACCES, "remote %s belongs to another user", rel);
 	if (!(*m)->tag || strcmp((*m)->tag, tag) != 0)
 		return err_set(err, errlen, ERR_EINVAL, "remote %s names another tag", key);
+	if ((*m)->remote_dir && !remote_version_name((*m)->remote_dir))
+		return err_set(err, errlen, ERR_EINVAL, "remote %s: remote_dir is no version "
+			       "directory", key);
 	for (size_t i = 0; i < (*m)->nfiles; i++) {
 		const struct manifest_file *f = &(*m)->files[i];
 		int st = f->kind && strcmp(f->kind, MANIFEST_KIND_ST) == 0;
@@ -309,14 +316,34 @@ static void pull_mark_remote(int dfd, struct remote *r, const char *rel, uid_t o
 		log_warnx("pull of %s: %s", rel, err);
 }
 
-/* Writes the pulled tag's files (read through buf, cap bytes), its manifest (text, len
- * bytes) last, then `latest`. */
-static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
-		     const char *rel, const char *tag, const struct manifest *m, const char *text,
-		     size_t len, uid_t owner, gid_t gid, uint8_t *buf, size_t cap,
-		     struct pull_info *info, char *err, size_t errlen)
+/* Whether the manifest's file name is one of the stem only's (NULL: every file is). */
+static int wanted(const char *name, const char *only)
 {
-	int jobfd = -1, rc;
+	size_t n = only ? strlen(only) : 0;
+
+	return !only || (strncmp(name, only, n) == 0 && (strcmp(name + n, FMT_SAFETENSORS) == 0 ||
+							 strcmp(name + n, FMT_META) == 0));
+}
+
+/* Whether f is in dfd already: a regular file of its size (pulled for an earlier load). */
+static int present(int dfd, const struct manifest_file *f)
+{
+	struct stat st;
+
+	return fstatat(dfd, f->name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+	       (uint64_t)st.st_size == f->size;
+}
+
+/* Writes the pulled tag's files (read through buf, cap bytes) — only those of the stem only
+ * when not NULL — then, once every file of the tag is here, its manifest (text, len bytes)
+ * and `latest`; until then the tag stays uncommitted here. */
+static int pull_into(const struct config *cfg, struct remote *r, const char *dir,
+		     const char *rel, const char *tag, const char *only, const struct manifest *m,
+		     const char *text, size_t len, uid_t owner, gid_t gid, uint8_t *buf,
+		     size_t cap, struct pull_info *info, char *err, size_t errlen)
+{
+	int jobfd = -1, rc, whole = 1;
+	size_t reached = 0;
 	uint8_t *made = calloc(m->nfiles ? m->nfiles : 1, 1);	/* files not here before */
 	int dfd = made ? store_open_dir(cfg, dir, owner, gid, NULL, err, errlen) :
 		  err_set(err, errlen, ERR_ENOMEM, "out of memory");
@@ -325,13 +352,27 @@ static int pull_into(const struct config *cfg, struct remote *r, const char *dir
 		free(made);
 		return dfd;
 	}
+	char at[PULL_DIR_MAX + 32];	/* a tag saved again: its files below its version */
+	snprintf(at, sizeof(at), "%s%s%s", rel, m->remote_dir ? "/" : "",
+		 m->remote_dir ? m->remote_dir : "");
 	for (size_t i = 0; i < m->nfiles; i++) {
+		reached = i;
 		made[i] = faccessat(dfd, m->files[i].name, F_OK, AT_SYMLINK_NOFOLLOW) != 0;
-		if ((rc = pull_file(cfg, r, rel, dfd, &m->files[i], owner, gid, buf, cap, err,
+		if (!wanted(m->files[i].name, only)) {
+			whole &= present(dfd, &m->files[i]);
+			continue;
+		}
+		if ((rc = pull_file(cfg, r, at, dfd, &m->files[i], owner, gid, buf, cap, err,
 				    errlen)) < 0)
 			goto undo;
 		info->files++;
 		info->bytes += m->files[i].size;
+		metrics_add(METRIC_PULLED_BYTES, m->files[i].size);
+	}
+	reached = m->nfiles;
+	if (!whole) {	/* the other ranks' files come with their loads, or a whole pull */
+		rc = 0;
+		goto out;
 	}
 	if ((rc = store_write_atomic(dfd, FMT_MANIFEST, text, len, owner, gid, cfg->file_mode,
 				     err, errlen)) < 0)
@@ -355,8 +396,8 @@ out:
 	return rc;
 undo:	/* nothing of a failed pull is kept: the files it made go (one it replaced holds the
 	 * manifest's bytes, checked), then the directory when nothing else is there */
-	for (size_t i = 0; i < info->files; i++)
-		if (made[i])
+	for (size_t i = 0; i < reached; i++)
+		if (made[i] && wanted(m->files[i].name, only))
 			unlinkat(dfd, m->files[i].name, 0);
 	if ((jobfd = openat(dfd, "..", STORE_DIR_FLAGS)) >= 0)
 		unlinkat(jobfd, tag, AT_REMOVEDIR);	/* only when empty */
@@ -364,9 +405,10 @@ undo:	/* nothing of a failed pull is kept: the files it made go (one it replaced
 	goto out;
 }
 
-/* Brings the committed remote tag dir into the local tier for uid (see dsckptd.h). */
-int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
-	     struct pull_info *info, char *err, size_t errlen)
+/* Brings the committed remote tag dir (only the files of the stem only, when not NULL) into
+ * the local tier for uid. */
+static int pull_some(const struct config *cfg, const char *dir, const char *only, uid_t uid,
+		     gid_t gid, struct pull_info *info, char *err, size_t errlen)
 {
 	struct pulling me;
 	struct remote *r = NULL;
@@ -376,7 +418,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 	size_t len = 0, cap = 0;
 	uint8_t *buf = NULL;
 	struct timespec t0, t1;
-	int rc;
+	int rc, from_remote = 0;
 
 	memset(info, 0, sizeof(*info));
 	if (!url && !peer_on())
@@ -401,6 +443,7 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		snprintf(info->tag, sizeof(info->tag), "%s", strrchr(dir, '/') + 1);
 	}
 	const char *tag = strrchr(rel, '/') + 1;
+	from_remote = 1;
 	if ((rc = remote_open(cfg, url, &r, err, errlen)) < 0)
 		goto out;
 	if ((rc = get_manifest(r, rel, tag, uid, &text, &len, &m, err, errlen)) < 0)
@@ -413,25 +456,42 @@ int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		goto out;	/* here already (an earlier pull, or never gone) */
 	if ((rc = window_of(cfg, m, uid, &buf, &cap, err, errlen)) < 0)
 		goto out;
-	rc = pull_into(cfg, r, dir, rel, tag, m, text, len, owner, gid, buf, cap, info, err,
-		       errlen);
+	rc = pull_into(cfg, r, dir, rel, tag, only, m, text, len, owner, gid, buf, cap, info,
+		       err, errlen);
 	free(buf);
 	quota_give(uid, QUOTA_HELD, cap);
 	if (rc == 0) {
 		info->pulled = PULL_REMOTE;
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		info->seconds = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+		metrics_observe(METRIC_PULL_S, info->seconds);
 		log_info("pulled %s from %s: %" PRIu64 " files, %" PRIu64 " bytes in %.3f s", dir,
 			 remote_url(r), info->files, info->bytes, info->seconds);
 	}
 out:
 	busy_leave(&me);
+	if (rc < 0 && from_remote)
+		metrics_fail(METRIC_PULLS_FAILED, rc);
 	if (text)
 		quota_give(uid, QUOTA_HELD, len + 1);
 	free(text);
 	manifest_free(m);
 	remote_close(r);
 	return rc;
+}
+
+/* Brings the committed remote tag dir into the local tier for uid (see dsckptd.h). */
+int pull_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
+	     struct pull_info *info, char *err, size_t errlen)
+{
+	return pull_some(cfg, dir, NULL, uid, gid, info, err, errlen);
+}
+
+/* Brings the files of dir's stem file from the remote tier for uid (see dsckptd.h). */
+int pull_tag_file(const struct config *cfg, const char *dir, const char *file, uid_t uid,
+		  gid_t gid, struct pull_info *info, char *err, size_t errlen)
+{
+	return pull_some(cfg, dir, file, uid, gid, info, err, errlen);
 }
 
 /* Whether the peers' copies (asked first) or the remote tier hold the tag dir committed, for

@@ -226,6 +226,15 @@ int remote_abort(struct remote *r, const char *key, const char *id, char *err, s
 	return rc ? rc : r->ops->abort(r, key, id, err, errlen);
 }
 
+/* Whether name is the directory of a later version below a remote tag: 'v' and the
+ * decimal created_ns of its manifest (upload_version.c). */
+int remote_version_name(const char *name)
+{
+	size_t n = strlen(name);
+
+	return n > 1 && n < 22 && name[0] == 'v' && strspn(name + 1, "0123456789") == n - 1;
+}
+
 /* Whether a failure with code may pass if tried again later. */
 int remote_retryable(int code)
 {

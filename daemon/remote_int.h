@@ -41,6 +41,8 @@ struct remote {
 	unsigned concurrency;     /* requests in flight per call */
 	uint64_t part_bytes;      /* multipart part, ranged read */
 	unsigned file_mode, dir_mode;
+	unsigned list_keys;       /* s3: keys per ListObjectsV2 page; 0: the server's (1000) —
+				   * only a test sets it, to see the pages followed */
 	void *tier;               /* the tier's own state (remote_s3.c) */
 	struct rate_cap *cap;     /* upload_max_mib_per_s, shared by every call (rate_cap.c) */
 };

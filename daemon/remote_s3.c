@@ -383,7 +383,11 @@ static int s3_list(struct remote *r, const char *prefix, remote_name_cb cb, void
 			s3_encode(query, sizeof(query), token);
 			strcat(query, "&");
 		}
-		strcat(query, "delimiter=%2F&list-type=2&prefix=");
+		strcat(query, "delimiter=%2F&list-type=2&");
+		if (r->list_keys)
+			snprintf(query + strlen(query), sizeof(query) - strlen(query),
+				 "max-keys=%u&", r->list_keys);
+		strcat(query, "prefix=");
 		s3_encode(query, sizeof(query), full);
 		if ((rc = s3_req_init(&q, r, "GET", "", query, NULL, err, errlen)) == 0)
 			rc = s3_perform(&q, what, err, errlen);

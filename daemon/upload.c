@@ -196,6 +196,13 @@ void upload_on_save(struct save *s)
 		t->t_commit = now_mono();
 		t->dirid = v.dirid;
 		t->has_dirid = 1;
+	} else if (t && level == LEVEL_COMMITTED && (!t->has_dirid ||
+						    !store_dirid_eq(&t->dirid, &v.dirid))) {
+		/* The tag saved again and exchanged before its upload ended: the new version
+		 * is planned and uploaded, and its saves marked REMOTE. */
+		t->dirid = v.dirid;
+		t->has_dirid = 1;
+		t->replan = 1;
 	}
 	pthread_cond_broadcast(&up.cond);
 	pthread_mutex_unlock(&up.lock);
@@ -247,11 +254,16 @@ static void run_file(struct uptag *t, size_t i)
 	pthread_mutex_unlock(&up.lock);
 	int rc = uptag_file(t, &f, err, sizeof(err));
 	pthread_mutex_lock(&up.lock);
-	if (rc < 0) {
+	if (rc != 0)
 		t->files[i].state = UPF_WAIT;
+	if (rc < 0)
 		tag_failed(t, rc, err);
+	if (rc == 1)		/* the remote holds a version: files wait for the plan */
+		t->early_off = 1;
+	if (rc == 2)
+		t->replan = 1;
+	if (rc != 0)
 		return;
-	}
 	if (t->files[i].size != f.size)
 		t->bytes_total += f.size - t->files[i].size;
 	t->files[i] = f;
@@ -263,6 +275,9 @@ static void run_file(struct uptag *t, size_t i)
  * left out (another run's) is dropped before it is uploaded; 0 or ERR_ENOMEM. */
 static int plan_files(struct uptag *t, char *err, size_t errlen)
 {
+	for (size_t i = 0; i < t->nfiles; i++)	/* up before the plan, under other keys */
+		if (t->files[i].state == UPF_DONE && strcmp(t->files[i].loc, t->loc) != 0)
+			t->files[i].state = UPF_WAIT;
 	for (size_t i = 0; i < t->nfiles;) {
 		int planned = 0;
 		for (size_t k = 0; k < t->nmine && !planned; k++)
@@ -288,6 +303,13 @@ static void run_step(struct uptag *t)
 	char err[ERRLEN];
 	int rc;
 
+	if (t->replan) {	/* no file is busy: each goes up again from the new version */
+		t->replan = 0;
+		t->planned = 0;
+		for (size_t i = 0; i < t->nfiles; i++)
+			t->files[i].state = UPF_WAIT;
+		__atomic_store_n(&t->bytes_done, 0, __ATOMIC_RELAXED);
+	}
 	int finishing = t->planned;	/* t->planned is the worker's while busy */
 
 	t->busy = 1;
@@ -300,8 +322,12 @@ static void run_step(struct uptag *t)
 	t->busy = 0;
 	if (!finishing && rc == 0)
 		rc = plan_files(t, err, sizeof(err));
-	if (rc < 0) {
-		/* Another version remotely, or a tag gone here: no retry mends them. */
+	if (rc == 2) {
+		t->replan = 1;
+		t->retry_at = now_mono() + BACKOFF_FIRST_S;
+		snprintf(t->error, sizeof(t->error), "%s", err);
+	} else if (rc < 0) {
+		/* A later version remotely, or a tag gone here: no retry mends them. */
 		t->stuck = rc == ERR_EEXIST || (!finishing && rc == ERR_ENOENT);
 		tag_failed(t, rc, err);
 	} else if (rc == 1) {
@@ -326,7 +352,8 @@ static int run_one(void)
 			continue;
 		int pending = 0;
 		for (size_t i = 0; i < t->nfiles; i++) {
-			if (t->files[i].state == UPF_WAIT) {
+			if (t->files[i].state == UPF_WAIT && !t->replan &&
+			    (t->planned || !t->early_off)) {
 				run_file(t, i);
 				return 1;
 			}
@@ -343,14 +370,17 @@ static int run_one(void)
 /* Whether key is a file this daemon is uploading now (the lock taken). */
 static int key_busy(const char *key)
 {
-	char k[PATH_MAX + NAME_MAX + 2];
+	char k[PATH_MAX + NAME_MAX + 40];
 	int busy = 0;
 
 	pthread_mutex_lock(&up.lock);
 	for (struct uptag *t = up.tags; t && !busy; t = t->next) {
 		for (size_t i = 0; i < t->nfiles && !busy; i++) {
-			snprintf(k, sizeof(k), "%s/%s", t->key, t->files[i].name);
-			busy = t->files[i].state == UPF_BUSY && strcmp(k, key) == 0;
+			if (t->files[i].state != UPF_BUSY)
+				continue;	/* a busy file: no step of t changes its keys */
+			snprintf(k, sizeof(k), "%s/%s", t->planned ? t->fkey : t->key,
+				 t->files[i].name);
+			busy = strcmp(k, key) == 0;
 		}
 	}
 	pthread_mutex_unlock(&up.lock);

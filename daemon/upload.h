@@ -2,8 +2,9 @@
  * upload.h — what upload.c (the scheduler: tags to upload, their files, the worker threads,
  * the loop's side) and upload_tag.c (the remote steps of one tag: its plan from the local
  * manifest, a file's upload, the node record, the remote manifest and latest, the local
- * REMOTE.json; the start-up pass) and upload_retain.c (keep_last_remote) share; nothing else
- * includes it but check_upload_retain.c.
+ * REMOTE.json; the start-up pass), upload_version.c (which remote version a tag writes) and
+ * upload_retain.c (keep_last_remote) share; nothing else includes it but
+ * check_upload_retain.c.
  */
 #ifndef DSCKPTD_UPLOAD_H
 #define DSCKPTD_UPLOAD_H
@@ -22,6 +23,7 @@ struct upfile {
 	dev_t dev;                /* the file as uploaded (0: not yet) */
 	ino_t ino;
 	uint64_t size;
+	char loc[24];             /* the version directory it went up under (upload_version.c) */
 };
 
 /* A committed (or committing) tag of this node whose files go to its root's remote tier.
@@ -45,7 +47,9 @@ struct uptag {
 	int committed;            /* the manifest is written: plan, then finish */
 	int busy;
 	int done;                 /* REMOTE, handed to the loop */
-	int stuck;                /* a failure no retry mends (another version remotely) */
+	int stuck;                /* a failure no retry mends (a later version remotely) */
+	int early_off;            /* its files wait for the plan (the remote holds a version) */
+	int replan;               /* another version was committed here since the plan */
 	struct upfile *files;
 	size_t nfiles, cap;
 	int code;                 /* the last failure (0: none) */
@@ -64,16 +68,33 @@ struct uptag {
 	struct upfile *mine;      /* the plan: this node's files as the manifest lists them */
 	size_t nmine;
 	int wrote;                /* this node wrote the remote manifest (its finish) */
+	char loc[24];             /* the version's directory below key ("" or v<created_ns>) */
+	char fkey[PATH_MAX + 32]; /* key[/loc]: where its files and node records go */
+	char *rmanifest;          /* the remote manifest's bytes */
+	size_t rmanifest_len;
+	struct store_dirid dir_id; /* the tag directory planned (an exchange replaces it) */
 };
 
 /* upload_tag.c */
 /* Reads t's manifest: which nodes' files it holds, and this node's (t->mine). */
 int uptag_plan(struct uptag *t, char *err, size_t errlen);
-/* Uploads file f of t (from its resident copy when whole in the cache, else the file). */
+/* Uploads file f of t (from its resident copy when whole in the cache, else the file): 0,
+ * 1 when it waits for the plan, 2 when the tag was replaced since the plan, or a code. */
 int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen);
 /* Once t's files are up: the node record, then (every node's there) the remote manifest,
- * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, or a negative code. */
+ * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, 2 plan again (the tag
+ * or the remote changed since the plan), or a negative code. */
 int uptag_finish(struct uptag *t, char *err, size_t errlen);
+/* upload_version.c */
+/* Plan: t's version directory, files' key and remote manifest bytes, from its local
+ * manifest m and the remote manifest; 0 or a code. */
+int uptag_version(struct uptag *t, const struct manifest *m, char *err, size_t errlen);
+/* Before t's commit: 0 when its files may go up now, 1 when they wait for the plan (the
+ * remote holds a version of the tag), or a code. */
+int uptag_early(struct uptag *t, char *err, size_t errlen);
+/* Writes t's remote manifest (first version: created; later: replacing the one there by its
+ * etag, the old version's keys deleted after); 0, 2 (plan again) or a code. */
+int uptag_put_manifest(struct uptag *t, char *err, size_t errlen);
 /* upload_retain.c */
 /* Deletes jobkey's committed remote tags of r beyond the newest keep (0: all kept), never
  * the one the remote latest names nor one without a manifest; 0 or a code with err. */

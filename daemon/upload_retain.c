@@ -6,8 +6,8 @@
  * Never deleted: the tag the remote `latest` names, a tag without a remote manifest (another
  * node's upload in progress), a name a local tag could not have. A deletion removes the
  * manifest first (a half-deleted tag is never seen as committed), then every other key of the
- * tag (its files, the nodes' records). A failure is logged and counted; the next REMOTE of
- * the job tries again.
+ * tag (its files, the nodes' records, and a tag saved again: its version directories').
+ * A failure is logged and counted; the next REMOTE of the job tries again.
  *
  * Runs on an upload worker (upload_tag.c's finish) and blocks it; holds no lock.
  */
@@ -109,7 +109,24 @@ static int rtag_cmp(const void *a, const void *b)
 	return -strcmp(x->name, y->name);
 }
 
-/* Deletes the remote tag jobkey/tag: its manifest first, then every other key of it. */
+/* Deletes every key directly below prefix (a version directory of a tag saved again). */
+static int retain_delete_below(struct remote *r, const char *prefix, char *err,
+			       size_t errlen)
+{
+	char key[PATH_MAX + 3 * NAME_MAX + 16];
+	struct rnames keys = { 0 };
+	int rc = remote_list(r, prefix, rnames_add, &keys, err, errlen);
+
+	for (size_t i = 0; rc == 0 && i < keys.n; i++) {
+		snprintf(key, sizeof(key), "%s/%s", prefix, keys.v[i]);
+		rc = remote_delete(r, key, err, errlen);
+	}
+	free(keys.v);
+	return rc;
+}
+
+/* Deletes the remote tag jobkey/tag: its manifest first, then every other key of it (those
+ * of its version directories too). */
 static int retain_delete(struct remote *r, const char *jobkey, const char *tag, char *err,
 			 size_t errlen)
 {
@@ -124,7 +141,8 @@ static int retain_delete(struct remote *r, const char *jobkey, const char *tag, 
 	rc = remote_list(r, key, rnames_add, &keys, err, errlen);
 	for (size_t i = 0; rc == 0 && i < keys.n; i++) {
 		snprintf(key, sizeof(key), "%s/%s/%s", jobkey, tag, keys.v[i]);
-		rc = remote_delete(r, key, err, errlen);
+		rc = remote_version_name(keys.v[i]) ? retain_delete_below(r, key, err, errlen) :
+		     remote_delete(r, key, err, errlen);
 	}
 	free(keys.v);
 	if (rc == ERR_ENOMEM)

@@ -10,14 +10,15 @@
  *   multipart with parts in parallel (remote.c).
  * - finish: this node's record <tag>/.dsckpt-remote.<host> (its files, sizes, checksums)
  *   says its files are up; whichever node then sees every node's record writes the remote
- *   MANIFEST.json (the local bytes) with If-None-Match: *, so exactly one write wins and a
- *   loser checks that the winner's bytes are the same; then <job path>/latest moves forward
+ *   MANIFEST.json by a conditional write, so exactly one write wins and a loser checks that
+ *   the winner's bytes are the same (a tag saved again goes under a version directory of its
+ *   own and replaces the version there: upload_version.c); then <job path>/latest moves forward
  *   only (If-Match on the version read; a later commit's tag, by its manifest's created_ns,
  *   is never replaced); last the local REMOTE.json, which retention reads (a committed tag
  *   without it is kept) and start-up looks for (a committed tag without it is uploaded);
  *   then, on the node that wrote the manifest, keep_last_remote (upload_retain.c).
- * - start-up: every committed tag without REMOTE.json under a root with a remote is queued,
- *   and the uploads this node left open (a daemon killed mid-upload) are aborted.
+ * - start-up: every committed tag without REMOTE.json under a root with a remote is queued
+ *   (and upload_orphans.c aborts the uploads this node left open).
  *
  * Every function here runs on an upload worker and blocks it; none holds upload.c's lock.
  */
@@ -154,6 +155,11 @@ int uptag_plan(struct uptag *t, char *err, size_t errlen)
 		goto out;
 	}
 	t->created_ns = m->created_ns;
+	if ((rc = store_dir_id(dfd, &t->dir_id, err, errlen)) < 0 ||
+	    (rc = uptag_version(t, m, err, errlen)) < 0) {
+		manifest_free(m);
+		goto out;
+	}
 	for (size_t i = 0; i < m->nfiles && rc == 0; i++) {
 		const struct manifest_file *f = &m->files[i];
 		size_t n = f->name ? strlen(f->name) : 0;
@@ -182,13 +188,23 @@ out:
 /* Uploads file f of t from its resident copy or the file. */
 int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
 {
-	char key[PATH_MAX + NAME_MAX + 2];
+	char key[sizeof(t->fkey) + NAME_MAX + 2];
 	struct stat st;
 	int rc, dfd = open_tag(t, err, errlen);
 	struct reader rd = {.fd = -1, .chunk = t->cfg->chunk_bytes, .t = t};
 
 	if (dfd < 0)
 		return dfd;
+	/* Before the plan, only while no version of the tag is in the remote; after it, only
+	 * from the directory planned (the tag not saved again and exchanged since). */
+	struct store_dirid id;
+	if ((rc = t->planned ? store_dir_id(dfd, &id, err, errlen) : uptag_early(t, err, errlen))
+	    != 0 || (t->planned && !store_dirid_eq(&id, &t->dir_id))) {
+		close(dfd);
+		if (rc == 0)
+			snprintf(err, errlen, "%s was saved again since its plan", t->dir);
+		return rc ? rc : 2;
+	}
 	struct stat dst;
 	rd.fd = openat(dfd, f->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	int dok = fstat(dfd, &dst) == 0;
@@ -210,7 +226,7 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
 	    (rd.res = resident_pin(t->dir, f->stem, st.st_dev, st.st_ino)) != NULL)
 		rd.hdr = resident_header(rd.res, &rd.hdr_len);
 	struct remote_src src = {.read = reader_read, .arg = &rd, .size = (uint64_t)st.st_size};
-	snprintf(key, sizeof(key), "%s/%s", t->key, f->name);
+	snprintf(key, sizeof(key), "%s/%s", t->planned ? t->fkey : t->key, f->name);
 	if ((rc = remote_upload(t->r, key, &src, err, errlen)) < 0) {
 		__atomic_sub_fetch(&t->bytes_done, rd.counted, __ATOMIC_RELAXED);
 		goto out;
@@ -219,6 +235,7 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
 	f->dev = st.st_dev;
 	f->ino = st.st_ino;
 	f->size = (uint64_t)st.st_size;
+	snprintf(f->loc, sizeof(f->loc), "%s", t->planned ? t->loc : "");
 out:
 	if (rd.res)
 		resident_unpin(rd.res);
@@ -270,38 +287,6 @@ static char *record_text(struct uptag *t, size_t *len)
 	*len = n + 3;
 	manifest_free(m);
 	return out;
-}
-
-/* Writes t's manifest remotely unless there (If-None-Match: *); one there already must be
- * the same bytes (another node wrote it). */
-static int put_manifest(struct uptag *t, char *err, size_t errlen)
-{
-	struct remote *r = t->r;
-	char key[PATH_MAX + 32];
-	uint64_t size;
-
-	snprintf(key, sizeof(key), "%s/%s", t->key, FMT_MANIFEST);
-	int rc = remote_put(r, key, t->manifest, t->manifest_len, REMOTE_CREATE, NULL, NULL, err,
-			    errlen);
-	if ((t->wrote = rc == 0))
-		log_info("upload of %s: wrote the remote manifest", t->dir);
-	if (rc != ERR_EEXIST)
-		return rc;
-	if ((rc = remote_head(r, key, &size, NULL, err, errlen)) < 0)
-		return rc;
-	char *there = size == t->manifest_len ? malloc(size ? size : 1) : NULL;
-	if (there && (rc = remote_get(r, key, 0, there, size, err, errlen)) < 0) {
-		free(there);
-		return rc;
-	}
-	int same = there && memcmp(there, t->manifest, size) == 0;
-	free(there);
-	if (!same)
-		return err_set(err, errlen, ERR_EEXIST, "remote '%s' holds another version of %s "
-			       "(its MANIFEST.json differs from the local one)", remote_url(r),
-			       t->key);
-	log_info("upload of %s: the remote manifest was written by another node", t->dir);
-	return 0;
 }
 
 /* When the remote tag jobkey/tag was committed (its manifest's created_ns); 0 if unknown. */
@@ -398,22 +383,34 @@ static int mark_local(struct uptag *t, char *err, size_t errlen)
 int uptag_finish(struct uptag *t, char *err, size_t errlen)
 {
 	struct remote *r = t->r;
-	char key[PATH_MAX + STORE_HOST_MAX + 32];
+	char key[PATH_MAX + STORE_HOST_MAX + 64];
 	size_t len;
 	int rc;
 
+	struct store_dirid id;
+	int dfd = open_tag(t, err, errlen);
+	if (dfd < 0)
+		return dfd;
+	rc = store_dir_id(dfd, &id, err, errlen);
+	close(dfd);
+	if (rc < 0)
+		return rc;
+	if (!store_dirid_eq(&id, &t->dir_id)) {
+		snprintf(err, errlen, "%s was saved again since its plan", t->dir);
+		return 2;
+	}
 	char *rec = record_text(t, &len);
 	if (!rec)
 		return err_set(err, errlen, ERR_ENOMEM, "%s: cannot make this node's record",
 			       t->dir);
-	snprintf(key, sizeof(key), "%s/" RECORD_PREFIX "%s", t->key, store_host());
+	snprintf(key, sizeof(key), "%s/" RECORD_PREFIX "%s", t->fkey, store_host());
 	rc = remote_put(r, key, rec, len, REMOTE_ANY, NULL, NULL, err, errlen);
 	free(rec);
 	if (rc < 0)
 		return rc;
 	for (size_t i = 0; i < t->nhosts; i++) {
 		uint64_t size;
-		snprintf(key, sizeof(key), "%s/" RECORD_PREFIX "%s", t->key, t->hosts[i]);
+		snprintf(key, sizeof(key), "%s/" RECORD_PREFIX "%s", t->fkey, t->hosts[i]);
 		rc = remote_head(r, key, &size, NULL, err, errlen);
 		if (rc == ERR_ENOENT) {
 			snprintf(err, errlen, "waiting for node %s's files", t->hosts[i]);
@@ -422,7 +419,8 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 		if (rc < 0)
 			return rc;
 	}
-	if ((rc = put_manifest(t, err, errlen)) < 0 || (rc = advance_latest(t, err, errlen)) < 0 ||
+	if ((rc = uptag_put_manifest(t, err, errlen)) != 0 ||
+	    (rc = advance_latest(t, err, errlen)) < 0 ||
 	    (rc = mark_local(t, err, errlen)) < 0)
 		return rc;
 	uptag_retain(t);
@@ -435,6 +433,9 @@ void uptag_clear(struct uptag *t)
 {
 	free(t->manifest);
 	t->manifest = NULL;
+	free(t->rmanifest);
+	t->rmanifest = NULL;
+	t->loc[0] = '\0';
 	for (size_t i = 0; i < t->nhosts; i++)
 		free(t->hosts[i]);
 	free(t->hosts);
@@ -478,111 +479,6 @@ static void scan_dir(int (*resume)(const char *dir), int dfd, const char *path, 
 	}
 	store_list_free(names, n);
 	close(dfd);
-}
-
-/* Uploads left open, as a listing finds them. */
-struct open_uploads {
-	char **keys, **ids;
-	size_t n;
-};
-
-/* remote_upload_cb: collects an open upload. */
-static int collect_upload(void *arg, const char *key, const char *id)
-{
-	struct open_uploads *o = arg;
-	char **k = realloc(o->keys, (o->n + 1) * sizeof(*k));
-	if (k)
-		o->keys = k;
-	char **d = realloc(o->ids, (o->n + 1) * sizeof(*d));
-	if (d)
-		o->ids = d;
-	if (!k || !d || !(o->keys[o->n] = strdup(key)))
-		return ERR_ENOMEM;
-	if (!(o->ids[o->n] = strdup(id))) {
-		free(o->keys[o->n]);
-		return ERR_ENOMEM;
-	}
-	o->n++;
-	return 0;
-}
-
-/* Whether the local file of key under root is this node's (a .meta: its safetensors'). */
-static int key_ours(const char *root, const char *key)
-{
-	char path[PATH_MAX], host[STORE_HOST_MAX], stem[NAME_MAX + 1];
-	const char *slash = strrchr(key, '/');
-	const char *name = slash ? slash + 1 : key;
-	size_t n = strlen(name);
-
-	if (!slash || (!store_has_suffix(name, FMT_SAFETENSORS) && !store_has_suffix(name, FMT_META)))
-		return 0;
-	snprintf(path, sizeof(path), "%s/%.*s", root, (int)(slash - key), key);
-	snprintf(stem, sizeof(stem), "%.*s", (int)(n - (store_has_suffix(name, FMT_META) ?
-						       strlen(FMT_META) :
-						       strlen(FMT_SAFETENSORS))), name);
-	int dfd = open(path, STORE_DIR_FLAGS);
-	if (dfd < 0)
-		return 0;
-	char st[NAME_MAX + sizeof(FMT_SAFETENSORS)];
-	snprintf(st, sizeof(st), "%s%s", stem, FMT_SAFETENSORS);
-	int rc = store_st_host(dfd, st, host, sizeof(host));
-	close(dfd);
-	return rc == 1 && strcmp(host, store_host()) == 0;
-}
-
-/* Aborts the uploads of this node's files left open in root i's remote but those busy(key)
- * says this daemon uploads now; 0, or -1 when the remote could not be listed or a key was
- * busy (to be looked at again). */
-static int abort_orphans(const struct config *cfg, unsigned i, struct remote *r,
-			 int (*busy)(const char *key), int quiet)
-{
-	struct open_uploads o = {0};
-	char err[ERRLEN];
-	unsigned aborted = 0, skipped = 0;
-
-	int rc = remote_list_uploads(r, "", collect_upload, &o, err, sizeof(err));
-	for (size_t k = 0; k < o.n; k++) {
-		/* A key this daemon uploads now may be its own upload's, or one left open:
-		 * looked at again once it is not busy. */
-		if (rc >= 0 && key_ours(cfg->allowed_roots[i], o.keys[k]) &&
-		    !(busy(o.keys[k]) && ++skipped)) {
-			if (remote_abort(r, o.keys[k], o.ids[k], err, sizeof(err)) < 0)
-				log_warnx("%s", err);
-			else
-				aborted++;
-		}
-		free(o.keys[k]);
-		free(o.ids[k]);
-	}
-	free(o.keys);
-	free(o.ids);
-	if (aborted)
-		log_info("aborted %u upload%s to %s that an interrupted daemon left open",
-			 aborted, aborted == 1 ? "" : "s", remote_url(r));
-	if (rc < 0 && quiet)
-		log_debug("uploads left open in %s: %s", remote_url(r), err);
-	else if (rc < 0)
-		log_warnx("uploads left open in %s: %s (looked for again every few seconds)",
-			  remote_url(r), err);
-	return rc < 0 || skipped ? -1 : 0;
-}
-
-/* Aborts this node's uploads left open (a daemon killed mid-upload) in the remote of each
- * root i of cfg whose done[i] is 0, setting it once the remote was listed and no key of it
- * was busy (a failure logged at debug level when quiet); how many remain to be looked at. */
-unsigned uptag_orphans(const struct config *cfg, struct remote *const *remotes, int *done,
-		       int (*busy)(const char *key), int quiet)
-{
-	unsigned left = 0;
-	for (unsigned i = 0; i < cfg->n_roots; i++) {
-		if (!remotes[i] || done[i])
-			continue;
-		if (abort_orphans(cfg, i, remotes[i], busy, quiet) == 0)
-			done[i] = 1;
-		else
-			left++;
-	}
-	return left;
 }
 
 /* Start-up: queues every committed tag without REMOTE.json under each root with a remote. */

@@ -270,6 +270,7 @@ struct manifest {
 	const char *run;          /* the run committed; "" or NULL: unknown (not written) */
 	uint64_t uid;             /* the owner's uid (whose restores a remote tier serves);
 				   * reading: MANIFEST_BAD when absent (written before it was) */
+	const char *remote_dir;   /* reading: a remote copy's directory of its files, or NULL */
 	const char *checksum;     /* reading: the algorithm named (CHECKSUM_ALGO is written) */
 	uint64_t total_bytes;
 	const struct manifest_file *files;

@@ -14,6 +14,8 @@
  * run of the job whose files were committed, absent when unknown (readers of version 1 that
  * predate it ignore it). "uid" is the owner of the tag's files: a daemon restores a tag from a
  * remote tier only for that user (or root); manifests written before it lack it.
+ * "remote_dir" is only in a remote tier's copy of a tag saved again (upload_version.c): the
+ * key segment below the tag its files were uploaded under; it is read, never written here.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -283,6 +285,7 @@ struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t 
 	d->m.world_size = manifest_u64(d->json, "world_size");
 	d->m.run = manifest_str(d->json, "run");
 	d->m.uid = manifest_u64(d->json, "uid");
+	d->m.remote_dir = manifest_str(d->json, "remote_dir");
 	d->m.checksum = manifest_str(d->json, "checksum");
 	d->m.total_bytes = manifest_u64(d->json, "total_bytes");
 	d->m.files = d->files;

@@ -9,52 +9,15 @@
  *   bench_remote SOCKET DIR SIZE_MIB RUNS DAEMON_PID
  */
 #include "dsckpt.h"
+#include "bench_util.h"
 
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-/* Seconds of a monotonic clock. */
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* User plus system CPU seconds of process pid so far. */
-static double cpu_of(long pid)
-{
-	char path[64], buf[4096];
-	unsigned long ut = 0, st = 0;
-	snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return 0;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = 0;
-	char *p = strrchr(buf, ')');
-	/* after ") S": fields 3..; utime is field 14, stime 15 */
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
-			 &st) != 2)
-		return 0;
-	return (double)(ut + st) / 100.0;
-}
-
-/* Fails the program with the call's error. */
-static void ck(dsckpt_conn_t *c, int rc, const char *what)
-{
-	if (rc < 0) {
-		fprintf(stderr, "bench_remote: %s: %s: %s\n", what, dsckpt_err_name(rc),
-			c ? dsckpt_last_error(c) : "");
-		exit(1);
-	}
-}
-
+/* Saves, commits and times each run's upload to REMOTE. */
 int main(int argc, char **argv)
 {
 	if (argc != 6) {
@@ -67,8 +30,8 @@ int main(int argc, char **argv)
 	dsckpt_conn_t *c;
 	void *mem;
 
-	ck(NULL, dsckpt_connect(argv[1], &c), "connect");
-	ck(c, dsckpt_identify(c, "bench", 0, 1), "identify");
+	bench_ck(NULL, dsckpt_connect(argv[1], &c), "connect");
+	bench_ck(c, dsckpt_identify(c, "bench", 0, 1), "identify");
 	if (!(mem = dsckpt_host_alloc(bytes))) {
 		fprintf(stderr, "bench_remote: dsckpt_host_alloc of %zu bytes failed\n", bytes);
 		return 1;
@@ -81,14 +44,14 @@ int main(int argc, char **argv)
 		dsckpt_save_t *s;
 		int64_t shape[1] = {(int64_t)bytes};
 		snprintf(dir, sizeof(dir), "%s/step%d", argv[2], r);
-		ck(c, dsckpt_save_begin(c, dir, "rank0", &s), "save_begin");
-		ck(c, dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, bytes), "add_tensor");
-		ck(c, dsckpt_save_end(s), "save_end");
-		ck(c, dsckpt_wait(s, DSCKPT_DURABLE, -1), "wait DURABLE");
-		ck(c, dsckpt_commit(c, dir, -1), "commit");
-		double t0 = now(), c0 = cpu_of(pid);
-		ck(c, dsckpt_wait(s, DSCKPT_REMOTE, 600000), "wait REMOTE");
-		double dt = now() - t0, dc = cpu_of(pid) - c0;
+		bench_ck(c, dsckpt_save_begin(c, dir, "rank0", &s), "save_begin");
+		bench_ck(c, dsckpt_add_tensor(s, "t", "U8", shape, 1, mem, bytes), "add_tensor");
+		bench_ck(c, dsckpt_save_end(s), "save_end");
+		bench_ck(c, dsckpt_wait(s, DSCKPT_DURABLE, -1), "wait DURABLE");
+		bench_ck(c, dsckpt_commit(c, dir, -1), "commit");
+		double t0 = bench_now(), c0 = bench_cpu(pid);
+		bench_ck(c, dsckpt_wait(s, DSCKPT_REMOTE, 600000), "wait REMOTE");
+		double dt = bench_now() - t0, dc = bench_cpu(pid) - c0;
 		printf("%-6d %10.3f %12.1f %14.2f\n", r, dt, bytes / dt / 1e6, dc / (bytes / 1e9));
 		dsckpt_save_free(s);
 	}

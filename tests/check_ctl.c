@@ -110,19 +110,19 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 		"uploads_done", "retention_held", "upload_backlog_tags", "upload_backlog_bytes",
 		"peer_bytes_sent", "peer_bytes_received", "peer_copies_sent", "peer_copies_received",
 		"peer_restored_bytes", "peer_copies_held", "peer_replica_memory_bytes",
-		"peer_evictions"};
+		"peer_evictions", "pulled_bytes"};
 	static const uint64_t values[] = {
 		1700000000123ull, 7384000, 4ull << 30, 1ull << 30, 1ull << 29, 3, 2, 1, 10, 9, 8,
 		6, 10ull << 30, 8ull << 30, 2, 1, 3ull << 30, 5ull << 30, 4, 1, 1, 1ull << 20,
-		5, 6, 1, 2, 7, 2, 8, 0};
+		5, 6, 1, 2, 7, 2, 8, 0, 15ull << 20};
 	static const char *const actions[] = {"partial_removed", "file_removed",
 					      "commit_finished", "seal_resumed", "file_left"};
 	static const char *const hists[] = {"snapshot_seconds", "flush_seconds",
 					    "commit_seconds", "upload_seconds",
-					    "peer_replication_seconds"};
+					    "peer_replication_seconds", "pull_seconds"};
 	size_t nc = sizeof(counters) / sizeof(counters[0]);
 
-	msgpack_pack_map(pk, 1 + nc + 4 + 1 + 1 + 5 + 1);
+	msgpack_pack_map(pk, 1 + nc + 5 + 1 + 1 + 6 + 1);
 	proto_kv_str(pk, "version", "9.9.9");
 	for (size_t i = 0; i < nc; i++)
 		proto_kv_u64(pk, counters[i], values[i]);
@@ -130,6 +130,7 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 	fake_reasons(pk, "saves_refused", mode == FAKE_BADPOOLS ? "no space" : "EACCES", 4, NULL);
 	fake_reasons(pk, "loads_failed", "ECHECKSUM", 1, NULL);
 	fake_reasons(pk, "uploads_failed", "EACCES", 2, NULL);
+	fake_reasons(pk, "pulls_failed", "ECHECKSUM", 1, NULL);
 	proto_key(pk, "recovery");
 	msgpack_pack_map(pk, 5);
 	for (int i = 0; i < 5; i++)
@@ -138,7 +139,7 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 	msgpack_pack_array(pk, 2);
 	msgpack_pack_uint64(pk, 1000);
 	msgpack_pack_uint64(pk, 2500000);
-	for (int i = 0; i < 5; i++) {
+	for (int i = 0; i < 6; i++) {
 		proto_key(pk, hists[i]);
 		msgpack_pack_map(pk, 2);
 		proto_key(pk, "buckets");

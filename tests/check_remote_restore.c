@@ -8,7 +8,9 @@
  * committed or left locally; a tag without its remote manifest is not found; dsckpt_prefetch
  * (and dsckptctl pull) of the job's remote latest puts it in the cache, whose next load says
  * "cache"; the same for a local tag after a restart (no remote); pulled tags count for
- * keep_last; one user's prefetches run in order. Without moto the S3 tests say SKIP.
+ * keep_last; one user's prefetches run in order. And the whole path with nothing copied by
+ * hand: a tag the daemon uploaded (REMOTE) restores on the replacement node from each tier.
+ * Without moto the S3 tests say SKIP.
  */
 #include "harness_daemon.h"
 #undef MIB
@@ -151,8 +153,9 @@ out:
 	return rc;
 }
 
-/* Both of B's ranks load on the replacement node: rank1 first (it pulls the tag: source
- * "remote"), then rank0 (local now); the tag is committed locally and latest names it. */
+/* Both of B's ranks load on the replacement node, each pulling only its own file (source
+ * "remote"): after rank1 the tag holds rank1's file alone and is not committed here (no
+ * manifest, no latest); after rank0 it is whole, committed locally, and latest names it. */
 static void resume_ranks(const char *dir)
 {
 	dsckpt_conn_t *c = conn_open("jobB", 1, 2);
@@ -164,9 +167,13 @@ static void resume_ranks(const char *dir)
 	ck_assert_msg(rc == DSCKPT_LOADED, "%s: %s", dsckpt_err_name(rc), dsckpt_last_error(c));
 	ck_assert_str_eq(src, "remote");
 	ck_assert(exact);
+	ck_assert(h_exists(h_path("%s/rank1.safetensors", dir)));
+	ck_assert(!h_exists(h_path("%s/rank0.safetensors", dir)));
+	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
+	ck_assert(!h_exists(h_path("%s/../latest", dir)));
 	rc = load_t(c, dir, "rank0", N0, 10, src, &exact);
 	ck_assert_msg(rc == DSCKPT_LOADED, "%s: %s", dsckpt_err_name(rc), dsckpt_last_error(c));
-	ck_assert_str_ne(src, "remote");
+	ck_assert_str_eq(src, "remote");
 	ck_assert(exact);
 	dsckpt_close(c);
 	ck_assert(h_exists(h_path("%s/MANIFEST.json", dir)));
@@ -174,6 +181,84 @@ static void resume_ranks(const char *dir)
 	ck_assert(!has_partial(D->root));
 	ctl_verify(dir);
 }
+
+/* The value of the metric line starting with name (and a space) in dsckptctl metrics' output;
+ * -1 when there is none. */
+static double metric_of(const char *name)
+{
+	char *out = NULL, want[200];
+	double v = -1;
+
+	ck_assert_int_eq(ctl(&out, "metrics"), 0);
+	snprintf(want, sizeof(want), "\n%s ", name);
+	const char *p = out ? strstr(out, want) : NULL;
+	if (p)
+		v = strtod(p + strlen(want), NULL);
+	free(out);
+	return v;
+}
+
+/* Node B with the remote tier url from its start (its daemon restarted on that config): a
+ * 2-rank tag saved and committed, both ranks waiting until their saves are REMOTE (the
+ * daemon's own uploads, nothing copied in by hand). */
+static void node_b_uploads(const char *url, int port, const char *dir)
+{
+	void *m0, *m1;
+
+	write_remote_config(url, port);
+	d_kill(SIGTERM);
+	d_restart(0);
+	dsckpt_conn_t *c0 = conn_open("jobB", 0, 2), *c1 = conn_open("jobB", 1, 2);
+	dsckpt_save_t *s0 = save_pattern(c0, dir, "rank0", N0, 10, &m0);
+	dsckpt_save_t *s1 = save_pattern(c1, dir, "rank1", N1, 11, &m1);
+	wait_level(c0, s0, DSCKPT_DURABLE, 60000);
+	wait_level(c1, s1, DSCKPT_DURABLE, 60000);
+	CK_DS(c0, dsckpt_commit(c0, dir, 30000));
+	wait_level(c0, s0, DSCKPT_REMOTE, 120000);
+	wait_level(c1, s1, DSCKPT_REMOTE, 120000);
+	ck_assert(h_exists(h_path("%s/REMOTE.json", dir)));
+	dsckpt_save_free(s0);
+	dsckpt_save_free(s1);
+	dsckpt_host_free(m0);
+	dsckpt_host_free(m1);
+	dsckpt_close(c1);
+	dsckpt_close(c0);
+}
+
+/* The whole path from the trainer's side, on each tier (0: file://, 1: moto's S3): save
+ * through the daemon, wait for REMOTE, lose the node (daemon SIGKILLed with its cache, root
+ * deleted), and a fresh daemon restores both ranks from what the upload left remotely:
+ * bytes exact, checksums verified (the pull's, then dsckptctl verify's). */
+START_TEST(test_upload_then_restore)
+{
+	char url[300];
+	int port = 0;
+
+	if (_i == 1) {
+		NEED_MOTO();
+		port = moto_shared.port;
+		make_bucket(port, "roundtrip");
+		snprintf(url, sizeof(url), "s3://roundtrip/tier");
+	}
+	d_start(CACHE_32M, CHUNK_1M);
+	if (_i == 0) {	/* the shared filesystem's directory, made by its admin */
+		snprintf(url, sizeof(url), "file://%s/shared", D->dir);
+		ck_assert_int_eq(mkdir(url + 7, 0755), 0);
+	}
+	const char *dir = h_path("%s/jobB/t1", D->root);
+	node_b_uploads(url, port, dir);
+	replace_node(url, port);
+	ck_assert(!h_exists(h_path("%s/jobB", D->root)));
+	ck_assert(metric_of("dsckpt_pulled_bytes_total") == 0);
+	resume_ranks(dir);
+	/* A pull per rank: their bytes (each file whole, headers too) and times. */
+	ck_assert(metric_of("dsckpt_pulled_bytes_total") >= (double)(N0 + N1));
+	ck_assert(metric_of("dsckpt_pull_seconds_count") == 2);
+	ck_assert(metric_of("dsckpt_pulls_failed_total{reason=\"ECHECKSUM\"}") == -1);
+	ck_assert(!h_file_has(D->log, SECRET));
+	d_stop();
+}
+END_TEST
 
 /* The file tier: B's ranks resume on an empty node from a shared directory. */
 START_TEST(test_file_tier_resume)
@@ -223,7 +308,9 @@ START_TEST(test_corrupt_object)
 	ck_assert_msg(strstr(dsckpt_last_error(c), "rank1.safetensors") &&
 		      strstr(dsckpt_last_error(c), "corrupt"), "%s", dsckpt_last_error(c));
 	ck_assert_str_eq(src, "");
-	ck_assert(!h_exists(dir));	/* rank0 came whole, and went with the rest */
+	ck_assert(!h_exists(dir));	/* nothing of the pull is left */
+	ck_assert(metric_of("dsckpt_pulls_failed_total{reason=\"ECHECKSUM\"}") == 1);
+	ck_assert(metric_of("dsckpt_pull_seconds_count") == 0);
 	ck_assert(!has_partial(D->root));
 	ck_assert(!h_exists(h_path("%s/jobB/latest", D->root)));
 	dsckpt_close(c);
@@ -416,6 +503,7 @@ static Suite *remote_restore_suite(void)
 	tcase_add_unchecked_fixture(tc, moto_shared_up, moto_shared_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_file_tier_resume);
+	tcase_add_loop_test(tc, test_upload_then_restore, 0, 2);
 	tcase_add_test(tc, test_s3_tier_resume);
 	tcase_add_test(tc, test_corrupt_object);
 	tcase_add_test(tc, test_missing_manifest);

@@ -2,10 +2,11 @@
  * check_remote_s3.c — remote.c's S3 tier (remote_s3.c) against a real S3-compatible server:
  * moto's standalone server, started on 127.0.0.1 by the suite (tests/moto.h). Conditional
  * writes and a race between two writers, a 40 MiB multipart upload in parallel parts read
- * back by ranges, aborted and left-over uploads, virtual-hosted addressing. The failures are
+ * back by ranges, aborted and left-over uploads, virtual-hosted addressing, a listing of more
+ * names than one page holds, followed page by page. The failures are
  * check_remote_s3_faults.c's. Without moto each test says SKIP.
  */
-#include "../daemon/dsckptd.h"
+#include "../daemon/remote_int.h"
 #include "harness.h"
 #include "moto.h"
 
@@ -228,6 +229,56 @@ START_TEST(test_virtual_addressing)
 }
 END_TEST
 
+/* remote_list's callback: counts names into arg (an int[2]: all, and those of "d*"). */
+static int count_name(void *arg, const char *name)
+{
+	int *n = arg;
+	n[0]++;
+	n[1] += name[0] == 'd';
+	return 0;
+}
+
+/* ListObjectsV2 with 2 keys a page: 7 objects and 3 prefixes below "page" come in 5 pages
+ * (continuation tokens), each name once. (moto ignores max-uploads: ListMultipartUploads'
+ * pages are not tried here.) */
+START_TEST(test_list_pages)
+{
+	NEED_MOTO();
+	struct config *c = test_cfg(moto_shared.port, 0);
+	make_bucket(moto_shared.port, "pages");
+	struct remote *r = open_remote(c, "s3://pages/pre");
+	char key[64], logpath[64] = "/tmp/check_remote_s3.log.XXXXXX";
+	int n[2] = {0, 0};
+
+	for (int i = 0; i < 7; i++) {
+		snprintf(key, sizeof(key), "page/f%d", i);
+		ck_assert_msg(remote_put(r, key, "x", 1, REMOTE_ANY, NULL, NULL, err,
+					 sizeof(err)) == 0, "%s", err);
+	}
+	for (int i = 0; i < 3; i++) {
+		snprintf(key, sizeof(key), "page/d%d/inside", i);
+		ck_assert_msg(remote_put(r, key, "x", 1, REMOTE_ANY, NULL, NULL, err,
+					 sizeof(err)) == 0, "%s", err);
+	}
+	r->list_keys = 2;
+	log_init("check_remote_s3", LOG_LVL_DEBUG);
+	int saved = capture_begin(logpath);
+	int rc = remote_list(r, "page", count_name, n, err, sizeof(err));
+	char *log = capture_end(logpath, saved);
+	log_init("check_remote_s3", LOG_LVL_ERROR);
+	ck_assert_msg(rc == 0, "%s", err);
+	ck_assert_int_eq(n[0], 10);
+	ck_assert_int_eq(n[1], 3);
+	int pages = 0;
+	for (const char *p = log; (p = strstr(p, "list-type=2")) != NULL; p++)
+		pages++;
+	ck_assert_msg(pages == 5, "%d pages: %s", pages, log);
+	free(log);
+	remote_close(r);
+	config_free(c);
+}
+END_TEST
+
 /* Once, in the runner before the tests: quiet logs, then moto_shared_up. */
 static void shared_up(void)
 {
@@ -247,6 +298,7 @@ static Suite *remote_s3_suite(void)
 	tcase_add_test(tc, test_multipart_ranges);
 	tcase_add_test(tc, test_abort);
 	tcase_add_test(tc, test_virtual_addressing);
+	tcase_add_test(tc, test_list_pages);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -34,25 +34,12 @@
 #define WAIT_MS 120000
 
 static struct moto moto;
-static char cred_path[300];
 static char s3_json[1024];
 
-/* The s3 object of a daemon's config for moto at port (credentials in the scratch dir). */
+/* The s3 keys of a daemon's config for moto at port, extra after them (s3_json). */
 static const char *s3_config(int port, const char *extra)
 {
-	char dir[256];
-	h_tmpdir(dir, sizeof(dir));
-	snprintf(cred_path, sizeof(cred_path), "%s/creds", dir);
-	FILE *f = fopen(cred_path, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", KEY_ID,
-		SECRET);
-	fclose(f);
-	ck_assert_int_eq(chmod(cred_path, 0600), 0);
-	snprintf(s3_json, sizeof(s3_json),
-		 "\"s3\": {\"endpoint\": \"http://127.0.0.1:%d\", \"region\": \"us-east-1\", "
-		 "\"addressing\": \"path\", \"credentials_file\": \"%s\"}, "
-		 "\"upload_part_size\": 5, %s " CHUNK_1M, port, cred_path, extra ? extra : "");
+	s3_daemon_json(s3_json, sizeof(s3_json), port, extra);
 	return s3_json;
 }
 
@@ -84,21 +71,6 @@ static void test_remote_close(struct remote *r)
 	remote_close(r);
 	config_free(rcfg);
 	rcfg = NULL;
-}
-
-/* Reads key from r whole (malloc'd, NUL after it) into *len; NULL when it is not there. */
-static char *remote_read(struct remote *r, const char *key, size_t *len)
-{
-	char err[ERRLEN];
-	uint64_t size;
-	if (remote_head(r, key, &size, NULL, err, sizeof(err)) < 0)
-		return NULL;
-	char *buf = malloc(size + 1);
-	ck_assert_ptr_nonnull(buf);
-	ck_assert_msg(remote_get(r, key, 0, buf, size, err, sizeof(err)) == 0, "%s", err);
-	buf[size] = '\0';
-	*len = size;
-	return buf;
 }
 
 /* Reads a local file whole (malloc'd) into *len. */

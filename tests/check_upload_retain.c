@@ -20,73 +20,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define BUCKET "bkt"
-#define URL "s3://" BUCKET "/pre"
+#define BUCKET "bkt"         /* tier_up's */
 #define WAIT_MS 120000
 #define LIST_MAX (256 * 1024)
 
-static struct moto moto;
-static char cred_path[300];
-static char rdir[256];       /* the file tier's directory */
-static char rurl[300];       /* file://rdir */
-static struct config *rcfg;  /* the test's own handle's */
-
-/* Starts moto with the bucket; 0 (after saying SKIP) when moto is not installed. */
-static int moto_up(void)
-{
-	if (!moto_path()) {
-		printf("SKIP: no moto_server (make moto, or $MOTO_SERVER)\n");
-		return 0;
-	}
-	ck_assert_int_eq(moto_start(&moto, 0, -1), 0);
-	make_bucket(moto.port, BUCKET);
-	return 1;
-}
-
-/* Sets up tier s3 (moto) or file (a scratch directory): the daemons' remote, the daemon
- * config's keys with extra after them into json, and the test's own handle on it; NULL
- * (SKIP) without moto. */
-static struct remote *tier_up(int s3, char *json, size_t len, const char *extra)
-{
-	rcfg = test_cfg(s3 ? 0 : 1, 0);
-	if (!s3) {
-		h_tmpdir(rdir, sizeof(rdir));
-		snprintf(rurl, sizeof(rurl), "file://%s", rdir);
-		h_root_remote = rurl;
-		snprintf(json, len, CHUNK_1M " %s", extra);
-		return open_remote(rcfg, rurl);
-	}
-	if (!moto_up())
-		return NULL;
-	config_free(rcfg);
-	rcfg = test_cfg(moto.port, 0);
-	char dir[256];
-	h_tmpdir(dir, sizeof(dir));
-	snprintf(cred_path, sizeof(cred_path), "%s/creds", dir);
-	FILE *f = fopen(cred_path, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", KEY_ID,
-		SECRET);
-	fclose(f);
-	ck_assert_int_eq(chmod(cred_path, 0600), 0);
-	snprintf(json, len, "\"s3\": {\"endpoint\": \"http://127.0.0.1:%d\", \"region\": "
-		 "\"us-east-1\", \"addressing\": \"path\", \"credentials_file\": \"%s\"}, "
-		 "\"upload_part_size\": 5, " CHUNK_1M " %s", moto.port, cred_path, extra);
-	h_root_remote = URL;
-	return open_remote(rcfg, URL);
-}
-
-/* Closes the test's handle, and stops moto or removes the directory. */
-static void tier_down(int s3, struct remote *r)
-{
-	remote_close(r);
-	config_free(rcfg);
-	rcfg = NULL;
-	if (s3)
-		moto_kill(&moto);
-	else
-		h_rm_rf(rdir);
-}
+static struct tier tier;
 
 /* How many keys the remote holds below job/tag: moto's own listing of the bucket, or the
  * entries of the directory. */
@@ -96,7 +34,7 @@ static int keys_below(int s3, const char *jobtag)
 	int n = 0;
 
 	if (!s3) {
-		DIR *d = opendir(h_path("%s/%s", rdir, jobtag));
+		DIR *d = opendir(h_path("%s/%s", tier.dir, jobtag));
 		struct dirent *e;
 		while (d && (e = readdir(d)) != NULL)
 			n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
@@ -106,7 +44,7 @@ static int keys_below(int s3, const char *jobtag)
 	}
 	char *out = malloc(LIST_MAX);
 	ck_assert_ptr_nonnull(out);
-	ck_assert_int_eq(raw(moto.port, "GET", "/" BUCKET "?list-type=2", NULL, out, LIST_MAX),
+	ck_assert_int_eq(raw(tier.moto.port, "GET", "/" BUCKET "?list-type=2", NULL, out, LIST_MAX),
 			 200);
 	ck_assert_msg(strstr(out, "<IsTruncated>true") == NULL, "listing truncated");
 	snprintf(want, sizeof(want), "<Key>pre/%s/", jobtag);
@@ -161,7 +99,7 @@ START_TEST(test_keep_two)
 	dsckpt_save_t *s[5];
 	void *mem[5];
 
-	struct remote *r = tier_up(s3, json, sizeof(json), "\"keep_last_remote\": 2,");
+	struct remote *r = tier_up(&tier, s3, json, sizeof(json), "\"keep_last_remote\": 2,");
 	if (r == NULL)
 		return;
 	d_start(CACHE_32M, json);
@@ -196,7 +134,7 @@ START_TEST(test_keep_two)
 	dsckpt_close(o);
 	dsckpt_close(c);
 	d_stop();
-	tier_down(s3, r);
+	tier_down(&tier);
 }
 END_TEST
 
@@ -208,7 +146,7 @@ START_TEST(test_retain_planted)
 	int s3 = _i == 0;
 	char json[1400], err[ERRLEN];
 
-	struct remote *r = tier_up(s3, json, sizeof(json), "");
+	struct remote *r = tier_up(&tier, s3, json, sizeof(json), "");
 	if (r == NULL)
 		return;
 	plant(r, "other", "x", 50);
@@ -230,13 +168,13 @@ START_TEST(test_retain_planted)
 	ck_assert_int_eq(keys_below(s3, "job/p"), 2);
 	ck_assert_int_eq(keys_below(s3, "other/x"), 3);
 	if (!s3)	/* the emptied tag directories went too */
-		ck_assert_int_ne(access(h_path("%s/job/b", rdir), F_OK), 0);
+		ck_assert_int_ne(access(h_path("%s/job/b", tier.dir), F_OK), 0);
 	/* latest moved on: the old tag goes at the next pass. */
 	put_text(r, "job/latest", "e");
 	ck_assert_msg(upload_retain(r, "job", 2, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(keys_below(s3, "job/a"), 0);
 	ck_assert_int_eq(keys_below(s3, "job/p"), 2);
-	tier_down(s3, r);
+	tier_down(&tier);
 }
 END_TEST
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -224,6 +225,80 @@ int open_uploads(struct remote *r, struct found *f)
 	ck_assert_msg(remote_list_uploads(r, "", count_upload, f, err, sizeof(err)) == 0, "%s",
 		      err);
 	return f->n;
+}
+
+/* Reads key from r whole (malloc'd, NUL after it); NULL when it is not there. */
+char *remote_read(struct remote *r, const char *key, size_t *len)
+{
+	char err[ERRLEN];
+	uint64_t size;
+
+	if (remote_head(r, key, &size, NULL, err, sizeof(err)) < 0)
+		return NULL;
+	char *buf = malloc(size + 1);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_msg(remote_get(r, key, 0, buf, size, err, sizeof(err)) == 0, "%s", err);
+	buf[size] = '\0';
+	*len = size;
+	return buf;
+}
+
+/* The keys of a daemon's config for moto at port (moto.h), extra after them, into json. */
+void s3_daemon_json(char *json, size_t len, int port, const char *extra)
+{
+	char dir[256], creds[300];
+
+	h_tmpdir(dir, sizeof(dir));
+	snprintf(creds, sizeof(creds), "%s/creds", dir);
+	FILE *f = fopen(creds, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[default]\naws_access_key_id = %s\naws_secret_access_key = %s\n", KEY_ID,
+		SECRET);
+	fclose(f);
+	ck_assert_int_eq(chmod(creds, 0600), 0);
+	ck_assert_int_lt(snprintf(json, len, "\"s3\": {\"endpoint\": \"http://127.0.0.1:%d\", "
+				  "\"region\": \"us-east-1\", \"addressing\": \"path\", "
+				  "\"credentials_file\": \"%s\"}, \"upload_part_size\": 5, "
+				  "\"chunk_size\": 1, %s", port, creds, extra ? extra : ""),
+			 (int)len);
+}
+
+/* Sets up tier t as the daemon's remote, its config keys into json; t->r or NULL (SKIP). */
+struct remote *tier_up(struct tier *t, int s3, char *json, size_t len, const char *extra)
+{
+	memset(t, 0, sizeof(*t));
+	t->s3 = s3;
+	if (!s3) {
+		h_tmpdir(t->dir, sizeof(t->dir));
+		snprintf(t->url, sizeof(t->url), "file://%s", t->dir);
+		snprintf(json, len, "\"chunk_size\": 1, %s", extra);
+		t->cfg = test_cfg(1, 0);
+	} else {
+		if (!moto_path()) {
+			printf("SKIP: no moto_server (make moto, or $MOTO_SERVER)\n");
+			return NULL;
+		}
+		ck_assert_int_eq(moto_start(&t->moto, 0, -1), 0);
+		make_bucket(t->moto.port, "bkt");
+		snprintf(t->url, sizeof(t->url), "s3://bkt/pre");
+		s3_daemon_json(json, len, t->moto.port, extra);
+		t->cfg = test_cfg(t->moto.port, 0);
+	}
+	h_root_remote = t->url;
+	return t->r = open_remote(t->cfg, t->url);
+}
+
+/* Closes the test's handle, and stops moto or removes the directory. */
+void tier_down(struct tier *t)
+{
+	remote_close(t->r);
+	config_free(t->cfg);
+	t->r = NULL;
+	t->cfg = NULL;
+	if (t->s3)
+		moto_kill(&t->moto);
+	else
+		h_rm_rf(t->dir);
 }
 
 /* Sends this process's stderr (the log) to a new temporary file; the saved stderr. */

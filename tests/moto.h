@@ -80,6 +80,27 @@ struct found {
 int count_upload(void *arg, const char *key, const char *id);
 /* How many uploads are open under r (the last in f). */
 int open_uploads(struct remote *r, struct found *f);
+/* Reads key from r whole (malloc'd, NUL after it) into *len; NULL when it is not there. */
+char *remote_read(struct remote *r, const char *key, size_t *len);
+/* The keys of a daemon's config for moto at port: the "s3" object (path addressing, KEY_ID
+ * and SECRET in a credentials file of mode 0600 made in a new scratch directory), 5 MiB
+ * parts, 1 MiB chunks, then extra ("" or keys each ending in ','); into json (len bytes). */
+void s3_daemon_json(char *json, size_t len, int port, const char *extra);
+/* A remote tier of a daemon suite's own: moto's S3 (a server of its own with bucket "bkt":
+ * s3://bkt/pre) or a scratch directory standing for a shared filesystem (file://dir). */
+struct tier {
+	int s3;
+	struct moto moto;          /* s3: the server */
+	char dir[256];             /* file: the directory */
+	char url[300];
+	struct config *cfg;        /* the test's own handle's */
+	struct remote *r;          /* the test's own handle on the tier */
+};
+/* Sets up t (s3, else file) as the daemon's remote (h_root_remote) and the daemon config's
+ * keys with extra after them into json (len bytes): t->r, or NULL after SKIP without moto. */
+struct remote *tier_up(struct tier *t, int s3, char *json, size_t len, const char *extra);
+/* Closes the test's handle, and stops moto or removes the directory. */
+void tier_down(struct tier *t);
 /* Sends this process's stderr (the log, at debug level) to a new temporary file made from
  * path (a mkstemp template); the saved stderr. */
 int capture_begin(char *path);

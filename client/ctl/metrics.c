@@ -55,6 +55,8 @@ static const struct scalar_def scalars[] = {
 	 "Tags that reached REMOTE: files, manifest and latest in the root's remote tier."},
 	{"retention_held", "dsckpt_retention_held_total", "counter", 0,
 	 "Times keep_last kept a tag because it was not yet in its root's remote tier."},
+	{"pulled_bytes", "dsckpt_pulled_bytes_total", "counter", 0,
+	 "Bytes of files read from remote tiers into the local tier, checked."},
 	{"upload_backlog_tags", "dsckpt_upload_backlog_tags", "gauge", 0,
 	 "Tags of this node not yet REMOTE (uploading, waiting or failing)."},
 	{"upload_backlog_bytes", "dsckpt_upload_backlog_bytes", "gauge", 0,
@@ -105,6 +107,8 @@ static const struct reasoned_def reasoned[] = {
 	 "Accepted loads that failed, by reason (a DSCKPT_E* name without DSCKPT_)."},
 	{"uploads_failed", "dsckpt_uploads_failed_total",
 	 "Failed steps of uploads to remote tiers, by reason; each is tried again."},
+	{"pulls_failed", "dsckpt_pulls_failed_total",
+	 "Pulls of a tag from a remote tier that failed, by reason (nothing of it kept)."},
 };
 #define NREASONED (sizeof(reasoned) / sizeof(reasoned[0]))
 
@@ -128,6 +132,8 @@ static const struct hist_def hists[] = {
 	 "Seconds from a save's ACCEPTED to COMMITTED (every rank's files, the manifest)."},
 	{"upload_seconds", "dsckpt_upload_seconds",
 	 "Seconds from a tag's COMMITTED (or the daemon's start) to REMOTE."},
+	{"pull_seconds", "dsckpt_pull_seconds",
+	 "Seconds a pull of a tag from a remote tier took (its files, checked, and manifest)."},
 	{"peer_replication_seconds", "dsckpt_peer_replication_seconds",
 	 "Seconds from a save's COMMITTED to a peer keeping its copy (peer copies)."},
 };

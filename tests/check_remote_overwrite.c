@@ -1,0 +1,387 @@
+/*
+ * check_remote_overwrite.c — a tag saved again (issue 31's fixed tag "last") replaces its
+ * version in the remote tier (issue 33), on a moto S3 server of the test's own and on a
+ * directory standing for a shared filesystem, through the real daemon. Three versions of
+ * job/last each reach REMOTE: the first under job/last/, each later one under its version
+ * directory job/last/v<created_ns>/ with the remote manifest naming it, the version before
+ * deleted once the new manifest is written; while the second version uploads, the remote
+ * manifest and the file it names are still the first version's, whole; one manifest write
+ * per version; a replacement node restores the third version from the remote. A tag saved
+ * again while its first version still uploads: the new version is what reaches the remote,
+ * whole, and its save REMOTE. The daemon SIGKILLed while a later version uploads under its
+ * version directory: the restart aborts that upload left open and uploads the version. And
+ * through
+ * upload_version.c itself: two daemons' uploads of one new version race to replace the
+ * remote manifest: exactly one writes it, the other finds it; an older version never
+ * replaces a newer one (EEXIST).
+ */
+#include "harness_daemon.h"
+#undef MIB
+#include "moto.h"
+#include "../daemon/upload.h"
+
+#include <check.h>
+#include <pthread.h>
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define WAIT_MS 120000
+#define SMALL (1u << 20)
+#define BIG (16u << 20)         /* at 2 MiB/s: seconds of upload to look in */
+
+static struct tier tier;
+
+/* Saves n bytes of seed's pattern as dir/rank0, commits it and waits until it is REMOTE. */
+static void save_remote(dsckpt_conn_t *c, const char *dir, size_t n, uint64_t seed)
+{
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", n, seed, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	wait_level(c, s, DSCKPT_REMOTE, WAIT_MS);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+}
+
+/* Reads a local file whole (malloc'd) into *len. */
+static char *local_bytes(const char *path, size_t *len)
+{
+	char *buf = h_read_file(path, len);
+	ck_assert_msg(buf != NULL, "%s", path);
+	return buf;
+}
+
+/* The remote manifest of job/last: its "remote_dir" into dir ("" for none), and a check that
+ * the rest of it is the local manifest's bytes exactly. */
+static void remote_manifest(struct remote *r, const char *local, char *dir, size_t dirlen)
+{
+	size_t a, b;
+	char *there = remote_read(r, "job/last/MANIFEST.json", &a);
+	char *here = local_bytes(local, &b);
+
+	ck_assert_ptr_nonnull(there);
+	cJSON *doc = cJSON_Parse(there);
+	ck_assert_ptr_nonnull(doc);
+	const char *v = cJSON_GetStringValue(cJSON_GetObjectItem(doc, "remote_dir"));
+	snprintf(dir, dirlen, "%s", v ? v : "");
+	char field[64] = "";
+	if (v)
+		snprintf(field, sizeof(field), "\"remote_dir\": \"%s\", ", v);
+	ck_assert_uint_eq(a, b + strlen(field));
+	ck_assert_int_eq(memcmp(there, here, 1), 0);
+	ck_assert_int_eq(memcmp(there + 1, field, strlen(field)), 0);
+	ck_assert_int_eq(memcmp(there + 1 + strlen(field), here + 1, b - 1), 0);
+	cJSON_Delete(doc);
+	free(there);
+	free(here);
+}
+
+/* Checks that the remote key holds exactly the bytes want (len). */
+static void remote_same(struct remote *r, const char *key, const char *want, size_t len)
+{
+	size_t n;
+	char *there = remote_read(r, key, &n);
+	ck_assert_msg(there != NULL, "%s is not in the remote", key);
+	ck_assert_msg(n == len && memcmp(there, want, len) == 0, "%s differs", key);
+	free(there);
+}
+
+/* Counts the lines of the file path that contain s. */
+static int log_count(const char *path, const char *s)
+{
+	size_t len;
+	char *text = local_bytes(path, &len);
+	int n = 0;
+	for (char *p = text; (p = strstr(p, s)) != NULL; p += strlen(s))
+		n++;
+	free(text);
+	return n;
+}
+
+/* Issue 33 with issue 31: three versions of job/last go up, each replacing the one before
+ * remotely, the one there whole until the next is complete; then restored elsewhere. */
+START_TEST(test_overwrite)
+{
+	char json[1400], v2[32], v3[32], key[600], got[32];
+	size_t len1, lenm1, len;
+	struct found f;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	const char *mf = h_path("%s/job/last/MANIFEST.json", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+
+	save_remote(c, dir, SMALL, 1);
+	remote_manifest(rm, mf, got, sizeof(got));
+	ck_assert_str_eq(got, "");	/* the first version mirrors the root */
+	char *f1 = local_bytes(h_path("%s/rank0.safetensors", dir), &len1);
+	char *m1 = local_bytes(mf, &lenm1);
+	remote_same(rm, "job/last/rank0.safetensors", f1, len1);
+
+	/* The second version, slow to upload: while its upload is open, the remote is the
+	 * first version, whole. */
+	void *mem;
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", BIG, 2, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	ck_assert_msg(strstr(f.key, "job/last/v"), "uploading %s", f.key);
+	char *mid = remote_read(rm, "job/last/MANIFEST.json", &len);
+	char *fmid = remote_read(rm, "job/last/rank0.safetensors", &len);
+	if (open_uploads(rm, &f) > 0) {	/* looked at before the new manifest was written */
+		ck_assert_msg(mid && strlen(mid) == lenm1 && memcmp(mid, m1, lenm1) == 0,
+			      "the remote manifest changed before the new version was up");
+		ck_assert_msg(fmid && len == len1 && memcmp(fmid, f1, len1) == 0,
+			      "the first version's file changed while the second uploaded");
+	}
+	free(mid);
+	free(fmid);
+	wait_level(c, s, DSCKPT_REMOTE, WAIT_MS);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	remote_manifest(rm, mf, v2, sizeof(v2));
+	ck_assert_msg(v2[0] == 'v', "remote_dir '%s'", v2);
+	char *f2 = local_bytes(h_path("%s/rank0.safetensors", dir), &len);
+	snprintf(key, sizeof(key), "job/last/%s/rank0.safetensors", v2);
+	remote_same(rm, key, f2, len);
+	free(f2);
+	ck_assert_ptr_null(remote_read(rm, "job/last/rank0.safetensors", &len));
+
+	/* The third replaces the second's version directory. */
+	save_remote(c, dir, SMALL, 3);
+	remote_manifest(rm, mf, v3, sizeof(v3));
+	ck_assert_msg(v3[0] == 'v' && strcmp(v3, v2) != 0, "remote_dir '%s' after '%s'", v3, v2);
+	ck_assert_ptr_null(remote_read(rm, key, &len));
+	char *latest = remote_read(rm, "job/latest", &len);
+	ck_assert_msg(latest && strcmp(latest, "last") == 0, "latest %s", latest ? latest : "-");
+	free(latest);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	ck_assert_int_eq(log_count(D->log, "wrote the remote manifest"), 3);
+	ck_assert_int_eq(log_count(D->log, "replaced remote version"), 2);
+	dsckpt_close(c);
+	free(f1);
+	free(m1);
+
+	/* The node lost: a fresh daemon on an empty root restores the third version. */
+	d_kill(SIGKILL);
+	h_rm_rf(D->root);
+	ck_assert_int_eq(mkdir(D->root, 0755), 0);
+	d_restart(0);
+	c = conn_open("job", 0, 1);
+	int64_t shape[1] = {SMALL};
+	uint8_t *buf = dsckpt_host_alloc(SMALL);
+	dsckpt_tensor_t t = {"t", "U8", shape, 1, buf, SMALL};
+	dsckpt_load_t *l = NULL;
+	CK_DS(c, dsckpt_load_begin(c, dir, "rank0", &l));
+	ck_assert_str_eq(dsckpt_load_source(l), "remote");
+	CK_DS(c, dsckpt_load_add_tensors(l, &t, 1, NULL));
+	CK_DS(c, dsckpt_load_end(l));
+	ck_assert_int_eq(dsckpt_load_wait(l, WAIT_MS), DSCKPT_LOADED);
+	ck_assert_uint_eq(h_pattern_diff(buf, SMALL, 3), SMALL);
+	dsckpt_load_free(l);
+	dsckpt_host_free(buf);
+	dsckpt_close(c);
+	ctl_verify(dir);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
+/* The first version of job/last still uploading (slowly) when the second is committed and
+ * exchanged with it: the upload starts again from the second, which reaches REMOTE; the
+ * remote then holds the second version, whole, under the tag's own keys. */
+START_TEST(test_exchanged_mid_upload)
+{
+	char json[1400], got[32];
+	void *m1, *m2;
+	size_t len;
+	struct found f;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	dsckpt_save_t *s1 = save_pattern(c, dir, "rank0", BIG, 1, &m1);
+	wait_level(c, s1, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	dsckpt_save_t *s2 = save_pattern(c, dir, "rank0", SMALL, 2, &m2);
+	wait_level(c, s2, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	check_pattern_file(dir, "rank0", SMALL, 2);	/* exchanged */
+	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	char *f2 = local_bytes(h_path("%s/rank0.safetensors", dir), &len);
+	size_t n;
+	char *there = remote_read(rm, h_path("job/last/%s%srank0.safetensors", got,
+					    got[0] ? "/" : ""), &n);
+	ck_assert_msg(there && n == len && memcmp(there, f2, len) == 0,
+		      "the remote's file is not the second version's");
+	free(there);
+	free(f2);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	dsckpt_save_free(s1);
+	dsckpt_save_free(s2);
+	dsckpt_host_free(m1);
+	dsckpt_host_free(m2);
+	dsckpt_close(c);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
+/* The daemon killed while the second version of job/last uploads (below v<created_ns>/):
+ * the restart aborts the upload it left open there and finishes the version. */
+START_TEST(test_killed_mid_version)
+{
+	char json[1400], got[32], dir[600], mark[640];
+	void *mem;
+	struct found f;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);	/* h_path's buffers get reused */
+	snprintf(mark, sizeof(mark), "%s/REMOTE.json", dir);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", BIG, 2, &mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	ck_assert_msg(strstr(f.key, "job/last/v"), "uploading %s", f.key);
+	d_kill(SIGKILL);
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_restart(0);
+	for (int i = 0; i < WAIT_MS / 50 && (access(mark, F_OK) != 0 || open_uploads(rm, &f) > 0);
+	     i++)
+		h_sleep_ms(50);
+	ck_assert_int_eq(access(mark, F_OK), 0);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	ck_assert_int_ge(log_count(D->log, "that an interrupted daemon left open"), 1);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	ck_assert_msg(got[0] == 'v', "remote_dir '%s'", got);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
+/* A manifest of job/last committed at ns (no files): its text, malloc'd. */
+static char *manifest_at(uint64_t ns)
+{
+	struct manifest m = {.tag = "last", .dsckptd_version = "test", .created_ns = ns,
+			     .world_size = 1, .uid = 0};
+	char *text = manifest_write(&m);
+	ck_assert_ptr_nonnull(text);
+	return text;
+}
+
+/* A tag of version text as a worker holds it once planned (uptag_version), over r. */
+static void planned(struct uptag *t, struct remote *r, const char *text)
+{
+	char err[ERRLEN], why[256];
+
+	memset(t, 0, sizeof(*t));
+	snprintf(t->dir, sizeof(t->dir), "/nowhere/job/last");
+	snprintf(t->key, sizeof(t->key), "job/last");
+	snprintf(t->jobkey, sizeof(t->jobkey), "job");
+	snprintf(t->tag, sizeof(t->tag), "last");
+	t->r = r;
+	ck_assert_ptr_nonnull(t->manifest = strdup(text));
+	t->manifest_len = strlen(text);
+	struct manifest *m = manifest_parse(text, t->manifest_len, why, sizeof(why));
+	ck_assert_msg(m != NULL, "%s", why);
+	t->created_ns = m->created_ns;
+	ck_assert_msg(uptag_version(t, m, err, sizeof(err)) == 0, "%s", err);
+	manifest_free(m);
+}
+
+/* A racer: t's manifest write; its code. */
+static void *put_thread(void *arg)
+{
+	char err[ERRLEN];
+	return (void *)(intptr_t)uptag_put_manifest(arg, err, sizeof(err));
+}
+
+/* Two uploads of version 2 race over version 1 there: one writes, both end well, the
+ * remote names v2's directory; then version 1 again is refused (EEXIST). */
+START_TEST(test_manifest_race)
+{
+	char json[1400], err[ERRLEN];
+	struct uptag a, b, old;
+	pthread_t ta, tb;
+	void *ra, *rb;
+	size_t len;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "");
+	if (!rm)
+		return;
+	char *m1 = manifest_at(1000000000000000000ull), *m2 = manifest_at(2000000000000000000ull);
+	planned(&old, rm, m1);
+	ck_assert_str_eq(old.loc, "");
+	ck_assert_int_eq(uptag_put_manifest(&old, err, sizeof(err)), 0);
+	ck_assert(old.wrote);
+	planned(&a, rm, m2);
+	planned(&b, rm, m2);
+	ck_assert_str_eq(a.loc, b.loc);
+	ck_assert_msg(a.loc[0] == 'v', "loc '%s'", a.loc);
+	ck_assert_int_eq(pthread_create(&ta, NULL, put_thread, &a), 0);
+	ck_assert_int_eq(pthread_create(&tb, NULL, put_thread, &b), 0);
+	pthread_join(ta, &ra);
+	pthread_join(tb, &rb);
+	ck_assert_int_eq((int)(intptr_t)ra, 0);
+	ck_assert_int_eq((int)(intptr_t)rb, 0);
+	ck_assert_int_eq(a.wrote + b.wrote, 1);
+	char *there = remote_read(rm, "job/last/MANIFEST.json", &len);
+	ck_assert_ptr_nonnull(there);
+	ck_assert_uint_eq(len, a.rmanifest_len);
+	ck_assert_int_eq(memcmp(there, a.rmanifest, len), 0);
+	free(there);
+	/* Version 1 planned again now: a version of its own, never written over version 2. */
+	uptag_clear(&old);
+	planned(&old, rm, m1);
+	ck_assert_int_eq(uptag_put_manifest(&old, err, sizeof(err)), ERR_EEXIST);
+	ck_assert_msg(strstr(err, "later version"), "%s", err);
+	uptag_clear(&old);
+	uptag_clear(&a);
+	uptag_clear(&b);
+	free(m1);
+	free(m2);
+	tier_down(&tier);
+}
+END_TEST
+
+/* The suite. */
+static Suite *remote_overwrite_suite(void)
+{
+	Suite *s = suite_create("remote_overwrite");
+	TCase *tc = tcase_create("overwrite");
+	tcase_set_timeout(tc, 300);
+	tcase_add_loop_test(tc, test_overwrite, 0, 2);
+	tcase_add_loop_test(tc, test_manifest_race, 0, 2);
+	tcase_add_loop_test(tc, test_exchanged_mid_upload, 0, 2);
+	tcase_add_loop_test(tc, test_killed_mid_version, 0, 2);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+CHECK_MAIN(remote_overwrite_suite)
