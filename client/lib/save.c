@@ -14,8 +14,9 @@
  * the connection's next request), so the daemon makes the directory and the file while the
  * caller adds tensors; save_end then sends one SAVE_END. Arguments
  * are checked first (check.c), and each tensor or blob name is allowed once (names.c).
+ * Waiting for a level is save_wait.c's.
  */
-#include "internal.h"
+#include "save_int.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,27 +25,6 @@
 
 #define BLOB_PIECE ((size_t)4 << 20)
 #define BLOB_HELD ((size_t)1 << 20)   /* blob bytes held for the last request */
-
-enum save_state { SAVE_OPEN, SAVE_ENDED, SAVE_BROKEN };
-
-struct dsckpt_save {
-	dsckpt_conn_t *c;      /* holds a reference */
-	uint64_t id;           /* the daemon's save id */
-	enum save_state state;
-	struct lib_entries es;      /* the SAVE_ADD tensor entries, encoded by add_tensor */
-	struct lib_names tnames, bnames;
-	struct lib_stages stages;   /* host memory the library did not allocate, copied */
-	void *stream;          /* from dsckpt_save_set_stream; NULL: the legacy default stream */
-	uint64_t plan;         /* the plan whose tensors come first; 0: none */
-	msgpack_sbuffer held;  /* blob maps held for the last request, encoded */
-	msgpack_packer hpk;
-	uint32_t nheld;
-	char *dir, *file;      /* a deferred save's, until its SAVE_BEGIN is sent (else NULL) */
-	int early;             /* its SAVE_BEGIN is posted, the reply not read yet */
-	uint64_t serial;       /* unique in the process: which save a prepared plan is for */
-	int refused;           /* what the posted SAVE_BEGIN's reply said, when it failed */
-	char *refusal;
-};
 
 /* Save serials are unique in the process. */
 static _Atomic uint64_t next_serial = 1;
@@ -495,112 +475,6 @@ out:
 		free(s->file);
 		s->dir = s->file = NULL;
 	}
-	lib_conn_unlock(s->c);
-	return e;
-}
-
-/* How many peers hold the node's copies of a save's tag, once the daemon sent them (a WAIT's
- * copies, replicas and copies_error). */
-struct save_copies {
-	uint64_t copies, replicas;    /* replicas 0: not sent yet */
-	char why[PROTO_MAX_STR + 1];  /* copies < replicas: why no more */
-};
-
-/* Sends WAIT {save, level, timeout_ms} and decodes the progress and the copies held (lock
- * held). */
-static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progress_t *p,
-		      struct save_copies *cp)
-{
-	char error[PROTO_MAX_STR + 1] = "";
-	struct proto_out o;
-	struct lib_reply r;
-	uint64_t id = 0;
-	int64_t reached = 0, cause = 0;
-	int e;
-
-	if (s->state != SAVE_ENDED)
-		return lib_conn_fail(s->c, DSCKPT_ESTATE, s->state == SAVE_OPEN
-				     ? "dsckpt_save_end must come first"
-				     : "the save failed before it was handed over");
-	lib_conn_frame(s->c, &o, PROTO_WAIT);
-	msgpack_pack_map(&o.pk, 3);
-	proto_kv_u64(&o.pk, "save", s->id);
-	proto_kv_i64(&o.pk, "level", level);
-	proto_kv_i64(&o.pk, "timeout_ms", timeout_ms < 0 ? -1 : timeout_ms);
-	if ((e = lib_conn_call(s->c, &o, NULL, 0, &r)) < 0)
-		return e;
-	proto_get_u64(&r.m, "save", UINT64_MAX, &id, 1);
-	proto_get_i64(&r.m, "level", DSCKPT_FAILED, DSCKPT_REPLICATED, &reached, 1);
-	proto_get_u64(&r.m, "bytes_total", UINT64_MAX, &p->bytes_total, 1);
-	proto_get_u64(&r.m, "bytes_snapshot", UINT64_MAX, &p->bytes_snapshot, 1);
-	proto_get_u64(&r.m, "bytes_flushed", UINT64_MAX, &p->bytes_flushed, 1);
-	proto_get_str(&r.m, "error", error, PROTO_MAX_STR, 0);
-	proto_get_i64(&r.m, "code", INT32_MIN, 0, &cause, 0);
-	*cp = (struct save_copies){0};
-	proto_get_u64(&r.m, "copies", UINT32_MAX, &cp->copies, 0);
-	proto_get_u64(&r.m, "replicas", UINT32_MAX, &cp->replicas, 0);
-	proto_get_str(&r.m, "copies_error", cp->why, PROTO_MAX_STR, 0);
-	if (id != s->id)
-		proto_map_fail(&r.m, "reply names save %" PRIu64 ", not %" PRIu64, id, s->id);
-	if ((e = lib_reply_end(s->c, &r, "WAIT")) < 0)
-		return e;
-	p->level = (int)reached;
-	/* From SNAPSHOT the daemon reads its staging memory no more: the next save may. */
-	if (reached >= DSCKPT_SNAPSHOT)
-		lib_stage_keep(s->c, &s->stages);
-	if (reached == DSCKPT_FAILED) {
-		lib_conn_fail(s->c, DSCKPT_EFAILED, "%s", *error ? error : "save failed");
-		lib_conn_set_cause(s->c, (int)cause);
-	}
-	return 0;
-}
-
-/* Waits until the save reaches level, holding the connection's lock a slice at a time. */
-int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
-{
-	struct save_copies cp;
-	dsckpt_progress_t p;
-	struct lib_wait w;
-	int e, last, again;
-
-	if (!s)
-		return DSCKPT_EINVAL;
-	lib_wait_start(&w, timeout_ms);
-	do {
-		again = 0;
-		lib_conn_lock(s->c);
-		if (level < DSCKPT_NONE || level > DSCKPT_REPLICATED)
-			e = lib_conn_fail(s->c, DSCKPT_EINVAL, "level %d is not in 0..%d", level,
-					  DSCKPT_REPLICATED);
-		else if ((e = save_query(s, level, lib_wait_slice(&w, &last), &p, &cp)) < 0)
-			;
-		else if (p.level == DSCKPT_FAILED)
-			e = DSCKPT_EFAILED;
-		else if (level == DSCKPT_REPLICATED && p.level < level && cp.copies < cp.replicas)
-			e = lib_conn_fail(s->c, DSCKPT_EINCOMPLETE, "the save is %s, its node's "
-					  "files held by %" PRIu64 " of %" PRIu64 " peers (replicas): %s",
-					  dsckpt_level_name(p.level), cp.copies, cp.replicas, cp.why);
-		else if (p.level < level && !last)
-			again = 1;
-		else if (p.level < level)
-			e = lib_conn_fail(s->c, DSCKPT_ETIMEDOUT, "save is %s after %d ms, not %s",
-					  dsckpt_level_name(p.level), timeout_ms,
-					  dsckpt_level_name(level));
-		else
-			e = p.level;
-		lib_conn_unlock(s->c);
-	} while (again);
-	return e;
-}
-
-/* Asks the daemon for the save's progress without waiting (a FAILED save reports -1). */
-int dsckpt_save_progress(dsckpt_save_t *s, dsckpt_progress_t *out)
-{
-	if (!s || !out)
-		return DSCKPT_EINVAL;
-	lib_conn_lock(s->c);
-	struct save_copies cp;
-	int e = save_query(s, DSCKPT_NONE, 0, out, &cp);
 	lib_conn_unlock(s->c);
 	return e;
 }
