@@ -315,6 +315,11 @@ int remote_get(struct remote *r, const char *key, uint64_t off, void *buf, size_
 /* The size and etag (REMOTE_ETAG_MAX bytes; NULL is fine) of key; 0 or a code. */
 int remote_head(struct remote *r, const char *key, uint64_t *size, char *etag, char *err,
 		size_t errlen);
+/* Key read whole, at most max bytes (EMSGSIZE past it), malloc'd with a NUL after it, its
+ * length into len and etag (NULL is fine) as remote_head's; NULL with *rc (ENOENT: not
+ * there). */
+char *remote_read_whole(struct remote *r, const char *key, size_t max, size_t *len,
+			char *etag, int *rc, char *err, size_t errlen);
 /* Deletes key; 0 (also when it was not there) or a code. */
 int remote_delete(struct remote *r, const char *key, char *err, size_t errlen);
 /* Calls cb for each upload left open under prefix ("" for all); 0, cb's nonzero, or a

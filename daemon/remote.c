@@ -175,6 +175,34 @@ int remote_head(struct remote *r, const char *key, uint64_t *size, char *etag, c
 	return rc ? rc : r->ops->head(r, key, size, etag ? etag : tmp, err, errlen);
 }
 
+/* Reads key whole, at most max bytes, into a malloc'd buffer with a NUL after it (its etag
+ * into etag when not NULL). */
+char *remote_read_whole(struct remote *r, const char *key, size_t max, size_t *len,
+			char *etag, int *rc, char *err, size_t errlen)
+{
+	uint64_t size;
+	char *buf;
+
+	if ((*rc = remote_head(r, key, &size, etag, err, errlen)) < 0)
+		return NULL;
+	if (size > max) {
+		*rc = err_set(err, errlen, ERR_EMSGSIZE, "remote %s: %llu bytes", key,
+			      (unsigned long long)size);
+		return NULL;
+	}
+	if ((buf = malloc(size + 1)) == NULL) {
+		*rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
+		return NULL;
+	}
+	if ((*rc = remote_get(r, key, 0, buf, size, err, errlen)) < 0) {
+		free(buf);
+		return NULL;
+	}
+	buf[size] = '\0';
+	*len = size;
+	return buf;
+}
+
 /* Deletes key. */
 int remote_delete(struct remote *r, const char *key, char *err, size_t errlen)
 {

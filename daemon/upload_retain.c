@@ -50,33 +50,6 @@ static int rnames_add(void *arg, const char *name)
 	return 0;
 }
 
-/* Reads key whole (malloc'd, NUL after it); NULL with *rc (ENOENT: not there). */
-static char *retain_read(struct remote *r, const char *key, size_t max, size_t *len, int *rc,
-			 char *err, size_t errlen)
-{
-	uint64_t size;
-	char *buf;
-
-	if ((*rc = remote_head(r, key, &size, NULL, err, errlen)) < 0)
-		return NULL;
-	if (size > max) {
-		*rc = err_set(err, errlen, ERR_EMSGSIZE, "%s: %llu bytes", key,
-			      (unsigned long long)size);
-		return NULL;
-	}
-	if ((buf = malloc(size + 1)) == NULL) {
-		*rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		return NULL;
-	}
-	if ((*rc = remote_get(r, key, 0, buf, size, err, errlen)) < 0) {
-		free(buf);
-		return NULL;
-	}
-	buf[size] = '\0';
-	*len = size;
-	return buf;
-}
-
 /* When tag of jobkey was committed remotely (its manifest's created_ns): 0 when it has no
  * manifest or one that does not parse (the tag is kept), or a negative code. */
 static int64_t retain_committed(struct remote *r, const char *jobkey, const char *tag,
@@ -87,7 +60,8 @@ static int64_t retain_committed(struct remote *r, const char *jobkey, const char
 	int rc;
 
 	snprintf(key, sizeof(key), "%s/%s/%s", jobkey, tag, FMT_MANIFEST);
-	char *text = retain_read(r, key, RETAIN_MANIFEST_MAX, &len, &rc, err, errlen);
+	char *text = remote_read_whole(r, key, RETAIN_MANIFEST_MAX, &len, NULL, &rc, err,
+				       errlen);
 	if (text == NULL)
 		return rc == ERR_ENOENT ? 0 : rc;
 	struct manifest *m = manifest_parse(text, len, why, sizeof(why));
@@ -164,7 +138,7 @@ int upload_retain(struct remote *r, const char *jobkey, unsigned keep, char *err
 	if (keep == 0)
 		return 0;
 	snprintf(key, sizeof(key), "%s/%s", jobkey, FMT_LATEST);
-	char *cur = retain_read(r, key, NAME_MAX, &len, &rc, err, errlen);
+	char *cur = remote_read_whole(r, key, NAME_MAX, &len, NULL, &rc, err, errlen);
 	if (cur == NULL && rc != ERR_ENOENT)
 		return rc;
 	if (cur)

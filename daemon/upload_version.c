@@ -25,33 +25,6 @@
 #define VERSION_TRIES 16                   /* conditional writes lost in a row */
 #define RECORD_PREFIX ".dsckpt-remote."
 
-/* Reads the remote manifest key whole (malloc'd, NUL after it) and its etag; NULL with *rc
- * (ENOENT: not there). */
-static char *read_manifest(struct remote *r, const char *key, size_t *len, char *etag,
-			   int *rc, char *err, size_t errlen)
-{
-	uint64_t size;
-	char *buf;
-
-	if ((*rc = remote_head(r, key, &size, etag, err, errlen)) < 0)
-		return NULL;
-	if (size > VERSION_MANIFEST_MAX) {
-		*rc = err_set(err, errlen, ERR_EMSGSIZE, "remote %s: %" PRIu64 " bytes", key, size);
-		return NULL;
-	}
-	if ((buf = malloc(size + 1)) == NULL) {
-		*rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
-		return NULL;
-	}
-	if ((*rc = remote_get(r, key, 0, buf, size, err, errlen)) < 0) {
-		free(buf);
-		return NULL;
-	}
-	buf[size] = '\0';
-	*len = size;
-	return buf;
-}
-
 /* Sets t's version directory loc ("" or "v<ns>"), its files' key and the remote manifest's
  * bytes (the local ones, with "remote_dir" when loc is not ""). */
 static int set_version(struct uptag *t, const char *loc, char *err, size_t errlen)
@@ -94,7 +67,8 @@ int uptag_version(struct uptag *t, const struct manifest *m, char *err, size_t e
 		return rc;
 	}
 	snprintf(key, sizeof(key), "%s/%s", t->key, FMT_MANIFEST);
-	char *there = read_manifest(t->r, key, &len, NULL, &rc, err, errlen);
+	char *there = remote_read_whole(t->r, key, VERSION_MANIFEST_MAX, &len, NULL, &rc, err,
+					errlen);
 	if (!there && rc != ERR_ENOENT)
 		return rc;
 	struct manifest *rm = there ? manifest_parse(there, len, why, sizeof(why)) : NULL;
@@ -175,7 +149,8 @@ int uptag_put_manifest(struct uptag *t, char *err, size_t errlen)
 	snprintf(key, sizeof(key), "%s/%s", t->key, FMT_MANIFEST);
 	t->wrote = 0;
 	for (int i = 0; i < VERSION_TRIES; i++) {
-		char *there = read_manifest(t->r, key, &len, etag, &rc, err, errlen);
+		char *there = remote_read_whole(t->r, key, VERSION_MANIFEST_MAX, &len, etag,
+						&rc, err, errlen);
 		if (!there && rc != ERR_ENOENT)
 			return rc;
 		if (there && len == t->rmanifest_len && memcmp(there, t->rmanifest, len) == 0) {
