@@ -428,16 +428,18 @@ int main(int argc, char **argv)
 	}
 	save_open_with(overwrite_save_dir, seal_dirs_dropped);
 	uv_check_init(dsckptd.loop, &drain_check);
-	if (server_start(err, sizeof(err)) < 0) {
-		log_error("%s", err);
-		goto fail_restore;
-	}
+	/* Signals before the socket: a client may connect (and a TERM come) as soon as it
+	 * listens, and a TERM then must drain, not kill (libuv queues it until uv_run). */
 	uv_signal_init(dsckptd.loop, &sig_term);
 	uv_signal_init(dsckptd.loop, &sig_int);
 	uv_signal_init(dsckptd.loop, &sig_hup);
 	uv_signal_start(&sig_term, on_signal, SIGTERM);
 	uv_signal_start(&sig_int, on_signal, SIGINT);
 	uv_signal_start(&sig_hup, on_signal, SIGHUP);
+	if (server_start(err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		goto fail_restore;
+	}
 
 	log_info("dsckptd %s ready on %s: cache %.2f GiB in %llu MiB chunks (touched in %.0f ms), "
 		 "%u copy + %u flush + %u restore threads, CUDA: %s", DSCKPTD_VERSION,
