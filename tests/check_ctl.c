@@ -62,6 +62,8 @@ enum fake_mode {
 	FAKE_BADPOOLS,   /* STATUS's cache_pools holds a pool whose node is a string; a
 			  * METRICS reason is not a code's name */
 	FAKE_LIMIT,      /* every connection is refused at accept: ERROR ELIMIT of id 0 */
+	FAKE_OLDER,      /* METRICS as an older daemon (or one without peer copies) answers: a
+			  * few keys, and keys this dsckptctl does not know */
 };
 
 /* Packs one save of a PENDING reply. */
@@ -153,6 +155,30 @@ static void fake_metrics(msgpack_packer *pk, enum fake_mode mode)
 	proto_kv_str(pk, "added_later", "tolerated");
 }
 
+/* Packs the METRICS reply of a daemon older than this dsckptctl: no peer, pull or upload
+ * key, no le_us, a recovery without seal_resumed, keys added later (one in recovery and one in
+ * a histogram) beside them. */
+static void fake_metrics_older(msgpack_packer *pk)
+{
+	msgpack_pack_map(pk, 6);
+	proto_kv_str(pk, "version", "0.9.0");
+	proto_kv_u64(pk, "saves_started", 10);
+	fake_reasons(pk, "saves_failed", "ENOSPC", 1, NULL);
+	proto_key(pk, "recovery");
+	msgpack_pack_map(pk, 3);
+	proto_kv_u64(pk, "partial_removed", 2);
+	proto_kv_u64(pk, "file_left", 3);
+	proto_kv_u64(pk, "added_later", 4);
+	proto_key(pk, "commit_seconds");
+	msgpack_pack_map(pk, 3);
+	proto_key(pk, "buckets");
+	msgpack_pack_array(pk, 1);
+	msgpack_pack_uint64(pk, 5);
+	proto_kv_u64(pk, "sum_us", 2500000);
+	proto_kv_u64(pk, "added_later", 6);
+	proto_kv_u64(pk, "added_later", 7);
+}
+
 /* Answers one request h of a connection per mode. */
 static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 {
@@ -172,7 +198,10 @@ static void fake_answer(int c, const struct proto_hdr *h, enum fake_mode mode)
 		proto_kv_u64(&o.pk, "client", 7);
 	} else if (h->type == PROTO_METRICS) {
 		proto_out_init(&o, PROTO_REPLY, h->id);
-		fake_metrics(&o.pk, mode);
+		if (mode == FAKE_OLDER)
+			fake_metrics_older(&o.pk);
+		else
+			fake_metrics(&o.pk, mode);
 	} else if (h->type == PROTO_STATUS) {
 		proto_out_init(&o, PROTO_REPLY, h->id);
 		msgpack_pack_map(&o.pk, mode == FAKE_GOOD ? 16 : mode == FAKE_BADPOOLS ? 13 : 11);
@@ -424,6 +453,49 @@ START_TEST(test_query_metrics)
 }
 END_TEST
 
+/* METRICS of an older daemon: what it sent is printed, what it did not send is left out
+ * (never a 0 it did not report), in text and in JSON; keys added later are passed over. */
+START_TEST(test_query_metrics_older)
+{
+	const char *sock = fake_start(FAKE_OLDER);
+	ck_assert_int_eq(ctl("-s %s metrics", sock), 0);
+	const char *want[] = {
+		"dsckpt_build_info{version=\"0.9.0\"} 1\n",
+		"\ndsckpt_saves_started_total 10\n",
+		"\ndsckpt_saves_failed_total{reason=\"ENOSPC\"} 1\n",
+		"# TYPE dsckpt_save_commit_seconds histogram\n"
+		"dsckpt_save_commit_seconds_bucket{le=\"+Inf\"} 5\n"
+		"dsckpt_save_commit_seconds_sum 2.500000\n"
+		"dsckpt_save_commit_seconds_count 5\n",
+		"\ndsckpt_recovery_actions_total{action=\"partial_removed\"} 2\n"
+		"dsckpt_recovery_actions_total{action=\"file_left\"} 3\n",
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_out_has(want[i]);
+	const char *absent[] = {"dsckpt_peer", "dsckpt_pull", "dsckpt_upload", "dsckpt_uptime",
+				"dsckpt_save_flush_seconds", "seal_resumed", "added_later",
+				"dsckpt_saves_refused_total"};
+	for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++)
+		ck_assert_msg(!strstr(ctl_out, absent[i]), "%s printed:\n%s", absent[i], ctl_out);
+
+	ck_assert_int_eq(ctl("-s %s metrics --json", sock), 0);
+	cJSON *doc = cJSON_Parse(ctl_out);
+	ck_assert_msg(doc != NULL, "not JSON: %s", ctl_out);
+	ck_assert_str_eq(cJSON_GetObjectItem(doc, "version")->valuestring, "0.9.0");
+	ck_assert_int_eq(cJSON_GetObjectItem(doc, "saves_started")->valueint, 10);
+	ck_assert_int_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "saves_failed"),
+					     "ENOSPC")->valueint, 1);
+	const cJSON *rec = cJSON_GetObjectItem(doc, "recovery");
+	ck_assert_int_eq(cJSON_GetArraySize(rec), 2);
+	ck_assert_int_eq(cJSON_GetObjectItem(rec, "file_left")->valueint, 3);
+	const cJSON *h = cJSON_GetObjectItem(doc, "commit_seconds");
+	ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(h, "le")), 0);
+	ck_assert_int_eq(cJSON_GetObjectItem(h, "count")->valueint, 5);
+	ck_assert_int_eq(cJSON_GetArraySize(doc), 5);	/* nothing it did not send */
+	cJSON_Delete(doc);
+}
+END_TEST
+
 /* No saves: pending says so, wait returns at once; both exit 0. */
 START_TEST(test_query_empty)
 {
@@ -514,6 +586,7 @@ static Suite *ctl_suite(void)
 	tcase_add_test(tc, test_query_limit);
 	tcase_add_test(tc, test_query_replies);
 	tcase_add_test(tc, test_query_metrics);
+	tcase_add_test(tc, test_query_metrics_older);
 	tcase_add_test(tc, test_query_empty);
 	tcase_add_test(tc, test_query_malformed);
 	tcase_add_test(tc, test_query_bad_pools);

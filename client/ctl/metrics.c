@@ -3,6 +3,10 @@
  * reply decoded, then printed in Prometheus' text exposition format (for node_exporter's
  * textfile collector) or as JSON. The daemon sends numbers under its wire keys
  * (proto/PROTOCOL.md); every metric name, type and help text lives in the tables here.
+ * Every key is optional: a daemon older than this dsckptctl, or one built or configured
+ * without a feature, sends fewer, and a metric it did not send is left out of both outputs
+ * (never shown as 0); keys this dsckptctl does not know are passed over. A key that is there
+ * but malformed fails the whole reply.
  */
 #include "ctl.h"
 
@@ -145,7 +149,7 @@ struct reason {
 	uint64_t n;
 };
 
-/* One METRICS reply, decoded. */
+/* One METRICS reply, decoded; the has_* flags say which keys it held. */
 struct ctl_metrics {
 	char version[PROTO_MAX_NAME + 1];
 	uint64_t scalar[NSCALARS];
@@ -158,6 +162,9 @@ struct ctl_metrics {
 		uint64_t bucket[MAX_LE + 1];  /* per bucket; the last above every bound */
 		uint64_t sum_us;
 	} hist[NHISTS];
+	int has_version, has_recovery;
+	uint8_t has_scalar[NSCALARS], has_reasons[NREASONED], has_action[NACTIONS];
+	uint8_t has_hist[NHISTS];
 };
 
 /* Whether s is a reason name: 1-REASON_MAX of [A-Z0-9_] (safe in a label as it is). */
@@ -172,8 +179,9 @@ static void reasons_decode(struct proto_map *pm, struct ctl_metrics *m, size_t i
 {
 	const msgpack_object_array *a = NULL;
 
-	if (proto_get_array(pm, reasoned[i].key, &a, MAX_REASONS, 1) <= 0)
+	if (proto_get_array(pm, reasoned[i].key, &a, MAX_REASONS, 0) <= 0)
 		return;
+	m->has_reasons[i] = 1;
 	for (uint32_t k = 0; k < a->size && !pm->err; k++) {
 		struct reason *r = &m->reasons[i][k];
 		struct proto_map sub;
@@ -192,14 +200,14 @@ static void reasons_decode(struct proto_map *pm, struct ctl_metrics *m, size_t i
 	m->nreasons[i] = pm->err ? 0 : a->size;
 }
 
-/* Reads an array of unsigned integers of exactly n elements (n 0: 1 to max) into out;
- * the number read. */
+/* Reads an array of unsigned integers of exactly n elements (n 0: 1 to max) into out, the
+ * key required or not; the number read (0 also when it is absent). */
 static size_t uints_decode(struct proto_map *pm, const char *key, const char *what,
-			   uint64_t *out, size_t n, size_t max)
+			   uint64_t *out, size_t n, size_t max, int required)
 {
 	const msgpack_object_array *a = NULL;
 
-	if (proto_get_array(pm, key, &a, max, 1) <= 0)
+	if (proto_get_array(pm, key, &a, max, required) <= 0)
 		return 0;
 	if (n ? a->size != n : a->size == 0) {
 		proto_map_fail(pm, "%s has a wrong number of entries (%u)", what, a->size);
@@ -214,22 +222,24 @@ static size_t uints_decode(struct proto_map *pm, const char *key, const char *wh
 	return pm->err ? 0 : a->size;
 }
 
-/* Reads the bounds (le_us: increasing) and every histogram ({buckets, sum_us}). */
+/* Reads the bounds (le_us: increasing) and the histograms there ({buckets, sum_us}, keys
+ * added later passed over). */
 static void hists_decode(struct proto_map *pm, struct ctl_metrics *m)
 {
-	m->nle = uints_decode(pm, "le_us", "le_us", m->le_us, 0, MAX_LE);
+	m->nle = uints_decode(pm, "le_us", "le_us", m->le_us, 0, MAX_LE, 0);
 	for (size_t i = 1; i < m->nle && !pm->err; i++)
 		if (m->le_us[i] <= m->le_us[i - 1])
 			proto_map_fail(pm, "le_us must increase");
 	for (size_t i = 0; i < NHISTS && !pm->err; i++) {
 		struct proto_map sub;
-		if (proto_get_map(pm, hists[i].key, &sub, 1) <= 0)
-			break;
+		if (proto_get_map(pm, hists[i].key, &sub, 0) <= 0)
+			continue;
 		uints_decode(&sub, "buckets", hists[i].key, m->hist[i].bucket, m->nle + 1,
-			     MAX_LE + 1);
+			     MAX_LE + 1, 1);
 		proto_get_u64(&sub, "sum_us", UINT64_MAX, &m->hist[i].sum_us, 1);
-		if (proto_map_end(&sub) < 0)
+		if (sub.err)
 			proto_map_fail(pm, "%s: %s", hists[i].key, sub.why);
+		m->has_hist[i] = 1;
 	}
 }
 
@@ -248,15 +258,17 @@ struct ctl_metrics *metrics_query(dsckpt_conn_t *c)
 		free(m);
 		return NULL;
 	}
-	proto_get_str(pm, "version", m->version, PROTO_MAX_NAME, 1);
+	m->has_version = proto_get_str(pm, "version", m->version, PROTO_MAX_NAME, 0) > 0;
 	for (size_t i = 0; i < NSCALARS; i++)
-		proto_get_u64(pm, scalars[i].key, UINT64_MAX, &m->scalar[i], 1);
+		m->has_scalar[i] = proto_get_u64(pm, scalars[i].key, UINT64_MAX, &m->scalar[i],
+						 0) > 0;
 	for (size_t i = 0; i < NREASONED; i++)
 		reasons_decode(pm, m, i);
-	if (proto_get_map(pm, "recovery", &sub, 1) > 0) {
+	if ((m->has_recovery = proto_get_map(pm, "recovery", &sub, 0) > 0)) {
 		for (size_t i = 0; i < NACTIONS; i++)
-			proto_get_u64(&sub, actions[i], UINT64_MAX, &m->recovery[i], 1);
-		if (proto_map_end(&sub) < 0)
+			m->has_action[i] = proto_get_u64(&sub, actions[i], UINT64_MAX,
+							 &m->recovery[i], 0) > 0;
+		if (sub.err)
 			proto_map_fail(pm, "recovery: %s", sub.why);
 	}
 	hists_decode(pm, m);
@@ -282,24 +294,30 @@ static uint64_t hist_count(const struct ctl_metrics *m, size_t i)
 	return n;
 }
 
-/* The metrics as a JSON object: the wire's keys; reasons and actions as objects of counts;
- * each histogram as {le (s), buckets (cumulative, one per le), sum (s), count}. */
+/* The metrics as a JSON object: the wire's keys, only those the reply held; reasons and
+ * actions as objects of counts; each histogram as {le (s), buckets (cumulative, one per le),
+ * sum (s), count}. */
 cJSON *metrics_json(const struct ctl_metrics *m)
 {
 	cJSON *o = cJSON_CreateObject();
 
-	cJSON_AddStringToObject(o, "version", m->version);
+	if (m->has_version)
+		cJSON_AddStringToObject(o, "version", m->version);
 	for (size_t i = 0; i < NSCALARS; i++)
-		cJSON_AddNumberToObject(o, scalars[i].key, (double)m->scalar[i]);
+		if (m->has_scalar[i])
+			cJSON_AddNumberToObject(o, scalars[i].key, (double)m->scalar[i]);
 	for (size_t i = 0; i < NREASONED; i++) {
-		cJSON *r = cJSON_AddObjectToObject(o, reasoned[i].key);
-		for (size_t k = 0; k < m->nreasons[i]; k++)
+		cJSON *r = m->has_reasons[i] ? cJSON_AddObjectToObject(o, reasoned[i].key) : NULL;
+		for (size_t k = 0; r && k < m->nreasons[i]; k++)
 			cJSON_AddNumberToObject(r, m->reasons[i][k].name, (double)m->reasons[i][k].n);
 	}
-	cJSON *rec = cJSON_AddObjectToObject(o, "recovery");
-	for (size_t i = 0; i < NACTIONS; i++)
-		cJSON_AddNumberToObject(rec, actions[i], (double)m->recovery[i]);
+	cJSON *rec = m->has_recovery ? cJSON_AddObjectToObject(o, "recovery") : NULL;
+	for (size_t i = 0; rec && i < NACTIONS; i++)
+		if (m->has_action[i])
+			cJSON_AddNumberToObject(rec, actions[i], (double)m->recovery[i]);
 	for (size_t i = 0; i < NHISTS; i++) {
+		if (!m->has_hist[i])
+			continue;
 		cJSON *h = cJSON_AddObjectToObject(o, hists[i].key);
 		cJSON *le = cJSON_AddArrayToObject(h, "le");
 		cJSON *b = cJSON_AddArrayToObject(h, "buckets");
@@ -351,14 +369,19 @@ static void print_hist(FILE *f, const struct ctl_metrics *m, size_t i)
 	fprintf(f, "%s_count %" PRIu64 "\n", name, hist_count(m, i));
 }
 
-/* Prints every metric in Prometheus' text exposition format. */
+/* Prints the metrics the reply held in Prometheus' text exposition format. */
 static void metrics_print(FILE *f, const struct ctl_metrics *m)
 {
-	print_meta(f, "dsckpt_build_info", "gauge", "The daemon's version, in its label; always 1.");
-	fputs("dsckpt_build_info{version=\"", f);
-	print_label(f, m->version);
-	fputs("\"} 1\n", f);
+	if (m->has_version) {
+		print_meta(f, "dsckpt_build_info", "gauge",
+			   "The daemon's version, in its label; always 1.");
+		fputs("dsckpt_build_info{version=\"", f);
+		print_label(f, m->version);
+		fputs("\"} 1\n", f);
+	}
 	for (size_t i = 0; i < NSCALARS; i++) {
+		if (!m->has_scalar[i])
+			continue;
 		print_meta(f, scalars[i].name, scalars[i].type, scalars[i].help);
 		if (scalars[i].ms)
 			fprintf(f, "%s %.3f\n", scalars[i].name, (double)m->scalar[i] / 1e3);
@@ -366,18 +389,24 @@ static void metrics_print(FILE *f, const struct ctl_metrics *m)
 			fprintf(f, "%s %" PRIu64 "\n", scalars[i].name, m->scalar[i]);
 	}
 	for (size_t i = 0; i < NREASONED; i++) {
+		if (!m->has_reasons[i])
+			continue;
 		print_meta(f, reasoned[i].name, "counter", reasoned[i].help);
 		for (size_t k = 0; k < m->nreasons[i]; k++)
 			fprintf(f, "%s{reason=\"%s\"} %" PRIu64 "\n", reasoned[i].name,
 				m->reasons[i][k].name, m->reasons[i][k].n);
 	}
 	for (size_t i = 0; i < NHISTS; i++)
-		print_hist(f, m, i);
+		if (m->has_hist[i])
+			print_hist(f, m, i);
+	if (!m->has_recovery)
+		return;
 	print_meta(f, "dsckpt_recovery_actions_total", "counter",
 		   "What recovery did when the daemon started, by action.");
 	for (size_t i = 0; i < NACTIONS; i++)
-		fprintf(f, "dsckpt_recovery_actions_total{action=\"%s\"} %" PRIu64 "\n", actions[i],
-			m->recovery[i]);
+		if (m->has_action[i])
+			fprintf(f, "dsckpt_recovery_actions_total{action=\"%s\"} %" PRIu64 "\n",
+				actions[i], m->recovery[i]);
 }
 
 /* Prints the daemon's metrics (METRICS): Prometheus text, or JSON with --json. */
