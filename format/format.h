@@ -87,7 +87,8 @@ int seal_record_name(const char *name);
  * run ("" the unknown one) left: something in it is of a run (a seal record, a safetensors
  * file's KEY_RUN), nothing of run, and no save is in flight there (no *.partial, whichever
  * node's) nor a manifest. Records and files are read until one of run is found; a safetensors file
- * whose header does not read keeps the tag. */
+ * whose header does not read keeps the tag, and so does a seal record that does not parse (one
+ * being written: a node seals it now). A tag holding only seal records is judged by them. */
 int leftover_of_other_run(int tagfd, char *const *names, size_t n, const char *run);
 
 /* meta.c — the <file>.meta file: a save's named blobs. */

@@ -60,11 +60,13 @@ int leftover_of_other_run(int tagfd, char *const *names, size_t n, const char *r
 		ours |= leftover_suffix(names[i], FMT_PARTIAL) || !strcmp(names[i], FMT_MANIFEST);
 	for (size_t i = 0; i < n && !ours; i++) {
 		struct seal_record r;
-		if (seal_record_name(names[i]) &&
-		    seal_record_load(tagfd, names[i], &r, why, sizeof(why)) == 0) {
-			found = 1;
-			ours = strcmp(r.run, run) == 0;
-			seal_record_free(&r);
+		if (seal_record_name(names[i])) {
+			/* Unreadable: a record being written (made under its name), kept. */
+			int rc = seal_record_load(tagfd, names[i], &r, why, sizeof(why));
+			found |= rc == 0;
+			ours = rc != 0 || strcmp(r.run, run) == 0;
+			if (rc == 0)
+				seal_record_free(&r);
 		} else if (leftover_suffix(names[i], FMT_SAFETENSORS)) {
 			int of = leftover_file_of_run(tagfd, names[i], run);
 			found |= of >= 0;

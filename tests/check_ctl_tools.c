@@ -490,6 +490,68 @@ START_TEST(test_prune_leftovers)
 }
 END_TEST
 
+/* Waits (a minute at most) until dir holds a seal record. */
+static void wait_seal(const char *dir)
+{
+	for (int i = 0; i < 60000 && !has_seal(dir); i++)
+		h_sleep_ms(1);
+	ck_assert_msg(has_seal(dir), "no seal record in %s", dir);
+}
+
+/*
+ * prune and tags that hold only seal records: run A of job ps (2 ranks, rank 1 never came)
+ * leaves s1 sealed by rank 0 and its file removed since, s2 sealed by rank 0 that saved
+ * nothing there, and s3 like s1 but with another node's record being written (made under its
+ * name, still empty). Run B commits t3. prune removes s1 and s2, an earlier run's leftovers,
+ * and keeps s3 (a node seals it now). Before: prune passed over all three (no *.safetensors,
+ * *.partial or manifest): they stayed forever.
+ */
+START_TEST(test_prune_seal_only)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	const char *job = h_path("%s/ps", D->root);
+	char s1[400], s2[400], s3[400], t3[400];
+	snprintf(s1, sizeof(s1), "%s/s1", job);
+	snprintf(s2, sizeof(s2), "%s/s2", job);
+	snprintf(s3, sizeof(s3), "%s/s3", job);
+	snprintf(t3, sizeof(t3), "%s/t3", job);
+	setenv("DSCKPT_RUN_ID", "run-a", 1);
+	dsckpt_conn_t *a = conn_open("ps", 0, 2);
+	save_tag(a, s1, 3000, 1, 0, 0);
+	CK_DS(a, dsckpt_seal(a, s1));
+	ck_assert_int_eq(mkdir(s2, 0755), 0);
+	CK_DS(a, dsckpt_seal(a, s2));
+	save_tag(a, s3, 3000, 3, 0, 0);
+	CK_DS(a, dsckpt_seal(a, s3));
+	wait_seal(s1);
+	wait_seal(s2);
+	wait_seal(s3);
+	dsckpt_close(a);
+	ck_assert_int_eq(unlink(h_path("%s/rank0.safetensors", s1)), 0);
+	ck_assert_int_eq(unlink(h_path("%s/rank0.safetensors", s3)), 0);
+	ck_assert_int_eq(h_system("touch '%s/SEAL.n9.json'", s3), 0);
+
+	setenv("DSCKPT_RUN_ID", "run-b", 1);
+	dsckpt_conn_t *c0 = conn_open("ps", 0, 2), *c1 = conn_open("ps", 1, 2);
+	save_tag(c0, t3, 3000, 30, 0, 0);
+	save_file(c1, t3, "rank1", 31);
+	CK_DS(c0, dsckpt_seal(c0, t3));
+	CK_DS(c1, dsckpt_seal(c1, t3));
+	wait_exists(h_path("%s/MANIFEST.json", t3));
+	unsetenv("DSCKPT_RUN_ID");
+
+	ck_assert_int_eq(run("prune '%s'%s", job, ""), 0);
+	HAS(h_path("removed %s (1 file, ", s1));
+	HAS(h_path("removed %s (1 file, ", s2));
+	HAS(h_path("kept %s: not committed: of the run that made", s3));
+	ck_assert_msg(!h_exists(s1) && !h_exists(s2), "a tag of seal records only is left");
+	ck_assert(h_exists(h_path("%s/SEAL.n9.json", s3)) && h_exists(t3));
+	dsckpt_close(c0);
+	dsckpt_close(c1);
+	d_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *ctl_tools_suite(void)
 {
@@ -499,6 +561,7 @@ static Suite *ctl_tools_suite(void)
 	h_add_case(s, "rm", test_rm, 90, 1);
 	h_add_case(s, "prune", test_prune, 90, 1);
 	h_add_case(s, "prune leftovers", test_prune_leftovers, 120, 1);
+	h_add_case(s, "prune seal only", test_prune_seal_only, 120, 1);
 	return s;
 }
 

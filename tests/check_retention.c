@@ -240,13 +240,15 @@ static void postdate(const char *path, int secs)
 }
 
 /* A commit of run r2 removes what run r1 left uncommitted before it (old: r1's file and seal
- * record, all of it), and keeps a tag holding a file of r2 (its run may still seal it), one
- * with a save in flight (a *.partial), one whose file records no run (not attributable), one
- * changed after the commit, and a staging directory; retention without a run (recovery's)
- * removes none of them. */
+ * record, all of it; seals: r1's seal record alone), and keeps a tag holding a file of r2 (its
+ * run may still seal it), one with a save in flight (a *.partial), one whose file records no
+ * run (not attributable), one changed after the commit, one beside whose r1 record another
+ * node's is being written (empty), and a staging directory; retention without a run
+ * (recovery's) removes none of them. */
 START_TEST(test_leftovers)
 {
-	static const char *kept[] = {"mixed", "busy", "plain", "late", ".new.dsckpt-next"};
+	static const char *kept[] = {"mixed", "busy", "plain", "late", "sealing",
+				     ".new.dsckpt-next"};
 	unsigned r0 = 0;
 	struct seal_record rec = {"h", "job", 2, &r0, 1, "r1", 1, NULL, 0, NULL};
 	char *text = seal_record_write(&rec);
@@ -256,6 +258,11 @@ START_TEST(test_leftovers)
 	commit_tag("new");
 	write_ckpt_run(rpath("job/%s", "old"), "model", 0, NULL, "h", "r1");
 	write_text(rpath("job/%s", "old/SEAL.h.json"), text);
+	ck_assert_int_eq(mkdir(rpath("job/%s", "seals"), 0755), 0);
+	write_text(rpath("job/%s", "seals/SEAL.h.json"), text);
+	ck_assert_int_eq(mkdir(rpath("job/%s", "sealing"), 0755), 0);
+	write_text(rpath("job/%s", "sealing/SEAL.h.json"), text);
+	write_text(rpath("job/%s", "sealing/SEAL.h2.json"), "");
 	write_ckpt_run(rpath("job/%s", "mixed"), "a", 0, NULL, "h", "r1");
 	write_ckpt_run(rpath("job/%s", "mixed"), "b", 1, NULL, "h", "r2");
 	write_ckpt_run(rpath("job/%s", "busy"), "model", 0, NULL, "h", "r1");
@@ -265,6 +272,7 @@ START_TEST(test_leftovers)
 	write_ckpt_run(rpath("job/%s", ".new.dsckpt-next"), "model", 0, NULL, "h", "r1");
 	free(text);
 	backdate(rpath("job/%s", "old"), 3600);
+	backdate(rpath("job/%s", "seals"), 3600);
 	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
 		backdate(rpath("job/%s", kept[i]), 3600);
 	postdate(rpath("job/%s", "late"), 3600);
@@ -275,6 +283,7 @@ START_TEST(test_leftovers)
 	apply_in(fd, "new", 0, 5, 0, "r2");
 	close(fd);
 	ck_assert_msg(!has("old"), "r1's leftover is still there");
+	ck_assert_msg(!has("seals"), "r1's seal record alone is still there");
 	for (size_t i = 0; i < sizeof(kept) / sizeof(kept[0]); i++)
 		ck_assert_msg(has(kept[i]), "%s went", kept[i]);
 	ck_assert(has("new/" FMT_MANIFEST));

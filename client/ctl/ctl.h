@@ -129,7 +129,7 @@ struct tagdir {
 	int own_parent;          /* parentfd is closed with the tag */
 	char name[256];          /* its base name */
 	char *path;              /* its absolute path */
-	int is_tag;              /* holds *.safetensors, *.partial or MANIFEST.json */
+	int is_tag;              /* holds *.safetensors, *.partial, SEAL.*.json or MANIFEST.json */
 	int manifest;            /* MANIFEST.json is there */
 	struct manifest *m;      /* and parses (committed), else NULL */
 	unsigned partial;        /* *.partial files: unfinished writes */

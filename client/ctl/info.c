@@ -345,8 +345,8 @@ int info_run(struct ctl *ctl)
 	if (tagdir_open(ctl->arg, &t) != 0)
 		return CTL_FAIL;
 	if (!t.is_tag) {
-		out_err("%s is not a checkpoint tag (no *.safetensors, *.partial or "
-			FMT_MANIFEST ")", t.path);
+		out_err("%s is not a checkpoint tag (no *.safetensors, *.partial, "
+			FMT_SEAL_PREFIX "*" FMT_SEAL_SUFFIX " or " FMT_MANIFEST ")", t.path);
 		tagdir_close(&t);
 		return CTL_FAIL;
 	}

@@ -173,8 +173,9 @@ int remove_run(struct ctl *ctl)
 		return CTL_FAIL;
 	int busy = 0, rc = CTL_FAIL;
 	if (!t.is_tag) {
-		out_err("%s is not a checkpoint tag (no *.safetensors, *.partial or "
-			FMT_MANIFEST "): not removed", t.path);
+		out_err("%s is not a checkpoint tag (no *.safetensors, *.partial, "
+			FMT_SEAL_PREFIX "*" FMT_SEAL_SUFFIX " or " FMT_MANIFEST "): not removed",
+			t.path);
 	} else if (!tagdir_mine(&t, why, sizeof(why))) {
 		out_err("%s: %s: not removed", t.path, why);
 	} else if (t.latest && !ctl->rm_latest) {
@@ -301,11 +302,13 @@ static int prune_names(int fd, char ***out, size_t *n)
 
 /* Why prune keeps the uncommitted tag t, newest being the job's newest committed tag (NULL:
  * none), or NULL when an earlier run left it (format/leftover.c's rule; see the file's
- * comment). */
+ * comment). Its age is read again once its entries are: a seal record or file made since
+ * t was opened (a node sealing it now) dates it after the commit, and it is kept. */
 static const char *prune_uncommitted(const struct tagdir *t, const struct tagdir *newest)
 {
 	char **names;
 	size_t n;
+	struct stat st;
 
 	if (t->manifest)
 		return "its " FMT_MANIFEST " does not parse";
@@ -313,16 +316,17 @@ static const char *prune_uncommitted(const struct tagdir *t, const struct tagdir
 		return "not committed: a save into it is unfinished (*.partial)";
 	if (!newest)
 		return "not committed, and the job has no commit yet";
-	if (t->changed_ns >= newest->m->created_ns)
-		return "not committed: it changed after the job's newest commit";
 	int rc = prune_names(t->fd, &names, &n);
 	int left = rc == 0 && leftover_of_other_run(t->fd, names, n, newest->m->run ?
 						    newest->m->run : "");
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
-	if (rc != 0)
+	if (rc != 0 || fstat(t->fd, &st) != 0)
 		return "not committed, and it cannot be read";
+	if ((uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec >=
+	    newest->m->created_ns)
+		return "not committed: it changed after the job's newest commit";
 	return left ? NULL : "not committed: of the run that made the job's newest commit, or of "
 			     "none known";
 }

@@ -74,7 +74,7 @@ static int tagdir_scan(struct tagdir *t, char *why, size_t len)
 		t->manifest |= strcmp(e->d_name, FMT_MANIFEST) == 0;
 		t->is_tag |= ends_with(e->d_name, FMT_SAFETENSORS) ||
 			     ends_with(e->d_name, FMT_PARTIAL) ||
-			     strcmp(e->d_name, FMT_MANIFEST) == 0;
+			     strcmp(e->d_name, FMT_MANIFEST) == 0 || seal_record_name(e->d_name);
 	}
 	closedir(d);
 	int present;
