@@ -10,6 +10,12 @@
  * node's when it is the configured `host` or resolves to one of this node's interfaces'
  * addresses (a replacement that took over a lost node's address, under a new name).
  * Blocking (name resolution, a directory read); any thread.
+ *
+ * What a name resolved to is remembered for MEMBER_TTL_S seconds, a name that does not exist
+ * too (a failure that may pass, EAI_AGAIN, is not): a tag's check resolves each of its
+ * thousands of seal records' hosts, and the next tag's check names the same hosts. The table
+ * is bounded (MEMBER_SLOTS names; a name takes its hash's slot, replacing the one there), and
+ * a name of more than MEMBER_ADDRS addresses is asked every time.
  */
 #include "dsckptd.h"
 
@@ -20,17 +26,37 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
+
+#define MEMBER_TTL_S 30       /* seconds a name's addresses are used again */
+#define MEMBER_SLOTS 4096     /* names remembered at most */
+#define MEMBER_ADDRS 8        /* addresses remembered of one name */
 
 /* An IPv4 or IPv6 address, an IPv4-mapped IPv6 one read as IPv4; family 0: none. */
 struct member_addr {
 	int family;
 	uint8_t a[16];
 };
+
+/* A name and what it resolved to; name NULL: a free slot. */
+struct member_entry {
+	char *name;
+	uint64_t until_ns;                      /* CLOCK_MONOTONIC: used before then */
+	unsigned n;                             /* 0: the name does not exist */
+	struct member_addr a[MEMBER_ADDRS];
+};
+
+/* The names remembered: MEMBER_SLOTS entries, made at the first one. */
+static struct {
+	pthread_mutex_t lock;
+	struct member_entry *slot;
+} member_cache = { PTHREAD_MUTEX_INITIALIZER, NULL };
 
 /* sa as a member_addr. */
 static struct member_addr member_addr_of(const struct sockaddr *sa)
@@ -77,20 +103,104 @@ static struct member_addr member_who(const char *who)
 	return m;
 }
 
-/* Whether name resolves to an address that match(arg, address) accepts. */
+/* The monotonic clock in nanoseconds. */
+static uint64_t member_now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* The slot of name (FNV-1a). */
+static struct member_entry *member_slot(const char *name)
+{
+	uint32_t h = 2166136261u;
+
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+		h = (h ^ *p) * 16777619u;
+	return &member_cache.slot[h % MEMBER_SLOTS];
+}
+
+/* Copies what name resolved to into *out while it is fresh: 1, or 0 when it is not there. */
+static int member_cache_get(const char *name, struct member_entry *out)
+{
+	int hit = 0;
+
+	pthread_mutex_lock(&member_cache.lock);
+	if (member_cache.slot) {
+		const struct member_entry *e = member_slot(name);
+		hit = e->name && strcmp(e->name, name) == 0 && e->until_ns > member_now_ns();
+		if (hit)
+			*out = *e;
+	}
+	pthread_mutex_unlock(&member_cache.lock);
+	return hit;
+}
+
+/* Remembers what name resolved to (e's addresses) for MEMBER_TTL_S seconds; without memory,
+ * nothing. */
+static void member_cache_put(const char *name, const struct member_entry *e)
+{
+	char *copy = strdup(name);
+
+	pthread_mutex_lock(&member_cache.lock);
+	if (!member_cache.slot)
+		member_cache.slot = calloc(MEMBER_SLOTS, sizeof(*member_cache.slot));
+	if (member_cache.slot && copy) {
+		struct member_entry *s = member_slot(name);
+		free(s->name);
+		*s = *e;
+		s->name = copy;
+		s->until_ns = member_now_ns() + MEMBER_TTL_S * 1000000000ull;
+		copy = NULL;
+	}
+	pthread_mutex_unlock(&member_cache.lock);
+	free(copy);
+}
+
+/* Asks the system what name resolves to: whether match(arg, address) accepts one of its
+ * addresses; what it said is remembered (member_cache_put) unless it may pass or is too
+ * long. */
+static int member_ask(const char *name, int (*match)(void *, const struct member_addr *),
+		      void *arg)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res, *ai;
+	struct member_entry e = { .n = 0 };
+	int yes = 0, all = 1, rc = getaddrinfo(name, NULL, &hints, &res);
+
+	if (rc == EAI_NONAME || rc == EAI_NODATA)
+		member_cache_put(name, &e);
+	if (rc != 0)
+		return 0;
+	for (ai = res; ai; ai = ai->ai_next) {
+		struct member_addr m = member_addr_of(ai->ai_addr);
+		yes = yes || match(arg, &m);
+		if (e.n < MEMBER_ADDRS)
+			e.a[e.n++] = m;
+		else
+			all = 0;
+	}
+	freeaddrinfo(res);
+	if (all)
+		member_cache_put(name, &e);
+	return yes;
+}
+
+/* Whether name resolves to an address that match(arg, address) accepts: what it resolved to
+ * within MEMBER_TTL_S, else asked (member_ask). */
 static int member_resolves(const char *name, int (*match)(void *, const struct member_addr *),
 			   void *arg)
 {
-	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res, *ai;
+	struct member_entry e;
 	int yes = 0;
 
-	if (name[0] == '\0' || getaddrinfo(name, NULL, &hints, &res) != 0)
+	if (name[0] == '\0')
 		return 0;
-	for (ai = res; ai && !yes; ai = ai->ai_next) {
-		struct member_addr m = member_addr_of(ai->ai_addr);
-		yes = match(arg, &m);
-	}
-	freeaddrinfo(res);
+	if (!member_cache_get(name, &e))
+		return member_ask(name, match, arg);
+	for (unsigned i = 0; i < e.n && !yes; i++)
+		yes = match(arg, &e.a[i]);
 	return yes;
 }
 

@@ -2,20 +2,86 @@
  * the daemon at a link's address ("address:port") when it resolves to that address (IPv4,
  * IPv6, an IPv4-mapped IPv6 link address read as IPv4); a copy's nodes are its owner and the
  * hosts of the seal records (SEAL.<host>.json) in its tag directory, other files there not;
- * this node is its `host` or a name of one of its interfaces' addresses, loopback aside. */
+ * this node is its `host` or a name of one of its interfaces' addresses, loopback aside; what
+ * a name resolved to is used again for 30 s, a name that does not exist too, a failure that
+ * may pass not, and the table is bounded. getaddrinfo and clock_gettime are interposed for
+ * the whole binary: names under .member-test are answered here and counted, and the
+ * monotonic clock can be moved ahead. */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 
 #include <arpa/inet.h>
 #include <check.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#define SUFFIX ".member-test"   /* names answered by the getaddrinfo below */
+#define SLOTS 4096              /* peer_member.c's MEMBER_SLOTS */
+
+static unsigned resolved;       /* names under SUFFIX asked */
+static int64_t mono_skew_ns;    /* added to CLOCK_MONOTONIC */
+
+/* The monotonic clock, moved mono_skew_ns ahead (peer_member.c calls it; this definition takes
+ * the place of libc's in the binary). */
+int clock_gettime(clockid_t id, struct timespec *t)
+{
+	int rc = (int)syscall(SYS_clock_gettime, id, t);
+	if (rc == 0 && id == CLOCK_MONOTONIC && mono_skew_ns) {
+		int64_t ns = (int64_t)t->tv_nsec + mono_skew_ns % 1000000000;
+		t->tv_sec += mono_skew_ns / 1000000000 + ns / 1000000000;
+		t->tv_nsec = ns % 1000000000;
+	}
+	return rc;
+}
+
+/* The resolver: under SUFFIX (counted), "gone" does not exist, "flaky" fails as a DNS server
+ * down does, "many" has 12 addresses (10.97.0.1-12), "<letter><k>" is 10.99.k/256.k%256; any
+ * other name goes to libc's. */
+int getaddrinfo(const char *node, const char *service, const struct addrinfo *hints,
+		struct addrinfo **res)
+{
+	static int (*real)(const char *, const char *, const struct addrinfo *,
+			   struct addrinfo **);
+	struct addrinfo num = { .ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM };
+	size_t n = node ? strlen(node) : 0, k = strlen(SUFFIX);
+	char addr[32];
+
+	if (!real)
+		real = (int (*)(const char *, const char *, const struct addrinfo *,
+				struct addrinfo **))dlsym(RTLD_NEXT, "getaddrinfo");
+	if (n <= k || strcmp(node + n - k, SUFFIX) != 0)
+		return real(node, service, hints, res);
+	resolved++;
+	if (strncmp(node, "gone.", 5) == 0)
+		return EAI_NONAME;
+	if (strncmp(node, "flaky.", 6) == 0)
+		return EAI_AGAIN;
+	if (strncmp(node, "many.", 5) == 0) {
+		*res = NULL;
+		for (int i = 12; i >= 1; i--) {
+			struct addrinfo *one;
+			snprintf(addr, sizeof(addr), "10.97.0.%d", i);
+			ck_assert_int_eq(real(addr, NULL, &num, &one), 0);
+			one->ai_next = *res;
+			*res = one;
+		}
+		return 0;
+	}
+	unsigned long v = strtoul(node + 1, NULL, 10);
+	snprintf(addr, sizeof(addr), "10.99.%lu.%lu", v / 256, v % 256);
+	return real(addr, NULL, &num, res);
+}
 
 /* Makes an empty file dir/name. */
 static void touch(const char *dir, const char *name)
@@ -98,6 +164,79 @@ START_TEST(test_self)
 }
 END_TEST
 
+/* The address "10.99.k/256.k%256:port" of the name <letter><k> under SUFFIX. */
+static const char *who_of(unsigned k)
+{
+	static char who[40];
+	snprintf(who, sizeof(who), "10.99.%u.%u:7000", k / 256, k % 256);
+	return who;
+}
+
+/* A name is resolved once however often it is checked, a tag's seal records' hosts once for
+ * every check of the tag and of the next (the same hosts), and again once 30 s have passed. */
+START_TEST(test_resolutions_remembered)
+{
+	char dir[256], name[64];
+
+	resolved = 0;
+	ck_assert(peer_member_is("a1" SUFFIX, "10.99.0.1:5"));
+	ck_assert(peer_member_is("a1" SUFFIX, "10.99.0.1:6"));
+	ck_assert(!peer_member_is("a1" SUFFIX, "10.99.0.2:5"));
+	ck_assert_uint_eq(resolved, 1);
+	h_tmpdir(dir, sizeof(dir));
+	for (unsigned k = 1; k <= 300; k++) {
+		snprintf(name, sizeof(name), "SEAL.a%u" SUFFIX ".json", k);
+		touch(dir, name);
+	}
+	ck_assert(!peer_member_dir(dir, "10.98.0.1:5"));	/* every host asked */
+	ck_assert_uint_eq(resolved, 300);
+	ck_assert(peer_member_dir(dir, who_of(150)));
+	ck_assert(!peer_member_dir(dir, "10.98.0.1:5"));
+	ck_assert(!peer_member_self("a7" SUFFIX));
+	ck_assert_uint_eq(resolved, 300);
+	mono_skew_ns = 31 * 1000000000ll;
+	ck_assert(peer_member_is("a1" SUFFIX, "10.99.0.1:5"));
+	ck_assert(!peer_member_is("a2" SUFFIX, "10.99.0.1:5"));
+	ck_assert_uint_eq(resolved, 302);
+	ck_assert(peer_member_is("a1" SUFFIX, "10.99.0.1:5"));
+	ck_assert_uint_eq(resolved, 302);
+	mono_skew_ns = 0;
+	h_rm_rf(dir);
+}
+END_TEST
+
+/* A name that does not exist is remembered, a failure that may pass (EAI_AGAIN) is not, nor a
+ * name of more addresses than are kept (its last still matches); more names than the table
+ * holds are all answered right, the ones it had no room for asked again. */
+START_TEST(test_failures_and_bound)
+{
+	resolved = 0;
+	ck_assert(!peer_member_is("gone" SUFFIX, "10.99.0.1:5"));
+	ck_assert(!peer_member_is("gone" SUFFIX, "10.99.0.1:5"));
+	ck_assert_uint_eq(resolved, 1);
+	ck_assert(!peer_member_is("flaky" SUFFIX, "10.99.0.1:5"));
+	ck_assert(!peer_member_is("flaky" SUFFIX, "10.99.0.1:5"));
+	ck_assert_uint_eq(resolved, 3);
+	ck_assert(peer_member_is("many" SUFFIX, "10.97.0.12:1"));
+	ck_assert(peer_member_is("many" SUFFIX, "10.97.0.12:1"));
+	ck_assert(!peer_member_is("many" SUFFIX, "10.97.0.13:1"));
+	ck_assert_uint_eq(resolved, 6);
+
+	char name[64];
+	resolved = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		for (unsigned k = 1; k <= 3 * SLOTS; k++) {
+			snprintf(name, sizeof(name), "b%u" SUFFIX, k);
+			ck_assert_msg(peer_member_is(name, who_of(k)), "%s", name);
+			ck_assert_msg(!peer_member_is(name, who_of(k + 1)), "%s", name);
+		}
+		if (pass == 0)
+			ck_assert_uint_eq(resolved, 3 * SLOTS);
+	}
+	ck_assert_uint_ge(resolved, 5 * SLOTS);	/* SLOTS held at most: 2 * SLOTS asked again */
+}
+END_TEST
+
 /* The suite. */
 static Suite *peer_member_suite(void)
 {
@@ -106,6 +245,8 @@ static Suite *peer_member_suite(void)
 	tcase_add_test(tc, test_name_against_link_address);
 	tcase_add_test(tc, test_copy_nodes_are_owner_and_seal_hosts);
 	tcase_add_test(tc, test_self);
+	tcase_add_test(tc, test_resolutions_remembered);
+	tcase_add_test(tc, test_failures_and_bound);
 	suite_add_tcase(s, tc);
 	return s;
 }
