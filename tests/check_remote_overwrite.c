@@ -36,13 +36,34 @@
 
 static struct tier tier;
 
+/* Saves n bytes of seed's pattern as dir/rank0 and commits it once DURABLE: the save, its
+ * memory in *mem (the caller frees both). */
+static dsckpt_save_t *save_committed(dsckpt_conn_t *c, const char *dir, size_t n,
+				     uint64_t seed, void **mem)
+{
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", n, seed, mem);
+	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	return s;
+}
+
+/* Commits BIG bytes of seed's pattern as dir/rank0 (seconds to upload) and waits until an
+ * upload to rm is open, *f the one found: the save, its memory in *mem. */
+static dsckpt_save_t *save_uploading(dsckpt_conn_t *c, const char *dir, uint64_t seed,
+				     struct remote *rm, struct found *f, void **mem)
+{
+	dsckpt_save_t *s = save_committed(c, dir, BIG, seed, mem);
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, f), 0);
+	return s;
+}
+
 /* Saves n bytes of seed's pattern as dir/rank0, commits it and waits until it is REMOTE. */
 static void save_remote(dsckpt_conn_t *c, const char *dir, size_t n, uint64_t seed)
 {
 	void *mem;
-	dsckpt_save_t *s = save_pattern(c, dir, "rank0", n, seed, &mem);
-	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	dsckpt_save_t *s = save_committed(c, dir, n, seed, &mem);
 	wait_level(c, s, DSCKPT_REMOTE, WAIT_MS);
 	dsckpt_save_free(s);
 	dsckpt_host_free(mem);
@@ -129,12 +150,7 @@ START_TEST(test_overwrite)
 	/* The second version, slow to upload: while its upload is open, the remote is the
 	 * first version, whole. */
 	void *mem;
-	dsckpt_save_t *s = save_pattern(c, dir, "rank0", BIG, 2, &mem);
-	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
-	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
-		h_sleep_ms(20);
-	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	dsckpt_save_t *s = save_uploading(c, dir, 2, rm, &f, &mem);
 	ck_assert_msg(strstr(f.key, "job/last/v"), "uploading %s", f.key);
 	char *mid = remote_read(rm, "job/last/MANIFEST.json", &len);
 	char *fmid = remote_read(rm, "job/last/rank0.safetensors", &len);
@@ -213,15 +229,8 @@ START_TEST(test_exchanged_mid_upload)
 	d_start(CACHE_32M, json);
 	const char *dir = h_path("%s/job/last", D->root);
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
-	dsckpt_save_t *s1 = save_pattern(c, dir, "rank0", BIG, 1, &m1);
-	wait_level(c, s1, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
-	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
-		h_sleep_ms(20);
-	ck_assert_int_gt(open_uploads(rm, &f), 0);
-	dsckpt_save_t *s2 = save_pattern(c, dir, "rank0", SMALL, 2, &m2);
-	wait_level(c, s2, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	dsckpt_save_t *s1 = save_uploading(c, dir, 1, rm, &f, &m1);
+	dsckpt_save_t *s2 = save_committed(c, dir, SMALL, 2, &m2);
 	check_pattern_file(dir, "rank0", SMALL, 2);	/* exchanged */
 	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
 	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
@@ -260,12 +269,7 @@ START_TEST(test_killed_mid_version)
 	snprintf(mark, sizeof(mark), "%s/REMOTE.json", dir);
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
 	save_remote(c, dir, SMALL, 1);
-	dsckpt_save_t *s = save_pattern(c, dir, "rank0", BIG, 2, &mem);
-	wait_level(c, s, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
-	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
-		h_sleep_ms(20);
-	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	dsckpt_save_t *s = save_uploading(c, dir, 2, rm, &f, &mem);
 	ck_assert_msg(strstr(f.key, "job/last/v"), "uploading %s", f.key);
 	d_kill(SIGKILL);
 	dsckpt_save_free(s);
