@@ -128,8 +128,8 @@ START_TEST(test_every_rank_replicated)
 		rank_save(&j, n, NODES, "lj", dir, r);
 	for (unsigned r = 0; r < j.ranks; r++)
 		CK_DS(j.c[r], dsckpt_seal(j.c[r], dir));
-	for (unsigned r = 0; r < j.ranks; r++)
-		ck_assert_int_eq(dsckpt_wait(j.s[r], DSCKPT_COMMITTED, WAIT_MS), DSCKPT_COMMITTED);
+	for (unsigned r = 0; r < j.ranks; r++)	/* REPLICATED already, the later ones may be */
+		ck_assert_int_ge(dsckpt_wait(j.s[r], DSCKPT_COMMITTED, WAIT_MS), DSCKPT_COMMITTED);
 	double t0 = h_now_us();
 	for (unsigned r = 0; r < j.ranks; r++) {
 		int rc = dsckpt_wait(j.s[r], DSCKPT_REPLICATED, WAIT_MS);

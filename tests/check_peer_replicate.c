@@ -142,7 +142,7 @@ START_TEST(test_two_nodes_exchange)
 		CK_DS(c[r], dsckpt_seal(c[r], dir));
 	}
 	for (int r = 0; r < 2; r++)
-		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
 
 	/* Each node's file is kept by the other, checked, and comes back exactly, to a node of
 	 * the job (node 0's address: the other cluster's is shown none). */
@@ -223,7 +223,7 @@ START_TEST(test_next_node_when_refused)
 		CK_DS(c[r], dsckpt_seal(c[r], dir));
 	}
 	for (int r = 0; r < 3; r++)
-		ck_assert_int_eq(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
+		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
 	check_copy(ns.addr[2], "rj", 0, h_path("%s/rank0.safetensors", dir), ns.addr[0]);
 	check_copy(ns.addr[0], "rj", 2, h_path("%s/rank2.safetensors", dir), ns.addr[2]);
 	ck_assert_msg(h_file_has(D->log, "trying the next node"), "%s", h_text(D->log));
