@@ -976,9 +976,9 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		    size_t errlen);
 /* store_commit_at of the tag dir by the daemons that sealed it, from the directory dfd and
  * its job directory jobfd that its SEAL opened and validated, whose lock the caller holds:
- * no path walked again and no name looked up (a manifest in dfd says it was committed,
- * under the staging name's tag if exchanged), the tag's names (n, sorted) as the look just
- * listed them (NULL: listed here). */
+ * no path walked again and no name looked up (a manifest in dfd says it was committed; in
+ * a staging directory, the tag's name is looked up to see it exchanged), the tag's names (n,
+ * sorted) as the look just listed them (NULL: listed here). */
 int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
 		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
 		      const struct seal_seen *seen, char *const *names, size_t n,

@@ -185,7 +185,8 @@ static int store_listed_manifest(char **names, size_t n)
  * caller holds (see store_commit_at), from its names (n, sorted) as the caller listed them
  * (NULL: listed here first). Whether a manifest is there is read from the listing, no name
  * looked up for it: in a staging directory opened by its name, an old version's; in one held
- * since its seal (held), the new version's, exchanged with its tag already. */
+ * since its seal (held), the new version's, exchanged with its tag already (the tag's name
+ * looked up to see it: the commit that wrote it may have died before the exchange). */
 static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, const char *path,
 			       const char *tag, unsigned world, const char *run, uid_t uid,
 			       gid_t gid, uint64_t created_ns, const struct seal_seen *seen,
@@ -204,7 +205,8 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 
 	if (!given && store_list(dfd, &names, &n) < 0)
 		return err_set(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
-	if (stage && !held && store_listed_manifest(names, n)) {
+	if (stage && store_listed_manifest(names, n) &&
+	    (!held || !store_dir_at(jobfd, staged, dfd))) {
 		rc = err_set(err, errlen, ERR_EIO, "%s/%s holds an old version of %s that could not "
 			     "be removed", path, tag, staged);
 		goto out;
@@ -359,8 +361,9 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
  * dsckptd.h): no path is walked again and no name looked up. dfd is the directory sealed
  * (seal.c forgets one removed); a daemon exchanges a staging directory with its tag only
  * once its manifest is there, which the listing shows (committed already: answered from it,
- * as the tag's). A directory its owner renamed meanwhile is committed under the name it was
- * sealed by, as it would be had the rename come just after the commit. */
+ * as the tag's, once its name says it was exchanged). A directory its owner renamed
+ * meanwhile is committed under the name it was sealed by, as it would be had the rename come
+ * just after the commit. */
 int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
 		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
 		      const struct seal_seen *seen, char *const *names, size_t n,
