@@ -976,11 +976,13 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		    size_t errlen);
 /* store_commit_at of the tag dir by the daemons that sealed it, from the directory dfd and
  * its job directory jobfd that its SEAL opened and validated, whose lock the caller holds:
- * no path walked again, dir's name looked up once to see that it still names dfd. */
+ * no path walked again and no name looked up (a manifest in dfd says it was committed; in
+ * a staging directory, the tag's name is looked up to see it exchanged), the tag's names (n,
+ * sorted) as the look just listed them (NULL: listed here). */
 int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
 		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
-		      const struct seal_seen *seen, struct store_commit_info *info, char *err,
-		      size_t errlen);
+		      const struct seal_seen *seen, char *const *names, size_t n,
+		      struct store_commit_info *info, char *err, size_t errlen);
 /* store_describe.c — a tag's files described for its manifest: from their headers, or from
  * the seal records of the nodes that wrote them. */
 /* One file of a checkpoint as its manifest will describe it. */
@@ -1134,11 +1136,14 @@ int store_seal_scan_names(int dirfd, char *const *names, size_t n, const char *j
 			  const char *run, unsigned world, uint8_t *have, uint64_t *newest,
 			  struct seal_seen *seen);
 /* A collecting node's listing of the tag for a look: the records not in seen (indexes into
- * it, added there), and whether the manifest is there (no other name looked up for it). */
+ * it, added there), whether the manifest is there (no other name looked up for it), and every
+ * name listed, sorted (NULL without memory), for the commit that follows to take. */
 struct seal_listing {
 	size_t *at;
 	size_t n;
 	int manifest;
+	char **names;
+	size_t nnames;
 };
 /* Lists the tag dirfd into l (store_seal_read_listed or store_seal_listing_free); 0, or -1
  * (cannot list). */
@@ -1148,8 +1153,15 @@ int store_seal_list(int dirfd, struct seal_seen *seen, struct seal_listing *l);
 int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, const char *job,
 			   const char *run, unsigned world, uint8_t *have, uint64_t *newest,
 			   struct seal_seen *seen);
-/* Frees what l holds; the records it listed unread are read at the next look. */
-void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen);
+/* Frees what l holds; the records it listed unread are read at the next look. Its names go
+ * to kept where not NULL (kept's freed first). */
+void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen,
+			     struct seal_listing *kept);
+/* Adds names (n, the records a watch saw come) to l's names, each once, sorted: the listing
+ * as it stands now when nothing else changed; -1 without memory (l's names freed). */
+int store_seal_listing_add(struct seal_listing *l, char *const *names, size_t n);
+/* Frees l's names alone. */
+void store_seal_listing_names_free(struct seal_listing *l);
 /* store_seal_write, the record written kept in seen as if read (its inode the one written),
  * its ranks added to have and its seal to *newest: the collecting node never reads its own. */
 int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal_record *r,
@@ -1201,6 +1213,12 @@ int store_list(int dirfd, char ***out, size_t *count);
 int store_list_within(int dirfd, struct store_budget *b, char ***out, size_t *count);
 /* Frees a list from store_list. */
 void store_list_free(char **names, size_t n);
+/* Appends a copy of name to names (*n, room for *cap); 0, or -1 without memory. */
+int store_list_push(char ***names, size_t *n, size_t *cap, const char *name);
+/* Sorts names (n) as store_list does. */
+void store_list_sort(char **names, size_t n);
+/* Adds each of add (k) not in the sorted names (*n), kept sorted; 0, or -1 without memory. */
+int store_list_merge(char ***names, size_t *n, char *const *add, size_t k);
 
 /* lock.c — one daemon per socket and per root on this host (flock'ed files in a directory
  * only the daemon's user can write). */
@@ -1859,11 +1877,15 @@ struct seal_names {
 };
 /* Frees the names s holds (s itself is the caller's). */
 void seal_names_free(struct seal_names *s);
-/* The seal records inotify saw come since the last call, handed over into *out (freed first);
- * -1 when the watch cannot say (NULL, polled, an event missed): the directory is listed. */
-int seal_watch_names(struct seal_watch *w, struct seal_names *out);
+/* The seal records inotify saw come since the last call, handed over into *out (freed first),
+ * the directory listed since the watch started (listed); -1 when the watch cannot say (NULL,
+ * polled, an event missed, not listed): the directory is listed, changes noted from now; 1
+ * when no other name changed since: that listing and these records are the directory now. */
+int seal_watch_names(struct seal_watch *w, struct seal_names *out, int listed);
 
 /* seal_dirs.c — the tag directories SAVE_BEGINs opened, kept for their ranks' SEALs. */
+/* Whether the directory dfd was removed (or can no longer be looked at). */
+int seal_dirs_gone(int dfd);
 /* SAVE_BEGIN: keeps dir of uid (dfd duplicated, jobfd taken) with its identity id. */
 void seal_dirs_keep(uid_t uid, const char *dir, int dfd, int jobfd,
 		    const struct store_dirid *id);

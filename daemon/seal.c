@@ -31,7 +31,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -76,6 +75,8 @@ struct seal_tag {
 	int look;                   /* read the records (collecting, or the slow timer's look) */
 	int listed;                 /* a look listed the directory since the watch started */
 	int by_name;                /* this look reads names, the records the watch saw come */
+	int current;                /* and kept is the directory now (seal_watch_names) */
+	struct seal_listing kept;   /* the names of the last listing, and records come since */
 	struct seal_names names;
 	uint8_t *have_map;          /* world entries: the ranks the records read so far name */
 	struct seal_seen seen;      /* the records read so far */
@@ -104,6 +105,7 @@ static void seal_closed(uv_handle_t *h)
 	free(t->sealed);
 	free(t->ranks);
 	free(t->have_map);
+	store_seal_listing_names_free(&t->kept);
 	store_seal_seen_free(&t->seen);
 	free(t);
 }
@@ -131,13 +133,6 @@ static void seal_forget(struct seal_tag *t)
 		seal_free(t);
 }
 
-/* Whether the tag's directory was removed (or can no longer be looked at). */
-static int seal_dir_gone(const struct seal_tag *t)
-{
-	struct stat st;
-	return fstat(t->dfd, &st) < 0 || st.st_nlink == 0;
-}
-
 /* Forgets uid's tags whose directory was removed: their seals block nothing any more. */
 static void seal_sweep(uid_t uid)
 {
@@ -145,7 +140,7 @@ static void seal_sweep(uid_t uid)
 
 	for (; t; t = next) {
 		next = t->next;
-		if (t->uid == uid && !t->gone && seal_dir_gone(t)) {
+		if (t->uid == uid && !t->gone && seal_dirs_gone(t->dfd)) {
 			log_debug("seal of %s: the directory was removed; forgotten", t->dir);
 			seal_forget(t);
 		}
@@ -157,7 +152,7 @@ static void on_seal_timer(uv_timer_t *h)
 {
 	struct seal_tag *t = h->data;
 
-	if (t->ended || seal_dir_gone(t)) {
+	if (t->ended || seal_dirs_gone(t->dfd)) {
 		seal_free(t);
 	} else {
 		t->look = 1;	/* a node not collecting looks too, now and then */
@@ -177,7 +172,8 @@ static void seal_end(struct seal_tag *t)
 
 /* Threadpool: writes our record (when asked), reads everyone's, commits when complete, from
  * the directories SEAL opened (no path walked). A look that lists lists first: the listing
- * says whether a manifest is there, and our record written after it is not read back. */
+ * says whether a manifest is there, and our record written after it is not read back; the
+ * commit takes it, or the last one and the records come since (seal_watch_names: 1). */
 static void seal_work(uv_work_t *w)
 {
 	struct seal_tag *t = w->data;
@@ -186,7 +182,7 @@ static void seal_work(uv_work_t *w)
 
 	t->rc = 0;
 	t->have = -2;
-	if (seal_dir_gone(t)) {
+	if (seal_dirs_gone(t->dfd)) {
 		t->rc = err_set(t->err, sizeof(t->err), ERR_ENOENT, "the directory was removed");
 		return;
 	}
@@ -217,12 +213,15 @@ static void seal_work(uv_work_t *w)
 						 t->have_map, &t->newest, &t->seen);
 	else if (t->rc == 0 && listing)
 		t->have = -1;	/* cannot list */
-	store_seal_listing_free(&l, &t->seen);
+	store_seal_listing_free(&l, &t->seen, listing ? &t->kept : NULL);
+	int current = listed || (t->current && store_seal_listing_add(&t->kept, t->names.v,
+								      t->names.n) == 0);
 	/* Complete: committed from the directories held, under the same lock. */
 	if (t->rc == 0 && t->have == (int)t->world) {
 		if ((t->rc = store_commit_held(t->cfg, t->dir, t->jobfd, t->dfd, t->world, t->run,
-					       t->uid, t->gid, t->newest, &t->seen, &t->info,
-					       t->err, sizeof(t->err))) == 0)
+					       t->uid, t->gid, t->newest, &t->seen,
+					       current ? t->kept.names : NULL, t->kept.nnames,
+					       &t->info, t->err, sizeof(t->err))) == 0)
 			t->rc = 1;
 	}
 	store_job_unlock(t->jobfd);
@@ -399,9 +398,9 @@ static void seal_check(struct seal_tag *t)
 	}
 	/* A look reads the records the watch saw come since the directory was last listed; the
 	 * first lists it (the watch started before), as does one the watch cannot vouch for. */
-	t->by_name = t->look && seal_watch_names(t->watch, &t->names) == 0 && t->listed;
-	if (!t->by_name)
-		seal_names_free(&t->names);	/* a listing reads them */
+	int names = t->look ? seal_watch_names(t->watch, &t->names, t->listed) : -1;
+	t->by_name = names >= 0;
+	t->current = names == 1;
 	t->busy = 1;
 	t->cfg = config_ref(daemon_ctx->config);
 	t->work.data = t;

@@ -142,6 +142,13 @@ void seal_dirs_dropped(uid_t uid, const struct store_dirid *id)
 	seal_dirs_release(uid, id, 1);
 }
 
+/* Whether the directory dfd was removed (or can no longer be looked at). */
+int seal_dirs_gone(int dfd)
+{
+	struct stat st;
+	return fstat(dfd, &st) < 0 || st.st_nlink == 0;
+}
+
 /* SEAL of dir (normalized, as overwrite.c rewrote it) by o: the directory a SAVE_BEGIN of o's
  * user opened there, duplicated into *dfd with its job directory's into *jobfd and its
  * identity in *id, and no name looked up. 1 when o's rank has a save of its run there not
@@ -152,11 +159,10 @@ static int seal_dirs_take(const struct owner *o, const char *dir, int *dfd, int 
 {
 	for (size_t i = 0; i < SEAL_DIRS_MAX; i++) {
 		struct seal_dir *d = &dirs[i];
-		struct stat st;
 		int pending;
 		if (!d->dir[0] || d->uid != o->uid || strcmp(d->dir, dir) != 0)
 			continue;
-		if (fstat(d->dfd, &st) < 0 || st.st_nlink == 0) {
+		if (seal_dirs_gone(d->dfd)) {
 			seal_dir_drop(d);	/* removed: the path may name a new one */
 			return -1;
 		}

@@ -41,6 +41,7 @@ struct seal_watch {
 	size_t cap;
 	int polls;              /* the poll runs (another host may write) */
 	int lost;               /* an event was missed: seal_watch_names cannot say */
+	int others;             /* since seal_watch_relist: a name changed that is no record */
 };
 
 /* Whether the directory dfd is on a filesystem only this host writes (a local disk's, or
@@ -149,35 +150,40 @@ void seal_names_free(struct seal_names *s)
 }
 
 /* Hands over into *out (freed first) the names of the seal records inotify saw come since the
- * last call (or the watch's start); -1 when the watch cannot say (NULL w, it polls, or an
- * event was missed): then the directory must be listed. */
-int seal_watch_names(struct seal_watch *w, struct seal_names *out)
+ * last call (or the watch's start), the directory listed since the watch started (listed);
+ * -1 when the watch cannot say (NULL w, it polls, an event was missed, or not listed): the
+ * directory must be listed then, and changes are noted from now. 1 when, besides, inotify
+ * saw no other name change since that listing: the listing, with these records, is the
+ * directory now (its commit need not list it again). */
+int seal_watch_names(struct seal_watch *w, struct seal_names *out, int listed)
 {
 	seal_names_free(out);
 	if (!w)
 		return -1;
-	if (w->lost || !w->have_ev || !w->cb || w->polls) {
+	if (w->lost || !w->have_ev || !w->cb || w->polls || !listed) {
 		seal_names_free(&w->names);
 		w->cap = 0;
 		w->lost = 0;	/* the listing that follows sees what was missed */
+		w->others = 0;
 		return -1;
 	}
 	*out = w->names;
 	w->names = (struct seal_names){NULL, 0};
 	w->cap = 0;
-	return 0;
+	return !w->others;
 }
 
 /* inotify: a name in the directory changed; the manifest's (or a record's made or renamed
  * into place, records watched) tells the owner. A record is written whole under the job
  * lock, which the owner's look takes: its later changes (its owner, its bytes) say nothing
- * new. */
+ * new. Any other name changed makes the last listing old (seal_watch_names). */
 static void on_watch_event(uv_fs_event_t *h, const char *name, int events, int status)
 {
 	struct seal_watch *w = h->data;
 
 	if (!w->cb || status != 0)
 		return;
+	w->others |= !name || !seal_record_name(name);
 	/* The owner's look opens the manifest whether or not it is there: no stat first. */
 	if (!name || strcmp(name, FMT_MANIFEST) == 0) {
 		w->lost |= !name;
@@ -217,6 +223,7 @@ struct seal_watch *seal_watch_start(struct uv_loop_s *loop, const char *dir, int
 		return NULL;
 	w->dfd = dfd;
 	w->records = records;
+	w->others = 1;	/* what came before the watch is known to a listing after it alone */
 	if (fstat(dfd, &st) == 0)
 		w->mtime = st.st_mtim;
 	w->cb = cb;

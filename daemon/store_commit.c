@@ -182,33 +182,37 @@ static int store_listed_manifest(char **names, size_t n)
 }
 
 /* The commit of the tag dfd, named tag in the job directory jobfd (at path), whose lock the
- * caller holds (see store_commit_at). The directory is listed first: whether a manifest is
- * there (committed already, or an old version in a staging directory) is read from the
- * listing, no name looked up for it. */
+ * caller holds (see store_commit_at), from its names (n, sorted) as the caller listed them
+ * (NULL: listed here first). Whether a manifest is there is read from the listing, no name
+ * looked up for it: in a staging directory opened by its name, an old version's; in one held
+ * since its seal (held), the new version's, exchanged with its tag already (the tag's name
+ * looked up to see it: the commit that wrote it may have died before the exchange). */
 static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, const char *path,
 			       const char *tag, unsigned world, const char *run, uid_t uid,
 			       gid_t gid, uint64_t created_ns, const struct seal_seen *seen,
+			       char *const *given, size_t n, int held,
 			       struct store_commit_info *info, char *err, size_t errlen)
 {
-	char staged[NAME_MAX + 1], latest[NAME_MAX + 1], **names, *text = NULL;
+	char staged[NAME_MAX + 1], latest[NAME_MAX + 1], **names = (char **)given, *text = NULL;
 	struct store_entry *ents = NULL;
 	struct store_seal_desc desc = {0};
-	size_t n, nents = 0;
+	size_t nents = 0;
 	uint64_t total = 0;
 	struct timespec now;
 	int rc;
 	int stage = store_tag_version(tag, staged, sizeof(staged)) == 1;
 	const char *name = stage ? staged : tag;	/* what the manifest and latest name */
 
-	if (store_list(dfd, &names, &n) < 0)
+	if (!given && store_list(dfd, &names, &n) < 0)
 		return err_set(err, errlen, ERR_EIO, "list %s/%s: %s", path, tag, strerror(errno));
-	if (stage && store_listed_manifest(names, n)) {
+	if (stage && store_listed_manifest(names, n) &&
+	    (!held || !store_dir_at(jobfd, staged, dfd))) {
 		rc = err_set(err, errlen, ERR_EIO, "%s/%s holds an old version of %s that could not "
 			     "be removed", path, tag, staged);
 		goto out;
 	}
 	if (store_listed_manifest(names, n) &&
-	    (rc = store_commit_again(cfg, dfd, jobfd, tag, world, run, uid, gid, info, err,
+	    (rc = store_commit_again(cfg, dfd, jobfd, name, world, run, uid, gid, info, err,
 				     errlen)) != 1)
 		goto out;
 	if (!(ents = calloc(n ? n : 1, sizeof(*ents))) ||
@@ -279,7 +283,8 @@ out:
 	free(text);
 	free(ents);
 	store_seal_desc_free(&desc);
-	store_list_free(names, n);
+	if (!given)
+		store_list_free(names, n);
 	return rc;
 }
 
@@ -344,7 +349,7 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 			       err_set(err, errlen, ERR_ENOENT, "%s was removed", dir);
 		}
 		rc = store_commit_locked(cfg, jobfd, dfd, path, tag, world, run, uid, gid,
-					 created_ns, seen, info, err, errlen);
+					 created_ns, seen, NULL, 0, 0, info, err, errlen);
 		store_job_unlock(jobfd);
 	}
 	close(jobfd);
@@ -353,15 +358,18 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 }
 
 /* The daemons' commit of a sealed tag dir from the directories its SEAL opened (see
- * dsckptd.h): no path is walked again, and one name is looked up to see that dir still names
- * dfd (a staging directory exchanged with its tag meanwhile is committed already: the look
- * at its manifest answers). */
+ * dsckptd.h): no path is walked again and no name looked up. dfd is the directory sealed
+ * (seal.c forgets one removed); a daemon exchanges a staging directory with its tag only
+ * once its manifest is there, which the listing shows (committed already: answered from it,
+ * as the tag's, once its name says it was exchanged). A directory its owner renamed
+ * meanwhile is committed under the name it was sealed by, as it would be had the rename come
+ * just after the commit. */
 int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int dfd,
 		      unsigned world, const char *run, uid_t uid, gid_t gid, uint64_t created_ns,
-		      const struct seal_seen *seen, struct store_commit_info *info, char *err,
-		      size_t errlen)
+		      const struct seal_seen *seen, char *const *names, size_t n,
+		      struct store_commit_info *info, char *err, size_t errlen)
 {
-	char path[PATH_MAX], staged[NAME_MAX + 1];
+	char path[PATH_MAX];
 	const char *tag;
 
 	if (world == 0)
@@ -369,13 +377,6 @@ int store_commit_held(const struct config *cfg, const char *dir, int jobfd, int 
 	if (strlen(dir) >= sizeof(path) || !strchr(dir, '/'))
 		return err_set(err, errlen, ERR_EINVAL, "%s is not a tag's path", dir);
 	store_split(dir, path, &tag);
-	if (store_dir_at(jobfd, tag, dfd))
-		return store_commit_locked(cfg, jobfd, dfd, path, tag, world, run, uid, gid,
-					   created_ns, seen, info, err, errlen);
-	if (store_tag_version(tag, staged, sizeof(staged)) == 1 &&
-	    store_dir_at(jobfd, staged, dfd))
-		return store_commit_locked(cfg, jobfd, dfd, path, staged, world, run, uid, gid,
-					   created_ns, seen, info, err, errlen);
-	return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that name now "
-		       "is another)", dir);
+	return store_commit_locked(cfg, jobfd, dfd, path, tag, world, run, uid, gid, created_ns,
+				   seen, names, n, 1, info, err, errlen);
 }

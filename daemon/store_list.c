@@ -64,6 +64,44 @@ void store_list_free(char **names, size_t n)
 	free(names);
 }
 
+/* Appends a copy of name to names (*n of them, room for *cap); 0, or -1 without memory. */
+int store_list_push(char ***names, size_t *n, size_t *cap, const char *name)
+{
+	if (*n == *cap) {
+		size_t c = *cap ? 2 * *cap : 16;
+		char **p = realloc(*names, c * sizeof(*p));
+		if (!p)
+			return -1;
+		*names = p;
+		*cap = c;
+	}
+	if (!((*names)[*n] = strdup(name)))
+		return -1;
+	(*n)++;
+	return 0;
+}
+
+/* Sorts names (n) by name, as store_list returns them. */
+void store_list_sort(char **names, size_t n)
+{
+	if (n > 1)
+		qsort(names, n, sizeof(*names), store_name_cmp);
+}
+
+/* Adds to the sorted names (*n) each of add (k) not there yet, keeping them sorted; 0, or -1
+ * without memory (names then as they were, perhaps with some added, unsorted). */
+int store_list_merge(char ***names, size_t *n, char *const *add, size_t k)
+{
+	size_t had = *n, cap = *n;
+
+	for (size_t i = 0; i < k; i++)
+		if (!bsearch(&add[i], *names, had, sizeof(**names), store_name_cmp) &&
+		    store_list_push(names, n, &cap, add[i]) < 0)
+			return -1;
+	store_list_sort(*names, *n);
+	return 0;
+}
+
 /* Lists at most max entries of a directory but . and .., sorted by name; 0, or -1 with errno
  * set (E2BIG: it has more). */
 static int store_list_max(int dirfd, size_t max, char ***out, size_t *count)
@@ -88,20 +126,10 @@ static int store_list_max(int dirfd, size_t max, char ***out, size_t *count)
 			e = E2BIG;
 			break;
 		}
-		if (n == cap) {
-			cap = cap ? 2 * cap : 16;
-			char **p = realloc(names, cap * sizeof(*names));
-			if (!p) {
-				e = ENOMEM;
-				break;
-			}
-			names = p;
-		}
-		if (!(names[n] = strdup(de->d_name))) {
+		if (store_list_push(&names, &n, &cap, de->d_name) < 0) {
 			e = ENOMEM;
 			break;
 		}
-		n++;
 		errno = 0;
 	}
 	if (!e)
@@ -112,8 +140,7 @@ static int store_list_max(int dirfd, size_t max, char ***out, size_t *count)
 		errno = e;
 		return -1;
 	}
-	if (n > 1)
-		qsort(names, n, sizeof(*names), store_name_cmp);
+	store_list_sort(names, n);
 	*out = names;
 	*count = n;
 	return 0;

@@ -286,14 +286,16 @@ static void seal_read_batch(struct seal_batch *b)
 }
 
 /* Lists the records of dirfd not in seen (added there) into *at (*n of them, free'd by the
- * caller), and whether the manifest is there into *manifest; 0, or -1 (cannot list). */
+ * caller), whether the manifest is there into *manifest, and every name into l's names
+ * (sorted; none kept without memory); 0, or -1 (cannot list). */
 static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t *n,
-			 int *manifest)
+			 int *manifest, struct seal_listing *l)
 {
 	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
-	size_t cap = 0;
+	size_t cap = 0, ncap = 0;
 	struct dirent *e;
+	int whole = 1;
 
 	*at = NULL;
 	*n = 0;
@@ -306,6 +308,8 @@ static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t 
 	while ((e = readdir(d))) {
 		size_t i;
 		*manifest |= strcmp(e->d_name, FMT_MANIFEST) == 0;
+		if (l && whole && strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			whole = store_list_push(&l->names, &l->nnames, &ncap, e->d_name) == 0;
 		if (!seal_record_name(e->d_name) ||
 		    seal_seen_add(seen, e->d_name, e->d_ino, &i) != 0)
 			continue;
@@ -320,6 +324,10 @@ static int seal_list_new(int dirfd, struct seal_seen *seen, size_t **at, size_t 
 		(*at)[(*n)++] = i;
 	}
 	closedir(d);
+	if (l && !whole)
+		store_seal_listing_names_free(l);
+	else if (l)
+		store_list_sort(l->names, l->nnames);
 	return 0;
 }
 
@@ -390,7 +398,7 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 	size_t *at, n;
 	int manifest;
 
-	if (seal_list_new(dirfd, seen, &at, &n, &manifest) < 0)
+	if (seal_list_new(dirfd, seen, &at, &n, &manifest, NULL) < 0)
 		return -1;
 	return seal_scan(dirfd, at, n, job, run, world, have, newest, seen);
 }
@@ -398,7 +406,24 @@ int store_seal_scan_new(int dirfd, const char *job, const char *run, unsigned wo
 /* Lists the tag dirfd for a look (see dsckptd.h); 0, or -1 (cannot list). */
 int store_seal_list(int dirfd, struct seal_seen *seen, struct seal_listing *l)
 {
-	return seal_list_new(dirfd, seen, &l->at, &l->n, &l->manifest);
+	return seal_list_new(dirfd, seen, &l->at, &l->n, &l->manifest, l);
+}
+
+/* Adds names (n) to l's, each once, sorted (see dsckptd.h); 0 or -1. */
+int store_seal_listing_add(struct seal_listing *l, char *const *names, size_t n)
+{
+	if (l->names && store_list_merge(&l->names, &l->nnames, names, n) == 0)
+		return 0;
+	store_seal_listing_names_free(l);
+	return -1;
+}
+
+/* Frees the names l holds. */
+void store_seal_listing_names_free(struct seal_listing *l)
+{
+	store_list_free(l->names, l->nnames);
+	l->names = NULL;
+	l->nnames = 0;
 }
 
 /* Reads the records l listed, this node's but when skip_own (see dsckptd.h); how many ranks
@@ -414,18 +439,28 @@ int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, cons
 	for (size_t i = 0; i < l->n; i++)
 		if (!skip_own || strcmp(seen->names[at[i]], own) != 0)
 			at[k++] = at[i];
-	*l = (struct seal_listing){NULL, 0, l->manifest};
+	l->at = NULL;
+	l->n = 0;
 	return seal_scan(dirfd, at, k, job, run, world, have, newest, seen);
 }
 
 /* Frees what a listing holds; the records it listed but nobody read are to be read by the
- * next look (their inode in seen forgotten). */
-void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen)
+ * next look (their inode in seen forgotten). Its names go to kept (not NULL: what kept held
+ * freed), for the commit that follows, now or once the records still to come are read. */
+void store_seal_listing_free(struct seal_listing *l, struct seal_seen *seen,
+			     struct seal_listing *kept)
 {
 	for (size_t i = 0; i < l->n; i++)
 		seen->inos[l->at[i]] = 0;
 	free(l->at);
-	*l = (struct seal_listing){NULL, 0, 0};
+	if (kept) {
+		store_seal_listing_names_free(kept);
+		kept->names = l->names;
+		kept->nnames = l->nnames;
+	} else {
+		store_seal_listing_names_free(l);
+	}
+	*l = (struct seal_listing){0};
 }
 
 /* Writes this node's record r as store_seal_write does, and keeps it in seen as read, its
