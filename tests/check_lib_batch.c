@@ -5,9 +5,9 @@
  * undoes that tensor and those after it, and leaves the connection knowing exactly the
  * blocks the peer took. Against a real dsckptd: sixteen host regions posted, two refused in
  * the middle (a memfd that cannot be sealed, a pipe): the batch names the first by its tag
- * and counts both, and the daemon holds exactly the fourteen others afterwards. Also the
- * time per region of many memfd regions registered one round trip at a time and posted
- * together (printed, not asserted).
+ * and counts both, and the daemon holds exactly the fourteen others afterwards; frames of
+ * 64 descriptors are never more than two unanswered. Also the time per region of many memfd
+ * regions registered one round trip at a time and posted together (printed, not asserted).
  */
 #include "fake_peer.h"
 #include "harness_daemon.h"
@@ -217,6 +217,59 @@ START_TEST(test_batch_refused)
 }
 END_TEST
 
+/* Posts a cuda_vmm REGION_ADD of PROTO_MAX_FDS memfds into b (lock held): a daemon without
+ * the GPU it names refuses it and closes them, the connection going on. */
+static int post_vmm(dsckpt_conn_t *c, struct lib_batch *b, uint64_t region)
+{
+	static const uint8_t uuid[16] = {0xd5, 0xc0};
+	int fds[PROTO_MAX_FDS];
+	struct proto_out o;
+
+	lib_conn_frame(c, &o, PROTO_REGION_ADD);
+	msgpack_pack_map(&o.pk, 6);
+	proto_kv_u64(&o.pk, "region", region);
+	proto_kv_str(&o.pk, "kind", "cuda_vmm");
+	proto_kv_u64(&o.pk, "size", (uint64_t)PROTO_MAX_FDS * REGION_SIZE);
+	proto_kv_bin(&o.pk, "uuid", uuid, sizeof(uuid));
+	proto_kv_u64(&o.pk, "at", 0);
+	proto_key(&o.pk, "maps");
+	msgpack_pack_array(&o.pk, PROTO_MAX_FDS);
+	for (int i = 0; i < PROTO_MAX_FDS; i++) {
+		fds[i] = make_memfd(1);
+		msgpack_pack_uint64(&o.pk, REGION_SIZE);
+	}
+	int e = lib_conn_region_send(c, b, &o, fds, PROTO_MAX_FDS, region);
+	for (int i = 0; i < PROTO_MAX_FDS; i++)
+		close(fds[i]);
+	return e;
+}
+
+/* Frames of 64 descriptors each: at most two unanswered at a time (the kernel refuses a
+ * sender more descriptors in flight than its RLIMIT_NOFILE), every refusal still counted. */
+START_TEST(test_batch_fds_bounded)
+{
+	enum { N = 6 };
+	struct lib_batch b;
+
+	d_start(CACHE_32M, NULL);
+	dsckpt_conn_t *c = conn_open("batch", 0, 1);
+	lib_conn_lock(c);
+	lib_conn_batch_open(c, &b);
+	for (int i = 0; i < N; i++) {
+		b.tag = (uint64_t)i;
+		ck_assert_int_eq(post_vmm(c, &b, lib_region_id()), 0);
+		ck_assert_uint_le(b.n - b.next, 2);
+	}
+	ck_assert_int_lt(lib_conn_batch_close(c, &b), 0);
+	ck_assert_uint_eq(b.failed, N);
+	ck_assert_uint_eq(b.err_tag, 0);
+	ck_assert(lib_conn_alive(c));
+	lib_conn_unlock(c);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* Time to register n memfd regions one round trip at a time, or posted in one batch, then
  * unregister them; per region, in microseconds. */
 static double register_regions(dsckpt_conn_t *c, const int *fds, int n, int batched)
@@ -279,6 +332,7 @@ static Suite *lib_batch_suite(void)
 	tcase_add_test(tc, test_fake_load_region_refused);
 	suite_add_tcase(s, tc);
 	h_add_case(s, "refused", test_batch_refused, 30, 1);
+	h_add_case(s, "fds bounded", test_batch_fds_bounded, 30, 1);
 	h_add_case(s, "bench", test_batch_bench, 60, 1);
 	return s;
 }

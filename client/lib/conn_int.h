@@ -14,11 +14,15 @@
 
 /* Requests posted and not yet answered, at most: one more settles the oldest first. */
 #define LIB_POST_MAX 64
+/* Descriptors they carry, at most: the kernel fails a sendmsg (ETOOMANYREFS) once a user
+ * not privileged has more descriptors in flight than RLIMIT_NOFILE (often 1024), and a VMM
+ * region's frames carry up to PROTO_MAX_FDS each. */
+#define LIB_POST_FDS (2 * PROTO_MAX_FDS)
 
-/* A posted request: its id and type, and who takes its reply. */
+/* A posted request: its id and type, the descriptors it carried, and who takes its reply. */
 struct lib_posted {
 	uint64_t id;
-	unsigned type;
+	unsigned type, nfds;
 	lib_take_fn take;
 	void *arg;
 };
@@ -40,6 +44,7 @@ struct dsckpt_conn {
 	unsigned req_type;          /* its type */
 	struct lib_posted posted[LIB_POST_MAX]; /* requests whose replies are not read yet, */
 	unsigned posted_head, nposted;          /* oldest at posted_head (a ring) */
+	unsigned posted_fds;                    /* the descriptors they carried */
 	struct lib_batch *batch;    /* open: REGION_ADDs of placements are posted into it */
 	uint64_t swept_gen;         /* lib_host_generation() at the last sweep */
 	struct lib_hostref *regs;   /* host blocks registered here, sorted by region id */

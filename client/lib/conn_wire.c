@@ -177,6 +177,7 @@ static void conn_settle_one(dsckpt_conn_t *c)
 
 	c->posted_head = (c->posted_head + 1) % LIB_POST_MAX;
 	c->nposted--;
+	c->posted_fds -= p.nfds;
 	uint64_t id = c->req_id;
 	unsigned type = c->req_type;
 	c->req_id = p.id;
@@ -209,14 +210,15 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 }
 
 /* Sends a frame with fds whose reply take gets later (lib_conn_settle); the oldest posted
- * request is settled first when LIB_POST_MAX are. */
+ * requests are settled first while LIB_POST_MAX are posted or the descriptors would pass
+ * LIB_POST_FDS (a request answered has had its descriptors received). */
 int lib_conn_post_fds(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
 		      lib_take_fn take, void *arg)
 {
 	struct lib_reply r;
 	int sent, e;
 
-	if (c->nposted == LIB_POST_MAX)
+	while (c->nposted == LIB_POST_MAX || (c->nposted && c->posted_fds + nfds > LIB_POST_FDS))
 		conn_settle_one(c);
 	if ((e = conn_send(c, o, fds, nfds, &sent)) < 0)
 		return e;
@@ -232,7 +234,8 @@ int lib_conn_post_fds(dsckpt_conn_t *c, struct proto_out *o, const int *fds, uns
 						  "failed", proto_type_name(type), c->path);
 	}
 	c->posted[(c->posted_head + c->nposted++) % LIB_POST_MAX] =
-		(struct lib_posted){c->req_id, c->req_type, take, arg};
+		(struct lib_posted){c->req_id, c->req_type, nfds, take, arg};
+	c->posted_fds += nfds;
 	return 0;
 }
 
