@@ -244,7 +244,8 @@ $(BUILD)/tests/check_%: tests/check_%.c $(wildcard tests/harness*.h) $(BUILD)/li
 		$(CRYPTO_LIBS) $(LIBS_COMMON) $(CUDA_LIBS) $(CHECK_LIBS)
 
 $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
-		$(BUILD)/tests/check_lib_load: tests/fake_peer.c tests/fake_peer.h
+		$(BUILD)/tests/check_lib_load $(BUILD)/tests/check_lib_batch: tests/fake_peer.c \
+		tests/fake_peer.h
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
 		$(BUILD)/tests/check_remote_restore $(BUILD)/tests/check_upload \

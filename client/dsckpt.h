@@ -323,7 +323,10 @@ DSCKPT_EXTERN const char *dsckpt_load_source(const dsckpt_load_t *l);
  * destination, nbytes its size). Tensors of the file not named are not read. A name the file
  * lacks or a dtype/shape other than the file's is reported by dsckpt_load_end, together with
  * every other mismatch, before any byte is written. *added as for dsckpt_add_tensors.
- * The GPU destinations of one load lie on one GPU (DSCKPT_ENOTSUP otherwise).
+ * The GPU destinations of one load lie on one GPU (DSCKPT_ENOTSUP otherwise). The daemon is
+ * asked to open the call's new destination allocations all at once, in one round trip; one
+ * it refuses fails the call with its code, the message naming the first tensor in it, and
+ * that tensor and those after it are not added.
  */
 DSCKPT_EXTERN int dsckpt_load_add_tensors(dsckpt_load_t *l, const dsckpt_tensor_t *tensors,
 					  size_t n, size_t *added);

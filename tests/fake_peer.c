@@ -8,6 +8,7 @@
 #include "fake_peer.h"
 
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,11 +159,42 @@ static void fake_load(const struct proto_hdr *h, struct proto_map *m, struct pro
 	fprintf(log, "BAD type %u\n", h->type);
 }
 
+/* REGION_ADD replies held back (fake_opts.hold_regions). */
+static struct {
+	uint8_t *bytes;
+	size_t len;
+	int n;
+} held;
+
+/* Sends the held replies, in order; -1 when the client is gone. */
+static int fake_flush_held(int fd)
+{
+	int e = held.len ? proto_send(fd, held.bytes, held.len, NULL, 0) : 0;
+	free(held.bytes);
+	held.bytes = NULL;
+	held.len = 0;
+	held.n = 0;
+	return e < 0 ? -1 : 0;
+}
+
+/* Holds a REGION_ADD reply; sends them all when hold_regions are held. */
+static int fake_hold(int fd, const uint8_t *frame, size_t len, FILE *log)
+{
+	held.bytes = realloc(held.bytes, held.len + len);
+	memcpy(held.bytes + held.len, frame, len);
+	held.len += len;
+	if (++held.n < fake_opts.hold_regions)
+		return 0;
+	fprintf(log, "region_add replies held: %d\n", held.n);
+	return fake_flush_held(fd);
+}
+
 /* Handles one request; returns 0 to go on, -1 to hang up. */
 static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, int *fds,
 			unsigned nfds, struct fake_region *regs, int *nregs, FILE *log)
 {
 	static uint64_t ntensors;
+	static int nregion_adds;
 	struct proto_out o;
 	char s1[PROTO_MAX_STR + 1], s2[PROTO_MAX_STR + 1];
 	uint64_t u1 = 0, u2 = 0, u3 = 0;
@@ -204,6 +236,13 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 		proto_get_u64(m, "size", UINT64_MAX, &u2, 1);
 		if (nfds != 1 || strcmp(s1, "host") != 0 || *nregs == 64) {
 			fprintf(log, "BAD region_add\n");
+			break;
+		}
+		if (++nregion_adds == fake_opts.region_error) {
+			close(fds[0]);
+			snprintf(s2, sizeof(s2), "region %" PRIu64 ": over the fake's limit", u1);
+			fake_error(&o, id, DSCKPT_ELIMIT, s2);
+			fprintf(log, "region_add refused %" PRIu64 "\n", u1);
 			break;
 		}
 		regs[*nregs].id = u1;
@@ -335,7 +374,9 @@ static int fake_request(int fd, const struct proto_hdr *h, struct proto_map *m, 
 	if (proto_map_end(m) < 0)
 		fprintf(log, "BAD %s: %s\n", proto_type_name(h->type), m->why);
 	size_t len = proto_out_finish(&o, 0);
-	int e = proto_send(fd, o.sb.data, len, NULL, 0);
+	int e = h->type == PROTO_REGION_ADD && fake_opts.hold_regions
+		? fake_hold(fd, (const uint8_t *)o.sb.data, len, log)
+		: proto_send(fd, o.sb.data, len, NULL, 0);
 	proto_out_free(&o);
 	return e < 0 ? -1 : 0;
 }
@@ -360,7 +401,16 @@ static void fake_serve(int lfd, const char *logpath)
 		unsigned nfds = 0;
 		char why[160];
 
-		if (proto_recv(fd, &h, &body, fds, &nfds, -1, why, sizeof(why)) < 0)
+		int got = proto_recv(fd, &h, &body, fds, &nfds, held.n ? 2000 : -1, why,
+				     sizeof(why));
+		if (got == -ETIMEDOUT && held.n) {
+			fprintf(log, "BAD the client awaited a REGION_ADD reply (%d held)\n",
+				held.n);
+			if (fake_flush_held(fd) < 0)
+				break;
+			continue;
+		}
+		if (got < 0)
 			break;
 		if (h.version != PROTO_VERSION || h.nfds != nfds ||
 		    proto_in_parse(&in, body, h.length, why, sizeof(why)) < 0) {

@@ -21,6 +21,9 @@ struct fake_opts {
 	int hello_version;    /* answer HELLO with ERROR EVERSION */
 	int load_end_error;   /* answer LOAD_END with ERROR EINVAL naming two tensors */
 	int load_level;       /* LOAD_WAIT answers this level (0: LOADED) */
+	int hold_regions;     /* hold REGION_ADD replies until this many are held, then answer
+				 them together; a client that awaits one first is logged BAD */
+	int region_error;     /* answer the n-th REGION_ADD with ERROR ELIMIT (from 1; 0: none) */
 };
 extern struct fake_opts fake_opts;
 

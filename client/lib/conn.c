@@ -434,17 +434,24 @@ int lib_conn_ctl_hello(dsckpt_conn_t *c, int timeout_ms)
 	return e;
 }
 
-/* Registers a host memfd as a region (REGION_ADD). */
+/* Starts a host memfd's REGION_ADD frame. */
+static void region_add_frame(dsckpt_conn_t *c, struct proto_out *o, uint64_t region,
+			     uint64_t size)
+{
+	lib_conn_frame(c, o, PROTO_REGION_ADD);
+	msgpack_pack_map(&o->pk, 3);
+	proto_kv_u64(&o->pk, "region", region);
+	proto_kv_str(&o->pk, "kind", "host");
+	proto_kv_u64(&o->pk, "size", size);
+}
+
+/* Registers a host memfd as a region (REGION_ADD), awaited. */
 int lib_conn_region_add(dsckpt_conn_t *c, uint64_t region, int fd, uint64_t size)
 {
 	struct proto_out o;
 
-	lib_conn_frame(c, &o, PROTO_REGION_ADD);
-	msgpack_pack_map(&o.pk, 3);
-	proto_kv_u64(&o.pk, "region", region);
-	proto_kv_str(&o.pk, "kind", "host");
-	proto_kv_u64(&o.pk, "size", size);
-	return lib_conn_call_empty(c, &o, &fd, 1, "REGION_ADD");
+	region_add_frame(c, &o, region, size);
+	return lib_conn_region_send(c, NULL, &o, &fd, 1, region);
 }
 
 /* Unregisters a region (REGION_DEL). */
@@ -472,7 +479,7 @@ static size_t lib_conn_reg_search(dsckpt_conn_t *c, uint64_t region)
 	return lo;
 }
 
-/* Registers a dsckpt_host_alloc block unless it already is. */
+/* Registers a dsckpt_host_alloc block unless it already is (posted into the open batch). */
 int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h)
 {
 	size_t at = lib_conn_reg_search(c, h->region);
@@ -490,7 +497,9 @@ int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h)
 	if (fd < 0)
 		return lib_conn_fail(c, fd, "cannot duplicate a host memory fd: %s",
 				     dsckpt_strerror(fd));
-	e = lib_conn_region_add(c, h->region, fd, h->size);
+	struct proto_out o;
+	region_add_frame(c, &o, h->region, h->size);
+	e = lib_conn_region_send(c, c->batch, &o, &fd, 1, h->region);
 	close(fd);
 	if (e < 0)
 		return e;
@@ -498,6 +507,17 @@ int lib_conn_use_host(dsckpt_conn_t *c, const struct lib_hostref *h)
 	c->regs[at] = *h;
 	c->nregs++;
 	return 0;
+}
+
+/* Drops region from the registered host blocks, if there. */
+void lib_conn_forget_host(dsckpt_conn_t *c, uint64_t region)
+{
+	size_t at = lib_conn_reg_search(c, region);
+
+	if (at == c->nregs || c->regs[at].region != region)
+		return;
+	c->nregs--;
+	memmove(c->regs + at, c->regs + at + 1, (c->nregs - at) * sizeof(*c->regs));
 }
 
 /* Unregisters the blocks freed since the last sweep. */

@@ -1,11 +1,13 @@
 /*
- * conn_wire.c — one request on a connection's wire at a time (the connection's lock held):
+ * conn_wire.c — the requests on a connection's wire (the connection's lock held):
  * frames sent with their descriptors, replies read and matched to their request, the daemon's
  * ERROR decoded into the connection's message, a version mismatch or a malformed frame breaking
- * the connection. A request may be posted instead (lib_conn_post): its reply is then read at
- * the next request on the connection, or when its owner settles it, so that the daemon works
- * on it while the caller goes on (an early SAVE_BEGIN). Also the waits made of queries in
- * slices (lib_wait_*). The connection itself is conn.c's (conn_int.h).
+ * the connection. Requests may be posted instead (lib_conn_post, up to LIB_POST_MAX at once):
+ * their replies are then read in order at the next request on the connection, or when their
+ * owner settles them, so that the daemon works on them while the caller goes on (an early
+ * SAVE_BEGIN, a load's REGION_ADDs). The daemon answers a connection's frames in order, and
+ * each reply's id is checked against its request's. Also the waits made of queries in slices
+ * (lib_wait_*). The connection itself is conn.c's (conn_int.h).
  */
 #include "internal.h"
 #include "conn_int.h"
@@ -165,26 +167,33 @@ static int conn_recv(dsckpt_conn_t *c, int sent, struct lib_reply *r)
 	return 0;
 }
 
-/* Reads the posted request's reply, if one is posted, and gives it to its owner (a broken
- * connection fails it without reading). */
-void lib_conn_settle(dsckpt_conn_t *c)
+/* Reads the oldest posted request's reply and gives it to its owner (a broken connection
+ * fails it without reading). */
+static void conn_settle_one(dsckpt_conn_t *c)
 {
-	lib_take_fn take = c->posted_take;
+	struct lib_posted p = c->posted[c->posted_head];
 	struct lib_reply r;
 	int e;
 
-	if (!take)
-		return;
-	c->posted_take = NULL;
+	c->posted_head = (c->posted_head + 1) % LIB_POST_MAX;
+	c->nposted--;
+	c->posted_fds -= p.nfds;
 	uint64_t id = c->req_id;
 	unsigned type = c->req_type;
-	c->req_id = c->posted_id;
-	c->req_type = c->posted_type;
+	c->req_id = p.id;
+	c->req_type = p.type;
 	memset(&r, 0, sizeof(r));
 	e = c->broken ? lib_conn_fail(c, DSCKPT_EPIPE, "%s", c->dead) : conn_recv(c, 0, &r);
-	take(c, e, &r, c->posted_arg);
+	p.take(c, e, &r, p.arg);
 	c->req_id = id;
 	c->req_type = type;
+}
+
+/* Reads every posted request's reply, oldest first, each given to its owner. */
+void lib_conn_settle(dsckpt_conn_t *c)
+{
+	while (c->nposted > 0)
+		conn_settle_one(c);
 }
 
 /* Sends a frame and reads its reply. */
@@ -200,26 +209,40 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
 	return conn_recv(c, sent, r);
 }
 
-/* Sends a frame whose reply take gets later (lib_conn_settle). */
-int lib_conn_post(dsckpt_conn_t *c, struct proto_out *o, lib_take_fn take, void *arg)
+/* Sends a frame with fds whose reply take gets later (lib_conn_settle); the oldest posted
+ * requests are settled first while LIB_POST_MAX are posted or the descriptors would pass
+ * LIB_POST_FDS (a request answered has had its descriptors received). */
+int lib_conn_post_fds(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
+		      lib_take_fn take, void *arg)
 {
 	struct lib_reply r;
 	int sent, e;
 
-	lib_conn_settle(c);
-	if ((e = conn_send(c, o, NULL, 0, &sent)) < 0)
+	while (c->nposted == LIB_POST_MAX || (c->nposted && c->posted_fds + nfds > LIB_POST_FDS))
+		conn_settle_one(c);
+	if ((e = conn_send(c, o, fds, nfds, &sent)) < 0)
 		return e;
 	if (sent < 0) {		/* why, at once: the daemon's ERROR of id 0, or the send's */
+		uint64_t id = c->req_id;
+		unsigned type = c->req_type;
+		lib_conn_settle(c);	/* the replies before it come first */
+		c->req_id = id;
+		c->req_type = type;
 		memset(&r, 0, sizeof(r));
 		e = conn_recv(c, sent, &r);
 		return e < 0 ? e : lib_conn_break(c, DSCKPT_EPIPE, "sending %s to dsckptd at %s "
-						  "failed", proto_type_name(c->req_type), c->path);
+						  "failed", proto_type_name(type), c->path);
 	}
-	c->posted_id = c->req_id;
-	c->posted_type = c->req_type;
-	c->posted_take = take;
-	c->posted_arg = arg;
+	c->posted[(c->posted_head + c->nposted++) % LIB_POST_MAX] =
+		(struct lib_posted){c->req_id, c->req_type, nfds, take, arg};
+	c->posted_fds += nfds;
 	return 0;
+}
+
+/* Sends a frame whose reply take gets later (lib_conn_settle). */
+int lib_conn_post(dsckpt_conn_t *c, struct proto_out *o, lib_take_fn take, void *arg)
+{
+	return lib_conn_post_fds(c, o, NULL, 0, take, arg);
 }
 
 /* Checks that the reply was read completely and well, and frees it. */

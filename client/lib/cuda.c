@@ -28,8 +28,10 @@
  * lives in the context of its first GPU tensor: PyTorch's primary context in practice. The
  * library never calls cuInit.
  *
- * Everything runs under the connection's lock, except the one-time driver load and
- * lib_cuda_free (called when the connection's last reference is gone).
+ * A REGION_ADD is posted into the connection's open batch (conn_batch.c), if any, and the
+ * region cached at once; the batch drops it again if the daemon refuses it. Everything runs
+ * under the connection's lock, except the one-time driver load and lib_cuda_free (called
+ * when the connection's last reference is gone).
  */
 #include "cudrv.h"
 
@@ -196,6 +198,14 @@ static void cuda_insert(struct lib_cuda *st, const struct cuda_region *r)
 		st->maxsize = r->size;
 }
 
+/* Removes cached region i (its memory is the caller's to tell the daemon about). */
+static void cuda_remove(struct lib_cuda *st, size_t i)
+{
+	free(st->regs[i].maps);
+	st->nregs--;
+	memmove(st->regs + i, st->regs + i + 1, (st->nregs - i) * sizeof(*st->regs));
+}
+
 /* Whether a cached region disagrees with the memory now in [s, e): an IPC allocation there
  * was freed (the caller found no exact match), a VMM one if any of its mappings in the range
  * is not one of run's. */
@@ -227,9 +237,7 @@ static int cuda_drop_stale(dsckpt_conn_t *c, struct lib_cuda *st, CUdeviceptr s,
 		int err = lib_conn_region_del(c, r->region);
 		if (err < 0)
 			return err;
-		free(r->maps);
-		st->nregs--;
-		memmove(r, r + 1, (st->nregs - (size_t)i) * sizeof(*r));
+		cuda_remove(st, (size_t)i);
 	}
 	return 0;
 }
@@ -279,7 +287,7 @@ static int cuda_place_ipc(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev
 	proto_kv_u64(&o.pk, "size", r.size);
 	proto_kv_bin(&o.pk, "uuid", d->uuid.bytes, sizeof(d->uuid.bytes));
 	proto_kv_bin(&o.pk, "handle", h.reserved, sizeof(h.reserved));
-	if ((e = lib_conn_call_empty(c, &o, NULL, 0, "REGION_ADD")) < 0)
+	if ((e = lib_conn_region_send(c, lib_conn_batch(c), &o, NULL, 0, r.region)) < 0)
 		return e;
 	cuda_insert(st, &r);
 	out->region = r.region;
@@ -320,25 +328,6 @@ static int cuda_run(dsckpt_conn_t *c, struct lib_cuda *st, const struct lib_cudr
 	return 0;
 }
 
-/* Exports the physical allocation mapped at base as a POSIX file descriptor. */
-static int cuda_export(dsckpt_conn_t *c, CUdeviceptr base, int *fd)
-{
-	CUmemGenericAllocationHandle h;
-	CUresult r = lib_cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)base);
-
-	if (r != CUDA_SUCCESS)
-		return lib_conn_fail(c, DSCKPT_ENOTSUP, "cuMemRetainAllocationHandle: %s: GPU "
-				     "memory that is neither legacy-IPC capable nor cuMemCreate'd "
-				     "is not supported", lib_cudrv_name(r));
-	r = lib_cu.MemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-	lib_cu.MemRelease(h);   /* the retain took a reference; the exported fd holds its own */
-	if (r != CUDA_SUCCESS)
-		return lib_conn_fail(c, DSCKPT_ENOTSUP, "cuMemExportToShareableHandle: %s: the GPU "
-				     "memory was not created with the POSIX file descriptor handle "
-				     "type", lib_cudrv_name(r));
-	return 0;
-}
-
 /* Registers the mappings of st->run as one cuda_vmm region, PROTO_MAX_FDS fds per frame. */
 static int cuda_vmm_add(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev *d,
 			size_t nrun, const struct cuda_region *r)
@@ -356,7 +345,7 @@ static int cuda_vmm_add(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev *
 
 		if ((e = cuda_push(c, ctx)) < 0)
 			goto fail;
-		while (nfds < k && (e = cuda_export(c, st->run[i + nfds].base, &fds[nfds])) == 0)
+		while (nfds < k && (e = lib_cudrv_export(c, st->run[i + nfds].base, &fds[nfds])) == 0)
 			nfds++;
 		cuda_pop();
 		if (e == 0) {
@@ -371,7 +360,8 @@ static int cuda_vmm_add(dsckpt_conn_t *c, struct lib_cuda *st, struct cuda_dev *
 			msgpack_pack_array(&o.pk, k);
 			for (size_t j = 0; j < k; j++)
 				msgpack_pack_uint64(&o.pk, st->run[i + j].size);
-			e = lib_conn_call_empty(c, &o, fds, (unsigned)k, "REGION_ADD");
+			e = lib_conn_region_send(c, lib_conn_batch(c), &o, fds, (unsigned)k,
+						 r->region);
 		}
 		for (size_t j = 0; j < nfds; j++)
 			close(fds[j]);
@@ -556,18 +546,26 @@ int lib_cuda_record(dsckpt_conn_t *c, int device, void *ctx, void *stream,
 	return 0;
 }
 
+/* Drops a region the daemon refused from the cache. */
+void lib_cuda_forget(dsckpt_conn_t *c, uint64_t region)
+{
+	struct lib_cuda *st = *lib_conn_cuda(c);
+
+	for (size_t i = 0; st && i < st->nregs; i++)
+		if (st->regs[i].region == region)
+			return cuda_remove(st, i);
+}
+
 /* Unregisters every cached GPU region, newest first; stops at the first failure. */
 int lib_cuda_release(dsckpt_conn_t *c)
 {
 	struct lib_cuda *st = *lib_conn_cuda(c);
 
 	while (st && st->nregs > 0) {
-		struct cuda_region *r = &st->regs[st->nregs - 1];
-		int e = lib_conn_region_del(c, r->region);
+		int e = lib_conn_region_del(c, st->regs[st->nregs - 1].region);
 		if (e < 0)
 			return e;
-		free(r->maps);
-		st->nregs--;
+		cuda_remove(st, st->nregs - 1);
 	}
 	if (st)
 		st->maxsize = 0;

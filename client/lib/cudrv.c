@@ -1,7 +1,8 @@
 /*
  * cudrv.c — the CUDA driver, loaded on first need from libcuda.so.1: its entry points, its
- * error names, and what it says about a pointer. The library is never linked against libcuda
- * or libcudart; without the driver lib_cudrv_present says so and every pointer is host memory.
+ * error names, what it says about a pointer, and VMM memory exported as a descriptor. The
+ * library is never linked against libcuda or libcudart; without the driver
+ * lib_cudrv_present says so and every pointer is host memory.
  */
 #include "cudrv.h"
 
@@ -140,4 +141,23 @@ int lib_cudrv_mapping(dsckpt_conn_t *c, struct lib_cudrv_attrs *a, CUdeviceptr p
 		return 0;
 	r = lib_cu.MemGetAddressRange(&a->map_base, &a->map_size, p);
 	return r == CUDA_SUCCESS ? 0 : lib_cudrv_fail(c, r, "cuMemGetAddressRange");
+}
+
+/* Exports the physical allocation mapped at base as a POSIX file descriptor. */
+int lib_cudrv_export(dsckpt_conn_t *c, CUdeviceptr base, int *fd)
+{
+	CUmemGenericAllocationHandle h;
+	CUresult r = lib_cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)base);
+
+	if (r != CUDA_SUCCESS)
+		return lib_conn_fail(c, DSCKPT_ENOTSUP, "cuMemRetainAllocationHandle: %s: GPU "
+				     "memory that is neither legacy-IPC capable nor cuMemCreate'd "
+				     "is not supported", lib_cudrv_name(r));
+	r = lib_cu.MemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	lib_cu.MemRelease(h);   /* the retain took a reference; the exported fd holds its own */
+	if (r != CUDA_SUCCESS)
+		return lib_conn_fail(c, DSCKPT_ENOTSUP, "cuMemExportToShareableHandle: %s: the GPU "
+				     "memory was not created with the POSIX file descriptor handle "
+				     "type", lib_cudrv_name(r));
+	return 0;
 }

@@ -108,5 +108,8 @@ int lib_cuda_look_answer(struct lib_cuda_look *l, size_t i, CUdeviceptr p,
 			 struct lib_cudrv_attrs *a);
 /* Fills in the mapping of VMM memory at p where the attributes lacked it. */
 int lib_cudrv_mapping(dsckpt_conn_t *c, struct lib_cudrv_attrs *a, CUdeviceptr p);
+/* Exports the physical allocation mapped at base as a POSIX file descriptor *fd (VMM
+ * memory made with that handle type; DSCKPT_ENOTSUP otherwise). */
+int lib_cudrv_export(dsckpt_conn_t *c, CUdeviceptr base, int *fd);
 
 #endif /* DSCKPT_CUDRV_H */

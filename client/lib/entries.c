@@ -130,6 +130,15 @@ int lib_entries_send(dsckpt_conn_t *c, struct lib_entries *es, unsigned type,
 	}
 }
 
+/* Keeps the first n entries only. */
+void lib_entries_truncate(struct lib_entries *es, size_t n)
+{
+	if (n >= es->n)
+		return;
+	es->n = n;
+	es->enc.size = n ? es->ends[n - 1] : 0;
+}
+
 /* Whether every entry fits the END request's frame (lib_entries_send would send none). */
 int lib_entries_fit(const struct lib_entries *es)
 {

@@ -80,17 +80,55 @@ int lib_conn_call(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigne
  * A posted request's reply goes to its owner's take (lock held): e is 0 with the map in *r
  * (take calls lib_reply_end), or the failure (its message stored, *r empty). lib_conn_post
  * sends frame o; its reply is read before the connection's next request goes out, or by
- * lib_conn_settle, which its owner calls before it needs the reply (and before freeing arg).
- * One request is posted at a time: posting settles the one before.
+ * lib_conn_settle, which reads every posted reply in order and which the owner calls before
+ * it needs the reply (and before freeing arg). Up to LIB_POST_MAX requests are posted at once.
  */
 typedef void (*lib_take_fn)(dsckpt_conn_t *c, int e, struct lib_reply *r, void *arg);
 int lib_conn_post(dsckpt_conn_t *c, struct proto_out *o, lib_take_fn take, void *arg);
+/* lib_conn_post with descriptors sent beside the frame (a REGION_ADD's). */
+int lib_conn_post_fds(dsckpt_conn_t *c, struct proto_out *o, const int *fds, unsigned nfds,
+		      lib_take_fn take, void *arg);
 void lib_conn_settle(dsckpt_conn_t *c);
 /* Checks that every key of the reply was read well and frees it; 0 or DSCKPT_EPROTO. */
 int lib_reply_end(dsckpt_conn_t *c, struct lib_reply *r, const char *what);
 /* Sends a request whose reply is {} (lock held). */
 int lib_conn_call_empty(dsckpt_conn_t *c, struct proto_out *o, const int *fds,
 			unsigned nfds, const char *what);
+/*
+ * conn_batch.c — REGION_ADDs posted together. While a batch is open on a connection, the
+ * REGION_ADDs of lib_conn_use_host and lib_cuda_place are posted, not awaited: the caches
+ * take the region at once, and lib_conn_batch_close reads every reply, drops the regions the
+ * daemon refused from the caches (so that the daemon holds no region the connection does not
+ * know of, and the connection none the daemon lacks) and returns the first refusal. tag is
+ * the owner's, set before each placement (a tensor's index): the first refusal's is kept.
+ */
+struct lib_batch_sent {
+	uint64_t region, tag;
+	int failed;
+};
+struct lib_batch {
+	struct lib_batch_sent *v;  /* posted, in order */
+	size_t n, cap, next;       /* next: the request whose reply comes next */
+	uint64_t tag;              /* the owner's, for the REGION_ADDs posted from now */
+	size_t failed;             /* REGION_ADDs refused */
+	int err;                   /* the first refusal's code */
+	uint64_t err_tag;          /* its tag */
+	char why[LIB_ERRLEN];      /* its message */
+};
+/* Opens batch b (zeroed here) on c: REGION_ADDs of placements are posted into it (lock held). */
+void lib_conn_batch_open(dsckpt_conn_t *c, struct lib_batch *b);
+/* Reads b's replies, forgets the refused regions and closes it: 0, or the first refusal (its
+ * message stored, b->err_tag its tag) (lock held). */
+int lib_conn_batch_close(dsckpt_conn_t *c, struct lib_batch *b);
+/* The batch open on c, or NULL (lock held). */
+struct lib_batch *lib_conn_batch(dsckpt_conn_t *c);
+/*
+ * Sends REGION_ADD frame o with fds for region: posted into b when b is not NULL (0: sent,
+ * the reply read at b's close), else awaited (0: registered). A failure to send is returned
+ * at once either way (lock held).
+ */
+int lib_conn_region_send(dsckpt_conn_t *c, struct lib_batch *b, struct proto_out *o,
+			 const int *fds, unsigned nfds, uint64_t region);
 /* Registers a host memfd of size bytes as region on the connection (lock held). */
 int lib_conn_region_add(dsckpt_conn_t *c, uint64_t region, int fd, uint64_t size);
 /* Unregisters a region (lock held). */
@@ -188,6 +226,8 @@ int lib_cuda_place(dsckpt_conn_t *c, const void *ptr, size_t n, int gpu,
  * stream) and gives the event's handle and the GPU's UUID (lock held). */
 int lib_cuda_record(dsckpt_conn_t *c, int device, void *ctx, void *stream,
 		    uint8_t event[64], uint8_t uuid[16]);
+/* Drops region from c's cache of GPU regions, if there (the daemon refused it; lock held). */
+void lib_cuda_forget(dsckpt_conn_t *c, uint64_t region);
 /* Unregisters every GPU region cached on c (lock held); a later save registers them anew. */
 int lib_cuda_release(dsckpt_conn_t *c);
 /* Frees a connection's CUDA state: its events and the contexts it retained. */
@@ -251,6 +291,8 @@ int lib_entries_call(dsckpt_conn_t *c, struct proto_out *o, const char *what);
  */
 int lib_entries_send(dsckpt_conn_t *c, struct lib_entries *es, unsigned type,
 		     const char *key, uint64_t id, size_t *last);
+/* Keeps the first n entries only (those after them are undone). */
+void lib_entries_truncate(struct lib_entries *es, size_t n);
 /* Whether every entry fits the END request's frame (lib_entries_send would send none). */
 int lib_entries_fit(const struct lib_entries *es);
 /* Packs the key "tensors" and the entries from index last on into o, if there are any. */

@@ -29,6 +29,7 @@ struct load_out {
 	void *dst;
 	const void *src;
 	size_t n;
+	size_t entry;     /* the index of its LOAD_ADD entry */
 };
 
 struct dsckpt_load {
@@ -155,15 +156,34 @@ static int load_add_one(dsckpt_load_t *l, const dsckpt_tensor_t *t)
 	if ((e = lib_entries_add(l->c, &l->es, t, region, offset)) < 0)
 		return e;
 	if (at && t->nbytes > 0)
-		l->outs[l->nouts++] = (struct load_out){(void *)t->ptr, at, t->nbytes};
+		l->outs[l->nouts++] = (struct load_out){(void *)t->ptr, at, t->nbytes, l->es.n - 1};
 	l->total += t->nbytes;
 	return 0;
 }
 
-/* Names where n tensors of the file go, under one lock; stops at the first that fails. */
+/* Undoes the last n tensors added, t: their entries, copy-outs and bytes (lock held). */
+static void load_undo(dsckpt_load_t *l, const dsckpt_tensor_t *t, size_t n)
+{
+	size_t keep = l->es.n - n;
+
+	lib_entries_truncate(&l->es, keep);
+	while (l->nouts > 0 && l->outs[l->nouts - 1].entry >= keep)
+		l->nouts--;
+	for (size_t i = 0; i < n; i++)
+		l->total -= t[i].nbytes;
+}
+
+/*
+ * Names where n tensors of the file go, under one lock; stops at the first that fails. The
+ * REGION_ADDs of new destinations are posted in one batch and their replies read at the
+ * end: when the daemon refused one, the tensors from the first that needed it on are undone
+ * and that one is reported, by name.
+ */
 int dsckpt_load_add_tensors(dsckpt_load_t *l, const dsckpt_tensor_t *tensors, size_t n,
 			    size_t *added)
 {
+	char why[LIB_ERRLEN];
+	struct lib_batch b;
 	size_t i = 0;
 	int e = 0;
 
@@ -172,11 +192,22 @@ int dsckpt_load_add_tensors(dsckpt_load_t *l, const dsckpt_tensor_t *tensors, si
 	if (!l || (!tensors && n))
 		return DSCKPT_EINVAL;
 	lib_conn_lock(l->c);
-	for (; i < n && e == 0; i++)
+	lib_conn_batch_open(l->c, &b);
+	for (; i < n && e == 0 && !b.failed; i++) {
+		b.tag = i;
 		e = load_add_one(l, &tensors[i]);
+	}
+	size_t ok = e < 0 ? i - 1 : i;
+	int refused = lib_conn_batch_close(l->c, &b);
+	if (refused < 0) {
+		load_undo(l, tensors + b.err_tag, ok - b.err_tag);
+		snprintf(why, sizeof(why), "%s", lib_conn_error(l->c));
+		e = lib_conn_fail(l->c, refused, "tensor %s: %s", tensors[b.err_tag].name, why);
+		ok = b.err_tag;
+	}
 	lib_conn_unlock(l->c);
 	if (added)
-		*added = e < 0 ? i - 1 : i;
+		*added = ok;
 	return e;
 }
 

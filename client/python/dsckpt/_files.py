@@ -13,10 +13,12 @@ A file with no checksum at all (written by another tool) loads unchecked, with a
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
 import struct
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
@@ -55,9 +57,9 @@ def _bad_checksum(path: str, what: str) -> Exception:
     return error_for(Errno.EFAILED, "EFAILED", f"{path}: {what}", Errno.ECHECKSUM, load=True)
 
 
-def _checksums(path: str, meta: dict, names: List[str]) -> Optional[Dict[str, int]]:
+def _checksums(path: str, meta: dict, names: Dict[str, dict]) -> Optional[Dict[str, int]]:
     """Each tensor's recorded checksum, None for a file without any; raises where one that is
-    there cannot be read (format/st_parse.c's rules)."""
+    there cannot be read (format/st_parse.c's rules). names: the header's tensors, by name."""
     sums: Dict[str, int] = {}
     for key, value in meta.items():
         if not key.startswith(KEY_TENSOR):
@@ -90,14 +92,40 @@ def _header(f, path: str) -> Tuple[int, List[Tuple[str, dict]], Optional[Dict[st
     if len(raw) != 8:
         raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
     (hlen,) = struct.unpack("<Q", raw)
-    header = json.loads(f.read(hlen))
+    header = _json(f.read(hlen))
     meta = header.pop("__metadata__", None) or {}
     for name, info in header.items():
         if ST_DTYPES.get(info["dtype"]) is None:
             raise ValueError(f"{path}: tensor {name}: dtype {info['dtype']} unknown to "
                              f"torch {torch.__version__}")
-    sums = _checksums(path, meta, list(header))
+    sums = _checksums(path, meta, header)
     return 8 + hlen, sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]), sums
+
+
+_gc_lock = threading.Lock()
+_gc_paused = 0  # _json calls under way that paused the collector
+
+
+def _json(raw: bytes):
+    """json.loads of a header, the cyclic garbage collector paused meanwhile: the thousands
+    of dicts and lists a model's header makes would otherwise start full collections of a
+    trainer's heap (tens of ms each, as much as the parse itself many times over); nothing
+    the parse makes is garbage."""
+    global _gc_paused
+    with _gc_lock:
+        pause = _gc_paused > 0 or gc.isenabled()  # else the caller's choice: left alone
+        if pause:
+            _gc_paused += 1
+            gc.disable()
+    if not pause:
+        return json.loads(raw)
+    try:
+        return json.loads(raw)
+    finally:
+        with _gc_lock:
+            _gc_paused -= 1
+            if _gc_paused == 0:
+                gc.enable()
 
 
 def _unchecked(path: str) -> None:
@@ -118,8 +146,13 @@ def read_header(path: str) -> Dict[str, Tuple[str, List[int]]]:
     """The tensors of a safetensors file without their data: name → (safetensors dtype,
     shape), in file order."""
     with open(path, "rb") as f:
-        _, tensors, _ = _header(f, path)
-    return {name: (info["dtype"], list(info["shape"])) for name, info in tensors}
+        return header_of(f, path)
+
+
+def header_of(f, path: str) -> Dict[str, Tuple[str, List[int]]]:
+    """read_header of the file open as f (at its start)."""
+    _, tensors, _ = _header(f, path)
+    return {name: (info["dtype"], info["shape"]) for name, info in tensors}
 
 
 def read_safetensors(path: str) -> Dict[str, torch.Tensor]:

@@ -9,11 +9,13 @@ mismatch fails before a byte is written and with the same words.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ._files import DTYPES, ST_DTYPES, read_header, read_safetensors_buffer, tensors_of
+from ._files import DTYPES, ST_DTYPES, header_of, read_safetensors_buffer, tensors_of
 from .core import Connection, LoadLevel
 from .errors import DaemonUnavailable, DsckptError, Errno, error_for
 
@@ -47,21 +49,43 @@ class StateDictMismatch(KeyError):
         return f"{self.path}: " + "; ".join(parts)
 
 
+_HEADERS: Dict[str, tuple] = {}  # path → (its stat key, header): the last few files read
+HEADERS_KEPT = 8
+RACY_NS = 1_000_000_000  # a file changed this recently is not kept: its mtime may not move
+
+
 def header(path: str) -> Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]:
-    """The tensors of a safetensors file: name → (torch dtype, shape)."""
-    return {name: (ST_DTYPES[dtype], tuple(shape))
-            for name, (dtype, shape) in read_header(path).items()}
+    """The tensors of a safetensors file: name → (torch dtype, shape), in file order. A file
+    read before and unchanged since (same device, inode, size and mtime) is not parsed again:
+    a trainer's second load of a tag, or ``load_into`` after ``load``, takes the answer of
+    the first. The dict is shared: read it, never change it."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        kept = _HEADERS.get(path)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        have = {name: (ST_DTYPES[dtype], tuple(shape))
+                for name, (dtype, shape) in header_of(f, path).items()}
+    if st.st_mtime_ns < time.time_ns() - RACY_NS:  # written in place within a tick, a file
+        _HEADERS.pop(path, None)                     # could change and keep its mtime
+        _HEADERS[path] = (key, have)
+        while len(_HEADERS) > HEADERS_KEPT:
+            _HEADERS.pop(next(iter(_HEADERS)), None)
+    return have
 
 
 def check(path: str, dests: Dict[str, torch.Tensor], strict: bool) -> None:
     """Raises StateDictMismatch unless every destination is in the file with its dtype and
     shape (and, when strict, every tensor of the file has a destination)."""
     have = header(path)
-    missing = [n for n in dests if n not in have]
-    mismatched = [f"{n} ({DTYPES[t.dtype]} {list(t.shape)}, file "
-                  f"{DTYPES[have[n][0]]} {list(have[n][1])})"
-                  for n, t in dests.items() if n in have
-                  and (t.dtype != have[n][0] or tuple(t.shape) != have[n][1])]
+    bad = [n for n, t in dests.items()
+           if (h := have.get(n)) is None or t.dtype != h[0] or t.shape != h[1]]
+    if not bad and (not strict or len(have) == len(dests)):
+        return
+    missing = [n for n in bad if n not in have]
+    mismatched = [f"{n} ({DTYPES[dests[n].dtype]} {list(dests[n].shape)}, file "
+                  f"{DTYPES[have[n][0]]} {list(have[n][1])})" for n in bad if n in have]
     unexpected = [n for n in have if n not in dests] if strict else []
     if missing or mismatched or unexpected:
         raise StateDictMismatch(path, missing, unexpected, mismatched)
