@@ -61,7 +61,7 @@
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
  * its own, upload_tag.c the remote steps of a tag, upload_version.c the remote version a tag
  * writes (a tag saved again replaces it), upload_orphans.c the uploads a killed daemon left
- * open, upload_retain.c keep_last_remote after
+ * open, upload_files.c a tag's files, upload_retain.c keep_last_remote after
  * them, upload.h what they share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its

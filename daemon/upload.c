@@ -53,30 +53,6 @@ static struct {
 	struct workq *finished;
 } up = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* Adds name (of the save's file stem, size bytes) to t unless there (lock held); 0 or -1. */
-static int file_add(struct uptag *t, const char *name, const char *stem, uint64_t size)
-{
-	for (size_t i = 0; i < t->nfiles; i++)
-		if (strcmp(t->files[i].name, name) == 0)
-			return 0;
-	if (t->nfiles == t->cap) {
-		size_t cap = t->cap ? t->cap * 2 : 8;
-		struct upfile *f = realloc(t->files, cap * sizeof(*f));
-		if (!f)
-			return -1;
-		t->files = f;
-		t->cap = cap;
-	}
-	struct upfile *f = &t->files[t->nfiles++];
-	memset(f, 0, sizeof(*f));
-	snprintf(f->name, sizeof(f->name), "%s", name);
-	snprintf(f->stem, sizeof(f->stem), "%s", stem);
-	f->state = UPF_WAIT;
-	f->size = size;
-	t->bytes_total += size;
-	return 0;
-}
-
 /* Splits dir (the tag, or its staging directory .<tag>.dsckpt-next) into t's key, job key
  * and tag under its root; 0, 1 for a staging directory, or -1 when it is not below a root
  * with a remote. */
@@ -157,18 +133,6 @@ static int upload_resume(const char *dir)
 	return t ? 0 : -1;
 }
 
-/* Queues dir/name of a save's file stem when it exists, its size counted (lock held). */
-static void queue_file(struct uptag *t, const char *dir, const char *name, const char *stem)
-{
-	char path[PATH_MAX + NAME_MAX + 2];
-	struct stat st;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-	    file_add(t, name, stem, (uint64_t)st.st_size) < 0)
-		log_warnx("upload of %s: out of memory", path);
-}
-
 /* save_change_cb: a save's file goes up once DURABLE; its tag is finished once COMMITTED. */
 void upload_on_save(struct save *s)
 {
@@ -185,9 +149,9 @@ void upload_on_save(struct save *s)
 		/* A staging directory's files wait for its commit: until then the remote holds
 		 * the tag's committed version under the same keys. */
 		snprintf(name, sizeof(name), "%s%s", v.file, FMT_SAFETENSORS);
-		queue_file(t, v.dir, name, v.file);
+		uptag_queue_file(t, v.dir, name, v.file);
 		snprintf(name, sizeof(name), "%s%s", v.file, FMT_META);
-		queue_file(t, v.dir, name, v.file);
+		uptag_queue_file(t, v.dir, name, v.file);
 	}
 	if (t)
 		t->uid = v.uid;
@@ -271,31 +235,6 @@ static void run_file(struct uptag *t, size_t i)
 	tag_ok(t);
 }
 
-/* Makes t's files those of its plan (lock held): a file queued at DURABLE that the commit
- * left out (another run's) is dropped before it is uploaded; 0 or ERR_ENOMEM. */
-static int plan_files(struct uptag *t, char *err, size_t errlen)
-{
-	for (size_t i = 0; i < t->nfiles; i++)	/* up before the plan, under other keys */
-		if (t->files[i].state == UPF_DONE && strcmp(t->files[i].loc, t->loc) != 0)
-			t->files[i].state = UPF_WAIT;
-	for (size_t i = 0; i < t->nfiles;) {
-		int planned = 0;
-		for (size_t k = 0; k < t->nmine && !planned; k++)
-			planned = strcmp(t->mine[k].name, t->files[i].name) == 0;
-		if (planned || t->files[i].state != UPF_WAIT) {
-			i++;
-			continue;
-		}
-		t->bytes_total -= t->files[i].size;
-		t->files[i] = t->files[--t->nfiles];
-	}
-	for (size_t i = 0; i < t->nmine; i++) {
-		if (file_add(t, t->mine[i].name, t->mine[i].stem, t->mine[i].size) < 0)
-			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	}
-	return 0;
-}
-
 /* Runs t's step (lock held on entry and exit): its plan, or its finish once every file is
  * up; a finished tag goes to the loop. */
 static void run_step(struct uptag *t)
@@ -321,7 +260,7 @@ static void run_step(struct uptag *t)
 	pthread_mutex_lock(&up.lock);
 	t->busy = 0;
 	if (!finishing && rc == 0)
-		rc = plan_files(t, err, sizeof(err));
+		rc = uptag_plan_files(t, err, sizeof(err));
 	if (rc == 2) {
 		t->replan = 1;
 		t->retry_at = now_mono() + BACKOFF_FIRST_S;

@@ -2,8 +2,8 @@
  * upload.h — what upload.c (the scheduler: tags to upload, their files, the worker threads,
  * the loop's side) and upload_tag.c (the remote steps of one tag: its plan from the local
  * manifest, a file's upload, the node record, the remote manifest and latest, the local
- * REMOTE.json; the start-up pass), upload_version.c (which remote version a tag writes) and
- * upload_retain.c (keep_last_remote) share; nothing else includes it but
+ * REMOTE.json; the start-up pass), upload_version.c (which remote version a tag writes),
+ * upload_files.c (a tag's files) and upload_retain.c (keep_last_remote) share; nothing else includes it but
  * check_upload_retain.c.
  */
 #ifndef DSCKPTD_UPLOAD_H
@@ -104,6 +104,14 @@ int upload_retain(struct remote *r, const char *jobkey, unsigned keep, char *err
  * a failure is logged and counted (the job's next REMOTE tries again). */
 void uptag_retain(struct uptag *t);
 
+/* upload_files.c (upload.c's lock held) */
+/* Adds name (of the save's file stem, size bytes) to t unless there; 0 or -1. */
+int uptag_file_add(struct uptag *t, const char *name, const char *stem, uint64_t size);
+/* Queues dir/name of a save's file stem when it exists, its size counted. */
+void uptag_queue_file(struct uptag *t, const char *dir, const char *name, const char *stem);
+/* Makes t's files those of its plan (t->mine): a file queued that the commit left out is
+ * dropped before it goes up; 0 or ERR_ENOMEM. */
+int uptag_plan_files(struct uptag *t, char *err, size_t errlen);
 /* Frees what the worker's steps held. */
 void uptag_clear(struct uptag *t);
 /* Aborts this node's uploads left open (a daemon killed mid-upload) in the remote of each
