@@ -44,6 +44,21 @@ long raw(int port, const char *method, const char *path, const char *body, char 
 /* Makes bucket on moto at port (fails the test otherwise). */
 void make_bucket(int port, const char *bucket);
 
+/* tests/s3_proxy.py between a daemon and moto: every request forwarded, ListMultipartUploads
+ * re-paged (moto ignores max-uploads). */
+struct proxy {
+	pid_t pid;
+	int port;
+	char dir[256];             /* its state: pages.log */
+};
+/* Starts the proxy to moto at upstream, page uploads a listing page; 0, or -1 (it did not
+ * come up in 60 s). It dies with the process that started it. */
+int proxy_start(struct proxy *p, int upstream, int page);
+/* Kills the proxy and removes its directory. */
+void proxy_kill(struct proxy *p);
+/* How many listing pages the proxy served with a key-marker (pages after the first). */
+int proxy_pages_after_first(const struct proxy *p);
+
 /* The moto server a suite's tests share, started by moto_shared_up. */
 extern struct moto moto_shared;
 /* An unchecked fixture, once before a suite's tests: curl, and moto_shared when moto is
