@@ -133,12 +133,16 @@ static int upload_resume(const char *dir)
 	return t ? 0 : -1;
 }
 
-/* save_change_cb: a save's file goes up once DURABLE; its tag is finished once COMMITTED. */
+/* save_change_cb: a save's file goes up once DURABLE; its tag is finished once COMMITTED. A
+ * newer version committed before the one uploading reached REMOTE replaces it: the old one's
+ * saves hear that they will never be REMOTE (or, when a worker is finishing it, what the
+ * finish did), and a file of it going up gives up. */
 void upload_on_save(struct save *s)
 {
-	int level = save_level(s), staging;
+	int level = save_level(s), staging, replaced = 0;
 	struct save_view v;
-	char name[NAME_MAX + 1];
+	struct store_dirid old;
+	char name[NAME_MAX + 1], why[ERRLEN];
 
 	if (!up.nth || (level != LEVEL_DURABLE && level != LEVEL_COMMITTED))
 		return;
@@ -164,12 +168,16 @@ void upload_on_save(struct save *s)
 						    !store_dirid_eq(&t->dirid, &v.dirid))) {
 		/* The tag saved again and exchanged before its upload ended: the new version
 		 * is planned and uploaded, and its saves marked REMOTE. */
+		replaced = uptag_replace(t, &v, &old, why, sizeof(why));
 		t->dirid = v.dirid;
 		t->has_dirid = 1;
 		t->replan = 1;
+		t->stuck = 0;
+		__atomic_store_n(&t->cancel, 1, __ATOMIC_RELAXED);
 	}
 	pthread_cond_broadcast(&up.cond);
 	pthread_mutex_unlock(&up.lock);
+	uptag_replaced(replaced, &old, why);
 }
 
 /* Records a step's failure on t (lock held): kept for PENDING, counted, logged when it
@@ -224,8 +232,10 @@ static void run_file(struct uptag *t, size_t i)
 		tag_failed(t, rc, err);
 	if (rc == 1)		/* the remote holds a version: files wait for the plan */
 		t->early_off = 1;
-	if (rc == 2)
+	if (rc == 2) {
 		t->replan = 1;
+		log_info("upload of %s: %s; planning again", t->dir, err);
+	}
 	if (rc != 0)
 		return;
 	if (t->files[i].size != f.size)
@@ -248,10 +258,13 @@ static void run_step(struct uptag *t)
 		for (size_t i = 0; i < t->nfiles; i++)
 			t->files[i].state = UPF_WAIT;
 		__atomic_store_n(&t->bytes_done, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&t->cancel, 0, __ATOMIC_RELAXED);
 	}
 	int finishing = t->planned;	/* t->planned is the worker's while busy */
 
 	t->busy = 1;
+	t->finishing = finishing;
+	t->fin_id = t->dir_id;
 	pthread_mutex_unlock(&up.lock);
 	if (!finishing)
 		rc = uptag_plan(t, err, sizeof(err));
@@ -259,8 +272,14 @@ static void run_step(struct uptag *t)
 		rc = uptag_finish(t, err, sizeof(err));
 	pthread_mutex_lock(&up.lock);
 	t->busy = 0;
+	uptag_step_ended(t, finishing, rc, up.finished);
 	if (!finishing && rc == 0)
 		rc = uptag_plan_files(t, err, sizeof(err));
+	if (rc == 0 && finishing && t->replan) {
+		snprintf(err, sizeof(err), "%.900s was committed again: uploading the newer "
+			 "version", t->dir);
+		rc = 2;		/* a newer version follows the one just finished */
+	}
 	if (rc == 2) {
 		t->replan = 1;
 		t->retry_at = now_mono() + BACKOFF_FIRST_S;
@@ -275,7 +294,7 @@ static void run_step(struct uptag *t)
 	} else if (finishing) {
 		tag_ok(t);
 		t->done = 1;
-		workq_push(up.finished, &t->wi, 1);
+		workq_push(up.finished, &t->wi, UP_DONE);
 	} else {
 		tag_ok(t);
 	}
@@ -382,12 +401,16 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-/* Loop: a tag reached REMOTE: its saves are marked, its time observed, and it is freed. */
+/* Loop: a tag reached REMOTE: its saves are marked, its time observed, and it is freed; or
+ * the verdict on a version replaced while a worker finished it reaches its saves. */
 static void on_finished(struct workq_item *it, unsigned events)
 {
+	if (events == UP_VERDICT) {
+		uptag_verdict(it);
+		return;
+	}
 	struct uptag *t = (struct uptag *)((char *)it - offsetof(struct uptag, wi));
 
-	(void)events;
 	log_info("uploaded %s to %s/%s", t->dir, remote_url(up.remotes[t->root]), t->key);
 	metrics_add(METRIC_UPLOADS_DONE, 1);
 	metrics_observe(METRIC_UPLOAD_S, now_mono() - t->t_commit);

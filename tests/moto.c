@@ -132,6 +132,36 @@ void proxy_kill(struct proxy *p)
 	h_rm_rf(p->dir);
 }
 
+/* Holds each request whose "METHOD path" contains text (NULL: lets them go). */
+void proxy_hold(struct proxy *p, const char *text)
+{
+	char path[300], tmp[310];
+
+	snprintf(path, sizeof(path), "%s/hold", p->dir);
+	if (!text) {
+		unlink(path);
+		return;
+	}
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+	ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+/* The request line held now ("" when none was yet). */
+void proxy_held(const struct proxy *p, char *line, size_t len)
+{
+	char path[300];
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/held", p->dir);
+	char *text = h_read_file(path, &n);
+	snprintf(line, len, "%s", text ? text : "");
+	free(text);
+}
+
 /* How many listing pages the proxy served with a key-marker. */
 int proxy_pages_after_first(const struct proxy *p)
 {

@@ -6,7 +6,10 @@
 #     answers with every upload at once; here its answer is sorted by key, then upload id, cut
 #     after key-marker / upload-id-marker as S3 does (an upload id is looked at only beside
 #     its key-marker), and PAGE uploads a page go back, with IsTruncated, NextKeyMarker and
-#     NextUploadIdMarker; each page served is a line of STATEDIR/pages.log.
+#     NextUploadIdMarker; each page served is a line of STATEDIR/pages.log;
+#   - holds a request whose "METHOD path" contains the text of STATEDIR/hold while that file
+#     is there, after writing STATEDIR/held (the request line): a test stops a daemon in the
+#     middle of a step, sees where, and lets it go on by removing the file.
 # stdlib only; run by /usr/bin/python3.
 #
 # usage: s3_proxy.py PORT UPSTREAM_PORT STATEDIR PAGE
@@ -14,6 +17,7 @@ import http.client
 import http.server
 import os
 import sys
+import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape
@@ -21,6 +25,23 @@ from xml.sax.saxutils import escape
 PORT, UPSTREAM, STATE, PAGE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 HOP = {"connection", "keep-alive", "transfer-encoding", "expect", "content-length"}
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+def hold(line):
+    """Waits while STATEDIR/hold names a part of line, having said so in STATEDIR/held."""
+    path = os.path.join(STATE, "hold")
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except FileNotFoundError:
+            return
+        if not text or text not in line:
+            return
+        with open(os.path.join(STATE, "held.tmp"), "w") as f:
+            f.write(line + "\n")
+        os.replace(os.path.join(STATE, "held.tmp"), os.path.join(STATE, "held"))
+        time.sleep(0.05)
 
 
 def page(body, query):
@@ -87,6 +108,7 @@ class Proxy(http.server.BaseHTTPRequestHandler):
             keep = {k: v for k, v in query.items()
                     if k not in ("key-marker", "upload-id-marker", "max-uploads")}
             path = url.path + "?" + urllib.parse.urlencode(keep, doseq=True)
+        hold("%s %s" % (self.command, self.path))
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP}
         headers["Content-Length"] = str(len(data))
         conn = http.client.HTTPConnection("127.0.0.1", UPSTREAM, timeout=120)
