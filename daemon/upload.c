@@ -252,7 +252,11 @@ static void run_step(struct uptag *t)
 	char err[ERRLEN];
 	int rc;
 
+	struct upfile *gone = NULL;	/* the version given up's files only it names */
+	size_t ngone = 0;
+
 	if (t->replan) {	/* no file is busy: each goes up again from the new version */
+		gone = uptag_abandoned(t, &ngone);
 		t->replan = 0;
 		t->planned = 0;
 		for (size_t i = 0; i < t->nfiles; i++)
@@ -266,6 +270,8 @@ static void run_step(struct uptag *t)
 	t->finishing = finishing;
 	t->fin_id = t->dir_id;
 	pthread_mutex_unlock(&up.lock);
+	uptag_drop_abandoned(t, gone, ngone);
+	free(gone);
 	if (!finishing)
 		rc = uptag_plan(t, err, sizeof(err));
 	else

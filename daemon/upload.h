@@ -79,6 +79,7 @@ struct uptag {
 	size_t nmine;
 	int wrote;                /* this node wrote the remote manifest (its finish) */
 	int reached;              /* the finish moved the remote latest to this version: REMOTE */
+	int recorded;             /* this node's record of the version planned went up */
 	char loc[24];             /* the version's directory below key ("" or v<created_ns>) */
 	char fkey[PATH_MAX + 32]; /* key[/loc]: where its files and node records go */
 	char *rmanifest;          /* the remote manifest's bytes */
@@ -108,6 +109,10 @@ int uptag_early(struct uptag *t, char *err, size_t errlen);
 /* Writes t's remote manifest (first version: created; later: replacing the one there by its
  * etag, the old version's keys deleted after); 0, 2 (plan again) or a code. */
 int uptag_put_manifest(struct uptag *t, char *err, size_t errlen);
+/* Deletes this node's files f[0..n) of a version of t given up (uptag_abandoned's) below
+ * their version directories, but where the remote manifest names one; a failure is logged
+ * (the keys stay, named by no manifest). */
+void uptag_drop_abandoned(struct uptag *t, const struct upfile *f, size_t n);
 /* upload_retain.c */
 /* Deletes jobkey's committed remote tags of r beyond the newest keep (0: all kept), never
  * the one the remote latest names nor one without a manifest; 0 or a code with err. */
@@ -138,6 +143,11 @@ void uptag_replaced(int how, const struct store_dirid *old, const char *why);
 /* Worker, lock held, after t's step (finishing: the finish; rc its result): the verdict on a
  * version replaced while it was finished goes to the loop through q. */
 void uptag_step_ended(struct uptag *t, int finishing, int rc, struct workq *q);
+/* Worker, lock held, t to be planned again: copies of this node's files of the version
+ * given up that went up below its own version directory while no manifest could name them
+ * (this node's record of it not written, its finish not in the remote), *n of them; NULL
+ * when none. */
+struct upfile *uptag_abandoned(const struct uptag *t, size_t *n);
 /* Loop: a verdict pushed with UP_VERDICT reaches its saves (and is freed). */
 void uptag_verdict(struct workq_item *it);
 

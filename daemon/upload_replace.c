@@ -10,7 +10,9 @@
  * they hear at once that a newer version replaced theirs before its upload ended (a wait on
  * them ends with EINCOMPLETE and that message). A finish that saw the directory exchanged
  * before the loop saw the newer commit leaves its version's mark on the tag: that commit
- * then marks the old version's saves REMOTE.
+ * then marks the old version's saves REMOTE. The files of a version given up that went up
+ * below its own version directory, which no manifest will name, are deleted before the next
+ * plan (upload_version.c).
  *
  * upload.c calls in with its lock held (uptag_replace on the loop, uptag_step_ended on a
  * worker) or dropped (uptag_replaced, uptag_verdict: the save marks, loop thread).
@@ -103,6 +105,28 @@ void uptag_step_ended(struct uptag *t, int finishing, int rc, struct workq *q)
 		t->has_reached = 1;
 		t->reached_id = t->fin_id;
 	}
+}
+
+/* Worker, lock held, t to be planned again: copies of this node's files of the version given
+ * up that went up below its version directory (v<ns>) while no manifest could name them; NULL
+ * when none (or without memory: they stay). */
+struct upfile *uptag_abandoned(const struct uptag *t, size_t *n)
+{
+	struct upfile *gone = NULL;
+
+	*n = 0;
+	if (t->recorded || t->reached)
+		return NULL;	/* another node may write its manifest, or did */
+	for (size_t i = 0; i < t->nfiles; i++) {
+		if (t->files[i].state != UPF_DONE || t->files[i].loc[0] != 'v')
+			continue;
+		struct upfile *g = realloc(gone, (*n + 1) * sizeof(*g));
+		if (!g)
+			break;
+		gone = g;
+		gone[(*n)++] = t->files[i];
+	}
+	return gone;
 }
 
 /* Loop: a verdict pushed with UP_VERDICT reaches its saves, and is freed. */

@@ -147,6 +147,7 @@ int uptag_plan(struct uptag *t, char *err, size_t errlen)
 	if (dfd < 0)
 		return dfd;
 	uptag_clear(t);
+	t->reached = t->recorded = 0;
 	t->manifest = userfile_read(dfd, FMT_MANIFEST, MANIFEST_MAX, USERFILE_ONE_LINK,
 				    &t->manifest_len, &e, why, sizeof(why));
 	struct manifest *m = t->manifest ? manifest_parse(t->manifest, t->manifest_len, why,
@@ -424,6 +425,7 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 	free(rec);
 	if (rc < 0)
 		return rc;
+	t->recorded = 1;
 	for (size_t i = 0; i < t->nhosts; i++) {
 		uint64_t size;
 		snprintf(key, sizeof(key), "%s/" RECORD_PREFIX "%s", t->fkey, t->hosts[i]);

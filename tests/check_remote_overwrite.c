@@ -10,7 +10,8 @@
  * again while its first version still uploads: the new version is what reaches the remote,
  * whole, and its save REMOTE; a wait for REMOTE on the first version's save ends at once
  * with EINCOMPLETE (a newer version replaced it), or with REMOTE when the first version's
- * finish was writing its remote manifest then (tests/s3_proxy.py holds that write). The
+ * finish was writing its remote manifest then (tests/s3_proxy.py holds that write); the
+ * files of a version given up below its version directory are deleted. The
  * daemon SIGKILLed while a later version uploads under its
  * version directory: the restart aborts that upload left open and uploads the version. And
  * through
@@ -379,6 +380,68 @@ START_TEST(test_replaced_while_finishing)
 }
 END_TEST
 
+/* remote_list's callback: keeps a name of a version directory (v<ns>) into arg. */
+static int version_dir(void *arg, const char *name)
+{
+	if (name[0] == 'v')
+		snprintf(arg, 32, "%s", name);
+	return 0;
+}
+
+/* The second version of job/last (files a and b) given up while it uploads below its version
+ * directory, a up there, b going up: a is deleted before the third version is planned, and
+ * no key below that directory is left. */
+START_TEST(test_replaced_files_dropped)
+{
+	char json[1400], got[32], vdir[32] = "", err[ERRLEN];
+	void *ma, *mb, *my;
+	struct found f;
+	size_t len;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
+	dsckpt_save_t *sb = save_pattern(c, dir, "b", BIG, 3, &mb);
+	wait_level(c, sa, DSCKPT_DURABLE, WAIT_MS);
+	wait_level(c, sb, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	char *up = NULL;
+	for (int i = 0; i < WAIT_MS / 20 && !up; i++) {
+		ck_assert_int_eq(remote_list(rm, "job/last", version_dir, vdir, err, sizeof(err)), 0);
+		if (!vdir[0] || !(up = remote_read(rm, h_path("job/last/%s/a.safetensors", vdir),
+						   &len)))
+			h_sleep_ms(20);
+	}
+	ck_assert_msg(up != NULL, "a never went up below a version directory");
+	free(up);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);	/* b still going up */
+	dsckpt_save_t *sy = save_pattern(c, dir, "a", SMALL, 4, &my);
+	wait_level(c, sy, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	wait_level(c, sy, DSCKPT_REMOTE, WAIT_MS);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	ck_assert_msg(got[0] == 'v' && strcmp(got, vdir) != 0, "remote_dir '%s'", got);
+	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/a.safetensors", vdir), &len));
+	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/b.safetensors", vdir), &len));
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	ck_assert_int_ge(log_count(D->log, "of the version given up deleted from the remote"), 1);
+	dsckpt_save_free(sa);
+	dsckpt_save_free(sb);
+	dsckpt_save_free(sy);
+	dsckpt_host_free(ma);
+	dsckpt_host_free(mb);
+	dsckpt_host_free(my);
+	dsckpt_close(c);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
 /* The daemon killed while the second version of job/last uploads (below v<created_ns>/):
  * the restart aborts the upload it left open there and finishes the version. */
 START_TEST(test_killed_mid_version)
@@ -517,6 +580,7 @@ static Suite *remote_overwrite_suite(void)
 	tcase_add_loop_test(tc, test_killed_mid_version, 0, 2);
 	tcase_add_loop_test(tc, test_replaced_waits, 0, 2);
 	tcase_add_test(tc, test_replaced_while_finishing);
+	tcase_add_loop_test(tc, test_replaced_files_dropped, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
