@@ -12,7 +12,9 @@
  * tag is tried again after a backoff (0.25 s doubling to 5 s; 5 s at once for what
  * remote_retryable says needs a person); nothing of the local commit
  * waits for any of it. A finished tag goes back to the loop through a workq: its saves are
- * marked REMOTE and it is forgotten.
+ * marked REMOTE and it is forgotten. A tag committed again before its upload ended is
+ * planned again from the newer version; the file of the old one going up gives up, and
+ * upload_replace.c tells the old version's saves what became of it and drops its files.
  *
  * Threads and ownership: up.lock guards the list of tags and every field upload.h marks
  * (lock); a worker on a tag's step (busy) alone touches the rest of it; a tag is freed on the
@@ -167,7 +169,8 @@ void upload_on_save(struct save *s)
 	} else if (t && level == LEVEL_COMMITTED && (!t->has_dirid ||
 						    !store_dirid_eq(&t->dirid, &v.dirid))) {
 		/* The tag saved again and exchanged before its upload ended: the new version
-		 * is planned and uploaded, and its saves marked REMOTE. */
+		 * is planned and uploaded, and its saves marked REMOTE; the old one's hear what
+		 * became of it. */
 		replaced = uptag_replace(t, &v, &old, why, sizeof(why));
 		t->dirid = v.dirid;
 		t->has_dirid = 1;
@@ -177,7 +180,7 @@ void upload_on_save(struct save *s)
 	}
 	pthread_cond_broadcast(&up.cond);
 	pthread_mutex_unlock(&up.lock);
-	uptag_replaced(replaced, &old, why);
+	uptag_tell_saves(replaced, &old, why);
 }
 
 /* Records a step's failure on t (lock held): kept for PENDING, counted, logged when it
@@ -250,10 +253,9 @@ static void run_file(struct uptag *t, size_t i)
 static void run_step(struct uptag *t)
 {
 	char err[ERRLEN];
-	int rc;
-
-	struct upfile *gone = NULL;	/* the version given up's files only it names */
+	struct upfile *gone = NULL;	/* the files of the version given up that only it names */
 	size_t ngone = 0;
+	int rc;
 
 	if (t->replan) {	/* no file is busy: each goes up again from the new version */
 		gone = uptag_abandoned(t, &ngone);

@@ -135,11 +135,11 @@ int uptag_plan_files(struct uptag *t, char *err, size_t errlen);
 #define UP_VERDICT 2  /* upload_replace.c's verdict on a replaced version */
 /* Loop, lock held: t's committed version is replaced by the newer one of v's save. *old is
  * the version replaced, why what its saves hear: 0 (nothing now: a finish in flight decides,
- * or there is no version to tell), 1 replaced or 2 REMOTE, for uptag_replaced. */
+ * or there is no version to tell), 1 replaced or 2 REMOTE, for uptag_tell_saves. */
 int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid *old,
 		  char *why, size_t len);
 /* Loop, lock dropped: tells the saves of old what uptag_replace returned (how). */
-void uptag_replaced(int how, const struct store_dirid *old, const char *why);
+void uptag_tell_saves(int how, const struct store_dirid *old, const char *why);
 /* Worker, lock held, after t's step (finishing: the finish; rc its result): the verdict on a
  * version replaced while it was finished goes to the loop through q. */
 void uptag_step_ended(struct uptag *t, int finishing, int rc, struct workq *q);

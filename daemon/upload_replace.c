@@ -15,7 +15,7 @@
  * plan (upload_version.c).
  *
  * upload.c calls in with its lock held (uptag_replace on the loop, uptag_step_ended on a
- * worker) or dropped (uptag_replaced, uptag_verdict: the save marks, loop thread).
+ * worker) or dropped (uptag_tell_saves, uptag_verdict: the save marks, loop thread).
  */
 #include "upload.h"
 
@@ -47,7 +47,7 @@ static void replaced_why(const struct uptag *t, const struct save_view *v, char 
 }
 
 /* Loop, lock held: t's committed version is replaced by the newer one of v's save; *old and
- * why for uptag_replaced: 0 (a finish in flight decides, or no version to tell), 1 replaced,
+ * why for uptag_tell_saves: 0 (a finish in flight decides, or no version to tell), 1 replaced,
  * 2 REMOTE (a finish got it there before the loop saw this commit). */
 int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid *old,
 		  char *why, size_t len)
@@ -70,7 +70,7 @@ int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid
 }
 
 /* Loop, lock dropped: tells the saves of the replaced version old what uptag_replace said. */
-void uptag_replaced(int how, const struct store_dirid *old, const char *why)
+void uptag_tell_saves(int how, const struct store_dirid *old, const char *why)
 {
 	if (how == 2) {
 		save_mark_remote(old);
@@ -137,6 +137,6 @@ void uptag_verdict(struct workq_item *it)
 	if (vd->remote)
 		save_mark_remote(&vd->id);
 	else
-		uptag_replaced(1, &vd->id, vd->why);
+		uptag_tell_saves(1, &vd->id, vd->why);
 	free(vd);
 }
