@@ -249,8 +249,8 @@ $(BUILD)/tests/check_lib_save $(BUILD)/tests/check_lib_fail \
 $(BUILD)/tests/check_ctl $(BUILD)/tests/check_ctl_verify: tests/ctl_run.c tests/ctl_run.h
 $(BUILD)/tests/check_remote_s3 $(BUILD)/tests/check_remote_s3_faults \
 		$(BUILD)/tests/check_remote_restore $(BUILD)/tests/check_upload \
-		$(BUILD)/tests/check_upload_retain $(BUILD)/tests/check_remote_overwrite: tests/moto.c \
-		tests/moto.h
+		$(BUILD)/tests/check_upload_retain $(BUILD)/tests/check_remote_overwrite \
+		$(BUILD)/tests/check_remote_orphans: tests/moto.c tests/moto.h
 # check_nodes_ops preloads tests/metaops.c into its daemons: it counts their metadata operations.
 $(BUILD)/tests/libmetaops.so: tests/metaops.c tests/metaops.h
 	@mkdir -p $(dir $@)

@@ -92,7 +92,9 @@ typedef enum {
 	DSCKPT_COMMITTED = 4,  /* the checkpoint directory is committed (manifest, latest) */
 	DSCKPT_REMOTE = 5,     /* the committed tag, its manifest and the job's latest are in the
 				* root's remote tier (allowed_roots' "remote"); waiting for it on
-				* a root without one fails at once with DSCKPT_ENOTSUP */
+				* a root without one fails at once with DSCKPT_ENOTSUP, and with
+				* DSCKPT_EINCOMPLETE, its message naming the newer version, on a
+				* save whose tag was committed again before its upload ended */
 	DSCKPT_REPLICATED = 6  /* this node's files of the committed tag are held by `replicas`
 				* other nodes' daemons, each having checked them (and the tag is
 				* REMOTE first where its root has a remote tier). Waiting for it

@@ -61,7 +61,8 @@
  * written by upload.c, a save observer beside commit.c and seal.c with worker threads of
  * its own, upload_tag.c the remote steps of a tag, upload_version.c the remote version a tag
  * writes (a tag saved again replaces it), upload_orphans.c the uploads a killed daemon left
- * open, upload_retain.c keep_last_remote after
+ * open, upload_files.c a tag's files, upload_replace.c what the saves of a version replaced
+ * before its upload ended hear, upload_retain.c keep_last_remote after
  * them, upload.h what they share, calling
  * down into save.c (REMOTE), resident.c, store_*.c and remote.c), and
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
@@ -1654,6 +1655,7 @@ struct save_view {
 	int settled;             /* peer copies of the node's files sent: copies of replicas */
 	unsigned copies, replicas;
 	const char *copies_why;  /* settled with copies < replicas: why no more; else NULL */
+	const char *remote_why;  /* never REMOTE (another version replaced it first): why; NULL */
 };
 /* Told of every change of a save's level. */
 typedef void (*save_change_cb)(struct save *s);
@@ -1717,6 +1719,8 @@ unsigned save_inflight(void);
 void save_set_level(struct save *s, int level);
 /* Records on s that copies of replicas peers hold its node's files (why: why no more). */
 void save_set_copies(struct save *s, unsigned copies, unsigned replicas, const char *why);
+/* Records on s that it will never be REMOTE, and why. */
+void save_set_remote_why(struct save *s, const char *why);
 
 /* save_marks.c — the levels a tag directory's saves reach together (through save.c), and the
  * state a commit checks. Loop thread only. */
@@ -1731,6 +1735,9 @@ void save_mark_committed(const struct store_dirid *id, uid_t uid, const char *ru
 /* Marks the COMMITTED saves into the directory id REMOTE (then REPLICATED, where settled
  * with every copy). */
 void save_mark_remote(const struct store_dirid *id);
+/* The COMMITTED saves into the directory id will never be REMOTE (upload.c: a newer version
+ * of the tag replaced theirs before its upload ended; why says so): every wait on them ends. */
+void save_mark_replaced(const struct store_dirid *id, const char *why);
 /* Settles the peer copies of the COMMITTED or REMOTE saves into the directory id: copies of
  * replicas peers hold them (why: why no more); REPLICATED when all are (after REMOTE where the
  * root has a remote tier), and a wait for REPLICATED on one left short ends now. */

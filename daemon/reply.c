@@ -156,14 +156,16 @@ static void pack_failure(msgpack_packer *pk, int code, const char *error)
 	proto_kv_str(pk, "error", error);
 }
 
-/* Answers a WAIT with a save's state (its level reached, or FAILED with the reason), and once
- * its peer copies were sent, how many peers hold them of how many wanted (and why no more). */
+/* Answers a WAIT with a save's state (its level reached, or FAILED with the reason; a level
+ * that will never be REMOTE with EINCOMPLETE and why), and once its peer copies were sent,
+ * how many peers hold them of how many wanted (and why no more). */
 void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 {
 	struct proto_out o;
 
 	proto_out_init(&o, PROTO_REPLY, req);
-	msgpack_pack_map(&o.pk, (v->level == LEVEL_FAILED ? 7 : 5) + (v->settled ? 2 : 0) +
+	int why = v->level != LEVEL_FAILED && v->remote_why != NULL;
+	msgpack_pack_map(&o.pk, (v->level == LEVEL_FAILED || why ? 7 : 5) + (v->settled ? 2 : 0) +
 			 (v->copies_why != NULL));
 	proto_kv_u64(&o.pk, "save", v->id);
 	pack_save_progress(&o.pk, v);
@@ -175,6 +177,8 @@ void reply_save_state(uint64_t conn, uint64_t req, const struct save_view *v)
 		proto_kv_str(&o.pk, "copies_error", v->copies_why);
 	if (v->level == LEVEL_FAILED)
 		pack_failure(&o.pk, v->code, v->error);
+	else if (why)	/* why it stops short of REMOTE: a newer version replaced it */
+		pack_failure(&o.pk, ERR_EINCOMPLETE, v->remote_why);
 	reply_send(conn, &o, 0);
 }
 

@@ -65,6 +65,7 @@ struct save {
 	int settled;             /* peer.c sent the node's copies of the tag: copies of replicas */
 	unsigned copies, replicas;
 	char copies_why[256];    /* settled short of replicas: why no more */
+	char remote_why[ERRLEN]; /* never REMOTE (another version of the tag replaced it): why */
 	unsigned holds;          /* save_hold without save_release: not forgotten */
 };
 
@@ -518,6 +519,7 @@ void save_view(const struct save *s, struct save_view *v)
 	v->copies = s->copies;
 	v->replicas = s->replicas;
 	v->copies_why = s->settled && s->copies < s->replicas ? s->copies_why : NULL;
+	v->remote_why = s->remote_why[0] ? s->remote_why : NULL;
 	v->age_s = now - s->t_accept;
 	v->busy_s = (s->job ? now : s->t_change) - s->t_accept;
 }
@@ -566,6 +568,12 @@ void save_set_copies(struct save *s, unsigned copies, unsigned replicas, const c
 	s->copies = copies;
 	s->replicas = replicas;
 	snprintf(s->copies_why, sizeof(s->copies_why), "%s", why ? why : "");
+}
+
+/* Records on s that it will never be REMOTE, and why (save_marks.c). */
+void save_set_remote_why(struct save *s, const char *why)
+{
+	snprintf(s->remote_why, sizeof(s->remote_why), "%s", why);
 }
 
 /* Frees every save (shutdown, once nothing is in flight and nothing holds one). */

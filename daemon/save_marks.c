@@ -1,7 +1,8 @@
 /*
  * save_marks.c — the levels the saves into one tag directory reach together, through save.c's
  * registry: COMMITTED once the tag's manifest is written (commit.c, seal.c), REMOTE once it is
- * in the root's remote tier (upload.c), REPLICATED once `replicas` peers hold the node's files
+ * in the root's remote tier (upload.c; never, with why, once a newer version replaced it
+ * first), REPLICATED once `replicas` peers hold the node's files
  * (peer.c; after REMOTE where the root has a remote tier, so that each level implies those
  * below), and the state a commit checks first. A directory is its identity (store_dirid), as
  * SAVE_BEGIN opened it. Loop thread only.
@@ -72,6 +73,22 @@ void save_mark_remote(const struct store_dirid *id)
 		save_set_level(s, LEVEL_REMOTE);
 		if (v.settled && v.copies >= v.replicas)
 			save_set_level(s, LEVEL_REPLICATED);
+	}
+}
+
+/* The COMMITTED saves into the directory id will never be REMOTE (upload.c: a newer version
+ * of the tag replaced theirs before its upload ended): each records why, and every wait on it
+ * (for REMOTE, or REPLICATED, which comes after REMOTE on such a root) ends now. */
+void save_mark_replaced(const struct store_dirid *id, const char *why)
+{
+	struct save_view v;
+
+	for (struct save *s = save_next(NULL); s; s = save_next(s)) {
+		save_view(s, &v);
+		if (v.level != LEVEL_COMMITTED || v.remote_why || !store_dirid_eq(&v.dirid, id))
+			continue;
+		save_set_remote_why(s, why);
+		waiter_settle(WAITER_SAVE, v.id, v.level);
 	}
 }
 

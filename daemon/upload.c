@@ -12,7 +12,9 @@
  * tag is tried again after a backoff (0.25 s doubling to 5 s; 5 s at once for what
  * remote_retryable says needs a person); nothing of the local commit
  * waits for any of it. A finished tag goes back to the loop through a workq: its saves are
- * marked REMOTE and it is forgotten.
+ * marked REMOTE and it is forgotten. A tag committed again before its upload ended is
+ * planned again from the newer version; the file of the old one going up gives up, and
+ * upload_replace.c tells the old version's saves what became of it and drops its files.
  *
  * Threads and ownership: up.lock guards the list of tags and every field upload.h marks
  * (lock); a worker on a tag's step (busy) alone touches the rest of it; a tag is freed on the
@@ -52,30 +54,6 @@ static struct {
 	double orphans_at;         /* when worker 0 looks again for those not done */
 	struct workq *finished;
 } up = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-/* Adds name (of the save's file stem, size bytes) to t unless there (lock held); 0 or -1. */
-static int file_add(struct uptag *t, const char *name, const char *stem, uint64_t size)
-{
-	for (size_t i = 0; i < t->nfiles; i++)
-		if (strcmp(t->files[i].name, name) == 0)
-			return 0;
-	if (t->nfiles == t->cap) {
-		size_t cap = t->cap ? t->cap * 2 : 8;
-		struct upfile *f = realloc(t->files, cap * sizeof(*f));
-		if (!f)
-			return -1;
-		t->files = f;
-		t->cap = cap;
-	}
-	struct upfile *f = &t->files[t->nfiles++];
-	memset(f, 0, sizeof(*f));
-	snprintf(f->name, sizeof(f->name), "%s", name);
-	snprintf(f->stem, sizeof(f->stem), "%s", stem);
-	f->state = UPF_WAIT;
-	f->size = size;
-	t->bytes_total += size;
-	return 0;
-}
 
 /* Splits dir (the tag, or its staging directory .<tag>.dsckpt-next) into t's key, job key
  * and tag under its root; 0, 1 for a staging directory, or -1 when it is not below a root
@@ -157,24 +135,16 @@ static int upload_resume(const char *dir)
 	return t ? 0 : -1;
 }
 
-/* Queues dir/name of a save's file stem when it exists, its size counted (lock held). */
-static void queue_file(struct uptag *t, const char *dir, const char *name, const char *stem)
-{
-	char path[PATH_MAX + NAME_MAX + 2];
-	struct stat st;
-
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-	    file_add(t, name, stem, (uint64_t)st.st_size) < 0)
-		log_warnx("upload of %s: out of memory", path);
-}
-
-/* save_change_cb: a save's file goes up once DURABLE; its tag is finished once COMMITTED. */
+/* save_change_cb: a save's file goes up once DURABLE; its tag is finished once COMMITTED. A
+ * newer version committed before the one uploading reached REMOTE replaces it: the old one's
+ * saves hear that they will never be REMOTE (or, when a worker is finishing it, what the
+ * finish did), and a file of it going up gives up. */
 void upload_on_save(struct save *s)
 {
-	int level = save_level(s), staging;
+	int level = save_level(s), staging, replaced = 0;
 	struct save_view v;
-	char name[NAME_MAX + 1];
+	struct store_dirid old;
+	char name[NAME_MAX + 1], why[ERRLEN];
 
 	if (!up.nth || (level != LEVEL_DURABLE && level != LEVEL_COMMITTED))
 		return;
@@ -185,9 +155,9 @@ void upload_on_save(struct save *s)
 		/* A staging directory's files wait for its commit: until then the remote holds
 		 * the tag's committed version under the same keys. */
 		snprintf(name, sizeof(name), "%s%s", v.file, FMT_SAFETENSORS);
-		queue_file(t, v.dir, name, v.file);
+		uptag_queue_file(t, v.dir, name, v.file);
 		snprintf(name, sizeof(name), "%s%s", v.file, FMT_META);
-		queue_file(t, v.dir, name, v.file);
+		uptag_queue_file(t, v.dir, name, v.file);
 	}
 	if (t)
 		t->uid = v.uid;
@@ -199,13 +169,18 @@ void upload_on_save(struct save *s)
 	} else if (t && level == LEVEL_COMMITTED && (!t->has_dirid ||
 						    !store_dirid_eq(&t->dirid, &v.dirid))) {
 		/* The tag saved again and exchanged before its upload ended: the new version
-		 * is planned and uploaded, and its saves marked REMOTE. */
+		 * is planned and uploaded, and its saves marked REMOTE; the old one's hear what
+		 * became of it. */
+		replaced = uptag_replace(t, &v, &old, why, sizeof(why));
 		t->dirid = v.dirid;
 		t->has_dirid = 1;
 		t->replan = 1;
+		t->stuck = 0;
+		__atomic_store_n(&t->cancel, 1, __ATOMIC_RELAXED);
 	}
 	pthread_cond_broadcast(&up.cond);
 	pthread_mutex_unlock(&up.lock);
+	uptag_tell_saves(replaced, &old, why);
 }
 
 /* Records a step's failure on t (lock held): kept for PENDING, counted, logged when it
@@ -260,8 +235,10 @@ static void run_file(struct uptag *t, size_t i)
 		tag_failed(t, rc, err);
 	if (rc == 1)		/* the remote holds a version: files wait for the plan */
 		t->early_off = 1;
-	if (rc == 2)
+	if (rc == 2) {
 		t->replan = 1;
+		log_info("upload of %s: %s; planning again", t->dir, err);
+	}
 	if (rc != 0)
 		return;
 	if (t->files[i].size != f.size)
@@ -271,57 +248,46 @@ static void run_file(struct uptag *t, size_t i)
 	tag_ok(t);
 }
 
-/* Makes t's files those of its plan (lock held): a file queued at DURABLE that the commit
- * left out (another run's) is dropped before it is uploaded; 0 or ERR_ENOMEM. */
-static int plan_files(struct uptag *t, char *err, size_t errlen)
-{
-	for (size_t i = 0; i < t->nfiles; i++)	/* up before the plan, under other keys */
-		if (t->files[i].state == UPF_DONE && strcmp(t->files[i].loc, t->loc) != 0)
-			t->files[i].state = UPF_WAIT;
-	for (size_t i = 0; i < t->nfiles;) {
-		int planned = 0;
-		for (size_t k = 0; k < t->nmine && !planned; k++)
-			planned = strcmp(t->mine[k].name, t->files[i].name) == 0;
-		if (planned || t->files[i].state != UPF_WAIT) {
-			i++;
-			continue;
-		}
-		t->bytes_total -= t->files[i].size;
-		t->files[i] = t->files[--t->nfiles];
-	}
-	for (size_t i = 0; i < t->nmine; i++) {
-		if (file_add(t, t->mine[i].name, t->mine[i].stem, t->mine[i].size) < 0)
-			return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	}
-	return 0;
-}
-
 /* Runs t's step (lock held on entry and exit): its plan, or its finish once every file is
  * up; a finished tag goes to the loop. */
 static void run_step(struct uptag *t)
 {
 	char err[ERRLEN];
+	struct upfile *gone = NULL;	/* the files of the version given up that only it names */
+	size_t ngone = 0;
 	int rc;
 
 	if (t->replan) {	/* no file is busy: each goes up again from the new version */
+		gone = uptag_abandoned(t, &ngone);
 		t->replan = 0;
 		t->planned = 0;
 		for (size_t i = 0; i < t->nfiles; i++)
 			t->files[i].state = UPF_WAIT;
 		__atomic_store_n(&t->bytes_done, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&t->cancel, 0, __ATOMIC_RELAXED);
 	}
 	int finishing = t->planned;	/* t->planned is the worker's while busy */
 
 	t->busy = 1;
+	t->finishing = finishing;
+	t->fin_id = t->dir_id;
 	pthread_mutex_unlock(&up.lock);
+	uptag_drop_abandoned(t, gone, ngone);
+	free(gone);
 	if (!finishing)
 		rc = uptag_plan(t, err, sizeof(err));
 	else
 		rc = uptag_finish(t, err, sizeof(err));
 	pthread_mutex_lock(&up.lock);
 	t->busy = 0;
+	uptag_step_ended(t, finishing, rc, up.finished);
 	if (!finishing && rc == 0)
-		rc = plan_files(t, err, sizeof(err));
+		rc = uptag_plan_files(t, err, sizeof(err));
+	if (rc == 0 && finishing && t->replan) {
+		snprintf(err, sizeof(err), "%.900s was committed again: uploading the newer "
+			 "version", t->dir);
+		rc = 2;		/* a newer version follows the one just finished */
+	}
 	if (rc == 2) {
 		t->replan = 1;
 		t->retry_at = now_mono() + BACKOFF_FIRST_S;
@@ -336,7 +302,7 @@ static void run_step(struct uptag *t)
 	} else if (finishing) {
 		tag_ok(t);
 		t->done = 1;
-		workq_push(up.finished, &t->wi, 1);
+		workq_push(up.finished, &t->wi, UP_DONE);
 	} else {
 		tag_ok(t);
 	}
@@ -443,12 +409,16 @@ static void *worker(void *arg)
 	return NULL;
 }
 
-/* Loop: a tag reached REMOTE: its saves are marked, its time observed, and it is freed. */
+/* Loop: a tag reached REMOTE: its saves are marked, its time observed, and it is freed; or
+ * the verdict on a version replaced while a worker finished it reaches its saves. */
 static void on_finished(struct workq_item *it, unsigned events)
 {
+	if (events == UP_VERDICT) {
+		uptag_verdict(it);
+		return;
+	}
 	struct uptag *t = (struct uptag *)((char *)it - offsetof(struct uptag, wi));
 
-	(void)events;
 	log_info("uploaded %s to %s/%s", t->dir, remote_url(up.remotes[t->root]), t->key);
 	metrics_add(METRIC_UPLOADS_DONE, 1);
 	metrics_observe(METRIC_UPLOAD_S, now_mono() - t->t_commit);

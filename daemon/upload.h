@@ -2,8 +2,9 @@
  * upload.h — what upload.c (the scheduler: tags to upload, their files, the worker threads,
  * the loop's side) and upload_tag.c (the remote steps of one tag: its plan from the local
  * manifest, a file's upload, the node record, the remote manifest and latest, the local
- * REMOTE.json; the start-up pass), upload_version.c (which remote version a tag writes) and
- * upload_retain.c (keep_last_remote) share; nothing else includes it but
+ * REMOTE.json; the start-up pass), upload_version.c (which remote version a tag writes),
+ * upload_files.c (a tag's files), upload_replace.c (a version replaced before it reached
+ * REMOTE) and upload_retain.c (keep_last_remote) share; nothing else includes it but
  * check_upload_retain.c.
  */
 #ifndef DSCKPTD_UPLOAD_H
@@ -50,6 +51,13 @@ struct uptag {
 	int stuck;                /* a failure no retry mends (a later version remotely) */
 	int early_off;            /* its files wait for the plan (the remote holds a version) */
 	int replan;               /* another version was committed here since the plan */
+	int finishing;            /* a worker finishes the version fin_id now */
+	struct store_dirid fin_id;
+	int has_held;             /* a version replaced while its finish was in flight: its */
+	struct store_dirid held;  /* saves learn that step's outcome (REMOTE, or held_why) */
+	char held_why[ERRLEN];
+	int has_reached;          /* a version a finish got into the remote, exchanged before */
+	struct store_dirid reached_id;  /* the newer commit reached the loop: REMOTE then */
 	struct upfile *files;
 	size_t nfiles, cap;
 	int code;                 /* the last failure (0: none) */
@@ -57,6 +65,8 @@ struct uptag {
 	unsigned fails;
 	double retry_at;          /* now_mono() before which it is not tried again */
 	uint64_t bytes_total, bytes_done;  /* bytes_done: atomic */
+	int cancel;               /* atomic: a newer version replaced the one uploading: a file's
+				   * upload in flight gives up (and is aborted) */
 	struct workq_item wi;
 	/* the worker's, while busy */
 	int planned;
@@ -68,6 +78,8 @@ struct uptag {
 	struct upfile *mine;      /* the plan: this node's files as the manifest lists them */
 	size_t nmine;
 	int wrote;                /* this node wrote the remote manifest (its finish) */
+	int reached;              /* the finish moved the remote latest to this version: REMOTE */
+	int recorded;             /* this node's record of the version planned went up */
 	char loc[24];             /* the version's directory below key ("" or v<created_ns>) */
 	char fkey[PATH_MAX + 32]; /* key[/loc]: where its files and node records go */
 	char *rmanifest;          /* the remote manifest's bytes */
@@ -79,11 +91,13 @@ struct uptag {
 /* Reads t's manifest: which nodes' files it holds, and this node's (t->mine). */
 int uptag_plan(struct uptag *t, char *err, size_t errlen);
 /* Uploads file f of t (from its resident copy when whole in the cache, else the file): 0,
- * 1 when it waits for the plan, 2 when the tag was replaced since the plan, or a code. */
+ * 1 when it waits for the plan, 2 when the tag was replaced since the plan (or while the file
+ * went up: t->cancel), or a code. */
 int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen);
 /* Once t's files are up: the node record, then (every node's there) the remote manifest,
  * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, 2 plan again (the tag
- * or the remote changed since the plan), or a negative code. */
+ * or the remote changed since the plan; t->reached when the version planned is in the remote
+ * all the same), or a negative code. */
 int uptag_finish(struct uptag *t, char *err, size_t errlen);
 /* upload_version.c */
 /* Plan: t's version directory, files' key and remote manifest bytes, from its local
@@ -95,6 +109,10 @@ int uptag_early(struct uptag *t, char *err, size_t errlen);
 /* Writes t's remote manifest (first version: created; later: replacing the one there by its
  * etag, the old version's keys deleted after); 0, 2 (plan again) or a code. */
 int uptag_put_manifest(struct uptag *t, char *err, size_t errlen);
+/* Deletes this node's files f[0..n) of a version of t given up (uptag_abandoned's) below
+ * their version directories, but where the remote manifest names one; a failure is logged
+ * (the keys stay, named by no manifest). */
+void uptag_drop_abandoned(struct uptag *t, const struct upfile *f, size_t n);
 /* upload_retain.c */
 /* Deletes jobkey's committed remote tags of r beyond the newest keep (0: all kept), never
  * the one the remote latest names nor one without a manifest; 0 or a code with err. */
@@ -103,6 +121,35 @@ int upload_retain(struct remote *r, const char *jobkey, unsigned keep, char *err
 /* Applies keep_last_remote to t's job once t is REMOTE, when this node wrote t's manifest;
  * a failure is logged and counted (the job's next REMOTE tries again). */
 void uptag_retain(struct uptag *t);
+
+/* upload_files.c (upload.c's lock held) */
+/* Adds name (of the save's file stem, size bytes) to t unless there; 0 or -1. */
+int uptag_file_add(struct uptag *t, const char *name, const char *stem, uint64_t size);
+/* Queues dir/name of a save's file stem when it exists, its size counted. */
+void uptag_queue_file(struct uptag *t, const char *dir, const char *name, const char *stem);
+/* Makes t's files those of its plan (t->mine): a file queued that the commit left out is
+ * dropped before it goes up; 0 or ERR_ENOMEM. */
+int uptag_plan_files(struct uptag *t, char *err, size_t errlen);
+/* upload_replace.c */
+#define UP_DONE 1     /* upload.c's workq events: a struct uptag reached REMOTE; */
+#define UP_VERDICT 2  /* upload_replace.c's verdict on a replaced version */
+/* Loop, lock held: t's committed version is replaced by the newer one of v's save. *old is
+ * the version replaced, why what its saves hear: 0 (nothing now: a finish in flight decides,
+ * or there is no version to tell), 1 replaced or 2 REMOTE, for uptag_tell_saves. */
+int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid *old,
+		  char *why, size_t len);
+/* Loop, lock dropped: tells the saves of old what uptag_replace returned (how). */
+void uptag_tell_saves(int how, const struct store_dirid *old, const char *why);
+/* Worker, lock held, after t's step (finishing: the finish; rc its result): the verdict on a
+ * version replaced while it was finished goes to the loop through q. */
+void uptag_step_ended(struct uptag *t, int finishing, int rc, struct workq *q);
+/* Worker, lock held, t to be planned again: copies of this node's files of the version
+ * given up that went up below its own version directory while no manifest could name them
+ * (this node's record of it not written, its finish not in the remote), *n of them; NULL
+ * when none. */
+struct upfile *uptag_abandoned(const struct uptag *t, size_t *n);
+/* Loop: a verdict pushed with UP_VERDICT reaches its saves (and is freed). */
+void uptag_verdict(struct workq_item *it);
 
 /* Frees what the worker's steps held. */
 void uptag_clear(struct uptag *t);

@@ -58,6 +58,8 @@ static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
 
 	if (__atomic_load_n(rd->t->stop, __ATOMIC_RELAXED))
 		return ERR_ESHUTDOWN;
+	if (__atomic_load_n(&rd->t->cancel, __ATOMIC_RELAXED))
+		return ERR_ESTATE;	/* replaced: uptag_file says so */
 	while (len > 0) {
 		size_t n = len;
 		const uint8_t *from = NULL;
@@ -145,6 +147,7 @@ int uptag_plan(struct uptag *t, char *err, size_t errlen)
 	if (dfd < 0)
 		return dfd;
 	uptag_clear(t);
+	t->reached = t->recorded = 0;
 	t->manifest = userfile_read(dfd, FMT_MANIFEST, MANIFEST_MAX, USERFILE_ONE_LINK,
 				    &t->manifest_len, &e, why, sizeof(why));
 	struct manifest *m = t->manifest ? manifest_parse(t->manifest, t->manifest_len, why,
@@ -229,6 +232,11 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
 	snprintf(key, sizeof(key), "%s/%s", t->planned ? t->fkey : t->key, f->name);
 	if ((rc = remote_upload(t->r, key, &src, err, errlen)) < 0) {
 		__atomic_sub_fetch(&t->bytes_done, rd.counted, __ATOMIC_RELAXED);
+		if (__atomic_load_n(&t->cancel, __ATOMIC_RELAXED)) {	/* aborted, not failed */
+			snprintf(err, errlen, "the tag was committed again while %s went up",
+				 f->name);
+			rc = 2;
+		}
 		goto out;
 	}
 	metrics_add(METRIC_UPLOADED_BYTES, (uint64_t)st.st_size);
@@ -350,15 +358,23 @@ static int advance_latest(struct uptag *t, char *err, size_t errlen)
 		       LATEST_TRIES);
 }
 
-/* Writes REMOTE.json into t's tag, owned as the tag directory is. */
+/* Writes REMOTE.json into t's tag, owned as the tag directory is: 2 when the directory is
+ * no longer the version planned (another was exchanged with it: its mark is not this one). */
 static int mark_local(struct uptag *t, char *err, size_t errlen)
 {
 	char text[PATH_MAX + 1300];
 	struct stat st;
+	struct store_dirid id;
 	int rc, dfd = open_tag(t, err, errlen);
 
 	if (dfd < 0)
 		return dfd;
+	if ((rc = store_dir_id(dfd, &id, err, errlen)) < 0 || !store_dirid_eq(&id, &t->dir_id)) {
+		close(dfd);
+		if (rc == 0)
+			snprintf(err, errlen, "%s was saved again while its upload ended", t->dir);
+		return rc < 0 ? rc : 2;
+	}
 	/* On a shared root every node of the tag marks it: the first one's mark stands. */
 	if (faccessat(dfd, FMT_REMOTE, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		close(dfd);
@@ -387,6 +403,7 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 	size_t len;
 	int rc;
 
+	t->reached = 0;
 	struct store_dirid id;
 	int dfd = open_tag(t, err, errlen);
 	if (dfd < 0)
@@ -408,6 +425,7 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 	free(rec);
 	if (rc < 0)
 		return rc;
+	t->recorded = 1;
 	for (size_t i = 0; i < t->nhosts; i++) {
 		uint64_t size;
 		snprintf(key, sizeof(key), "%s/" RECORD_PREFIX "%s", t->fkey, t->hosts[i]);
@@ -420,8 +438,10 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 			return rc;
 	}
 	if ((rc = uptag_put_manifest(t, err, errlen)) != 0 ||
-	    (rc = advance_latest(t, err, errlen)) < 0 ||
-	    (rc = mark_local(t, err, errlen)) < 0)
+	    (rc = advance_latest(t, err, errlen)) < 0)
+		return rc;
+	t->reached = 1;
+	if ((rc = mark_local(t, err, errlen)) != 0)
 		return rc;
 	uptag_retain(t);
 	uptag_clear(t);

@@ -195,3 +195,41 @@ int uptag_put_manifest(struct uptag *t, char *err, size_t errlen)
 	return err_set(err, errlen, ERR_EBUSY, "%s: the remote manifest changed %d times in a row",
 		       key, VERSION_TRIES);
 }
+
+/* Deletes this node's files f[0..n) of a version of t given up, below their version
+ * directories, but where the remote manifest names one (a tag pulled from it); a failure is
+ * logged (the keys stay behind, named by no manifest). */
+void uptag_drop_abandoned(struct uptag *t, const struct upfile *f, size_t n)
+{
+	char key[PATH_MAX + NAME_MAX + 64], err[ERRLEN], why[256];
+	size_t len, dropped = 0;
+	int rc;
+
+	if (n == 0)
+		return;
+	snprintf(key, sizeof(key), "%s/%s", t->key, FMT_MANIFEST);
+	char *there = remote_read_whole(t->r, key, VERSION_MANIFEST_MAX, &len, NULL, &rc, err,
+					sizeof(err));
+	if (!there && rc != ERR_ENOENT) {
+		log_warnx("upload of %s: files of the version given up left in the remote: %s",
+			  t->dir, err);
+		return;
+	}
+	struct manifest *rm = there ? manifest_parse(there, len, why, sizeof(why)) : NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (rm && rm->remote_dir && strcmp(rm->remote_dir, f[i].loc) == 0)
+			continue;	/* the version the remote holds */
+		snprintf(key, sizeof(key), "%s/%s/%s", t->key, f[i].loc, f[i].name);
+		if ((rc = remote_delete(t->r, key, err, sizeof(err))) < 0 && rc != ERR_ENOENT) {
+			log_warnx("upload of %s: files of the version given up left in the remote: "
+				  "%s", t->dir, err);
+			break;
+		}
+		dropped++;
+	}
+	if (dropped)
+		log_info("upload of %s: %zu file%s of the version given up deleted from the remote",
+			 t->dir, dropped, dropped == 1 ? "" : "s");
+	manifest_free(rm);
+	free(there);
+}

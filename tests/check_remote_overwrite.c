@@ -8,7 +8,11 @@
  * manifest and the file it names are still the first version's, whole; one manifest write
  * per version; a replacement node restores the third version from the remote. A tag saved
  * again while its first version still uploads: the new version is what reaches the remote,
- * whole, and its save REMOTE. The daemon SIGKILLed while a later version uploads under its
+ * whole, and its save REMOTE; a wait for REMOTE on the first version's save ends at once
+ * with EINCOMPLETE (a newer version replaced it), or with REMOTE when the first version's
+ * finish was writing its remote manifest then (tests/s3_proxy.py holds that write); the
+ * files of a version given up below its version directory are deleted. The
+ * daemon SIGKILLed while a later version uploads under its
  * version directory: the restart aborts that upload left open and uploads the version. And
  * through
  * upload_version.c itself: two daemons' uploads of one new version race to replace the
@@ -253,6 +257,200 @@ START_TEST(test_exchanged_mid_upload)
 }
 END_TEST
 
+/* A rank's wait for REMOTE on a save, in a thread of its own. */
+struct remote_wait {
+	pthread_t th;
+	dsckpt_conn_t *c;
+	dsckpt_save_t *s;
+	int rc;
+	char msg[1024];
+};
+
+/* The thread: dsckpt_wait(REMOTE), its result and message kept. */
+static void *remote_wait_thread(void *arg)
+{
+	struct remote_wait *w = arg;
+	w->rc = dsckpt_wait(w->s, DSCKPT_REMOTE, WAIT_MS);
+	snprintf(w->msg, sizeof(w->msg), "%s", dsckpt_last_error(w->c));
+	return NULL;
+}
+
+/* Starts w waiting for REMOTE on s of c. */
+static void remote_wait_start(struct remote_wait *w, dsckpt_conn_t *c, dsckpt_save_t *s)
+{
+	w->c = c;
+	w->s = s;
+	ck_assert_int_eq(pthread_create(&w->th, NULL, remote_wait_thread, w), 0);
+}
+
+/* The first version of job/last still uploading (slowly) when the second is committed: a
+ * rank waiting for REMOTE on the first save hears that a newer version replaced it
+ * (EINCOMPLETE, the message naming it), not at its timeout, and so does a wait asked after;
+ * the first version's upload in flight gives up, no upload is left open, the second is
+ * REMOTE. */
+START_TEST(test_replaced_waits)
+{
+	char json[1400];
+	void *m1, *m2;
+	struct found f;
+	struct remote_wait w;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	dsckpt_save_t *s1 = save_pattern(c, dir, "rank0", BIG, 1, &m1);
+	wait_level(c, s1, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	remote_wait_start(&w, c, s1);
+	dsckpt_save_t *s2 = save_pattern(c, dir, "rank0", SMALL, 2, &m2);
+	wait_level(c, s2, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	pthread_join(w.th, NULL);
+	ck_assert_msg(w.rc == DSCKPT_EINCOMPLETE, "wait for REMOTE: %s: %s",
+		      w.rc < 0 ? dsckpt_err_name(w.rc) : dsckpt_level_name(w.rc), w.msg);
+	ck_assert_msg(strstr(w.msg, "is COMMITTED and will never be REMOTE") &&
+		      strstr(w.msg, "job/last was committed again (a newer version") &&
+		      strstr(w.msg, tier.url), "%s", w.msg);
+	ck_assert_int_eq(dsckpt_wait(s1, DSCKPT_REMOTE, WAIT_MS), DSCKPT_EINCOMPLETE);
+	dsckpt_progress_t p;
+	CK_DS(c, dsckpt_save_progress(s1, &p));
+	ck_assert_int_eq(p.level, DSCKPT_COMMITTED);
+	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	/* The first version's 16 MiB at 2 MiB/s were cut short, not sent to the end. */
+	ck_assert_int_ge(log_count(D->log, "rank0.safetensors went up; planning again"), 1);
+	dsckpt_save_free(s1);
+	dsckpt_save_free(s2);
+	dsckpt_host_free(m1);
+	dsckpt_host_free(m2);
+	dsckpt_close(c);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
+/* The first version of job/last replaced while its finish writes the remote manifest (the
+ * proxy holds that PUT): the finish goes on, so a wait for REMOTE on the first save ends with
+ * REMOTE; then the second version replaces it remotely and its save is REMOTE (the first's
+ * finish marked neither the second's saves nor its directory). */
+START_TEST(test_replaced_while_finishing)
+{
+	char json[1400], got[32], held[512] = "";
+	void *m1, *m2;
+	struct found f;
+	struct remote_wait w;
+	struct proxy px;
+
+	struct remote *rm = tier_up(&tier, 1, json, sizeof(json), "");
+	if (!rm)
+		return;
+	ck_assert_int_eq(proxy_start(&px, tier.moto.port, 1000), 0);
+	s3_daemon_json(json, sizeof(json), px.port, "");
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	proxy_hold(&px, "PUT /bkt/pre/job/last/MANIFEST.json");
+	dsckpt_save_t *s1 = save_pattern(c, dir, "rank0", SMALL, 1, &m1);
+	wait_level(c, s1, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && !held[0]; i++) {
+		proxy_held(&px, held, sizeof(held));
+		if (!held[0])
+			h_sleep_ms(20);
+	}
+	ck_assert_msg(held[0], "the first version's manifest was never written");
+	remote_wait_start(&w, c, s1);
+	dsckpt_save_t *s2 = save_pattern(c, dir, "rank0", SMALL, 2, &m2);
+	wait_level(c, s2, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	proxy_hold(&px, NULL);
+	pthread_join(w.th, NULL);
+	ck_assert_msg(w.rc == DSCKPT_REMOTE, "wait for REMOTE: %s: %s",
+		      w.rc < 0 ? dsckpt_err_name(w.rc) : dsckpt_level_name(w.rc), w.msg);
+	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	ck_assert_msg(got[0] == 'v', "remote_dir '%s': not the second version's", got);
+	ck_assert_int_eq(log_count(D->log, "wrote the remote manifest"), 2);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	dsckpt_save_free(s1);
+	dsckpt_save_free(s2);
+	dsckpt_host_free(m1);
+	dsckpt_host_free(m2);
+	dsckpt_close(c);
+	d_stop();
+	proxy_kill(&px);
+	tier_down(&tier);
+}
+END_TEST
+
+/* remote_list's callback: keeps a name of a version directory (v<ns>) into arg. */
+static int version_dir(void *arg, const char *name)
+{
+	if (name[0] == 'v')
+		snprintf(arg, 32, "%s", name);
+	return 0;
+}
+
+/* The second version of job/last (files a and b) given up while it uploads below its version
+ * directory, a up there, b going up: a is deleted before the third version is planned, and
+ * no key below that directory is left. */
+START_TEST(test_replaced_files_dropped)
+{
+	char json[1400], got[32], vdir[32] = "", err[ERRLEN];
+	void *ma, *mb, *my;
+	struct found f;
+	size_t len;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	const char *dir = h_path("%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
+	dsckpt_save_t *sb = save_pattern(c, dir, "b", BIG, 3, &mb);
+	wait_level(c, sa, DSCKPT_DURABLE, WAIT_MS);
+	wait_level(c, sb, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	char *up = NULL;
+	for (int i = 0; i < WAIT_MS / 20 && !up; i++) {
+		ck_assert_int_eq(remote_list(rm, "job/last", version_dir, vdir, err, sizeof(err)), 0);
+		if (!vdir[0] || !(up = remote_read(rm, h_path("job/last/%s/a.safetensors", vdir),
+						   &len)))
+			h_sleep_ms(20);
+	}
+	ck_assert_msg(up != NULL, "a never went up below a version directory");
+	free(up);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);	/* b still going up */
+	dsckpt_save_t *sy = save_pattern(c, dir, "a", SMALL, 4, &my);
+	wait_level(c, sy, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	wait_level(c, sy, DSCKPT_REMOTE, WAIT_MS);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	ck_assert_msg(got[0] == 'v' && strcmp(got, vdir) != 0, "remote_dir '%s'", got);
+	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/a.safetensors", vdir), &len));
+	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/b.safetensors", vdir), &len));
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	ck_assert_int_ge(log_count(D->log, "of the version given up deleted from the remote"), 1);
+	dsckpt_save_free(sa);
+	dsckpt_save_free(sb);
+	dsckpt_save_free(sy);
+	dsckpt_host_free(ma);
+	dsckpt_host_free(mb);
+	dsckpt_host_free(my);
+	dsckpt_close(c);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
 /* The daemon killed while the second version of job/last uploads (below v<created_ns>/):
  * the restart aborts the upload it left open there and finishes the version. */
 START_TEST(test_killed_mid_version)
@@ -384,6 +582,9 @@ static Suite *remote_overwrite_suite(void)
 	tcase_add_loop_test(tc, test_manifest_race, 0, 2);
 	tcase_add_loop_test(tc, test_exchanged_mid_upload, 0, 2);
 	tcase_add_loop_test(tc, test_killed_mid_version, 0, 2);
+	tcase_add_loop_test(tc, test_replaced_waits, 0, 2);
+	tcase_add_test(tc, test_replaced_while_finishing);
+	tcase_add_loop_test(tc, test_replaced_files_dropped, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -240,7 +240,7 @@ static int count_name(void *arg, const char *name)
 
 /* ListObjectsV2 with 2 keys a page: 7 objects and 3 prefixes below "page" come in 5 pages
  * (continuation tokens), each name once. (moto ignores max-uploads: ListMultipartUploads'
- * pages are not tried here.) */
+ * pages are check_remote_orphans.c's, re-paged by tests/s3_proxy.py.) */
 START_TEST(test_list_pages)
 {
 	NEED_MOTO();

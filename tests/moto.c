@@ -93,6 +93,90 @@ int moto_start(struct moto *m, int port, int auth_after)
 	return -1;
 }
 
+/* Starts tests/s3_proxy.py on a free port, to moto at upstream, page uploads a page. */
+int proxy_start(struct proxy *p, int upstream, int page)
+{
+	char port[16], up[16], pg[16];
+
+	h_tmpdir(p->dir, sizeof(p->dir));
+	p->port = free_port();
+	snprintf(port, sizeof(port), "%d", p->port);
+	snprintf(up, sizeof(up), "%d", upstream);
+	snprintf(pg, sizeof(pg), "%d", page);
+	if ((p->pid = fork()) == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() == 1)
+			_exit(127);
+		execl("/usr/bin/python3", "python3", "tests/s3_proxy.py", port, up, p->dir, pg,
+		      (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 600; i++) {
+		if (port_open(p->port))
+			return 0;
+		if (waitpid(p->pid, NULL, WNOHANG) == p->pid)
+			return -1;
+		h_sleep_ms(100);
+	}
+	return -1;
+}
+
+/* Kills the proxy and removes its directory. */
+void proxy_kill(struct proxy *p)
+{
+	if (p->pid > 0) {
+		kill(p->pid, SIGKILL);
+		waitpid(p->pid, NULL, 0);
+		p->pid = 0;
+	}
+	h_rm_rf(p->dir);
+}
+
+/* Holds each request whose "METHOD path" contains text (NULL: lets them go). */
+void proxy_hold(struct proxy *p, const char *text)
+{
+	char path[300], tmp[310];
+
+	snprintf(path, sizeof(path), "%s/hold", p->dir);
+	if (!text) {
+		unlink(path);
+		return;
+	}
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+	ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+/* The request line held now ("" when none was yet). */
+void proxy_held(const struct proxy *p, char *line, size_t len)
+{
+	char path[300];
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/held", p->dir);
+	char *text = h_read_file(path, &n);
+	snprintf(line, len, "%s", text ? text : "");
+	free(text);
+}
+
+/* How many listing pages the proxy served with a key-marker. */
+int proxy_pages_after_first(const struct proxy *p)
+{
+	char path[300];
+	size_t n;
+	int pages = 0;
+
+	snprintf(path, sizeof(path), "%s/pages.log", p->dir);
+	char *text = h_read_file(path, &n);
+	for (const char *l = text; l && (l = strstr(l, "key-marker=")) != NULL; l++)
+		pages += l[strlen("key-marker=")] != ' ';
+	free(text);
+	return pages;
+}
+
 /* Kills moto (SIGKILL: a server gone at once, mid-request). */
 void moto_kill(struct moto *m)
 {

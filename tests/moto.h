@@ -44,6 +44,25 @@ long raw(int port, const char *method, const char *path, const char *body, char 
 /* Makes bucket on moto at port (fails the test otherwise). */
 void make_bucket(int port, const char *bucket);
 
+/* tests/s3_proxy.py between a daemon and moto: every request forwarded, ListMultipartUploads
+ * re-paged (moto ignores max-uploads), a request held on demand. */
+struct proxy {
+	pid_t pid;
+	int port;
+	char dir[256];             /* its state: pages.log, hold, held */
+};
+/* Starts the proxy to moto at upstream, page uploads a listing page; 0, or -1 (it did not
+ * come up in 60 s). It dies with the process that started it. */
+int proxy_start(struct proxy *p, int upstream, int page);
+/* Kills the proxy and removes its directory. */
+void proxy_kill(struct proxy *p);
+/* Holds each request whose "METHOD path" contains text (NULL: lets them go). */
+void proxy_hold(struct proxy *p, const char *text);
+/* The request line held now ("" when none was yet), into line (len bytes). */
+void proxy_held(const struct proxy *p, char *line, size_t len);
+/* How many listing pages the proxy served with a key-marker (pages after the first). */
+int proxy_pages_after_first(const struct proxy *p);
+
 /* The moto server a suite's tests share, started by moto_shared_up. */
 extern struct moto moto_shared;
 /* An unchecked fixture, once before a suite's tests: curl, and moto_shared when moto is

@@ -1,23 +1,27 @@
 /*
  * save_wait.c — a save's levels after SAVE_END: WAIT asked a slice at a time (so that other
- * threads' requests on the connection get their turn), its progress, and why a wait for
- * REPLICATED ends short (how many peers hold the node's files).
+ * threads' requests on the connection get their turn), its progress, and why a wait ends
+ * short: for REPLICATED, how many peers hold the node's files; for REMOTE (or above), a newer
+ * version of the tag that replaced this one before its upload ended.
  */
 #include "save_int.h"
 
 #include <inttypes.h>
 
-/* How many peers hold the node's copies of a save's tag, once the daemon sent them (a WAIT's
- * copies, replicas and copies_error). */
-struct save_copies {
+/* What a WAIT's reply says beyond the progress: how many peers hold the node's copies of a
+ * save's tag, once the daemon sent them (copies, replicas and copies_error), and a code and
+ * error beside a level that is not FAILED (why the save will never go above it). */
+struct save_extra {
 	uint64_t copies, replicas;    /* replicas 0: not sent yet */
 	char why[PROTO_MAX_STR + 1];  /* copies < replicas: why no more */
+	int short_code;               /* not FAILED, yet never a level above it: the code (a */
+	char short_why[PROTO_MAX_STR + 1];  /* newer version replaced it first), and why */
 };
 
-/* Sends WAIT {save, level, timeout_ms} and decodes the progress and the copies held (lock
- * held). */
+/* Sends WAIT {save, level, timeout_ms} and decodes the progress, the copies held and why a
+ * save not FAILED stops short (lock held). */
 static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progress_t *p,
-		      struct save_copies *cp)
+		      struct save_extra *cp)
 {
 	char error[PROTO_MAX_STR + 1] = "";
 	struct proto_out o;
@@ -44,7 +48,7 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	proto_get_u64(&r.m, "bytes_flushed", UINT64_MAX, &p->bytes_flushed, 1);
 	proto_get_str(&r.m, "error", error, PROTO_MAX_STR, 0);
 	proto_get_i64(&r.m, "code", INT32_MIN, 0, &cause, 0);
-	*cp = (struct save_copies){0};
+	*cp = (struct save_extra){0};
 	proto_get_u64(&r.m, "copies", UINT32_MAX, &cp->copies, 0);
 	proto_get_u64(&r.m, "replicas", UINT32_MAX, &cp->replicas, 0);
 	proto_get_str(&r.m, "copies_error", cp->why, PROTO_MAX_STR, 0);
@@ -59,6 +63,9 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 	if (reached == DSCKPT_FAILED) {
 		lib_conn_fail(s->c, DSCKPT_EFAILED, "%s", *error ? error : "save failed");
 		lib_conn_set_cause(s->c, (int)cause);
+	} else if (cause < 0) {
+		cp->short_code = (int)cause;
+		snprintf(cp->short_why, sizeof(cp->short_why), "%s", error);
 	}
 	return 0;
 }
@@ -66,7 +73,7 @@ static int save_query(dsckpt_save_t *s, int level, int timeout_ms, dsckpt_progre
 /* Waits until the save reaches level, holding the connection's lock a slice at a time. */
 int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
 {
-	struct save_copies cp;
+	struct save_extra cp;
 	dsckpt_progress_t p;
 	struct lib_wait w;
 	int e, last, again;
@@ -88,6 +95,10 @@ int dsckpt_wait(dsckpt_save_t *s, int level, int timeout_ms)
 			e = lib_conn_fail(s->c, DSCKPT_EINCOMPLETE, "the save is %s, its node's "
 					  "files held by %" PRIu64 " of %" PRIu64 " peers (replicas): %s",
 					  dsckpt_level_name(p.level), cp.copies, cp.replicas, cp.why);
+		else if (p.level < level && cp.short_code)
+			e = lib_conn_fail(s->c, cp.short_code, "the save is %s and will never be %s: "
+					  "%s", dsckpt_level_name(p.level), dsckpt_level_name(level),
+					  cp.short_why);
 		else if (p.level < level && !last)
 			again = 1;
 		else if (p.level < level)
@@ -107,7 +118,7 @@ int dsckpt_save_progress(dsckpt_save_t *s, dsckpt_progress_t *out)
 	if (!s || !out)
 		return DSCKPT_EINVAL;
 	lib_conn_lock(s->c);
-	struct save_copies cp;
+	struct save_extra cp;
 	int e = save_query(s, DSCKPT_NONE, 0, out, &cp);
 	lib_conn_unlock(s->c);
 	return e;

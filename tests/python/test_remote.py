@@ -3,7 +3,8 @@
 ``SaveHandle.wait_remote()``; the files downloaded from the bucket (with the moto venv's
 boto3) open with ``safetensors.safe_open`` and hold the saved tensors; a root without a
 remote refuses the wait at once with ENOTSUP; a node lost after REMOTE is restored by a fresh
-daemon through ``dsckpt.torch.load`` (S3 and file://)."""
+daemon through ``dsckpt.torch.load`` (S3 and file://); a tag committed again while its first
+version uploads: ``wait_remote`` on the first raises CheckpointIncomplete at once."""
 import os
 import shutil
 import socket
@@ -172,3 +173,35 @@ def test_load_after_node_lost(make_daemon, tmp_path, request, tier):
     assert os.path.exists(os.path.join(tag, "MANIFEST.json"))
     assert "pulled " in d2.read_log()
     conn2.close()
+
+
+def test_wait_remote_replaced(make_daemon, tmp_path):
+    """The tag saved again and committed while its first version still uploads (file://, 1
+    MiB/s): wait_remote on the first version raises CheckpointIncomplete at once, its message
+    naming the newer version; the newer one reaches REMOTE."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    root = str(tmp_path / "ckpt")
+    os.makedirs(root)
+    d = make_daemon(root=root, allowed_roots=[{"path": root, "remote": f"file://{shared}"}],
+                    upload_max_mib_per_s=1)
+    conn = dsckpt.Connection(d.socket, job="job", rank=0, world_size=1)
+    tag = os.path.join(root, "job", "last")
+    h1 = dt.save({"w": torch.randn(4 << 20)}, tag, conn=conn)
+    h1.wait_durable(T)
+    dt.commit(tag, conn=conn, timeout=T)
+    deadline = time.monotonic() + T
+    while not any(".dsckpt-upload-" in n
+                  for n in (os.listdir(shared / "job" / "last")
+                            if (shared / "job" / "last").exists() else [])):
+        assert time.monotonic() < deadline, "the first version's upload never started"
+        time.sleep(0.02)
+    h2 = dt.save({"w": torch.zeros(8)}, tag, conn=conn)
+    h2.wait_durable(T)
+    dt.commit(tag, conn=conn, timeout=T)
+    with pytest.raises(dsckpt.CheckpointIncomplete) as e:
+        h1.wait_remote(T)
+    assert e.value.code == Errno.EINCOMPLETE
+    assert "will never be REMOTE" in str(e.value) and "committed again" in str(e.value)
+    assert h2.wait_remote(T) == Level.REMOTE
+    conn.close()

@@ -273,7 +273,9 @@ class SaveHandle:
     def wait_remote(self, timeout: Optional[float] = None) -> Level:
         """Waits until the committed tag, its manifest and the job's ``latest`` are in the
         root's remote tier (REMOTE); raises DsckptError (ENOTSUP) at once when the root has
-        no remote tier, DsckptTimeout while the remote is down."""
+        no remote tier, DsckptTimeout while the remote is down, and CheckpointIncomplete
+        (EINCOMPLETE), its message naming the newer version, at once when the tag was
+        committed again before this version's upload ended (it never goes up)."""
         return self.wait(Level.REMOTE, timeout)
 
     def wait_replicated(self, timeout: Optional[float] = None) -> Level:
