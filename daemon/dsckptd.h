@@ -67,7 +67,8 @@
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_tag.c (the tag's files of this node; resident.c: the data sent from
  * the cache where it is kept), peer_place.c (where copies go: a pure function of the job's
- * host names) and peer_send.c (rate_cap.c caps it), its settling → save.c (REPLICATED,
+ * host names) and peer_send.c (rate_cap.c caps it; peer_window.c: a file's pieces in flight
+ * at once on a link, as peer_serve.c's), its settling → save.c (REPLICATED,
  * through workq.c); peer_ucx.c's
  * listener and connection threads → peer_serve.c (→ peer_member.c: whether the asking
  * daemon is a node of a copy's job); both → peer_auth.c (HMAC over the
@@ -491,6 +492,42 @@ const char *peer_link_who(const struct peer_link *l);
 void peer_link_set_timeout(struct peer_link *l, double seconds);
 /* Closes a link (what was sent is flushed first while the peer answers). NULL is fine. */
 void peer_link_close(struct peer_link *l);
+/* Several operations in flight on a link (peer_window.c's), each waited for once: */
+struct peer_op;
+/* Posts a send (buf untouched until it completes) or a receive of the next message (posted
+ * receives take messages in order), buf malloc'd; 0 with *op, or a negative errno. */
+int peer_post_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len,
+		   struct peer_op **op);
+int peer_post_recv(struct peer_link *l, void *buf, size_t cap, struct peer_op **op);
+/* Waits for op as peer_send/peer_recv wait, its type and length into tag and len (NULL:
+ * not wanted) and frees it; 0 or a negative errno (-ECANCELED: it never ended after the link
+ * broke: its buffer is left to the link, freed at peer_link_close). */
+int peer_op_wait(struct peer_link *l, struct peer_op *op, uint64_t *tag, size_t *len);
+/* Cancels a receive that took no message yet (its wait then fails). */
+void peer_op_cancel(struct peer_link *l, struct peer_op *op);
+/* Breaks l at once: what is in flight fails, and every later call. */
+void peer_link_abort(struct peer_link *l);
+
+/* peer_window.c — a file's chunks pipelined on a link: a window of buffers (16 MiB, 2 to 8
+ * of them) whose sends, or receives posted ahead, are in flight at once, taken back oldest
+ * first, so messages keep their order. One thread, the link's; the first error sticks. */
+struct peer_window;
+/* Opens a sending (recv 0) or receiving window of buffers of cap bytes on l. */
+int peer_window_open(struct peer_link *l, int recv, size_t cap, struct peer_window **out);
+/* Sending: the next free buffer (waiting for its last send), then posts it as tag, len. */
+int peer_window_next(struct peer_window *w, void **buf);
+int peer_window_send(struct peer_window *w, uint64_t tag, size_t len);
+/* Sending: both at once for a message of len bytes copied from msg (NULL when len is 0). */
+int peer_window_post(struct peer_window *w, uint64_t tag, const void *msg, size_t len);
+/* Sending: waits for every send posted. */
+int peer_window_flush(struct peer_window *w);
+/* Makes rc, the caller's failure, the window's error (unless it has one); that error. */
+int peer_window_fail(struct peer_window *w, int rc);
+/* Receiving: the next message, its bytes in the window's buffer until the next call. */
+int peer_window_recv(struct peer_window *w, uint64_t *tag, void **buf, size_t *len);
+/* Ends w (sends waited for, receives posted ahead cancelled: -EPROTO when one took a
+ * message; broken first after an error) and frees it; 0 or its error. */
+int peer_window_end(struct peer_window *w);
 
 /* replica_store.c — other nodes' copies of their committed files (one owner's files of one
  * tag, with the tag's manifest), in replica_cache_size of host memory, spilling to

@@ -59,15 +59,26 @@ struct peer_link {
 	int timed_out;
 	double timeout_s;
 	char who[80];                      /* the other side's address */
+	struct peer_op *orphans;           /* operations that never ended: freed at close */
 };
 
-/* One operation in flight; completed by UCX's callback on the link's thread. */
+/* One operation in flight (peer_post_send, peer_post_recv); completed by UCX's callback on
+ * the link's thread, freed by peer_op_wait. */
 struct peer_op {
 	int done;
+	int cancelled;
+	int adoptable;                     /* buf is malloc'd: the link may take it */
 	ucs_status_t st;
 	ucp_tag_t tag;
 	size_t len;
+	void *req;
+	void *buf;
+	struct peer_op *next;              /* the link's orphans */
 };
+
+/* How long an operation may go on after its link broke and it was cancelled (a rendezvous
+ * whose other side vanished may never end; UCX releases it with the worker). */
+#define PEER_GRACE_S 2.0
 
 /* A negative errno for a UCX status. */
 static int peer_errno(ucs_status_t st)
@@ -185,6 +196,13 @@ static void peer_link_break(struct peer_link *l)
 	l->ep = NULL;
 }
 
+/* Breaks a link at once: every operation in flight on it completes with an error, and
+ * every later call fails. */
+void peer_link_abort(struct peer_link *l)
+{
+	peer_link_break(l);
+}
+
 /* Sleeps on the worker's event fd until it may have work (a tenth of a second at most). */
 static void peer_link_sleep(struct peer_link *l)
 {
@@ -195,30 +213,56 @@ static void peer_link_sleep(struct peer_link *l)
 	poll(&p, 1, 100);
 }
 
-/* Waits until op, posted as req, completes: past the link's timeout, on the other side's
- * failure or when the net stops, the link is broken first. 0 or a negative errno. */
-static int peer_link_wait(struct peer_link *l, struct peer_op *op, void *req)
+/* Waits until op completes: past the link's timeout, on the other side's failure or when
+ * the net stops, the link is broken first (what else is in flight then fails too: sends with
+ * the endpoint, receives, which are the worker's, cancelled as they are waited for). Frees
+ * op; 0, or a negative errno (-ECONNRESET for a receive cancelled; -ECANCELED: a posted
+ * operation that still had not ended PEER_GRACE_S after its link broke, left with its buffer
+ * to the link, which frees both after its worker). */
+int peer_op_wait(struct peer_link *l, struct peer_op *op, uint64_t *tag, size_t *len)
 {
 	double deadline = now_mono() + l->timeout_s;
+	int rc;
 
-	if (UCS_PTR_IS_ERR(req))
-		return peer_errno(UCS_PTR_STATUS(req));
 	while (!op->done) {
 		if (ucp_worker_progress(l->worker))
 			continue;
 		if (l->ep && (l->failed || atomic_load(&l->net->stopping) ||
 			      now_mono() > deadline)) {
 			l->timed_out = !l->failed && now_mono() > deadline;
-			ucp_request_cancel(l->worker, req);
 			peer_link_break(l);
+		}
+		if (l->ep == NULL && !op->cancelled) {
+			op->cancelled = 1;
+			ucp_request_cancel(l->worker, op->req);
+			deadline = now_mono() + PEER_GRACE_S;
 			continue;
+		}
+		if (l->ep == NULL && op->adoptable && now_mono() > deadline) {
+			op->next = l->orphans;  /* its buffer too: freed once the worker is */
+			l->orphans = op;
+			return -ECANCELED;
 		}
 		peer_link_sleep(l);
 	}
-	ucp_request_free(req);
-	if (op->st != UCS_OK && l->timed_out)
-		return -ETIMEDOUT;
-	return peer_errno(op->st);
+	ucp_request_free(op->req);
+	rc = op->st != UCS_OK && l->timed_out ? -ETIMEDOUT : peer_errno(op->st);
+	if (rc == 0 && tag)
+		*tag = op->tag;
+	if (rc == 0 && len)
+		*len = op->len;
+	free(op);
+	return rc;
+}
+
+/* Asks UCX to cancel op, a receive that matched no message yet (it then completes with an
+ * error); one that matched completes as it would. */
+void peer_op_cancel(struct peer_link *l, struct peer_op *op)
+{
+	if (!op->done && !op->cancelled) {
+		op->cancelled = 1;
+		ucp_request_cancel(l->worker, op->req);
+	}
 }
 
 /* UCX: a send completed. */
@@ -244,41 +288,83 @@ static void peer_received(void *req, ucs_status_t st, const ucp_tag_recv_info_t 
 	op->done = 1;
 }
 
-/* Sends len bytes of buf as a message of type tag; 0 or a negative errno. */
-int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len)
+/* Takes a posted operation's request into op (or frees op when UCX refused it); 0 with *out,
+ * or a negative errno. */
+static int peer_op_start(struct peer_link *l, struct peer_op *op, void *req,
+			 struct peer_op **out)
 {
-	struct peer_op op = { 0 };
+	if (UCS_PTR_IS_ERR(req)) {
+		free(op);
+		return peer_errno(UCS_PTR_STATUS(req));
+	}
+	op->req = req;
+	*out = op;
+	return 0;
+}
+
+/* Posts a send (recv 0) of len bytes of buf as a message of type tag, or a receive of the
+ * next message into buf (cap len); adoptable: buf is malloc'd and may be left to the link
+ * (peer_op_wait). 0 with *out, or a negative errno. */
+static int peer_post(struct peer_link *l, int recv, uint64_t tag, void *buf, size_t len,
+		     int adoptable, struct peer_op **out)
+{
+	struct peer_op *op = NULL;
 	ucp_request_param_t p = { 0 };
+	void *req;
 
 	if (l->ep == NULL)
 		return l->timed_out ? -ETIMEDOUT : -ECONNRESET;
+	if ((op = calloc(1, sizeof(*op))) == NULL)
+		return -ENOMEM;
+	op->adoptable = adoptable;
+	op->buf = buf;
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
 			 UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-	p.cb.send = peer_sent;
-	p.user_data = &op;
-	return peer_link_wait(l, &op, ucp_tag_send_nbx(l->ep, buf, len, tag, &p));
+	p.user_data = op;
+	if (recv) {
+		p.cb.recv = peer_received;
+		req = ucp_tag_recv_nbx(l->worker, buf, len, 0, 0, &p);
+	} else {
+		p.cb.send = peer_sent;
+		req = ucp_tag_send_nbx(l->ep, buf, len, tag, &p);
+	}
+	return peer_op_start(l, op, req, out);
+}
+
+/* Posts a send of len bytes of buf (malloc'd: see peer_op_wait) as a message of type tag,
+ * in flight (buf untouched) until peer_op_wait; 0 with *out, or a negative errno. Messages
+ * go in the order posted. */
+int peer_post_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len,
+		   struct peer_op **out)
+{
+	return peer_post(l, 0, tag, (void *)buf, len, 1, out);
+}
+
+/* Posts a receive of the next message, of any type, into buf (cap bytes, malloc'd: see
+ * peer_op_wait); receives posted take the messages in the order they were posted. 0 with
+ * *out, or a negative errno. */
+int peer_post_recv(struct peer_link *l, void *buf, size_t cap, struct peer_op **out)
+{
+	return peer_post(l, 1, 0, buf, cap, 1, out);
+}
+
+/* Sends len bytes of buf as a message of type tag; 0 or a negative errno. */
+int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len)
+{
+	struct peer_op *op = NULL;
+	int rc = peer_post(l, 0, tag, (void *)buf, len, 0, &op);
+
+	return rc ? rc : peer_op_wait(l, op, NULL, NULL);
 }
 
 /* Receives the next message, of any type, into buf (cap bytes): its type into *tag and
  * length into *len; 0 or a negative errno (-EMSGSIZE: longer than cap). */
 int peer_recv(struct peer_link *l, uint64_t *tag, void *buf, size_t cap, size_t *len)
 {
-	struct peer_op op = { 0 };
-	ucp_request_param_t p = { 0 };
-	int rc;
+	struct peer_op *op = NULL;
+	int rc = peer_post(l, 1, 0, buf, cap, 0, &op);
 
-	if (l->ep == NULL)
-		return l->timed_out ? -ETIMEDOUT : -ECONNRESET;
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-			 UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-	p.cb.recv = peer_received;
-	p.user_data = &op;
-	rc = peer_link_wait(l, &op, ucp_tag_recv_nbx(l->worker, buf, cap, 0, 0, &p));
-	if (rc == 0) {
-		*tag = op.tag;
-		*len = op.len;
-	}
-	return rc;
+	return rc ? rc : peer_op_wait(l, op, tag, len);
 }
 
 /* The other side's address, for messages. */
@@ -323,6 +409,12 @@ void peer_link_close(struct peer_link *l)
 		ucp_request_free(l->close_req);
 	}
 	ucp_worker_destroy(l->worker);
+	while (l->orphans) {
+		struct peer_op *op = l->orphans;
+		l->orphans = op->next;
+		free(op->buf);
+		free(op);
+	}
 	free(l);
 }
 
