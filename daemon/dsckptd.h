@@ -71,7 +71,8 @@
  * at once on a link, as peer_serve.c's), its settling → save.c (REPLICATED,
  * through workq.c); peer_ucx.c's
  * listener and connection threads → peer_serve.c (→ peer_member.c: whether the asking
- * daemon is a node of a copy's job); both → peer_auth.c (HMAC over the
+ * daemon is a node of a copy's job; peer_nodes.c: the job's nodes its trainers told,
+ * NODES through request_load.c, also read by peer_restore.c); both → peer_auth.c (HMAC over the
  * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
  * in memory or replica_root; replica_list.c: LIST and FETCH by tag; replica_recover.c: those
  * on replica_root taken back at start). None runs on the loop thread but peer_on_save, which
@@ -443,6 +444,24 @@ int peer_member_of(const struct replica_id *id, const char *who);
  * (loopback's aside). */
 int peer_member_self(const char *name);
 
+/* peer_nodes.c — a job's nodes as its trainers told them (NODES, from the process group):
+ * for a replacement node of a new name and address, whom to ask and which ranks to fetch;
+ * on the nodes holding copies, which daemons are nodes of the job for the copies of the
+ * user who told. In memory, the last 64 (job, user) told. Any thread. */
+#define PEER_NODES_MAX 4096        /* nodes of one job told */
+#define PEER_NODES_MAX_RANKS 256   /* this node's ranks told (a FETCH's most) */
+#define PEER_NODES_JOB_MAX 256     /* a job's name (its directory's) */
+/* Records that uid's job runs on the n hosts and this node's ranks are ranks; 0, -EINVAL,
+ * -ENOMEM. */
+int peer_nodes_tell(const char *job, uid_t uid, const char *const *hosts, unsigned n,
+		    const unsigned *ranks, unsigned nranks);
+/* Whether uid told that the daemon at who is a node of job. Blocking (names resolved). */
+int peer_nodes_member(const char *job, uid_t uid, const char *who);
+/* Calls fn(arg, host) for each node told of job (the newest telling) until fn returns
+ * non-zero; this node's ranks told into ranks (room for PEER_NODES_MAX_RANKS): how many. */
+unsigned peer_nodes_each(const char *job, int (*fn)(void *arg, const char *host), void *arg,
+			 unsigned *ranks);
+
 /* peer_auth.c — daemons prove to each other that they hold the cluster's secret
  * (peer_secret_file): HMAC-SHA256 (OpenSSL's libcrypto) of the secret over a label naming the
  * side and both sides' fresh nonces, compared in constant time. Pure; any thread. */
@@ -578,8 +597,10 @@ struct replica *replica_find(struct replica_store *rs, const char *job, const un
  * <root>/<job>/<tag>. */
 struct replica *replica_find_copy(struct replica_store *rs, const char *job, const char *tag,
 				  const char *owner, const char *run, uint64_t created_ns);
-/* What replica_list calls for each copy: its identity and how many ranks its files are of. */
-typedef void (*replica_each_fn)(void *arg, const struct replica_id *id, unsigned nranks);
+/* What replica_list calls for each copy: its identity, how many ranks its files are of and
+ * the uid its manifest names (whose files; MANIFEST_BAD: none). */
+typedef void (*replica_each_fn)(void *arg, const struct replica_id *id, unsigned nranks,
+				uint64_t uid);
 /* Calls fn (under the store's lock: it may not call the store) for each visible copy of job
  * (of tag; "" or NULL: any). */
 void replica_list(struct replica_store *rs, const char *job, const char *tag,
@@ -595,6 +616,8 @@ const struct replica_id *replica_id(const struct replica *r, const char **manife
 const struct manifest_file *replica_file(const struct replica *r, unsigned i);
 /* Reads len bytes at off of file i. */
 int replica_read(const struct replica *r, unsigned i, uint64_t off, void *buf, size_t len);
+/* replica_list.c: the uid a copy's manifest names (MANIFEST_BAD: none). */
+uint64_t replica_uid(const struct replica *r);
 /* Copies held, bytes of memory held, evictions so far. */
 void replica_stats(struct replica_store *rs, unsigned *copies, uint64_t *mem,
 		   uint64_t *evictions);
@@ -628,11 +651,12 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
 	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
-/* Fetches owner's copy of job's tag of run and commit time created_ns (every rank it holds)
- * into the store into, as peer_fetch. */
+/* Fetches owner's copy of job's tag of run and commit time created_ns (the files of the n
+ * ranks; n 0: every rank it holds) into the store into, as peer_fetch (-ENOENT also when the
+ * copy holds none of those ranks). */
 int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
-		    const char *run, uint64_t created_ns, struct replica_store *into,
-		    struct replica **out, char *err, size_t errlen);
+		    const char *run, uint64_t created_ns, const unsigned *ranks, unsigned n,
+		    struct replica_store *into, struct replica **out, char *err, size_t errlen);
 struct peer_copies;
 /* Asks which copies of job (of tag; "": any) the peer holds (owner, run, tag, commit time,
  * ranks: peer_int.h's COPIES), into *c. */

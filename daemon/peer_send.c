@@ -312,24 +312,27 @@ int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsi
 	return rc;
 }
 
-/* Asks the peer for owner's copy of job's tag of run and commit time created_ns, every rank
- * of it (see peer_fetch_q). */
+/* Asks the peer for owner's copy of job's tag of run and commit time created_ns, the files
+ * of the n ranks (0: every rank of it) (see peer_fetch_q). */
 int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
-		    const char *run, uint64_t created_ns, struct replica_store *into,
-		    struct replica **out, char *err, size_t errlen)
+		    const char *run, uint64_t created_ns, const unsigned *ranks, unsigned n,
+		    struct replica_store *into, struct replica **out, char *err, size_t errlen)
 {
 	struct peer_fetch *q = calloc(1, sizeof(*q));
 	int rc = q ? 0 : -ENOMEM;
 
 	if (rc == 0 && (snprintf(q->job, sizeof(q->job), "%s", job) >= (int)sizeof(q->job) ||
 			snprintf(q->tag, sizeof(q->tag), "%s", tag) >= (int)sizeof(q->tag) ||
-			!tag[0] ||
+			!tag[0] || n > PEER_MAX_RANKS ||
 			snprintf(q->owner, sizeof(q->owner), "%s", owner) >=
 				(int)sizeof(q->owner) ||
 			snprintf(q->run, sizeof(q->run), "%s", run) >= (int)sizeof(q->run)))
 		rc = -EINVAL;
 	if (rc == 0) {
 		q->created_ns = created_ns;
+		q->nranks = n;
+		for (unsigned i = 0; i < n; i++)
+			q->ranks[i] = ranks[i];
 		rc = peer_fetch_q(l, q, into, out, err, errlen);
 	} else {
 		snprintf(err, errlen, "fetch: %s", strerror(-rc));

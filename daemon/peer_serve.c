@@ -7,9 +7,10 @@
  * only once whole and checked (replica_store.c); one that fails is answered with why and
  * dropped, and one whose sender vanishes mid-way is dropped without a word. A LIST or FETCH
  * sees only the copies whose job the asking daemon is a node of (peer_member.c: its address
- * is the owner's or that of a host of the tag's seal records here); a FETCH of another's is
- * answered -EACCES and nothing of it is sent, and a LIST leaves such copies out. The
- * service's counters are atomics.
+ * is the owner's or that of a host of the tag's seal records here; or peer_nodes.c: the
+ * copy's user told this daemon the job runs on it, and then a FETCH gets only the ranks it
+ * names); a FETCH of another's is answered -EACCES and nothing of it is sent, and a LIST
+ * leaves such copies out. The service's counters are atomics.
  */
 #include "peer_int.h"
 
@@ -262,8 +263,7 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 
 	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)) ||
 	    !peer_str_ok(q->owner, sizeof(q->owner)) || !peer_str_ok(q->run, sizeof(q->run)) ||
-	    q->nranks > PEER_MAX_RANKS ||
-	    (q->nranks == 0) != (q->tag[0] != '\0'))
+	    q->nranks > PEER_MAX_RANKS || (q->nranks == 0 && q->tag[0] == '\0'))
 		return -EPROTO;
 	memset(w, 0, sizeof(*w));
 	r = q->tag[0] ? replica_find_copy(svc->rs, q->job, q->tag, q->owner, q->run,
@@ -274,11 +274,14 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 		return peer_send(l, PEER_HAVE, w, sizeof(*w));
 	}
 	const struct replica_id *id = replica_id(r, &manifest, &mlen, &nfiles);
-	if (!peer_member_of(id, peer_link_who(l))) {
+	/* A node its user told of (NODES) gets the ranks it names, not a whole copy. */
+	if (!peer_member_of(id, peer_link_who(l)) &&
+	    !(q->nranks > 0 && replica_uid(r) <= UINT32_MAX &&
+	      peer_nodes_member(q->job, (uid_t)replica_uid(r), peer_link_who(l)))) {
 		atomic_fetch_add(&svc->refused, 1);
 		log_warnx("peer %s: refused a fetch of %s's copy of %s (job %s): not a node of the "
-			  "job (neither its owner nor a host of the tag's seal records here)",
-			  peer_link_who(l), id->owner, id->tag, id->job);
+			  "job (neither its owner, nor a host of the tag's seal records here, nor a "
+			  "node its user told of)", peer_link_who(l), id->owner, id->tag, id->job);
 		replica_put(r);
 		w->code = -EACCES;
 		return peer_send(l, PEER_HAVE, w, sizeof(*w));
@@ -290,13 +293,20 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	snprintf(w->tag, sizeof(w->tag), "%s", id->tag);
 	snprintf(w->dir, sizeof(w->dir), "%s", id->dir);
 	w->created_ns = id->created_ns;
-	w->nranks = q->nranks;
-	memcpy(w->ranks, q->ranks, q->nranks * sizeof(q->ranks[0]));
-	for (unsigned i = 0; q->nranks == 0 && i < nfiles && w->nranks < PEER_MAX_RANKS; i++)
-		if (!peer_rank_in(replica_file(r, i), w->ranks, w->nranks))  /* the copy's all */
-			w->ranks[w->nranks++] = (uint32_t)replica_file(r, i)->rank;
+	for (unsigned i = 0; i < nfiles && w->nranks < PEER_MAX_RANKS; i++) {
+		const struct manifest_file *mf = replica_file(r, i);
+		if ((q->nranks == 0 || peer_rank_in(mf, q->ranks, q->nranks)) &&
+		    !peer_rank_in(mf, w->ranks, w->nranks))  /* those asked that it holds */
+			w->ranks[w->nranks++] = (uint32_t)mf->rank;
+	}
 	for (unsigned i = 0; i < nfiles; i++)
 		w->nfiles += peer_rank_in(replica_file(r, i), w->ranks, w->nranks);
+	if (w->nfiles == 0) {  /* none of the ranks asked for */
+		replica_put(r);
+		memset(w, 0, sizeof(*w));
+		w->code = -ENOENT;
+		return peer_send(l, PEER_HAVE, w, sizeof(*w));
+	}
 	if ((rc = peer_send(l, PEER_HAVE, w, sizeof(*w))) == 0 &&
 	    (rc = peer_send(l, PEER_MANIFEST, manifest, w->manifest_len)) == 0)
 		rc = peer_serve_send(l, r, nfiles, w);
@@ -312,11 +322,13 @@ struct serve_found {
 	unsigned n;
 	struct peer_copy c[SERVE_LIST_MAX];
 	char *dir[SERVE_LIST_MAX];
+	uint64_t uid[SERVE_LIST_MAX];      /* whose files (the manifest's uid) */
 };
 
 /* replica_each_fn: one copy into the found ones, while there is room (under the store's
  * lock: no name is resolved here). */
-static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks)
+static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks,
+			   uint64_t uid)
 {
 	struct serve_found *f = arg;
 	struct peer_copy *e = &f->c[f->n];
@@ -328,27 +340,35 @@ static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nran
 	snprintf(e->tag, sizeof(e->tag), "%s", id->tag);
 	e->created_ns = id->created_ns;
 	e->nranks = nranks;
+	f->uid[f->n] = uid;
 	f->n++;
 }
 
 /* Moves into c the found copies (at most PEER_LIST_MAX) whose job the daemon at who is a
- * node of (its owner, or a host of the seal records of its directory, each directory read
- * once); how many were left out for that. */
-static unsigned peer_serve_sift(struct serve_found *f, const char *who, struct peer_copies *c)
+ * node of (its owner, a host of the seal records of its directory, each directory read once,
+ * or a node the copy's user told of job, each user asked once); how many were left out for
+ * that. */
+static unsigned peer_serve_sift(struct serve_found *f, const char *job, const char *who,
+				struct peer_copies *c)
 {
-	int *in_dir = malloc(f->n * sizeof(*in_dir) + 1);
+	int *in_dir = malloc(f->n * sizeof(*in_dir) + 1), *told = malloc(f->n * sizeof(*told) + 1);
 	unsigned out = 0;
 
-	for (unsigned i = 0; in_dir && i < f->n && c->n < PEER_LIST_MAX; i++) {
-		unsigned k = 0;
+	for (unsigned i = 0; in_dir && told && i < f->n && c->n < PEER_LIST_MAX; i++) {
+		unsigned k = 0, u = 0;
 		while (k < i && strcmp(f->dir[k], f->dir[i]) != 0)
 			k++;
+		while (u < i && f->uid[u] != f->uid[i])
+			u++;
 		in_dir[i] = k < i ? in_dir[k] : peer_member_dir(f->dir[i], who);
-		if (in_dir[i] || peer_member_is(f->c[i].owner, who))
+		told[i] = u < i ? told[u] : f->uid[i] <= UINT32_MAX &&
+				  peer_nodes_member(job, (uid_t)f->uid[i], who);
+		if (in_dir[i] || told[i] || peer_member_is(f->c[i].owner, who))
 			c->c[c->n++] = f->c[i];
 		else
 			out++;
 	}
+	free(told);
 	free(in_dir);
 	return out;
 }
@@ -369,7 +389,7 @@ static int peer_serve_list(struct peer_service *svc, struct peer_link *l,
 	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)))
 		goto out;
 	replica_list(svc->rs, q->job, q->tag, peer_serve_one, f);
-	if ((n = peer_serve_sift(f, peer_link_who(l), c)) > 0)
+	if ((n = peer_serve_sift(f, q->job, peer_link_who(l), c)) > 0)
 		log_info("peer %s: %u copies of job %s held here not listed to it: not a node of "
 			 "their job", peer_link_who(l), n, q->job);
 	rc = peer_send(l, PEER_COPIES, c, sizeof(*c));
