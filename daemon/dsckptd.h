@@ -404,10 +404,12 @@ int pull_file_write(const struct config *cfg, int dfd, const struct manifest_fil
  * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */
 int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		  struct pull_info *info, char *err, size_t errlen);
-int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, size_t taglen,
-		     uint64_t *created_ns, char *err, size_t errlen);
-/* Whether a peer holds a copy of tag dir: 0, ENOENT, or a code with err. */
-int pull_peer_check(const struct config *cfg, const char *dir, char *err, size_t errlen);
+int pull_peer_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
+		     size_t taglen, uint64_t *created_ns, char *err, size_t errlen);
+/* Whether a peer holds a copy of tag dir (for uid: the job's nodes it told count): 0,
+ * ENOENT, or a code with err. */
+int pull_peer_check(const struct config *cfg, const char *dir, uid_t uid, char *err,
+		    size_t errlen);
 /* The tag the remote `latest` of jobdir names, when its remote manifest is there and names uid
  * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
 int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
@@ -457,10 +459,11 @@ int peer_nodes_tell(const char *job, uid_t uid, const char *const *hosts, unsign
 		    const unsigned *ranks, unsigned nranks);
 /* Whether uid told that the daemon at who is a node of job. Blocking (names resolved). */
 int peer_nodes_member(const char *job, uid_t uid, const char *who);
-/* Calls fn(arg, host) for each node told of job (the newest telling) until fn returns
- * non-zero; this node's ranks told into ranks (room for PEER_NODES_MAX_RANKS): how many. */
-unsigned peer_nodes_each(const char *job, int (*fn)(void *arg, const char *host), void *arg,
-			 unsigned *ranks);
+/* Calls fn(arg, host) for each node uid told of job (root: any user's newest telling) until
+ * fn returns non-zero; this node's ranks told into ranks (room for PEER_NODES_MAX_RANKS):
+ * how many. */
+unsigned peer_nodes_each(const char *job, uid_t uid, int (*fn)(void *arg, const char *host),
+			 void *arg, unsigned *ranks);
 
 /* peer_auth.c — daemons prove to each other that they hold the cluster's secret
  * (peer_secret_file): HMAC-SHA256 (OpenSSL's libcrypto) of the secret over a label naming the
@@ -747,10 +750,11 @@ struct peer_restore {
 	unsigned n;
 };
 /* Finds job's tag ("": its newest) on the peers for dir (<root>/<job>/<tag>, or with tag ""
- * the job's directory), and with fetch set fetches this node's copies of it into pr
- * (peer_restore_free); 0, ENOENT (no peer holds one), or a code with err. */
+ * the job's directory), for uid (the job's nodes it told: peer_nodes_each), and with fetch
+ * set fetches this node's copies of it (or its ranks told) into pr (peer_restore_free); 0,
+ * ENOENT (no peer holds one), or a code with err. */
 int peer_restore(const struct config *cfg, const char *dir, const char *job, const char *tag,
-		 int fetch, struct peer_restore *pr, char *err, size_t errlen);
+		 uid_t uid, int fetch, struct peer_restore *pr, char *err, size_t errlen);
 /* Drops what peer_restore fetched. */
 void peer_restore_free(struct peer_restore *pr);
 

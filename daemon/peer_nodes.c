@@ -130,15 +130,15 @@ int peer_nodes_member(const char *job, uid_t uid, const char *who)
 	return yes;
 }
 
-/* Calls fn(arg, host) for each node told of job (the newest telling, any user's) until fn
- * returns non-zero, and puts this node's ranks told into ranks (room for
+/* Calls fn(arg, host) for each node uid told of job (root: the newest telling, any user's)
+ * until fn returns non-zero, and puts this node's ranks told into ranks (room for
  * PEER_NODES_MAX_RANKS); how many ranks (0 also when none was told). */
-unsigned peer_nodes_each(const char *job, int (*fn)(void *arg, const char *host), void *arg,
-			 unsigned *ranks)
+unsigned peer_nodes_each(const char *job, uid_t uid, int (*fn)(void *arg, const char *host),
+			 void *arg, unsigned *ranks)
 {
 	size_t len = 0;
 	unsigned nranks = 0;
-	char *names = peer_nodes_copy(job, 0, 1, &len, ranks, &nranks);
+	char *names = peer_nodes_copy(job, uid, uid == 0, &len, ranks, &nranks);
 
 	for (size_t at = 0; names && at < len; at += strlen(names + at) + 1)
 		if (fn(arg, names + at) != 0)

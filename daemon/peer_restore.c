@@ -130,17 +130,17 @@ static void restore_job_hosts(const char *jobdir, struct restore_into *in)
 }
 
 /* The daemons to ask first: the hosts of the seal records of dir (a tag directory, or with
- * tag "" the job's) and of the job's other tags here, the job's nodes told (NODES, with this
- * node's ranks into ranks, their count into *nranks), then peer_hosts; how many. */
+ * tag "" the job's) and of the job's other tags here, the job's nodes uid told (NODES, with
+ * this node's ranks into ranks, their count into *nranks), then peer_hosts; how many. */
 static unsigned restore_hosts(const struct config *cfg, const char *dir, const char *job,
-			      const char *tag, struct restore_host *hosts, unsigned *ranks,
-			      unsigned *nranks)
+			      const char *tag, uid_t uid, struct restore_host *hosts,
+			      unsigned *ranks, unsigned *nranks)
 {
 	char jobdir[PULL_DIR_MAX];
 	unsigned n = 0;
 	struct restore_into in = { hosts, &n };
 
-	*nranks = peer_nodes_each(job, restore_add_host, &in, ranks);
+	*nranks = peer_nodes_each(job, uid, restore_add_host, &in, ranks);
 
 	if (dir && dir[0] == '/' && strlen(dir) < sizeof(jobdir)) {
 		snprintf(jobdir, sizeof(jobdir), "%s", dir);
@@ -364,7 +364,7 @@ static int restore_covered(const struct peer_restore *pr, const unsigned *ranks,
 
 /* Finds job's tag (or its newest) on the peers and fetches its copies (see dsckptd.h). */
 int peer_restore(const struct config *cfg, const char *dir, const char *job, const char *tag,
-		 int fetch, struct peer_restore *pr, char *err, size_t errlen)
+		 uid_t uid, int fetch, struct peer_restore *pr, char *err, size_t errlen)
 {
 	struct restore_host *hosts = calloc(RESTORE_HOSTS, sizeof(*hosts));
 	struct restore_want *w = NULL;
@@ -377,7 +377,7 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 	memset(pr, 0, sizeof(*pr));
 	if (hosts == NULL)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	if ((n = restore_hosts(cfg, dir, job, tag, hosts, ranks, &nranks)) == 0) {
+	if ((n = restore_hosts(cfg, dir, job, tag, uid, hosts, ranks, &nranks)) == 0) {
 		restore_hosts_free(hosts, 0);
 		return err_set(err, errlen, ERR_ENOENT, "no peer to ask for %s (no seal record of "
 			       "the job here, no nodes told, no peer_hosts)", dir);
