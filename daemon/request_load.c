@@ -1,7 +1,8 @@
 /*
- * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT, PREFETCH, NODES): decoded and checked here,
- * acted on by load.c, answered through reply.c. As for saves, a malformed frame closes the
- * connection and a refused destination abandons the load with an error reply.
+ * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT, PREFETCH, NODES): decoded and
+ * checked here, acted on by load.c (NODES: told to peer_nodes.c), answered through reply.c. As
+ * for saves, a malformed frame closes the connection and a refused destination abandons the
+ * load with an error reply.
  */
 #include "request.h"
 
