@@ -530,7 +530,7 @@ void peer_op_cancel(struct peer_link *l, struct peer_op *op);
 /* Breaks l at once: what is in flight fails, and every later call. */
 void peer_link_abort(struct peer_link *l);
 
-/* peer_window.c — a file's chunks pipelined on a link: a window of buffers (16 MiB, 2 to 8
+/* peer_window.c — a file's chunks pipelined on a link: a window of buffers (8 MiB, 2 to 8
  * of them) whose sends, or receives posted ahead, are in flight at once, taken back oldest
  * first, so messages keep their order. One thread, the link's; the first error sticks. */
 struct peer_window;

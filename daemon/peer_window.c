@@ -5,7 +5,8 @@
  * and the receiver has the next receives posted while it checks and stores the last one.
  *
  * A window is a ring of PEER_WINDOW_BYTES of buffers (at least 2, at most PEER_WINDOW_MAX,
- * of the chunk's size), each with its operation (peer_ucx.c's peer_post_send/recv), oldest
+ * of the chunk's size: two 4 MiB pieces; on bench-peer's veth four cost the sender more CPU
+ * per GB, its buffers no longer in the CPU's caches, for no more throughput), each with its operation (peer_ucx.c's peer_post_send/recv), oldest
  * first. A sending window hands out the next free buffer (waiting for its send to complete
  * when every one is in flight) and posts it; a receiving one keeps a receive posted in every
  * buffer but the one the caller reads, and hands out the oldest once complete: UCX matches a
@@ -23,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PEER_WINDOW_BYTES (16u << 20)
+#define PEER_WINDOW_BYTES (8u << 20)
 #define PEER_WINDOW_MAX 8
 
 /* One buffer and its operation. */

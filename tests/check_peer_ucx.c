@@ -515,7 +515,7 @@ START_TEST(test_sender_killed)
 END_TEST
 
 /* Pipelined (issue 35 item 2): with the receiving service stopped (SIGSTOP) once the copy
- * was accepted, the sender still reads and posts the pieces after the first (the window's),
+ * was accepted, the sender still reads and posts the piece after the first (the window's),
  * where one piece in flight waited for the first to be taken; continued, the copy arrives
  * whole and checked. */
 START_TEST(test_put_pipelined)
@@ -552,10 +552,10 @@ START_TEST(test_put_pipelined)
 	ck_assert_int_eq(read(report[0], &x, 1), 1);  /* the first piece read: accepted */
 	ck_assert_int_eq(kill(server, SIGSTOP), 0);
 	ck_assert_int_eq(write(go[1], "x", 1), 1);
-	/* The receiver takes nothing now: a second and a third piece read are the window's. */
-	while (reads < 3 && read(report[0], &x, 1) == 1)
+	/* The receiver takes nothing now: a second piece read is the window's. */
+	while (reads < 1 && read(report[0], &x, 1) == 1)
 		reads++;
-	ck_assert_int_eq(reads, 3);
+	ck_assert_int_eq(reads, 1);
 	ck_assert_int_eq(kill(server, SIGCONT), 0);
 	int st;
 	ck_assert_int_eq(waitpid(sender, &st, 0), sender);
