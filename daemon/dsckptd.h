@@ -69,7 +69,7 @@
  * the cache where it is kept), peer_place.c (where copies go: a pure function of the job's
  * host names) and peer_send.c (rate_cap.c caps it; peer_window.c: a file's pieces in flight
  * at once on a link, as peer_serve.c's), its settling → save.c (REPLICATED,
- * through workq.c); peer_ucx.c's
+ * through workq.c); peer_listen.c's
  * listener and connection threads → peer_serve.c (→ peer_member.c: whether the asking
  * daemon is a node of a copy's job; peer_nodes.c: the job's nodes its trainers told,
  * NODES through request_load.c, also read by peer_restore.c); both → peer_auth.c (HMAC over the
@@ -483,17 +483,18 @@ int peer_auth_check(const void *secret, size_t len, int side,
 		    const uint8_t server_nonce[PEER_NONCE_LEN], const uint8_t mac[PEER_MAC_LEN]);
 
 /* peer_ucx.c — links between daemons over UCX's ucp API (tagged messages; RDMA, TCP or shared
- * memory as UCX picks): a listener thread hands each connection to a thread of its own, with a
- * worker of its own; every call blocks its thread at most the link's timeout and returns 0
- * or a negative errno (ECONNRESET: the other side went away; ETIMEDOUT). Never the loop
- * thread's. */
+ * memory as UCX picks): a listener thread (peer_listen.c) hands each connection to a thread
+ * of its own, with a worker of its own; every call blocks its thread at most the link's
+ * timeout and returns 0 or a negative errno (ECONNRESET: the other side went away;
+ * ETIMEDOUT). Never the loop thread's. */
 struct peer_net;
 struct peer_link;
 /* Serves one accepted link on its own thread; the link is closed when it returns. */
 typedef void (*peer_serve_fn)(void *arg, struct peer_link *l);
 /* Opens the daemon's UCX context; links it accepts wait timeout_s per call. */
 int peer_net_open(double timeout_s, struct peer_net **out, char *err, size_t errlen);
-/* Listens on port, serving each connection with serve(arg, link), max_conns at once. */
+/* peer_listen.c: listens on port, serving each connection with serve(arg, link), max_conns
+ * at once. */
 int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
 		void *arg, char *err, size_t errlen);
 /* Makes every call on the net's links fail from now on (any thread). */

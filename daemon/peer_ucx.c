@@ -5,9 +5,10 @@
  * message's type, and large ones go by UCX's rendezvous protocol (zero-copy on RDMA), which
  * is what UCX recommends for large buffers.
  *
- * Threads: a listener thread progresses the listener's worker; each connection it is offered
- * gets a thread of its own with a worker of its own (UCX lets a connection request be accepted
- * on another worker), on which the caller's serve function runs blocking calls. A connecting
+ * Threads: a listener thread (peer_listen.c) progresses the listener's worker; each
+ * connection it is offered gets a thread of its own with a worker of its own (UCX lets a
+ * connection request be accepted on another worker), on which the caller's serve function
+ * runs blocking calls. A connecting
  * side's link likewise has its own worker, used by one thread at a time. So every worker has
  * one thread and no lock is needed around UCX; the context is shared (mt_workers_shared).
  * net->lock guards the pending requests, the count of connection threads and their cond; the
@@ -16,51 +17,17 @@
  * Every blocking call waits at most the link's timeout; past it, or when the other side fails
  * or the net stops, the endpoint is closed at once (UCX completes what was in flight with an
  * error) and the call returns a negative errno. Progress sleeps on the worker's event fd.
+ * Several operations may be in flight on a link (peer_post_send/recv, for peer_window.c),
+ * each waited for once.
  */
-#include "dsckptd.h"
+#include "peer_ucx_int.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <ucp/api/ucp.h>
-
-#define PEER_MAX_PENDING 64    /* connection requests not yet taken by a thread */
-
-struct peer_net {
-	ucp_context_h ctx;
-	ucp_worker_h lworker;              /* the listener's; listener thread only */
-	ucp_listener_h listener;
-	pthread_t thread;
-	int listening;
-	peer_serve_fn serve;
-	void *arg;
-	unsigned max_conns;
-	double timeout_s;                  /* of the links it accepts */
-	atomic_int stopping;
-	pthread_mutex_t lock;
-	pthread_cond_t idle;               /* signalled when a connection thread ends */
-	unsigned active;                   /* connection threads running (lock) */
-	ucp_conn_request_h pending[PEER_MAX_PENDING]; /* listener thread only */
-	unsigned npending;
-};
-
-struct peer_link {
-	struct peer_net *net;
-	ucp_worker_h worker;
-	ucp_ep_h ep;                       /* NULL once broken */
-	void *close_req;                   /* the forced close in flight, if any */
-	int efd;
-	int failed;                        /* the error handler ran */
-	int timed_out;
-	double timeout_s;
-	char who[80];                      /* the other side's address */
-	struct peer_op *orphans;           /* operations that never ended: freed at close */
-};
 
 /* One operation in flight (peer_post_send, peer_post_recv); completed by UCX's callback on
  * the link's thread, freed by peer_op_wait. */
@@ -81,7 +48,7 @@ struct peer_op {
 #define PEER_GRACE_S 2.0
 
 /* A negative errno for a UCX status. */
-static int peer_errno(ucs_status_t st)
+int peer_errno(ucs_status_t st)
 {
 	switch (st) {
 	case UCS_OK:
@@ -148,7 +115,7 @@ fail:
 }
 
 /* Makes a worker of its own for a link, with its event fd; 0 or a negative errno. */
-static int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link **out)
+int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link **out)
 {
 	ucp_worker_params_t wp = { 0 };
 	struct peer_link *l = calloc(1, sizeof(*l));
@@ -174,7 +141,7 @@ static int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link 
 }
 
 /* UCX: the other side of a link failed (reset, gone); on the link's thread. */
-static void peer_link_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+void peer_link_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
 	struct peer_link *l = arg;
 
@@ -460,158 +427,6 @@ int peer_connect(struct peer_net *n, const char *host, unsigned port, double tim
 	}
 	*out = l;
 	return 0;
-}
-
-/* A connection thread: accepts one request on a worker of its own, serves it, closes it. */
-static void *peer_conn_main(void *arg)
-{
-	struct peer_link *l = arg;
-	struct peer_net *n = l->net;
-
-	n->serve(n->arg, l);
-	peer_link_close(l);
-	pthread_mutex_lock(&n->lock);
-	n->active--;
-	pthread_cond_broadcast(&n->idle);
-	pthread_mutex_unlock(&n->lock);
-	return NULL;
-}
-
-/* UCX, on the listener thread: a connection request, kept for the loop below. */
-static void peer_on_request(ucp_conn_request_h req, void *arg)
-{
-	struct peer_net *n = arg;
-
-	if (n->npending == PEER_MAX_PENDING)
-		ucp_listener_reject(n->listener, req);
-	else
-		n->pending[n->npending++] = req;
-}
-
-/* Gives a connection request a link and a thread, or refuses it (too many, no memory). */
-static void peer_accept(struct peer_net *n, ucp_conn_request_h req)
-{
-	ucp_conn_request_attr_t attr = { .field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR };
-	ucp_ep_params_t ep = { 0 };
-	struct peer_link *l;
-	char host[64] = "?", port[16] = "?";
-	pthread_attr_t pa;
-	pthread_t t;
-
-	pthread_mutex_lock(&n->lock);
-	int full = n->active >= n->max_conns;
-	pthread_mutex_unlock(&n->lock);
-	if (full || peer_link_new(n, n->timeout_s, &l) != 0) {
-		log_warnx("peer: a connection refused (%s)", full ? "too many" : "no memory");
-		ucp_listener_reject(n->listener, req);
-		return;
-	}
-	if (ucp_conn_request_query(req, &attr) == UCS_OK)
-		getnameinfo((struct sockaddr *)&attr.client_address, sizeof(attr.client_address),
-			    host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
-	snprintf(l->who, sizeof(l->who), "%s:%s", host, port);
-	ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-			UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-	ep.conn_request = req;
-	ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-	ep.err_handler.cb = peer_link_error;
-	ep.err_handler.arg = l;
-	if (ucp_ep_create(l->worker, &ep, &l->ep) != UCS_OK) {
-		l->ep = NULL;
-		peer_link_close(l);
-		return;
-	}
-	pthread_mutex_lock(&n->lock);
-	n->active++;
-	pthread_mutex_unlock(&n->lock);
-	pthread_attr_init(&pa);
-	pthread_attr_setdetachstate(&pa, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &pa, peer_conn_main, l) != 0) {
-		pthread_mutex_lock(&n->lock);
-		n->active--;
-		pthread_mutex_unlock(&n->lock);
-		peer_link_break(l);
-		peer_link_close(l);
-	}
-	pthread_attr_destroy(&pa);
-}
-
-/* The listener thread: progresses the listener's worker and hands requests out. */
-static void *peer_listen_main(void *arg)
-{
-	struct peer_net *n = arg;
-	int efd = -1;
-
-	ucp_worker_get_efd(n->lworker, &efd);
-	while (!atomic_load(&n->stopping)) {
-		while (ucp_worker_progress(n->lworker))
-			;
-		for (unsigned i = 0; i < n->npending; i++)
-			peer_accept(n, n->pending[i]);
-		n->npending = 0;
-		if (ucp_worker_arm(n->lworker) == UCS_OK) {
-			struct pollfd p = { .fd = efd, .events = POLLIN };
-			poll(&p, 1, 100);
-		}
-	}
-	return NULL;
-}
-
-/* Listens on port (every address) and serves each authenticated or not connection with
- * serve(arg, link) on a thread of its own, max_conns at once; 0 or a negative errno with
- * err. */
-int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
-		void *arg, char *err, size_t errlen)
-{
-	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
-				   .sin6_addr = IN6ADDR_ANY_INIT };
-	struct sockaddr_in sa4 = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				   .sin_addr.s_addr = INADDR_ANY };
-	ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-				   .thread_mode = UCS_THREAD_MODE_SINGLE };
-	ucp_listener_params_t lp = { 0 };
-	ucs_status_t st;
-
-	n->serve = serve;
-	n->arg = arg;
-	n->max_conns = max_conns;
-	if ((st = ucp_worker_create(n->ctx, &wp, &n->lworker)) != UCS_OK) {
-		snprintf(err, errlen, "peer_port %u: a UCX worker: %s", port,
-			 ucs_status_string(st));
-		return peer_errno(st);
-	}
-	lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-	lp.conn_handler.cb = peer_on_request;
-	lp.conn_handler.arg = n;
-	/* IPv4 first: UCX finds no interface for an IPv4 peer reaching an IPv6 listener (its
-	 * ::ffff: address), and refuses it. IPv6 where the node has no IPv4. */
-	lp.sockaddr.addr = (struct sockaddr *)&sa4;
-	lp.sockaddr.addrlen = sizeof(sa4);
-	st = ucp_listener_create(n->lworker, &lp, &n->listener);
-	if (st != UCS_OK) {
-		lp.sockaddr.addr = (struct sockaddr *)&sa;
-		lp.sockaddr.addrlen = sizeof(sa);
-		st = ucp_listener_create(n->lworker, &lp, &n->listener);
-	}
-	if (st != UCS_OK) {
-		snprintf(err, errlen, "peer_port %u: UCX cannot listen: %s", port,
-			 ucs_status_string(st));
-		goto fail_worker;
-	}
-	if (pthread_create(&n->thread, NULL, peer_listen_main, n) != 0) {
-		snprintf(err, errlen, "peer_port %u: no thread", port);
-		st = UCS_ERR_NO_RESOURCE;
-		goto fail_listener;
-	}
-	n->listening = 1;
-	return 0;
-
-fail_listener:
-	ucp_listener_destroy(n->listener);
-fail_worker:
-	ucp_worker_destroy(n->lworker);
-	n->lworker = NULL;
-	return peer_errno(st) ? peer_errno(st) : -EIO;
 }
 
 /* Makes every call in flight on the net's links fail at its next wait, and every later one;

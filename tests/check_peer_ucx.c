@@ -4,9 +4,9 @@
  * tag's files go across and come back by a fetch byte for byte, checked at the receiver; a
  * corrupted byte, a sender without the secret or with a wrong one, a forged answer to the
  * challenge, a server with a wrong one, a sender that skips the challenge, a server that
- * never answers (its timeout), and a sender killed mid-transfer: nothing is stored and
- * nothing partial is ever visible. A sender keeps several pieces in flight (the window) while
- * the receiver takes none. SKIP without root or ip(8). */
+ * never answers (its timeout), a sender killed mid-transfer (nothing stored, nothing partial
+ * ever visible), a sender posting its next piece while the receiver takes none. SKIP
+ * without root or ip(8). */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 #include "netns.h"
@@ -514,10 +514,9 @@ START_TEST(test_sender_killed)
 }
 END_TEST
 
-/* Pipelined (issue 35 item 2): with the receiving service stopped (SIGSTOP) once the copy
- * was accepted, the sender still reads and posts the piece after the first (the window's),
- * where one piece in flight waited for the first to be taken; continued, the copy arrives
- * whole and checked. */
+/* Pipelined (issue 35 item 2): the receiving service stopped (SIGSTOP) once the copy was
+ * accepted, the sender still reads and posts the piece after the first (one piece in flight
+ * waited for the first to be taken); continued, the copy arrives whole and checked. */
 START_TEST(test_put_pipelined)
 {
 	struct replica_store *mine;
