@@ -377,6 +377,17 @@ typedef struct dsckpt_prefetch_info {
 } dsckpt_prefetch_info_t;
 DSCKPT_EXTERN int dsckpt_prefetch(dsckpt_conn_t *c, const char *dir, const char *tag, int wait,
 				  dsckpt_prefetch_info_t *info);
+/*
+ * The job's nodes (peer copies, issue 35): tells the daemon that the job of job directory
+ * dir runs on the n daemons named by hosts (each daemon's `host`, as the others reach it) and
+ * that this node's ranks of it are ranks (nranks, at most 256). Every rank calls it with what
+ * the process group gathered (dsckpt.torch.tell_nodes), before any rank loads: a replacement
+ * node of a new name at a new address then restores its ranks' files from the peers' copies,
+ * which serve them to it because their own trainers told them it is a node of the job (only
+ * copies of the caller's own files). DSCKPT_ENOTSUP: peer copies are off on this node.
+ */
+DSCKPT_EXTERN int dsckpt_job_nodes(dsckpt_conn_t *c, const char *dir, const char *const *hosts,
+				   unsigned n, const unsigned *ranks, unsigned nranks);
 
 /* Allocates host memory the daemon can read without a copy (memfd-backed); NULL on failure. */
 DSCKPT_EXTERN void *dsckpt_host_alloc(size_t size);

@@ -68,10 +68,12 @@
  * peer.c (peer copies, on with a peer_secret_file; also an observer of save levels): its
  * sender thread → peer_tag.c (the tag's files of this node; resident.c: the data sent from
  * the cache where it is kept), peer_place.c (where copies go: a pure function of the job's
- * host names) and peer_send.c (rate_cap.c caps it), its settling → save.c (REPLICATED,
- * through workq.c); peer_ucx.c's
+ * host names) and peer_send.c (rate_cap.c caps it; peer_window.c: a file's pieces in flight
+ * at once on a link, as peer_serve.c's), its settling → save.c (REPLICATED,
+ * through workq.c); peer_listen.c's
  * listener and connection threads → peer_serve.c (→ peer_member.c: whether the asking
- * daemon is a node of a copy's job); both → peer_auth.c (HMAC over the
+ * daemon is a node of a copy's job; peer_nodes.c: the job's nodes its trainers told,
+ * NODES through request_load.c, also read by peer_restore.c); both → peer_auth.c (HMAC over the
  * shared secret), peer_ucx.c (UCX's ucp) and replica_store.c (other nodes' copies, checked,
  * in memory or replica_root; replica_list.c: LIST and FETCH by tag; replica_recover.c: those
  * on replica_root taken back at start). None runs on the loop thread but peer_on_save, which
@@ -403,10 +405,12 @@ int pull_file_write(const struct config *cfg, int dfd, const struct manifest_fil
  * it); and the newest tag of jobdir the peers hold, into tag and created_ns. */
 int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid,
 		  struct pull_info *info, char *err, size_t errlen);
-int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, size_t taglen,
-		     uint64_t *created_ns, char *err, size_t errlen);
-/* Whether a peer holds a copy of tag dir: 0, ENOENT, or a code with err. */
-int pull_peer_check(const struct config *cfg, const char *dir, char *err, size_t errlen);
+int pull_peer_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
+		     size_t taglen, uint64_t *created_ns, char *err, size_t errlen);
+/* Whether a peer holds a copy of tag dir (for uid: the job's nodes it told count): 0,
+ * ENOENT, or a code with err. */
+int pull_peer_check(const struct config *cfg, const char *dir, uid_t uid, char *err,
+		    size_t errlen);
 /* The tag the remote `latest` of jobdir names, when its remote manifest is there and names uid
  * (any for root): into tag, its commit time into created_ns; 0 or a code with err. */
 int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
@@ -443,6 +447,25 @@ int peer_member_of(const struct replica_id *id, const char *who);
  * (loopback's aside). */
 int peer_member_self(const char *name);
 
+/* peer_nodes.c — a job's nodes as its trainers told them (NODES, from the process group):
+ * for a replacement node of a new name and address, whom to ask and which ranks to fetch;
+ * on the nodes holding copies, which daemons are nodes of the job for the copies of the
+ * user who told. In memory, the last 64 (job, user) told. Any thread. */
+#define PEER_NODES_MAX 4096        /* nodes of one job told */
+#define PEER_NODES_MAX_RANKS 256   /* this node's ranks told (a FETCH's most) */
+#define PEER_NODES_JOB_MAX 256     /* a job's name (its directory's) */
+/* Records that uid's job runs on the n hosts and this node's ranks are ranks; 0, -EINVAL,
+ * -ENOMEM. */
+int peer_nodes_tell(const char *job, uid_t uid, const char *const *hosts, unsigned n,
+		    const unsigned *ranks, unsigned nranks);
+/* Whether uid told that the daemon at who is a node of job. Blocking (names resolved). */
+int peer_nodes_member(const char *job, uid_t uid, const char *who);
+/* Calls fn(arg, host) for each node uid told of job (root: any user's newest telling) until
+ * fn returns non-zero; this node's ranks told into ranks (room for PEER_NODES_MAX_RANKS):
+ * how many. */
+unsigned peer_nodes_each(const char *job, uid_t uid, int (*fn)(void *arg, const char *host),
+			 void *arg, unsigned *ranks);
+
 /* peer_auth.c — daemons prove to each other that they hold the cluster's secret
  * (peer_secret_file): HMAC-SHA256 (OpenSSL's libcrypto) of the secret over a label naming the
  * side and both sides' fresh nonces, compared in constant time. Pure; any thread. */
@@ -461,17 +484,18 @@ int peer_auth_check(const void *secret, size_t len, int side,
 		    const uint8_t server_nonce[PEER_NONCE_LEN], const uint8_t mac[PEER_MAC_LEN]);
 
 /* peer_ucx.c — links between daemons over UCX's ucp API (tagged messages; RDMA, TCP or shared
- * memory as UCX picks): a listener thread hands each connection to a thread of its own, with a
- * worker of its own; every call blocks its thread at most the link's timeout and returns 0
- * or a negative errno (ECONNRESET: the other side went away; ETIMEDOUT). Never the loop
- * thread's. */
+ * memory as UCX picks): a listener thread (peer_listen.c) hands each connection to a thread
+ * of its own, with a worker of its own; every call blocks its thread at most the link's
+ * timeout and returns 0 or a negative errno (ECONNRESET: the other side went away;
+ * ETIMEDOUT). Never the loop thread's. */
 struct peer_net;
 struct peer_link;
 /* Serves one accepted link on its own thread; the link is closed when it returns. */
 typedef void (*peer_serve_fn)(void *arg, struct peer_link *l);
 /* Opens the daemon's UCX context; links it accepts wait timeout_s per call. */
 int peer_net_open(double timeout_s, struct peer_net **out, char *err, size_t errlen);
-/* Listens on port, serving each connection with serve(arg, link), max_conns at once. */
+/* peer_listen.c: listens on port, serving each connection with serve(arg, link), max_conns
+ * at once. */
 int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
 		void *arg, char *err, size_t errlen);
 /* Makes every call on the net's links fail from now on (any thread). */
@@ -492,6 +516,42 @@ const char *peer_link_who(const struct peer_link *l);
 void peer_link_set_timeout(struct peer_link *l, double seconds);
 /* Closes a link (what was sent is flushed first while the peer answers). NULL is fine. */
 void peer_link_close(struct peer_link *l);
+/* Several operations in flight on a link (peer_window.c's), each waited for once: */
+struct peer_op;
+/* Posts a send (buf untouched until it completes) or a receive of the next message (posted
+ * receives take messages in order), buf malloc'd; 0 with *op, or a negative errno. */
+int peer_post_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len,
+		   struct peer_op **op);
+int peer_post_recv(struct peer_link *l, void *buf, size_t cap, struct peer_op **op);
+/* Waits for op as peer_send/peer_recv wait, its type and length into tag and len (NULL:
+ * not wanted) and frees it; 0 or a negative errno (-ECANCELED: it never ended after the link
+ * broke: its buffer is left to the link, freed at peer_link_close). */
+int peer_op_wait(struct peer_link *l, struct peer_op *op, uint64_t *tag, size_t *len);
+/* Cancels a receive that took no message yet (its wait then fails). */
+void peer_op_cancel(struct peer_link *l, struct peer_op *op);
+/* Breaks l at once: what is in flight fails, and every later call. */
+void peer_link_abort(struct peer_link *l);
+
+/* peer_window.c — a file's chunks pipelined on a link: a window of buffers (8 MiB, 2 to 8
+ * of them) whose sends, or receives posted ahead, are in flight at once, taken back oldest
+ * first, so messages keep their order. One thread, the link's; the first error sticks. */
+struct peer_window;
+/* Opens a sending (recv 0) or receiving window of buffers of cap bytes on l. */
+int peer_window_open(struct peer_link *l, int recv, size_t cap, struct peer_window **out);
+/* Sending: the next free buffer (waiting for its last send), then posts it as tag, len. */
+int peer_window_next(struct peer_window *w, void **buf);
+int peer_window_send(struct peer_window *w, uint64_t tag, size_t len);
+/* Sending: both at once for a message of len bytes copied from msg (NULL when len is 0). */
+int peer_window_post(struct peer_window *w, uint64_t tag, const void *msg, size_t len);
+/* Sending: waits for every send posted. */
+int peer_window_flush(struct peer_window *w);
+/* Makes rc, the caller's failure, the window's error (unless it has one); that error. */
+int peer_window_fail(struct peer_window *w, int rc);
+/* Receiving: the next message, its bytes in the window's buffer until the next call. */
+int peer_window_recv(struct peer_window *w, uint64_t *tag, void **buf, size_t *len);
+/* Ends w (sends waited for, receives posted ahead cancelled: -EPROTO when one took a
+ * message; broken first after an error) and frees it; 0 or its error. */
+int peer_window_end(struct peer_window *w);
 
 /* replica_store.c — other nodes' copies of their committed files (one owner's files of one
  * tag, with the tag's manifest), in replica_cache_size of host memory, spilling to
@@ -542,8 +602,10 @@ struct replica *replica_find(struct replica_store *rs, const char *job, const un
  * <root>/<job>/<tag>. */
 struct replica *replica_find_copy(struct replica_store *rs, const char *job, const char *tag,
 				  const char *owner, const char *run, uint64_t created_ns);
-/* What replica_list calls for each copy: its identity and how many ranks its files are of. */
-typedef void (*replica_each_fn)(void *arg, const struct replica_id *id, unsigned nranks);
+/* What replica_list calls for each copy: its identity, how many ranks its files are of and
+ * the uid its manifest names (whose files; MANIFEST_BAD: none). */
+typedef void (*replica_each_fn)(void *arg, const struct replica_id *id, unsigned nranks,
+				uint64_t uid);
 /* Calls fn (under the store's lock: it may not call the store) for each visible copy of job
  * (of tag; "" or NULL: any). */
 void replica_list(struct replica_store *rs, const char *job, const char *tag,
@@ -559,6 +621,8 @@ const struct replica_id *replica_id(const struct replica *r, const char **manife
 const struct manifest_file *replica_file(const struct replica *r, unsigned i);
 /* Reads len bytes at off of file i. */
 int replica_read(const struct replica *r, unsigned i, uint64_t off, void *buf, size_t len);
+/* replica_list.c: the uid a copy's manifest names (MANIFEST_BAD: none). */
+uint64_t replica_uid(const struct replica *r);
 /* Copies held, bytes of memory held, evictions so far. */
 void replica_stats(struct replica_store *rs, unsigned *copies, uint64_t *mem,
 		   uint64_t *evictions);
@@ -592,11 +656,12 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
  * the copy referenced into *out, or -ENOENT when the peer holds none. */
 int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsigned n,
 	       struct replica_store *into, struct replica **out, char *err, size_t errlen);
-/* Fetches owner's copy of job's tag of run and commit time created_ns (every rank it holds)
- * into the store into, as peer_fetch. */
+/* Fetches owner's copy of job's tag of run and commit time created_ns (the files of the n
+ * ranks; n 0: every rank it holds) into the store into, as peer_fetch (-ENOENT also when the
+ * copy holds none of those ranks). */
 int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
-		    const char *run, uint64_t created_ns, struct replica_store *into,
-		    struct replica **out, char *err, size_t errlen);
+		    const char *run, uint64_t created_ns, const unsigned *ranks, unsigned n,
+		    struct replica_store *into, struct replica **out, char *err, size_t errlen);
 struct peer_copies;
 /* Asks which copies of job (of tag; "": any) the peer holds (owner, run, tag, commit time,
  * ranks: peer_int.h's COPIES), into *c. */
@@ -687,10 +752,11 @@ struct peer_restore {
 	unsigned n;
 };
 /* Finds job's tag ("": its newest) on the peers for dir (<root>/<job>/<tag>, or with tag ""
- * the job's directory), and with fetch set fetches this node's copies of it into pr
- * (peer_restore_free); 0, ENOENT (no peer holds one), or a code with err. */
+ * the job's directory), for uid (the job's nodes it told: peer_nodes_each), and with fetch
+ * set fetches this node's copies of it (or its ranks told) into pr (peer_restore_free); 0,
+ * ENOENT (no peer holds one), or a code with err. */
 int peer_restore(const struct config *cfg, const char *dir, const char *job, const char *tag,
-		 int fetch, struct peer_restore *pr, char *err, size_t errlen);
+		 uid_t uid, int fetch, struct peer_restore *pr, char *err, size_t errlen);
 /* Drops what peer_restore fetched. */
 void peer_restore_free(struct peer_restore *pr);
 

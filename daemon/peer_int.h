@@ -18,16 +18,18 @@
  *   PUT_END                             →
  *                                       ←      RESULT (0: the copy is whole, checked, kept)
  * or
- *   FETCH (job, ranks; or job, tag, owner, run, commit time)→
+ *   FETCH (job, ranks; or job, tag, owner, run, commit time, ranks or none: all)→
  *                                       ←      HAVE (ids, ranks, manifest length, files; or
  *                                              a code: -ENOENT none, -EACCES not a node of
  *                                              its job), MANIFEST, then per file FILE,
  *                                              DATA..., FILE_END
+ *   (a node of the job: the copy's owner, a host of its tag's seal records here, or a node
+ *   its user told this daemon of (NODES, peer_nodes.c), who then gets only ranks it names)
  * or
  *   LIST (job, tag or "")               →
  *                                       ←      COPIES (the copies held of the job, of tags
  *                                              the asker is a node of: owner, run, tag,
- *                                              commit time, ranks)
+ *                                              commit time, number of ranks)
  * Nothing but HELLO and RESPONSE is read before the peer proved it holds the secret.
  */
 #ifndef DSCKPTD_PEER_INT_H
@@ -41,7 +43,7 @@
 #error "the peer protocol's structs are little-endian"
 #endif
 
-#define PEER_VERSION 2
+#define PEER_VERSION 3
 #define PEER_MAGIC "DSCKPEER"
 #define PEER_CHUNK (4u << 20)      /* bytes of one DATA message */
 #define PEER_MAX_RANKS 256         /* ranks of one node in one PUT or FETCH */
@@ -110,7 +112,8 @@ struct peer_file_end {
 };
 
 /* A fetch of the newest copy of job holding the ranks, or (tag set) of owner's copy of tag
- * of that run and commit time, all its ranks (nranks 0). */
+ * of that run and commit time, the files of the ranks (nranks 0: all its ranks; HAVE says
+ * -ENOENT when it holds none of them). */
 struct peer_fetch {
 	char job[513];
 	char tag[256];

@@ -5,8 +5,9 @@
  *
  * Which daemons to ask, with no list written by hand: the hosts of the seal records this
  * node still has of the job (those of the tag's directory, then of the job directory's other
- * tags: the nodes that committed them), and `peer_hosts` where it is set (an override for a
- * node that has none of the job's directories, e.g. an empty disk on node-local roots); then,
+ * tags: the nodes that committed them), the job's nodes its trainers told this daemon
+ * (NODES, peer_nodes.c: gathered from the process group), and `peer_hosts` where it is set
+ * (an override for a node that has none of the job's directories); then,
  * in turn, the owners of the copies each daemon that answers lists, since a copy's owner is
  * a node of the job that holds copies too, so one daemon of the ring found leads to the
  * others. Each answering with the secret is asked which copies of the job it holds (LIST);
@@ -18,7 +19,10 @@
  * Which copies: this node's own, those whose owner is this node's `host` or a name of one of
  * its addresses (a replacement under the lost node's name, or under a new name at its
  * address): exactly the files of the ranks the lost node held, never other nodes' files,
- * which their own nodes still have. Of them the tag asked for, or (none asked) the one of
+ * which their own nodes still have. Where this node's ranks were told (a replacement of a
+ * new name at a new address, which owns no copy), the files of those ranks, of whichever
+ * node's copies hold them (each owner's copy asked for those ranks alone; every rank must be
+ * found). Of them the tag asked for, or (none asked) the one of
  * the newest commit, and of that tag only the copies of that commit's run and commit time,
  * so that a copy an earlier run of the job left under the same tag name is never taken
  * (issue 16's run identity). Each is fetched from the first peer that lists it, by its
@@ -58,6 +62,8 @@ struct restore_host {
 struct restore_want {
 	struct peer_restore *pr;
 	const char *job, *owner;
+	const unsigned *ranks;          /* the ranks told (NODES) to fetch; NULL: the copy's all */
+	unsigned nranks;
 	const struct peer_copy *best;   /* the tag, run and commit wanted */
 	struct restore_host *hosts;
 	unsigned nhosts;
@@ -124,13 +130,17 @@ static void restore_job_hosts(const char *jobdir, struct restore_into *in)
 }
 
 /* The daemons to ask first: the hosts of the seal records of dir (a tag directory, or with
- * tag "" the job's) and of the job's other tags here, then peer_hosts; how many. */
-static unsigned restore_hosts(const struct config *cfg, const char *dir, const char *tag,
-			      struct restore_host *hosts)
+ * tag "" the job's) and of the job's other tags here, the job's nodes uid told (NODES, with
+ * this node's ranks into ranks, their count into *nranks), then peer_hosts; how many. */
+static unsigned restore_hosts(const struct config *cfg, const char *dir, const char *job,
+			      const char *tag, uid_t uid, struct restore_host *hosts,
+			      unsigned *ranks, unsigned *nranks)
 {
 	char jobdir[PULL_DIR_MAX];
 	unsigned n = 0;
 	struct restore_into in = { hosts, &n };
+
+	*nranks = peer_nodes_each(job, uid, restore_add_host, &in, ranks);
 
 	if (dir && dir[0] == '/' && strlen(dir) < sizeof(jobdir)) {
 		snprintf(jobdir, sizeof(jobdir), "%s", dir);
@@ -178,11 +188,11 @@ static void *restore_fetch(void *arg)
 		w->rc = peer_restore_open(w->hosts[i].name, &l, w->err, sizeof(w->err));
 		if (w->rc == 0) {
 			w->rc = peer_fetch_copy(l, w->job, tag, w->owner, w->best->run,
-						w->best->created_ns, w->pr->rs, &w->got, w->err,
-						sizeof(w->err));
+						w->best->created_ns, w->ranks, w->nranks,
+						w->pr->rs, &w->got, w->err, sizeof(w->err));
 			peer_link_close(l);
 		}
-		if (w->rc != 0)
+		if (w->rc != 0 && !(w->nranks && w->rc == -ENOENT))
 			log_warnx("peer: %s's copy of %s not fetched from %s: %s", w->owner, tag,
 				  w->hosts[i].name, w->err);
 	}
@@ -212,10 +222,10 @@ static int restore_mine(struct restore_self *me, const struct peer_copy *e)
 	return me->yes[me->n++] = peer_member_self(e->owner);
 }
 
-/* Picks, among this node's own copies, the tag (tag, or the newest listed), its run and
- * commit time; 0 or -ENOENT. */
+/* Picks, among this node's own copies (any: the copies of every node, this node's ranks
+ * told), the tag (tag, or the newest listed), its run and commit time; 0 or -ENOENT. */
 static int restore_pick(struct restore_host *hosts, unsigned n, const char *tag,
-			struct restore_self *me, const struct peer_copy **best)
+			struct restore_self *me, int any, const struct peer_copy **best)
 {
 	*best = NULL;
 	for (unsigned i = 0; i < n; i++)
@@ -223,15 +233,16 @@ static int restore_pick(struct restore_host *hosts, unsigned n, const char *tag,
 			const struct peer_copy *e = &hosts[i].c->c[k];
 			if ((tag[0] == '\0' || strcmp(e->tag, tag) == 0) &&
 			    (*best == NULL || e->created_ns > (*best)->created_ns) &&
-			    restore_mine(me, e))
+			    (any || restore_mine(me, e)))
 				*best = e;
 		}
 	return *best ? 0 : -ENOENT;
 }
 
-/* The owners (this node's names) whose copies of best to fetch, into owners; how many. */
+/* The owners (this node's names; any: every node's) whose copies of best to fetch, into
+ * owners; how many. */
 static unsigned restore_owners(struct restore_host *hosts, unsigned n,
-			       const struct peer_copy *best, struct restore_self *me,
+			       const struct peer_copy *best, struct restore_self *me, int any,
 			       const char **owners)
 {
 	unsigned m = 0;
@@ -240,7 +251,7 @@ static unsigned restore_owners(struct restore_host *hosts, unsigned n,
 		for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++) {
 			const struct peer_copy *e = &hosts[i].c->c[k];
 			unsigned j = 0;
-			if (!restore_same(e, best) || !restore_mine(me, e))
+			if (!restore_same(e, best) || !(any || restore_mine(me, e)))
 				continue;
 			while (j < m && strcmp(owners[j], e->owner) != 0)
 				j++;
@@ -326,37 +337,63 @@ static void restore_hosts_free(struct restore_host *hosts, unsigned n)
 	free(hosts);
 }
 
+/* Whether the copies fetched hold a file of each of the n ranks told (and one copy at
+ * least): 0, or ERR_ENOENT with err naming a rank none holds. */
+static int restore_covered(const struct peer_restore *pr, const unsigned *ranks, unsigned n,
+			   char *err, size_t errlen)
+{
+	const char *text;
+	size_t len;
+	unsigned nfiles;
+
+	if (pr->n == 0)
+		return err_set(err, errlen, ERR_ENOENT, "no copy fetched");
+	for (unsigned k = 0; k < n; k++) {
+		int found = 0;
+		for (unsigned c = 0; c < pr->n && !found; c++) {
+			replica_id(pr->copies[c], &text, &len, &nfiles);
+			for (unsigned i = 0; i < nfiles && !found; i++)
+				found = replica_file(pr->copies[c], i)->rank == ranks[k];
+		}
+		if (!found)
+			return err_set(err, errlen, ERR_ENOENT, "rank %u of %s: no peer answering "
+				       "holds its files", ranks[k], pr->tag);
+	}
+	return 0;
+}
+
 /* Finds job's tag (or its newest) on the peers and fetches its copies (see dsckptd.h). */
 int peer_restore(const struct config *cfg, const char *dir, const char *job, const char *tag,
-		 int fetch, struct peer_restore *pr, char *err, size_t errlen)
+		 uid_t uid, int fetch, struct peer_restore *pr, char *err, size_t errlen)
 {
 	struct restore_host *hosts = calloc(RESTORE_HOSTS, sizeof(*hosts));
 	struct restore_want *w = NULL;
 	const struct peer_copy *best;
 	const char *owners[RESTORE_OWNERS];
 	struct restore_self *me;
-	unsigned n, m;
+	unsigned n, m, ranks[PEER_NODES_MAX_RANKS], nranks;
 	int rc;
 
 	memset(pr, 0, sizeof(*pr));
 	if (hosts == NULL)
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
-	if ((n = restore_hosts(cfg, dir, tag, hosts)) == 0) {
+	if ((n = restore_hosts(cfg, dir, job, tag, uid, hosts, ranks, &nranks)) == 0) {
 		restore_hosts_free(hosts, 0);
 		return err_set(err, errlen, ERR_ENOENT, "no peer to ask for %s (no seal record of "
-			       "the job here, no peer_hosts)", dir);
+			       "the job here, no nodes told, no peer_hosts)", dir);
 	}
 	n = restore_ask(hosts, n, job, tag);
 	if ((me = calloc(1, sizeof(*me))) == NULL) {
 		restore_hosts_free(hosts, n);
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
-	if (restore_pick(hosts, n, tag, me, &best) != 0) {
+	if (restore_pick(hosts, n, tag, me, nranks > 0, &best) != 0) {
 		free(me);
 		restore_hosts_free(hosts, n);
 		return err_set(err, errlen, ERR_ENOENT, "no peer of the %u asked holds a copy of "
-			       "%s%s%s sent by this node (%s or a name of its address)", n, job,
-			       tag[0] ? "/" : "", tag, store_host());
+			       "%s%s%s %s", n, job, tag[0] ? "/" : "", tag, nranks ? "listed to "
+			       "this node (are the job's other nodes told it runs here?)" :
+			       "sent by this node (its host or a name of its address)");
 	}
 	snprintf(pr->tag, sizeof(pr->tag), "%s", best->tag);
 	pr->created_ns = best->created_ns;
@@ -365,7 +402,7 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 		restore_hosts_free(hosts, n);
 		return 0;
 	}
-	m = restore_owners(hosts, n, best, me, owners);
+	m = restore_owners(hosts, n, best, me, nranks > 0, owners);
 	free(me);
 	if ((w = calloc(m, sizeof(*w))) == NULL ||
 	    replica_store_open(cfg->host_cache_bytes + cfg->replica_cache_bytes, NULL, &pr->rs,
@@ -377,7 +414,8 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 	pthread_t th[RESTORE_OWNERS];
 	int started[RESTORE_OWNERS];
 	for (unsigned i = 0; i < m; i++) {
-		w[i] = (struct restore_want){ pr, job, owners[i], best, hosts, n, NULL, 0, "" };
+		w[i] = (struct restore_want){ pr, job, owners[i], nranks ? ranks : NULL, nranks,
+					      best, hosts, n, NULL, 0, "" };
 		started[i] = pthread_create(&th[i], NULL, restore_fetch, &w[i]) == 0;
 		if (!started[i])
 			restore_fetch(&w[i]);
@@ -386,7 +424,7 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 	for (unsigned i = 0; i < m; i++) {
 		if (started[i])
 			pthread_join(th[i], NULL);
-		if (w[i].rc != 0 && rc == 0)
+		if (w[i].rc != 0 && rc == 0 && !(nranks && w[i].rc == -ENOENT))
 			rc = err_set(err, errlen, w[i].rc == -ENOENT ? ERR_ENOENT : ERR_EIO, "%s",
 				     w[i].err);
 		if (w[i].got)
@@ -394,6 +432,8 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 	}
 	free(w);
 	restore_hosts_free(hosts, n);
+	if (rc == 0)
+		rc = restore_covered(pr, ranks, nranks, err, errlen);
 	if (rc != 0)
 		peer_restore_free(pr);
 	return rc;

@@ -111,39 +111,52 @@ static int peer_ids_set(struct peer_ids *w, const struct replica_id *id, const u
 	return 0;
 }
 
-/* Sends the nfiles files of a copy, each read through read(arg, i, off, buf, len), in
- * PEER_CHUNK pieces under cap; 0 or a negative errno with err. */
+/* Sends the nfiles files of a copy and PUT_END, each read through read(arg, i, off, buf,
+ * len) in PEER_CHUNK pieces under cap, pipelined through a window (peer_window.c): the next
+ * piece is read and hashed while those before travel. 0 or a negative errno with err. */
 static int peer_put_files(struct peer_link *l, const struct manifest_file *const *files,
 			  unsigned nfiles, peer_read_fn read, void *arg, struct rate_cap *cap,
-			  uint8_t *buf, char *err, size_t errlen)
+			  char *err, size_t errlen)
 {
 	XXH3_state_t *st = XXH3_createState();
-	int rc = st ? 0 : -ENOMEM;
+	struct peer_window *w = NULL;
+	int rc = st ? peer_window_open(l, 0, PEER_CHUNK, &w) : -ENOMEM;
+	const char *what = NULL;
+	void *buf;
 
 	for (unsigned i = 0; rc == 0 && i < nfiles; i++) {
 		struct peer_file f = { .size = files[i]->size };
 		struct peer_file_end end;
 		snprintf(f.name, sizeof(f.name), "%s", files[i]->name);
 		XXH3_64bits_reset(st);
-		if ((rc = peer_send(l, PEER_FILE, &f, sizeof(f))) != 0)
-			break;
+		rc = peer_window_post(w, PEER_FILE, &f, sizeof(f));
 		for (uint64_t off = 0; rc == 0 && off < f.size; off += PEER_CHUNK) {
 			size_t n = f.size - off < PEER_CHUNK ? (size_t)(f.size - off) : PEER_CHUNK;
+			if ((rc = peer_window_next(w, &buf)) != 0)
+				break;
 			if ((rc = read(arg, i, off, buf, n)) != 0) {
-				snprintf(err, errlen, "reading %s: %s", f.name, strerror(-rc));
-				XXH3_freeState(st);
-				return rc;
+				what = files[i]->name;
+				rc = peer_window_fail(w, rc);
+				break;
 			}
 			XXH3_64bits_update(st, buf, n);
 			rate_cap_take(cap, n);
-			rc = peer_send(l, PEER_DATA, buf, n);
+			rc = peer_window_send(w, PEER_DATA, n);
 		}
 		end.xxh3 = XXH3_64bits_digest(st);
 		if (rc == 0)
-			rc = peer_send(l, PEER_FILE_END, &end, sizeof(end));
+			rc = peer_window_post(w, PEER_FILE_END, &end, sizeof(end));
+	}
+	if (rc == 0 && (rc = peer_window_post(w, PEER_PUT_END, NULL, 0)) == 0)
+		rc = peer_window_flush(w);
+	if (w) {
+		int ended = peer_window_end(w);
+		rc = rc ? rc : ended;
 	}
 	XXH3_freeState(st);
-	if (rc != 0)
+	if (rc != 0 && what)
+		snprintf(err, errlen, "reading %s: %s", what, strerror(-rc));
+	else if (rc != 0)
 		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
 	return rc;
 }
@@ -157,8 +170,7 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
 	     void *arg, struct rate_cap *cap, char *err, size_t errlen)
 {
 	struct peer_ids *w = malloc(sizeof(*w));
-	uint8_t *buf = malloc(PEER_CHUNK);
-	int rc = w && buf ? 0 : -ENOMEM;
+	int rc = w ? 0 : -ENOMEM;
 
 	if (rc == 0 && (rc = peer_ids_set(w, id, ranks, nranks, mlen)) != 0)
 		snprintf(err, errlen, "a copy of %s: a name too long for the peer protocol",
@@ -167,52 +179,59 @@ int peer_put(struct peer_link *l, const struct replica_id *id, const unsigned *r
 			     (rc = peer_send(l, PEER_MANIFEST, manifest, mlen)) != 0))
 		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
 	else if (rc == 0 && (rc = peer_result(l, "a copy refused", err, errlen)) == 0 &&
-		 (rc = peer_put_files(l, files, nfiles, read, arg, cap, buf, err, errlen)) == 0) {
-		if ((rc = peer_send(l, PEER_PUT_END, NULL, 0)) != 0)
-			snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
-		else
-			rc = peer_result(l, "the copy", err, errlen);
-	}
-	free(buf);
+		 (rc = peer_put_files(l, files, nfiles, read, arg, cap, err, errlen)) == 0)
+		rc = peer_result(l, "the copy", err, errlen);
 	free(w);
 	return rc;
 }
 
-/* Receives the files a HAVE announced into the incoming copy r; 0 or a negative errno with
- * err. */
+/* Receives the files a HAVE announced into the incoming copy r through a window of
+ * receives posted ahead (peer_window.c); 0 or a negative errno with err. */
 static int peer_fetch_files(struct peer_link *l, struct replica *r, unsigned nfiles,
-			    uint8_t *buf, char *err, size_t errlen)
+			    char *err, size_t errlen)
 {
-	for (unsigned i = 0; i < nfiles; i++) {
+	struct peer_window *w = NULL;
+	int rc = peer_window_open(l, 1, PEER_CHUNK, &w), checked = 0, ended;
+
+	for (unsigned i = 0; rc == 0 && i < nfiles; i++) {
 		struct peer_file f;
 		struct peer_file_end end;
-		unsigned idx;
+		unsigned idx = 0;
 		uint64_t tag;
 		size_t len;
-		int rc = peer_recv(l, &tag, &f, sizeof(f), &len);
-		if (rc == 0 && (tag != PEER_FILE || len != sizeof(f) ||
-				!peer_str_ok(f.name, sizeof(f.name))))
+		void *buf;
+		if ((rc = peer_window_recv(w, &tag, &buf, &len)) == 0 &&
+		    (tag != PEER_FILE || len != sizeof(f) ||
+		     !peer_str_ok(((struct peer_file *)buf)->name, sizeof(f.name))))
 			rc = -EPROTO;
-		if (rc == 0 && (rc = replica_in_file(r, f.name, f.size, &idx, err, errlen)) != 0)
-			return rc;
+		if (rc == 0) {
+			memcpy(&f, buf, sizeof(f));
+			checked = (rc = replica_in_file(r, f.name, f.size, &idx, err, errlen)) != 0;
+		}
 		for (uint64_t got = 0; rc == 0 && got < f.size; got += len) {
-			rc = peer_recv(l, &tag, buf, PEER_CHUNK, &len);
+			rc = peer_window_recv(w, &tag, &buf, &len);
 			if (rc == 0 && (tag != PEER_DATA || len == 0 || len > f.size - got))
 				rc = -EPROTO;
-			if (rc == 0 && (rc = replica_in_write(r, idx, buf, len, err, errlen)) != 0)
-				return rc;
+			if (rc == 0)
+				checked = (rc = replica_in_write(r, idx, buf, len, err, errlen)) != 0;
 		}
-		if (rc == 0 && (rc = peer_recv(l, &tag, &end, sizeof(end), &len)) == 0 &&
+		if (rc == 0 && (rc = peer_window_recv(w, &tag, &buf, &len)) == 0 &&
 		    (tag != PEER_FILE_END || len != sizeof(end)))
 			rc = -EPROTO;
-		if (rc != 0) {
-			snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
-			return rc;
+		if (rc == 0) {
+			memcpy(&end, buf, sizeof(end));
+			checked = (rc = replica_in_file_end(r, idx, end.xxh3, err, errlen)) != 0;
 		}
-		if ((rc = replica_in_file_end(r, idx, end.xxh3, err, errlen)) != 0)
-			return rc;
 	}
-	return 0;
+	if (w) {
+		if (rc != 0)
+			peer_window_fail(w, rc);
+		ended = peer_window_end(w);
+		rc = rc ? rc : ended;
+	}
+	if (rc != 0 && !checked)
+		snprintf(err, errlen, "peer %s: %s", peer_link_who(l), strerror(-rc));
+	return rc;
 }
 
 /* Sends fetch q and receives the copy it names into the store into, checked as a PUT's copy
@@ -222,12 +241,11 @@ static int peer_fetch_q(struct peer_link *l, const struct peer_fetch *q,
 			struct replica_store *into, struct replica **out, char *err, size_t errlen)
 {
 	struct peer_ids *w = malloc(sizeof(*w));
-	uint8_t *buf = malloc(PEER_CHUNK);
 	char *manifest = NULL;
 	struct replica *r = NULL;
 	uint64_t tag;
 	size_t len;
-	int rc = w && buf ? 0 : -ENOMEM;
+	int rc = w ? 0 : -ENOMEM;
 
 	if (rc == 0 && (rc = peer_send(l, PEER_FETCH, q, sizeof(*q))) == 0 &&
 	    (rc = peer_recv(l, &tag, w, sizeof(*w), &len)) == 0 &&
@@ -258,7 +276,7 @@ static int peer_fetch_q(struct peer_link *l, const struct peer_fetch *q,
 	struct replica_id id = { w->owner, w->job, w->run, w->tag, w->dir, w->created_ns };
 	if ((rc = replica_in_begin(into, &id, manifest, len, w->ranks, w->nranks, &r, err,
 				   errlen)) != 0 ||
-	    (rc = peer_fetch_files(l, r, w->nfiles, buf, err, errlen)) != 0 ||
+	    (rc = peer_fetch_files(l, r, w->nfiles, err, errlen)) != 0 ||
 	    (rc = replica_in_commit(r, err, errlen)) != 0) {
 		replica_in_abort(r);
 		goto out;
@@ -267,7 +285,6 @@ static int peer_fetch_q(struct peer_link *l, const struct peer_fetch *q,
 	*out = r;
 out:
 	free(manifest);
-	free(buf);
 	free(w);
 	return rc;
 }
@@ -295,24 +312,27 @@ int peer_fetch(struct peer_link *l, const char *job, const unsigned *ranks, unsi
 	return rc;
 }
 
-/* Asks the peer for owner's copy of job's tag of run and commit time created_ns, every rank
- * of it (see peer_fetch_q). */
+/* Asks the peer for owner's copy of job's tag of run and commit time created_ns, the files
+ * of the n ranks (0: every rank of it) (see peer_fetch_q). */
 int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const char *owner,
-		    const char *run, uint64_t created_ns, struct replica_store *into,
-		    struct replica **out, char *err, size_t errlen)
+		    const char *run, uint64_t created_ns, const unsigned *ranks, unsigned n,
+		    struct replica_store *into, struct replica **out, char *err, size_t errlen)
 {
 	struct peer_fetch *q = calloc(1, sizeof(*q));
 	int rc = q ? 0 : -ENOMEM;
 
 	if (rc == 0 && (snprintf(q->job, sizeof(q->job), "%s", job) >= (int)sizeof(q->job) ||
 			snprintf(q->tag, sizeof(q->tag), "%s", tag) >= (int)sizeof(q->tag) ||
-			!tag[0] ||
+			!tag[0] || n > PEER_MAX_RANKS ||
 			snprintf(q->owner, sizeof(q->owner), "%s", owner) >=
 				(int)sizeof(q->owner) ||
 			snprintf(q->run, sizeof(q->run), "%s", run) >= (int)sizeof(q->run)))
 		rc = -EINVAL;
 	if (rc == 0) {
 		q->created_ns = created_ns;
+		q->nranks = n;
+		for (unsigned i = 0; i < n; i++)
+			q->ranks[i] = ranks[i];
 		rc = peer_fetch_q(l, q, into, out, err, errlen);
 	} else {
 		snprintf(err, errlen, "fetch: %s", strerror(-rc));

@@ -7,9 +7,10 @@
  * only once whole and checked (replica_store.c); one that fails is answered with why and
  * dropped, and one whose sender vanishes mid-way is dropped without a word. A LIST or FETCH
  * sees only the copies whose job the asking daemon is a node of (peer_member.c: its address
- * is the owner's or that of a host of the tag's seal records here); a FETCH of another's is
- * answered -EACCES and nothing of it is sent, and a LIST leaves such copies out. The
- * service's counters are atomics.
+ * is the owner's or that of a host of the tag's seal records here; or peer_nodes.c: the
+ * copy's user told this daemon the job runs on it, and then a FETCH gets only the ranks it
+ * names); a FETCH of another's is answered -EACCES and nothing of it is sent, and a LIST
+ * leaves such copies out. The service's counters are atomics.
  */
 #include "peer_int.h"
 
@@ -96,51 +97,59 @@ static void peer_serve_count(struct peer_service *svc, const struct replica *r)
 	metrics_peer_set(METRIC_PEER_EVICTIONS, evictions);
 }
 
-/* Receives a PUT's files and PUT_END into r; 0 when all arrived checked, a negative errno
- * of the link (r to drop quietly), or 1 with *code and err: the copy is refused, and what the
- * peer still sent up to PUT_END was read and dropped. */
-static int peer_serve_files(struct peer_link *l, struct replica *r, uint8_t *buf, int *code,
-			    char *err, size_t errlen)
+/* Takes one message of a PUT's files into r: 0, or a code with err (the copy refused). */
+static int peer_serve_msg(struct replica *r, uint64_t tag, const void *buf, size_t len,
+			  unsigned *idx, char *err, size_t errlen)
 {
-	unsigned idx = 0;
-	int bad = 0, rc;
+	if (tag == PEER_FILE && len == sizeof(struct peer_file)) {
+		struct peer_file f;
+		memcpy(&f, buf, sizeof(f));
+		if (!peer_str_ok(f.name, sizeof(f.name)))
+			return err_set(err, errlen, -EPROTO, "a file name out of the protocol");
+		return replica_in_file(r, f.name, f.size, idx, err, errlen);
+	}
+	if (tag == PEER_DATA)
+		return replica_in_write(r, *idx, buf, len, err, errlen);
+	if (tag == PEER_FILE_END && len == sizeof(struct peer_file_end)) {
+		struct peer_file_end end;
+		memcpy(&end, buf, sizeof(end));
+		return replica_in_file_end(r, *idx, end.xxh3, err, errlen);
+	}
+	return err_set(err, errlen, -EPROTO, "a message out of the protocol");
+}
 
-	for (;;) {
+/* Receives a PUT's files and PUT_END into r through a window of receives posted ahead
+ * (peer_window.c), so the next pieces travel while one is checked and stored; 0 when all
+ * arrived checked, a negative errno of the link (r to drop quietly), or 1 with *code and
+ * err: the copy is refused, and what the peer still sent up to PUT_END was read and
+ * dropped. */
+static int peer_serve_files(struct peer_link *l, struct replica *r, int *code, char *err,
+			    size_t errlen)
+{
+	struct peer_window *w;
+	unsigned idx = 0;
+	int bad = 0, rc = peer_window_open(l, 1, PEER_CHUNK, &w);
+
+	while (rc == 0) {
 		uint64_t tag;
 		size_t len;
-		if ((rc = peer_recv(l, &tag, buf, PEER_CHUNK, &len)) != 0)
-			return rc;
-		if (tag == PEER_PUT_END)
-			return bad;
-		if (bad)
-			continue;
-		if (tag == PEER_FILE && len == sizeof(struct peer_file)) {
-			struct peer_file *f = (struct peer_file *)buf;
-			if (!peer_str_ok(f->name, sizeof(f->name))) {
-				rc = -EPROTO;
-				snprintf(err, errlen, "a file name out of the protocol");
-			} else
-				rc = replica_in_file(r, f->name, f->size, &idx, err, errlen);
-		} else if (tag == PEER_DATA) {
-			rc = replica_in_write(r, idx, buf, len, err, errlen);
-		} else if (tag == PEER_FILE_END && len == sizeof(struct peer_file_end)) {
-			rc = replica_in_file_end(r, idx, ((struct peer_file_end *)buf)->xxh3, err,
-						 errlen);
-		} else {
-			rc = -EPROTO;
-			snprintf(err, errlen, "a message out of the protocol");
-		}
-		if (rc != 0) {
-			*code = rc;
+		void *buf;
+		if ((rc = peer_window_recv(w, &tag, &buf, &len)) != 0 || tag == PEER_PUT_END)
+			break;
+		if (!bad && (*code = peer_serve_msg(r, tag, buf, len, &idx, err, errlen)) != 0)
 			bad = 1;
-		}
 	}
+	if (rc == 0)
+		return (rc = peer_window_end(w)) ? rc : bad;
+	if (w)
+		peer_window_end(w);
+	return rc;
 }
 
 /* A PUT: the copy's identity and manifest, checked; its files; kept once whole. 0 to go on
  * serving, or a negative errno to close. */
 static int peer_serve_put(struct peer_service *svc, struct peer_link *l,
-			  const struct peer_ids *w, uint8_t *buf)
+			  const struct peer_ids *w)
 {
 	char err[512] = "", *manifest = NULL;
 	struct replica *r = NULL;
@@ -173,7 +182,7 @@ static int peer_serve_put(struct peer_service *svc, struct peer_link *l,
 		replica_in_abort(r);
 		return rc ? rc : 0;
 	}
-	rc = peer_serve_files(l, r, buf, &code, err, sizeof(err));
+	rc = peer_serve_files(l, r, &code, err, sizeof(err));
 	if (rc < 0) {
 		log_warnx("peer %s: %s's copy of %s dropped: %s", peer_link_who(l), w->owner,
 			  w->tag, strerror(-rc));
@@ -201,12 +210,14 @@ static int peer_rank_in(const struct manifest_file *f, const uint32_t *ranks, un
 	return 0;
 }
 
-/* Sends the files of copy r of the HAVE's ranks, each checksummed as it goes. */
+/* Sends the files of copy r of the HAVE's ranks, each checksummed as it goes, pipelined
+ * through a window (peer_window.c): the next piece is read while those before travel. */
 static int peer_serve_send(struct peer_link *l, struct replica *r, unsigned nfiles,
-			   const struct peer_ids *q, uint8_t *buf)
+			   const struct peer_ids *q)
 {
 	XXH3_state_t *st = XXH3_createState();
-	int rc = st ? 0 : -ENOMEM;
+	struct peer_window *w = NULL;
+	int rc = st ? peer_window_open(l, 0, PEER_CHUNK, &w) : -ENOMEM, ended;
 
 	for (unsigned i = 0; rc == 0 && i < nfiles; i++) {
 		const struct manifest_file *mf = replica_file(r, i);
@@ -216,17 +227,25 @@ static int peer_serve_send(struct peer_link *l, struct replica *r, unsigned nfil
 			continue;
 		snprintf(f.name, sizeof(f.name), "%s", mf->name);
 		XXH3_64bits_reset(st);
-		rc = peer_send(l, PEER_FILE, &f, sizeof(f));
+		rc = peer_window_post(w, PEER_FILE, &f, sizeof(f));
 		for (uint64_t off = 0; rc == 0 && off < f.size; off += PEER_CHUNK) {
 			size_t n = f.size - off < PEER_CHUNK ? (size_t)(f.size - off) : PEER_CHUNK;
-			if ((rc = replica_read(r, i, off, buf, n)) == 0) {
+			void *buf;
+			if ((rc = peer_window_next(w, &buf)) == 0 &&
+			    (rc = peer_window_fail(w, replica_read(r, i, off, buf, n))) == 0) {
 				XXH3_64bits_update(st, buf, n);
-				rc = peer_send(l, PEER_DATA, buf, n);
+				rc = peer_window_send(w, PEER_DATA, n);
 			}
 		}
 		end.xxh3 = XXH3_64bits_digest(st);
 		if (rc == 0)
-			rc = peer_send(l, PEER_FILE_END, &end, sizeof(end));
+			rc = peer_window_post(w, PEER_FILE_END, &end, sizeof(end));
+	}
+	if (rc == 0)
+		rc = peer_window_flush(w);
+	if (w) {
+		ended = peer_window_end(w);
+		rc = rc ? rc : ended;
 	}
 	XXH3_freeState(st);
 	return rc;
@@ -234,7 +253,7 @@ static int peer_serve_send(struct peer_link *l, struct replica *r, unsigned nfil
 
 /* A FETCH: the newest copy of the job holding those ranks, or -ENOENT in HAVE. */
 static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
-			    const struct peer_fetch *q, struct peer_ids *w, uint8_t *buf)
+			    const struct peer_fetch *q, struct peer_ids *w)
 {
 	const char *manifest;
 	struct replica *r;
@@ -244,8 +263,7 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 
 	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)) ||
 	    !peer_str_ok(q->owner, sizeof(q->owner)) || !peer_str_ok(q->run, sizeof(q->run)) ||
-	    q->nranks > PEER_MAX_RANKS ||
-	    (q->nranks == 0) != (q->tag[0] != '\0'))
+	    q->nranks > PEER_MAX_RANKS || (q->nranks == 0 && q->tag[0] == '\0'))
 		return -EPROTO;
 	memset(w, 0, sizeof(*w));
 	r = q->tag[0] ? replica_find_copy(svc->rs, q->job, q->tag, q->owner, q->run,
@@ -256,11 +274,14 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 		return peer_send(l, PEER_HAVE, w, sizeof(*w));
 	}
 	const struct replica_id *id = replica_id(r, &manifest, &mlen, &nfiles);
-	if (!peer_member_of(id, peer_link_who(l))) {
+	/* A node its user told of (NODES) gets the ranks it names, not a whole copy. */
+	if (!peer_member_of(id, peer_link_who(l)) &&
+	    !(q->nranks > 0 && replica_uid(r) <= UINT32_MAX &&
+	      peer_nodes_member(q->job, (uid_t)replica_uid(r), peer_link_who(l)))) {
 		atomic_fetch_add(&svc->refused, 1);
 		log_warnx("peer %s: refused a fetch of %s's copy of %s (job %s): not a node of the "
-			  "job (neither its owner nor a host of the tag's seal records here)",
-			  peer_link_who(l), id->owner, id->tag, id->job);
+			  "job (neither its owner, nor a host of the tag's seal records here, nor a "
+			  "node its user told of)", peer_link_who(l), id->owner, id->tag, id->job);
 		replica_put(r);
 		w->code = -EACCES;
 		return peer_send(l, PEER_HAVE, w, sizeof(*w));
@@ -272,16 +293,23 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	snprintf(w->tag, sizeof(w->tag), "%s", id->tag);
 	snprintf(w->dir, sizeof(w->dir), "%s", id->dir);
 	w->created_ns = id->created_ns;
-	w->nranks = q->nranks;
-	memcpy(w->ranks, q->ranks, q->nranks * sizeof(q->ranks[0]));
-	for (unsigned i = 0; q->nranks == 0 && i < nfiles && w->nranks < PEER_MAX_RANKS; i++)
-		if (!peer_rank_in(replica_file(r, i), w->ranks, w->nranks))  /* the copy's all */
-			w->ranks[w->nranks++] = (uint32_t)replica_file(r, i)->rank;
+	for (unsigned i = 0; i < nfiles && w->nranks < PEER_MAX_RANKS; i++) {
+		const struct manifest_file *mf = replica_file(r, i);
+		if ((q->nranks == 0 || peer_rank_in(mf, q->ranks, q->nranks)) &&
+		    !peer_rank_in(mf, w->ranks, w->nranks))  /* those asked that it holds */
+			w->ranks[w->nranks++] = (uint32_t)mf->rank;
+	}
 	for (unsigned i = 0; i < nfiles; i++)
 		w->nfiles += peer_rank_in(replica_file(r, i), w->ranks, w->nranks);
+	if (w->nfiles == 0) {  /* none of the ranks asked for */
+		replica_put(r);
+		memset(w, 0, sizeof(*w));
+		w->code = -ENOENT;
+		return peer_send(l, PEER_HAVE, w, sizeof(*w));
+	}
 	if ((rc = peer_send(l, PEER_HAVE, w, sizeof(*w))) == 0 &&
 	    (rc = peer_send(l, PEER_MANIFEST, manifest, w->manifest_len)) == 0)
-		rc = peer_serve_send(l, r, nfiles, w, buf);
+		rc = peer_serve_send(l, r, nfiles, w);
 	if (rc == 0)
 		atomic_fetch_add(&svc->fetches, 1);
 	replica_put(r);
@@ -294,11 +322,13 @@ struct serve_found {
 	unsigned n;
 	struct peer_copy c[SERVE_LIST_MAX];
 	char *dir[SERVE_LIST_MAX];
+	uint64_t uid[SERVE_LIST_MAX];      /* whose files (the manifest's uid) */
 };
 
 /* replica_each_fn: one copy into the found ones, while there is room (under the store's
  * lock: no name is resolved here). */
-static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks)
+static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks,
+			   uint64_t uid)
 {
 	struct serve_found *f = arg;
 	struct peer_copy *e = &f->c[f->n];
@@ -310,27 +340,35 @@ static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nran
 	snprintf(e->tag, sizeof(e->tag), "%s", id->tag);
 	e->created_ns = id->created_ns;
 	e->nranks = nranks;
+	f->uid[f->n] = uid;
 	f->n++;
 }
 
 /* Moves into c the found copies (at most PEER_LIST_MAX) whose job the daemon at who is a
- * node of (its owner, or a host of the seal records of its directory, each directory read
- * once); how many were left out for that. */
-static unsigned peer_serve_sift(struct serve_found *f, const char *who, struct peer_copies *c)
+ * node of (its owner, a host of the seal records of its directory, each directory read once,
+ * or a node the copy's user told of job, each user asked once); how many were left out for
+ * that. */
+static unsigned peer_serve_sift(struct serve_found *f, const char *job, const char *who,
+				struct peer_copies *c)
 {
-	int *in_dir = malloc(f->n * sizeof(*in_dir) + 1);
+	int *in_dir = malloc(f->n * sizeof(*in_dir) + 1), *told = malloc(f->n * sizeof(*told) + 1);
 	unsigned out = 0;
 
-	for (unsigned i = 0; in_dir && i < f->n && c->n < PEER_LIST_MAX; i++) {
-		unsigned k = 0;
+	for (unsigned i = 0; in_dir && told && i < f->n && c->n < PEER_LIST_MAX; i++) {
+		unsigned k = 0, u = 0;
 		while (k < i && strcmp(f->dir[k], f->dir[i]) != 0)
 			k++;
+		while (u < i && f->uid[u] != f->uid[i])
+			u++;
 		in_dir[i] = k < i ? in_dir[k] : peer_member_dir(f->dir[i], who);
-		if (in_dir[i] || peer_member_is(f->c[i].owner, who))
+		told[i] = u < i ? told[u] : f->uid[i] <= UINT32_MAX &&
+				  peer_nodes_member(job, (uid_t)f->uid[i], who);
+		if (in_dir[i] || told[i] || peer_member_is(f->c[i].owner, who))
 			c->c[c->n++] = f->c[i];
 		else
 			out++;
 	}
+	free(told);
 	free(in_dir);
 	return out;
 }
@@ -351,7 +389,7 @@ static int peer_serve_list(struct peer_service *svc, struct peer_link *l,
 	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)))
 		goto out;
 	replica_list(svc->rs, q->job, q->tag, peer_serve_one, f);
-	if ((n = peer_serve_sift(f, peer_link_who(l), c)) > 0)
+	if ((n = peer_serve_sift(f, q->job, peer_link_who(l), c)) > 0)
 		log_info("peer %s: %u copies of job %s held here not listed to it: not a node of "
 			 "their job", peer_link_who(l), n, q->job);
 	rc = peer_send(l, PEER_COPIES, c, sizeof(*c));
@@ -373,18 +411,17 @@ void peer_serve(void *arg, struct peer_link *l)
 		struct peer_list list;
 	} *msg = malloc(sizeof(*msg));
 	struct peer_ids *w = malloc(sizeof(*w));
-	uint8_t *buf = malloc(PEER_CHUNK);
 	uint64_t tag;
 	size_t len;
 	int rc;
 
-	if (msg == NULL || w == NULL || buf == NULL || peer_serve_auth(svc, l) != 0)
+	if (msg == NULL || w == NULL || peer_serve_auth(svc, l) != 0)
 		goto out;
 	while ((rc = peer_recv(l, &tag, msg, sizeof(*msg), &len)) == 0) {
 		if (tag == PEER_PUT && len == sizeof(msg->put))
-			rc = peer_serve_put(svc, l, &msg->put, buf);
+			rc = peer_serve_put(svc, l, &msg->put);
 		else if (tag == PEER_FETCH && len == sizeof(msg->fetch))
-			rc = peer_serve_fetch(svc, l, &msg->fetch, w, buf);
+			rc = peer_serve_fetch(svc, l, &msg->fetch, w);
 		else if (tag == PEER_LIST && len == sizeof(msg->list))
 			rc = peer_serve_list(svc, l, &msg->list);
 		else
@@ -395,7 +432,6 @@ void peer_serve(void *arg, struct peer_link *l)
 	if (rc == -EPROTO)
 		log_warnx("peer %s: closed: a message out of the protocol", peer_link_who(l));
 out:
-	free(buf);
 	free(w);
 	free(msg);
 }

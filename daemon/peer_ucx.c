@@ -5,9 +5,10 @@
  * message's type, and large ones go by UCX's rendezvous protocol (zero-copy on RDMA), which
  * is what UCX recommends for large buffers.
  *
- * Threads: a listener thread progresses the listener's worker; each connection it is offered
- * gets a thread of its own with a worker of its own (UCX lets a connection request be accepted
- * on another worker), on which the caller's serve function runs blocking calls. A connecting
+ * Threads: a listener thread (peer_listen.c) progresses the listener's worker; each
+ * connection it is offered gets a thread of its own with a worker of its own (UCX lets a
+ * connection request be accepted on another worker), on which the caller's serve function
+ * runs blocking calls. A connecting
  * side's link likewise has its own worker, used by one thread at a time. So every worker has
  * one thread and no lock is needed around UCX; the context is shared (mt_workers_shared).
  * net->lock guards the pending requests, the count of connection threads and their cond; the
@@ -16,61 +17,38 @@
  * Every blocking call waits at most the link's timeout; past it, or when the other side fails
  * or the net stops, the endpoint is closed at once (UCX completes what was in flight with an
  * error) and the call returns a negative errno. Progress sleeps on the worker's event fd.
+ * Several operations may be in flight on a link (peer_post_send/recv, for peer_window.c),
+ * each waited for once.
  */
-#include "dsckptd.h"
+#include "peer_ucx_int.h"
 
 #include <errno.h>
 #include <netdb.h>
 #include <poll.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <ucp/api/ucp.h>
 
-#define PEER_MAX_PENDING 64    /* connection requests not yet taken by a thread */
-
-struct peer_net {
-	ucp_context_h ctx;
-	ucp_worker_h lworker;              /* the listener's; listener thread only */
-	ucp_listener_h listener;
-	pthread_t thread;
-	int listening;
-	peer_serve_fn serve;
-	void *arg;
-	unsigned max_conns;
-	double timeout_s;                  /* of the links it accepts */
-	atomic_int stopping;
-	pthread_mutex_t lock;
-	pthread_cond_t idle;               /* signalled when a connection thread ends */
-	unsigned active;                   /* connection threads running (lock) */
-	ucp_conn_request_h pending[PEER_MAX_PENDING]; /* listener thread only */
-	unsigned npending;
-};
-
-struct peer_link {
-	struct peer_net *net;
-	ucp_worker_h worker;
-	ucp_ep_h ep;                       /* NULL once broken */
-	void *close_req;                   /* the forced close in flight, if any */
-	int efd;
-	int failed;                        /* the error handler ran */
-	int timed_out;
-	double timeout_s;
-	char who[80];                      /* the other side's address */
-};
-
-/* One operation in flight; completed by UCX's callback on the link's thread. */
+/* One operation in flight (peer_post_send, peer_post_recv); completed by UCX's callback on
+ * the link's thread, freed by peer_op_wait. */
 struct peer_op {
 	int done;
+	int cancelled;
+	int adoptable;                     /* buf is malloc'd: the link may take it */
 	ucs_status_t st;
 	ucp_tag_t tag;
 	size_t len;
+	void *req;
+	void *buf;
+	struct peer_op *next;              /* the link's orphans */
 };
 
+/* How long an operation may go on after its link broke and it was cancelled (a rendezvous
+ * whose other side vanished may never end; UCX releases it with the worker). */
+#define PEER_GRACE_S 2.0
+
 /* A negative errno for a UCX status. */
-static int peer_errno(ucs_status_t st)
+int peer_errno(ucs_status_t st)
 {
 	switch (st) {
 	case UCS_OK:
@@ -137,7 +115,7 @@ fail:
 }
 
 /* Makes a worker of its own for a link, with its event fd; 0 or a negative errno. */
-static int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link **out)
+int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link **out)
 {
 	ucp_worker_params_t wp = { 0 };
 	struct peer_link *l = calloc(1, sizeof(*l));
@@ -163,7 +141,7 @@ static int peer_link_new(struct peer_net *n, double timeout_s, struct peer_link 
 }
 
 /* UCX: the other side of a link failed (reset, gone); on the link's thread. */
-static void peer_link_error(void *arg, ucp_ep_h ep, ucs_status_t st)
+void peer_link_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
 	struct peer_link *l = arg;
 
@@ -185,6 +163,13 @@ static void peer_link_break(struct peer_link *l)
 	l->ep = NULL;
 }
 
+/* Breaks a link at once: every operation in flight on it completes with an error, and
+ * every later call fails. */
+void peer_link_abort(struct peer_link *l)
+{
+	peer_link_break(l);
+}
+
 /* Sleeps on the worker's event fd until it may have work (a tenth of a second at most). */
 static void peer_link_sleep(struct peer_link *l)
 {
@@ -195,30 +180,56 @@ static void peer_link_sleep(struct peer_link *l)
 	poll(&p, 1, 100);
 }
 
-/* Waits until op, posted as req, completes: past the link's timeout, on the other side's
- * failure or when the net stops, the link is broken first. 0 or a negative errno. */
-static int peer_link_wait(struct peer_link *l, struct peer_op *op, void *req)
+/* Waits until op completes: past the link's timeout, on the other side's failure or when
+ * the net stops, the link is broken first (what else is in flight then fails too: sends with
+ * the endpoint, receives, which are the worker's, cancelled as they are waited for). Frees
+ * op; 0, or a negative errno (-ECONNRESET for a receive cancelled; -ECANCELED: a posted
+ * operation that still had not ended PEER_GRACE_S after its link broke, left with its buffer
+ * to the link, which frees both after its worker). */
+int peer_op_wait(struct peer_link *l, struct peer_op *op, uint64_t *tag, size_t *len)
 {
 	double deadline = now_mono() + l->timeout_s;
+	int rc;
 
-	if (UCS_PTR_IS_ERR(req))
-		return peer_errno(UCS_PTR_STATUS(req));
 	while (!op->done) {
 		if (ucp_worker_progress(l->worker))
 			continue;
 		if (l->ep && (l->failed || atomic_load(&l->net->stopping) ||
 			      now_mono() > deadline)) {
 			l->timed_out = !l->failed && now_mono() > deadline;
-			ucp_request_cancel(l->worker, req);
 			peer_link_break(l);
+		}
+		if (l->ep == NULL && !op->cancelled) {
+			op->cancelled = 1;
+			ucp_request_cancel(l->worker, op->req);
+			deadline = now_mono() + PEER_GRACE_S;
 			continue;
+		}
+		if (l->ep == NULL && op->adoptable && now_mono() > deadline) {
+			op->next = l->orphans;  /* its buffer too: freed once the worker is */
+			l->orphans = op;
+			return -ECANCELED;
 		}
 		peer_link_sleep(l);
 	}
-	ucp_request_free(req);
-	if (op->st != UCS_OK && l->timed_out)
-		return -ETIMEDOUT;
-	return peer_errno(op->st);
+	ucp_request_free(op->req);
+	rc = op->st != UCS_OK && l->timed_out ? -ETIMEDOUT : peer_errno(op->st);
+	if (rc == 0 && tag)
+		*tag = op->tag;
+	if (rc == 0 && len)
+		*len = op->len;
+	free(op);
+	return rc;
+}
+
+/* Asks UCX to cancel op, a receive that matched no message yet (it then completes with an
+ * error); one that matched completes as it would. */
+void peer_op_cancel(struct peer_link *l, struct peer_op *op)
+{
+	if (!op->done && !op->cancelled) {
+		op->cancelled = 1;
+		ucp_request_cancel(l->worker, op->req);
+	}
 }
 
 /* UCX: a send completed. */
@@ -244,41 +255,83 @@ static void peer_received(void *req, ucs_status_t st, const ucp_tag_recv_info_t 
 	op->done = 1;
 }
 
-/* Sends len bytes of buf as a message of type tag; 0 or a negative errno. */
-int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len)
+/* Takes a posted operation's request into op (or frees op when UCX refused it); 0 with *out,
+ * or a negative errno. */
+static int peer_op_start(struct peer_link *l, struct peer_op *op, void *req,
+			 struct peer_op **out)
 {
-	struct peer_op op = { 0 };
+	if (UCS_PTR_IS_ERR(req)) {
+		free(op);
+		return peer_errno(UCS_PTR_STATUS(req));
+	}
+	op->req = req;
+	*out = op;
+	return 0;
+}
+
+/* Posts a send (recv 0) of len bytes of buf as a message of type tag, or a receive of the
+ * next message into buf (cap len); adoptable: buf is malloc'd and may be left to the link
+ * (peer_op_wait). 0 with *out, or a negative errno. */
+static int peer_post(struct peer_link *l, int recv, uint64_t tag, void *buf, size_t len,
+		     int adoptable, struct peer_op **out)
+{
+	struct peer_op *op = NULL;
 	ucp_request_param_t p = { 0 };
+	void *req;
 
 	if (l->ep == NULL)
 		return l->timed_out ? -ETIMEDOUT : -ECONNRESET;
+	if ((op = calloc(1, sizeof(*op))) == NULL)
+		return -ENOMEM;
+	op->adoptable = adoptable;
+	op->buf = buf;
 	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
 			 UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-	p.cb.send = peer_sent;
-	p.user_data = &op;
-	return peer_link_wait(l, &op, ucp_tag_send_nbx(l->ep, buf, len, tag, &p));
+	p.user_data = op;
+	if (recv) {
+		p.cb.recv = peer_received;
+		req = ucp_tag_recv_nbx(l->worker, buf, len, 0, 0, &p);
+	} else {
+		p.cb.send = peer_sent;
+		req = ucp_tag_send_nbx(l->ep, buf, len, tag, &p);
+	}
+	return peer_op_start(l, op, req, out);
+}
+
+/* Posts a send of len bytes of buf (malloc'd: see peer_op_wait) as a message of type tag,
+ * in flight (buf untouched) until peer_op_wait; 0 with *out, or a negative errno. Messages
+ * go in the order posted. */
+int peer_post_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len,
+		   struct peer_op **out)
+{
+	return peer_post(l, 0, tag, (void *)buf, len, 1, out);
+}
+
+/* Posts a receive of the next message, of any type, into buf (cap bytes, malloc'd: see
+ * peer_op_wait); receives posted take the messages in the order they were posted. 0 with
+ * *out, or a negative errno. */
+int peer_post_recv(struct peer_link *l, void *buf, size_t cap, struct peer_op **out)
+{
+	return peer_post(l, 1, 0, buf, cap, 1, out);
+}
+
+/* Sends len bytes of buf as a message of type tag; 0 or a negative errno. */
+int peer_send(struct peer_link *l, uint64_t tag, const void *buf, size_t len)
+{
+	struct peer_op *op = NULL;
+	int rc = peer_post(l, 0, tag, (void *)buf, len, 0, &op);
+
+	return rc ? rc : peer_op_wait(l, op, NULL, NULL);
 }
 
 /* Receives the next message, of any type, into buf (cap bytes): its type into *tag and
  * length into *len; 0 or a negative errno (-EMSGSIZE: longer than cap). */
 int peer_recv(struct peer_link *l, uint64_t *tag, void *buf, size_t cap, size_t *len)
 {
-	struct peer_op op = { 0 };
-	ucp_request_param_t p = { 0 };
-	int rc;
+	struct peer_op *op = NULL;
+	int rc = peer_post(l, 1, 0, buf, cap, 0, &op);
 
-	if (l->ep == NULL)
-		return l->timed_out ? -ETIMEDOUT : -ECONNRESET;
-	p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-			 UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-	p.cb.recv = peer_received;
-	p.user_data = &op;
-	rc = peer_link_wait(l, &op, ucp_tag_recv_nbx(l->worker, buf, cap, 0, 0, &p));
-	if (rc == 0) {
-		*tag = op.tag;
-		*len = op.len;
-	}
-	return rc;
+	return rc ? rc : peer_op_wait(l, op, tag, len);
 }
 
 /* The other side's address, for messages. */
@@ -323,6 +376,12 @@ void peer_link_close(struct peer_link *l)
 		ucp_request_free(l->close_req);
 	}
 	ucp_worker_destroy(l->worker);
+	while (l->orphans) {
+		struct peer_op *op = l->orphans;
+		l->orphans = op->next;
+		free(op->buf);
+		free(op);
+	}
 	free(l);
 }
 
@@ -368,158 +427,6 @@ int peer_connect(struct peer_net *n, const char *host, unsigned port, double tim
 	}
 	*out = l;
 	return 0;
-}
-
-/* A connection thread: accepts one request on a worker of its own, serves it, closes it. */
-static void *peer_conn_main(void *arg)
-{
-	struct peer_link *l = arg;
-	struct peer_net *n = l->net;
-
-	n->serve(n->arg, l);
-	peer_link_close(l);
-	pthread_mutex_lock(&n->lock);
-	n->active--;
-	pthread_cond_broadcast(&n->idle);
-	pthread_mutex_unlock(&n->lock);
-	return NULL;
-}
-
-/* UCX, on the listener thread: a connection request, kept for the loop below. */
-static void peer_on_request(ucp_conn_request_h req, void *arg)
-{
-	struct peer_net *n = arg;
-
-	if (n->npending == PEER_MAX_PENDING)
-		ucp_listener_reject(n->listener, req);
-	else
-		n->pending[n->npending++] = req;
-}
-
-/* Gives a connection request a link and a thread, or refuses it (too many, no memory). */
-static void peer_accept(struct peer_net *n, ucp_conn_request_h req)
-{
-	ucp_conn_request_attr_t attr = { .field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR };
-	ucp_ep_params_t ep = { 0 };
-	struct peer_link *l;
-	char host[64] = "?", port[16] = "?";
-	pthread_attr_t pa;
-	pthread_t t;
-
-	pthread_mutex_lock(&n->lock);
-	int full = n->active >= n->max_conns;
-	pthread_mutex_unlock(&n->lock);
-	if (full || peer_link_new(n, n->timeout_s, &l) != 0) {
-		log_warnx("peer: a connection refused (%s)", full ? "too many" : "no memory");
-		ucp_listener_reject(n->listener, req);
-		return;
-	}
-	if (ucp_conn_request_query(req, &attr) == UCS_OK)
-		getnameinfo((struct sockaddr *)&attr.client_address, sizeof(attr.client_address),
-			    host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
-	snprintf(l->who, sizeof(l->who), "%s:%s", host, port);
-	ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-			UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-	ep.conn_request = req;
-	ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-	ep.err_handler.cb = peer_link_error;
-	ep.err_handler.arg = l;
-	if (ucp_ep_create(l->worker, &ep, &l->ep) != UCS_OK) {
-		l->ep = NULL;
-		peer_link_close(l);
-		return;
-	}
-	pthread_mutex_lock(&n->lock);
-	n->active++;
-	pthread_mutex_unlock(&n->lock);
-	pthread_attr_init(&pa);
-	pthread_attr_setdetachstate(&pa, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &pa, peer_conn_main, l) != 0) {
-		pthread_mutex_lock(&n->lock);
-		n->active--;
-		pthread_mutex_unlock(&n->lock);
-		peer_link_break(l);
-		peer_link_close(l);
-	}
-	pthread_attr_destroy(&pa);
-}
-
-/* The listener thread: progresses the listener's worker and hands requests out. */
-static void *peer_listen_main(void *arg)
-{
-	struct peer_net *n = arg;
-	int efd = -1;
-
-	ucp_worker_get_efd(n->lworker, &efd);
-	while (!atomic_load(&n->stopping)) {
-		while (ucp_worker_progress(n->lworker))
-			;
-		for (unsigned i = 0; i < n->npending; i++)
-			peer_accept(n, n->pending[i]);
-		n->npending = 0;
-		if (ucp_worker_arm(n->lworker) == UCS_OK) {
-			struct pollfd p = { .fd = efd, .events = POLLIN };
-			poll(&p, 1, 100);
-		}
-	}
-	return NULL;
-}
-
-/* Listens on port (every address) and serves each authenticated or not connection with
- * serve(arg, link) on a thread of its own, max_conns at once; 0 or a negative errno with
- * err. */
-int peer_listen(struct peer_net *n, unsigned port, unsigned max_conns, peer_serve_fn serve,
-		void *arg, char *err, size_t errlen)
-{
-	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
-				   .sin6_addr = IN6ADDR_ANY_INIT };
-	struct sockaddr_in sa4 = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				   .sin_addr.s_addr = INADDR_ANY };
-	ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-				   .thread_mode = UCS_THREAD_MODE_SINGLE };
-	ucp_listener_params_t lp = { 0 };
-	ucs_status_t st;
-
-	n->serve = serve;
-	n->arg = arg;
-	n->max_conns = max_conns;
-	if ((st = ucp_worker_create(n->ctx, &wp, &n->lworker)) != UCS_OK) {
-		snprintf(err, errlen, "peer_port %u: a UCX worker: %s", port,
-			 ucs_status_string(st));
-		return peer_errno(st);
-	}
-	lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-	lp.conn_handler.cb = peer_on_request;
-	lp.conn_handler.arg = n;
-	/* IPv4 first: UCX finds no interface for an IPv4 peer reaching an IPv6 listener (its
-	 * ::ffff: address), and refuses it. IPv6 where the node has no IPv4. */
-	lp.sockaddr.addr = (struct sockaddr *)&sa4;
-	lp.sockaddr.addrlen = sizeof(sa4);
-	st = ucp_listener_create(n->lworker, &lp, &n->listener);
-	if (st != UCS_OK) {
-		lp.sockaddr.addr = (struct sockaddr *)&sa;
-		lp.sockaddr.addrlen = sizeof(sa);
-		st = ucp_listener_create(n->lworker, &lp, &n->listener);
-	}
-	if (st != UCS_OK) {
-		snprintf(err, errlen, "peer_port %u: UCX cannot listen: %s", port,
-			 ucs_status_string(st));
-		goto fail_worker;
-	}
-	if (pthread_create(&n->thread, NULL, peer_listen_main, n) != 0) {
-		snprintf(err, errlen, "peer_port %u: no thread", port);
-		st = UCS_ERR_NO_RESOURCE;
-		goto fail_listener;
-	}
-	n->listening = 1;
-	return 0;
-
-fail_listener:
-	ucp_listener_destroy(n->listener);
-fail_worker:
-	ucp_worker_destroy(n->lworker);
-	n->lworker = NULL;
-	return peer_errno(st) ? peer_errno(st) : -EIO;
 }
 
 /* Makes every call in flight on the net's links fail at its next wait, and every later one;

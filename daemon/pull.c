@@ -505,7 +505,7 @@ int pull_check(const struct config *cfg, const char *dir, uid_t uid, char *err, 
 	size_t len = 0;
 	int rc;
 
-	if (peer_on() && ((rc = pull_peer_check(cfg, dir, err, errlen)) == 0 || !url))
+	if (peer_on() && ((rc = pull_peer_check(cfg, dir, uid, err, errlen)) == 0 || !url))
 		return rc;	/* a tag the peers hold */
 	if (!url)
 		return err_set(err, errlen, ERR_ENOENT, "%s: its root has no remote tier", dir);
@@ -531,7 +531,7 @@ int pull_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *t
 	size_t len = 0, held = 0, tlen = 0;
 	int rc;
 
-	if (peer_on() && ((rc = pull_peer_latest(cfg, jobdir, tag, taglen, created_ns, err,
+	if (peer_on() && ((rc = pull_peer_latest(cfg, jobdir, uid, tag, taglen, created_ns, err,
 						 errlen)) == 0 || !url))
 		return rc;	/* the newest commit other nodes' copies hold */
 	if (!url)

@@ -154,14 +154,15 @@ static int pull_peer_names(const char *dir, char *job, size_t joblen, const char
 }
 
 /* Whether a peer holds a copy of tag dir (see dsckptd.h). */
-int pull_peer_check(const struct config *cfg, const char *dir, char *err, size_t errlen)
+int pull_peer_check(const struct config *cfg, const char *dir, uid_t uid, char *err,
+		    size_t errlen)
 {
 	struct peer_restore pr;
 	const char *tag;
 	char job[256];
 	int rc = pull_peer_names(dir, job, sizeof(job), &tag, err, errlen);
 
-	return rc ? rc : peer_restore(cfg, dir, job, tag, 0, &pr, err, errlen);
+	return rc ? rc : peer_restore(cfg, dir, job, tag, uid, 0, &pr, err, errlen);
 }
 
 /* Brings tag dir (<root>/<job>/<tag>) from the peers' copies into the local tier for uid
@@ -177,7 +178,7 @@ int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gi
 	int rc;
 
 	if ((rc = pull_peer_names(dir, job, sizeof(job), &tag, err, errlen)) != 0 ||
-	    (rc = peer_restore(cfg, dir, job, tag, 1, &pr, err, errlen)) != 0)
+	    (rc = peer_restore(cfg, dir, job, tag, uid, 1, &pr, err, errlen)) != 0)
 		return rc;
 	if ((rc = pull_peer_owner(&pr, uid, &owner, &gid, err, errlen)) == 0)
 		rc = pull_peer_into(cfg, dir, &pr, owner, gid, info, err, errlen);
@@ -194,8 +195,8 @@ int pull_peer_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gi
 }
 
 /* The newest tag of jobdir the peers hold (see dsckptd.h). */
-int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, size_t taglen,
-		     uint64_t *created_ns, char *err, size_t errlen)
+int pull_peer_latest(const struct config *cfg, const char *jobdir, uid_t uid, char *tag,
+		     size_t taglen, uint64_t *created_ns, char *err, size_t errlen)
 {
 	struct peer_restore pr;
 	const char *job = strrchr(jobdir, '/');
@@ -203,7 +204,7 @@ int pull_peer_latest(const struct config *cfg, const char *jobdir, char *tag, si
 
 	if (!job || !job[1])
 		return err_set(err, errlen, ERR_EINVAL, "%s is no job directory", jobdir);
-	if ((rc = peer_restore(cfg, jobdir, job + 1, "", 0, &pr, err, errlen)) != 0)
+	if ((rc = peer_restore(cfg, jobdir, job + 1, "", uid, 0, &pr, err, errlen)) != 0)
 		return rc;
 	snprintf(tag, taglen, "%s", pr.tag);
 	*created_ns = pr.created_ns;

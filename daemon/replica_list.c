@@ -48,7 +48,7 @@ struct replica *replica_find_copy(struct replica_store *rs, const char *job, con
 }
 
 /* Calls fn for each visible copy of job (of tag; "" or NULL: any), with how many ranks its
- * files are of. */
+ * files are of and its manifest's uid. */
 void replica_list(struct replica_store *rs, const char *job, const char *tag,
 		  replica_each_fn fn, void *arg)
 {
@@ -63,8 +63,14 @@ void replica_list(struct replica_store *rs, const char *job, const char *tag,
 				k++;
 			nranks += k == i;
 		}
-		fn(arg, &r->id, nranks);
+		fn(arg, &r->id, nranks, r->m->uid);
 	}
 	pthread_mutex_unlock(&rs->lock);
 }
 
+
+/* The uid a copy's manifest names (MANIFEST_BAD: none): whose files it holds. */
+uint64_t replica_uid(const struct replica *r)
+{
+	return r->m->uid;
+}

@@ -1,7 +1,8 @@
 /*
- * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT, PREFETCH): decoded and checked here,
- * acted on by load.c, answered through reply.c. As for saves, a malformed frame closes the
- * connection and a refused destination abandons the load with an error reply.
+ * request_load.c — the load messages (LOAD_BEGIN … LOAD_ABORT, PREFETCH, NODES): decoded and
+ * checked here, acted on by load.c (NODES: told to peer_nodes.c), answered through reply.c. As
+ * for saves, a malformed frame closes the connection and a refused destination abandons the
+ * load with an error reply.
  */
 #include "request.h"
 
@@ -151,12 +152,18 @@ void request_load_abort(struct session *c, const struct proto_hdr *h, struct pro
 	reply_empty(session_id(c), h->id);
 }
 
+static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m);
+
 /* PREFETCH: a tag (or a job's latest) into the local tier and the cache; answered by
- * prefetch.c once the tag is known, or once it is in place when the client waits. */
+ * prefetch.c once the tag is known, or once it is in place when the client waits. NODES
+ * comes here too (request.c's one line for both). */
 void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
 	char dir[PROTO_MAX_STR + 1], tag[PROTO_MAX_NAME + 1] = "", err[ERRLEN];
 	int wait = 0;
+
+	if (h->type == PROTO_NODES)
+		return request_nodes(c, h, m);
 
 	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
 	proto_get_str(m, "tag", tag, PROTO_MAX_NAME, 0);
@@ -169,4 +176,58 @@ void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto
 		rc = prefetch_begin(&o, h->id, dir, tag[0] ? tag : NULL, wait, err, sizeof(err));
 	if (rc < 0)
 		return request_error(c, h, rc, "%s", err);
+}
+
+/* NODES: the job of a job directory runs on these daemons' hosts, and this node's ranks of
+ * it are these (peer_nodes.c); answered at once. */
+static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m)
+{
+	char dir[PROTO_MAX_STR + 1], err[ERRLEN] = "";
+	const msgpack_object_array *hosts = NULL, *ranks = NULL;
+	const char **names = NULL;
+	unsigned mine[PEER_NODES_MAX_RANKS], n = 0;
+	int rc;
+
+	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
+	proto_get_array(m, "nodes", &hosts, PEER_NODES_MAX, 1);
+	proto_get_array(m, "ranks", &ranks, PEER_NODES_MAX_RANKS, 1);
+	if (!m->err && (names = calloc(hosts->size + 1, sizeof(*names))) == NULL)
+		proto_map_fail(m, "out of memory");
+	for (uint32_t i = 0; !m->err && i < hosts->size; i++, n++) {
+		const msgpack_object *o = &hosts->ptr[i];
+		if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 ||
+		    o->via.str.size >= STORE_HOST_MAX ||
+		    memchr(o->via.str.ptr, '\0', o->via.str.size))
+			proto_map_fail(m, "nodes: a host name of 1 to %d bytes", STORE_HOST_MAX - 1);
+		else if ((names[i] = strndup(o->via.str.ptr, o->via.str.size)) == NULL)
+			proto_map_fail(m, "out of memory");
+	}
+	for (uint32_t i = 0; !m->err && i < ranks->size; i++) {
+		const msgpack_object *o = &ranks->ptr[i];
+		if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > UINT32_MAX)
+			proto_map_fail(m, "ranks: unsigned integers");
+		else
+			mine[i] = (unsigned)o->via.u64;
+	}
+	const char *job = strrchr(dir, '/');
+	int bad = proto_map_end(m) < 0;
+	if (bad)
+		rc = 0;
+	else if ((rc = auth_check(c, AUTH_LOAD, err, sizeof(err))) == 0 && !peer_on())
+		rc = err_set(err, sizeof(err), ERR_ENOTSUP, "peer copies are off on this node "
+			     "(no peer_secret_file)");
+	else if (rc == 0 && (dir[0] != '/' || !job || !job[1] ||
+			     peer_nodes_tell(job + 1, session_uid(c), names, n, mine,
+					     ranks->size) != 0))
+		rc = err_set(err, sizeof(err), ERR_EINVAL, "%s: not a job directory, or a job "
+			     "name of more than %d bytes", dir, PEER_NODES_JOB_MAX - 1);
+	for (unsigned i = 0; names && i < n; i++)
+		free((char *)names[i]);
+	free(names);
+	if (bad)
+		request_malformed(c, h, m->why);
+	else if (rc == 0)
+		reply_empty(session_id(c), h->id);
+	else
+		request_error(c, h, rc, "%s", err);
 }

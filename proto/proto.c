@@ -38,6 +38,7 @@ const char *proto_type_name(unsigned type)
 	case PROTO_PENDING: return "PENDING";
 	case PROTO_METRICS: return "METRICS";
 	case PROTO_PREFETCH: return "PREFETCH";
+	case PROTO_NODES: return "NODES";
 	case PROTO_REPLY: return "REPLY";
 	case PROTO_ERROR: return "ERROR";
 	}

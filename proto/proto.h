@@ -15,7 +15,7 @@
 #include <msgpack.h>
 
 /* Bump PROTO_VERSION if you change the header, a message type or a message's keys. */
-#define PROTO_VERSION 9
+#define PROTO_VERSION 10
 #define PROTO_MAGIC 0x4b435344u       /* "DSCK" as little-endian bytes */
 #define PROTO_HDR_SIZE 24
 #define PROTO_MAX_BODY (16u << 20)    /* bigger frames are rejected unread */
@@ -58,6 +58,7 @@ enum proto_type {
 	PROTO_PENDING = 65,
 	PROTO_METRICS = 66,
 	PROTO_PREFETCH = 67,    /* version 8 */
+	PROTO_NODES = 68,       /* version 10 */
 	/* 128-: replies from the daemon */
 	PROTO_REPLY = 128,
 	PROTO_ERROR = 129,

@@ -2,8 +2,10 @@
  * (tests/netns.c), UCX forced onto TCP: a node's peer service (peer_serve.c into a
  * replica_store.c in memory) in one, a sender in the other sending a tag's file of SIZE MiB
  * read from a file with pread, RUNS times, then fetching it back RUNS times; then
- * ucx_perftest (ucx-utils) tag_bw over the same link, the bound. Prints each run's GB/s and
- * the receiving service's CPU seconds per GB; asserts nothing. Root and ip(8) needed.
+ * ucx_perftest (ucx-utils) tag_bw over the same link, the bound. Prints each run's GB/s, the
+ * median and best of each phase, and each side's CPU seconds per GB in each phase (the
+ * service's read from /proc, the sender's or fetcher's from getrusage), which a busy machine
+ * disturbs less than the times; asserts nothing. Root and ip(8) needed.
  *   build/tests/bench_peer [SIZE_MIB [RUNS]]   (make bench-peer) */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
@@ -45,6 +47,51 @@ static struct peer_link *open_peer(struct peer_net *net, const char *addr)
 	}
 	fprintf(stderr, "bench_peer: %s\n", err);
 	exit(1);
+}
+
+/* CPU seconds (user and system, every thread) of process pid so far; 0 when unknown. */
+static double cpu_of(pid_t pid)
+{
+	char path[64], line[1024], *p;
+	unsigned long ut, st;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return 0;
+	p = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+	fclose(f);
+	if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+				&st) != 2)
+		return 0;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* CPU seconds of this process so far. */
+static double cpu_self(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Compares two doubles, for qsort. */
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Prints a phase's median and best GB/s of n runs (sorted here) and both sides' CPU per GB. */
+static void summary(const char *phase, double *gbs, unsigned n, double gb, double cpu_svc,
+		    double cpu_me, const char *svc_side, const char *my_side)
+{
+	qsort(gbs, n, sizeof(*gbs), cmp_double);
+	printf("  %s: median %.2f GB/s, best %.2f GB/s; CPU per GB: %.2f s %s, %.2f s %s\n",
+	       phase, gbs[n / 2], gbs[n - 1], cpu_svc / gb, svc_side, cpu_me / gb, my_side);
 }
 
 /* Runs ucx_perftest tag_bw from node 1 to node 0 and prints its last lines. */
@@ -118,6 +165,8 @@ int main(int argc, char **argv)
 	    replica_store_open(2 * size, NULL, &mine, err, sizeof(err)) != 0)
 		return 1;
 	printf("bench_peer: %u MiB over a veth, UCX on TCP, %u runs each\n", mib, runs);
+	double *gbs = calloc(runs ? runs : 1, sizeof(*gbs)), gb = (double)runs * (double)size / 1e9;
+	double svc0 = cpu_of(server), me0 = cpu_self();
 	for (unsigned r = 0; r < runs; r++) {
 		struct manifest_file f = { .name = "rank0.safetensors", .kind = MANIFEST_KIND_ST,
 					   .size = size, .rank = 0, .header_len = HL,
@@ -137,10 +186,15 @@ int main(int argc, char **argv)
 		}
 		double dt = now_mono() - t0;
 		peer_link_close(l);
+		gbs[r] = (double)size / dt / 1e9;
 		printf("  replicate %u: %.2f s, %.2f GB/s (checked at the receiver)\n", r, dt,
-		       (double)size / dt / 1e9);
+		       gbs[r]);
 		free(text);
 	}
+	summary("replicate", gbs, runs, gb, cpu_of(server) - svc0, cpu_self() - me0,
+		"receiving", "sending");
+	svc0 = cpu_of(server);
+	me0 = cpu_self();
 	for (unsigned r = 0; r < runs; r++) {
 		struct peer_link *l = open_peer(net, ns.addr[0]);
 		struct replica *got;
@@ -153,18 +207,16 @@ int main(int argc, char **argv)
 		double dt = now_mono() - t0;
 		peer_link_close(l);
 		replica_put(got);
-		printf("  fetch %u: %.2f s, %.2f GB/s (checked here)\n", r, dt,
-		       (double)size / dt / 1e9);
+		gbs[r] = (double)size / dt / 1e9;
+		printf("  fetch %u: %.2f s, %.2f GB/s (checked here)\n", r, dt, gbs[r]);
 	}
+	summary("fetch", gbs, runs, gb, cpu_of(server) - svc0, cpu_self() - me0, "serving",
+		"fetching");
+	free(gbs);
 	replica_store_close(mine);
 	peer_net_close(net);
-	struct rusage ru;
 	kill(server, SIGKILL);
-	wait4(server, NULL, 0, &ru);
-	double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-		     (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-	printf("  the service's CPU: %.2f s for %.2f GB in and out: %.2f s per GB\n", cpu,
-	       2.0 * runs * (double)size / 1e9, cpu / (2.0 * runs * (double)size / 1e9));
+	waitpid(server, NULL, 0);
 	printf("ucx_perftest tag_bw, 4 MiB messages, same link (the bound):\n");
 	fflush(stdout);
 	perftest(&ns, mib);

@@ -121,34 +121,6 @@ static int put_stale(const char *addr, const char *dir, const char *owner, char 
 	return rc;
 }
 
-/* Loads dir/file's U8 "t" (n bytes) into host memory: the load's code, its source into src
- * (16 bytes), and whether the bytes are seed's pattern into *exact. */
-static int load_t(dsckpt_conn_t *c, const char *dir, const char *file, size_t n, uint64_t seed,
-		  char *src, int *exact)
-{
-	int64_t shape[1] = {(int64_t)n};
-	uint8_t *mem = dsckpt_host_alloc(n);
-	dsckpt_tensor_t t = {"t", "U8", shape, 1, mem, n};
-	dsckpt_load_t *l = NULL;
-	int rc;
-
-	ck_assert_ptr_nonnull(mem);
-	memset(mem, 0xee, n);
-	*exact = 0;
-	src[0] = '\0';
-	if ((rc = dsckpt_load_begin(c, dir, file, &l)) < 0)
-		goto out;
-	snprintf(src, 16, "%s", dsckpt_load_source(l));
-	if ((rc = dsckpt_load_add_tensors(l, &t, 1, NULL)) < 0 || (rc = dsckpt_load_end(l)) < 0)
-		goto out;
-	rc = dsckpt_load_wait(l, 60000);
-	*exact = h_pattern_diff(mem, n, seed) == n;
-out:
-	dsckpt_load_free(l);
-	dsckpt_host_free(mem);
-	return rc;
-}
-
 /* The value of key in the METRICS of the daemon on socket (dsckptd metrics --json); for a
  * histogram, its count. */
 static double metric(const char *socket, const char *key)
@@ -185,34 +157,6 @@ static void start_node(struct hdaemon *n, unsigned i, const char *root, const ch
 		 "\"replica_cache_size\": 0.0625, \"peer_hosts\": \"%s\",",
 		 host ? host : ns.addr[i], secret_path, peers);
 	h_daemon_start_peer(n, &at, "fresh", 0.0625, json);
-}
-
-/* Commits tag dir for job pj of 2 * NODES ranks on the nodes n (rank r on node r / 2, file
- * rank<r>, seed base + r), run run-b. */
-static void commit_job(struct hdaemon *n, const char *dir, uint64_t base)
-{
-	dsckpt_conn_t *c[2 * NODES];
-	dsckpt_save_t *s[2 * NODES];
-	void *mem[2 * NODES];
-
-	for (int r = 0; r < 2 * NODES; r++) {
-		char file[16];
-		ck_assert_int_eq(dsckpt_connect(n[r / 2].socket, &c[r]), 0);
-		CK_DS(c[r], dsckpt_identify_run(c[r], "pj", r, 2 * NODES, "run-b"));
-		snprintf(file, sizeof(file), "rank%d", r);
-		s[r] = save_pattern(c[r], dir, file, N_BYTES, base + (uint64_t)r, &mem[r]);
-	}
-	for (int r = 0; r < 2 * NODES; r++) {
-		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_DURABLE, 60000), DSCKPT_DURABLE);
-		CK_DS(c[r], dsckpt_seal(c[r], dir));
-	}
-	for (int r = 0; r < 2 * NODES; r++)
-		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
-	for (int r = 0; r < 2 * NODES; r++) {
-		dsckpt_save_free(s[r]);
-		dsckpt_host_free(mem[r]);
-		dsckpt_close(c[r]);
-	}
 }
 
 /* Waits (60 s at most) until metric key of the daemon on socket is at least v. */
@@ -263,7 +207,7 @@ static void other_job_refused(const char *scratch, const char *good, const char 
 	start_node(&other, NODES, root, good, NULL, ns.addr[3]);
 	ck_assert_int_eq(dsckpt_connect(other.socket, &c), 0);
 	CK_DS(c, dsckpt_identify(c, "pj", 4, 2 * NODES));
-	ck_assert_int_lt(load_t(c, h_path("%s/pj/step1", root), "rank4", N_BYTES, 504, src,
+	ck_assert_int_lt(hp_load_t(c, h_path("%s/pj/step1", root), "rank4", N_BYTES, 504, src,
 				&exact), 0);
 	ck_assert_int_ne(access(h_path("%s/pj/step1/rank4.safetensors", root), F_OK), 0);
 	ck_assert_int_ne(access(h_path("%s/pj/step1/MANIFEST.json", root), F_OK), 0);
@@ -318,11 +262,11 @@ START_TEST(test_lost_node_restored_from_peers)
 		}
 	}
 	snprintf(dir, sizeof(dir), "%s/pj/step0", D->root);
-	commit_job(n, dir, 400);
+	hp_commit_job(n, NODES, dir, "pj", "run-b", N_BYTES, 400);
 	for (int i = 0; i < NODES; i++)
 		wait_metric(n[(i + 1) % NODES].socket, "peer_copies_received", 1);
 	snprintf(dir, sizeof(dir), "%s/pj/step1", D->root);
-	commit_job(n, dir, 500);
+	hp_commit_job(n, NODES, dir, "pj", "run-b", N_BYTES, 500);
 	/* Every node's ranks reach the next node of the ring (addresses sort as the nodes). */
 	for (int i = 0; i < NODES; i++) {
 		wait_metric(n[(i + 1) % NODES].socket, "peer_copies_received", 2);
@@ -358,7 +302,7 @@ START_TEST(test_lost_node_restored_from_peers)
 	dsckpt_conn_t *c2;
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
-	ck_assert_int_lt(load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
+	ck_assert_int_lt(hp_load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
 				&exact), 0);
 	ck_assert_int_ne(access(h_path("%s/pj/step1/MANIFEST.json", root2), F_OK), 0);
 	ck_assert_int_ne(access(h_path("%s/pj/step1/rank4.safetensors", root2), F_OK), 0);
@@ -373,11 +317,11 @@ START_TEST(test_lost_node_restored_from_peers)
 	with_remote(&fresh, root2, h_path("%s/remote", scratch));
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c2), 0);
 	CK_DS(c2, dsckpt_identify(c2, "pj", 4, 2 * NODES));
-	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
+	ck_assert_int_eq(hp_load_t(c2, h_path("%s/pj/step1", root2), "rank4", N_BYTES, 504, src,
 				&exact), DSCKPT_LOADED);
 	ck_assert_str_eq(src, "peer");
 	ck_assert(exact);
-	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank5", N_BYTES, 505, src,
+	ck_assert_int_eq(hp_load_t(c2, h_path("%s/pj/step1", root2), "rank5", N_BYTES, 505, src,
 				&exact), DSCKPT_LOADED);
 	ck_assert_str_ne(src, "peer");	/* local since the first load's pull */
 	ck_assert(exact);
@@ -409,7 +353,7 @@ START_TEST(test_lost_node_restored_from_peers)
 	for (int r = 0; r < 2 * NODES; r++)
 		ck_assert_int_eq(access(h_path("%s/pj/step1/rank%d.safetensors", root2, r),
 					F_OK) == 0, r / 2 == 2);
-	ck_assert_int_eq(load_t(c2, h_path("%s/pj/step1", root2), "rank5", N_BYTES, 505, src,
+	ck_assert_int_eq(hp_load_t(c2, h_path("%s/pj/step1", root2), "rank5", N_BYTES, 505, src,
 				&exact), DSCKPT_LOADED);
 	ck_assert(exact);
 	dsckpt_close(c2);
@@ -508,7 +452,7 @@ START_TEST(test_peer_dies_mid_transfer)
 	h_daemon_start_peer(&fresh, &at, "fresh", 0.0625, json);
 	ck_assert_int_eq(dsckpt_connect(fresh.socket, &c), 0);
 	CK_DS(c, dsckpt_identify(c, "mj", 0, 1));
-	ck_assert_int_lt(load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
+	ck_assert_int_lt(hp_load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
 				&exact), 0);
 	ck_assert_int_ne(access(h_path("%s/mj/step1/MANIFEST.json", root2), F_OK), 0);
 	ck_assert_int_ne(access(h_path("%s/mj/step1/rank0.safetensors", root2), F_OK), 0);
@@ -518,7 +462,7 @@ START_TEST(test_peer_dies_mid_transfer)
 	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(pwrite(fd, whole, whole_len, 0), (ssize_t)whole_len);
 	close(fd);
-	ck_assert_int_eq(load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
+	ck_assert_int_eq(hp_load_t(c, h_path("%s/mj/step1", root2), "rank0", 10 * MIB + 99, 71, src,
 				&exact), DSCKPT_LOADED);
 	ck_assert_str_eq(src, "peer");
 	ck_assert(exact);

@@ -4,8 +4,9 @@
  * tag's files go across and come back by a fetch byte for byte, checked at the receiver; a
  * corrupted byte, a sender without the secret or with a wrong one, a forged answer to the
  * challenge, a server with a wrong one, a sender that skips the challenge, a server that
- * never answers (its timeout), and a sender killed mid-transfer: nothing is stored and
- * nothing partial is ever visible. SKIP without root or ip(8). */
+ * never answers (its timeout), a sender killed mid-transfer (nothing stored, nothing partial
+ * ever visible), a sender posting its next piece while the receiver takes none. SKIP
+ * without root or ip(8). */
 #include "../daemon/dsckptd.h"
 #include "harness.h"
 #include "netns.h"
@@ -119,6 +120,24 @@ static int read_then_hang(void *arg, unsigned i, uint64_t off, void *buf, size_t
 		ck_assert_int_eq(write(*ready, "x", 1), 1);
 		pause();
 	}
+	return read_tag((void *)(intptr_t)-1, i, off, buf, len);
+}
+
+/* What read_counted reports to: a pipe it writes a byte to for each piece read, and one it
+ * waits on for a byte before the second piece. */
+struct counted {
+	int report, go;
+};
+
+/* peer_read_fn that reports each piece it reads, holding the first back until told to go. */
+static int read_counted(void *arg, unsigned i, uint64_t off, void *buf, size_t len)
+{
+	struct counted *c = arg;
+	char x;
+
+	ck_assert_int_eq(write(c->report, "x", 1), 1);
+	if (i == 0 && off == 0)
+		ck_assert_int_eq(read(c->go, &x, 1), 1);
 	return read_tag((void *)(intptr_t)-1, i, off, buf, len);
 }
 
@@ -495,6 +514,69 @@ START_TEST(test_sender_killed)
 }
 END_TEST
 
+/* Pipelined (issue 35 item 2): the receiving service stopped (SIGSTOP) once the copy was
+ * accepted, the sender still reads and posts the piece after the first (one piece in flight
+ * waited for the first to be taken); continued, the copy arrives whole and checked. */
+START_TEST(test_put_pipelined)
+{
+	struct replica_store *mine;
+	struct peer_net *net;
+	struct replica *r;
+	char err[512], x;
+	int report[2], go[2], reads = 0;
+
+	if (!usable)
+		return;
+	make_tag(3, 64u << 20);  /* 16 pieces and more in the first file */
+	start_server(SECRET);
+	ck_assert_int_eq(pipe(report), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	pid_t sender = fork();
+	ck_assert_int_ge(sender, 0);
+	if (sender == 0) {
+		const unsigned ranks[] = { 4, 5 };
+		const struct manifest_file *files[NFILES] = { &tag.f[0], &tag.f[1], &tag.f[2] };
+		struct counted c = { report[1], go[0] };
+		struct peer_link *l;
+		if (peer_net_open(30, &net, err, sizeof(err)) != 0 ||
+		    open_peer(net, SECRET, &l, err, sizeof(err)) != 0)
+			_exit(1);
+		int rc = peer_put(l, &tag.id, ranks, 2, tag.manifest, strlen(tag.manifest), files,
+				  NFILES, read_counted, &c, NULL, err, sizeof(err));
+		peer_link_close(l);
+		peer_net_close(net);
+		_exit(rc == 0 ? 0 : 3);
+	}
+	close(report[1]);
+	ck_assert_int_eq(read(report[0], &x, 1), 1);  /* the first piece read: accepted */
+	ck_assert_int_eq(kill(server, SIGSTOP), 0);
+	ck_assert_int_eq(write(go[1], "x", 1), 1);
+	/* The receiver takes nothing now: a second piece read is the window's. */
+	while (reads < 1 && read(report[0], &x, 1) == 1)
+		reads++;
+	ck_assert_int_eq(reads, 1);
+	ck_assert_int_eq(kill(server, SIGCONT), 0);
+	int st;
+	ck_assert_int_eq(waitpid(sender, &st, 0), sender);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "sender status %d", st);
+	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
+	ck_assert_int_eq(replica_store_open(128u << 20, NULL, &mine, err, sizeof(err)), 0);
+	ck_assert_int_eq(fetch(net, mine, &r), 0);
+	for (unsigned i = 0; i < NFILES; i++) {
+		uint8_t *back = malloc(tag.f[i].size);
+		ck_assert_int_eq(replica_read(r, i, 0, back, tag.f[i].size), 0);
+		ck_assert(memcmp(back, tag.bytes[i], tag.f[i].size) == 0);
+		free(back);
+	}
+	replica_put(r);
+	replica_store_close(mine);
+	peer_net_close(net);
+	close(report[0]);
+	close(go[0]);
+	close(go[1]);
+}
+END_TEST
+
 /* The suite. */
 static Suite *peer_ucx_suite(void)
 {
@@ -510,6 +592,7 @@ static Suite *peer_ucx_suite(void)
 	tcase_add_test(tc, test_peer_never_answers);
 	tcase_add_test(tc, test_server_without_secret);
 	tcase_add_test(tc, test_sender_killed);
+	tcase_add_test(tc, test_put_pipelined);
 	suite_add_tcase(s, tc);
 	return s;
 }

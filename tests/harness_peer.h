@@ -5,11 +5,14 @@
 #define HARNESS_PEER_H
 
 #include "netns.h"
+#include "../client/dsckpt.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct replica_store;
 struct replica;
+struct hdaemon;
 
 /* Makes n namespaces into ns when they can be made here (root, ip(8)): 1; else prints
  * "SKIP: <suite>: <why>" and returns 0. */
@@ -23,5 +26,13 @@ const char *hp_secret_file(const char *dir, int slot, const char *secret);
 int hp_fetch(const char *addr, unsigned port, const char *secret, const char *job,
 	     unsigned rank, struct replica_store *into, struct replica **r, char *err,
 	     size_t errlen);
+/* Commits tag dir of job (run run) of 2 * nodes ranks on the daemons n: rank r on node
+ * r / 2, file rank<r>, a U8 tensor "t" of nbytes of seed base + r. */
+void hp_commit_job(struct hdaemon *n, unsigned nodes, const char *dir, const char *job,
+		   const char *run, size_t nbytes, uint64_t base);
+/* Loads dir/file's U8 "t" (n bytes) into host memory: the load's code, its source into src
+ * (16 bytes), and whether the bytes are seed's pattern into *exact. */
+int hp_load_t(dsckpt_conn_t *c, const char *dir, const char *file, size_t n, uint64_t seed,
+	      char *src, int *exact);
 
 #endif

@@ -7,7 +7,11 @@ replaced on an empty root by a daemon of a new name at its address, told node 0 
 holds node 2's copy, not node 1's): node 2 is found as that copy's owner,
 ``dsckpt.torch.find_latest`` names the tag (the daemon asks the peers for the job's latest) and
 ``dsckpt.torch.load_into`` restores rank 1's tensors from node 2's copy, bytes exact; the
-daemon's log says it pulled them from a peer copy, and no other node's file came with it. Skipped without root or ip(8)."""
+daemon's log says it pulled them from a peer copy, and no other node's file came with it.
+The same job restarted with node 1 replaced by a daemon of a new name at a new address (a
+fourth namespace), told nothing: three ranks (torch.distributed, gloo) call
+``dsckpt.torch.tell_nodes`` and ``find_latest``, and rank 1 restores its tensors from node 2's
+copy through ``load_into``, exact. Skipped without root or ip(8)."""
 import json
 import os
 import shutil
@@ -23,6 +27,7 @@ torch = pytest.importorskip("torch")
 import dsckpt  # noqa: E402
 import dsckpt.torch as dt  # noqa: E402
 from conftest import Daemon  # noqa: E402
+from ranks import run_ranks  # noqa: E402
 
 SECRET = "python-peer-restore-secret-0123456789"
 PORT = 18540
@@ -37,12 +42,12 @@ def ip(*args):
 
 @pytest.fixture
 def nodes():
-    """N namespaces joined by a bridge: their names and addresses."""
+    """N + 1 namespaces joined by a bridge: their names and addresses."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and ip(8)")
     p, net = f"dpy{os.getpid() % 100000}-", os.getpid() % 250 + 1
-    names = [f"{p}{i}" for i in range(N)]
-    addrs = [f"10.36.{net}.{i + 1}" for i in range(N)]
+    names = [f"{p}{i}" for i in range(N + 1)]  # the last: a replacement's new address
+    addrs = [f"10.36.{net}.{i + 1}" for i in range(N + 1)]
     made = []
     try:
         ip("netns", "add", p + "sw")
@@ -135,6 +140,65 @@ def test_lost_node_restored_by_find_latest_and_load_into(nodes, tmp_path, monkey
                       if f.endswith(".safetensors")) == ["rank1.safetensors"]
     finally:
         dt.set_default_connection(None)
+        if replacement:
+            replacement.stop()
+        if d[1].proc.poll() is None:
+            d[1].proc.kill()
+            d[1].proc.wait()
+        for i in (0, 2):
+            d[i].stop()
+        shutil.rmtree(d[1].dir, ignore_errors=True)
+
+
+def _tell_and_restore(rank, world, sockets, addrs, jobs, want):
+    """One rank of the restarted job (run_ranks): its node's daemon is sockets[rank], named
+    addrs[rank]; every rank tells the nodes and agrees on the latest; rank 1, on the
+    replacement, loads its tensors from the peers' copies and compares them with want."""
+    c = dsckpt.Connection(sockets[rank], job="pyj", rank=rank, world_size=world)
+    dt.set_default_connection(c)
+    assert dt.tell_nodes(jobs[rank], host=addrs[rank]) == sorted(addrs)
+    assert dt.find_latest(jobs[rank]) == "step1"
+    if rank == 1:
+        got = {k: torch.zeros_like(v) for k, v in want.items()}
+        assert dt.load_into(got, os.path.join(jobs[1], "step1"), conn=c) == "daemon"
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    dt.set_default_connection(None)
+    c.close()
+
+
+def test_new_address_restored_once_told(nodes, tmp_path, monkeypatch):
+    names, addrs = nodes
+    monkeypatch.setenv("UCX_TLS", "tcp")
+    monkeypatch.setenv("UCX_NET_DEVICES", "peer0")
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    root = str(tmp_path / "shared")
+    os.makedirs(root)
+    peer = {"peer_secret_file": str(secret), "replica_cache_size": 0.0625, "chunk_size": 1}
+    d = [Daemon(root=root, netns=names[i], host=addrs[i], **peer) for i in range(N)]
+    replacement = None
+    try:
+        states = [{"w": torch.arange(200000, dtype=torch.float32) * (r + 3)} for r in range(N)]
+        commit(d, os.path.join(root, "pyj", "step1"), states)
+        deadline = time.monotonic() + T
+        while metric(d[2], "peer_copies_received") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        d[1].proc.send_signal(signal.SIGKILL)
+        d[1].proc.wait()
+        # Its replacement: a fourth namespace (a new address), a new name, an empty root, no
+        # peer_hosts; the ranks tell every daemon where the job runs now.
+        root2 = str(tmp_path / "root2")
+        replacement = Daemon(root=root2, netns=names[N], host="node-new", **peer)
+        sockets = [d[0].socket, replacement.socket, d[2].socket]
+        hosts = [addrs[0], addrs[N], addrs[2]]
+        jobs = [os.path.join(root, "pyj"), os.path.join(root2, "pyj"), os.path.join(root, "pyj")]
+        run_ranks(_tell_and_restore, N, sockets, hosts, jobs, states[1], timeout=240)
+        log = replacement.read_log()
+        assert "from 1 peer copies" in log, log
+        assert sorted(f for f in os.listdir(os.path.join(root2, "pyj", "step1"))
+                      if f.endswith(".safetensors")) == ["rank1.safetensors"]
+    finally:
         if replacement:
             replacement.stop()
         if d[1].proc.poll() is None:

@@ -104,6 +104,8 @@ _SIGNATURES = {
                                     ctypes.POINTER(ctypes.c_uint64)]),
     "dsckpt_load_free": (None, [_vp]),
     "dsckpt_prefetch": (_i, [_vp, _cp, _cp, _i, ctypes.POINTER(PrefetchInfo)]),
+    "dsckpt_job_nodes": (_i, [_vp, _cp, ctypes.POINTER(_cp), ctypes.c_uint,
+                              ctypes.POINTER(ctypes.c_uint), ctypes.c_uint]),
     "dsckpt_commit": (_i, [_vp, _cp, _i]),
     "dsckpt_release_gpu": (_i, [_vp]),
     "dsckpt_host_alloc": (_vp, [_sz]),

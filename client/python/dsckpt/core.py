@@ -268,6 +268,17 @@ class Connection(_Handle):
                 "bytes_pulled": int(info.bytes_pulled), "bytes_cached": int(info.bytes_cached),
                 "seconds": float(info.seconds)}
 
+    def job_nodes(self, dir: str, nodes: Sequence[str], ranks: Sequence[int]) -> None:
+        """Tells the daemon (NODES) that the job of job directory ``dir`` runs on the daemons
+        named ``nodes`` (their ``host``) and that ``ranks`` are this node's: a replacement
+        node of a new name and address restores those ranks from the peers, which serve it
+        once their own trainers told them the same (``dsckpt.torch.tell_nodes`` does it on
+        every rank). Raises NotSupported when peer copies are off on this node."""
+        hosts = (ctypes.c_char_p * max(len(nodes), 1))(*[_encode(h, "host") for h in nodes])
+        mine = (ctypes.c_uint * max(len(ranks), 1))(*ranks)
+        self._check(_lib.lib().dsckpt_job_nodes(self._handle(), _encode(dir, "dir"), hosts,
+                                                len(nodes), mine, len(ranks)))
+
     def commit(self, dir: str, timeout: Optional[float] = None) -> None:
         """Commits ``dir`` (MANIFEST.json, then ``latest``) once every save into it that
         this daemon holds is DURABLE and ranks 0..world_size-1 all have files there.

@@ -1,4 +1,5 @@
-"""resume.py — which checkpoint a restarted job loads: ``find_latest``.
+"""resume.py — which checkpoint a restarted job loads (``find_latest``), and where its nodes
+are (``tell_nodes``).
 
 On a root every node shares, the daemons commit a tag once every rank has sealed it, and
 ``<job>/latest`` names the newest committed tag. On node-local roots no single directory
@@ -10,13 +11,16 @@ that every rank holds complete, and loads that.
 A rank that holds no complete tag here (a replacement node with an empty disk) asks its
 daemon for the job's latest: on a root with a remote tier that is the tag the remote
 ``latest`` names, whose remote manifest is there (the daemon starts pulling it at once; the
-load that follows waits for it).
+load that follows waits for it). With peer copies on, the peers that hold its ranks' copies
+serve them first; a replacement of a new name at a new address is known to them only once
+the job's trainers told their daemons the job's nodes: ``tell_nodes``, before any load.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional
+import socket
+from typing import Dict, List, Optional
 
 import torch
 
@@ -108,3 +112,31 @@ def find_latest(job_dir: str, group=None) -> Optional[str]:
     if not common:
         return None
     return max(common, key=lambda t: (max(tags[t] for tags in everyone), t))
+
+
+def tell_nodes(job_dir: str, group=None, host: Optional[str] = None, conn=None) -> List[str]:
+    """Tells every node's daemon the job's nodes (peer copies, issue 35): each rank's node
+    name (``host``: its daemon's ``host``, by default this machine's hostname, as the
+    daemon's own default) is gathered over ``group`` (torch.distributed, when initialized),
+    and each rank tells its daemon the sorted names and the ranks of its node, then all wait
+    for each other (a barrier), so that no rank loads before every daemon was told. Call it on
+    every rank after a restart, before ``find_latest`` and the loads: a replacement node with
+    an empty disk, a new name and a new address then restores its ranks' files from the
+    peers' copies (its daemon asks the nodes told; theirs serve it as a node of the job, the
+    ranks it names, of this user's files only). Returns the nodes told. Raises NotSupported
+    when peer copies are off on this node."""
+    from .torch import default_connection
+    dist = torch.distributed
+    me = host or socket.gethostname()
+    on = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if on else int(os.environ.get("RANK", 0))
+    everyone = [(me, rank)]
+    if on:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, (me, rank), group=group)
+    nodes = sorted({h for h, _ in everyone})
+    (conn or default_connection(job_dir)).job_nodes(
+        job_dir, nodes, sorted(r for h, r in everyone if h == me))
+    if on:
+        dist.barrier(group)
+    return nodes

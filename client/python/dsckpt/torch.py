@@ -57,7 +57,7 @@ from ._fill import StateDictMismatch
 from ._flatten import MapLocation, _Flattener, _rebuild_views, _target
 from .core import Connection, HostBuffer, Level, Save, SaveProgress
 from .errors import DsckptError, Errno, error_for
-from .resume import find_latest
+from .resume import find_latest, tell_nodes
 
 BLOB = _blob.BLOB
 FORMAT_VERSION = _blob.VERSION  # the blob written; load reads it, and 1 and 2 when opted in
@@ -587,6 +587,6 @@ def load(path_dir: str, file: Optional[str] = None, map_location: MapLocation = 
 from .materialize import Materialized, empty_weights, materialize  # noqa: E402
 
 __all__ = ["save", "load", "load_into", "commit", "find_latest", "release_gpu", "SaveHandle",
-           "materialize", "empty_weights", "Materialized",
+           "tell_nodes", "materialize", "empty_weights", "Materialized",
            "StateDictMismatch", "host_empty", "default_connection", "run_connection",
            "set_default_connection", "dist_rank_world", "read_safetensors", "read_meta", "DTYPES", "ST_DTYPES"]
