@@ -3,8 +3,9 @@
 ``SaveHandle.wait_remote()``; the files downloaded from the bucket (with the moto venv's
 boto3) open with ``safetensors.safe_open`` and hold the saved tensors; a root without a
 remote refuses the wait at once with ENOTSUP; a node lost after REMOTE is restored by a fresh
-daemon through ``dsckpt.torch.load`` (S3 and file://); a tag committed again while its first
-version uploads: ``wait_remote`` on the first raises CheckpointIncomplete at once."""
+daemon through ``dsckpt.torch.load`` (S3 and file://); a tag committed twice while a version
+uploads: that version reaches REMOTE, ``wait_remote`` on the one skipped raises
+CheckpointIncomplete at once, the newest reaches REMOTE."""
 import json
 import os
 import shutil
