@@ -457,7 +457,8 @@ START_TEST(test_replaced_files_dropped)
 	if (!rm)
 		return;
 	d_start(CACHE_32M, json);
-	const char *dir = h_path("%s/job/last", D->root);
+	char dir[600];
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);	/* h_path's buffers get reused */
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
 	save_remote(c, dir, SMALL, 1);
 	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
