@@ -226,19 +226,23 @@ static void run_file(struct uptag *t, size_t i)
 	for (i = 0; i < t->nfiles && strcmp(t->files[i].name, f.name) != 0; i++)
 		;
 	if (i == t->nfiles)
-		return;		/* left out by the plan made meanwhile */
-	/* Up before a plan that since chose a version directory: it goes up again there. */
-	if (rc == 0 && !planned && !t->busy && t->planned && strcmp(t->loc, f.loc) != 0)
+		return;		/* not reached: a plan keeps the files busy */
+	/* Up before a plan made since (or being made: its end looks), under another version
+	 * directory than the plan's: it goes up again there. */
+	int before = !planned && (t->busy || t->planned);
+	if (rc == 0 && before && !t->busy && strcmp(t->loc, f.loc) != 0)
 		rc = 2;
+	if (rc == 3)		/* the version pinned was deleted: given up */
+		t->gone = 1;
 	if (rc != 0)
 		t->files[i].state = UPF_WAIT;
 	if (rc < 0)
 		tag_failed(t, rc, err);
 	if (rc == 1)		/* the remote holds a version: files wait for the plan */
 		t->early_off = 1;
-	if (rc == 2 && planned != t->planned)
+	if (rc == 2 && before)
 		return;
-	if (rc == 2) {
+	if (rc >= 2) {
 		t->replan = 1;
 		log_info("upload of %s: %s; planning again", t->dir, err);
 	}
@@ -300,6 +304,10 @@ static void run_step(struct uptag *t)
 	}
 	if (rc < 0 && rc == ERR_EEXIST && t->newer)
 		rc = 2;		/* a later version remotely: the newer one may pass it */
+	if (rc == 3) {		/* the version pinned was deleted: given up */
+		t->gone = 1;
+		rc = 2;
+	}
 	if (rc == 2) {
 		t->replan = 1;
 		t->retry_at = now_mono() + BACKOFF_FIRST_S;
@@ -331,7 +339,7 @@ static int run_one(void)
 		int pending = 0;
 		for (size_t i = 0; i < t->nfiles; i++) {
 			if (t->files[i].state == UPF_WAIT && !t->replan &&
-			    (t->planned || !t->early_off)) {
+			    (t->planned || (!t->early_off && !t->committed))) {
 				run_file(t, i);
 				return 1;
 			}

@@ -58,6 +58,7 @@ struct uptag {
 	struct store_dirid pin_id;
 	int newer;                /* a newer version was committed since the plan: planned
 				   * once the pinned one ends */
+	int gone;                 /* the pinned version was deleted: its upload ends */
 	int has_held;             /* the pinned version, replaced: its saves learn its upload's */
 	struct store_dirid held;  /* outcome (REMOTE, or held_why) */
 	char held_why[ERRLEN];
@@ -95,12 +96,13 @@ struct uptag {
 int uptag_plan(struct uptag *t, char *err, size_t errlen);
 /* Uploads file f of t (from its resident copy when whole in the cache, else the file: the
  * plan's descriptor when planned, t->planned as the caller saw it): 0, 1 when it waits for
- * the plan, 2 when the tag was replaced while the file went up (t->cancel), or a code. */
+ * the plan, 2 when the tag was replaced while the file went up (t->cancel), 3 when the
+ * version planned was deleted (its upload ends), or a code. */
 int uptag_file(struct uptag *t, struct upfile *f, int planned, char *err, size_t errlen);
 /* Once t's files are up: the node record, then (every node's there) the remote manifest,
  * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, 2 plan again (the tag
  * or the remote changed since the plan; t->reached when the version planned is in the remote
- * all the same), or a negative code. */
+ * all the same), 3 the version planned was deleted, or a negative code. */
 int uptag_finish(struct uptag *t, char *err, size_t errlen);
 /* upload_version.c */
 /* Plan: t's version directory, files' key and remote manifest bytes, from its local
@@ -146,7 +148,8 @@ int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid
 /* Loop, lock dropped: tells the saves of old why they will never be REMOTE when how is 1. */
 void uptag_tell_saves(int how, const struct store_dirid *old, const char *why);
 /* Worker, lock held: t's pinned version's upload ended, in the remote (reached) or given up;
- * the verdict on its saves, when a newer version replaced it, goes to the loop through q. */
+ * the verdict on its saves, when a newer version replaced it or it was deleted (t->gone),
+ * goes to the loop through q. */
 void uptag_pin_ended(struct uptag *t, int reached, struct workq *q);
 /* Worker, lock held, t to be planned again: copies of this node's files of the version
  * given up that went up below its own version directory while no manifest could name them

@@ -13,7 +13,8 @@
  * meanwhile only the newest is planned once the pinned one ends: the saves of each one
  * skipped hear at once that a newer version replaced theirs before its upload (a wait on
  * them ends with EINCOMPLETE and that message). A version replaced before its plan (or whose
- * pinned upload is given up: the remote changed under it, a later version is there) is
+ * pinned upload is given up: the remote changed under it, a later version is there, or it
+ * was deleted with its tag: then its saves hear that instead) is
  * uploaded no further: the file of it going up gives up, and its files that went up below
  * its own version directory, which no manifest will name, are deleted before the next plan
  * (upload_version.c).
@@ -91,9 +92,19 @@ void uptag_tell_saves(int how, const struct store_dirid *old, const char *why)
 }
 
 /* Worker, lock held: t's pinned version's upload ended (reached: in the remote); when a
- * newer version replaced it, its saves hear so through q: REMOTE, or why not. */
+ * newer version replaced it, or it was deleted, its saves hear so through q: REMOTE, or why
+ * not. */
 void uptag_pin_ended(struct uptag *t, int reached, struct workq *q)
 {
+	if (t->gone && t->pinned) {	/* deleted: its saves hear it whether replaced or not */
+		if (!t->has_held && t->has_dirid && store_dirid_eq(&t->dirid, &t->pin_id)) {
+			t->held = t->dirid;
+			t->has_held = 1;
+		}
+		snprintf(t->held_why, sizeof(t->held_why), "%.600s was deleted before this "
+			 "version's upload to %.200s ended", t->dir, remote_url(t->r));
+	}
+	t->gone = 0;
 	t->pinned = 0;
 	if (!t->has_held)
 		return;

@@ -50,7 +50,35 @@ struct reader {
 	uint64_t chunk;
 	struct uptag *t;
 	uint64_t counted;       /* added to t->bytes_done */
+	int planned;            /* fd is the plan's: its version may be deleted meanwhile */
+	int moved;              /* its version was replaced (exchanged out): read to the end */
+	int gone;               /* its version was deleted: given up */
 };
+
+/* Opens t's tag directory (the daemon's walk below its root, no link followed). */
+static int open_tag(struct uptag *t, char *err, size_t errlen)
+{
+	int jobfd, dfd = store_open_tag(t->cfg, t->dir, 0, 0, &jobfd, err, errlen);
+	if (dfd >= 0)
+		close(jobfd);
+	return dfd;
+}
+
+/* What became of the version of the plan's descriptor fd: 0 still linked, 2 replaced (no
+ * link left, a newer version in the tag), 1 gone (deleted with its tag, by keep_last or
+ * its user): its upload ends. */
+static int pin_state(struct uptag *t, int fd)
+{
+	char err[ERRLEN];
+	struct stat st;
+
+	if (fstat(fd, &st) < 0 || st.st_nlink > 0)
+		return 0;
+	int dfd = open_tag(t, err, sizeof(err));
+	if (dfd >= 0)
+		close(dfd);
+	return dfd >= 0 ? 2 : dfd == ERR_ENOENT;
+}
 
 /* remote_src's read: len bytes at off, from the cache where it holds them. */
 static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
@@ -62,6 +90,12 @@ static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
 		return ERR_ESHUTDOWN;
 	if (__atomic_load_n(&rd->t->cancel, __ATOMIC_RELAXED))
 		return ERR_ESTATE;	/* replaced: uptag_file says so */
+	if (rd->planned && !rd->moved) {
+		int state = pin_state(rd->t, rd->fd);
+		rd->moved = state == 2;
+		if ((rd->gone = state == 1))
+			return ERR_ENOENT;	/* deleted: uptag_file says so */
+	}
 	while (len > 0) {
 		size_t n = len;
 		const uint8_t *from = NULL;
@@ -89,15 +123,6 @@ static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
 		rd->counted += n;
 	}
 	return 0;
-}
-
-/* Opens t's tag directory (the daemon's walk below its root, no link followed). */
-static int open_tag(struct uptag *t, char *err, size_t errlen)
-{
-	int jobfd, dfd = store_open_tag(t->cfg, t->dir, 0, 0, &jobfd, err, errlen);
-	if (dfd >= 0)
-		close(jobfd);
-	return dfd;
 }
 
 /* Adds host to t's nodes unless there; -1 without memory. */
@@ -227,7 +252,7 @@ int uptag_file(struct uptag *t, struct upfile *f, int planned, char *err, size_t
 	char key[sizeof(t->fkey) + NAME_MAX + 2];
 	struct stat st;
 	int rc = 0;
-	struct reader rd = {.fd = -1, .chunk = t->cfg->chunk_bytes, .t = t};
+	struct reader rd = {.fd = -1, .chunk = t->cfg->chunk_bytes, .t = t, .planned = planned};
 
 	if (planned) {
 		for (size_t i = 0; i < t->nmine && rd.fd < 0; i++)
@@ -236,6 +261,10 @@ int uptag_file(struct uptag *t, struct upfile *f, int planned, char *err, size_t
 		if (rd.fd < 0)
 			return err_set(err, errlen, ERR_ENOENT, "%s/%s: not in its plan", t->dir,
 				       f->name);
+		if (pin_state(t, rd.fd) == 1) {
+			snprintf(err, errlen, "%s was deleted before %s went up", t->dir, f->name);
+			return 3;
+		}
 	} else {	/* only while no version of the tag is in the remote */
 		int dfd = open_tag(t, err, errlen);
 		if (dfd < 0)
@@ -261,6 +290,9 @@ int uptag_file(struct uptag *t, struct upfile *f, int planned, char *err, size_t
 			snprintf(err, errlen, "the tag was committed again while %s went up",
 				 f->name);
 			rc = 2;
+		} else if (rd.gone) {
+			snprintf(err, errlen, "%s was deleted while %s went up", t->dir, f->name);
+			rc = 3;
 		}
 		goto out;
 	}
@@ -429,8 +461,13 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 	size_t len;
 	int rc;
 
-	/* The version planned, whatever replaced its directory since (its files are held). */
+	/* The version planned, whatever replaced its directory since (its files are held),
+	 * unless it was deleted. */
 	t->reached = 0;
+	if (t->nmine && pin_state(t, t->mine[0].fd) == 1) {
+		snprintf(err, errlen, "%s was deleted before its upload ended", t->dir);
+		return 3;
+	}
 	char *rec = record_text(t, &len);
 	if (!rec)
 		return err_set(err, errlen, ERR_ENOMEM, "%s: cannot make this node's record",

@@ -16,7 +16,8 @@
  * version uploads under its version directory: the restart aborts that upload left open and
  * uploads the version; SIGKILLed while a version replaced by a newer commit still uploads:
  * the restart uploads the newer one, and its manifest write deletes the older version
- * directory. And through upload_version.c itself: two daemons' uploads of one new version race to replace the
+ * directory; deleted by its user while it uploads: its upload ends, nothing of it left
+ * remotely, a wait on it ends with EINCOMPLETE. And through upload_version.c itself: two daemons' uploads of one new version race to replace the
  * remote manifest: exactly one writes it, the other finds it; an older version never
  * replaces a newer one (EEXIST).
  */
@@ -619,6 +620,63 @@ START_TEST(test_killed_pinned)
 }
 END_TEST
 
+/* The version of job/last uploading (a up below its version directory, b going up) deleted
+ * with its tag by its user: its upload ends instead of sending the deleted files to the
+ * end: a wait for REMOTE on it ends with EINCOMPLETE saying so, b's multipart upload is
+ * aborted and a deleted, nothing of the version left in the remote. (Before, b went up to
+ * its end from its open file and the wait lasted until its timeout.) */
+START_TEST(test_pinned_deleted)
+{
+	char json[1400], dir[640], v1[32], names[16][64] = {{0}}, err[ERRLEN];
+	void *ma, *mb;
+	struct found f;
+	struct remote_wait w;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
+	dsckpt_save_t *sb = save_pattern(c, dir, "b", BIG, 3, &mb);
+	wait_level(c, sa, DSCKPT_DURABLE, WAIT_MS);
+	wait_level(c, sb, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	key_version(f.key, v1, sizeof(v1));
+	remote_wait_start(&w, c, sb);
+	h_rm_rf(dir);
+	pthread_join(w.th, NULL);
+	ck_assert_msg(w.rc == DSCKPT_EINCOMPLETE && strstr(w.msg, "job/last was deleted before "
+							    "this version's upload"),
+		      "wait for REMOTE: %s: %s",
+		      w.rc < 0 ? dsckpt_err_name(w.rc) : dsckpt_level_name(w.rc), w.msg);
+	for (int i = 0; i < WAIT_MS / 50 && open_uploads(rm, &f) > 0; i++)
+		h_sleep_ms(50);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	for (int i = 0; i < WAIT_MS / 50; i++) {
+		memset(names, 0, sizeof(names));
+		ck_assert_int_eq(remote_list(rm, h_path("job/last/%s", v1), list_names, names, err,
+					     sizeof(err)), 0);
+		if (!names[0][0])
+			break;
+		h_sleep_ms(50);
+	}
+	ck_assert_msg(!names[0][0], "job/last/%s/%s left", v1, names[0]);
+	dsckpt_save_free(sa);
+	dsckpt_save_free(sb);
+	dsckpt_host_free(ma);
+	dsckpt_host_free(mb);
+	dsckpt_close(c);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
 /* A manifest of job/last committed at ns (no files): its text, malloc'd. */
 static char *manifest_at(uint64_t ns)
 {
@@ -718,6 +776,7 @@ static Suite *remote_overwrite_suite(void)
 	tcase_add_test(tc, test_replaced_while_finishing);
 	tcase_add_loop_test(tc, test_replaced_files_dropped, 0, 2);
 	tcase_add_test(tc, test_killed_pinned);
+	tcase_add_loop_test(tc, test_pinned_deleted, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
