@@ -302,7 +302,7 @@ static void run_step(struct uptag *t)
 			 "version", t->dir);
 		rc = 2;		/* a newer version follows the one just finished */
 	}
-	if (rc < 0 && rc == ERR_EEXIST && t->newer)
+	if (rc == ERR_EEXIST && t->newer)
 		rc = 2;		/* a later version remotely: the newer one may pass it */
 	if (rc == 3) {		/* the version pinned was deleted: given up */
 		t->gone = 1;
@@ -365,8 +365,10 @@ static int key_busy(const char *key)
 	for (struct uptag *t = up.tags; t && !busy; t = t->next) {
 		for (size_t i = 0; i < t->nfiles && !busy; i++) {
 			if (t->files[i].state != UPF_BUSY)
-				continue;	/* a busy file: no step of t changes its keys */
-			snprintf(k, sizeof(k), "%s/%s", t->planned ? t->fkey : t->key,
+				continue;
+			/* Beside a busy file only a plan runs: the file started before it,
+			 * under the tag's own keys. */
+			snprintf(k, sizeof(k), "%s/%s", !t->busy && t->planned ? t->fkey : t->key,
 				 t->files[i].name);
 			busy = strcmp(k, key) == 0;
 		}
