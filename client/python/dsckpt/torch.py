@@ -277,7 +277,8 @@ class SaveHandle:
         (EINCOMPLETE), its message naming the newer version, at once when this version was
         skipped: the tag was committed again while an earlier version's upload was in
         flight and again before this version's upload started (only the newest goes up
-        next; a version whose upload is in flight goes on to REMOTE)."""
+        next; a version whose upload is in flight goes on to REMOTE), or when it was
+        deleted with its tag before its upload ended."""
         return self.wait(Level.REMOTE, timeout)
 
     def wait_replicated(self, timeout: Optional[float] = None) -> Level:
