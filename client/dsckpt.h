@@ -94,7 +94,8 @@ typedef enum {
 				* root's remote tier (allowed_roots' "remote"); waiting for it on
 				* a root without one fails at once with DSCKPT_ENOTSUP, and with
 				* DSCKPT_EINCOMPLETE, its message naming the newer version, on a
-				* save whose tag was committed again before its upload ended */
+				* save of a version skipped: its tag committed again before its
+				* upload started (one in flight goes on) */
 	DSCKPT_REPLICATED = 6  /* this node's files of the committed tag are held by `replicas`
 				* other nodes' daemons, each having checked them (and the tag is
 				* REMOTE first where its root has a remote tier). Waiting for it

@@ -12,9 +12,10 @@
  * tag is tried again after a backoff (0.25 s doubling to 5 s; 5 s at once for what
  * remote_retryable says needs a person); nothing of the local commit
  * waits for any of it. A finished tag goes back to the loop through a workq: its saves are
- * marked REMOTE and it is forgotten. A tag committed again before its upload ended is
- * planned again from the newer version; the file of the old one going up gives up, and
- * upload_replace.c tells the old version's saves what became of it and drops its files.
+ * marked REMOTE and it is forgotten. A tag committed again before its upload ended: the
+ * version planned goes on to its end from the files its plan holds open, then the newest
+ * version committed meanwhile is planned (upload_replace.c: the saves of each version
+ * skipped, or given up, hear it).
  *
  * Threads and ownership: up.lock guards the list of tags and every field upload.h marks
  * (lock); a worker on a tag's step (busy) alone touches the rest of it; a tag is freed on the
@@ -136,9 +137,8 @@ static int upload_resume(const char *dir)
 }
 
 /* save_change_cb: a save's file goes up once DURABLE; its tag is finished once COMMITTED. A
- * newer version committed before the one uploading reached REMOTE replaces it: the old one's
- * saves hear that they will never be REMOTE (or, when a worker is finishing it, what the
- * finish did), and a file of it going up gives up. */
+ * newer version committed before the one uploading reached REMOTE follows it
+ * (upload_replace.c). */
 void upload_on_save(struct save *s)
 {
 	int level = save_level(s), staging, replaced = 0;
@@ -168,15 +168,8 @@ void upload_on_save(struct save *s)
 		t->has_dirid = 1;
 	} else if (t && level == LEVEL_COMMITTED && (!t->has_dirid ||
 						    !store_dirid_eq(&t->dirid, &v.dirid))) {
-		/* The tag saved again and exchanged before its upload ended: the new version
-		 * is planned and uploaded, and its saves marked REMOTE; the old one's hear what
-		 * became of it. */
+		/* The tag saved again and exchanged before its upload ended. */
 		replaced = uptag_replace(t, &v, &old, why, sizeof(why));
-		t->dirid = v.dirid;
-		t->has_dirid = 1;
-		t->replan = 1;
-		t->stuck = 0;
-		__atomic_store_n(&t->cancel, 1, __ATOMIC_RELAXED);
 	}
 	pthread_cond_broadcast(&up.cond);
 	pthread_mutex_unlock(&up.lock);
@@ -219,23 +212,37 @@ static void tag_ok(struct uptag *t)
 	t->retry_at = 0;
 }
 
-/* Runs file i of t (lock held on entry and exit, dropped while it uploads). */
+/* Runs file i of t (lock held on entry and exit, dropped while it uploads; t not busy). */
 static void run_file(struct uptag *t, size_t i)
 {
 	char err[ERRLEN];
-	struct upfile f = t->files[i];	/* the array may grow meanwhile */
+	struct upfile f = t->files[i];	/* the array may grow, or its plan reorder it */
+	int planned = t->planned;
 
 	t->files[i].state = UPF_BUSY;
 	pthread_mutex_unlock(&up.lock);
-	int rc = uptag_file(t, &f, err, sizeof(err));
+	int rc = uptag_file(t, &f, planned, err, sizeof(err));
 	pthread_mutex_lock(&up.lock);
+	for (i = 0; i < t->nfiles && strcmp(t->files[i].name, f.name) != 0; i++)
+		;
+	if (i == t->nfiles)
+		return;		/* not reached: a plan keeps the files busy */
+	/* Up before a plan made since (or being made: its end looks), under another version
+	 * directory than the plan's: it goes up again there. */
+	int before = !planned && (t->busy || t->planned);
+	if (rc == 0 && before && !t->busy && strcmp(t->loc, f.loc) != 0)
+		rc = 2;
+	if (rc == 3)		/* the version pinned was deleted: given up */
+		t->gone = 1;
 	if (rc != 0)
 		t->files[i].state = UPF_WAIT;
 	if (rc < 0)
 		tag_failed(t, rc, err);
 	if (rc == 1)		/* the remote holds a version: files wait for the plan */
 		t->early_off = 1;
-	if (rc == 2) {
+	if (rc == 2 && before)
+		return;
+	if (rc >= 2) {
 		t->replan = 1;
 		log_info("upload of %s: %s; planning again", t->dir, err);
 	}
@@ -248,8 +255,9 @@ static void run_file(struct uptag *t, size_t i)
 	tag_ok(t);
 }
 
-/* Runs t's step (lock held on entry and exit): its plan, or its finish once every file is
- * up; a finished tag goes to the loop. */
+/* Runs t's step (lock held on entry and exit): its plan (the version pinned by it), or its
+ * finish once every file is up; a finished tag goes to the loop, or, committed again since
+ * its plan, plans the newest version next. */
 static void run_step(struct uptag *t)
 {
 	char err[ERRLEN];
@@ -258,8 +266,10 @@ static void run_step(struct uptag *t)
 	int rc;
 
 	if (t->replan) {	/* no file is busy: each goes up again from the new version */
+		uptag_pin_ended(t, 0, up.finished);
 		gone = uptag_abandoned(t, &ngone);
 		t->replan = 0;
+		t->newer = 0;
 		t->planned = 0;
 		for (size_t i = 0; i < t->nfiles; i++)
 			t->files[i].state = UPF_WAIT;
@@ -269,8 +279,6 @@ static void run_step(struct uptag *t)
 	int finishing = t->planned;	/* t->planned is the worker's while busy */
 
 	t->busy = 1;
-	t->finishing = finishing;
-	t->fin_id = t->dir_id;
 	pthread_mutex_unlock(&up.lock);
 	uptag_drop_abandoned(t, gone, ngone);
 	free(gone);
@@ -280,13 +288,25 @@ static void run_step(struct uptag *t)
 		rc = uptag_finish(t, err, sizeof(err));
 	pthread_mutex_lock(&up.lock);
 	t->busy = 0;
-	uptag_step_ended(t, finishing, rc, up.finished);
-	if (!finishing && rc == 0)
-		rc = uptag_plan_files(t, err, sizeof(err));
-	if (rc == 0 && finishing && t->replan) {
+	if (!finishing && rc == 0 && (rc = uptag_plan_files(t, err, sizeof(err))) == 0 &&
+	    !t->replan) {
+		t->pinned = 1;	/* replaced from now on, it goes on to its end */
+		t->pin_id = t->dir_id;
+	}
+	if (finishing && (rc == 0 || (rc == 2 && t->reached))) {
+		uptag_pin_ended(t, 1, up.finished);	/* in the remote: REMOTE */
+		rc = 0;
+	}
+	if (rc == 0 && finishing && (t->replan || t->newer)) {
 		snprintf(err, sizeof(err), "%.900s was committed again: uploading the newer "
 			 "version", t->dir);
 		rc = 2;		/* a newer version follows the one just finished */
+	}
+	if (rc == ERR_EEXIST && t->newer)
+		rc = 2;		/* a later version remotely: the newer one may pass it */
+	if (rc == 3) {		/* the version pinned was deleted: given up */
+		t->gone = 1;
+		rc = 2;
 	}
 	if (rc == 2) {
 		t->replan = 1;
@@ -319,13 +339,15 @@ static int run_one(void)
 		int pending = 0;
 		for (size_t i = 0; i < t->nfiles; i++) {
 			if (t->files[i].state == UPF_WAIT && !t->replan &&
-			    (t->planned || !t->early_off)) {
+			    (t->planned || (!t->early_off && !t->committed))) {
 				run_file(t, i);
 				return 1;
 			}
 			pending |= t->files[i].state == UPF_BUSY;
 		}
-		if (t->committed && !pending) {
+		/* A committed tag's plan does not wait for files going up before it (read
+		 * through their own descriptors): it pins the version at once. */
+		if (t->committed && (!pending || (!t->planned && !t->replan))) {
 			run_step(t);
 			return 1;
 		}
@@ -343,8 +365,10 @@ static int key_busy(const char *key)
 	for (struct uptag *t = up.tags; t && !busy; t = t->next) {
 		for (size_t i = 0; i < t->nfiles && !busy; i++) {
 			if (t->files[i].state != UPF_BUSY)
-				continue;	/* a busy file: no step of t changes its keys */
-			snprintf(k, sizeof(k), "%s/%s", t->planned ? t->fkey : t->key,
+				continue;
+			/* Beside a busy file only a plan runs: the file started before it,
+			 * under the tag's own keys. */
+			snprintf(k, sizeof(k), "%s/%s", !t->busy && t->planned ? t->fkey : t->key,
 				 t->files[i].name);
 			busy = strcmp(k, key) == 0;
 		}

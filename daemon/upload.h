@@ -25,6 +25,8 @@ struct upfile {
 	ino_t ino;
 	uint64_t size;
 	char loc[24];             /* the version directory it went up under (upload_version.c) */
+	int fd;                   /* in the plan (t->mine): the version's file, opened by the
+				   * plan, read to the end whatever replaces it (-1: none) */
 };
 
 /* A committed (or committing) tag of this node whose files go to its root's remote tier.
@@ -51,13 +53,15 @@ struct uptag {
 	int stuck;                /* a failure no retry mends (a later version remotely) */
 	int early_off;            /* its files wait for the plan (the remote holds a version) */
 	int replan;               /* another version was committed here since the plan */
-	int finishing;            /* a worker finishes the version fin_id now */
-	struct store_dirid fin_id;
-	int has_held;             /* a version replaced while its finish was in flight: its */
-	struct store_dirid held;  /* saves learn that step's outcome (REMOTE, or held_why) */
+	int pinned;               /* the version planned (pin_id) is held open by its plan's
+				   * descriptors and goes up to its end, even once replaced */
+	struct store_dirid pin_id;
+	int newer;                /* a newer version was committed since the plan: planned
+				   * once the pinned one ends */
+	int gone;                 /* the pinned version was deleted: its upload ends */
+	int has_held;             /* the pinned version, replaced: its saves learn its upload's */
+	struct store_dirid held;  /* outcome (REMOTE, or held_why) */
 	char held_why[ERRLEN];
-	int has_reached;          /* a version a finish got into the remote, exchanged before */
-	struct store_dirid reached_id;  /* the newer commit reached the loop: REMOTE then */
 	struct upfile *files;
 	size_t nfiles, cap;
 	int code;                 /* the last failure (0: none) */
@@ -90,14 +94,15 @@ struct uptag {
 /* upload_tag.c */
 /* Reads t's manifest: which nodes' files it holds, and this node's (t->mine). */
 int uptag_plan(struct uptag *t, char *err, size_t errlen);
-/* Uploads file f of t (from its resident copy when whole in the cache, else the file): 0,
- * 1 when it waits for the plan, 2 when the tag was replaced since the plan (or while the file
- * went up: t->cancel), or a code. */
-int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen);
+/* Uploads file f of t (from its resident copy when whole in the cache, else the file: the
+ * plan's descriptor when planned, t->planned as the caller saw it): 0, 1 when it waits for
+ * the plan, 2 when the tag was replaced while the file went up (t->cancel), 3 when the
+ * version planned was deleted (its upload ends), or a code. */
+int uptag_file(struct uptag *t, struct upfile *f, int planned, char *err, size_t errlen);
 /* Once t's files are up: the node record, then (every node's there) the remote manifest,
  * latest and the local REMOTE.json. 0 done, 1 waiting for other nodes, 2 plan again (the tag
  * or the remote changed since the plan; t->reached when the version planned is in the remote
- * all the same), or a negative code. */
+ * all the same), 3 the version planned was deleted, or a negative code. */
 int uptag_finish(struct uptag *t, char *err, size_t errlen);
 /* upload_version.c */
 /* Plan: t's version directory, files' key and remote manifest bytes, from its local
@@ -107,7 +112,8 @@ int uptag_version(struct uptag *t, const struct manifest *m, char *err, size_t e
  * remote holds a version of the tag), or a code. */
 int uptag_early(struct uptag *t, char *err, size_t errlen);
 /* Writes t's remote manifest (first version: created; later: replacing the one there by its
- * etag, the old version's keys deleted after); 0, 2 (plan again) or a code. */
+ * etag, the old version's keys and every older version directory deleted after); 0, 2 (plan
+ * again) or a code. */
 int uptag_put_manifest(struct uptag *t, char *err, size_t errlen);
 /* Deletes this node's files f[0..n) of a version of t given up (uptag_abandoned's) below
  * their version directories, but where the remote manifest names one; a failure is logged
@@ -133,16 +139,18 @@ int uptag_plan_files(struct uptag *t, char *err, size_t errlen);
 /* upload_replace.c */
 #define UP_DONE 1     /* upload.c's workq events: a struct uptag reached REMOTE; */
 #define UP_VERDICT 2  /* upload_replace.c's verdict on a replaced version */
-/* Loop, lock held: t's committed version is replaced by the newer one of v's save. *old is
- * the version replaced, why what its saves hear: 0 (nothing now: a finish in flight decides,
- * or there is no version to tell), 1 replaced or 2 REMOTE, for uptag_tell_saves. */
+/* Loop, lock held: t's committed version is replaced by the newer one of v's save (now t's):
+ * the pinned version goes on (its saves wait for its outcome), else the upload plans the
+ * newer one at once. *old is the version replaced, why what its saves hear; 1 when they are
+ * to hear it now (uptag_tell_saves), 0 when not (held, or no version to tell). */
 int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid *old,
 		  char *why, size_t len);
-/* Loop, lock dropped: tells the saves of old what uptag_replace returned (how). */
+/* Loop, lock dropped: tells the saves of old why they will never be REMOTE when how is 1. */
 void uptag_tell_saves(int how, const struct store_dirid *old, const char *why);
-/* Worker, lock held, after t's step (finishing: the finish; rc its result): the verdict on a
- * version replaced while it was finished goes to the loop through q. */
-void uptag_step_ended(struct uptag *t, int finishing, int rc, struct workq *q);
+/* Worker, lock held: t's pinned version's upload ended, in the remote (reached) or given up;
+ * the verdict on its saves, when a newer version replaced it or it was deleted (t->gone),
+ * goes to the loop through q. */
+void uptag_pin_ended(struct uptag *t, int reached, struct workq *q);
 /* Worker, lock held, t to be planned again: copies of this node's files of the version
  * given up that went up below its own version directory while no manifest could name them
  * (this node's record of it not written, its finish not in the remote), *n of them; NULL

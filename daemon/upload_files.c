@@ -29,6 +29,7 @@ int uptag_file_add(struct uptag *t, const char *name, const char *stem, uint64_t
 	snprintf(f->stem, sizeof(f->stem), "%s", stem);
 	f->state = UPF_WAIT;
 	f->size = size;
+	f->fd = -1;
 	t->bytes_total += size;
 	return 0;
 }

@@ -1,20 +1,25 @@
 /*
  * upload_replace.c — a tag committed again (issue 31's fixed tags, "last") before the version
- * uploading reached REMOTE: what that version's saves hear, so that no wait for REMOTE (or
- * REPLICATED after it) on them lasts until its timeout for a version that will never go up.
+ * uploading reached REMOTE: which version goes up, and what the others' saves hear, so that
+ * a job saving a fixed tag more often than one upload takes still gets a recent version into
+ * the remote, and no wait for REMOTE (or REPLICATED after it) lasts until its timeout.
  *
- * The version replaced is gone locally (the newer one was exchanged with it), so it never
- * reaches the remote but in one case: a worker was finishing it (its files up, the remote
- * manifest and latest being written) when the newer commit came. Then its saves wait for
- * that step: REMOTE when the finish moved the remote latest to it, else replaced. Otherwise
- * they hear at once that a newer version replaced theirs before its upload ended (a wait on
- * them ends with EINCOMPLETE and that message). A finish that saw the directory exchanged
- * before the loop saw the newer commit leaves its version's mark on the tag: that commit
- * then marks the old version's saves REMOTE. The files of a version given up that went up
- * below its own version directory, which no manifest will name, are deleted before the next
- * plan (upload_version.c).
+ * A version's upload is in flight from its plan, which opens every file of this node that
+ * its manifest lists (upload_tag.c): the descriptors keep the files readable after the
+ * exchange with a newer version removed the directory, so the version pinned so goes up to
+ * its end (its saves REMOTE), at most one older version per tag kept so on disk, and nothing
+ * of it once the daemon is gone (a restart uploads the tag's version then; the next remote
+ * manifest written deletes the older version directories). Of the versions committed
+ * meanwhile only the newest is planned once the pinned one ends: the saves of each one
+ * skipped hear at once that a newer version replaced theirs before its upload (a wait on
+ * them ends with EINCOMPLETE and that message). A version replaced before its plan (or whose
+ * pinned upload is given up: the remote changed under it, a later version is there, or it
+ * was deleted with its tag: then its saves hear that instead) is
+ * uploaded no further: the file of it going up gives up, and its files that went up below
+ * its own version directory, which no manifest will name, are deleted before the next plan
+ * (upload_version.c).
  *
- * upload.c calls in with its lock held (uptag_replace on the loop, uptag_step_ended on a
+ * upload.c calls in with its lock held (uptag_replace on the loop, uptag_pin_ended on a
  * worker) or dropped (uptag_tell_saves, uptag_verdict: the save marks, loop thread).
  */
 #include "upload.h"
@@ -22,7 +27,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-/* What became of a version replaced while a worker finished it, for the loop. */
+/* What became of a pinned version replaced while it went up, for the loop. */
 struct verdict {
 	struct workq_item wi;
 	struct store_dirid id;    /* its saves' directory */
@@ -46,65 +51,74 @@ static void replaced_why(const struct uptag *t, const struct save_view *v, char 
 		 remote_url(t->r));
 }
 
-/* Loop, lock held: t's committed version is replaced by the newer one of v's save; *old and
- * why for uptag_tell_saves: 0 (a finish in flight decides, or no version to tell), 1 replaced,
- * 2 REMOTE (a finish got it there before the loop saw this commit). */
+/* Loop, lock held: t's committed version *old is replaced by the newer one of v's save,
+ * now t's: 1 when its saves hear why now, 0 when not (the pinned version's wait for its
+ * outcome; none to tell). */
 int uptag_replace(struct uptag *t, const struct save_view *v, struct store_dirid *old,
 		  char *why, size_t len)
 {
-	int how = 0;
+	int how = t->has_dirid;
 
 	*old = t->dirid;
 	replaced_why(t, v, why, len);
-	if (t->has_dirid && t->has_reached && store_dirid_eq(&t->reached_id, old)) {
-		how = 2;
-	} else if (t->has_dirid && t->finishing && store_dirid_eq(&t->fin_id, old)) {
-		t->held = *old;
-		t->has_held = 1;
-		snprintf(t->held_why, sizeof(t->held_why), "%s", why);
-	} else if (t->has_dirid) {
-		how = 1;
+	if (t->pinned && !t->stuck) {
+		/* The version in flight goes on; the newer one is planned once it ends. */
+		if (t->has_dirid && store_dirid_eq(&t->pin_id, old) && !t->has_held) {
+			t->held = *old;
+			t->has_held = 1;
+			snprintf(t->held_why, sizeof(t->held_why), "%s", why);
+			how = 0;
+		}
+		t->newer |= !store_dirid_eq(&t->pin_id, &v->dirid);  /* not the one planned */
+	} else {
+		/* Nothing of it pinned (or stuck behind a later remote version): the newer
+		 * version is planned at once, the old one's file going up gives up. */
+		t->replan = 1;
+		t->stuck = 0;
+		__atomic_store_n(&t->cancel, 1, __ATOMIC_RELAXED);
 	}
-	t->has_reached = 0;
+	t->dirid = v->dirid;
+	t->has_dirid = 1;
 	return how;
 }
 
-/* Loop, lock dropped: tells the saves of the replaced version old what uptag_replace said. */
+/* Loop, lock dropped: tells the saves of the replaced version old why, when how is 1. */
 void uptag_tell_saves(int how, const struct store_dirid *old, const char *why)
 {
-	if (how == 2) {
-		save_mark_remote(old);
-	} else if (how == 1) {
+	if (how == 1) {
 		log_info("upload: %s", why);
 		save_mark_replaced(old, why);
 	}
 }
 
-/* Worker, lock held, after t's step: a version replaced while it was finished here is REMOTE
- * when the finish moved the remote latest to it, else replaced (pushed to the loop through
- * q); one the finish got there but saw exchanged before the loop saw the newer commit is kept
- * for uptag_replace. */
-void uptag_step_ended(struct uptag *t, int finishing, int rc, struct workq *q)
+/* Worker, lock held: t's pinned version's upload ended (reached: in the remote); when a
+ * newer version replaced it, or it was deleted, its saves hear so through q: REMOTE, or why
+ * not. */
+void uptag_pin_ended(struct uptag *t, int reached, struct workq *q)
 {
-	int reached = finishing && (rc == 0 || t->reached);
-
-	t->finishing = 0;
-	if (t->has_held) {
-		t->has_held = 0;
-		struct verdict *vd = calloc(1, sizeof(*vd));
-		if (!vd) {
-			log_warnx("upload of %s: out of memory: the replaced version's waits end at "
-				  "their timeout", t->dir);
-			return;
+	if (t->gone && t->pinned) {	/* deleted: its saves hear it whether replaced or not */
+		if (!t->has_held && t->has_dirid && store_dirid_eq(&t->dirid, &t->pin_id)) {
+			t->held = t->dirid;
+			t->has_held = 1;
 		}
-		vd->id = t->held;
-		vd->remote = reached;
-		snprintf(vd->why, sizeof(vd->why), "%s", t->held_why);
-		workq_push(q, &vd->wi, UP_VERDICT);
-	} else if (reached && rc != 0 && t->has_dirid && store_dirid_eq(&t->fin_id, &t->dirid)) {
-		t->has_reached = 1;
-		t->reached_id = t->fin_id;
+		snprintf(t->held_why, sizeof(t->held_why), "%.600s was deleted before this "
+			 "version's upload to %.200s ended", t->dir, remote_url(t->r));
 	}
+	t->gone = 0;
+	t->pinned = 0;
+	if (!t->has_held)
+		return;
+	t->has_held = 0;
+	struct verdict *vd = calloc(1, sizeof(*vd));
+	if (!vd) {
+		log_warnx("upload of %s: out of memory: the replaced version's waits end at "
+			  "their timeout", t->dir);
+		return;
+	}
+	vd->id = t->held;
+	vd->remote = reached;
+	snprintf(vd->why, sizeof(vd->why), "%s", t->held_why);
+	workq_push(q, &vd->wi, UP_VERDICT);
 }
 
 /* Worker, lock held, t to be planned again: copies of this node's files of the version given

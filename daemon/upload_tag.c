@@ -7,7 +7,9 @@
  *   node that wrote it ("dsckpt.host"); this node uploads its own (a .meta goes with its
  *   safetensors file), and the nodes named are those whose records the manifest waits for.
  * - a file: from its resident copy in the cache where the cache holds it, else the file,
- *   multipart with parts in parallel (remote.c).
+ *   multipart with parts in parallel (remote.c); once planned, through the descriptor the
+ *   plan opened, so that the version goes up whole even once a newer one replaced its
+ *   directory (upload_replace.c).
  * - finish: this node's record <tag>/.dsckpt-remote.<host> (its files, sizes, checksums)
  *   says its files are up; whichever node then sees every node's record writes the remote
  *   MANIFEST.json by a conditional write, so exactly one write wins and a loser checks that
@@ -48,7 +50,35 @@ struct reader {
 	uint64_t chunk;
 	struct uptag *t;
 	uint64_t counted;       /* added to t->bytes_done */
+	int planned;            /* fd is the plan's: its version may be deleted meanwhile */
+	int moved;              /* its version was replaced (exchanged out): read to the end */
+	int gone;               /* its version was deleted: given up */
 };
+
+/* Opens t's tag directory (the daemon's walk below its root, no link followed). */
+static int open_tag(struct uptag *t, char *err, size_t errlen)
+{
+	int jobfd, dfd = store_open_tag(t->cfg, t->dir, 0, 0, &jobfd, err, errlen);
+	if (dfd >= 0)
+		close(jobfd);
+	return dfd;
+}
+
+/* What became of the version of the plan's descriptor fd: 0 still linked, 2 replaced (no
+ * link left, a newer version in the tag), 1 gone (deleted with its tag, by keep_last or
+ * its user): its upload ends. */
+static int pin_state(struct uptag *t, int fd)
+{
+	char err[ERRLEN];
+	struct stat st;
+
+	if (fstat(fd, &st) < 0 || st.st_nlink > 0)
+		return 0;
+	int dfd = open_tag(t, err, sizeof(err));
+	if (dfd >= 0)
+		close(dfd);
+	return dfd >= 0 ? 2 : dfd == ERR_ENOENT;
+}
 
 /* remote_src's read: len bytes at off, from the cache where it holds them. */
 static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
@@ -60,6 +90,12 @@ static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
 		return ERR_ESHUTDOWN;
 	if (__atomic_load_n(&rd->t->cancel, __ATOMIC_RELAXED))
 		return ERR_ESTATE;	/* replaced: uptag_file says so */
+	if (rd->planned && !rd->moved) {
+		int state = pin_state(rd->t, rd->fd);
+		rd->moved = state == 2;
+		if ((rd->gone = state == 1))
+			return ERR_ENOENT;	/* deleted: uptag_file says so */
+	}
 	while (len > 0) {
 		size_t n = len;
 		const uint8_t *from = NULL;
@@ -87,15 +123,6 @@ static int reader_read(void *arg, uint64_t off, void *buf, size_t len)
 		rd->counted += n;
 	}
 	return 0;
-}
-
-/* Opens t's tag directory (the daemon's walk below its root, no link followed). */
-static int open_tag(struct uptag *t, char *err, size_t errlen)
-{
-	int jobfd, dfd = store_open_tag(t->cfg, t->dir, 0, 0, &jobfd, err, errlen);
-	if (dfd >= 0)
-		close(jobfd);
-	return dfd;
 }
 
 /* Adds host to t's nodes unless there; -1 without memory. */
@@ -126,6 +153,34 @@ static int add_mine(struct uptag *t, const char *name, const char *stem, uint64_
 	snprintf(m->name, sizeof(m->name), "%s", name);
 	snprintf(m->stem, sizeof(m->stem), "%s", stem);
 	m->size = size;
+	m->fd = -1;
+	return 0;
+}
+
+/* Opens file name of the tag directory dfd for its upload into *fd: a regular file of the
+ * tag's owner (the daemon reads as root) of one link (not another file linked in); 0 or a
+ * code with err. */
+static int open_file(struct uptag *t, int dfd, const char *name, int *fd, char *err,
+		     size_t errlen)
+{
+	struct stat st, dst;
+
+	*fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (*fd < 0 || fstat(*fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		int rc = err_set(err, errlen, *fd < 0 ? err_from_errno(errno) : ERR_EINVAL,
+				 "%s/%s: %s", t->dir, name,
+				 *fd < 0 ? strerror(errno) : "not a regular file");
+		if (*fd >= 0)
+			close(*fd);
+		*fd = -1;
+		return rc;
+	}
+	if (fstat(dfd, &dst) < 0 || st.st_uid != dst.st_uid || st.st_nlink != 1) {
+		close(*fd);
+		*fd = -1;
+		return err_set(err, errlen, ERR_EACCES, "%s/%s: not uploaded: not a file of the "
+			       "tag's owner with one link", t->dir, name);
+	}
 	return 0;
 }
 
@@ -181,6 +236,9 @@ int uptag_plan(struct uptag *t, char *err, size_t errlen)
 			rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	}
 	manifest_free(m);
+	/* The version pinned: its files stay readable whatever replaces the directory. */
+	for (size_t i = 0; i < t->nmine && rc == 0; i++)
+		rc = open_file(t, dfd, t->mine[i].name, &t->mine[i].fd, err, errlen);
 	if (rc == 0)
 		t->planned = 1;
 out:
@@ -188,54 +246,53 @@ out:
 	return rc;
 }
 
-/* Uploads file f of t from its resident copy or the file. */
-int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
+/* Uploads file f of t from its resident copy or the file (planned: the plan's descriptor). */
+int uptag_file(struct uptag *t, struct upfile *f, int planned, char *err, size_t errlen)
 {
 	char key[sizeof(t->fkey) + NAME_MAX + 2];
 	struct stat st;
-	int rc, dfd = open_tag(t, err, errlen);
-	struct reader rd = {.fd = -1, .chunk = t->cfg->chunk_bytes, .t = t};
+	int rc = 0;
+	struct reader rd = {.fd = -1, .chunk = t->cfg->chunk_bytes, .t = t, .planned = planned};
 
-	if (dfd < 0)
-		return dfd;
-	/* Before the plan, only while no version of the tag is in the remote; after it, only
-	 * from the directory planned (the tag not saved again and exchanged since). */
-	struct store_dirid id;
-	if ((rc = t->planned ? store_dir_id(dfd, &id, err, errlen) : uptag_early(t, err, errlen))
-	    != 0 || (t->planned && !store_dirid_eq(&id, &t->dir_id))) {
+	if (planned) {
+		for (size_t i = 0; i < t->nmine && rd.fd < 0; i++)
+			if (strcmp(t->mine[i].name, f->name) == 0)
+				rd.fd = t->mine[i].fd;
+		if (rd.fd < 0)
+			return err_set(err, errlen, ERR_ENOENT, "%s/%s: not in its plan", t->dir,
+				       f->name);
+		if (pin_state(t, rd.fd) == 1) {
+			snprintf(err, errlen, "%s was deleted before %s went up", t->dir, f->name);
+			return 3;
+		}
+	} else {	/* only while no version of the tag is in the remote */
+		int dfd = open_tag(t, err, errlen);
+		if (dfd < 0)
+			return dfd;
+		if ((rc = uptag_early(t, err, errlen)) == 0)
+			rc = open_file(t, dfd, f->name, &rd.fd, err, errlen);
 		close(dfd);
-		if (rc == 0)
-			snprintf(err, errlen, "%s was saved again since its plan", t->dir);
-		return rc ? rc : 2;
+		if (rc != 0)
+			return rc;
 	}
-	struct stat dst;
-	rd.fd = openat(dfd, f->name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-	int dok = fstat(dfd, &dst) == 0;
-	close(dfd);
-	if (rd.fd < 0 || fstat(rd.fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		rc = err_set(err, errlen, rd.fd < 0 ? err_from_errno(errno) : ERR_EINVAL,
-			     "%s/%s: %s", t->dir, f->name,
-			     rd.fd < 0 ? strerror(errno) : "not a regular file");
-		goto out;
-	}
-	/* The daemon reads as root: only a file of the tag's owner, of one link (not another
-	 * file linked in), goes up under the tag's keys. */
-	if (!dok || st.st_uid != dst.st_uid || st.st_nlink != 1) {
-		rc = err_set(err, errlen, ERR_EACCES, "%s/%s: not uploaded: not a file of the "
-			     "tag's owner with one link", t->dir, f->name);
+	if (fstat(rd.fd, &st) < 0) {
+		rc = err_set(err, errlen, ERR_EIO, "%s/%s: %s", t->dir, f->name, strerror(errno));
 		goto out;
 	}
 	if (store_has_suffix(f->name, FMT_SAFETENSORS) &&
 	    (rd.res = resident_pin(t->dir, f->stem, st.st_dev, st.st_ino)) != NULL)
 		rd.hdr = resident_header(rd.res, &rd.hdr_len);
 	struct remote_src src = {.read = reader_read, .arg = &rd, .size = (uint64_t)st.st_size};
-	snprintf(key, sizeof(key), "%s/%s", t->planned ? t->fkey : t->key, f->name);
+	snprintf(key, sizeof(key), "%s/%s", planned ? t->fkey : t->key, f->name);
 	if ((rc = remote_upload(t->r, key, &src, err, errlen)) < 0) {
 		__atomic_sub_fetch(&t->bytes_done, rd.counted, __ATOMIC_RELAXED);
 		if (__atomic_load_n(&t->cancel, __ATOMIC_RELAXED)) {	/* aborted, not failed */
 			snprintf(err, errlen, "the tag was committed again while %s went up",
 				 f->name);
 			rc = 2;
+		} else if (rd.gone) {
+			snprintf(err, errlen, "%s was deleted while %s went up", t->dir, f->name);
+			rc = 3;
 		}
 		goto out;
 	}
@@ -243,11 +300,11 @@ int uptag_file(struct uptag *t, struct upfile *f, char *err, size_t errlen)
 	f->dev = st.st_dev;
 	f->ino = st.st_ino;
 	f->size = (uint64_t)st.st_size;
-	snprintf(f->loc, sizeof(f->loc), "%s", t->planned ? t->loc : "");
+	snprintf(f->loc, sizeof(f->loc), "%s", planned ? t->loc : "");
 out:
 	if (rd.res)
 		resident_unpin(rd.res);
-	if (rd.fd >= 0)
+	if (!planned)
 		close(rd.fd);
 	return rc;
 }
@@ -395,7 +452,8 @@ static int mark_local(struct uptag *t, char *err, size_t errlen)
 }
 
 /* Once t's files are up: record, then manifest and latest when every node's record is
- * there, then REMOTE.json. 0 done, 1 waiting for another node (err says which). */
+ * there, then REMOTE.json (in the directory planned only). 0 done, 1 waiting for another
+ * node (err says which). */
 int uptag_finish(struct uptag *t, char *err, size_t errlen)
 {
 	struct remote *r = t->r;
@@ -403,18 +461,12 @@ int uptag_finish(struct uptag *t, char *err, size_t errlen)
 	size_t len;
 	int rc;
 
+	/* The version planned, whatever replaced its directory since (its files are held),
+	 * unless it was deleted. */
 	t->reached = 0;
-	struct store_dirid id;
-	int dfd = open_tag(t, err, errlen);
-	if (dfd < 0)
-		return dfd;
-	rc = store_dir_id(dfd, &id, err, errlen);
-	close(dfd);
-	if (rc < 0)
-		return rc;
-	if (!store_dirid_eq(&id, &t->dir_id)) {
-		snprintf(err, errlen, "%s was saved again since its plan", t->dir);
-		return 2;
+	if (t->nmine && pin_state(t, t->mine[0].fd) == 1) {
+		snprintf(err, errlen, "%s was deleted before its upload ended", t->dir);
+		return 3;
 	}
 	char *rec = record_text(t, &len);
 	if (!rec)
@@ -461,6 +513,9 @@ void uptag_clear(struct uptag *t)
 	free(t->hosts);
 	t->hosts = NULL;
 	t->nhosts = 0;
+	for (size_t i = 0; i < t->nmine; i++)
+		if (t->mine[i].fd >= 0)
+			close(t->mine[i].fd);
 	free(t->mine);
 	t->mine = NULL;
 	t->nmine = 0;

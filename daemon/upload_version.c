@@ -11,7 +11,10 @@
  * is done, a later one is never replaced). Then the old version's files and records go. Every
  * node of a version derives the same directory from the same manifest, so the nodes' records
  * meet, and one conditional write wins. A file of a tag not yet committed goes up before the
- * commit only while the remote holds no version of the tag (it would overwrite it).
+ * commit only while the remote holds no version of the tag (it would overwrite it). Once a
+ * manifest is written, every version directory of an older version goes too: no manifest
+ * can name it again (an older version never replaces a newer one), and a daemon killed
+ * while it uploaded one (pinned after a newer commit, upload_replace.c) left its files there.
  *
  * Runs on upload workers (upload_tag.c's steps); holds no lock.
  */
@@ -136,6 +139,59 @@ static void drop_version(struct uptag *t, const char *old, size_t len)
 	manifest_free(m);
 }
 
+/* The names below a listed prefix, for remote_list. */
+struct names {
+	char (*name)[NAME_MAX + 1];
+	size_t n;
+	int nomem;
+};
+
+/* remote_list's callback: adds name to the struct names arg. */
+static int names_add(void *arg, const char *name)
+{
+	struct names *l = arg;
+	char (*grown)[NAME_MAX + 1] = realloc(l->name, (l->n + 1) * sizeof(*grown));
+
+	if (!grown) {
+		l->nomem = 1;
+		return 1;
+	}
+	l->name = grown;
+	snprintf(l->name[l->n++], NAME_MAX + 1, "%s", name);
+	return 0;
+}
+
+/* Deletes every key below each version directory v<ns> of t's tag older than t's version
+ * but the one written (t->loc); a failure is logged (the keys stay, named by no manifest). */
+static void drop_older(struct uptag *t)
+{
+	char err[ERRLEN], dir[PATH_MAX + NAME_MAX + 2], key[sizeof(dir) + NAME_MAX + 2];
+	struct names vs = {0};
+	int rc = remote_list(t->r, t->key, names_add, &vs, err, sizeof(err));
+
+	for (size_t i = 0; i < vs.n && rc >= 0 && !vs.nomem; i++) {
+		if (!remote_version_name(vs.name[i]) || strcmp(vs.name[i], t->loc) == 0 ||
+		    strtoull(vs.name[i] + 1, NULL, 10) >= t->created_ns)
+			continue;
+		struct names ks = {0};
+		snprintf(dir, sizeof(dir), "%s/%s", t->key, vs.name[i]);
+		rc = remote_list(t->r, dir, names_add, &ks, err, sizeof(err));
+		for (size_t k = 0; k < ks.n && rc >= 0; k++) {
+			snprintf(key, sizeof(key), "%s/%s", dir, ks.name[k]);
+			rc = remote_delete(t->r, key, err, sizeof(err));
+		}
+		if (rc >= 0 && ks.n)
+			log_info("upload of %s: older remote version %s deleted (%zu keys named by "
+				 "no manifest)", t->dir, dir, ks.n);
+		rc = rc >= 0 && ks.nomem ? ERR_ENOMEM : rc;
+		free(ks.name);
+	}
+	if (rc < 0 || vs.nomem)
+		log_warnx("upload of %s: older remote version directories left: %s", t->dir,
+			  rc < 0 ? err : "out of memory");
+	free(vs.name);
+}
+
 /* Writes t's remote manifest: the first version's with If-None-Match: * (one there must be
  * the same bytes, another node's), a later one over the version there with If-Match on its
  * etag. 0 done (t->wrote when this node wrote it), 2 when the remote changed under the plan
@@ -187,6 +243,7 @@ int uptag_put_manifest(struct uptag *t, char *err, size_t errlen)
 			log_info("upload of %s: wrote the remote manifest", t->dir);
 			if (there)
 				drop_version(t, there, len);
+			drop_older(t);
 		}
 		free(there);
 		if (rc != ERR_EEXIST)

@@ -7,15 +7,17 @@
  * deleted once the new manifest is written; while the second version uploads, the remote
  * manifest and the file it names are still the first version's, whole; one manifest write
  * per version; a replacement node restores the third version from the remote. A tag saved
- * again while its first version still uploads: the new version is what reaches the remote,
- * whole, and its save REMOTE; a wait for REMOTE on the first version's save ends at once
- * with EINCOMPLETE (a newer version replaced it), or with REMOTE when the first version's
- * finish was writing its remote manifest then (tests/s3_proxy.py holds that write); the
- * files of a version given up below its version directory are deleted. The
- * daemon SIGKILLed while a later version uploads under its
- * version directory: the restart aborts that upload left open and uploads the version. And
- * through
- * upload_version.c itself: two daemons' uploads of one new version race to replace the
+ * again while a version uploads: the version in flight goes on to REMOTE (its wait ends
+ * REMOTE) from the files its plan holds open, of the versions committed meanwhile only the
+ * newest goes up next, and a wait for REMOTE on one skipped ends at once with EINCOMPLETE
+ * naming the newer version; the remote then names the newest, no other version directory
+ * left. A first version replaced while its finish writes the remote manifest
+ * (tests/s3_proxy.py holds that write) is REMOTE. The daemon SIGKILLed while a later
+ * version uploads under its version directory: the restart aborts that upload left open and
+ * uploads the version; SIGKILLed while a version replaced by a newer commit still uploads:
+ * the restart uploads the newer one, and its manifest write deletes the older version
+ * directory; deleted by its user while it uploads: its upload ends, nothing of it left
+ * remotely, a wait on it ends with EINCOMPLETE. And through upload_version.c itself: two daemons' uploads of one new version race to replace the
  * remote manifest: exactly one writes it, the other finds it; an older version never
  * replaces a newer one (EEXIST).
  */
@@ -283,52 +285,96 @@ static void remote_wait_start(struct remote_wait *w, dsckpt_conn_t *c, dsckpt_sa
 	ck_assert_int_eq(pthread_create(&w->th, NULL, remote_wait_thread, w), 0);
 }
 
-/* The first version of job/last still uploading (slowly) when the second is committed: a
- * rank waiting for REMOTE on the first save hears that a newer version replaced it
- * (EINCOMPLETE, the message naming it), not at its timeout, and so does a wait asked after;
- * the first version's upload in flight gives up, no upload is left open, the second is
- * REMOTE. */
+/* remote_list's callback: adds name to the names (16 of 64 bytes at most) at arg. */
+static int list_names(void *arg, const char *name)
+{
+	char (*names)[64] = arg;
+	for (int i = 0; i < 16; i++) {
+		if (!names[i][0]) {
+			snprintf(names[i], 64, "%s", name);
+			break;
+		}
+	}
+	return 0;
+}
+
+/* Checks that below job/last the remote holds no version directory but keep ("": none). */
+static void only_version(struct remote *r, const char *keep)
+{
+	char names[16][64] = {{0}}, err[ERRLEN];
+
+	ck_assert_int_eq(remote_list(r, "job/last", list_names, names, err, sizeof(err)), 0);
+	for (int i = 0; i < 16 && names[i][0]; i++)
+		ck_assert_msg(names[i][0] != 'v' || strcmp(names[i], keep) == 0,
+			      "job/last/%s left beside %s", names[i], keep);
+}
+
+/* The version directory ("v<ns>") of the key job/last/v<ns>/... into dir. */
+static void key_version(const char *key, char *dir, size_t len)
+{
+	const char *v = strstr(key, "job/last/v");
+	ck_assert_msg(v != NULL, "uploading %s", key);
+	v += strlen("job/last/");
+	snprintf(dir, len, "%.*s", (int)strcspn(v, "/"), v);
+}
+
+/* A fixed tag saved more often than one upload takes: versions 1, 2 and 3 of job/last
+ * committed while version 1 uploads (slowly, below its version directory): version 1 goes on
+ * to REMOTE (its wait ends REMOTE) though its directory was exchanged away; version 2, never
+ * started, is skipped: a wait on it ends with EINCOMPLETE naming the newer version, and so
+ * does one asked after; version 3 is uploaded next and REMOTE. The remote manifest then
+ * names version 3, no other version directory is left, no upload open. (On the code before
+ * pinning, version 1's wait ended EINCOMPLETE: each commit gave up the version in flight.) */
 START_TEST(test_replaced_waits)
 {
-	char json[1400];
-	void *m1, *m2;
+	char json[1400], mf[640], v1[32], got[32];
+	void *m1, *m2, *m3;
 	struct found f;
-	struct remote_wait w;
+	struct remote_wait w1, w2;
+	size_t len;
 
 	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
 	if (!rm)
 		return;
 	d_start(CACHE_32M, json);
-	const char *dir = h_path("%s/job/last", D->root);
+	char dir[600];
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);	/* h_path's buffers get reused */
+	snprintf(mf, sizeof(mf), "%s/MANIFEST.json", dir);
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
-	dsckpt_save_t *s1 = save_pattern(c, dir, "rank0", BIG, 1, &m1);
-	wait_level(c, s1, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
-	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
-		h_sleep_ms(20);
-	ck_assert_int_gt(open_uploads(rm, &f), 0);
-	remote_wait_start(&w, c, s1);
-	dsckpt_save_t *s2 = save_pattern(c, dir, "rank0", SMALL, 2, &m2);
-	wait_level(c, s2, DSCKPT_DURABLE, WAIT_MS);
-	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
-	pthread_join(w.th, NULL);
-	ck_assert_msg(w.rc == DSCKPT_EINCOMPLETE, "wait for REMOTE: %s: %s",
-		      w.rc < 0 ? dsckpt_err_name(w.rc) : dsckpt_level_name(w.rc), w.msg);
-	ck_assert_msg(strstr(w.msg, "is COMMITTED and will never be REMOTE") &&
-		      strstr(w.msg, "job/last was committed again (a newer version") &&
-		      strstr(w.msg, tier.url), "%s", w.msg);
-	ck_assert_int_eq(dsckpt_wait(s1, DSCKPT_REMOTE, WAIT_MS), DSCKPT_EINCOMPLETE);
-	dsckpt_progress_t p;
-	CK_DS(c, dsckpt_save_progress(s1, &p));
-	ck_assert_int_eq(p.level, DSCKPT_COMMITTED);
-	wait_level(c, s2, DSCKPT_REMOTE, WAIT_MS);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *s1 = save_uploading(c, dir, 2, rm, &f, &m1);
+	key_version(f.key, v1, sizeof(v1));
+	remote_wait_start(&w1, c, s1);
+	dsckpt_save_t *s2 = save_committed(c, dir, SMALL, 3, &m2);
+	remote_wait_start(&w2, c, s2);
+	dsckpt_save_t *s3 = save_committed(c, dir, SMALL, 4, &m3);
+	check_pattern_file(dir, "rank0", SMALL, 4);	/* exchanged twice */
+	pthread_join(w2.th, NULL);
+	ck_assert_msg(w2.rc == DSCKPT_EINCOMPLETE, "wait for REMOTE on version 2: %s: %s",
+		      w2.rc < 0 ? dsckpt_err_name(w2.rc) : dsckpt_level_name(w2.rc), w2.msg);
+	ck_assert_msg(strstr(w2.msg, "is COMMITTED and will never be REMOTE") &&
+		      strstr(w2.msg, "job/last was committed again (a newer version") &&
+		      strstr(w2.msg, tier.url), "%s", w2.msg);
+	ck_assert_int_eq(dsckpt_wait(s2, DSCKPT_REMOTE, WAIT_MS), DSCKPT_EINCOMPLETE);
+	pthread_join(w1.th, NULL);
+	ck_assert_msg(w1.rc == DSCKPT_REMOTE, "wait for REMOTE on version 1: %s: %s",
+		      w1.rc < 0 ? dsckpt_err_name(w1.rc) : dsckpt_level_name(w1.rc), w1.msg);
+	wait_level(c, s3, DSCKPT_REMOTE, WAIT_MS);
+	remote_manifest(rm, mf, got, sizeof(got));	/* version 3's bytes */
+	ck_assert_msg(got[0] == 'v' && strcmp(got, v1) != 0, "remote_dir '%s'", got);
+	char *f3 = local_bytes(h_path("%s/rank0.safetensors", dir), &len);
+	remote_same(rm, h_path("job/last/%s/rank0.safetensors", got), f3, len);
+	free(f3);
+	only_version(rm, got);
+	ck_assert_ptr_null(remote_read(rm, "job/last/rank0.safetensors", &len));
 	ck_assert_int_eq(open_uploads(rm, &f), 0);
-	/* The first version's 16 MiB at 2 MiB/s were cut short, not sent to the end. */
-	ck_assert_int_ge(log_count(D->log, "rank0.safetensors went up; planning again"), 1);
+	ck_assert_int_eq(log_count(D->log, "wrote the remote manifest"), 3);	/* 0, 1, 3 */
 	dsckpt_save_free(s1);
 	dsckpt_save_free(s2);
+	dsckpt_save_free(s3);
 	dsckpt_host_free(m1);
 	dsckpt_host_free(m2);
+	dsckpt_host_free(m3);
 	dsckpt_close(c);
 	d_stop();
 	tier_down(&tier);
@@ -397,9 +443,10 @@ static int version_dir(void *arg, const char *name)
 	return 0;
 }
 
-/* The second version of job/last (files a and b) given up while it uploads below its version
- * directory, a up there, b going up: a is deleted before the third version is planned, and
- * no key below that directory is left. */
+/* The second version of job/last (files a and b) still uploading below its version directory
+ * when the third is committed, a up there, b going up: it goes on to REMOTE from the files its
+ * plan holds open (both saves REMOTE), then the third replaces it and no key below its
+ * directory is left. (Before pinning, the second was given up and its a deleted.) */
 START_TEST(test_replaced_files_dropped)
 {
 	char json[1400], got[32], vdir[32] = "", err[ERRLEN];
@@ -411,7 +458,8 @@ START_TEST(test_replaced_files_dropped)
 	if (!rm)
 		return;
 	d_start(CACHE_32M, json);
-	const char *dir = h_path("%s/job/last", D->root);
+	char dir[600];
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);	/* h_path's buffers get reused */
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
 	save_remote(c, dir, SMALL, 1);
 	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
@@ -432,13 +480,16 @@ START_TEST(test_replaced_files_dropped)
 	dsckpt_save_t *sy = save_pattern(c, dir, "a", SMALL, 4, &my);
 	wait_level(c, sy, DSCKPT_DURABLE, WAIT_MS);
 	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	wait_level(c, sa, DSCKPT_REMOTE, WAIT_MS);
+	wait_level(c, sb, DSCKPT_REMOTE, WAIT_MS);
 	wait_level(c, sy, DSCKPT_REMOTE, WAIT_MS);
 	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
 	ck_assert_msg(got[0] == 'v' && strcmp(got, vdir) != 0, "remote_dir '%s'", got);
 	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/a.safetensors", vdir), &len));
 	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/b.safetensors", vdir), &len));
 	ck_assert_int_eq(open_uploads(rm, &f), 0);
-	ck_assert_int_ge(log_count(D->log, "of the version given up deleted from the remote"), 1);
+	only_version(rm, got);
+	ck_assert_int_eq(log_count(D->log, "wrote the remote manifest"), 3);
 	dsckpt_save_free(sa);
 	dsckpt_save_free(sb);
 	dsckpt_save_free(sy);
@@ -482,6 +533,145 @@ START_TEST(test_killed_mid_version)
 	ck_assert_int_ge(log_count(D->log, "that an interrupted daemon left open"), 1);
 	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
 	ck_assert_msg(got[0] == 'v', "remote_dir '%s'", got);
+	d_stop();
+	tier_down(&tier);
+}
+END_TEST
+
+/* The daemon SIGKILLed while the second version of job/last (a, and b slow) uploads with the
+ * third (rank0) committed, the second's files up below its version directory, its record
+ * held by tests/s3_proxy.py: after the restart the remote holds the third version whole, the
+ * second's version directory is gone (the third's manifest write deleted it), no upload is
+ * open, and no old version is left beside the tag locally. (Before pinning, the second was
+ * given up at the third's commit: the record held was the third's.) */
+START_TEST(test_killed_pinned)
+{
+	char json[1400], dir[640], job[600], mark[680], v2[32], got[32], held[512] = "";
+	char names[16][64] = {{0}}, err[ERRLEN];
+	void *ma, *mb, *my;
+	struct found f;
+	struct proxy px;
+	size_t len;
+
+	struct remote *rm = tier_up(&tier, 1, json, sizeof(json), "");
+	if (!rm)
+		return;
+	ck_assert_int_eq(proxy_start(&px, tier.moto.port, 1000), 0);
+	s3_daemon_json(json, sizeof(json), px.port, "\"upload_max_mib_per_s\": 2,");
+	d_start(CACHE_32M, json);
+	snprintf(job, sizeof(job), "%s/job", D->root);
+	snprintf(dir, sizeof(dir), "%s/last", job);
+	snprintf(mark, sizeof(mark), "%s/REMOTE.json", dir);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	proxy_hold(&px, "/.dsckpt-remote.");
+	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
+	dsckpt_save_t *sb = save_pattern(c, dir, "b", BIG, 3, &mb);
+	wait_level(c, sa, DSCKPT_DURABLE, WAIT_MS);
+	wait_level(c, sb, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	key_version(f.key, v2, sizeof(v2));
+	dsckpt_save_t *sy = save_committed(c, dir, SMALL, 4, &my);
+	for (int i = 0; i < WAIT_MS / 20 && !held[0]; i++) {
+		proxy_held(&px, held, sizeof(held));
+		if (!held[0])
+			h_sleep_ms(20);
+	}
+	ck_assert_msg(strstr(held, v2), "the record held is not the second version's: %s", held);
+	proxy_hold(&px, held);	/* this request only: the restart's go through */
+	d_kill(SIGKILL);
+	dsckpt_save_free(sa);
+	dsckpt_save_free(sb);
+	dsckpt_save_free(sy);
+	dsckpt_host_free(ma);
+	dsckpt_host_free(mb);
+	dsckpt_host_free(my);
+	dsckpt_close(c);
+	d_restart(0);
+	for (int i = 0; i < WAIT_MS / 50 && (access(mark, F_OK) != 0 || open_uploads(rm, &f) > 0);
+	     i++)
+		h_sleep_ms(50);
+	ck_assert_int_eq(access(mark, F_OK), 0);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	remote_manifest(rm, h_path("%s/MANIFEST.json", dir), got, sizeof(got));
+	ck_assert_msg(got[0] == 'v' && strcmp(got, v2) != 0, "remote_dir '%s'", got);
+	char *fy = local_bytes(h_path("%s/rank0.safetensors", dir), &len);
+	remote_same(rm, h_path("job/last/%s/rank0.safetensors", got), fy, len);
+	free(fy);
+	only_version(rm, got);
+	ck_assert_int_eq(remote_list(rm, h_path("job/last/%s", v2), list_names, names, err,
+				     sizeof(err)), 0);
+	ck_assert_msg(!names[0][0], "job/last/%s/%s left", v2, names[0]);
+	memset(names, 0, sizeof(names));
+	ck_assert_int_eq(remote_list(rm, "job/last", list_names, names, err, sizeof(err)), 0);
+	for (int i = 0; i < 16 && names[i][0]; i++)	/* the first version's went too */
+		ck_assert_msg(strcmp(names[i], "rank0.safetensors") != 0, "version 1 left");
+	ck_assert_ptr_null(remote_read(rm, h_path("job/last/%s/b.safetensors", v2), &len));
+	ck_assert_int_eq(access(h_path("%s/.last.dsckpt-next", job), F_OK), -1);
+	ck_assert_int_eq(access(h_path("%s/.last.dsckpt-old", job), F_OK), -1);
+	ck_assert_int_eq(access(h_path("%s/b.safetensors", dir), F_OK), -1);
+	ck_assert_int_ge(log_count(D->log, "older remote version"), 1);
+	d_stop();
+	proxy_kill(&px);
+	tier_down(&tier);
+}
+END_TEST
+
+/* The version of job/last uploading (a up below its version directory, b going up) deleted
+ * with its tag by its user: its upload ends instead of sending the deleted files to the
+ * end: a wait for REMOTE on it ends with EINCOMPLETE saying so, b's multipart upload is
+ * aborted and a deleted, nothing of the version left in the remote. (Before, b went up to
+ * its end from its open file and the wait lasted until its timeout.) */
+START_TEST(test_pinned_deleted)
+{
+	char json[1400], dir[640], v1[32], names[16][64] = {{0}}, err[ERRLEN];
+	void *ma, *mb;
+	struct found f;
+	struct remote_wait w;
+
+	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	if (!rm)
+		return;
+	d_start(CACHE_32M, json);
+	snprintf(dir, sizeof(dir), "%s/job/last", D->root);
+	dsckpt_conn_t *c = conn_open("job", 0, 1);
+	save_remote(c, dir, SMALL, 1);
+	dsckpt_save_t *sa = save_pattern(c, dir, "a", SMALL, 2, &ma);
+	dsckpt_save_t *sb = save_pattern(c, dir, "b", BIG, 3, &mb);
+	wait_level(c, sa, DSCKPT_DURABLE, WAIT_MS);
+	wait_level(c, sb, DSCKPT_DURABLE, WAIT_MS);
+	CK_DS(c, dsckpt_commit(c, dir, WAIT_MS));
+	for (int i = 0; i < WAIT_MS / 20 && open_uploads(rm, &f) == 0; i++)
+		h_sleep_ms(20);
+	ck_assert_int_gt(open_uploads(rm, &f), 0);
+	key_version(f.key, v1, sizeof(v1));
+	remote_wait_start(&w, c, sb);
+	h_rm_rf(dir);
+	pthread_join(w.th, NULL);
+	ck_assert_msg(w.rc == DSCKPT_EINCOMPLETE && strstr(w.msg, "job/last was deleted before "
+							    "this version's upload"),
+		      "wait for REMOTE: %s: %s",
+		      w.rc < 0 ? dsckpt_err_name(w.rc) : dsckpt_level_name(w.rc), w.msg);
+	for (int i = 0; i < WAIT_MS / 50 && open_uploads(rm, &f) > 0; i++)
+		h_sleep_ms(50);
+	ck_assert_int_eq(open_uploads(rm, &f), 0);
+	for (int i = 0; i < WAIT_MS / 50; i++) {
+		memset(names, 0, sizeof(names));
+		ck_assert_int_eq(remote_list(rm, h_path("job/last/%s", v1), list_names, names, err,
+					     sizeof(err)), 0);
+		if (!names[0][0])
+			break;
+		h_sleep_ms(50);
+	}
+	ck_assert_msg(!names[0][0], "job/last/%s/%s left", v1, names[0]);
+	dsckpt_save_free(sa);
+	dsckpt_save_free(sb);
+	dsckpt_host_free(ma);
+	dsckpt_host_free(mb);
+	dsckpt_close(c);
 	d_stop();
 	tier_down(&tier);
 }
@@ -585,6 +775,8 @@ static Suite *remote_overwrite_suite(void)
 	tcase_add_loop_test(tc, test_replaced_waits, 0, 2);
 	tcase_add_test(tc, test_replaced_while_finishing);
 	tcase_add_loop_test(tc, test_replaced_files_dropped, 0, 2);
+	tcase_add_test(tc, test_killed_pinned);
+	tcase_add_loop_test(tc, test_pinned_deleted, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }

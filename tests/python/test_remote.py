@@ -3,8 +3,10 @@
 ``SaveHandle.wait_remote()``; the files downloaded from the bucket (with the moto venv's
 boto3) open with ``safetensors.safe_open`` and hold the saved tensors; a root without a
 remote refuses the wait at once with ENOTSUP; a node lost after REMOTE is restored by a fresh
-daemon through ``dsckpt.torch.load`` (S3 and file://); a tag committed again while its first
-version uploads: ``wait_remote`` on the first raises CheckpointIncomplete at once."""
+daemon through ``dsckpt.torch.load`` (S3 and file://); a tag committed twice while a version
+uploads: that version reaches REMOTE, ``wait_remote`` on the one skipped raises
+CheckpointIncomplete at once, the newest reaches REMOTE."""
+import json
 import os
 import shutil
 import socket
@@ -176,9 +178,10 @@ def test_load_after_node_lost(make_daemon, tmp_path, request, tier):
 
 
 def test_wait_remote_replaced(make_daemon, tmp_path):
-    """The tag saved again and committed while its first version still uploads (file://, 1
-    MiB/s): wait_remote on the first version raises CheckpointIncomplete at once, its message
-    naming the newer version; the newer one reaches REMOTE."""
+    """A fixed tag saved more often than one upload takes (file://, 1 MiB/s): versions 2 and
+    3 committed while version 1 still uploads. Version 1 goes on to REMOTE; wait_remote on
+    version 2, skipped, raises CheckpointIncomplete at once, its message naming the newer
+    version; version 3 reaches REMOTE, the only version directory left remotely."""
     shared = tmp_path / "shared"
     shared.mkdir()
     root = str(tmp_path / "ckpt")
@@ -187,21 +190,27 @@ def test_wait_remote_replaced(make_daemon, tmp_path):
                     upload_max_mib_per_s=1)
     conn = dsckpt.Connection(d.socket, job="job", rank=0, world_size=1)
     tag = os.path.join(root, "job", "last")
-    h1 = dt.save({"w": torch.randn(4 << 20)}, tag, conn=conn)
-    h1.wait_durable(T)
-    dt.commit(tag, conn=conn, timeout=T)
+
+    def commit(tensor):
+        h = dt.save({"w": tensor}, tag, conn=conn)
+        h.wait_durable(T)
+        dt.commit(tag, conn=conn, timeout=T)
+        return h
+
+    assert commit(torch.ones(8)).wait_remote(T) == Level.REMOTE
+    h1 = commit(torch.randn(4 << 20))
     deadline = time.monotonic() + T
-    while not any(".dsckpt-upload-" in n
-                  for n in (os.listdir(shared / "job" / "last")
-                            if (shared / "job" / "last").exists() else [])):
-        assert time.monotonic() < deadline, "the first version's upload never started"
+    while not any(".dsckpt-upload-" in n for _, _, names in os.walk(shared) for n in names):
+        assert time.monotonic() < deadline, "version 1's upload never started"
         time.sleep(0.02)
-    h2 = dt.save({"w": torch.zeros(8)}, tag, conn=conn)
-    h2.wait_durable(T)
-    dt.commit(tag, conn=conn, timeout=T)
+    h2 = commit(torch.zeros(8))
+    h3 = commit(torch.full((8,), 3.0))
     with pytest.raises(dsckpt.CheckpointIncomplete) as e:
-        h1.wait_remote(T)
+        h2.wait_remote(T)
     assert e.value.code == Errno.EINCOMPLETE
     assert "will never be REMOTE" in str(e.value) and "committed again" in str(e.value)
-    assert h2.wait_remote(T) == Level.REMOTE
+    assert h1.wait_remote(T) == Level.REMOTE
+    assert h3.wait_remote(T) == Level.REMOTE
+    assert [n for n in os.listdir(shared / "job" / "last") if n.startswith("v")] == \
+        [json.load(open(shared / "job" / "last" / "MANIFEST.json"))["remote_dir"]]
     conn.close()

@@ -274,8 +274,11 @@ class SaveHandle:
         """Waits until the committed tag, its manifest and the job's ``latest`` are in the
         root's remote tier (REMOTE); raises DsckptError (ENOTSUP) at once when the root has
         no remote tier, DsckptTimeout while the remote is down, and CheckpointIncomplete
-        (EINCOMPLETE), its message naming the newer version, at once when the tag was
-        committed again before this version's upload ended (it never goes up)."""
+        (EINCOMPLETE), its message naming the newer version, at once when this version was
+        skipped: the tag was committed again while an earlier version's upload was in
+        flight and again before this version's upload started (only the newest goes up
+        next; a version whose upload is in flight goes on to REMOTE), or when it was
+        deleted with its tag before its upload ended."""
         return self.wait(Level.REMOTE, timeout)
 
     def wait_replicated(self, timeout: Optional[float] = None) -> Level:
