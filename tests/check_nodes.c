@@ -115,12 +115,26 @@ START_TEST(test_back_to_back)
 	}
 	for (int r = 0; r < world; r++)
 		nodes_wait(&k[r], r, DSCKPT_COMMITTED, 60000);
+	/* An older step may commit after step 20 (an odd step's files were still flushing when
+	 * its ranks sealed), and its commit then deletes it (keep_last): what is asserted is
+	 * that every step commits and 3 tags are left in the end, each waited for a minute. */
+	int late = 0;
 	for (int step = 1; step <= STEPS; step++) {
 		snprintf(dir, sizeof(dir), "%s/step%d", job, step);
+		late += !nodes_logged_commit(dir);
+	}
+	printf("back to back: %d steps not yet committed when step 20 was\n", late);
+	fflush(stdout);
+	for (int step = 1; step <= STEPS; step++) {
+		snprintf(dir, sizeof(dir), "%s/step%d", job, step);
+		for (int i = 0; i < 600 && !nodes_logged_commit(dir); i++)
+			h_sleep_ms(100);
 		ck_assert_msg(nodes_logged_commit(dir), "step%d was never committed (left: %s)",
 			      step, dir_names(job));
 	}
 	ck_assert_str_eq(file_text(h_path("%s/latest", job)), "step20");
+	for (int i = 0; i < 600 && strcmp(dir_names(job), "latest step18 step19 step20 "); i++)
+		h_sleep_ms(100);
 	ck_assert_str_eq(dir_names(job), "latest step18 step19 step20 ");
 	for (int step = 18; step <= STEPS; step++) {
 		snprintf(dir, sizeof(dir), "%s/step%d", job, step);

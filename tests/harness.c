@@ -483,6 +483,9 @@ int h_run_suite(Suite *s, void (*before_rm)(const struct hdaemon *d))
 		return 2;
 	memset(h_left, 0, sizeof(*h_left));
 	h_before_rm = before_rm;
+	/* Room for a daemon's log in a failure's message (h_text: up to 64 KiB); at Check's 4 KiB
+	 * the child exits "Message string too long" and the reason is lost. */
+	check_set_max_msg_size(72 * 1024);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	h_leftovers();
