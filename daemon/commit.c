@@ -164,12 +164,14 @@ void commit_on_save(struct save *s)
 		commits_check();
 }
 
-/* Handles COMMIT of dir for o (auth_check'ed for AUTH_COMMIT by the caller). */
+/* Handles COMMIT of dir for o (auth_check'ed for AUTH_COMMIT by the caller); of the version
+ * want when given (a staging directory's, which the daemon may have exchanged with its tag
+ * and moved aside since: the commit then finds it under the tag). */
 void commit_request(const struct owner *o, uint64_t req, const char *dir, unsigned world,
-		    int64_t timeout_ms)
+		    int64_t timeout_ms, const struct store_dirid *want)
 {
 	struct commit *cm = calloc(1, sizeof(*cm));
-	char err[ERRLEN];
+	char err[ERRLEN], tag[PATH_MAX];
 	int dfd, jobfd, rc;
 
 	if (!cm) {
@@ -177,13 +179,21 @@ void commit_request(const struct owner *o, uint64_t req, const char *dir, unsign
 		return;
 	}
 	store_norm_dir(cm->dir, sizeof(cm->dir), dir);
-	if ((dfd = store_open_tag(daemon_ctx->config, cm->dir, o->uid, o->gid, &jobfd, err,
-				  sizeof(err))) < 0) {
+	dfd = store_open_tag(daemon_ctx->config, cm->dir, o->uid, o->gid, &jobfd, err,
+			     sizeof(err));
+	if (dfd == ERR_ENOENT && want && store_staged_tag(cm->dir, tag, sizeof(tag))) {
+		snprintf(cm->dir, sizeof(cm->dir), "%s", tag);	/* moved aside: the tag now */
+		dfd = store_open_tag(daemon_ctx->config, cm->dir, o->uid, o->gid, &jobfd, err,
+				     sizeof(err));
+	}
+	if (dfd < 0) {
 		free(cm);
 		reply_error(o->conn, req, dfd, "%s", err);
 		return;
 	}
 	rc = store_dir_id(dfd, &cm->dirid, err, sizeof(err));
+	if (rc == 0 && want)
+		cm->dirid = *want;	/* the version, whatever its name holds now */
 	close(dfd);
 	close(jobfd);
 	if (rc < 0) {

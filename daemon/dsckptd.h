@@ -1037,6 +1037,8 @@ int store_commit(const struct config *cfg, const char *dir, unsigned world, cons
 /* store_commit as of created_ns (0: now): the daemons' commit of a sealed tag dates it by its
  * newest seal, so that a job's tags order by step however late each commit lands, and takes
  * the descriptions of its files from the run's seal records seen (NULL: from the headers). */
+/* Whether dir is a staging directory (<job>/.<tag>.dsckpt-next); its tag's path into tagdir. */
+int store_staged_tag(const char *dir, char *tagdir, size_t len);
 int store_commit_at(const struct config *cfg, const char *dir, unsigned world, const char *run,
 		    const struct store_dirid *id, uid_t uid, gid_t gid, uint64_t created_ns,
 		    const struct seal_seen *seen, struct store_commit_info *info, char *err,
@@ -1889,9 +1891,10 @@ void upload_backlog(uint64_t *tags, uint64_t *bytes);
 void upload_stop(void);
 
 /* commit.c — COMMITs: wait for durability, write manifest/latest/retention off the loop. */
-/* Handles COMMIT of dir for o, answered when done, failed or timed out. */
+/* Handles COMMIT of dir for o, answered when done, failed or timed out; of the directory
+ * want (a version's, as its saves opened it) when given, else of the one dir names now. */
 void commit_request(const struct owner *o, uint64_t req, const char *dir, unsigned world,
-		    int64_t timeout_ms);
+		    int64_t timeout_ms, const struct store_dirid *want);
 /* save_change_cb: a save becoming DURABLE or FAILED may let a commit go on. */
 void commit_on_save(struct save *s);
 /* waiter_fn of WAITER_COMMIT: a commit's wait for durability ended (its saves durable and
@@ -2021,8 +2024,10 @@ int overwrite_save_dir(const struct config *c, char *dir, size_t len, const stru
 /* Rewrites a SEAL's dir to the staging path when rank's newest save of run into the tag went
  * there (or none did, and the tag is committed with a staging beside it). */
 void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsigned rank);
-/* Rewrites a COMMIT's dir to the staging path when uid's run saved there last, uncommitted. */
-void overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run);
+/* Rewrites a COMMIT's dir to the staging path when uid's run saved there last, uncommitted;
+ * 1 then, with that version's directory identity in *id (the name may hold another soon). */
+int overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run,
+			 struct store_dirid *id);
 
 /* load.c — the registry of loads (restores) and their levels; loop thread only, but for the
  * header's parse (threadpool), which load_file.c does (load.h: what the two share). */

@@ -86,9 +86,10 @@ fail:
 }
 
 /* The newest save (highest id) of uid's run, of rank (-1: any), into dir or stage that is
- * not committed; whether it went into stage (1), dir (0), or none was found (-1). */
+ * not committed; whether it went into stage (1), dir (0), or none was found (-1); its
+ * directory's identity into *id (NULL: not wanted). */
 static int overwrite_last_save(const char *dir, const char *stage, uid_t uid, const char *run,
-			       long rank)
+			       long rank, struct store_dirid *id)
 {
 	struct save_view v;
 	uint64_t best = 0;
@@ -102,6 +103,8 @@ static int overwrite_last_save(const char *dir, const char *stage, uid_t uid, co
 		if (strcmp(v.dir, stage) == 0 || strcmp(v.dir, dir) == 0) {
 			best = v.id;
 			where = strcmp(v.dir, stage) == 0;
+			if (id)
+				*id = v.dirid;
 		}
 	}
 	return where;
@@ -137,7 +140,7 @@ void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsig
 	if (swap_staging_path(dir, stage, len < sizeof(stage) ? len : sizeof(stage), err,
 			      sizeof(err)) < 0)
 		return;
-	int where = overwrite_last_save(dir, stage, uid, run, rank);
+	int where = overwrite_last_save(dir, stage, uid, run, rank, NULL);
 	if (where == 0 || !overwrite_exists(stage, 0))
 		return;
 	if (where == 1 || (overwrite_exists(dir, 1) && overwrite_has_files(stage, uid)))
@@ -145,14 +148,18 @@ void overwrite_seal_dir(char *dir, size_t len, uid_t uid, const char *run, unsig
 }
 
 /* Rewrites dir (a COMMIT's, normalized) to its staging path when a save of uid's run there is
- * newer than any into the tag and not committed yet. */
-void overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run)
+ * newer than any into the tag and not committed yet (1, with that save's directory identity
+ * in *id: the daemon may be exchanging it with the tag right now, the old version then
+ * under the staging name until it is moved aside). */
+int overwrite_commit_dir(char *dir, size_t len, uid_t uid, const char *run,
+			 struct store_dirid *id)
 {
 	char stage[PATH_MAX], err[ERRLEN];
 
 	if (swap_staging_path(dir, stage, len < sizeof(stage) ? len : sizeof(stage), err,
-			      sizeof(err)) < 0 || !overwrite_exists(stage, 0))
-		return;
-	if (overwrite_last_save(dir, stage, uid, run, -1) == 1)
-		snprintf(dir, len, "%s", stage);
+			      sizeof(err)) < 0 || !overwrite_exists(stage, 0) ||
+	    overwrite_last_save(dir, stage, uid, run, -1, id) != 1)
+		return 0;
+	snprintf(dir, len, "%s", stage);
+	return 1;
 }

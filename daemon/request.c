@@ -452,8 +452,9 @@ static void on_commit(struct session *c, const struct proto_hdr *h, struct proto
 	struct owner o = request_owner(c);
 	char d[PROTO_MAX_STR + 1];
 	store_norm_dir(d, sizeof(d), dir);
-	overwrite_commit_dir(d, sizeof(d), o.uid, o.run);	/* a new version's, in flight */
-	commit_request(&o, h->id, d, (unsigned)world, timeout);
+	struct store_dirid version;	/* a new version's, in flight */
+	int staged = overwrite_commit_dir(d, sizeof(d), o.uid, o.run, &version);
+	commit_request(&o, h->id, d, (unsigned)world, timeout, staged ? &version : NULL);
 }
 
 /* SEAL: this rank saves nothing more into dir; the daemons commit dir once every rank has. */

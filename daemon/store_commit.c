@@ -154,7 +154,7 @@ static void store_clean_runs(int dfd, const char *path, const char *tag, const c
 }
 
 /* Whether dir is a staging directory (<job>/.<tag>.dsckpt-next); its tag's path into tagdir. */
-static int store_staged(const char *dir, char *tagdir, size_t len)
+int store_staged_tag(const char *dir, char *tagdir, size_t len)
 {
 	char tag[NAME_MAX + 1];
 	const char *slash = strrchr(dir, '/');
@@ -319,7 +319,7 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 		return err_set(err, errlen, ERR_EINVAL, "world size must be at least 1");
 	if ((dfd = store_open_tag(cfg, dir, uid, gid, &jobfd, err, errlen)) < 0) {
 		/* A staging directory exchanged with its tag already is that tag now. */
-		if (id && store_staged(dir, tagdir, sizeof(tagdir)))
+		if (id && store_staged_tag(dir, tagdir, sizeof(tagdir)))
 			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
 					       seen, info, err, errlen);
 		return dfd;
@@ -327,7 +327,7 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 	if (id && (store_dir_id(dfd, &now_id, err, errlen) < 0 || !store_dirid_eq(id, &now_id))) {
 		close(jobfd);
 		close(dfd);
-		if (store_staged(dir, tagdir, sizeof(tagdir)))
+		if (store_staged_tag(dir, tagdir, sizeof(tagdir)))
 			return store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
 					       seen, info, err, errlen);
 		return err_set(err, errlen, ERR_ENOENT, "%s was removed (the directory of that "
@@ -343,7 +343,7 @@ int store_commit_at(const struct config *cfg, const char *dir, unsigned world, c
 			store_job_unlock(jobfd);
 			close(jobfd);
 			close(dfd);
-			return store_staged(dir, tagdir, sizeof(tagdir)) ?
+			return store_staged_tag(dir, tagdir, sizeof(tagdir)) ?
 			       store_commit_at(cfg, tagdir, world, run, id, uid, gid, created_ns,
 					       seen, info, err, errlen) :
 			       err_set(err, errlen, ERR_ENOENT, "%s was removed", dir);

@@ -139,11 +139,21 @@ void store_norm_dir(char *out, size_t len, const char *dir)
 int store_open_tag(const struct config *c, const char *dir, uid_t uid, gid_t gid, int *jobfd,
 		   char *err, size_t errlen)
 {
-	if (strcmp(dir, "missing") == 0)
+	if (strcmp(dir, "missing") == 0 || strncmp(dir, ".gone", 5) == 0)
 		return err_set(err, errlen, ERR_ENOENT, "%s: no such directory", dir);
 	snprintf(opened, sizeof(opened), "%s", dir);
 	*jobfd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	return open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+}
+
+/* A staging directory's name is its tag's with a dot before it (".goneX" is "X"'s, moved
+ * aside). */
+int store_staged_tag(const char *dir, char *tagdir, size_t len)
+{
+	if (dir[0] != '.')
+		return 0;
+	snprintf(tagdir, len, "%s", strncmp(dir, ".gone", 5) == 0 ? dir + 5 : dir + 1);
+	return 1;
 }
 
 int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen)
@@ -210,7 +220,7 @@ static void commit(uint64_t conn, uint64_t req, const char *dir, uid_t uid, int6
 {
 	struct owner o = {.conn = conn, .pid = 100, .uid = uid, .gid = uid, .job = "job",
 			  .run = "r", .rank = 0, .world = 2};
-	commit_request(&o, req, dir, 2, timeout_ms);
+	commit_request(&o, req, dir, 2, timeout_ms, NULL);
 }
 
 /* Runs the loop until n answers came (the threadpool may be held meanwhile, so the loop is
@@ -394,6 +404,37 @@ START_TEST(test_bad_dir)
 }
 END_TEST
 
+/* A COMMIT of a new version in flight names its staging directory, which the daemon's own
+ * commit may be exchanging with the tag right then (the old version under that name until
+ * it is moved aside): the commit is of the version its saves went into, whatever the name
+ * holds when it is opened. */
+START_TEST(test_version_exchanged)
+{
+	struct owner o = {.conn = 1, .pid = 100, .uid = 1000, .gid = 1000, .job = "job",
+			  .run = "r", .rank = 0, .world = 2};
+	struct save *n = add_save("N", 1000, "r", LEVEL_ACCEPTED, 0);
+	struct save *old = add_save(".N", 1000, "r", LEVEL_DURABLE, 0);  /* the name's now */
+	struct store_dirid want = dirid_of("N");
+
+	commit_request(&o, 14, ".N", 2, -1, &want);
+	for (int i = 0; i < 20; i++)
+		uv_run(&uvloop, UV_RUN_NOWAIT);
+	ck_assert_uint_eq(nanswers, 0);	/* the version's save is not durable yet */
+	set_level(n, LEVEL_DURABLE, NULL);
+	run_until_answers(1);
+	assert_answer(0, 14, 0, ".N");
+	ck_assert_int_eq(n->level, LEVEL_COMMITTED);
+	ck_assert_int_eq(old->level, LEVEL_DURABLE);
+	/* Moved aside already: the tag's name is opened, for the same version. */
+	struct save *m = add_save("M", 1000, "r", LEVEL_DURABLE, 0);
+	want = dirid_of("M");
+	commit_request(&o, 15, ".goneM", 2, -1, &want);
+	run_until_answers(2);
+	assert_answer(1, 15, 0, "M");
+	ck_assert_int_eq(m->level, LEVEL_COMMITTED);
+}
+END_TEST
+
 /* Shutdown answers a waiting commit ESHUTDOWN. */
 START_TEST(test_shutdown)
 {
@@ -421,6 +462,7 @@ static Suite *commit_suite(void)
 	tcase_add_test(tc, test_one_per_user);
 	tcase_add_test(tc, test_bad_dir);
 	tcase_add_test(tc, test_shutdown);
+	tcase_add_test(tc, test_version_exchanged);
 	suite_add_tcase(s, tc);
 	return s;
 }
