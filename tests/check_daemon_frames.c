@@ -547,6 +547,48 @@ static void bad_seal(void)
 	}
 }
 
+/* NODES without keys, with nodes of the wrong type, an empty host name, a host name holding a
+ * NUL or a rank that is not an unsigned integer: each closes the connection with EPROTO; a
+ * well-formed one where peer copies are off gets ENOTSUP and the connection goes on. */
+static void bad_nodes(void)
+{
+	for (int i = 0; i < 6; i++) {
+		struct proto_out o;
+		int fd = raw_connect();
+		raw_hello(fd);
+		out_map(&o, PROTO_NODES, i == 0 ? 0 : 3);
+		if (i > 0) {
+			proto_kv_str(&o.pk, "dir", h_path("%s/job", D->root));
+			proto_key(&o.pk, "nodes");
+			if (i == 1) {
+				msgpack_pack_uint64(&o.pk, 7);
+			} else {
+				static const char nul[] = {'n', '\0', '1'};
+				msgpack_pack_array(&o.pk, 1);
+				msgpack_pack_str(&o.pk, i == 2 ? 0 : i == 4 ? 3 : 2);
+				msgpack_pack_str_body(&o.pk, i == 4 ? nul : "n1", i == 2 ? 0 :
+						      i == 4 ? 3 : 2);
+			}
+			proto_key(&o.pk, "ranks");
+			msgpack_pack_array(&o.pk, 1);
+			if (i == 3)
+				msgpack_pack_str_with_body(&o.pk, "x", 1);
+			else
+				msgpack_pack_uint64(&o.pk, 0);
+		}
+		ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+		if (i < 5) {
+			raw_expect_fatal(fd, DSCKPT_EPROTO, DSCKPT_EPROTO);
+		} else {
+			ck_assert_int_eq(raw_expect_error(fd), DSCKPT_ENOTSUP);
+			out_map(&o, PROTO_STATUS, 0);	/* still served */
+			ck_assert_int_eq(raw_send(fd, &o, 0, NULL, 0), 0);
+			raw_expect_reply(fd, NULL);
+		}
+		close(fd);
+	}
+}
+
 /* A durable file raw/t1/loadme holding U8 tensor "x" of 10 bytes, saved by raw frames. */
 static const char *raw_saved_file(void)
 {
@@ -727,6 +769,7 @@ static const struct {
 	{"save of another connection", foreign_save},
 	{"bad SEAL", bad_seal},
 	{"bad LOAD", bad_load},
+	{"bad NODES", bad_nodes},
 };
 
 /* One malformed input per iteration; afterwards a new connection must be served. */
