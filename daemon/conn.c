@@ -166,8 +166,10 @@ static void conn_close(struct conn *c)
 		close(c->fdq[i]);
 	log_debug("client %llu (pid %d) disconnected", (unsigned long long)c->id, (int)c->pid);
 	uv_poll_stop(&c->poll);
-	close(c->fd);
+	/* uv_close unregisters the descriptor again: closed before, its number may already be
+	 * another thread's new socket (a peer link's) */
 	uv_close((uv_handle_t *)&c->poll, conn_freed);
+	close(c->fd);
 }
 
 /* Frees a refused socket's record once both its handles are closed. */
@@ -190,9 +192,9 @@ static void refused_close(struct refused *r)
 	nrefused--;
 	uv_poll_stop(&r->poll);
 	uv_timer_stop(&r->timer);
-	close(r->fd);
 	uv_close((uv_handle_t *)&r->poll, refused_closed);
 	uv_close((uv_handle_t *)&r->timer, refused_closed);
+	close(r->fd);	/* after uv_close, as conn_close does */
 }
 
 /* A refused client sent something (discarded) or left: closes once it has left. */
