@@ -14,7 +14,9 @@
  * a reload), and at start the files no process holds, left by daemons that were killed. Both
  * remove a file only while holding its lock, and whoever takes a lock checks afterwards that
  * the name still leads to the file it locked (else it was removed in between: it tries again),
- * so two daemons never both hold one name.
+ * so two daemons never both hold one name. A sweep holds each file a moment, also one another
+ * daemon has just made and not yet locked: a lock held while the pid in it is of no live
+ * process is tried again for up to 2 s before the start is refused.
  *
  * The lock files live in a directory that nobody but the daemon's user can write, so that no
  * other user can take a lock first (and stop the daemon) or write a pid into one: /run/dsckptd
@@ -29,11 +31,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -41,6 +45,9 @@
 #define LOCK_NAME_MAX 80
 /* Tries at taking a lock whose file another daemon removes in between, each time. */
 #define LOCK_TRIES 64
+/* Tries, LOCK_BUSY_NS apart, at a lock held while no live process's pid is in it (2 s). */
+#define LOCK_BUSY_TRIES 200
+#define LOCK_BUSY_NS 10000000L
 
 /* A root this daemon holds. */
 struct root_lock {
@@ -146,11 +153,39 @@ static int lock_is_named(int dirfd, const char *name, int fd)
 	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-/* Opens and locks name in directory dirfd (exclusive, not waiting); the fd, or -1 (errno
- * EWOULDBLOCK when another process holds it). The pid of the holder is written into it. */
+/* The pid another daemon wrote into lock file name of directory dirfd, or 0. */
+static int lock_holder(int dirfd, const char *name)
+{
+	char buf[32] = "";
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	return n > 0 ? atoi(buf) : 0;
+}
+
+/* Whether the pid written into lock file name of directory dirfd is of a live process (a
+ * holder that is no daemon of ours, or none yet, is some daemon's start sweeping it). */
+static int lock_holder_alive(int dirfd, const char *name)
+{
+	int pid = lock_holder(dirfd, name);
+
+	return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+/* Opens and locks name in directory dirfd (exclusive, not waiting on a daemon holding it);
+ * the fd, or -1 (errno EWOULDBLOCK when another daemon holds it). The pid of the holder is
+ * written into it. A lock held while the pid in it is of no live process is tried again
+ * (LOCK_BUSY_TRIES): another daemon's start sweeping stale files (lock_sweep) holds each a
+ * moment, also the file just made here before it was locked, as does a daemon between its
+ * flock and its pid's write. */
 static int lock_file(int dirfd, const char *name)
 {
-	for (int tries = 0; tries < LOCK_TRIES; tries++) {
+	int tries = 0, busy = 0;
+
+	while (tries < LOCK_TRIES) {
 		int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 
 		if (fd < 0)
@@ -158,11 +193,20 @@ static int lock_file(int dirfd, const char *name)
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
 			int e = errno;
 			close(fd);
-			errno = e;
-			return -1;
+			if (e != EWOULDBLOCK || busy == LOCK_BUSY_TRIES ||
+			    lock_holder_alive(dirfd, name)) {
+				errno = e;
+				return -1;
+			}
+			if (busy++ == 0)
+				log_info("lock %s: held by no running daemon (another's start sweeping "
+					 "it?): trying again", name);
+			nanosleep(&(struct timespec){ 0, LOCK_BUSY_NS }, NULL);
+			continue;
 		}
 		if (!lock_is_named(dirfd, name, fd)) {	/* removed while we were locking it */
 			close(fd);
+			tries++;
 			continue;
 		}
 		char pid[32];
@@ -221,19 +265,6 @@ static unsigned lock_sweep(int dirfd)
 	}
 	closedir(d);
 	return removed;
-}
-
-/* The pid another daemon wrote into lock file name of directory dirfd, or 0. */
-static int lock_holder(int dirfd, const char *name)
-{
-	char buf[32] = "";
-	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-
-	if (fd < 0)
-		return 0;
-	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	return n > 0 ? atoi(buf) : 0;
 }
 
 /* Takes the socket's lock, socket-<dev>-<ino>-<name hash>.lock of its directory in the lock

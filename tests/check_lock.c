@@ -2,17 +2,21 @@
  * check_lock.c — the lock files of daemon/lock.c do not pile up: every daemon start on a new
  * scratch root and socket directory names lock files of its own, and after many starts and
  * stops, a root dropped at a reload and a daemon SIGKILLed, none of this suite's lock files is
- * left in the lock directory (files of other daemons on the machine are not counted). Real
- * daemons on real sockets.
+ * left in the lock directory (files of other daemons on the machine are not counted); a
+ * start whose lock file another daemon's sweep holds a moment waits for it. Real daemons on
+ * real sockets.
  */
 #include "harness_daemon.h"
 
 #include <check.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -151,6 +155,67 @@ START_TEST(test_killed_daemon_swept)
 }
 END_TEST
 
+/* A sweep's hold on a lock file (what another daemon's start does to each stale one): held
+ * until the daemon starting says it tries again, then removed and let go, as lock_sweep
+ * does. */
+struct sweep_hold {
+	int dirfd, fd;
+	char name[256];
+	const char *log;
+	int said;
+};
+
+/* The sweep's thread: lets go once the log says "trying again" (or after 30 s). */
+static void *sweep_let_go(void *arg)
+{
+	struct sweep_hold *w = arg;
+
+	for (int ms = 0; ms < 30000 && !(w->said = h_file_has(w->log, "trying again")); ms += 5)
+		h_sleep_ms(5);
+	unlinkat(w->dirfd, w->name, 0);
+	close(w->fd);
+	return NULL;
+}
+
+/*
+ * A daemon starting while another daemon's start sweeps its stale socket lock file (holding
+ * it a moment) starts once the sweep has let go: a lock held while the pid in it is of no
+ * live process is tried again, not taken for a running daemon's (it was refused at once,
+ * "another dsckptd (pid 0)", as check_peer_level's daemons once were while three copies of
+ * the suite started daemons at once).
+ */
+START_TEST(test_sweep_holding_lock)
+{
+	struct sweep_hold w = { .log = D->log };
+	char sock[160];
+	pthread_t th;
+	struct dirent *de;
+
+	d_start(CACHE_8M, CHUNK_1M);
+	lock_prefix(sock, sizeof(sock), "socket", D->dir);
+	d_kill(SIGKILL);		/* its lock files stay, naming a dead pid */
+	DIR *d = opendir(lock_dir());
+	ck_assert_ptr_nonnull(d);
+	while ((de = readdir(d)) != NULL)
+		if (strncmp(de->d_name, sock, strlen(sock)) == 0)
+			snprintf(w.name, sizeof(w.name), "%s", de->d_name);
+	closedir(d);
+	ck_assert_msg(w.name[0], "no lock file %s*", sock);
+	w.dirfd = open(lock_dir(), O_RDONLY | O_DIRECTORY);
+	w.fd = openat(w.dirfd, w.name, O_RDWR | O_NOFOLLOW);
+	ck_assert_int_ge(w.fd, 0);
+	ck_assert_int_eq(flock(w.fd, LOCK_EX | LOCK_NB), 0);
+	ck_assert_int_eq(truncate(D->log, 0), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, sweep_let_go, &w), 0);
+	d_restart(0);			/* answers: it started */
+	pthread_join(th, NULL);
+	ck_assert_msg(w.said, "%s", h_text(D->log));
+	close(w.dirfd);
+	d_stop();
+	ck_assert_int_eq(locks_with(sock), 0);
+}
+END_TEST
+
 /* The suite. */
 static Suite *lock_suite(void)
 {
@@ -158,6 +223,7 @@ static Suite *lock_suite(void)
 	h_add_case(s, "no pile-up", test_no_pile_up, 240, 1);
 	h_add_case(s, "reload drops a root's lock", test_reload_drops_root_lock, 120, 1);
 	h_add_case(s, "killed daemon swept", test_killed_daemon_swept, 120, 1);
+	h_add_case(s, "a sweep holding the lock", test_sweep_holding_lock, 120, 1);
 	return s;
 }
 
