@@ -97,11 +97,15 @@ int cuda_copier_stream(struct cuda_copier *cc, int dev, cudaStream_t *out, char 
 		return err_set(err, errlen, ERR_ENOCUDA, "CUDA not available to this copier");
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
 		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
-	if (cc->dev[dev].stream == NULL &&
-	    (e = cudaStreamCreateWithFlags(&cc->dev[dev].stream, cudaStreamNonBlocking)) !=
+	if (cc->dev[dev].stream == NULL) {
+		double t = now_mono();
+		if ((e = cudaStreamCreateWithFlags(&cc->dev[dev].stream, cudaStreamNonBlocking)) !=
 		    cudaSuccess) {
-		cc->dev[dev].stream = NULL;
-		return cuda_fail(err, errlen, ERR_EIO, "cudaStreamCreateWithFlags", e);
+			cc->dev[dev].stream = NULL;
+			return cuda_fail(err, errlen, ERR_EIO, "cudaStreamCreateWithFlags", e);
+		}
+		log_debug("copier: its stream on device %d made in %.2f ms", dev,
+			  (now_mono() - t) * 1e3);
 	}
 	if (cc->fence && !cc->dev[dev].fenced) {
 		if ((e = cudaStreamWaitEvent(cc->dev[dev].stream, cc->fence->event, 0)) !=
@@ -155,6 +159,7 @@ static int cuda_import_get(uint64_t owner, int dev, const uint8_t handle[64],
 	im->dev = dev;
 	memcpy(im->handle, handle, 64);
 	memcpy(&h, handle, sizeof(h));
+	double t0 = now_mono();
 	if ((e = cudaSetDevice(dev)) != cudaSuccess) {
 		rc = cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 		goto fail;
@@ -171,6 +176,8 @@ static int cuda_import_get(uint64_t owner, int dev, const uint8_t handle[64],
 	im->next = imports;
 	imports = im;
 	*out = im;
+	log_debug("cuda: client %llu's event opened on device %d, with its stream, in %.2f ms",
+		  (unsigned long long)owner, dev, (now_mono() - t0) * 1e3);
 	return 0;
 fail:
 	free(im);

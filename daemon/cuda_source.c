@@ -271,6 +271,7 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 	if ((e = cudaSetDevice(dev)) != cudaSuccess)
 		return cuda_fail(err, errlen, ERR_EIO, "cudaSetDevice", e);
 	memcpy(&h, handle, sizeof(h));
+	double t0 = now_mono();
 	e = cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess);
 	if (e != cudaSuccess) {
 		return cuda_fail(err, errlen,
@@ -302,8 +303,8 @@ int source_cuda_ipc_open(const uint8_t uuid[16], const uint8_t handle[64], uint6
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto fail_free;
 	}
-	log_debug("cuda_ipc: opened %llu bytes on device %d at %p", (unsigned long long)size,
-		  dev, ptr);
+	log_debug("cuda_ipc: opened %llu bytes on device %d at %p in %.2f ms",
+		  (unsigned long long)size, dev, ptr, (now_mono() - t0) * 1e3);
 	return 0;
 
 fail_free:

@@ -51,6 +51,11 @@
  * with either of the first two held. pool.lock guards the job list, every job field marked (L)
  * and stop. held_cv is told when a piece's holds fall to one and when a job fails. Finished
  * jobs go to the loop through a workq (workq.c), in the order they finished.
+ *
+ * Timing: each thread adds what it spends per phase (chunk waits, reads, copies queued and
+ * hashed, copies synced, device checksums) to its job, which notes its slowest piece too; at
+ * log_level debug the loop logs one line per finished job (log_timing), so that a slow load,
+ * such as the first one after the daemon's start, says where its time went.
  */
 #include "dsckptd.h"
 #include "restore_int.h"
@@ -76,7 +81,28 @@ static struct {
 	unsigned nthreads;
 	restore_cb cb;
 	struct workq *finished;    /* finished jobs, to the loop */
+	uint64_t submitted;        /* (L) jobs submitted since start (the debug line's number) */
 } pool;
+
+/* The debug line of a finished job: where its time went, so that a first load after the
+ * daemon's start can be told from the later ones phase by phase (issue 34). */
+static void log_timing(const struct restore_job *j)
+{
+	const uint64_t *ns = j->ns;
+	uint64_t direct = __atomic_load_n(&j->read_direct, __ATOMIC_RELAXED);
+
+	log_debug("restore %llu of %s: %.1f ms, %.2f GB in %llu units (first claimed after "
+		  "%.1f ms); over %u threads: chunk waits %.1f ms, reads %.1f ms (%.2f GB with "
+		  "O_DIRECT), copies queued and hashed %.1f ms, copies synced %.1f ms, device "
+		  "checksums %.1f ms; slowest piece %.1f ms (the %llu. of %llu)",
+		  (unsigned long long)j->number, j->r.path,
+		  (j->t_end - j->t_submit) * 1e3,
+		  (double)__atomic_load_n(&j->done, __ATOMIC_RELAXED) / 1e9,
+		  (unsigned long long)j->nunits, j->t_first ? (j->t_first - j->t_submit) * 1e3 : 0.0,
+		  pool.nthreads, ns[RP_CHUNK] / 1e6, ns[RP_READ] / 1e6, (double)direct / 1e9,
+		  ns[RP_WRITE] / 1e6, ns[RP_SYNC] / 1e6, ns[RP_DIGEST] / 1e6, j->slowest * 1e3,
+		  (unsigned long long)j->slowest_at + 1, (unsigned long long)j->npieces);
+}
 
 /* Loop side: hands a finished job to the callback (which frees it). */
 static void on_finished(struct workq_item *it, unsigned events)
@@ -86,6 +112,7 @@ static void on_finished(struct workq_item *it, unsigned events)
 	char why[ERRLEN];
 
 	(void)events;	/* one: the end */
+	log_timing(j);
 	snprintf(why, sizeof(why), "%s", j->error);
 	pool.cb(j->r.owner, j, j->code, j->code < 0 ? why : NULL);
 }
@@ -96,6 +123,7 @@ static void finish_locked(struct restore_job *j)
 	if (j->finished || j->active > 0 || (!j->failed && j->next_unit < j->nunits))
 		return;
 	j->finished = 1;
+	j->t_end = now_mono();
 	/* After a failure, parts left unhashed still hold their pieces' chunks. */
 	for (uint64_t o = 0; o < j->npieces; o++)
 		if (j->chunk_of[o]) {
@@ -167,6 +195,7 @@ static void restore_loop(struct copier *cp)
 		if (unit_cold_locked(j, u)) {
 			/* Memory first, then the claim (see engine.c and the top of this file). */
 			pthread_mutex_unlock(&pool.sh.lock);
+			double t = now_mono();
 			if ((chunk = cache_get(pool.sh.cache, -1)) == NULL)
 				return;	/* the cache shut down: stopping */
 			pthread_mutex_lock(&pool.sh.lock);
@@ -175,7 +204,10 @@ static void restore_loop(struct copier *cp)
 				cache_put(pool.sh.cache, chunk);
 				continue;	/* someone else took it meanwhile: look again */
 			}
+			restore_time(j, RP_CHUNK, t);	/* j is alive: still listed */
 		}
+		if (j->t_first == 0)
+			j->t_first = now_mono();
 		j->next_unit++;
 		j->active++;
 		pthread_mutex_unlock(&pool.sh.lock);
@@ -189,7 +221,9 @@ static void restore_loop(struct copier *cp)
 		if (j->nondev > 0 && !j->failed && j->active == 1 && j->next_unit == j->nunits) {
 			/* The last unit: every other is done, its copies synced. */
 			pthread_mutex_unlock(&pool.sh.lock);
+			double t = now_mono();
 			rc = restore_fill_check_ondev(j, err, sizeof(err));
+			restore_time(j, RP_DIGEST, t);
 			pthread_mutex_lock(&pool.sh.lock);
 			if (rc < 0)
 				restore_fill_fail_locked(j, rc, err);
@@ -378,6 +412,8 @@ int restore_submit(struct restore_req *r, struct restore_job **out, char *err, s
 		}
 	}
 	pthread_mutex_lock(&pool.sh.lock);
+	j->t_submit = now_mono();
+	j->number = ++pool.submitted;
 	j->next = pool.jobs;
 	pool.jobs = j;
 	finish_locked(j);	/* nothing to read: done at once */

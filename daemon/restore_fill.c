@@ -100,6 +100,8 @@ static int read_range(struct restore_job *j, uint64_t at, uint64_t len, uint8_t 
 			uint64_t want = (len - from + DIRECT_ALIGN - 1) & ~(uint64_t)(DIRECT_ALIGN - 1);
 			ssize_t r = read_full(j->r.dfd, buf + from, want, off + from, 0);
 			got = r < 0 ? r : (ssize_t)(from + (uint64_t)r);
+			if (r > 0)
+				__atomic_add_fetch(&j->read_direct, (uint64_t)r, __ATOMIC_RELAXED);
 		}
 	} else {
 		got = read_full(j->r.fd, buf, len, off, 0);
@@ -258,6 +260,7 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 		step = cached ? STEP : len;	/* a cold piece: one O_DIRECT read */
 	}
 	copier_fence(cp, j->r.fence);
+	double t0 = now_mono(), t = t0;
 	for (uint64_t s = 0, n; s < len && rc == 0; s += n) {
 		n = len - s < step ? len - s : step;
 		if (!data) {
@@ -265,6 +268,7 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 			int hit = cached && (j->r.dfd < 0 || n == len ||
 					     any_cached(j->r.fd, j->r.data_start + start + s, n) != 0);
 			rc = read_range(j, start + s, n, chunk + s, hit, err, errlen);
+			t = restore_time(j, RP_READ, t);
 			if (rc == 1) {
 				step = len;	/* the disk again: the rest in one O_DIRECT read */
 				rc = 0;
@@ -273,8 +277,16 @@ static int fill_piece(struct copier *cp, struct restore_job *j, uint64_t o, uint
 		if (rc == 0)
 			rc = fill_step(cp, j, o, start, start + len, start + s, start + s + n,
 				       data ? data : chunk, &bytes, err, errlen);
+		t = restore_time(j, RP_WRITE, t);
 	}
 	int src = copier_sync(cp, rc != 0 ? NULL : err, rc != 0 ? 0 : errlen);
+	t = restore_time(j, RP_SYNC, t);
+	pthread_mutex_lock(&j->sh->lock);
+	if (t - t0 > j->slowest) {	/* a one-time cost shows as a slow first piece */
+		j->slowest = t - t0;
+		j->slowest_at = o;
+	}
+	pthread_mutex_unlock(&j->sh->lock);
 	if (rc == 0 && src < 0)
 		rc = src;
 	if (rc == 0) {
@@ -337,7 +349,9 @@ int restore_fill_unit(struct copier *cp, struct restore_job *j, uint64_t u, uint
 		pthread_mutex_unlock(&j->sh->lock);
 		rc = fill_piece(cp, j, o, p, data, *chunk, err, errlen);
 		if (!data && rc == 0 && o + 1 < j->units[u + 1]) {
+			double t = now_mono();
 			*chunk = take_back(j, o);
+			restore_time(j, RP_CHUNK, t);
 			if (!*chunk)
 				break;	/* the job failed */
 			continue;

@@ -19,6 +19,16 @@ struct restore_shared {
 	struct cache *cache;       /* the chunks pieces are read into */
 };
 
+/* Where a job's threads spent their time, summed over threads (the debug line at its end). */
+enum restore_phase {
+	RP_CHUNK,      /* waiting for a cache chunk to read into */
+	RP_READ,       /* reading from the page cache or with O_DIRECT */
+	RP_WRITE,      /* queueing the copies out and hashing on the host */
+	RP_SYNC,       /* waiting for the queued copies (device copies: the transfer itself) */
+	RP_DIGEST,     /* the destinations checksumming themselves (on the device) */
+	RP_N
+};
+
 /* A tensor's part in a piece, left for the thread that hashes the part before it. */
 struct part {
 	const uint8_t *p;          /* the bytes, in a chunk or a resident piece; NULL: none */
@@ -50,9 +60,25 @@ struct restore_job {
 	void **chunk_of;           /* (L) per claimed piece: its cache chunk (NULL: resident) */
 	unsigned *holds;           /* (L) per claimed piece: its copies + its unhashed parts */
 	uint64_t done;             /* atomic: destination bytes in place */
+	uint64_t ns[RP_N];         /* atomic: nanoseconds per phase, over every thread */
+	uint64_t read_direct;      /* atomic: bytes read with O_DIRECT (the rest: page cache) */
+	double t_submit, t_first;  /* (L) now_mono at restore_submit and at the first claim */
+	double t_end;              /* (L) now_mono when the job finished */
+	uint64_t number;           /* (L) the pool's count of jobs at its submission */
+	double slowest;            /* (L) seconds of the slowest piece: read, copied, synced */
+	uint64_t slowest_at;       /* (L) its index in pieces */
 	struct restore_job *next;      /* (L) link in the active list */
 	struct workq_item end;         /* its end, on its way to the loop */
 };
+
+/* Adds the seconds since t0 to the job's phase (now_mono's clock) and returns now. */
+static inline double restore_time(struct restore_job *j, enum restore_phase ph, double t0)
+{
+	double t = now_mono();
+
+	__atomic_add_fetch(&j->ns[ph], (uint64_t)((t - t0) * 1e9), __ATOMIC_RELAXED);
+	return t;
+}
 
 /* restore_fill.c */
 /* Records a job's first error and wakes threads waiting on its pieces (pool.lock held). */

@@ -545,6 +545,44 @@ START_TEST(test_load_units)
 }
 END_TEST
 
+/* The line of the daemon's log (debug) that starts with head, copied (freed by the caller);
+ * fails the test when there is none. */
+static char *log_line(const char *head)
+{
+	char *log = h_read_file(D->log, NULL);
+
+	ck_assert_ptr_nonnull(log);
+	char *at = strstr(log, head);
+	ck_assert_msg(at, "no line '%s…' in the daemon's log", head);
+	char *line = strndup(at, strcspn(at, "\n"));
+	free(log);
+	return line;
+}
+
+/* At log_level debug each restore ends with a line saying where its time went (issue 34: a
+ * first load after the daemon's start told from the later ones, phase by phase), numbered
+ * from the daemon's start: the 19 pieces in 14 units over six threads, twice. */
+START_TEST(test_load_timing_line)
+{
+	d_start(CACHE_8M, CHUNK_1M "\"restore_threads\": 6, \"keep_resident\": false,");
+	const char *dir = h_path("%s/lt/step1", D->root);
+	dsckpt_conn_t *c = conn_open("lt", 0, 1);
+	save_spec(c, dir, "rank0", units, NUNITS, 300);
+	dsckpt_close(c);
+	for (int k = 1; k <= 2; k++) {
+		ck_assert_str_eq(load_all(dir, "rank0", units, NUNITS, 300), "file");
+		char *line = log_line(h_path("restore %d of %s/rank0.safetensors: ", k, dir));
+		ck_assert_msg(strstr(line, " GB in 14 units (first claimed after ") &&
+			      strstr(line, "over 6 threads: chunk waits ") &&
+			      strstr(line, " GB with O_DIRECT), copies queued and hashed ") &&
+			      strstr(line, " ms, device checksums 0.0 ms; slowest piece ") &&
+			      strstr(line, " of 19)"), "%s", line);
+		free(line);
+	}
+	d_stop();
+}
+END_TEST
+
 /* The same file from the daemon's resident copy (piece after piece in each unit): exact. */
 START_TEST(test_load_units_hot)
 {
@@ -656,6 +694,7 @@ static Suite *load_suite(void)
 	h_add_case(s, "parallel", test_load_parallel, 120, 3);
 	h_add_case(s, "units", test_load_units, 120, 1);
 	h_add_case(s, "units_hot", test_load_units_hot, 60, 1);
+	h_add_case(s, "timing_line", test_load_timing_line, 120, 1);
 	h_add_case(s, "units_corrupt", test_load_units_corrupt, 120, 1);
 	h_add_case(s, "few_chunks", test_load_few_chunks, 120, 3);
 	return s;

@@ -14,10 +14,14 @@ times in a row and time every phase of every call:
 
 for `load_into` into the model's own tensors (1st and 2nd call of the process), `load_into`
 into newly allocated tensors (new IPC handles), and `load` (1st and 2nd call), each hot
-(the daemon's cache) and warm (the daemon restarted, the file read through the page
-cache first). Prints a
-table last: per call its phases in ms and its GB/s. Diagnostic, not a test: nothing is
-asserted but that every restored byte equals the saved state's (a checksum per tensor).
+(the daemon's cache), warm (the daemon restarted, the file read through the page cache
+first) and again (the daemon restarted once more, the page cache left as the warm loads
+left it: a first load after the daemon's start slower here too is the daemon's, one as fast
+as warm's second is the page cache's second reading of the file). Prints a table last: per
+call its phases in ms and its GB/s; with the daemon at log_level debug, its log has a line
+per load saying where the load's time went (run-resume prints them: RESUME_LOG_LEVEL=debug).
+Diagnostic, not a test: nothing is asserted but that every restored byte equals the saved
+state's (a checksum per tensor).
 """
 import argparse
 import json
@@ -154,7 +158,7 @@ def run_child(a, mode):
 
 
 def parent(a):
-    """Saves once, then loads hot and warm in fresh processes; prints the table."""
+    """Saves once, then loads hot, warm and again in fresh processes; prints the table."""
     daemon = br.Daemon(a.daemon, a.socket, a.ctl)
     daemon.start()
     try:
@@ -164,6 +168,8 @@ def parent(a):
         daemon.restart()
         br.read_through([os.path.join(a.dir, "probe", "step1", "rank0.safetensors")])
         results.append(("warm", run_child(a, "load")))
+        daemon.restart()
+        results.append(("again", run_child(a, "load")))
     finally:
         daemon.stop()
     bad = [s for s, r in results if r["sums"] != saved["sums"]]
