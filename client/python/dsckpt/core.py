@@ -26,26 +26,19 @@ Every failure raises :class:`dsckpt.DsckptError` (see errors.py). Timeouts are i
 """
 from __future__ import annotations
 
-import bisect
 import ctypes
 import dataclasses
 import enum
 import os
-import struct
-import threading
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Iterable, Optional, Sequence, Union
 
 from . import _lib
+from ._cargs import (NUMPY_DTYPES, PackedTensors, TensorSpec, _encode, _timeout_ms,
+                     pack_tensors)
+from ._hostbuf import HostBuffer, in_host_buffer
 from .errors import DsckptError, Errno, error_for
 
 BytesLike = Union[bytes, bytearray, memoryview]
-# One tensor for Save.add_tensors: (name, safetensors dtype, shape, address, nbytes).
-TensorSpec = Tuple[str, str, Sequence[int], int, int]
-
-# dsckpt_tensor_t with the platform's alignment: name, dtype, shape, ndim, ptr, nbytes.
-_TENSOR_T = "PPPiPN"
-# The dtype names as C strings that live as long as the module (their addresses are reused).
-_DTYPE_CSTR: Dict[str, ctypes.Array] = {}
 
 
 class Level(enum.IntEnum):
@@ -102,21 +95,6 @@ def strerror(code: int) -> str:
 def err_name(code: int) -> str:
     """The name of an error code, e.g. ``"EINVAL"``."""
     return _lib.lib().dsckpt_err_name(code).decode()
-
-
-def _timeout_ms(timeout: Optional[float]) -> int:
-    """Seconds (None: forever) as the library's milliseconds (-1: forever)."""
-    if timeout is None or timeout < 0:
-        return -1
-    return min(int(timeout * 1000), 2**31 - 1)
-
-
-def _encode(s: Union[str, bytes, "os.PathLike[str]"], what: str) -> bytes:
-    """A str or path as UTF-8 bytes for the C API (NUL bytes are refused here)."""
-    b = os.fsencode(s) if not isinstance(s, bytes) else s
-    if b"\0" in b:
-        raise error_for(Errno.EINVAL, "EINVAL", f"{what} contains a NUL byte")
-    return b
 
 
 def _raise(handle: Optional[int], rc: int, load: bool = False) -> None:
@@ -273,7 +251,10 @@ class Connection(_Handle):
         named ``nodes`` (their ``host``) and that ``ranks`` are this node's: a replacement
         node of a new name and address restores those ranks from the peers, which serve it
         once their own trainers told them the same (``dsckpt.torch.tell_nodes`` does it on
-        every rank). Raises NotSupported when peer copies are off on this node."""
+        every rank). Raises NotSupported when peer copies are off on this node,
+        PermissionDenied when ``dir`` (or the directory it would be made in) is another
+        user's, and LimitReached past the user's ``max_held_mib_per_user`` (the earlier
+        telling of the job stays)."""
         hosts = (ctypes.c_char_p * max(len(nodes), 1))(*[_encode(h, "host") for h in nodes])
         mine = (ctypes.c_uint * max(len(ranks), 1))(*ranks)
         self._check(_lib.lib().dsckpt_job_nodes(self._handle(), _encode(dir, "dir"), hosts,
@@ -316,56 +297,6 @@ class Connection(_Handle):
     def __repr__(self) -> str:
         state = "closed" if self._h is None else f"job={self.job!r} rank={self.rank}"
         return f"<dsckpt.Connection {self.socket} {state}>"
-
-
-def _dtype_cstr(dtype: str) -> int:
-    """Address of a NUL-terminated copy of a dtype name, made once per name."""
-    buf = _DTYPE_CSTR.get(dtype)
-    if buf is None:
-        buf = _DTYPE_CSTR.setdefault(dtype, ctypes.create_string_buffer(
-            _encode(dtype, "dtype")))
-    return ctypes.addressof(buf)
-
-
-class PackedTensors:
-    """Tensors as an array of dsckpt_tensor_t, packed once and handed to the library as is
-    (a save that adds the same tensors every time skips the packing): ``count`` records in
-    ``records``, whose names and shapes live in the buffers ``keep`` holds."""
-
-    __slots__ = ("count", "records", "keep")
-
-    def __init__(self, count: int, records: ctypes.Array, keep: tuple):
-        self.count = count
-        self.records = records
-        self.keep = keep
-
-
-def pack_tensors(tensors: Iterable[TensorSpec]) -> Optional[PackedTensors]:
-    """``(name, dtype, shape, ptr, nbytes)`` tensors as dsckpt_tensor_t records, or None when
-    there are none. Names with a NUL byte are refused (InvalidArgument)."""
-    names = bytearray()
-    dims: list = []
-    spans = []
-    for name, dtype, shape, ptr, nbytes in tensors:
-        b = name.encode() if isinstance(name, str) else bytes(name)
-        if b"\0" in b:
-            raise error_for(Errno.EINVAL, "EINVAL", "tensor name contains a NUL byte")
-        spans.append((len(names), _dtype_cstr(dtype), len(dims), len(shape), ptr, nbytes))
-        names += b
-        names.append(0)
-        dims.extend(shape)
-    if not spans:
-        return None
-    name_buf = ctypes.create_string_buffer(bytes(names), len(names))
-    dim_buf = (ctypes.c_int64 * max(len(dims), 1))(*dims)
-    name_at, dim_at = ctypes.addressof(name_buf), ctypes.addressof(dim_buf)
-    flat = []
-    for name_off, dtype_at, dim_off, ndim, ptr, nbytes in spans:
-        flat += (name_at + name_off, dtype_at, dim_at + 8 * dim_off, ndim, ptr or 0,
-                 int(nbytes))
-    packed = struct.pack(_TENSOR_T * len(spans), *flat)
-    records = ctypes.create_string_buffer(packed, len(packed))
-    return PackedTensors(len(spans), records, (name_buf, dim_buf))
 
 
 class Plan(_Handle):
@@ -633,69 +564,6 @@ class Load(_Handle):
         return f"<dsckpt.Load {self.path} {self.level.name}>"
 
 
-class HostBuffer:
-    """Host memory the daemon reads without a copy (``dsckpt_host_alloc``, a memfd).
-
-    Tensors placed in it are handed over by reference, so a save of them costs no copy in
-    the trainer; they must stay unchanged until SNAPSHOT. View it with :meth:`numpy`,
-    ``torch.frombuffer(buf.ctypes_array(), dtype=...)`` or :func:`dsckpt.torch.host_empty`.
-    The memory is freed when the buffer and every view of it are gone.
-    """
-
-    def __init__(self, size: int):
-        if size <= 0:
-            raise ValueError("HostBuffer size must be positive")
-        ptr = _lib.lib().dsckpt_host_alloc(int(size))
-        if not ptr:
-            raise MemoryError(f"dsckpt_host_alloc({size}) failed")
-        self.ptr: int = ptr
-        self.size = int(size)
-        with _host_lock:
-            bisect.insort(_host_blocks, (ptr, ptr + self.size))
-
-    def ctypes_array(self) -> ctypes.Array:
-        """The bytes as a ctypes array (buffer protocol). The array, and every numpy or
-        torch view made from it, keeps this buffer (and so the memory) alive."""
-        if not self.ptr:
-            raise ValueError("HostBuffer was freed")
-        array = (ctypes.c_uint8 * self.size).from_address(self.ptr)
-        array._owner = self
-        return array
-
-    def numpy(self, dtype="uint8"):
-        """A writable numpy view of the whole buffer with ``dtype``."""
-        import numpy as np
-        return np.frombuffer(self.ctypes_array(), dtype=dtype)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __del__(self) -> None:
-        if getattr(self, "ptr", None) and _lib is not None:
-            with _host_lock:
-                _host_blocks.remove((self.ptr, self.ptr + self.size))
-            _lib.lib().dsckpt_host_free(self.ptr)
-            self.ptr = 0
-
-
-_host_lock = threading.Lock()
-_host_blocks: List[Tuple[int, int]] = []  # (start, end) of every live HostBuffer, sorted
-
-
-def in_host_buffer(ptr: int, nbytes: int) -> bool:
-    """Whether [ptr, ptr + nbytes) lies inside one live :class:`HostBuffer` (memory a save
-    plan may point into)."""
-    with _host_lock:
-        i = bisect.bisect_right(_host_blocks, (ptr, float("inf"))) - 1
-        return i >= 0 and ptr + nbytes <= _host_blocks[i][1]
-
-
-# numpy dtype.str (without byte order) → safetensors dtype.
-NUMPY_DTYPES = {
-    "f8": "F64", "f4": "F32", "f2": "F16", "i8": "I64", "i4": "I32", "i2": "I16",
-    "i1": "I8", "u8": "U64", "u4": "U32", "u2": "U16", "u1": "U8", "b1": "BOOL",
-}
-
 __all__ = ["Connection", "Save", "Load", "Plan", "PackedTensors", "pack_tensors", "Level",
            "LoadLevel", "SaveProgress", "LoadProgress", "HostBuffer", "DsckptError", "version",
-           "strerror", "err_name"]
+           "strerror", "err_name", "in_host_buffer"]
