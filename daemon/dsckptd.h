@@ -24,8 +24,8 @@
  *           → cache.c (chunks; cache_numa.c: its NUMA pools) → flush threads (flush_file.c:
  *             a file's header, pieces, finish)
  *           → store_*.c, retention.c (files on disk, calling one way: store_commit.c →
- *             store_describe.c → store_seal.c; store_commit.c → store_latest.c →
- *             retention.c → store_tag.c; store_swap.c: a tag's staging
+ *             store_describe.c → store_seal_desc.c, store_seal.c; store_commit.c →
+ *             store_latest.c → retention.c → store_tag.c; store_swap.c: a tag's staging
  *             directory and the exchange that replaces the tag; their format is format/'s)
  *           → resident.c (chunks of files just written, kept for restores while room lasts)
  *     → request_load.c → load.c (loads, destinations) → load_file.c (the file, its header)
@@ -1157,7 +1157,8 @@ void swap_remove_old(int jobfd, const char *path, const char *tag, struct store_
 /* Start-up recovery of the staging or old directory jobfd/name: 1 when rolled forward or
  * removed, 0 when it is to be recovered as an uncommitted tag (or was left). */
 int swap_recover(int jobfd, const char *path, const char *name, struct store_budget *b);
-/* store_seal.c — the tag's seal records (SEAL.<host>.json): one per node. */
+/* store_seal.c — the tag's seal records (format/seal_name.c's names): one per node, and one
+ * more for its late seals. */
 /* Writes this node's record r into the tag dirfd atomically, owned by uid/gid. */
 int store_seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
 		     uid_t uid, gid_t gid, char *err, size_t errlen);
@@ -1176,16 +1177,30 @@ struct seal_seen {
 	struct seal_record *recs;   /* host NULL: not of the run (or unreadable) */
 	size_t n, cap;
 };
-/* The files the run's records describe, by name, for one commit. */
+/* store_seal_desc.c — what a commit takes from the records a collecting node took in. */
+/* The files the run's records describe, by name, for one commit, and the records it names. */
 struct store_seal_desc {
 	const struct manifest_file **files;  /* sorted by name */
 	uint8_t *listed;                     /* each found in the directory's listing */
 	size_t n;
 	const struct seal_seen *seen;
+	uint8_t *named;        /* per record of seen: taken in by its name, the manifest names it */
+	size_t nnamed;
+	struct seal_record *loaded;          /* records taken in by name but read after all */
+	size_t nloaded;
 };
-/* Collects the files the records of seen describe into d (store_seal_desc_free); 0, or -1
- * without memory. A file two records describe is the first's. */
-int store_seal_desc_build(const struct seal_seen *seen, struct store_seal_desc *d);
+/* Collects the files the records of seen describe into d (store_seal_desc_free), and which
+ * records taken in by name (telling names) the manifest is to name: those the listing names
+ * (nnames, sorted) holds, but where another record of their node names their ranks, or where
+ * a record of the run describes no files (an older daemon's: then they are read from the tag
+ * dirfd, and their files described here). 0, or a negative ERR_E* with err. A file two records
+ * describe is the first's. */
+int store_seal_desc_build(int dirfd, const struct seal_seen *seen, char *const *names,
+			  size_t nnames, struct store_seal_desc *d, char *err, size_t errlen);
+/* The records d names for the manifest (d->nnamed, pointing into d's records; free'd by the
+ * caller; NULL without memory), their ranks marked in ranks (world bytes). */
+struct manifest_record *store_seal_desc_records(const struct store_seal_desc *d,
+						uint8_t *ranks, unsigned world);
 /* The description of the file name (NULL d: none), marked as listed; NULL if none. */
 const struct manifest_file *store_seal_desc_find(struct store_seal_desc *d, const char *name);
 /* ERR_EINCOMPLETE with err when a record describes a file the listing did not hold; else 0. */

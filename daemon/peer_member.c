@@ -225,11 +225,10 @@ static int member_match_local(void *arg, const struct member_addr *m)
 	return 0;
 }
 
-/* Calls fn(arg, host) for the host of each seal record in dir (SEAL.<host>.json) until it
+/* Calls fn(arg, host) for the host each seal record in dir names (seal_record_host) until it
  * returns non-zero; that value, or 0 (also when dir is not here). */
 int peer_member_hosts(const char *dir, int (*fn)(void *arg, const char *host), void *arg)
 {
-	const size_t pre = strlen(FMT_SEAL_PREFIX), suf = strlen(FMT_SEAL_SUFFIX);
 	int fd = dir && dir[0] == '/' ? open(dir, STORE_DIR_FLAGS) : -1, rc = 0;
 	struct dirent *e;
 	DIR *d;
@@ -242,12 +241,8 @@ int peer_member_hosts(const char *dir, int (*fn)(void *arg, const char *host), v
 	}
 	while (rc == 0 && (e = readdir(d)) != NULL) {
 		char host[STORE_HOST_MAX];
-		size_t n = strlen(e->d_name);
-		if (!seal_record_name(e->d_name) || n - pre - suf >= sizeof(host))
-			continue;
-		memcpy(host, e->d_name + pre, n - pre - suf);
-		host[n - pre - suf] = '\0';
-		rc = fn(arg, host);
+		if (seal_record_host(e->d_name, host, sizeof(host)) == 0)
+			rc = fn(arg, host);
 	}
 	closedir(d);
 	return rc;

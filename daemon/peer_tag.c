@@ -92,6 +92,24 @@ void peer_tag_free(struct peer_tag *t)
 	free(t->manifest);
 }
 
+/* Whether t names host among the job's hosts. */
+static int peer_tag_has_host(const struct peer_tag *t, const char *host)
+{
+	for (unsigned i = 0; i < t->nhosts; i++)
+		if (strcmp(t->hosts[i], host) == 0)
+			return 1;
+	return 0;
+}
+
+/* Whether t holds rank among this node's ranks. */
+static int peer_tag_has_rank(const struct peer_tag *t, unsigned rank)
+{
+	for (unsigned i = 0; i < t->nranks; i++)
+		if (t->ranks[i] == rank)
+			return 1;
+	return 0;
+}
+
 /* Reads the seal records of dirfd of the manifest's run: the job's hosts and this node's
  * ranks into t; 0, or -ENOENT when this node sealed nothing there. */
 static int peer_tag_seals(int dirfd, struct peer_tag *t)
@@ -112,13 +130,17 @@ static int peer_tag_seals(int dirfd, struct peer_tag *t)
 		if (!seal_record_name(e->d_name) ||
 		    seal_record_load(dirfd, e->d_name, &r, why, sizeof(why)) != 0)
 			continue;
-		if (strcmp(r.run ? r.run : "", run) == 0 && (t->hosts[t->nhosts] = strdup(r.host))) {
+		/* A node whose ranks sealed late wrote a second record: its host is named once,
+		 * and its ranks are those of all its records. */
+		int ours = strcmp(r.run ? r.run : "", run) == 0;
+		if (ours && !peer_tag_has_host(t, r.host) &&
+		    (t->hosts[t->nhosts] = strdup(r.host)) != NULL)
 			t->nhosts++;
-			if (strcmp(r.host, store_host()) == 0 && t->nranks == 0) {
-				snprintf(t->job, sizeof(t->job), "%s", r.job);
-				for (unsigned i = 0; i < r.nranks && i < PEER_MAX_MINE; i++)
+		if (ours && strcmp(r.host, store_host()) == 0) {
+			snprintf(t->job, sizeof(t->job), "%s", r.job);
+			for (unsigned i = 0; i < r.nranks && t->nranks < PEER_MAX_MINE; i++)
+				if (!peer_tag_has_rank(t, r.ranks[i]))
 					t->ranks[t->nranks++] = r.ranks[i];
-			}
 		}
 		seal_record_free(&r);
 	}
@@ -138,7 +160,9 @@ int peer_tag_read(int dirfd, const char *dir, uint64_t chunk, struct peer_tag *t
 	t->chunk = chunk;
 	t->manifest = userfile_read(dirfd, FMT_MANIFEST, MANIFEST_MAX_BYTES, 0, &t->mlen, &e, why,
 				    sizeof(why));
+	/* The copy lists every file (a multi-node commit's records read): it needs no record. */
 	if (t->manifest == NULL ||
+	    manifest_text_expand(dirfd, &t->manifest, &t->mlen, why, sizeof(why)) != 0 ||
 	    (t->m = manifest_parse(t->manifest, t->mlen, why, sizeof(why))) == NULL) {
 		snprintf(err, errlen, "its manifest: %s", why);
 		return -EINVAL;

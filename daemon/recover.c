@@ -130,11 +130,8 @@ static enum recover_writer recover_partial_writer(int dirfd, const char *name, c
 			w = strcmp(host, store_host()) == 0 ? RECOVER_MINE : RECOVER_OTHER;
 		return w;
 	}
-	if (seal_record_name(stem)) {	/* SEAL.<host>.json: its name says whose */
-		size_t hl = strlen(stem) - strlen(FMT_SEAL_PREFIX FMT_SEAL_SUFFIX);
-		snprintf(host, hostlen, "%.*s", (int)hl, stem + strlen(FMT_SEAL_PREFIX));
+	if (seal_record_host(stem, host, hostlen) == 0)	/* its name says whose */
 		return strcmp(host, store_host()) == 0 ? RECOVER_MINE : RECOVER_OTHER;
-	}
 	if (!store_has_suffix(stem, FMT_META))
 		return RECOVER_UNKNOWN;
 	stem[n - strlen(FMT_META)] = '\0';
@@ -237,14 +234,13 @@ static int recover_partial(int fd, const char *path, const char *name,
 	return 1;
 }
 
-/* Reads this node's seal record in the tag fd into r, within b; 1 when there is a sound one
- * (a regular file of one link). */
-static int recover_seal_record(int fd, struct seal_record *r, struct store_budget *b)
+/* Reads the seal record fd/name into r, within b; 1 when it is a sound one (a regular file of
+ * one link). */
+static int recover_seal_read(int fd, const char *name, struct seal_record *r,
+			     struct store_budget *b)
 {
-	char name[STORE_HOST_MAX + 16];
 	struct stat st;
 
-	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, store_host());
 	if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
 	    st.st_nlink > 1)
 		return 0;
@@ -254,6 +250,33 @@ static int recover_seal_record(int fd, struct seal_record *r, struct store_budge
 	}
 	b->bytes -= (uint64_t)st.st_size;
 	return store_seal_read(fd, name, r) == 0;
+}
+
+/* Reads this node's seal record among the tag fd's names (n) into r, its name into own,
+ * within b: of several (a node whose ranks sealed late writes another), the one naming the
+ * most ranks; 1 when there is a sound one. */
+static int recover_seal_record(int fd, char **names, size_t n, struct seal_record *r,
+			       char *own, size_t ownlen, struct store_budget *b)
+{
+	char host[STORE_HOST_MAX];
+	int found = 0;
+
+	for (size_t i = 0; i < n && !b->spent; i++) {
+		struct seal_record got;
+		if (seal_record_host(names[i], host, sizeof(host)) < 0 ||
+		    strcmp(host, store_host()) != 0 || !recover_seal_read(fd, names[i], &got, b))
+			continue;
+		if (found && got.nranks <= r->nranks) {
+			seal_record_free(&got);
+			continue;
+		}
+		if (found)
+			seal_record_free(r);
+		*r = got;
+		snprintf(own, ownlen, "%s", names[i]);
+		found = 1;
+	}
+	return found;
 }
 
 /* Whether the safetensors file fd/name is of a rank the seal record names (NULL: none); when
@@ -314,16 +337,14 @@ static unsigned recover_tag(int fd, const char *path, char **names, size_t n,
 	return removed;
 }
 
-/* Keeps this node's seal record r of the tag fd (at path; r is taken over) for on_sealed,
- * with the record's owner. */
+/* Keeps this node's seal record r of the tag fd (at path, named name; r is taken over) for
+ * on_sealed, with the record's owner. */
 static void recover_keep_sealed(struct recover_stats *s, int fd, const char *path,
-				struct seal_record *r)
+				const char *name, struct seal_record *r)
 {
-	char name[STORE_HOST_MAX + 16];
 	struct recover_sealed *k;
 	struct stat rs;
 
-	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, store_host());
 	if (!s->on_sealed || fstatat(fd, name, &rs, AT_SYMLINK_NOFOLLOW) < 0)
 		return;
 	if (!(k = calloc(1, sizeof(*k))) || !(k->path = strdup(path))) {
@@ -431,10 +452,11 @@ static int recover_dir(const struct config *cfg, int fd, const char *path, int d
 		}
 	}
 	if (depth >= 2 && tensors && !manifest && !b->spent) {
-		int has_seal = recover_seal_record(fd, &sealed, b);
+		char own[NAME_MAX + 1];
+		int has_seal = recover_seal_record(fd, names, n, &sealed, own, sizeof(own), b);
 		unsigned r = recover_tag(fd, path, names, n, has_seal ? &sealed : NULL, &l, b);
 		if (has_seal)
-			recover_keep_sealed(s, fd, path, &sealed);
+			recover_keep_sealed(s, fd, path, own, &sealed);
 		seal_record_free(&sealed);
 		if (r > 0) {
 			s->files += r;

@@ -3,9 +3,10 @@
  * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
  * DURABLE, the daemon writes its node's seal record (store_seal.c, seal_files.c: their
  * files), once per node where it can (it waits 1 s at most for a rank that saved here to
- * seal). The node that rank 0 sealed through collects: it reads the records (each once, by
- * the names inotify gives, or listing the directory when its mtime changed) and, when they
- * name every rank, commits the tag from them under the same lock (store_commit_held:
+ * seal). The node that rank 0 sealed through collects: it takes the records in by their
+ * telling names (format/seal_name.c: each once, the names inotify gives, or listing the
+ * directory when its mtime changed; opened only where a name is plain) and, when they name
+ * every rank, commits the tag from them under the same lock (store_commit_held:
  * manifest, latest, retention), with no trainer left alive if need be, dated by the newest
  * seal, so that a job's tags order by step however late each commit lands. The others only
  * write their record and watch for the manifest (seal_watch.c), marking their saves COMMITTED

@@ -12,11 +12,16 @@
  * without them they are removed, with the other runs' seal records, before the manifest is
  * written.
  *
- * The daemons' commit of a sealed tag takes each file's description from the seal record of
- * the node that wrote it (store_describe_files, read there from the headers it wrote): the
- * committing node lists the directory once and opens no file a record describes, so that its
- * metadata operations grow with the nodes, not with their files. A file no record of the run
- * describes is described from its header as before.
+ * The daemons' commit of a sealed tag takes its own node's files from its own record
+ * (store_describe_files, read there from the headers it wrote) and names the other nodes'
+ * records, taken in by their telling names (format/seal_name.c), in a manifest of version 2
+ * rather than reading them: the committing node lists the directory once and opens no other
+ * record and no file a record holds, so that its metadata operations do not grow with the
+ * nodes at all. Records with plain names (older daemons, names too long) are read and their
+ * files copied as before; beside one that describes no files, or one of another run (an
+ * earlier run left the tag incomplete: its files are removed, which needs every file of this
+ * run known), every record is read and a file no record of the run describes is described
+ * from its header (version 1).
  */
 #include "dsckptd.h"
 
@@ -31,17 +36,16 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Checks that the safetensors files of the commit's run cover ranks 0..world-1 (and no
- * other); adds up their sizes. */
+/* Checks that the safetensors files of the commit's run, with the ranks of the records its
+ * manifest names (named, world bytes), cover ranks 0..world-1 (and no other); adds up the
+ * files' sizes. The files' ranks are marked in named too. */
 static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned world,
 			     const char *run, const char *path, const char *tag, uint64_t *total,
-			     char *err, size_t errlen)
+			     uint8_t *named, char *err, size_t errlen)
 {
-	unsigned char *seen = calloc(world, 1);
+	unsigned char *seen = named;
 	int rc = 0;
 
-	if (!seen)
-		return err_set(err, errlen, ERR_ENOMEM, "out of memory");
 	*total = 0;
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		if (ents[i].other)
@@ -62,15 +66,14 @@ static int store_check_ranks(const struct store_entry *ents, size_t n, unsigned 
 				     "%s/%s%s", r, world, path, tag,
 				     *run ? " of this run" : "");
 	}
-	free(seen);
 	return rc;
 }
 
-/* The manifest text of tag from its described files of run, owned by uid; NULL without
- * memory. */
+/* The manifest text of tag from its described files of run and the records it names (nrecs),
+ * owned by uid; NULL without memory. */
 static char *store_manifest_text(const char *tag, unsigned world, const char *run, uid_t uid,
 				 const struct store_entry *ents, size_t n, uint64_t created_ns,
-				 uint64_t total)
+				 uint64_t total, const struct manifest_record *recs, size_t nrecs)
 {
 	struct manifest_file *files = calloc(n ? n : 1, sizeof(*files));
 	size_t k = 0;
@@ -83,7 +86,8 @@ static char *store_manifest_text(const char *tag, unsigned world, const char *ru
 			files[k++] = store_entry_file(&ents[i]);
 	struct manifest m = {.tag = tag, .dsckptd_version = DSCKPTD_VERSION,
 			     .created_ns = created_ns, .world_size = world, .run = run, .uid = uid,
-			     .total_bytes = total, .files = files, .nfiles = k};
+			     .total_bytes = total, .files = files, .nfiles = k, .records = recs,
+			     .nrecords = nrecs};
 	text = manifest_write(&m);
 	free(files);
 	return text;
@@ -100,7 +104,8 @@ static int store_commit_again(const struct config *cfg, int dfd, int jobfd, cons
 {
 	char why[300];
 	int present, rc = 0;
-	struct manifest *m = manifest_load(dfd, &present, why, sizeof(why));
+	/* What it says of itself: the records it names are not read. */
+	struct manifest *m = manifest_load_at(dfd, FMT_MANIFEST, &present, why, sizeof(why));
 
 	if (!present)
 		return 1;
@@ -142,9 +147,12 @@ static void store_clean_runs(int dfd, const char *path, const char *tag, const c
 	}
 	for (size_t i = 0; i < n; i++) {
 		struct seal_record r;
-		/* The run's records read by the collecting node are not read again. */
-		if (!seal_record_name(names[i]) || store_seal_desc_ours(desc, names[i]) ||
-		    store_seal_read(dfd, names[i], &r) < 0)
+		/* The run's records taken in by the collecting node are not read again, nor a
+		 * record whose name tells its run. */
+		if (!seal_record_name(names[i]) || store_seal_desc_ours(desc, names[i]))
+			continue;
+		int named = seal_name_parse(names[i], &r);
+		if (named < 0 || (named == 0 && store_seal_read(dfd, names[i], &r) < 0))
 			continue;
 		if (strcmp(r.run, run) != 0 && unlinkat(dfd, names[i], 0) == 0)
 			log_info("commit of %s/%s: removed %s, of another run", path, tag,
@@ -196,6 +204,8 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 	char staged[NAME_MAX + 1], latest[NAME_MAX + 1], **names = (char **)given, *text = NULL;
 	struct store_entry *ents = NULL;
 	struct store_seal_desc desc = {0};
+	struct manifest_record *recs = NULL;
+	uint8_t *named = NULL;
 	size_t nents = 0;
 	uint64_t total = 0;
 	struct timespec now;
@@ -215,20 +225,25 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 	    (rc = store_commit_again(cfg, dfd, jobfd, name, world, run, uid, gid, info, err,
 				     errlen)) != 1)
 		goto out;
-	if (!(ents = calloc(n ? n : 1, sizeof(*ents))) ||
-	    (seen && store_seal_desc_build(seen, &desc) < 0)) {
+	if (!(ents = calloc(n ? n : 1, sizeof(*ents))) || !(named = calloc(world, 1))) {
+		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
+		goto out;
+	}
+	if (seen && (rc = store_seal_desc_build(dfd, seen, names, n, &desc, err, errlen)) < 0)
+		goto out;
+	if (seen && !(recs = store_seal_desc_records(&desc, named, world))) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory");
 		goto out;
 	}
 	if ((rc = store_describe_all(dfd, path, run, names, n, seen ? &desc : NULL, ents, &nents,
 				     err, errlen)) < 0)
 		goto out;
-	if (nents == 0) {
+	if (nents == 0 && !desc.nnamed) {
 		rc = err_set(err, errlen, ERR_EINCOMPLETE, "no checkpoint files in %s/%s", path,
 			     tag);
 		goto out;
 	}
-	if ((rc = store_check_ranks(ents, nents, world, run, path, tag, &total, err,
+	if ((rc = store_check_ranks(ents, nents, world, run, path, tag, &total, named, err,
 				    errlen)) < 0)
 		goto out;
 	store_clean_runs(dfd, path, tag, run, ents, nents, names, n, seen ? &desc : NULL);
@@ -237,7 +252,8 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 		clock_gettime(CLOCK_REALTIME, &now);
 		created_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec;
 	}
-	if (!(text = store_manifest_text(name, world, run, uid, ents, nents, created_ns, total))) {
+	if (!(text = store_manifest_text(name, world, run, uid, ents, nents, created_ns, total,
+					 recs, desc.nnamed))) {
 		rc = err_set(err, errlen, ERR_ENOMEM, "out of memory writing the manifest");
 		goto out;
 	}
@@ -282,6 +298,8 @@ out:
 	}
 	free(text);
 	free(ents);
+	free(recs);
+	free(named);
 	store_seal_desc_free(&desc);
 	if (!given)
 		store_list_free(names, n);

@@ -5,8 +5,9 @@
  *
  * A node describes its own files for its seal record (store_describe_files: from the headers
  * its saves kept, or one open each); the committing node takes each file a record of the run
- * describes from that record, and describes from its header only a file no record describes
- * (store_describe_all): its metadata operations grow with the nodes, not with their files.
+ * it read describes from that record, leaves the files of the records its manifest names
+ * unopened, and describes from its header only a file no record describes where no record is
+ * named (store_describe_all): its metadata operations do not grow with the files.
  */
 #include "dsckptd.h"
 
@@ -322,6 +323,8 @@ int store_describe_all(int dfd, const char *path, const char *run, char **names,
 		if (d)
 			ents[k++] = (struct store_entry){.name = names[i], .rank = (long)d->rank,
 							 .size = d->size, .d = d};
+		else if (desc && desc->nnamed)
+			continue;	/* a file of a record the manifest names: not opened */
 		else if ((store_has_suffix(names[i], FMT_SAFETENSORS) ||
 			  store_has_suffix(names[i], FMT_META)) && store_is_regular(dfd, names[i]))
 			ents[k++] = (struct store_entry){.name = names[i], .rank = -1};

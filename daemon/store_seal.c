@@ -1,13 +1,18 @@
 /*
- * store_seal.c — the seal records of a tag directory on disk (their format is format/seal.c's):
- * this node's record written atomically, everyone's read back to see whether every rank of
- * the job has sealed, and the files they describe collected for the commit.
+ * store_seal.c — the seal records of a tag directory on disk (their format is format/seal.c's,
+ * their names format/seal_name.c's): this node's record written atomically, everyone's taken
+ * in to see whether every rank of the job has sealed, and the files they describe collected
+ * for the commit.
  *
  * On a shared filesystem every name looked up is a round trip to its metadata server, so a
  * record costs one there to write (created under its name, new, while its writer holds the
- * job directory's lock, under which it is read) and one to read (its open); the collecting
- * node reads many at once on a few threads. A record replaced (a rank sealed late, another
- * run's left behind) costs three: its partial is renamed over it.
+ * job directory's lock, under which it is read) and none to read: its telling name says its
+ * run, world size, ranks and newest seal, which the listing (or the watch) gives, and the
+ * collecting node's manifest names it rather than copying its files. A record with a plain
+ * name (an older daemon's, or one whose telling name would be too long) costs one to read
+ * (its open); the collecting node reads many at once on a few threads. Records are never
+ * replaced: a node whose ranks sealed late writes a new record (another name) beside its
+ * first, which stays (a reader takes each file once).
  */
 #include "dsckptd.h"
 
@@ -26,6 +31,7 @@
 #define SEAL_READERS 8          /* threads reading records at once */
 #define SEAL_PER_READER 16      /* records below which one more thread is not worth it */
 #define SEAL_CREATE_TRIES 4     /* a partial found in the way is removed this often */
+#define SEAL_NAME_MAX (NAME_MAX + 1)
 
 /* Creates dirfd/partial for writing, private (0600) and new: a name in the way (a crashed
  * write's, or one its owner put there) is removed first. fd, or -1 with errno. */
@@ -64,18 +70,20 @@ static int seal_fill(int fd, const char *text, uid_t uid, gid_t gid, unsigned mo
 }
 
 /* Writes this node's record r (as text) into the tag dirfd, owned by uid/gid, the inode
- * written into *ino, the job directory's lock held (its readers' too): made under its name where none is there yet (one name looked up;
+ * written into *ino, the job directory's lock held (its readers' too): made under its name
+ * (seal_record_fname's) where none is there yet (one name looked up;
  * a record that could not be written whole is removed again), else written beside it and
  * renamed over it (three). A crash while it is written may leave it unreadable, which its
  * readers take for no record and a later write replaces. */
 static int seal_write(const struct config *cfg, int dirfd, const struct seal_record *r,
 		      uid_t uid, gid_t gid, char *text, ino_t *ino, char *err, size_t errlen)
 {
-	char name[STORE_HOST_MAX + 16], partial[STORE_HOST_MAX + 32];
+	char name[SEAL_NAME_MAX], partial[SEAL_NAME_MAX + 16];
 	struct stat st;
 	int fd, rc = 0;
 
-	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
+	if (seal_record_fname(r, name, sizeof(name)) < 0)
+		return err_set(err, errlen, ERR_ENAMETOOLONG, "host name too long for a record");
 	snprintf(partial, sizeof(partial), "%s" FMT_PARTIAL, name);
 	fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd >= 0) {
@@ -152,7 +160,8 @@ static void seal_add(const struct seal_record *r, const char *job, const char *r
 		have[r->ranks[k]] = 1;
 }
 
-/* Reads every seal record of job's run (world ranks) in the tag dirfd into have (world bytes,
+/* Takes in every seal record of job's run (world ranks) in the tag dirfd (by its telling
+ * name, or read) into have (world bytes,
  * set for each rank some record names) and *newest (the newest sealed_ns they record);
  * returns how many ranks are sealed, or -1 (cannot list). Records of another job, run or
  * world size are ignored: one run's seals never complete another's. */
@@ -169,8 +178,13 @@ int store_seal_scan(int dirfd, const char *job, const char *run, unsigned world,
 		return -1;
 	for (size_t i = 0; i < n; i++) {
 		struct seal_record r;
-		if (!seal_record_name(names[i]) || store_seal_read(dirfd, names[i], &r) < 0)
+		int named = seal_record_name(names[i]) ? seal_name_parse(names[i], &r) : -1;
+		if (named < 0 || (named == 0 && store_seal_read(dirfd, names[i], &r) < 0))
 			continue;
+		if (named == 1 && !(r.job = strdup(job))) {
+			seal_record_free(&r);
+			continue;
+		}
 		seal_add(&r, job, run, world, have, newest);
 		seal_record_free(&r);
 	}
@@ -354,14 +368,47 @@ static int seal_names_new(struct seal_seen *seen, char *const *names, size_t n, 
 	return 0;
 }
 
-/* Reads the records at (n indexes into seen) of the tag dirfd; how many ranks have holds
- * then. Frees at. */
+/* Takes in the records of at (n indexes into seen) whose telling names say what they hold,
+ * none opened; leaves the others (plain names) in at, how many returned. */
+static size_t seal_take_named(size_t *at, size_t n, const char *job, const char *run,
+			      unsigned world, uint8_t *have, uint64_t *newest,
+			      struct seal_seen *seen)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct seal_record r;
+		int named = seal_name_parse(seen->names[at[i]], &r);
+		if (named == 0) {
+			at[k++] = at[i];
+			continue;
+		}
+		seal_record_free(&seen->recs[at[i]]);
+		if (named < 0 || !(r.job = strdup(job))) {
+			log_warnx("seal record %s: not a sound name", seen->names[at[i]]);
+			seal_record_free(&r);
+			continue;
+		}
+		if (!seen->inos[at[i]])
+			seen->inos[at[i]] = 1;	/* taken in: no inode is 0 */
+		seal_add(&r, job, run, world, have, newest);
+		if (seal_ours(&r, job, run, world))
+			seen->recs[at[i]] = r;	/* the manifest names it */
+		else
+			seal_record_free(&r);
+	}
+	return k;
+}
+
+/* Takes in the records at (n indexes into seen) of the tag dirfd, reading those with plain
+ * names; how many ranks have holds then. Frees at. */
 static int seal_scan(int dirfd, size_t *at, size_t n, const char *job, const char *run,
 		     unsigned world, uint8_t *have, uint64_t *newest, struct seal_seen *seen)
 {
-	struct seal_batch b = {.dirfd = dirfd, .seen = seen, .at = at, .n = n};
+	struct seal_batch b = {.dirfd = dirfd, .seen = seen, .at = at};
 	int count = 0;
 
+	b.n = n = seal_take_named(at, n, job, run, world, have, newest, seen);
 	b.got = calloc(b.n ? b.n : 1, sizeof(*b.got));
 	b.inos = calloc(b.n ? b.n : 1, sizeof(*b.inos));
 	b.ok = calloc(b.n ? b.n : 1, sizeof(*b.ok));
@@ -432,12 +479,12 @@ int store_seal_read_listed(int dirfd, struct seal_listing *l, int skip_own, cons
 			   const char *run, unsigned world, uint8_t *have, uint64_t *newest,
 			   struct seal_seen *seen)
 {
-	char own[STORE_HOST_MAX + 16];
+	char host[STORE_HOST_MAX];
 	size_t k = 0, *at = l->at;
 
-	snprintf(own, sizeof(own), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, store_host());
 	for (size_t i = 0; i < l->n; i++)
-		if (!skip_own || strcmp(seen->names[at[i]], own) != 0)
+		if (!skip_own || seal_record_host(seen->names[at[i]], host, sizeof(host)) < 0 ||
+		    strcmp(host, store_host()) != 0)
 			at[k++] = at[i];
 	l->at = NULL;
 	l->n = 0;
@@ -469,7 +516,7 @@ int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal
 			  uid_t uid, gid_t gid, uint8_t *have, uint64_t *newest,
 			  struct seal_seen *seen, char *err, size_t errlen)
 {
-	char name[STORE_HOST_MAX + 16], why[200], *text = seal_record_write(r);
+	char name[SEAL_NAME_MAX], why[200], *text = seal_record_write(r);
 	struct seal_record got;
 	size_t i = 0;
 	ino_t ino = 0;
@@ -479,8 +526,7 @@ int store_seal_write_seen(const struct config *cfg, int dirfd, const struct seal
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory writing a seal record");
 	rc = seal_write(cfg, dirfd, r, uid, gid, text, &ino, err, errlen);
 	/* Kept as written (no memory: a later look reads it like any other). */
-	snprintf(name, sizeof(name), FMT_SEAL_PREFIX "%s" FMT_SEAL_SUFFIX, r->host);
-	if (rc == 0 && seal_record_parse(text, strlen(text), &got, why, sizeof(why)) == 0) {
+	if (rc == 0 && seal_record_fname(r, name, sizeof(name)) >= 0 && seal_record_parse(text, strlen(text), &got, why, sizeof(why)) == 0) {
 		int k = seal_seen_add(seen, name, ino, &i);
 		while (k == 1 && strcmp(seen->names[i], name) != 0)
 			i++;	/* there with that inode already: found from the first */
@@ -523,73 +569,4 @@ void store_seal_seen_free(struct seal_seen *seen)
 	free(seen->inos);
 	free(seen->recs);
 	memset(seen, 0, sizeof(*seen));
-}
-
-/* Compares two described files by name (qsort, bsearch). */
-static int seal_desc_cmp(const void *a, const void *b)
-{
-	return strcmp((*(const struct manifest_file *const *)a)->name,
-		      (*(const struct manifest_file *const *)b)->name);
-}
-
-/* Collects the files the records of seen describe (see dsckptd.h). */
-int store_seal_desc_build(const struct seal_seen *seen, struct store_seal_desc *d)
-{
-	size_t n = 0, k = 0;
-
-	memset(d, 0, sizeof(*d));
-	d->seen = seen;
-	for (size_t i = 0; i < seen->n; i++)
-		n += seen->recs[i].host ? seen->recs[i].nfiles : 0;
-	d->files = calloc(n ? n : 1, sizeof(*d->files));
-	d->listed = calloc(n ? n : 1, 1);
-	if (!d->files || !d->listed)
-		return -1;
-	for (size_t i = 0; i < seen->n; i++)
-		for (size_t f = 0; seen->recs[i].host && f < seen->recs[i].nfiles; f++)
-			d->files[k++] = &seen->recs[i].files[f];
-	qsort(d->files, k, sizeof(*d->files), seal_desc_cmp);
-	for (size_t i = 0; i < k; i++)	/* a name described twice: the first stays */
-		if (d->n == 0 || strcmp(d->files[d->n - 1]->name, d->files[i]->name) != 0)
-			d->files[d->n++] = d->files[i];
-	return 0;
-}
-
-/* The description of the file name, marked as listed (see dsckptd.h). */
-const struct manifest_file *store_seal_desc_find(struct store_seal_desc *d, const char *name)
-{
-	struct manifest_file key = {.name = name};
-	const struct manifest_file *k = &key, **f;
-
-	if (!d || !(f = bsearch(&k, d->files, d->n, sizeof(*d->files), seal_desc_cmp)))
-		return NULL;
-	d->listed[f - d->files] = 1;
-	return *f;
-}
-
-/* Whether a described file was not listed (see dsckptd.h). */
-int store_seal_desc_missing(const struct store_seal_desc *d, char *err, size_t errlen)
-{
-	for (size_t i = 0; d && i < d->n; i++)
-		if (!d->listed[i])
-			return err_set(err, errlen, ERR_EINCOMPLETE, "%s, which a seal record "
-				       "describes, is not in the directory", d->files[i]->name);
-	return 0;
-}
-
-/* Whether name is a record of the run (see dsckptd.h). */
-int store_seal_desc_ours(const struct store_seal_desc *d, const char *name)
-{
-	for (size_t i = 0; d && i < d->seen->n; i++)
-		if (d->seen->recs[i].host && strcmp(d->seen->names[i], name) == 0)
-			return 1;
-	return 0;
-}
-
-/* Frees what store_seal_desc_build made. */
-void store_seal_desc_free(struct store_seal_desc *d)
-{
-	free(d->files);
-	free(d->listed);
-	memset(d, 0, sizeof(*d));
 }

@@ -205,8 +205,12 @@ int uptag_plan(struct uptag *t, char *err, size_t errlen)
 	t->reached = t->recorded = 0;
 	t->manifest = userfile_read(dfd, FMT_MANIFEST, MANIFEST_MAX, USERFILE_ONE_LINK,
 				    &t->manifest_len, &e, why, sizeof(why));
-	struct manifest *m = t->manifest ? manifest_parse(t->manifest, t->manifest_len, why,
-							   sizeof(why)) : NULL;
+	/* The remote copy lists every file (a multi-node commit's records read): it needs no
+	 * record, and every node uploads the same bytes. */
+	struct manifest *m = t->manifest && manifest_text_expand(dfd, &t->manifest,
+								 &t->manifest_len, why,
+								 sizeof(why)) == 0 ?
+			     manifest_parse(t->manifest, t->manifest_len, why, sizeof(why)) : NULL;
 	if (!m) {
 		rc = err_set(err, errlen, t->manifest ? ERR_EINVAL : ERR_ENOENT,
 			     "%s/%s: %s", t->dir, FMT_MANIFEST, why);

@@ -14,7 +14,8 @@
  *                        (data starts at a multiple of 4096), then the tensors packed in order
  *   <file>.meta          the save's blobs (msgpack), checksummed in the header beside it
  *   <name>.partial       a file still being written; never part of a checkpoint
- *   SEAL.<host>.json     the ranks this node's daemon saw seal the tag (seal.c)
+ *   SEAL+w..+<host>.json the ranks this node's daemon saw seal the tag and their files
+ *                        (seal.c, its name seal_name.c's; SEAL.<host>.json: older, or long)
  *   MANIFEST.json        written last, deleted first: a tag is committed exactly when it exists
  *   REMOTE.json          written once the tag is in its root's remote tier (daemon/upload.c)
  *   ../latest            the name of the job's newest committed tag
@@ -50,7 +51,7 @@ struct stat;
 /* Size in bytes of a dtype by its exact name ("F32" → 4); 0 for unknown names and NULL. */
 unsigned dtype_size(const char *name);
 
-/* seal.c — a node's seal record SEAL.<host>.json: the ranks it saw seal the tag. */
+/* seal.c — a node's seal record (named as seal_name.c says): the ranks it saw seal the tag. */
 #define SEAL_MAX_WORLD 65536
 #define SEAL_MAX_BYTES (64u << 20) /* larger records are refused (their files described) */
 struct seal_record {
@@ -79,8 +80,26 @@ int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *w
 		     size_t whylen);
 /* Frees what seal_record_parse allocated. */
 void seal_record_free(struct seal_record *r);
-/* Whether name is a seal record's file name. */
+
+/* seal_name.c — a seal record's file name: SEAL+w<world>+r<ranks>+t<sealed_ns>+<runlen>:<run>+
+ * <host>.json (telling: what the collecting node needs, so that it opens no record), or
+ * SEAL.<host>.json (plain: older daemons, or a telling name too long). */
+/* Whether name is a seal record's file name, plain or telling. */
 int seal_record_name(const char *name);
+/* The file name of r into out: 1 the telling one, 0 the plain one (too long, a run holding
+ * '/', or not a safetensors file of each rank described: a telling name says the record
+ * describes them), -1 when neither fits len. */
+int seal_record_fname(const struct seal_record *r, char *out, size_t len);
+/* Whether r describes a safetensors file of each of its ranks. */
+int seal_record_covers(const struct seal_record *r);
+/* Parses a telling name into r (host, run, world, ranks, sealed_ns; job NULL, no files): 1;
+ * 0 for a plain name; -1 for an unsound telling name (or without memory). */
+int seal_name_parse(const char *name, struct seal_record *r);
+/* The host a record's name names into host; 0, or -1. */
+int seal_record_host(const char *name, char *host, size_t len);
+/* The rank set ranks (n, distinct) as ascending ranges ("0-3,8-11") into out; its length, or
+ * -1 when it does not fit. */
+int seal_ranks_text(const unsigned *ranks, unsigned n, char *out, size_t len);
 
 /* leftover.c — an uncommitted tag another run of its job left (keep_last and prune remove it). */
 /* Whether the uncommitted tag tagfd, holding the n entries names, is what a run other than
@@ -230,6 +249,7 @@ void st_header_free(struct st_header *h);
 /* manifest.c — MANIFEST.json (needs cJSON). */
 #define MANIFEST_FORMAT "dsckpt-manifest"
 #define MANIFEST_VERSION 1
+#define MANIFEST_VERSION_RECORDS 2      /* a multi-node commit naming its nodes' seal records */
 #define MANIFEST_MAX_BYTES (1u << 30)   /* larger manifests are refused */
 #define MANIFEST_KIND_ST "safetensors"
 #define MANIFEST_KIND_META "meta"
@@ -261,6 +281,14 @@ struct manifest_file {
 	/* meta: the whole file's checksum */
 	const char *xxh3;
 };
+/* A seal record a manifest of version 2 names: its file name in the tag, its host and ranks;
+ * its "files" are the tag's files of those ranks. */
+struct manifest_record {
+	const char *name;
+	const char *host;
+	const unsigned *ranks;
+	unsigned nranks;
+};
 /* A checkpoint's manifest. */
 struct manifest {
 	const char *tag;
@@ -276,6 +304,10 @@ struct manifest {
 	uint64_t total_bytes;
 	const struct manifest_file *files;
 	size_t nfiles;
+	/* Version 2 (written when nrecords > 0): files are the collecting node's, and the other
+	 * nodes' are in the records named here (manifest_expand reads them). */
+	const struct manifest_record *records;
+	size_t nrecords;
 };
 /* The text of m (created from created_ns; format, version and checksum are the current
  * ones); malloc'd, NULL without memory. Sizes and offsets are written exactly (not doubles). */
@@ -286,10 +318,29 @@ char *manifest_write(const struct manifest *m);
  * with why. Fields of the wrong type read as MANIFEST_BAD or NULL (see the structs).
  */
 struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t whylen);
-/* Reads dirfd's MANIFEST.json (see manifest_parse); NULL with why, and *present saying
- * whether the file is there at all. */
+/* Reads dirfd's MANIFEST.json (see manifest_parse), expanded (manifest_expand: every record
+ * read); NULL with why, and *present saying whether the file is there at all. Every reader of
+ * a tag's files reads it so. */
 struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen);
-/* The same for the file dirfd/name (e.g. an interrupted commit's MANIFEST.json.partial). */
+/*
+ * Makes m (a manifest of the tag dirfd) list every file of the tag as version 1 does: the
+ * records a version-2 manifest names are read (only those naming one of the nwant ranks want,
+ * when want is not NULL: a rank's load opens its own record), and their files added to m's,
+ * total_bytes made theirs; records then 0. 0, or -1 with why when a record is missing,
+ * unreadable, or names another run, world size, host or rank set than m: never a partial list.
+ * A manifest of version 1 is left as it is.
+ */
+int manifest_expand(int dirfd, struct manifest *m, const unsigned *want, size_t nwant,
+		    char *why, size_t whylen);
+/*
+ * Rewrites *text (*len bytes, malloc'd: a manifest of the tag dirfd) as manifest_write writes
+ * it expanded (version 1, every file listed, created_ns to within 256 ns), when it is of
+ * version 2; left as it is otherwise. What copies a tag elsewhere (a remote tier, a peer)
+ * copies this: the copy needs no record. 0, or -1 with why (unparsable, a record unsound).
+ */
+int manifest_text_expand(int dirfd, char **text, size_t *len, char *why, size_t whylen);
+/* The same for the file dirfd/name, not expanded (e.g. an interrupted commit's
+ * MANIFEST.json.partial, or a daemon's own look at what it committed). */
 struct manifest *manifest_load_at(int dirfd, const char *name, int *present, char *why,
 				  size_t whylen);
 /* Frees a parsed manifest (NULL is fine). */

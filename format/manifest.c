@@ -40,6 +40,11 @@ struct manifest_doc {
 	struct manifest_file *files;
 	struct manifest_tensor *tensors;
 	uint64_t *dims;
+	struct manifest_record *records;  /* version 2's records */
+	unsigned *ranks;                  /* and their ranks */
+	struct seal_record *read;         /* manifest_expand's: the records read */
+	size_t nread;
+	struct manifest_file *all;        /* and every file */
 };
 
 /* A JSON number printed exactly; NULL without memory. */
@@ -114,6 +119,29 @@ static cJSON *manifest_file_json(const struct manifest_file *f)
 	return o;
 }
 
+/* Adds m's records (version 2) to doc; 0 without memory. */
+static int manifest_add_records(cJSON *doc, const struct manifest *m)
+{
+	cJSON *recs = cJSON_AddArrayToObject(doc, "records"), *ranks;
+
+	for (size_t i = 0; recs && i < m->nrecords; i++) {
+		const struct manifest_record *r = &m->records[i];
+		cJSON *o = cJSON_CreateObject();
+		if (!o || !cJSON_AddItemToArray(recs, o)) {
+			cJSON_Delete(o);
+			return 0;
+		}
+		if (!cJSON_AddStringToObject(o, "name", r->name) ||
+		    !cJSON_AddStringToObject(o, "host", r->host) ||
+		    !(ranks = cJSON_AddArrayToObject(o, "ranks")))
+			return 0;
+		for (unsigned k = 0; k < r->nranks; k++)
+			if (!manifest_push_u64(ranks, r->ranks[k]))
+				return 0;
+	}
+	return recs != NULL;
+}
+
 /* The text of a manifest (see format.h). */
 char *manifest_write(const struct manifest *m)
 {
@@ -126,7 +154,8 @@ char *manifest_write(const struct manifest *m)
 	strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
 	cJSON *doc = cJSON_CreateObject();
 	int ok = doc && cJSON_AddStringToObject(doc, "format", MANIFEST_FORMAT) &&
-		 cJSON_AddNumberToObject(doc, "version", MANIFEST_VERSION) &&
+		 cJSON_AddNumberToObject(doc, "version", m->nrecords ? MANIFEST_VERSION_RECORDS :
+							 MANIFEST_VERSION) &&
 		 cJSON_AddStringToObject(doc, "dsckptd_version", m->dsckptd_version) &&
 		 cJSON_AddStringToObject(doc, "tag", m->tag) &&
 		 cJSON_AddStringToObject(doc, "created", when) &&
@@ -141,6 +170,7 @@ char *manifest_write(const struct manifest *m)
 		cJSON *f = manifest_file_json(&m->files[i]);
 		ok = f && cJSON_AddItemToArray(files, f);
 	}
+	ok = ok && (!m->nrecords || manifest_add_records(doc, m));
 	if (ok)
 		text = cJSON_Print(doc);
 	cJSON_Delete(doc);
@@ -239,6 +269,85 @@ static int manifest_alloc(struct manifest_doc *d, const cJSON *files)
 	return d->files && d->tensors && d->dims ? 0 : -1;
 }
 
+/* Compares two ranks (qsort). */
+static int manifest_rank_cmp(const void *a, const void *b)
+{
+	unsigned x = *(const unsigned *)a, y = *(const unsigned *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Checks that no rank is named by two of a manifest's records (n ranks in all): a record's
+ * ranks are its own, so the records a reader expands are at most the world's ranks, however
+ * often a forged manifest names one (each read whole, up to SEAL_MAX_BYTES). 0, or -1 with
+ * why. */
+static int manifest_ranks_once(const unsigned *ranks, size_t n, char *why, size_t whylen)
+{
+	unsigned *sorted = malloc((n ? n : 1) * sizeof(*sorted));
+	size_t i = 1;
+
+	if (!sorted) {
+		snprintf(why, whylen, "out of memory");
+		return -1;
+	}
+	memcpy(sorted, ranks, n * sizeof(*sorted));
+	qsort(sorted, n, sizeof(*sorted), manifest_rank_cmp);
+	while (i < n && sorted[i] != sorted[i - 1])
+		i++;
+	if (i < n)
+		snprintf(why, whylen, "rank %u is named by two of the manifest's records", sorted[i]);
+	free(sorted);
+	return i < n ? -1 : 0;
+}
+
+/* Reads version 2's records array into d (names of seal records, hosts, ranks below the
+ * world size); 0, or -1 with why. */
+static int manifest_read_records(struct manifest_doc *d, const cJSON *recs, char *why,
+				 size_t whylen)
+{
+	const cJSON *o, *e;
+	size_t nranks = 0, k = 0;
+
+	if (!cJSON_IsArray(recs) || cJSON_GetArraySize(recs) == 0) {
+		snprintf(why, whylen, "manifest of version %d has no records array",
+			 MANIFEST_VERSION_RECORDS);
+		return -1;
+	}
+	cJSON_ArrayForEach(o, recs)
+		nranks += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(o, "ranks"));
+	d->records = calloc((size_t)cJSON_GetArraySize(recs), sizeof(*d->records));
+	d->ranks = calloc(nranks ? nranks : 1, sizeof(*d->ranks));
+	if (!d->records || !d->ranks) {
+		snprintf(why, whylen, "out of memory");
+		return -1;
+	}
+	cJSON_ArrayForEach(o, recs) {
+		struct manifest_record *r = &d->records[d->m.nrecords++];
+		const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
+		r->name = manifest_str(o, "name");
+		r->host = manifest_str(o, "host");
+		r->ranks = d->ranks + k;
+		if (!r->name || !seal_record_name(r->name) || strchr(r->name, '/') || !r->host ||
+		    !cJSON_IsArray(ranks) || cJSON_GetArraySize(ranks) == 0) {
+			snprintf(why, whylen, "record %zu of the manifest is not a seal record's "
+				 "name, host and ranks", d->m.nrecords - 1);
+			return -1;
+		}
+		cJSON_ArrayForEach(e, ranks) {
+			uint64_t v = manifest_num(e);
+			if (v >= d->m.world_size) {
+				snprintf(why, whylen, "record %.100s names a rank outside the world",
+					 r->name);
+				return -1;
+			}
+			d->ranks[k++] = (unsigned)v;
+			r->nranks++;
+		}
+	}
+	d->m.records = d->records;
+	return manifest_ranks_once(d->ranks, k, why, whylen);
+}
+
 /* Parses a manifest's text (see format.h). */
 struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t whylen)
 {
@@ -262,9 +371,10 @@ struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t 
 			 MANIFEST_FORMAT);
 		goto fail;
 	}
-	if (!cJSON_IsNumber(version) || version->valuedouble != MANIFEST_VERSION) {
-		snprintf(why, whylen, "manifest version is not %d, the one this dsckpt reads",
-			 MANIFEST_VERSION);
+	if (!cJSON_IsNumber(version) || (version->valuedouble != MANIFEST_VERSION &&
+					  version->valuedouble != MANIFEST_VERSION_RECORDS)) {
+		snprintf(why, whylen, "manifest version is not %d or %d, the ones this dsckpt "
+			 "reads", MANIFEST_VERSION, MANIFEST_VERSION_RECORDS);
 		goto fail;
 	}
 	if (!cJSON_IsArray(files)) {
@@ -291,6 +401,10 @@ struct manifest *manifest_parse(const char *text, size_t len, char *why, size_t 
 	d->m.files = d->files;
 	cJSON_ArrayForEach(f, files)
 		manifest_read_file(d, f, &d->files[d->m.nfiles++], &nt, &ndims);
+	if (version->valuedouble == MANIFEST_VERSION_RECORDS &&
+	    manifest_read_records(d, cJSON_GetObjectItemCaseSensitive(d->json, "records"), why,
+				  whylen) < 0)
+		goto fail;
 	return &d->m;
 
 fail:
@@ -298,10 +412,130 @@ fail:
 	return NULL;
 }
 
-/* Reads dirfd's MANIFEST.json (see format.h). */
+/* Whether the record r names one of the n ranks want. */
+static int manifest_record_wanted(const struct manifest_record *r, const unsigned *want,
+				  size_t n)
+{
+	for (unsigned k = 0; k < r->nranks; k++)
+		for (size_t i = 0; i < n; i++)
+			if (r->ranks[k] == want[i])
+				return 1;
+	return 0;
+}
+
+/* Checks that the record s read is the one m's entry r names: m's run and world size, r's
+ * host and rank set, a safetensors file of each rank described; 0, or -1 with why. */
+static int manifest_record_check(const struct manifest *m, const struct manifest_record *r,
+				 const struct seal_record *s, char *why, size_t whylen)
+{
+	const char *run = m->run ? m->run : "";
+	int same = s->nranks == r->nranks;
+
+	for (unsigned k = 0; same && k < r->nranks; k++) {
+		unsigned j = 0;
+		while (j < s->nranks && s->ranks[j] != r->ranks[k])
+			j++;
+		same = j < s->nranks;
+	}
+	if (strcmp(s->run, run) != 0 || s->world != m->world_size)
+		snprintf(why, whylen, "seal record %.200s is of another run or world size than the "
+			 "manifest", r->name);
+	else if (strcmp(s->host, r->host) != 0 || !same)
+		snprintf(why, whylen, "seal record %.200s names another host or other ranks than "
+			 "the manifest", r->name);
+	else if (!s->desc || !seal_record_covers(s))
+		snprintf(why, whylen, "seal record %.200s does not describe a file of each of its "
+			 "ranks", r->name);
+	else
+		return 0;
+	return -1;
+}
+
+/* Makes m list every file of the tag dirfd, its records read (see format.h). */
+int manifest_expand(int dirfd, struct manifest *m, const unsigned *want, size_t nwant,
+		    char *why, size_t whylen)
+{
+	struct manifest_doc *d = (struct manifest_doc *)m;
+	size_t n = m->nfiles, k = 0;
+	uint64_t total = 0;
+	char w[300];
+
+	if (!m->nrecords)
+		return 0;
+	if (!(d->read = calloc(m->nrecords, sizeof(*d->read)))) {
+		snprintf(why, whylen, "out of memory");
+		return -1;
+	}
+	for (size_t i = 0; i < m->nrecords; i++) {
+		const struct manifest_record *r = &m->records[i];
+		if (want && !manifest_record_wanted(r, want, nwant))
+			continue;
+		if (seal_record_load(dirfd, r->name, &d->read[d->nread], w, sizeof(w)) < 0) {
+			snprintf(why, whylen, "seal record %.200s, which the manifest names: %s",
+				 r->name, w);
+			return -1;
+		}
+		if (manifest_record_check(m, r, &d->read[d->nread++], why, whylen) < 0)
+			return -1;
+		n += d->read[d->nread - 1].nfiles;
+	}
+	if (!(d->all = calloc(n ? n : 1, sizeof(*d->all)))) {
+		snprintf(why, whylen, "out of memory");
+		return -1;
+	}
+	for (size_t i = 0; i < m->nfiles; i++)
+		d->all[k++] = m->files[i];
+	for (size_t i = 0; i < d->nread; i++)
+		for (size_t f = 0; f < d->read[i].nfiles; f++)
+			d->all[k++] = d->read[i].files[f];
+	for (size_t i = 0; i < k; i++)
+		total += d->all[i].size;
+	m->files = d->all;
+	m->nfiles = k;
+	m->total_bytes = total;
+	m->records = NULL;
+	m->nrecords = 0;
+	return 0;
+}
+
+/* Rewrites a version-2 manifest's text as version 1, its records read (see format.h). */
+int manifest_text_expand(int dirfd, char **text, size_t *len, char *why, size_t whylen)
+{
+	struct manifest *m = manifest_parse(*text, *len, why, whylen);
+	char *v1 = NULL;
+	int rc = -1;
+
+	if (!m)
+		return -1;
+	if (!m->nrecords) {
+		rc = 0;
+	} else if (manifest_expand(dirfd, m, NULL, 0, why, whylen) == 0) {
+		if (!m->tag || !m->dsckptd_version || m->world_size == MANIFEST_BAD ||
+		    m->uid == MANIFEST_BAD)
+			snprintf(why, whylen, "manifest lacks its tag, version, world size or uid");
+		else if (!(v1 = manifest_write(m)))
+			snprintf(why, whylen, "out of memory");
+	}
+	if (v1) {
+		free(*text);
+		*text = v1;
+		*len = strlen(v1);
+		rc = 0;
+	}
+	manifest_free(m);
+	return rc;
+}
+
+/* Reads dirfd's MANIFEST.json, expanded (see format.h). */
 struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen)
 {
-	return manifest_load_at(dirfd, FMT_MANIFEST, present, why, whylen);
+	struct manifest *m = manifest_load_at(dirfd, FMT_MANIFEST, present, why, whylen);
+
+	if (m && manifest_expand(dirfd, m, NULL, 0, why, whylen) < 0) {
+		manifest_free(m);
+		return NULL;
+	}
+	return m;
 }
 
 /* Reads and parses dirfd/name as a manifest (an interrupted commit's partial, say). */
@@ -327,6 +561,12 @@ void manifest_free(struct manifest *m)
 	if (!d)
 		return;
 	cJSON_Delete(d->json);
+	for (size_t i = 0; i < d->nread; i++)
+		seal_record_free(&d->read[i]);
+	free(d->read);
+	free(d->all);
+	free(d->records);
+	free(d->ranks);
 	free(d->files);
 	free(d->tensors);
 	free(d->dims);

@@ -1,5 +1,6 @@
 /*
- * seal.c — a node's seal record, SEAL.<host>.json in a tag directory: the ranks of a job that
+ * seal.c — a node's seal record in a tag directory (its name is seal_name.c's, telling its
+ * run, world, ranks and host, or SEAL.<host>.json): the ranks of a job that
  * this node's daemon saw declare (seal) that they save nothing more into the tag, once each of
  * their files there was durable. The tag is complete, and the daemons commit it, when the
  * records of all nodes together name every rank 0..world-1: one record per node, so a job of
@@ -18,8 +19,9 @@
  * "files" (optional) describes the files of these ranks in the tag exactly as the manifest
  * will (format/manifest.c's file entries: name, kind, size, rank, header_len, data_xxh3 and
  * every tensor's name, dtype, shape, data_offsets and xxh3; a .meta file's size and xxh3),
- * read by their node from the headers it wrote: the committing node reads N records, not
- * every node's files. A record without it (older versions) leaves the describing to the
+ * read by their node from the headers it wrote: the committing node reads no record (its
+ * manifest names them; readers read them, format/manifest.c's manifest_expand), and no
+ * other node's files. A record without it (older versions) leaves the describing to the
  * committing node. Each entry is checked as it is read: a plain checkpoint file name, a
  * rank the record names, checksums of CHECKSUM_HEX digits, and a safetensors file's size
  * equal to its header and tensors.
@@ -263,15 +265,6 @@ void seal_record_free(struct seal_record *r)
 	free(r->ranks);
 	manifest_free(r->desc);
 	memset(r, 0, sizeof(*r));
-}
-
-/* Whether name is a seal record's file name (SEAL.<host>.json). */
-int seal_record_name(const char *name)
-{
-	size_t n = strlen(name);
-	return n > strlen(FMT_SEAL_PREFIX FMT_SEAL_SUFFIX) &&
-	       strncmp(name, FMT_SEAL_PREFIX, strlen(FMT_SEAL_PREFIX)) == 0 &&
-	       strcmp(name + n - strlen(FMT_SEAL_SUFFIX), FMT_SEAL_SUFFIX) == 0;
 }
 
 /* Reads and parses the record dirfd/name (a regular file of at most SEAL_MAX_BYTES, not

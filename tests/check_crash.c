@@ -111,7 +111,7 @@ static double committed_ns(const char *path)
 /* Whether the tag's seal record (of this node) names rank. */
 static int sealed_rank(const char *path, int rank)
 {
-	char *text = h_read_file(h_path("%s/SEAL.camp-node.json", path), NULL);
+	char *text = h_read_file(h_seal_record(path, "camp-node"), NULL);
 	cJSON *m = text ? cJSON_Parse(text) : NULL;
 	const cJSON *e, *ranks = cJSON_GetObjectItem(m, "ranks");
 	int found = 0;

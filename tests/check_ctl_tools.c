@@ -348,7 +348,7 @@ static int has_seal(const char *dir)
 	struct dirent *e;
 	int found = 0;
 	while (d && !found && (e = readdir(d)))
-		found = strncmp(e->d_name, "SEAL.", 5) == 0;
+		found = strncmp(e->d_name, "SEAL", 4) == 0;
 	if (d)
 		closedir(d);
 	return found;

@@ -1,6 +1,7 @@
 /*
  * check_format_manifest.c — MANIFEST.json (format/): written then read back field for field,
- * and what is not a version-1 dsckpt manifest refused.
+ * and what is not a version-1 or -2 dsckpt manifest refused; version 2's records read and
+ * expanded, or refused when one is missing or is not what the manifest says.
  */
 #include "../format/format.h"
 #include "harness.h"
@@ -103,7 +104,7 @@ START_TEST(test_manifest_roundtrip)
 }
 END_TEST
 
-/* What is not a version-1 dsckpt manifest is refused; fields of the wrong type read as bad. */
+/* What is not a version-1 or -2 dsckpt manifest is refused; fields of the wrong type read as bad. */
 START_TEST(test_manifest_rejects)
 {
 	static const struct {
@@ -114,10 +115,18 @@ START_TEST(test_manifest_rejects)
 		{"", "not valid JSON"},
 		{"{\"version\":1,\"files\":[]}", "not a dsckpt manifest"},
 		{"{\"format\":\"other\",\"version\":1,\"files\":[]}", "not a dsckpt manifest"},
-		{"{\"format\":\"dsckpt-manifest\",\"version\":2,\"files\":[]}",
-		 "manifest version is not 1"},
+		{"{\"format\":\"dsckpt-manifest\",\"version\":3,\"files\":[]}",
+		 "manifest version is not 1 or 2"},
 		{"{\"format\":\"dsckpt-manifest\",\"version\":\"1\",\"files\":[]}",
-		 "manifest version is not 1"},
+		 "manifest version is not 1 or 2"},
+		{"{\"format\":\"dsckpt-manifest\",\"version\":2,\"files\":[]}",
+		 "has no records array"},
+		{"{\"format\":\"dsckpt-manifest\",\"version\":2,\"world_size\":2,\"files\":[],"
+		 "\"records\":[{\"name\":\"x.json\",\"host\":\"a\",\"ranks\":[1]}]}",
+		 "is not a seal record's name"},
+		{"{\"format\":\"dsckpt-manifest\",\"version\":2,\"world_size\":2,\"files\":[],"
+		 "\"records\":[{\"name\":\"SEAL.a.json\",\"host\":\"a\",\"ranks\":[2]}]}",
+		 "outside the world"},
 		{"{\"format\":\"dsckpt-manifest\",\"version\":1}", "no files array"},
 		{"{\"format\":\"dsckpt-manifest\",\"version\":1,\"files\":{}}", "no files array"},
 	};
@@ -168,6 +177,128 @@ START_TEST(test_manifest_rejects)
 }
 END_TEST
 
+/* Writes text into dir/name. */
+static void put(const char *dir, const char *name, const char *text)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* Writes the seal record of host (ranks {rank}, run, world 3) describing
+ * rank<rank>.safetensors (4096 + 8 bytes) into dir under its telling name, kept in name. */
+static void put_record(const char *dir, const char *host, unsigned *rank, const char *run,
+		       char *name, size_t len)
+{
+	static const uint64_t shape[1] = {8};
+	char fname[32];
+	snprintf(fname, sizeof(fname), "rank%u.safetensors", *rank);
+	struct manifest_tensor t = {"w", "U8", shape, 1, 1, 0, 8, "0123456789abcdef"};
+	struct manifest_file f = {.name = fname, .kind = MANIFEST_KIND_ST, .size = 4096 + 8,
+				  .rank = *rank, .header_len = 4096,
+				  .data_xxh3 = "00000000000000ff", .t = &t, .nt = 1};
+	struct seal_record r = {host, "j", 3, rank, 1, run, 5, &f, 1, NULL};
+	char *text = seal_record_write(&r);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_int_eq(seal_record_fname(&r, name, len), 1);
+	put(dir, name, text);
+	free(text);
+}
+
+/* A manifest of version 2 names the other nodes' records: written and read back, and
+ * manifest_load (and manifest_expand) lists every file as version 1 would, the total theirs;
+ * with ranks wanted only their records are read (another's gone is no matter); a record
+ * missing, of another run or with other ranks than the manifest says is an error. */
+START_TEST(test_manifest_records)
+{
+	unsigned r1 = 1, r2 = 2, two[1] = {2};
+	char n1[NAME_MAX + 1], n2[NAME_MAX + 1], dir[256], why[300] = "";
+	int present;
+	h_tmpdir(dir, sizeof(dir));
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+	put_record(dir, "b.x", &r1, "run.1", n1, sizeof(n1));
+	put_record(dir, "c.x", &r2, "run.1", n2, sizeof(n2));
+	const struct manifest_file own = {.name = "rank0.meta", .kind = MANIFEST_KIND_META,
+					  .size = 10, .rank = 0, .xxh3 = "00000000000000ff"};
+	const struct manifest_record recs[2] = {{n1, "b.x", &r1, 1}, {n2, "c.x", &r2, 1}};
+	struct manifest m = {.tag = "t", .dsckptd_version = "v", .world_size = 3, .run = "run.1",
+			     .total_bytes = 10, .files = &own, .nfiles = 1, .records = recs,
+			     .nrecords = 2};
+	char *text = manifest_write(&m);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_ptr_nonnull(strstr(text, "\"records\""));
+	struct manifest *r = manifest_parse(text, strlen(text), why, sizeof(why));
+	ck_assert_msg(r, "%s", why);
+	ck_assert_uint_eq(r->nrecords, 2);
+	ck_assert_str_eq(r->records[1].name, n2);
+	ck_assert_str_eq(r->records[1].host, "c.x");
+	ck_assert_uint_eq(r->records[1].ranks[0], 2);
+	ck_assert_uint_eq(r->nfiles, 1);
+	manifest_free(r);
+	put(dir, FMT_MANIFEST, text);
+	r = manifest_load(dfd, &present, why, sizeof(why));
+	ck_assert_msg(r, "%s", why);
+	ck_assert_uint_eq(r->nfiles, 3);
+	ck_assert_uint_eq(r->nrecords, 0);
+	ck_assert_uint_eq(r->total_bytes, 10 + 2 * (4096 + 8));
+	ck_assert_str_eq(r->files[2].name, "rank2.safetensors");
+	manifest_free(r);
+	r = manifest_load_at(dfd, FMT_MANIFEST, &present, why, sizeof(why));
+	ck_assert_msg(r, "%s", why);
+	ck_assert_uint_eq(r->nfiles, 1);	/* not expanded */
+
+	/* A forged manifest naming one record many times (each expansion reads it whole) is
+	 * refused at parse: a rank named by two records. */
+	const struct manifest_record twice[3] = {{n1, "b.x", &r1, 1}, {n2, "c.x", &r2, 1},
+						 {n1, "b.x", &r1, 1}};
+	struct manifest forged = m;
+	forged.records = twice;
+	forged.nrecords = 3;
+	char *ftext = manifest_write(&forged);
+	ck_assert_ptr_nonnull(ftext);
+	ck_assert_ptr_null(manifest_parse(ftext, strlen(ftext), why, sizeof(why)));
+	ck_assert_msg(strstr(why, "rank 1 is named by two of the manifest's records"), "%s", why);
+	free(ftext);
+
+	/* A rank's own record only: n1 gone is no matter to rank 2. */
+	char path[PATH_MAX];
+	snprintf(path, sizeof(path), "%s/%s", dir, n1);
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_msg(manifest_expand(dfd, r, two, 1, why, sizeof(why)) == 0, "%s", why);
+	ck_assert_uint_eq(r->nfiles, 2);
+	ck_assert_str_eq(r->files[1].name, "rank2.safetensors");
+	manifest_free(r);
+	ck_assert_ptr_null(manifest_load(dfd, &present, why, sizeof(why)));
+	ck_assert_int_eq(present, 1);
+	ck_assert_msg(strstr(why, n1), "%s", why);
+
+	/* Another run's record under the name the manifest gives. */
+	put_record(dir, "b.x", &r1, "run.2", n1, sizeof(n1));
+	free(text);
+	const struct manifest_record other[2] = {{n1, "b.x", &r1, 1}, {n2, "c.x", &r2, 1}};
+	m.records = other;
+	text = manifest_write(&m);
+	put(dir, FMT_MANIFEST, text);
+	ck_assert_ptr_null(manifest_load(dfd, &present, why, sizeof(why)));
+	ck_assert_msg(strstr(why, "another run"), "%s", why);
+	/* Other ranks than the manifest says. */
+	const struct manifest_record wrong[1] = {{n2, "c.x", &r1, 1}};
+	m.records = wrong;
+	m.nrecords = 1;
+	free(text);
+	text = manifest_write(&m);
+	put(dir, FMT_MANIFEST, text);
+	ck_assert_ptr_null(manifest_load(dfd, &present, why, sizeof(why)));
+	ck_assert_msg(strstr(why, "other ranks"), "%s", why);
+	free(text);
+	close(dfd);
+	h_rm_rf(dir);
+}
+END_TEST
+
 /* Builds the suite. */
 static Suite *format_suite(void)
 {
@@ -175,6 +306,7 @@ static Suite *format_suite(void)
 	TCase *tc = tcase_create("manifest");
 	tcase_add_test(tc, test_manifest_roundtrip);
 	tcase_add_test(tc, test_manifest_rejects);
+	tcase_add_test(tc, test_manifest_records);
 	suite_add_tcase(s, tc);
 	return s;
 }

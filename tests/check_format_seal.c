@@ -2,11 +2,14 @@
  * too; a record without one reads as the unknown run ""; the files it describes, as the
  * manifest will), and every malformed record (not JSON, another format, world or ranks out
  * of range, a run that is not a string, a described file with a path, another rank, no
- * checksum or a size its tensors do not make) refused with why. */
+ * checksum or a size its tensors do not make) refused with why; its telling file name
+ * (format/seal_name.c) written and read back, and malformed ones refused. */
 #include "../format/format.h"
 #include "harness.h"
 
 #include <check.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -162,6 +165,74 @@ START_TEST(test_malformed)
 }
 END_TEST
 
+/* A record's telling name says its world, ranks (ranges), newest seal, run and host, and
+ * reads back whatever dots or '+' the host and run hold; one too long for a name, one whose
+ * run holds '/', and one that does not describe its files keep the plain name. */
+START_TEST(test_names)
+{
+	unsigned ranks[] = {11, 0, 1, 2, 3, 8, 9, 10, 5};
+	struct manifest_file f[9];
+	char fn[9][32];
+	for (int i = 0; i < 9; i++) {
+		snprintf(fn[i], sizeof(fn[i]), "rank%u.safetensors", ranks[i]);
+		f[i] = (struct manifest_file){.name = fn[i], .rank = ranks[i]};
+	}
+	struct seal_record r = {"node-7.cluster.example", "gpt", 4096, ranks, 9, "8812.0.0+x",
+				1796400000123456768ull, f, 9, NULL}, back;
+	char name[NAME_MAX + 1], host[256], big[300];
+
+	ck_assert_int_eq(seal_record_fname(&r, name, sizeof(name)), 1);
+	ck_assert_str_eq(name, "SEAL+w4096+r0-3,5,8-11+t1796400000123456768+10:8812.0.0+x+"
+			       "node-7.cluster.example.json");
+	ck_assert(seal_record_name(name));
+	ck_assert_int_eq(seal_name_parse(name, &back), 1);
+	ck_assert_str_eq(back.host, "node-7.cluster.example");
+	ck_assert_str_eq(back.run, "8812.0.0+x");
+	ck_assert_ptr_null(back.job);
+	ck_assert_uint_eq(back.world, 4096);
+	ck_assert_uint_eq(back.sealed_ns, 1796400000123456768ull);
+	ck_assert_uint_eq(back.nranks, 9);
+	ck_assert_uint_eq(back.ranks[4], 5);
+	ck_assert_uint_eq(back.ranks[8], 11);
+	seal_record_free(&back);
+	ck_assert_int_eq(seal_record_host(name, host, sizeof(host)), 0);
+	ck_assert_str_eq(host, "node-7.cluster.example");
+	ck_assert_int_eq(seal_record_host("SEAL.a.b.json", host, sizeof(host)), 0);
+	ck_assert_str_eq(host, "a.b");
+	ck_assert_int_eq(seal_name_parse("SEAL.a.b.json", &back), 0);
+	r.run = "";
+	ck_assert_int_eq(seal_record_fname(&r, name, sizeof(name)), 1);
+	ck_assert_int_eq(seal_name_parse(name, &back), 1);
+	ck_assert_str_eq(back.run, "");
+	seal_record_free(&back);
+
+	r.run = "a/b";
+	ck_assert_int_eq(seal_record_fname(&r, name, sizeof(name)), 0);
+	ck_assert_str_eq(name, "SEAL.node-7.cluster.example.json");
+	r.run = "x";
+	r.files = NULL;
+	ck_assert_int_eq(seal_record_fname(&r, name, sizeof(name)), 0);
+	r.files = f;
+	r.nfiles = 8;	/* rank 5 has no safetensors file described */
+	ck_assert_int_eq(seal_record_fname(&r, name, sizeof(name)), 0);
+	r.nfiles = 9;
+	memset(big, 'h', 240);
+	big[240] = '\0';
+	r.host = big;
+	ck_assert_int_eq(seal_record_fname(&r, name, sizeof(name)), 0);
+	ck_assert_uint_eq(strncmp(name, "SEAL.hhh", 8), 0);
+
+	static const char *bad[] = {
+		"SEAL+w0+r0+t0+0:+h.json", "SEAL+w4+r4+t0+0:+h.json", "SEAL+w4+r1-1+t0+0:+h.json",
+		"SEAL+w4+r2,1+t0+0:+h.json", "SEAL+w4+r+t0+0:+h.json", "SEAL+w4+r01+t0+0:+h.json",
+		"SEAL+w4+r0+t0+3:ab+h.json", "SEAL+w4+r0+t0+1:a+.json", "SEAL+w4+r0-2,2+t0+0:+h.json",
+		"SEAL+w4+r0+t0+1:a.json", "SEAL+w4+r0+tx+0:+h.json",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_msg(seal_name_parse(bad[i], &back) == -1, "parsed: %s", bad[i]);
+}
+END_TEST
+
 /* The suite. */
 static Suite *format_seal_suite(void)
 {
@@ -171,6 +242,7 @@ static Suite *format_seal_suite(void)
 	tcase_add_test(tc, test_malformed);
 	tcase_add_test(tc, test_files);
 	tcase_add_test(tc, test_bad_files);
+	tcase_add_test(tc, test_names);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -100,7 +100,7 @@ static int has_record(const char *dir)
 	int found = 0;
 
 	while (d && (e = readdir(d)))
-		found |= strncmp(e->d_name, "SEAL.", 5) == 0;
+		found |= strncmp(e->d_name, "SEAL.", 5) == 0 || strncmp(e->d_name, "SEAL+", 5) == 0;
 	if (d)
 		closedir(d);
 	return found;

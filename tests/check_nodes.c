@@ -12,6 +12,7 @@
 #include "harness_store.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
@@ -266,6 +267,37 @@ START_TEST(test_new_run_replaces)
 }
 END_TEST
 
+/* Issue 32 item 3: run 1 (16 ranks on 8 nodes) leaves a tag incomplete; run 2, of 8 ranks on
+ * 4 of the nodes, saves and seals the same tag: it commits with run 2's files only, run 1's
+ * files of ranks 8-15 and its seal records are gone, and dsckptctl verify passes (a commit
+ * that names the other nodes' records without reading them left run 1's files there,
+ * unlisted, and verify failed on them). */
+START_TEST(test_smaller_run_cleans)
+{
+	enum { N = 8 };
+	int world = N * PER_NODE, smaller = world / 2;
+	struct rank a[N * PER_NODE], b[N * PER_NODE];
+	char dir[PATH_MAX];
+	nodes_start(N, NULL);
+	snprintf(dir, sizeof(dir), "%s/rr/t", D->root);
+	run_step(a, world, world - 2, "run-a", dir, 1);
+	list_missing(dir, world - 2, world, "[14,15]");
+	run_end(a, world);
+	run_step(b, smaller, smaller, "run-b", dir, 2);
+	for (int r = 0; r < smaller; r++)
+		nodes_wait(&b[r], r, DSCKPT_COMMITTED, 60000);
+	check_run(dir, "run-b", smaller, 2);
+	for (int r = smaller; r < world; r++)
+		ck_assert_msg(!h_exists(h_path("%s/rank%d.safetensors", dir, r)),
+			      "run-a's rank%d.safetensors is still there: %s", r, dir_names(dir));
+	ck_assert_msg(!strstr(dir_names(dir), "run-a"), "run-a's records are still there: %s",
+		      dir_names(dir));
+	run_end(b, smaller);
+	nodes_set_run(NULL);
+	nodes_stop();
+}
+END_TEST
+
 /* Issue 32 item 3: a tag committed by run 1 on 8 nodes is deleted and the job re-run at once
  * (run 2, same tag): every save is accepted, no SEAL answers "committed" before the new
  * manifest exists, and the tag commits with run 2's bytes on every node. */
@@ -292,6 +324,44 @@ START_TEST(test_rerun_after_delete)
 }
 END_TEST
 
+/* The name of the first entry of dir whose name starts with prefix and ends with suffix, or
+ * NULL; static buffer. */
+static const char *dir_find(const char *dir, const char *prefix, const char *suffix)
+{
+	static char found[NAME_MAX + 1];
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	const char *rc = NULL;
+
+	ck_assert_ptr_nonnull(d);
+	while (!rc && (e = readdir(d))) {
+		size_t n = strlen(e->d_name), s = strlen(suffix);
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && n >= s &&
+		    strcmp(e->d_name + n - s, suffix) == 0) {
+			snprintf(found, sizeof(found), "%s", e->d_name);
+			rc = found;
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+/* Whether dir holds a seal record of host (its telling name or the plain one). */
+static int has_record(const char *dir, const char *host)
+{
+	char suffix[64];
+	snprintf(suffix, sizeof(suffix), "+%s.json", host);
+	return dir_find(dir, "SEAL+", suffix) || h_exists(h_path("%s/SEAL.%s.json", dir, host));
+}
+
+/* Waits (a minute at most) until dir holds a seal record of host; fails the test otherwise. */
+static void wait_record(const char *dir, const char *host)
+{
+	for (int i = 0; i < 60000 && !(h_exists(dir) && has_record(dir, host)); i++)
+		h_sleep_ms(1);
+	ck_assert_msg(has_record(dir, host), "%s: no seal record of %s", dir, host);
+}
+
 /* Waits (a minute at most) until path exists; fails the test otherwise. */
 static void wait_path(const char *path)
 {
@@ -313,7 +383,7 @@ static void half_sealed(struct rank *k, int world, const char *run, const char *
 	}
 	for (int r = PER_NODE; r < world; r++)
 		CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
-	wait_path(h_path("%s/SEAL.n001.json", dir));
+	wait_record(dir, "n001");
 }
 
 /* Issue 32 item 2: uncommitted tags left behind are cleaned by retention. Run A of a job on 2
@@ -343,7 +413,7 @@ START_TEST(test_leftovers)
 	for (int r = 0; r < world; r++)
 		nodes_wait(&b[r], r, DSCKPT_COMMITTED, 60000);
 	ck_assert_msg(!h_exists(t1), "run A's uncommitted t1 is left: %s", dir_names(t1));
-	ck_assert_msg(h_exists(h_path("%s/SEAL.n001.json", t3)) &&
+	ck_assert_msg(has_record(t3, "n001") &&
 		      h_exists(h_path("%s/rank0.safetensors", t3)), "t3, still being sealed, went");
 	for (int r = 0; r < PER_NODE; r++)
 		CK_DS(b[r].c, dsckpt_seal(b[r].c, t3));
@@ -374,10 +444,7 @@ START_TEST(test_seal_remade)
 	h_rm_rf(dir);
 	ck_assert_int_eq(mkdir(dir, 0755), 0);
 	CK_DS(k.c, dsckpt_seal(k.c, dir));
-	const char *rec = h_path("%s/SEAL.n000.json", dir);
-	for (int i = 0; i < 60000 && access(rec, F_OK) != 0; i++)
-		h_sleep_ms(1);
-	ck_assert_msg(access(rec, F_OK) == 0, "no seal record in the tag made again");
+	wait_record(dir, "n000");
 	nodes_done(&k);
 	dsckpt_close(k.c);
 	nodes_stop();
@@ -446,6 +513,50 @@ START_TEST(test_list_record_written)
 }
 END_TEST
 
+/* Issue 32 (a commit in O(N) metadata operations): a multi-node tag's manifest (version 2)
+ * names the other nodes' seal records (their telling names) instead of copying their files,
+ * and dsckptctl verify reads them and checks every file; with one record deleted, verify
+ * fails and names that record (never a partial check that passes). */
+START_TEST(test_record_deleted)
+{
+	enum { N = 4, WORLD = N * PER_NODE };
+	struct rank k[WORLD];
+	char dir[PATH_MAX], *out = NULL;
+	nodes_start(N, NULL);
+	snprintf(dir, sizeof(dir), "%s/rd/step1", D->root);
+	for (int r = 0; r < WORLD; r++) {
+		k[r].c = nodes_conn("rd", r, WORLD);
+		nodes_save(&k[r], r, dir, 1);
+	}
+	for (int r = 0; r < WORLD; r++) {
+		nodes_wait(&k[r], r, DSCKPT_DURABLE, 60000);
+		CK_DS(k[r].c, dsckpt_seal(k[r].c, dir));
+	}
+	for (int r = 0; r < WORLD; r++)
+		nodes_wait(&k[r], r, DSCKPT_COMMITTED, 60000);
+	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), NULL);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_msg(strstr(text, "\"version\":\t2") && strstr(text, "\"records\""),
+		      "not a manifest naming records: %s", text);
+	ck_assert_msg(!strstr(text, "rank7.safetensors"), "another node's file copied: %s",
+		      text);
+	free(text);
+	ctl_verify(dir);
+	const char *rec = dir_find(dir, "SEAL+", "+n003.json");
+	ck_assert_msg(rec, "no telling record of n003 in %s", dir);
+	ck_assert_int_eq(unlink(h_path("%s/%s", dir, rec)), 0);
+	ck_assert_int_ne(ctl(&out, "verify '%s'", dir), 0);
+	ck_assert_msg(strstr(out, "seal record") && strstr(out, "n003"),
+		      "verify without n003's record: %s", out);
+	free(out);
+	for (int r = 0; r < WORLD; r++) {
+		nodes_done(&k[r]);
+		dsckpt_close(k[r].c);
+	}
+	nodes_stop();
+}
+END_TEST
+
 /* The suite. */
 static Suite *nodes_suite(void)
 {
@@ -453,10 +564,12 @@ static Suite *nodes_suite(void)
 	h_add_case(s, "committed everywhere", test_committed_everywhere, 300, 1);
 	h_add_case(s, "back to back", test_back_to_back, 300, 1);
 	h_add_case(s, "new run replaces", test_new_run_replaces, 300, 1);
+	h_add_case(s, "smaller run cleans", test_smaller_run_cleans, 300, 1);
 	h_add_case(s, "rerun after delete", test_rerun_after_delete, 300, 1);
 	h_add_case(s, "leftovers", test_leftovers, 300, 1);
 	h_add_case(s, "seal remade", test_seal_remade, 300, 1);
 	h_add_case(s, "list record written", test_list_record_written, 300, 1);
+	h_add_case(s, "record deleted", test_record_deleted, 300, 1);
 	return s;
 }
 

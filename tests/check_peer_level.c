@@ -184,9 +184,9 @@ static void killed_peer(unsigned replicas)
 		rank_save(&j, n, 3, "kj", dir, r);
 	CK_DS(j.c[0], dsckpt_seal(j.c[0], dir));
 	CK_DS(j.c[1], dsckpt_seal(j.c[1], dir));
-	for (int i = 0; i < 600 && !record_whole(h_path("%s/SEAL.%s.json", dir, ns.addr[1])); i++)
+	for (int i = 0; i < 600 && !record_whole(h_seal_record(dir, ns.addr[1])); i++)
 		h_sleep_ms(100);  /* node 1's record written: its part of the commit is done */
-	ck_assert(record_whole(h_path("%s/SEAL.%s.json", dir, ns.addr[1])));
+	ck_assert(record_whole(h_seal_record(dir, ns.addr[1])));
 	h_daemon_kill(&n[1], SIGKILL);
 	CK_DS(j.c[2], dsckpt_seal(j.c[2], dir));
 	ck_assert_msg(dsckpt_wait(j.s[0], DSCKPT_COMMITTED, WAIT_MS) >= DSCKPT_COMMITTED,

@@ -93,7 +93,7 @@ START_TEST(test_daemon_commits)
 	for (int r = 0; r < WORLD; r++)
 		check_pattern_file(dir, h_path("rank%d", r), N_BYTES, 500 + (uint64_t)r);
 	ctl_verify(dir);
-	char *rec = h_read_file(h_path("%s/SEAL.%s.json", dir, "node-a"), NULL);
+	char *rec = h_read_file(h_seal_record(dir, "node-a"), NULL);
 	ck_assert_msg(rec && strstr(rec, "\"ranks\":[0,1]"), "seal record: %s", rec ? rec : "none");
 	free(rec);
 	d_stop();
@@ -109,7 +109,7 @@ START_TEST(test_unsealed_rank)
 	pid_t p0 = trainer(dir, 0, 1, N_BYTES), p1 = trainer(dir, 1, 0, N_BYTES);
 	reap(p0, 1);
 	reap(p1, 0);
-	ck_assert_msg(wait_for(h_path("%s/SEAL.node-a.json", dir), 10000), "no seal record");
+	ck_assert_msg(h_wait_seal_record(dir, "node-a", 10000), "no seal record");
 	h_sleep_ms(1500);
 	ck_assert(!h_exists(h_path("%s/MANIFEST.json", dir)));
 	ck_assert_int_eq(d_kill(SIGTERM), 0);
@@ -192,7 +192,7 @@ START_TEST(test_removed_tag_is_new)
 	dsckpt_save_t *s = save_pattern(c, dir, "rank0", N_BYTES, 31, &mem);
 	wait_level(c, s, DSCKPT_DURABLE, 30000);
 	CK_DS(c, dsckpt_seal(c, dir));	/* world 2: never committed */
-	ck_assert(wait_for(h_path("%s/SEAL.node-a.json", dir), 10000));
+	ck_assert(h_wait_seal_record(dir, "node-a", 10000));
 	dsckpt_save_free(s);
 	dsckpt_host_free(mem);
 	h_rm_rf(dir);
@@ -266,7 +266,7 @@ static int two_runs_begin(const struct hdaemon *b, const char *dir, const char *
 	save_durable(w, dir, "rank0", N_BYTES, 700);
 	save_durable(x, dir, "rank1", N_BYTES, 701);
 	ck_assert_int_eq(dsckpt_seal(x, dir), 0);
-	ck_assert(wait_for(h_path("%s/SEAL.node-b.json", dir), 10000));
+	ck_assert(h_wait_seal_record(dir, "node-b", 10000));
 	dsckpt_close(w);
 	dsckpt_close(x);
 
@@ -294,7 +294,7 @@ static void two_runs_end(const struct hdaemon *b, const char *dir, const char *r
 		char *log = h_read_file(b->log, NULL);
 		fprintf(stderr, "--- node B's log:\n%s\n", log ? log : "");
 		free(log);
-		h_system("ls -la '%s'; cat '%s'/SEAL.*", dir, dir);
+		h_system("ls -la '%s'; cat '%s'/SEAL*", dir, dir);
 		ck_abort_msg("run 2 never committed");
 	}
 	dsckpt_close(z);
@@ -316,7 +316,7 @@ static void two_runs_end(const struct hdaemon *b, const char *dir, const char *r
 	cJSON_Delete(mj);
 	free(m);
 	for (int n = 0; n < 2; n++) {
-		char *rec = h_read_file(h_path("%s/SEAL.node-%c.json", dir, "ab"[n]), NULL);
+		char *rec = h_read_file(h_seal_record(dir, h_path("node-%c", "ab"[n])), NULL);
 		ck_assert_msg(rec && strstr(rec, h_path("\"run\":\"%s\"", run2)),
 			      "node %c's record: %s", "ab"[n], rec ? rec : "none");
 		free(rec);

@@ -1,5 +1,6 @@
 /* check_store_commit.c — commits (MANIFEST.json, latest), what they refuse, and keep_last;
- * a commit of one run among another's files and seal records. */
+ * a commit of one run among another's files and seal records; what a peer copy of a
+ * committed tag takes from its seal records. */
 #include "harness_store.h"
 
 #include <check.h>
@@ -398,6 +399,55 @@ START_TEST(test_commit_from_records)
 }
 END_TEST
 
+/* A node whose ranks sealed late wrote two records (the first naming rank 0, the second
+ * ranks 0 and 1, both under telling names): a peer copy of the committed tag (peer_tag_read)
+ * takes both ranks' files, names the node once among the job's hosts, and sends the manifest
+ * with every file listed. */
+START_TEST(test_peer_tag_late_records)
+{
+	char err[ERRLEN], why[300], name[NAME_MAX + 1];
+	unsigned r0 = 0, r01[2] = {0, 1}, r23[2] = {2, 3};
+	char *b0[1] = {"rank0"}, *b01[2] = {"rank0", "rank1"};
+	struct store_files f0, f01;
+	struct store_commit_info info;
+	struct peer_tag t = {0};
+	int jobfd;
+	const char *dir = rpath("%s", "job/late");
+
+	ck_assert_int_eq(mkdir(rpath("%s", "job"), 0755), 0);
+	ck_assert_int_eq(mkdir(dir, 0755), 0);
+	for (int r = 0; r < 4; r++)
+		write_ckpt_run(dir, h_path("rank%d", r), r, NULL, r < 2 ? "me" : "other", "r");
+	ck_assert_msg(store_commit(&cfg, dir, 4, "r", NULL, 0, 0, &info, err, sizeof(err)) == 0,
+		      "%s", err);
+	int dfd = store_open_tag(&cfg, dir, 0, 0, &jobfd, err, sizeof(err));
+	ck_assert_msg(dfd >= 0, "%s", err);
+	ck_assert_msg(store_describe_files(dfd, b0, NULL, 1, "r", &f0, why, sizeof(why)) == 0,
+		      "%s", why);
+	ck_assert_msg(store_describe_files(dfd, b01, NULL, 2, "r", &f01, why, sizeof(why)) == 0,
+		      "%s", why);
+	struct seal_record first = {"me", "job", 4, &r0, 1, "r", 100, f0.files, f0.n, NULL};
+	struct seal_record second = {"me", "job", 4, r01, 2, "r", 200, f01.files, f01.n, NULL};
+	struct seal_record other = {"other", "job", 4, r23, 2, "r", 150, NULL, 0, NULL};
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &first, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &second, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(store_seal_write(&cfg, dfd, &other, 0, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(seal_record_fname(&first, name, sizeof(name)), 1);
+	ck_assert(h_exists(h_path("%s/%s", dir, name)));
+	store_set_host("me");
+	ck_assert_msg(peer_tag_read(dfd, dir, 1 << 20, &t, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_uint_eq(t.nhosts, 2);
+	ck_assert_uint_eq(t.nranks, 2);
+	ck_assert_uint_eq(t.nfiles, 2);
+	ck_assert_ptr_nonnull(strstr(t.manifest, "rank3.safetensors"));
+	peer_tag_free(&t);
+	store_files_free(&f0);
+	store_files_free(&f01);
+	close(dfd);
+	close(jobfd);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
 	Suite *s = suite_create("store commit");
@@ -410,6 +460,7 @@ static Suite *store_suite(void)
 	tcase_add_test(tc, test_commit_one_run);
 	tcase_add_test(tc, test_seal_scan_new);
 	tcase_add_test(tc, test_commit_from_records);
+	tcase_add_test(tc, test_peer_tag_late_records);
 	tcase_set_timeout(tc, 20);
 	suite_add_tcase(s, tc);
 	return s;

@@ -3,7 +3,8 @@
  * server of the test's own on 127.0.0.1, or a directory standing for a shared filesystem.
  * Two nodes (daemons with different "host" values on one shared root) commit a 4-rank tag
  * and both upload: the remote holds every file, both node records, the manifest (the local
- * bytes, written by exactly one daemon) and latest, and every rank's save reaches REMOTE. A
+ * one expanded: every file listed, no seal record named; written by exactly one daemon) and
+ * latest, and every rank's save reaches REMOTE. A
  * root without a remote refuses a wait for REMOTE at once. The S3 server killed mid-upload:
  * later saves still commit, the upload completes once it is back. The daemon SIGKILLed
  * mid-upload: the restart aborts the multipart upload left open and resumes (on the file
@@ -152,9 +153,22 @@ START_TEST(test_two_nodes)
 		snprintf(path, sizeof(path), "%s/rank%d.safetensors", dir, r);
 		same_bytes(rm, key, path);
 	}
+	/* The remote manifest is the local one expanded (the local names n001's seal record;
+	 * the remote copy lists every file itself, version 1, and needs no record). */
+	size_t len, hlen;
 	snprintf(path, sizeof(path), "%s/MANIFEST.json", dir);
-	same_bytes(rm, "job/step1/MANIFEST.json", path);
-	size_t len;
+	char *there = remote_read(rm, "job/step1/MANIFEST.json", &len), *here = local_read(path,
+											   &hlen);
+	char why[300];
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	ck_assert_msg(there && strstr(here, "\"records\""), "local: %s", here);
+	ck_assert_msg(manifest_text_expand(dfd, &here, &hlen, why, sizeof(why)) == 0, "%s", why);
+	close(dfd);
+	ck_assert_msg(len == hlen && memcmp(there, here, len) == 0 && !strstr(there, "records") &&
+		      strstr(there, "rank3.safetensors") && strstr(there, "rank0.safetensors"),
+		      "remote manifest: %.*s", (int)len, there);
+	free(there);
+	free(here);
 	char *latest = remote_read(rm, "job/latest", &len);
 	ck_assert_ptr_nonnull(latest);
 	ck_assert_str_eq(latest, "step1");

@@ -2,6 +2,8 @@
 #include "harness.h"
 
 #include <check.h>
+#include <dirent.h>
+#include <limits.h>
 #include <errno.h>
 #include <pwd.h>
 #include <fcntl.h>
@@ -168,6 +170,50 @@ const char *h_path(const char *fmt, ...)
 	vsnprintf(b, sizeof(bufs[0]), fmt, ap);
 	va_end(ap);
 	return b;
+}
+
+/* The path of host's seal record in dir into out (see h_seal_record). */
+static void seal_record_into(const char *dir, const char *host, char *out, size_t len)
+{
+	char best[NAME_MAX + 1] = "", suffix[300];
+	DIR *d = opendir(dir);
+	struct dirent *e;
+
+	snprintf(suffix, sizeof(suffix), "+%s.json", host);
+	while (d && (e = readdir(d))) {
+		size_t n = strlen(e->d_name), s = strlen(suffix);
+		if (strncmp(e->d_name, "SEAL+", 5) == 0 && n > s &&
+		    strcmp(e->d_name + n - s, suffix) == 0 && strcmp(e->d_name, best) > 0)
+			snprintf(best, sizeof(best), "%s", e->d_name);
+	}
+	if (d)
+		closedir(d);
+	if (best[0])
+		snprintf(out, len, "%s/%s", dir, best);
+	else
+		snprintf(out, len, "%s/SEAL.%s.json", dir, host);
+}
+
+/* The path of host's seal record in dir (see harness.h). */
+const char *h_seal_record(const char *dir, const char *host)
+{
+	char path[1024];
+	seal_record_into(dir, host, path, sizeof(path));
+	return h_path("%s", path);
+}
+
+/* Waits up to ms for host's seal record in dir (see harness.h); takes none of h_path's
+ * buffers (dir or host may be in one). */
+int h_wait_seal_record(const char *dir, const char *host, int ms)
+{
+	char path[1024];
+
+	seal_record_into(dir, host, path, sizeof(path));
+	for (int i = 0; i < ms && !h_exists(path); i++) {
+		h_sleep_ms(1);
+		seal_record_into(dir, host, path, sizeof(path));
+	}
+	return h_exists(path);
 }
 
 /* splitmix64: the word of a pattern at one index. */

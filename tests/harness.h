@@ -83,6 +83,12 @@ int h_connect(const char *path);
 void h_sleep_ms(int ms);
 /* Formats a path (or any short text) into a static rotating buffer, 32 live at a time. */
 const char *h_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The path of host's seal record in dir (h_path's buffer): of its telling names
+ * (SEAL+...+<host>.json) the greatest (the one a late seal wrote: it names more ranks), else
+ * dir/SEAL.<host>.json (the plain name: there or not). */
+const char *h_seal_record(const char *dir, const char *host);
+/* Waits up to ms for host's seal record in dir; whether it came. */
+int h_wait_seal_record(const char *dir, const char *host, int ms);
 /* Fills n bytes with a pseudo-random pattern (splitmix64) that depends only on seed. */
 void h_pattern_fill(void *buf, size_t n, uint64_t seed);
 /* Index of the first byte of buf that differs from seed's pattern, or n. */

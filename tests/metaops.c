@@ -62,7 +62,7 @@ static int metaops_class(const char *path)
 	snprintf(name, sizeof(name), "%s", base);
 	if (ends(name, ".partial"))
 		name[strlen(name) - strlen(".partial")] = '\0';
-	if (strncmp(name, "SEAL.", 5) == 0)
+	if (strncmp(name, "SEAL.", 5) == 0 || strncmp(name, "SEAL+", 5) == 0)
 		return METAOPS_P_SEAL;
 	if (ends(name, ".safetensors") || ends(name, ".meta"))
 		return METAOPS_P_FILE;

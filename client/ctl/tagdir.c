@@ -78,7 +78,9 @@ static int tagdir_scan(struct tagdir *t, char *why, size_t len)
 	}
 	closedir(d);
 	int present;
-	t->m = manifest_load(t->fd, &present, mwhy, sizeof(mwhy));
+	/* What the manifest says of the tag (committed, when, by which run): the records a
+	 * multi-node commit's names are not read (verify reads them). */
+	t->m = manifest_load_at(t->fd, FMT_MANIFEST, &present, mwhy, sizeof(mwhy));
 	const char *l = tagdir_latest(t->parentfd, latest, sizeof(latest));
 	t->latest = l && strcmp(l, t->name) == 0;
 	snprintf(next, sizeof(next), ".%s" TAG_NEXT_SUFFIX, t->name);

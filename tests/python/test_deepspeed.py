@@ -7,7 +7,6 @@ import collections
 import copy
 import glob
 import importlib.util
-import json
 import logging
 import os
 import sys
@@ -168,8 +167,7 @@ def run_scenario(rank, world, socket, root, zero, ce=None):
     assert ce.wait_committed() == [tag_dir]
     with open(os.path.join(save_dir, "latest")) as f:
         assert f.read() == "global_step2"
-    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
-        ranks = {f["rank"] for f in json.load(f)["files"]}
+    ranks = {f["rank"] for f in dsckpt.manifest.load(tag_dir)["files"]}
     assert ranks == set(range(world))
     link = os.path.join(tag_dir, "mp_rank_00_model_states.pt")
     assert os.path.islink(link) and os.readlink(link) == "mp_rank_00_model_states.pt.safetensors"
@@ -219,8 +217,7 @@ def fixed_tag_scenario(rank, world, socket, root):
     assert ce.wait_committed() == [tag_dir] * 3
     with open(os.path.join(save_dir, "latest")) as f:
         assert f.read() == "last"
-    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
-        manifest = json.load(f)
+    manifest = dsckpt.manifest.load(tag_dir)
     assert manifest["tag"] == "last"
     assert {f["rank"] for f in manifest["files"]} == set(range(world))
     link = os.path.join(tag_dir, "mp_rank_00_model_states.pt")

@@ -37,8 +37,7 @@ def _four_ranks(rank, world, sockets, root):
         assert not os.path.exists(os.path.join(d1, "MANIFEST.json")), "committed too early"
     dt.save(state_of(rank), d1)
     dt.commit(d1, timeout=T)
-    with open(os.path.join(d1, "MANIFEST.json")) as f:
-        manifest = json.load(f)
+    manifest = dsckpt.manifest.load(d1)
     ranks = sorted(f["rank"] for f in manifest["files"] if f["kind"] == "safetensors")
     assert ranks == [0, 1, 2, 3] and manifest["world_size"] == 4
     with open(os.path.join(job, "latest")) as f:
@@ -106,12 +105,28 @@ def test_seal_then_every_rank_dies(make_daemon):
     while not os.path.exists(os.path.join(a.root, "gone", "latest")):
         assert time.monotonic() < deadline, "the daemons did not commit the sealed tag"
         time.sleep(0.05)
-    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
-        manifest = json.load(f)
+    manifest = dsckpt.manifest.load(tag_dir)
     ranks = sorted(f["rank"] for f in manifest["files"] if f["kind"] == "safetensors")
     assert ranks == [0, 1, 2, 3] and manifest["world_size"] == 4
-    assert sorted(n for n in os.listdir(tag_dir) if n.startswith("SEAL.")) == \
-        ["SEAL.node-a.json", "SEAL.node-b.json"]
+    records = sorted(n for n in os.listdir(tag_dir) if n.startswith("SEAL"))
+    # One record per node, or two where a rank sealed late there (the first stays).
+    assert {n.rsplit("+", 1)[1] for n in records} == {"node-a.json", "node-b.json"}, records
+    # The manifest names the other node's record instead of copying its files (version 2):
+    # a rank's own record only is read for its ranks; the other's gone is an error for the
+    # whole tag, not a partial list.
+    with open(os.path.join(tag_dir, "MANIFEST.json")) as f:
+        raw = json.load(f)
+    assert raw["version"] == 2 and len(raw["records"]) == 1, raw
+    named = raw["records"][0]
+    mine = [r for r in range(4) if r not in named["ranks"]]
+    os.rename(os.path.join(tag_dir, named["name"]), os.path.join(tag_dir, "moved"))
+    only = dsckpt.manifest.load(tag_dir, ranks=mine)
+    assert sorted(f["rank"] for f in only["files"] if f["kind"] == "safetensors") == mine
+    with pytest.raises(dsckpt.CheckpointIncomplete, match=named["name"].replace("+", r"\+")):
+        dsckpt.manifest.load(tag_dir)
+    with pytest.raises(dsckpt.CheckpointIncomplete):
+        dsckpt.manifest.load(tag_dir, ranks=named["ranks"][:1])
+    os.rename(os.path.join(tag_dir, "moved"), os.path.join(tag_dir, named["name"]))
     with open(os.path.join(a.root, "gone", "latest")) as f:
         assert f.read() == "step7"
     for r in range(4):
@@ -132,7 +147,7 @@ def _node_local(rank, world, sockets, roots):
             conn.seal(d)
     torch.distributed.barrier()
     deadline = time.monotonic() + T
-    while not any(n.startswith("SEAL.") for n in os.listdir(os.path.join(job, "step1"))):
+    while not any(n.startswith("SEAL") for n in os.listdir(os.path.join(job, "step1"))):
         assert time.monotonic() < deadline, "no seal record"
         time.sleep(0.02)
     tag = dt.find_latest(job)

@@ -33,6 +33,7 @@ from .errors import (CheckpointIncomplete, DaemonUnavailable, DsckptError, Dsckp
                      PermissionDenied, PickleRefused, SaveFailed, UncheckedLoad)
 
 from ._version import __version__
+from . import manifest
 
 
 def add_safe_types(classes: Iterable[type]) -> None:
@@ -69,5 +70,5 @@ __all__ = [
     "DaemonUnavailable", "SaveFailed", "LoadFailed",
     "CheckpointIncomplete", "DsckptTimeout", "InvalidArgument", "PermissionDenied",
     "NotSupported", "LimitReached", "PickleRefused", "UncheckedLoad", "add_safe_types",
-    "safe_types", "prefetch",
+    "safe_types", "prefetch", "manifest",
 ]

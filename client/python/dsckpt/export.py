@@ -48,7 +48,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from . import _xxh3
+from . import _xxh3, manifest
+from .errors import DsckptError
 from ._files import DTYPES, KEY_DATA, KEY_TENSOR
 
 DCP_META = "dcp_metadata.meta"
@@ -86,12 +87,17 @@ def _torch_files(tag_dir: str) -> List[str]:
 
 
 def require_committed(tag_dir: str) -> None:
-    """Raises ExportError unless tag_dir is committed (its MANIFEST.json is there): files of
-    a tag still being saved, or whose save died, are not a checkpoint."""
-    if not os.path.exists(os.path.join(tag_dir, "MANIFEST.json")):
+    """Raises ExportError unless tag_dir is committed (its MANIFEST.json is there, and every
+    seal record it names: dsckpt.manifest.load): files of a tag still being saved, or whose
+    save died, are not a checkpoint."""
+    try:
+        manifest.load(tag_dir)
+    except FileNotFoundError:
         raise ExportError(f"{tag_dir} is not committed (no MANIFEST.json): a save into it may "
                           "be in flight or have died (dsckptctl info says which); "
-                          "--allow-uncommitted exports the files it holds")
+                          "--allow-uncommitted exports the files it holds") from None
+    except DsckptError as e:
+        raise ExportError(f"{tag_dir} is not a whole checkpoint: {e}") from None
 
 
 def dcp_state_dict(tag_dir: str, weights_only: bool = True) -> Dict[str, Any]:

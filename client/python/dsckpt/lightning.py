@@ -123,8 +123,8 @@ def allow_types() -> List[type]:
     calls it when made (and when unpickled in a spawned process)."""
     return _tree.allow_installed(SAFE_TYPES)
 # What the daemon writes into a tag directory: all that remove_checkpoint deletes.
-OURS = re.compile(r"(rank\d+\.(safetensors|meta)|MANIFEST\.json|SEAL\.[A-Za-z0-9._-]+\.json)"
-                  r"(\.partial)?")
+OURS = re.compile(r"(rank\d+\.(safetensors|meta)|MANIFEST\.json|SEAL\.[A-Za-z0-9._-]+\.json|"
+                  r"SEAL\+w\d+\+r[\d,-]+\+t\d+\+\d+:[ -~]*\+[A-Za-z0-9._-]+\.json)(\.partial)?")
 
 # In a job directory, tells the daemon to write no `latest` there (store_latest.c).
 NO_LATEST = ".dsckpt-no-latest"

@@ -4,7 +4,7 @@ are (``tell_nodes``).
 On a root every node shares, the daemons commit a tag once every rank has sealed it, and
 ``<job>/latest`` names the newest committed tag. On node-local roots no single directory
 holds every rank's files, so no manifest is ever written there: each node holds its own
-ranks' files and its daemon's seal record (``SEAL.<host>.json``, written once the sealed
+ranks' files and its daemon's seal record (``SEAL+...+<host>.json``, written once the sealed
 files were durable). A restarted job then agrees over its process group on the newest tag
 that every rank holds complete, and loads that.
 
@@ -27,7 +27,7 @@ import torch
 from .errors import DsckptError
 
 MANIFEST = "MANIFEST.json"
-SEAL_PREFIX, SEAL_SUFFIX = "SEAL.", ".json"
+SEAL_PREFIXES, SEAL_SUFFIX = ("SEAL+", "SEAL."), ".json"
 
 
 def _sealed_ranks(tag_dir: str) -> Dict[int, float]:
@@ -38,7 +38,7 @@ def _sealed_ranks(tag_dir: str) -> Dict[int, float]:
     except OSError:
         return ranks
     for name in names:
-        if not (name.startswith(SEAL_PREFIX) and name.endswith(SEAL_SUFFIX)):
+        if not (name.startswith(SEAL_PREFIXES) and name.endswith(SEAL_SUFFIX)):
             continue
         path = os.path.join(tag_dir, name)
         try:
@@ -124,7 +124,9 @@ def tell_nodes(job_dir: str, group=None, host: Optional[str] = None, conn=None) 
     an empty disk, a new name and a new address then restores its ranks' files from the
     peers' copies (its daemon asks the nodes told; theirs serve it as a node of the job, the
     ranks it names, of this user's files only). Returns the nodes told. Raises NotSupported
-    when peer copies are off on this node."""
+    when peer copies are off on this node, and what ``Connection.job_nodes`` raises
+    (PermissionDenied for another user's job directory, LimitReached past the user's
+    bound)."""
     from .torch import default_connection
     dist = torch.distributed
     me = host or socket.gethostname()
