@@ -316,7 +316,8 @@ TSAN_CHECKS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/check_engi
 	tests/check_waiter.c tests/check_commit.c tests/check_remote*.c tests/check_quota.c \
 	tests/check_peer_ucx.c tests/check_peer_store.c tests/check_peer_replicate.c \
 	tests/check_upload.c tests/check_peer_restore.c tests/check_upload_retain.c \
-	tests/check_peer_level.c tests/check_peer_discover.c))
+	tests/check_peer_level.c tests/check_peer_discover.c tests/check_peer_hostile.c \
+	tests/check_peer_cap.c tests/check_rate_cap.c tests/check_peer_nodes.c))
 # The multi-node suites: 64 TSan-built daemons on one root (the metadata shim preloaded too).
 TSAN_CHECKS += $(BUILD)/tests/check_nodes $(BUILD)/tests/check_nodes_ops
 .PHONY: check-tsan check-tsan-run

@@ -450,18 +450,20 @@ int peer_member_self(const char *name);
 /* peer_nodes.c — a job's nodes as its trainers told them (NODES, from the process group):
  * for a replacement node of a new name and address, whom to ask and which ranks to fetch;
  * on the nodes holding copies, which daemons are nodes of the job for the copies of the
- * user who told. In memory, the last 64 (job, user) told. Any thread. */
+ * user who told. In memory, each user's last PEER_NODES_PER_USER jobs told (charged to its
+ * max_held_mib_per_user); no user's telling replaces another's. Any thread. */
 #define PEER_NODES_MAX 4096        /* nodes of one job told */
+#define PEER_NODES_PER_USER 16     /* jobs one user's tellings are kept of */
 #define PEER_NODES_MAX_RANKS 256   /* this node's ranks told (a FETCH's most) */
 #define PEER_NODES_JOB_MAX 256     /* a job's name (its directory's) */
-/* Records that uid's job runs on the n hosts and this node's ranks are ranks; 0, -EINVAL,
- * -ENOMEM. */
+/* Records that uid's job runs on the n hosts and this node's ranks are ranks; 0, or
+ * ERR_EINVAL, ERR_ELIMIT (max_held_mib_per_user), ERR_ENOMEM with err. */
 int peer_nodes_tell(const char *job, uid_t uid, const char *const *hosts, unsigned n,
-		    const unsigned *ranks, unsigned nranks);
+		    const unsigned *ranks, unsigned nranks, char *err, size_t errlen);
 /* Whether uid told that the daemon at who is a node of job. Blocking (names resolved). */
 int peer_nodes_member(const char *job, uid_t uid, const char *who);
-/* Calls fn(arg, host) for each node uid told of job (root: any user's newest telling) until
- * fn returns non-zero; this node's ranks told into ranks (room for PEER_NODES_MAX_RANKS):
+/* Calls fn(arg, host) for each node uid told of job (root's own too) until fn returns
+ * non-zero; this node's ranks told into ranks (room for PEER_NODES_MAX_RANKS):
  * how many. */
 unsigned peer_nodes_each(const char *job, uid_t uid, int (*fn)(void *arg, const char *host),
 			 void *arg, unsigned *ranks);
@@ -663,10 +665,10 @@ int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const
 		    const char *run, uint64_t created_ns, const unsigned *ranks, unsigned n,
 		    struct replica_store *into, struct replica **out, char *err, size_t errlen);
 struct peer_copies;
-/* Asks which copies of job (of tag; "": any) the peer holds (owner, run, tag, commit time,
- * ranks: peer_int.h's COPIES), into *c. */
-int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer_copies *c,
-	      char *err, size_t errlen);
+/* Asks which copies of job (of tag; "": any) of uid's files (UINT32_MAX: any user's) the
+ * peer holds (owner, run, tag, commit time, ranks, uid: peer_int.h's COPIES), into *c. */
+int peer_list(struct peer_link *l, const char *job, const char *tag, uint32_t uid,
+	      struct peer_copies *c, char *err, size_t errlen);
 
 /* peer_tag.c — a committed tag's files of this node, opened for peer.c's sender: manifest,
  * seal records (the job's hosts, this node's ranks) and files, resident copies pinned. */

@@ -43,7 +43,7 @@
 #error "the peer protocol's structs are little-endian"
 #endif
 
-#define PEER_VERSION 3
+#define PEER_VERSION 4
 #define PEER_MAGIC "DSCKPEER"
 #define PEER_CHUNK (4u << 20)      /* bytes of one DATA message */
 #define PEER_MAX_RANKS 256         /* ranks of one node in one PUT or FETCH */
@@ -125,10 +125,13 @@ struct peer_fetch {
 };
 
 /* A LIST: the copies held of job (a seal record's job or its directory's name), of tag ("":
- * every tag). */
+ * every tag), of the files of user uid (PEER_ANY_UID: any user's, a restore for root): one
+ * user's copies never crowd out or stand in for another's of a job of the same name. */
+#define PEER_ANY_UID UINT32_MAX
 struct peer_list {
 	char job[513];
 	char tag[256];
+	uint32_t uid;
 };
 
 /* COPIES: the first n (at most PEER_LIST_MAX, newest first) copies a LIST matched. */
@@ -139,7 +142,7 @@ struct peer_copy {
 	char tag[256];
 	uint64_t created_ns;
 	uint32_t nranks;
-	uint32_t pad;
+	uint32_t uid;          /* whose files (the manifest's uid; PEER_ANY_UID: none named) */
 };
 struct peer_copies {
 	uint32_t n;

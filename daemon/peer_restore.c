@@ -12,9 +12,12 @@
  * a node of the job that holds copies too, so one daemon of the ring found leads to the
  * others. Each answering with the secret is asked which copies of the job it holds (LIST);
  * it lists only the copies of tags whose seal records name this node's address
- * (peer_member.c). The daemons of a round are asked at once, RESTORE_PARALLEL threads at a
- * time, so a thousand nodes' records cost a few round trips and a daemon that never
- * answers one timeout, not one each.
+ * (peer_member.c), and only those of the restoring user's files (for root, those of the user
+ * owning the nearest of the tag's directories here), so that another user's job of the same
+ * name, told to run here, is never taken for it. The
+ * daemons of a round are asked at once, RESTORE_PARALLEL threads at a time, so a thousand
+ * nodes' records cost a few round trips and a daemon that never answers one timeout, not
+ * one each.
  *
  * Which copies: this node's own, those whose owner is this node's `host` or a name of one of
  * its addresses (a replacement under the lost node's name, or under a new name at its
@@ -44,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define RESTORE_HOSTS 256        /* daemons asked */
@@ -265,6 +269,7 @@ static unsigned restore_owners(struct restore_host *hosts, unsigned n,
 struct restore_asking {
 	struct restore_host *h;
 	const char *job, *tag;
+	uint32_t uid;          /* whose copies (PEER_ANY_UID: any user's, a restore for root) */
 };
 
 /* Asks one host which copies of the job (of the tag) it holds; h->c stays NULL when it
@@ -281,7 +286,7 @@ static void *restore_list(void *arg)
 		return NULL;
 	}
 	if ((h->c = malloc(sizeof(*h->c))) != NULL &&
-	    peer_list(l, a->job, a->tag, h->c, err, sizeof(err)) != 0) {
+	    peer_list(l, a->job, a->tag, a->uid, h->c, err, sizeof(err)) != 0) {
 		log_info("peer: %s: %s", h->name, err);
 		free(h->c);
 		h->c = NULL;
@@ -290,9 +295,9 @@ static void *restore_list(void *arg)
 	return NULL;
 }
 
-/* Asks hosts[from, to) at once, RESTORE_PARALLEL threads at a time. */
+/* Asks hosts[from, to) at once for uid's copies, RESTORE_PARALLEL threads at a time. */
 static void restore_ask_some(struct restore_host *hosts, unsigned from, unsigned to,
-			     const char *job, const char *tag)
+			     const char *job, const char *tag, uint32_t uid)
 {
 	while (from < to) {
 		struct restore_asking a[RESTORE_PARALLEL];
@@ -300,7 +305,7 @@ static void restore_ask_some(struct restore_host *hosts, unsigned from, unsigned
 		int started[RESTORE_PARALLEL];
 		unsigned k = 0;
 		for (; k < RESTORE_PARALLEL && from + k < to; k++) {
-			a[k] = (struct restore_asking){ &hosts[from + k], job, tag };
+			a[k] = (struct restore_asking){ &hosts[from + k], job, tag, uid };
 			started[k] = pthread_create(&th[k], NULL, restore_list, &a[k]) == 0;
 			if (!started[k])
 				restore_list(&a[k]);
@@ -312,14 +317,14 @@ static void restore_ask_some(struct restore_host *hosts, unsigned from, unsigned
 	}
 }
 
-/* Asks the hosts which copies of job (of tag) they hold, all at once, and then, in turn, the
+/* Asks the hosts which copies of job (of tag, of uid's files) they hold, all at once, and then, in turn, the
  * owners of the copies listed that were not asked yet; how many hosts were asked in all. */
 static unsigned restore_ask(struct restore_host *hosts, unsigned n, const char *job,
-			    const char *tag)
+			    const char *tag, uint32_t uid)
 {
 	for (unsigned done = 0; done < n;) {
 		unsigned end = n;
-		restore_ask_some(hosts, done, end, job, tag);
+		restore_ask_some(hosts, done, end, job, tag, uid);
 		for (unsigned i = done; i < end; i++)
 			for (unsigned k = 0; hosts[i].c && k < hosts[i].c->n; k++)
 				restore_add(hosts, &n, hosts[i].c->c[k].owner,
@@ -327,6 +332,28 @@ static unsigned restore_ask(struct restore_host *hosts, unsigned n, const char *
 		done = end;
 	}
 	return n;
+}
+
+/* Whose copies a restore of dir for uid takes: uid's; for root, those of the user owning
+ * the nearest directory of dir that is here (a prolog's pull of a user's job), any user's
+ * where that is root's or none is here. */
+static uint32_t restore_whose(const char *dir, uid_t uid)
+{
+	char path[PULL_DIR_MAX];
+	struct stat st;
+	char *slash;
+
+	if (uid != 0)
+		return (uint32_t)uid;
+	snprintf(path, sizeof(path), "%s", dir ? dir : "");
+	while (path[0]) {
+		if (fstatat(AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT) == 0)
+			return st.st_uid != 0 ? (uint32_t)st.st_uid : PEER_ANY_UID;
+		if ((slash = strrchr(path, '/')) == NULL)
+			break;
+		*slash = '\0';
+	}
+	return PEER_ANY_UID;
 }
 
 /* Frees what the hosts listed. */
@@ -382,7 +409,7 @@ int peer_restore(const struct config *cfg, const char *dir, const char *job, con
 		return err_set(err, errlen, ERR_ENOENT, "no peer to ask for %s (no seal record of "
 			       "the job here, no nodes told, no peer_hosts)", dir);
 	}
-	n = restore_ask(hosts, n, job, tag);
+	n = restore_ask(hosts, n, job, tag, restore_whose(dir, uid));
 	if ((me = calloc(1, sizeof(*me))) == NULL) {
 		restore_hosts_free(hosts, n);
 		return err_set(err, errlen, ERR_ENOMEM, "out of memory");

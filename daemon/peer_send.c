@@ -341,10 +341,10 @@ int peer_fetch_copy(struct peer_link *l, const char *job, const char *tag, const
 	return rc;
 }
 
-/* Asks the peer which copies of job (of tag; "": any) it holds, into *c; 0 or a negative
- * errno with err. */
-int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer_copies *c,
-	      char *err, size_t errlen)
+/* Asks the peer which copies of job (of tag; "": any) of uid's files (PEER_ANY_UID: any
+ * user's) it holds, into *c; 0 or a negative errno with err. */
+int peer_list(struct peer_link *l, const char *job, const char *tag, uint32_t uid,
+	      struct peer_copies *c, char *err, size_t errlen)
 {
 	struct peer_list q;
 	uint64_t type;
@@ -355,6 +355,7 @@ int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer
 	if (snprintf(q.job, sizeof(q.job), "%s", job) >= (int)sizeof(q.job) ||
 	    snprintf(q.tag, sizeof(q.tag), "%s", tag) >= (int)sizeof(q.tag))
 		rc = -EINVAL;
+	q.uid = uid;
 	if (rc == 0 && (rc = peer_send(l, PEER_LIST, &q, sizeof(q))) == 0 &&
 	    (rc = peer_recv(l, &type, c, sizeof(*c), &len)) == 0 &&
 	    (type != PEER_COPIES || len != sizeof(*c) || c->n > PEER_LIST_MAX))
@@ -362,7 +363,8 @@ int peer_list(struct peer_link *l, const char *job, const char *tag, struct peer
 	for (unsigned i = 0; rc == 0 && i < c->n; i++)
 		if (!peer_str_ok(c->c[i].owner, sizeof(c->c[i].owner)) ||
 		    !peer_str_ok(c->c[i].run, sizeof(c->c[i].run)) ||
-		    !peer_str_ok(c->c[i].tag, sizeof(c->c[i].tag)))
+		    !peer_str_ok(c->c[i].tag, sizeof(c->c[i].tag)) ||
+		    (uid != PEER_ANY_UID && c->c[i].uid != uid))
 			rc = -EPROTO;
 	if (rc != 0)
 		snprintf(err, errlen, "peer %s: list: %s", peer_link_who(l), strerror(-rc));

@@ -10,7 +10,8 @@
  * is the owner's or that of a host of the tag's seal records here; or peer_nodes.c: the
  * copy's user told this daemon the job runs on it, and then a FETCH gets only the ranks it
  * names); a FETCH of another's is answered -EACCES and nothing of it is sent, and a LIST
- * leaves such copies out. The service's counters are atomics.
+ * leaves such copies out, and those of users other than the one it asks for (a restore's:
+ * another user's job of the same name is not its). The service's counters are atomics.
  */
 #include "peer_int.h"
 
@@ -316,30 +317,35 @@ static int peer_serve_fetch(struct peer_service *svc, struct peer_link *l,
 	return rc;
 }
 
-/* The copies a LIST matched, with their directories, before they are sifted. */
+/* The copies a LIST matched (of its uid's files), with their directories, before they are
+ * sifted. */
 #define SERVE_LIST_MAX 1024
 struct serve_found {
+	uint32_t want;                     /* the LIST's uid (PEER_ANY_UID: any) */
 	unsigned n;
 	struct peer_copy c[SERVE_LIST_MAX];
 	char *dir[SERVE_LIST_MAX];
 	uint64_t uid[SERVE_LIST_MAX];      /* whose files (the manifest's uid) */
 };
 
-/* replica_each_fn: one copy into the found ones, while there is room (under the store's
- * lock: no name is resolved here). */
+/* replica_each_fn: one copy of the uid asked for into the found ones, while there is room
+ * (under the store's lock: no name is resolved here). */
 static void peer_serve_one(void *arg, const struct replica_id *id, unsigned nranks,
 			   uint64_t uid)
 {
 	struct serve_found *f = arg;
 	struct peer_copy *e = &f->c[f->n];
+	uint32_t whose = uid < PEER_ANY_UID ? (uint32_t)uid : PEER_ANY_UID;
 
-	if (f->n == SERVE_LIST_MAX || (f->dir[f->n] = strdup(id->dir)) == NULL)
+	if ((f->want != PEER_ANY_UID && whose != f->want) || f->n == SERVE_LIST_MAX ||
+	    (f->dir[f->n] = strdup(id->dir)) == NULL)
 		return;
 	snprintf(e->owner, sizeof(e->owner), "%s", id->owner);
 	snprintf(e->run, sizeof(e->run), "%s", id->run);
 	snprintf(e->tag, sizeof(e->tag), "%s", id->tag);
 	e->created_ns = id->created_ns;
 	e->nranks = nranks;
+	e->uid = whose;
 	f->uid[f->n] = uid;
 	f->n++;
 }
@@ -388,6 +394,7 @@ static int peer_serve_list(struct peer_service *svc, struct peer_link *l,
 	rc = -EPROTO;
 	if (!peer_str_ok(q->job, sizeof(q->job)) || !peer_str_ok(q->tag, sizeof(q->tag)))
 		goto out;
+	f->want = q->uid;
 	replica_list(svc->rs, q->job, q->tag, peer_serve_one, f);
 	if ((n = peer_serve_sift(f, q->job, peer_link_who(l), c)) > 0)
 		log_info("peer %s: %u copies of job %s held here not listed to it: not a node of "

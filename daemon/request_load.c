@@ -6,6 +6,9 @@
  */
 #include "request.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 /* LOAD_BEGIN: opens the file and tells what it holds and where its bytes will come from. */
 void request_load_begin(struct session *c, const struct proto_hdr *h, struct proto_map *m)
 {
@@ -178,6 +181,33 @@ void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto
 		return request_error(c, h, rc, "%s", err);
 }
 
+/* Whether uid may tell the nodes of job directory dir: it is uid's (or uid is root), or it
+ * is not on this node (a replacement's empty disk) and its parent is not another user's
+ * (root's is everyone's); 0, or ERR_EACCES with err. The telling vouches only for uid's own
+ * files either way: this answers a user who names another's. A stat of each name, no link
+ * followed and no automount triggered. */
+static int request_nodes_owner(const char *dir, uid_t uid, char *err, size_t errlen)
+{
+	const int flags = AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT;
+	char parent[PROTO_MAX_STR + 1];
+	struct stat st;
+
+	if (uid == 0)
+		return 0;
+	if (fstatat(AT_FDCWD, dir, &st, flags) == 0) {
+		if (st.st_uid == uid)
+			return 0;
+	} else {
+		snprintf(parent, sizeof(parent), "%s", dir);
+		*strrchr(parent, '/') = '\0';
+		if (!parent[0] || fstatat(AT_FDCWD, parent, &st, flags) != 0 || st.st_uid == uid ||
+		    st.st_uid == 0)
+			return 0;
+	}
+	return err_set(err, errlen, ERR_EACCES, "%s is another user's directory, or in one: a "
+		       "user tells the nodes of its own jobs only", dir);
+}
+
 /* NODES: the job of a job directory runs on these daemons' hosts, and this node's ranks of
  * it are these (peer_nodes.c); answered at once. */
 static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m)
@@ -216,11 +246,11 @@ static void request_nodes(struct session *c, const struct proto_hdr *h, struct p
 	else if ((rc = auth_check(c, AUTH_LOAD, err, sizeof(err))) == 0 && !peer_on())
 		rc = err_set(err, sizeof(err), ERR_ENOTSUP, "peer copies are off on this node "
 			     "(no peer_secret_file)");
-	else if (rc == 0 && (dir[0] != '/' || !job || !job[1] ||
-			     peer_nodes_tell(job + 1, session_uid(c), names, n, mine,
-					     ranks->size) != 0))
-		rc = err_set(err, sizeof(err), ERR_EINVAL, "%s: not a job directory, or a job "
-			     "name of more than %d bytes", dir, PEER_NODES_JOB_MAX - 1);
+	else if (rc == 0 && (dir[0] != '/' || !job || !job[1]))
+		rc = err_set(err, sizeof(err), ERR_EINVAL, "%s: not a job directory", dir);
+	else if (rc == 0 && (rc = request_nodes_owner(dir, session_uid(c), err, sizeof(err))) == 0)
+		rc = peer_nodes_tell(job + 1, session_uid(c), names, n, mine, ranks->size, err,
+				     sizeof(err));
 	for (unsigned i = 0; names && i < n; i++)
 		free((char *)names[i]);
 	free(names);

@@ -54,16 +54,6 @@ static double now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Whether n bytes at p hold the fake peer's pattern for name. */
-static int filled(const void *p, size_t n, const char *name)
-{
-	uint8_t *want = malloc(n ? n : 1);
-	fake_fill(want, n, name);
-	int same = memcmp(p, want, n) == 0;
-	free(want);
-	return same;
-}
-
 /* NB host blocks with a tensor of 64 bytes each: t[i] named names[i] in blocks[i]. */
 #define NB 8
 static void fake_blocks(uint8_t **blocks, dsckpt_tensor_t *t, char (*names)[8])
@@ -98,7 +88,7 @@ START_TEST(test_fake_load_pipelined)
 	ck_assert_int_eq(dsckpt_load_end(l), 0);
 	ck_assert_int_eq(dsckpt_load_wait(l, 1000), DSCKPT_LOADED);
 	for (int i = 0; i < NB; i++)
-		ck_assert(filled(blocks[i], 64, names[i]));
+		ck_assert(fake_filled(blocks[i], 64, names[i]));
 	dsckpt_load_free(l);
 	dsckpt_close(c);
 
@@ -144,7 +134,7 @@ START_TEST(test_fake_load_region_refused)
 	ck_assert_int_eq(dsckpt_load_end(l), 0);
 	ck_assert_int_eq(dsckpt_load_wait(l, 1000), DSCKPT_LOADED);
 	for (int i = 0; i < NB; i++)
-		ck_assert(filled(blocks[i], 64, names[i]));
+		ck_assert(fake_filled(blocks[i], 64, names[i]));
 	dsckpt_load_free(l);
 	dsckpt_close(c);
 

@@ -19,16 +19,6 @@
 
 #define SENTINEL 0x5a
 
-/* Whether n bytes at p hold the fake peer's pattern for name. */
-static int filled(const void *p, size_t n, const char *name)
-{
-	uint8_t *want = malloc(n ? n : 1);
-	fake_fill(want, n, name);
-	int same = memcmp(p, want, n) == 0;
-	free(want);
-	return same;
-}
-
 /* A whole load: zero-copy blocks filled in place, staged memory copied out only by wait. */
 START_TEST(test_fake_load)
 {
@@ -69,12 +59,12 @@ START_TEST(test_fake_load)
 	ck_assert_uint_eq(added, 0);
 	ck_assert_int_eq(dsckpt_load_set_stream(l, NULL), DSCKPT_ESTATE);
 	/* The peer wrote the block in place and the arena; the caller's heap waits. */
-	ck_assert(filled(host, 64, "w"));
-	ck_assert(filled(host + 4096, 64, "b"));
+	ck_assert(fake_filled(host, 64, "w"));
+	ck_assert(fake_filled(host + 4096, 64, "b"));
 	ck_assert(h_all_bytes(small, 1000, SENTINEL) && h_all_bytes(large, big, SENTINEL));
 	ck_assert_int_eq(dsckpt_load_wait(l, -1), DSCKPT_LOADED);
-	ck_assert(filled(small, 1000, "staged.small"));
-	ck_assert(filled(large, big, "staged.large"));
+	ck_assert(fake_filled(small, 1000, "staged.small"));
+	ck_assert(fake_filled(large, big, "staged.large"));
 	dsckpt_load_progress(l, &total, &done);
 	ck_assert_uint_eq(total, 100);
 	ck_assert_uint_eq(done, 100);

@@ -36,19 +36,6 @@
 static struct netns ns;
 static int usable;
 
-/* Makes the namespaces once for the case (in the parent: removed even after a crash). */
-static void ns_setup(void)
-{
-	usable = hp_netns(&ns, "check_peer_discover", NODES + 2);
-}
-
-/* Removes them. */
-static void ns_teardown(void)
-{
-	if (usable)
-		netns_destroy(&ns);
-}
-
 /* Starts a daemon in namespace i named host on root (made here), without peer_hosts. */
 static void start_node(struct hdaemon *n, unsigned i, const char *root, const char *secret_path,
 		       const char *host)
@@ -77,28 +64,6 @@ static void tell(const char *socket, const char *dir, const char *const *nodes, 
 	dsckpt_close(c);
 }
 
-/* Waits (60 s at most) until the daemon at addr holds owner's copy of rank, asked from the
- * current namespace. */
-static void wait_copy(const char *addr, unsigned rank, const char *owner)
-{
-	struct replica_store *mine;
-	struct replica *r = NULL;
-	char err[512] = "";
-	int rc = -1;
-
-	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
-	for (int i = 0; i < 600 && rc != 0; i++)
-		if ((rc = hp_fetch(addr, PORT, SECRET, "pj", rank, mine, &r, err, sizeof(err))) != 0)
-			h_sleep_ms(100);
-	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
-	const char *text;
-	size_t len;
-	unsigned nfiles;
-	ck_assert_str_eq(replica_id(r, &text, &len, &nfiles)->owner, owner);
-	replica_put(r);
-	replica_store_close(mine);
-}
-
 /* From the outsider's namespace, node 3 (holding node 2's copy) lists none of the job's
  * copies and refuses a fetch of rank 4, nothing sent. */
 static void outsider_refused(void)
@@ -117,7 +82,7 @@ static void outsider_refused(void)
 	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
 	ck_assert_msg(peer_open(net, ns.addr[3], PORT, SECRET, strlen(SECRET), 10, &l, err,
 				sizeof(err)) == 0, "%s", err);
-	ck_assert_msg(peer_list(l, "pj", "", cp, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(peer_list(l, "pj", "", PEER_ANY_UID, cp, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_uint_eq(cp->n, 0);
 	ck_assert_int_eq(peer_fetch(l, "pj", &rank, 1, mine, &r, err, sizeof(err)), -EACCES);
 	ck_assert_ptr_null(r);
@@ -141,7 +106,7 @@ static unsigned files_in(const char *root)
 
 START_TEST(test_new_name_new_address)
 {
-	char dir[PATH_MAX], json[1024], scratch[256], root[PATH_MAX], src[16];
+	char dir[PATH_MAX], scratch[256], root[PATH_MAX], src[16];
 	struct hdaemon n[NODES], fresh, other;
 	const char *nodes[NODES];
 	dsckpt_conn_t *c;
@@ -152,23 +117,13 @@ START_TEST(test_new_name_new_address)
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
 	const char *secret = hp_secret_file(scratch, 0, SECRET);
-	for (int i = 0; i < NODES; i++) {
-		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
-		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
-			 "\"%s\", \"replica_cache_size\": 0.0625,", ns.addr[i], secret);
-		if (i == 0) {
-			d_start(0.0625, json);
-			n[0] = *D;
-		} else {
-			char name[8];
-			snprintf(name, sizeof(name), "n%d", i);
-			h_daemon_start_peer(&n[i], D, name, 0.0625, json);
-		}
-	}
+	for (unsigned i = 0; i < NODES; i++)
+		hp_start_node(&n[i], &ns, i, secret);
 	snprintf(dir, sizeof(dir), "%s/pj/step0", D->root);
 	hp_commit_job(n, NODES, dir, "pj", "run-b", N_BYTES, 600);
 	ck_assert_int_eq(netns_enter(&ns, 3), 0);
-	wait_copy(ns.addr[3], 4, ns.addr[2]);  /* node 2's files on node 3 (the ring's next) */
+	/* node 2's files on node 3 (the ring's next) */
+	hp_wait_copy(ns.addr[3], PORT, SECRET, "pj", 4, ns.addr[2]);
 	h_daemon_kill(&n[2], SIGKILL);
 
 	/* The replacement: a new address (its own namespace), a new name, an empty root, no
@@ -249,13 +204,9 @@ END_TEST
 static Suite *peer_discover_suite(void)
 {
 	Suite *s = suite_create("peer_discover");
-	TCase *tc = tcase_create("peer_discover");
-	tcase_add_unchecked_fixture(tc, ns_setup, ns_teardown);
-	tcase_add_checked_fixture(tc, NULL, h_leftovers);
-	tcase_set_timeout(tc, 300);
+	TCase *tc = hp_case(s, "peer_discover", NODES + 2, &ns, &usable, 300);
 	tcase_add_test(tc, test_new_name_new_address);
 	tcase_add_test(tc, test_nodes_without_peer_copies);
-	suite_add_tcase(s, tc);
 	return s;
 }
 

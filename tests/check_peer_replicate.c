@@ -28,36 +28,13 @@
 static struct netns ns;
 static int usable;
 
-/* Makes the namespaces once for the case (in the parent: removed even after a crash). */
-static void ns_setup(void)
-{
-	usable = hp_netns(&ns, "check_peer_replicate", 3);
-}
-
-/* Removes them. */
-static void ns_teardown(void)
-{
-	if (usable)
-		netns_destroy(&ns);
-}
-
 /* Waits (60 s at most) until the daemon at addr holds job's copy of rank; then checks that
  * it is path's bytes exactly, and from whom it came. */
 static void check_copy(const char *addr, const char *job, unsigned rank, const char *path,
 		       const char *owner)
 {
 	struct replica_store *mine;
-	struct replica *r = NULL;
-	char err[512] = "";
-	int rc = -1;
-
-	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
-	for (int i = 0; i < 600 && rc != 0; i++) {
-		rc = hp_fetch(addr, PORT, SECRET, job, rank, mine, &r, err, sizeof(err));
-		if (rc != 0)
-			h_sleep_ms(100);
-	}
-	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
+	struct replica *r = hp_wait_fetch(addr, PORT, SECRET, job, rank, &mine);
 	const char *text;
 	size_t len, flen;
 	unsigned nfiles;
@@ -100,8 +77,8 @@ static void cached_bytes(const char *log, const char *dir, unsigned long long *a
 
 START_TEST(test_two_nodes_exchange)
 {
-	char dir[PATH_MAX], json[1024], scratch[256];
-	struct hdaemon n1, n2;
+	char dir[PATH_MAX], scratch[256];
+	struct hdaemon n0, n1, n2;  /* n0: node 0's, the test's D */
 	dsckpt_conn_t *c[2];
 	dsckpt_save_t *s[2];
 	void *mem[2];
@@ -112,20 +89,10 @@ START_TEST(test_two_nodes_exchange)
 	h_tmpdir(scratch, sizeof(scratch));
 	const char *good = hp_secret_file(scratch, 0, SECRET);
 	/* Node 0 (the test's daemon D) in namespace 0, node 1 in namespace 1. */
-	ck_assert_int_eq(netns_enter(&ns, 0), 0);
-	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
-		 "\"replica_cache_size\": 0.0625,", ns.addr[0], good);
-	d_start(0.0625, json);
-	ck_assert_int_eq(netns_enter(&ns, 1), 0);
-	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
-		 "\"replica_cache_size\": 0.0625,", ns.addr[1], good);
-	h_daemon_start_peer(&n1, D, "n1", 0.0625, json);
+	hp_start_node(&n0, &ns, 0, good);
+	hp_start_node(&n1, &ns, 1, good);
 	/* A node of another cluster (another secret) in namespace 2. */
-	ck_assert_int_eq(netns_enter(&ns, 2), 0);
-	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": \"%s\", "
-		 "\"replica_cache_size\": 0.0625,", ns.addr[2],
-		 hp_secret_file(scratch, 1, "another-cluster-secret-9876543210"));
-	h_daemon_start_peer(&n2, D, "n2", 0.0625, json);
+	hp_start_node(&n2, &ns, 2, hp_secret_file(scratch, 1, "another-cluster-secret-9876543210"));
 
 	snprintf(dir, sizeof(dir), "%s/pj/step1", D->root);
 	const char *socks[2] = { D->socket, n1.socket };
@@ -185,7 +152,7 @@ END_TEST
  * 2's to node 0 (its successor on the ring). */
 START_TEST(test_next_node_when_refused)
 {
-	char dir[PATH_MAX], json[1024], scratch[256];
+	char dir[PATH_MAX], scratch[256];
 	struct hdaemon n[3];
 	dsckpt_conn_t *c[3];
 	dsckpt_save_t *s[3];
@@ -197,19 +164,8 @@ START_TEST(test_next_node_when_refused)
 	h_tmpdir(scratch, sizeof(scratch));
 	const char *good = hp_secret_file(scratch, 0, SECRET);
 	const char *other = hp_secret_file(scratch, 1, "another-cluster-secret-9876543210");
-	for (int i = 0; i < 3; i++) {
-		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
-		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
-			 "\"%s\", \"replica_cache_size\": 0.0625,", ns.addr[i], i == 1 ? other : good);
-		if (i == 0) {
-			d_start(0.0625, json);
-			n[0] = *D;
-		} else {
-			char name[8];
-			snprintf(name, sizeof(name), "n%d", i);
-			h_daemon_start_peer(&n[i], D, name, 0.0625, json);
-		}
-	}
+	for (unsigned i = 0; i < 3; i++)
+		hp_start_node(&n[i], &ns, i, i == 1 ? other : good);
 	snprintf(dir, sizeof(dir), "%s/rj/step1", D->root);
 	for (int r = 0; r < 3; r++) {
 		ck_assert_int_eq(dsckpt_connect(n[r].socket, &c[r]), 0);
@@ -243,13 +199,9 @@ END_TEST
 static Suite *peer_replicate_suite(void)
 {
 	Suite *s = suite_create("peer_replicate");
-	TCase *tc = tcase_create("peer_replicate");
-	tcase_add_unchecked_fixture(tc, ns_setup, ns_teardown);
-	tcase_add_checked_fixture(tc, NULL, h_leftovers);
-	tcase_set_timeout(tc, 300);
+	TCase *tc = hp_case(s, "peer_replicate", 3, &ns, &usable, 300);
 	tcase_add_test(tc, test_two_nodes_exchange);
 	tcase_add_test(tc, test_next_node_when_refused);
-	suite_add_tcase(s, tc);
 	return s;
 }
 

@@ -22,7 +22,6 @@
 #include "../daemon/peer_int.h"
 
 #include <check.h>
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -41,40 +40,6 @@
 static struct netns ns;
 static int usable;
 
-/* Makes the namespaces once for the case (in the parent: removed even after a crash). */
-static void ns_setup(void)
-{
-	usable = hp_netns(&ns, "check_peer_restore", NODES + 1);
-}
-
-/* Removes them. */
-static void ns_teardown(void)
-{
-	if (usable)
-		netns_destroy(&ns);
-}
-
-/* Waits (60 s at most) until the daemon at addr holds job's copy of rank, from owner. */
-static void wait_copy(const char *addr, const char *job, unsigned rank, const char *owner)
-{
-	struct replica_store *mine;
-	struct replica *r = NULL;
-	char err[512] = "";
-	int rc = -1;
-
-	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, &mine, err, sizeof(err)), 0);
-	for (int i = 0; i < 600 && rc != 0; i++)
-		if ((rc = hp_fetch(addr, PORT, SECRET, job, rank, mine, &r, err, sizeof(err))) != 0)
-			h_sleep_ms(100);
-	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
-	const char *text;
-	size_t len;
-	unsigned nfiles;
-	ck_assert_str_eq(replica_id(r, &text, &len, &nfiles)->owner, owner);
-	replica_put(r);
-	replica_store_close(mine);
-}
-
 /* peer_read_fn over files open in arg (an array of descriptors). */
 static int read_fds(void *arg, unsigned i, uint64_t off, void *buf, size_t len)
 {
@@ -91,6 +56,10 @@ static int put_stale(const char *addr, const char *dir, const char *owner, char 
 {
 	size_t len;
 	char *text = h_read_file(h_path("%s/MANIFEST.json", dir), &len), why[256];
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	/* Every file listed, as a daemon sends it (a multi-node commit names seal records). */
+	ck_assert_msg(manifest_text_expand(dfd, &text, &len, why, sizeof(why)) == 0, "%s", why);
+	close(dfd);
 	char *at = strstr(text, "\"run-b\"");
 	ck_assert_ptr_nonnull(at);
 	at[5] = 'a';
@@ -121,26 +90,6 @@ static int put_stale(const char *addr, const char *dir, const char *owner, char 
 	return rc;
 }
 
-/* The value of key in the METRICS of the daemon on socket (dsckptd metrics --json); for a
- * histogram, its count. */
-static double metric(const char *socket, const char *key)
-{
-	char cmd[1024], out[65536];
-	snprintf(cmd, sizeof(cmd), "%s -s %s metrics --json", h_bin("dsckptctl"), socket);
-	FILE *p = popen(cmd, "r");
-	ck_assert_ptr_nonnull(p);
-	size_t n = fread(out, 1, sizeof(out) - 1, p);
-	out[n] = '\0';
-	ck_assert_int_eq(pclose(p), 0);
-	cJSON *doc = cJSON_Parse(out), *v = cJSON_GetObjectItem(doc, key);
-	ck_assert_msg(v != NULL, "no %s in %s", key, out);
-	if (cJSON_IsObject(v))
-		v = cJSON_GetObjectItem(v, "count");
-	double x = cJSON_GetNumberValue(v);
-	cJSON_Delete(doc);
-	return x;
-}
-
 /* Starts a daemon in namespace i on root (made here), named host (NULL: the namespace's
  * address), asking peers (may be ""). */
 static void start_node(struct hdaemon *n, unsigned i, const char *root, const char *secret_path,
@@ -162,9 +111,9 @@ static void start_node(struct hdaemon *n, unsigned i, const char *root, const ch
 /* Waits (60 s at most) until metric key of the daemon on socket is at least v. */
 static void wait_metric(const char *socket, const char *key, double v)
 {
-	for (int i = 0; i < 600 && metric(socket, key) < v; i++)
+	for (int i = 0; i < 600 && hp_metric(socket, key) < v; i++)
 		h_sleep_ms(100);
-	ck_assert_double_ge(metric(socket, key), v);
+	ck_assert_double_ge(hp_metric(socket, key), v);
 }
 
 /* A node of another job (namespace NODES) holding the cluster's secret asks node 3, which
@@ -187,7 +136,7 @@ static void other_job_refused(const char *scratch, const char *good, const char 
 	ck_assert_int_eq(peer_net_open(10, &net, err, sizeof(err)), 0);
 	ck_assert_msg(peer_open(net, ns.addr[3], PORT, SECRET, strlen(SECRET), 10, &l, err,
 				sizeof(err)) == 0, "%s", err);
-	ck_assert_msg(peer_list(l, "pj", "", cp, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(peer_list(l, "pj", "", PEER_ANY_UID, cp, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_uint_eq(cp->n, 0);
 	ck_assert_int_eq(peer_fetch(l, "pj", &rank, 1, mine, &r, err, sizeof(err)), -EACCES);
 	ck_assert_ptr_null(r);
@@ -248,19 +197,8 @@ START_TEST(test_lost_node_restored_from_peers)
 	netns_ucx_env();
 	h_tmpdir(scratch, sizeof(scratch));
 	const char *good = hp_secret_file(scratch, 0, SECRET);
-	for (int i = 0; i < NODES; i++) {
-		ck_assert_int_eq(netns_enter(&ns, (unsigned)i), 0);
-		snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
-			 "\"%s\", \"replica_cache_size\": 0.0625,", ns.addr[i], good);
-		if (i == 0) {
-			d_start(0.0625, json);
-			n[0] = *D;
-		} else {
-			char name[8];
-			snprintf(name, sizeof(name), "n%d", i);
-			h_daemon_start_peer(&n[i], D, name, 0.0625, json);
-		}
-	}
+	for (unsigned i = 0; i < NODES; i++)
+		hp_start_node(&n[i], &ns, i, good);
 	snprintf(dir, sizeof(dir), "%s/pj/step0", D->root);
 	hp_commit_job(n, NODES, dir, "pj", "run-b", N_BYTES, 400);
 	for (int i = 0; i < NODES; i++)
@@ -270,26 +208,27 @@ START_TEST(test_lost_node_restored_from_peers)
 	/* Every node's ranks reach the next node of the ring (addresses sort as the nodes). */
 	for (int i = 0; i < NODES; i++) {
 		wait_metric(n[(i + 1) % NODES].socket, "peer_copies_received", 2);
-		wait_copy(ns.addr[(i + 1) % NODES], "pj", 2 * (unsigned)i, ns.addr[i]);
+		hp_wait_copy(ns.addr[(i + 1) % NODES], PORT, SECRET, "pj", 2 * (unsigned)i,
+			     ns.addr[i]);
 	}
 	/* A daemon of the cluster offering node 2's files from node 3's address: refused,
 	 * nothing kept (node 1 holds node 0's two copies); from node 2's own, kept. */
 	char err[512];
 	ck_assert_int_eq(put_stale(ns.addr[1], dir, ns.addr[2], err, sizeof(err)), -EACCES);
 	ck_assert_msg(strstr(err, "copies of its own files only"), "%s", err);
-	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 2);
+	ck_assert_double_eq(hp_metric(n[1].socket, "peer_copies_held"), 2);
 	ck_assert_int_eq(netns_enter(&ns, 2), 0);
 	ck_assert_msg(put_stale(ns.addr[1], dir, ns.addr[2], err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(netns_enter(&ns, NODES - 1), 0);
 	/* The peer block of the metrics: node 2 sent two copies (two files each), node 3 keeps
 	 * them; node 1 holds node 0's two and the stale one. */
-	ck_assert_double_eq(metric(n[2].socket, "peer_copies_sent"), 2);
-	ck_assert_double_ge(metric(n[2].socket, "peer_bytes_sent"), 4.0 * N_BYTES);
-	ck_assert_double_eq(metric(n[2].socket, "peer_replication_seconds"), 2);
-	ck_assert_double_eq(metric(n[3].socket, "peer_copies_received"), 2);
-	ck_assert_double_ge(metric(n[3].socket, "peer_bytes_received"), 4.0 * N_BYTES);
-	ck_assert_double_eq(metric(n[1].socket, "peer_copies_held"), 3);
-	ck_assert_double_eq(metric(n[1].socket, "peer_evictions"), 0);
+	ck_assert_double_eq(hp_metric(n[2].socket, "peer_copies_sent"), 2);
+	ck_assert_double_ge(hp_metric(n[2].socket, "peer_bytes_sent"), 4.0 * N_BYTES);
+	ck_assert_double_eq(hp_metric(n[2].socket, "peer_replication_seconds"), 2);
+	ck_assert_double_eq(hp_metric(n[3].socket, "peer_copies_received"), 2);
+	ck_assert_double_ge(hp_metric(n[3].socket, "peer_bytes_received"), 4.0 * N_BYTES);
+	ck_assert_double_eq(hp_metric(n[1].socket, "peer_copies_held"), 3);
+	ck_assert_double_eq(hp_metric(n[1].socket, "peer_evictions"), 0);
 	other_job_refused(scratch, good, n[3].log);
 
 	/* Node 2 is lost; its replacement starts on an empty root. */
@@ -329,7 +268,7 @@ START_TEST(test_lost_node_restored_from_peers)
 		      h_text(h_path("%s/pj/step1/MANIFEST.json", root2)));
 	ck_assert(!h_file_has(h_path("%s/pj/step1/MANIFEST.json", root2), "run-a"));
 	ck_assert_msg(h_file_has(fresh.log, "from 1 peer copies"), "%s", h_text(fresh.log));
-	ck_assert_double_ge(metric(fresh.socket, "peer_restored_bytes"), 2.0 * N_BYTES);
+	ck_assert_double_ge(hp_metric(fresh.socket, "peer_restored_bytes"), 2.0 * N_BYTES);
 	dsckpt_close(c2);
 	ck_assert_int_eq(h_daemon_kill(&fresh, SIGTERM), 0);
 
@@ -517,11 +456,11 @@ START_TEST(test_replica_root_recovered)
 	}
 	for (int r = 0; r < 2; r++)
 		ck_assert_int_ge(dsckpt_wait(s[r], DSCKPT_COMMITTED, 60000), DSCKPT_COMMITTED);
-	wait_copy(ns.addr[1], "kj", 0, ns.addr[0]);
+	hp_wait_copy(ns.addr[1], PORT, SECRET, "kj", 0, ns.addr[0]);
 	dsckpt_close(c[1]);
 	h_daemon_kill(&n1, SIGKILL);
 	h_daemon_restart(&n1);
-	wait_copy(ns.addr[1], "kj", 0, ns.addr[0]);
+	hp_wait_copy(ns.addr[1], PORT, SECRET, "kj", 0, ns.addr[0]);
 	ck_assert_msg(h_file_has(n1.log, "1 of the 1 copies on replica_root taken back"), "%s",
 		      h_text(n1.log));
 	for (int r = 0; r < 2; r++) {
@@ -539,14 +478,10 @@ END_TEST
 static Suite *peer_restore_suite(void)
 {
 	Suite *s = suite_create("peer_restore");
-	TCase *tc = tcase_create("peer_restore");
-	tcase_add_unchecked_fixture(tc, ns_setup, ns_teardown);
-	tcase_add_checked_fixture(tc, NULL, h_leftovers);
-	tcase_set_timeout(tc, 300);
+	TCase *tc = hp_case(s, "peer_restore", NODES + 1, &ns, &usable, 300);
 	tcase_add_test(tc, test_lost_node_restored_from_peers);
 	tcase_add_test(tc, test_replica_root_recovered);
 	tcase_add_test(tc, test_peer_dies_mid_transfer);
-	suite_add_tcase(s, tc);
 	return s;
 }
 

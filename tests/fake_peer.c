@@ -37,6 +37,16 @@ void fake_fill(void *p, size_t n, const char *name)
 	h_pattern_fill(p, n, fake_fnv((const uint8_t *)name, strlen(name)));
 }
 
+/* Whether n bytes at p hold the fake peer's pattern for name. */
+int fake_filled(const void *p, size_t n, const char *name)
+{
+	uint8_t *want = malloc(n ? n : 1);
+	fake_fill(want, n, name);
+	int same = memcmp(p, want, n) == 0;
+	free(want);
+	return same;
+}
+
 /* One region the fake peer mapped. */
 struct fake_region {
 	uint64_t id, size;

@@ -45,6 +45,8 @@ dsckpt_conn_t *fake_connect(struct fake *f);
 int fake_count(const char *log, const char *needle);
 /* Fills a load's destination as the fake peer does: a pattern seeded by the tensor's name. */
 void fake_fill(void *p, size_t n, const char *name);
+/* Whether n bytes at p hold the fake peer's pattern for name. */
+int fake_filled(const void *p, size_t n, const char *name);
 /* FNV-1a over bytes, as the peer logs it for each tensor. */
 uint64_t fake_fnv(const uint8_t *p, size_t n);
 

@@ -5,6 +5,7 @@
 #include "../daemon/dsckptd.h"
 
 #include <check.h>
+#include <cjson/cJSON.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -111,4 +112,111 @@ out:
 	dsckpt_load_free(l);
 	dsckpt_host_free(mem);
 	return rc;
+}
+
+/* The peer case's namespaces, for its fixtures (one case a suite). */
+static struct {
+	char suite[64];
+	unsigned n;
+	struct netns *ns;
+	int *usable;
+} hp_ns_case;
+
+/* Makes the case's namespaces, or says why it skips. */
+static void hp_ns_setup(void)
+{
+	*hp_ns_case.usable = hp_netns(hp_ns_case.ns, hp_ns_case.suite, hp_ns_case.n);
+}
+
+/* Removes them. */
+static void hp_ns_teardown(void)
+{
+	if (*hp_ns_case.usable)
+		netns_destroy(hp_ns_case.ns);
+}
+
+/* Adds a peer suite's test case (see harness_peer.h). */
+TCase *hp_case(Suite *s, const char *name, unsigned n, struct netns *ns, int *usable,
+	       int timeout)
+{
+	TCase *tc = tcase_create(name);
+
+	snprintf(hp_ns_case.suite, sizeof(hp_ns_case.suite), "check_%s", name);
+	hp_ns_case.n = n;
+	hp_ns_case.ns = ns;
+	hp_ns_case.usable = usable;
+	tcase_add_unchecked_fixture(tc, hp_ns_setup, hp_ns_teardown);
+	tcase_add_checked_fixture(tc, NULL, h_leftovers);
+	tcase_set_timeout(tc, timeout);
+	suite_add_tcase(s, tc);
+	return tc;
+}
+
+/* Starts node i of a ring (see harness_peer.h). */
+void hp_start_node(struct hdaemon *n, const struct netns *ns, unsigned i, const char *secret)
+{
+	char json[1024];
+
+	ck_assert_int_eq(netns_enter(ns, i), 0);
+	snprintf(json, sizeof(json), CHUNK_1M "\"host\": \"%s\", \"peer_secret_file\": "
+		 "\"%s\", \"replica_cache_size\": 0.0625,", ns->addr[i], secret);
+	if (i == 0) {
+		d_start(0.0625, json);
+		*n = *D;
+	} else {
+		char name[16];
+		snprintf(name, sizeof(name), "n%u", i);
+		h_daemon_start_peer(n, D, name, 0.0625, json);
+	}
+}
+
+/* Waits for job's copy of rank at addr (see harness_peer.h). */
+struct replica *hp_wait_fetch(const char *addr, unsigned port, const char *secret,
+			      const char *job, unsigned rank, struct replica_store **store)
+{
+	struct replica *r = NULL;
+	char err[512] = "";
+	int rc = -1;
+
+	ck_assert_int_eq(replica_store_open(64 * MIB, NULL, store, err, sizeof(err)), 0);
+	for (int i = 0; i < 600 && rc != 0; i++)
+		if ((rc = hp_fetch(addr, port, secret, job, rank, *store, &r, err,
+				   sizeof(err))) != 0)
+			h_sleep_ms(100);
+	ck_assert_msg(rc == 0, "no copy of rank %u at %s: %s", rank, addr, err);
+	return r;
+}
+
+/* Waits for job's copy of rank at addr, from owner (see harness_peer.h). */
+void hp_wait_copy(const char *addr, unsigned port, const char *secret, const char *job,
+		  unsigned rank, const char *owner)
+{
+	struct replica_store *mine;
+	struct replica *r = hp_wait_fetch(addr, port, secret, job, rank, &mine);
+	const char *text;
+	size_t len;
+	unsigned nfiles;
+
+	ck_assert_str_eq(replica_id(r, &text, &len, &nfiles)->owner, owner);
+	replica_put(r);
+	replica_store_close(mine);
+}
+
+/* A daemon's metric (see harness_peer.h). */
+double hp_metric(const char *socket, const char *key)
+{
+	char cmd[1024], out[65536];
+	snprintf(cmd, sizeof(cmd), "%s -s %s metrics --json", h_bin("dsckptctl"), socket);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	size_t n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	ck_assert_int_eq(pclose(p), 0);
+	cJSON *doc = cJSON_Parse(out), *v = cJSON_GetObjectItem(doc, key);
+	ck_assert_msg(v != NULL, "no %s in %s", key, out);
+	if (cJSON_IsObject(v))
+		v = cJSON_GetObjectItem(v, "count");
+	double x = cJSON_GetNumberValue(v);
+	cJSON_Delete(doc);
+	return x;
 }

@@ -1,5 +1,6 @@
-/* harness_peer.h — what the peer suites (check_peer_replicate, check_peer_restore) share:
- * their network namespaces (tests/netns.c), a secret file, and a fetch of a copy from a
+/* harness_peer.h — what the peer suites (check_peer_replicate, check_peer_restore,
+ * check_peer_discover, check_peer_cap) share: their network namespaces (tests/netns.c) and
+ * test case, a secret file, the job's nodes started in a ring, and a fetch of a copy from a
  * daemon as another node's daemon asks for one. */
 #ifndef HARNESS_PEER_H
 #define HARNESS_PEER_H
@@ -7,6 +8,7 @@
 #include "netns.h"
 #include "../client/dsckpt.h"
 
+#include <check.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,5 +36,26 @@ void hp_commit_job(struct hdaemon *n, unsigned nodes, const char *dir, const cha
  * (16 bytes), and whether the bytes are seed's pattern into *exact. */
 int hp_load_t(dsckpt_conn_t *c, const char *dir, const char *file, size_t n, uint64_t seed,
 	      char *src, int *exact);
+
+/* Adds to s the test case of a peer suite, name (its namespaces' SKIP line says
+ * check_<name>): n namespaces made into *ns once before its tests (in the parent: removed
+ * even after a crash), *usable telling whether they were; leftovers checked after each test,
+ * timeout seconds a test. The caller adds its tests to the case returned. */
+TCase *hp_case(Suite *s, const char *name, unsigned n, struct netns *ns, int *usable,
+	       int timeout);
+/* Starts node i of a ring in namespace i of ns, named by its address (host), with the secret
+ * file secret and a 1/16 GiB replica cache: node 0 is the test's D (d_start), node i > 0 a
+ * daemon named n<i> beside it. */
+void hp_start_node(struct hdaemon *n, const struct netns *ns, unsigned i, const char *secret);
+/* Waits (60 s at most) until the daemon at addr:port holds job's copy of rank, fetched with
+ * secret into a new 64 MiB store (into *store); the copy, referenced. */
+struct replica *hp_wait_fetch(const char *addr, unsigned port, const char *secret,
+			      const char *job, unsigned rank, struct replica_store **store);
+/* Waits as hp_wait_fetch, and checks that the copy came from owner. */
+void hp_wait_copy(const char *addr, unsigned port, const char *secret, const char *job,
+		  unsigned rank, const char *owner);
+/* The value of key in the METRICS of the daemon on socket (dsckptctl metrics --json); for a
+ * histogram, its count. */
+double hp_metric(const char *socket, const char *key);
 
 #endif

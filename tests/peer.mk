@@ -4,7 +4,8 @@
 
 $(BUILD)/tests/check_peer_ucx $(BUILD)/tests/check_peer_replicate \
 	$(BUILD)/tests/check_peer_restore: tests/netns.c tests/netns.h
-$(BUILD)/tests/check_peer_level $(BUILD)/tests/check_peer_discover: tests/netns.c tests/netns.h
+$(BUILD)/tests/check_peer_level $(BUILD)/tests/check_peer_discover \
+	$(BUILD)/tests/check_peer_hostile $(BUILD)/tests/check_peer_cap: tests/netns.c tests/netns.h
 
 # make bench-peer: replication and fetch throughput over a veth link beside ucx_perftest's
 # tag_bw on the same link (tests/bench_peer.c); PEER_BENCH_ARGS="SIZE_MIB RUNS" (512 3).
