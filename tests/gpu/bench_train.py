@@ -30,6 +30,11 @@ after every EVERY-th optimizer step:
   dcp          torch.distributed.checkpoint.async_save (single-process gloo group) with its
                defaults (staging on the calling thread, FileSystemWriter), waiting for the
                previous save's future before the next save (SKIP where unavailable).
+  dsckpt-remote  the dsckpt mode (no restore check) on --remote-dir, a root with a remote
+               tier, every save waited for at REMOTE after the loop (tests/gpu/run-train-tiers);
+  dsckpt-peer  the dsckpt mode as rank 0 of a 2-rank job whose rank 1 saves a small file
+               through a second daemon (--peer-socket, peer copies on), the tag committed by
+               both ranks' seals, every save waited for at REPLICATED after the loop.
 
 Each mode starts from the same seeded model and sees the same batches. Blocked time per
 checkpoint = time inside the save call + every wait the loop makes for it. Prints progress,
@@ -39,7 +44,7 @@ the restore check fails or a mode fails, 2 on bad usage or a missing daemon.
 --preset picks sizes and schedule (PRESETS below): checkpoint-every-16 (default), steady,
 handover (the default's tensors at d_model 512, a checkpoint every 8 iterations: the median of
 nine warm save calls), smoke (a tiny model on the CPU, torch 1.13 works, for checking the paths
-end to end; also --smoke).
+end to end; also --smoke), tiers (the tier modes' run, tests/gpu/run-train-tiers).
 """
 import argparse
 import gc
@@ -48,6 +53,7 @@ import os
 import queue
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -403,18 +409,33 @@ class Dsckpt(Mode):
     """dsckpt.torch.save after the step, wait_snapshot before the next step, commits in a
     background thread on a second connection. With several ranks each saves its own file
     rank<r> and the commit goes through dsckpt.torch.commit over group (a group of its own:
-    the commit thread's collectives must not meet the training's)."""
+    the commit thread's collectives must not meet the training's).
+
+    The tiers (--remote-dir, --peer-socket): wait_level (Level.REMOTE or Level.REPLICATED)
+    is waited for on every save after the loop (level_timeout seconds in all), off the
+    timed iterations; peer, a connection to a second daemon as rank 1 of a 2-rank job on
+    the same root, makes each tag a 2-node commit that the daemons replicate: the commit
+    thread saves rank 1's small file there and seals it, seals rank 0, and waits for the
+    tag's MANIFEST.json (a tag committed by a COMMIT, without seal records, is not sent)."""
 
     name = "dsckpt"
 
-    def __init__(self, root, socket, job, rank=0, world=1, group=None, sampler=None):
+    def __init__(self, root, socket, job, rank=0, world=1, group=None, sampler=None,
+                 name=None, wait_level=None, peer=None, run=None, level_timeout=120.0):
+        if name:
+            self.name = name
         self.root = os.path.join(root, job)
         self.sampler = sampler   # a SaveSampler, or None
         self.snapshot_s = {}     # tag -> seconds from the save call until wait_snapshot returned
         self.progress, self.sampler_errors = None, []   # the sampler's, once stopped
         self.rank, self.group = rank, group
-        self.conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
-        self.commit_conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world)
+        self.wait_level, self.peer, self.level_timeout = wait_level, peer, level_timeout
+        self.handles = []      # every save's handle, when wait_level is set
+        self.reached = {}      # tag -> seconds from its save until its wait for wait_level ended
+        self.level_errors = []
+        self.conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world, run=run)
+        self.commit_conn = dsckpt.Connection(socket, job=job, rank=rank, world_size=world,
+                                             run=run)
         self.handle = None
         self.calls = []       # (how dt.save handed over, ms in the call) per checkpoint
         self.tags = []
@@ -435,13 +456,30 @@ class Dsckpt(Mode):
             if tag is None:
                 return
             try:
-                if self.group is None:
+                if self.peer is not None:
+                    self._commit_two_nodes(tag)
+                elif self.group is None:
                     self.commit_conn.commit(tag, timeout=300)
                 else:
                     dt.commit(tag, self.group, conn=self.commit_conn, timeout=300)
                 self.committed[tag] = time.perf_counter() - self.saved_at[tag]
             except Exception as e:  # reported by finish()
                 self.errors.append(f"commit {tag}: {e}")
+
+    def _commit_two_nodes(self, tag):
+        """Rank 1 saves a small file into tag through the second daemon and seals; rank 0
+        seals; the daemons commit the tag once both files are DURABLE: waits (300 s at most)
+        for its MANIFEST.json."""
+        small = {"rank": torch.arange(1024, dtype=torch.float32)}
+        h = dt.save(small, tag, conn=self.peer, file="rank1", track=False)
+        h.wait_snapshot(timeout=300)
+        self.peer.seal(tag)
+        self.commit_conn.seal(tag)
+        manifest, end = os.path.join(tag, "MANIFEST.json"), time.monotonic() + 300
+        while not os.path.exists(manifest):
+            if time.monotonic() > end:
+                raise TimeoutError(f"{tag} not committed 300 s after both ranks sealed it")
+            time.sleep(0.005)
 
     def save(self, it, trainer):
         d = self.tag_dir(it)
@@ -452,6 +490,8 @@ class Dsckpt(Mode):
         t0 = time.perf_counter()
         self.handle = dt.save(state, d, conn=self.conn, file=f"rank{self.rank}", track=False)
         self.calls.append((self.handle.handover, (time.perf_counter() - t0) * 1e3))
+        if self.wait_level is not None:
+            self.handles.append(self.handle)
         self.nbytes = self.handle.nbytes
         self.tags.append(d)
         self.queue.put(d)
@@ -469,6 +509,8 @@ class Dsckpt(Mode):
         self.thread.join(timeout=600)
         if self.thread.is_alive():
             self.errors.append("commit thread still running after 600 s")
+        elif self.wait_level is not None and not self.errors:
+            self._wait_level()
         if self.sampler is not None:
             self.progress = self.sampler.stop()
             for e in self.progress:
@@ -478,16 +520,33 @@ class Dsckpt(Mode):
         if self.errors:
             raise RuntimeError("; ".join(self.errors))
 
+    def _wait_level(self):
+        """Waits for every save to reach wait_level, level_timeout seconds in all; notes
+        the seconds from each save call until its wait returned (an upper bound: a save that
+        got there during an earlier wait is seen only when its own wait is asked), and why
+        a save did not get there."""
+        end = time.monotonic() + self.level_timeout
+        for d, h in zip(self.tags, self.handles):
+            try:
+                h.wait(self.wait_level, timeout=max(0.1, end - time.monotonic()))
+                self.reached[os.path.basename(d)] = time.perf_counter() - self.saved_at[d]
+            except dsckpt.DsckptError as e:
+                self.level_errors.append(f"{os.path.basename(d)}: {type(e).__name__}: {e}")
+
     def extra(self):
         """The sampled progress of each save (when a SaveSampler ran), with the time
-        wait_snapshot returned."""
-        if self.progress is None:
-            return {}
-        return {"progress": self.progress, "progress_errors": self.sampler_errors}
+        wait_snapshot returned; with wait_level, which tags reached it."""
+        out = {}
+        if self.wait_level is not None:
+            out.update(level=self.wait_level.name, level_tags=len(self.tags),
+                       level_reached=dict(self.reached), level_errors=self.level_errors[:5])
+        if self.progress is not None:
+            out.update(progress=self.progress, progress_errors=self.sampler_errors)
+        return out
 
     def close(self):
-        for c in (self.conn, self.commit_conn):
-            if not c.closed:
+        for c in (self.conn, self.commit_conn, self.peer):
+            if c is not None and not c.closed:
                 c.close()
 
     def cleanup(self, keep=None):
@@ -649,6 +708,74 @@ def pct(v, width):
     return f"{(fmt(v, f'+{width - 1}.1f') + '%') if v is not None else '-':>{width}}"
 
 
+# The daemons' counters a tier mode reads before and after itself (dsckptctl --json metrics).
+TIER_COUNTERS = ("uploaded_bytes", "uploads_done", "peer_bytes_sent", "peer_copies_sent",
+                 "peer_bytes_received", "peer_copies_received")
+
+
+def daemon_counters(ctl, socket):
+    """TIER_COUNTERS of the daemon at socket now (dsckptctl --json metrics); {} without ctl."""
+    if not ctl or not socket:
+        return {}
+    out = subprocess.run([ctl, "-s", socket, "--json", "metrics"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    m = json.loads(out)
+    m = m.get("metrics", m)
+    return {k: m[k] for k in TIER_COUNTERS if isinstance(m.get(k), (int, float))}
+
+
+def counters_delta(before, after):
+    """after - before, per counter both have."""
+    return {k: after[k] - before[k] for k in after if k in before}
+
+
+def tier_verdict(r):
+    """OK, or FAIL and why, for a tier mode's result: every tag at its level, and bytes moved
+    by the daemon (its counters) — a run that uploaded or replicated nothing fails."""
+    n, got = r.get("level_tags", 0), len(r.get("level_reached", {}))
+    moved = r.get("tier_bytes")
+    if not n:
+        return "FAIL: no checkpoint"
+    if got < n:
+        return f"FAIL: {got} of {n} tags {r['level']}" + (
+            f" ({r['level_errors'][0]})" if r.get("level_errors") else "")
+    if not moved:
+        return f"FAIL: the daemon counted no bytes {r.get('tier_what', 'moved')}"
+    return "OK"
+
+
+def tier_table(results, base, local):
+    """The tiers' table: each dsckpt mode's iterations, slowdown against the baseline and
+    against the local-only dsckpt mode, blocked time and save call per checkpoint, and for a
+    tier how many tags reached its level and the bytes its daemon counted."""
+    lines = [f"{'variant':<16} {'iter ms med':>11} {'mean':>8} {'vs base':>8} {'vs local':>8} "
+             f"{'blocked ms':>10} {'call ms':>8} {'warm':>6} {'commit s':>8} {'tier':<18} "
+             f"{'MB':>9}  verdict"]
+    for r in results:
+        if r.get("skipped") or r.get("error"):
+            why = f"SKIP: {r['skipped']}" if r.get("skipped") else f"FAILED: {r['error']}"
+            lines.append(f"{r['mode']:<16} {why}")
+            continue
+        def vs(ref):
+            if ref is None or ref is r or not ref.get("loop_s_after_first"):
+                return None
+            return 100.0 * (r["loop_s_after_first"] / ref["loop_s_after_first"] - 1)
+        tier, mb, verdict = "-", None, ""
+        if r.get("level"):
+            tier = f"{len(r['level_reached'])}/{r['level_tags']} {r['level']}"
+            mb = r["tier_bytes"] / 1e6 if r.get("tier_bytes") is not None else None
+            verdict = tier_verdict(r)
+        lines.append(f"{r['mode']:<16} {fmt(r['iter_ms_median'], '11.1f')} "
+                     f"{fmt(r['iter_ms_mean'], '8.1f')} {pct(vs(base), 8)} "
+                     f"{pct(vs(local) if r.get('level') else None, 8)} "
+                     f"{fmt(r.get('blocked_ms_median'), '10.1f')} "
+                     f"{fmt(r.get('save_call_ms_median'), '8.2f')} "
+                     f"{fmt(r.get('save_call_warm_median_ms'), '6.2f')} "
+                     f"{fmt(median(list(r.get('commit_s', {}).values())), '8.2f')} {tier:<18} "
+                     f"{fmt(mb, '9.1f')}  {verdict}")
+    return "\n".join(lines)
+
+
 def table_of(results, base, header, row):
     """A summary table: the header, then per mode its SKIP/FAILED line or row(r, slowdown),
     the slowdown being its loop time after the first iteration against base's, in percent
@@ -701,9 +828,51 @@ PRESETS = {
     "handover": dict(_GPT, d_model=512, heads=8, iters=80, every=8, batch=16, modes="dsckpt"),
     "every-iteration": dict(_GPT, layers=8, iters=12, every=1, batch=32, accum=24,
                             modes="baseline,dsckpt"),
+    # The tiers (tests/gpu/run-train-tiers): the every-iteration preset's 8 layers (6.4 GB of
+    # state) at 4 micro-batches of 32 (~0.5 s iterations), a checkpoint every 16 iterations,
+    # so that each checkpoint's flush, upload or copy overlaps the iterations after it.
+    "tiers": dict(_GPT, layers=8, iters=64, every=16, batch=32, accum=4,
+                  modes="baseline,dsckpt,dsckpt-remote,dsckpt-peer"),
     "smoke": dict(iters=11, every=4, d_model=64, layers=2, heads=4, vocab=128, seq=16,
                   batch=4, accum=1, modes="baseline,dsckpt,dsckpt-dcp,dcp,torch.save"),
 }
+
+
+TIER_MODES = ("dsckpt-remote", "dsckpt-peer")
+
+
+def tier_mode(name, cfg):
+    """Mode dsckpt-remote (a root with a remote tier) or dsckpt-peer (a 2-rank job, rank 1 on
+    the second daemon) and the daemons' counters before it; (None, why) without its daemon."""
+    if name == "dsckpt-remote":
+        if not cfg.remote_dir:
+            return None, "no --remote-dir (a root with a remote tier)"
+        before = {"a": daemon_counters(cfg.ctl, cfg.socket)}
+        return Dsckpt(cfg.remote_dir, cfg.socket, "bench-train-remote", name=name,
+                      wait_level=dsckpt.Level.REMOTE, level_timeout=cfg.level_timeout), before
+    if not cfg.peer_socket:
+        return None, cfg.peer_skip or "no --peer-socket (a second daemon, peer copies on)"
+    run = f"bench-train-peer-{os.getpid()}"
+    peer = dsckpt.Connection(cfg.peer_socket, job="bench-train-peer", rank=1, world_size=2,
+                             run=run)
+    before = {"a": daemon_counters(cfg.ctl, cfg.socket),
+              "b": daemon_counters(cfg.ctl, cfg.peer_socket)}
+    return Dsckpt(cfg.dir, cfg.socket, "bench-train-peer", world=2, name=name,
+                  wait_level=dsckpt.Level.REPLICATED, peer=peer, run=run,
+                  level_timeout=cfg.level_timeout), before
+
+
+def tier_counters(res, name, cfg, before):
+    """Adds to a tier mode's result its daemons' counters over the mode and the bytes its tier
+    moved (uploaded, or sent to the peer)."""
+    res["counters"] = counters_delta(before["a"], daemon_counters(cfg.ctl, cfg.socket))
+    if "b" not in before:
+        res["tier_what"] = "uploaded"
+        res["tier_bytes"] = res["counters"].get("uploaded_bytes")
+        return
+    res["peer_counters"] = counters_delta(before["b"], daemon_counters(cfg.ctl, cfg.peer_socket))
+    res["tier_what"] = "received by the second daemon"
+    res["tier_bytes"] = res["peer_counters"].get("peer_bytes_received")
 
 
 def parse_args(argv):
@@ -732,6 +901,20 @@ def parse_args(argv):
                    "(dsckptctl --json pending, from a thread) into the results")
     p.add_argument("--parts", action="store_true", help="time the steps of each dsckpt.torch.save "
                    "call too (tests/python/bench_handover.py's PARTS) and print them")
+    p.add_argument("--remote-dir", help="a checkpoint root of the daemon's with a remote tier: "
+                   "mode dsckpt-remote saves there and waits for REMOTE after the loop")
+    p.add_argument("--peer-socket", help="a second daemon's socket, on --dir too, peer copies "
+                   "on in both: mode dsckpt-peer saves a 2-rank job (rank 1 there, small) and "
+                   "waits for REPLICATED after the loop")
+    p.add_argument("--peer-skip", help="why there is no second daemon (shown as the SKIP of "
+                   "mode dsckpt-peer)")
+    p.add_argument("--peer-error", help="why the second daemon could not be had (mode "
+                   "dsckpt-peer FAILED)")
+    p.add_argument("--tier-what", default="", help="words for the tiers' table title (where "
+                   "the remote and the second daemon are)")
+    p.add_argument("--level-timeout", type=float, default=120.0,
+                   help="seconds, per tier mode, for its saves to reach REMOTE or REPLICATED "
+                   "after the loop")
     p.add_argument("--progress-ms", type=float, default=20.0,
                    help="the sampling period of --ctl until SNAPSHOT, ms (0: no sampling; "
                    "250 ms while the saves only flush)")
@@ -837,6 +1020,18 @@ def main(argv):
                 sampler = SaveSampler(cfg.ctl, cfg.socket, cfg.progress_ms / 1e3) \
                     if cfg.ctl and cfg.progress_ms > 0 else None
                 mode = Dsckpt(cfg.dir, cfg.socket, "bench-train", sampler=sampler)
+            elif name == "dsckpt-peer" and cfg.peer_error:
+                log(f"  FAILED: {cfg.peer_error}")
+                results.append({"mode": name, "error": cfg.peer_error})
+                failures += 1
+                continue
+            elif name in TIER_MODES:
+                parts = None
+                mode, before = tier_mode(name, cfg)
+                if mode is None:
+                    log(f"  SKIP: {before}")
+                    results.append({"mode": name, "skipped": before})
+                    continue
             else:
                 raise ValueError(f"unknown mode {name!r}")
             res, trainer, losses = run_mode(mode, cfg, dev, batches, ckpt_iters)
@@ -845,17 +1040,27 @@ def main(argv):
                 base = res
             if name == "dsckpt-dcp":
                 log(f"  [dsckpt.dcp] seconds from save to COMMITTED: {res['commit_s']}")
-            if name == "dsckpt":
+            if name in TIER_MODES:
+                tier_counters(res, name, cfg, before)
+                log(f"  [{name}] {res['level']} by (s after the save): {res['level_reached']}; "
+                    f"daemon counters over the mode: {res['counters']}"
+                    + (f"; second daemon: {res['peer_counters']}" if 'peer_counters' in res
+                       else "") + f"; {tier_verdict(res)}")
+                if tier_verdict(res) != "OK":
+                    failures += 1
+            if isinstance(mode, Dsckpt):
                 res["commit_s"] = {os.path.basename(k): v for k, v in mode.committed.items()}
-                log(f"  [dsckpt] seconds from save to COMMITTED: {res['commit_s']}")
+                log(f"  [{name}] seconds from save to COMMITTED: {res['commit_s']}")
                 res["save_calls"] = mode.calls
-                log("  [dsckpt] dsckpt.torch.save call (state_dict() excluded): "
+                res["save_call_ms_median"] = median([ms for _, ms in mode.calls])
+                log(f"  [{name}] dsckpt.torch.save call (state_dict() excluded): "
                     + ", ".join(f"{how} {ms:.2f} ms" for how, ms in mode.calls))
                 warm = [ms for how, ms in mode.calls if how == "warm"]
                 if warm:
                     res["save_call_warm_median_ms"] = statistics.median(warm)
-                    log(f"  [dsckpt] warm save call: median {statistics.median(warm):.2f} ms "
+                    log(f"  [{name}] warm save call: median {statistics.median(warm):.2f} ms "
                         f"of {len(warm)} (min {min(warm):.2f}, max {max(warm):.2f})")
+            if name == "dsckpt":
                 if parts is not None:
                     res["save_parts_ms"] = {k: [t * 1e3 for t in v] for k, v in parts.items()}
                     for label, ms in res["save_parts_ms"].items():
@@ -913,6 +1118,20 @@ def main(argv):
     if restore is not None:
         log(f"restore check: {'PASS' if restore.get('ok') else 'FAILED'}"
             + (f" ({restore['error']})" if restore.get("error") else ""))
+    if any(n in TIER_MODES for n in names):
+        local = next((r for r in results if r["mode"] == "dsckpt" and "iter_ms" in r), None)
+        log("")
+        log(f"== bench-train tiers{' (' + cfg.tier_what + ')' if cfg.tier_what else ''}: "
+            f"{params * 12 / 1e9:.1f} GB state, a checkpoint every {cfg.every} of {cfg.iters} "
+            "iterations; vs base / vs local = loop time after the first iteration against the "
+            "baseline's / the local-only dsckpt mode's; blocked = median per checkpoint (save "
+            "call + wait_snapshot); call / warm = median dsckpt.torch.save call (the "
+            "hand-over), all / warm (a cached plan); commit s = median seconds from a save call "
+            "to COMMITTED; tier = tags "
+            f"at REMOTE / REPLICATED within {cfg.level_timeout:.0f} s after the loop; MB = bytes "
+            "uploaded by daemon A (uploaded_bytes) / received by daemon B "
+            "(peer_bytes_received) during the mode")
+        log(tier_table(results, base, local))
     return 1 if failures or (restore is not None and not restore.get("ok")) else 0
 
 

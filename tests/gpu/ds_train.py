@@ -420,7 +420,7 @@ def fp32_parity(stage):
     the torch run's (same seed and batches, saved at the same step): a result row per run."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as theirs
     from dsckpt.deepspeed.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint as ours
-    tag = f"step{ARGS.before}"
+    tag = "last" if ARGS.fixed_tag else f"step{ARGS.before}"
     ref = theirs(os.path.join(ARGS.dir, f"zero{stage}-torch"), tag)
     rows = []
     for kind in [k for k in ARGS.engines if k != "torch"]:

@@ -16,6 +16,11 @@
 #                     gpu-restore: loads from the cache and, after a restart, from files)
 #   make bench-gpu    (on the GPU node) tests/gpu/run-bench build/gpu
 #   make bench-train  (on the GPU node) tests/gpu/run-train build/gpu
+#   make bench-train-tiers (on the GPU node) tests/gpu/run-train-tiers build/gpu $(TIERS_ARGS):
+#                     the training slowdown of a remote tier (file:// on the node's disk) and
+#                     of peer copies to a second daemon (its own network namespace, a veth,
+#                     UCX on TCP; build/gpu/tools/ip where the node has no iproute2) beside
+#                     the baseline and the local-only dsckpt mode, one table (~5 minutes)
 #   make bench-load   (on the GPU node) tests/gpu/run-bench-load build/gpu: loading onto a GPU
 #   make bench-restore (on the GPU node) tests/gpu/run-bench-restore build/gpu $(RESTORE_ARGS):
 #                     restores from the daemon's cache and from files beside the baselines,
@@ -48,7 +53,7 @@ gpu-bundle:
 # Runs inside the recursive make (BUILD=$(GPU_OBJ)); checks what each binary needs at run time.
 # dsckptd's libcurl (the remote tier) is the node's own: libcurl.so.4 and what it needs come
 # from Debian's libcurl4, which the curl command needs too; the bundle does not carry them.
-gpu-bundle-files: $(GPU_BINS) $(GPU_DIR)/lib/_match.abi3.so
+gpu-bundle-files: $(GPU_BINS) $(GPU_DIR)/lib/_match.abi3.so $(GPU_DIR)/tools/ip
 	@curl_deps=" libcurl.so.4 $$(LD_LIBRARY_PATH= ldd $$($(CC) -print-file-name=libcurl.so.4) | \
 		awk '{print $$1}' | tr '\n' ' ')"; \
 	bad=0; for f in $(GPU_BINS); do \
@@ -97,6 +102,18 @@ $(addprefix $(GPU_DIR)/lib/,$(GPU_UCX)):
 	@[ -n "$(Q)" ] && echo "  CP      $@" || true
 	$(Q)cp -L "$$($(CC) -print-file-name=$(notdir $@))" $@
 
+# ip(8) (iproute2) for tests/gpu/run-train-tiers, which puts a second daemon in a network
+# namespace of its own behind a veth (the GPU node has no iproute2): the binary in
+# build/gpu/tools, the libraries it needs but glibc's in build/gpu/tools/lib (the script runs
+# it with LD_LIBRARY_PATH there; about 1.5 MB).
+$(GPU_DIR)/tools/ip:
+	@mkdir -p $(dir $@)lib
+	@[ -n "$(Q)" ] && echo "  CP      $@" || true
+	$(Q)ip=$$(command -v ip || echo /usr/sbin/ip); cp -L "$$ip" $@ && \
+	for lib in $$(LD_LIBRARY_PATH= ldd "$$ip" | awk '$$3 ~ /^\// { print $$3 }'); do \
+		case "$${lib##*/}" in libc.so.*|ld-linux*) ;; *) cp -L "$$lib" $(dir $@)lib/ ;; esac; \
+	done
+
 $(GPU_DIR)/dsckptd: $(call obj,$(DAEMON_SRC) $(DAEMON_CU) $(PROTO_SRC) $(FORMAT_SRC)) \
 		$(GPU_DIR)/lib/libcjson.so.1 $(GPU_DIR)/lib/libxxhash.so.0 \
 		$(addprefix $(GPU_DIR)/lib/,$(GPU_UCX))
@@ -141,6 +158,13 @@ bench-gpu: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 bench-train: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-train $(GPU_DIR) $(TRAIN_ARGS)
 
+# Issues 33 and 35 on the GPU: bench_train.py --preset tiers (baseline, dsckpt, dsckpt-remote,
+# dsckpt-peer) against two daemons (tests/gpu/run-train-tiers). TIERS_ARGS go to the script,
+# e.g. TIERS_ARGS="--smoke" (the CPU, with BUNDLE=build) or "--iters 96".
+.PHONY: bench-train-tiers
+bench-train-tiers: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
+	tests/gpu/run-train-tiers $(GPU_DIR) $(TIERS_ARGS)
+
 include tests/gpu/node.mk
 include tests/gpu/deepspeed.mk
 
@@ -153,7 +177,8 @@ bench-restore: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 # Time to resume (issue 34): a trainer SIGKILLed, fresh processes restoring its checkpoint
 # hot, warm, cold and with prefetch, beside torch.load, DCP and the floor of any restart
 # (tests/gpu/bench_resume.py). RESUME_ARGS go to the script, e.g. "--preset smoke" (the CPU)
-# or "--repeat 3".
+# or "--repeat 3"; RESUME_SCRIPT=tests/gpu/probe_load.py runs the per-phase probe instead, and
+# RESUME_LOG_LEVEL=debug prints the daemon's line per restore after it.
 .PHONY: bench-resume
 bench-resume: $(if $(wildcard $(GPU_DIR)/BUNDLE),,gpu-bundle)
 	tests/gpu/run-resume $(GPU_DIR) $(RESUME_ARGS)
