@@ -29,10 +29,12 @@
 #include <check.h>
 #include <pthread.h>
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -318,22 +320,93 @@ static void key_version(const char *key, char *dir, size_t len)
 	snprintf(dir, len, "%.*s", (int)strcspn(v, "/"), v);
 }
 
+/* remote_list's callback: keeps a name of a version directory (v<ns>) into arg. */
+static int version_dir(void *arg, const char *name)
+{
+	if (name[0] == 'v')
+		snprintf(arg, 32, "%s", name);
+	return 0;
+}
+
+/* What holds the next remote manifest write of job/last (a version's finish) until
+ * finish_let_go: on S3 the proxy holds its PUT; on the file tier the test holds the flock of
+ * the directory that a replacing write takes (remote_file.c's file_publish). */
+struct finish_hold {
+	struct proxy px;      /* s3 */
+	int dfd;              /* file: job/last, locked */
+};
+
+/* Sets up the tier of _i as tier_up does, S3 through the proxy: the daemon's keys into json. */
+static struct remote *hold_tier_up(struct finish_hold *h, int s3, char *json, size_t len)
+{
+	struct remote *rm = tier_up(&tier, s3, json, len, "");
+
+	h->dfd = -1;
+	if (rm && s3) {
+		ck_assert_int_eq(proxy_start(&h->px, tier.moto.port, 1000), 0);
+		s3_daemon_json(json, len, h->px.port, "");
+	}
+	return rm;
+}
+
+/* Starts holding job/last's next manifest write (the tag's remote directory is there). */
+static void finish_hold(struct finish_hold *h)
+{
+	if (tier.s3) {
+		proxy_hold(&h->px, "PUT /bkt/pre/job/last/MANIFEST.json");
+		return;
+	}
+	h->dfd = open(h_path("%s/job/last", tier.dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	ck_assert_int_ge(h->dfd, 0);
+	ck_assert_int_eq(flock(h->dfd, LOCK_EX), 0);
+}
+
+/* Waits until the manifest write is held: S3's PUT at the proxy, the file tier's written
+ * beside its key (an open upload) and so at the lock or about to take it. */
+static void finish_held(struct finish_hold *h, struct remote *rm)
+{
+	char held[512] = "";
+	struct found f;
+
+	for (int i = 0; i < WAIT_MS / 20; i++, h_sleep_ms(20)) {
+		if (tier.s3)
+			proxy_held(&h->px, held, sizeof(held));
+		else if (open_uploads(rm, &f) > 0 && strstr(f.key, "job/last/MANIFEST.json"))
+			return;
+		if (held[0])
+			return;
+	}
+	ck_abort_msg("the version's remote manifest was never written");
+}
+
+/* Lets the held write go on (and the proxy, on S3, hold nothing more). */
+static void finish_let_go(struct finish_hold *h)
+{
+	if (tier.s3)
+		proxy_hold(&h->px, NULL);
+	else if (h->dfd >= 0)
+		close(h->dfd);
+	h->dfd = -1;
+}
+
 /* A fixed tag saved more often than one upload takes: versions 1, 2 and 3 of job/last
- * committed while version 1 uploads (slowly, below its version directory): version 1 goes on
- * to REMOTE (its wait ends REMOTE) though its directory was exchanged away; version 2, never
- * started, is skipped: a wait on it ends with EINCOMPLETE naming the newer version, and so
- * does one asked after; version 3 is uploaded next and REMOTE. The remote manifest then
- * names version 3, no other version directory is left, no upload open. (On the code before
- * pinning, version 1's wait ended EINCOMPLETE: each commit gave up the version in flight.) */
+ * committed while version 1 uploads (its finish, the remote manifest's write, held: see
+ * finish_hold): version 1 goes on to REMOTE (its wait ends REMOTE) though its directory was
+ * exchanged away; version 2, never started, is skipped: a wait on it ends with EINCOMPLETE
+ * naming the newer version, and so does one asked after; version 3 is uploaded next and
+ * REMOTE. The remote manifest then names version 3, no other version directory is left, no
+ * upload open. (On the code before pinning, version 1's wait ended EINCOMPLETE: each commit
+ * gave up the version in flight.) */
 START_TEST(test_replaced_waits)
 {
-	char json[1400], mf[640], v1[32], got[32];
+	char json[1400], mf[640], v1[32] = "", got[32], err[ERRLEN];
 	void *m1, *m2, *m3;
 	struct found f;
 	struct remote_wait w1, w2;
+	struct finish_hold hold;
 	size_t len;
 
-	struct remote *rm = tier_up(&tier, _i, json, sizeof(json), "\"upload_max_mib_per_s\": 2,");
+	struct remote *rm = hold_tier_up(&hold, _i, json, sizeof(json));
 	if (!rm)
 		return;
 	d_start(CACHE_32M, json);
@@ -342,13 +415,17 @@ START_TEST(test_replaced_waits)
 	snprintf(mf, sizeof(mf), "%s/MANIFEST.json", dir);
 	dsckpt_conn_t *c = conn_open("job", 0, 1);
 	save_remote(c, dir, SMALL, 1);
-	dsckpt_save_t *s1 = save_uploading(c, dir, 2, rm, &f, &m1);
-	key_version(f.key, v1, sizeof(v1));
+	finish_hold(&hold);
+	dsckpt_save_t *s1 = save_committed(c, dir, SMALL, 2, &m1);
+	finish_held(&hold, rm);
+	ck_assert_int_eq(remote_list(rm, "job/last", version_dir, v1, err, sizeof(err)), 0);
+	ck_assert_msg(v1[0] == 'v', "version 1 uploaded below no version directory");
 	remote_wait_start(&w1, c, s1);
 	dsckpt_save_t *s2 = save_committed(c, dir, SMALL, 3, &m2);
 	remote_wait_start(&w2, c, s2);
 	dsckpt_save_t *s3 = save_committed(c, dir, SMALL, 4, &m3);
 	check_pattern_file(dir, "rank0", SMALL, 4);	/* exchanged twice */
+	finish_let_go(&hold);
 	pthread_join(w2.th, NULL);
 	ck_assert_msg(w2.rc == DSCKPT_EINCOMPLETE, "wait for REMOTE on version 2: %s: %s",
 		      w2.rc < 0 ? dsckpt_err_name(w2.rc) : dsckpt_level_name(w2.rc), w2.msg);
@@ -377,6 +454,8 @@ START_TEST(test_replaced_waits)
 	dsckpt_host_free(m3);
 	dsckpt_close(c);
 	d_stop();
+	if (tier.s3)
+		proxy_kill(&hold.px);
 	tier_down(&tier);
 }
 END_TEST
@@ -434,14 +513,6 @@ START_TEST(test_replaced_while_finishing)
 	tier_down(&tier);
 }
 END_TEST
-
-/* remote_list's callback: keeps a name of a version directory (v<ns>) into arg. */
-static int version_dir(void *arg, const char *name)
-{
-	if (name[0] == 'v')
-		snprintf(arg, 32, "%s", name);
-	return 0;
-}
 
 /* The second version of job/last (files a and b) still uploading below its version directory
  * when the third is committed, a up there, b going up: it goes on to REMOTE from the files its
