@@ -298,8 +298,12 @@ check-fuzz: FUZZ_SECONDS ?= 20
 check-fuzz: $(FUZZERS)
 	@BUILD=$(BUILD) tests/run-fuzz $(FUZZ_SECONDS) $(FUZZERS)
 
+# make check's builds compile on every core (its targets still run one after another).
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+
 # Runs every check_* binary against the binaries of this build; prints Check's summaries.
-check-plain: deps all $(TESTS)
+check-plain: deps
+	$(Q)$(MAKE) --no-print-directory -j$(NPROC) all $(TESTS)
 	@BUILD=$(BUILD) tests/run-checks $(TESTS)
 
 check-san:
@@ -325,7 +329,8 @@ check-tsan:
 	$(MAKE) BUILD=build/tsan SAN=thread check-tsan-run
 # UCX's memory hooks (libucm, set up when it loads) crash beside TSan's interceptors: off for
 # the peer suites and their daemons (TCP needs none).
-check-tsan-run: deps all $(TSAN_CHECKS)
+check-tsan-run: deps
+	$(Q)$(MAKE) --no-print-directory -j$(NPROC) all $(TSAN_CHECKS)
 	@TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 \
 		second_deadlock_stack=1 $(TSAN_OPTIONS)" BUILD=$(BUILD) \
 		UCX_MEM_MALLOC_HOOKS=n UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=n \
