@@ -1,5 +1,6 @@
 /* harness.c — scratch directories and a real daemon for the Check suites. */
 #include "harness.h"
+#include "../format/format.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -172,19 +173,26 @@ const char *h_path(const char *fmt, ...)
 	return b;
 }
 
-/* The path of host's seal record in dir into out (see h_seal_record). */
+/* The path of host's seal record in dir into out (see h_seal_record): of its telling names
+ * the one naming the most ranks (a late seal's names more than the first), the newest of
+ * those; the plain name where there is none. */
 static void seal_record_into(const char *dir, const char *host, char *out, size_t len)
 {
-	char best[NAME_MAX + 1] = "", suffix[300];
+	char best[NAME_MAX + 1] = "";
+	unsigned best_n = 0;
+	uint64_t best_ns = 0;
 	DIR *d = opendir(dir);
 	struct dirent *e;
 
-	snprintf(suffix, sizeof(suffix), "+%s.json", host);
 	while (d && (e = readdir(d))) {
-		size_t n = strlen(e->d_name), s = strlen(suffix);
-		if (strncmp(e->d_name, "SEAL+", 5) == 0 && n > s &&
-		    strcmp(e->d_name + n - s, suffix) == 0 && strcmp(e->d_name, best) > 0)
+		struct seal_record r = { 0 };
+		if (seal_name_parse(e->d_name, &r) == 1 && strcmp(r.host, host) == 0 &&
+		    (r.nranks > best_n || (r.nranks == best_n && r.sealed_ns > best_ns))) {
 			snprintf(best, sizeof(best), "%s", e->d_name);
+			best_n = r.nranks;
+			best_ns = r.sealed_ns;
+		}
+		seal_record_free(&r);
 	}
 	if (d)
 		closedir(d);

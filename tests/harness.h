@@ -84,8 +84,8 @@ void h_sleep_ms(int ms);
 /* Formats a path (or any short text) into a static rotating buffer, 32 live at a time. */
 const char *h_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The path of host's seal record in dir (h_path's buffer): of its telling names
- * (SEAL+...+<host>.json) the greatest (the one a late seal wrote: it names more ranks), else
- * dir/SEAL.<host>.json (the plain name: there or not). */
+ * (SEAL+...+<host>.json) the one naming the most ranks (a late seal's record names more than
+ * the first), the newest of those, else dir/SEAL.<host>.json (the plain name: there or not). */
 const char *h_seal_record(const char *dir, const char *host);
 /* Waits up to ms for host's seal record in dir; whether it came. */
 int h_wait_seal_record(const char *dir, const char *host, int ms);
