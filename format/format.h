@@ -78,6 +78,10 @@ int seal_record_parse(const char *text, size_t len, struct seal_record *r, char 
 /* Reads and parses the record dirfd/name; 0, or -1 with why. */
 int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *why,
 		     size_t whylen);
+/* seal_record_load of a record of at most max bytes (and SEAL_MAX_BYTES), its size in *len:
+ * what reads many records bounds their sum so. */
+int seal_record_load_max(int dirfd, const char *name, uint64_t max, size_t *len,
+			 struct seal_record *r, char *why, size_t whylen);
 /* Frees what seal_record_parse allocated. */
 void seal_record_free(struct seal_record *r);
 
@@ -327,11 +331,13 @@ struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen
  * records a version-2 manifest names are read (only those naming one of the nwant ranks want,
  * when want is not NULL: a rank's load opens its own record), and their files added to m's,
  * total_bytes made theirs; records then 0. 0, or -1 with why when a record is missing,
- * unreadable, or names another run, world size, host or rank set than m: never a partial list.
- * A manifest of version 1 is left as it is.
+ * unreadable, or names another run, world size, host or rank set than m, or when the records
+ * read are more than max bytes in all (MANIFEST_MAX_BYTES for every reader: a user's tag must
+ * not make the root daemon hold a world of 64 MiB records): never a partial list. A manifest
+ * of version 1 is left as it is.
  */
 int manifest_expand(int dirfd, struct manifest *m, const unsigned *want, size_t nwant,
-		    char *why, size_t whylen);
+		    uint64_t max, char *why, size_t whylen);
 /*
  * Rewrites *text (*len bytes, malloc'd: a manifest of the tag dirfd) as manifest_write writes
  * it expanded (version 1, every file listed, created_ns to within 256 ns), when it is of

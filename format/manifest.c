@@ -279,8 +279,8 @@ static int manifest_rank_cmp(const void *a, const void *b)
 
 /* Checks that no rank is named by two of a manifest's records (n ranks in all): a record's
  * ranks are its own, so the records a reader expands are at most the world's ranks, however
- * often a forged manifest names one (each read whole, up to SEAL_MAX_BYTES). 0, or -1 with
- * why. */
+ * often a forged manifest names one (each read whole, up to SEAL_MAX_BYTES, and all of them
+ * within manifest_expand's bound). 0, or -1 with why. */
 static int manifest_ranks_once(const unsigned *ranks, size_t n, char *why, size_t whylen)
 {
 	unsigned *sorted = malloc((n ? n : 1) * sizeof(*sorted));
@@ -453,11 +453,11 @@ static int manifest_record_check(const struct manifest *m, const struct manifest
 
 /* Makes m list every file of the tag dirfd, its records read (see format.h). */
 int manifest_expand(int dirfd, struct manifest *m, const unsigned *want, size_t nwant,
-		    char *why, size_t whylen)
+		    uint64_t max, char *why, size_t whylen)
 {
 	struct manifest_doc *d = (struct manifest_doc *)m;
-	size_t n = m->nfiles, k = 0;
-	uint64_t total = 0;
+	size_t n = m->nfiles, k = 0, len;
+	uint64_t total = 0, left = max;
 	char w[300];
 
 	if (!m->nrecords)
@@ -470,11 +470,13 @@ int manifest_expand(int dirfd, struct manifest *m, const unsigned *want, size_t 
 		const struct manifest_record *r = &m->records[i];
 		if (want && !manifest_record_wanted(r, want, nwant))
 			continue;
-		if (seal_record_load(dirfd, r->name, &d->read[d->nread], w, sizeof(w)) < 0) {
+		if (seal_record_load_max(dirfd, r->name, left, &len, &d->read[d->nread], w,
+					 sizeof(w)) < 0) {
 			snprintf(why, whylen, "seal record %.200s, which the manifest names: %s",
 				 r->name, w);
 			return -1;
 		}
+		left -= len;
 		if (manifest_record_check(m, r, &d->read[d->nread++], why, whylen) < 0)
 			return -1;
 		n += d->read[d->nread - 1].nfiles;
@@ -509,7 +511,7 @@ int manifest_text_expand(int dirfd, char **text, size_t *len, char *why, size_t 
 		return -1;
 	if (!m->nrecords) {
 		rc = 0;
-	} else if (manifest_expand(dirfd, m, NULL, 0, why, whylen) == 0) {
+	} else if (manifest_expand(dirfd, m, NULL, 0, MANIFEST_MAX_BYTES, why, whylen) == 0) {
 		if (!m->tag || !m->dsckptd_version || m->world_size == MANIFEST_BAD ||
 		    m->uid == MANIFEST_BAD)
 			snprintf(why, whylen, "manifest lacks its tag, version, world size or uid");
@@ -531,7 +533,7 @@ struct manifest *manifest_load(int dirfd, int *present, char *why, size_t whylen
 {
 	struct manifest *m = manifest_load_at(dirfd, FMT_MANIFEST, present, why, whylen);
 
-	if (m && manifest_expand(dirfd, m, NULL, 0, why, whylen) < 0) {
+	if (m && manifest_expand(dirfd, m, NULL, 0, MANIFEST_MAX_BYTES, why, whylen) < 0) {
 		manifest_free(m);
 		return NULL;
 	}

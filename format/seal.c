@@ -32,7 +32,9 @@
 #include "format.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,11 +275,23 @@ int seal_record_load(int dirfd, const char *name, struct seal_record *r, char *w
 		     size_t whylen)
 {
 	size_t len;
+
+	return seal_record_load_max(dirfd, name, SEAL_MAX_BYTES, &len, r, why, whylen);
+}
+
+/* seal_record_load for a record of at most max bytes, its size kept in *len (see format.h). */
+int seal_record_load_max(int dirfd, const char *name, uint64_t max, size_t *len,
+			 struct seal_record *r, char *why, size_t whylen)
+{
 	int e, rc = -1;
-	char *buf = userfile_read(dirfd, name, SEAL_MAX_BYTES, 0, &len, &e, why, whylen);
+	char *buf = userfile_read(dirfd, name, max < SEAL_MAX_BYTES ? max : SEAL_MAX_BYTES, 0,
+				  len, &e, why, whylen);
 
 	if (buf)
-		rc = seal_record_parse(buf, len, r, why, whylen);
+		rc = seal_record_parse(buf, *len, r, why, whylen);
+	else if (e == EFBIG && max < SEAL_MAX_BYTES)
+		snprintf(why, whylen, "more than the %" PRIu64 " bytes its reader has left for "
+			 "records", max);
 	free(buf);
 	return rc;
 }

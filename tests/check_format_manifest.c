@@ -263,11 +263,31 @@ START_TEST(test_manifest_records)
 	ck_assert_msg(strstr(why, "rank 1 is named by two of the manifest's records"), "%s", why);
 	free(ftext);
 
+	/* The records' bytes in all are bounded: two records (each a file of s bytes) expand
+	 * within 2s bytes, not within 2s - 1 (the second read is refused, nothing listed). */
+	struct stat st;
+	ck_assert_int_eq(fstatat(dfd, n1, &st, 0), 0);
+	uint64_t s1 = (uint64_t)st.st_size;
+	ck_assert_int_eq(fstatat(dfd, n2, &st, 0), 0);
+	ck_assert_uint_eq((uint64_t)st.st_size, s1);
+	struct manifest *b = manifest_load_at(dfd, FMT_MANIFEST, &present, why, sizeof(why));
+	ck_assert_msg(b, "%s", why);
+	ck_assert_int_eq(manifest_expand(dfd, b, NULL, 0, 2 * s1 - 1, why, sizeof(why)), -1);
+	ck_assert_msg(strstr(why, n2) && strstr(why, "bytes its reader has left for records"),
+		      "%s", why);
+	ck_assert_uint_eq(b->nfiles, 1);
+	manifest_free(b);
+	b = manifest_load_at(dfd, FMT_MANIFEST, &present, why, sizeof(why));
+	ck_assert_msg(manifest_expand(dfd, b, NULL, 0, 2 * s1, why, sizeof(why)) == 0, "%s", why);
+	ck_assert_uint_eq(b->nfiles, 3);
+	manifest_free(b);
+
 	/* A rank's own record only: n1 gone is no matter to rank 2. */
 	char path[PATH_MAX];
 	snprintf(path, sizeof(path), "%s/%s", dir, n1);
 	ck_assert_int_eq(unlink(path), 0);
-	ck_assert_msg(manifest_expand(dfd, r, two, 1, why, sizeof(why)) == 0, "%s", why);
+	ck_assert_msg(manifest_expand(dfd, r, two, 1, MANIFEST_MAX_BYTES, why, sizeof(why)) == 0,
+		      "%s", why);
 	ck_assert_uint_eq(r->nfiles, 2);
 	ck_assert_str_eq(r->files[1].name, "rank2.safetensors");
 	manifest_free(r);
