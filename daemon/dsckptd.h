@@ -1022,8 +1022,9 @@ int store_write_atomic(int dirfd, const char *name, const void *buf, size_t len,
 /* Result of a commit. */
 struct store_commit_info {
 	char tag[256];
-	unsigned files;
-	uint64_t bytes;
+	unsigned files;        /* the tag's files and their bytes: when records > 0, those of */
+	uint64_t bytes;        /* this node only (the others' are in their records, not read) */
+	unsigned records;      /* other nodes' seal records the manifest names (version 2) */
 };
 /*
  * Commits checkpoint directory dir (already durable) for run ("" the unknown run): reads every

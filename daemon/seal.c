@@ -290,6 +290,11 @@ static void seal_after(uv_work_t *w, int status)
 		/* Ours, or another node's commit of this run: this node's saves are committed. */
 		if (t->rc == 2)
 			log_info("committed %s: by another node (job %s)", t->dir, t->job);
+		else if (t->info.records)
+			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes "
+				 "of this node; the other nodes' in the %u seal records it names)",
+				 t->dir, t->job, t->info.files, (unsigned long long)t->info.bytes,
+				 t->info.records);
 		else
 			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)",
 				 t->dir, t->job, t->info.files, (unsigned long long)t->info.bytes);

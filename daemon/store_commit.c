@@ -95,7 +95,8 @@ static char *store_manifest_text(const char *tag, unsigned world, const char *ru
 
 /*
  * A commit of tag, whose manifest exists already: answered from that manifest (and `latest`
- * repaired forward) without writing it again; 1 when the tag is not committed yet, 0 when it
+ * repaired forward) without writing it again, every node's files counted (a version-2
+ * manifest's records read); 1 when the tag is not committed yet, 0 when it
  * is (info filled), or a negative ERR_E* (another world size or run, an unreadable manifest).
  */
 static int store_commit_again(const struct config *cfg, int dfd, int jobfd, const char *tag,
@@ -104,14 +105,16 @@ static int store_commit_again(const struct config *cfg, int dfd, int jobfd, cons
 {
 	char why[300];
 	int present, rc = 0;
-	/* What it says of itself: the records it names are not read. */
 	struct manifest *m = manifest_load_at(dfd, FMT_MANIFEST, &present, why, sizeof(why));
 
 	if (!present)
 		return 1;
 	if (!m)
 		return err_set(err, errlen, ERR_EIO, "%s/%s: %s", tag, FMT_MANIFEST, why);
-	if (m->world_size != world)
+	if (m->nrecords && info &&	/* the answer counts every node's files */
+	    manifest_expand(dfd, m, NULL, 0, MANIFEST_MAX_BYTES, why, sizeof(why)) < 0)
+		rc = err_set(err, errlen, ERR_EIO, "%s is committed, but %s", tag, why);
+	else if (m->world_size != world)
 		rc = err_set(err, errlen, ERR_EEXIST, "%s is committed already, with world size "
 			     "%" PRIu64 ", not %u", tag, m->world_size, world);
 	else if (strcmp(m->run ? m->run : "", run) != 0)
@@ -124,6 +127,7 @@ static int store_commit_again(const struct config *cfg, int dfd, int jobfd, cons
 		snprintf(info->tag, sizeof(info->tag), "%s", tag);
 		info->files = (unsigned)m->nfiles;
 		info->bytes = m->total_bytes;
+		info->records = 0;
 	}
 	manifest_free(m);
 	return rc;
@@ -288,6 +292,7 @@ static int store_commit_locked(const struct config *cfg, int jobfd, int dfd, con
 		snprintf(info->tag, sizeof(info->tag), "%s", name);
 		info->files = (unsigned)mine;
 		info->bytes = total;
+		info->records = (unsigned)desc.nnamed;
 	}
 	rc = 0;
 

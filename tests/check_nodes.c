@@ -59,19 +59,25 @@ START_TEST(test_committed_everywhere)
 }
 END_TEST
 
-/* Whether some node's log says it committed dir (a commit of its own, or another's learnt). */
-static int nodes_logged_commit(const char *dir)
+/* Whether some node's log holds text. */
+static int nodes_logged(const char *text)
 {
-	char line[PATH_MAX + 16];
-	snprintf(line, sizeof(line), "committed %s:", dir);
 	for (int i = 0; i < nnodes; i++) {
 		char *log = h_read_file(nodes[i].log, NULL);
-		int has = log && strstr(log, line);
+		int has = log && strstr(log, text);
 		free(log);
 		if (has)
 			return 1;
 	}
 	return 0;
+}
+
+/* Whether some node's log says it committed dir (a commit of its own, or another's learnt). */
+static int nodes_logged_commit(const char *dir)
+{
+	char line[PATH_MAX + 16];
+	snprintf(line, sizeof(line), "committed %s:", dir);
+	return nodes_logged(line);
 }
 
 /* The names in dir, sorted, space-separated (static buffer). */
@@ -551,8 +557,16 @@ START_TEST(test_record_deleted)
 	cJSON_Delete(doc);
 	free(text);
 	ck_assert_msg(rec[0], "the manifest names no telling record of n003");
+	ck_assert_msg(nodes_logged("bytes of this node; the other nodes' in the "),
+		      "no node logged the commit as naming the other nodes' records");
 	ctl_verify(dir);
+	/* A COMMIT of the committed tag is answered from its manifest, every record read. */
+	CK_DS(k[0].c, dsckpt_commit(k[0].c, dir, 60000));
 	ck_assert_int_eq(unlink(h_path("%s/%s", dir, rec)), 0);
+	ck_assert_int_ne(dsckpt_commit(k[0].c, dir, 60000), 0);
+	ck_assert_msg(strstr(dsckpt_last_error(k[0].c), "is committed, but seal record") &&
+		      strstr(dsckpt_last_error(k[0].c), rec),
+		      "COMMIT without n003's record: %s", dsckpt_last_error(k[0].c));
 	ck_assert_int_ne(ctl(&out, "verify '%s'", dir), 0);
 	ck_assert_msg(strstr(out, "seal record") && strstr(out, "n003"),
 		      "verify without n003's record: %s", out);
