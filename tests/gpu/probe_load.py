@@ -166,7 +166,8 @@ def parent(a):
         gb = saved["bytes"] / 1e9
         results = [("hot", run_child(a, "load"))]
         daemon.restart()
-        br.read_through([os.path.join(a.dir, "probe", "step1", "rank0.safetensors")])
+        for _ in range(a.read_through):
+            br.read_through([os.path.join(a.dir, "probe", "step1", "rank0.safetensors")])
         results.append(("warm", run_child(a, "load")))
         daemon.restart()
         results.append(("again", run_child(a, "load")))
@@ -196,6 +197,9 @@ def main(argv):
     p.add_argument("--ctl", default="dsckptctl")
     p.add_argument("--preset", choices=sorted(br.PRESETS), default="gpt-8gb")
     p.add_argument("--child", choices=("save", "load"))
+    p.add_argument("--read-through", type=int, default=1, metavar="N",
+                   help="times the parent reads the file before the warm loads (2: is the "
+                        "warm 1st load's extra the page cache's second reading?)")
     a = p.parse_args(argv)
     if a.child == "save":
         child_save(a)
