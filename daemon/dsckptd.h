@@ -981,6 +981,12 @@ int store_open_dir_job(const struct config *cfg, const char *dir, uid_t uid, gid
  * parent, the job directory, into *jobfd; an O_DIRECTORY fd or a negative ERR_E* with err. */
 int store_open_tag(const struct config *cfg, const char *dir, uid_t uid, gid_t gid, int *jobfd,
 		   char *err, size_t errlen);
+/* The owner of dir, a directory strictly below an allowed root, walked as store_open_dir walks
+ * (no symbolic link followed, nothing created) as far as it exists: 0 with *owner the uid of
+ * dir itself (*missing 0) or of its deepest existing directory, the root included (*missing:
+ * how many of dir's components below it do not exist); or a negative ERR_E* with err. */
+int store_owner_below(const struct config *cfg, const char *dir, uid_t *owner, unsigned *missing,
+		      char *err, size_t errlen);
 /* The identity of a directory a request opened: what the daemon's state of a tag (its saves,
  * its seals) is keyed by, so that a directory removed and made again is a new tag. */
 struct store_dirid {

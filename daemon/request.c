@@ -552,7 +552,9 @@ static void request_handle(struct session *c, const struct proto_hdr *h, const u
 		case PROTO_LOAD_END: request_load_end(c, h, &m); break;
 		case PROTO_LOAD_WAIT: request_load_wait(c, h, &m); break;
 		case PROTO_LOAD_ABORT: request_load_abort(c, h, &m); break;
-		case PROTO_PREFETCH: case PROTO_NODES: request_prefetch(c, h, &m); break;
+		case PROTO_PREFETCH: case PROTO_NODES:
+			request_prefetch(c, h, &m, daemon_ctx->config);
+			break;
 		case PROTO_PLAN_ADD: request_plan_add(c, h, &m); break;
 		case PROTO_PLAN_DEL: request_plan_del(c, h, &m); break;
 		default:

@@ -42,7 +42,9 @@ void request_load_add(struct session *c, const struct proto_hdr *h, struct proto
 void request_load_end(struct session *c, const struct proto_hdr *h, struct proto_map *m);
 void request_load_wait(struct session *c, const struct proto_hdr *h, struct proto_map *m);
 void request_load_abort(struct session *c, const struct proto_hdr *h, struct proto_map *m);
-/* PREFETCH, and NODES (a job's nodes told to peer_nodes.c) (request_load.c too). */
-void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto_map *m);
+/* PREFETCH, and NODES (a job's nodes told to peer_nodes.c, its path checked against cfg's
+ * allowed roots) (request_load.c too). */
+void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto_map *m,
+		      const struct config *cfg);
 
 #endif /* DSCKPT_REQUEST_H */

@@ -155,18 +155,20 @@ void request_load_abort(struct session *c, const struct proto_hdr *h, struct pro
 	reply_empty(session_id(c), h->id);
 }
 
-static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m);
+static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m,
+			  const struct config *cfg);
 
 /* PREFETCH: a tag (or a job's latest) into the local tier and the cache; answered by
  * prefetch.c once the tag is known, or once it is in place when the client waits. NODES
- * comes here too (request.c's one line for both). */
-void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto_map *m)
+ * comes here too (request.c's one line for both; cfg is for its path). */
+void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto_map *m,
+		      const struct config *cfg)
 {
 	char dir[PROTO_MAX_STR + 1], tag[PROTO_MAX_NAME + 1] = "", err[ERRLEN];
 	int wait = 0;
 
 	if (h->type == PROTO_NODES)
-		return request_nodes(c, h, m);
+		return request_nodes(c, h, m, cfg);
 
 	proto_get_str(m, "dir", dir, PROTO_MAX_STR, 1);
 	proto_get_str(m, "tag", tag, PROTO_MAX_NAME, 0);
@@ -181,36 +183,29 @@ void request_prefetch(struct session *c, const struct proto_hdr *h, struct proto
 		return request_error(c, h, rc, "%s", err);
 }
 
-/* Whether uid may tell the nodes of job directory dir: it is uid's (or uid is root), or it
- * is not on this node (a replacement's empty disk) and its parent is not another user's
- * (root's is everyone's); 0, or ERR_EACCES with err. The telling vouches only for uid's own
- * files either way: this answers a user who names another's. A stat of each name, no link
- * followed and no automount triggered. */
-static int request_nodes_owner(const char *dir, uid_t uid, char *err, size_t errlen)
+/* Whether uid may tell the nodes of job directory dir, below an allowed root: it is uid's (or
+ * uid is root), or it is not on this node (a replacement's empty disk) and its parent is not
+ * another user's (root's is everyone's); 0, or ERR_EACCES / ERR_EINVAL with err. The telling
+ * vouches only for uid's own files either way: this answers a user who names another's. The
+ * path is walked from its root as a save's is (store_owner_below): nothing outside the
+ * allowed roots is looked at, no link followed. */
+static int request_nodes_owner(const struct config *cfg, const char *dir, uid_t uid, char *err,
+			       size_t errlen)
 {
-	const int flags = AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT;
-	char parent[PROTO_MAX_STR + 1];
-	struct stat st;
+	unsigned missing;
+	uid_t owner;
+	int rc = store_owner_below(cfg, dir, &owner, &missing, err, errlen);
 
-	if (uid == 0)
-		return 0;
-	if (fstatat(AT_FDCWD, dir, &st, flags) == 0) {
-		if (st.st_uid == uid)
-			return 0;
-	} else {
-		snprintf(parent, sizeof(parent), "%s", dir);
-		*strrchr(parent, '/') = '\0';
-		if (!parent[0] || fstatat(AT_FDCWD, parent, &st, flags) != 0 || st.st_uid == uid ||
-		    st.st_uid == 0)
-			return 0;
-	}
+	if (rc < 0 || uid == 0 || missing > 1 || owner == uid || (missing == 1 && owner == 0))
+		return rc;
 	return err_set(err, errlen, ERR_EACCES, "%s is another user's directory, or in one: a "
 		       "user tells the nodes of its own jobs only", dir);
 }
 
 /* NODES: the job of a job directory runs on these daemons' hosts, and this node's ranks of
  * it are these (peer_nodes.c); answered at once. */
-static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m)
+static void request_nodes(struct session *c, const struct proto_hdr *h, struct proto_map *m,
+			  const struct config *cfg)
 {
 	char dir[PROTO_MAX_STR + 1], err[ERRLEN] = "";
 	const msgpack_object_array *hosts = NULL, *ranks = NULL;
@@ -248,7 +243,8 @@ static void request_nodes(struct session *c, const struct proto_hdr *h, struct p
 			     "(no peer_secret_file)");
 	else if (rc == 0 && (dir[0] != '/' || !job || !job[1]))
 		rc = err_set(err, sizeof(err), ERR_EINVAL, "%s: not a job directory", dir);
-	else if (rc == 0 && (rc = request_nodes_owner(dir, session_uid(c), err, sizeof(err))) == 0)
+	else if (rc == 0 && (rc = request_nodes_owner(cfg, dir, session_uid(c), err,
+							 sizeof(err))) == 0)
 		rc = peer_nodes_tell(job + 1, session_uid(c), names, n, mine, ranks->size, err,
 				     sizeof(err));
 	for (unsigned i = 0; names && i < n; i++)

@@ -202,6 +202,55 @@ int store_open_dir_job(const struct config *cfg, const char *dir, uid_t uid, gid
 	return store_walk(cfg, dir, uid, gid, 1, jobfd, root, err, errlen);
 }
 
+/* The owner of dir or of its deepest existing directory below its allowed root (see
+ * dsckptd.h). */
+int store_owner_below(const struct config *cfg, const char *dir, uid_t *owner, unsigned *missing,
+		      char *err, size_t errlen)
+{
+	char path[PATH_MAX];
+	size_t len = strlen(dir), rootlen = 0;
+	struct stat st;
+	int fd, rc;
+
+	if (len == 0 || len >= sizeof(path))
+		return err_set(err, errlen, ERR_EINVAL, "a directory path of 1 to %d bytes",
+			       PATH_MAX - 1);
+	store_norm_dir(path, sizeof(path), dir);
+	if ((rc = store_check_path(path, err, errlen)) < 0)
+		return rc;
+	const char *root = store_root(cfg, path, &rootlen);
+	if (!root)
+		return err_set(err, errlen, ERR_EACCES, "%s is not below an allowed root", path);
+	if ((fd = open(root, STORE_DIR_FLAGS)) < 0)
+		return err_set(err, errlen, err_from_errno(errno), "allowed root %s: %s", root,
+			       strerror(errno));
+	*missing = 0;
+	for (char *c = path + rootlen + 1; c; ) {
+		char *end = strchr(c, '/');
+		if (end)
+			*end = '\0';
+		int next = *missing ? -1 : openat(fd, c, STORE_DIR_FLAGS);
+		if (next < 0 && (*missing || errno == ENOENT)) {
+			++*missing;
+		} else if (next < 0) {
+			rc = store_open_fail(fd, c, path, err, errlen);
+			close(fd);
+			return rc;
+		} else {
+			close(fd);
+			fd = next;
+		}
+		if (end)
+			*end = '/';
+		c = end ? end + 1 : NULL;
+	}
+	rc = fstat(fd, &st) < 0 ? err_set(err, errlen, err_from_errno(errno), "stat %s: %s",
+					  path, strerror(errno)) : 0;
+	*owner = st.st_uid;
+	close(fd);
+	return rc;
+}
+
 /* The identity (st_dev, st_ino) of the open directory dirfd. */
 int store_dir_id(int dirfd, struct store_dirid *id, char *err, size_t errlen)
 {

@@ -7,8 +7,9 @@
  * reach B. A is destroyed; a replacement R (a new name, a new address, an empty root) is
  * told by the victim, as B is, that the job now runs on R and B. The attacker, on B and R:
  * tells the nodes of the victim's job directory, there or yet to be made in the victim's
- * directory (refused, EACCES); tells B that its own
- * "pj" runs on R and on a node O of its choosing (so that B lists its copies there); tells
+ * directory, or outside the allowed roots, named or through a link (refused, EACCES); tells
+ * B that its own "pj" runs on R and on a node O of its choosing (so that B lists its copies
+ * there); tells
  * 70 other jobs (which used to push the victim's telling out of the daemon's table); tells
  * huge lists (refused with ELIMIT past max_held_mib_per_user); and keeps telling while the
  * victim's replacement restores. Then: O is listed only the attacker's copies and refused
@@ -402,6 +403,20 @@ START_TEST(test_hostile_nodes)
 	ck_assert_msg(strstr(B->msg[1], "another user's"), "%s", B->msg[1]);
 	ck_assert_int_eq(tell_as(ATK, r.socket, h_path("%s/vic/pj", root_r), mine + 1, 1, 0, 1),
 			 DSCKPT_EACCES);  /* not there yet, in the victim's directory */
+	/* Nor anything outside the allowed roots, named or through a link of its own to a
+	 * directory of its own out there (or to a hung mount: the daemon never looks). */
+	char out[PATH_MAX];
+	snprintf(out, sizeof(out), "%s/atk-out", scratch);
+	ck_assert_int_eq(tell_as(ATK, b.socket, h_path("%s/pj", out), mine + 1, 1, 0, 1),
+			 DSCKPT_EACCES);
+	ck_assert_msg(strstr(B->msg[1], "not below an allowed root"), "%s", B->msg[1]);
+	user_dir(out, ATK, 0755);
+	ck_assert_int_eq(symlink(out, h_path("%s/atk/out", D->root)), 0);
+	ck_assert_int_eq(lchown(h_path("%s/atk/out", D->root), atk, g), 0);
+	ck_assert_int_eq(tell_as(ATK, b.socket, h_path("%s/atk/out/pj", D->root), mine + 1, 1, 0,
+				 1), DSCKPT_EACCES);
+	ck_assert_msg(strstr(B->msg[1], "symbolic link"), "%s", B->msg[1]);
+	ck_assert_int_eq(unlink(h_path("%s/atk/out", D->root)), 0);
 	/* Many jobs (more than its own 16 kept), and huge lists: past max_held_mib_per_user. */
 	char (*names)[STORE_HOST_MAX] = calloc(HUGE_N, sizeof(*names));
 	const char **huge = calloc(HUGE_N, sizeof(*huge));
