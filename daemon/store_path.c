@@ -244,9 +244,11 @@ int store_owner_below(const struct config *cfg, const char *dir, uid_t *owner, u
 			*end = '/';
 		c = end ? end + 1 : NULL;
 	}
-	rc = fstat(fd, &st) < 0 ? err_set(err, errlen, err_from_errno(errno), "stat %s: %s",
-					  path, strerror(errno)) : 0;
-	*owner = st.st_uid;
+	if (fstat(fd, &st) < 0)
+		rc = err_set(err, errlen, err_from_errno(errno), "stat %s: %s", path,
+			     strerror(errno));
+	else
+		*owner = st.st_uid;
 	close(fd);
 	return rc;
 }
