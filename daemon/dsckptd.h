@@ -16,6 +16,7 @@
  *         for their ranks' SEALs)
  *       → save_marks.c (the levels a tag directory's saves reach together: COMMITTED,
  *         REMOTE, REPLICATED; called by commit.c, seal.c, upload.c, peer.c)
+ *       → save_gc.c (finished saves forgotten, or slimmed and kept for their client)
  *       → save.c (registry, levels; tensors.c, plan.c, blob.c, quota.c: lists, plans,
  *         blobs, per-user limits)
  *         → waiter.c (requests parked until a level or a deadline, by connection id)
@@ -1748,6 +1749,7 @@ struct save_view {
 	unsigned copies, replicas;
 	const char *copies_why;  /* settled with copies < replicas: why no more; else NULL */
 	const char *remote_why;  /* never REMOTE (another version replaced it first): why; NULL */
+	int kept;                /* finished long ago, kept only for its client's WAITs */
 };
 /* Told of every change of a save's level. */
 typedef void (*save_change_cb)(struct save *s);
@@ -1803,8 +1805,6 @@ struct save *save_next(const struct save *s);
 /* Keeps s from being forgotten until the matching save_release. */
 void save_hold(struct save *s);
 void save_release(struct save *s);
-/* Drops a departed client's saves that were never ended. */
-void save_client_gone(uint64_t client);
 /* Saves in flight (accepted, not yet durable or failed). */
 unsigned save_inflight(void);
 /* Moves s to level, one it reaches (save_marks.c); a FAILED save stays FAILED. */
@@ -1837,6 +1837,15 @@ void save_mark_replicated(const struct store_dirid *id, unsigned copies, unsigne
 			  const char *why);
 /* Frees every save (shutdown, once nothing is in flight and no wait holds one). */
 void save_free_all(void);
+
+/* save_gc.c — finished saves forgotten a minute after their last change, but a connected
+ * client's newest that finished well, slimmed and kept for its WAITs. */
+/* Starts the timer that forgets them (start-up); 0, or -1 with err. */
+int save_gc_start(const struct daemon *d, char *err, size_t errlen);
+/* Stops it (shutdown). */
+void save_gc_stop(void);
+/* Drops a departed client's saves that were never ended; its ended ones are not kept. */
+void save_client_gone(uint64_t client);
 
 /* waiter.c — requests parked until something happens (a WAIT's level, a COMMIT's durability,
  * a LOAD_WAIT's end): each by connection id, what it waits for and its deadline; registries

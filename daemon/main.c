@@ -88,6 +88,7 @@ static void finish(void)
 	waiter_close();		/* what is still parked: commits, answered ESHUTDOWN */
 	seal_free_all();
 	save_free_all();
+	save_gc_stop();
 	service_close();
 	uv_close((uv_handle_t *)&drain_check, NULL);
 	uv_close((uv_handle_t *)&sig_term, NULL);
@@ -391,7 +392,8 @@ int main(int argc, char **argv)
 	if (dsckptd.config->gpu_checksums)
 		gpu_digest_prepare();
 	resident_init(dsckptd.cache, dsckptd.config->keep_resident);
-	if (save_engine_start(&dsckptd, err, sizeof(err)) < 0) {
+	if (save_engine_start(&dsckptd, err, sizeof(err)) < 0 ||
+	    save_gc_start(&dsckptd, err, sizeof(err)) < 0) {
 		log_error("engine: %s", err);
 		goto fail_cache;
 	}

@@ -158,10 +158,11 @@ void query_status_free(struct query_status *q)
 	q->nresident = q->resident_cap = 0;
 }
 
-/* Whether PENDING lists save v to a client of uid: ended saves it may see. */
+/* Whether PENDING lists save v to a client of uid: ended saves it may see, not those kept
+ * past their minute for their client's WAITs alone. */
 static int query_pending_shows(const struct save_view *v, uid_t uid)
 {
-	return v->level != LEVEL_NONE && auth_sees(uid, v->uid);
+	return v->level != LEVEL_NONE && !v->kept && auth_sees(uid, v->uid);
 }
 
 /* upload_each's callback: copies a tag the viewer (q->viewer) may see into q's uploads

@@ -12,12 +12,12 @@
  *
  * A save is owned by the registry from SAVE_BEGIN until it is forgotten: a minute after its
  * last change once finished and no longer held (a WAIT holds it), or at once when its client
- * leaves before SAVE_END. SAVE_BEGIN makes the file's .partial (unlinked if the save is
+ * leaves before SAVE_END; one that finished well stays longer (save_gc.c). SAVE_BEGIN makes the file's .partial (unlinked if the save is
  * dropped before its end), so that SAVE_END, which the trainer waits for, does not. From
  * SAVE_END to its final event its job and the file belong to the engine; the save keeps only
  * the handle.
  */
-#include "dsckptd.h"
+#include "save_int.h"
 #include "../proto/proto.h"
 
 #include <fcntl.h>
@@ -26,53 +26,12 @@
 #include <unistd.h>
 #include <uv.h>
 
-#define LINGER_S 60.0          /* finished saves stay listed this long */
 #define MAX_OBSERVERS 8
 
-struct save {
-	struct save *next;       /* first, with level: save_begin walks every save's */
-	int level;
-	uint64_t id;
-	uint64_t client;         /* the connection's id */
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	char jobname[PROTO_MAX_NAME + 1];
-	unsigned rank, world;
-	char run[PROTO_MAX_RUN + 1];
-	char dir[PROTO_MAX_STR + 1];
-	struct store_dirid dirid; /* the directory dirfd was when SAVE_BEGIN opened it */
-	char file[129];
-	int dirfd;
-	struct store_root root;  /* the allowed root dirfd was opened under */
-	struct store_file *out;  /* file.safetensors.partial, made at SAVE_BEGIN (so that an
-				    early save's SAVE_END does not wait for it); the engine's
-				    from SAVE_END */
-	int code;                /* FAILED: its ERR_E* */
-	char error[ERRLEN];
-	struct tensors *tl;      /* its own, or a plan's shared until something is added */
-	size_t shared_n;         /* sharing a plan's list: it holds the sources of its first
-				    shared_n entries itself, until SAVE_END (tensors.c) */
-	struct blobs *blobs;     /* charged to uid until DURABLE or FAILED */
-	int counted;             /* one QUOTA_SAVES charged to uid until DURABLE or FAILED */
-	struct job *job;
-	struct st_origin origin; /* the header's __metadata__ pairs, lent to the job */
-	uint64_t snap, flushed;  /* final counts, once the job is gone */
-	uint8_t *hdr;            /* DURABLE: the file's header as written (hdr_len bytes) and */
-	size_t hdr_len;          /* its size, which its node's seal record describes without */
-	uint64_t size;           /* opening the file; NULL without memory */
-	double t_accept, t_change;
-	int settled;             /* peer.c sent the node's copies of the tag: copies of replicas */
-	unsigned copies, replicas;
-	char copies_why[256];    /* settled short of replicas: why no more */
-	char remote_why[ERRLEN]; /* never REMOTE (another version of the tag replaced it): why */
-	unsigned holds;          /* save_hold without save_release: not forgotten */
-};
 
 static const struct daemon *daemon_ctx;  /* save_engine_start's */
 static struct save *saves;
 static uint64_t next_save_id = 1;
-static uv_timer_t *gc_timer;
 static save_change_cb observers[MAX_OBSERVERS];
 static unsigned nobservers;
 static save_dir_cb open_dir;
@@ -89,8 +48,8 @@ static void save_uncharge(struct save *s)
 	s->counted = 0;
 }
 
-/* Drops the references a save sharing a plan's list holds to its sources. */
-static void save_unshare(struct save *s)
+/* Drops the references a save sharing a plan's list holds to its sources (save_int.h). */
+void save_unshare(struct save *s)
 {
 	if (s->shared_n)
 		tensors_sources_ref(s->tl, s->shared_n, 0);
@@ -133,26 +92,6 @@ void save_drop(struct save *s)
 		}
 	}
 	save_free(s);
-}
-
-/* Drops finished saves nobody waits on after LINGER_S. */
-static void on_gc(uv_timer_t *t)
-{
-	double now = now_mono();
-	struct save *s = saves, *next;
-
-	for (; s; s = next) {
-		next = s->next;
-		int done = s->level == LEVEL_FAILED || s->level >= LEVEL_DURABLE;
-		if (done && !s->holds && now - s->t_change > LINGER_S)
-			save_drop(s);
-	}
-}
-
-/* Frees a closed handle that was malloc'd on its own. */
-static void handle_free(uv_handle_t *h)
-{
-	free(h);
 }
 
 /* Registers a function told of every change of a save's level (loop thread, at start-up). */
@@ -227,18 +166,10 @@ static void on_engine(void *owner, struct job *j, int event, int code, const cha
 	}
 }
 
-/* Starts the engine with this module's event handler and the forget timer. */
+/* Starts the engine with this module's event handler. */
 int save_engine_start(const struct daemon *d, char *err, size_t errlen)
 {
 	daemon_ctx = d;
-	gc_timer = malloc(sizeof(*gc_timer));
-	if (!gc_timer) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
-	}
-	uv_timer_init(d->loop, gc_timer);
-	uv_timer_start(gc_timer, on_gc, 10000, 10000);
-	uv_unref((uv_handle_t *)gc_timer);
 	return engine_start(d->loop, d->cache, d->config->copy_threads, d->config->flush_threads,
 			    on_engine, err, errlen);
 }
@@ -510,7 +441,8 @@ void save_view(const struct save *s, struct save_view *v)
 	v->level = s->level;
 	v->code = s->level == LEVEL_FAILED ? s->code : 0;
 	v->error = s->level == LEVEL_FAILED ? s->error : NULL;
-	v->bytes_total = tensors_bytes(s->tl);
+	v->bytes_total = s->slim ? s->bytes : tensors_bytes(s->tl);
+	v->kept = s->slim;
 	v->bytes_snapshot = s->snap;
 	v->bytes_flushed = s->flushed;
 	if (s->job)
@@ -528,21 +460,6 @@ void save_view(const struct save *s, struct save_view *v)
 struct save *save_next(const struct save *s)
 {
 	return s ? s->next : saves;
-}
-
-/* A departed client's saves not yet ended are dropped; ended ones go on without it. */
-void save_client_gone(uint64_t client)
-{
-	struct save *s = saves, *next;
-
-	for (; s; s = next) {
-		next = s->next;
-		if (s->client == client && s->level == LEVEL_NONE) {
-			log_debug("save %llu dropped: client left before SAVE_END",
-				  (unsigned long long)s->id);
-			save_drop(s);
-		}
-	}
 }
 
 /* Saves in flight (accepted, not yet durable or failed). */
@@ -581,8 +498,4 @@ void save_free_all(void)
 {
 	while (saves)
 		save_drop(saves);
-	if (gc_timer) {
-		uv_close((uv_handle_t *)gc_timer, handle_free);
-		gc_timer = NULL;
-	}
 }

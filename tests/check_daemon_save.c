@@ -7,6 +7,7 @@
 #include "harness_daemon.h"
 
 #include <check.h>
+#include <limits.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -264,6 +265,52 @@ START_TEST(test_saves_in_flight)
 }
 END_TEST
 
+/* A finished save is answered long after (its WAIT over a minute later: a commit some long
+ * steps on) while its client is connected and it is among the client's 64 newest (the 65th
+ * is forgotten), and pending lists it only for its minute. */
+START_TEST(test_wait_long_after)
+{
+	d_start(CACHE_16M, CHUNK_1M);
+	const char *dir = h_path("%s/late/t1", D->root);
+	char others[PATH_MAX];
+	snprintf(others, sizeof(others), "%s/late/t0", D->root);
+	dsckpt_conn_t *c = conn_open("late", 0, 1);
+	void *mem, *omem[64];
+	char *out = NULL, file[16];
+	dsckpt_save_t *o[64];
+	for (int i = 0; i < 64; i++) {	/* the oldest, then 63 more before s */
+		snprintf(file, sizeof(file), "f%d", i);
+		o[i] = save_pattern(c, others, file, 4096, 100 + (uint64_t)i, &omem[i]);
+		wait_level(c, o[i], DSCKPT_DURABLE, 60000);
+	}
+	dsckpt_save_t *s = save_pattern(c, dir, "rank0", MIB, 31, &mem);
+
+	wait_level(c, s, DSCKPT_DURABLE, 60000);
+	CK_DS(c, dsckpt_commit(c, dir, 30000));
+	ck_assert_int_eq(ctl(&out, "pending"), 0);
+	ck_assert_msg(out && strstr(out, dir), "pending misses the save:\n%s", out ? out : "");
+	free(out);
+	sleep(75);	/* the daemon forgets finished saves a minute after, every 10 s */
+	int rc = dsckpt_wait(s, DSCKPT_COMMITTED, 1000);
+	ck_assert_msg(rc == DSCKPT_COMMITTED, "a wait 75 s after: %s: %s", dsckpt_err_name(rc),
+		      dsckpt_last_error(c));
+	ck_assert_int_eq(dsckpt_wait(o[1], DSCKPT_DURABLE, 1000), DSCKPT_DURABLE);
+	ck_assert_int_eq(dsckpt_wait(o[0], DSCKPT_DURABLE, 1000), DSCKPT_ENOENT);
+	ck_assert_int_eq(ctl(&out, "pending"), 0);
+	ck_assert_msg(out && !strstr(out, dir), "pending lists a save kept for its client:\n%s",
+		      out ? out : "");
+	free(out);
+	for (int i = 0; i < 64; i++) {
+		dsckpt_save_free(o[i]);
+		dsckpt_host_free(omem[i]);
+	}
+	dsckpt_save_free(s);
+	dsckpt_host_free(mem);
+	dsckpt_close(c);
+	d_stop();
+}
+END_TEST
+
 /* After wait(SNAPSHOT) the trainer overwrites its tensor; the file keeps the old bytes. */
 START_TEST(test_lazy_snapshot)
 {
@@ -396,6 +443,7 @@ static Suite *daemon_save_suite(void)
 	h_add_case(s, "ranks", test_ranks, 60, 1);
 	h_add_case(s, "bigger than cache", test_bigger_than_cache, 90, 1);
 	h_add_case(s, "saves in flight", test_saves_in_flight, 60, 1);
+	h_add_case(s, "wait long after", test_wait_long_after, 150, 1);
 	h_add_case(s, "lazy snapshot", test_lazy_snapshot, 30, 1);
 	h_add_case(s, "wait shares the connection", test_wait_shares_connection, 30, 1);
 	h_add_case(s, "commit shares the connection", test_commit_shares_connection, 30, 1);
