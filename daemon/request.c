@@ -1,10 +1,9 @@
 /*
  * request.c — the request layer: the connection layer's dispatch and disconnect callbacks.
- * Decodes each request with the typed getters and a final end check, checks it with auth.c,
- * and hands it to the state machines (save.c, wait.c, commit.c) or the client's regions
+ * Decodes each request with the typed getters and a final end check, checks it with auth.c, and
+ * hands it to the state machines (save.c, wait.c, commit.c) or the client's regions
  * (session.c); every answer goes out through reply.c. A malformed frame gets one EPROTO error
- * and closes its connection; a well-formed request that cannot be served gets an error reply
- * and the connection goes on.
+ * and closes its connection; one that cannot be served gets an error reply.
  */
 #include "dsckptd.h"
 #include "request.h"
@@ -553,8 +552,7 @@ static void request_handle(struct session *c, const struct proto_hdr *h, const u
 		case PROTO_LOAD_WAIT: request_load_wait(c, h, &m); break;
 		case PROTO_LOAD_ABORT: request_load_abort(c, h, &m); break;
 		case PROTO_PREFETCH: case PROTO_NODES:
-			request_prefetch(c, h, &m, daemon_ctx->config);
-			break;
+			request_prefetch(c, h, &m, daemon_ctx->config); break;
 		case PROTO_PLAN_ADD: request_plan_add(c, h, &m); break;
 		case PROTO_PLAN_DEL: request_plan_del(c, h, &m); break;
 		default:

@@ -1,18 +1,17 @@
 /*
  * seal.c — seals, and the commits the daemons make of them. A rank seals a tag (SEAL): it will
  * save nothing more into it. Once every rank this daemon saw seal has its saves into the tag
- * DURABLE, the daemon writes its node's seal record (store_seal.c, seal_files.c: their
- * files), once per node where it can (it waits 1 s at most for a rank that saved here to
- * seal). The node that rank 0 sealed through collects: it takes the records in by their
- * telling names (format/seal_name.c: each once, the names inotify gives, or listing the
- * directory when its mtime changed; opened only where a name is plain) and, when they name
- * every rank, commits the tag from them under the same lock (store_commit_held:
- * manifest, latest, retention), with no trainer left alive if need be, dated by the newest
- * seal, so that a job's tags order by step however late each commit lands. The others only
- * write their record and watch for the manifest (seal_watch.c), marking their saves COMMITTED
- * when it commits their run: two metadata operations per node; they look at the records
- * only every 30 s (the collecting node may have died). Every look runs under the job
- * directory's lock. A tag not complete is looked at for about an hour (1 s, 2 s, ... 30 s).
+ * DURABLE, the daemon writes its node's seal record (store_seal.c, seal_files.c: their files),
+ * once per node where it can (it waits 1 s at most for a rank that saved here to seal). The
+ * node that rank 0 sealed through collects: it takes the records in by their telling names
+ * (format/seal_name.c: each once, the names inotify gives, or listing the directory when its
+ * mtime changed; opened only where a name is plain) and, when they name every rank, commits the
+ * tag from them under the same lock (store_commit_held: manifest, latest, retention), with no
+ * trainer left alive if need be, dated by the newest seal, so that a job's tags order by step
+ * however late each commit lands. The others only write their record and watch for the manifest
+ * (seal_watch.c), marking their saves COMMITTED when it commits their run: two metadata
+ * operations per node; they look at the records only every 30 s (the collector may have died).
+ * Every look runs under the job directory's lock. An incomplete tag is looked at for an hour.
  *
  * A tag is one directory of one user, sealed by one run of one job: it is keyed by the
  * directory's identity (st_dev, st_ino of the descriptor its save or SEAL validated, held open
@@ -290,14 +289,10 @@ static void seal_after(uv_work_t *w, int status)
 		/* Ours, or another node's commit of this run: this node's saves are committed. */
 		if (t->rc == 2)
 			log_info("committed %s: by another node (job %s)", t->dir, t->job);
-		else if (t->info.records)
-			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes "
-				 "of this node; the other nodes' in the %u seal records it names)",
-				 t->dir, t->job, t->info.files, (unsigned long long)t->info.bytes,
-				 t->info.records);
 		else
-			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes)",
-				 t->dir, t->job, t->info.files, (unsigned long long)t->info.bytes);
+			log_info("committed %s: every rank of job %s sealed (%u files, %llu bytes "
+				 "here; %u seal records of other nodes named)", t->dir, t->job,
+				 t->info.files, (unsigned long long)t->info.bytes, t->info.records);
 		t->rc = 1;
 		save_mark_committed(&t->dirid, t->uid, t->run);
 		resident_committed(t->dir);

@@ -557,7 +557,8 @@ START_TEST(test_record_deleted)
 	cJSON_Delete(doc);
 	free(text);
 	ck_assert_msg(rec[0], "the manifest names no telling record of n003");
-	ck_assert_msg(nodes_logged("bytes of this node; the other nodes' in the "),
+	ck_assert_msg(nodes_logged(" seal records of other nodes named") &&
+		      !nodes_logged("; 0 seal records of other nodes named"),
 		      "no node logged the commit as naming the other nodes' records");
 	ctl_verify(dir);
 	/* A COMMIT of the committed tag is answered from its manifest, every record read. */
